@@ -1,0 +1,2 @@
+//! ckf (being written).
+fn main() {}

@@ -1,0 +1,45 @@
+//! # ckf-core
+//!
+//! Every semantic rule of ckf-relay: the cuckoo-filter (CKF) table format, the producer's exact
+//! ownership and refcounts, the publication protocol (leases, sequences, barrier snapshots,
+//! deltas, drain markers), the transposed global consumer and its multi-lane prefix search.
+//! No network code and no async runtime: the services are thin adapters over this crate.
+//!
+//! The binding semantics are the Cuckoo KV Indexer design (`shared/seeds/000_*`, cited below
+//! as "design source"). Module map, following one KV event from producer to query:
+//!
+//! | module | owns |
+//! | --- | --- |
+//! | [`addressing`] | block hash -> fingerprint + candidate bucket pair; [`TableFormat`]; sizing |
+//! | [`bucket`] | packed `u64` buckets (4 x 16-bit slots) and the transposed `AtomicU64` table |
+//! | [`identity`] | domain, DC, pool, producer incarnation, lane lease |
+//! | [`mutator`] | cuckoo insertion with bounded kicks and rollback; removal of one copy |
+//! | [`dirty`] | dirty-bucket tracking and safe image ordering for deltas |
+//! | [`dc`] | `DcCkfState`: exact ownership, refcounts, omissions, stats |
+//! | [`frames`] | snapshot / chunk / delta / drain-marker frames |
+//! | [`publication`] | `DcCkfPublisher`: lease and sequence envelope, fencing |
+//! | [`global`] | `GlobalCkfIndexer`: manifest, lane state machine, delta acceptance |
+//! | [`ingestion`] | one serialized ingestor per lane, bounded queues, lag policy |
+//! | [`search`] | multi-lane prefix search over the transposed table |
+//! | [`adapter`] | in-process producer -> consumer composition with recovery |
+//! | [`failure`] | pre-/post-commit failure dispositions by affected domain |
+
+pub mod adapter;
+pub mod addressing;
+pub mod bucket;
+pub mod dc;
+pub mod dirty;
+pub mod failure;
+pub mod frames;
+pub mod global;
+pub mod identity;
+pub mod ingestion;
+pub mod mutator;
+pub mod publication;
+pub mod search;
+
+pub use addressing::{Addressing, FormatError, Location, TableFormat};
+pub use identity::{
+    DcId, IndexerDomainId, LaneIndex, LaneLease, PoolId, ProducerIdentity, ProducerIncarnation,
+    StreamTag,
+};

@@ -1,0 +1,2 @@
+//! ckf-indexer (being written).
+fn main() {}

@@ -1,0 +1,2 @@
+//! ckf-producer (being written).
+fn main() {}

@@ -1,0 +1,1 @@
+//! ckf.v1 wire contract (being written).
