@@ -1,1 +1,393 @@
-//! (being written)
+//! `GlobalCkfIndexer`: the transposed global consumer for one indexer domain and up to 16 DC
+//! pool lanes (design source, "Global transposed consumer").
+//!
+//! It owns the manifest (which pool is which lane), the lease authority (strictly increasing
+//! epochs per lane), the shared [`TransposedTable`] sized to the lane count, the ready-lane mask,
+//! and one serialized [`crate::lane`] ingestor per lane. Prefix search lives in
+//! [`crate::search`]; bounded, lane-sticky transport with deadlines in [`crate::ingestion`].
+//!
+//! # The weak-read contract
+//! Only two things are shared between ingestion and queries: the bucket words and the ready mask.
+//!
+//! * **Each bucket image is one atomic `u64` store** ([`TransposedTable::store`], `Release`).
+//!   A query never sees a torn bucket.
+//! * **Readiness is published with `Release`** when a barrier snapshot completes, after every
+//!   word of the snapshot was stored, and **captured once per query with `Acquire`**: a query that
+//!   sees a lane's bit also sees that lane's complete snapshot.
+//! * **Multi-bucket application is not atomic.** A query running while a delta is applied may see
+//!   some of its images and not others (a mix of old and new bucket images). Producers order a
+//!   delta's images so that a relocated fingerprint reaches its new bucket before it leaves the
+//!   old one, which, together with the search reading the lower candidate bucket first, keeps a
+//!   stable block visible in most interleavings (the remaining window is documented in
+//!   [`crate::search`]).
+//! * **A query that captured readiness may finish after the lane was retired or re-leased**, and
+//!   then reports what it read from the lane's words at the time.
+//!
+//! There is deliberately **no lane seqlock, no table-wide publication lock, no double buffer and
+//! no query retry**: queries stay wait-free and allocation-free, and a lossy routing hint does not
+//! need more. Lease validation, the installed sequence and the lane state are ingestor-local and
+//! never touched by queries.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Instant;
+
+use thiserror::Error;
+
+use crate::addressing::{Addressing, FormatError, TableFormat};
+use crate::bucket::{MAX_LANES, TableError, TransposedTable};
+use crate::identity::{
+    DcId, IndexerDomainId, LaneIndex, LaneLease, PoolId, ProducerIdentity,
+};
+use crate::lane::{
+    Frame, IngestError, IngestOutcome, LagPolicy, LaneEvent, LaneIngestor, LaneStatus,
+    RetireReason, Shared,
+};
+
+/// The consumer's configuration: one domain, its lanes (lane index = position), one format.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Manifest {
+    /// The one indexer domain every lane belongs to.
+    pub domain: IndexerDomainId,
+    /// The table format every producer must use.
+    pub format: TableFormat,
+    /// Lane `i` is pool `lanes[i]`; 1..=16 distinct pools in distinct DCs.
+    pub lanes: Vec<PoolId>,
+}
+
+/// Why a manifest is refused. Each variant names the offending lane and pool.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ManifestError {
+    /// No lanes configured.
+    #[error("manifest has no lanes (need 1..={MAX_LANES})")]
+    NoLanes,
+    /// More than 16 lanes.
+    #[error("manifest has {0} lanes (at most {MAX_LANES})")]
+    TooManyLanes(usize),
+    /// A lane's pool belongs to another domain.
+    #[error("lane {lane}: pool {pool} is not in domain {domain}")]
+    ForeignDomain {
+        /// The lane.
+        lane: LaneIndex,
+        /// Its pool.
+        pool: PoolId,
+        /// The manifest's domain.
+        domain: IndexerDomainId,
+    },
+    /// The same pool appears twice.
+    #[error("lane {lane}: pool {pool} is already lane {first}")]
+    DuplicatePool {
+        /// The later lane.
+        lane: LaneIndex,
+        /// The lane that has the pool first.
+        first: LaneIndex,
+        /// The pool.
+        pool: PoolId,
+    },
+    /// Two pools share a DC (impossible within one domain unless the pool is repeated, but kept
+    /// distinct so the message names the DC).
+    #[error("lane {lane}: DC {dc} is already lane {first}")]
+    DuplicateDc {
+        /// The later lane.
+        lane: LaneIndex,
+        /// The lane that has the DC first.
+        first: LaneIndex,
+        /// The DC.
+        dc: DcId,
+    },
+    /// The table format is invalid.
+    #[error("manifest table format: {0}")]
+    Format(#[from] FormatError),
+    /// The table cannot be allocated.
+    #[error("consumer table: {0}")]
+    Table(#[from] TableError),
+}
+
+/// Why a lease is refused to a producer (`Attach`).
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum AttachError {
+    /// The producer's pool is not in the manifest (includes pools of other domains).
+    #[error("pool {0} is not a lane of this indexer")]
+    UnknownPool(PoolId),
+    /// The producer's table format differs from the manifest's.
+    #[error("table format mismatch for pool {pool}: indexer has [{expected}], producer has [{got}]")]
+    FormatMismatch {
+        /// The pool.
+        pool: PoolId,
+        /// The manifest's format.
+        expected: TableFormat,
+        /// The producer's format.
+        got: TableFormat,
+    },
+}
+
+/// The transposed global consumer. `Sync`: share it in an `Arc` between ingestion workers and
+/// query threads.
+#[derive(Debug)]
+pub struct GlobalCkfIndexer {
+    manifest: Manifest,
+    addressing: Addressing,
+    consumer_instance: u64,
+    policy: LagPolicy,
+    table: TransposedTable,
+    /// Bit `i` set = lane `i` ready. Release on activation, Acquire once per query.
+    ready: AtomicU32,
+    lanes: Vec<Mutex<LaneIngestor>>,
+}
+
+impl Manifest {
+    /// Checks every manifest rule.
+    ///
+    /// # Errors
+    /// [`ManifestError`] naming the first offending lane.
+    pub fn validate(&self) -> Result<(), ManifestError> {
+        if self.lanes.is_empty() {
+            return Err(ManifestError::NoLanes);
+        }
+        if self.lanes.len() > MAX_LANES {
+            return Err(ManifestError::TooManyLanes(self.lanes.len()));
+        }
+        self.format.validate()?;
+        for (i, pool) in self.lanes.iter().enumerate() {
+            let lane = i as LaneIndex;
+            if pool.domain != self.domain {
+                return Err(ManifestError::ForeignDomain {
+                    lane,
+                    pool: pool.clone(),
+                    domain: self.domain.clone(),
+                });
+            }
+            if let Some(first) = self.lanes[..i].iter().position(|p| p == pool) {
+                return Err(ManifestError::DuplicatePool {
+                    lane,
+                    first: first as LaneIndex,
+                    pool: pool.clone(),
+                });
+            }
+            if let Some(first) = self.lanes[..i].iter().position(|p| p.dc == pool.dc) {
+                return Err(ManifestError::DuplicateDc {
+                    lane,
+                    first: first as LaneIndex,
+                    dc: pool.dc.clone(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+impl GlobalCkfIndexer {
+    /// Builds a consumer with the default [`LagPolicy`].
+    ///
+    /// `consumer_instance` identifies this consumer process in every lease it grants; use a
+    /// fresh value per start (e.g. random or start time) so leases of a previous run are ignored.
+    ///
+    /// # Errors
+    /// [`ManifestError`].
+    pub fn new(manifest: Manifest, consumer_instance: u64) -> Result<Self, ManifestError> {
+        Self::with_policy(manifest, consumer_instance, LagPolicy::default())
+    }
+
+    /// Builds a consumer with an explicit lag policy.
+    ///
+    /// # Errors
+    /// [`ManifestError`].
+    pub fn with_policy(
+        manifest: Manifest,
+        consumer_instance: u64,
+        policy: LagPolicy,
+    ) -> Result<Self, ManifestError> {
+        manifest.validate()?;
+        let addressing = Addressing::new(&manifest.format)?;
+        let table = TransposedTable::new(manifest.format.bucket_count, manifest.lanes.len())?;
+        let lanes = (0..manifest.lanes.len())
+            .map(|l| Mutex::new(LaneIngestor::new(l as LaneIndex)))
+            .collect();
+        Ok(Self {
+            manifest,
+            addressing,
+            consumer_instance,
+            policy,
+            table,
+            ready: AtomicU32::new(0),
+            lanes,
+        })
+    }
+
+    /// The validated manifest.
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    /// This consumer's instance id (carried in every lease it grants).
+    pub fn consumer_instance(&self) -> u64 {
+        self.consumer_instance
+    }
+
+    /// The lag policy.
+    pub fn policy(&self) -> &LagPolicy {
+        &self.policy
+    }
+
+    /// Number of lanes (1..=16).
+    pub fn lane_count(&self) -> usize {
+        self.lanes.len()
+    }
+
+    /// The lane of `pool`, if it is in the manifest.
+    pub fn lane_of(&self, pool: &PoolId) -> Option<LaneIndex> {
+        self.manifest
+            .lanes
+            .iter()
+            .position(|p| p == pool)
+            .map(|l| l as LaneIndex)
+    }
+
+    /// The pool of `lane`.
+    ///
+    /// # Panics
+    /// When `lane` is not in the manifest.
+    #[inline]
+    pub fn pool(&self, lane: LaneIndex) -> &PoolId {
+        &self.manifest.lanes[lane as usize]
+    }
+
+    /// The shared table (read-only use: tests, convergence checks, memory figures).
+    pub fn table(&self) -> &TransposedTable {
+        &self.table
+    }
+
+    /// Addressing of the manifest's format.
+    #[inline]
+    pub fn addressing(&self) -> &Addressing {
+        &self.addressing
+    }
+
+    /// The ready mask (bit `i` = lane `i`), loaded with `Acquire`.
+    #[inline]
+    pub fn ready_mask(&self) -> u16 {
+        self.ready.load(Ordering::Acquire) as u16
+    }
+
+    fn shared(&self) -> Shared<'_> {
+        Shared {
+            table: &self.table,
+            ready: &self.ready,
+            consumer_instance: self.consumer_instance,
+            policy: &self.policy,
+        }
+    }
+
+    fn lane(&self, lane: LaneIndex) -> Result<MutexGuard<'_, LaneIngestor>, IngestError> {
+        let m = self.lanes.get(lane as usize).ok_or(IngestError::UnknownLane {
+            lane,
+            lanes: self.lanes.len(),
+        })?;
+        // A panic inside the lock is caught before the guard drops, so poisoning only follows a
+        // bug outside the ingestor; the state stays usable either way.
+        Ok(m.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Grants the next lease of the producer's lane (the consumer is the lease authority). Any
+    /// older stream of the lane is fenced: its ready bit is cleared first and its frames are
+    /// ignored from now on. The lane awaits a barrier snapshot under the new lease.
+    ///
+    /// # Errors
+    /// [`AttachError::UnknownPool`] or [`AttachError::FormatMismatch`] (naming both formats).
+    pub fn grant_lease(&self, producer: &ProducerIdentity) -> Result<LaneLease, AttachError> {
+        let lane = self
+            .lane_of(&producer.pool)
+            .ok_or_else(|| AttachError::UnknownPool(producer.pool.clone()))?;
+        if producer.format != self.manifest.format {
+            return Err(AttachError::FormatMismatch {
+                pool: producer.pool.clone(),
+                expected: self.manifest.format,
+                got: producer.format,
+            });
+        }
+        let mut ingestor = self.lane(lane).expect("lane_of returns manifest lanes");
+        Ok(ingestor.grant(self.shared(), producer.incarnation, Instant::now()))
+    }
+
+    /// Applies one frame synchronously on the caller's thread, serialized with every other frame
+    /// of its lane (the lane's lock). `received_at` is when the frame reached the consumer (the
+    /// dirty-to-applied deadline counts the time since). A panic while applying is caught and
+    /// retires only that lane ([`RetireReason::ApplyFailed`]).
+    pub fn ingest(&self, frame: &Frame, received_at: Instant) -> IngestOutcome {
+        let mut ingestor = match self.lane(frame.tag().lease.lane) {
+            Ok(g) => g,
+            Err(e) => return IngestOutcome::Rejected(e),
+        };
+        let sh = self.shared();
+        match catch_unwind(AssertUnwindSafe(|| ingestor.ingest(sh, frame, received_at))) {
+            Ok(outcome) => outcome,
+            Err(payload) => {
+                let detail = payload
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                    .unwrap_or_else(|| "non-string panic".to_owned());
+                let reason = RetireReason::ApplyFailed { detail };
+                ingestor.retire(sh, reason.clone());
+                IngestOutcome::Retired(reason)
+            }
+        }
+    }
+
+    /// Applies one frame received now ([`GlobalCkfIndexer::ingest`]).
+    pub fn ingest_now(&self, frame: &Frame) -> IngestOutcome {
+        self.ingest(frame, Instant::now())
+    }
+
+    /// Retires `lease`'s stream if it is still the lane's current, live stream. Returns whether
+    /// it did. Used for transport-level failures (queue saturation, a broken connection).
+    pub fn retire_lease(&self, lease: LaneLease, reason: RetireReason) -> bool {
+        match self.lane(lease.lane) {
+            Ok(mut g) => {
+                lease.consumer_instance == self.consumer_instance
+                    && g.retire_lease(self.shared(), lease, reason)
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Enforces the heartbeat deadline of `lane` at `now`; returns the reason if it retired it.
+    pub fn check_deadlines(&self, lane: LaneIndex, now: Instant) -> Option<RetireReason> {
+        self.lane(lane).ok()?.check_deadline(self.shared(), now)
+    }
+
+    /// Operator view of `lane`.
+    ///
+    /// # Errors
+    /// [`IngestError::UnknownLane`].
+    pub fn lane_status(&self, lane: LaneIndex) -> Result<LaneStatus, IngestError> {
+        Ok(self.lane(lane)?.status(self.shared()))
+    }
+
+    /// Operator view of every lane, in lane order.
+    pub fn lane_statuses(&self) -> Vec<LaneStatus> {
+        (0..self.lanes.len())
+            .map(|l| self.lane(l as LaneIndex).expect("in range").status(self.shared()))
+            .collect()
+    }
+
+    /// Subscribes to `lane`'s transitions (activation, drain, retirement, supersession), tagged
+    /// with the lease they concern. The receiver is unbounded; drop it to unsubscribe.
+    ///
+    /// # Errors
+    /// [`IngestError::UnknownLane`].
+    pub fn subscribe(&self, lane: LaneIndex) -> Result<flume::Receiver<LaneEvent>, IngestError> {
+        Ok(self.lane(lane)?.subscribe())
+    }
+
+    /// Fault injection (tests, [`crate::adapter`]): the next delta applied on `lane` panics after
+    /// storing `after_images` of its images, exercising the mid-apply failure path.
+    ///
+    /// # Errors
+    /// [`IngestError::UnknownLane`].
+    pub fn inject_apply_fault(&self, lane: LaneIndex, after_images: usize) -> Result<(), IngestError> {
+        self.lane(lane)?.arm_fault(after_images);
+        Ok(())
+    }
+}

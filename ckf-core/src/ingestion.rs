@@ -1,1 +1,243 @@
-//! (being written)
+//! Bounded, lane-sticky ingestion transport (design source, "Global transposed consumer": "The
+//! Flume ingestion pool assigns a lane to a stable worker, so snapshots, deltas, and drain
+//! markers for that lane cannot interleave").
+//!
+//! One worker thread per lane drains that lane's bounded `flume` queue and applies each frame
+//! through [`GlobalCkfIndexer::ingest`]; different lanes and query threads run concurrently.
+//!
+//! * **Saturation.** [`IngestionPool::submit`] never blocks: when the lane's queue is full the
+//!   frame is refused ([`SubmitError::Saturated`]) and, if the frame carries the lane's current
+//!   lease, that lane alone is retired ([`RetireReason::Saturated`]): its stream has lost a frame.
+//! * **Deadlines.** Each worker wakes at least every `tick` to enforce the heartbeat deadline of
+//!   its lane ([`LagPolicy::heartbeat_deadline`]); the dirty-to-applied deadline is checked per
+//!   delta using the time the frame spent in the queue.
+//! * **Replies.** Every submitted frame gets exactly one [`IngestOutcome`] on the reply sender the
+//!   caller supplied (use `recv_async` from async code). Asynchronous retirements (deadlines) are
+//!   published as [`LaneEvent`]s to [`IngestionPool::subscribe`]rs.
+//!
+//! No async runtime: std threads and flume only. Dropping the pool (or
+//! [`IngestionPool::shutdown`]) closes the queues, lets each worker finish the frames already
+//! queued, and joins it.
+//!
+//! [`LagPolicy::heartbeat_deadline`]: crate::lane::LagPolicy::heartbeat_deadline
+
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use thiserror::Error;
+
+use crate::global::GlobalCkfIndexer;
+use crate::identity::LaneIndex;
+use crate::lane::{Frame, IngestError, IngestOutcome, LaneEvent, RetireReason};
+
+/// Pool configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolConfig {
+    /// Frames each lane's queue holds before submission saturates (>= 1). Default 1024.
+    pub queue_capacity: usize,
+    /// Longest a worker sleeps between heartbeat-deadline checks. Default 100 ms.
+    pub tick: Duration,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        Self {
+            queue_capacity: 1024,
+            tick: Duration::from_millis(100),
+        }
+    }
+}
+
+/// Why a frame was not queued. The frame is dropped; nothing else is affected.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum SubmitError {
+    /// The frame's lane is not in the manifest.
+    #[error(transparent)]
+    UnknownLane(#[from] IngestError),
+    /// The lane's queue was full. `retired` says whether this retired the lane's current stream
+    /// (the frame carried the current lease).
+    #[error("lane {lane} ingestion queue is full ({capacity} frames); retired: {retired}")]
+    Saturated {
+        /// The lane.
+        lane: LaneIndex,
+        /// Queue capacity.
+        capacity: usize,
+        /// Whether the lane's current stream was retired.
+        retired: bool,
+    },
+    /// The pool is shutting down.
+    #[error("ingestion pool is shut down")]
+    ShutDown,
+}
+
+/// A queued frame with its reply channel.
+struct Envelope {
+    frame: Frame,
+    received_at: Instant,
+    reply: Option<flume::Sender<IngestOutcome>>,
+}
+
+/// One worker thread per lane over bounded queues; see the module docs.
+pub struct IngestionPool {
+    indexer: Arc<GlobalCkfIndexer>,
+    config: PoolConfig,
+    senders: Vec<flume::Sender<Envelope>>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for IngestionPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IngestionPool")
+            .field("lanes", &self.senders.len())
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+impl IngestionPool {
+    /// Starts one worker per lane of `indexer`.
+    ///
+    /// # Panics
+    /// When `config.queue_capacity` is 0 or a thread cannot be spawned.
+    pub fn new(indexer: Arc<GlobalCkfIndexer>, config: PoolConfig) -> Self {
+        assert!(config.queue_capacity > 0, "queue_capacity must be >= 1");
+        let mut senders = Vec::new();
+        let mut workers = Vec::new();
+        for lane in 0..indexer.lane_count() {
+            let (tx, rx) = flume::bounded::<Envelope>(config.queue_capacity);
+            let idx = Arc::clone(&indexer);
+            let tick = config.tick;
+            let handle = std::thread::Builder::new()
+                .name(format!("ckf-lane-{lane}"))
+                .spawn(move || worker(idx, lane as LaneIndex, rx, tick))
+                .expect("spawn lane worker");
+            senders.push(tx);
+            workers.push(handle);
+        }
+        Self {
+            indexer,
+            config,
+            senders,
+            workers,
+        }
+    }
+
+    /// The indexer the pool feeds (grant leases and run queries through it).
+    pub fn indexer(&self) -> &Arc<GlobalCkfIndexer> {
+        &self.indexer
+    }
+
+    /// Queues `frame` for its lane (from its lease) without blocking. The outcome is sent on
+    /// `reply` when applied (a closed reply channel is fine).
+    ///
+    /// # Errors
+    /// [`SubmitError`]; on [`SubmitError::Saturated`] the lane's current stream may have been
+    /// retired (see the module docs).
+    pub fn submit(
+        &self,
+        frame: Frame,
+        reply: Option<flume::Sender<IngestOutcome>>,
+    ) -> Result<(), SubmitError> {
+        let lease = frame.tag().lease;
+        let tx = self
+            .senders
+            .get(usize::from(lease.lane))
+            .ok_or(IngestError::UnknownLane {
+                lane: lease.lane,
+                lanes: self.senders.len(),
+            })?;
+        let env = Envelope {
+            frame,
+            received_at: Instant::now(),
+            reply,
+        };
+        match tx.try_send(env) {
+            Ok(()) => Ok(()),
+            Err(flume::TrySendError::Full(_)) => {
+                let capacity = self.config.queue_capacity;
+                let retired = self
+                    .indexer
+                    .retire_lease(lease, RetireReason::Saturated { capacity });
+                Err(SubmitError::Saturated {
+                    lane: lease.lane,
+                    capacity,
+                    retired,
+                })
+            }
+            Err(flume::TrySendError::Disconnected(_)) => Err(SubmitError::ShutDown),
+        }
+    }
+
+    /// Queues `frame` and returns a receiver for its outcome (convenience over
+    /// [`IngestionPool::submit`]).
+    ///
+    /// # Errors
+    /// As [`IngestionPool::submit`].
+    pub fn submit_with_reply(
+        &self,
+        frame: Frame,
+    ) -> Result<flume::Receiver<IngestOutcome>, SubmitError> {
+        let (tx, rx) = flume::bounded(1);
+        self.submit(frame, Some(tx))?;
+        Ok(rx)
+    }
+
+    /// Frames waiting in `lane`'s queue.
+    pub fn queued(&self, lane: LaneIndex) -> usize {
+        self.senders.get(usize::from(lane)).map_or(0, |s| s.len())
+    }
+
+    /// Lane transition events ([`GlobalCkfIndexer::subscribe`]).
+    ///
+    /// # Errors
+    /// [`IngestError::UnknownLane`].
+    pub fn subscribe(&self, lane: LaneIndex) -> Result<flume::Receiver<LaneEvent>, IngestError> {
+        self.indexer.subscribe(lane)
+    }
+
+    /// Closes every queue, lets the workers apply what is already queued, and joins them.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        self.senders.clear();
+        for w in self.workers.drain(..) {
+            // A worker never panics (apply panics are caught inside ingest); ignore if it did.
+            let _ = w.join();
+        }
+    }
+}
+
+impl Drop for IngestionPool {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn worker(
+    indexer: Arc<GlobalCkfIndexer>,
+    lane: LaneIndex,
+    rx: flume::Receiver<Envelope>,
+    tick: Duration,
+) {
+    let mut next_check = Instant::now() + tick;
+    loop {
+        match rx.recv_deadline(next_check) {
+            Ok(env) => {
+                let outcome = indexer.ingest(&env.frame, env.received_at);
+                if let Some(reply) = env.reply {
+                    let _ = reply.send(outcome);
+                }
+            }
+            Err(flume::RecvTimeoutError::Timeout) => {}
+            Err(flume::RecvTimeoutError::Disconnected) => return,
+        }
+        let now = Instant::now();
+        if now >= next_check {
+            indexer.check_deadlines(lane, now);
+            next_check = now + tick;
+        }
+    }
+}

@@ -19,6 +19,7 @@
 //! | [`frames`] | snapshot / chunk / delta / drain-marker frames |
 //! | [`publication`] | `DcCkfPublisher`: lease and sequence envelope, fencing |
 //! | [`global`] | `GlobalCkfIndexer`: manifest, lane state machine, delta acceptance |
+//! | [`lane`] | one lane's serialized ingestor: lease checks, state machine, acceptance rules |
 //! | [`ingestion`] | one serialized ingestor per lane, bounded queues, lag policy |
 //! | [`search`] | multi-lane prefix search over the transposed table |
 //! | [`adapter`] | in-process producer -> consumer composition with recovery |
@@ -34,6 +35,7 @@ pub mod frames;
 pub mod global;
 pub mod identity;
 pub mod ingestion;
+pub mod lane;
 pub mod mutator;
 pub mod publication;
 pub mod search;
