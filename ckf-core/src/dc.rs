@@ -1,1 +1,408 @@
-//! (being written)
+//! `DcCkfState`: one DC pool's exact ownership, refcounts, omissions and stats, and the packed
+//! cuckoo-filter table projected from them (design source, "Producer invariants").
+//!
+//! The exact state is the authority; the table is a lossy projection:
+//!
+//! | refcount transition | table effect |
+//! | --- | --- |
+//! | first owner, `0 -> 1` | insert one fingerprint ([`crate::mutator`]) |
+//! | additional owner, `n -> n+1` | none |
+//! | remaining owner, `n -> n-1` | none |
+//! | final owner, `1 -> 0` | remove one matching copy |
+//!
+//! * A store of a block the member already owns is a no-op (`redundant`).
+//! * An unknown `(member, block hash)` removal is an idempotent no-op (`unknown`): it never
+//!   deletes by fingerprint.
+//! * Distinct block hashes with the same fingerprint and bucket pair each hold their own
+//!   physical copy, because each has its own `0 -> 1` transition.
+//! * Blocks of one event are processed in order: a failed block is unchanged, its siblings stay
+//!   applied, later blocks are still attempted, and the first error is kept.
+//! * Capacity exhaustion is a pre-commit omission: no ownership edge, no refcount change, no
+//!   dirty bucket, identical table bytes. Service continues and a later store may retry.
+//!
+//! The state is single-owner (an actor): every method takes `&mut self`, so a publication
+//! batch ([`DcCkfState::take_batch`]) is always sampled between complete commands.
+
+mod events;
+mod hasher;
+mod stats;
+
+use std::collections::HashMap;
+use std::collections::HashSet;
+use std::collections::hash_map::Entry;
+
+use thiserror::Error;
+
+use crate::addressing::{Addressing, FormatError, TableFormat};
+use crate::bucket;
+use crate::dirty::{DirtyTracker, PublicationBatch};
+use crate::mutator::Mutator;
+
+pub use events::{BlockError, EventOutcome, KvEvent, KvEventKind, MemberId};
+pub use hasher::{FoldHashBuilder, FoldHasher};
+pub use stats::DcCkfStats;
+
+/// Default kick bound.
+///
+/// 500 is the bound of the original cuckoo-filter evaluation (Fan et al., CoNEXT 2014). With
+/// 4-slot buckets, insertions below ~95% load almost always finish within a few dozen kicks, so
+/// 500 only matters at the cliff, where it caps a failed attempt (and its rollback) at about a
+/// thousand bucket reads and writes — tens of microseconds — before the block is omitted.
+pub const DEFAULT_MAX_KICKS: u32 = 500;
+/// Largest accepted `max_kicks`: bounds the worst-case latency of one block and the undo log
+/// (16 bytes per kick, allocated up front).
+pub const MAX_KICKS_LIMIT: u32 = 100_000;
+
+/// Block-hash set of one member.
+pub type BlockSet = HashSet<u64, FoldHashBuilder>;
+
+/// Configuration of one producer state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DcCkfConfig {
+    /// Table format (bucket count, seed, ...); must equal the consumer's.
+    pub format: TableFormat,
+    /// Kick bound for cuckoo insertion, `0..=MAX_KICKS_LIMIT`. `0` disables relocation: a block
+    /// is stored only if one of its two buckets has an empty slot.
+    pub max_kicks: u32,
+}
+
+impl DcCkfConfig {
+    /// `format` with [`DEFAULT_MAX_KICKS`].
+    pub fn new(format: TableFormat) -> Self {
+        Self {
+            format,
+            max_kicks: DEFAULT_MAX_KICKS,
+        }
+    }
+}
+
+/// Errors building a [`DcCkfState`].
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum DcCkfError {
+    /// The table format is invalid.
+    #[error("invalid table format: {0}")]
+    Format(#[from] FormatError),
+    /// `max_kicks` exceeds [`MAX_KICKS_LIMIT`].
+    #[error("max_kicks {0} exceeds the limit {MAX_KICKS_LIMIT}")]
+    MaxKicksTooLarge(u32),
+}
+
+/// Running counters behind [`DcCkfStats`].
+#[derive(Debug, Clone, Copy, Default)]
+struct Counters {
+    omissions: u64,
+    unknown_removals: u64,
+    kicks: u64,
+    batches: u64,
+    cycles_broken: u64,
+    missing_fingerprints: u64,
+}
+
+/// Everything keyed by block hash alone: refcounts, the table and its dirty tracking. Split from
+/// the member map so a member's block set can stay borrowed while blocks are applied.
+#[derive(Debug, Clone)]
+struct Projection {
+    addressing: Addressing,
+    refcounts: HashMap<u64, u32, FoldHashBuilder>,
+    mutator: Mutator,
+    dirty: DirtyTracker,
+    resident: u64,
+    edges: u64,
+    counters: Counters,
+}
+
+impl Projection {
+    fn mark_dirty(&mut self) {
+        for w in self.mutator.last_writes() {
+            self.dirty.touch(w.bucket, w.before);
+        }
+    }
+
+    /// Adds one owner of `block_hash`; inserts its fingerprint on `0 -> 1`.
+    #[inline]
+    fn acquire(&mut self, block_hash: u64) -> Result<(), BlockError> {
+        match self.refcounts.entry(block_hash) {
+            Entry::Occupied(mut e) => *e.get_mut() += 1,
+            Entry::Vacant(e) => match self.mutator.insert(self.addressing.locate(block_hash)) {
+                Ok(kicks) => {
+                    e.insert(1);
+                    self.resident += 1;
+                    self.counters.kicks += u64::from(kicks);
+                    for w in self.mutator.last_writes() {
+                        self.dirty.touch(w.bucket, w.before);
+                    }
+                }
+                Err(failed) => {
+                    self.counters.omissions += 1;
+                    return Err(BlockError::CapacityExhausted {
+                        block_hash,
+                        kicks: failed.kicks,
+                    });
+                }
+            },
+        }
+        self.edges += 1;
+        Ok(())
+    }
+
+    /// Drops one owner of `block_hash` (which must have one); removes one copy on `1 -> 0`.
+    #[inline]
+    fn release(&mut self, block_hash: u64) {
+        self.edges -= 1;
+        let Some(rc) = self.refcounts.get_mut(&block_hash) else {
+            debug_assert!(false, "owned block {block_hash:#x} has no refcount");
+            return;
+        };
+        if *rc > 1 {
+            *rc -= 1;
+            return;
+        }
+        self.refcounts.remove(&block_hash);
+        if self.mutator.remove(self.addressing.locate(block_hash)) {
+            self.resident -= 1;
+            self.mark_dirty();
+        } else {
+            debug_assert!(false, "tracked block {block_hash:#x} has no fingerprint");
+            self.counters.missing_fingerprints += 1;
+        }
+    }
+}
+
+/// One DC pool's producer state. See the module docs for the rules it keeps.
+#[derive(Debug, Clone)]
+pub struct DcCkfState {
+    config: DcCkfConfig,
+    members: HashMap<MemberId, BlockSet, FoldHashBuilder>,
+    proj: Projection,
+}
+
+impl DcCkfState {
+    /// An empty state.
+    ///
+    /// # Errors
+    /// [`DcCkfError::Format`] for an invalid format, [`DcCkfError::MaxKicksTooLarge`].
+    pub fn new(config: DcCkfConfig) -> Result<Self, DcCkfError> {
+        let addressing = Addressing::new(&config.format)?;
+        if config.max_kicks > MAX_KICKS_LIMIT {
+            return Err(DcCkfError::MaxKicksTooLarge(config.max_kicks));
+        }
+        let mutator = Mutator::new(addressing, config.max_kicks);
+        let dirty = DirtyTracker::new(mutator.buckets().len());
+        Ok(Self {
+            config,
+            members: HashMap::default(),
+            proj: Projection {
+                addressing,
+                refcounts: HashMap::default(),
+                mutator,
+                dirty,
+                resident: 0,
+                edges: 0,
+                counters: Counters::default(),
+            },
+        })
+    }
+
+    /// The table format.
+    pub fn format(&self) -> TableFormat {
+        self.config.format
+    }
+
+    /// The configuration the state was built with.
+    pub fn config(&self) -> DcCkfConfig {
+        self.config
+    }
+
+    /// The addressing derived from the format.
+    pub fn addressing(&self) -> &Addressing {
+        &self.proj.addressing
+    }
+
+    /// Applies one event; dispatches to [`store`](Self::store), [`remove`](Self::remove) or
+    /// [`clear_member`](Self::clear_member).
+    pub fn apply(&mut self, event: &KvEvent) -> EventOutcome {
+        match &event.kind {
+            KvEventKind::Stored { block_hashes, .. } => self.store(event.member, block_hashes),
+            KvEventKind::Removed { block_hashes } => self.remove(event.member, block_hashes),
+            KvEventKind::Cleared => self.clear_member(event.member),
+        }
+    }
+
+    /// `member` now holds `block_hashes`, in order. Each new `(member, hash)` edge increments
+    /// the hash's refcount; a `0 -> 1` transition inserts one fingerprint, and if that fails for
+    /// capacity the block is omitted without a trace (see the module docs).
+    pub fn store(&mut self, member: MemberId, block_hashes: &[u64]) -> EventOutcome {
+        let mut out = EventOutcome::default();
+        if block_hashes.is_empty() {
+            return out;
+        }
+        let owned = self.members.entry(member).or_default();
+        for &h in block_hashes {
+            if !owned.insert(h) {
+                out.redundant += 1;
+                continue;
+            }
+            match self.proj.acquire(h) {
+                Ok(()) => out.applied += 1,
+                Err(e) => {
+                    owned.remove(&h);
+                    out.fail(e);
+                }
+            }
+        }
+        if owned.is_empty() {
+            self.members.remove(&member);
+        }
+        out
+    }
+
+    /// `member` evicted `block_hashes`, in order. A hash the member does not own is an
+    /// idempotent no-op (`unknown`); a `1 -> 0` transition removes one fingerprint copy.
+    pub fn remove(&mut self, member: MemberId, block_hashes: &[u64]) -> EventOutcome {
+        let mut out = EventOutcome::default();
+        let Some(owned) = self.members.get_mut(&member) else {
+            out.unknown = block_hashes.len() as u32;
+            self.proj.counters.unknown_removals += block_hashes.len() as u64;
+            return out;
+        };
+        for &h in block_hashes {
+            if owned.remove(&h) {
+                self.proj.release(h);
+                out.applied += 1;
+            } else {
+                out.unknown += 1;
+            }
+        }
+        self.proj.counters.unknown_removals += u64::from(out.unknown);
+        if owned.is_empty() {
+            self.members.remove(&member);
+        }
+        out
+    }
+
+    /// `member` dropped every block: releases each of its edges. `applied` = blocks it held.
+    pub fn clear_member(&mut self, member: MemberId) -> EventOutcome {
+        let mut out = EventOutcome::default();
+        if let Some(owned) = self.members.remove(&member) {
+            for h in owned {
+                self.proj.release(h);
+                out.applied += 1;
+            }
+        }
+        out
+    }
+
+    /// Clears every dp rank of `worker_id` (in ascending rank order); merged outcome.
+    pub fn remove_worker(&mut self, worker_id: u64) -> EventOutcome {
+        let mut ranks: Vec<MemberId> = self
+            .members
+            .keys()
+            .filter(|m| m.worker_id == worker_id)
+            .copied()
+            .collect();
+        ranks.sort_unstable();
+        let mut out = EventOutcome::default();
+        for m in ranks {
+            out.merge(self.clear_member(m));
+        }
+        out
+    }
+
+    /// Number of members owning `block_hash` (exact).
+    pub fn refcount(&self, block_hash: u64) -> u32 {
+        self.proj.refcounts.get(&block_hash).copied().unwrap_or(0)
+    }
+
+    /// Whether `member` owns `block_hash` (exact).
+    pub fn owns(&self, member: MemberId, block_hash: u64) -> bool {
+        self.members
+            .get(&member)
+            .is_some_and(|set| set.contains(&block_hash))
+    }
+
+    /// The block hashes `member` owns (exact), if it owns any.
+    pub fn member_blocks(&self, member: MemberId) -> Option<&BlockSet> {
+        self.members.get(&member)
+    }
+
+    /// Members owning at least one block, in no particular order.
+    pub fn members(&self) -> impl Iterator<Item = MemberId> + '_ {
+        self.members.keys().copied()
+    }
+
+    /// Lossy CKF membership: whether either candidate bucket of `block_hash` holds its
+    /// fingerprint. True for every tracked hash; may be true for others (false positive).
+    pub fn may_contain(&self, block_hash: u64) -> bool {
+        self.proj.mutator.contains(self.proj.addressing.locate(block_hash))
+    }
+
+    /// The packed table, `bucket_count` words, index = bucket.
+    pub fn buckets(&self) -> &[u64] {
+        self.proj.mutator.buckets()
+    }
+
+    /// Dirty buckets not yet sampled into a batch.
+    pub fn pending_dirty(&self) -> usize {
+        self.proj.dirty.pending()
+    }
+
+    /// Samples the absolute image of every dirty bucket and clears the dirty set. Returns
+    /// `None` when nothing net-changed since the last batch (every dirty bucket reverted, or
+    /// nothing was dirty). Images are ordered for safe installation (see [`crate::dirty`]).
+    ///
+    /// Several publishers share one state: call this once per publication tick and hand the
+    /// same batch to every publisher (see [`crate::publication`]).
+    pub fn take_batch(&mut self) -> Option<PublicationBatch> {
+        let p = &mut self.proj;
+        let batch = p.dirty.take(p.mutator.buckets(), &p.addressing)?;
+        p.counters.batches += 1;
+        p.counters.cycles_broken += u64::from(batch.cycles_broken);
+        Some(batch)
+    }
+
+    /// Current statistics. `bytes_used` walks every member's set capacity (O(members)).
+    pub fn stats(&self) -> DcCkfStats {
+        let p = &self.proj;
+        let c = p.counters;
+        let format = self.config.format;
+        let member_sets: usize = self
+            .members
+            .values()
+            .map(|s| stats::hash_table_bytes(s.capacity(), 8))
+            .sum();
+        let member_entry = std::mem::size_of::<(MemberId, BlockSet)>();
+        let bytes_used = std::mem::size_of::<Self>()
+            + p.mutator.bytes_used()
+            + p.dirty.bytes_used()
+            + stats::hash_table_bytes(p.refcounts.capacity(), std::mem::size_of::<(u64, u32)>())
+            + stats::hash_table_bytes(self.members.capacity(), member_entry)
+            + member_sets;
+        DcCkfStats {
+            members: self.members.len(),
+            unique_hashes: p.refcounts.len(),
+            ownership_edges: p.edges,
+            resident_fingerprints: p.resident,
+            bucket_count: format.bucket_count,
+            slot_count: format.slot_count(),
+            load_factor: p.resident as f64 / format.slot_count() as f64,
+            omissions_total: c.omissions,
+            unknown_removals_total: c.unknown_removals,
+            kicks_total: c.kicks,
+            batches_total: c.batches,
+            cycles_broken_total: c.cycles_broken,
+            missing_fingerprints_total: c.missing_fingerprints,
+            pending_dirty: p.dirty.pending(),
+            table_bytes: format.table_bytes(),
+            bytes_used: bytes_used as u64,
+        }
+    }
+
+    /// Fingerprints physically present, counted by scanning the table (O(buckets); for tests and
+    /// consistency checks; `stats().resident_fingerprints` is the O(1) counter).
+    pub fn count_resident(&self) -> u64 {
+        self.buckets()
+            .iter()
+            .map(|&w| u64::from(bucket::occupied(w)))
+            .sum()
+    }
+}
