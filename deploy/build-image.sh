@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Builds the ckf-relay runtime image (default tag ckf-relay:local) from host-built release
+# binaries; see the header of deploy/Dockerfile for why and for the image layout.
+#
+# Usage: deploy/build-image.sh
+# Environment:
+#   CKF_IMAGE          image tag                         (default ckf-relay:local)
+#   CKF_IMAGE_BASE     base image; `scratch` makes the script stage libc, the loader and
+#                      /etc/passwd itself, anything else must provide glibc (default scratch)
+#   CKF_SKIP_CARGO=1   do not run cargo; use the binaries already in the release dir
+#   CKF_BIN_DIR        where the release binaries are (default: cargo's target dir + /release)
+#   CARGO_TARGET_DIR   honoured by cargo as usual
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+IMAGE="${CKF_IMAGE:-ckf-relay:local}"
+BASE="${CKF_IMAGE_BASE:-scratch}"
+BINARIES=(ckf-indexer ckf-producer ckf)
+
+log() { printf '[build-image] %s\n' "$*" >&2; }
+die() { printf '[build-image] ERROR: %s\n' "$*" >&2; exit 1; }
+
+command -v docker >/dev/null || die "docker CLI not found"
+docker info >/dev/null 2>&1 || die "Docker engine unreachable (docker info failed)"
+
+cd "$ROOT"
+if [[ "${CKF_SKIP_CARGO:-0}" != 1 ]]; then
+    # The same command as scripts/test.sh, so that in CI (where the tests ran first) this is a
+    # no-op instead of a rebuild with a different feature set.
+    log "cargo build --release --workspace --bins"
+    cargo build --release --workspace --bins
+fi
+
+if [[ -z "${CKF_BIN_DIR:-}" ]]; then
+    target_dir="$(cargo metadata --format-version 1 --no-deps \
+        | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')"
+    [[ -n "$target_dir" ]] || die "could not read the target directory from cargo metadata"
+    CKF_BIN_DIR="$target_dir/release"
+fi
+for b in "${BINARIES[@]}"; do
+    [[ -x "$CKF_BIN_DIR/$b" ]] || die "missing release binary $CKF_BIN_DIR/$b (build it first)"
+done
+
+ctx="$(mktemp -d "${TMPDIR:-/tmp}/ckf-image.XXXXXX")"
+trap 'rm -rf "$ctx"' EXIT
+rootfs="$ctx/rootfs"
+mkdir -p "$rootfs/usr/local/bin"
+for b in "${BINARIES[@]}"; do
+    install -m 0755 "$CKF_BIN_DIR/$b" "$rootfs/usr/local/bin/$b"
+done
+
+if [[ "$BASE" == scratch ]]; then
+    # Every shared object the binaries load, at the path the loader looks for it, plus the loader
+    # itself (its path is written into each binary's PT_INTERP). `cp -L` resolves the /lib64 and
+    # merged-/usr symlinks so the image needs none of them.
+    declare -A libs=()
+    for b in "${BINARIES[@]}"; do
+        while read -r path; do
+            libs["$path"]=1
+        done < <(ldd "$CKF_BIN_DIR/$b" | awk '
+            $2 == "=>" && $3 ~ /^\// { print $3 }   # libc.so.6 => /lib/.../libc.so.6 (0x..)
+            $1 ~ /^\// { print $1 }                  # /lib64/ld-linux-x86-64.so.2 (0x..)
+            $2 == "=>" && $3 == "not" { print "MISSING:" $1 }')
+    done
+    for path in "${!libs[@]}"; do
+        [[ "$path" != MISSING:* ]] || die "ldd: ${path#MISSING:} not found on the host"
+        mkdir -p "$rootfs$(dirname "$path")"
+        cp -L "$path" "$rootfs$path"
+    done
+    log "staged ${#libs[@]} shared objects: $(printf '%s ' "${!libs[@]}")"
+
+    mkdir -p "$rootfs/etc" "$rootfs/tmp"
+    chmod 1777 "$rootfs/tmp"
+    printf 'root:x:0:0:root:/root:/sbin/nologin\nckf:x:10001:10001:ckf-relay:/tmp:/sbin/nologin\n' \
+        >"$rootfs/etc/passwd"
+    printf 'root:x:0:\nckf:x:10001:\n' >"$rootfs/etc/group"
+    # glibc >= 2.34 has files/dns built in; this only fixes the lookup order (docker's /etc/hosts
+    # first, then the embedded DNS that resolves compose service names).
+    printf 'passwd: files\ngroup: files\nhosts: files dns\n' >"$rootfs/etc/nsswitch.conf"
+fi
+
+log "docker build -t $IMAGE (BASE=$BASE)"
+# Plain `docker build`: works with BuildKit and with the legacy builder (no buildx here).
+docker build --quiet --build-arg "BASE=$BASE" -f "$ROOT/deploy/Dockerfile" -t "$IMAGE" "$ctx" >/dev/null
+log "built $IMAGE: $(docker image inspect -f '{{.Size}}' "$IMAGE" | awk '{printf "%.1f MB", $1/1e6}')"
