@@ -1,0 +1,579 @@
+//! Wire <-> `ckf-core` conversions: the single place where a `ckf.v1` message becomes a core
+//! value (and back).
+//!
+//! Wire -> core conversions are fallible and return a [`WireError`] naming the message and field
+//! at fault: a required sub-message is missing, a name breaks the `[A-Za-z0-9._-]{1,64}` rule, a
+//! table format is not one this build speaks, a number does not fit its core type, or a delta's
+//! `buckets` and `images` differ in length. Protocol rules (lease currency, sequence contiguity,
+//! bucket ranges, uniqueness) are *not* checked here: they belong to `ckf-core`'s consumer.
+//! Core -> wire conversions are infallible `From` impls.
+
+use ckf_core::addressing::{FormatError, TableFormat};
+use ckf_core::frames::{BucketImage, DcCkfDelta, DcCkfSnapshot, DrainMarker, SnapshotChunk};
+use ckf_core::identity::{
+    LaneLease, NameError, PoolId, ProducerIdentity, ProducerIncarnation, StreamTag,
+};
+use thiserror::Error;
+
+use crate::v1;
+
+/// A wire value that cannot become a core value.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum WireError {
+    /// A required sub-message is absent (proto3 message fields are optional on the wire).
+    #[error("{message}.{field} is required")]
+    MissingField {
+        /// The message that lacks it, e.g. `"Attach"`.
+        message: &'static str,
+        /// The field, e.g. `"pool"`.
+        field: &'static str,
+    },
+    /// A domain or DC name breaks the naming rule.
+    #[error("{field}: {source}")]
+    BadName {
+        /// The field, e.g. `"PoolId.dc"`.
+        field: &'static str,
+        /// The rule that failed.
+        source: NameError,
+    },
+    /// The table format is not one this build speaks (version, fingerprint width, slots per
+    /// bucket, or a bucket count that is not a power of two in range).
+    #[error("TableFormat: {0}")]
+    BadFormat(#[from] FormatError),
+    /// A number does not fit the core type's range.
+    #[error("{field} = {value} is out of range (at most {max})")]
+    OutOfRange {
+        /// The field, e.g. `"LaneLease.lane"`.
+        field: &'static str,
+        /// The received value.
+        value: u64,
+        /// The largest accepted value.
+        max: u64,
+    },
+    /// A delta's `buckets` and `images` have different lengths.
+    #[error("Delta has {buckets} buckets but {images} images")]
+    LengthMismatch {
+        /// `buckets.len()`.
+        buckets: usize,
+        /// `images.len()`.
+        images: usize,
+    },
+}
+
+fn required<T>(
+    value: Option<T>,
+    message: &'static str,
+    field: &'static str,
+) -> Result<T, WireError> {
+    value.ok_or(WireError::MissingField { message, field })
+}
+
+fn narrow<T: TryFrom<u64>>(field: &'static str, value: u64, max: T) -> Result<T, WireError>
+where
+    u64: From<T>,
+{
+    T::try_from(value).map_err(|_| WireError::OutOfRange {
+        field,
+        value,
+        max: u64::from(max),
+    })
+}
+
+// ---- table format -------------------------------------------------------------------------
+
+impl From<TableFormat> for v1::TableFormat {
+    fn from(f: TableFormat) -> Self {
+        Self {
+            version: u32::from(f.version),
+            seed: f.seed,
+            bucket_count: f.bucket_count,
+            fingerprint_bits: u32::from(f.fingerprint_bits),
+            slots_per_bucket: u32::from(f.slots_per_bucket),
+        }
+    }
+}
+
+impl TryFrom<v1::TableFormat> for TableFormat {
+    type Error = WireError;
+
+    /// Narrows and validates every field ([`TableFormat::validate`]).
+    fn try_from(w: v1::TableFormat) -> Result<Self, WireError> {
+        let format = TableFormat {
+            version: narrow("TableFormat.version", u64::from(w.version), u16::MAX)?,
+            seed: w.seed,
+            bucket_count: w.bucket_count,
+            fingerprint_bits: narrow(
+                "TableFormat.fingerprint_bits",
+                u64::from(w.fingerprint_bits),
+                u8::MAX,
+            )?,
+            slots_per_bucket: narrow(
+                "TableFormat.slots_per_bucket",
+                u64::from(w.slots_per_bucket),
+                u8::MAX,
+            )?,
+        };
+        format.validate()?;
+        Ok(format)
+    }
+}
+
+// ---- pool, lease, identity ----------------------------------------------------------------
+
+impl From<&PoolId> for v1::PoolId {
+    fn from(p: &PoolId) -> Self {
+        Self {
+            domain: p.domain.as_str().to_owned(),
+            dc: p.dc.as_str().to_owned(),
+        }
+    }
+}
+
+impl From<PoolId> for v1::PoolId {
+    fn from(p: PoolId) -> Self {
+        Self::from(&p)
+    }
+}
+
+impl TryFrom<v1::PoolId> for PoolId {
+    type Error = WireError;
+
+    fn try_from(w: v1::PoolId) -> Result<Self, WireError> {
+        Ok(PoolId {
+            domain: ckf_core::IndexerDomainId::new(w.domain).map_err(|source| {
+                WireError::BadName {
+                    field: "PoolId.domain",
+                    source,
+                }
+            })?,
+            dc: ckf_core::DcId::new(w.dc).map_err(|source| WireError::BadName {
+                field: "PoolId.dc",
+                source,
+            })?,
+        })
+    }
+}
+
+impl From<LaneLease> for v1::LaneLease {
+    fn from(l: LaneLease) -> Self {
+        Self {
+            consumer_instance: l.consumer_instance,
+            lane: u32::from(l.lane),
+            epoch: l.epoch,
+        }
+    }
+}
+
+/// Largest lane index on the wire (`MAX_LANES - 1`).
+const MAX_LANE: u8 = (ckf_core::bucket::MAX_LANES - 1) as u8;
+
+impl TryFrom<v1::LaneLease> for LaneLease {
+    type Error = WireError;
+
+    /// Checks that `lane` is at most 15; whether the lane exists in a manifest is the
+    /// consumer's question.
+    fn try_from(w: v1::LaneLease) -> Result<Self, WireError> {
+        let lane = narrow("LaneLease.lane", u64::from(w.lane), u8::MAX)?;
+        if lane > MAX_LANE {
+            return Err(WireError::OutOfRange {
+                field: "LaneLease.lane",
+                value: u64::from(w.lane),
+                max: u64::from(MAX_LANE),
+            });
+        }
+        Ok(LaneLease {
+            consumer_instance: w.consumer_instance,
+            lane,
+            epoch: w.epoch,
+        })
+    }
+}
+
+impl From<&ProducerIdentity> for v1::Attach {
+    fn from(id: &ProducerIdentity) -> Self {
+        Self {
+            pool: Some((&id.pool).into()),
+            incarnation: id.incarnation.0,
+            format: Some(id.format.into()),
+        }
+    }
+}
+
+impl TryFrom<v1::Attach> for ProducerIdentity {
+    type Error = WireError;
+
+    fn try_from(w: v1::Attach) -> Result<Self, WireError> {
+        Ok(ProducerIdentity {
+            pool: required(w.pool, "Attach", "pool")?.try_into()?,
+            incarnation: ProducerIncarnation(w.incarnation),
+            format: required(w.format, "Attach", "format")?.try_into()?,
+        })
+    }
+}
+
+/// Attach identity, decoded without validating the format, so a receiver can name both formats
+/// in a mismatch error even when the producer's is one this build does not speak.
+///
+/// # Errors
+/// [`WireError::MissingField`] or [`WireError::BadName`].
+pub fn attach_pool(w: &v1::Attach) -> Result<PoolId, WireError> {
+    required(w.pool.clone(), "Attach", "pool")?.try_into()
+}
+
+fn tag(
+    lease: Option<v1::LaneLease>,
+    message: &'static str,
+    incarnation: ProducerIncarnation,
+) -> Result<StreamTag, WireError> {
+    Ok(StreamTag {
+        incarnation,
+        lease: required(lease, message, "lease")?.try_into()?,
+    })
+}
+
+// ---- publication frames -------------------------------------------------------------------
+//
+// Frames after Attach carry only the lease; the producer incarnation comes from the stream's
+// Attach, so wire -> core frame conversions take it as an argument.
+
+/// Decodes a snapshot chunk received on a stream attached by `incarnation`.
+///
+/// # Errors
+/// [`WireError::MissingField`] (lease) or [`WireError::OutOfRange`] (lane).
+pub fn snapshot_chunk_from_wire(
+    w: v1::SnapshotChunk,
+    incarnation: ProducerIncarnation,
+) -> Result<SnapshotChunk, WireError> {
+    Ok(SnapshotChunk {
+        tag: tag(w.lease, "SnapshotChunk", incarnation)?,
+        sequence: w.sequence,
+        first_bucket: w.first_bucket,
+        words: w.words,
+    })
+}
+
+/// Decodes a delta received on a stream attached by `incarnation`.
+///
+/// # Errors
+/// [`WireError::MissingField`] (lease), [`WireError::OutOfRange`] (lane) or
+/// [`WireError::LengthMismatch`]. Empty, duplicate and out-of-range buckets are left to the
+/// consumer's acceptance rules.
+pub fn delta_from_wire(
+    w: v1::Delta,
+    incarnation: ProducerIncarnation,
+) -> Result<DcCkfDelta, WireError> {
+    if w.buckets.len() != w.images.len() {
+        return Err(WireError::LengthMismatch {
+            buckets: w.buckets.len(),
+            images: w.images.len(),
+        });
+    }
+    Ok(DcCkfDelta {
+        tag: tag(w.lease, "Delta", incarnation)?,
+        base_sequence: w.base_sequence,
+        sequence: w.sequence,
+        images: w
+            .buckets
+            .iter()
+            .zip(&w.images)
+            .map(|(&bucket, &image)| BucketImage { bucket, image })
+            .collect(),
+        oldest_change_age_ms: w.oldest_change_age_ms,
+    })
+}
+
+/// Decodes a drain marker received on a stream attached by `incarnation`.
+///
+/// # Errors
+/// [`WireError::MissingField`] (lease) or [`WireError::OutOfRange`] (lane).
+pub fn drain_marker_from_wire(
+    w: v1::DrainMarker,
+    incarnation: ProducerIncarnation,
+) -> Result<DrainMarker, WireError> {
+    Ok(DrainMarker {
+        tag: tag(w.lease, "DrainMarker", incarnation)?,
+        sequence: w.sequence,
+    })
+}
+
+/// Decodes a heartbeat's lease and last sent sequence.
+///
+/// # Errors
+/// [`WireError::MissingField`] (lease) or [`WireError::OutOfRange`] (lane).
+pub fn heartbeat_from_wire(
+    w: v1::Heartbeat,
+    incarnation: ProducerIncarnation,
+) -> Result<(StreamTag, u64), WireError> {
+    Ok((tag(w.lease, "Heartbeat", incarnation)?, w.sequence))
+}
+
+impl From<&SnapshotChunk> for v1::SnapshotChunk {
+    fn from(c: &SnapshotChunk) -> Self {
+        Self {
+            lease: Some(c.tag.lease.into()),
+            sequence: c.sequence,
+            first_bucket: c.first_bucket,
+            words: c.words.clone(),
+        }
+    }
+}
+
+impl From<SnapshotChunk> for v1::SnapshotChunk {
+    fn from(c: SnapshotChunk) -> Self {
+        Self {
+            lease: Some(c.tag.lease.into()),
+            sequence: c.sequence,
+            first_bucket: c.first_bucket,
+            words: c.words,
+        }
+    }
+}
+
+impl From<&DcCkfDelta> for v1::Delta {
+    fn from(d: &DcCkfDelta) -> Self {
+        Self {
+            lease: Some(d.tag.lease.into()),
+            base_sequence: d.base_sequence,
+            sequence: d.sequence,
+            buckets: d.images.iter().map(|i| i.bucket).collect(),
+            images: d.images.iter().map(|i| i.image).collect(),
+            oldest_change_age_ms: d.oldest_change_age_ms,
+        }
+    }
+}
+
+impl From<&DrainMarker> for v1::DrainMarker {
+    fn from(m: &DrainMarker) -> Self {
+        Self {
+            lease: Some(m.tag.lease.into()),
+            sequence: m.sequence,
+        }
+    }
+}
+
+/// Wire chunks of a barrier snapshot, each carrying at most `max_chunk_bytes` bytes of words
+/// (see [`DcCkfSnapshot::chunks`]).
+pub fn snapshot_to_wire(
+    snapshot: &DcCkfSnapshot,
+    max_chunk_bytes: usize,
+) -> impl Iterator<Item = v1::SnapshotChunk> + '_ {
+    snapshot
+        .chunks(max_chunk_bytes)
+        .map(v1::SnapshotChunk::from)
+}
+
+/// Wraps one frame into the `RelayFrame` oneof.
+impl From<v1::relay_frame::Frame> for v1::RelayFrame {
+    fn from(frame: v1::relay_frame::Frame) -> Self {
+        Self { frame: Some(frame) }
+    }
+}
+
+/// Wraps one reply into the `RelayReply` oneof.
+impl From<v1::relay_reply::Reply> for v1::RelayReply {
+    fn from(reply: v1::relay_reply::Reply) -> Self {
+        Self { reply: Some(reply) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn format() -> TableFormat {
+        TableFormat::new(1024, 7).unwrap()
+    }
+
+    #[test]
+    fn table_format_round_trips_and_rejects_bad_values() {
+        let wire = v1::TableFormat::from(format());
+        assert_eq!(TableFormat::try_from(wire).unwrap(), format());
+
+        let mut bad = wire;
+        bad.bucket_count = 1000;
+        assert_eq!(
+            TableFormat::try_from(bad),
+            Err(WireError::BadFormat(FormatError::NotPowerOfTwo(1000)))
+        );
+        let mut bad = wire;
+        bad.fingerprint_bits = 300;
+        assert!(matches!(
+            TableFormat::try_from(bad),
+            Err(WireError::OutOfRange {
+                field: "TableFormat.fingerprint_bits",
+                value: 300,
+                ..
+            })
+        ));
+        let mut bad = wire;
+        bad.version = 2;
+        assert!(matches!(
+            TableFormat::try_from(bad),
+            Err(WireError::BadFormat(FormatError::Unsupported(_)))
+        ));
+    }
+
+    #[test]
+    fn pool_and_lease_are_validated() {
+        let pool = PoolId::new("prod", "dc-a").unwrap();
+        assert_eq!(PoolId::try_from(v1::PoolId::from(&pool)).unwrap(), pool);
+        let err = PoolId::try_from(v1::PoolId {
+            domain: "prod".into(),
+            dc: "dc a".into(),
+        })
+        .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                WireError::BadName {
+                    field: "PoolId.dc",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+
+        let lease = LaneLease {
+            consumer_instance: 9,
+            lane: 15,
+            epoch: 3,
+        };
+        assert_eq!(
+            LaneLease::try_from(v1::LaneLease::from(lease)).unwrap(),
+            lease
+        );
+        let err = LaneLease::try_from(v1::LaneLease {
+            consumer_instance: 9,
+            lane: 16,
+            epoch: 1,
+        })
+        .unwrap_err();
+        assert_eq!(
+            err,
+            WireError::OutOfRange {
+                field: "LaneLease.lane",
+                value: 16,
+                max: 15
+            }
+        );
+    }
+
+    #[test]
+    fn attach_requires_pool_and_format() {
+        let id = ProducerIdentity {
+            pool: PoolId::new("prod", "dc-b").unwrap(),
+            incarnation: ProducerIncarnation(42),
+            format: format(),
+        };
+        let wire = v1::Attach::from(&id);
+        assert_eq!(ProducerIdentity::try_from(wire.clone()).unwrap(), id);
+        let mut no_format = wire.clone();
+        no_format.format = None;
+        assert_eq!(
+            ProducerIdentity::try_from(no_format),
+            Err(WireError::MissingField {
+                message: "Attach",
+                field: "format"
+            })
+        );
+        let mut no_pool = wire;
+        no_pool.pool = None;
+        assert_eq!(
+            attach_pool(&no_pool),
+            Err(WireError::MissingField {
+                message: "Attach",
+                field: "pool"
+            })
+        );
+    }
+
+    #[test]
+    fn delta_round_trips_and_length_mismatch_is_refused() {
+        let tag = StreamTag {
+            incarnation: ProducerIncarnation(5),
+            lease: LaneLease {
+                consumer_instance: 1,
+                lane: 2,
+                epoch: 4,
+            },
+        };
+        let delta = DcCkfDelta {
+            tag,
+            base_sequence: 10,
+            sequence: 11,
+            images: vec![
+                BucketImage {
+                    bucket: 3,
+                    image: 0xdead,
+                },
+                BucketImage {
+                    bucket: 1,
+                    image: 0xbeef,
+                },
+            ],
+            oldest_change_age_ms: 12,
+        };
+        let wire = v1::Delta::from(&delta);
+        assert_eq!(
+            delta_from_wire(wire.clone(), tag.incarnation).unwrap(),
+            delta
+        );
+        let mut bad = wire.clone();
+        bad.images.pop();
+        assert_eq!(
+            delta_from_wire(bad, tag.incarnation),
+            Err(WireError::LengthMismatch {
+                buckets: 2,
+                images: 1
+            })
+        );
+        let mut no_lease = wire;
+        no_lease.lease = None;
+        assert_eq!(
+            delta_from_wire(no_lease, tag.incarnation),
+            Err(WireError::MissingField {
+                message: "Delta",
+                field: "lease"
+            })
+        );
+    }
+
+    #[test]
+    fn snapshot_chunks_cover_every_bucket_in_order() {
+        let tag = StreamTag {
+            incarnation: ProducerIncarnation(5),
+            lease: LaneLease {
+                consumer_instance: 1,
+                lane: 0,
+                epoch: 1,
+            },
+        };
+        let snapshot = DcCkfSnapshot {
+            tag,
+            sequence: 7,
+            buckets: (0..10u64).collect(),
+        };
+        let chunks: Vec<_> = snapshot_to_wire(&snapshot, 24).collect();
+        assert_eq!(chunks.len(), 4);
+        let mut words = Vec::new();
+        for chunk in chunks {
+            let core = snapshot_chunk_from_wire(chunk, tag.incarnation).unwrap();
+            assert_eq!(core.first_bucket, words.len() as u64);
+            words.extend(
+                ckf_core::frames::decode_chunk_words(core.first_bucket, &core.words, 10).unwrap(),
+            );
+        }
+        assert_eq!(words, snapshot.buckets);
+    }
+
+    #[test]
+    fn descriptor_set_names_every_service() {
+        let set = crate::FILE_DESCRIPTOR_SET;
+        for name in ["Ingest", "Relay", "Query", "ckf/v1/common.proto"] {
+            assert!(
+                set.windows(name.len()).any(|w| w == name.as_bytes()),
+                "{name} missing from the descriptor set"
+            );
+        }
+    }
+}
