@@ -1,0 +1,25 @@
+//! # ckf-cli
+//!
+//! The `ckf` command: replays prefix-cache workloads through ckf-relay producers and an indexer
+//! and reports routing quality, accuracy against an exact oracle, speed and cost; plus the
+//! operator's `query`, `lanes` and `health` commands.
+//!
+//! | module | owns |
+//! | --- | --- |
+//! | [`trace`] | Mooncake JSONL trace parsing and validation (line + field errors) |
+//! | [`synth`] | the built-in deterministic synthetic workload |
+//! | [`hashing`] | `hash_ids` -> chained 64-bit sequence block hashes (the documented rule) |
+//! | [`fleet`] | D DCs x W workers x R ranks, LRU prefix caches, KV events per serve |
+//! | [`oracle`] | exact per-DC block holdings: the truth answers are judged against |
+//! | [`policy`] | `ckf`, `random`, `round-robin` DC choice |
+//! | [`sim`] | offline replays (oracle as index) for policy comparison |
+//! | [`stats`] | percentile summaries |
+
+pub mod fleet;
+pub mod hashing;
+pub mod oracle;
+pub mod policy;
+pub mod sim;
+pub mod stats;
+pub mod synth;
+pub mod trace;

@@ -1,0 +1,128 @@
+//! Global routing policies: which DC serves a request.
+//!
+//! Only the DC is chosen here; inside the DC every policy uses the same local placement
+//! ([`Fleet::pick_rank`](crate::fleet::Fleet::pick_rank)), so hit-rate differences measure what the
+//! global choice buys.
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// A routing policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Policy {
+    /// The DC with the deepest prefix according to the index; ties go to the DC that served the
+    /// fewest requests, then to the lowest DC index.
+    Ckf,
+    /// A uniformly random DC (seeded, reproducible).
+    Random,
+    /// DCs in turn: request k goes to DC k mod D.
+    RoundRobin,
+}
+
+impl Policy {
+    /// Every policy, in report order.
+    pub const ALL: [Policy; 3] = [Policy::Ckf, Policy::Random, Policy::RoundRobin];
+
+    /// The policy's command-line name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::Ckf => "ckf",
+            Policy::Random => "random",
+            Policy::RoundRobin => "round-robin",
+        }
+    }
+}
+
+/// A policy with its state (random generator, round-robin cursor).
+#[derive(Debug)]
+pub struct Router {
+    policy: Policy,
+    rng: StdRng,
+    next: usize,
+}
+
+impl Router {
+    /// A router; `seed` fixes the random policy's choices.
+    pub fn new(policy: Policy, seed: u64) -> Self {
+        Self {
+            policy,
+            rng: StdRng::seed_from_u64(seed),
+            next: 0,
+        }
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> Policy {
+        self.policy
+    }
+
+    /// Chooses a DC. `depths[dc]` is the index's prefix depth for that DC, `None` when its lane
+    /// is not ready (never chosen by `ckf` unless no lane is ready); `load[dc]` is the requests
+    /// it served so far. Both slices have one entry per DC.
+    pub fn choose(&mut self, depths: &[Option<usize>], load: &[u64]) -> usize {
+        let dcs = load.len();
+        match self.policy {
+            Policy::Ckf => best_dc(depths, load),
+            Policy::Random => self.rng.random_range(0..dcs),
+            Policy::RoundRobin => {
+                let dc = self.next % dcs;
+                self.next = self.next.wrapping_add(1);
+                dc
+            }
+        }
+    }
+}
+
+/// The `ckf` rule: deepest known depth, then least load, then lowest index. DCs with unknown
+/// depth rank below every known one.
+pub fn best_dc(depths: &[Option<usize>], load: &[u64]) -> usize {
+    (0..load.len())
+        .min_by_key(|&dc| {
+            let depth = depths.get(dc).copied().flatten();
+            (
+                std::cmp::Reverse(depth.map_or(0, |d| d + 1)),
+                load[dc],
+            )
+        })
+        .expect("at least one DC")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ckf_picks_deepest_then_least_loaded_then_lowest() {
+        let mut r = Router::new(Policy::Ckf, 1);
+        assert_eq!(r.choose(&[Some(1), Some(5), Some(3)], &[0, 9, 0]), 1);
+        assert_eq!(r.choose(&[Some(2), Some(2), Some(1)], &[4, 3, 0]), 1);
+        assert_eq!(r.choose(&[Some(0), Some(0)], &[2, 2]), 0);
+        // A lane that is not ready is never preferred over a ready one, even at depth 0.
+        assert_eq!(r.choose(&[None, Some(0)], &[0, 5]), 1);
+        // No ready lane at all: least loaded.
+        assert_eq!(r.choose(&[None, None, None], &[3, 1, 2]), 1);
+    }
+
+    #[test]
+    fn round_robin_cycles_every_dc() {
+        let mut r = Router::new(Policy::RoundRobin, 0);
+        let picks: Vec<_> = (0..7).map(|_| r.choose(&[], &[0, 0, 0])).collect();
+        assert_eq!(picks, vec![0, 1, 2, 0, 1, 2, 0]);
+    }
+
+    #[test]
+    fn random_is_seeded_in_range_and_uses_every_dc() {
+        let run = |seed| {
+            let mut r = Router::new(Policy::Random, seed);
+            (0..300).map(|_| r.choose(&[], &[0; 4])).collect::<Vec<_>>()
+        };
+        let a = run(7);
+        assert_eq!(a, run(7));
+        assert_ne!(a, run(8));
+        for dc in 0..4 {
+            assert!(a.contains(&dc));
+        }
+        assert!(a.iter().all(|&dc| dc < 4));
+    }
+}
