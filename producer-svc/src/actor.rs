@@ -1,0 +1,270 @@
+//! The state actor: the one task that owns the pool's `DcCkfState`.
+//!
+//! Every mutation and every publication decision happens here, one command at a time, so the
+//! exact state needs no lock and a batch is only ever sampled between complete commands
+//! (design source, "Publication protocol"). Ingest handlers and relay-client tasks talk to it
+//! through one bounded command channel: when the actor falls behind, senders wait
+//! (backpressure), memory stays bounded.
+//!
+//! Cadence: a batch is cut as soon as `batch_threshold` buckets are dirty, or at the latest
+//! `max_delay` after the first dirty bucket. On shutdown the actor closes its channel, finishes
+//! the commands already queued, cuts the pending tail, and queues the exact drain marker on
+//! every attachment ([`Fanout::drain`]).
+
+use std::time::Duration;
+
+use ckf_core::dc::{DcCkfState, DcCkfStats, EventOutcome};
+use ckf_core::identity::LaneLease;
+use ckf_core::publication::FenceReason;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::{Instant, sleep_until};
+
+use crate::events::{BatchReport, EventReport, IngestBatch, IngestEvent};
+use crate::fanout::{AttachRefused, Fanout, FrameLimits, Outbound};
+use crate::metrics::Metrics;
+use ckf_svc_kit::Shutdown;
+use crate::sources::SourceSequences;
+
+/// A request to the actor.
+#[derive(Debug)]
+pub enum Command {
+    /// Apply one ingest batch.
+    Ingest {
+        /// The decoded batch.
+        batch: IngestBatch,
+        /// Where the per-event results go.
+        reply: oneshot::Sender<BatchReport>,
+    },
+    /// Current statistics.
+    Stats {
+        /// Where they go.
+        reply: oneshot::Sender<DcCkfStats>,
+    },
+    /// A copy of the packed table (inspection and tests).
+    Table {
+        /// Where it goes.
+        reply: oneshot::Sender<Vec<u64>>,
+    },
+    /// Endpoint `endpoint` was granted `lease`: start its barrier snapshot.
+    Attach {
+        /// Index of the endpoint in the configuration.
+        endpoint: usize,
+        /// The granted lease.
+        lease: LaneLease,
+        /// Frame size limits of this attachment.
+        limits: FrameLimits,
+        /// The attachment's frame queue.
+        frames: mpsc::Sender<Outbound>,
+        /// The snapshot's sequence, or why the attach was refused.
+        reply: oneshot::Sender<Result<u64, AttachRefused>>,
+    },
+    /// Endpoint `endpoint`'s attachment under `lease` ended (failure or retirement).
+    Detach {
+        /// Index of the endpoint.
+        endpoint: usize,
+        /// The lease the attachment held.
+        lease: LaneLease,
+        /// Why.
+        reason: FenceReason,
+    },
+}
+
+/// Publication cadence.
+#[derive(Debug, Clone, Copy)]
+pub struct Cadence {
+    /// Cut a batch at this many dirty buckets.
+    pub batch_threshold: usize,
+    /// Cut a batch at most this long after the first dirty bucket.
+    pub max_delay: Duration,
+}
+
+/// What the actor did before it stopped.
+#[derive(Debug, Clone, Copy)]
+pub struct ActorReport {
+    /// Drain markers queued (one per attachment that was streaming).
+    pub drain_markers: usize,
+    /// Final statistics.
+    pub stats: DcCkfStats,
+}
+
+/// How often state gauges are refreshed while idle.
+const GAUGE_REFRESH: Duration = Duration::from_secs(1);
+
+/// The actor's private state.
+pub struct Actor {
+    state: DcCkfState,
+    fanout: Fanout,
+    sources: SourceSequences,
+    metrics: Metrics,
+    cadence: Cadence,
+    /// When the pending dirty buckets must be cut at the latest.
+    deadline: Option<Instant>,
+    shutting_down: bool,
+}
+
+impl Actor {
+    /// An actor over `state`, publishing through `fanout`.
+    pub fn new(state: DcCkfState, fanout: Fanout, metrics: Metrics, cadence: Cadence) -> Self {
+        Self {
+            state,
+            fanout,
+            sources: SourceSequences::default(),
+            metrics,
+            cadence,
+            deadline: None,
+            shutting_down: false,
+        }
+    }
+
+    /// Runs until `shutdown` fires (or every sender is gone), then drains: see the module docs.
+    pub async fn run(
+        mut self,
+        mut commands: mpsc::Receiver<Command>,
+        shutdown: Shutdown,
+    ) -> ActorReport {
+        let stopped = shutdown.wait();
+        tokio::pin!(stopped);
+        let mut gauges = tokio::time::interval(GAUGE_REFRESH);
+        gauges.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let deadline = self.deadline;
+            tokio::select! {
+                biased;
+                () = &mut stopped => break,
+                cmd = commands.recv() => match cmd {
+                    Some(cmd) => self.handle(cmd),
+                    None => break,
+                },
+                () = sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => {
+                    self.publish();
+                }
+                _ = gauges.tick() => self.refresh_gauges(),
+            }
+            self.after_command();
+        }
+        // Stop ingest: nothing new gets in, what is already queued was accepted and is applied.
+        self.shutting_down = true;
+        commands.close();
+        while let Some(cmd) = commands.recv().await {
+            self.handle(cmd);
+        }
+        self.publish();
+        let drain_markers = self.fanout.drain();
+        self.refresh_gauges();
+        tracing::info!(drain_markers, "state actor stopped; drain markers queued");
+        ActorReport {
+            drain_markers,
+            stats: self.state.stats(),
+        }
+    }
+
+    fn handle(&mut self, cmd: Command) {
+        match cmd {
+            Command::Ingest { batch, reply } => {
+                let report = self.ingest(batch);
+                let _ = reply.send(report);
+            }
+            Command::Stats { reply } => {
+                let stats = self.state.stats();
+                self.metrics.observe_stats(&stats);
+                let _ = reply.send(stats);
+            }
+            Command::Table { reply } => {
+                let _ = reply.send(self.state.buckets().to_vec());
+            }
+            Command::Attach {
+                endpoint,
+                lease,
+                limits,
+                frames,
+                reply,
+            } => {
+                let result = if self.shutting_down {
+                    Err(AttachRefused::ShuttingDown)
+                } else {
+                    self.fanout
+                        .attach(&mut self.state, endpoint, lease, limits, frames)
+                };
+                self.deadline = None;
+                let _ = reply.send(result);
+            }
+            Command::Detach {
+                endpoint,
+                lease,
+                reason,
+            } => self.fanout.detach(endpoint, lease, reason),
+        }
+    }
+
+    fn ingest(&mut self, batch: IngestBatch) -> BatchReport {
+        let check = self.sources.admit(&batch.source_id, batch.sequence);
+        let mut events = Vec::new();
+        if check.applies() {
+            if matches!(check, crate::sources::SequenceCheck::Gap { .. }) {
+                self.metrics.source_gaps.inc();
+            }
+            events.reserve(batch.events.len());
+            for event in &batch.events {
+                events.push(match event {
+                    Ok(event) => EventReport::Applied(self.apply(event)),
+                    Err(e) => {
+                        self.metrics.events_rejected.inc();
+                        EventReport::Rejected(*e)
+                    }
+                });
+            }
+        } else {
+            self.metrics.duplicate_batches.inc();
+        }
+        BatchReport {
+            source_id: batch.source_id,
+            sequence: batch.sequence,
+            check,
+            events,
+        }
+    }
+
+    fn apply(&mut self, event: &IngestEvent) -> EventOutcome {
+        let outcome = match event {
+            IngestEvent::Kv(kv) => self.state.apply(kv),
+            IngestEvent::WorkerRemoved { worker_id } => self.state.remove_worker(*worker_id),
+        };
+        let kind = event.kind_label();
+        let m = &self.metrics;
+        m.events.with_label_values(&[kind]).inc();
+        let blocks = outcome.applied + outcome.omitted + outcome.unknown + outcome.redundant;
+        m.blocks
+            .with_label_values(&[if kind == "worker_removed" {
+                "cleared"
+            } else {
+                kind
+            }])
+            .inc_by(u64::from(blocks));
+        m.omissions.inc_by(u64::from(outcome.omitted));
+        m.unknown_removals.inc_by(u64::from(outcome.unknown));
+        outcome
+    }
+
+    /// Cuts a batch when the threshold is reached; otherwise arms the max-delay deadline.
+    fn after_command(&mut self) {
+        let pending = self.state.pending_dirty();
+        if pending == 0 {
+            self.deadline = None;
+        } else if pending >= self.cadence.batch_threshold {
+            self.publish();
+        } else if self.deadline.is_none() {
+            self.deadline = Some(Instant::now() + self.cadence.max_delay);
+        }
+    }
+
+    fn publish(&mut self) {
+        self.deadline = None;
+        if self.fanout.publish(&mut self.state) {
+            self.refresh_gauges();
+        }
+    }
+
+    fn refresh_gauges(&self) {
+        self.metrics.observe_stats(&self.state.stats());
+    }
+}

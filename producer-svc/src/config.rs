@@ -1,0 +1,552 @@
+//! Configuration of one producer: what it is (pool, table format), where it listens, where it
+//! publishes and how often. Only configuration lives here: the command line, the layered
+//! sources (defaults < TOML file < `CKF_...` environment < flags) and validation that names the
+//! key, the value and the rule it broke. Nothing here starts a task or opens a socket.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ckf_core::addressing::TableFormat;
+use ckf_core::identity::PoolId;
+use clap::Parser;
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use ckf_svc_kit::LogFormat;
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+/// Default ingest (gRPC) listen address.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:7500";
+/// Default Prometheus `/metrics` listen address.
+pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:9500";
+/// Prefix of every environment variable read (`CKF_POOL__DC` sets `pool.dc`).
+pub const ENV_PREFIX: &str = "CKF_";
+
+/// A configuration value that was refused at start.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ConfigError {
+    /// A key holds a value that breaks its rule.
+    #[error("invalid configuration: {key} = {value:?}: {rule}")]
+    Invalid {
+        /// Dotted key, e.g. `publication.max_delay_ms`.
+        key: &'static str,
+        /// The refused value as text.
+        value: String,
+        /// The rule it breaks.
+        rule: String,
+    },
+    /// The layered sources could not be read or did not match the schema (unknown key, wrong
+    /// type, unreadable TOML file).
+    #[error("invalid configuration: {0}")]
+    Load(String),
+}
+
+fn invalid(key: &'static str, value: impl ToString, rule: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key,
+        value: value.to_string(),
+        rule: rule.into(),
+    }
+}
+
+/// The pool this producer publishes: `(indexer domain, DC id)`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PoolConfig {
+    /// Indexer domain name (1..=64 bytes of `[A-Za-z0-9._-]`).
+    pub domain: String,
+    /// DC id within the domain; required (no default, two producers must never share one).
+    pub dc: String,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        Self {
+            domain: "default".into(),
+            dc: String::new(),
+        }
+    }
+}
+
+/// Table format and mutator settings. Must match the indexer manifest's format.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TableConfig {
+    /// Expected unique blocks; sizes the table with `TableFormat::for_expected_blocks`
+    /// (90% target load, power-of-two buckets). Ignored when `bucket_count` is nonzero.
+    pub expected_blocks: u64,
+    /// Explicit bucket count (a power of two); 0 = derive from `expected_blocks`.
+    pub bucket_count: u64,
+    /// Addressing seed (part of the table format).
+    pub seed: u64,
+    /// Relocation bound of one cuckoo insertion (kicks); reaching it is a capacity omission.
+    pub max_kicks: u32,
+}
+
+impl Default for TableConfig {
+    fn default() -> Self {
+        Self {
+            expected_blocks: 1_000_000,
+            bucket_count: 0,
+            seed: 0,
+            max_kicks: ckf_core::dc::DEFAULT_MAX_KICKS,
+        }
+    }
+}
+
+/// When a publication batch is cut and how often idle attachments send heartbeats.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PublicationConfig {
+    /// Cut a batch as soon as this many buckets are dirty.
+    pub batch_threshold: u32,
+    /// Cut a batch at the latest this many milliseconds after the first dirty bucket.
+    pub max_delay_ms: u64,
+    /// Send a heartbeat after this many idle milliseconds (capped at a third of the
+    /// indexer's heartbeat deadline).
+    pub heartbeat_interval_ms: u64,
+    /// Frames one attachment may have queued before it is fenced and re-attached.
+    pub attachment_queue: u32,
+}
+
+impl Default for PublicationConfig {
+    fn default() -> Self {
+        Self {
+            batch_threshold: 256,
+            max_delay_ms: 10,
+            heartbeat_interval_ms: 1_000,
+            attachment_queue: 1_024,
+        }
+    }
+}
+
+/// Reconnect backoff of a publisher after a stream failure or retirement.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ReconnectConfig {
+    /// First delay, in milliseconds; doubles on every failed attempt (plus up to 25% jitter).
+    pub initial_backoff_ms: u64,
+    /// Largest delay, in milliseconds.
+    pub max_backoff_ms: u64,
+    /// Connect and lease-grant timeout of one attempt, in milliseconds.
+    pub connect_timeout_ms: u64,
+}
+
+impl Default for ReconnectConfig {
+    fn default() -> Self {
+        Self {
+            initial_backoff_ms: 100,
+            max_backoff_ms: 5_000,
+            connect_timeout_ms: 5_000,
+        }
+    }
+}
+
+/// Resource limits.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Ingest commands queued for the state actor before handlers wait (backpressure).
+    pub ingest_channel_capacity: u32,
+    /// Largest gRPC message this producer accepts or sends, in bytes (outgoing frames also
+    /// stay under half of the indexer's granted limit).
+    pub max_message_bytes: u64,
+    /// Largest number of events in one ingest batch.
+    pub max_events_per_batch: u32,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self {
+            ingest_channel_capacity: 1_024,
+            max_message_bytes: 4 << 20,
+            max_events_per_batch: 65_536,
+        }
+    }
+}
+
+/// Graceful-shutdown settings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ShutdownConfig {
+    /// How long to wait for every indexer's drained acknowledgement, in milliseconds.
+    pub drain_timeout_ms: u64,
+}
+
+impl Default for ShutdownConfig {
+    fn default() -> Self {
+        Self {
+            drain_timeout_ms: 5_000,
+        }
+    }
+}
+
+/// The whole producer configuration (TOML layout; see `deploy/producer.example.toml`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ProducerConfig {
+    /// The pool published.
+    pub pool: PoolConfig,
+    /// Table format and mutator.
+    pub table: TableConfig,
+    /// Publication cadence.
+    pub publication: PublicationConfig,
+    /// Indexer Relay endpoints (`http://host:port`); each is an independent attachment.
+    pub indexers: Vec<String>,
+    /// Reconnect backoff.
+    pub reconnect: ReconnectConfig,
+    /// Resource limits.
+    pub limits: LimitsConfig,
+    /// Graceful shutdown.
+    pub shutdown: ShutdownConfig,
+    /// Ingest gRPC listen address (port 0 = ephemeral).
+    pub listen: SocketAddr,
+    /// Prometheus `/metrics` listen address (port 0 = ephemeral).
+    pub metrics_listen: SocketAddr,
+    /// Log line format.
+    pub log_format: LogFormat,
+}
+
+impl Default for ProducerConfig {
+    fn default() -> Self {
+        Self {
+            pool: PoolConfig::default(),
+            table: TableConfig::default(),
+            publication: PublicationConfig::default(),
+            indexers: Vec::new(),
+            reconnect: ReconnectConfig::default(),
+            limits: LimitsConfig::default(),
+            shutdown: ShutdownConfig::default(),
+            listen: DEFAULT_LISTEN.parse().expect("valid default"),
+            metrics_listen: DEFAULT_METRICS_LISTEN.parse().expect("valid default"),
+            log_format: LogFormat::Human,
+        }
+    }
+}
+
+/// Largest accepted `limits.max_message_bytes` (tonic's decode limit is a `usize`; 256 MiB is
+/// far beyond any useful frame).
+pub const MAX_MESSAGE_BYTES_LIMIT: u64 = 256 << 20;
+/// Smallest accepted `limits.max_message_bytes`: a snapshot chunk must carry at least a few
+/// hundred buckets.
+pub const MIN_MESSAGE_BYTES_LIMIT: u64 = 4 << 10;
+
+impl ProducerConfig {
+    /// A configuration for tests and in-process use: defaults with the given pool and indexers,
+    /// listening on ephemeral loopback ports.
+    pub fn for_pool(domain: &str, dc: &str, indexers: Vec<String>) -> Self {
+        Self {
+            pool: PoolConfig {
+                domain: domain.into(),
+                dc: dc.into(),
+            },
+            indexers,
+            listen: "127.0.0.1:0".parse().expect("valid"),
+            metrics_listen: "127.0.0.1:0".parse().expect("valid"),
+            ..Self::default()
+        }
+    }
+
+    /// Checks every rule and returns the derived pool id and table format.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] naming the first key that breaks its rule.
+    pub fn validate(&self) -> Result<(PoolId, TableFormat), ConfigError> {
+        if self.pool.dc.is_empty() {
+            return Err(invalid(
+                "pool.dc",
+                "",
+                "required: set --dc, CKF_POOL__DC or pool.dc in the TOML file",
+            ));
+        }
+        let domain = ckf_core::identity::IndexerDomainId::new(self.pool.domain.clone())
+            .map_err(|e| invalid("pool.domain", &self.pool.domain, e.to_string()))?;
+        let dc = ckf_core::identity::DcId::new(self.pool.dc.clone())
+            .map_err(|e| invalid("pool.dc", &self.pool.dc, e.to_string()))?;
+        let format = if self.table.bucket_count != 0 {
+            TableFormat::new(self.table.bucket_count, self.table.seed)
+                .map_err(|e| invalid("table.bucket_count", self.table.bucket_count, e.to_string()))?
+        } else {
+            if self.table.expected_blocks == 0 {
+                return Err(invalid(
+                    "table.expected_blocks",
+                    0,
+                    "must be at least 1 (or set table.bucket_count)",
+                ));
+            }
+            TableFormat::for_expected_blocks(self.table.expected_blocks, self.table.seed).map_err(
+                |e| invalid("table.expected_blocks", self.table.expected_blocks, e.to_string()),
+            )?
+        };
+        let p = &self.publication;
+        if p.batch_threshold == 0 {
+            return Err(invalid("publication.batch_threshold", 0, "must be at least 1 bucket"));
+        }
+        if p.max_delay_ms == 0 || p.max_delay_ms > 60_000 {
+            return Err(invalid(
+                "publication.max_delay_ms",
+                p.max_delay_ms,
+                "must be in 1..=60000 milliseconds",
+            ));
+        }
+        if p.heartbeat_interval_ms < 10 || p.heartbeat_interval_ms > 600_000 {
+            return Err(invalid(
+                "publication.heartbeat_interval_ms",
+                p.heartbeat_interval_ms,
+                "must be in 10..=600000 milliseconds",
+            ));
+        }
+        if p.attachment_queue < 2 {
+            return Err(invalid(
+                "publication.attachment_queue",
+                p.attachment_queue,
+                "must be at least 2 frames",
+            ));
+        }
+        if self.indexers.is_empty() {
+            return Err(invalid(
+                "indexers",
+                "[]",
+                "at least one indexer endpoint is required (--indexer http://host:port)",
+            ));
+        }
+        for (i, endpoint) in self.indexers.iter().enumerate() {
+            check_endpoint(endpoint)
+                .map_err(|rule| invalid("indexers", format!("[{i}] {endpoint}"), rule))?;
+            if self.indexers[..i].contains(endpoint) {
+                return Err(invalid("indexers", endpoint, "listed twice"));
+            }
+        }
+        let r = &self.reconnect;
+        if r.initial_backoff_ms == 0 {
+            return Err(invalid(
+                "reconnect.initial_backoff_ms",
+                0,
+                "must be at least 1 millisecond",
+            ));
+        }
+        if r.max_backoff_ms < r.initial_backoff_ms {
+            return Err(invalid(
+                "reconnect.max_backoff_ms",
+                r.max_backoff_ms,
+                format!(
+                    "must be at least reconnect.initial_backoff_ms ({})",
+                    r.initial_backoff_ms
+                ),
+            ));
+        }
+        if r.connect_timeout_ms == 0 {
+            return Err(invalid(
+                "reconnect.connect_timeout_ms",
+                0,
+                "must be at least 1 millisecond",
+            ));
+        }
+        let l = &self.limits;
+        if l.ingest_channel_capacity == 0 {
+            return Err(invalid("limits.ingest_channel_capacity", 0, "must be at least 1"));
+        }
+        if !(MIN_MESSAGE_BYTES_LIMIT..=MAX_MESSAGE_BYTES_LIMIT).contains(&l.max_message_bytes) {
+            return Err(invalid(
+                "limits.max_message_bytes",
+                l.max_message_bytes,
+                format!("must be in {MIN_MESSAGE_BYTES_LIMIT}..={MAX_MESSAGE_BYTES_LIMIT} bytes"),
+            ));
+        }
+        if l.max_events_per_batch == 0 {
+            return Err(invalid("limits.max_events_per_batch", 0, "must be at least 1"));
+        }
+        if self.shutdown.drain_timeout_ms == 0 {
+            return Err(invalid(
+                "shutdown.drain_timeout_ms",
+                0,
+                "must be at least 1 millisecond",
+            ));
+        }
+        Ok((PoolId { domain, dc }, format))
+    }
+
+    /// `publication.max_delay_ms` as a duration.
+    pub fn max_delay(&self) -> Duration {
+        Duration::from_millis(self.publication.max_delay_ms)
+    }
+
+    /// `publication.heartbeat_interval_ms` as a duration.
+    pub fn heartbeat_interval(&self) -> Duration {
+        Duration::from_millis(self.publication.heartbeat_interval_ms)
+    }
+
+    /// `shutdown.drain_timeout_ms` as a duration.
+    pub fn drain_timeout(&self) -> Duration {
+        Duration::from_millis(self.shutdown.drain_timeout_ms)
+    }
+}
+
+fn check_endpoint(endpoint: &str) -> Result<(), String> {
+    let rest = endpoint
+        .strip_prefix("http://")
+        .or_else(|| endpoint.strip_prefix("https://"))
+        .ok_or("must start with http:// or https://")?;
+    let authority = rest.trim_end_matches('/');
+    if authority.is_empty() || authority.contains('/') {
+        return Err("must be scheme://host:port with no path".into());
+    }
+    endpoint
+        .parse::<tonic::transport::Uri>()
+        .map_err(|e| format!("not a valid URI: {e}"))?;
+    Ok(())
+}
+
+/// Command line of `ckf-producer`. Every flag overrides the same key of the TOML file and the
+/// environment; unset flags leave lower layers alone.
+#[derive(Debug, Clone, Default, Parser)]
+#[command(
+    name = "ckf-producer",
+    version,
+    about = "One DC pool's cuckoo-filter producer: ingests KV events over gRPC (ckf.v1.Ingest) \
+             and publishes lease-tagged snapshots, deltas and drain markers to indexers \
+             (ckf.v1.Relay).",
+    after_help = "Layers: defaults < TOML file (--config) < environment CKF_<SECTION>__<KEY> \
+                  (e.g. CKF_POOL__DC=dc-a, CKF_INDEXERS='[\"http://h:7600\"]') < flags. \
+                  Log filter: RUST_LOG (default info)."
+)]
+pub struct Cli {
+    /// TOML configuration file (see deploy/producer.example.toml).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// pool.domain: indexer domain name [default: default].
+    #[arg(long, value_name = "NAME")]
+    pub domain: Option<String>,
+    /// pool.dc: this DC's id within the domain [required].
+    #[arg(long, value_name = "NAME")]
+    pub dc: Option<String>,
+    /// table.expected_blocks: expected unique blocks, sizes the table at 90% load [default: 1000000].
+    #[arg(long, value_name = "BLOCKS")]
+    pub expected_blocks: Option<u64>,
+    /// table.bucket_count: explicit bucket count, a power of two; 0 = from expected blocks [default: 0].
+    #[arg(long, value_name = "BUCKETS")]
+    pub bucket_count: Option<u64>,
+    /// table.seed: addressing seed, must equal the indexer's [default: 0].
+    #[arg(long, value_name = "U64")]
+    pub seed: Option<u64>,
+    /// table.max_kicks: relocation bound per insertion, in kicks [default: ckf-core's, 500].
+    #[arg(long, value_name = "KICKS")]
+    pub max_kicks: Option<u32>,
+    /// publication.batch_threshold: cut a batch at this many dirty buckets [default: 256].
+    #[arg(long, value_name = "BUCKETS")]
+    pub batch_threshold: Option<u32>,
+    /// publication.max_delay_ms: cut a batch at most this long after the first change, ms [default: 10].
+    #[arg(long, value_name = "MS")]
+    pub max_delay_ms: Option<u64>,
+    /// publication.heartbeat_interval_ms: heartbeat after this long idle, ms [default: 1000].
+    #[arg(long, value_name = "MS")]
+    pub heartbeat_interval_ms: Option<u64>,
+    /// publication.attachment_queue: frames queued per indexer before it is re-attached [default: 1024].
+    #[arg(long, value_name = "FRAMES")]
+    pub attachment_queue: Option<u32>,
+    /// indexers: an indexer Relay endpoint, http://host:port; repeat for several [required].
+    #[arg(long = "indexer", value_name = "URL")]
+    pub indexers: Vec<String>,
+    /// reconnect.initial_backoff_ms: first reconnect delay, ms [default: 100].
+    #[arg(long, value_name = "MS")]
+    pub initial_backoff_ms: Option<u64>,
+    /// reconnect.max_backoff_ms: largest reconnect delay, ms [default: 5000].
+    #[arg(long, value_name = "MS")]
+    pub max_backoff_ms: Option<u64>,
+    /// reconnect.connect_timeout_ms: connect + lease grant timeout, ms [default: 5000].
+    #[arg(long, value_name = "MS")]
+    pub connect_timeout_ms: Option<u64>,
+    /// limits.ingest_channel_capacity: ingest commands queued for the state actor [default: 1024].
+    #[arg(long, value_name = "COMMANDS")]
+    pub ingest_channel_capacity: Option<u32>,
+    /// limits.max_message_bytes: largest gRPC message, bytes [default: 4194304].
+    #[arg(long, value_name = "BYTES")]
+    pub max_message_bytes: Option<u64>,
+    /// limits.max_events_per_batch: largest ingest batch, events [default: 65536].
+    #[arg(long, value_name = "EVENTS")]
+    pub max_events_per_batch: Option<u32>,
+    /// shutdown.drain_timeout_ms: wait for drained acks on shutdown, ms [default: 5000].
+    #[arg(long, value_name = "MS")]
+    pub drain_timeout_ms: Option<u64>,
+    /// listen: ingest gRPC address [default: 127.0.0.1:7500].
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<SocketAddr>,
+    /// metrics_listen: Prometheus /metrics address [default: 127.0.0.1:9500].
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<SocketAddr>,
+    /// log_format: human or json [default: human].
+    #[arg(long, value_name = "FORMAT")]
+    pub log_format: Option<LogFormat>,
+}
+
+impl Cli {
+    /// The flags that were given, as a figment layer keyed by dotted config paths.
+    fn overrides(&self) -> Figment {
+        let mut f = Figment::new();
+        macro_rules! set {
+            ($key:literal, $v:expr) => {
+                if let Some(v) = &$v {
+                    f = f.merge(Serialized::default($key, v));
+                }
+            };
+        }
+        set!("pool.domain", self.domain);
+        set!("pool.dc", self.dc);
+        set!("table.expected_blocks", self.expected_blocks);
+        set!("table.bucket_count", self.bucket_count);
+        set!("table.seed", self.seed);
+        set!("table.max_kicks", self.max_kicks);
+        set!("publication.batch_threshold", self.batch_threshold);
+        set!("publication.max_delay_ms", self.max_delay_ms);
+        set!("publication.heartbeat_interval_ms", self.heartbeat_interval_ms);
+        set!("publication.attachment_queue", self.attachment_queue);
+        set!("reconnect.initial_backoff_ms", self.initial_backoff_ms);
+        set!("reconnect.max_backoff_ms", self.max_backoff_ms);
+        set!("reconnect.connect_timeout_ms", self.connect_timeout_ms);
+        set!("limits.ingest_channel_capacity", self.ingest_channel_capacity);
+        set!("limits.max_message_bytes", self.max_message_bytes);
+        set!("limits.max_events_per_batch", self.max_events_per_batch);
+        set!("shutdown.drain_timeout_ms", self.drain_timeout_ms);
+        set!("listen", self.listen);
+        set!("metrics_listen", self.metrics_listen);
+        set!("log_format", self.log_format);
+        if !self.indexers.is_empty() {
+            f = f.merge(Serialized::default("indexers", &self.indexers));
+        }
+        f
+    }
+
+    /// Loads the layered configuration: defaults < `--config` TOML < `CKF_...` environment
+    /// (nested keys joined by `__`) < flags, then validates it.
+    ///
+    /// # Errors
+    /// [`ConfigError::Load`] when a layer cannot be read or does not fit the schema;
+    /// [`ConfigError::Invalid`] when a value breaks its rule.
+    pub fn load(&self) -> Result<ProducerConfig, ConfigError> {
+        self.load_with_env(Env::prefixed(ENV_PREFIX).split("__"))
+    }
+
+    /// [`Cli::load`] with an explicit environment provider (tests use a fixed one).
+    ///
+    /// # Errors
+    /// As [`Cli::load`].
+    pub fn load_with_env(&self, env: Env) -> Result<ProducerConfig, ConfigError> {
+        let mut figment = Figment::from(Serialized::defaults(ProducerConfig::default()));
+        if let Some(path) = &self.config {
+            if !path.is_file() {
+                return Err(ConfigError::Load(format!(
+                    "--config {}: no such file",
+                    path.display()
+                )));
+            }
+            figment = figment.merge(Toml::file(path));
+        }
+        let figment = figment.merge(env).merge(self.overrides());
+        let config: ProducerConfig = figment
+            .extract()
+            .map_err(|e| ConfigError::Load(e.to_string()))?;
+        config.validate()?;
+        Ok(config)
+    }
+}

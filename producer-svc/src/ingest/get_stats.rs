@@ -1,0 +1,23 @@
+//! `Ingest.GetStats`: the producer's identity, format and exact-state statistics.
+
+use ckf_proto::v1;
+use tokio::sync::oneshot;
+
+use super::{IngestService, convert};
+use crate::actor::Command;
+use crate::error::IngestError;
+
+/// Asks the state actor for its statistics.
+///
+/// # Errors
+/// [`IngestError::ShuttingDown`] once the actor has stopped.
+pub async fn handle(service: &IngestService) -> Result<v1::ProducerStats, IngestError> {
+    let (reply, answer) = oneshot::channel();
+    service
+        .actor
+        .send(Command::Stats { reply })
+        .await
+        .map_err(|_| IngestError::ShuttingDown)?;
+    let stats = answer.await.map_err(|_| IngestError::ShuttingDown)?;
+    Ok(convert::stats_to_wire(&service.identity, &stats))
+}

@@ -1,0 +1,110 @@
+//! The `ckf.v1.Ingest` service: one file per RPC handler.
+//!
+//! | file | RPC |
+//! | --- | --- |
+//! | [`publish`] | `Publish`: bidi stream of batches, one result per batch, in order |
+//! | [`publish_batch`] | `PublishBatch`: one batch, one result |
+//! | [`get_stats`] | `GetStats`: exact-state and filter statistics |
+//! | [`convert`] | wire <-> [`crate::events`] |
+//!
+//! Handlers decode, hand the batch to the state actor through its bounded channel (waiting
+//! when it is full: backpressure) and encode the actor's answer. No rule is applied here.
+
+pub mod convert;
+pub mod get_stats;
+pub mod publish;
+pub mod publish_batch;
+
+use ckf_core::identity::ProducerIdentity;
+use ckf_proto::v1;
+use ckf_proto::v1::ingest_server::Ingest;
+use tokio::sync::{mpsc, oneshot};
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::actor::Command;
+use crate::error::IngestError;
+use crate::events::{BatchReport, IngestBatch};
+use ckf_svc_kit::Shutdown;
+
+/// Shared by every handler: the actor's command channel and the producer's identity.
+#[derive(Debug, Clone)]
+pub struct IngestService {
+    actor: mpsc::Sender<Command>,
+    identity: ProducerIdentity,
+    shutdown: Shutdown,
+    max_events_per_batch: usize,
+}
+
+impl IngestService {
+    /// A service feeding `actor`.
+    pub fn new(
+        actor: mpsc::Sender<Command>,
+        identity: ProducerIdentity,
+        shutdown: Shutdown,
+        max_events_per_batch: usize,
+    ) -> Self {
+        Self {
+            actor,
+            identity,
+            shutdown,
+            max_events_per_batch,
+        }
+    }
+
+    /// Decodes `batch`, applies it through the actor and returns the wire result.
+    ///
+    /// # Errors
+    /// [`IngestError`] for a batch refused whole or a producer that is shutting down.
+    pub(crate) async fn submit(
+        &self,
+        batch: v1::KvEventBatch,
+    ) -> Result<v1::KvEventBatchResult, IngestError> {
+        if self.shutdown.is_triggered() {
+            return Err(IngestError::ShuttingDown);
+        }
+        let batch = convert::batch_from_wire(batch, self.max_events_per_batch)?;
+        let report = self.apply(batch).await?;
+        Ok(convert::report_to_wire(&report))
+    }
+
+    async fn apply(&self, batch: IngestBatch) -> Result<BatchReport, IngestError> {
+        let (reply, answer) = oneshot::channel();
+        self.actor
+            .send(Command::Ingest { batch, reply })
+            .await
+            .map_err(|_| IngestError::ShuttingDown)?;
+        answer.await.map_err(|_| IngestError::ShuttingDown)
+    }
+}
+
+#[tonic::async_trait]
+impl Ingest for IngestService {
+    type PublishStream = publish::ResultStream;
+
+    async fn publish(
+        &self,
+        request: Request<Streaming<v1::KvEventBatch>>,
+    ) -> Result<Response<Self::PublishStream>, Status> {
+        Ok(Response::new(publish::handle(self.clone(), request.into_inner())))
+    }
+
+    async fn publish_batch(
+        &self,
+        request: Request<v1::KvEventBatch>,
+    ) -> Result<Response<v1::KvEventBatchResult>, Status> {
+        publish_batch::handle(self, request.into_inner())
+            .await
+            .map(Response::new)
+            .map_err(Status::from)
+    }
+
+    async fn get_stats(
+        &self,
+        _request: Request<v1::GetStatsRequest>,
+    ) -> Result<Response<v1::ProducerStats>, Status> {
+        get_stats::handle(self)
+            .await
+            .map(Response::new)
+            .map_err(Status::from)
+    }
+}

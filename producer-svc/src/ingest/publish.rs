@@ -1,0 +1,52 @@
+//! `Ingest.Publish`: a bidi stream of batches; every batch gets its result, in order.
+//!
+//! One task per stream reads a batch, waits for the actor's answer and sends the result before
+//! it reads the next batch, so a slow actor slows the client down (HTTP/2 flow control) instead
+//! of buffering. A batch refused whole ends the stream with its status; so does shutdown
+//! (`UNAVAILABLE`), which is how long-lived streams let the server stop.
+
+use std::pin::Pin;
+
+use ckf_proto::v1;
+use tokio::sync::mpsc;
+use tokio_stream::Stream;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Status, Streaming};
+
+use super::IngestService;
+use crate::error::IngestError;
+
+/// The response stream type.
+pub type ResultStream =
+    Pin<Box<dyn Stream<Item = Result<v1::KvEventBatchResult, Status>> + Send + 'static>>;
+
+/// Results buffered per stream before the reader waits for the client to read them.
+const RESULT_BUFFER: usize = 4;
+
+/// Starts the stream's task and returns its result stream.
+pub fn handle(service: IngestService, mut batches: Streaming<v1::KvEventBatch>) -> ResultStream {
+    let (tx, rx) = mpsc::channel(RESULT_BUFFER);
+    let stopped = service.shutdown.wait();
+    tokio::spawn(async move {
+        tokio::pin!(stopped);
+        loop {
+            let next = tokio::select! {
+                biased;
+                () = &mut stopped => Err(Status::from(IngestError::ShuttingDown)),
+                next = batches.message() => match next {
+                    Ok(Some(batch)) => service.submit(batch).await.map_err(Status::from),
+                    Ok(None) => break,
+                    Err(status) => {
+                        tracing::debug!(%status, "ingest stream broke");
+                        break;
+                    }
+                },
+            };
+            let failed = next.is_err();
+            if tx.send(next).await.is_err() || failed {
+                break;
+            }
+        }
+    });
+    Box::pin(ReceiverStream::new(rx))
+}

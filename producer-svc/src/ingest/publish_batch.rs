@@ -1,0 +1,18 @@
+//! `Ingest.PublishBatch`: one batch in, its per-event results out.
+
+use ckf_proto::v1;
+
+use super::IngestService;
+use crate::error::IngestError;
+
+/// Applies one batch.
+///
+/// # Errors
+/// [`IngestError`] when the batch is refused whole (bad source id, too many events) or the
+/// producer is shutting down.
+pub async fn handle(
+    service: &IngestService,
+    batch: v1::KvEventBatch,
+) -> Result<v1::KvEventBatchResult, IngestError> {
+    service.submit(batch).await
+}

@@ -1,0 +1,351 @@
+//! Prometheus metrics of one producer (prefix `ckf_producer_`).
+//!
+//! Each producer owns its own [`Registry`] (never the process-global one) so several producers
+//! can run in one process (`ckf demo`, tests) without their series colliding. The metric list,
+//! with labels and units, is in the crate README ("Metrics").
+
+use ckf_core::dc::DcCkfStats;
+use prometheus::{
+    Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry,
+};
+
+/// Publication states of one attachment, exported as a state set
+/// (`ckf_producer_attachment_state{indexer, state}` is 1 for the current state, 0 otherwise).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttachmentState {
+    /// Opening the connection and the Relay stream.
+    Connecting,
+    /// Attach sent, waiting for the lease.
+    AwaitingLease,
+    /// Barrier snapshot being sent / awaiting its acknowledgement.
+    Snapshotting,
+    /// Snapshot installed; deltas and heartbeats flowing.
+    Streaming,
+    /// Drain marker sent, waiting for the drained acknowledgement.
+    Draining,
+    /// Drained (final state after a graceful shutdown).
+    Drained,
+    /// Waiting out the reconnect backoff after a failure.
+    Backoff,
+}
+
+impl AttachmentState {
+    /// Every state, in label order.
+    pub const ALL: [AttachmentState; 7] = [
+        Self::Connecting,
+        Self::AwaitingLease,
+        Self::Snapshotting,
+        Self::Streaming,
+        Self::Draining,
+        Self::Drained,
+        Self::Backoff,
+    ];
+
+    /// The `state` label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Connecting => "connecting",
+            Self::AwaitingLease => "awaiting_lease",
+            Self::Snapshotting => "snapshotting",
+            Self::Streaming => "streaming",
+            Self::Draining => "draining",
+            Self::Drained => "drained",
+            Self::Backoff => "backoff",
+        }
+    }
+}
+
+/// Every metric of one producer.
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    registry: Registry,
+    /// Events ingested, by `kind` (stored, removed, cleared, worker_removed).
+    pub events: IntCounterVec,
+    /// Events rejected as malformed.
+    pub events_rejected: IntCounter,
+    /// Blocks in ingested events, by `kind` (stored, removed, cleared).
+    pub blocks: IntCounterVec,
+    /// Blocks omitted for capacity.
+    pub omissions: IntCounter,
+    /// Removals of blocks the member did not own (idempotent no-ops).
+    pub unknown_removals: IntCounter,
+    /// Source sequence gaps detected.
+    pub source_gaps: IntCounter,
+    /// Batches refused as replays (sequence not newer than the last one applied).
+    pub duplicate_batches: IntCounter,
+    /// Slot load factor, 0..1.
+    pub load_factor: Gauge,
+    /// Fingerprints resident in the table.
+    pub resident_fingerprints: IntGauge,
+    /// Distinct tracked block hashes.
+    pub unique_blocks: IntGauge,
+    /// Members owning at least one block.
+    pub members: IntGauge,
+    /// Estimated bytes of exact state plus table.
+    pub state_bytes: IntGauge,
+    /// Publication batches cut.
+    pub batches: IntCounter,
+    /// Images per publication batch.
+    pub batch_images: Histogram,
+    /// Relocation-order cycles broken while ordering batches.
+    pub cycles_broken: IntCounter,
+    /// Delta frames sent, by `indexer`.
+    pub deltas_sent: IntCounterVec,
+    /// Barrier snapshots sent (complete), by `indexer`.
+    pub snapshots_sent: IntCounterVec,
+    /// Snapshot chunk frames sent, by `indexer`.
+    pub snapshot_chunks_sent: IntCounterVec,
+    /// Heartbeats sent, by `indexer`.
+    pub heartbeats_sent: IntCounterVec,
+    /// Drain markers sent, by `indexer`.
+    pub drain_markers_sent: IntCounterVec,
+    /// Encoded bytes of Relay frames sent, by `indexer`.
+    pub sent_bytes: IntCounterVec,
+    /// Attachment state set, by `indexer` and `state`.
+    pub attachment_state: IntGaugeVec,
+    /// Reconnect attempts after a failure, by `indexer`.
+    pub reconnects: IntCounterVec,
+    /// Attachments ended by the indexer or the transport, by `indexer` and `reason`.
+    pub detachments: IntCounterVec,
+    /// Last sequence the indexer acknowledged as installed, by `indexer`.
+    pub acked_sequence: IntGaugeVec,
+    /// Seconds from a batch's oldest change to the indexer's acknowledgement of it.
+    pub change_to_ack_seconds: HistogramVec,
+}
+
+fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
+    let c = IntCounter::new(name, help).expect("valid metric");
+    registry.register(Box::new(c.clone())).expect("unique metric");
+    c
+}
+
+fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
+    registry.register(Box::new(c.clone())).expect("unique metric");
+    c
+}
+
+fn int_gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
+    let g = IntGauge::new(name, help).expect("valid metric");
+    registry.register(Box::new(g.clone())).expect("unique metric");
+    g
+}
+
+fn int_gauge_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
+    registry.register(Box::new(g.clone())).expect("unique metric");
+    g
+}
+
+impl Metrics {
+    /// Registers every metric in a fresh registry.
+    pub fn new() -> Self {
+        let r = Registry::new();
+        let load_factor = Gauge::new(
+            "ckf_producer_load_factor",
+            "Resident fingerprints / table slots, 0..1.",
+        )
+        .expect("valid metric");
+        r.register(Box::new(load_factor.clone()))
+            .expect("unique metric");
+        let batch_images = Histogram::with_opts(
+            HistogramOpts::new(
+                "ckf_producer_batch_images",
+                "Bucket images per publication batch.",
+            )
+            .buckets(prometheus::exponential_buckets(1.0, 4.0, 10).expect("valid buckets")),
+        )
+        .expect("valid metric");
+        r.register(Box::new(batch_images.clone()))
+            .expect("unique metric");
+        let change_to_ack_seconds = HistogramVec::new(
+            HistogramOpts::new(
+                "ckf_producer_change_to_ack_seconds",
+                "Seconds from the oldest change of a delta to the indexer acknowledging it.",
+            )
+            .buckets(prometheus::exponential_buckets(0.0005, 2.0, 16).expect("valid buckets")),
+            &["indexer"],
+        )
+        .expect("valid metric");
+        r.register(Box::new(change_to_ack_seconds.clone()))
+            .expect("unique metric");
+        Self {
+            events: counter_vec(
+                &r,
+                "ckf_producer_events_total",
+                "KV events applied, by kind.",
+                &["kind"],
+            ),
+            events_rejected: counter(
+                &r,
+                "ckf_producer_events_rejected_total",
+                "KV events rejected as malformed (nothing applied).",
+            ),
+            blocks: counter_vec(
+                &r,
+                "ckf_producer_blocks_total",
+                "Blocks in applied KV events, by kind (for cleared: blocks the member held).",
+                &["kind"],
+            ),
+            omissions: counter(
+                &r,
+                "ckf_producer_omissions_total",
+                "Blocks omitted because the filter had no room within the kick bound.",
+            ),
+            unknown_removals: counter(
+                &r,
+                "ckf_producer_unknown_removals_total",
+                "Removals of blocks the member did not own (idempotent no-ops).",
+            ),
+            source_gaps: counter(
+                &r,
+                "ckf_producer_source_gaps_total",
+                "Per-source batch sequence gaps detected.",
+            ),
+            duplicate_batches: counter(
+                &r,
+                "ckf_producer_duplicate_batches_total",
+                "Ingest batches refused as replays of an already applied sequence.",
+            ),
+            load_factor,
+            resident_fingerprints: int_gauge(
+                &r,
+                "ckf_producer_resident_fingerprints",
+                "Fingerprints resident in the filter table.",
+            ),
+            unique_blocks: int_gauge(
+                &r,
+                "ckf_producer_unique_blocks",
+                "Distinct block hashes tracked (refcount > 0).",
+            ),
+            members: int_gauge(
+                &r,
+                "ckf_producer_members",
+                "Members (worker, dp rank) owning at least one block.",
+            ),
+            state_bytes: int_gauge(
+                &r,
+                "ckf_producer_state_bytes",
+                "Estimated bytes of exact ownership state plus the filter table.",
+            ),
+            batches: counter(
+                &r,
+                "ckf_producer_batches_total",
+                "Publication batches cut from the dirty buckets.",
+            ),
+            batch_images,
+            cycles_broken: counter(
+                &r,
+                "ckf_producer_relocation_cycles_broken_total",
+                "Relocation-order cycles broken while ordering batch images.",
+            ),
+            deltas_sent: counter_vec(
+                &r,
+                "ckf_producer_deltas_sent_total",
+                "Delta frames sent, by indexer.",
+                &["indexer"],
+            ),
+            snapshots_sent: counter_vec(
+                &r,
+                "ckf_producer_snapshots_sent_total",
+                "Complete barrier snapshots sent, by indexer.",
+                &["indexer"],
+            ),
+            snapshot_chunks_sent: counter_vec(
+                &r,
+                "ckf_producer_snapshot_chunks_sent_total",
+                "Snapshot chunk frames sent, by indexer.",
+                &["indexer"],
+            ),
+            heartbeats_sent: counter_vec(
+                &r,
+                "ckf_producer_heartbeats_sent_total",
+                "Heartbeat frames sent, by indexer.",
+                &["indexer"],
+            ),
+            drain_markers_sent: counter_vec(
+                &r,
+                "ckf_producer_drain_markers_sent_total",
+                "Drain markers sent, by indexer.",
+                &["indexer"],
+            ),
+            sent_bytes: counter_vec(
+                &r,
+                "ckf_producer_sent_bytes_total",
+                "Encoded bytes of Relay frames sent, by indexer.",
+                &["indexer"],
+            ),
+            attachment_state: int_gauge_vec(
+                &r,
+                "ckf_producer_attachment_state",
+                "1 for the attachment's current state, 0 for the others, by indexer and state.",
+                &["indexer", "state"],
+            ),
+            reconnects: counter_vec(
+                &r,
+                "ckf_producer_reconnects_total",
+                "Reconnect attempts after a failed or retired attachment, by indexer.",
+                &["indexer"],
+            ),
+            detachments: counter_vec(
+                &r,
+                "ckf_producer_detachments_total",
+                "Attachments ended other than by a graceful drain, by indexer and reason.",
+                &["indexer", "reason"],
+            ),
+            acked_sequence: int_gauge_vec(
+                &r,
+                "ckf_producer_acked_sequence",
+                "Last sequence the indexer acknowledged as installed, by indexer.",
+                &["indexer"],
+            ),
+            change_to_ack_seconds,
+            registry: r,
+        }
+    }
+
+    /// The registry to expose on `/metrics`.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// Sets the state gauges of one producer state.
+    pub fn observe_stats(&self, stats: &DcCkfStats) {
+        self.load_factor.set(stats.load_factor);
+        self.resident_fingerprints
+            .set(clamp_i64(stats.resident_fingerprints));
+        self.unique_blocks.set(clamp_i64(stats.unique_hashes as u64));
+        self.members.set(clamp_i64(stats.members as u64));
+        self.state_bytes.set(clamp_i64(stats.bytes_used));
+    }
+
+    /// Moves `indexer`'s attachment state set to `state`.
+    pub fn set_attachment_state(&self, indexer: &str, state: AttachmentState) {
+        for s in AttachmentState::ALL {
+            self.attachment_state
+                .with_label_values(&[indexer, s.label()])
+                .set(i64::from(s == state));
+        }
+    }
+
+    /// Text exposition of every metric (what `/metrics` serves).
+    pub fn render(&self) -> String {
+        use prometheus::Encoder;
+        let mut out = Vec::new();
+        prometheus::TextEncoder::new()
+            .encode(&self.registry.gather(), &mut out)
+            .expect("text encoding of gathered metrics");
+        String::from_utf8(out).expect("text exposition is UTF-8")
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn clamp_i64(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}

@@ -1,0 +1,171 @@
+//! One publisher task per configured indexer endpoint: the client side of `ckf.v1.Relay`.
+//!
+//! Each endpoint is an independent attachment with its own lease, barrier snapshot and sequence
+//! continuity. The task runs [sessions](session) in a loop: when one fails (transport error,
+//! stream end, `Retired` reply, a fence by the producer), the task tells the state actor to
+//! fence that publisher, waits out a bounded exponential [`Backoff`] with jitter, and attaches
+//! again (new lease, new barrier snapshot). Every transition is logged with its reason and
+//! exported as `ckf_producer_attachment_state`.
+//!
+//! | file | owns |
+//! | --- | --- |
+//! | [`session`] | one attachment: connect, attach, snapshot chunks, deltas, heartbeats, drain |
+//! | [`backoff`] | reconnect delays |
+
+pub mod backoff;
+pub mod session;
+
+use std::time::Duration;
+
+use ckf_core::identity::ProducerIdentity;
+use ckf_svc_kit::Shutdown;
+use tokio::sync::mpsc;
+
+pub use backoff::Backoff;
+use session::SessionEnd;
+
+use crate::actor::Command;
+use crate::metrics::{AttachmentState, Metrics};
+
+/// Transport settings of every publisher task (from the configuration).
+#[derive(Debug, Clone)]
+pub struct RelaySettings {
+    /// Idle time before a heartbeat (further capped by the granted deadline / 3).
+    pub heartbeat_interval: Duration,
+    /// First reconnect delay.
+    pub initial_backoff: Duration,
+    /// Largest reconnect delay.
+    pub max_backoff: Duration,
+    /// Connect, lease-grant and per-frame send timeout.
+    pub connect_timeout: Duration,
+    /// How long to wait for the drained acknowledgement.
+    pub drain_timeout: Duration,
+    /// HTTP/2 keepalive ping interval and timeout.
+    pub keepalive: Duration,
+    /// The producer's own message size limit, in bytes.
+    pub max_message_bytes: usize,
+    /// Frames queued per attachment before the actor fences it.
+    pub attachment_queue: usize,
+}
+
+/// How one endpoint's publication ended at shutdown.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DrainOutcome {
+    /// The indexer acknowledged the exact drain marker `sequence`.
+    Drained {
+        /// The final sequence.
+        sequence: u64,
+    },
+    /// The drain marker `sequence` was sent but not acknowledged.
+    Unacknowledged {
+        /// The drain marker's sequence.
+        sequence: u64,
+        /// What happened instead.
+        why: String,
+    },
+    /// Not streaming at shutdown: no drain marker was sent.
+    NotAttached,
+}
+
+/// The publisher task of one endpoint.
+pub struct RelayClient {
+    index: usize,
+    endpoint: String,
+    identity: ProducerIdentity,
+    actor: mpsc::Sender<Command>,
+    metrics: Metrics,
+    settings: RelaySettings,
+    shutdown: Shutdown,
+}
+
+impl RelayClient {
+    /// A task for endpoint number `index` (its position in the configuration).
+    pub fn new(
+        index: usize,
+        endpoint: String,
+        identity: ProducerIdentity,
+        actor: mpsc::Sender<Command>,
+        metrics: Metrics,
+        settings: RelaySettings,
+        shutdown: Shutdown,
+    ) -> Self {
+        Self {
+            index,
+            endpoint,
+            identity,
+            actor,
+            metrics,
+            settings,
+            shutdown,
+        }
+    }
+
+    fn set_state(&self, state: AttachmentState) {
+        self.metrics.set_attachment_state(&self.endpoint, state);
+    }
+
+    /// Attaches, publishes and re-attaches until shutdown; returns how the final drain went.
+    pub async fn run(self) -> DrainOutcome {
+        let mut backoff = Backoff::new(self.settings.initial_backoff, self.settings.max_backoff);
+        loop {
+            if self.shutdown.is_triggered() {
+                self.set_state(AttachmentState::Drained);
+                return DrainOutcome::NotAttached;
+            }
+            match self.session().await {
+                SessionEnd::Drained { sequence } => {
+                    tracing::info!(indexer = %self.endpoint, sequence, "drained: the indexer acknowledged the final sequence");
+                    self.set_state(AttachmentState::Drained);
+                    return DrainOutcome::Drained { sequence };
+                }
+                SessionEnd::DrainUnacknowledged { sequence, why } => {
+                    tracing::warn!(indexer = %self.endpoint, sequence, %why, "drain marker not acknowledged");
+                    self.set_state(AttachmentState::Drained);
+                    return DrainOutcome::Unacknowledged { sequence, why };
+                }
+                SessionEnd::Shutdown => {
+                    tracing::info!(indexer = %self.endpoint, "shutdown while not streaming; no drain marker");
+                    self.set_state(AttachmentState::Drained);
+                    return DrainOutcome::NotAttached;
+                }
+                SessionEnd::Failed(f) => {
+                    self.metrics
+                        .detachments
+                        .with_label_values(&[&self.endpoint, f.label])
+                        .inc();
+                    if let Some(lease) = f.lease {
+                        let detach = Command::Detach {
+                            endpoint: self.index,
+                            lease,
+                            reason: f.fence,
+                        };
+                        // A closed channel means the actor stopped: nothing left to fence.
+                        let _ = self.actor.send(detach).await;
+                    }
+                    if f.was_streaming {
+                        backoff.reset();
+                    }
+                    let delay = backoff.next_delay();
+                    tracing::warn!(
+                        indexer = %self.endpoint,
+                        reason = f.label,
+                        detail = %f.detail,
+                        retry_in_ms = delay.as_millis() as u64,
+                        "attachment ended; fencing the publisher and re-attaching"
+                    );
+                    self.set_state(AttachmentState::Backoff);
+                    tokio::select! {
+                        () = tokio::time::sleep(delay) => {}
+                        () = self.shutdown.wait() => {}
+                    }
+                    if !self.shutdown.is_triggered() {
+                        self.metrics
+                            .reconnects
+                            .with_label_values(&[&self.endpoint])
+                            .inc();
+                    }
+                }
+            }
+        }
+    }
+}

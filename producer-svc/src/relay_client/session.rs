@@ -1,0 +1,416 @@
+//! One attachment to one indexer: connect -> Attach -> LeaseGranted -> barrier snapshot ->
+//! deltas and heartbeats -> (drain marker -> drained Ack) or a failure.
+//!
+//! The session never decides what to publish: the state actor queues frames
+//! ([`Outbound`]) and this task only encodes, chunks and sends them, reads the indexer's
+//! replies and keeps the stream alive with heartbeats. Every way a session can end is a
+//! [`SessionEnd`]; the caller ([`super::RelayClient`]) turns failures into a fence, a backoff
+//! and a new attachment.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use ckf_core::identity::LaneLease;
+use ckf_core::publication::FenceReason;
+use ckf_proto::v1;
+use ckf_proto::v1::relay_client::RelayClient as GrpcRelayClient;
+use ckf_proto::v1::relay_frame::Frame;
+use ckf_proto::v1::relay_reply::Reply;
+use prost::Message;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::{Instant, sleep_until, timeout};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Streaming;
+use tonic::transport::Endpoint;
+
+use super::RelayClient;
+use crate::actor::Command;
+use crate::fanout::{AttachRefused, FrameLimits, Outbound};
+use crate::metrics::AttachmentState;
+
+/// Request frames buffered toward the transport before a send waits.
+const REQUEST_BUFFER: usize = 16;
+/// Bytes reserved in every frame for the envelope (lease, sequences, field tags).
+const FRAME_OVERHEAD_BYTES: usize = 256;
+/// Upper bound of one delta image on the wire: a varint `u32` bucket (<= 5 bytes) plus a packed
+/// `fixed64` image (8 bytes), rounded up.
+const WIRE_BYTES_PER_IMAGE: usize = 14;
+
+/// How a session ended.
+#[derive(Debug)]
+pub enum SessionEnd {
+    /// The indexer acknowledged the drain marker: `sequence` is installed.
+    Drained {
+        /// The final sequence.
+        sequence: u64,
+    },
+    /// Shutdown: the drain marker was sent but not acknowledged in time (or the stream ended).
+    DrainUnacknowledged {
+        /// The drain marker's sequence.
+        sequence: u64,
+        /// What happened instead.
+        why: String,
+    },
+    /// Shutdown while not streaming (or the actor had no marker for this attachment).
+    Shutdown,
+    /// The attachment failed; reconnect.
+    Failed(Failure),
+}
+
+/// A failed attachment: what to log and count, and how to fence the publisher.
+#[derive(Debug)]
+pub struct Failure {
+    /// Metric label (`reason`), a small fixed set.
+    pub label: &'static str,
+    /// Human-readable detail for the log.
+    pub detail: String,
+    /// The lease held, if one was granted (the actor fences that publisher).
+    pub lease: Option<LaneLease>,
+    /// How the publisher is fenced.
+    pub fence: FenceReason,
+    /// Whether the snapshot was installed before the failure (resets the backoff).
+    pub was_streaming: bool,
+}
+
+fn fail(label: &'static str, detail: impl Into<String>) -> Failure {
+    Failure {
+        label,
+        detail: detail.into(),
+        lease: None,
+        fence: FenceReason::UncertainDelivery,
+        was_streaming: false,
+    }
+}
+
+/// Renders an error with its sources (`tonic::transport::Error` alone says little).
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
+/// The granted lease and the limits derived from it.
+struct Grant {
+    lease: LaneLease,
+    limits: FrameLimits,
+    chunk_bytes: usize,
+    heartbeat: Duration,
+}
+
+/// An open stream: the request sender and the reply stream.
+struct Stream {
+    requests: mpsc::Sender<v1::RelayFrame>,
+    replies: Streaming<v1::RelayReply>,
+}
+
+impl RelayClient {
+    /// Runs one attachment until it ends.
+    pub(super) async fn session(&self) -> SessionEnd {
+        match self.connect_and_attach().await {
+            Ok((stream, grant)) => self.attached(stream, grant).await,
+            Err(end) => end,
+        }
+    }
+
+    async fn connect_and_attach(&self) -> Result<(Stream, Grant), SessionEnd> {
+        let s = &self.settings;
+        self.set_state(AttachmentState::Connecting);
+        let endpoint = Endpoint::from_shared(self.endpoint.clone())
+            .map_err(|e| SessionEnd::Failed(fail("connect_failed", error_chain(&e))))?
+            .connect_timeout(s.connect_timeout)
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(s.keepalive)
+            .keep_alive_timeout(s.keepalive)
+            .keep_alive_while_idle(true);
+        let channel = tokio::select! {
+            () = self.shutdown.wait() => return Err(SessionEnd::Shutdown),
+            c = timeout(s.connect_timeout, endpoint.connect()) => match c {
+                Ok(Ok(channel)) => channel,
+                Ok(Err(e)) => return Err(SessionEnd::Failed(fail("connect_failed", error_chain(&e)))),
+                Err(_) => return Err(SessionEnd::Failed(fail("connect_failed", "connect timed out"))),
+            },
+        };
+        let mut client = GrpcRelayClient::new(channel)
+            .max_decoding_message_size(s.max_message_bytes)
+            .max_encoding_message_size(s.max_message_bytes);
+        let (requests, rx) = mpsc::channel(REQUEST_BUFFER);
+        let attach = v1::RelayFrame::from(Frame::Attach((&self.identity).into()));
+        requests
+            .send(attach)
+            .await
+            .map_err(|_| SessionEnd::Failed(fail("stream_error", "request stream closed")))?;
+        self.set_state(AttachmentState::AwaitingLease);
+        let deadline = Instant::now() + s.connect_timeout;
+        let call = async {
+            let mut replies = client.publish(ReceiverStream::new(rx)).await?.into_inner();
+            let first = replies.message().await?;
+            Ok::<_, tonic::Status>((replies, first))
+        };
+        let (replies, first) = tokio::select! {
+            () = self.shutdown.wait() => return Err(SessionEnd::Shutdown),
+            r = tokio::time::timeout_at(deadline, call) => match r {
+                Err(_) => return Err(SessionEnd::Failed(fail("lease_timeout", "no LeaseGranted within the connect timeout"))),
+                Ok(Err(status)) => return Err(SessionEnd::Failed(fail(
+                    "attach_refused",
+                    format!("indexer refused the attachment: {:?}: {}", status.code(), status.message()),
+                ))),
+                Ok(Ok(r)) => r,
+            },
+        };
+        let granted = match first.and_then(|r| r.reply) {
+            Some(Reply::LeaseGranted(g)) => g,
+            Some(Reply::Retired(r)) => return Err(SessionEnd::Failed(retired(&r, None, false))),
+            Some(Reply::Ack(_)) => {
+                return Err(SessionEnd::Failed(fail("protocol_error", "Ack before LeaseGranted")));
+            }
+            None => {
+                return Err(SessionEnd::Failed(fail(
+                    "stream_ended",
+                    "indexer ended the stream before granting a lease",
+                )));
+            }
+        };
+        let grant = self.grant(granted).map_err(SessionEnd::Failed)?;
+        Ok((Stream { requests, replies }, grant))
+    }
+
+    fn grant(&self, g: v1::LeaseGranted) -> Result<Grant, Failure> {
+        let lease = g
+            .lease
+            .ok_or_else(|| fail("protocol_error", "LeaseGranted.lease is missing"))
+            .and_then(|l| {
+                LaneLease::try_from(l).map_err(|e| fail("protocol_error", format!("LeaseGranted: {e}")))
+            })?;
+        let s = &self.settings;
+        // Stay well under the smaller of both limits: half of it.
+        let granted = usize::try_from(g.max_message_bytes).unwrap_or(usize::MAX);
+        let limit = if granted == 0 { s.max_message_bytes } else { granted.min(s.max_message_bytes) };
+        let budget = (limit / 2).saturating_sub(FRAME_OVERHEAD_BYTES).max(64);
+        let by_bytes = (budget / WIRE_BYTES_PER_IMAGE).max(1);
+        let by_count = match g.max_images_per_delta {
+            0 => usize::MAX,
+            n => n as usize,
+        };
+        let heartbeat = match g.heartbeat_deadline_ms {
+            0 => s.heartbeat_interval,
+            ms => s.heartbeat_interval.min(Duration::from_millis(ms) / 3),
+        }
+        .max(Duration::from_millis(1));
+        Ok(Grant {
+            lease,
+            limits: FrameLimits {
+                max_images_per_delta: by_bytes.min(by_count),
+            },
+            chunk_bytes: budget,
+            heartbeat,
+        })
+    }
+
+    async fn attached(&self, mut stream: Stream, grant: Grant) -> SessionEnd {
+        let lease = grant.lease;
+        tracing::info!(indexer = %self.endpoint, %lease,
+            max_images_per_delta = grant.limits.max_images_per_delta,
+            chunk_bytes = grant.chunk_bytes,
+            heartbeat_ms = grant.heartbeat.as_millis() as u64,
+            "lease granted");
+        let (frames_tx, mut frames) = mpsc::channel(self.settings.attachment_queue);
+        let (reply, answer) = oneshot::channel();
+        let attach = Command::Attach {
+            endpoint: self.index,
+            lease,
+            limits: grant.limits,
+            frames: frames_tx,
+            reply,
+        };
+        if self.actor.send(attach).await.is_err() {
+            return SessionEnd::Shutdown;
+        }
+        match answer.await {
+            Ok(Ok(sequence)) => {
+                tracing::info!(indexer = %self.endpoint, %lease, sequence, "sending barrier snapshot");
+            }
+            Ok(Err(AttachRefused::ShuttingDown)) | Err(_) => return SessionEnd::Shutdown,
+            Ok(Err(e)) => {
+                let mut f = fail("attach_refused", format!("producer refused the lease: {e}"));
+                f.lease = Some(lease);
+                return SessionEnd::Failed(f);
+            }
+        }
+        self.set_state(AttachmentState::Snapshotting);
+
+        let mut last_sequence = 0u64;
+        let mut snapshot_sequence = None::<u64>;
+        let mut streaming = false;
+        let mut in_flight: VecDeque<(u64, std::time::Instant)> = VecDeque::new();
+        let mut draining: Option<(u64, Instant)> = None;
+        let mut idle_since = Instant::now();
+        let end = loop {
+            let heartbeat_at = idle_since + grant.heartbeat;
+            let drain_deadline = draining.map(|(_, at)| at);
+            tokio::select! {
+                frame = frames.recv(), if draining.is_none() => {
+                    let result = match frame {
+                        Some(Outbound::Snapshot(snapshot)) => {
+                            last_sequence = snapshot.sequence;
+                            snapshot_sequence = Some(snapshot.sequence);
+                            let mut r = Ok(());
+                            for chunk in ckf_proto::convert::snapshot_to_wire(&snapshot, grant.chunk_bytes) {
+                                r = self.send(&stream, Frame::SnapshotChunk(chunk)).await;
+                                if r.is_err() { break; }
+                                self.metrics.snapshot_chunks_sent.with_label_values(&[&self.endpoint]).inc();
+                            }
+                            if r.is_ok() {
+                                self.metrics.snapshots_sent.with_label_values(&[&self.endpoint]).inc();
+                            }
+                            r
+                        }
+                        Some(Outbound::Delta(delta, oldest)) => {
+                            last_sequence = delta.sequence;
+                            in_flight.push_back((delta.sequence, oldest));
+                            let r = self.send(&stream, Frame::Delta((&delta).into())).await;
+                            if r.is_ok() {
+                                self.metrics.deltas_sent.with_label_values(&[&self.endpoint]).inc();
+                            }
+                            r
+                        }
+                        Some(Outbound::Drain(marker)) => {
+                            let r = self.send(&stream, Frame::DrainMarker((&marker).into())).await;
+                            if r.is_ok() {
+                                self.metrics.drain_markers_sent.with_label_values(&[&self.endpoint]).inc();
+                                self.set_state(AttachmentState::Draining);
+                                tracing::info!(indexer = %self.endpoint, %lease, sequence = marker.sequence, "drain marker sent");
+                                draining = Some((marker.sequence, Instant::now() + self.settings.drain_timeout));
+                            }
+                            r
+                        }
+                        None if self.shutdown.is_triggered() => break SessionEnd::Shutdown,
+                        None => Err(fail(
+                            "fenced_by_producer",
+                            "the producer fenced this attachment (its frame queue overflowed or a delta was refused)",
+                        )),
+                    };
+                    if let Err(f) = result {
+                        break SessionEnd::Failed(f);
+                    }
+                    idle_since = Instant::now();
+                }
+                reply = stream.replies.message() => {
+                    let reply = match reply {
+                        Ok(Some(r)) => r.reply,
+                        Ok(None) => {
+                            break match draining {
+                                Some((sequence, _)) => SessionEnd::DrainUnacknowledged {
+                                    sequence,
+                                    why: "the indexer ended the stream without a drained Ack".into(),
+                                },
+                                None => SessionEnd::Failed(fail("stream_ended", "the indexer ended the stream")),
+                            };
+                        }
+                        Err(status) => {
+                            let detail = format!("stream failed: {:?}: {}", status.code(), status.message());
+                            break match draining {
+                                Some((sequence, _)) => SessionEnd::DrainUnacknowledged { sequence, why: detail },
+                                None => SessionEnd::Failed(fail("stream_error", detail)),
+                            };
+                        }
+                    };
+                    match reply {
+                        Some(Reply::Ack(ack)) => {
+                            self.metrics.acked_sequence.with_label_values(&[&self.endpoint])
+                                .set(i64::try_from(ack.installed_sequence).unwrap_or(i64::MAX));
+                            while in_flight.front().is_some_and(|(s, _)| *s <= ack.installed_sequence) {
+                                let (_, oldest) = in_flight.pop_front().expect("front exists");
+                                self.metrics.change_to_ack_seconds.with_label_values(&[&self.endpoint])
+                                    .observe(oldest.elapsed().as_secs_f64());
+                            }
+                            if ack.drained {
+                                break SessionEnd::Drained { sequence: ack.installed_sequence };
+                            }
+                            if ack.ready && !streaming
+                                && snapshot_sequence.is_some_and(|s| ack.installed_sequence >= s)
+                            {
+                                streaming = true;
+                                if draining.is_none() {
+                                    self.set_state(AttachmentState::Streaming);
+                                }
+                                tracing::info!(indexer = %self.endpoint, %lease, sequence = ack.installed_sequence, "snapshot installed; streaming deltas");
+                            }
+                        }
+                        Some(Reply::Retired(r)) => break SessionEnd::Failed(retired(&r, Some(lease), streaming)),
+                        Some(Reply::LeaseGranted(_)) => break SessionEnd::Failed(fail("protocol_error", "second LeaseGranted on one stream")),
+                        None => break SessionEnd::Failed(fail("protocol_error", "empty RelayReply")),
+                    }
+                }
+                () = sleep_until(heartbeat_at), if draining.is_none() => {
+                    let beat = Frame::Heartbeat(v1::Heartbeat { lease: Some(lease.into()), sequence: last_sequence });
+                    if let Err(f) = self.send(&stream, beat).await {
+                        break SessionEnd::Failed(f);
+                    }
+                    self.metrics.heartbeats_sent.with_label_values(&[&self.endpoint]).inc();
+                    idle_since = Instant::now();
+                }
+                () = sleep_until(drain_deadline.unwrap_or_else(Instant::now)), if drain_deadline.is_some() => {
+                    let (sequence, _) = draining.expect("draining");
+                    break SessionEnd::DrainUnacknowledged { sequence, why: "no drained Ack within the drain timeout".into() };
+                }
+            }
+        };
+        match end {
+            SessionEnd::Failed(mut f) => {
+                f.lease = Some(lease);
+                f.was_streaming |= streaming;
+                SessionEnd::Failed(f)
+            }
+            other => other,
+        }
+    }
+
+    /// Sends one frame, bounded by the connect timeout so a stalled indexer cannot hold the
+    /// session (and the drain) forever.
+    async fn send(&self, stream: &Stream, frame: Frame) -> Result<(), Failure> {
+        let frame = v1::RelayFrame::from(frame);
+        let bytes = frame.encoded_len() as u64;
+        match timeout(self.settings.connect_timeout, stream.requests.send(frame)).await {
+            Ok(Ok(())) => {
+                self.metrics.sent_bytes.with_label_values(&[&self.endpoint]).inc_by(bytes);
+                Ok(())
+            }
+            Ok(Err(_)) => Err(fail("stream_error", "the request stream closed")),
+            Err(_) => Err(fail("send_stalled", "a frame could not be sent within the timeout")),
+        }
+    }
+}
+
+/// A `Retired` reply as a failure.
+fn retired(r: &v1::Retired, lease: Option<LaneLease>, was_streaming: bool) -> Failure {
+    let reason = v1::RetireReason::try_from(r.reason).unwrap_or(v1::RetireReason::Unspecified);
+    let label = match reason {
+        v1::RetireReason::Unspecified => "retired_unspecified",
+        v1::RetireReason::Gap => "retired_gap",
+        v1::RetireReason::MalformedFrame => "retired_malformed_frame",
+        v1::RetireReason::LagExceeded => "retired_lag_exceeded",
+        v1::RetireReason::HeartbeatTimeout => "retired_heartbeat_timeout",
+        v1::RetireReason::Saturated => "retired_saturated",
+        v1::RetireReason::LostFinalDelta => "retired_lost_final_delta",
+        v1::RetireReason::Superseded => "retired_superseded",
+        v1::RetireReason::ApplyFailure => "retired_apply_failure",
+        v1::RetireReason::StreamLost => "retired_stream_lost",
+        v1::RetireReason::Shutdown => "retired_shutdown",
+    };
+    Failure {
+        label,
+        detail: format!("lane retired by the indexer ({}): {}", reason.as_str_name(), r.detail),
+        lease,
+        fence: if reason == v1::RetireReason::Superseded {
+            FenceReason::Superseded
+        } else {
+            FenceReason::UncertainDelivery
+        },
+        was_streaming,
+    }
+}
