@@ -1,0 +1,23 @@
+//! # ckf-svc-kit
+//!
+//! Plumbing shared by the two ckf-relay services (`ckf-producer`, `ckf-indexer`) and the `ckf`
+//! CLI's in-process demo. It holds no ckf rule: only the standard service chores, done with the
+//! standard libraries, once.
+//!
+//! | module | owns |
+//! | --- | --- |
+//! | [`config`] | layered configuration: defaults < TOML file < `CKF_*` environment < flags (figment); validation errors naming key, value, rule |
+//! | [`logging`] | `tracing` subscriber: human or JSON, `RUST_LOG`-style filter |
+//! | [`metrics`] | Prometheus text endpoint (`GET /metrics`) on its own address (axum) |
+//! | [`shutdown`] | SIGTERM/SIGINT -> one cancellable [`shutdown::Shutdown`] token |
+//! | [`grpc`] | listener binding, `grpc.health.v1` and server reflection helpers |
+
+pub mod config;
+pub mod grpc;
+pub mod logging;
+pub mod metrics;
+pub mod shutdown;
+
+pub use config::{ConfigError, Invalid, Layers, Overrides, Validate};
+pub use logging::LogFormat;
+pub use shutdown::Shutdown;
