@@ -38,7 +38,7 @@ use thiserror::Error;
 use crate::addressing::{Addressing, FormatError, TableFormat};
 use crate::bucket::{MAX_LANES, TableError, TransposedTable};
 use crate::identity::{
-    DcId, IndexerDomainId, LaneIndex, LaneLease, PoolId, ProducerIdentity,
+    IndexerDomainId, LaneIndex, LaneLease, PoolId, ProducerIdentity,
 };
 use crate::lane::{
     Frame, IngestError, IngestOutcome, LagPolicy, LaneEvent, LaneIngestor, LaneStatus,
@@ -75,8 +75,9 @@ pub enum ManifestError {
         /// The manifest's domain.
         domain: IndexerDomainId,
     },
-    /// The same pool appears twice.
-    #[error("lane {lane}: pool {pool} is already lane {first}")]
+    /// The same pool appears twice. Every pool is in the manifest's one domain, so this is
+    /// also exactly the "two lanes share a DC" error (the message names the DC).
+    #[error("lane {lane}: pool {pool} (DC {}) is already lane {first}", pool.dc)]
     DuplicatePool {
         /// The later lane.
         lane: LaneIndex,
@@ -84,17 +85,6 @@ pub enum ManifestError {
         first: LaneIndex,
         /// The pool.
         pool: PoolId,
-    },
-    /// Two pools share a DC (impossible within one domain unless the pool is repeated, but kept
-    /// distinct so the message names the DC).
-    #[error("lane {lane}: DC {dc} is already lane {first}")]
-    DuplicateDc {
-        /// The later lane.
-        lane: LaneIndex,
-        /// The lane that has the DC first.
-        first: LaneIndex,
-        /// The DC.
-        dc: DcId,
     },
     /// The table format is invalid.
     #[error("manifest table format: {0}")]
@@ -163,13 +153,6 @@ impl Manifest {
                     lane,
                     first: first as LaneIndex,
                     pool: pool.clone(),
-                });
-            }
-            if let Some(first) = self.lanes[..i].iter().position(|p| p.dc == pool.dc) {
-                return Err(ManifestError::DuplicateDc {
-                    lane,
-                    first: first as LaneIndex,
-                    dc: pool.dc.clone(),
                 });
             }
         }
