@@ -28,7 +28,14 @@
 //! A query racing the application of that one image may miss the fingerprints that bucket gives
 //! away, until the next image of the batch lands. This is the documented residue of the
 //! weak-read contract; the producer reports the running total in its stats so the rate can be
-//! measured (the producer tests measure it under kick-heavy churn).
+//! measured.
+//!
+//! The mutator keeps a single insertion's kick path from re-entering a bucket it changed (see
+//! [`crate::mutator`]), so cycles come from coalescing several relocating commands into one
+//! batch. Measured in `tests/cases_producer.rs` (case 12: 4,096 buckets at 93% load, batches of
+//! 1-16 remove+store commands, nearly every batch relocating): about 2% of batches break one
+//! cycle, 0.03% of installed images expose one transient miss, and no single-command batch broke
+//! a cycle. Publishing more often (smaller batches) makes cycles rarer.
 
 use std::time::Instant;
 

@@ -28,6 +28,12 @@
 //! in the counter also means a retried insert explores a different path. The choice is still
 //! deterministic for a given sequence of operations.
 //!
+//! Among the four slots (starting at the hashed one) the walk takes the first victim whose
+//! alternate bucket is not already on the current path (an approximate 1,024-bit path filter).
+//! A walk that re-enters a bucket it changed produces a net swap between buckets, which no
+//! image order can publish without a transient miss (`cuckoo-cases.md` case 12, see
+//! [`crate::dirty`]); avoiding it also avoids wasting kicks on loops.
+//!
 //! # Hot path
 //! No allocation: the undo log is a reused `Vec` that only grows to `max_kicks + 1` entries.
 
@@ -48,6 +54,29 @@ pub struct Write {
 pub struct InsertFailed {
     /// Victims moved before giving up (`== max_kicks`).
     pub kicks: u32,
+}
+
+/// Approximate set of the buckets on the current kick path: 1,024 bits indexed by a hash of the
+/// bucket. A false positive only makes the walk skip a victim it could have taken.
+#[derive(Default)]
+struct PathFilter([u64; 16]);
+
+impl PathFilter {
+    #[inline(always)]
+    fn bit(b: u32) -> (usize, u64) {
+        let h = (u64::from(b).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 54) as usize;
+        (h >> 6, 1u64 << (h & 63))
+    }
+    #[inline(always)]
+    fn mark(&mut self, b: u32) {
+        let (w, m) = Self::bit(b);
+        self.0[w] |= m;
+    }
+    #[inline(always)]
+    fn contains(&self, b: u32) -> bool {
+        let (w, m) = Self::bit(b);
+        self.0[w] & m != 0
+    }
 }
 
 /// Packed producer buckets plus the insertion/removal rules. Single owner, no locking.
@@ -150,14 +179,24 @@ impl Mutator {
         } else {
             loc.bucket_b
         };
+        let mut path = PathFilter::default();
+        path.mark(b);
         for kick in 0..self.max_kicks {
             let word = self.buckets[b as usize];
             let mix = fmix64((u64::from(fp) | (u64::from(kick) << 16)) ^ salt);
-            let victim_slot = (mix >> 62) as usize;
+            let first = (mix >> 62) as usize;
+            // Prefer a victim whose alternate is off the current path: a walk that re-enters a
+            // bucket it already changed makes a net swap no delta order can cover (see
+            // `crate::dirty`, "Cycles") and wastes kicks.
+            let victim_slot = (0..4)
+                .map(|j| (first + j) & 3)
+                .find(|&s| !path.contains(self.addressing.alternate(b, bucket::slot(word, s))))
+                .unwrap_or(first);
             let victim = bucket::slot(word, victim_slot);
             self.write(b, bucket::with_slot(word, victim_slot, fp));
             fp = victim;
             b = self.addressing.alternate(b, fp);
+            path.mark(b);
             let word = self.buckets[b as usize];
             if let Some(s) = bucket::find_empty(word) {
                 self.write(b, bucket::with_slot(word, s, fp));
