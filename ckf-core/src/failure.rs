@@ -61,7 +61,8 @@ impl Disposed for RetireReason {
             | RetireReason::HeartbeatTimeout { .. }
             | RetireReason::LagExceeded { .. }
             | RetireReason::Saturated { .. }
-            | RetireReason::ApplyFailed { .. } => Disposition::RetireLane,
+            | RetireReason::ApplyFailed { .. }
+            | RetireReason::StreamLost { .. } => Disposition::RetireLane,
         }
     }
 }

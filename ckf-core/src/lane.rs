@@ -260,6 +260,15 @@ pub enum RetireReason {
         /// The panic message.
         detail: String,
     },
+    /// Delivery became uncertain at the transport: the current stream broke, ended without a
+    /// drain marker, or carried a frame the service could not decode or admit (design source:
+    /// "delivery uncertainty ... retires only the affected lane"). Retired through
+    /// [`crate::global::GlobalCkfIndexer::retire_lease`] by the service owning the stream.
+    #[error("stream lost: {detail}")]
+    StreamLost {
+        /// What the transport saw.
+        detail: String,
+    },
 }
 
 impl RetireReason {
@@ -276,6 +285,7 @@ impl RetireReason {
             RetireReason::LagExceeded { .. } => "lag_exceeded",
             RetireReason::Saturated { .. } => "saturated",
             RetireReason::ApplyFailed { .. } => "apply_failed",
+            RetireReason::StreamLost { .. } => "stream_lost",
         }
     }
 }
