@@ -10,44 +10,19 @@ use std::time::Duration;
 use ckf_core::addressing::TableFormat;
 use ckf_core::identity::PoolId;
 use clap::Parser;
-use figment::Figment;
-use figment::providers::{Env, Format, Serialized, Toml};
+use ckf_svc_kit::config::{ConfigError, Invalid, Layers, Overrides, Validate};
 use ckf_svc_kit::LogFormat;
 use serde::{Deserialize, Serialize};
-use thiserror::Error;
 
 /// Default ingest (gRPC) listen address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7500";
 /// Default Prometheus `/metrics` listen address.
 pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:9500";
-/// Prefix of every environment variable read (`CKF_POOL__DC` sets `pool.dc`).
-pub const ENV_PREFIX: &str = "CKF_";
+/// Prefix of every environment variable read (`CKF_PRODUCER_POOL__DC` sets `pool.dc`).
+pub const ENV_PREFIX: &str = "CKF_PRODUCER_";
 
-/// A configuration value that was refused at start.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
-pub enum ConfigError {
-    /// A key holds a value that breaks its rule.
-    #[error("invalid configuration: {key} = {value:?}: {rule}")]
-    Invalid {
-        /// Dotted key, e.g. `publication.max_delay_ms`.
-        key: &'static str,
-        /// The refused value as text.
-        value: String,
-        /// The rule it breaks.
-        rule: String,
-    },
-    /// The layered sources could not be read or did not match the schema (unknown key, wrong
-    /// type, unreadable TOML file).
-    #[error("invalid configuration: {0}")]
-    Load(String),
-}
-
-fn invalid(key: &'static str, value: impl ToString, rule: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid {
-        key,
-        value: value.to_string(),
-        rule: rule.into(),
-    }
+fn invalid(key: &'static str, value: impl std::fmt::Display, rule: impl Into<String>) -> Invalid {
+    Invalid::new(key, value, rule)
 }
 
 /// The pool this producer publishes: `(indexer domain, DC id)`.
@@ -251,13 +226,13 @@ impl ProducerConfig {
     /// Checks every rule and returns the derived pool id and table format.
     ///
     /// # Errors
-    /// [`ConfigError::Invalid`] naming the first key that breaks its rule.
-    pub fn validate(&self) -> Result<(PoolId, TableFormat), ConfigError> {
+    /// [`Invalid`] naming the first key that breaks its rule, its value and the rule.
+    pub fn pool_and_format(&self) -> Result<(PoolId, TableFormat), Invalid> {
         if self.pool.dc.is_empty() {
             return Err(invalid(
                 "pool.dc",
                 "",
-                "required: set --dc, CKF_POOL__DC or pool.dc in the TOML file",
+                "required: set --dc, CKF_PRODUCER_POOL__DC or pool.dc in the TOML file",
             ));
         }
         let domain = ckf_core::identity::IndexerDomainId::new(self.pool.domain.clone())
@@ -279,6 +254,13 @@ impl ProducerConfig {
                 |e| invalid("table.expected_blocks", self.table.expected_blocks, e.to_string()),
             )?
         };
+        if self.table.max_kicks > ckf_core::dc::MAX_KICKS_LIMIT {
+            return Err(invalid(
+                "table.max_kicks",
+                self.table.max_kicks,
+                format!("must be at most {}", ckf_core::dc::MAX_KICKS_LIMIT),
+            ));
+        }
         let p = &self.publication;
         if p.batch_threshold == 0 {
             return Err(invalid("publication.batch_threshold", 0, "must be at least 1 bucket"));
@@ -407,13 +389,14 @@ fn check_endpoint(endpoint: &str) -> Result<(), String> {
     about = "One DC pool's cuckoo-filter producer: ingests KV events over gRPC (ckf.v1.Ingest) \
              and publishes lease-tagged snapshots, deltas and drain markers to indexers \
              (ckf.v1.Relay).",
-    after_help = "Layers: defaults < TOML file (--config) < environment CKF_<SECTION>__<KEY> \
-                  (e.g. CKF_POOL__DC=dc-a, CKF_INDEXERS='[\"http://h:7600\"]') < flags. \
+    after_help = "Layers: defaults < TOML file (--config) < environment CKF_PRODUCER_<SECTION>__<KEY> \
+                  (e.g. CKF_PRODUCER_POOL__DC=dc-a, CKF_PRODUCER_INDEXERS='[\"http://h:7600\"]') \
+                  < flags. \
                   Log filter: RUST_LOG (default info)."
 )]
 pub struct Cli {
     /// TOML configuration file (see deploy/producer.example.toml).
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", env = "CKF_PRODUCER_CONFIG")]
     pub config: Option<PathBuf>,
     /// pool.domain: indexer domain name [default: default].
     #[arg(long, value_name = "NAME")]
@@ -480,73 +463,58 @@ pub struct Cli {
     pub log_format: Option<LogFormat>,
 }
 
+impl Validate for ProducerConfig {
+    fn validate(&self) -> Result<(), Invalid> {
+        self.pool_and_format().map(|_| ())
+    }
+}
+
 impl Cli {
-    /// The flags that were given, as a figment layer keyed by dotted config paths.
-    fn overrides(&self) -> Figment {
-        let mut f = Figment::new();
-        macro_rules! set {
-            ($key:literal, $v:expr) => {
-                if let Some(v) = &$v {
-                    f = f.merge(Serialized::default($key, v));
-                }
-            };
-        }
-        set!("pool.domain", self.domain);
-        set!("pool.dc", self.dc);
-        set!("table.expected_blocks", self.expected_blocks);
-        set!("table.bucket_count", self.bucket_count);
-        set!("table.seed", self.seed);
-        set!("table.max_kicks", self.max_kicks);
-        set!("publication.batch_threshold", self.batch_threshold);
-        set!("publication.max_delay_ms", self.max_delay_ms);
-        set!("publication.heartbeat_interval_ms", self.heartbeat_interval_ms);
-        set!("publication.attachment_queue", self.attachment_queue);
-        set!("reconnect.initial_backoff_ms", self.initial_backoff_ms);
-        set!("reconnect.max_backoff_ms", self.max_backoff_ms);
-        set!("reconnect.connect_timeout_ms", self.connect_timeout_ms);
-        set!("limits.ingest_channel_capacity", self.ingest_channel_capacity);
-        set!("limits.max_message_bytes", self.max_message_bytes);
-        set!("limits.max_events_per_batch", self.max_events_per_batch);
-        set!("shutdown.drain_timeout_ms", self.drain_timeout_ms);
-        set!("listen", self.listen);
-        set!("metrics_listen", self.metrics_listen);
-        set!("log_format", self.log_format);
-        if !self.indexers.is_empty() {
-            f = f.merge(Serialized::default("indexers", &self.indexers));
-        }
-        f
+    /// The flags that were given, keyed by dotted config paths.
+    pub fn overrides(&self) -> Overrides {
+        Overrides::new()
+            .set("pool.domain", self.domain.as_ref())
+            .set("pool.dc", self.dc.as_ref())
+            .set("table.expected_blocks", self.expected_blocks)
+            .set("table.bucket_count", self.bucket_count)
+            .set("table.seed", self.seed)
+            .set("table.max_kicks", self.max_kicks)
+            .set("publication.batch_threshold", self.batch_threshold)
+            .set("publication.max_delay_ms", self.max_delay_ms)
+            .set("publication.heartbeat_interval_ms", self.heartbeat_interval_ms)
+            .set("publication.attachment_queue", self.attachment_queue)
+            .set("reconnect.initial_backoff_ms", self.initial_backoff_ms)
+            .set("reconnect.max_backoff_ms", self.max_backoff_ms)
+            .set("reconnect.connect_timeout_ms", self.connect_timeout_ms)
+            .set("limits.ingest_channel_capacity", self.ingest_channel_capacity)
+            .set("limits.max_message_bytes", self.max_message_bytes)
+            .set("limits.max_events_per_batch", self.max_events_per_batch)
+            .set("shutdown.drain_timeout_ms", self.drain_timeout_ms)
+            .set("listen", self.listen.map(|a| a.to_string()))
+            .set("metrics_listen", self.metrics_listen.map(|a| a.to_string()))
+            .set("log_format", self.log_format)
+            .set(
+                "indexers",
+                (!self.indexers.is_empty()).then_some(&self.indexers),
+            )
     }
 
-    /// Loads the layered configuration: defaults < `--config` TOML < `CKF_...` environment
-    /// (nested keys joined by `__`) < flags, then validates it.
+    /// The configuration layers of this command line (environment prefix [`ENV_PREFIX`]).
+    pub fn layers(&self) -> Layers {
+        Layers {
+            env_prefix: ENV_PREFIX,
+            file: self.config.clone(),
+            overrides: self.overrides(),
+        }
+    }
+
+    /// Loads the layered configuration: defaults < `--config` TOML < `CKF_PRODUCER_...`
+    /// environment (nested keys joined by `__`) < flags, then validates it.
     ///
     /// # Errors
     /// [`ConfigError::Load`] when a layer cannot be read or does not fit the schema;
-    /// [`ConfigError::Invalid`] when a value breaks its rule.
+    /// [`ConfigError::Invalid`] naming the key, value, rule and source of a refused value.
     pub fn load(&self) -> Result<ProducerConfig, ConfigError> {
-        self.load_with_env(Env::prefixed(ENV_PREFIX).split("__"))
-    }
-
-    /// [`Cli::load`] with an explicit environment provider (tests use a fixed one).
-    ///
-    /// # Errors
-    /// As [`Cli::load`].
-    pub fn load_with_env(&self, env: Env) -> Result<ProducerConfig, ConfigError> {
-        let mut figment = Figment::from(Serialized::defaults(ProducerConfig::default()));
-        if let Some(path) = &self.config {
-            if !path.is_file() {
-                return Err(ConfigError::Load(format!(
-                    "--config {}: no such file",
-                    path.display()
-                )));
-            }
-            figment = figment.merge(Toml::file(path));
-        }
-        let figment = figment.merge(env).merge(self.overrides());
-        let config: ProducerConfig = figment
-            .extract()
-            .map_err(|e| ConfigError::Load(e.to_string()))?;
-        config.validate()?;
-        Ok(config)
+        self.layers().load()
     }
 }

@@ -48,7 +48,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tonic_health::ServingStatus;
 
-pub use config::{Cli, ConfigError, ProducerConfig};
+pub use ckf_svc_kit::config::ConfigError;
+pub use config::{Cli, ProducerConfig};
 pub use relay_client::DrainOutcome;
 
 use actor::{Actor, ActorReport, Cadence, Command};
@@ -157,7 +158,12 @@ pub async fn serve(
     config: ProducerConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<RunningProducer> {
-    let (pool, format) = config.validate()?;
+    let (pool, format) = config
+        .pool_and_format()
+        .map_err(|invalid| ConfigError::Invalid {
+            invalid,
+            source_name: None,
+        })?;
     let identity = ProducerIdentity {
         pool,
         incarnation: new_incarnation(),
@@ -166,9 +172,8 @@ pub async fn serve(
     let mut dc_config = DcCkfConfig::new(format);
     dc_config.max_kicks = config.table.max_kicks;
     let state = DcCkfState::new(dc_config).map_err(|e| ConfigError::Invalid {
-        key: "table.max_kicks",
-        value: config.table.max_kicks.to_string(),
-        rule: e.to_string(),
+        invalid: ckf_svc_kit::config::Invalid::new("table", format, e.to_string()),
+        source_name: None,
     })?;
 
     let stop = Shutdown::new();

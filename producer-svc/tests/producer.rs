@@ -1,0 +1,424 @@
+//! The producer service in-process against fake indexers (`common::fake_relay`): ingest over
+//! gRPC, publication over Relay, re-attachment, drain, per-source sequences, malformed input.
+
+mod common;
+
+use std::collections::HashSet;
+
+use ckf_core::addressing::TableFormat;
+use ckf_proto::v1;
+use common::fake_relay::{FakeRelay, GrantConfig};
+use common::*;
+use producer_svc::DrainOutcome;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Deterministic, well-spread block hashes: worker `w`'s `i`-th block.
+fn h(w: u64, i: u64) -> u64 {
+    ckf_core::addressing::fmix64((w << 32) | i)
+}
+
+fn chain(w: u64, range: std::ops::Range<u64>) -> Vec<u64> {
+    range.map(|i| h(w, i)).collect()
+}
+
+/// A churn workload: stores with shared prefixes, removals (some unknown), a clear and a worker
+/// removal. Returns the events in order.
+fn workload() -> Vec<Vec<v1::KvEvent>> {
+    vec![
+        vec![stored(1, 0, &chain(1, 0..120)), stored(2, 0, &chain(1, 0..40))],
+        vec![stored(2, 1, &chain(2, 0..90)), stored(3, 0, &chain(3, 0..60))],
+        vec![
+            removed(1, 0, &chain(1, 100..130)), // 10 unknown (120..130)
+            stored(3, 1, &chain(1, 20..60)),
+        ],
+        vec![cleared(2, 1), stored(4, 0, &chain(4, 0..50))],
+        vec![worker_removed(3), stored(1, 0, &chain(5, 0..30))],
+    ]
+}
+
+async fn metrics_text(p: &producer_svc::RunningProducer) -> String {
+    let mut s = tokio::net::TcpStream::connect(p.metrics_addr).await.unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    out
+}
+
+fn format_of(p: &producer_svc::RunningProducer) -> TableFormat {
+    p.identity.format
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshot_and_deltas_rebuild_the_filter() {
+    let fake = FakeRelay::start(GrantConfig::default(), 7).await;
+    let producer = start_producer(vec![fake.url()]).await;
+    fake.wait_for("first barrier snapshot installed", |s| {
+        s.attachments.first().is_some_and(|a| a.installed.is_some())
+    })
+    .await;
+
+    let mut client = ingest_client(&producer).await;
+    let mut model = Model::default();
+    for (i, events) in workload().into_iter().enumerate() {
+        for e in &events {
+            model.apply(e);
+        }
+        let result = client
+            .publish_batch(batch("src", i as u64, events.clone()))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(result.events.len(), events.len());
+        for r in &result.events {
+            assert_eq!(r.status(), v1::EventStatus::Applied, "{r:?}");
+        }
+    }
+    let tracked = model.tracked();
+    let table = producer.table().await.unwrap();
+    fake.wait_for("the fake's table equals the producer's", |s| s.attachments[0].table == table)
+        .await;
+
+    let (rebuilt, deltas, chunks, largest, errors) = fake.with(|s| {
+        let a = &s.attachments[0];
+        (a.table.clone(), a.deltas.clone(), a.snapshot_chunks, a.largest_frame, a.errors.clone())
+    });
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_all_present(format_of(&producer), &rebuilt, &tracked);
+    assert_eq!(resident(&rebuilt), tracked.len() as u64);
+    // 1024 buckets = 8 KiB of words against a 4 KiB grant: the snapshot was chunked, and every
+    // frame stayed at or under half the grant (checked frame by frame by the fake).
+    assert!(chunks >= 4, "{chunks} chunks");
+    assert!(largest <= 2048, "largest frame {largest}");
+    // Batches of more than 8 images were split into consecutive deltas.
+    let batches = producer.metrics.batches.get();
+    assert!(deltas.len() as u64 > batches, "{} deltas for {batches} batches", deltas.len());
+    assert!(deltas.iter().all(|d| d.buckets.len() <= 8));
+    for w in deltas.windows(2) {
+        assert_eq!(w[1].base_sequence, w[0].sequence);
+    }
+
+    let stats = client
+        .get_stats(v1::GetStatsRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(stats.unique_blocks, tracked.len() as u64);
+    assert_eq!(stats.resident_fingerprints, tracked.len() as u64);
+    assert_eq!(stats.pool.unwrap().dc, "dc-a");
+    assert_eq!(stats.incarnation, producer.identity.incarnation.0);
+    assert_eq!(stats.format.unwrap().bucket_count, 1024);
+
+    // Idle attachments heartbeat with the last sequence sent.
+    let last = deltas.last().unwrap().sequence;
+    fake.wait_for("two heartbeats after the last delta", |s| {
+        s.attachments[0].heartbeats.iter().filter(|&&q| q == last).count() >= 2
+    })
+    .await;
+
+    let text = metrics_text(&producer).await;
+    for needle in [
+        "ckf_producer_events_total{kind=\"stored\"} 7",
+        "ckf_producer_events_total{kind=\"worker_removed\"} 1",
+        "ckf_producer_unknown_removals_total 10",
+        "ckf_producer_deltas_sent_total{indexer=",
+        "ckf_producer_attachment_state{indexer=",
+        "ckf_producer_batch_images_bucket",
+    ] {
+        assert!(text.contains(needle), "metrics lack {needle}:\n{text}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn source_gaps_and_replays_are_reported() {
+    let fake = FakeRelay::start(GrantConfig::default(), 7).await;
+    let producer = start_producer(vec![fake.url()]).await;
+    let mut client = ingest_client(&producer).await;
+    let mut send = async |source: &str, seq: u64, hashes: &[u64]| {
+        client
+            .publish_batch(batch(source, seq, vec![stored(1, 0, hashes)]))
+            .await
+            .unwrap()
+            .into_inner()
+    };
+    let r = send("a", 10, &[h(9, 1)]).await;
+    assert_eq!((r.gap, r.duplicate, r.events.len()), (None, false, 1));
+    let r = send("a", 11, &[h(9, 2)]).await;
+    assert_eq!((r.gap, r.duplicate), (None, false));
+    let r = send("a", 14, &[h(9, 3)]).await;
+    assert_eq!(r.gap, Some(v1::SourceGap { expected: 12, received: 14 }));
+    assert_eq!(r.events[0].status(), v1::EventStatus::Applied);
+    // A replay is refused whole: its new block is not tracked.
+    let r = send("a", 14, &[h(9, 4)]).await;
+    assert!(r.duplicate);
+    assert!(r.events.is_empty());
+    assert_eq!((r.source_id.as_str(), r.sequence), ("a", 14));
+    // Sources are independent.
+    let r = send("b", 0, &[h(9, 5)]).await;
+    assert_eq!((r.gap, r.duplicate), (None, false));
+
+    let stats = producer.stats().await.unwrap();
+    assert_eq!(stats.unique_hashes, 4);
+    assert_eq!(producer.metrics.source_gaps.get(), 1);
+    assert_eq!(producer.metrics.duplicate_batches.get(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_events_are_rejected_precisely() {
+    let fake = FakeRelay::start(GrantConfig::default(), 7).await;
+    let producer = start_producer(vec![fake.url()]).await;
+    let mut client = ingest_client(&producer).await;
+
+    let (a, b, c) = (h(1, 1), h(1, 2), h(1, 3));
+    let events = vec![
+        stored(1, 0, &[a, b]),
+        v1::KvEvent {
+            member: None,
+            kind: Some(v1::kv_event::Kind::Stored(v1::Stored {
+                block_hashes: vec![c],
+                parent_hash: None,
+            })),
+        },
+        v1::KvEvent {
+            member: member(1, 0),
+            kind: None,
+        },
+        removed(1, 0, &[a]),
+    ];
+    let r = client
+        .publish_batch(batch("s", 1, events))
+        .await
+        .unwrap()
+        .into_inner();
+    let statuses: Vec<_> = r.events.iter().map(|e| e.status()).collect();
+    assert_eq!(
+        statuses,
+        [
+            v1::EventStatus::Applied,
+            v1::EventStatus::Rejected,
+            v1::EventStatus::Rejected,
+            v1::EventStatus::Applied
+        ]
+    );
+    assert_eq!(r.events[0].applied_blocks, 2);
+    assert_eq!(r.events[1].error, "event 1: KvEvent.member is required");
+    assert!(r.events[2].error.starts_with("event 2: KvEvent.kind is required"), "{}", r.events[2].error);
+    assert_eq!((r.events[1].applied_blocks, r.events[2].applied_blocks), (0, 0));
+    assert_eq!(r.events[3].applied_blocks, 1);
+    // Only b is left: the rejected store of c left no trace.
+    let stats = producer.stats().await.unwrap();
+    assert_eq!(stats.unique_hashes, 1);
+    assert_eq!(producer.metrics.events_rejected.get(), 2);
+
+    // A batch without a source is refused whole with a precise status.
+    let status = client
+        .publish_batch(batch("", 2, vec![stored(2, 0, &[c])]))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(status.message().contains("KvEventBatch.source_id is required"), "{}", status.message());
+    assert_eq!(producer.stats().await.unwrap().unique_hashes, 1);
+
+    // The bidi stream answers in order and ends with the status of a batch refused whole.
+    let requests = tokio_stream::iter(vec![
+        batch("t", 1, vec![stored(3, 0, &[h(3, 1)])]),
+        batch("t", 2, vec![stored(3, 0, &[h(3, 2)])]),
+        batch("", 3, vec![stored(3, 0, &[h(3, 3)])]),
+        batch("t", 4, vec![stored(3, 0, &[h(3, 4)])]),
+    ]);
+    let mut results = client.publish(requests).await.unwrap().into_inner();
+    assert_eq!(results.message().await.unwrap().unwrap().sequence, 1);
+    assert_eq!(results.message().await.unwrap().unwrap().sequence, 2);
+    let status = results.message().await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert_eq!(producer.stats().await.unwrap().unique_hashes, 3);
+
+    // Health and reflection are served next to Ingest.
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", producer.ingest_addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    let serving = health
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: "ckf.v1.Ingest".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(serving.status(), tonic_health::pb::health_check_response::ServingStatus::Serving);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retired_lane_is_reattached_with_a_new_snapshot() {
+    let fake = FakeRelay::start(GrantConfig::default(), 7).await;
+    let producer = start_producer(vec![fake.url()]).await;
+    let mut client = ingest_client(&producer).await;
+    let mut model = Model::default();
+    let events = vec![stored(1, 0, &chain(1, 0..100))];
+    events.iter().for_each(|e| model.apply(e));
+    client.publish_batch(batch("s", 0, events)).await.unwrap();
+    let table = producer.table().await.unwrap();
+    fake.wait_for("first attachment converged", |s| s.attachments[0].table == table)
+        .await;
+
+    fake.retire(0, v1::RetireReason::Gap, "injected by the test").await;
+    fake.wait_for("second attachment installed its snapshot", |s| {
+        s.attachments.len() == 2 && s.attachments[1].installed.is_some()
+    })
+    .await;
+    let (first, second) = fake.with(|s| {
+        (
+            s.attachments[0].lease.unwrap(),
+            s.attachments[1].lease.unwrap(),
+        )
+    });
+    assert!(second.epoch > first.epoch);
+    // The new barrier snapshot alone carries everything tracked so far.
+    let snapshot_only = fake.with(|s| {
+        let a = &s.attachments[1];
+        (a.deltas.is_empty()).then(|| a.table.clone())
+    });
+    if let Some(t) = snapshot_only {
+        assert_eq!(t, table);
+    }
+
+    let events = vec![stored(2, 0, &chain(2, 0..80)), removed(1, 0, &chain(1, 0..50))];
+    events.iter().for_each(|e| model.apply(e));
+    client.publish_batch(batch("s", 1, events)).await.unwrap();
+    let table = producer.table().await.unwrap();
+    fake.wait_for("second attachment converged", |s| s.attachments[1].table == table)
+        .await;
+    let (errors, rebuilt, snapshot_sequence, deltas) = fake.with(|s| {
+        let a = &s.attachments[1];
+        (
+            s.attachments.iter().flat_map(|a| a.errors.clone()).collect::<Vec<_>>(),
+            a.table.clone(),
+            a.snapshot_sequence.unwrap(),
+            a.deltas.clone(),
+        )
+    });
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_all_present(format_of(&producer), &rebuilt, &model.tracked());
+    assert_eq!(deltas.first().unwrap().base_sequence, snapshot_sequence);
+    let text = metrics_text(&producer).await;
+    assert!(
+        text.contains("reason=\"retired_gap\"} 1"),
+        "no retired_gap detachment in:\n{text}"
+    );
+    assert!(text.contains("ckf_producer_reconnects_total{indexer="), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_publishes_the_tail_and_sends_the_exact_drain_marker() {
+    let fake = FakeRelay::start(GrantConfig::default(), 7).await;
+    let mut config = fast_config(vec![fake.url()]);
+    // A long cadence: the last batch is still pending when shutdown starts.
+    config.publication.max_delay_ms = 60_000;
+    config.publication.batch_threshold = 100_000;
+    let producer = start_with(config).await;
+    fake.wait_for("snapshot installed", |s| {
+        s.attachments.first().is_some_and(|a| a.installed.is_some())
+    })
+    .await;
+    let mut client = ingest_client(&producer).await;
+    let mut model = Model::default();
+    let events = vec![stored(1, 0, &chain(1, 0..60)), stored(2, 3, &chain(2, 0..10))];
+    events.iter().for_each(|e| model.apply(e));
+    client.publish_batch(batch("s", 0, events)).await.unwrap();
+    let table = producer.table().await.unwrap();
+    assert_eq!(fake.with(|s| s.attachments[0].deltas.len()), 0, "the tail is still pending");
+
+    producer.shutdown();
+    let report = producer.wait().await.unwrap();
+    assert_eq!(report.exit_code(), 0);
+    assert!(report.all_drained(), "{:?}", report.drains);
+    let (errors, rebuilt, last_delta, marker, drained) = fake.with(|s| {
+        let a = &s.attachments[0];
+        (
+            a.errors.clone(),
+            a.table.clone(),
+            a.deltas.last().map(|d| d.sequence),
+            a.drain_marker,
+            a.drained,
+        )
+    });
+    assert!(errors.is_empty(), "{errors:?}");
+    assert!(drained);
+    let last_delta = last_delta.expect("the pending tail was published before the marker");
+    assert_eq!(marker, Some(last_delta));
+    assert_eq!(report.drains[0].1, DrainOutcome::Drained { sequence: last_delta });
+    assert_eq!(rebuilt, table);
+    assert_all_present(TableFormat::new(1024, 0x5eed).unwrap(), &rebuilt, &model.tracked());
+    // Ingest is closed after shutdown.
+    assert!(client.publish_batch(batch("s", 1, vec![])).await.is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_indexers_each_get_their_own_continuous_sequence() {
+    let a = FakeRelay::start(GrantConfig::default(), 1).await;
+    let b = FakeRelay::start(
+        GrantConfig {
+            max_message_bytes: 8192,
+            max_images_per_delta: 3,
+            heartbeat_deadline_ms: 3_000,
+        },
+        2,
+    )
+    .await;
+    let producer = start_producer(vec![a.url(), b.url()]).await;
+    let mut client = ingest_client(&producer).await;
+    let mut model = Model::default();
+    for (i, events) in workload().into_iter().take(3).enumerate() {
+        events.iter().for_each(|e| model.apply(e));
+        client.publish_batch(batch("s", i as u64, events)).await.unwrap();
+    }
+    let table = producer.table().await.unwrap();
+    for fake in [&a, &b] {
+        fake.wait_for("converged", |s| s.attachments[0].table == table).await;
+    }
+    // Retire only A: A re-attaches, B's stream continues untouched.
+    a.retire(0, v1::RetireReason::Superseded, "test").await;
+    a.wait_for("A re-attached", |s| s.attachments.len() == 2 && s.attachments[1].installed.is_some())
+        .await;
+    for (i, events) in workload().into_iter().enumerate().skip(3) {
+        events.iter().for_each(|e| model.apply(e));
+        client.publish_batch(batch("s", i as u64, events)).await.unwrap();
+    }
+    let table = producer.table().await.unwrap();
+    a.wait_for("A converged again", |s| s.attachments[1].table == table).await;
+    b.wait_for("B converged again", |s| s.attachments[0].table == table).await;
+    assert_eq!(b.with(|s| s.attachments.len()), 1, "B was never re-attached");
+
+    producer.shutdown();
+    let report = producer.wait().await.unwrap();
+    assert!(report.all_drained(), "{:?}", report.drains);
+    let tracked: HashSet<u64> = model.tracked();
+    for (fake, index) in [(&a, 1usize), (&b, 0usize)] {
+        let (errors, deltas, snapshot, marker, rebuilt) = fake.with(|s| {
+            let x = &s.attachments[index];
+            (
+                s.attachments.iter().flat_map(|a| a.errors.clone()).collect::<Vec<_>>(),
+                x.deltas.clone(),
+                x.snapshot_sequence.unwrap(),
+                x.drain_marker.unwrap(),
+                x.table.clone(),
+            )
+        });
+        assert!(errors.is_empty(), "{errors:?}");
+        let mut expected = snapshot;
+        for d in &deltas {
+            assert_eq!(d.base_sequence, expected);
+            expected = d.sequence;
+        }
+        assert_eq!(marker, expected);
+        assert_all_present(TableFormat::new(1024, 0x5eed).unwrap(), &rebuilt, &tracked);
+    }
+    // B's grant of 3 images per delta was honoured.
+    assert!(b.with(|s| s.attachments[0].deltas.iter().all(|d| d.buckets.len() <= 3)));
+    let b_deltas = b.with(|s| s.attachments[0].deltas.len());
+    let a_deltas = a.with(|s| s.attachments.iter().map(|x| x.deltas.len()).sum::<usize>());
+    assert!(b_deltas > a_deltas, "B's smaller grant needs more deltas ({b_deltas} vs {a_deltas})");
+}
