@@ -16,6 +16,7 @@ use std::num::NonZeroUsize;
 use lru::LruCache;
 
 use crate::oracle::Oracle;
+use crate::policy::best_dc;
 
 /// The fleet's shape (shared by `ckf replay` and `ckf demo`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -181,16 +182,21 @@ impl Fleet {
         self.caches[self.index(slot)].len()
     }
 
-    /// The DC-local placement rule, the same for every routing policy: the rank with the deepest
-    /// cached prefix, then the one that served fewest requests, then the lowest index. (Inside a
-    /// DC the local router knows its ranks exactly; the global index decides only the DC.)
+    /// The DC-local placement rule, the same for every routing policy: the `ckf` rule
+    /// ([`best_dc`]) over the DC's ranks with their exact cached depths and served-request
+    /// counts. (Inside a DC the local router knows its ranks exactly; the global index decides
+    /// only the DC.)
     pub fn pick_rank(&self, dc: usize, hashes: &[u64]) -> RankSlot {
-        self.slots(dc)
-            .min_by_key(|&slot| {
-                let depth = self.rank_depth(slot, hashes);
-                (std::cmp::Reverse(depth), self.rank_load[self.index(slot)])
-            })
-            .expect("a DC has at least one rank")
+        let slots: Vec<RankSlot> = self.slots(dc).collect();
+        let depths: Vec<Option<usize>> = slots
+            .iter()
+            .map(|&slot| Some(self.rank_depth(slot, hashes)))
+            .collect();
+        let loads: Vec<u64> = slots
+            .iter()
+            .map(|&slot| self.rank_load[self.index(slot)])
+            .collect();
+        slots[best_dc(&depths, &loads)]
     }
 
     /// Serves a request with block hashes `hashes` in DC `dc` on the rank [`Fleet::pick_rank`]

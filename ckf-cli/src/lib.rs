@@ -14,11 +14,26 @@
 //! | [`policy`] | `ckf`, `random`, `round-robin` DC choice |
 //! | [`sim`] | offline replays (oracle as index) for policy comparison |
 //! | [`stats`] | percentile summaries |
+//! | [`events`] | a serve's KV events as a `ckf.v1` batch; per-source sequences |
+//! | [`probe`] | visibility probes: event-to-visible lag and per-DC watermarks |
+//! | [`accuracy`] | judging answers against the oracle (over/under-estimates by cause) |
+//! | [`live`] | the live replay driver against producers and an indexer |
+//! | [`report`] | the report (text and JSON) |
+//! | [`demo`] | in-process indexer + producers on loopback for `ckf demo` |
+//! | [`cli`], [`commands`] | flags, and running each subcommand |
 
+pub mod accuracy;
+pub mod cli;
+pub mod commands;
+pub mod demo;
+pub mod events;
 pub mod fleet;
 pub mod hashing;
+pub mod live;
 pub mod oracle;
 pub mod policy;
+pub mod probe;
+pub mod report;
 pub mod sim;
 pub mod stats;
 pub mod synth;

@@ -1,2 +1,38 @@
-//! ckf (being written).
-fn main() {}
+//! `ckf`: replay prefix-cache workloads through ckf-relay and inspect a running indexer.
+//! See the crate README for every command and flag.
+
+use clap::Parser;
+use ckf_cli::cli::{Cli, Command};
+use ckf_cli::commands;
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return std::process::ExitCode::from(1);
+        }
+    };
+    let result = runtime.block_on(async move {
+        match cli.command {
+            Command::Demo(args) => ckf_cli::demo::run(args).await,
+            Command::Replay(args) => commands::replay(args).await,
+            Command::Simulate(args) => commands::simulate_cmd(args),
+            Command::Query(args) => commands::query(args).await,
+            Command::Lanes(args) => commands::lanes(args).await,
+            Command::Health(args) => {
+                let code = commands::health(args).await;
+                return Ok(code as u8);
+            }
+        }
+        .map(|()| 0u8)
+    });
+    match result {
+        Ok(code) => std::process::ExitCode::from(code),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::from(1)
+        }
+    }
+}

@@ -1,0 +1,322 @@
+//! Running each subcommand: argument -> workload/connection -> output. No rule lives here.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow};
+use ckf_proto::v1::query_client::QueryClient;
+use ckf_proto::v1::{FindMatchesRequest, LaneState, ListLanesRequest, RetireReason};
+use serde_json::json;
+use tonic::transport::{Channel, Endpoint};
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+
+use crate::cli::{
+    DEFAULT_SYNTHETIC_REQUESTS, FleetArgs, HealthArgs, LanesArgs, QueryArgs, ReplayArgs,
+    SimulateArgs, TimeoutArgs,
+};
+use crate::fleet::FleetShape;
+use crate::hashing::block_hashes;
+use crate::live::{self, DcTarget, LiveConfig, Workload};
+use crate::policy::Policy;
+use crate::sim::simulate;
+use crate::synth::synthetic_workload;
+use crate::trace::read_trace;
+
+/// Loads a trace (validated whole before anything is sent) or the synthetic workload, then
+/// applies the request limit.
+///
+/// # Errors
+/// The trace's [`TraceError`](crate::trace::TraceError).
+pub fn load_workload(trace: Option<&Path>, limit: Option<usize>, seed: u64) -> Result<Workload> {
+    match trace {
+        Some(path) => {
+            let mut requests = read_trace(path)?;
+            if let Some(limit) = limit {
+                requests.truncate(limit);
+            }
+            Ok(Workload {
+                source: path.display().to_string(),
+                requests,
+            })
+        }
+        None => Ok(Workload {
+            source: "synthetic".into(),
+            requests: synthetic_workload(limit.unwrap_or(DEFAULT_SYNTHETIC_REQUESTS), seed),
+        }),
+    }
+}
+
+/// The live-replay configuration from flags.
+pub fn live_config(fleet: &FleetArgs, timeouts: &TimeoutArgs, shape: FleetShape) -> LiveConfig {
+    LiveConfig {
+        shape,
+        policy: fleet.policy,
+        seed: fleet.seed,
+        progress: live::want_progress(fleet.json),
+        ready_timeout: Duration::from_secs(timeouts.ready_timeout_s),
+        probe_timeout: Duration::from_millis(timeouts.probe_timeout_ms),
+        settle_timeout: Duration::from_secs(timeouts.settle_timeout_s),
+    }
+}
+
+/// Connects to a gRPC endpoint.
+///
+/// # Errors
+/// An invalid URL or a failed connection, naming the URL.
+pub async fn connect(url: &str) -> Result<Channel> {
+    Endpoint::from_shared(url.to_string())
+        .with_context(|| format!("invalid endpoint URL `{url}`"))?
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .with_context(|| format!("cannot connect to {url}"))
+}
+
+/// `ckf replay`.
+///
+/// # Errors
+/// A bad trace, an unreachable service, or a replay failure.
+pub async fn replay(args: ReplayArgs) -> Result<()> {
+    let workload = load_workload(Some(&args.trace), args.fleet.limit, args.fleet.seed)?;
+    let indexer = connect(&args.indexer).await?;
+    let mut targets = Vec::new();
+    for (dc, url) in &args.producers {
+        targets.push(DcTarget {
+            dc: dc.clone(),
+            producer: connect(url).await?,
+        });
+    }
+    let shape = args.fleet.shape(targets.len());
+    let config = live_config(&args.fleet, &args.timeouts, shape);
+    let report = live::replay(&workload, indexer, targets, &config).await?;
+    print_report(&report, args.fleet.json);
+    Ok(())
+}
+
+/// Prints a report as text or JSON.
+pub fn print_report(report: &crate::report::Report, json: bool) {
+    if json {
+        println!("{}", report.to_json());
+    } else {
+        print!("{report}");
+    }
+}
+
+/// `ckf simulate`.
+///
+/// # Errors
+/// A bad trace or fleet shape.
+pub fn simulate_cmd(args: SimulateArgs) -> Result<()> {
+    let workload = load_workload(args.trace.as_deref(), args.fleet.limit, args.fleet.seed)?;
+    let shape = args.fleet.shape(args.dcs);
+    shape.validate().map_err(|e| anyhow!(e))?;
+    let hashes: Vec<Vec<u64>> = workload
+        .requests
+        .iter()
+        .map(|r| block_hashes(&r.hash_ids))
+        .collect();
+    let rates: Vec<_> = Policy::ALL
+        .iter()
+        .map(|&p| simulate(&hashes, shape, p, args.fleet.seed))
+        .collect();
+    if args.fleet.json {
+        let out = json!({ "workload": workload.source, "requests": hashes.len(), "fleet": shape, "routing": rates });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        println!(
+            "{} ({} requests); {} DCs x {} workers x {} ranks, {} blocks per rank",
+            workload.source,
+            hashes.len(),
+            shape.dcs,
+            shape.workers_per_dc,
+            shape.ranks_per_worker,
+            shape.capacity_blocks
+        );
+        for r in rates {
+            println!(
+                "  {:<12} hit rate {:>6.2}%  ({} / {} blocks)",
+                r.policy.name(),
+                r.hit_rate * 100.0,
+                r.blocks_reused,
+                r.blocks_requested
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `ckf query`.
+///
+/// # Errors
+/// An unreachable indexer or a failed call.
+pub async fn query(args: QueryArgs) -> Result<()> {
+    let hashes = if args.ids {
+        block_hashes(&args.hashes)
+    } else {
+        args.hashes.clone()
+    };
+    let mut client = QueryClient::new(connect(&args.indexer).await?);
+    let answer = client
+        .find_matches(FindMatchesRequest {
+            block_hashes: hashes.clone(),
+        })
+        .await
+        .context("FindMatches")?
+        .into_inner();
+    if args.json {
+        let lanes: Vec<_> = answer
+            .matches
+            .iter()
+            .map(|m| {
+                let pool = m.pool.clone().unwrap_or_default();
+                json!({ "lane": m.lane, "domain": pool.domain, "dc": pool.dc, "depth": m.depth })
+            })
+            .collect();
+        let out = json!({ "blocks": hashes.len(), "ready_mask": answer.ready_mask, "matches": lanes });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    println!(
+        "{} blocks; ready lanes {:#06x}",
+        hashes.len(),
+        answer.ready_mask
+    );
+    println!("{:>4}  {:<16} {:>6}", "lane", "dc", "depth");
+    for m in &answer.matches {
+        let dc = m.pool.as_ref().map_or("?", |p| p.dc.as_str());
+        println!("{:>4}  {:<16} {:>6}", m.lane, dc, m.depth);
+    }
+    Ok(())
+}
+
+fn state_name(state: i32) -> &'static str {
+    match LaneState::try_from(state) {
+        Ok(LaneState::Unassigned) => "unassigned",
+        Ok(LaneState::AwaitingSnapshot) => "awaiting-snapshot",
+        Ok(LaneState::Active) => "active",
+        Ok(LaneState::Retired) => "retired",
+        _ => "unknown",
+    }
+}
+
+fn reason_name(reason: i32) -> String {
+    match RetireReason::try_from(reason) {
+        Ok(RetireReason::Unspecified) => "-".into(),
+        Ok(r) => r
+            .as_str_name()
+            .trim_start_matches("RETIRE_REASON_")
+            .to_lowercase(),
+        Err(_) => format!("unknown({reason})"),
+    }
+}
+
+/// `ckf lanes`.
+///
+/// # Errors
+/// An unreachable indexer or a failed call.
+pub async fn lanes(args: LanesArgs) -> Result<()> {
+    let mut client = QueryClient::new(connect(&args.indexer).await?);
+    let answer = client
+        .list_lanes(ListLanesRequest {})
+        .await
+        .context("ListLanes")?
+        .into_inner();
+    if args.json {
+        let lanes: Vec<_> = answer
+            .lanes
+            .iter()
+            .map(|l| {
+                let pool = l.pool.clone().unwrap_or_default();
+                json!({
+                    "lane": l.lane, "dc": pool.dc, "state": state_name(l.state),
+                    "lease_epoch": l.lease_epoch, "incarnation": l.incarnation,
+                    "installed_sequence": l.installed_sequence,
+                    "last_update_age_ms": l.last_update_age_ms, "load_factor": l.load_factor,
+                    "retirements": l.retirements, "last_retire_reason": reason_name(l.last_retire_reason),
+                    "last_retire_detail": l.last_retire_detail, "drained": l.drained,
+                })
+            })
+            .collect();
+        let format = answer.format.unwrap_or_default();
+        let out = json!({
+            "domain": answer.domain, "consumer_instance": answer.consumer_instance,
+            "bucket_count": format.bucket_count, "seed": format.seed, "lanes": lanes,
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    let format = answer.format.unwrap_or_default();
+    println!(
+        "domain {}  consumer instance {:#x}  format v{} ({} buckets, seed {})",
+        answer.domain,
+        answer.consumer_instance,
+        format.version,
+        format.bucket_count,
+        format.seed
+    );
+    println!(
+        "{:>4}  {:<12} {:<17} {:>5} {:>10} {:>9} {:>7} {:>7}  {}",
+        "lane", "dc", "state", "epoch", "installed", "age ms", "load", "retired", "last reason"
+    );
+    for l in &answer.lanes {
+        let dc = l.pool.as_ref().map_or("?", |p| p.dc.as_str());
+        let age = l
+            .last_update_age_ms
+            .map_or_else(|| "-".to_string(), |a| a.to_string());
+        let mut reason = reason_name(l.last_retire_reason);
+        if !l.last_retire_detail.is_empty() {
+            reason = format!("{reason}: {}", l.last_retire_detail);
+        }
+        println!(
+            "{:>4}  {:<12} {:<17} {:>5} {:>10} {:>9} {:>6.1}% {:>7}  {}{}",
+            l.lane,
+            dc,
+            state_name(l.state),
+            l.lease_epoch,
+            l.installed_sequence,
+            age,
+            l.load_factor * 100.0,
+            l.retirements,
+            reason,
+            if l.drained { " (drained)" } else { "" }
+        );
+    }
+    Ok(())
+}
+
+/// `ckf health`: returns the process exit code (0 SERVING, 1 other status, 2 unreachable).
+pub async fn health(args: HealthArgs) -> i32 {
+    let check = async {
+        let mut client = HealthClient::new(connect(&args.endpoint).await?);
+        let answer = client
+            .check(HealthCheckRequest {
+                service: args.service.clone(),
+            })
+            .await
+            .context("Health/Check")?
+            .into_inner();
+        Ok::<_, anyhow::Error>(answer.status)
+    };
+    match tokio::time::timeout(Duration::from_millis(args.timeout_ms), check).await {
+        Ok(Ok(status)) => {
+            let name = ServingStatus::try_from(status)
+                .map_or_else(|_| format!("UNKNOWN({status})"), |s| s.as_str_name().to_string());
+            println!("{}: {name}", args.endpoint);
+            if status == ServingStatus::Serving as i32 {
+                0
+            } else {
+                1
+            }
+        }
+        Ok(Err(e)) => {
+            eprintln!("{}: unhealthy: {e:#}", args.endpoint);
+            2
+        }
+        Err(_) => {
+            eprintln!("{}: no answer within {} ms", args.endpoint, args.timeout_ms);
+            2
+        }
+    }
+}

@@ -1,0 +1,319 @@
+//! The replay report: what routing buys, how accurate and fast the index is, what it costs.
+//! Rendered as text (default) or JSON (`--json`, the same fields).
+
+use std::fmt::{self, Write as _};
+
+use serde::Serialize;
+
+use crate::accuracy::Accuracy;
+use crate::fleet::FleetShape;
+use crate::policy::Policy;
+use crate::sim::HitRate;
+use crate::stats::Summary;
+
+/// The whole report.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// What was replayed.
+    pub workload: WorkloadInfo,
+    /// The simulated fleet.
+    pub fleet: FleetShape,
+    /// The live run's routing policy.
+    pub policy: Policy,
+    /// Seed of the random policy (and of the synthetic workload).
+    pub seed: u64,
+    /// Ingest and query rates of the live run.
+    pub throughput: Throughput,
+    /// Client-side `FindMatches` round trip, microseconds.
+    pub query_latency_us: Summary,
+    /// Time from a store sent to its producer until a query sees it, milliseconds.
+    pub visibility_lag_ms: Summary,
+    /// Visibility probes that gave up (the block was usually evicted again first).
+    pub visibility_probe_timeouts: u64,
+    /// Answers during the replay against the oracle at that moment.
+    pub accuracy: Accuracy,
+    /// Every distinct request re-queried after the final drain (nothing in flight).
+    pub final_check: FinalCheck,
+    /// Prefix-cache hit rate per policy on the same workload and fleet.
+    pub routing: Vec<HitRate>,
+    /// Memory and wire cost.
+    pub cost: Cost,
+}
+
+/// The replayed workload.
+#[derive(Debug, Clone, Serialize)]
+pub struct WorkloadInfo {
+    /// `"synthetic"` or the trace path.
+    pub source: String,
+    /// Requests replayed.
+    pub requests: u64,
+    /// Blocks in all requests.
+    pub blocks: u64,
+    /// Distinct block hashes in all requests.
+    pub distinct_blocks: u64,
+}
+
+/// Rates of the live run (wall time of the request loop).
+#[derive(Debug, Clone, Serialize)]
+pub struct Throughput {
+    /// Wall time of the request loop, seconds.
+    pub seconds: f64,
+    /// `FindMatches` calls made for routing.
+    pub queries: u64,
+    /// KV events sent to producers.
+    pub events: u64,
+    /// Block hashes in those events.
+    pub blocks: u64,
+    /// `events / seconds`.
+    pub events_per_s: f64,
+    /// `blocks / seconds`.
+    pub blocks_per_s: f64,
+    /// `queries / seconds`.
+    pub queries_per_s: f64,
+}
+
+/// The post-drain check.
+#[derive(Debug, Clone, Serialize)]
+pub struct FinalCheck {
+    /// Every DC's last batch was seen visible before the check (the drain completed).
+    pub settled: bool,
+    /// Accuracy with nothing in flight.
+    pub accuracy: Accuracy,
+}
+
+/// Memory and wire cost.
+#[derive(Debug, Clone, Serialize)]
+pub struct Cost {
+    /// Per DC.
+    pub dcs: Vec<DcCost>,
+    /// Mean over DCs of producer exact-state bytes per tracked block.
+    pub producer_exact_state_bytes_per_block: f64,
+    /// Mean over DCs of consumer table bytes per tracked block per lane.
+    pub consumer_table_bytes_per_block_per_lane: f64,
+    /// Encoded `KvEventBatch` bytes sent to producers.
+    pub ingest_wire_bytes: u64,
+    /// `ingest_wire_bytes / events`.
+    pub wire_bytes_per_event: f64,
+}
+
+/// One DC's cost, from the producer's `GetStats` at the end of the run.
+#[derive(Debug, Clone, Serialize)]
+pub struct DcCost {
+    /// DC id.
+    pub dc: String,
+    /// Distinct blocks the producer tracks.
+    pub tracked_blocks: u64,
+    /// Distinct blocks the DC holds according to the oracle.
+    pub oracle_blocks: u64,
+    /// Blocks omitted for capacity since the producer started.
+    pub omissions: u64,
+    /// Filter slot load, 0..1.
+    pub load_factor: f64,
+    /// Buckets per table (8 bytes each, per lane on the indexer).
+    pub bucket_count: u64,
+    /// The producer's estimate of its exact state plus filter, bytes.
+    pub producer_bytes: u64,
+    /// `(producer_bytes - bucket_count * 8) / tracked_blocks`.
+    pub exact_state_bytes_per_block: f64,
+    /// `bucket_count * 8 / tracked_blocks`: the consumer's bytes for this lane per block.
+    pub consumer_table_bytes_per_block: f64,
+}
+
+impl DcCost {
+    /// Derives the per-block figures from the producer's statistics.
+    pub fn new(
+        dc: String,
+        tracked_blocks: u64,
+        oracle_blocks: u64,
+        omissions: u64,
+        load_factor: f64,
+        bucket_count: u64,
+        producer_bytes: u64,
+    ) -> Self {
+        let per_block = |bytes: u64| bytes as f64 / tracked_blocks.max(1) as f64;
+        let table = bucket_count * 8;
+        Self {
+            dc,
+            tracked_blocks,
+            oracle_blocks,
+            omissions,
+            load_factor,
+            bucket_count,
+            producer_bytes,
+            exact_state_bytes_per_block: per_block(producer_bytes.saturating_sub(table)),
+            consumer_table_bytes_per_block: per_block(table),
+        }
+    }
+}
+
+impl Cost {
+    /// Aggregates per-DC costs and wire totals.
+    pub fn new(dcs: Vec<DcCost>, ingest_wire_bytes: u64, events: u64) -> Self {
+        let mean = |f: fn(&DcCost) -> f64| {
+            if dcs.is_empty() {
+                0.0
+            } else {
+                dcs.iter().map(f).sum::<f64>() / dcs.len() as f64
+            }
+        };
+        Self {
+            producer_exact_state_bytes_per_block: mean(|d| d.exact_state_bytes_per_block),
+            consumer_table_bytes_per_block_per_lane: mean(|d| d.consumer_table_bytes_per_block),
+            wire_bytes_per_event: ingest_wire_bytes as f64 / events.max(1) as f64,
+            ingest_wire_bytes,
+            dcs,
+        }
+    }
+}
+
+impl Report {
+    /// Whether every derived count adds up (used by tests and printed nowhere).
+    pub fn consistent(&self) -> bool {
+        let dcs = self.fleet.dcs as u64;
+        let t = &self.throughput;
+        self.accuracy.consistent(dcs)
+            && self.final_check.accuracy.consistent(dcs)
+            && self.accuracy.queries == t.queries
+            && t.queries == self.workload.requests
+            && self.routing.iter().all(|r| {
+                r.blocks_requested == self.workload.blocks && r.blocks_reused <= r.blocks_requested
+            })
+            && self.query_latency_us.count as u64 == t.queries
+            && self.cost.dcs.len() == self.fleet.dcs
+    }
+
+    /// The report as pretty JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("report serializes")
+    }
+}
+
+fn pct(x: f64) -> String {
+    format!("{:.2}%", x * 100.0)
+}
+
+fn accuracy_lines(out: &mut String, a: &Accuracy) -> fmt::Result {
+    let u = a.under_estimates;
+    let o = a.over_estimates;
+    writeln!(
+        out,
+        "  best-DC agreement     {} ({} of {} queries)",
+        pct(a.best_dc_agreement),
+        a.best_dc_agreements,
+        a.queries
+    )?;
+    writeln!(
+        out,
+        "  lane answers          {} exact, {} over, {} under ({} lanes not ready)",
+        a.exact, o.total, u.total, a.lanes_not_ready
+    )?;
+    writeln!(
+        out,
+        "  under-estimates       {} omission, {} in flight, {} unexplained",
+        u.omission, u.in_flight, u.unexplained
+    )?;
+    writeln!(
+        out,
+        "  over-estimates        {} in-flight removal, {} false positive",
+        o.in_flight_removal, o.false_positive
+    )
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut out = String::new();
+        let w = &self.workload;
+        let s = &self.fleet;
+        let t = &self.throughput;
+        writeln!(
+            out,
+            "ckf replay report: {} ({} requests, {} blocks, {} distinct)",
+            w.source, w.requests, w.blocks, w.distinct_blocks
+        )?;
+        writeln!(
+            out,
+            "fleet: {} DCs x {} workers x {} ranks, {} blocks per rank (LRU); policy {}, seed {}",
+            s.dcs,
+            s.workers_per_dc,
+            s.ranks_per_worker,
+            s.capacity_blocks,
+            self.policy.name(),
+            self.seed
+        )?;
+        writeln!(out, "\nthroughput ({:.2} s)", t.seconds)?;
+        writeln!(
+            out,
+            "  ingest                {:.0} events/s, {:.0} blocks/s ({} events, {} blocks)",
+            t.events_per_s, t.blocks_per_s, t.events, t.blocks
+        )?;
+        writeln!(out, "  queries               {:.0} queries/s ({})", t.queries_per_s, t.queries)?;
+        let q = &self.query_latency_us;
+        writeln!(
+            out,
+            "  query latency         p50 {:.0} us, p99 {:.0} us, max {:.0} us",
+            q.p50, q.p99, q.max
+        )?;
+        let l = &self.visibility_lag_ms;
+        writeln!(
+            out,
+            "  event-to-visible lag  p50 {:.2} ms, p99 {:.2} ms ({} samples, {} probe timeouts)",
+            l.p50, l.p99, l.count, self.visibility_probe_timeouts
+        )?;
+        writeln!(out, "\naccuracy during replay (vs exact oracle)")?;
+        accuracy_lines(&mut out, &self.accuracy)?;
+        writeln!(
+            out,
+            "\naccuracy after final drain ({})",
+            if self.final_check.settled {
+                "settled"
+            } else {
+                "NOT settled"
+            }
+        )?;
+        accuracy_lines(&mut out, &self.final_check.accuracy)?;
+        writeln!(out, "\nrouting: prefix-cache hit rate (blocks reused / requested)")?;
+        for r in &self.routing {
+            writeln!(
+                out,
+                "  {:<12} {:>8}  ({} / {}, index: {})",
+                r.policy.name(),
+                pct(r.hit_rate),
+                r.blocks_reused,
+                r.blocks_requested,
+                r.index
+            )?;
+        }
+        let c = &self.cost;
+        writeln!(out, "\ncost")?;
+        writeln!(
+            out,
+            "  producer exact state  {:.1} bytes per tracked block (mean over DCs)",
+            c.producer_exact_state_bytes_per_block
+        )?;
+        writeln!(
+            out,
+            "  consumer table        {:.2} bytes per tracked block per lane ({:.1} bits)",
+            c.consumer_table_bytes_per_block_per_lane,
+            c.consumer_table_bytes_per_block_per_lane * 8.0
+        )?;
+        writeln!(
+            out,
+            "  ingest wire           {:.1} bytes per event ({} bytes)",
+            c.wire_bytes_per_event, c.ingest_wire_bytes
+        )?;
+        for d in &c.dcs {
+            writeln!(
+                out,
+                "  {:<8} {} tracked (oracle {}), {} omissions, load {:.1}%, {} buckets, {} producer bytes",
+                d.dc,
+                d.tracked_blocks,
+                d.oracle_blocks,
+                d.omissions,
+                d.load_factor * 100.0,
+                d.bucket_count,
+                d.producer_bytes
+            )?;
+        }
+        f.write_str(&out)
+    }
+}
