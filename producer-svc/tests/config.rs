@@ -1,0 +1,163 @@
+//! Configuration: layer order, refusal of invalid values (key, value, rule), the shipped
+//! example file, and `--help` documenting every key with its default.
+
+use std::io::Write;
+
+use ckf_svc_kit::config::{ConfigError, Layers};
+use clap::{CommandFactory, Parser};
+use producer_svc::{Cli, ProducerConfig};
+
+fn cli(args: &[&str]) -> Cli {
+    Cli::try_parse_from(std::iter::once("ckf-producer").chain(args.iter().copied())).unwrap()
+}
+
+/// `cli`'s layers with a test-private environment prefix (tests run in parallel and share the
+/// process environment).
+fn load(cli: &Cli, prefix: &'static str) -> Result<ProducerConfig, ConfigError> {
+    Layers {
+        env_prefix: prefix,
+        ..cli.layers()
+    }
+    .load()
+}
+
+fn toml_file(text: &str) -> tempfile::NamedTempFile {
+    let mut f = tempfile::NamedTempFile::new().unwrap();
+    f.write_all(text.as_bytes()).unwrap();
+    f
+}
+
+#[test]
+fn defaults_file_environment_flags_in_that_order() {
+    let file = toml_file(
+        r#"
+indexers = ["http://file:1"]
+[pool]
+domain = "from-file"
+dc = "dc-file"
+[publication]
+max_delay_ms = 7
+batch_threshold = 11
+heartbeat_interval_ms = 300
+"#,
+    );
+    // SAFETY (of intent): variables with a prefix only this test reads.
+    unsafe {
+        std::env::set_var("CKF_PT1_PUBLICATION__MAX_DELAY_MS", "9");
+        std::env::set_var("CKF_PT1_PUBLICATION__BATCH_THRESHOLD", "12");
+        std::env::set_var("CKF_PT1_INDEXERS", r#"["http://env:1", "http://env:2"]"#);
+    }
+    let path = file.path().to_str().unwrap();
+    let c = load(
+        &cli(&["--config", path, "--batch-threshold", "13", "--dc", "dc-flag"]),
+        "CKF_PT1_",
+    )
+    .unwrap();
+    assert_eq!(c.pool.domain, "from-file"); // file over default
+    assert_eq!(c.publication.heartbeat_interval_ms, 300); // file over default
+    assert_eq!(c.publication.max_delay_ms, 9); // env over file
+    assert_eq!(c.publication.batch_threshold, 13); // flag over env
+    assert_eq!(c.pool.dc, "dc-flag"); // flag over file
+    assert_eq!(c.indexers, ["http://env:1", "http://env:2"]); // env list over file
+    assert_eq!(c.limits, ProducerConfig::default().limits); // untouched defaults
+
+    let c = load(
+        &cli(&["--config", path, "--indexer", "http://a:1", "--indexer", "http://b:2"]),
+        "CKF_PT1_",
+    )
+    .unwrap();
+    assert_eq!(c.indexers, ["http://a:1", "http://b:2"]);
+}
+
+fn refusal(args: &[&str]) -> String {
+    let err = load(&cli(args), "CKF_PT2_").unwrap_err();
+    assert!(matches!(err, ConfigError::Invalid { .. }), "{err}");
+    err.to_string()
+}
+
+#[test]
+fn invalid_values_are_refused_naming_key_value_and_rule() {
+    let ok = ["--dc", "dc-a", "--indexer", "http://127.0.0.1:7600"];
+    let with = |extra: &[&'static str]| -> Vec<&str> { ok.iter().chain(extra).copied().collect() };
+
+    let text = refusal(&["--indexer", "http://127.0.0.1:7600"]);
+    assert!(text.contains("pool.dc") && text.contains("required"), "{text}");
+    let text = refusal(&["--dc", "dc-a"]);
+    assert!(text.contains("indexers") && text.contains("at least one"), "{text}");
+    let text = refusal(&with(&["--max-delay-ms", "0"]));
+    assert!(
+        text.contains("publication.max_delay_ms = 0") && text.contains("1..=60000"),
+        "{text}"
+    );
+    let text = refusal(&with(&["--bucket-count", "1000"]));
+    assert!(
+        text.contains("table.bucket_count = 1000") && text.contains("power of two"),
+        "{text}"
+    );
+    let text = refusal(&with(&["--initial-backoff-ms", "500", "--max-backoff-ms", "100"]));
+    assert!(
+        text.contains("reconnect.max_backoff_ms = 100") && text.contains("at least"),
+        "{text}"
+    );
+    let text = refusal(&with(&["--max-message-bytes", "100"]));
+    assert!(text.contains("limits.max_message_bytes = 100"), "{text}");
+    let text = refusal(&with(&["--max-kicks", "1000000"]));
+    assert!(text.contains("table.max_kicks = 1000000"), "{text}");
+    let text = refusal(&with(&["--domain", "a b"]));
+    assert!(text.contains("pool.domain") && text.contains("a b"), "{text}");
+    let text = refusal(&["--dc", "x", "--indexer", "ftp://h:1"]);
+    assert!(text.contains("indexers") && text.contains("http://"), "{text}");
+    let text = refusal(&["--dc", "x", "--indexer", "http://h:1", "--indexer", "http://h:1"]);
+    assert!(text.contains("listed twice"), "{text}");
+
+    // Unknown keys and wrong types are refused by the loader, naming the key.
+    let file = toml_file("[publication]\nmax_dealy_ms = 5\n");
+    let path = file.path().to_str().unwrap();
+    let args: Vec<&str> = ok.iter().copied().chain(["--config", path]).collect();
+    let err = load(&cli(&args), "CKF_PT2_").unwrap_err();
+    assert!(matches!(err, ConfigError::Load(_)) && err.to_string().contains("max_dealy_ms"), "{err}");
+}
+
+#[test]
+fn the_example_file_is_valid_and_spells_every_default() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/producer.example.toml");
+    let c = load(&cli(&["--config", path]), "CKF_PT3_").unwrap();
+    let mut expected = ProducerConfig::default();
+    expected.pool.dc = "dc-a".into();
+    expected.indexers = vec!["http://127.0.0.1:7600".into()];
+    assert_eq!(c, expected);
+}
+
+/// Every leaf key of the configuration, with its default rendered as text.
+fn leaves(prefix: &str, v: &serde_json::Value, out: &mut Vec<(String, String)>) {
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, v) in m {
+                let key = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+                leaves(&key, v, out);
+            }
+        }
+        serde_json::Value::String(s) => out.push((prefix.into(), s.clone())),
+        other => out.push((prefix.into(), other.to_string())),
+    }
+}
+
+#[test]
+fn help_documents_every_key_with_its_default() {
+    let help = Cli::command().render_long_help().to_string();
+    let mut keys = Vec::new();
+    leaves("", &serde_json::to_value(ProducerConfig::default()).unwrap(), &mut keys);
+    assert!(keys.len() >= 20, "{keys:?}");
+    for (key, default) in keys {
+        let line = help
+            .lines()
+            .find(|l| l.trim_start().starts_with(&format!("{key}:")))
+            .unwrap_or_else(|| panic!("--help does not document {key}:\n{help}"));
+        let documented = match key.as_str() {
+            "pool.dc" | "indexers" => line.contains("[required]"),
+            "table.max_kicks" => line.contains(&format!("{default}]")),
+            _ => line.contains(&format!("[default: {default}]")),
+        };
+        assert!(documented, "{key}: default {default} not in {line:?}");
+    }
+}
