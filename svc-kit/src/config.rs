@@ -24,7 +24,8 @@ use figment::{
 use serde::{Serialize, de::DeserializeOwned};
 
 /// A configuration value that breaks a rule.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{key} = {value}: {rule}")]
 pub struct Invalid {
     /// Dotted key, e.g. `"limits.max_message_bytes"`.
     pub key: String,
@@ -42,12 +43,6 @@ impl Invalid {
             value: value.to_string(),
             rule: rule.into(),
         }
-    }
-}
-
-impl fmt::Display for Invalid {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} = {}: {}", self.key, self.value, self.rule)
     }
 }
 

@@ -1,0 +1,515 @@
+//! Configuration of one indexer: the manifest (domain, lanes, table format), where it listens,
+//! its lag policy and its limits. Only configuration lives here: the command line, the layered
+//! sources (defaults < TOML file < `CKF_INDEXER_*` environment < flags, via
+//! `ckf_svc_kit::config`) and validation that names the key, the value and the rule it broke.
+//! Nothing here starts a task or opens a socket.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ckf_core::addressing::TableFormat;
+use ckf_core::global::Manifest;
+use ckf_core::identity::{DcId, IndexerDomainId, PoolId};
+use ckf_core::lane::LagPolicy;
+use ckf_svc_kit::LogFormat;
+use ckf_svc_kit::config::{ConfigError, Invalid, Layers, Overrides, Validate};
+use clap::Parser;
+use serde::{Deserialize, Serialize};
+
+/// Default gRPC (Relay, Query, health, reflection) listen address.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:7400";
+/// Default Prometheus `/metrics` listen address.
+pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:9400";
+/// Prefix of every environment variable read (`CKF_INDEXER_LAG__HEARTBEAT_DEADLINE_MS` sets
+/// `lag.heartbeat_deadline_ms`).
+pub const ENV_PREFIX: &str = "CKF_INDEXER_";
+/// Smallest accepted `limits.max_message_bytes`: a snapshot chunk must carry a few hundred
+/// buckets and a delta a few hundred images.
+pub const MIN_MESSAGE_BYTES: u64 = 4 << 10;
+/// Largest accepted `limits.max_message_bytes` (256 MiB).
+pub const MAX_MESSAGE_BYTES: u64 = 256 << 20;
+/// Bytes one delta image costs on the wire at most (a `uint32` bucket varint of up to 5 bytes
+/// plus a `fixed64` image), used to check that `max_images_per_delta` fits a message.
+pub const WIRE_BYTES_PER_IMAGE: u64 = 13;
+
+/// Which pools feed this indexer: one domain, lanes in order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ManifestConfig {
+    /// Indexer domain name (1..=64 bytes of `[A-Za-z0-9._-]`).
+    pub domain: String,
+    /// DC ids, lane `i` = `lanes[i]`; 1..=16 distinct DCs.
+    pub lanes: Vec<String>,
+}
+
+impl Default for ManifestConfig {
+    fn default() -> Self {
+        Self {
+            domain: "default".into(),
+            lanes: vec!["dc-a".into(), "dc-b".into(), "dc-c".into()],
+        }
+    }
+}
+
+/// The table format every producer must use (it must equal each producer's `[table]`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TableConfig {
+    /// Expected unique blocks per lane; sizes the table with
+    /// `ckf_core::addressing::buckets_for_blocks` (90% target load, power-of-two buckets).
+    /// Ignored when `bucket_count` is nonzero.
+    pub expected_blocks_per_lane: u64,
+    /// Explicit bucket count (a power of two in 2..=2^32); 0 = derive from
+    /// `expected_blocks_per_lane`.
+    pub bucket_count: u64,
+    /// Addressing seed (part of the table format).
+    pub seed: u64,
+}
+
+impl Default for TableConfig {
+    /// 1,000,000 blocks per lane, seed 0: the same format as a default `ckf-producer`.
+    fn default() -> Self {
+        Self {
+            expected_blocks_per_lane: 1_000_000,
+            bucket_count: 0,
+            seed: 0,
+        }
+    }
+}
+
+/// Deadlines after which a lane is retired (0 disables a deadline).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LagConfig {
+    /// A leased lane that receives no frame (delta, chunk or heartbeat) for this many
+    /// milliseconds is retired (`HEARTBEAT_TIMEOUT`). Told to producers in `LeaseGranted`.
+    pub heartbeat_deadline_ms: u64,
+    /// A delta whose oldest change is older than this many milliseconds when it would be applied
+    /// (producer-side age at send + time queued here) is not applied and its lane is retired
+    /// (`LAG_EXCEEDED`).
+    pub dirty_to_applied_deadline_ms: u64,
+}
+
+impl Default for LagConfig {
+    fn default() -> Self {
+        Self {
+            heartbeat_deadline_ms: 10_000,
+            dirty_to_applied_deadline_ms: 10_000,
+        }
+    }
+}
+
+/// Resource limits.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Largest gRPC message accepted, in bytes (tonic's decoding limit; told to producers in
+    /// `LeaseGranted`).
+    pub max_message_bytes: u64,
+    /// Most bucket images one delta may carry (told to producers in `LeaseGranted`).
+    pub max_images_per_delta: u32,
+    /// Relay streams open at once; further attachments get `RESOURCE_EXHAUSTED`.
+    pub max_relay_streams: u32,
+    /// Most block hashes one `FindMatches` may carry.
+    pub max_query_blocks: u32,
+    /// Frames each lane's ingestion queue holds; a full queue retires the lane (`SATURATED`).
+    pub lane_queue_capacity: u32,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self {
+            max_message_bytes: 4 << 20,
+            max_images_per_delta: 65_536,
+            max_relay_streams: 64,
+            max_query_blocks: 8_192,
+            lane_queue_capacity: 1_024,
+        }
+    }
+}
+
+/// The whole indexer configuration (TOML layout: `deploy/indexer.example.toml`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct IndexerConfig {
+    /// Domain and lanes.
+    pub manifest: ManifestConfig,
+    /// Table format.
+    pub table: TableConfig,
+    /// Lag policy.
+    pub lag: LagConfig,
+    /// Resource limits.
+    pub limits: LimitsConfig,
+    /// gRPC listen address (port 0 = ephemeral).
+    pub listen: SocketAddr,
+    /// Prometheus `/metrics` listen address (port 0 = ephemeral).
+    pub metrics_listen: SocketAddr,
+    /// Log line format (`human` or `json`).
+    pub log_format: LogFormat,
+}
+
+impl Default for IndexerConfig {
+    fn default() -> Self {
+        Self {
+            manifest: ManifestConfig::default(),
+            table: TableConfig::default(),
+            lag: LagConfig::default(),
+            limits: LimitsConfig::default(),
+            listen: DEFAULT_LISTEN.parse().expect("valid default"),
+            metrics_listen: DEFAULT_METRICS_LISTEN.parse().expect("valid default"),
+            log_format: LogFormat::Human,
+        }
+    }
+}
+
+impl IndexerConfig {
+    /// A configuration for tests and the in-process demo: defaults with `domain` and `lanes`,
+    /// listening on ephemeral loopback ports.
+    pub fn for_lanes(domain: &str, lanes: &[&str]) -> Self {
+        Self {
+            manifest: ManifestConfig {
+                domain: domain.into(),
+                lanes: lanes.iter().map(|&l| l.to_owned()).collect(),
+            },
+            listen: "127.0.0.1:0".parse().expect("valid"),
+            metrics_listen: "127.0.0.1:0".parse().expect("valid"),
+            ..Self::default()
+        }
+    }
+
+    /// The table format (explicit bucket count, or sized from the expected blocks).
+    ///
+    /// # Errors
+    /// [`Invalid`] naming `table.bucket_count` or `table.expected_blocks_per_lane`.
+    pub fn format(&self) -> Result<TableFormat, Invalid> {
+        let t = &self.table;
+        if t.bucket_count != 0 {
+            return TableFormat::new(t.bucket_count, t.seed)
+                .map_err(|e| Invalid::new("table.bucket_count", t.bucket_count, e.to_string()));
+        }
+        if t.expected_blocks_per_lane == 0 {
+            return Err(Invalid::new(
+                "table.expected_blocks_per_lane",
+                0,
+                "must be at least 1 (or set table.bucket_count)",
+            ));
+        }
+        TableFormat::for_expected_blocks(t.expected_blocks_per_lane, t.seed).map_err(|e| {
+            Invalid::new(
+                "table.expected_blocks_per_lane",
+                t.expected_blocks_per_lane,
+                e.to_string(),
+            )
+        })
+    }
+
+    /// The validated consumer manifest (names, lane count, distinct DCs, format).
+    ///
+    /// # Errors
+    /// [`Invalid`] naming the first offending key.
+    pub fn manifest(&self) -> Result<Manifest, Invalid> {
+        let m = &self.manifest;
+        let domain = IndexerDomainId::new(m.domain.clone())
+            .map_err(|e| Invalid::new("manifest.domain", &m.domain, e.to_string()))?;
+        let lanes = m
+            .lanes
+            .iter()
+            .enumerate()
+            .map(|(i, dc)| {
+                DcId::new(dc.clone())
+                    .map(|dc| PoolId {
+                        domain: domain.clone(),
+                        dc,
+                    })
+                    .map_err(|e| Invalid::new(format!("manifest.lanes[{i}]"), dc, e.to_string()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let manifest = Manifest {
+            domain,
+            format: self.format()?,
+            lanes,
+        };
+        manifest
+            .validate()
+            .map_err(|e| Invalid::new("manifest.lanes", format!("{:?}", m.lanes), e.to_string()))?;
+        Ok(manifest)
+    }
+
+    /// The consumer's lag policy (0 ms = that deadline disabled).
+    pub fn lag_policy(&self) -> LagPolicy {
+        let ms = |v: u64| (v != 0).then(|| Duration::from_millis(v));
+        LagPolicy {
+            heartbeat_deadline: ms(self.lag.heartbeat_deadline_ms),
+            apply_deadline: ms(self.lag.dirty_to_applied_deadline_ms),
+        }
+    }
+}
+
+impl Validate for IndexerConfig {
+    fn validate(&self) -> Result<(), Invalid> {
+        self.manifest()?;
+        let l = &self.limits;
+        if !(MIN_MESSAGE_BYTES..=MAX_MESSAGE_BYTES).contains(&l.max_message_bytes) {
+            return Err(Invalid::new(
+                "limits.max_message_bytes",
+                l.max_message_bytes,
+                format!("must be in {MIN_MESSAGE_BYTES}..={MAX_MESSAGE_BYTES} bytes"),
+            ));
+        }
+        if l.max_images_per_delta == 0 {
+            return Err(Invalid::new(
+                "limits.max_images_per_delta",
+                0,
+                "must be at least 1",
+            ));
+        }
+        let fits = l.max_message_bytes / WIRE_BYTES_PER_IMAGE;
+        if u64::from(l.max_images_per_delta) > fits {
+            return Err(Invalid::new(
+                "limits.max_images_per_delta",
+                l.max_images_per_delta,
+                format!(
+                    "a delta that large cannot fit limits.max_message_bytes = {} \
+                     (at most {fits} images of {WIRE_BYTES_PER_IMAGE} bytes)",
+                    l.max_message_bytes
+                ),
+            ));
+        }
+        for (key, value) in [
+            ("limits.max_relay_streams", l.max_relay_streams),
+            ("limits.max_query_blocks", l.max_query_blocks),
+            ("limits.lane_queue_capacity", l.lane_queue_capacity),
+        ] {
+            if value == 0 {
+                return Err(Invalid::new(key, 0, "must be at least 1"));
+            }
+        }
+        if u64::from(l.max_query_blocks) * 10 > l.max_message_bytes {
+            return Err(Invalid::new(
+                "limits.max_query_blocks",
+                l.max_query_blocks,
+                format!(
+                    "a query that long (up to 10 bytes per hash) cannot fit \
+                     limits.max_message_bytes = {}",
+                    l.max_message_bytes
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `ckf-indexer` command line. Every flag overrides the TOML file and the environment.
+#[derive(Debug, Clone, Default, Parser)]
+#[command(
+    name = "ckf-indexer",
+    version,
+    about = "Global CKF indexer: receives DC producers' cuckoo filters over gRPC (ckf.v1.Relay) \
+             and answers prefix-match queries for every ready lane (ckf.v1.Query).",
+    after_help = "Layers: defaults < --config TOML file < CKF_INDEXER_* environment \
+                  (nested keys joined with __, e.g. CKF_INDEXER_LAG__HEARTBEAT_DEADLINE_MS=5000) \
+                  < flags. Logs are filtered by RUST_LOG (default: info). \
+                  Example file: deploy/indexer.example.toml."
+)]
+pub struct Cli {
+    /// TOML configuration file (layout: deploy/indexer.example.toml).
+    #[arg(long, value_name = "FILE", env = "CKF_INDEXER_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// gRPC listen address [default: 127.0.0.1:7400; key: listen].
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<SocketAddr>,
+    /// Prometheus /metrics listen address [default: 127.0.0.1:9400; key: metrics_listen].
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<SocketAddr>,
+    /// Log line format [default: human; key: log_format].
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    pub log_format: Option<LogFormat>,
+    /// Indexer domain [default: default; key: manifest.domain].
+    #[arg(long, value_name = "NAME")]
+    pub domain: Option<String>,
+    /// DC ids of the lanes in lane order, comma-separated, 1..=16
+    /// [default: dc-a,dc-b,dc-c; key: manifest.lanes].
+    #[arg(long, value_name = "DC,...", value_delimiter = ',')]
+    pub lanes: Option<Vec<String>>,
+    /// Expected unique blocks per lane; sizes the table at 90% target load
+    /// [default: 1000000; key: table.expected_blocks_per_lane].
+    #[arg(long, value_name = "BLOCKS")]
+    pub expected_blocks_per_lane: Option<u64>,
+    /// Explicit bucket count, a power of two; 0 = derive from the expected blocks
+    /// [default: 0; key: table.bucket_count].
+    #[arg(long, value_name = "BUCKETS")]
+    pub bucket_count: Option<u64>,
+    /// Addressing seed, part of the table format [default: 0; key: table.seed].
+    #[arg(long, value_name = "SEED")]
+    pub seed: Option<u64>,
+    /// Retire a leased lane after this many milliseconds without a frame; 0 = never
+    /// [default: 10000; key: lag.heartbeat_deadline_ms].
+    #[arg(long, value_name = "MS")]
+    pub heartbeat_deadline_ms: Option<u64>,
+    /// Retire a lane whose delta is older than this many milliseconds when applied; 0 = never
+    /// [default: 10000; key: lag.dirty_to_applied_deadline_ms].
+    #[arg(long, value_name = "MS")]
+    pub dirty_to_applied_deadline_ms: Option<u64>,
+    /// Largest gRPC message accepted, in bytes, 4096..=268435456
+    /// [default: 4194304; key: limits.max_message_bytes].
+    #[arg(long, value_name = "BYTES")]
+    pub max_message_bytes: Option<u64>,
+    /// Most bucket images per delta [default: 65536; key: limits.max_images_per_delta].
+    #[arg(long, value_name = "IMAGES")]
+    pub max_images_per_delta: Option<u32>,
+    /// Relay streams open at once [default: 64; key: limits.max_relay_streams].
+    #[arg(long, value_name = "STREAMS")]
+    pub max_relay_streams: Option<u32>,
+    /// Most block hashes per FindMatches query [default: 8192; key: limits.max_query_blocks].
+    #[arg(long, value_name = "BLOCKS")]
+    pub max_query_blocks: Option<u32>,
+    /// Frames queued per lane before the lane is retired as saturated
+    /// [default: 1024; key: limits.lane_queue_capacity].
+    #[arg(long, value_name = "FRAMES")]
+    pub lane_queue_capacity: Option<u32>,
+}
+
+impl Cli {
+    /// The configuration layers these flags describe.
+    pub fn layers(&self) -> Layers {
+        let overrides = Overrides::new()
+            .set("listen", self.listen)
+            .set("metrics_listen", self.metrics_listen)
+            .set("log_format", self.log_format)
+            .set("manifest.domain", self.domain.clone())
+            .set("manifest.lanes", self.lanes.clone())
+            .set(
+                "table.expected_blocks_per_lane",
+                self.expected_blocks_per_lane,
+            )
+            .set("table.bucket_count", self.bucket_count)
+            .set("table.seed", self.seed)
+            .set("lag.heartbeat_deadline_ms", self.heartbeat_deadline_ms)
+            .set(
+                "lag.dirty_to_applied_deadline_ms",
+                self.dirty_to_applied_deadline_ms,
+            )
+            .set("limits.max_message_bytes", self.max_message_bytes)
+            .set("limits.max_images_per_delta", self.max_images_per_delta)
+            .set("limits.max_relay_streams", self.max_relay_streams)
+            .set("limits.max_query_blocks", self.max_query_blocks)
+            .set("limits.lane_queue_capacity", self.lane_queue_capacity);
+        Layers {
+            env_prefix: ENV_PREFIX,
+            file: self.config.clone(),
+            overrides,
+        }
+    }
+
+    /// Loads and validates the configuration.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the key, the value, the rule and where the value came from.
+    pub fn load(&self) -> Result<IndexerConfig, ConfigError> {
+        self.layers().load()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cli(args: &[&str]) -> Cli {
+        Cli::parse_from(std::iter::once("ckf-indexer").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn defaults_are_valid_and_match_a_default_producer_format() {
+        let config = IndexerConfig::default();
+        config.validate().unwrap();
+        let format = config.format().unwrap();
+        assert_eq!(
+            format,
+            TableFormat::for_expected_blocks(1_000_000, 0).unwrap()
+        );
+        assert_eq!(config.manifest().unwrap().lanes.len(), 3);
+    }
+
+    #[test]
+    fn flags_override_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("indexer.toml");
+        std::fs::write(
+            &file,
+            "listen = \"127.0.0.1:1\"\n[manifest]\ndomain = \"prod\"\nlanes = [\"x\"]\n\
+             [table]\nbucket_count = 1024\n",
+        )
+        .unwrap();
+        let file_arg = file.to_str().unwrap();
+        let config = cli(&["--config", file_arg, "--lanes", "a,b", "--seed", "9"])
+            .load()
+            .unwrap();
+        assert_eq!(config.listen, "127.0.0.1:1".parse().unwrap());
+        assert_eq!(config.manifest.domain, "prod");
+        assert_eq!(config.manifest.lanes, vec!["a", "b"]);
+        assert_eq!(config.format().unwrap(), TableFormat::new(1024, 9).unwrap());
+    }
+
+    #[test]
+    fn invalid_values_name_key_value_and_rule() {
+        let text = cli(&["--bucket-count", "1000"])
+            .load()
+            .unwrap_err()
+            .to_string();
+        assert!(text.contains("table.bucket_count = 1000"), "{text}");
+        assert!(text.contains("power of two"), "{text}");
+
+        let text = cli(&["--lanes", "a,a"]).load().unwrap_err().to_string();
+        assert!(text.contains("manifest.lanes"), "{text}");
+        assert!(text.contains("already lane 0"), "{text}");
+
+        let text = cli(&["--lanes", "a,b c"]).load().unwrap_err().to_string();
+        assert!(text.contains("manifest.lanes[1] = b c"), "{text}");
+
+        let text = cli(&["--max-message-bytes", "100"])
+            .load()
+            .unwrap_err()
+            .to_string();
+        assert!(text.contains("limits.max_message_bytes = 100"), "{text}");
+        assert!(text.contains("4096"), "{text}");
+
+        let text = cli(&["--max-images-per-delta", "4000000"])
+            .load()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            text.contains("limits.max_images_per_delta = 4000000"),
+            "{text}"
+        );
+
+        let lanes: Vec<String> = (0..17).map(|i| format!("dc{i}")).collect();
+        let text = cli(&["--lanes", &lanes.join(",")])
+            .load()
+            .unwrap_err()
+            .to_string();
+        assert!(text.contains("17 lanes"), "{text}");
+    }
+
+    #[test]
+    fn zero_deadline_disables_it() {
+        let config = cli(&["--heartbeat-deadline-ms", "0"]).load().unwrap();
+        let policy = config.lag_policy();
+        assert_eq!(policy.heartbeat_deadline, None);
+        assert_eq!(policy.apply_deadline, Some(Duration::from_secs(10)));
+    }
+
+    #[test]
+    fn example_file_in_deploy_is_valid() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../deploy/indexer.example.toml"
+        );
+        let config = cli(&["--config", path]).load().unwrap();
+        assert_eq!(
+            config,
+            IndexerConfig::default(),
+            "the example documents the defaults"
+        );
+    }
+}

@@ -1,0 +1,40 @@
+//! # indexer-svc (`ckf-indexer`)
+//!
+//! The global transposed CKF consumer (`ckf_core::global::GlobalCkfIndexer`) as a gRPC service:
+//! DC producers attach over `ckf.v1.Relay` and stream barrier snapshots, deltas, heartbeats and
+//! drain markers into their lanes; routers ask `ckf.v1.Query/FindMatches` for the prefix depth of
+//! a block-hash sequence in every ready lane. Every rule (leases, lane states, acceptance,
+//! deadlines, search) is ckf-core's; this crate adds transport, configuration, metrics and
+//! lifecycle.
+//!
+//! | module | owns |
+//! | --- | --- |
+//! | [`config`] | `IndexerConfig` (manifest, table format, lag policy, limits, addresses) and the `ckf-indexer` flags |
+//! | [`relay`] | `Relay/Publish`: attach -> lease -> frames into the lane's ingestor -> Ack / Retired |
+//! | [`query`] | `Query/FindMatches` and `Query/ListLanes` |
+//! | [`status`] | the one mapping of failures to gRPC statuses and `Retired` replies |
+//! | [`metrics`] | Prometheus metrics (`ckf_indexer_*`) |
+//! | [`lane_watch`] | lane events -> retirement counters and lane gauges |
+//! | [`shared`] | state shared by the handlers |
+//! | [`server`] | [`serve`]: binds, wires health/reflection/metrics, runs until shutdown |
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), indexer_svc::ServeError> {
+//! let config = indexer_svc::IndexerConfig::for_lanes("prod", &["dc-a", "dc-b"]);
+//! let running = indexer_svc::serve(config, std::future::pending()).await?;
+//! println!("gRPC on {}, metrics on {}", running.grpc_addr, running.metrics_addr);
+//! running.stop().await?;
+//! # Ok(()) }
+//! ```
+
+pub mod config;
+pub mod lane_watch;
+pub mod metrics;
+pub mod query;
+pub mod relay;
+pub mod server;
+pub mod shared;
+pub mod status;
+
+pub use config::{Cli, IndexerConfig};
+pub use server::{RunningIndexer, ServeError, serve};

@@ -1,0 +1,282 @@
+//! The indexer's Prometheus metrics (prefix `ckf_indexer_`), registered in one
+//! [`prometheus::Registry`] served by `ckf_svc_kit::metrics` on the metrics address.
+//!
+//! Counters end in `_total`, durations are `_seconds` histograms, sizes `_bytes`. Lane gauges
+//! carry `lane` (index) and `dc` labels; see the crate README for the full reference.
+
+use ckf_core::global::GlobalCkfIndexer;
+use ckf_core::lane::{LaneState, LaneStatus, RetireReason};
+use ckf_svc_kit::metrics::{lag_buckets_seconds, latency_buckets_seconds};
+use prometheus::{
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry,
+};
+
+/// Every lane state, for the one-hot `ckf_indexer_lane_state` gauge.
+const STATES: [LaneState; 4] = [
+    LaneState::Unassigned,
+    LaneState::AwaitingSnapshot,
+    LaneState::Active,
+    LaneState::Retired,
+];
+
+/// Handles to every indexer metric.
+#[derive(Debug, Clone)]
+pub struct IndexerMetrics {
+    registry: Registry,
+    /// Relay frames received, by kind (`attach`, `snapshot_chunk`, `delta`, `heartbeat`,
+    /// `drain_marker`).
+    pub frames_received: IntCounterVec,
+    /// Encoded bytes of relay frames received.
+    pub bytes_received: IntCounter,
+    /// Snapshots completed (lane activated), by lane.
+    pub snapshots_installed: IntCounterVec,
+    /// Deltas applied, by lane.
+    pub deltas_applied: IntCounterVec,
+    /// Bucket images applied from deltas, by lane.
+    pub images_applied: IntCounterVec,
+    /// Exact drain markers accepted, by lane.
+    pub drains: IntCounterVec,
+    /// Lane retirements, by lane and reason label.
+    pub retirements: IntCounterVec,
+    /// Attachments refused, by gRPC code name.
+    pub attach_refused: IntCounterVec,
+    /// Leases granted, by lane.
+    pub leases_granted: IntCounterVec,
+    /// Relay streams open now.
+    pub relay_streams: IntGauge,
+    /// One-hot lane state (`lane`, `dc`, `state`).
+    pub lane_state: IntGaugeVec,
+    /// 1 when the lane answers queries.
+    pub lane_ready: IntGaugeVec,
+    /// Installed sequence per lane.
+    pub lane_installed_sequence: IntGaugeVec,
+    /// `FindMatches` queries answered.
+    pub queries: IntCounter,
+    /// Queries refused (too long).
+    pub queries_refused: IntCounter,
+    /// Block hashes queried.
+    pub query_blocks: IntCounter,
+    /// Time of the prefix search itself (seconds).
+    pub query_duration: Histogram,
+    /// Dirty-to-applied lag of applied deltas: the producer's `oldest_change_age_ms` plus the
+    /// time from receipt to applied here (seconds).
+    pub event_to_applied_lag: HistogramVec,
+}
+
+fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let metric = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
+    registry
+        .register(Box::new(metric.clone()))
+        .expect("unique metric");
+    metric
+}
+
+fn gauge_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    let metric = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
+    registry
+        .register(Box::new(metric.clone()))
+        .expect("unique metric");
+    metric
+}
+
+fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
+    let metric = IntCounter::new(name, help).expect("valid metric");
+    registry
+        .register(Box::new(metric.clone()))
+        .expect("unique metric");
+    metric
+}
+
+impl IndexerMetrics {
+    /// Registers every metric in a fresh registry.
+    pub fn new() -> Self {
+        let r = Registry::new();
+        let query_duration = Histogram::with_opts(
+            HistogramOpts::new(
+                "ckf_indexer_query_duration_seconds",
+                "Duration of the multi-lane prefix search of one FindMatches, in seconds.",
+            )
+            .buckets(latency_buckets_seconds()),
+        )
+        .expect("valid metric");
+        r.register(Box::new(query_duration.clone()))
+            .expect("unique metric");
+        let event_to_applied_lag = HistogramVec::new(
+            HistogramOpts::new(
+                "ckf_indexer_event_to_applied_lag_seconds",
+                "Age of a delta's oldest change when applied (producer age at send + time at \
+                 the indexer), in seconds.",
+            )
+            .buckets(lag_buckets_seconds()),
+            &["lane", "dc"],
+        )
+        .expect("valid metric");
+        r.register(Box::new(event_to_applied_lag.clone()))
+            .expect("unique metric");
+        let relay_streams = IntGauge::new(
+            "ckf_indexer_relay_streams",
+            "Relay (producer) streams open now.",
+        )
+        .expect("valid metric");
+        r.register(Box::new(relay_streams.clone()))
+            .expect("unique metric");
+        Self {
+            frames_received: counter_vec(
+                &r,
+                "ckf_indexer_relay_frames_received_total",
+                "Relay frames received, by kind.",
+                &["kind"],
+            ),
+            bytes_received: counter(
+                &r,
+                "ckf_indexer_relay_received_bytes_total",
+                "Encoded bytes of relay frames received.",
+            ),
+            snapshots_installed: counter_vec(
+                &r,
+                "ckf_indexer_snapshots_installed_total",
+                "Barrier snapshots completed (lane activated).",
+                &["lane", "dc"],
+            ),
+            deltas_applied: counter_vec(
+                &r,
+                "ckf_indexer_deltas_applied_total",
+                "Deltas applied.",
+                &["lane", "dc"],
+            ),
+            images_applied: counter_vec(
+                &r,
+                "ckf_indexer_images_applied_total",
+                "Bucket images applied from deltas.",
+                &["lane", "dc"],
+            ),
+            drains: counter_vec(
+                &r,
+                "ckf_indexer_drain_markers_accepted_total",
+                "Exact drain markers accepted.",
+                &["lane", "dc"],
+            ),
+            retirements: counter_vec(
+                &r,
+                "ckf_indexer_lane_retirements_total",
+                "Lane retirements, by reason.",
+                &["lane", "dc", "reason"],
+            ),
+            attach_refused: counter_vec(
+                &r,
+                "ckf_indexer_attach_refused_total",
+                "Relay attachments refused, by gRPC status code.",
+                &["code"],
+            ),
+            leases_granted: counter_vec(
+                &r,
+                "ckf_indexer_leases_granted_total",
+                "Lane leases granted.",
+                &["lane", "dc"],
+            ),
+            relay_streams,
+            lane_state: gauge_vec(
+                &r,
+                "ckf_indexer_lane_state",
+                "1 for the lane's current state (unassigned, awaiting_snapshot, active, retired).",
+                &["lane", "dc", "state"],
+            ),
+            lane_ready: gauge_vec(
+                &r,
+                "ckf_indexer_lane_ready",
+                "1 when the lane answers queries.",
+                &["lane", "dc"],
+            ),
+            lane_installed_sequence: gauge_vec(
+                &r,
+                "ckf_indexer_lane_installed_sequence",
+                "Last sequence installed in the lane.",
+                &["lane", "dc"],
+            ),
+            queries: counter(
+                &r,
+                "ckf_indexer_queries_total",
+                "FindMatches queries answered.",
+            ),
+            queries_refused: counter(
+                &r,
+                "ckf_indexer_queries_refused_total",
+                "FindMatches queries refused (over the block limit).",
+            ),
+            query_blocks: counter(
+                &r,
+                "ckf_indexer_query_blocks_total",
+                "Block hashes queried.",
+            ),
+            query_duration,
+            event_to_applied_lag,
+            registry: r,
+        }
+    }
+
+    /// The registry to serve.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// Counts one retirement of `lane`.
+    pub fn retired(&self, lane: &LaneLabels, reason: &RetireReason) {
+        self.retirements
+            .with_label_values(&[&lane.lane, &lane.dc, reason.label()])
+            .inc();
+    }
+
+    /// Refreshes the lane gauges from `status`.
+    pub fn observe_lane(&self, lane: &LaneLabels, status: &LaneStatus) {
+        for state in STATES {
+            self.lane_state
+                .with_label_values(&[&lane.lane, &lane.dc, state.as_str()])
+                .set(i64::from(state == status.state));
+        }
+        self.lane_ready
+            .with_label_values(&[&lane.lane, &lane.dc])
+            .set(i64::from(status.ready));
+        self.lane_installed_sequence
+            .with_label_values(&[&lane.lane, &lane.dc])
+            .set(status.installed_sequence.map_or(0, |s| s as i64));
+    }
+
+    /// Refreshes every lane's gauges.
+    pub fn observe_all(&self, indexer: &GlobalCkfIndexer, labels: &[LaneLabels]) {
+        for (status, lane) in indexer.lane_statuses().iter().zip(labels) {
+            self.observe_lane(lane, status);
+        }
+    }
+}
+
+impl Default for IndexerMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Pre-rendered `lane` and `dc` label values of one lane.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaneLabels {
+    /// Lane index as text.
+    pub lane: String,
+    /// The lane's DC id.
+    pub dc: String,
+}
+
+impl LaneLabels {
+    /// Labels of every lane of `indexer`, in lane order.
+    pub fn all(indexer: &GlobalCkfIndexer) -> Vec<LaneLabels> {
+        indexer
+            .manifest()
+            .lanes
+            .iter()
+            .enumerate()
+            .map(|(i, pool)| LaneLabels {
+                lane: i.to_string(),
+                dc: pool.dc.to_string(),
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,146 @@
+//! `ckf.v1.Query`: `FindMatches` (multi-lane prefix search) and `ListLanes` (operator view).
+//!
+//! `FindMatches` checks the request length against `limits.max_query_blocks`, then calls
+//! `GlobalCkfIndexer::find_prefix_matches`, which captures the ready-lane mask once and probes
+//! every ready lane in one pass over the transposed table; the response lists each lane ready at
+//! capture (depth 0 included) with its pool. `ListLanes` reports ckf-core's `LaneStatus` per lane
+//! plus each lane's load factor, counted from the table's bucket words.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use ckf_core::bucket;
+use ckf_core::global::GlobalCkfIndexer;
+use ckf_core::lane::{LaneState, LaneStatus};
+use ckf_proto::v1::{self, query_server::Query};
+use tonic::{Request, Response, Status};
+
+use crate::shared::Shared;
+use crate::status::{QueryError, wire_reason};
+
+/// The Query service.
+#[derive(Debug, Clone)]
+pub struct QueryService {
+    shared: Arc<Shared>,
+}
+
+impl QueryService {
+    /// A Query service over the shared indexer state.
+    pub fn new(shared: Arc<Shared>) -> Self {
+        Self { shared }
+    }
+}
+
+#[tonic::async_trait]
+impl Query for QueryService {
+    async fn find_matches(
+        &self,
+        request: Request<v1::FindMatchesRequest>,
+    ) -> Result<Response<v1::FindMatchesResponse>, Status> {
+        let hashes = request.into_inner().block_hashes;
+        let metrics = &self.shared.metrics;
+        let limit = self.shared.limits.max_query_blocks;
+        if hashes.len() > limit as usize {
+            metrics.queries_refused.inc();
+            return Err(QueryError::TooManyBlocks {
+                blocks: hashes.len(),
+                limit,
+            }
+            .into());
+        }
+        let indexer = &self.shared.indexer;
+        let started = Instant::now();
+        let found = indexer.find_prefix_matches(&hashes);
+        metrics
+            .query_duration
+            .observe(started.elapsed().as_secs_f64());
+        metrics.queries.inc();
+        metrics.query_blocks.inc_by(hashes.len() as u64);
+        let matches = found
+            .iter()
+            .map(|(lane, depth)| v1::LaneMatch {
+                lane: u32::from(lane),
+                pool: Some(indexer.pool(lane).into()),
+                depth,
+            })
+            .collect();
+        Ok(Response::new(v1::FindMatchesResponse {
+            matches,
+            ready_mask: u32::from(found.ready_mask()),
+        }))
+    }
+
+    async fn list_lanes(
+        &self,
+        _request: Request<v1::ListLanesRequest>,
+    ) -> Result<Response<v1::ListLanesResponse>, Status> {
+        let indexer = Arc::clone(&self.shared.indexer);
+        // Counting occupied slots reads every bucket word of every lane: off the async workers.
+        let occupied = tokio::task::spawn_blocking(move || occupied_slots(&indexer))
+            .await
+            .map_err(|e| Status::internal(format!("load-factor count failed: {e}")))?;
+        let indexer = &self.shared.indexer;
+        let manifest = indexer.manifest();
+        let slots = manifest.format.slot_count() as f64;
+        let lanes = indexer
+            .lane_statuses()
+            .iter()
+            .zip(occupied)
+            .map(|(status, occupied)| lane_info(indexer, status, occupied as f64 / slots))
+            .collect();
+        Ok(Response::new(v1::ListLanesResponse {
+            domain: manifest.domain.to_string(),
+            format: Some(manifest.format.into()),
+            consumer_instance: indexer.consumer_instance(),
+            lanes,
+        }))
+    }
+}
+
+/// Occupied fingerprint slots per lane, from the table's bucket words (relaxed reads: an
+/// operator figure, not a consistent snapshot).
+fn occupied_slots(indexer: &GlobalCkfIndexer) -> Vec<u64> {
+    let table = indexer.table();
+    let mut counts = vec![0u64; table.lanes()];
+    for b in 0..table.bucket_count() {
+        for (lane, count) in counts.iter_mut().enumerate() {
+            *count += u64::from(bucket::occupied(table.load(b, lane)));
+        }
+    }
+    counts
+}
+
+fn wire_state(state: LaneState) -> v1::LaneState {
+    match state {
+        LaneState::Unassigned => v1::LaneState::Unassigned,
+        LaneState::AwaitingSnapshot => v1::LaneState::AwaitingSnapshot,
+        LaneState::Active => v1::LaneState::Active,
+        LaneState::Retired => v1::LaneState::Retired,
+    }
+}
+
+fn lane_info(indexer: &GlobalCkfIndexer, status: &LaneStatus, load_factor: f64) -> v1::LaneInfo {
+    v1::LaneInfo {
+        lane: u32::from(status.lane),
+        pool: Some(indexer.pool(status.lane).into()),
+        state: wire_state(status.state) as i32,
+        lease_epoch: status.lease.map_or(0, |l| l.epoch),
+        incarnation: status.incarnation.map_or(0, |i| i.0),
+        installed_sequence: status.installed_sequence.unwrap_or(0),
+        last_update_age_ms: status
+            .last_update_age()
+            .map(|age| u64::try_from(age.as_millis()).unwrap_or(u64::MAX)),
+        load_factor,
+        retirements: status.retirements,
+        last_retire_reason: status
+            .last_retirement
+            .as_ref()
+            .map_or(v1::RetireReason::Unspecified, wire_reason) as i32,
+        last_retire_detail: status
+            .last_retirement
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_default(),
+        drained: status.drained,
+    }
+}

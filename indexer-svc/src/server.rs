@@ -1,0 +1,246 @@
+//! Starting and stopping one indexer: [`serve`] validates the configuration, builds the
+//! consumer and its ingestion pool, binds the gRPC and metrics listeners (port 0 allowed; the
+//! bound addresses are reported in [`RunningIndexer`]), marks health `SERVING`, and runs until
+//! the shutdown future resolves or [`RunningIndexer::stop`] is called.
+//!
+//! Shutdown: health turns `NOT_SERVING`, the listener stops accepting, every relay stream ends
+//! with `Retired(SHUTDOWN)` + `UNAVAILABLE`, the metrics endpoint stops, and the lane workers
+//! finish the frames already queued. The same code path serves `ckf-indexer`, the `ckf demo`
+//! command and the tests.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ckf_core::global::{GlobalCkfIndexer, ManifestError};
+use ckf_core::ingestion::{IngestionPool, PoolConfig};
+use ckf_proto::v1::{query_server::QueryServer, relay_server::RelayServer};
+use ckf_svc_kit::config::{Invalid, Validate};
+use ckf_svc_kit::{Shutdown, grpc, metrics::serve_metrics};
+use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
+use tonic_health::ServingStatus;
+
+use crate::config::IndexerConfig;
+use crate::lane_watch;
+use crate::metrics::{IndexerMetrics, LaneLabels};
+use crate::query::QueryService;
+use crate::relay::RelayService;
+use crate::shared::Shared;
+
+/// gRPC services reported by the health service.
+pub const SERVICES: [&str; 2] = ["ckf.v1.Relay", "ckf.v1.Query"];
+/// How long in-flight connections may take to close after shutdown starts.
+const DRAIN_GRACE: Duration = Duration::from_secs(5);
+/// HTTP/2 keepalive ping interval; a peer that does not answer within the timeout is dropped
+/// (which ends its relay stream as lost).
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Why an indexer could not start or stopped abnormally.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// A configuration value breaks a rule.
+    #[error("invalid configuration: {0}")]
+    Config(#[from] Invalid),
+    /// ckf-core refused the manifest.
+    #[error("invalid manifest: {0}")]
+    Manifest(#[from] ManifestError),
+    /// A listener could not be bound.
+    #[error("cannot bind {what} address {addr}: {source}")]
+    Bind {
+        /// `"gRPC"` or `"metrics"`.
+        what: &'static str,
+        /// The address.
+        addr: SocketAddr,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The reflection descriptors could not be loaded.
+    #[error("reflection service: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+    /// The gRPC server failed.
+    #[error("gRPC server: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    /// The server task panicked or was cancelled.
+    #[error("server task: {0}")]
+    Join(#[from] tokio::task::JoinError),
+}
+
+/// A running indexer.
+#[derive(Debug)]
+pub struct RunningIndexer {
+    /// Bound gRPC address (Relay, Query, health, reflection).
+    pub grpc_addr: SocketAddr,
+    /// Bound Prometheus `/metrics` address.
+    pub metrics_addr: SocketAddr,
+    /// This process's consumer instance (carried in every lease it grants).
+    pub consumer_instance: u64,
+    indexer: Arc<GlobalCkfIndexer>,
+    shutdown: Shutdown,
+    task: JoinHandle<Result<(), ServeError>>,
+}
+
+impl RunningIndexer {
+    /// The in-process consumer (tests and the demo compare its lanes with producers' tables).
+    pub fn indexer(&self) -> &Arc<GlobalCkfIndexer> {
+        &self.indexer
+    }
+
+    /// Starts a graceful shutdown (idempotent).
+    pub fn shutdown(&self) {
+        self.shutdown.trigger();
+    }
+
+    /// Waits until the indexer has stopped.
+    ///
+    /// # Errors
+    /// [`ServeError`] when the server failed.
+    pub async fn wait(self) -> Result<(), ServeError> {
+        self.task.await?
+    }
+
+    /// Shuts down and waits.
+    ///
+    /// # Errors
+    /// As [`RunningIndexer::wait`].
+    pub async fn stop(self) -> Result<(), ServeError> {
+        self.shutdown();
+        self.wait().await
+    }
+}
+
+/// Starts an indexer; returns once both listeners are bound and health says `SERVING`.
+///
+/// # Errors
+/// [`ServeError::Config`] / [`ServeError::Manifest`] for a bad configuration,
+/// [`ServeError::Bind`] when an address is taken.
+pub async fn serve(
+    config: IndexerConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<RunningIndexer, ServeError> {
+    config.validate()?;
+    let manifest = config.manifest()?;
+    let consumer_instance = rand::random::<u64>();
+    let indexer = Arc::new(GlobalCkfIndexer::with_policy(
+        manifest,
+        consumer_instance,
+        config.lag_policy(),
+    )?);
+    let tick = match config.lag.heartbeat_deadline_ms {
+        0 => Duration::from_millis(100),
+        ms => Duration::from_millis((ms / 10).clamp(1, 100)),
+    };
+    let pool = IngestionPool::new(
+        Arc::clone(&indexer),
+        PoolConfig {
+            queue_capacity: config.limits.lane_queue_capacity as usize,
+            tick,
+        },
+    );
+    let stop = Shutdown::new();
+    stop.trigger_on(shutdown);
+
+    let metrics = IndexerMetrics::new();
+    let shared = Arc::new(Shared {
+        labels: LaneLabels::all(&indexer),
+        indexer: Arc::clone(&indexer),
+        pool,
+        metrics: metrics.clone(),
+        limits: config.limits.clone(),
+        heartbeat_deadline_ms: config.lag.heartbeat_deadline_ms,
+        relay_streams: Arc::new(Semaphore::new(config.limits.max_relay_streams as usize)),
+        shutdown: stop.clone(),
+    });
+    shared.metrics.observe_all(&indexer, &shared.labels);
+
+    let listener = grpc::bind(config.listen)
+        .await
+        .map_err(|source| ServeError::Bind {
+            what: "gRPC",
+            addr: config.listen,
+            source,
+        })?;
+    let grpc_addr = listener.addr;
+    let metrics_server = serve_metrics(
+        config.metrics_listen,
+        metrics.registry().clone(),
+        stop.wait(),
+    )
+    .await
+    .map_err(|source| ServeError::Bind {
+        what: "metrics",
+        addr: config.metrics_listen,
+        source,
+    })?;
+
+    let (health_reporter, health_service) = grpc::health(&SERVICES).await;
+    let reflection = grpc::reflection(&[ckf_proto::FILE_DESCRIPTOR_SET])?;
+    let max_message = usize::try_from(config.limits.max_message_bytes).unwrap_or(usize::MAX);
+    let relay = RelayServer::new(RelayService::new(Arc::clone(&shared)))
+        .max_decoding_message_size(max_message)
+        .max_encoding_message_size(max_message);
+    let query = QueryServer::new(QueryService::new(Arc::clone(&shared)))
+        .max_decoding_message_size(max_message)
+        .max_encoding_message_size(max_message);
+    let router = tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(relay)
+        .add_service(query);
+    grpc::set_all(&health_reporter, &SERVICES, ServingStatus::Serving).await;
+    let watchers = lane_watch::spawn_all(&shared);
+
+    tracing::info!(
+        %grpc_addr,
+        metrics_addr = %metrics_server.addr,
+        consumer_instance = format_args!("{consumer_instance:#x}"),
+        domain = %indexer.manifest().domain,
+        lanes = indexer.lane_count(),
+        format = %indexer.manifest().format,
+        "ckf-indexer serving"
+    );
+
+    let metrics_addr = metrics_server.addr;
+    let handle = stop.clone();
+    let serve_stop = stop.clone();
+    let task = tokio::spawn(async move {
+        let reporter = health_reporter.clone();
+        let on_shutdown = async move {
+            serve_stop.wait().await;
+            tracing::info!("shutting down: refusing new streams, retiring open ones");
+            grpc::set_all(&reporter, &SERVICES, ServingStatus::NotServing).await;
+        };
+        let server = router.serve_with_incoming_shutdown(listener.incoming, on_shutdown);
+        // Streams end themselves on shutdown; a peer that keeps its connection open past the
+        // grace period does not hold the process.
+        let grace_stop = stop.clone();
+        let result = tokio::select! {
+            result = server => result.map_err(ServeError::from),
+            () = async move { grace_stop.wait().await; tokio::time::sleep(DRAIN_GRACE).await } => Ok(()),
+        };
+        stop.trigger();
+        for watcher in watchers {
+            let _ = watcher.await;
+        }
+        let _ = metrics_server.task.await;
+        // The last handle joins the lane worker threads: do it off the async workers. (Handler
+        // clones held by the stopped server are gone by now.)
+        tokio::task::spawn_blocking(move || drop(shared)).await?;
+        tracing::info!("ckf-indexer stopped");
+        result
+    });
+
+    Ok(RunningIndexer {
+        grpc_addr,
+        metrics_addr,
+        consumer_instance,
+        indexer,
+        shutdown: handle,
+        task,
+    })
+}

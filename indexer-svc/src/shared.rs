@@ -1,0 +1,40 @@
+//! What every handler of one indexer shares: the core consumer, its ingestion pool, the
+//! metrics, the limits and the shutdown signal. Built once by [`crate::serve`].
+
+use std::sync::Arc;
+
+use ckf_core::global::GlobalCkfIndexer;
+use ckf_core::ingestion::IngestionPool;
+use ckf_svc_kit::Shutdown;
+use tokio::sync::Semaphore;
+
+use crate::config::LimitsConfig;
+use crate::metrics::{IndexerMetrics, LaneLabels};
+
+/// Shared state of the Relay and Query handlers.
+#[derive(Debug)]
+pub struct Shared {
+    /// The transposed global consumer (leases, lane state machine, table, search).
+    pub indexer: Arc<GlobalCkfIndexer>,
+    /// One serialized ingestor thread per lane behind bounded queues.
+    pub pool: IngestionPool,
+    /// Prometheus metrics.
+    pub metrics: IndexerMetrics,
+    /// `lane` / `dc` label values per lane.
+    pub labels: Vec<LaneLabels>,
+    /// Resource limits.
+    pub limits: LimitsConfig,
+    /// Heartbeat deadline told to producers (0 = none).
+    pub heartbeat_deadline_ms: u64,
+    /// Permits for open relay streams (`limits.max_relay_streams`).
+    pub relay_streams: Arc<Semaphore>,
+    /// Stops every stream and the servers.
+    pub shutdown: Shutdown,
+}
+
+impl Shared {
+    /// Labels of `lane` (a manifest lane).
+    pub fn labels(&self, lane: u8) -> &LaneLabels {
+        &self.labels[usize::from(lane)]
+    }
+}
