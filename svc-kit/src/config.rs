@@ -17,9 +17,9 @@
 use std::{fmt, path::PathBuf};
 
 use figment::{
-    Figment,
+    Figment, Metadata, Profile, Provider,
     providers::{Env, Format, Serialized, Toml},
-    value::Value,
+    value::{Dict, Map, Value},
 };
 use serde::{Serialize, de::DeserializeOwned};
 
@@ -105,6 +105,35 @@ impl Overrides {
     }
 }
 
+/// Flags are one provider, so an error names "command-line flag" as the value's source.
+impl Provider for Overrides {
+    fn metadata(&self) -> Metadata {
+        Metadata::named("command-line flag")
+    }
+
+    fn data(&self) -> Result<Map<Profile, Dict>, figment::Error> {
+        let mut flags = Dict::new();
+        for (key, value) in &self.values {
+            for (_, dict) in Serialized::default(key, value.clone()).data()? {
+                deep_merge(&mut flags, dict);
+            }
+        }
+        Ok(Map::from([(Profile::Default, flags)]))
+    }
+}
+
+/// Merges nested `from` into `into`, later keys winning (two flags may share a table).
+fn deep_merge(into: &mut Dict, from: Dict) {
+    for (key, value) in from {
+        match (into.get_mut(&key), value) {
+            (Some(Value::Dict(_, existing)), Value::Dict(_, nested)) => deep_merge(existing, nested),
+            (_, value) => {
+                into.insert(key, value);
+            }
+        }
+    }
+}
+
 /// Where to read the non-default layers from.
 #[derive(Debug, Clone)]
 pub struct Layers {
@@ -137,10 +166,7 @@ impl Layers {
                 .ignore(&["config"])
                 .split("__"),
         );
-        for (key, value) in &self.overrides.values {
-            figment = figment.merge(Serialized::default(key, value.clone()));
-        }
-        figment
+        figment.merge(&self.overrides)
     }
 
     /// Merges the layers, extracts `C` and validates it.
@@ -295,6 +321,14 @@ mod tests {
         };
         let text = layers.load::<Sample>().unwrap_err().to_string();
         assert!(text.contains("lissten"), "{text}");
+
+        let layers = Layers {
+            overrides: Overrides::new().set("limits.max_bytes", Some(5u64)),
+            ..Layers::new("CKF_T7_")
+        };
+        let text = layers.load::<Sample>().unwrap_err().to_string();
+        assert!(text.contains("limits.max_bytes = 5"), "{text}");
+        assert!(text.contains("command-line flag"), "{text}");
     }
 
     #[test]
