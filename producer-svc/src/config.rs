@@ -231,7 +231,7 @@ impl ProducerConfig {
         if self.pool.dc.is_empty() {
             return Err(invalid(
                 "pool.dc",
-                "",
+                "\"\"",
                 "required: set --dc, CKF_PRODUCER_POOL__DC or pool.dc in the TOML file",
             ));
         }
@@ -401,7 +401,7 @@ pub struct Cli {
     /// pool.domain: indexer domain name [default: default].
     #[arg(long, value_name = "NAME")]
     pub domain: Option<String>,
-    /// pool.dc: this DC's id within the domain [required].
+    /// pool.dc: this DC's id within the domain [required; no default].
     #[arg(long, value_name = "NAME")]
     pub dc: Option<String>,
     /// table.expected_blocks: expected unique blocks, sizes the table at 90% load [default: 1000000].
@@ -428,7 +428,7 @@ pub struct Cli {
     /// publication.attachment_queue: frames queued per indexer before it is re-attached [default: 1024].
     #[arg(long, value_name = "FRAMES")]
     pub attachment_queue: Option<u32>,
-    /// indexers: an indexer Relay endpoint, http://host:port; repeat for several [required].
+    /// indexers: an indexer Relay endpoint, http://host:port; repeat for several [required; no default].
     #[arg(long = "indexer", value_name = "URL")]
     pub indexers: Vec<String>,
     /// reconnect.initial_backoff_ms: first reconnect delay, ms [default: 100].

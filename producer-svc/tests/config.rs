@@ -154,7 +154,7 @@ fn help_documents_every_key_with_its_default() {
             .find(|l| l.trim_start().starts_with(&format!("{key}:")))
             .unwrap_or_else(|| panic!("--help does not document {key}:\n{help}"));
         let documented = match key.as_str() {
-            "pool.dc" | "indexers" => line.contains("[required]"),
+            "pool.dc" | "indexers" => line.contains("[required; no default]"),
             "table.max_kicks" => line.contains(&format!("{default}]")),
             _ => line.contains(&format!("[default: {default}]")),
         };
