@@ -22,8 +22,8 @@ use tokio::time::{Instant, sleep_until};
 use crate::events::{BatchReport, EventReport, IngestBatch, IngestEvent};
 use crate::fanout::{AttachRefused, Fanout, FrameLimits, Outbound};
 use crate::metrics::Metrics;
-use ckf_svc_kit::Shutdown;
 use crate::sources::SourceSequences;
+use ckf_svc_kit::Shutdown;
 
 /// A request to the actor.
 #[derive(Debug)]

@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use ckf_core::addressing::TableFormat;
 use ckf_core::identity::PoolId;
-use clap::Parser;
-use ckf_svc_kit::config::{ConfigError, Invalid, Layers, Overrides, Validate};
 use ckf_svc_kit::LogFormat;
+use ckf_svc_kit::config::{ConfigError, Invalid, Layers, Overrides, Validate};
+use clap::Parser;
 use serde::{Deserialize, Serialize};
 
 /// Default ingest (gRPC) listen address.
@@ -240,8 +240,9 @@ impl ProducerConfig {
         let dc = ckf_core::identity::DcId::new(self.pool.dc.clone())
             .map_err(|e| invalid("pool.dc", &self.pool.dc, e.to_string()))?;
         let format = if self.table.bucket_count != 0 {
-            TableFormat::new(self.table.bucket_count, self.table.seed)
-                .map_err(|e| invalid("table.bucket_count", self.table.bucket_count, e.to_string()))?
+            TableFormat::new(self.table.bucket_count, self.table.seed).map_err(|e| {
+                invalid("table.bucket_count", self.table.bucket_count, e.to_string())
+            })?
         } else {
             if self.table.expected_blocks == 0 {
                 return Err(invalid(
@@ -251,7 +252,13 @@ impl ProducerConfig {
                 ));
             }
             TableFormat::for_expected_blocks(self.table.expected_blocks, self.table.seed).map_err(
-                |e| invalid("table.expected_blocks", self.table.expected_blocks, e.to_string()),
+                |e| {
+                    invalid(
+                        "table.expected_blocks",
+                        self.table.expected_blocks,
+                        e.to_string(),
+                    )
+                },
             )?
         };
         if self.table.max_kicks > ckf_core::dc::MAX_KICKS_LIMIT {
@@ -263,7 +270,11 @@ impl ProducerConfig {
         }
         let p = &self.publication;
         if p.batch_threshold == 0 {
-            return Err(invalid("publication.batch_threshold", 0, "must be at least 1 bucket"));
+            return Err(invalid(
+                "publication.batch_threshold",
+                0,
+                "must be at least 1 bucket",
+            ));
         }
         if p.max_delay_ms == 0 || p.max_delay_ms > 60_000 {
             return Err(invalid(
@@ -327,7 +338,11 @@ impl ProducerConfig {
         }
         let l = &self.limits;
         if l.ingest_channel_capacity == 0 {
-            return Err(invalid("limits.ingest_channel_capacity", 0, "must be at least 1"));
+            return Err(invalid(
+                "limits.ingest_channel_capacity",
+                0,
+                "must be at least 1",
+            ));
         }
         if !(MIN_MESSAGE_BYTES_LIMIT..=MAX_MESSAGE_BYTES_LIMIT).contains(&l.max_message_bytes) {
             return Err(invalid(
@@ -337,7 +352,11 @@ impl ProducerConfig {
             ));
         }
         if l.max_events_per_batch == 0 {
-            return Err(invalid("limits.max_events_per_batch", 0, "must be at least 1"));
+            return Err(invalid(
+                "limits.max_events_per_batch",
+                0,
+                "must be at least 1",
+            ));
         }
         if self.shutdown.drain_timeout_ms == 0 {
             return Err(invalid(
@@ -481,12 +500,18 @@ impl Cli {
             .set("table.max_kicks", self.max_kicks)
             .set("publication.batch_threshold", self.batch_threshold)
             .set("publication.max_delay_ms", self.max_delay_ms)
-            .set("publication.heartbeat_interval_ms", self.heartbeat_interval_ms)
+            .set(
+                "publication.heartbeat_interval_ms",
+                self.heartbeat_interval_ms,
+            )
             .set("publication.attachment_queue", self.attachment_queue)
             .set("reconnect.initial_backoff_ms", self.initial_backoff_ms)
             .set("reconnect.max_backoff_ms", self.max_backoff_ms)
             .set("reconnect.connect_timeout_ms", self.connect_timeout_ms)
-            .set("limits.ingest_channel_capacity", self.ingest_channel_capacity)
+            .set(
+                "limits.ingest_channel_capacity",
+                self.ingest_channel_capacity,
+            )
             .set("limits.max_message_bytes", self.max_message_bytes)
             .set("limits.max_events_per_batch", self.max_events_per_batch)
             .set("shutdown.drain_timeout_ms", self.drain_timeout_ms)

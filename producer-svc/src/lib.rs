@@ -270,9 +270,15 @@ pub async fn serve(
     let supervisor_stop = stop.clone();
     let done = tokio::spawn(async move {
         supervisor_stop.wait().await;
-        tracing::info!("shutting down: ingest stops, the pending tail is published, then drain markers");
-        ckf_svc_kit::grpc::set_all(&health_reporter, &[INGEST_SERVICE], ServingStatus::NotServing)
-            .await;
+        tracing::info!(
+            "shutting down: ingest stops, the pending tail is published, then drain markers"
+        );
+        ckf_svc_kit::grpc::set_all(
+            &health_reporter,
+            &[INGEST_SERVICE],
+            ServingStatus::NotServing,
+        )
+        .await;
         let report = actor_task.await.context("state actor task")?;
         let mut drains = Vec::with_capacity(relays.len());
         for (endpoint, task) in relays {

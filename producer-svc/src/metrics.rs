@@ -116,25 +116,33 @@ pub struct Metrics {
 
 fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
     let c = IntCounter::new(name, help).expect("valid metric");
-    registry.register(Box::new(c.clone())).expect("unique metric");
+    registry
+        .register(Box::new(c.clone()))
+        .expect("unique metric");
     c
 }
 
 fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
     let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
-    registry.register(Box::new(c.clone())).expect("unique metric");
+    registry
+        .register(Box::new(c.clone()))
+        .expect("unique metric");
     c
 }
 
 fn int_gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
     let g = IntGauge::new(name, help).expect("valid metric");
-    registry.register(Box::new(g.clone())).expect("unique metric");
+    registry
+        .register(Box::new(g.clone()))
+        .expect("unique metric");
     g
 }
 
 fn int_gauge_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
     let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
-    registry.register(Box::new(g.clone())).expect("unique metric");
+    registry
+        .register(Box::new(g.clone()))
+        .expect("unique metric");
     g
 }
 
@@ -315,7 +323,8 @@ impl Metrics {
         self.load_factor.set(stats.load_factor);
         self.resident_fingerprints
             .set(clamp_i64(stats.resident_fingerprints));
-        self.unique_blocks.set(clamp_i64(stats.unique_hashes as u64));
+        self.unique_blocks
+            .set(clamp_i64(stats.unique_hashes as u64));
         self.members.set(clamp_i64(stats.members as u64));
         self.state_bytes.set(clamp_i64(stats.bytes_used));
     }

@@ -24,10 +24,17 @@ mod tests {
     fn codes_follow_the_error_kind() {
         let s = Status::from(IngestError::EmptySourceId);
         assert_eq!(s.code(), Code::InvalidArgument);
-        assert!(s.message().contains("source_id is required"), "{}", s.message());
+        assert!(
+            s.message().contains("source_id is required"),
+            "{}",
+            s.message()
+        );
         let s = Status::from(IngestError::TooManyEvents { count: 9, max: 8 });
         assert_eq!(s.code(), Code::InvalidArgument);
         assert!(s.message().contains("9 events"), "{}", s.message());
-        assert_eq!(Status::from(IngestError::ShuttingDown).code(), Code::Unavailable);
+        assert_eq!(
+            Status::from(IngestError::ShuttingDown).code(),
+            Code::Unavailable
+        );
     }
 }

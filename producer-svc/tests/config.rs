@@ -49,7 +49,14 @@ heartbeat_interval_ms = 300
     }
     let path = file.path().to_str().unwrap();
     let c = load(
-        &cli(&["--config", path, "--batch-threshold", "13", "--dc", "dc-flag"]),
+        &cli(&[
+            "--config",
+            path,
+            "--batch-threshold",
+            "13",
+            "--dc",
+            "dc-flag",
+        ]),
         "CKF_PT1_",
     )
     .unwrap();
@@ -62,7 +69,14 @@ heartbeat_interval_ms = 300
     assert_eq!(c.limits, ProducerConfig::default().limits); // untouched defaults
 
     let c = load(
-        &cli(&["--config", path, "--indexer", "http://a:1", "--indexer", "http://b:2"]),
+        &cli(&[
+            "--config",
+            path,
+            "--indexer",
+            "http://a:1",
+            "--indexer",
+            "http://b:2",
+        ]),
         "CKF_PT1_",
     )
     .unwrap();
@@ -81,9 +95,15 @@ fn invalid_values_are_refused_naming_key_value_and_rule() {
     let with = |extra: &[&'static str]| -> Vec<&str> { ok.iter().chain(extra).copied().collect() };
 
     let text = refusal(&["--indexer", "http://127.0.0.1:7600"]);
-    assert!(text.contains("pool.dc") && text.contains("required"), "{text}");
+    assert!(
+        text.contains("pool.dc") && text.contains("required"),
+        "{text}"
+    );
     let text = refusal(&["--dc", "dc-a"]);
-    assert!(text.contains("indexers") && text.contains("at least one"), "{text}");
+    assert!(
+        text.contains("indexers") && text.contains("at least one"),
+        "{text}"
+    );
     let text = refusal(&with(&["--max-delay-ms", "0"]));
     assert!(
         text.contains("publication.max_delay_ms = 0") && text.contains("1..=60000"),
@@ -94,7 +114,12 @@ fn invalid_values_are_refused_naming_key_value_and_rule() {
         text.contains("table.bucket_count = 1000") && text.contains("power of two"),
         "{text}"
     );
-    let text = refusal(&with(&["--initial-backoff-ms", "500", "--max-backoff-ms", "100"]));
+    let text = refusal(&with(&[
+        "--initial-backoff-ms",
+        "500",
+        "--max-backoff-ms",
+        "100",
+    ]));
     assert!(
         text.contains("reconnect.max_backoff_ms = 100") && text.contains("at least"),
         "{text}"
@@ -104,10 +129,23 @@ fn invalid_values_are_refused_naming_key_value_and_rule() {
     let text = refusal(&with(&["--max-kicks", "1000000"]));
     assert!(text.contains("table.max_kicks = 1000000"), "{text}");
     let text = refusal(&with(&["--domain", "a b"]));
-    assert!(text.contains("pool.domain") && text.contains("a b"), "{text}");
+    assert!(
+        text.contains("pool.domain") && text.contains("a b"),
+        "{text}"
+    );
     let text = refusal(&["--dc", "x", "--indexer", "ftp://h:1"]);
-    assert!(text.contains("indexers") && text.contains("http://"), "{text}");
-    let text = refusal(&["--dc", "x", "--indexer", "http://h:1", "--indexer", "http://h:1"]);
+    assert!(
+        text.contains("indexers") && text.contains("http://"),
+        "{text}"
+    );
+    let text = refusal(&[
+        "--dc",
+        "x",
+        "--indexer",
+        "http://h:1",
+        "--indexer",
+        "http://h:1",
+    ]);
     assert!(text.contains("listed twice"), "{text}");
 
     // Unknown keys and wrong types are refused by the loader, naming the key.
@@ -115,12 +153,18 @@ fn invalid_values_are_refused_naming_key_value_and_rule() {
     let path = file.path().to_str().unwrap();
     let args: Vec<&str> = ok.iter().copied().chain(["--config", path]).collect();
     let err = load(&cli(&args), "CKF_PT2_").unwrap_err();
-    assert!(matches!(err, ConfigError::Load(_)) && err.to_string().contains("max_dealy_ms"), "{err}");
+    assert!(
+        matches!(err, ConfigError::Load(_)) && err.to_string().contains("max_dealy_ms"),
+        "{err}"
+    );
 }
 
 #[test]
 fn the_example_file_is_valid_and_spells_every_default() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/producer.example.toml");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/producer.example.toml"
+    );
     let c = load(&cli(&["--config", path]), "CKF_PT3_").unwrap();
     let mut expected = ProducerConfig::default();
     expected.pool.dc = "dc-a".into();
@@ -133,7 +177,11 @@ fn leaves(prefix: &str, v: &serde_json::Value, out: &mut Vec<(String, String)>) 
     match v {
         serde_json::Value::Object(m) => {
             for (k, v) in m {
-                let key = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+                let key = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
                 leaves(&key, v, out);
             }
         }
@@ -146,7 +194,11 @@ fn leaves(prefix: &str, v: &serde_json::Value, out: &mut Vec<(String, String)>) 
 fn help_documents_every_key_with_its_default() {
     let help = Cli::command().render_long_help().to_string();
     let mut keys = Vec::new();
-    leaves("", &serde_json::to_value(ProducerConfig::default()).unwrap(), &mut keys);
+    leaves(
+        "",
+        &serde_json::to_value(ProducerConfig::default()).unwrap(),
+        &mut keys,
+    );
     assert!(keys.len() >= 20, "{keys:?}");
     for (key, default) in keys {
         let line = help

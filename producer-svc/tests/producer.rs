@@ -25,8 +25,14 @@ fn chain(w: u64, range: std::ops::Range<u64>) -> Vec<u64> {
 /// removal. Returns the events in order.
 fn workload() -> Vec<Vec<v1::KvEvent>> {
     vec![
-        vec![stored(1, 0, &chain(1, 0..120)), stored(2, 0, &chain(1, 0..40))],
-        vec![stored(2, 1, &chain(2, 0..90)), stored(3, 0, &chain(3, 0..60))],
+        vec![
+            stored(1, 0, &chain(1, 0..120)),
+            stored(2, 0, &chain(1, 0..40)),
+        ],
+        vec![
+            stored(2, 1, &chain(2, 0..90)),
+            stored(3, 0, &chain(3, 0..60)),
+        ],
         vec![
             removed(1, 0, &chain(1, 100..130)), // 10 unknown (120..130)
             stored(3, 1, &chain(1, 20..60)),
@@ -37,7 +43,9 @@ fn workload() -> Vec<Vec<v1::KvEvent>> {
 }
 
 async fn metrics_text(p: &producer_svc::RunningProducer) -> String {
-    let mut s = tokio::net::TcpStream::connect(p.metrics_addr).await.unwrap();
+    let mut s = tokio::net::TcpStream::connect(p.metrics_addr)
+        .await
+        .unwrap();
     s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         .await
         .unwrap();
@@ -77,12 +85,20 @@ async fn snapshot_and_deltas_rebuild_the_filter() {
     }
     let tracked = model.tracked();
     let table = producer.table().await.unwrap();
-    fake.wait_for("the fake's table equals the producer's", |s| s.attachments[0].table == table)
-        .await;
+    fake.wait_for("the fake's table equals the producer's", |s| {
+        s.attachments[0].table == table
+    })
+    .await;
 
     let (rebuilt, deltas, chunks, largest, errors) = fake.with(|s| {
         let a = &s.attachments[0];
-        (a.table.clone(), a.deltas.clone(), a.snapshot_chunks, a.largest_frame, a.errors.clone())
+        (
+            a.table.clone(),
+            a.deltas.clone(),
+            a.snapshot_chunks,
+            a.largest_frame,
+            a.errors.clone(),
+        )
     });
     assert!(errors.is_empty(), "{errors:?}");
     assert_all_present(format_of(&producer), &rebuilt, &tracked);
@@ -93,7 +109,11 @@ async fn snapshot_and_deltas_rebuild_the_filter() {
     assert!(largest <= 2048, "largest frame {largest}");
     // Batches of more than 8 images were split into consecutive deltas.
     let batches = producer.metrics.batches.get();
-    assert!(deltas.len() as u64 > batches, "{} deltas for {batches} batches", deltas.len());
+    assert!(
+        deltas.len() as u64 > batches,
+        "{} deltas for {batches} batches",
+        deltas.len()
+    );
     assert!(deltas.iter().all(|d| d.buckets.len() <= 8));
     for w in deltas.windows(2) {
         assert_eq!(w[1].base_sequence, w[0].sequence);
@@ -113,7 +133,12 @@ async fn snapshot_and_deltas_rebuild_the_filter() {
     // Idle attachments heartbeat with the last sequence sent.
     let last = deltas.last().unwrap().sequence;
     fake.wait_for("two heartbeats after the last delta", |s| {
-        s.attachments[0].heartbeats.iter().filter(|&&q| q == last).count() >= 2
+        s.attachments[0]
+            .heartbeats
+            .iter()
+            .filter(|&&q| q == last)
+            .count()
+            >= 2
     })
     .await;
 
@@ -147,7 +172,13 @@ async fn source_gaps_and_replays_are_reported() {
     let r = send("a", 11, &[h(9, 2)]).await;
     assert_eq!((r.gap, r.duplicate), (None, false));
     let r = send("a", 14, &[h(9, 3)]).await;
-    assert_eq!(r.gap, Some(v1::SourceGap { expected: 12, received: 14 }));
+    assert_eq!(
+        r.gap,
+        Some(v1::SourceGap {
+            expected: 12,
+            received: 14
+        })
+    );
     assert_eq!(r.events[0].status(), v1::EventStatus::Applied);
     // A replay is refused whole: its new block is not tracked.
     let r = send("a", 14, &[h(9, 4)]).await;
@@ -203,8 +234,17 @@ async fn malformed_events_are_rejected_precisely() {
     );
     assert_eq!(r.events[0].applied_blocks, 2);
     assert_eq!(r.events[1].error, "event 1: KvEvent.member is required");
-    assert!(r.events[2].error.starts_with("event 2: KvEvent.kind is required"), "{}", r.events[2].error);
-    assert_eq!((r.events[1].applied_blocks, r.events[2].applied_blocks), (0, 0));
+    assert!(
+        r.events[2]
+            .error
+            .starts_with("event 2: KvEvent.kind is required"),
+        "{}",
+        r.events[2].error
+    );
+    assert_eq!(
+        (r.events[1].applied_blocks, r.events[2].applied_blocks),
+        (0, 0)
+    );
     assert_eq!(r.events[3].applied_blocks, 1);
     // Only b is left: the rejected store of c left no trace.
     let stats = producer.stats().await.unwrap();
@@ -217,7 +257,13 @@ async fn malformed_events_are_rejected_precisely() {
         .await
         .unwrap_err();
     assert_eq!(status.code(), tonic::Code::InvalidArgument);
-    assert!(status.message().contains("KvEventBatch.source_id is required"), "{}", status.message());
+    assert!(
+        status
+            .message()
+            .contains("KvEventBatch.source_id is required"),
+        "{}",
+        status.message()
+    );
     assert_eq!(producer.stats().await.unwrap().unique_hashes, 1);
 
     // The bidi stream answers in order and ends with the status of a batch refused whole.
@@ -235,11 +281,12 @@ async fn malformed_events_are_rejected_precisely() {
     assert_eq!(producer.stats().await.unwrap().unique_hashes, 3);
 
     // Health and reflection are served next to Ingest.
-    let channel = tonic::transport::Channel::from_shared(format!("http://{}", producer.ingest_addr))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let channel =
+        tonic::transport::Channel::from_shared(format!("http://{}", producer.ingest_addr))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
     let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
     let serving = health
         .check(tonic_health::pb::HealthCheckRequest {
@@ -248,7 +295,10 @@ async fn malformed_events_are_rejected_precisely() {
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(serving.status(), tonic_health::pb::health_check_response::ServingStatus::Serving);
+    assert_eq!(
+        serving.status(),
+        tonic_health::pb::health_check_response::ServingStatus::Serving
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -261,10 +311,13 @@ async fn a_retired_lane_is_reattached_with_a_new_snapshot() {
     events.iter().for_each(|e| model.apply(e));
     client.publish_batch(batch("s", 0, events)).await.unwrap();
     let table = producer.table().await.unwrap();
-    fake.wait_for("first attachment converged", |s| s.attachments[0].table == table)
-        .await;
+    fake.wait_for("first attachment converged", |s| {
+        s.attachments[0].table == table
+    })
+    .await;
 
-    fake.retire(0, v1::RetireReason::Gap, "injected by the test").await;
+    fake.retire(0, v1::RetireReason::Gap, "injected by the test")
+        .await;
     fake.wait_for("second attachment installed its snapshot", |s| {
         s.attachments.len() == 2 && s.attachments[1].installed.is_some()
     })
@@ -285,16 +338,24 @@ async fn a_retired_lane_is_reattached_with_a_new_snapshot() {
         assert_eq!(t, table);
     }
 
-    let events = vec![stored(2, 0, &chain(2, 0..80)), removed(1, 0, &chain(1, 0..50))];
+    let events = vec![
+        stored(2, 0, &chain(2, 0..80)),
+        removed(1, 0, &chain(1, 0..50)),
+    ];
     events.iter().for_each(|e| model.apply(e));
     client.publish_batch(batch("s", 1, events)).await.unwrap();
     let table = producer.table().await.unwrap();
-    fake.wait_for("second attachment converged", |s| s.attachments[1].table == table)
-        .await;
+    fake.wait_for("second attachment converged", |s| {
+        s.attachments[1].table == table
+    })
+    .await;
     let (errors, rebuilt, snapshot_sequence, deltas) = fake.with(|s| {
         let a = &s.attachments[1];
         (
-            s.attachments.iter().flat_map(|a| a.errors.clone()).collect::<Vec<_>>(),
+            s.attachments
+                .iter()
+                .flat_map(|a| a.errors.clone())
+                .collect::<Vec<_>>(),
             a.table.clone(),
             a.snapshot_sequence.unwrap(),
             a.deltas.clone(),
@@ -308,7 +369,10 @@ async fn a_retired_lane_is_reattached_with_a_new_snapshot() {
         text.contains("reason=\"retired_gap\"} 1"),
         "no retired_gap detachment in:\n{text}"
     );
-    assert!(text.contains("ckf_producer_reconnects_total{indexer="), "{text}");
+    assert!(
+        text.contains("ckf_producer_reconnects_total{indexer="),
+        "{text}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -325,11 +389,18 @@ async fn shutdown_publishes_the_tail_and_sends_the_exact_drain_marker() {
     .await;
     let mut client = ingest_client(&producer).await;
     let mut model = Model::default();
-    let events = vec![stored(1, 0, &chain(1, 0..60)), stored(2, 3, &chain(2, 0..10))];
+    let events = vec![
+        stored(1, 0, &chain(1, 0..60)),
+        stored(2, 3, &chain(2, 0..10)),
+    ];
     events.iter().for_each(|e| model.apply(e));
     client.publish_batch(batch("s", 0, events)).await.unwrap();
     let table = producer.table().await.unwrap();
-    assert_eq!(fake.with(|s| s.attachments[0].deltas.len()), 0, "the tail is still pending");
+    assert_eq!(
+        fake.with(|s| s.attachments[0].deltas.len()),
+        0,
+        "the tail is still pending"
+    );
 
     producer.shutdown();
     let report = producer.wait().await.unwrap();
@@ -349,9 +420,18 @@ async fn shutdown_publishes_the_tail_and_sends_the_exact_drain_marker() {
     assert!(drained);
     let last_delta = last_delta.expect("the pending tail was published before the marker");
     assert_eq!(marker, Some(last_delta));
-    assert_eq!(report.drains[0].1, DrainOutcome::Drained { sequence: last_delta });
+    assert_eq!(
+        report.drains[0].1,
+        DrainOutcome::Drained {
+            sequence: last_delta
+        }
+    );
     assert_eq!(rebuilt, table);
-    assert_all_present(TableFormat::new(1024, 0x5eed).unwrap(), &rebuilt, &model.tracked());
+    assert_all_present(
+        TableFormat::new(1024, 0x5eed).unwrap(),
+        &rebuilt,
+        &model.tracked(),
+    );
     // Ingest is closed after shutdown.
     assert!(client.publish_batch(batch("s", 1, vec![])).await.is_err());
 }
@@ -373,24 +453,39 @@ async fn two_indexers_each_get_their_own_continuous_sequence() {
     let mut model = Model::default();
     for (i, events) in workload().into_iter().take(3).enumerate() {
         events.iter().for_each(|e| model.apply(e));
-        client.publish_batch(batch("s", i as u64, events)).await.unwrap();
+        client
+            .publish_batch(batch("s", i as u64, events))
+            .await
+            .unwrap();
     }
     let table = producer.table().await.unwrap();
     for fake in [&a, &b] {
-        fake.wait_for("converged", |s| s.attachments[0].table == table).await;
+        fake.wait_for("converged", |s| s.attachments[0].table == table)
+            .await;
     }
     // Retire only A: A re-attaches, B's stream continues untouched.
     a.retire(0, v1::RetireReason::Superseded, "test").await;
-    a.wait_for("A re-attached", |s| s.attachments.len() == 2 && s.attachments[1].installed.is_some())
-        .await;
+    a.wait_for("A re-attached", |s| {
+        s.attachments.len() == 2 && s.attachments[1].installed.is_some()
+    })
+    .await;
     for (i, events) in workload().into_iter().enumerate().skip(3) {
         events.iter().for_each(|e| model.apply(e));
-        client.publish_batch(batch("s", i as u64, events)).await.unwrap();
+        client
+            .publish_batch(batch("s", i as u64, events))
+            .await
+            .unwrap();
     }
     let table = producer.table().await.unwrap();
-    a.wait_for("A converged again", |s| s.attachments[1].table == table).await;
-    b.wait_for("B converged again", |s| s.attachments[0].table == table).await;
-    assert_eq!(b.with(|s| s.attachments.len()), 1, "B was never re-attached");
+    a.wait_for("A converged again", |s| s.attachments[1].table == table)
+        .await;
+    b.wait_for("B converged again", |s| s.attachments[0].table == table)
+        .await;
+    assert_eq!(
+        b.with(|s| s.attachments.len()),
+        1,
+        "B was never re-attached"
+    );
 
     producer.shutdown();
     let report = producer.wait().await.unwrap();
@@ -400,7 +495,10 @@ async fn two_indexers_each_get_their_own_continuous_sequence() {
         let (errors, deltas, snapshot, marker, rebuilt) = fake.with(|s| {
             let x = &s.attachments[index];
             (
-                s.attachments.iter().flat_map(|a| a.errors.clone()).collect::<Vec<_>>(),
+                s.attachments
+                    .iter()
+                    .flat_map(|a| a.errors.clone())
+                    .collect::<Vec<_>>(),
                 x.deltas.clone(),
                 x.snapshot_sequence.unwrap(),
                 x.drain_marker.unwrap(),
@@ -420,5 +518,8 @@ async fn two_indexers_each_get_their_own_continuous_sequence() {
     assert!(b.with(|s| s.attachments[0].deltas.iter().all(|d| d.buckets.len() <= 3)));
     let b_deltas = b.with(|s| s.attachments[0].deltas.len());
     let a_deltas = a.with(|s| s.attachments.iter().map(|x| x.deltas.len()).sum::<usize>());
-    assert!(b_deltas > a_deltas, "B's smaller grant needs more deltas ({b_deltas} vs {a_deltas})");
+    assert!(
+        b_deltas > a_deltas,
+        "B's smaller grant needs more deltas ({b_deltas} vs {a_deltas})"
+    );
 }

@@ -91,7 +91,10 @@ fn applied_result(o: &EventOutcome) -> v1::EventResult {
         status: status.into(),
         // Wire: "blocks whose ownership changed or whose removal was an applied no-op"; a
         // redundant store is an applied no-op too.
-        applied_blocks: o.applied.saturating_add(o.unknown).saturating_add(o.redundant),
+        applied_blocks: o
+            .applied
+            .saturating_add(o.unknown)
+            .saturating_add(o.redundant),
         omitted_blocks: o.omitted,
         unknown_blocks: o.unknown,
         error: o.first_error.map(|e| e.to_string()).unwrap_or_default(),
@@ -184,9 +187,15 @@ mod tests {
                 }
             }))
         );
-        assert_eq!(decoded.events[1], Err(EventError::MissingMember { index: 1 }));
+        assert_eq!(
+            decoded.events[1],
+            Err(EventError::MissingMember { index: 1 })
+        );
         assert_eq!(decoded.events[2], Err(EventError::MissingKind { index: 2 }));
-        assert_eq!(decoded.events[3], Ok(IngestEvent::WorkerRemoved { worker_id: 4 }));
+        assert_eq!(
+            decoded.events[3],
+            Ok(IngestEvent::WorkerRemoved { worker_id: 4 })
+        );
     }
 
     #[test]
@@ -242,12 +251,22 @@ mod tests {
             ],
         };
         let wire = report_to_wire(&report);
-        assert_eq!(wire.gap, Some(v1::SourceGap { expected: 3, received: 5 }));
+        assert_eq!(
+            wire.gap,
+            Some(v1::SourceGap {
+                expected: 3,
+                received: 5
+            })
+        );
         assert!(!wire.duplicate);
         assert_eq!(wire.events[0].status(), v1::EventStatus::PartiallyOmitted);
         assert_eq!(wire.events[0].applied_blocks, 3);
         assert_eq!(wire.events[0].omitted_blocks, 1);
-        assert!(wire.events[0].error.contains("omitted"), "{}", wire.events[0].error);
+        assert!(
+            wire.events[0].error.contains("omitted"),
+            "{}",
+            wire.events[0].error
+        );
         assert_eq!(wire.events[1].status(), v1::EventStatus::Applied);
         assert_eq!(wire.events[1].applied_blocks, 2);
         assert_eq!(wire.events[1].unknown_blocks, 2);

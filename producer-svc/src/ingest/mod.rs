@@ -85,7 +85,10 @@ impl Ingest for IngestService {
         &self,
         request: Request<Streaming<v1::KvEventBatch>>,
     ) -> Result<Response<Self::PublishStream>, Status> {
-        Ok(Response::new(publish::handle(self.clone(), request.into_inner())))
+        Ok(Response::new(publish::handle(
+            self.clone(),
+            request.into_inner(),
+        )))
     }
 
     async fn publish_batch(

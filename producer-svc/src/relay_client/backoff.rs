@@ -51,7 +51,10 @@ mod tests {
         let delays: Vec<Duration> = (0..8).map(|_| b.next_delay()).collect();
         for (i, d) in delays.iter().enumerate() {
             let base = ms(100 * (1u64 << i.min(4))).min(ms(1_000));
-            assert!(*d >= base && *d <= base.mul_f64(1.25).min(ms(1_000)), "{i}: {d:?}");
+            assert!(
+                *d >= base && *d <= base.mul_f64(1.25).min(ms(1_000)),
+                "{i}: {d:?}"
+            );
         }
         assert_eq!(*delays.last().unwrap(), ms(1_000));
         b.reset();

@@ -166,7 +166,10 @@ impl RelayClient {
             Some(Reply::LeaseGranted(g)) => g,
             Some(Reply::Retired(r)) => return Err(SessionEnd::Failed(retired(&r, None, false))),
             Some(Reply::Ack(_)) => {
-                return Err(SessionEnd::Failed(fail("protocol_error", "Ack before LeaseGranted")));
+                return Err(SessionEnd::Failed(fail(
+                    "protocol_error",
+                    "Ack before LeaseGranted",
+                )));
             }
             None => {
                 return Err(SessionEnd::Failed(fail(
@@ -184,12 +187,17 @@ impl RelayClient {
             .lease
             .ok_or_else(|| fail("protocol_error", "LeaseGranted.lease is missing"))
             .and_then(|l| {
-                LaneLease::try_from(l).map_err(|e| fail("protocol_error", format!("LeaseGranted: {e}")))
+                LaneLease::try_from(l)
+                    .map_err(|e| fail("protocol_error", format!("LeaseGranted: {e}")))
             })?;
         let s = &self.settings;
         // Stay well under the smaller of both limits: half of it.
         let granted = usize::try_from(g.max_message_bytes).unwrap_or(usize::MAX);
-        let limit = if granted == 0 { s.max_message_bytes } else { granted.min(s.max_message_bytes) };
+        let limit = if granted == 0 {
+            s.max_message_bytes
+        } else {
+            granted.min(s.max_message_bytes)
+        };
         let budget = (limit / 2).saturating_sub(FRAME_OVERHEAD_BYTES).max(64);
         let by_bytes = (budget / WIRE_BYTES_PER_IMAGE).max(1);
         let by_count = match g.max_images_per_delta {
@@ -377,11 +385,17 @@ impl RelayClient {
         let bytes = frame.encoded_len() as u64;
         match timeout(self.settings.connect_timeout, stream.requests.send(frame)).await {
             Ok(Ok(())) => {
-                self.metrics.sent_bytes.with_label_values(&[&self.endpoint]).inc_by(bytes);
+                self.metrics
+                    .sent_bytes
+                    .with_label_values(&[&self.endpoint])
+                    .inc_by(bytes);
                 Ok(())
             }
             Ok(Err(_)) => Err(fail("stream_error", "the request stream closed")),
-            Err(_) => Err(fail("send_stalled", "a frame could not be sent within the timeout")),
+            Err(_) => Err(fail(
+                "send_stalled",
+                "a frame could not be sent within the timeout",
+            )),
         }
     }
 }
@@ -404,7 +418,11 @@ fn retired(r: &v1::Retired, lease: Option<LaneLease>, was_streaming: bool) -> Fa
     };
     Failure {
         label,
-        detail: format!("lane retired by the indexer ({}): {}", reason.as_str_name(), r.detail),
+        detail: format!(
+            "lane retired by the indexer ({}): {}",
+            reason.as_str_name(),
+            r.detail
+        ),
         lease,
         fence: if reason == v1::RetireReason::Superseded {
             FenceReason::Superseded

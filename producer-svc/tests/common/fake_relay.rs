@@ -150,7 +150,9 @@ impl FakeRelay {
 
     /// Retires attachment `index` with `reason` (the fake sends `Retired` and ends the stream).
     pub async fn retire(&self, index: usize, reason: v1::RetireReason, detail: &str) {
-        let tx = self.with(|s| s.attachments[index].retire.clone()).expect("attachment is live");
+        let tx = self
+            .with(|s| s.attachments[index].retire.clone())
+            .expect("attachment is live");
         tx.send((reason, detail.to_owned())).await.unwrap();
     }
 }
@@ -281,24 +283,33 @@ fn handle_frame(
     let size = frame.encoded_len();
     a.largest_frame = a.largest_frame.max(size);
     if size as u64 > grant.max_message_bytes / 2 {
-        a.errors.push(format!("frame of {size} bytes is not well under {}", grant.max_message_bytes));
+        a.errors.push(format!(
+            "frame of {size} bytes is not well under {}",
+            grant.max_message_bytes
+        ));
     }
-    let reply = match frame.frame {
+    match frame.frame {
         Some(Frame::SnapshotChunk(c)) => {
             if c.lease != Some(lease) {
                 a.errors.push("snapshot chunk with a foreign lease".into());
             }
-            if c.first_bucket != a.buckets_received || c.words.is_empty() || c.words.len() % 8 != 0 {
-                a.errors.push(format!("bad chunk at {} (expected {})", c.first_bucket, a.buckets_received));
+            if c.first_bucket != a.buckets_received || c.words.is_empty() || c.words.len() % 8 != 0
+            {
+                a.errors.push(format!(
+                    "bad chunk at {} (expected {})",
+                    c.first_bucket, a.buckets_received
+                ));
                 None
             } else {
                 if a.snapshot_sequence.is_some_and(|s| s != c.sequence) {
-                    a.errors.push("chunks of different snapshots interleaved".into());
+                    a.errors
+                        .push("chunks of different snapshots interleaved".into());
                 }
                 a.snapshot_sequence = Some(c.sequence);
                 a.snapshot_chunks += 1;
                 for (i, w) in c.words.chunks_exact(8).enumerate() {
-                    a.table[c.first_bucket as usize + i] = u64::from_le_bytes(w.try_into().unwrap());
+                    a.table[c.first_bucket as usize + i] =
+                        u64::from_le_bytes(w.try_into().unwrap());
                 }
                 a.buckets_received += (c.words.len() / 8) as u64;
                 if a.buckets_received == bucket_count {
@@ -323,12 +334,14 @@ fn handle_frame(
                 a.errors.push("empty or ragged delta".into());
             }
             if d.buckets.len() > grant.max_images_per_delta as usize {
-                a.errors.push(format!("delta with {} images", d.buckets.len()));
+                a.errors
+                    .push(format!("delta with {} images", d.buckets.len()));
             }
             let mut seen = std::collections::HashSet::new();
             for (&b, &img) in d.buckets.iter().zip(&d.images) {
                 if !seen.insert(b) || u64::from(b) >= bucket_count {
-                    a.errors.push(format!("duplicate or out-of-range bucket {b}"));
+                    a.errors
+                        .push(format!("duplicate or out-of-range bucket {b}"));
                     continue;
                 }
                 a.table[b as usize] = img;
@@ -347,7 +360,10 @@ fn handle_frame(
                 a.drained = true;
                 Some(ack(m.sequence, true))
             } else {
-                a.errors.push(format!("drain marker {} on installed {:?}", m.sequence, a.installed));
+                a.errors.push(format!(
+                    "drain marker {} on installed {:?}",
+                    m.sequence, a.installed
+                ));
                 Some(Ok(Reply::Retired(v1::Retired {
                     reason: v1::RetireReason::LostFinalDelta.into(),
                     detail: "drain marker does not match".into(),
@@ -359,6 +375,5 @@ fn handle_frame(
             a.errors.push("unexpected frame".into());
             None
         }
-    };
-    reply
+    }
 }

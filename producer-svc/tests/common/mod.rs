@@ -33,11 +33,15 @@ pub fn fast_config(indexers: Vec<String>) -> ProducerConfig {
 }
 
 pub async fn start_with(config: ProducerConfig) -> RunningProducer {
-    producer_svc::serve(config, std::future::pending()).await.expect("producer starts")
+    producer_svc::serve(config, std::future::pending())
+        .await
+        .expect("producer starts")
 }
 
 pub async fn ingest_client(p: &RunningProducer) -> IngestClient<Channel> {
-    IngestClient::connect(format!("http://{}", p.ingest_addr)).await.expect("connect")
+    IngestClient::connect(format!("http://{}", p.ingest_addr))
+        .await
+        .expect("connect")
 }
 
 pub fn member(worker_id: u64, dp_rank: u32) -> Option<v1::MemberId> {
