@@ -107,7 +107,8 @@ pub struct LimitsConfig {
     /// Largest gRPC message accepted, in bytes (tonic's decoding limit; told to producers in
     /// `LeaseGranted`).
     pub max_message_bytes: u64,
-    /// Most bucket images one delta may carry (told to producers in `LeaseGranted`).
+    /// Most bucket images one delta may carry (told to producers in `LeaseGranted`); lowered to
+    /// what fits `max_message_bytes` at 13 bytes per image.
     pub max_images_per_delta: u32,
     /// Relay streams open at once; further attachments get `RESOURCE_EXHAUSTED`.
     pub max_relay_streams: u32,
@@ -236,6 +237,15 @@ impl IndexerConfig {
         Ok(manifest)
     }
 
+    /// Most images per delta actually enforced and granted: `limits.max_images_per_delta`,
+    /// lowered to what fits `limits.max_message_bytes` at [`WIRE_BYTES_PER_IMAGE`] each.
+    pub fn effective_max_images_per_delta(&self) -> u32 {
+        let fits = self.limits.max_message_bytes / WIRE_BYTES_PER_IMAGE;
+        self.limits
+            .max_images_per_delta
+            .min(u32::try_from(fits).unwrap_or(u32::MAX))
+    }
+
     /// The consumer's lag policy (0 ms = that deadline disabled).
     pub fn lag_policy(&self) -> LagPolicy {
         let ms = |v: u64| (v != 0).then(|| Duration::from_millis(v));
@@ -264,18 +274,6 @@ impl Validate for IndexerConfig {
                 "must be at least 1",
             ));
         }
-        let fits = l.max_message_bytes / WIRE_BYTES_PER_IMAGE;
-        if u64::from(l.max_images_per_delta) > fits {
-            return Err(Invalid::new(
-                "limits.max_images_per_delta",
-                l.max_images_per_delta,
-                format!(
-                    "a delta that large cannot fit limits.max_message_bytes = {} \
-                     (at most {fits} images of {WIRE_BYTES_PER_IMAGE} bytes)",
-                    l.max_message_bytes
-                ),
-            ));
-        }
         for (key, value) in [
             ("limits.max_relay_streams", l.max_relay_streams),
             ("limits.max_query_blocks", l.max_query_blocks),
@@ -284,17 +282,6 @@ impl Validate for IndexerConfig {
             if value == 0 {
                 return Err(Invalid::new(key, 0, "must be at least 1"));
             }
-        }
-        if u64::from(l.max_query_blocks) * 10 > l.max_message_bytes {
-            return Err(Invalid::new(
-                "limits.max_query_blocks",
-                l.max_query_blocks,
-                format!(
-                    "a query that long (up to 10 bytes per hash) cannot fit \
-                     limits.max_message_bytes = {}",
-                    l.max_message_bytes
-                ),
-            ));
         }
         Ok(())
     }
@@ -474,14 +461,11 @@ mod tests {
         assert!(text.contains("limits.max_message_bytes = 100"), "{text}");
         assert!(text.contains("4096"), "{text}");
 
-        let text = cli(&["--max-images-per-delta", "4000000"])
+        let text = cli(&["--max-images-per-delta", "0"])
             .load()
             .unwrap_err()
             .to_string();
-        assert!(
-            text.contains("limits.max_images_per_delta = 4000000"),
-            "{text}"
-        );
+        assert!(text.contains("limits.max_images_per_delta = 0"), "{text}");
 
         let lanes: Vec<String> = (0..17).map(|i| format!("dc{i}")).collect();
         let text = cli(&["--lanes", &lanes.join(",")])
@@ -489,6 +473,14 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(text.contains("17 lanes"), "{text}");
+    }
+
+    #[test]
+    fn images_per_delta_is_lowered_to_what_fits_a_message() {
+        let config = cli(&["--max-message-bytes", "65536"]).load().unwrap();
+        assert_eq!(config.effective_max_images_per_delta(), 65536 / 13);
+        let config = cli(&["--max-images-per-delta", "100"]).load().unwrap();
+        assert_eq!(config.effective_max_images_per_delta(), 100);
     }
 
     #[test]

@@ -22,7 +22,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tonic_health::ServingStatus;
 
-use crate::config::IndexerConfig;
+use crate::config::{IndexerConfig, LimitsConfig};
 use crate::lane_watch;
 use crate::metrics::{IndexerMetrics, LaneLabels};
 use crate::query::QueryService;
@@ -148,7 +148,10 @@ pub async fn serve(
         indexer: Arc::clone(&indexer),
         pool,
         metrics: metrics.clone(),
-        limits: config.limits.clone(),
+        limits: LimitsConfig {
+            max_images_per_delta: config.effective_max_images_per_delta(),
+            ..config.limits.clone()
+        },
         heartbeat_deadline_ms: config.lag.heartbeat_deadline_ms,
         relay_streams: Arc::new(Semaphore::new(config.limits.max_relay_streams as usize)),
         shutdown: stop.clone(),

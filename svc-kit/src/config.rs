@@ -126,7 +126,9 @@ impl Provider for Overrides {
 fn deep_merge(into: &mut Dict, from: Dict) {
     for (key, value) in from {
         match (into.get_mut(&key), value) {
-            (Some(Value::Dict(_, existing)), Value::Dict(_, nested)) => deep_merge(existing, nested),
+            (Some(Value::Dict(_, existing)), Value::Dict(_, nested)) => {
+                deep_merge(existing, nested)
+            }
             (_, value) => {
                 into.insert(key, value);
             }
@@ -192,6 +194,8 @@ impl Layers {
             let source_name = figment
                 .find_metadata(&invalid.key)
                 .map(|m| match &m.source {
+                    // The defaults layer is code: say so instead of a type name and line.
+                    Some(figment::Source::Code(_)) => "the default".to_owned(),
                     Some(source) => format!("{} {source}", m.name),
                     None => m.name.to_string(),
                 });

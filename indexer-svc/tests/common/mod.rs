@@ -1,0 +1,273 @@
+//! Test harness: an in-process indexer on 127.0.0.1:0 and a producer driven by ckf-core's own
+//! producer types (`DcCkfState` + `DcCkfPublisher`) over the generated gRPC client.
+
+#![allow(dead_code, missing_docs)]
+
+use std::time::Duration;
+
+use ckf_core::addressing::TableFormat;
+use ckf_core::dc::{DcCkfConfig, DcCkfState, MemberId};
+use ckf_core::identity::{LaneLease, PoolId, ProducerIdentity, ProducerIncarnation};
+use ckf_core::publication::DcCkfPublisher;
+use ckf_proto::convert;
+use ckf_proto::v1::{
+    self, query_client::QueryClient, relay_client::RelayClient, relay_frame::Frame as WireFrame,
+    relay_reply::Reply,
+};
+use indexer_svc::{IndexerConfig, RunningIndexer, serve};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::Channel;
+use tonic::{Code, Status, Streaming};
+
+pub const DOMAIN: &str = "test";
+pub const BUCKETS: u64 = 1024;
+
+/// A small-table configuration with `lanes`, generous deadlines (tests end streams
+/// themselves) and a 64 KiB message limit.
+pub fn config(lanes: &[&str]) -> IndexerConfig {
+    let mut config = IndexerConfig::for_lanes(DOMAIN, lanes);
+    config.table.bucket_count = BUCKETS;
+    config.lag.heartbeat_deadline_ms = 60_000;
+    config.lag.dirty_to_applied_deadline_ms = 60_000;
+    config.limits.max_message_bytes = 64 << 10;
+    config
+}
+
+pub fn format() -> TableFormat {
+    TableFormat::new(BUCKETS, 0).unwrap()
+}
+
+pub struct Indexer {
+    pub running: RunningIndexer,
+    pub channel: Channel,
+}
+
+impl Indexer {
+    pub async fn start(config: IndexerConfig) -> Self {
+        let running = serve(config, std::future::pending())
+            .await
+            .expect("indexer starts");
+        let channel =
+            tonic::transport::Endpoint::from_shared(format!("http://{}", running.grpc_addr))
+                .unwrap()
+                .connect()
+                .await
+                .expect("connect to indexer");
+        Self { running, channel }
+    }
+
+    pub fn query(&self) -> QueryClient<Channel> {
+        QueryClient::new(self.channel.clone())
+    }
+
+    pub fn relay(&self) -> RelayClient<Channel> {
+        RelayClient::new(self.channel.clone()).max_encoding_message_size(64 << 20)
+    }
+
+    /// `(lane, depth)` per ready lane and the ready mask.
+    pub async fn find(&self, hashes: &[u64]) -> (Vec<(u32, u32)>, u32) {
+        let response = self
+            .query()
+            .find_matches(v1::FindMatchesRequest {
+                block_hashes: hashes.to_vec(),
+            })
+            .await
+            .expect("FindMatches")
+            .into_inner();
+        (
+            response.matches.iter().map(|m| (m.lane, m.depth)).collect(),
+            response.ready_mask,
+        )
+    }
+
+    pub async fn lanes(&self) -> v1::ListLanesResponse {
+        self.query()
+            .list_lanes(v1::ListLanesRequest {})
+            .await
+            .expect("ListLanes")
+            .into_inner()
+    }
+
+    pub async fn lane(&self, lane: u32) -> v1::LaneInfo {
+        self.lanes().await.lanes.remove(lane as usize)
+    }
+
+    /// Polls ListLanes until `lane` satisfies `pred` (bounded wait, not a timing assertion).
+    pub async fn wait_lane(&self, lane: u32, pred: impl Fn(&v1::LaneInfo) -> bool) -> v1::LaneInfo {
+        for _ in 0..400 {
+            let info = self.lane(lane).await;
+            if pred(&info) {
+                return info;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!(
+            "lane {lane} never reached the expected state: {:?}",
+            self.lane(lane).await
+        );
+    }
+}
+
+pub fn identity(dc: &str, incarnation: u64, format: TableFormat) -> ProducerIdentity {
+    ProducerIdentity {
+        pool: PoolId::new(DOMAIN, dc).unwrap(),
+        incarnation: ProducerIncarnation(incarnation),
+        format,
+    }
+}
+
+pub fn member(worker: u64) -> MemberId {
+    MemberId {
+        worker_id: worker,
+        dp_rank: 0,
+    }
+}
+
+/// Deterministic distinct block hashes (a fixed sequence: results never vary between runs).
+pub fn hashes(seed: u64, n: usize) -> Vec<u64> {
+    (0..n as u64)
+        .map(|i| ckf_core::addressing::fmix64(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (i + 1)))
+        .collect()
+}
+
+/// An open relay stream: the frame sender and the reply stream.
+pub struct Stream {
+    pub tx: mpsc::Sender<v1::RelayFrame>,
+    pub replies: Streaming<v1::RelayReply>,
+}
+
+impl Stream {
+    /// Opens a stream and sends `attach`; returns the status if the indexer refuses it.
+    pub async fn open(
+        indexer: &Indexer,
+        attach: v1::Attach,
+    ) -> Result<(Self, v1::LeaseGranted), Status> {
+        let (tx, rx) = mpsc::channel(64);
+        tx.send(WireFrame::Attach(attach).into()).await.unwrap();
+        let mut replies = indexer
+            .relay()
+            .publish(ReceiverStream::new(rx))
+            .await?
+            .into_inner();
+        match replies.message().await? {
+            Some(v1::RelayReply {
+                reply: Some(Reply::LeaseGranted(granted)),
+            }) => Ok((Self { tx, replies }, granted)),
+            other => panic!("expected LeaseGranted, got {other:?}"),
+        }
+    }
+
+    pub async fn send(&self, frame: WireFrame) {
+        // A send after the indexer ended the stream is fine: the test reads the outcome.
+        let _ = self.tx.send(frame.into()).await;
+    }
+
+    pub async fn next(&mut self) -> Result<Option<Reply>, Status> {
+        Ok(self.replies.message().await?.and_then(|r| r.reply))
+    }
+
+    pub async fn expect_ack(&mut self) -> v1::Ack {
+        match self.next().await {
+            Ok(Some(Reply::Ack(ack))) => ack,
+            other => panic!("expected Ack, got {other:?}"),
+        }
+    }
+
+    /// Expects `Retired(reason)` followed by a status with `code`; returns the status.
+    pub async fn expect_retired(&mut self, reason: v1::RetireReason, code: Code) -> Status {
+        match self.next().await {
+            Ok(Some(Reply::Retired(retired))) => {
+                assert_eq!(retired.reason(), reason, "retired: {retired:?}");
+                assert!(!retired.detail.is_empty());
+            }
+            other => panic!("expected Retired({reason:?}), got {other:?}"),
+        }
+        let status = self
+            .next()
+            .await
+            .expect_err("a terminal status follows Retired");
+        assert_eq!(status.code(), code, "{status:?}");
+        status
+    }
+}
+
+/// A producer made of ckf-core's producer types, publishing over one relay stream.
+pub struct Producer {
+    pub state: DcCkfState,
+    pub publisher: DcCkfPublisher,
+    pub stream: Stream,
+    pub lease: LaneLease,
+    pub granted: v1::LeaseGranted,
+}
+
+impl Producer {
+    /// Attaches with a fresh state of the test format.
+    pub async fn attach(indexer: &Indexer, dc: &str, incarnation: u64) -> Self {
+        let identity = identity(dc, incarnation, format());
+        let (stream, granted) = Stream::open(indexer, (&identity).into())
+            .await
+            .expect("attach accepted");
+        let lease: LaneLease = granted.lease.unwrap().try_into().unwrap();
+        let mut publisher = DcCkfPublisher::new(identity);
+        publisher.install_lease(lease).unwrap();
+        Self {
+            state: DcCkfState::new(DcCkfConfig::new(format())).unwrap(),
+            publisher,
+            stream,
+            lease,
+            granted,
+        }
+    }
+
+    /// Sends the barrier snapshot in chunks of `chunk_bytes`; returns the activation Ack.
+    pub async fn snapshot(&mut self, chunk_bytes: usize) -> v1::Ack {
+        // The snapshot copies the whole table, so pending changes are included; the publisher
+        // refuses to snapshot while a batch is pending, so drop it here.
+        let _ = self.state.take_batch();
+        let snapshot = self.publisher.snapshot(&self.state).unwrap();
+        for chunk in convert::snapshot_to_wire(&snapshot, chunk_bytes) {
+            self.stream.send(WireFrame::SnapshotChunk(chunk)).await;
+        }
+        self.stream.expect_ack().await
+    }
+
+    pub fn store(&mut self, worker: u64, hashes: &[u64]) {
+        let outcome = self.state.store(member(worker), hashes);
+        assert_eq!(
+            outcome.applied as usize,
+            hashes.len(),
+            "no omission in a roomy table"
+        );
+    }
+
+    pub fn remove(&mut self, worker: u64, hashes: &[u64]) {
+        self.state.remove(member(worker), hashes);
+    }
+
+    /// The next delta as a wire frame (not sent).
+    pub fn next_delta(&mut self) -> v1::Delta {
+        let batch = self.state.take_batch().expect("something changed");
+        let delta = self.publisher.delta(&batch).unwrap();
+        (&delta).into()
+    }
+
+    /// Publishes the pending changes as one delta; returns its Ack.
+    pub async fn publish(&mut self) -> v1::Ack {
+        let delta = self.next_delta();
+        self.stream.send(WireFrame::Delta(delta)).await;
+        self.stream.expect_ack().await
+    }
+
+    pub async fn drain(&mut self) -> v1::Ack {
+        let marker = self.publisher.drain_marker().unwrap();
+        self.stream
+            .send(WireFrame::DrainMarker((&marker).into()))
+            .await;
+        self.stream.expect_ack().await
+    }
+
+    pub fn wire_lease(&self) -> Option<v1::LaneLease> {
+        Some(self.lease.into())
+    }
+}

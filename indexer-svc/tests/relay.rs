@@ -1,0 +1,486 @@
+//! Relay + Query against an in-process indexer on 127.0.0.1:0, driven by the generated client
+//! and ckf-core's producer types.
+
+mod common;
+
+use ckf_proto::v1::{self, relay_frame::Frame as WireFrame};
+use common::*;
+use tonic::Code;
+
+#[tokio::test]
+async fn attach_snapshot_delta_then_find_matches_sees_the_blocks() {
+    let indexer = Indexer::start(config(&["dc-a", "dc-b"])).await;
+    let seq = hashes(1, 12);
+
+    let mut a = Producer::attach(&indexer, "dc-a", 11).await;
+    assert_eq!(a.lease.lane, 0);
+    assert_eq!(a.lease.epoch, 1);
+    assert_eq!(a.granted.max_message_bytes, 64 << 10);
+    // Blocks stored before the snapshot travel in it; 2 KiB chunks = 4 chunks.
+    a.store(1, &seq[..4]);
+    let ack = a.snapshot(2048).await;
+    assert!(ack.ready);
+    assert_eq!(ack.installed_sequence, 0);
+    assert_eq!(indexer.find(&seq).await, (vec![(0, 4)], 0b01));
+
+    // Blocks stored after it travel in a delta.
+    a.store(1, &seq[4..9]);
+    let ack = a.publish().await;
+    assert_eq!(ack.installed_sequence, 1);
+    assert_eq!(indexer.find(&seq).await, (vec![(0, 9)], 0b01));
+
+    // A second lane answers independently, with its own depth.
+    let mut b = Producer::attach(&indexer, "dc-b", 22).await;
+    b.store(7, &seq[..2]);
+    b.snapshot(64 << 10).await;
+    assert_eq!(indexer.find(&seq).await, (vec![(0, 9), (1, 2)], 0b11));
+
+    // Removals disappear.
+    a.remove(1, &seq[3..9]);
+    assert_eq!(a.publish().await.installed_sequence, 2);
+    assert_eq!(indexer.find(&seq).await, (vec![(0, 3), (1, 2)], 0b11));
+
+    // The consumer lane equals the producer's table word for word.
+    let table = indexer.running.indexer().table();
+    assert_eq!(table.lane_words(0), a.state.buckets());
+    assert_eq!(table.lane_words(1), b.state.buckets());
+}
+
+#[tokio::test]
+async fn list_lanes_reports_state_lease_sequence_load_and_drain() {
+    let indexer = Indexer::start(config(&["dc-a", "dc-b"])).await;
+    let listing = indexer.lanes().await;
+    assert_eq!(listing.domain, DOMAIN);
+    assert_eq!(listing.format, Some(format().into()));
+    assert_eq!(listing.consumer_instance, indexer.running.consumer_instance);
+    assert_eq!(listing.lanes.len(), 2);
+    let idle = &listing.lanes[1];
+    assert_eq!(idle.state(), v1::LaneState::Unassigned);
+    assert_eq!(idle.pool.as_ref().unwrap().dc, "dc-b");
+    assert_eq!((idle.lease_epoch, idle.incarnation), (0, 0));
+    assert_eq!(idle.last_update_age_ms, None);
+
+    let mut a = Producer::attach(&indexer, "dc-a", 0xabc).await;
+    let awaiting = indexer.lane(0).await;
+    assert_eq!(awaiting.state(), v1::LaneState::AwaitingSnapshot);
+    assert_eq!((awaiting.lease_epoch, awaiting.incarnation), (1, 0xabc));
+
+    a.store(1, &hashes(2, 300));
+    a.snapshot(4096).await;
+    a.store(2, &hashes(3, 100));
+    a.publish().await;
+    a.publish_nothing_check();
+    let active = indexer.lane(0).await;
+    assert_eq!(active.state(), v1::LaneState::Active);
+    assert_eq!(active.installed_sequence, 1);
+    assert!(active.last_update_age_ms.is_some());
+    let resident = a.state.stats().resident_fingerprints as f64;
+    assert_eq!(active.load_factor, resident / (BUCKETS * 4) as f64);
+    assert!(active.load_factor > 0.0);
+    assert!(!active.drained);
+
+    let ack = a.drain().await;
+    assert!(ack.drained);
+    assert_eq!(ack.installed_sequence, 1);
+    // After the drained Ack the indexer ends the stream with OK.
+    assert!(a.stream.next().await.unwrap().is_none());
+    let drained = indexer.lane(0).await;
+    assert!(drained.drained);
+    assert_eq!(
+        drained.state(),
+        v1::LaneState::Active,
+        "a drained lane keeps answering"
+    );
+    assert_eq!(drained.retirements, 0);
+}
+
+#[tokio::test]
+async fn unknown_pool_is_not_found_naming_the_configured_pools() {
+    let indexer = Indexer::start(config(&["dc-a", "dc-b"])).await;
+    let status = Stream::open(&indexer, (&identity("dc-z", 1, format())).into())
+        .await
+        .err()
+        .expect("refused");
+    assert_eq!(status.code(), Code::NotFound);
+    let message = status.message();
+    assert!(message.contains("test/dc-z"), "{message}");
+    assert!(message.contains("test/dc-a, test/dc-b"), "{message}");
+}
+
+#[tokio::test]
+async fn format_mismatch_is_failed_precondition_naming_both_formats() {
+    let indexer = Indexer::start(config(&["dc-a"])).await;
+    let other = ckf_core::addressing::TableFormat::new(2048, 5).unwrap();
+    let status = Stream::open(&indexer, (&identity("dc-a", 1, other)).into())
+        .await
+        .err()
+        .expect("refused");
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    let message = status.message();
+    assert!(
+        message.contains(&format!("indexer has [{}]", format())),
+        "{message}"
+    );
+    assert!(
+        message.contains(&format!("producer has [{other}]")),
+        "{message}"
+    );
+
+    // A format this build cannot even decode is named too.
+    let mut attach: v1::Attach = (&identity("dc-a", 1, format())).into();
+    attach.format.as_mut().unwrap().bucket_count = 1000;
+    let status = Stream::open(&indexer, attach).await.err().expect("refused");
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    assert!(
+        status.message().contains("bucket_count: 1000"),
+        "{}",
+        status.message()
+    );
+    assert!(
+        status.message().contains("not a power of two"),
+        "{}",
+        status.message()
+    );
+    // Nothing was leased.
+    assert_eq!(indexer.lane(0).await.state(), v1::LaneState::Unassigned);
+}
+
+#[tokio::test]
+async fn first_frame_must_be_attach() {
+    let indexer = Indexer::start(config(&["dc-a"])).await;
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(WireFrame::Heartbeat(v1::Heartbeat::default()).into())
+        .await
+        .unwrap();
+    let status = indexer
+        .relay()
+        .publish(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .err()
+        .expect("refused");
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(
+        status.message().contains("must be Attach, got heartbeat"),
+        "{}",
+        status.message()
+    );
+}
+
+/// Starts an indexer with lanes dc-a and dc-b, both active with the same 8 blocks.
+async fn two_ready_lanes() -> (Indexer, Producer, Producer, Vec<u64>) {
+    let indexer = Indexer::start(config(&["dc-a", "dc-b"])).await;
+    let seq = hashes(9, 8);
+    let mut a = Producer::attach(&indexer, "dc-a", 1).await;
+    a.store(1, &seq);
+    a.snapshot(8192).await;
+    let mut b = Producer::attach(&indexer, "dc-b", 2).await;
+    b.store(1, &seq);
+    b.snapshot(8192).await;
+    assert_eq!(indexer.find(&seq).await, (vec![(0, 8), (1, 8)], 0b11));
+    (indexer, a, b, seq)
+}
+
+/// After lane 0 was retired: lane 1 still answers, lane 0 is out of the ready set, and
+/// ListLanes names the reason.
+async fn only_lane_0_affected(
+    indexer: &Indexer,
+    b: &mut Producer,
+    seq: &[u64],
+    reason: v1::RetireReason,
+) {
+    assert_eq!(indexer.find(seq).await, (vec![(1, 8)], 0b10));
+    let lane0 = indexer.lane(0).await;
+    assert_eq!(lane0.state(), v1::LaneState::Retired);
+    assert_eq!(lane0.retirements, 1);
+    assert_eq!(lane0.last_retire_reason(), reason);
+    assert!(!lane0.last_retire_detail.is_empty());
+    let lane1 = indexer.lane(1).await;
+    assert_eq!(lane1.state(), v1::LaneState::Active);
+    assert_eq!(lane1.retirements, 0);
+    // ... and lane 1's stream still applies deltas.
+    b.store(2, &hashes(10, 3));
+    assert_eq!(b.publish().await.installed_sequence, 1);
+}
+
+#[tokio::test]
+async fn gap_retires_only_that_lane() {
+    let (indexer, mut a, mut b, seq) = two_ready_lanes().await;
+    a.store(3, &hashes(4, 2));
+    let mut delta = a.next_delta();
+    delta.base_sequence += 1;
+    delta.sequence += 1;
+    a.stream.send(WireFrame::Delta(delta)).await;
+    let status = a
+        .stream
+        .expect_retired(v1::RetireReason::Gap, Code::FailedPrecondition)
+        .await;
+    assert!(
+        status
+            .message()
+            .contains("delta base 1 but installed sequence is 0"),
+        "{}",
+        status.message()
+    );
+    only_lane_0_affected(&indexer, &mut b, &seq, v1::RetireReason::Gap).await;
+}
+
+#[tokio::test]
+async fn out_of_range_bucket_retires_only_that_lane() {
+    let (indexer, mut a, mut b, seq) = two_ready_lanes().await;
+    let delta = v1::Delta {
+        lease: a.wire_lease(),
+        base_sequence: 0,
+        sequence: 1,
+        buckets: vec![3, BUCKETS as u32],
+        images: vec![0, 0],
+        oldest_change_age_ms: 0,
+    };
+    a.stream.send(WireFrame::Delta(delta)).await;
+    let status = a
+        .stream
+        .expect_retired(v1::RetireReason::MalformedFrame, Code::InvalidArgument)
+        .await;
+    assert!(
+        status
+            .message()
+            .contains("bucket 1024 is outside the table of 1024"),
+        "{}",
+        status.message()
+    );
+    only_lane_0_affected(&indexer, &mut b, &seq, v1::RetireReason::MalformedFrame).await;
+}
+
+#[tokio::test]
+async fn duplicate_bucket_retires_only_that_lane_and_changes_no_word() {
+    let (indexer, mut a, mut b, seq) = two_ready_lanes().await;
+    let before = indexer.running.indexer().table().lane_words(0);
+    let delta = v1::Delta {
+        lease: a.wire_lease(),
+        base_sequence: 0,
+        sequence: 1,
+        buckets: vec![5, 6, 5],
+        images: vec![1, 2, 3],
+        oldest_change_age_ms: 0,
+    };
+    a.stream.send(WireFrame::Delta(delta)).await;
+    let status = a
+        .stream
+        .expect_retired(v1::RetireReason::MalformedFrame, Code::InvalidArgument)
+        .await;
+    assert!(
+        status.message().contains("bucket 5 appears more than once"),
+        "{}",
+        status.message()
+    );
+    assert_eq!(indexer.running.indexer().table().lane_words(0), before);
+    only_lane_0_affected(&indexer, &mut b, &seq, v1::RetireReason::MalformedFrame).await;
+}
+
+#[tokio::test]
+async fn oversized_message_is_resource_exhausted_and_retires_only_that_lane() {
+    let (indexer, mut a, mut b, seq) = two_ready_lanes().await;
+    // A re-barrier chunk of the whole 8 KiB table... times 9: over the 64 KiB limit.
+    let chunk = v1::SnapshotChunk {
+        lease: a.wire_lease(),
+        sequence: 0,
+        first_bucket: 0,
+        words: vec![0; 72 << 10],
+    };
+    a.stream.send(WireFrame::SnapshotChunk(chunk)).await;
+    let status = a
+        .stream
+        .expect_retired(v1::RetireReason::StreamLost, Code::ResourceExhausted)
+        .await;
+    assert!(
+        status.message().contains("the limit is: 65536 bytes"),
+        "{}",
+        status.message()
+    );
+    only_lane_0_affected(&indexer, &mut b, &seq, v1::RetireReason::StreamLost).await;
+}
+
+#[tokio::test]
+async fn too_many_images_is_refused_and_retires_only_that_lane() {
+    let mut cfg = config(&["dc-a", "dc-b"]);
+    cfg.limits.max_images_per_delta = 2;
+    let indexer = Indexer::start(cfg).await;
+    let seq = hashes(9, 8);
+    let mut a = Producer::attach(&indexer, "dc-a", 1).await;
+    a.snapshot(8192).await;
+    let mut b = Producer::attach(&indexer, "dc-b", 2).await;
+    b.store(1, &seq);
+    b.snapshot(8192).await;
+    assert_eq!(a.granted.max_images_per_delta, 2);
+    let delta = v1::Delta {
+        lease: a.wire_lease(),
+        base_sequence: 0,
+        sequence: 1,
+        buckets: vec![1, 2, 3],
+        images: vec![1, 2, 3],
+        oldest_change_age_ms: 0,
+    };
+    a.stream.send(WireFrame::Delta(delta)).await;
+    let status = a
+        .stream
+        .expect_retired(v1::RetireReason::StreamLost, Code::InvalidArgument)
+        .await;
+    assert!(
+        status.message().contains("delta carries 3 images"),
+        "{}",
+        status.message()
+    );
+    assert_eq!(indexer.find(&seq).await, (vec![(1, 8)], 0b10));
+    assert_eq!(indexer.lane(0).await.state(), v1::LaneState::Retired);
+}
+
+#[tokio::test]
+async fn lost_final_delta_is_caught_by_the_drain_marker() {
+    let (indexer, mut a, mut b, seq) = two_ready_lanes().await;
+    a.store(5, &hashes(11, 4));
+    let _lost = a.next_delta(); // never sent
+    let marker = a.publisher.drain_marker().unwrap();
+    a.stream
+        .send(WireFrame::DrainMarker((&marker).into()))
+        .await;
+    let status = a
+        .stream
+        .expect_retired(v1::RetireReason::LostFinalDelta, Code::FailedPrecondition)
+        .await;
+    assert!(
+        status
+            .message()
+            .contains("drain marker says 1 but installed sequence is 0"),
+        "{}",
+        status.message()
+    );
+    only_lane_0_affected(&indexer, &mut b, &seq, v1::RetireReason::LostFinalDelta).await;
+}
+
+#[tokio::test]
+async fn stream_closed_without_drain_retires_the_lane_as_stream_lost() {
+    let (indexer, a, mut b, seq) = two_ready_lanes().await;
+    drop(a); // closes the producer's side without a drain marker
+    let lane0 = indexer
+        .wait_lane(0, |l| l.state() == v1::LaneState::Retired)
+        .await;
+    assert_eq!(lane0.last_retire_reason(), v1::RetireReason::StreamLost);
+    only_lane_0_affected(&indexer, &mut b, &seq, v1::RetireReason::StreamLost).await;
+}
+
+#[tokio::test]
+async fn newer_attachment_fences_the_older_stream() {
+    let indexer = Indexer::start(config(&["dc-a"])).await;
+    let old_blocks = hashes(20, 6);
+    let new_blocks = hashes(21, 5);
+    let mut old = Producer::attach(&indexer, "dc-a", 100).await;
+    old.store(1, &old_blocks);
+    old.snapshot(8192).await;
+    assert_eq!(indexer.find(&old_blocks).await, (vec![(0, 6)], 1));
+
+    // A second producer for the same pool (new incarnation) attaches: epoch 2.
+    let mut new = Producer::attach(&indexer, "dc-a", 200).await;
+    assert_eq!(new.lease.epoch, 2);
+    let status = old
+        .stream
+        .expect_retired(v1::RetireReason::Superseded, Code::Aborted)
+        .await;
+    assert!(
+        status.message().contains("lease epoch 2 replaced epoch 1"),
+        "{}",
+        status.message()
+    );
+    // Fenced at grant time: the lane is not ready until the newer snapshot.
+    assert_eq!(indexer.find(&old_blocks).await, (vec![], 0));
+
+    new.store(1, &new_blocks);
+    new.snapshot(8192).await;
+    assert_eq!(indexer.find(&new_blocks).await, (vec![(0, 5)], 1));
+    assert_eq!(indexer.find(&old_blocks).await, (vec![(0, 0)], 1));
+    let lane = indexer.lane(0).await;
+    assert_eq!((lane.lease_epoch, lane.incarnation), (2, 200));
+    assert_eq!(lane.retirements, 0, "supersession is not a retirement");
+
+    // A frame the old producer sends now changes nothing.
+    old.store(1, &hashes(22, 3));
+    let delta = old.next_delta();
+    old.stream.send(WireFrame::Delta(delta)).await;
+    new.store(2, &hashes(23, 2));
+    assert_eq!(new.publish().await.installed_sequence, 1);
+    assert_eq!(indexer.find(&old_blocks).await, (vec![(0, 0)], 1));
+}
+
+#[tokio::test]
+async fn heartbeat_deadline_retires_a_silent_lane() {
+    let mut cfg = config(&["dc-a", "dc-b"]);
+    cfg.lag.heartbeat_deadline_ms = 200;
+    let indexer = Indexer::start(cfg).await;
+    let mut a = Producer::attach(&indexer, "dc-a", 1).await;
+    assert_eq!(a.granted.heartbeat_deadline_ms, 200);
+    a.snapshot(8192).await;
+    // Silence: the indexer retires the lane and ends the stream.
+    a.stream
+        .expect_retired(v1::RetireReason::HeartbeatTimeout, Code::DeadlineExceeded)
+        .await;
+    let lane = indexer.lane(0).await;
+    assert_eq!(lane.state(), v1::LaneState::Retired);
+    assert_eq!(
+        lane.last_retire_reason(),
+        v1::RetireReason::HeartbeatTimeout
+    );
+}
+
+#[tokio::test]
+async fn heartbeats_keep_a_lane_alive() {
+    let mut cfg = config(&["dc-a"]);
+    cfg.lag.heartbeat_deadline_ms = 300;
+    let indexer = Indexer::start(cfg).await;
+    let mut a = Producer::attach(&indexer, "dc-a", 1).await;
+    a.store(1, &hashes(30, 3));
+    a.snapshot(8192).await;
+    for _ in 0..8 {
+        tokio::time::sleep(std::time::Duration::from_millis(75)).await;
+        a.stream
+            .send(WireFrame::Heartbeat(v1::Heartbeat {
+                lease: a.wire_lease(),
+                sequence: 0,
+            }))
+            .await;
+    }
+    // Well past the deadline in total, never silent for it: still active, and a delta applies.
+    a.store(1, &hashes(31, 2));
+    assert_eq!(a.publish().await.installed_sequence, 1);
+    assert_eq!(indexer.lane(0).await.state(), v1::LaneState::Active);
+}
+
+#[tokio::test]
+async fn frame_with_a_foreign_lease_is_refused() {
+    let (indexer, mut a, mut b, seq) = two_ready_lanes().await;
+    let mut lease = a.lease;
+    lease.epoch += 5;
+    let heartbeat = v1::Heartbeat {
+        lease: Some(lease.into()),
+        sequence: 0,
+    };
+    a.stream.send(WireFrame::Heartbeat(heartbeat)).await;
+    let status = a
+        .stream
+        .expect_retired(v1::RetireReason::StreamLost, Code::InvalidArgument)
+        .await;
+    assert!(
+        status.message().contains("this stream holds"),
+        "{}",
+        status.message()
+    );
+    only_lane_0_affected(&indexer, &mut b, &seq, v1::RetireReason::StreamLost).await;
+}
+
+trait NothingCheck {
+    fn publish_nothing_check(&mut self);
+}
+
+impl NothingCheck for Producer {
+    /// No pending change is left unpublished.
+    fn publish_nothing_check(&mut self) {
+        assert!(self.state.take_batch().is_none());
+    }
+}
