@@ -37,7 +37,7 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::addressing::Location;
+use crate::addressing::{Addressing, Location};
 use crate::bucket::{MAX_LANES, TransposedTable};
 use crate::global::GlobalCkfIndexer;
 use crate::identity::LaneIndex;
@@ -105,21 +105,21 @@ impl PrefixMatches {
 const ONES: u64 = 0x0001_0001_0001_0001;
 const HIGH: u64 = 0x8000_8000_8000_8000;
 
-/// Nonzero iff some 16-bit slot of `w` equals `fingerprint_pattern`'s slots (exact as a boolean:
-/// the classic has-zero test can only add false flags above a true zero slot).
+/// Nonzero iff some 16-bit slot of `w` equals the fingerprint replicated in `pattern` (exact as
+/// a boolean: the classic has-zero test can only add false flags above a true zero slot).
 #[inline(always)]
 fn hit(w: u64, pattern: u64) -> u64 {
     let x = w ^ pattern;
     x.wrapping_sub(ONES) & !x & HIGH
 }
 
-/// Bit `l` set for each lane `l` in `active` whose word in `row_a` or `row_b` holds the
-/// fingerprint. `row_a` is loaded before `row_b` lane by lane... see the module docs: the caller
-/// passes the lower-index bucket as `row_a`.
+/// Portable row check: bit `l` set for each lane `l` in `active` whose word in the `lo` row or
+/// the `hi` row holds `fingerprint`. Per lane, the `lo` word is loaded before the `hi` word.
 #[inline(always)]
-fn row_hits(table: &TransposedTable, lo: usize, hi: usize, pattern: u64, active: u32) -> u32 {
+fn row_hits_scalar(table: &TransposedTable, lo: usize, hi: usize, fingerprint: u16, active: u32) -> u32 {
     let ra = table.row(lo);
     let rb = table.row(hi);
+    let pattern = u64::from(fingerprint) * ONES;
     let mut hits = 0u32;
     let mut m = active;
     while m != 0 {
@@ -133,66 +133,329 @@ fn row_hits(table: &TransposedTable, lo: usize, hi: usize, pattern: u64, active:
     hits
 }
 
-impl GlobalCkfIndexer {
-    /// Prefix depth of `block_hashes` in every lane ready at capture (see the module docs for
-    /// the algorithm, the read order and the weak-read contract). Allocation-free.
-    ///
-    /// Depths are `u32`; a query longer than `u32::MAX` blocks is cut to its first `u32::MAX`.
-    pub fn find_prefix_matches(&self, block_hashes: &[u64]) -> PrefixMatches {
-        let ready = self.ready_mask();
-        let mut depths = [0u32; MAX_LANES];
-        let hashes = &block_hashes[..block_hashes.len().min(u32::MAX as usize)];
-        let n = hashes.len();
-        let table = self.table();
-        let addressing = *self.addressing();
+/// The AVX-512 row check: the row of up to 16 lanes is read with (at most) two masked 512-bit
+/// loads per bucket, compared slot-wise against the fingerprint into a 64-bit slot mask (4 bits
+/// per lane), which is folded to one bit per lane.
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::asm;
+    use std::arch::x86_64::{__m512i, _mm512_cmpeq_epi16_mask, _mm512_set1_epi16, _pext_u64};
 
+    /// Loads the `u64` words `ptr[i]` for every bit `i` set in `mask` (the others read as 0).
+    ///
+    /// # Safety
+    /// Every selected element must lie inside the table allocation and be 8-byte aligned.
+    /// Unselected elements are never accessed (AVX-512 masked loads suppress faults).
+    ///
+    /// Why inline assembly and not an intrinsic: the words are `AtomicU64`s written concurrently,
+    /// so a plain (intrinsic) vector load would be a data race in the Rust memory model. The asm
+    /// block is opaque to the compiler and is not reordered with the other (volatile) loads of
+    /// the query, so the lower-bucket-first order of the module docs holds. On x86-64 each
+    /// aligned 8-byte element of a vector load is read in a single access (never torn), and
+    /// x86 loads are not reordered with other loads, which gives every element the `Acquire`
+    /// semantics of the scalar path. Tearing *between* elements is harmless: lane words are
+    /// independent images (the weak-read contract).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load_words(ptr: *const u64, mask: u8) -> __m512i {
+        let v: __m512i;
+        // SAFETY: see the function contract; the asm reads memory only at `ptr` under `mask`,
+        // writes no memory and uses no stack.
+        unsafe {
+            asm!(
+                "vmovdqu64 {v}{{{k}}}{{z}}, zmmword ptr [{p}]",
+                v = lateout(zmm_reg) v,
+                k = in(kreg) mask,
+                p = in(reg) ptr,
+                options(nostack, preserves_flags),
+            );
+        }
+        v
+    }
+
+    /// Loads 8 `u64` words at `ptr` (a full half-row of a 16-lane table).
+    ///
+    /// # Safety
+    /// `ptr .. ptr + 8` must lie inside the table allocation, 8-byte aligned. Same memory-model
+    /// argument as [`load_words`].
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load_full(ptr: *const u64) -> __m512i {
+        let v: __m512i;
+        // SAFETY: see the function contract; reads 64 bytes at `ptr`, writes no memory.
+        unsafe {
+            asm!(
+                "vmovdqu64 {v}, zmmword ptr [{p}]",
+                v = lateout(zmm_reg) v,
+                p = in(reg) ptr,
+                options(nostack, preserves_flags),
+            );
+        }
+        v
+    }
+
+    /// Bit `l` set for each lane `l` whose word in row `lo` or row `hi` holds `fingerprint`.
+    /// The lower row's words are loaded first (per lane). `FULL16`: the table has exactly 16
+    /// lanes and the rows are read with unmasked loads; otherwise `lo_mask` selects lanes 0..8
+    /// present in a row and `hi_mask` lanes 8..16 (0 when the table has at most 8 lanes).
+    ///
+    /// # Safety
+    /// `lo` and `hi` point at the first word of rows of the table; the masks (or `FULL16`)
+    /// select exactly the row's lanes.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,bmi2")]
+    pub(super) unsafe fn row_hits<const FULL16: bool>(
+        lo: *const u64,
+        hi: *const u64,
+        fingerprint: u16,
+        lo_mask: u8,
+        hi_mask: u8,
+    ) -> u32 {
+        let pattern = _mm512_set1_epi16(fingerprint as i16);
+        let slots = if FULL16 {
+            // SAFETY: a 16-lane row is 16 words; the caller guarantees both rows exist.
+            let (a0, b0, a1, b1) =
+                unsafe { (load_full(lo), load_full(hi), load_full(lo.add(8)), load_full(hi.add(8))) };
+            u64::from(_mm512_cmpeq_epi16_mask(a0, pattern) | _mm512_cmpeq_epi16_mask(b0, pattern))
+                | u64::from(
+                    _mm512_cmpeq_epi16_mask(a1, pattern) | _mm512_cmpeq_epi16_mask(b1, pattern),
+                ) << 32
+        } else {
+            // SAFETY: the caller's contract covers lanes 0..8 of both rows.
+            let (a0, b0) = unsafe { (load_words(lo, lo_mask), load_words(hi, lo_mask)) };
+            let mut slots = u64::from(
+                _mm512_cmpeq_epi16_mask(a0, pattern) | _mm512_cmpeq_epi16_mask(b0, pattern),
+            );
+            if hi_mask != 0 {
+                // SAFETY: lanes 8.. exist (hi_mask != 0), so `ptr + 8` is inside each row.
+                let (a1, b1) =
+                    unsafe { (load_words(lo.add(8), hi_mask), load_words(hi.add(8), hi_mask)) };
+                slots |= u64::from(
+                    _mm512_cmpeq_epi16_mask(a1, pattern) | _mm512_cmpeq_epi16_mask(b1, pattern),
+                ) << 32;
+            }
+            slots
+        };
+        // Fold the 4 slot bits of each lane into the lane's lowest slot bit, then gather.
+        let t = slots | (slots >> 1);
+        let t = t | (t >> 2);
+        _pext_u64(t, 0x1111_1111_1111_1111) as u32
+    }
+}
+
+/// Row addressing for the hot loop: the table's base pointer, the row stride and the bucket
+/// mask, so a row address costs a mask, a multiply and an add, with no bounds-check branch.
+#[derive(Clone, Copy)]
+struct Rows {
+    base: *const u64,
+    lanes: usize,
+    bucket_mask: usize,
+}
+
+impl Rows {
+    fn new(table: &TransposedTable) -> Self {
+        Self {
+            base: table.row(0).as_ptr().cast::<u64>(),
+            lanes: table.lanes(),
+            // Buckets from `locate` are already below `bucket_count` (the addressing and the
+            // table come from the same manifest format); masking again costs one instruction
+            // and makes the in-bounds guarantee local.
+            bucket_mask: table.bucket_count() - 1,
+        }
+    }
+
+    /// Address of the first word of `bucket`'s row; always inside the table.
+    #[inline(always)]
+    fn row(&self, bucket: usize) -> *const u64 {
+        self.base.wrapping_add((bucket & self.bucket_mask) * self.lanes)
+    }
+
+    /// Hints the CPU to fetch `bucket`'s row (its first and last word's cache lines).
+    #[inline(always)]
+    fn prefetch(&self, bucket: usize) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+            let first = self.row(bucket);
+            let last = first.wrapping_add(self.lanes - 1);
+            // SAFETY: prefetch never faults and has no architectural effect; both addresses
+            // are inside the row.
+            unsafe {
+                _mm_prefetch::<_MM_HINT_T0>(first.cast());
+                _mm_prefetch::<_MM_HINT_T0>(last.cast());
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = bucket;
+    }
+}
+
+/// Tables at least this large get their rows prefetched a few positions ahead; smaller ones
+/// (about the size of a core's L2) are cache-resident and the prefetch would only cost
+/// instructions.
+const PREFETCH_MIN_BYTES: usize = 1 << 20;
+
+/// The prefix loop shared by every row-check implementation; `row_hits(lo, hi, fp, active)`
+/// returns the lanes (a superset filter is fine, it is masked with `active`) whose `lo` or `hi`
+/// row word holds `fp`.
+#[inline(always)]
+fn prefix_loop<F>(table: &TransposedTable, addressing: Addressing, hashes: &[u64], ready: u16, mut row_hits: F) -> [u32; MAX_LANES]
+where
+    F: FnMut(usize, usize, u16, u32) -> u32,
+{
+    let mut depths = [0u32; MAX_LANES];
+    let n = hashes.len();
+    let mut active = u32::from(ready);
+    let mut pos = 0usize;
+    // One step: probe position `pos` at `loc`; false once no lane still matches.
+    let mut step = |pos: usize, loc: Location, active: &mut u32| {
+        let lo = loc.bucket_a.min(loc.bucket_b) as usize;
+        let hi = loc.bucket_a.max(loc.bucket_b) as usize;
+        let hits = row_hits(lo, hi, loc.fingerprint, *active) & *active;
+        let mut missed = *active & !hits;
+        while missed != 0 {
+            let l = missed.trailing_zeros() as usize;
+            missed &= missed - 1;
+            depths[l] = pos as u32;
+        }
+        *active = hits;
+        hits != 0
+    };
+    if table.bytes() < PREFETCH_MIN_BYTES {
+        while pos < n && step(pos, addressing.locate(hashes[pos]), &mut active) {
+            pos += 1;
+        }
+    } else {
         let mut ring = [Location {
             fingerprint: 0,
             bucket_a: 0,
             bucket_b: 0,
         }; RING];
-        let warm = n.min(PREFETCH_AHEAD);
-        for (i, &h) in hashes[..warm].iter().enumerate() {
+        let rows = Rows::new(table);
+        for (i, &h) in hashes[..n.min(PREFETCH_AHEAD)].iter().enumerate() {
             let loc = addressing.locate(h);
-            table.prefetch_row(loc.bucket_a as usize);
-            table.prefetch_row(loc.bucket_b as usize);
+            rows.prefetch(loc.bucket_a as usize);
+            rows.prefetch(loc.bucket_b as usize);
             ring[i % RING] = loc;
         }
-
-        let mut active = u32::from(ready);
-        let mut pos = 0usize;
-        while pos < n && active != 0 {
+        while pos < n {
             let ahead = pos + PREFETCH_AHEAD;
             if ahead < n {
                 let loc = addressing.locate(hashes[ahead]);
-                table.prefetch_row(loc.bucket_a as usize);
-                table.prefetch_row(loc.bucket_b as usize);
+                rows.prefetch(loc.bucket_a as usize);
+                rows.prefetch(loc.bucket_b as usize);
                 ring[ahead % RING] = loc;
             }
-            let loc = ring[pos % RING];
-            let (lo, hi) = if loc.bucket_a < loc.bucket_b {
-                (loc.bucket_a, loc.bucket_b)
-            } else {
-                (loc.bucket_b, loc.bucket_a)
-            };
-            let pattern = u64::from(loc.fingerprint) * ONES;
-            let hits = row_hits(table, lo as usize, hi as usize, pattern, active);
-            let mut missed = active & !hits;
-            while missed != 0 {
-                let l = missed.trailing_zeros() as usize;
-                missed &= missed - 1;
-                depths[l] = pos as u32;
+            if !step(pos, ring[pos % RING], &mut active) {
+                break;
             }
-            active = hits;
             pos += 1;
         }
-        let mut rest = active;
-        while rest != 0 {
-            let l = rest.trailing_zeros() as usize;
-            rest &= rest - 1;
+    }
+    if pos == n {
+        while active != 0 {
+            let l = active.trailing_zeros() as usize;
+            active &= active - 1;
             depths[l] = n as u32;
         }
+    }
+    depths
+}
+
+fn search_scalar(table: &TransposedTable, addressing: Addressing, hashes: &[u64], ready: u16) -> [u32; MAX_LANES] {
+    prefix_loop(table, addressing, hashes, ready, |lo, hi, fp, active| {
+        row_hits_scalar(table, lo, hi, fp, active)
+    })
+}
+
+/// # Safety
+/// The CPU supports AVX-512F, AVX-512BW and BMI2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,bmi2")]
+unsafe fn search_avx512(table: &TransposedTable, addressing: Addressing, hashes: &[u64], ready: u16) -> [u32; MAX_LANES] {
+    if table.lanes() == MAX_LANES {
+        // SAFETY: forwarded; 16 lanes.
+        unsafe { search_avx512_with::<true>(table, addressing, hashes, ready) }
+    } else {
+        // SAFETY: forwarded.
+        unsafe { search_avx512_with::<false>(table, addressing, hashes, ready) }
+    }
+}
+
+/// # Safety
+/// As [`search_avx512`]; `FULL16` only when the table has 16 lanes.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,bmi2")]
+unsafe fn search_avx512_with<const FULL16: bool>(table: &TransposedTable, addressing: Addressing, hashes: &[u64], ready: u16) -> [u32; MAX_LANES] {
+    let lanes = table.lanes();
+    let lo_mask = (0xFFu32 >> (8 - lanes.min(8))) as u8;
+    let hi_mask = ((1u32 << lanes.saturating_sub(8)) - 1) as u8;
+    let rows = Rows::new(table);
+    prefix_loop(table, addressing, hashes, ready, |lo, hi, fp, _active| {
+        let (lo_row, hi_row) = (rows.row(lo), rows.row(hi));
+        // SAFETY: both rows are inside the table (`Rows::row` masks the bucket), start
+        // 8-byte aligned and hold `lanes` words; the masks / FULL16 select exactly those lanes;
+        // the CPU features are guaranteed by our caller.
+        unsafe { avx512::row_hits::<FULL16>(lo_row, hi_row, fp, lo_mask, hi_mask) }
+    })
+}
+
+impl GlobalCkfIndexer {
+    /// Prefix depth of `block_hashes` in every lane ready at capture (see the module docs for
+    /// the algorithm, the read order and the weak-read contract). Allocation-free.
+    ///
+    /// Depths are `u32`; a query longer than `u32::MAX` blocks is cut to its first `u32::MAX`.
+    /// On x86-64 CPUs with AVX-512 (F, BW) and BMI2 the rows are compared with vector loads
+    /// (detected at run time); elsewhere a portable SWAR loop gives the same answers.
+    pub fn find_prefix_matches(&self, block_hashes: &[u64]) -> PrefixMatches {
+        // Captured once, Acquire: the lane set of this query (weak-read contract).
+        let ready = self.ready_mask();
+        let hashes = &block_hashes[..block_hashes.len().min(u32::MAX as usize)];
+        let depths = self.search_with(hashes, ready, Kernel::detect());
         PrefixMatches { ready, depths }
+    }
+
+    /// Same as [`GlobalCkfIndexer::find_prefix_matches`] with the portable row check forced
+    /// (for differential tests and benchmarks of the two kernels).
+    pub fn find_prefix_matches_portable(&self, block_hashes: &[u64]) -> PrefixMatches {
+        let ready = self.ready_mask();
+        let hashes = &block_hashes[..block_hashes.len().min(u32::MAX as usize)];
+        let depths = self.search_with(hashes, ready, Kernel::Portable);
+        PrefixMatches { ready, depths }
+    }
+
+    #[inline]
+    fn search_with(&self, hashes: &[u64], ready: u16, kernel: Kernel) -> [u32; MAX_LANES] {
+        let table = self.table();
+        let addressing = *self.addressing();
+        match kernel {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Kernel::Avx512` is only produced after run-time feature detection.
+            Kernel::Avx512 => unsafe { search_avx512(table, addressing, hashes, ready) },
+            Kernel::Portable => search_scalar(table, addressing, hashes, ready),
+        }
+    }
+}
+
+/// Which row check the CPU supports.
+#[derive(Clone, Copy)]
+enum Kernel {
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+    Portable,
+}
+
+impl Kernel {
+    #[inline]
+    fn detect() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("bmi2")
+        {
+            return Kernel::Avx512;
+        }
+        Kernel::Portable
     }
 }
 
