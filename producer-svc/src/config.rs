@@ -81,7 +81,8 @@ pub struct PublicationConfig {
     /// Send a heartbeat after this many idle milliseconds (capped at a third of the
     /// indexer's heartbeat deadline).
     pub heartbeat_interval_ms: u64,
-    /// Frames one attachment may have queued before it is fenced and re-attached.
+    /// Publication batches (queue entries: a batch's deltas, a snapshot, a drain marker) one
+    /// attachment may have queued before it is fenced and re-attached.
     pub attachment_queue: u32,
 }
 
@@ -294,7 +295,7 @@ impl ProducerConfig {
             return Err(invalid(
                 "publication.attachment_queue",
                 p.attachment_queue,
-                "must be at least 2 frames",
+                "must be at least 2 queue entries",
             ));
         }
         if self.indexers.is_empty() {
@@ -444,8 +445,8 @@ pub struct Cli {
     /// publication.heartbeat_interval_ms: heartbeat after this long idle, ms [default: 1000].
     #[arg(long, value_name = "MS")]
     pub heartbeat_interval_ms: Option<u64>,
-    /// publication.attachment_queue: frames queued per indexer before it is re-attached [default: 1024].
-    #[arg(long, value_name = "FRAMES")]
+    /// publication.attachment_queue: batches queued per indexer before it is re-attached [default: 1024].
+    #[arg(long, value_name = "BATCHES")]
     pub attachment_queue: Option<u32>,
     /// indexers: an indexer Relay endpoint, http://host:port; repeat for several [required; no default].
     #[arg(long = "indexer", value_name = "URL")]

@@ -7,7 +7,7 @@
 //! (`ckf_core::publication`, "Several publishers, one state").
 //!
 //! Frames leave through one bounded queue per attachment to its relay-client task, filled with
-//! `try_send`: the actor never waits on a slow indexer. An attachment whose queue is full (or
+//! `try_send` (one entry per batch): the actor never waits on a slow indexer. An attachment whose queue is full (or
 //! whose task is gone) is fenced and dropped; its task notices the closed queue, reconnects and
 //! gets a new lease and a new barrier snapshot. A delta bigger than the indexer accepts is split
 //! into consecutive deltas, keeping the image order (a relocated fingerprint still reaches its
@@ -30,8 +30,10 @@ use crate::metrics::Metrics;
 pub enum Outbound {
     /// A barrier snapshot; the task chunks it.
     Snapshot(DcCkfSnapshot),
-    /// A delta, with the producer-clock instant of its oldest change (for the ack-lag metric).
-    Delta(DcCkfDelta, Instant),
+    /// The consecutive deltas of one batch (several when it was split to fit the indexer's
+    /// limits; one queue entry either way), with the producer-clock instant of the batch's
+    /// oldest change (for the ack-lag metric).
+    Deltas(Vec<DcCkfDelta>, Instant),
     /// The exact drain marker; the last frame of a graceful shutdown.
     Drain(DrainMarker),
 }
@@ -164,25 +166,25 @@ impl Fanout {
             if slot.publisher.state() != PublisherState::Streaming {
                 continue;
             }
+            let mut deltas = Vec::new();
             let mut ok = true;
             for part in split(batch, slot.limits.max_images_per_delta) {
-                let frame = match slot.publisher.delta(&part) {
-                    Ok(delta) => Outbound::Delta(delta, batch.oldest_change),
+                match slot.publisher.delta(&part) {
+                    Ok(delta) => deltas.push(delta),
                     Err(e) => {
                         tracing::warn!(indexer = %slot.name, error = %e, "publisher refused a delta; re-attaching");
                         ok = false;
                         break;
                     }
-                };
-                if let Err(e) = frames.try_send(frame) {
-                    let why = match e {
-                        TrySendError::Full(_) => "attachment queue full",
-                        TrySendError::Closed(_) => "attachment task gone",
-                    };
-                    tracing::warn!(indexer = %slot.name, why, "fencing the attachment; it will re-attach with a new snapshot");
-                    ok = false;
-                    break;
                 }
+            }
+            if ok && let Err(e) = frames.try_send(Outbound::Deltas(deltas, batch.oldest_change)) {
+                let why = match e {
+                    TrySendError::Full(_) => "attachment queue full",
+                    TrySendError::Closed(_) => "attachment task gone",
+                };
+                tracing::warn!(indexer = %slot.name, why, "fencing the attachment; it will re-attach with a new snapshot");
+                ok = false;
             }
             if !ok {
                 slot.publisher.fence(FenceReason::UncertainDelivery);

@@ -444,6 +444,7 @@ async fn two_indexers_each_get_their_own_continuous_sequence() {
             max_message_bytes: 8192,
             max_images_per_delta: 3,
             heartbeat_deadline_ms: 3_000,
+            stall_first: false,
         },
         2,
     )
@@ -521,5 +522,63 @@ async fn two_indexers_each_get_their_own_continuous_sequence() {
     assert!(
         b_deltas > a_deltas,
         "B's smaller grant needs more deltas ({b_deltas} vs {a_deltas})"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_indexer_is_fenced_and_reattached_with_a_snapshot() {
+    let fake = FakeRelay::start(
+        GrantConfig {
+            stall_first: true,
+            ..GrantConfig::default()
+        },
+        7,
+    )
+    .await;
+    let mut config = fast_config(vec![fake.url()]);
+    config.table.expected_blocks = 20_000; // 8192 buckets
+    config.publication.attachment_queue = 2;
+    config.reconnect.connect_timeout_ms = 300;
+    let producer = start_with(config).await;
+    fake.wait_for("the first attachment was granted", |s| {
+        s.attachments.len() == 1
+    })
+    .await;
+    let mut client = ingest_client(&producer).await;
+    let mut model = Model::default();
+    // Thousands of dirty buckets: far more delta frames than the stalled stream's windows, the
+    // request buffer and the attachment queue can hold.
+    for round in 0..4u64 {
+        let events = vec![stored(round, 0, &chain(round, 0..2_000))];
+        events.iter().for_each(|e| model.apply(e));
+        client
+            .publish_batch(batch("s", round, events))
+            .await
+            .unwrap();
+    }
+    fake.wait_for("a second attachment installed its snapshot", |s| {
+        s.attachments.len() >= 2 && s.attachments.last().unwrap().installed.is_some()
+    })
+    .await;
+    let table = producer.table().await.unwrap();
+    fake.wait_for("the new attachment converged", |s| {
+        s.attachments.last().unwrap().table == table
+    })
+    .await;
+    let (errors, rebuilt) = fake.with(|s| {
+        (
+            s.attachments
+                .iter()
+                .flat_map(|a| a.errors.clone())
+                .collect::<Vec<_>>(),
+            s.attachments.last().unwrap().table.clone(),
+        )
+    });
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_all_present(format_of(&producer), &rebuilt, &model.tracked());
+    let text = metrics_text(&producer).await;
+    assert!(
+        text.contains("reason=\"send_stalled\"") || text.contains("reason=\"fenced_by_producer\""),
+        "no stall detachment in:\n{text}"
     );
 }

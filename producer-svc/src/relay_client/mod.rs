@@ -44,7 +44,7 @@ pub struct RelaySettings {
     pub keepalive: Duration,
     /// The producer's own message size limit, in bytes.
     pub max_message_bytes: usize,
-    /// Frames queued per attachment before the actor fences it.
+    /// Queue entries (batches) per attachment before the actor fences it.
     pub attachment_queue: usize,
 }
 

@@ -277,12 +277,16 @@ impl RelayClient {
                             }
                             r
                         }
-                        Some(Outbound::Delta(delta, oldest)) => {
-                            last_sequence = delta.sequence;
-                            in_flight.push_back((delta.sequence, oldest));
-                            let r = self.send(&stream, Frame::Delta((&delta).into())).await;
-                            if r.is_ok() {
+                        Some(Outbound::Deltas(deltas, oldest)) => {
+                            let mut r = Ok(());
+                            for delta in &deltas {
+                                last_sequence = delta.sequence;
+                                r = self.send(&stream, Frame::Delta(delta.into())).await;
+                                if r.is_err() { break; }
                                 self.metrics.deltas_sent.with_label_values(&[&self.endpoint]).inc();
+                            }
+                            if let Some(last) = deltas.last() {
+                                in_flight.push_back((last.sequence, oldest));
                             }
                             r
                         }

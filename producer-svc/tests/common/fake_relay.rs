@@ -23,6 +23,8 @@ pub struct GrantConfig {
     pub max_message_bytes: u64,
     pub max_images_per_delta: u32,
     pub heartbeat_deadline_ms: u64,
+    /// Never read the frames of the first attachment (a stalled indexer).
+    pub stall_first: bool,
 }
 
 impl Default for GrantConfig {
@@ -31,6 +33,7 @@ impl Default for GrantConfig {
             max_message_bytes: 4096,
             max_images_per_delta: 8,
             heartbeat_deadline_ms: 3_000,
+            stall_first: false,
         }
     }
 }
@@ -107,6 +110,9 @@ impl FakeRelay {
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         tokio::spawn(
             tonic::transport::Server::builder()
+                // Small HTTP/2 windows so a stalled reader quickly stops the sender.
+                .initial_stream_window_size(65_535)
+                .initial_connection_window_size(65_535)
                 .add_service(RelayServer::new(service))
                 .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
                     let _ = stopped.await;
@@ -229,6 +235,14 @@ impl Relay for Service {
             .await
             .unwrap();
         self.bump();
+        if grant.stall_first && index == 0 {
+            // Hold the stream open without reading it until the test retires it.
+            tokio::spawn(async move {
+                let _ = retire_rx.recv().await;
+                drop(frames);
+            });
+            return Ok(Response::new(ReceiverStream::new(rx)));
+        }
         let service = self.clone();
         tokio::spawn(async move {
             loop {
