@@ -99,8 +99,7 @@ async fn unknown_pool_is_not_found_naming_the_configured_pools() {
     let indexer = Indexer::start(config(&["dc-a", "dc-b"])).await;
     let status = Stream::open(&indexer, (&identity("dc-z", 1, format())).into())
         .await
-        .err()
-        .expect("refused");
+        .expect_err("refused");
     assert_eq!(status.code(), Code::NotFound);
     let message = status.message();
     assert!(message.contains("test/dc-z"), "{message}");
@@ -113,8 +112,7 @@ async fn format_mismatch_is_failed_precondition_naming_both_formats() {
     let other = ckf_core::addressing::TableFormat::new(2048, 5).unwrap();
     let status = Stream::open(&indexer, (&identity("dc-a", 1, other)).into())
         .await
-        .err()
-        .expect("refused");
+        .expect_err("refused");
     assert_eq!(status.code(), Code::FailedPrecondition);
     let message = status.message();
     assert!(
@@ -129,7 +127,7 @@ async fn format_mismatch_is_failed_precondition_naming_both_formats() {
     // A format this build cannot even decode is named too.
     let mut attach: v1::Attach = (&identity("dc-a", 1, format())).into();
     attach.format.as_mut().unwrap().bucket_count = 1000;
-    let status = Stream::open(&indexer, attach).await.err().expect("refused");
+    let status = Stream::open(&indexer, attach).await.expect_err("refused");
     assert_eq!(status.code(), Code::FailedPrecondition);
     assert!(
         status.message().contains("bucket_count: 1000"),
@@ -156,8 +154,7 @@ async fn first_frame_must_be_attach() {
         .relay()
         .publish(tokio_stream::wrappers::ReceiverStream::new(rx))
         .await
-        .err()
-        .expect("refused");
+        .expect_err("refused");
     assert_eq!(status.code(), Code::InvalidArgument);
     assert!(
         status.message().contains("must be Attach, got heartbeat"),

@@ -132,6 +132,7 @@ pub fn hashes(seed: u64, n: usize) -> Vec<u64> {
 }
 
 /// An open relay stream: the frame sender and the reply stream.
+#[derive(Debug)]
 pub struct Stream {
     pub tx: mpsc::Sender<v1::RelayFrame>,
     pub replies: Streaming<v1::RelayReply>,

@@ -1,0 +1,228 @@
+//! Service-level behaviour: health, reflection, metrics, limits and graceful shutdown.
+
+mod common;
+
+use ckf_proto::v1::{self, relay_frame::Frame as WireFrame};
+use common::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tonic::Code;
+use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    response
+}
+
+#[tokio::test]
+async fn health_is_serving_for_both_services() {
+    let indexer = Indexer::start(config(&["dc-a"])).await;
+    let mut health = HealthClient::new(indexer.channel.clone());
+    for service in ["", "ckf.v1.Relay", "ckf.v1.Query"] {
+        let response = health
+            .check(HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            response.status(),
+            tonic_health::pb::health_check_response::ServingStatus::Serving,
+            "{service:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn reflection_lists_the_ckf_services() {
+    use tonic_reflection::pb::v1::{
+        ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
+        server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
+    };
+    let indexer = Indexer::start(config(&["dc-a"])).await;
+    let mut client = ServerReflectionClient::new(indexer.channel.clone());
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut responses = client
+        .server_reflection_info(tokio_stream::iter([request]))
+        .await
+        .unwrap()
+        .into_inner();
+    let response = responses.message().await.unwrap().unwrap();
+    let Some(MessageResponse::ListServicesResponse(list)) = response.message_response else {
+        panic!("unexpected reflection response {response:?}");
+    };
+    let names: Vec<_> = list.service.iter().map(|s| s.name.as_str()).collect();
+    for expected in ["ckf.v1.Relay", "ckf.v1.Query", "grpc.health.v1.Health"] {
+        assert!(names.contains(&expected), "{names:?}");
+    }
+}
+
+#[tokio::test]
+async fn metrics_count_frames_deltas_queries_and_lane_state() {
+    let indexer = Indexer::start(config(&["dc-a", "dc-b"])).await;
+    let mut a = Producer::attach(&indexer, "dc-a", 1).await;
+    a.store(1, &hashes(40, 10));
+    a.snapshot(2048).await; // 4 chunks
+    a.store(1, &hashes(41, 10));
+    a.publish().await;
+    a.stream
+        .send(WireFrame::Heartbeat(v1::Heartbeat {
+            lease: a.wire_lease(),
+            sequence: 1,
+        }))
+        .await;
+    a.drain().await;
+    indexer.find(&hashes(40, 10)).await;
+    indexer.find(&hashes(41, 3)).await;
+    // Lane gauges are refreshed by the lane watcher; wait for it (bounded).
+    let url = indexer.running.metrics_addr;
+    let mut text = String::new();
+    for _ in 0..100 {
+        text = http_get(url, "/metrics").await;
+        if text.contains(r#"ckf_indexer_lane_state{dc="dc-a",lane="0",state="active"} 1"#) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    for line in [
+        r#"ckf_indexer_relay_frames_received_total{kind="attach"} 1"#,
+        r#"ckf_indexer_relay_frames_received_total{kind="snapshot_chunk"} 4"#,
+        r#"ckf_indexer_relay_frames_received_total{kind="delta"} 1"#,
+        r#"ckf_indexer_relay_frames_received_total{kind="heartbeat"} 1"#,
+        r#"ckf_indexer_relay_frames_received_total{kind="drain_marker"} 1"#,
+        r#"ckf_indexer_snapshots_installed_total{dc="dc-a",lane="0"} 1"#,
+        r#"ckf_indexer_deltas_applied_total{dc="dc-a",lane="0"} 1"#,
+        r#"ckf_indexer_drain_markers_accepted_total{dc="dc-a",lane="0"} 1"#,
+        r#"ckf_indexer_leases_granted_total{dc="dc-a",lane="0"} 1"#,
+        r#"ckf_indexer_event_to_applied_lag_seconds_count{dc="dc-a",lane="0"} 1"#,
+        "ckf_indexer_queries_total 2",
+        "ckf_indexer_query_blocks_total 13",
+        "ckf_indexer_query_duration_seconds_count 2",
+        r#"ckf_indexer_query_duration_seconds_bucket{le="0.0000001"}"#,
+        r#"ckf_indexer_lane_state{dc="dc-a",lane="0",state="active"} 1"#,
+        r#"ckf_indexer_lane_state{dc="dc-b",lane="1",state="unassigned"} 1"#,
+        r#"ckf_indexer_lane_ready{dc="dc-a",lane="0"} 1"#,
+        r#"ckf_indexer_lane_ready{dc="dc-b",lane="1"} 0"#,
+        r#"ckf_indexer_lane_installed_sequence{dc="dc-a",lane="0"} 1"#,
+    ] {
+        assert!(text.contains(line), "missing {line:?} in\n{text}");
+    }
+    // The images applied equal the delta's images.
+    let images = a_images_line(&text);
+    assert!(images > 0, "{text}");
+    let received = text
+        .lines()
+        .find_map(|l| l.strip_prefix("ckf_indexer_relay_received_bytes_total "))
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap();
+    assert!(received > 8 * BUCKETS, "snapshot bytes counted: {received}");
+}
+
+fn a_images_line(text: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(r#"ckf_indexer_images_applied_total{dc="dc-a",lane="0"} "#))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn retirements_are_counted_by_reason() {
+    let indexer = Indexer::start(config(&["dc-a"])).await;
+    let mut a = Producer::attach(&indexer, "dc-a", 1).await;
+    a.snapshot(8192).await;
+    a.stream
+        .send(WireFrame::Delta(v1::Delta {
+            lease: a.wire_lease(),
+            base_sequence: 7,
+            sequence: 8,
+            buckets: vec![1],
+            images: vec![1],
+            oldest_change_age_ms: 0,
+        }))
+        .await;
+    a.stream
+        .expect_retired(v1::RetireReason::Gap, Code::FailedPrecondition)
+        .await;
+    let line = r#"ckf_indexer_lane_retirements_total{dc="dc-a",lane="0",reason="gap"} 1"#;
+    let mut text = String::new();
+    for _ in 0..100 {
+        text = http_get(indexer.running.metrics_addr, "/metrics").await;
+        if text.contains(line) {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    panic!("missing {line:?} in\n{text}");
+}
+
+#[tokio::test]
+async fn too_many_relay_streams_is_resource_exhausted() {
+    let mut cfg = config(&["dc-a", "dc-b"]);
+    cfg.limits.max_relay_streams = 1;
+    let indexer = Indexer::start(cfg).await;
+    let _a = Producer::attach(&indexer, "dc-a", 1).await;
+    let status = Stream::open(&indexer, (&identity("dc-b", 2, format())).into())
+        .await
+        .expect_err("refused");
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    assert!(
+        status.message().contains("max_relay_streams = 1"),
+        "{}",
+        status.message()
+    );
+    // Nothing was leased for dc-b.
+    assert_eq!(indexer.lane(1).await.state(), v1::LaneState::Unassigned);
+}
+
+#[tokio::test]
+async fn query_longer_than_the_limit_is_invalid_argument() {
+    let mut cfg = config(&["dc-a"]);
+    cfg.limits.max_query_blocks = 4;
+    let indexer = Indexer::start(cfg).await;
+    assert_eq!(indexer.find(&hashes(1, 4)).await, (vec![], 0));
+    let status = indexer
+        .query()
+        .find_matches(v1::FindMatchesRequest {
+            block_hashes: hashes(1, 5),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(
+        status
+            .message()
+            .contains("carries 5 block hashes (limits.max_query_blocks = 4)"),
+        "{}",
+        status.message()
+    );
+}
+
+#[tokio::test]
+async fn shutdown_ends_streams_with_retired_shutdown_and_stops() {
+    let indexer = Indexer::start(config(&["dc-a"])).await;
+    let mut a = Producer::attach(&indexer, "dc-a", 1).await;
+    a.snapshot(8192).await;
+    let Indexer { running, channel } = indexer;
+    let stopping = tokio::spawn(running.stop());
+    let status = a
+        .stream
+        .expect_retired(v1::RetireReason::Shutdown, Code::Unavailable)
+        .await;
+    assert!(
+        status.message().contains("shutting down"),
+        "{}",
+        status.message()
+    );
+    stopping.await.unwrap().expect("clean stop");
+    // The listener is gone: new calls fail.
+    let mut health = HealthClient::new(channel);
+    assert!(health.check(HealthCheckRequest::default()).await.is_err());
+}
