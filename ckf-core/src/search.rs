@@ -42,6 +42,9 @@ use crate::bucket::{MAX_LANES, TransposedTable};
 use crate::global::GlobalCkfIndexer;
 use crate::identity::LaneIndex;
 
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+
 /// How many positions ahead the rows are prefetched.
 const PREFETCH_AHEAD: usize = 4;
 /// Ring of located positions (a power of two > PREFETCH_AHEAD).
@@ -133,127 +136,17 @@ fn row_hits_scalar(table: &TransposedTable, lo: usize, hi: usize, fingerprint: u
     hits
 }
 
-/// The AVX-512 row check: the row of up to 16 lanes is read with (at most) two masked 512-bit
-/// loads per bucket, compared slot-wise against the fingerprint into a 64-bit slot mask (4 bits
-/// per lane), which is folded to one bit per lane.
-#[cfg(target_arch = "x86_64")]
-mod avx512 {
-    use std::arch::asm;
-    use std::arch::x86_64::{__m512i, _mm512_cmpeq_epi16_mask, _mm512_set1_epi16, _pext_u64};
-
-    /// Loads the `u64` words `ptr[i]` for every bit `i` set in `mask` (the others read as 0).
-    ///
-    /// # Safety
-    /// Every selected element must lie inside the table allocation and be 8-byte aligned.
-    /// Unselected elements are never accessed (AVX-512 masked loads suppress faults).
-    ///
-    /// Why inline assembly and not an intrinsic: the words are `AtomicU64`s written concurrently,
-    /// so a plain (intrinsic) vector load would be a data race in the Rust memory model. The asm
-    /// block is opaque to the compiler and is not reordered with the other (volatile) loads of
-    /// the query, so the lower-bucket-first order of the module docs holds. On x86-64 each
-    /// aligned 8-byte element of a vector load is read in a single access (never torn), and
-    /// x86 loads are not reordered with other loads, which gives every element the `Acquire`
-    /// semantics of the scalar path. Tearing *between* elements is harmless: lane words are
-    /// independent images (the weak-read contract).
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn load_words(ptr: *const u64, mask: u8) -> __m512i {
-        let v: __m512i;
-        // SAFETY: see the function contract; the asm reads memory only at `ptr` under `mask`,
-        // writes no memory and uses no stack.
-        unsafe {
-            asm!(
-                "vmovdqu64 {v}{{{k}}}{{z}}, zmmword ptr [{p}]",
-                v = lateout(zmm_reg) v,
-                k = in(kreg) mask,
-                p = in(reg) ptr,
-                options(nostack, preserves_flags),
-            );
-        }
-        v
-    }
-
-    /// Loads 8 `u64` words at `ptr` (a full half-row of a 16-lane table).
-    ///
-    /// # Safety
-    /// `ptr .. ptr + 8` must lie inside the table allocation, 8-byte aligned. Same memory-model
-    /// argument as [`load_words`].
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn load_full(ptr: *const u64) -> __m512i {
-        let v: __m512i;
-        // SAFETY: see the function contract; reads 64 bytes at `ptr`, writes no memory.
-        unsafe {
-            asm!(
-                "vmovdqu64 {v}, zmmword ptr [{p}]",
-                v = lateout(zmm_reg) v,
-                p = in(reg) ptr,
-                options(nostack, preserves_flags),
-            );
-        }
-        v
-    }
-
-    /// Bit `l` set for each lane `l` whose word in row `lo` or row `hi` holds `fingerprint`.
-    /// The lower row's words are loaded first (per lane). `FULL16`: the table has exactly 16
-    /// lanes and the rows are read with unmasked loads; otherwise `lo_mask` selects lanes 0..8
-    /// present in a row and `hi_mask` lanes 8..16 (0 when the table has at most 8 lanes).
-    ///
-    /// # Safety
-    /// `lo` and `hi` point at the first word of rows of the table; the masks (or `FULL16`)
-    /// select exactly the row's lanes.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,bmi2")]
-    pub(super) unsafe fn row_hits<const FULL16: bool>(
-        lo: *const u64,
-        hi: *const u64,
-        fingerprint: u16,
-        lo_mask: u8,
-        hi_mask: u8,
-    ) -> u32 {
-        let pattern = _mm512_set1_epi16(fingerprint as i16);
-        let slots = if FULL16 {
-            // SAFETY: a 16-lane row is 16 words; the caller guarantees both rows exist.
-            let (a0, b0, a1, b1) =
-                unsafe { (load_full(lo), load_full(hi), load_full(lo.add(8)), load_full(hi.add(8))) };
-            u64::from(_mm512_cmpeq_epi16_mask(a0, pattern) | _mm512_cmpeq_epi16_mask(b0, pattern))
-                | u64::from(
-                    _mm512_cmpeq_epi16_mask(a1, pattern) | _mm512_cmpeq_epi16_mask(b1, pattern),
-                ) << 32
-        } else {
-            // SAFETY: the caller's contract covers lanes 0..8 of both rows.
-            let (a0, b0) = unsafe { (load_words(lo, lo_mask), load_words(hi, lo_mask)) };
-            let mut slots = u64::from(
-                _mm512_cmpeq_epi16_mask(a0, pattern) | _mm512_cmpeq_epi16_mask(b0, pattern),
-            );
-            if hi_mask != 0 {
-                // SAFETY: lanes 8.. exist (hi_mask != 0), so `ptr + 8` is inside each row.
-                let (a1, b1) =
-                    unsafe { (load_words(lo.add(8), hi_mask), load_words(hi.add(8), hi_mask)) };
-                slots |= u64::from(
-                    _mm512_cmpeq_epi16_mask(a1, pattern) | _mm512_cmpeq_epi16_mask(b1, pattern),
-                ) << 32;
-            }
-            slots
-        };
-        // Fold the 4 slot bits of each lane into the lane's lowest slot bit, then gather.
-        let t = slots | (slots >> 1);
-        let t = t | (t >> 2);
-        _pext_u64(t, 0x1111_1111_1111_1111) as u32
-    }
-}
-
 /// Row addressing for the hot loop: the table's base pointer, the row stride and the bucket
 /// mask, so a row address costs a mask, a multiply and an add, with no bounds-check branch.
 #[derive(Clone, Copy)]
-struct Rows {
+pub(crate) struct Rows {
     base: *const u64,
     lanes: usize,
     bucket_mask: usize,
 }
 
 impl Rows {
-    fn new(table: &TransposedTable) -> Self {
+    pub(crate) fn new(table: &TransposedTable) -> Self {
         Self {
             base: table.row(0).as_ptr().cast::<u64>(),
             lanes: table.lanes(),
@@ -266,17 +159,23 @@ impl Rows {
 
     /// Address of the first word of `bucket`'s row; always inside the table.
     #[inline(always)]
-    fn row(&self, bucket: usize) -> *const u64 {
+    pub(crate) fn row(&self, bucket: usize) -> *const u64 {
         self.base.wrapping_add((bucket & self.bucket_mask) * self.lanes)
     }
 
     /// Hints the CPU to fetch `bucket`'s row (its first and last word's cache lines).
     #[inline(always)]
-    fn prefetch(&self, bucket: usize) {
+    pub(crate) fn prefetch(&self, bucket: usize) {
+        self.prefetch_offset((bucket & self.bucket_mask) * self.lanes);
+    }
+
+    /// As [`Rows::prefetch`] for a row given by its word offset (`bucket * lanes`).
+    #[inline(always)]
+    pub(crate) fn prefetch_offset(&self, offset: usize) {
         #[cfg(target_arch = "x86_64")]
         {
             use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-            let first = self.row(bucket);
+            let first = self.base.wrapping_add(offset);
             let last = first.wrapping_add(self.lanes - 1);
             // SAFETY: prefetch never faults and has no architectural effect; both addresses
             // are inside the row.
@@ -286,14 +185,14 @@ impl Rows {
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
-        let _ = bucket;
+        let _ = offset;
     }
 }
 
 /// Tables at least this large get their rows prefetched a few positions ahead; smaller ones
 /// (about the size of a core's L2) are cache-resident and the prefetch would only cost
 /// instructions.
-const PREFETCH_MIN_BYTES: usize = 1 << 20;
+pub(crate) const PREFETCH_MIN_BYTES: usize = 1 << 20;
 
 /// The prefix loop shared by every row-check implementation; `row_hits(lo, hi, fp, active)`
 /// returns the lanes (a superset filter is fine, it is masked with `active`) whose `lo` or `hi`
@@ -368,38 +267,6 @@ fn search_scalar(table: &TransposedTable, addressing: Addressing, hashes: &[u64]
     })
 }
 
-/// # Safety
-/// The CPU supports AVX-512F, AVX-512BW and BMI2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,bmi2")]
-unsafe fn search_avx512(table: &TransposedTable, addressing: Addressing, hashes: &[u64], ready: u16) -> [u32; MAX_LANES] {
-    if table.lanes() == MAX_LANES {
-        // SAFETY: forwarded; 16 lanes.
-        unsafe { search_avx512_with::<true>(table, addressing, hashes, ready) }
-    } else {
-        // SAFETY: forwarded.
-        unsafe { search_avx512_with::<false>(table, addressing, hashes, ready) }
-    }
-}
-
-/// # Safety
-/// As [`search_avx512`]; `FULL16` only when the table has 16 lanes.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,bmi2")]
-unsafe fn search_avx512_with<const FULL16: bool>(table: &TransposedTable, addressing: Addressing, hashes: &[u64], ready: u16) -> [u32; MAX_LANES] {
-    let lanes = table.lanes();
-    let lo_mask = (0xFFu32 >> (8 - lanes.min(8))) as u8;
-    let hi_mask = ((1u32 << lanes.saturating_sub(8)) - 1) as u8;
-    let rows = Rows::new(table);
-    prefix_loop(table, addressing, hashes, ready, |lo, hi, fp, _active| {
-        let (lo_row, hi_row) = (rows.row(lo), rows.row(hi));
-        // SAFETY: both rows are inside the table (`Rows::row` masks the bucket), start
-        // 8-byte aligned and hold `lanes` words; the masks / FULL16 select exactly those lanes;
-        // the CPU features are guaranteed by our caller.
-        unsafe { avx512::row_hits::<FULL16>(lo_row, hi_row, fp, lo_mask, hi_mask) }
-    })
-}
-
 impl GlobalCkfIndexer {
     /// Prefix depth of `block_hashes` in every lane ready at capture (see the module docs for
     /// the algorithm, the read order and the weak-read contract). Allocation-free.
@@ -431,7 +298,9 @@ impl GlobalCkfIndexer {
         match kernel {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `Kernel::Avx512` is only produced after run-time feature detection.
-            Kernel::Avx512 => unsafe { search_avx512(table, addressing, hashes, ready) },
+            Kernel::Avx512 => unsafe {
+                avx512::search(table, self.manifest().format.seed, hashes, ready)
+            },
             Kernel::Portable => search_scalar(table, addressing, hashes, ready),
         }
     }
@@ -450,6 +319,7 @@ impl Kernel {
     fn detect() -> Self {
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512dq")
             && std::arch::is_x86_feature_detected!("avx512bw")
             && std::arch::is_x86_feature_detected!("bmi2")
         {

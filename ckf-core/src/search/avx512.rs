@@ -1,0 +1,311 @@
+//! The AVX-512 search kernel (x86-64 with AVX-512 F/DQ/BW and BMI2, detected at run time).
+//!
+//! * **Locate, 8 positions at a time.** The format-v1 addressing of [`crate::addressing`]
+//!   (`fmix64`, fingerprint, both candidate buckets) is computed for 8 block hashes in 512-bit
+//!   registers, one chunk ahead of the chunk being probed, and the rows of the next chunk are
+//!   prefetched (large tables). `locate8_matches_addressing` checks it against
+//!   [`crate::addressing::Addressing::locate`] bit for bit.
+//! * **Row check.** A row of up to 16 lanes is read with (at most) two 512-bit loads per
+//!   bucket, compared slot-wise against the fingerprint into a 64-bit slot mask (4 bits per
+//!   lane), and folded to one bit per lane.
+//!
+//! # Why the row loads are inline assembly
+//! The words are `AtomicU64`s written concurrently by ingestion, so a plain (intrinsic) vector
+//! load would be a data race in the Rust memory model. An `asm!` block is opaque to the compiler
+//! and, not being `pure`, is never reordered with the query's other loads, so the
+//! lower-bucket-first order of [`crate::search`] holds. On x86-64 each aligned 8-byte element of
+//! a vector load is read in a single access (never torn), and loads are not reordered with other
+//! loads, which gives every element the `Acquire` semantics of the portable path. Tearing
+//! *between* elements is harmless: lane words are independent images (the weak-read contract).
+
+use std::arch::asm;
+use std::arch::x86_64::{
+    __m512i, _mm512_and_si512, _mm512_cmpeq_epi16_mask, _mm512_cmpeq_epi64_mask,
+    _mm512_loadu_si512, _mm512_mask_mov_epi64, _mm512_max_epu64, _mm512_min_epu64,
+    _mm512_mullo_epi64, _mm512_set1_epi16, _mm512_set1_epi64, _mm512_setzero_si512,
+    _mm512_srli_epi64, _mm512_store_si512, _mm512_xor_si512, _pext_u64,
+};
+
+use super::{PREFETCH_MIN_BYTES, Rows};
+use crate::bucket::{MAX_LANES, TransposedTable};
+
+const C1: u64 = 0xff51_afd7_ed55_8ccd;
+const C2: u64 = 0xc4ce_b9fe_1a85_ec53;
+
+/// Located positions of one chunk: fingerprint and the row offsets (in words) of the lower and
+/// the higher candidate bucket.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct Chunk {
+    fp: [u64; 8],
+    lo: [u64; 8],
+    hi: [u64; 8],
+}
+
+impl Chunk {
+    const EMPTY: Self = Self {
+        fp: [0; 8],
+        lo: [0; 8],
+        hi: [0; 8],
+    };
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512dq")]
+fn fmix64x8(k: __m512i) -> __m512i {
+    let k = _mm512_xor_si512(k, _mm512_srli_epi64::<33>(k));
+    let k = _mm512_mullo_epi64(k, _mm512_set1_epi64(C1 as i64));
+    let k = _mm512_xor_si512(k, _mm512_srli_epi64::<33>(k));
+    let k = _mm512_mullo_epi64(k, _mm512_set1_epi64(C2 as i64));
+    _mm512_xor_si512(k, _mm512_srli_epi64::<33>(k))
+}
+
+/// Format-v1 `locate` of 8 block hashes into `out` (row offsets = bucket * `lanes`).
+/// `bucket_mask` is the table's `bucket_count - 1`, so every offset is inside the table.
+#[inline]
+#[target_feature(enable = "avx512f,avx512dq")]
+fn locate8(hashes: &[u64; 8], seed: u64, bucket_mask: u64, lanes: u64, out: &mut Chunk) {
+    // SAFETY: `hashes` is 64 readable bytes (unaligned load).
+    let x = unsafe { _mm512_loadu_si512(hashes.as_ptr().cast()) };
+    let h = fmix64x8(_mm512_xor_si512(x, _mm512_set1_epi64(seed as i64)));
+    let one = _mm512_set1_epi64(1);
+    let mask = _mm512_set1_epi64(bucket_mask as i64);
+    let fp = _mm512_max_epu64(_mm512_srli_epi64::<48>(h), one);
+    let a = _mm512_and_si512(h, mask);
+    let o = _mm512_and_si512(fmix64x8(fp), mask);
+    let o = _mm512_mask_mov_epi64(o, _mm512_cmpeq_epi64_mask(o, _mm512_setzero_si512()), one);
+    let b = _mm512_xor_si512(a, o);
+    let stride = _mm512_set1_epi64(lanes as i64);
+    let lo = _mm512_mullo_epi64(_mm512_min_epu64(a, b), stride);
+    let hi = _mm512_mullo_epi64(_mm512_max_epu64(a, b), stride);
+    // SAFETY: `Chunk` is 64-byte aligned and each array is 64 bytes.
+    unsafe {
+        _mm512_store_si512(out.fp.as_mut_ptr().cast(), fp);
+        _mm512_store_si512(out.lo.as_mut_ptr().cast(), lo);
+        _mm512_store_si512(out.hi.as_mut_ptr().cast(), hi);
+    }
+}
+
+/// Locates chunk `index` (8 positions from `index * 8`, zero-padded past the end).
+#[inline]
+#[target_feature(enable = "avx512f,avx512dq")]
+fn locate_chunk(hashes: &[u64], start: usize, seed: u64, mask: u64, lanes: u64, out: &mut Chunk) {
+    if let Some(full) = hashes.get(start..start + 8) {
+        locate8(full.try_into().expect("8 hashes"), seed, mask, lanes, out);
+    } else {
+        let mut pad = [0u64; 8];
+        let rest = &hashes[start.min(hashes.len())..];
+        pad[..rest.len()].copy_from_slice(rest);
+        locate8(&pad, seed, mask, lanes, out);
+    }
+}
+
+/// Loads the `u64` words `ptr[i]` for every bit `i` set in `mask` (the others read as 0).
+///
+/// # Safety
+/// Every selected element must lie inside the table allocation and be 8-byte aligned.
+/// Unselected elements are never accessed (AVX-512 masked loads suppress faults).
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn load_words(ptr: *const u64, mask: u8) -> __m512i {
+    let v: __m512i;
+    // SAFETY: see the function contract; the asm reads memory only at `ptr` under `mask`,
+    // writes no memory and uses no stack.
+    unsafe {
+        asm!(
+            "vmovdqu64 {v}{{{k}}}{{z}}, zmmword ptr [{p}]",
+            v = lateout(zmm_reg) v,
+            k = in(kreg) mask,
+            p = in(reg) ptr,
+            options(nostack, preserves_flags),
+        );
+    }
+    v
+}
+
+/// Loads the 8 `u64` words at `ptr` (half a row of a 16-lane table).
+///
+/// # Safety
+/// `ptr .. ptr + 8` must lie inside the table allocation, 8-byte aligned.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn load_full(ptr: *const u64) -> __m512i {
+    let v: __m512i;
+    // SAFETY: see the function contract; reads 64 bytes at `ptr`, writes no memory.
+    unsafe {
+        asm!(
+            "vmovdqu64 {v}, zmmword ptr [{p}]",
+            v = lateout(zmm_reg) v,
+            p = in(reg) ptr,
+            options(nostack, preserves_flags),
+        );
+    }
+    v
+}
+
+/// Bit `l` set for each lane `l` whose word in row `lo` or row `hi` holds `fingerprint`; the
+/// lower row's words are loaded first (per lane). `FULL16`: 16 lanes, unmasked loads;
+/// otherwise `lo_mask` selects lanes 0..8 and `hi_mask` lanes 8..16 (0 with at most 8 lanes).
+///
+/// # Safety
+/// `lo` and `hi` point at the first word of rows of the table; the masks (or `FULL16`) select
+/// exactly the row's lanes.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,bmi2")]
+unsafe fn row_hits<const FULL16: bool>(
+    lo: *const u64,
+    hi: *const u64,
+    fingerprint: u16,
+    lo_mask: u8,
+    hi_mask: u8,
+) -> u32 {
+    let pattern = _mm512_set1_epi16(fingerprint as i16);
+    let slots = if FULL16 {
+        // SAFETY: a 16-lane row is 16 words; the caller guarantees both rows exist.
+        let (a0, b0, a1, b1) =
+            unsafe { (load_full(lo), load_full(hi), load_full(lo.add(8)), load_full(hi.add(8))) };
+        u64::from(_mm512_cmpeq_epi16_mask(a0, pattern) | _mm512_cmpeq_epi16_mask(b0, pattern))
+            | u64::from(_mm512_cmpeq_epi16_mask(a1, pattern) | _mm512_cmpeq_epi16_mask(b1, pattern))
+                << 32
+    } else {
+        // SAFETY: the caller's contract covers lanes 0..8 of both rows.
+        let (a0, b0) = unsafe { (load_words(lo, lo_mask), load_words(hi, lo_mask)) };
+        let mut slots =
+            u64::from(_mm512_cmpeq_epi16_mask(a0, pattern) | _mm512_cmpeq_epi16_mask(b0, pattern));
+        if hi_mask != 0 {
+            // SAFETY: lanes 8.. exist (hi_mask != 0), so `ptr + 8` is inside each row.
+            let (a1, b1) = unsafe { (load_words(lo.add(8), hi_mask), load_words(hi.add(8), hi_mask)) };
+            slots |= u64::from(
+                _mm512_cmpeq_epi16_mask(a1, pattern) | _mm512_cmpeq_epi16_mask(b1, pattern),
+            ) << 32;
+        }
+        slots
+    };
+    // Fold the 4 slot bits of each lane into the lane's lowest slot bit, then gather.
+    let t = slots | (slots >> 1);
+    let t = t | (t >> 2);
+    _pext_u64(t, 0x1111_1111_1111_1111) as u32
+}
+
+/// Prefix depths over `table` for `hashes` (see [`crate::search`]).
+///
+/// # Safety
+/// The CPU supports AVX-512 F, DQ, BW and BMI2.
+#[target_feature(enable = "avx512f,avx512dq,avx512bw,bmi2")]
+pub(super) unsafe fn search(
+    table: &TransposedTable,
+    seed: u64,
+    hashes: &[u64],
+    ready: u16,
+) -> [u32; MAX_LANES] {
+    if table.lanes() == MAX_LANES {
+        // SAFETY: forwarded; the table has 16 lanes.
+        unsafe { search_with::<true>(table, seed, hashes, ready) }
+    } else {
+        // SAFETY: forwarded.
+        unsafe { search_with::<false>(table, seed, hashes, ready) }
+    }
+}
+
+/// # Safety
+/// As [`search`]; `FULL16` only when the table has 16 lanes.
+#[target_feature(enable = "avx512f,avx512dq,avx512bw,bmi2")]
+unsafe fn search_with<const FULL16: bool>(
+    table: &TransposedTable,
+    seed: u64,
+    hashes: &[u64],
+    ready: u16,
+) -> [u32; MAX_LANES] {
+    let lanes = table.lanes();
+    let lo_mask = (0xFFu32 >> (8 - lanes.min(8))) as u8;
+    let hi_mask = ((1u32 << lanes.saturating_sub(8)) - 1) as u8;
+    let rows = Rows::new(table);
+    let base = rows.row(0);
+    let mask = (table.bucket_count() - 1) as u64;
+    let prefetch = table.bytes() >= PREFETCH_MIN_BYTES;
+    let n = hashes.len();
+    let mut depths = [0u32; MAX_LANES];
+    let mut active = u32::from(ready);
+    if n == 0 || active == 0 {
+        return depths;
+    }
+    let mut cur = Chunk::EMPTY;
+    let mut next = Chunk::EMPTY;
+    locate_chunk(hashes, 0, seed, mask, lanes as u64, &mut cur);
+    let mut start = 0;
+    loop {
+        let len = (n - start).min(8);
+        let more = start + 8 < n;
+        if more {
+            // One chunk ahead: its addressing overlaps this chunk's probes, and its rows are
+            // in flight while this chunk is compared.
+            locate_chunk(hashes, start + 8, seed, mask, lanes as u64, &mut next);
+            if prefetch {
+                let count = (n - start - 8).min(8);
+                for i in 0..count {
+                    rows.prefetch_offset(next.lo[i] as usize);
+                    rows.prefetch_offset(next.hi[i] as usize);
+                }
+            }
+        }
+        for i in 0..len {
+            // Offsets are `bucket * lanes` with `bucket <= bucket_mask`: inside the table.
+            let lo = base.wrapping_add(cur.lo[i] as usize);
+            let hi = base.wrapping_add(cur.hi[i] as usize);
+            // SAFETY: both rows are inside the table, 8-byte aligned, `lanes` words long; the
+            // masks / FULL16 select exactly those lanes; our caller guarantees the features.
+            let hits = unsafe { row_hits::<FULL16>(lo, hi, cur.fp[i] as u16, lo_mask, hi_mask) } & active;
+            let mut missed = active & !hits;
+            while missed != 0 {
+                depths[missed.trailing_zeros() as usize] = (start + i) as u32;
+                missed &= missed - 1;
+            }
+            active = hits;
+            if active == 0 {
+                return depths;
+            }
+        }
+        if !more {
+            break;
+        }
+        std::mem::swap(&mut cur, &mut next);
+        start += 8;
+    }
+    while active != 0 {
+        depths[active.trailing_zeros() as usize] = n as u32;
+        active &= active - 1;
+    }
+    depths
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::addressing::{Addressing, TableFormat, fmix64};
+
+    #[test]
+    fn locate8_matches_addressing() {
+        if !(std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512dq"))
+        {
+            return;
+        }
+        for (buckets, lanes) in [(2u64, 1u64), (4, 3), (1024, 16), (1 << 20, 5), (1 << 32, 2)] {
+            let format = TableFormat::new(buckets, 0xABCD ^ buckets).unwrap();
+            let addressing = Addressing::new(&format).unwrap();
+            let mut out = Chunk::EMPTY;
+            for k in 0..2000u64 {
+                let hashes: [u64; 8] = std::array::from_fn(|i| fmix64(k * 8 + i as u64));
+                // SAFETY: features checked above.
+                unsafe { locate8(&hashes, format.seed, buckets - 1, lanes, &mut out) };
+                for (i, &h) in hashes.iter().enumerate() {
+                    let loc = addressing.locate(h);
+                    let (lo, hi) = (loc.bucket_a.min(loc.bucket_b), loc.bucket_a.max(loc.bucket_b));
+                    assert_eq!(out.fp[i], u64::from(loc.fingerprint));
+                    assert_eq!(out.lo[i], u64::from(lo) * lanes);
+                    assert_eq!(out.hi[i], u64::from(hi) * lanes);
+                }
+            }
+        }
+    }
+}

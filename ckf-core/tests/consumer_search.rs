@@ -1,0 +1,152 @@
+//! Prefix search against an exact model of the table (issue 2, item 8): for every lane ready at
+//! capture, depth = number of leading blocks whose fingerprint is in one of their two candidate
+//! buckets of that lane. Both row kernels (AVX-512 where the CPU has it, and the portable one)
+//! must equal the model for every lane count 1..=16.
+
+use ckf_core::addressing::{Addressing, TableFormat, fmix64};
+use ckf_core::bucket::{self, with_slot};
+use ckf_core::frames::DcCkfSnapshot;
+use ckf_core::global::{GlobalCkfIndexer, Manifest};
+use ckf_core::identity::{IndexerDomainId, PoolId, ProducerIdentity, ProducerIncarnation, StreamTag};
+use ckf_core::lane::{Frame, IngestOutcome, LagPolicy};
+use proptest::prelude::*;
+
+fn indexer(buckets: u64, lanes: usize) -> GlobalCkfIndexer {
+    let m = Manifest {
+        domain: IndexerDomainId::new("d").unwrap(),
+        format: TableFormat::new(buckets, 99).unwrap(),
+        lanes: (0..lanes).map(|i| PoolId::new("d", &format!("dc{i}")).unwrap()).collect(),
+    };
+    GlobalCkfIndexer::with_policy(m, 1, LagPolicy::DISABLED).unwrap()
+}
+
+fn activate(ix: &GlobalCkfIndexer, lane: u8, words: Vec<u64>) {
+    let id = ProducerIdentity {
+        pool: ix.pool(lane).clone(),
+        incarnation: ProducerIncarnation(u64::from(lane)),
+        format: ix.manifest().format,
+    };
+    let lease = ix.grant_lease(&id).unwrap();
+    let tag = StreamTag { incarnation: id.incarnation, lease };
+    let out = ix.ingest_now(&Frame::Snapshot(DcCkfSnapshot { tag, sequence: 0, buckets: words }));
+    assert!(matches!(out, IngestOutcome::Activated { .. }));
+}
+
+/// Places `blocks` (first free candidate slot; blocks that do not fit are skipped).
+fn place(addressing: &Addressing, words: &mut [u64], blocks: impl Iterator<Item = u64>) {
+    for h in blocks {
+        let loc = addressing.locate(h);
+        for b in [loc.bucket_a, loc.bucket_b] {
+            let w = words[b as usize];
+            if let Some(s) = bucket::find_empty(w) {
+                words[b as usize] = with_slot(w, s, loc.fingerprint);
+                break;
+            }
+        }
+    }
+}
+
+fn model_depth(addressing: &Addressing, words: &[u64], query: &[u64]) -> u32 {
+    query
+        .iter()
+        .take_while(|&&h| {
+            let loc = addressing.locate(h);
+            bucket::contains(words[loc.bucket_a as usize], loc.fingerprint)
+                || bucket::contains(words[loc.bucket_b as usize], loc.fingerprint)
+        })
+        .count() as u32
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn both_kernels_equal_the_exact_model(
+        lanes in 1usize..=16,
+        ready_bits in any::<u16>(),
+        seed in any::<u64>(),
+        log_buckets in 1u32..9,
+        query_len in 0usize..80,
+    ) {
+        let buckets = 1u64 << log_buckets;
+        let ix = indexer(buckets, lanes);
+        let addressing = *ix.addressing();
+        // A shared pool of chained hashes; each lane holds a random prefix of a random subset.
+        let pool: Vec<u64> = (0..query_len as u64 + 8).map(|i| fmix64(seed ^ (i + 1))).collect();
+        let mut tables = Vec::new();
+        for lane in 0..lanes {
+            let mut words = vec![0u64; buckets as usize];
+            let keep = (fmix64(seed ^ lane as u64) as usize) % (query_len + 1);
+            place(&addressing, &mut words, pool[..keep].iter().copied());
+            // Some filler fingerprints.
+            place(&addressing, &mut words, (0..buckets).map(|i| fmix64(seed.rotate_left(7) ^ i ^ (lane as u64) << 40)));
+            if ready_bits & (1 << lane) != 0 {
+                activate(&ix, lane as u8, words.clone());
+            }
+            tables.push(words);
+        }
+        let query = &pool[..query_len];
+        let ready = ready_bits & ((1u32 << lanes) - 1) as u16;
+        for m in [ix.find_prefix_matches(query), ix.find_prefix_matches_portable(query)] {
+            prop_assert_eq!(m.ready_mask(), ready);
+            for lane in 0..16u8 {
+                let want = (usize::from(lane) < lanes && ready & (1 << lane) != 0)
+                    .then(|| model_depth(&addressing, &tables[lane as usize], query));
+                prop_assert_eq!(m.depth(lane), want, "lane {}", lane);
+            }
+            prop_assert_eq!(m.iter().count() as u32, ready.count_ones());
+        }
+    }
+}
+
+#[test]
+fn empty_query_reports_every_ready_lane_at_depth_zero() {
+    let ix = indexer(64, 3);
+    activate(&ix, 0, vec![0; 64]);
+    activate(&ix, 2, vec![0; 64]);
+    let m = ix.find_prefix_matches(&[]);
+    assert_eq!(m.ready_mask(), 0b101);
+    assert_eq!(m.iter().collect::<Vec<_>>(), vec![(0, 0), (2, 0)]);
+    assert_eq!(m.matching().count(), 0);
+    assert_eq!(m.best(), Some((0, 0)));
+}
+
+#[test]
+fn no_ready_lane_reports_nothing() {
+    let ix = indexer(64, 2);
+    let m = ix.find_prefix_matches(&[1, 2, 3]);
+    assert_eq!(m.ready_mask(), 0);
+    assert_eq!(m.iter().count(), 0);
+    assert_eq!(m.best(), None);
+}
+
+#[test]
+fn depth_is_first_miss_and_best_picks_the_deepest() {
+    // 4 lanes in cache, and 16 lanes x 8 Ki buckets (1 MiB: the prefetching path).
+    for (buckets, lanes) in [(1024u64, 4usize), (8192, 16)] {
+        depth_case(buckets, lanes);
+    }
+}
+
+fn depth_case(buckets: u64, lanes: usize) {
+    let ix = indexer(buckets, lanes);
+    let addressing = *ix.addressing();
+    let q: Vec<u64> = (0..40u64).map(|i| fmix64(i + 77)).collect();
+    for (lane, depth) in [(0u8, 10usize), (1, 40), (2, 0), (3, 25)] {
+        let mut words = vec![0u64; buckets as usize];
+        place(&addressing, &mut words, q[..depth].iter().copied());
+        // Blocks after a gap do not count: the depth stops at the first miss.
+        place(&addressing, &mut words, q.iter().skip(depth + 1).copied());
+        activate(&ix, lane, words);
+    }
+    let m = ix.find_prefix_matches(&q);
+    let p = ix.find_prefix_matches_portable(&q);
+    assert_eq!(m, p);
+    assert_eq!(m.depth(0), Some(10));
+    assert_eq!(m.depth(1), Some(40));
+    assert_eq!(m.depth(2), Some(0));
+    assert_eq!(m.depth(3), Some(25));
+    assert_eq!(m.best(), Some((1, 40)));
+    assert_eq!(m.matching().map(|(l, _)| l).collect::<Vec<_>>(), vec![0, 1, 3]);
+    assert_eq!(ix.pool(m.best().unwrap().0).dc.as_str(), "dc1");
+}
