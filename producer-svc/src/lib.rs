@@ -86,8 +86,9 @@ pub struct ShutdownReport {
 }
 
 impl ShutdownReport {
-    /// The process exit status: 0 after a graceful shutdown. Unacknowledged drains are logged
-    /// but are not errors (the indexer's heartbeat deadline retires such lanes).
+    /// The process exit status: 0 after a graceful shutdown. Unacknowledged drains and
+    /// superseded attachments are logged but are not errors (the indexer's heartbeat deadline
+    /// retires such lanes; a superseded pool is served by its newer producer).
     pub fn exit_code(&self) -> i32 {
         0
     }

@@ -28,11 +28,13 @@ pub enum AttachmentState {
     Drained,
     /// Waiting out the reconnect backoff after a failure.
     Backoff,
+    /// Another producer attached for the same pool; this one stopped publishing there.
+    Superseded,
 }
 
 impl AttachmentState {
     /// Every state, in label order.
-    pub const ALL: [AttachmentState; 7] = [
+    pub const ALL: [AttachmentState; 8] = [
         Self::Connecting,
         Self::AwaitingLease,
         Self::Snapshotting,
@@ -40,6 +42,7 @@ impl AttachmentState {
         Self::Draining,
         Self::Drained,
         Self::Backoff,
+        Self::Superseded,
     ];
 
     /// The `state` label value.
@@ -52,6 +55,7 @@ impl AttachmentState {
             Self::Draining => "draining",
             Self::Drained => "drained",
             Self::Backoff => "backoff",
+            Self::Superseded => "superseded",
         }
     }
 }

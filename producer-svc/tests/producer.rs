@@ -465,7 +465,7 @@ async fn two_indexers_each_get_their_own_continuous_sequence() {
             .await;
     }
     // Retire only A: A re-attaches, B's stream continues untouched.
-    a.retire(0, v1::RetireReason::Superseded, "test").await;
+    a.retire(0, v1::RetireReason::LagExceeded, "test").await;
     a.wait_for("A re-attached", |s| {
         s.attachments.len() == 2 && s.attachments[1].installed.is_some()
     })
@@ -581,4 +581,54 @@ async fn a_stalled_indexer_is_fenced_and_reattached_with_a_snapshot() {
         text.contains("reason=\"send_stalled\"") || text.contains("reason=\"fenced_by_producer\""),
         "no stall detachment in:\n{text}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_superseded_producer_stops_publishing_to_that_indexer() {
+    let a = FakeRelay::start(GrantConfig::default(), 1).await;
+    let b = FakeRelay::start(GrantConfig::default(), 2).await;
+    let producer = start_producer(vec![a.url(), b.url()]).await;
+    for fake in [&a, &b] {
+        fake.wait_for("snapshot installed", |s| {
+            s.attachments.first().is_some_and(|x| x.installed.is_some())
+        })
+        .await;
+    }
+    a.retire(
+        0,
+        v1::RetireReason::Superseded,
+        "lease epoch 2 replaced epoch 1",
+    )
+    .await;
+    a.wait_for("the superseded stream ended", |s| s.attachments[0].ended)
+        .await;
+    // Ingest and the other indexer carry on.
+    let mut client = ingest_client(&producer).await;
+    client
+        .publish_batch(batch("s", 0, vec![stored(1, 0, &chain(1, 0..30))]))
+        .await
+        .unwrap();
+    let table = producer.table().await.unwrap();
+    b.wait_for("B converged", |s| s.attachments[0].table == table)
+        .await;
+    let text = metrics_text(&producer).await;
+    assert!(
+        text.contains(&format!(
+            "ckf_producer_attachment_state{{indexer=\"{}\",state=\"superseded\"}} 1",
+            a.url()
+        )),
+        "{text}"
+    );
+
+    producer.shutdown();
+    let report = producer.wait().await.unwrap();
+    // A was never re-attached: taking the lane back would fight the newer producer.
+    assert_eq!(a.with(|s| s.attachments.len()), 1);
+    assert!(
+        matches!(&report.drains[0].1, DrainOutcome::Superseded { detail } if detail.contains("epoch 2")),
+        "{:?}",
+        report.drains
+    );
+    assert!(matches!(report.drains[1].1, DrainOutcome::Drained { .. }));
+    assert_eq!(report.exit_code(), 0);
 }

@@ -7,6 +7,13 @@
 //! again (new lease, new barrier snapshot). Every transition is logged with its reason and
 //! exported as `ckf_producer_attachment_state`.
 //!
+//! One failure is terminal: `Retired(SUPERSEDED)` on the current stream means *another*
+//! attachment for this pool got a newer lease (a second producer process for the pool, or the
+//! same indexer listed twice), because this task never runs two sessions at once. Re-attaching
+//! would supersede the other producer in turn and the two would take the lane from each other
+//! forever, so the task stops publishing to that endpoint, logs an error and waits for shutdown
+//! (`DrainOutcome::Superseded`). A pool has exactly one producer.
+//!
 //! | file | owns |
 //! | --- | --- |
 //! | [`session`] | one attachment: connect, attach, snapshot chunks, deltas, heartbeats, drain |
@@ -18,6 +25,7 @@ pub mod session;
 use std::time::Duration;
 
 use ckf_core::identity::ProducerIdentity;
+use ckf_core::publication::FenceReason;
 use ckf_svc_kit::Shutdown;
 use tokio::sync::mpsc;
 
@@ -65,6 +73,11 @@ pub enum DrainOutcome {
     },
     /// Not streaming at shutdown: no drain marker was sent.
     NotAttached,
+    /// Another producer took over the pool at this indexer; publication there stopped.
+    Superseded {
+        /// The indexer's explanation.
+        detail: String,
+    },
 }
 
 /// The publisher task of one endpoint.
@@ -127,6 +140,31 @@ impl RelayClient {
                     tracing::info!(indexer = %self.endpoint, "shutdown while not streaming; no drain marker");
                     self.set_state(AttachmentState::Drained);
                     return DrainOutcome::NotAttached;
+                }
+                SessionEnd::Failed(f) if f.fence == FenceReason::Superseded => {
+                    self.metrics
+                        .detachments
+                        .with_label_values(&[&self.endpoint, f.label])
+                        .inc();
+                    if let Some(lease) = f.lease {
+                        let _ = self
+                            .actor
+                            .send(Command::Detach {
+                                endpoint: self.index,
+                                lease,
+                                reason: f.fence,
+                            })
+                            .await;
+                    }
+                    tracing::error!(
+                        indexer = %self.endpoint,
+                        pool = %self.identity.pool,
+                        detail = %f.detail,
+                        "another producer attached for this pool; this producer stops publishing to this indexer (a pool has exactly one producer)"
+                    );
+                    self.set_state(AttachmentState::Superseded);
+                    self.shutdown.wait().await;
+                    return DrainOutcome::Superseded { detail: f.detail };
                 }
                 SessionEnd::Failed(f) => {
                     self.metrics

@@ -239,7 +239,7 @@ impl Relay for Service {
             // Hold the stream open without reading it until the test retires it.
             tokio::spawn(async move {
                 let _ = retire_rx.recv().await;
-                drop(frames);
+                drop((frames, tx));
             });
             return Ok(Response::new(ReceiverStream::new(rx)));
         }
