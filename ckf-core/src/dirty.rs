@@ -15,7 +15,8 @@
 //! * For every changed bucket `x` and every fingerprint `f` that `x` loses (old-minus-new
 //!   multiset), let `y = alternate(x, f)`. If `y` is also in the batch and gains `f`, add the
 //!   edge "`y` before `x`".
-//! * Sort topologically (Kahn's algorithm, ready buckets in ascending index order).
+//! * Sort topologically (Kahn's algorithm; ready buckets in first-touch order). A batch
+//!   without such edges (the common case) keeps first-touch order and costs no sort.
 //!
 //! Because a fingerprint in bucket `x` can only belong to the pair `{x, alternate(x, f)}`, this
 //! keeps, after every single image, at least `min(old, new)` copies of every (fingerprint, pair)
@@ -23,8 +24,8 @@
 //!
 //! **Cycles.** When moves form a cycle (`x` gives `f` to `y` while `y` gives `g` to `x`, or a
 //! longer ring through several buckets, possible when several relocations are coalesced into
-//! one batch), no order satisfies every edge. The tracker then emits the lowest-index remaining
-//! bucket first, counts one broken cycle in [`PublicationBatch::cycles_broken`], and continues.
+//! one batch), no order satisfies every edge. The tracker then emits one bucket that lies on a
+//! cycle (walking back along unemitted predecessors from the earliest-touched remaining bucket), counts one broken cycle in [`PublicationBatch::cycles_broken`], and continues.
 //! A query racing the application of that one image may miss the fingerprints that bucket gives
 //! away, until the next image of the batch lands. This is the documented residue of the
 //! weak-read contract; the producer reports the running total in its stats so the rate can be
@@ -33,8 +34,8 @@
 //! The mutator keeps a single insertion's kick path from re-entering a bucket it changed (see
 //! [`crate::mutator`]), so cycles come from coalescing several relocating commands into one
 //! batch. Measured in `tests/cases_producer.rs` (case 12: 4,096 buckets at 93% load, batches of
-//! 1-16 remove+store commands, nearly every batch relocating): about 2% of batches break one
-//! cycle, 0.03% of installed images expose one transient miss, and no single-command batch broke
+//! 1-16 remove+store commands, nearly every batch relocating): about 1% of batches break one
+//! cycle, 0.02% of installed images expose one transient miss, and no single-command batch broke
 //! a cycle. Publishing more often (smaller batches) makes cycles rarer.
 
 use std::time::Instant;
@@ -74,9 +75,14 @@ pub struct DirtyTracker {
     oldest: Option<Instant>,
     // Scratch buffers for ordering, reused across batches.
     changed: Vec<Changed>,
+    candidates: Vec<(u32, u32, u16)>,
+    lookup: Vec<(u32, u32)>,
     edges: Vec<(u32, u32)>,
     indegree: Vec<u32>,
     starts: Vec<u32>,
+    in_starts: Vec<u32>,
+    in_from: Vec<u32>,
+    seen: Vec<u32>,
     done: Vec<bool>,
 }
 
@@ -88,9 +94,14 @@ impl DirtyTracker {
             entries: Vec::new(),
             oldest: None,
             changed: Vec::new(),
+            candidates: Vec::new(),
+            lookup: Vec::new(),
             edges: Vec::new(),
             indegree: Vec::new(),
             starts: Vec::new(),
+            in_starts: Vec::new(),
+            in_from: Vec::new(),
+            seen: Vec::new(),
             done: Vec::new(),
         }
     }
@@ -119,8 +130,10 @@ impl DirtyTracker {
         self.marks.capacity() * 8
             + self.entries.capacity() * 16
             + self.changed.capacity() * std::mem::size_of::<Changed>()
-            + self.edges.capacity() * 8
+            + self.candidates.capacity() * 12
+            + (self.lookup.capacity() + self.edges.capacity()) * 8
             + (self.indegree.capacity() + self.starts.capacity()) * 4
+            + (self.in_starts.capacity() + self.in_from.capacity() + self.seen.capacity()) * 4
             + self.done.capacity()
     }
 
@@ -130,7 +143,6 @@ impl DirtyTracker {
         let oldest = self.oldest.take();
         self.changed.clear();
         for &(b, old) in &self.entries {
-            self.marks[(b >> 6) as usize] &= !(1u64 << (b & 63));
             let new = buckets[b as usize];
             if new != old {
                 self.changed.push(Changed {
@@ -140,11 +152,32 @@ impl DirtyTracker {
                 });
             }
         }
+        // Edge candidates, while the marks still say which buckets are in the batch: a lost
+        // fingerprint whose alternate bucket is dirty. Most changes are plain inserts or
+        // removals, whose alternates are clean, so this usually finds nothing.
+        self.candidates.clear();
+        for (x, c) in self.changed.iter().enumerate() {
+            for s in 0..bucket::SLOTS {
+                let f = bucket::slot(c.old, s);
+                if f == bucket::EMPTY_SLOT || bucket::slot(c.new, s) == f {
+                    continue;
+                }
+                if count(c.old, f) > count(c.new, f) {
+                    let alt = addressing.alternate(c.bucket, f);
+                    if self.marks[(alt >> 6) as usize] & (1u64 << (alt & 63)) != 0 {
+                        self.candidates.push((alt, x as u32, f));
+                    }
+                }
+            }
+        }
+        for &(b, _) in &self.entries {
+            self.marks[(b >> 6) as usize] &= !(1u64 << (b & 63));
+        }
         self.entries.clear();
         if self.changed.is_empty() {
             return None;
         }
-        let (images, cycles_broken) = self.order(addressing);
+        let (images, cycles_broken) = self.order();
         Some(PublicationBatch {
             images,
             oldest_change: oldest.unwrap_or_else(Instant::now),
@@ -154,28 +187,36 @@ impl DirtyTracker {
 
     /// Topological order of `self.changed` (see the module docs). Returns the images and the
     /// number of cycles broken.
-    fn order(&mut self, addressing: &Addressing) -> (Vec<BucketImage>, u32) {
-        self.changed.sort_unstable_by_key(|c| c.bucket);
+    fn order(&mut self) -> (Vec<BucketImage>, u32) {
         let n = self.changed.len();
         self.edges.clear();
-        for (x, c) in self.changed.iter().enumerate() {
-            let old = bucket::slots(c.old);
-            for (s, &f) in old.iter().enumerate() {
-                // Each distinct lost fingerprint once.
-                if f == bucket::EMPTY_SLOT || old[..s].contains(&f) {
-                    continue;
-                }
-                if count(c.old, f) <= count(c.new, f) {
-                    continue;
-                }
-                let alt = addressing.alternate(c.bucket, f);
-                if let Ok(y) = self.changed.binary_search_by_key(&alt, |c| c.bucket) {
-                    let cy = self.changed[y];
+        if !self.candidates.is_empty() {
+            // Resolve candidate alternates to batch positions: (bucket, position), sorted.
+            self.lookup.clear();
+            self.lookup
+                .extend(self.changed.iter().enumerate().map(|(i, c)| (c.bucket, i as u32)));
+            self.lookup.sort_unstable();
+            for &(alt, x, f) in &self.candidates {
+                if let Ok(pos) = self.lookup.binary_search_by_key(&alt, |&(b, _)| b) {
+                    let y = self.lookup[pos].1;
+                    let cy = self.changed[y as usize];
+                    // A fingerprint lost twice yields the edge twice; Kahn counts both.
                     if count(cy.new, f) > count(cy.old, f) {
-                        self.edges.push((y as u32, x as u32));
+                        self.edges.push((y, x));
                     }
                 }
             }
+        }
+        if self.edges.is_empty() {
+            let images = self
+                .changed
+                .iter()
+                .map(|c| BucketImage {
+                    bucket: c.bucket,
+                    image: c.new,
+                })
+                .collect();
+            return (images, 0);
         }
         // Adjacency in CSR form: edges sorted by source, `starts[v]..starts[v+1]`.
         self.edges.sort_unstable();
@@ -190,6 +231,25 @@ impl DirtyTracker {
         for v in 0..n {
             self.starts[v + 1] += self.starts[v];
         }
+        // Incoming adjacency (sources grouped by target), for finding a bucket on a cycle.
+        self.in_starts.clear();
+        self.in_starts.resize(n + 1, 0);
+        for &(_, to) in &self.edges {
+            self.in_starts[to as usize + 1] += 1;
+        }
+        for v in 0..n {
+            self.in_starts[v + 1] += self.in_starts[v];
+        }
+        self.in_from.clear();
+        self.in_from.resize(self.edges.len(), 0);
+        self.seen.clear();
+        self.seen.resize(n, 0);
+        for &(from, to) in &self.edges {
+            let slot = &mut self.seen[to as usize];
+            self.in_from[(self.in_starts[to as usize] + *slot) as usize] = from;
+            *slot += 1;
+        }
+        self.seen.fill(0);
         self.done.clear();
         self.done.resize(n, false);
 
@@ -200,17 +260,20 @@ impl DirtyTracker {
             self.done[v as usize] = true;
         }
         let mut head = 0;
-        let mut lowest_pending = 0;
+        let mut earliest_pending = 0;
         let mut cycles = 0u32;
         while order.len() < n || head < order.len() {
             if head == order.len() {
-                // Every remaining bucket waits on another: a cycle. Break it at the lowest index.
-                while self.done[lowest_pending] {
-                    lowest_pending += 1;
+                // Every remaining bucket waits on another. Break a cycle at a bucket that lies on
+                // it (emitting a bucket merely downstream of a cycle would cost a miss and
+                // resolve nothing).
+                while self.done[earliest_pending] {
+                    earliest_pending += 1;
                 }
-                self.done[lowest_pending] = true;
-                order.push(lowest_pending as u32);
                 cycles += 1;
+                let v = self.on_cycle(earliest_pending, cycles);
+                self.done[v] = true;
+                order.push(v as u32);
             }
             let v = order[head] as usize;
             head += 1;
@@ -234,6 +297,24 @@ impl DirtyTracker {
             })
             .collect();
         (images, cycles)
+    }
+}
+
+impl DirtyTracker {
+    /// A bucket on a cycle: walk back from `start` along predecessors that are not yet emitted
+    /// until a bucket repeats. Every remaining bucket has such a predecessor (its in-degree
+    /// counts only unemitted ones), so the walk ends on a cycle. `stamp` is unique per call.
+    fn on_cycle(&mut self, start: usize, stamp: u32) -> usize {
+        let mut v = start;
+        while self.seen[v] != stamp {
+            self.seen[v] = stamp;
+            let preds = &self.in_from[self.in_starts[v] as usize..self.in_starts[v + 1] as usize];
+            match preds.iter().find(|&&u| !self.done[u as usize]) {
+                Some(&u) => v = u as usize,
+                None => break,
+            }
+        }
+        v
     }
 }
 
