@@ -178,8 +178,9 @@ pub async fn serve(
     })?;
 
     let stop = Shutdown::new();
-    stop.trigger_on(shutdown);
     let metrics = Metrics::new();
+    let reflection = ckf_svc_kit::grpc::reflection(&[ckf_proto::FILE_DESCRIPTOR_SET])
+        .context("building the reflection service")?;
     let max_message_bytes =
         usize::try_from(config.limits.max_message_bytes).context("limits.max_message_bytes")?;
 
@@ -238,8 +239,6 @@ pub async fn serve(
 
     // The gRPC server.
     let (health_reporter, health) = ckf_svc_kit::grpc::health(&[INGEST_SERVICE]).await;
-    let reflection = ckf_svc_kit::grpc::reflection(&[ckf_proto::FILE_DESCRIPTOR_SET])
-        .context("building the reflection service")?;
     let ingest = IngestServer::new(IngestService::new(
         actor_tx.clone(),
         identity.clone(),
@@ -268,6 +267,8 @@ pub async fn serve(
         "producer started"
     );
 
+    // Only now: an error above must not leave a task waiting on the caller's future.
+    stop.trigger_on(shutdown);
     let supervisor_stop = stop.clone();
     let done = tokio::spawn(async move {
         supervisor_stop.wait().await;

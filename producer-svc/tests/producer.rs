@@ -632,3 +632,29 @@ async fn a_superseded_producer_stops_publishing_to_that_indexer() {
     assert!(matches!(report.drains[1].1, DrainOutcome::Drained { .. }));
     assert_eq!(report.exit_code(), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_refuses_an_invalid_config_and_a_busy_port() {
+    let mut config = fast_config(vec!["http://127.0.0.1:1".into()]);
+    config.publication.batch_threshold = 0;
+    let err = producer_svc::serve(config, std::future::pending())
+        .await
+        .err()
+        .expect("refused");
+    assert!(
+        format!("{err:#}").contains("publication.batch_threshold = 0"),
+        "{err:#}"
+    );
+
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut config = fast_config(vec!["http://127.0.0.1:1".into()]);
+    config.listen = busy.local_addr().unwrap();
+    let err = producer_svc::serve(config, std::future::pending())
+        .await
+        .err()
+        .expect("refused");
+    assert!(
+        format!("{err:#}").contains("binding the ingest listener"),
+        "{err:#}"
+    );
+}
