@@ -658,3 +658,37 @@ async fn serve_refuses_an_invalid_config_and_a_busy_port() {
         "{err:#}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_ends_open_ingest_streams_with_unavailable() {
+    let fake = FakeRelay::start(GrantConfig::default(), 7).await;
+    let producer = start_producer(vec![fake.url()]).await;
+    let mut client = ingest_client(&producer).await;
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(batch("w", 1, vec![stored(1, 0, &[h(1, 1)])]))
+        .await
+        .unwrap();
+    let mut results = client
+        .publish(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(results.message().await.unwrap().unwrap().sequence, 1);
+
+    // The client keeps its request stream open; shutdown must still complete.
+    producer.shutdown();
+    let status = results.message().await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unavailable);
+    assert!(
+        status.message().contains("shutting down"),
+        "{}",
+        status.message()
+    );
+    let report = tokio::time::timeout(std::time::Duration::from_secs(30), producer.wait())
+        .await
+        .expect("shutdown completes with an ingest stream still open")
+        .unwrap();
+    assert!(report.all_drained(), "{:?}", report.drains);
+    assert_eq!(report.final_stats.unique_hashes, 1);
+    drop(tx);
+}
