@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use ckf_core::bucket;
 use ckf_core::global::GlobalCkfIndexer;
-use ckf_core::lane::{LaneState, LaneStatus};
+use ckf_core::lane::LaneStatus;
 use ckf_proto::v1::{self, query_server::Query};
 use tonic::{Request, Response, Status};
 
@@ -110,20 +110,11 @@ fn occupied_slots(indexer: &GlobalCkfIndexer) -> Vec<u64> {
     counts
 }
 
-fn wire_state(state: LaneState) -> v1::LaneState {
-    match state {
-        LaneState::Unassigned => v1::LaneState::Unassigned,
-        LaneState::AwaitingSnapshot => v1::LaneState::AwaitingSnapshot,
-        LaneState::Active => v1::LaneState::Active,
-        LaneState::Retired => v1::LaneState::Retired,
-    }
-}
-
 fn lane_info(indexer: &GlobalCkfIndexer, status: &LaneStatus, load_factor: f64) -> v1::LaneInfo {
     v1::LaneInfo {
         lane: u32::from(status.lane),
         pool: Some(indexer.pool(status.lane).into()),
-        state: wire_state(status.state) as i32,
+        state: v1::LaneState::from(status.state) as i32,
         lease_epoch: status.lease.map_or(0, |l| l.epoch),
         incarnation: status.incarnation.map_or(0, |i| i.0),
         installed_sequence: status.installed_sequence.unwrap_or(0),

@@ -142,21 +142,9 @@ pub enum FrameError {
     Transport(Status),
 }
 
-/// The `RetireReason` wire value of a core retirement reason.
+/// The `RetireReason` wire value of a core retirement reason (`ckf_proto::convert`).
 pub fn wire_reason(reason: &RetireReason) -> v1::RetireReason {
-    use v1::RetireReason as W;
-    match reason {
-        RetireReason::Gap { .. } | RetireReason::NonContiguous { .. } => W::Gap,
-        RetireReason::MalformedDelta(_)
-        | RetireReason::MalformedSnapshot(_)
-        | RetireReason::NotActive { .. } => W::MalformedFrame,
-        RetireReason::LostFinalDelta { .. } => W::LostFinalDelta,
-        RetireReason::HeartbeatTimeout { .. } => W::HeartbeatTimeout,
-        RetireReason::LagExceeded { .. } => W::LagExceeded,
-        RetireReason::Saturated { .. } => W::Saturated,
-        RetireReason::ApplyFailed { .. } => W::ApplyFailure,
-        RetireReason::StreamLost { .. } => W::StreamLost,
-    }
+    reason.into()
 }
 
 fn reason_code(reason: &RetireReason) -> Code {

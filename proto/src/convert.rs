@@ -13,6 +13,7 @@ use ckf_core::frames::{BucketImage, DcCkfDelta, DcCkfSnapshot, DrainMarker, Snap
 use ckf_core::identity::{
     LaneLease, NameError, PoolId, ProducerIdentity, ProducerIncarnation, StreamTag,
 };
+use ckf_core::lane::{LaneState, RetireReason};
 use thiserror::Error;
 
 use crate::v1;
@@ -362,6 +363,40 @@ pub fn snapshot_to_wire(
         .map(v1::SnapshotChunk::from)
 }
 
+// ---- lane states and retirement reasons (consumer -> wire only) ---------------------------
+
+impl From<LaneState> for v1::LaneState {
+    fn from(state: LaneState) -> Self {
+        match state {
+            LaneState::Unassigned => Self::Unassigned,
+            LaneState::AwaitingSnapshot => Self::AwaitingSnapshot,
+            LaneState::Active => Self::Active,
+            LaneState::Retired => Self::Retired,
+        }
+    }
+}
+
+/// The wire reason of a consumer retirement. Several core reasons share one wire value: gap and
+/// non-contiguous delta are both `GAP`; malformed deltas, malformed snapshots and frames not
+/// allowed in the lane's state are `MALFORMED_FRAME`. (`SUPERSEDED` and `SHUTDOWN` are not lane
+/// retirements in the core; services send them when they end a stream.)
+impl From<&RetireReason> for v1::RetireReason {
+    fn from(reason: &RetireReason) -> Self {
+        match reason {
+            RetireReason::Gap { .. } | RetireReason::NonContiguous { .. } => Self::Gap,
+            RetireReason::MalformedDelta(_)
+            | RetireReason::MalformedSnapshot(_)
+            | RetireReason::NotActive { .. } => Self::MalformedFrame,
+            RetireReason::LostFinalDelta { .. } => Self::LostFinalDelta,
+            RetireReason::HeartbeatTimeout { .. } => Self::HeartbeatTimeout,
+            RetireReason::LagExceeded { .. } => Self::LagExceeded,
+            RetireReason::Saturated { .. } => Self::Saturated,
+            RetireReason::ApplyFailed { .. } => Self::ApplyFailure,
+            RetireReason::StreamLost { .. } => Self::StreamLost,
+        }
+    }
+}
+
 /// Wraps one frame into the `RelayFrame` oneof.
 impl From<v1::relay_frame::Frame> for v1::RelayFrame {
     fn from(frame: v1::relay_frame::Frame) -> Self {
@@ -564,6 +599,30 @@ mod tests {
             );
         }
         assert_eq!(words, snapshot.buckets);
+    }
+
+    #[test]
+    fn retire_reasons_and_states_map_to_their_wire_names() {
+        let gap = RetireReason::Gap {
+            installed: 1,
+            base_sequence: 3,
+        };
+        assert_eq!(v1::RetireReason::from(&gap), v1::RetireReason::Gap);
+        let lost = RetireReason::StreamLost { detail: "x".into() };
+        assert_eq!(
+            v1::RetireReason::from(&lost).as_str_name(),
+            "RETIRE_REASON_STREAM_LOST"
+        );
+        let dup =
+            RetireReason::MalformedDelta(ckf_core::lane::DeltaError::DuplicateBucket { bucket: 1 });
+        assert_eq!(
+            v1::RetireReason::from(&dup),
+            v1::RetireReason::MalformedFrame
+        );
+        assert_eq!(
+            v1::LaneState::from(LaneState::AwaitingSnapshot),
+            v1::LaneState::AwaitingSnapshot
+        );
     }
 
     #[test]
