@@ -287,7 +287,7 @@ async fn malformed_events_are_rejected_precisely() {
             .connect()
             .await
             .unwrap();
-    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
     let serving = health
         .check(tonic_health::pb::HealthCheckRequest {
             service: "ckf.v1.Ingest".into(),
@@ -299,6 +299,33 @@ async fn malformed_events_are_rejected_precisely() {
         serving.status(),
         tonic_health::pb::health_check_response::ServingStatus::Serving
     );
+    use tonic_reflection::pb::v1::{
+        ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
+        server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
+    };
+    let mut reflection = ServerReflectionClient::new(channel);
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut answers = reflection
+        .server_reflection_info(tokio_stream::iter(vec![request]))
+        .await
+        .unwrap()
+        .into_inner();
+    let Some(MessageResponse::ListServicesResponse(list)) = answers
+        .message()
+        .await
+        .unwrap()
+        .unwrap()
+        .message_response
+    else {
+        panic!("no service list");
+    };
+    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    for expected in ["ckf.v1.Ingest", "grpc.health.v1.Health"] {
+        assert!(names.iter().any(|n| n == expected), "{names:?}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
