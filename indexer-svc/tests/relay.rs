@@ -481,3 +481,92 @@ impl NothingCheck for Producer {
         assert!(self.state.take_batch().is_none());
     }
 }
+
+#[tokio::test]
+async fn delta_older_than_the_dirty_to_applied_deadline_retires_only_that_lane() {
+    let (indexer, mut a, mut b, seq) = two_ready_lanes().await;
+    a.store(3, &hashes(50, 2));
+    let mut delta = a.next_delta();
+    delta.oldest_change_age_ms = 120_000; // the test deadline is 60 s
+    a.stream.send(WireFrame::Delta(delta)).await;
+    let status = a
+        .stream
+        .expect_retired(v1::RetireReason::LagExceeded, Code::DeadlineExceeded)
+        .await;
+    assert!(
+        status
+            .message()
+            .contains("exceeds the dirty-to-applied deadline 60000 ms"),
+        "{}",
+        status.message()
+    );
+    only_lane_0_affected(&indexer, &mut b, &seq, v1::RetireReason::LagExceeded).await;
+}
+
+#[tokio::test]
+async fn delta_before_the_snapshot_completes_is_failed_precondition() {
+    let indexer = Indexer::start(config(&["dc-a"])).await;
+    let mut a = Producer::attach(&indexer, "dc-a", 1).await;
+    // Half a snapshot, then a delta.
+    a.stream
+        .send(WireFrame::SnapshotChunk(v1::SnapshotChunk {
+            lease: a.wire_lease(),
+            sequence: 0,
+            first_bucket: 0,
+            words: vec![0; 4096],
+        }))
+        .await;
+    a.stream
+        .send(WireFrame::Delta(v1::Delta {
+            lease: a.wire_lease(),
+            base_sequence: 0,
+            sequence: 1,
+            buckets: vec![1],
+            images: vec![1],
+            oldest_change_age_ms: 0,
+        }))
+        .await;
+    let status = a
+        .stream
+        .expect_retired(v1::RetireReason::MalformedFrame, Code::FailedPrecondition)
+        .await;
+    assert!(
+        status
+            .message()
+            .contains("delta before the barrier snapshot completed"),
+        "{}",
+        status.message()
+    );
+    assert_eq!(indexer.find(&hashes(1, 3)).await, (vec![], 0));
+}
+
+#[tokio::test]
+async fn retired_lane_recovers_with_a_new_attachment_and_snapshot() {
+    let (indexer, mut a, _b, seq) = two_ready_lanes().await;
+    let mut delta = {
+        a.store(3, &hashes(60, 2));
+        a.next_delta()
+    };
+    delta.base_sequence = 5;
+    delta.sequence = 6;
+    a.stream.send(WireFrame::Delta(delta)).await;
+    a.stream
+        .expect_retired(v1::RetireReason::Gap, Code::FailedPrecondition)
+        .await;
+    assert_eq!(indexer.find(&seq).await.1, 0b10);
+
+    // The same producer state re-attaches (new lease, new barrier snapshot).
+    let mut again = Producer::attach(&indexer, "dc-a", 1).await;
+    assert_eq!(again.lease.epoch, 2);
+    again.state = a.state.clone();
+    again.snapshot(8192).await;
+    assert_eq!(indexer.find(&seq).await, (vec![(0, 8), (1, 8)], 0b11));
+    let lane = indexer.lane(0).await;
+    assert_eq!(lane.state(), v1::LaneState::Active);
+    assert_eq!(lane.retirements, 1);
+    assert_eq!(lane.last_retire_reason(), v1::RetireReason::Gap);
+    assert_eq!(
+        indexer.running.indexer().table().lane_words(0),
+        again.state.buckets()
+    );
+}
