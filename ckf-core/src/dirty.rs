@@ -73,32 +73,67 @@ pub struct DirtyTracker {
     /// Dirty buckets with their image at the last publication, in first-touch order.
     entries: Vec<(u32, u64)>,
     oldest: Option<Instant>,
+    /// Per bucket: its position in `changed` during the last `take` (stale otherwise; always
+    /// validated against `changed[pos].bucket`). 4 bytes per bucket, half the table's size,
+    /// so edge resolution needs no sort and no hashing.
+    position: Vec<u32>,
     // Scratch buffers for ordering, reused across batches.
     changed: Vec<Changed>,
-    candidates: Vec<(u32, u32, u16)>,
-    lookup: Vec<(u32, u32)>,
+    /// Edges `(before, after)` as positions in `changed`.
     edges: Vec<(u32, u32)>,
     indegree: Vec<u32>,
-    starts: Vec<u32>,
+    out_starts: Vec<u32>,
+    out_to: Vec<u32>,
     in_starts: Vec<u32>,
     in_from: Vec<u32>,
     seen: Vec<u32>,
     done: Vec<bool>,
 }
 
+/// Fills a CSR adjacency: `starts[v]..starts[v + 1]` indexes `targets`, grouped by `key(edge)`
+/// and holding `value(edge)`. Counting sort: O(nodes + edges), no comparison sort.
+fn csr(
+    n: usize,
+    edges: &[(u32, u32)],
+    key: impl Fn(&(u32, u32)) -> u32,
+    value: impl Fn(&(u32, u32)) -> u32,
+    starts: &mut Vec<u32>,
+    targets: &mut Vec<u32>,
+    cursor: &mut Vec<u32>,
+) {
+    starts.clear();
+    starts.resize(n + 1, 0);
+    for e in edges {
+        starts[key(e) as usize + 1] += 1;
+    }
+    for v in 0..n {
+        starts[v + 1] += starts[v];
+    }
+    cursor.clear();
+    cursor.extend_from_slice(&starts[..n]);
+    targets.clear();
+    targets.resize(edges.len(), 0);
+    for e in edges {
+        let c = &mut cursor[key(e) as usize];
+        targets[*c as usize] = value(e);
+        *c += 1;
+    }
+}
+
 impl DirtyTracker {
-    /// A tracker for `bucket_count` buckets (`bucket_count / 8` bytes of marks).
+    /// A tracker for `bucket_count` buckets (`bucket_count / 8` bytes of marks plus
+    /// `4 * bucket_count` bytes of position index).
     pub fn new(bucket_count: usize) -> Self {
         Self {
             marks: vec![0; bucket_count.div_ceil(64)],
             entries: Vec::new(),
             oldest: None,
+            position: vec![0; bucket_count],
             changed: Vec::new(),
-            candidates: Vec::new(),
-            lookup: Vec::new(),
             edges: Vec::new(),
             indegree: Vec::new(),
-            starts: Vec::new(),
+            out_starts: Vec::new(),
+            out_to: Vec::new(),
             in_starts: Vec::new(),
             in_from: Vec::new(),
             seen: Vec::new(),
@@ -127,13 +162,18 @@ impl DirtyTracker {
 
     /// Bytes held by the tracker's buffers (capacity-based).
     pub fn bytes_used(&self) -> usize {
+        let u32s = self.position.capacity()
+            + self.indegree.capacity()
+            + self.out_starts.capacity()
+            + self.out_to.capacity()
+            + self.in_starts.capacity()
+            + self.in_from.capacity()
+            + self.seen.capacity();
         self.marks.capacity() * 8
             + self.entries.capacity() * 16
             + self.changed.capacity() * std::mem::size_of::<Changed>()
-            + self.candidates.capacity() * 12
-            + (self.lookup.capacity() + self.edges.capacity()) * 8
-            + (self.indegree.capacity() + self.starts.capacity()) * 4
-            + (self.in_starts.capacity() + self.in_from.capacity() + self.seen.capacity()) * 4
+            + self.edges.capacity() * 8
+            + u32s * 4
             + self.done.capacity()
     }
 
@@ -143,8 +183,10 @@ impl DirtyTracker {
         let oldest = self.oldest.take();
         self.changed.clear();
         for &(b, old) in &self.entries {
+            self.marks[(b >> 6) as usize] &= !(1u64 << (b & 63));
             let new = buckets[b as usize];
             if new != old {
+                self.position[b as usize] = self.changed.len() as u32;
                 self.changed.push(Changed {
                     bucket: b,
                     old,
@@ -152,30 +194,33 @@ impl DirtyTracker {
                 });
             }
         }
-        // Edge candidates, while the marks still say which buckets are in the batch: a lost
-        // fingerprint whose alternate bucket is dirty. Most changes are plain inserts or
-        // removals, whose alternates are clean, so this usually finds nothing.
-        self.candidates.clear();
+        self.entries.clear();
+        if self.changed.is_empty() {
+            return None;
+        }
+        // Edges: bucket `x` lost fingerprint `f` and its alternate `y` is in the batch and
+        // gained `f`, so `y` goes first. Plain inserts and removals (alternate not in the batch)
+        // add none.
+        self.edges.clear();
         for (x, c) in self.changed.iter().enumerate() {
             for s in 0..bucket::SLOTS {
                 let f = bucket::slot(c.old, s);
                 if f == bucket::EMPTY_SLOT || bucket::slot(c.new, s) == f {
                     continue;
                 }
-                if count(c.old, f) > count(c.new, f) {
-                    let alt = addressing.alternate(c.bucket, f);
-                    if self.marks[(alt >> 6) as usize] & (1u64 << (alt & 63)) != 0 {
-                        self.candidates.push((alt, x as u32, f));
-                    }
+                if count(c.old, f) <= count(c.new, f) {
+                    continue;
+                }
+                let alt = addressing.alternate(c.bucket, f);
+                let y = self.position[alt as usize];
+                // A fingerprint lost twice yields the edge twice; Kahn counts both.
+                if let Some(cy) = self.changed.get(y as usize)
+                    && cy.bucket == alt
+                    && count(cy.new, f) > count(cy.old, f)
+                {
+                    self.edges.push((y, x as u32));
                 }
             }
-        }
-        for &(b, _) in &self.entries {
-            self.marks[(b >> 6) as usize] &= !(1u64 << (b & 63));
-        }
-        self.entries.clear();
-        if self.changed.is_empty() {
-            return None;
         }
         let (images, cycles_broken) = self.order();
         Some(PublicationBatch {
@@ -185,71 +230,25 @@ impl DirtyTracker {
         })
     }
 
-    /// Topological order of `self.changed` (see the module docs). Returns the images and the
-    /// number of cycles broken.
+    /// Topological order of `self.changed` under `self.edges` (see the module docs). Returns the
+    /// images and the number of cycles broken.
     fn order(&mut self) -> (Vec<BucketImage>, u32) {
-        let n = self.changed.len();
-        self.edges.clear();
-        if !self.candidates.is_empty() {
-            // Resolve candidate alternates to batch positions: (bucket, position), sorted.
-            self.lookup.clear();
-            self.lookup
-                .extend(self.changed.iter().enumerate().map(|(i, c)| (c.bucket, i as u32)));
-            self.lookup.sort_unstable();
-            for &(alt, x, f) in &self.candidates {
-                if let Ok(pos) = self.lookup.binary_search_by_key(&alt, |&(b, _)| b) {
-                    let y = self.lookup[pos].1;
-                    let cy = self.changed[y as usize];
-                    // A fingerprint lost twice yields the edge twice; Kahn counts both.
-                    if count(cy.new, f) > count(cy.old, f) {
-                        self.edges.push((y, x));
-                    }
-                }
-            }
-        }
+        let image = |c: &Changed| BucketImage {
+            bucket: c.bucket,
+            image: c.new,
+        };
         if self.edges.is_empty() {
-            let images = self
-                .changed
-                .iter()
-                .map(|c| BucketImage {
-                    bucket: c.bucket,
-                    image: c.new,
-                })
-                .collect();
-            return (images, 0);
+            return (self.changed.iter().map(image).collect(), 0);
         }
-        // Adjacency in CSR form: edges sorted by source, `starts[v]..starts[v+1]`.
-        self.edges.sort_unstable();
+        let n = self.changed.len();
+        // `seen` doubles as the cursor buffer of the counting sorts; reset below.
+        csr(n, &self.edges, |e| e.0, |e| e.1, &mut self.out_starts, &mut self.out_to, &mut self.seen);
+        csr(n, &self.edges, |e| e.1, |e| e.0, &mut self.in_starts, &mut self.in_from, &mut self.seen);
         self.indegree.clear();
-        self.indegree.resize(n, 0);
-        self.starts.clear();
-        self.starts.resize(n + 1, 0);
-        for &(from, to) in &self.edges {
-            self.indegree[to as usize] += 1;
-            self.starts[from as usize + 1] += 1;
-        }
-        for v in 0..n {
-            self.starts[v + 1] += self.starts[v];
-        }
-        // Incoming adjacency (sources grouped by target), for finding a bucket on a cycle.
-        self.in_starts.clear();
-        self.in_starts.resize(n + 1, 0);
-        for &(_, to) in &self.edges {
-            self.in_starts[to as usize + 1] += 1;
-        }
-        for v in 0..n {
-            self.in_starts[v + 1] += self.in_starts[v];
-        }
-        self.in_from.clear();
-        self.in_from.resize(self.edges.len(), 0);
+        self.indegree
+            .extend((0..n).map(|v| self.in_starts[v + 1] - self.in_starts[v]));
         self.seen.clear();
         self.seen.resize(n, 0);
-        for &(from, to) in &self.edges {
-            let slot = &mut self.seen[to as usize];
-            self.in_from[(self.in_starts[to as usize] + *slot) as usize] = from;
-            *slot += 1;
-        }
-        self.seen.fill(0);
         self.done.clear();
         self.done.resize(n, false);
 
@@ -277,8 +276,8 @@ impl DirtyTracker {
             }
             let v = order[head] as usize;
             head += 1;
-            for e in self.starts[v]..self.starts[v + 1] {
-                let to = self.edges[e as usize].1 as usize;
+            for e in self.out_starts[v]..self.out_starts[v + 1] {
+                let to = self.out_to[e as usize] as usize;
                 self.indegree[to] -= 1;
                 if self.indegree[to] == 0 && !self.done[to] {
                     self.done[to] = true;
@@ -288,19 +287,11 @@ impl DirtyTracker {
         }
         let images = order
             .iter()
-            .map(|&v| {
-                let c = self.changed[v as usize];
-                BucketImage {
-                    bucket: c.bucket,
-                    image: c.new,
-                }
-            })
+            .map(|&v| image(&self.changed[v as usize]))
             .collect();
         (images, cycles)
     }
-}
 
-impl DirtyTracker {
     /// A bucket on a cycle: walk back from `start` along predecessors that are not yet emitted
     /// until a bucket repeats. Every remaining bucket has such a predecessor (its in-degree
     /// counts only unemitted ones), so the walk ends on a cycle. `stamp` is unique per call.
