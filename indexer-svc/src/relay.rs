@@ -39,6 +39,8 @@ use crate::status::{FrameError, RelayError};
 const ATTACH_TIMEOUT_WITHOUT_DEADLINE: Duration = Duration::from_secs(30);
 /// Replies buffered per stream before the handler waits for the producer to read them.
 const REPLY_BUFFER: usize = 64;
+/// How long the final `Retired` reply and status may wait for room in the reply buffer.
+const TERMINAL_SEND_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The Relay service.
 #[derive(Debug, Clone)]
@@ -245,10 +247,14 @@ impl Session {
             Err(error) => {
                 self.retire_if_uncertain(&error);
                 tracing::warn!(lease = %self.lease, pool = %self.pool_name, %error, "relay stream ended");
-                if let Some(reply) = error.retired_reply() {
-                    let _ = tx.send(Ok(reply)).await;
-                }
-                let _ = tx.send(Err(error.status())).await;
+                // A producer that stopped reading replies must not hold this task.
+                let terminal = async {
+                    if let Some(reply) = error.retired_reply() {
+                        let _ = tx.send(Ok(reply)).await;
+                    }
+                    let _ = tx.send(Err(error.status())).await;
+                };
+                let _ = tokio::time::timeout(TERMINAL_SEND_TIMEOUT, terminal).await;
             }
         }
     }
@@ -290,7 +296,11 @@ impl Session {
             match step {
                 Step::Continue(None) => {}
                 Step::Continue(Some(reply)) => {
-                    if tx.send(Ok(reply)).await.is_err() {
+                    let sent = tokio::select! {
+                        () = self.shared.shutdown.wait() => return Err(RelayError::Shutdown),
+                        sent = tx.send(Ok(reply)) => sent,
+                    };
+                    if sent.is_err() {
                         return Err(FrameError::Transport(Status::cancelled(
                             "producer stopped reading replies",
                         ))
