@@ -93,7 +93,7 @@ mapfile -t MANIFESTS < <(find "$DEPLOY/k8s" -name '*.yaml' ! -name kustomization
     || { cat "$WORK/k8s.txt" >&2; fail "Kubernetes manifests failed schema validation"; }
 grep -q . "$WORK/k8s.txt" || fail "kubernetes-validate printed nothing"
 log "k8s: ${#MANIFESTS[@]} files valid against Kubernetes $K8S_SCHEMA_VERSION (strict)"
-python3 "$DEPLOY/k8s/check-configs.py" "$DEPLOY/k8s" || fail "k8s ConfigMaps disagree"
+"$VENV/bin/python" "$DEPLOY/k8s/check-configs.py" "$DEPLOY" || fail "shipped configs disagree (check-configs.py)"
 
 compose config -q || fail "docker-compose.yml does not parse"
 compose --profile prometheus config -q || fail "docker-compose.yml (profile prometheus) does not parse"
@@ -115,10 +115,10 @@ export CKF_INDEXER_GRPC_PORT="" CKF_INDEXER_METRICS_PORT="" \
     CKF_DC_A_GRPC_PORT="" CKF_DC_A_METRICS_PORT="" CKF_DC_B_GRPC_PORT="" \
     CKF_DC_B_METRICS_PORT="" CKF_DC_C_GRPC_PORT="" CKF_DC_C_METRICS_PORT="" \
     CKF_PROMETHEUS_PORT=""
-# The generated trace (see gen_trace) is mounted at /data in the replay container.
-export CKF_TRACE_DIR="$WORK/traces"
-mkdir -p "$CKF_TRACE_DIR"
-chmod 755 "$WORK" "$CKF_TRACE_DIR"
+# The replay client replays compose/traces/sample.jsonl (the compose file's default).
+unset CKF_TRACE_DIR
+TRACE="$DEPLOY/compose/traces/sample.jsonl"
+[[ -r "$TRACE" ]] || fail "missing $TRACE"
 
 SERVICES=(indexer producer-dc-a producer-dc-b producer-dc-c)
 DCS=(dc-a dc-b dc-c)
@@ -146,3 +146,178 @@ log "compose up -d (project $PROJECT)"
 UP=1
 compose up -d --quiet-pull >/dev/null 2>"$WORK/up.err" || { cat "$WORK/up.err" >&2; fail "compose up failed"; }
 wait_until 90 "all services healthy (ckf health)" all_healthy
+
+# The stack's replay client runs once on `up`: it must finish with exit 0 and a report.
+REPLAY="$(compose ps -q replay)"
+[[ -n "$REPLAY" ]] || fail "no replay container was created by up"
+t=$SECONDS
+until [[ "$(docker inspect -f '{{.State.Status}}' "$REPLAY")" == exited ]]; do
+    ((SECONDS - t < 240)) || fail "replay client still running after 240 s"
+    sleep 1
+done
+docker logs "$REPLAY" >"$WORK/replay.out" 2>&1
+rc="$(docker inspect -f '{{.State.ExitCode}}' "$REPLAY")"
+[[ "$rc" == 0 ]] || { tail -n 40 "$WORK/replay.out" >&2; fail "replay client exited with $rc"; }
+grep -Eq '[0-9]+ unexplained' "$WORK/replay.out" || { cat "$WORK/replay.out" >&2; fail "replay printed no report"; }
+grep -Eq '(^|[^0-9])0 unexplained' "$WORK/replay.out" \
+    || { cat "$WORK/replay.out" >&2; fail "replay report has unexplained under-estimates"; }
+log "ok: replay client exited 0 after $((SECONDS - t)) s; report: $(grep -E 'best-DC agreement' "$WORK/replay.out" | tr -s ' ' | head -n1)"
+
+# lanes_json > file: the indexer's lane table as JSON.
+lanes_json() { ckf_in_indexer lanes --indexer http://127.0.0.1:7400 --json; }
+# lane_field <json file> <dc> <field>
+lane_field() {
+    python3 -c 'import json,sys; l=[x for x in json.load(open(sys.argv[1]))["lanes"] if x["dc"]==sys.argv[2]]; print(l[0][sys.argv[3]] if l else "missing")' "$@"
+}
+# lanes_are <state-spec...>: e.g. lanes_are dc-a=active dc-b=retired; succeeds when all hold.
+lanes_are() {
+    lanes_json >"$WORK/lanes.json" 2>/dev/null || return 1
+    local spec
+    for spec in "$@"; do
+        [[ "$(lane_field "$WORK/lanes.json" "${spec%%=*}" state)" == "${spec#*=}" ]] || return 1
+    done
+}
+show_lanes() { ckf_in_indexer lanes --indexer http://127.0.0.1:7400 2>&1 | sed 's/^/    /'; }
+
+# Probes: the final request of every session of the trace (a request no later request extends).
+python3 - "$TRACE" >"$WORK/probes.txt" <<'PY'
+import json, sys
+reqs = [json.loads(l)["hash_ids"] for l in open(sys.argv[1]) if l.strip()]
+for i, r in enumerate(reqs):
+    if not any(later[:len(r)] == r for later in reqs[i + 1:]):
+        print(" ".join(map(str, r)))
+PY
+PROBES=$(wc -l <"$WORK/probes.txt")
+[[ $PROBES -ge 10 ]] || fail "only $PROBES probe requests in the trace"
+
+# query_probes <out>: per probe line, {"dc": depth} of every ready lane, one JSON object a line.
+query_probes() {
+    local out=$1 ids
+    : >"$out"
+    while read -r ids; do
+        # shellcheck disable=SC2086
+        ckf_in_indexer query --indexer http://127.0.0.1:7400 --ids --json $ids >"$WORK/q.json" \
+            || fail "ckf query failed for ids: $ids"
+        python3 -c 'import json,sys; q=json.load(open(sys.argv[1])); print(json.dumps({m["dc"]: m["depth"] for m in q["matches"]}, sort_keys=True))' \
+            "$WORK/q.json" >>"$out"
+    done <"$WORK/probes.txt"
+}
+# compare_probes <baseline> <now> <mode>: mode `same` = identical answers; `without:DC` = DC
+# absent from every answer, every other DC's depth unchanged.
+compare_probes() {
+    python3 - "$WORK/probes.txt" "$@" <<'PY'
+import json, sys
+probes = [l.split() for l in open(sys.argv[1])]
+base = [json.loads(l) for l in open(sys.argv[2])]
+now = [json.loads(l) for l in open(sys.argv[3])]
+mode = sys.argv[4]
+bad = []
+for p, b, n in zip(probes, base, now):
+    if mode.startswith("without:"):
+        dc = mode.split(":", 1)[1]
+        b = {k: v for k, v in b.items() if k != dc}
+        if dc in n:
+            bad.append(f"{dc} still answers ({n[dc]}) for a {len(p)}-block probe")
+    if b != n:
+        bad.append(f"{len(p)}-block probe: expected {b}, got {n}")
+if len(base) != len(now) or bad:
+    print("\n".join(bad[:10]), file=sys.stderr)
+    sys.exit(1)
+PY
+}
+
+wait_until 30 "lanes dc-a, dc-b, dc-c active" lanes_are dc-a=active dc-b=active dc-c=active
+show_lanes
+query_probes "$WORK/base.jsonl"
+# The DC that served a session's last request holds all of it (capacity is far above the
+# trace's blocks, so nothing was evicted): the deepest answer is the full length.
+python3 - "$WORK/probes.txt" "$WORK/base.jsonl" <<'PY' || fail "query results through the indexer are wrong"
+import json, sys
+probes = [l.split() for l in open(sys.argv[1])]
+answers = [json.loads(l) for l in open(sys.argv[2])]
+bad = []
+per_dc = {}
+for p, a in zip(probes, answers):
+    if sorted(a) != ["dc-a", "dc-b", "dc-c"]:
+        bad.append(f"answer does not list the 3 ready lanes: {a}")
+    if max(a.values(), default=0) != len(p):
+        bad.append(f"{len(p)}-block probe: deepest DC has {max(a.values(), default=0)} ({a})")
+    if any(d > len(p) for d in a.values()):
+        bad.append(f"depth beyond the probe: {a}")
+    for dc, d in a.items():
+        if d == len(p):
+            per_dc[dc] = per_dc.get(dc, 0) + 1
+print(f"    full-depth probes per DC: {per_dc}")
+if per_dc.get("dc-b", 0) == 0:
+    bad.append("no session ended on dc-b: the partition test would prove nothing")
+if bad:
+    print("\n".join(bad[:10]), file=sys.stderr)
+    sys.exit(1)
+PY
+log "ok: $PROBES probe queries: the deepest DC holds each session's full request"
+
+# Metrics on the published ports.
+metrics_port() { compose port "$1" "$2" | tail -n1 | sed 's/.*://'; }
+for svc in indexer:9400 producer-dc-a:9500 producer-dc-b:9500 producer-dc-c:9500; do
+    port="$(metrics_port "${svc%%:*}" "${svc#*:}")"
+    [[ -n "$port" ]] || fail "${svc%%:*}: metrics port ${svc#*:} not published"
+    curl -fsS --max-time 5 "http://127.0.0.1:$port/metrics" >"$WORK/metrics.txt" \
+        || fail "${svc%%:*}: GET http://127.0.0.1:$port/metrics failed"
+    n="$(grep -c '^ckf_' "$WORK/metrics.txt" || true)"
+    [[ "$n" -gt 0 ]] || fail "${svc%%:*}: /metrics has no ckf_ series"
+done
+log "ok: /metrics of the indexer and the 3 producers answer on their published ports"
+
+# --- 3. WAN partition of dc-b -------------------------------------------------------------------
+WAN="$(docker network ls -q --filter "label=com.docker.compose.project=$PROJECT" \
+    --filter label=com.docker.compose.network=wan)"
+[[ -n "$WAN" ]] || fail "no wan network for project $PROJECT"
+DCB="$(cid producer-dc-b)"
+retired_before="$(lane_field "$WORK/lanes.json" dc-b retirements)"
+log "partition: docker network disconnect wan producer-dc-b"
+docker network disconnect "$WAN" "$DCB"
+t=$SECONDS
+wait_until $((HEARTBEAT_DEADLINE_S + RETIRE_SLACK_S)) \
+    "dc-b retired within the heartbeat deadline (${HEARTBEAT_DEADLINE_S}s + ${RETIRE_SLACK_S}s polling slack)" \
+    lanes_are dc-b=retired dc-a=active dc-c=active
+reason="$(lane_field "$WORK/lanes.json" dc-b last_retire_reason)"
+[[ "$reason" == heartbeat_timeout ]] || fail "dc-b retired for '$reason', expected heartbeat_timeout"
+[[ "$(lane_field "$WORK/lanes.json" dc-b retirements)" -gt "$retired_before" ]] || fail "dc-b retirement count did not grow"
+show_lanes
+query_probes "$WORK/partitioned.jsonl"
+compare_probes "$WORK/base.jsonl" "$WORK/partitioned.jsonl" without:dc-b \
+    || fail "during the partition dc-a/dc-c answers changed or dc-b still answered"
+log "ok: during the partition dc-a and dc-c answer every probe unchanged, dc-b not at all"
+
+log "heal: docker network connect wan producer-dc-b"
+docker network connect --alias producer-dc-b "$WAN" "$DCB"
+wait_until 60 "dc-b active again after the partition healed" lanes_are dc-a=active dc-b=active dc-c=active
+show_lanes
+query_probes "$WORK/healed.jsonl"
+compare_probes "$WORK/base.jsonl" "$WORK/healed.jsonl" same \
+    || fail "after the heal dc-b's content did not converge to what it held before"
+log "ok: after the heal every probe answers as before the partition (dc-b converged)"
+
+# --- 4. restart the indexer ---------------------------------------------------------------------
+instance_before="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["consumer_instance"])' "$WORK/lanes.json")"
+log "docker restart indexer"
+docker restart -t 10 "$(cid indexer)" >/dev/null
+wait_until 60 "indexer healthy again" healthy indexer
+wait_until 60 "all lanes active again after the indexer restart" lanes_are dc-a=active dc-b=active dc-c=active
+instance_after="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["consumer_instance"])' "$WORK/lanes.json")"
+[[ "$instance_after" != "$instance_before" ]] || fail "consumer instance unchanged: the indexer did not restart"
+show_lanes
+query_probes "$WORK/restarted.jsonl"
+compare_probes "$WORK/base.jsonl" "$WORK/restarted.jsonl" same \
+    || fail "after the indexer restart the answers differ from before"
+log "ok: after the indexer restart all lanes recovered with the same content, no manual step"
+
+# --- 5. down -v leaves nothing ------------------------------------------------------------------
+compose --profile prometheus down -v --remove-orphans -t 10 >/dev/null 2>&1 || fail "compose down -v failed"
+UP=0
+label="label=com.docker.compose.project=$PROJECT"
+left_c="$(docker ps -aq --filter "$label")"
+left_n="$(docker network ls -q --filter "$label")"
+left_v="$(docker volume ls -q --filter "$label")"
+[[ -z "$left_c$left_n$left_v" ]] || fail "down -v left containers [$left_c] networks [$left_n] volumes [$left_v]"
+log "ok: down -v left no container, network or volume of project $PROJECT"
