@@ -409,10 +409,10 @@ async fn newer_attachment_fences_the_older_stream() {
 #[tokio::test]
 async fn heartbeat_deadline_retires_a_silent_lane() {
     let mut cfg = config(&["dc-a", "dc-b"]);
-    cfg.lag.heartbeat_deadline_ms = 200;
+    cfg.lag.heartbeat_deadline_ms = 500;
     let indexer = Indexer::start(cfg).await;
     let mut a = Producer::attach(&indexer, "dc-a", 1).await;
-    assert_eq!(a.granted.heartbeat_deadline_ms, 200);
+    assert_eq!(a.granted.heartbeat_deadline_ms, 500);
     a.snapshot(8192).await;
     // Silence: the indexer retires the lane and ends the stream.
     a.stream
@@ -429,13 +429,14 @@ async fn heartbeat_deadline_retires_a_silent_lane() {
 #[tokio::test]
 async fn heartbeats_keep_a_lane_alive() {
     let mut cfg = config(&["dc-a"]);
-    cfg.lag.heartbeat_deadline_ms = 300;
+    // Heartbeats every 100 ms against a 1 s deadline: a 10x margin for a loaded machine.
+    cfg.lag.heartbeat_deadline_ms = 1_000;
     let indexer = Indexer::start(cfg).await;
     let mut a = Producer::attach(&indexer, "dc-a", 1).await;
     a.store(1, &hashes(30, 3));
     a.snapshot(8192).await;
-    for _ in 0..8 {
-        tokio::time::sleep(std::time::Duration::from_millis(75)).await;
+    for _ in 0..15 {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         a.stream
             .send(WireFrame::Heartbeat(v1::Heartbeat {
                 lease: a.wire_lease(),
