@@ -84,7 +84,7 @@ async fn metrics_count_frames_deltas_queries_and_lane_state() {
     // Lane gauges are refreshed by the lane watcher; wait for it (bounded).
     let url = indexer.running.metrics_addr;
     let mut text = String::new();
-    for _ in 0..100 {
+    for _ in 0..500 {
         text = http_get(url, "/metrics").await;
         if text.contains(r#"ckf_indexer_lane_state{dc="dc-a",lane="0",state="active"} 1"#) {
             break;
@@ -153,7 +153,7 @@ async fn retirements_are_counted_by_reason() {
         .await;
     let line = r#"ckf_indexer_lane_retirements_total{dc="dc-a",lane="0",reason="gap"} 1"#;
     let mut text = String::new();
-    for _ in 0..100 {
+    for _ in 0..500 {
         text = http_get(indexer.running.metrics_addr, "/metrics").await;
         if text.contains(line) {
             return;
