@@ -7,7 +7,7 @@
 use std::{io, net::SocketAddr};
 
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::server::TcpIncoming;
 use tonic_health::{
     ServingStatus,
     pb::health_server::{Health, HealthServer},
@@ -20,8 +20,8 @@ use tonic_reflection::server::v1::{ServerReflection, ServerReflectionServer};
 pub struct BoundListener {
     /// The address actually bound.
     pub addr: SocketAddr,
-    /// The accepted connections.
-    pub incoming: TcpListenerStream,
+    /// The accepted connections (with `TCP_NODELAY`).
+    pub incoming: TcpIncoming,
 }
 
 /// Binds `addr` (port 0 picks a free port).
@@ -30,9 +30,13 @@ pub struct BoundListener {
 /// The bind error.
 pub async fn bind(addr: SocketAddr) -> io::Result<BoundListener> {
     let listener = TcpListener::bind(addr).await?;
+    let addr = listener.local_addr()?;
+    // `Server::tcp_nodelay` does not reach a caller-supplied incoming stream. Without
+    // TCP_NODELAY a response written as several small HTTP/2 frames waits for the peer's
+    // delayed ACK (about 40 ms on Linux), which showed as a 45 ms query p99 on loopback.
     Ok(BoundListener {
-        addr: listener.local_addr()?,
-        incoming: TcpListenerStream::new(listener),
+        addr,
+        incoming: TcpIncoming::from(listener).with_nodelay(Some(true)),
     })
 }
 
