@@ -4,6 +4,25 @@
 //! The binaries are looked up next to the test executable (`target/<profile>/`), so the tests
 //! exercise exactly what `cargo build --release --bins` produced (`scripts/test.sh` builds them
 //! first).
+//!
+//! | module | owns |
+//! | --- | --- |
+//! | this file | binary lookup, free ports, spawn / SIGTERM / SIGKILL, blocking waits |
+//! | [`cluster`] | indexer and producer processes: configs, ports, restarts, their gRPC calls |
+//! | [`model`] | the exact model of a DC's content (the oracle) |
+//! | [`check`] | a lane compared against its producer's model and statistics |
+//! | [`hashes`] | block hashes with pairwise distinct fingerprints (exact expected depths) |
+//! | [`relay`] | a raw `ckf.v1.Relay` client for hand-built (and broken) frames |
+//! | [`metrics`] | `/metrics` scraping |
+//! | [`wait`] | bounded async polling |
+
+pub mod check;
+pub mod cluster;
+pub mod hashes;
+pub mod metrics;
+pub mod model;
+pub mod relay;
+pub mod wait;
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};

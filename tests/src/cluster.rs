@@ -1,0 +1,566 @@
+//! Real `ckf-indexer` and `ckf-producer` processes for one test: TOML configs and logs in the
+//! test's own temp dir, fixed loopback ports chosen at start (kept across a restart), and the
+//! gRPC calls the tests make against them.
+//!
+//! Every test uses one small table format ([`format`]: 1,024 buckets, seed 7) so content checks
+//! stay cheap, and one domain ([`DOMAIN`]).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitStatus;
+use std::time::Duration;
+
+use ckf_core::addressing::TableFormat;
+use ckf_proto::v1::{self, ingest_client::IngestClient, kv_event::Kind, query_client::QueryClient};
+use tempfile::TempDir;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::model::DcModel;
+use crate::wait::{DEADLINE, eventually};
+use crate::{Service, binary, free_port, metrics, wait_for_listen};
+
+/// Indexer domain of every test.
+pub const DOMAIN: &str = "e2e";
+/// Buckets of the test table format (4,096 slots).
+pub const BUCKETS: u64 = 1024;
+/// Addressing seed of the test table format.
+pub const SEED: u64 = 7;
+
+/// The table format every test service uses.
+pub fn format() -> TableFormat {
+    TableFormat::new(BUCKETS, SEED).expect("valid test format")
+}
+
+/// The test's temp dir (configs and logs). When the test panics, every `*.log` in it is printed
+/// to stderr and the dir is kept for inspection.
+pub struct TestDir {
+    dir: Option<TempDir>,
+}
+
+impl TestDir {
+    /// A fresh temp dir named after the test.
+    ///
+    /// # Panics
+    /// When no temp dir can be created.
+    pub fn new(test: &str) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("ckf-e2e-{test}-"))
+            .tempdir()
+            .expect("create temp dir");
+        Self { dir: Some(dir) }
+    }
+
+    /// The dir's path.
+    pub fn path(&self) -> &Path {
+        self.dir.as_ref().expect("dir is held until drop").path()
+    }
+}
+
+impl Drop for TestDir {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        let Some(dir) = self.dir.take() else { return };
+        let path = dir.keep();
+        let mut logs: Vec<PathBuf> = std::fs::read_dir(&path)
+            .map(|entries| entries.filter_map(|e| e.ok().map(|e| e.path())).collect())
+            .unwrap_or_default();
+        logs.retain(|p| p.extension().is_some_and(|e| e == "log"));
+        logs.sort();
+        for log in logs {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            eprintln!("===== {} =====\n{text}", log.display());
+        }
+        eprintln!("(test dir kept: {})", path.display());
+    }
+}
+
+/// A gRPC channel to `addr` (connected now; fails fast when nothing listens).
+///
+/// # Errors
+/// The transport error, as text.
+pub async fn channel(addr: SocketAddr) -> Result<Channel, String> {
+    Endpoint::from_shared(format!("http://{addr}"))
+        .map_err(|e| e.to_string())?
+        .connect_timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .map_err(|e| format!("connect {addr}: {e}"))
+}
+
+/// One reused gRPC connection to a service; forgotten after a failed call (or a kill) so the
+/// next call connects afresh.
+#[derive(Debug)]
+struct ChannelCache {
+    addr: SocketAddr,
+    cached: std::sync::Mutex<Option<Channel>>,
+}
+
+impl ChannelCache {
+    fn new(addr: SocketAddr) -> Self {
+        Self {
+            addr,
+            cached: std::sync::Mutex::new(None),
+        }
+    }
+
+    async fn get(&self) -> Result<Channel, String> {
+        let cached = self.cached.lock().expect("channel cache").clone();
+        if let Some(channel) = cached {
+            return Ok(channel);
+        }
+        let fresh = channel(self.addr).await?;
+        *self.cached.lock().expect("channel cache") = Some(fresh.clone());
+        Ok(fresh)
+    }
+
+    fn forget(&self) {
+        *self.cached.lock().expect("channel cache") = None;
+    }
+
+    /// Forgets the channel when `result` is an error, then passes it on.
+    fn check<T>(&self, result: Result<T, tonic::Status>) -> Result<T, tonic::Status> {
+        if result.is_err() {
+            self.forget();
+        }
+        result
+    }
+}
+
+/// How to configure a test indexer.
+#[derive(Debug, Clone)]
+pub struct IndexerSpec {
+    /// DC ids, lane `i` = `lanes[i]`.
+    pub lanes: Vec<String>,
+    /// `lag.heartbeat_deadline_ms`.
+    pub heartbeat_deadline_ms: u64,
+    /// `limits.max_message_bytes`.
+    pub max_message_bytes: u64,
+    /// `limits.max_images_per_delta`.
+    pub max_images_per_delta: u32,
+}
+
+impl Default for IndexerSpec {
+    /// Lanes `dc-a`, `dc-b`; a 5 s heartbeat deadline; 64 KiB messages.
+    fn default() -> Self {
+        Self {
+            lanes: vec!["dc-a".into(), "dc-b".into()],
+            heartbeat_deadline_ms: 5_000,
+            max_message_bytes: 64 << 10,
+            max_images_per_delta: 65_536,
+        }
+    }
+}
+
+/// A `ckf-indexer` process.
+pub struct Indexer {
+    svc: Option<Service>,
+    /// gRPC address (Relay, Query, health).
+    pub addr: SocketAddr,
+    /// `/metrics` address.
+    pub metrics_addr: SocketAddr,
+    /// Lane order of the manifest.
+    pub lanes: Vec<String>,
+    config: PathBuf,
+    log_dir: PathBuf,
+    grpc: ChannelCache,
+}
+
+impl Indexer {
+    /// Writes the config into `dir` and starts the indexer; returns once it listens.
+    ///
+    /// # Panics
+    /// When it does not start listening within the deadline.
+    pub fn start(dir: &TestDir, spec: &IndexerSpec) -> Self {
+        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+        let metrics_addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+        let lanes = spec
+            .lanes
+            .iter()
+            .map(|l| format!("{l:?}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let toml = format!(
+            "listen = \"{addr}\"\nmetrics_listen = \"{metrics_addr}\"\nlog_format = \"json\"\n\
+             [manifest]\ndomain = \"{DOMAIN}\"\nlanes = [{lanes}]\n\
+             [table]\nbucket_count = {BUCKETS}\nseed = {SEED}\n\
+             [lag]\nheartbeat_deadline_ms = {}\ndirty_to_applied_deadline_ms = 30000\n\
+             [limits]\nmax_message_bytes = {}\nmax_images_per_delta = {}\n",
+            spec.heartbeat_deadline_ms, spec.max_message_bytes, spec.max_images_per_delta
+        );
+        let config = dir.path().join("indexer.toml");
+        std::fs::write(&config, toml).expect("write indexer config");
+        let mut indexer = Self {
+            svc: None,
+            addr,
+            metrics_addr,
+            lanes: spec.lanes.clone(),
+            config,
+            log_dir: dir.path().to_owned(),
+            grpc: ChannelCache::new(addr),
+        };
+        indexer.spawn();
+        indexer
+    }
+
+    fn spawn(&mut self) {
+        let args = vec!["--config".to_owned(), self.config.display().to_string()];
+        let svc = Service::spawn("indexer", &binary("ckf-indexer"), &args, &self.log_dir);
+        self.svc = Some(svc);
+        wait_for_listen(self.addr, DEADLINE).unwrap_or_else(|e| panic!("ckf-indexer: {e}"));
+    }
+
+    /// SIGKILL (no shutdown path runs).
+    pub fn kill9(&mut self) {
+        if let Some(mut svc) = self.svc.take() {
+            svc.kill9();
+        }
+        self.grpc.forget();
+    }
+
+    /// Starts the indexer again with the same config and ports.
+    pub fn restart(&mut self) {
+        self.kill9();
+        self.spawn();
+    }
+
+    /// The Relay endpoint producers are configured with.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The lane index of `dc`.
+    ///
+    /// # Panics
+    /// When `dc` is not a lane.
+    pub fn lane_index(&self, dc: &str) -> u32 {
+        self.lanes
+            .iter()
+            .position(|l| l == dc)
+            .unwrap_or_else(|| panic!("{dc} is not a lane")) as u32
+    }
+
+    /// `ListLanes`.
+    ///
+    /// # Errors
+    /// The transport error or status, as text.
+    pub async fn list_lanes(&self) -> Result<v1::ListLanesResponse, String> {
+        let mut client = QueryClient::new(self.grpc.get().await?);
+        let result = client.list_lanes(v1::ListLanesRequest {}).await;
+        self.grpc
+            .check(result)
+            .map(tonic::Response::into_inner)
+            .map_err(|s| format!("ListLanes: {s:?}"))
+    }
+
+    /// The `ListLanes` entry of `dc`.
+    ///
+    /// # Errors
+    /// As [`Indexer::list_lanes`].
+    pub async fn lane(&self, dc: &str) -> Result<v1::LaneInfo, String> {
+        let index = self.lane_index(dc);
+        let lanes = self.list_lanes().await?;
+        lanes
+            .lanes
+            .into_iter()
+            .find(|l| l.lane == index)
+            .ok_or_else(|| format!("ListLanes has no lane {index}"))
+    }
+
+    /// `FindMatches`.
+    ///
+    /// # Errors
+    /// The transport error or status, as text.
+    pub async fn find(&self, hashes: &[u64]) -> Result<v1::FindMatchesResponse, String> {
+        let mut client = QueryClient::new(self.grpc.get().await?);
+        let request = v1::FindMatchesRequest {
+            block_hashes: hashes.to_vec(),
+        };
+        let result = client.find_matches(request).await;
+        self.grpc
+            .check(result)
+            .map(tonic::Response::into_inner)
+            .map_err(|s| format!("FindMatches: {s:?}"))
+    }
+
+    /// `FindMatches` as `dc -> depth` for every lane that answered (was ready at capture).
+    ///
+    /// # Errors
+    /// As [`Indexer::find`], or a match whose lane does not name its pool.
+    pub async fn depths(&self, hashes: &[u64]) -> Result<BTreeMap<String, u32>, String> {
+        let response = self.find(hashes).await?;
+        response
+            .matches
+            .iter()
+            .map(|m| {
+                let pool = m.pool.as_ref().ok_or("LaneMatch without a pool")?;
+                if pool.domain != DOMAIN {
+                    return Err(format!("LaneMatch of domain {:?}", pool.domain));
+                }
+                Ok((pool.dc.clone(), m.depth))
+            })
+            .collect()
+    }
+
+    /// Polls `ListLanes` until the lane of `dc` satisfies `pred`; returns that lane.
+    ///
+    /// # Panics
+    /// After [`DEADLINE`], naming `what` and the last lane state seen.
+    pub async fn wait_lane(
+        &self,
+        dc: &str,
+        what: &str,
+        pred: impl Fn(&v1::LaneInfo) -> bool,
+    ) -> v1::LaneInfo {
+        eventually(&format!("lane {dc}: {what}"), DEADLINE, || async {
+            let lane = self.lane(dc).await?;
+            if pred(&lane) {
+                Ok(lane)
+            } else {
+                Err(format!("{lane:?}"))
+            }
+        })
+        .await
+    }
+
+    /// The indexer's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_dir.join("indexer.log")).unwrap_or_default()
+    }
+
+    /// The indexer's `/metrics` text.
+    ///
+    /// # Errors
+    /// As [`metrics::scrape`].
+    pub fn metrics(&self) -> Result<String, String> {
+        metrics::scrape(self.metrics_addr)
+    }
+}
+
+/// Whether a lane is `ACTIVE` (answering queries).
+pub fn is_active(lane: &v1::LaneInfo) -> bool {
+    lane.state() == v1::LaneState::Active
+}
+
+/// How to configure a test producer.
+#[derive(Debug, Clone)]
+pub struct ProducerSpec {
+    /// `pool.dc`.
+    pub dc: String,
+    /// `publication.heartbeat_interval_ms` (the producer also caps it at a third of the
+    /// indexer's deadline).
+    pub heartbeat_interval_ms: u64,
+    /// `reconnect.initial_backoff_ms`.
+    pub initial_backoff_ms: u64,
+    /// `reconnect.max_backoff_ms`.
+    pub max_backoff_ms: u64,
+}
+
+impl ProducerSpec {
+    /// A producer of `dc` with quick reconnects (50..=500 ms) and 200 ms heartbeats.
+    pub fn new(dc: &str) -> Self {
+        Self {
+            dc: dc.into(),
+            heartbeat_interval_ms: 200,
+            initial_backoff_ms: 50,
+            max_backoff_ms: 500,
+        }
+    }
+}
+
+/// A `ckf-producer` process plus the exact model of what it was told (the test's oracle).
+pub struct Producer {
+    svc: Option<Service>,
+    /// Process name (log file `<name>.log`).
+    pub name: String,
+    /// The DC it serves.
+    pub dc: String,
+    /// Ingest gRPC address.
+    pub addr: SocketAddr,
+    /// `/metrics` address.
+    pub metrics_addr: SocketAddr,
+    /// The indexer endpoints it publishes to.
+    pub indexers: Vec<String>,
+    /// Which member owns which blocks, per the events sent and applied.
+    pub model: DcModel,
+    log: PathBuf,
+    next_sequence: u64,
+    grpc: ChannelCache,
+}
+
+impl Producer {
+    /// Writes `<name>.toml` into `dir` and starts the producer; returns once it listens.
+    ///
+    /// # Panics
+    /// When it does not start listening within the deadline.
+    pub fn start(dir: &TestDir, name: &str, spec: &ProducerSpec, indexers: &[String]) -> Self {
+        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+        let metrics_addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+        let endpoints = indexers
+            .iter()
+            .map(|l| format!("{l:?}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let toml = format!(
+            "listen = \"{addr}\"\nmetrics_listen = \"{metrics_addr}\"\nlog_format = \"json\"\n\
+             indexers = [{endpoints}]\n\
+             [pool]\ndomain = \"{DOMAIN}\"\ndc = \"{}\"\n\
+             [table]\nbucket_count = {BUCKETS}\nseed = {SEED}\n\
+             [publication]\nbatch_threshold = 64\nmax_delay_ms = 5\nheartbeat_interval_ms = {}\n\
+             [reconnect]\ninitial_backoff_ms = {}\nmax_backoff_ms = {}\nconnect_timeout_ms = 3000\n\
+             [shutdown]\ndrain_timeout_ms = 15000\n",
+            spec.dc, spec.heartbeat_interval_ms, spec.initial_backoff_ms, spec.max_backoff_ms
+        );
+        let config = dir.path().join(format!("{name}.toml"));
+        std::fs::write(&config, toml).expect("write producer config");
+        let args = vec!["--config".to_owned(), config.display().to_string()];
+        let svc = Service::spawn(name, &binary("ckf-producer"), &args, dir.path());
+        wait_for_listen(addr, DEADLINE).unwrap_or_else(|e| panic!("ckf-producer {name}: {e}"));
+        Self {
+            svc: Some(svc),
+            name: name.into(),
+            dc: spec.dc.clone(),
+            addr,
+            metrics_addr,
+            indexers: indexers.to_vec(),
+            model: DcModel::default(),
+            log: dir.path().join(format!("{name}.log")),
+            next_sequence: 1,
+            grpc: ChannelCache::new(addr),
+        }
+    }
+
+    /// `GetStats`.
+    ///
+    /// # Errors
+    /// The transport error or status, as text.
+    pub async fn stats(&self) -> Result<v1::ProducerStats, String> {
+        let mut client = IngestClient::new(self.grpc.get().await?);
+        let result = client.get_stats(v1::GetStatsRequest {}).await;
+        self.grpc
+            .check(result)
+            .map(tonic::Response::into_inner)
+            .map_err(|s| format!("GetStats: {s:?}"))
+    }
+
+    /// Sends one batch through `PublishBatch` (source `e2e`, next sequence) and checks that
+    /// every event was applied with no gap, no replay and no omission.
+    ///
+    /// # Panics
+    /// When the call fails or any event is not fully applied.
+    pub async fn publish(&mut self, events: Vec<v1::KvEvent>) -> v1::KvEventBatchResult {
+        let sequence = self.next_sequence;
+        self.next_sequence += 1;
+        let count = events.len();
+        let mut client = IngestClient::new(self.grpc.get().await.expect("ingest channel"));
+        let batch = v1::KvEventBatch {
+            source_id: "e2e".into(),
+            sequence,
+            events,
+        };
+        let result = client.publish_batch(batch).await;
+        let result = self
+            .grpc
+            .check(result)
+            .unwrap_or_else(|s| panic!("PublishBatch to {}: {s:?}", self.name))
+            .into_inner();
+        assert_eq!(result.sequence, sequence, "{result:?}");
+        assert!(result.gap.is_none() && !result.duplicate, "{result:?}");
+        assert_eq!(result.events.len(), count, "{result:?}");
+        for event in &result.events {
+            assert_eq!(event.status(), v1::EventStatus::Applied, "{result:?}");
+            assert_eq!(event.omitted_blocks, 0, "{result:?}");
+        }
+        result
+    }
+
+    /// `worker` (dp rank 0) now caches `hashes`.
+    pub async fn store(&mut self, worker: u64, hashes: &[u64]) {
+        let kind = Kind::Stored(v1::Stored {
+            block_hashes: hashes.to_vec(),
+            parent_hash: None,
+        });
+        self.publish(vec![event(worker, kind)]).await;
+        self.model.store(worker, hashes);
+    }
+
+    /// `worker` evicted `hashes`.
+    pub async fn remove(&mut self, worker: u64, hashes: &[u64]) {
+        let kind = Kind::Removed(v1::Removed {
+            block_hashes: hashes.to_vec(),
+        });
+        self.publish(vec![event(worker, kind)]).await;
+        self.model.remove(worker, hashes);
+    }
+
+    /// `worker` dropped every block.
+    pub async fn clear(&mut self, worker: u64) {
+        self.publish(vec![event(worker, Kind::Cleared(v1::Cleared {}))])
+            .await;
+        self.model.clear(worker);
+    }
+
+    /// The producer's `/metrics` text.
+    ///
+    /// # Errors
+    /// As [`metrics::scrape`].
+    pub fn metrics(&self) -> Result<String, String> {
+        metrics::scrape(self.metrics_addr)
+    }
+
+    /// The producer's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The JSON log records whose `message` contains `needle` (the producer logs with
+    /// `log_format = "json"`, one object per line).
+    pub fn log_records(&self, needle: &str) -> Vec<serde_json::Value> {
+        self.log()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|r| {
+                r.get("message")
+                    .and_then(serde_json::Value::as_str)
+                    .is_some_and(|m| m.contains(needle))
+            })
+            .collect()
+    }
+
+    /// Sends a signal to the process (e.g. `libc::SIGSTOP`).
+    pub fn signal(&self, signal: i32) {
+        if let Some(svc) = &self.svc {
+            svc.signal(signal);
+        }
+    }
+
+    /// SIGKILL.
+    pub fn kill9(&mut self) {
+        if let Some(mut svc) = self.svc.take() {
+            svc.kill9();
+        }
+    }
+
+    /// SIGTERM and wait for the exit (bounded).
+    ///
+    /// # Panics
+    /// When the process does not exit within the deadline.
+    pub fn terminate(&mut self) -> ExitStatus {
+        let mut svc = self.svc.take().expect("producer is running");
+        svc.terminate(DEADLINE)
+            .unwrap_or_else(|e| panic!("SIGTERM {}: {e}", self.name))
+    }
+}
+
+/// One event of `worker` (dp rank 0).
+pub fn event(worker: u64, kind: Kind) -> v1::KvEvent {
+    v1::KvEvent {
+        member: Some(v1::MemberId {
+            worker_id: worker,
+            dp_rank: 0,
+        }),
+        kind: Some(kind),
+    }
+}
