@@ -188,7 +188,6 @@ pub async fn serve(
         .max_decoding_message_size(max_message)
         .max_encoding_message_size(max_message);
     let router = tonic::transport::Server::builder()
-        .tcp_nodelay(true)
         .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
         .add_service(health_service)
