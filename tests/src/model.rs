@@ -31,6 +31,12 @@ impl DcModel {
         self.owned.remove(&worker);
     }
 
+    /// Expects `hashes` to be absent from the lane unless a member owns them (e.g. the content
+    /// of a dead incarnation that a new one replaced).
+    pub fn expect_absent(&mut self, hashes: &[u64]) {
+        self.ever.extend(hashes);
+    }
+
     /// Hashes owned by at least one member (refcount > 0), ascending.
     pub fn tracked(&self) -> Vec<u64> {
         let set: BTreeSet<u64> = self.owned.values().flatten().copied().collect();

@@ -1,0 +1,119 @@
+//! E2E 4: a second producer attaching for the same pool fences the first. The lane moves to the
+//! newer producer's lease (higher epoch, its incarnation), queries reflect only the newer
+//! producer's content, and the older producer is told why (`Retired(SUPERSEDED)`, visible in its
+//! log and its detachment metric).
+//!
+//! The older producer is configured with a long reconnect backoff so it does not fence the
+//! newer one back while the test looks (two live producers for one pool would keep fencing each
+//! other, each time with a new lease and a full barrier snapshot).
+
+use ckf_e2e::check::wait_converged;
+use ckf_e2e::cluster::{Indexer, IndexerSpec, Producer, ProducerSpec, TestDir, format};
+use ckf_e2e::hashes::HashPool;
+use ckf_e2e::metrics;
+use ckf_e2e::wait::{DEADLINE, eventually};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn newer_attachment_for_the_same_pool_fences_the_older_one() {
+    let dir = TestDir::new("fencing");
+    let indexer = Indexer::start(&dir, &IndexerSpec::default());
+    let endpoints = [indexer.url()];
+    let mut old = Producer::start(
+        &dir,
+        "producer-a-old",
+        &ProducerSpec::new("dc-a"),
+        &endpoints,
+    );
+    let mut b = Producer::start(&dir, "producer-b", &ProducerSpec::new("dc-b"), &endpoints);
+    let mut pool = HashPool::new(&format(), 4);
+    let shared = pool.take(8);
+    let old_only = pool.take(40);
+    old.store(1, &shared).await;
+    old.store(1, &old_only).await;
+    b.store(1, &pool.take(30)).await;
+    let old_lane = wait_converged(&indexer, &old).await;
+    wait_converged(&indexer, &b).await;
+
+    let mut new = Producer::start(
+        &dir,
+        "producer-a-new",
+        &ProducerSpec::new("dc-a"),
+        &endpoints,
+    );
+    let new_only = pool.take(25);
+    new.store(5, &shared).await;
+    new.store(6, &new_only).await;
+    // Queries reflect only the newer producer: its content, and none of the older's own.
+    new.model.expect_absent(&old_only);
+    let lane = wait_converged(&indexer, &new).await;
+    assert_ne!(lane.incarnation, old_lane.incarnation);
+    assert!(
+        lane.lease_epoch > old_lane.lease_epoch,
+        "{old_lane:?} -> {lane:?}"
+    );
+    let depths = indexer.depths(&shared).await.expect("FindMatches");
+    assert_eq!(
+        depths.get("dc-a"),
+        Some(&(shared.len() as u32)),
+        "{depths:?}"
+    );
+
+    // The older producer was told it was superseded, and says so.
+    let url = indexer.url();
+    eventually(
+        "the older producer's superseded state",
+        DEADLINE,
+        || async {
+            let text = old.metrics()?;
+            let labels = [("indexer", url.as_str()), ("state", "superseded")];
+            match metrics::value(&text, "ckf_producer_attachment_state", &labels) {
+                Some(1.0) => Ok(text),
+                other => Err(format!("attachment_state{{state=superseded}} = {other:?}")),
+            }
+        },
+    )
+    .await;
+    let text = old.metrics().expect("metrics");
+    let labels = [("indexer", url.as_str()), ("reason", "retired_superseded")];
+    let superseded = metrics::value(&text, "ckf_producer_detachments_total", &labels);
+    assert_eq!(superseded, Some(1.0), "{text}");
+    let records = old.log_records("another producer attached for this pool");
+    assert_eq!(records.len(), 1, "older producer's log: {}", old.log());
+    let detail = records[0]["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("RETIRE_REASON_SUPERSEDED") && detail.contains("lease epoch"),
+        "{detail}"
+    );
+
+    // No ping-pong: the newer producer keeps its lease while it publishes more, never fenced.
+    let more = pool.take(15);
+    new.store(7, &more).await;
+    let later = wait_converged(&indexer, &new).await;
+    assert_eq!(later.lease_epoch, lane.lease_epoch, "{lane:?} -> {later:?}");
+    let text = new.metrics().expect("metrics");
+    let fenced = metrics::value(
+        &text,
+        "ckf_producer_detachments_total",
+        &[("indexer", &url)],
+    );
+    assert_eq!(fenced.unwrap_or(0.0), 0.0, "{text}");
+    let text = old.metrics().expect("metrics");
+    let reconnects = metrics::value(&text, "ckf_producer_reconnects_total", &[("indexer", &url)]);
+    assert_eq!(reconnects.unwrap_or(0.0), 0.0, "{text}");
+
+    // The superseded producer's shutdown is clean and leaves the newer producer's lane alone.
+    let status = old.terminate();
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    assert!(
+        old.log_records("drain marker sent").is_empty(),
+        "{}",
+        old.log()
+    );
+    let lane = wait_converged(&indexer, &new).await;
+    assert_eq!(lane.lease_epoch, later.lease_epoch, "{lane:?}");
+    assert!(!lane.drained, "{lane:?}");
+
+    // The other pool's lane is untouched by all of it.
+    let lane_b = wait_converged(&indexer, &b).await;
+    assert_eq!(lane_b.retirements, 0, "{lane_b:?}");
+}

@@ -1,0 +1,102 @@
+//! E2E 2: `kill -9` the indexer and start it again on the same ports. The producers re-attach by
+//! themselves (new consumer instance, new leases, new barrier snapshots) and the lanes return to
+//! ready holding exactly the producers' tables, including changes made while the indexer was
+//! down.
+
+use ckf_e2e::check::wait_converged;
+use ckf_e2e::cluster::{Indexer, IndexerSpec, Producer, ProducerSpec, TestDir, format, is_active};
+use ckf_e2e::hashes::HashPool;
+use ckf_e2e::metrics;
+use ckf_e2e::wait::{DEADLINE, eventually};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn indexer_kill9_and_restart_recovers_every_lane() {
+    let dir = TestDir::new("indexer-restart");
+    let mut indexer = Indexer::start(&dir, &IndexerSpec::default());
+    let endpoints = [indexer.url()];
+    let mut a = Producer::start(&dir, "producer-a", &ProducerSpec::new("dc-a"), &endpoints);
+    let mut b = Producer::start(&dir, "producer-b", &ProducerSpec::new("dc-b"), &endpoints);
+    let mut pool = HashPool::new(&format(), 2);
+
+    let a_blocks = pool.take(120);
+    let b_blocks = pool.take(120);
+    a.store(1, &a_blocks[..80]).await;
+    a.store(2, &a_blocks[60..]).await;
+    a.remove(1, &a_blocks[..10]).await;
+    b.store(1, &b_blocks).await;
+    b.remove(1, &b_blocks[100..]).await;
+    wait_converged(&indexer, &a).await;
+    wait_converged(&indexer, &b).await;
+    let before = indexer.list_lanes().await.expect("ListLanes");
+
+    indexer.kill9();
+    // Changes while the indexer is gone must arrive with the new barrier snapshots.
+    let late = pool.take(30);
+    a.store(3, &late).await;
+    a.clear(2).await;
+    b.remove(1, &b_blocks[..50]).await;
+    indexer.restart();
+
+    let lane_a = wait_converged(&indexer, &a).await;
+    let lane_b = wait_converged(&indexer, &b).await;
+    let after = indexer.list_lanes().await.expect("ListLanes");
+    assert_ne!(
+        after.consumer_instance, before.consumer_instance,
+        "a restarted indexer is a new consumer instance"
+    );
+    for lane in [&lane_a, &lane_b] {
+        assert!(is_active(lane) && lane.lease_epoch >= 1, "{lane:?}");
+        assert_eq!(lane.retirements, 0, "fresh indexer state: {lane:?}");
+    }
+
+    // Each producer saw its attachment end and re-attached on its own.
+    for producer in [&a, &b] {
+        let text = producer.metrics().expect("producer metrics");
+        let url = indexer.url();
+        let detached = metrics::value(
+            &text,
+            "ckf_producer_detachments_total",
+            &[("indexer", &url)],
+        );
+        assert!(
+            detached.unwrap_or(0.0) >= 1.0,
+            "{}: {detached:?}",
+            producer.name
+        );
+        let snapshots = metrics::value(
+            &text,
+            "ckf_producer_snapshots_sent_total",
+            &[("indexer", &url)],
+        );
+        assert!(
+            snapshots.unwrap_or(0.0) >= 2.0,
+            "{}: {snapshots:?}",
+            producer.name
+        );
+    }
+
+    // And publication continues on the new leases.
+    let more = pool.take(20);
+    a.store(4, &more).await;
+    b.store(4, &more[..7]).await;
+    wait_converged(&indexer, &a).await;
+    wait_converged(&indexer, &b).await;
+    eventually(
+        "both lanes still on the post-restart leases",
+        DEADLINE,
+        || async {
+            let lanes = indexer.list_lanes().await?;
+            let same = lanes.consumer_instance == after.consumer_instance
+                && lanes
+                    .lanes
+                    .iter()
+                    .all(|l| l.retirements == 0 && is_active(l));
+            if same {
+                Ok(())
+            } else {
+                Err(format!("{lanes:?}"))
+            }
+        },
+    )
+    .await;
+}
