@@ -9,7 +9,7 @@
 //! The other DC's lane keeps answering throughout.
 
 use ckf_e2e::check::{lane_matches, wait_converged};
-use ckf_e2e::cluster::{Indexer, IndexerSpec, Producer, ProducerSpec, TestDir, format, is_active};
+use ckf_e2e::cluster::{Indexer, IndexerSpec, Producer, ProducerSpec, TestDir, format};
 use ckf_e2e::hashes::HashPool;
 use ckf_e2e::wait::{DEADLINE, eventually};
 use ckf_proto::v1::{LaneState, RetireReason};
