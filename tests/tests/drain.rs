@@ -32,7 +32,8 @@ async fn sigterm_drains_with_the_exact_final_sequence() {
     // A tail that may still be pending when the signal arrives: it must be published first.
     let tail = pool.take(50);
     a.store(42, &tail).await;
-    a.remove(0, &a.model.tracked()[..5].to_vec()).await;
+    let evicted = a.model.tracked()[..5].to_vec();
+    a.remove(0, &evicted).await;
 
     let status = a.terminate();
     assert_eq!(status.code(), Some(0), "{status:?}");
