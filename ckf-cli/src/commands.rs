@@ -174,7 +174,8 @@ pub async fn query(args: QueryArgs) -> Result<()> {
                 json!({ "lane": m.lane, "domain": pool.domain, "dc": pool.dc, "depth": m.depth })
             })
             .collect();
-        let out = json!({ "blocks": hashes.len(), "ready_mask": answer.ready_mask, "matches": lanes });
+        let out =
+            json!({ "blocks": hashes.len(), "ready_mask": answer.ready_mask, "matches": lanes });
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
@@ -250,15 +251,11 @@ pub async fn lanes(args: LanesArgs) -> Result<()> {
     let format = answer.format.unwrap_or_default();
     println!(
         "domain {}  consumer instance {:#x}  format v{} ({} buckets, seed {})",
-        answer.domain,
-        answer.consumer_instance,
-        format.version,
-        format.bucket_count,
-        format.seed
+        answer.domain, answer.consumer_instance, format.version, format.bucket_count, format.seed
     );
     println!(
-        "{:>4}  {:<12} {:<17} {:>5} {:>10} {:>9} {:>7} {:>7}  {}",
-        "lane", "dc", "state", "epoch", "installed", "age ms", "load", "retired", "last reason"
+        "{:>4}  {:<12} {:<17} {:>5} {:>10} {:>9} {:>7} {:>7}  last reason",
+        "lane", "dc", "state", "epoch", "installed", "age ms", "load", "retired"
     );
     for l in &answer.lanes {
         let dc = l.pool.as_ref().map_or("?", |p| p.dc.as_str());
@@ -301,8 +298,10 @@ pub async fn health(args: HealthArgs) -> i32 {
     };
     match tokio::time::timeout(Duration::from_millis(args.timeout_ms), check).await {
         Ok(Ok(status)) => {
-            let name = ServingStatus::try_from(status)
-                .map_or_else(|_| format!("UNKNOWN({status})"), |s| s.as_str_name().to_string());
+            let name = ServingStatus::try_from(status).map_or_else(
+                |_| format!("UNKNOWN({status})"),
+                |s| s.as_str_name().to_string(),
+            );
             println!("{}: {name}", args.endpoint);
             if status == ServingStatus::Serving as i32 {
                 0

@@ -48,7 +48,10 @@ impl FleetShape {
     /// A message naming the field and the rule when a field is out of range.
     pub fn validate(&self) -> Result<(), String> {
         if !(1..=16).contains(&self.dcs) {
-            return Err(format!("dcs = {}: must be 1..=16 (one indexer lane per DC)", self.dcs));
+            return Err(format!(
+                "dcs = {}: must be 1..=16 (one indexer lane per DC)",
+                self.dcs
+            ));
         }
         for (name, value) in [
             ("workers per DC", self.workers_per_dc),

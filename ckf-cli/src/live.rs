@@ -122,7 +122,10 @@ pub async fn replay(
     clear_members(&mut dcs, &mut sources, shape).await?;
     let probes = Arc::new(Probes::new(shape.dcs));
     // Start from a drained state: whatever an earlier run left must be gone from the index.
-    let mut sentinel = Sentinel { run_hash: crate::hashing::chain(0x5e17_13e1, rand::random()), next: 0 };
+    let mut sentinel = Sentinel {
+        run_hash: crate::hashing::chain(0x5e17_13e1, rand::random()),
+        next: 0,
+    };
     sentinel
         .settle(&mut dcs, &mut query, &mut sources, config.settle_timeout)
         .await?;
@@ -137,6 +140,9 @@ pub async fn replay(
     let bar = progress_bar(hashes.len() as u64, config.progress);
     let started = Instant::now();
     for request in &hashes {
+        // Watermarks before the query: a batch confirmed visible only while the query was in
+        // flight may be newer than what the query captured.
+        let watermarks = probes.watermarks();
         let asked = Instant::now();
         let answer = query
             .find_matches(FindMatchesRequest {
@@ -156,7 +162,7 @@ pub async fn replay(
             request,
             &reported,
             fleet.oracle(),
-            &probes.watermarks(),
+            &watermarks,
             fleet.dc_load(),
         );
         let dc = router.choose(&reported, fleet.dc_load());
@@ -180,10 +186,15 @@ pub async fn replay(
                 }
             }
             // Probe the last block this batch made the DC hold (not one another rank had).
-            let fresh = served.stored.iter().flat_map(|r| &r.hashes).rev().find(|&&h| {
-                let t = fleet.oracle().truth(dc, h);
-                t.holders == 1 && t.stored_at == served.dc_seq && !t.omission_suspect
-            });
+            let fresh = served
+                .stored
+                .iter()
+                .flat_map(|r| &r.hashes)
+                .rev()
+                .find(|&&h| {
+                    let t = fleet.oracle().truth(dc, h);
+                    t.holders == 1 && t.stored_at == served.dc_seq && !t.omission_suspect
+                });
             if let Some(&hash) = fresh
                 && probes.try_claim(dc)
             {
@@ -451,7 +462,13 @@ async fn final_check(
                 reported[dc] = Some(m.depth as usize);
             }
         }
-        accuracy.record(request, &reported, fleet.oracle(), &watermarks, fleet.dc_load());
+        accuracy.record(
+            request,
+            &reported,
+            fleet.oracle(),
+            &watermarks,
+            fleet.dc_load(),
+        );
     }
     Ok(accuracy)
 }

@@ -1,13 +1,16 @@
 //! `ckf`: replay prefix-cache workloads through ckf-relay and inspect a running indexer.
 //! See the crate README for every command and flag.
 
-use clap::Parser;
 use ckf_cli::cli::{Cli, Command};
 use ckf_cli::commands;
+use clap::Parser;
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");

@@ -56,8 +56,7 @@ impl Oracle {
     /// # Panics
     /// When no rank of `dc` held `hash` (a simulator bug).
     pub fn on_drop(&mut self, dc: usize, hash: u64, seq: u64) {
-        let truth = self
-            .dcs[dc]
+        let truth = self.dcs[dc]
             .get_mut(&hash)
             .filter(|t| t.holders > 0)
             .expect("oracle: dropping a block no rank holds");
@@ -95,7 +94,9 @@ impl Oracle {
 
     /// [`Oracle::depth`] for every DC, by DC index.
     pub fn depths(&self, hashes: &[u64]) -> Vec<usize> {
-        (0..self.dcs.len()).map(|dc| self.depth(dc, hashes)).collect()
+        (0..self.dcs.len())
+            .map(|dc| self.depth(dc, hashes))
+            .collect()
     }
 
     /// Distinct block hashes held in `dc`.

@@ -37,7 +37,11 @@ pub async fn wait_visible(
             .await?
             .into_inner();
         let now = Instant::now();
-        if answer.matches.iter().any(|m| m.lane == lane && m.depth >= 1) {
+        if answer
+            .matches
+            .iter()
+            .any(|m| m.lane == lane && m.depth >= 1)
+        {
             return Ok(Some(now));
         }
         if now >= deadline {

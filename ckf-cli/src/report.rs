@@ -246,7 +246,11 @@ impl fmt::Display for Report {
             "  ingest                {:.0} events/s, {:.0} blocks/s ({} events, {} blocks)",
             t.events_per_s, t.blocks_per_s, t.events, t.blocks
         )?;
-        writeln!(out, "  queries               {:.0} queries/s ({})", t.queries_per_s, t.queries)?;
+        writeln!(
+            out,
+            "  queries               {:.0} queries/s ({})",
+            t.queries_per_s, t.queries
+        )?;
         let q = &self.query_latency_us;
         writeln!(
             out,
@@ -271,7 +275,10 @@ impl fmt::Display for Report {
             }
         )?;
         accuracy_lines(&mut out, &self.final_check.accuracy)?;
-        writeln!(out, "\nrouting: prefix-cache hit rate (blocks reused / requested)")?;
+        writeln!(
+            out,
+            "\nrouting: prefix-cache hit rate (blocks reused / requested)"
+        )?;
         for r in &self.routing {
             writeln!(
                 out,

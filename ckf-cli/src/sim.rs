@@ -46,7 +46,12 @@ pub fn simulate(requests: &[Vec<u64>], shape: FleetShape, policy: Policy, seed: 
     let mut router = Router::new(policy, seed);
     let (mut requested, mut reused) = (0u64, 0u64);
     for hashes in requests {
-        let depths: Vec<Option<usize>> = fleet.oracle().depths(hashes).into_iter().map(Some).collect();
+        let depths: Vec<Option<usize>> = fleet
+            .oracle()
+            .depths(hashes)
+            .into_iter()
+            .map(Some)
+            .collect();
         let dc = router.choose(&depths, fleet.dc_load());
         let served = fleet.serve(dc, hashes);
         requested += served.requested as u64;

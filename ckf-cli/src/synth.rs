@@ -44,10 +44,10 @@ pub fn synthetic_workload(requests: usize, seed: u64) -> Vec<Request> {
         next_id += n as u64;
         ids
     };
-    let prompts: Vec<Vec<u64>> = (0..SYSTEM_PROMPTS)
-        .map(|k| fresh(1 + k % 6))
+    let prompts: Vec<Vec<u64>> = (0..SYSTEM_PROMPTS).map(|k| fresh(1 + k % 6)).collect();
+    let weights: Vec<f64> = (0..SYSTEM_PROMPTS)
+        .map(|k| 1.0 / (k as f64 + 1.0))
         .collect();
-    let weights: Vec<f64> = (0..SYSTEM_PROMPTS).map(|k| 1.0 / (k as f64 + 1.0)).collect();
     let total_weight: f64 = weights.iter().sum();
 
     let mut open: Vec<Conversation> = Vec::new();

@@ -155,7 +155,10 @@ pub fn parse_line(line: usize, text: &str) -> Result<Request, TraceError> {
         return Err(TraceError::BadField {
             line,
             field: "hash_ids".into(),
-            reason: format!("must be an array of block ids, got {}", kind(&object["hash_ids"])),
+            reason: format!(
+                "must be an array of block ids, got {}",
+                kind(&object["hash_ids"])
+            ),
         });
     };
     let hash_ids = ids
@@ -212,7 +215,8 @@ mod tests {
 
     #[test]
     fn errors_name_line_and_field() {
-        let good = "{\"timestamp\": 0, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [1]}";
+        let good =
+            "{\"timestamp\": 0, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [1]}";
         let cases = [
             ("{\"timestamp\": 0, ", 2, "not a JSON object"),
             ("[1, 2]", 2, "not a JSON object"),

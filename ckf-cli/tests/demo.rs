@@ -1,0 +1,94 @@
+//! `ckf demo` through the built binary: starts its services, replays the built-in synthetic
+//! workload, prints a complete report and exits 0.
+
+use std::process::Command;
+
+fn demo(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_ckf"))
+        .arg("demo")
+        .args(args)
+        .output()
+        .expect("run ckf");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn demo_json_report_is_complete() {
+    let (code, stdout, stderr) = demo(&["--json", "--limit", "1500"]);
+    assert_eq!(code, 0, "stderr: {stderr}");
+    let report: serde_json::Value =
+        serde_json::from_str(&stdout).expect("stdout is the JSON report");
+    let n = |path: &str| {
+        report
+            .pointer(path)
+            .and_then(serde_json::Value::as_f64)
+            .unwrap_or_else(|| panic!("report lacks {path}: {stdout}"))
+    };
+    assert_eq!(report["workload"]["source"], "synthetic");
+    assert_eq!(n("/workload/requests"), 1500.0);
+    assert_eq!(n("/fleet/dcs"), 3.0);
+    assert_eq!(n("/throughput/queries"), 1500.0);
+    for path in [
+        "/throughput/events_per_s",
+        "/throughput/blocks_per_s",
+        "/throughput/queries_per_s",
+        "/query_latency_us/p50",
+        "/query_latency_us/p99",
+        "/query_latency_us/max",
+        "/visibility_lag_ms/p50",
+        "/visibility_lag_ms/p99",
+        "/cost/producer_exact_state_bytes_per_block",
+        "/cost/consumer_table_bytes_per_block_per_lane",
+        "/cost/wire_bytes_per_event",
+    ] {
+        assert!(n(path) > 0.0, "{path} is {}", n(path));
+    }
+    assert_eq!(n("/accuracy/under_estimates/unexplained"), 0.0);
+    assert_eq!(n("/final_check/accuracy/under_estimates/unexplained"), 0.0);
+    assert_eq!(report["final_check"]["settled"], true);
+    let routing = report["routing"].as_array().unwrap();
+    let policies: Vec<&str> = routing
+        .iter()
+        .map(|r| r["policy"].as_str().unwrap())
+        .collect();
+    assert_eq!(policies, ["ckf", "ckf", "random", "round-robin"]);
+    let rate = |i: usize| routing[i]["hit_rate"].as_f64().unwrap();
+    assert!(
+        rate(0) > rate(2),
+        "ckf through the indexer beats random: {routing:?}"
+    );
+    assert!(
+        stderr.is_empty() || !stderr.contains("replay ["),
+        "no progress bar under --json"
+    );
+}
+
+#[test]
+fn demo_text_report_has_every_section() {
+    let (code, stdout, stderr) = demo(&["--limit", "300", "--dcs", "2", "--policy", "round-robin"]);
+    assert_eq!(code, 0, "stderr: {stderr}");
+    for section in [
+        "ckf replay report: synthetic (300 requests",
+        "fleet: 2 DCs x 2 workers x 2 ranks",
+        "policy round-robin",
+        "throughput",
+        "query latency",
+        "event-to-visible lag",
+        "accuracy during replay",
+        "accuracy after final drain (settled)",
+        "routing: prefix-cache hit rate",
+        "cost",
+        "dc-a",
+        "dc-b",
+    ] {
+        assert!(
+            stdout.contains(section),
+            "text report lacks {section:?}:\n{stdout}"
+        );
+    }
+    assert!(stdout.contains("0 unexplained"), "{stdout}");
+}
