@@ -2,7 +2,7 @@
 //! test's own temp dir, fixed loopback ports chosen at start (kept across a restart), and the
 //! gRPC calls the tests make against them.
 //!
-//! Every test uses one small table format ([`format`]: 1,024 buckets, seed 7) so content checks
+//! Every test uses one small table format ([`format()`]: 1,024 buckets, seed 7) so content checks
 //! stay cheap, and one domain ([`DOMAIN`]).
 
 use std::collections::BTreeMap;

@@ -21,6 +21,15 @@ use tonic::Code;
 const RAW_DC: &str = "dc-b";
 const MAX_IMAGES: u32 = 200;
 
+/// One broken frame and the refusal it must get.
+struct Case {
+    name: &'static str,
+    frame: Box<dyn Fn(&RawStream) -> Frame>,
+    reason: RetireReason,
+    code: Code,
+    needles: Vec<&'static str>,
+}
+
 /// The real producer's lane still holds exactly its content under the same lease, never retired.
 async fn real_lane_untouched(indexer: &Indexer, a: &Producer, epoch: u64) {
     let lane = wait_converged(indexer, a).await;
@@ -136,68 +145,63 @@ async fn malformed_relay_traffic_gets_precise_statuses_and_affects_only_its_lane
     let hashes = pool.take(2);
     let oversized: Vec<(u32, u64)> = (0..600).map(|b| (b, 1)).collect();
     let too_many: Vec<(u32, u64)> = (0..MAX_IMAGES + 50).map(|b| (b, 1)).collect();
-    let cases: Vec<(
-        &str,
-        Box<dyn Fn(&RawStream) -> Frame>,
-        RetireReason,
-        Code,
-        Vec<&str>,
-    )> = vec![
-        (
-            "gap",
-            Box::new(|s| s.delta(12, 13, &[(0, 0)])),
-            RetireReason::Gap,
-            Code::FailedPrecondition,
-            vec!["gap", "delta base 12", "installed sequence is 11"],
-        ),
-        (
-            "non-contiguous",
-            Box::new(|s| s.delta(11, 13, &[(0, 0)])),
-            RetireReason::Gap,
-            Code::InvalidArgument,
-            vec!["non-contiguous delta 11 -> 13"],
-        ),
-        (
-            "out-of-range bucket",
-            Box::new(|s| s.delta(11, 12, &[(3, 0), (1024, 0)])),
-            RetireReason::MalformedFrame,
-            Code::InvalidArgument,
-            vec!["bucket 1024 is outside the table of 1024 buckets"],
-        ),
-        (
-            "duplicate bucket",
-            Box::new(|s| s.delta(11, 12, &[(5, 0), (6, 0), (5, 0)])),
-            RetireReason::MalformedFrame,
-            Code::InvalidArgument,
-            vec!["bucket 5 appears more than once"],
-        ),
-        (
-            "empty delta",
-            Box::new(|s| s.delta(11, 12, &[])),
-            RetireReason::MalformedFrame,
-            Code::InvalidArgument,
-            vec!["no bucket image"],
-        ),
-        (
-            "too many images",
-            Box::new(move |s| s.delta(11, 12, &too_many)),
-            RetireReason::StreamLost,
-            Code::InvalidArgument,
-            vec!["250 images", "max_images_per_delta = 200"],
-        ),
-        (
-            "oversized message",
-            Box::new(move |s| s.delta(11, 12, &oversized)),
-            RetireReason::StreamLost,
-            Code::ResourceExhausted,
-            vec![
+    let cases: Vec<Case> = vec![
+        Case {
+            name: "gap",
+            frame: Box::new(|s| s.delta(12, 13, &[(0, 0)])),
+            reason: RetireReason::Gap,
+            code: Code::FailedPrecondition,
+            needles: vec!["gap", "delta base 12", "installed sequence is 11"],
+        },
+        Case {
+            name: "non-contiguous",
+            frame: Box::new(|s| s.delta(11, 13, &[(0, 0)])),
+            reason: RetireReason::Gap,
+            code: Code::InvalidArgument,
+            needles: vec!["non-contiguous delta 11 -> 13"],
+        },
+        Case {
+            name: "out-of-range bucket",
+            frame: Box::new(|s| s.delta(11, 12, &[(3, 0), (1024, 0)])),
+            reason: RetireReason::MalformedFrame,
+            code: Code::InvalidArgument,
+            needles: vec!["bucket 1024 is outside the table of 1024 buckets"],
+        },
+        Case {
+            name: "duplicate bucket",
+            frame: Box::new(|s| s.delta(11, 12, &[(5, 0), (6, 0), (5, 0)])),
+            reason: RetireReason::MalformedFrame,
+            code: Code::InvalidArgument,
+            needles: vec!["bucket 5 appears more than once"],
+        },
+        Case {
+            name: "empty delta",
+            frame: Box::new(|s| s.delta(11, 12, &[])),
+            reason: RetireReason::MalformedFrame,
+            code: Code::InvalidArgument,
+            needles: vec!["no bucket image"],
+        },
+        Case {
+            name: "too many images",
+            frame: Box::new(move |s| s.delta(11, 12, &too_many)),
+            reason: RetireReason::StreamLost,
+            code: Code::InvalidArgument,
+            needles: vec!["250 images", "max_images_per_delta = 200"],
+        },
+        Case {
+            name: "oversized message",
+            frame: Box::new(move |s| s.delta(11, 12, &oversized)),
+            reason: RetireReason::StreamLost,
+            code: Code::ResourceExhausted,
+            needles: vec![
                 "decoded message length too large",
                 "the limit is: 4096 bytes",
             ],
-        ),
+        },
     ];
     let mut last_epoch = 0;
-    for (i, (name, frame, reason, code, needles)) in cases.iter().enumerate() {
+    for (i, case) in cases.iter().enumerate() {
+        let name = case.name;
         eprintln!("case: {name}");
         let mut stream = ready_raw_lane(&indexer, 100 + i as u64, &hashes).await;
         assert!(
@@ -205,8 +209,16 @@ async fn malformed_relay_traffic_gets_precise_statuses_and_affects_only_its_lane
             "{name}: epochs strictly increase"
         );
         last_epoch = stream.lease.epoch;
-        let frame = frame(&stream);
-        expect_refusal(&indexer, &mut stream, frame, *reason, *code, needles).await;
+        let frame = (case.frame)(&stream);
+        expect_refusal(
+            &indexer,
+            &mut stream,
+            frame,
+            case.reason,
+            case.code,
+            &case.needles,
+        )
+        .await;
         let lane = indexer.lane(RAW_DC).await.expect("ListLanes");
         assert_eq!(lane.retirements, i as u64 + 1, "{name}: {lane:?}");
         real_lane_untouched(&indexer, &a, epoch).await;
