@@ -8,6 +8,9 @@ use crate::cluster::{BUCKETS, Indexer, Producer, is_active};
 use crate::model::DcModel;
 use crate::wait::{DEADLINE, eventually};
 
+/// Block hashes per `FindMatches` in content checks (about 2.5 KiB on the wire).
+pub const QUERY_CHUNK: usize = 256;
+
 /// One look at the lane of `dc`: `Ok(lane)` when it is active and holds exactly `model`'s
 /// content; otherwise what differs.
 ///
@@ -23,20 +26,32 @@ pub async fn lane_matches(
         return Err(format!("lane {dc} is not active: {lane:?}"));
     }
     let tracked = model.tracked();
-    if !tracked.is_empty() {
-        // Depth = leading blocks present: all found <=> depth == len; else names the first miss.
-        let depths = indexer.depths(&tracked).await?;
+    // Depth = leading blocks present: all found <=> depth == len; else it names the first miss.
+    // Chunked so every query stays under the smallest message limit (4 KiB).
+    for chunk in tracked.chunks(QUERY_CHUNK) {
+        let depths = indexer.depths(chunk).await?;
         let depth = *depths
             .get(dc)
             .ok_or_else(|| format!("lane {dc} did not answer FindMatches: {depths:?}"))?
             as usize;
-        if depth != tracked.len() {
+        if depth != chunk.len() {
             return Err(format!(
-                "lane {dc}: only {depth} of {} tracked hashes found in order; missing {:#x}",
-                tracked.len(),
-                tracked[depth]
+                "lane {dc}: tracked hash {:#x} not found ({} tracked in all)",
+                chunk[depth],
+                tracked.len()
             ));
         }
+    }
+    // With pairwise distinct fingerprints, "every tracked hash found" plus "occupied slots ==
+    // tracked hashes" already excludes stale fingerprints; the absent hashes are still queried
+    // one by one, as a router would.
+    let expected = tracked.len() as f64 / (BUCKETS * 4) as f64;
+    if (lane.load_factor - expected).abs() > 1e-9 {
+        return Err(format!(
+            "lane {dc}: load factor {} but {} tracked hashes make {expected}",
+            lane.load_factor,
+            tracked.len()
+        ));
     }
     for gone in model.gone() {
         let depths = indexer.depths(&[gone]).await?;
@@ -48,14 +63,6 @@ pub async fn lane_matches(
                 ));
             }
         }
-    }
-    let expected = tracked.len() as f64 / (BUCKETS * 4) as f64;
-    if (lane.load_factor - expected).abs() > 1e-9 {
-        return Err(format!(
-            "lane {dc}: load factor {} but {} tracked hashes make {expected}",
-            lane.load_factor,
-            tracked.len()
-        ));
     }
     Ok(lane)
 }

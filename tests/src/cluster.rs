@@ -352,6 +352,8 @@ pub struct ProducerSpec {
     /// `publication.heartbeat_interval_ms` (the producer also caps it at a third of the
     /// indexer's deadline).
     pub heartbeat_interval_ms: u64,
+    /// `publication.batch_threshold` (dirty buckets).
+    pub batch_threshold: u32,
     /// `reconnect.initial_backoff_ms`.
     pub initial_backoff_ms: u64,
     /// `reconnect.max_backoff_ms`.
@@ -359,11 +361,13 @@ pub struct ProducerSpec {
 }
 
 impl ProducerSpec {
-    /// A producer of `dc` with quick reconnects (50..=500 ms) and 200 ms heartbeats.
+    /// A producer of `dc` with quick reconnects (50..=500 ms), 200 ms heartbeats and batches
+    /// cut at 64 dirty buckets or 5 ms.
     pub fn new(dc: &str) -> Self {
         Self {
             dc: dc.into(),
             heartbeat_interval_ms: 200,
+            batch_threshold: 64,
             initial_backoff_ms: 50,
             max_backoff_ms: 500,
         }
@@ -408,10 +412,14 @@ impl Producer {
              indexers = [{endpoints}]\n\
              [pool]\ndomain = \"{DOMAIN}\"\ndc = \"{}\"\n\
              [table]\nbucket_count = {BUCKETS}\nseed = {SEED}\n\
-             [publication]\nbatch_threshold = 64\nmax_delay_ms = 5\nheartbeat_interval_ms = {}\n\
+             [publication]\nbatch_threshold = {}\nmax_delay_ms = 5\nheartbeat_interval_ms = {}\n\
              [reconnect]\ninitial_backoff_ms = {}\nmax_backoff_ms = {}\nconnect_timeout_ms = 3000\n\
              [shutdown]\ndrain_timeout_ms = 15000\n",
-            spec.dc, spec.heartbeat_interval_ms, spec.initial_backoff_ms, spec.max_backoff_ms
+            spec.dc,
+            spec.batch_threshold,
+            spec.heartbeat_interval_ms,
+            spec.initial_backoff_ms,
+            spec.max_backoff_ms
         );
         let config = dir.path().join(format!("{name}.toml"));
         std::fs::write(&config, toml).expect("write producer config");
