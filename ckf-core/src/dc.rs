@@ -25,10 +25,9 @@
 
 mod events;
 mod hasher;
+mod ownership;
 mod stats;
 
-use std::collections::HashMap;
-use std::collections::HashSet;
 use std::collections::hash_map::Entry;
 
 use thiserror::Error;
@@ -37,6 +36,7 @@ use crate::addressing::{Addressing, FormatError, TableFormat};
 use crate::bucket;
 use crate::dirty::{DirtyTracker, PublicationBatch};
 use crate::mutator::Mutator;
+use ownership::{BlockOwners, Members, Owners, Tag};
 
 pub use events::{BlockError, EventOutcome, KvEvent, KvEventKind, MemberId};
 pub use hasher::{FoldHashBuilder, FoldHasher};
@@ -52,9 +52,6 @@ pub const DEFAULT_MAX_KICKS: u32 = 500;
 /// Largest accepted `max_kicks`: bounds the worst-case latency of one block and the undo log
 /// (16 bytes per kick, allocated up front).
 pub const MAX_KICKS_LIMIT: u32 = 100_000;
-
-/// Block-hash set of one member.
-pub type BlockSet = HashSet<u64, FoldHashBuilder>;
 
 /// Configuration of one producer state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,12 +95,12 @@ struct Counters {
     missing_fingerprints: u64,
 }
 
-/// Everything keyed by block hash alone: refcounts, the table and its dirty tracking. Split from
-/// the member map so a member's block set can stay borrowed while blocks are applied.
+/// Everything keyed by block hash: owners and refcounts, the table and its dirty tracking.
+/// Split from the member table so a member's slot can stay borrowed while blocks are applied.
 #[derive(Debug, Clone)]
 struct Projection {
     addressing: Addressing,
-    refcounts: HashMap<u64, u32, FoldHashBuilder>,
+    blocks: BlockOwners,
     mutator: Mutator,
     dirty: DirtyTracker,
     resident: u64,
@@ -111,21 +108,33 @@ struct Projection {
     counters: Counters,
 }
 
-impl Projection {
-    fn mark_dirty(&mut self) {
-        for w in self.mutator.last_writes() {
-            self.dirty.touch(w.bucket, w.before);
-        }
-    }
+/// What acquiring one edge did.
+enum Acquired {
+    /// New `(member, hash)` edge.
+    Edge,
+    /// The member already owned the hash.
+    Redundant,
+}
 
-    /// Adds one owner of `block_hash`; inserts its fingerprint on `0 -> 1`.
+impl Projection {
+    /// Adds `tag` as an owner of `block_hash`; inserts its fingerprint on `0 -> 1`.
     #[inline]
-    fn acquire(&mut self, block_hash: u64) -> Result<(), BlockError> {
-        match self.refcounts.entry(block_hash) {
-            Entry::Occupied(mut e) => *e.get_mut() += 1,
+    fn acquire(&mut self, block_hash: u64, tag: Tag) -> Result<Acquired, BlockError> {
+        let (map, spill) = self.blocks.parts();
+        match map.entry(block_hash) {
+            Entry::Occupied(mut e) => {
+                let o = e.get_mut();
+                if BlockOwners::has_owner(spill, block_hash, o, tag) {
+                    return Ok(Acquired::Redundant);
+                }
+                BlockOwners::add_owner(spill, block_hash, o, tag);
+            }
             Entry::Vacant(e) => match self.mutator.insert(self.addressing.locate(block_hash)) {
                 Ok(kicks) => {
-                    e.insert(1);
+                    e.insert(Owners {
+                        refcount: 1,
+                        inline: [tag, 0, 0],
+                    });
                     self.resident += 1;
                     self.counters.kicks += u64::from(kicks);
                     for w in self.mutator.last_writes() {
@@ -142,29 +151,73 @@ impl Projection {
             },
         }
         self.edges += 1;
-        Ok(())
+        Ok(Acquired::Edge)
     }
 
-    /// Drops one owner of `block_hash` (which must have one); removes one copy on `1 -> 0`.
+    /// Drops `tag` as an owner of `block_hash`; removes one copy on `1 -> 0`. `false` (and no
+    /// change) when `tag` does not own it.
     #[inline]
-    fn release(&mut self, block_hash: u64) {
-        self.edges -= 1;
-        let Some(rc) = self.refcounts.get_mut(&block_hash) else {
-            debug_assert!(false, "owned block {block_hash:#x} has no refcount");
-            return;
+    fn release(&mut self, block_hash: u64, tag: Tag) -> bool {
+        let (map, spill) = self.blocks.parts();
+        let Entry::Occupied(mut e) = map.entry(block_hash) else {
+            return false;
         };
-        if *rc > 1 {
-            *rc -= 1;
-            return;
+        if !BlockOwners::drop_owner(spill, block_hash, e.get_mut(), tag) {
+            return false;
         }
-        self.refcounts.remove(&block_hash);
+        self.edges -= 1;
+        if e.get().refcount > 0 {
+            return true;
+        }
+        e.remove();
         if self.mutator.remove(self.addressing.locate(block_hash)) {
             self.resident -= 1;
-            self.mark_dirty();
+            for w in self.mutator.last_writes() {
+                self.dirty.touch(w.bucket, w.before);
+            }
         } else {
             debug_assert!(false, "tracked block {block_hash:#x} has no fingerprint");
             self.counters.missing_fingerprints += 1;
         }
+        true
+    }
+
+    /// Drops every tag in `tags` from every block (one pass over the block map); `1 -> 0`
+    /// transitions remove one copy each. Returns the edges released.
+    fn release_all(&mut self, tags: &[Tag]) -> u64 {
+        let Projection {
+            addressing,
+            blocks,
+            mutator,
+            dirty,
+            resident,
+            counters,
+            ..
+        } = self;
+        let (map, spill) = blocks.parts();
+        let mut released = 0u64;
+        map.retain(|&h, o| {
+            for &tag in tags {
+                if BlockOwners::drop_owner(spill, h, o, tag) {
+                    released += 1;
+                }
+            }
+            if o.refcount > 0 {
+                return true;
+            }
+            if mutator.remove(addressing.locate(h)) {
+                *resident -= 1;
+                for w in mutator.last_writes() {
+                    dirty.touch(w.bucket, w.before);
+                }
+            } else {
+                debug_assert!(false, "tracked block {h:#x} has no fingerprint");
+                counters.missing_fingerprints += 1;
+            }
+            false
+        });
+        self.edges -= released;
+        released
     }
 }
 
@@ -172,7 +225,7 @@ impl Projection {
 #[derive(Debug, Clone)]
 pub struct DcCkfState {
     config: DcCkfConfig,
-    members: HashMap<MemberId, BlockSet, FoldHashBuilder>,
+    members: Members,
     proj: Projection,
 }
 
@@ -190,10 +243,10 @@ impl DcCkfState {
         let dirty = DirtyTracker::new(mutator.buckets().len());
         Ok(Self {
             config,
-            members: HashMap::default(),
+            members: Members::default(),
             proj: Projection {
                 addressing,
-                refcounts: HashMap::default(),
+                blocks: BlockOwners::default(),
                 mutator,
                 dirty,
                 resident: 0,
@@ -236,23 +289,19 @@ impl DcCkfState {
         if block_hashes.is_empty() {
             return out;
         }
-        let owned = self.members.entry(member).or_default();
+        let tag = self.members.tag_or_insert(member);
+        let slot = self.members.slot(tag);
         for &h in block_hashes {
-            if !owned.insert(h) {
-                out.redundant += 1;
-                continue;
-            }
-            match self.proj.acquire(h) {
-                Ok(()) => out.applied += 1,
-                Err(e) => {
-                    owned.remove(&h);
-                    out.fail(e);
+            match self.proj.acquire(h, tag) {
+                Ok(Acquired::Edge) => {
+                    slot.owned += 1;
+                    out.applied += 1;
                 }
+                Ok(Acquired::Redundant) => out.redundant += 1,
+                Err(e) => out.fail(e),
             }
         }
-        if owned.is_empty() {
-            self.members.remove(&member);
-        }
+        self.members.release_if_empty(tag);
         out
     }
 
@@ -260,74 +309,96 @@ impl DcCkfState {
     /// idempotent no-op (`unknown`); a `1 -> 0` transition removes one fingerprint copy.
     pub fn remove(&mut self, member: MemberId, block_hashes: &[u64]) -> EventOutcome {
         let mut out = EventOutcome::default();
-        let Some(owned) = self.members.get_mut(&member) else {
+        let Some(tag) = self.members.tag(member) else {
             out.unknown = block_hashes.len() as u32;
             self.proj.counters.unknown_removals += block_hashes.len() as u64;
             return out;
         };
+        let slot = self.members.slot(tag);
         for &h in block_hashes {
-            if owned.remove(&h) {
-                self.proj.release(h);
+            if self.proj.release(h, tag) {
+                slot.owned -= 1;
                 out.applied += 1;
             } else {
                 out.unknown += 1;
             }
         }
         self.proj.counters.unknown_removals += u64::from(out.unknown);
-        if owned.is_empty() {
-            self.members.remove(&member);
-        }
+        self.members.release_if_empty(tag);
         out
     }
 
     /// `member` dropped every block: releases each of its edges. `applied` = blocks it held.
+    /// One pass over all tracked blocks (O(unique blocks); see `ownership`'s docs for why).
     pub fn clear_member(&mut self, member: MemberId) -> EventOutcome {
-        let mut out = EventOutcome::default();
-        if let Some(owned) = self.members.remove(&member) {
-            for h in owned {
-                self.proj.release(h);
-                out.applied += 1;
-            }
-        }
-        out
+        let tags: Vec<Tag> = self.members.tag(member).into_iter().collect();
+        self.clear_tags(&tags)
     }
 
-    /// Clears every dp rank of `worker_id` (in ascending rank order); merged outcome.
+    /// Clears every dp rank of `worker_id` in one pass over the tracked blocks; merged outcome.
     pub fn remove_worker(&mut self, worker_id: u64) -> EventOutcome {
-        let mut ranks: Vec<MemberId> = self
+        let tags: Vec<Tag> = self
             .members
-            .keys()
-            .filter(|m| m.worker_id == worker_id)
-            .copied()
+            .index
+            .iter()
+            .filter(|(m, _)| m.worker_id == worker_id)
+            .map(|(_, &t)| t)
             .collect();
-        ranks.sort_unstable();
+        self.clear_tags(&tags)
+    }
+
+    fn clear_tags(&mut self, tags: &[Tag]) -> EventOutcome {
         let mut out = EventOutcome::default();
-        for m in ranks {
-            out.merge(self.clear_member(m));
+        if tags.is_empty() {
+            return out;
         }
+        let owned: u64 = tags
+            .iter()
+            .map(|&t| u64::from(self.members.slot(t).owned))
+            .sum();
+        let released = self.proj.release_all(tags);
+        debug_assert_eq!(released, owned, "member counts disagree with the block map");
+        for &t in tags {
+            self.members.slot(t).owned = 0;
+            self.members.release_if_empty(t);
+        }
+        out.applied = released as u32;
         out
     }
 
     /// Number of members owning `block_hash` (exact).
     pub fn refcount(&self, block_hash: u64) -> u32 {
-        self.proj.refcounts.get(&block_hash).copied().unwrap_or(0)
+        self.proj.blocks.map.get(&block_hash).map_or(0, |o| o.refcount)
     }
 
     /// Whether `member` owns `block_hash` (exact).
     pub fn owns(&self, member: MemberId, block_hash: u64) -> bool {
         self.members
-            .get(&member)
-            .is_some_and(|set| set.contains(&block_hash))
+            .tag(member)
+            .is_some_and(|tag| self.proj.blocks.owns(block_hash, tag))
     }
 
-    /// The block hashes `member` owns (exact), if it owns any.
-    pub fn member_blocks(&self, member: MemberId) -> Option<&BlockSet> {
-        self.members.get(&member)
+    /// The block hashes `member` owns (exact), ascending; empty for an unknown member.
+    /// O(unique blocks): for tests, diagnostics and rebuilds, not the hot path.
+    pub fn member_blocks(&self, member: MemberId) -> Vec<u64> {
+        let Some(tag) = self.members.tag(member) else {
+            return Vec::new();
+        };
+        let mut blocks: Vec<u64> = self
+            .proj
+            .blocks
+            .map
+            .keys()
+            .copied()
+            .filter(|&h| self.proj.blocks.owns(h, tag))
+            .collect();
+        blocks.sort_unstable();
+        blocks
     }
 
     /// Members owning at least one block, in no particular order.
     pub fn members(&self) -> impl Iterator<Item = MemberId> + '_ {
-        self.members.keys().copied()
+        self.members.index.keys().copied()
     }
 
     /// Lossy CKF membership: whether either candidate bucket of `block_hash` holds its
@@ -360,26 +431,19 @@ impl DcCkfState {
         Some(batch)
     }
 
-    /// Current statistics. `bytes_used` walks every member's set capacity (O(members)).
+    /// Current statistics. `bytes_used` walks the member slots (O(members)).
     pub fn stats(&self) -> DcCkfStats {
         let p = &self.proj;
         let c = p.counters;
         let format = self.config.format;
-        let member_sets: usize = self
-            .members
-            .values()
-            .map(|s| stats::hash_table_bytes(s.capacity(), 8))
-            .sum();
-        let member_entry = std::mem::size_of::<(MemberId, BlockSet)>();
         let bytes_used = std::mem::size_of::<Self>()
             + p.mutator.bytes_used()
             + p.dirty.bytes_used()
-            + stats::hash_table_bytes(p.refcounts.capacity(), std::mem::size_of::<(u64, u32)>())
-            + stats::hash_table_bytes(self.members.capacity(), member_entry)
-            + member_sets;
+            + p.blocks.bytes_used()
+            + self.members.bytes_used();
         DcCkfStats {
-            members: self.members.len(),
-            unique_hashes: p.refcounts.len(),
+            members: self.members.index.len(),
+            unique_hashes: p.blocks.map.len(),
             ownership_edges: p.edges,
             resident_fingerprints: p.resident,
             bucket_count: format.bucket_count,

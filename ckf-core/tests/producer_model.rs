@@ -1,7 +1,7 @@
 //! `DcCkfState` against an exact model (issue 2, "Property test against an exact model").
 //!
-//! Random store / remove / clear / remove-worker / publish sequences over 4 members (2 workers x
-//! 2 ranks) and 64 block hashes, on 8-32 bucket tables with 0-500 kicks, so collisions, kicks and
+//! Random store / remove / clear / remove-worker / publish sequences over 6 members (3 workers x
+//! 2 ranks, so some blocks have more than the three inline owners) and 64 block hashes, on 8-32 bucket tables with 0-500 kicks, so collisions, kicks and
 //! capacity omissions all happen. Sixteen of the hashes come in pairs that share fingerprint and
 //! bucket pair (found by brute force), so representation multiplicity is exercised.
 //!
@@ -23,6 +23,7 @@ use proptest::prelude::*;
 const SEED: u64 = 0x5EED;
 const HASHES: usize = 64;
 const SHARED_PAIRS: usize = 8;
+const MEMBERS: usize = 6;
 
 /// 64 block hashes; the first `2 * SHARED_PAIRS` are pairs with equal (fingerprint, bucket pair)
 /// in a 32-bucket table, hence also in 16- and 8-bucket tables (bucket A is the hash's low bits
@@ -68,10 +69,10 @@ fn op() -> impl Strategy<Value = Op> {
     let blocks = prop::collection::btree_set(0..HASHES, 1..5)
         .prop_map(|s| s.into_iter().collect::<Vec<_>>());
     prop_oneof![
-        10 => (0..4usize, blocks.clone()).prop_map(|(m, b)| Op::Store(m, b)),
-        6 => (0..4usize, prop::collection::vec(0..HASHES, 1..5)).prop_map(|(m, b)| Op::Remove(m, b)),
-        1 => (0..4usize).prop_map(Op::Clear),
-        1 => (0..2u64).prop_map(Op::RemoveWorker),
+        10 => (0..MEMBERS, blocks.clone()).prop_map(|(m, b)| Op::Store(m, b)),
+        6 => (0..MEMBERS, prop::collection::vec(0..HASHES, 1..5)).prop_map(|(m, b)| Op::Remove(m, b)),
+        1 => (0..MEMBERS).prop_map(Op::Clear),
+        1 => (0..MEMBERS as u64 / 2).prop_map(Op::RemoveWorker),
         2 => Just(Op::Publish),
     ]
 }
@@ -108,7 +109,7 @@ fn check(state: &DcCkfState, model: &Model, hashes: &[u64]) -> Result<(), TestCa
     let tracked = model.tracked();
     for &h in hashes {
         prop_assert_eq!(state.refcount(h), model.refcount(h), "refcount of {:#x}", h);
-        for m in 0..4 {
+        for m in 0..MEMBERS {
             prop_assert_eq!(state.owns(member(m), h), model.owns(member(m), h));
         }
     }
@@ -123,6 +124,18 @@ fn check(state: &DcCkfState, model: &Model, hashes: &[u64]) -> Result<(), TestCa
     for (&(fp, x, y), &n) in &groups {
         let have = copies(buckets[x as usize], fp) + copies(buckets[y as usize], fp);
         prop_assert!(have >= n, "{} hashes share fp {:#x} in ({}, {}) but {} copies", n, fp, x, y, have);
+    }
+    for m in 0..MEMBERS {
+        let expect: Vec<u64> = model
+            .owned
+            .get(&member(m))
+            .map(|s| s.iter().copied().collect())
+            .unwrap_or_default();
+        let mut got = state.member_blocks(member(m));
+        got.sort_unstable();
+        let mut expect = expect;
+        expect.sort_unstable();
+        prop_assert_eq!(got, expect, "blocks of member {}", m);
     }
     let stats = state.stats();
     prop_assert_eq!(state.count_resident(), tracked.len() as u64);

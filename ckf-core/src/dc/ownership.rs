@@ -1,0 +1,162 @@
+//! Exact ownership storage: one map keyed by block hash holds the refcount *and* the owners,
+//! so a store or remove costs one hash probe for both (the design's `member_blocks` and
+//! `dc_refcounts` in a single structure).
+//!
+//! * Members get a small dense *tag* (`1..`, 0 = none) while they own blocks; tags are reused
+//!   after a member's last block goes.
+//! * [`Owners`] keeps up to three owner tags inline (most blocks have one or two owners); any
+//!   further owners of that block live in a spill set of `(block hash, tag)`.
+//!   Invariant: `refcount == inline owners + spilled owners of that hash`.
+//! * There is no per-member block set. Clearing a member (or a worker's ranks, in one go) is a
+//!   single pass over the block map that drops the member's tags: O(unique blocks), a few
+//!   nanoseconds per block. Clears are rare (a worker restart or cache reset) while stores and
+//!   removes are the hot path; a per-member set would cost every store and remove a second hash
+//!   probe and 9-18 bytes per ownership edge.
+
+use std::collections::{HashMap, HashSet};
+
+use super::hasher::FoldHashBuilder;
+use super::MemberId;
+
+/// Owner tag of a member (`>= 1`; 0 marks an empty inline slot).
+pub(crate) type Tag = u32;
+
+/// Owners beyond the inline three: `(block hash, tag)`.
+pub(crate) type Spill = HashSet<(u64, Tag), FoldHashBuilder>;
+
+/// Refcount and inline owners of one tracked block (16 bytes).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Owners {
+    pub refcount: u32,
+    pub inline: [Tag; 3],
+}
+
+impl Owners {
+    #[inline]
+    fn inline_len(&self) -> u32 {
+        self.inline.iter().filter(|&&t| t != 0).count() as u32
+    }
+}
+
+/// Block hash -> owners, plus the spill set for blocks with more than three owners.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct BlockOwners {
+    pub map: HashMap<u64, Owners, FoldHashBuilder>,
+    spill: Spill,
+}
+
+impl BlockOwners {
+    /// Whether `tag` owns `hash` given its entry `o`.
+    #[inline]
+    pub fn has_owner(spill: &Spill, hash: u64, o: &Owners, tag: Tag) -> bool {
+        o.inline.contains(&tag) || (o.refcount > o.inline_len() && spill.contains(&(hash, tag)))
+    }
+
+    /// Whether `tag` owns `hash`.
+    pub fn owns(&self, hash: u64, tag: Tag) -> bool {
+        self.map
+            .get(&hash)
+            .is_some_and(|o| Self::has_owner(&self.spill, hash, o, tag))
+    }
+
+    /// Adds `tag` as an owner of an existing entry (caller checked it is not one already).
+    #[inline]
+    pub fn add_owner(spill: &mut Spill, hash: u64, o: &mut Owners, tag: Tag) {
+        match o.inline.iter_mut().find(|t| **t == 0) {
+            Some(hole) => *hole = tag,
+            None => {
+                spill.insert((hash, tag));
+            }
+        }
+        o.refcount += 1;
+    }
+
+    /// Drops `tag` as an owner of `hash`'s entry `o`; `false` when it was not one.
+    #[inline]
+    pub fn drop_owner(spill: &mut Spill, hash: u64, o: &mut Owners, tag: Tag) -> bool {
+        if let Some(t) = o.inline.iter_mut().find(|t| **t == tag) {
+            *t = 0;
+        } else if !(o.refcount > o.inline_len() && spill.remove(&(hash, tag))) {
+            return false;
+        }
+        o.refcount -= 1;
+        true
+    }
+
+    /// The map and the spill set, borrowed apart (for the entry API).
+    #[inline]
+    pub fn parts(&mut self) -> (&mut HashMap<u64, Owners, FoldHashBuilder>, &mut Spill) {
+        (&mut self.map, &mut self.spill)
+    }
+
+    /// Heap bytes (capacity-based estimate, see `DcCkfStats::bytes_used`).
+    pub fn bytes_used(&self) -> usize {
+        super::stats::hash_table_bytes(self.map.capacity(), std::mem::size_of::<(u64, Owners)>())
+            + super::stats::hash_table_bytes(self.spill.capacity(), std::mem::size_of::<(u64, Tag)>())
+    }
+}
+
+/// One member's bookkeeping.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct MemberSlot {
+    pub id: Option<MemberId>,
+    /// Blocks the member owns now.
+    pub owned: u32,
+}
+
+/// Member id -> tag, and the per-tag slots.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Members {
+    pub index: HashMap<MemberId, Tag, FoldHashBuilder>,
+    slots: Vec<MemberSlot>,
+    free: Vec<Tag>,
+}
+
+impl Members {
+    /// The tag of `member`, if it owns blocks.
+    #[inline]
+    pub fn tag(&self, member: MemberId) -> Option<Tag> {
+        self.index.get(&member).copied()
+    }
+
+    /// The tag of `member`, assigning one if needed.
+    pub fn tag_or_insert(&mut self, member: MemberId) -> Tag {
+        if let Some(&t) = self.index.get(&member) {
+            return t;
+        }
+        let t = match self.free.pop() {
+            Some(t) => t,
+            None => {
+                self.slots.push(MemberSlot::default());
+                self.slots.len() as Tag
+            }
+        };
+        self.slots[t as usize - 1].id = Some(member);
+        self.index.insert(member, t);
+        t
+    }
+
+    /// The slot of a tag.
+    #[inline]
+    pub fn slot(&mut self, tag: Tag) -> &mut MemberSlot {
+        &mut self.slots[tag as usize - 1]
+    }
+
+    /// Frees `tag` if its member owns nothing.
+    pub fn release_if_empty(&mut self, tag: Tag) {
+        let slot = &mut self.slots[tag as usize - 1];
+        if slot.owned == 0 {
+            if let Some(id) = slot.id.take() {
+                self.index.remove(&id);
+            }
+            self.free.push(tag);
+        }
+    }
+
+    /// Heap bytes (capacity-based estimate).
+    pub fn bytes_used(&self) -> usize {
+        super::stats::hash_table_bytes(self.index.capacity(), std::mem::size_of::<(MemberId, Tag)>())
+            + self.slots.capacity() * std::mem::size_of::<MemberSlot>()
+            + self.free.capacity() * 4
+    }
+}
