@@ -163,17 +163,29 @@ pub struct Indexer {
     pub metrics_addr: SocketAddr,
     /// Lane order of the manifest.
     pub lanes: Vec<String>,
+    /// Process name (config `<name>.toml`, log `<name>.log`).
+    pub name: String,
     config: PathBuf,
     log_dir: PathBuf,
     grpc: ChannelCache,
 }
 
 impl Indexer {
-    /// Writes the config into `dir` and starts the indexer; returns once it listens.
+    /// Writes the config into `dir` and starts the indexer (named `indexer`); returns once it
+    /// listens.
     ///
     /// # Panics
     /// When it does not start listening within the deadline.
     pub fn start(dir: &TestDir, spec: &IndexerSpec) -> Self {
+        Self::start_named(dir, "indexer", spec)
+    }
+
+    /// As [`Indexer::start`], with config `<name>.toml` and log `<name>.log` (several indexers
+    /// in one test).
+    ///
+    /// # Panics
+    /// When it does not start listening within the deadline.
+    pub fn start_named(dir: &TestDir, name: &str, spec: &IndexerSpec) -> Self {
         let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
         let metrics_addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
         let lanes = spec
@@ -190,7 +202,7 @@ impl Indexer {
              [limits]\nmax_message_bytes = {}\nmax_images_per_delta = {}\n",
             spec.heartbeat_deadline_ms, spec.max_message_bytes, spec.max_images_per_delta
         );
-        let config = dir.path().join("indexer.toml");
+        let config = dir.path().join(format!("{name}.toml"));
         std::fs::write(&config, toml).expect("write indexer config");
         let mut indexer = Self {
             svc: None,
@@ -198,6 +210,7 @@ impl Indexer {
             metrics_addr,
             lanes: spec.lanes.clone(),
             config,
+            name: name.into(),
             log_dir: dir.path().to_owned(),
             grpc: ChannelCache::new(addr),
         };
@@ -207,9 +220,10 @@ impl Indexer {
 
     fn spawn(&mut self) {
         let args = vec!["--config".to_owned(), self.config.display().to_string()];
-        let svc = Service::spawn("indexer", &binary("ckf-indexer"), &args, &self.log_dir);
+        let svc = Service::spawn(&self.name, &binary("ckf-indexer"), &args, &self.log_dir);
         self.svc = Some(svc);
-        wait_for_listen(self.addr, DEADLINE).unwrap_or_else(|e| panic!("ckf-indexer: {e}"));
+        wait_for_listen(self.addr, DEADLINE)
+            .unwrap_or_else(|e| panic!("ckf-indexer {}: {e}", self.name));
     }
 
     /// SIGKILL (no shutdown path runs).
@@ -220,7 +234,18 @@ impl Indexer {
         self.grpc.forget();
     }
 
-    /// Starts the indexer again with the same config and ports.
+    /// SIGTERM and wait for the exit (bounded).
+    ///
+    /// # Panics
+    /// When the process does not exit within the deadline.
+    pub fn terminate(&mut self) -> ExitStatus {
+        let mut svc = self.svc.take().expect("indexer is running");
+        self.grpc.forget();
+        svc.terminate(DEADLINE)
+            .unwrap_or_else(|e| panic!("SIGTERM {}: {e}", self.name))
+    }
+
+    /// Starts the indexer again with the same config and ports (killing it first if it runs).
     pub fn restart(&mut self) {
         self.kill9();
         self.spawn();
@@ -327,7 +352,7 @@ impl Indexer {
 
     /// The indexer's log so far.
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.log_dir.join("indexer.log")).unwrap_or_default()
+        std::fs::read_to_string(self.log_dir.join(format!("{}.log", self.name))).unwrap_or_default()
     }
 
     /// The indexer's `/metrics` text.

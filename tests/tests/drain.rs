@@ -62,3 +62,28 @@ async fn sigterm_drains_with_the_exact_final_sequence() {
     let lane_b = wait_converged(&indexer, &b).await;
     assert!(!lane_b.drained, "{lane_b:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_without_a_reachable_indexer_still_exits_0() {
+    let dir = TestDir::new("drain-unreachable");
+    let mut indexer = Indexer::start(&dir, &IndexerSpec::default());
+    let mut a = Producer::start(
+        &dir,
+        "producer-a",
+        &ProducerSpec::new("dc-a"),
+        &[indexer.url()],
+    );
+    let mut pool = HashPool::new(&format(), 9);
+    a.store(1, &pool.take(10)).await;
+    wait_converged(&indexer, &a).await;
+    indexer.kill9();
+    // Its stream is gone: once the producer has noticed, it has no attachment to drain.
+    a.store(1, &pool.take(10)).await;
+    let status = a.terminate();
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    let acked = a.log_records("drained: the indexer acknowledged the final sequence");
+    assert!(
+        acked.is_empty(),
+        "nothing can acknowledge a drain: {acked:?}"
+    );
+}

@@ -1,7 +1,8 @@
 //! E2E 2: `kill -9` the indexer and start it again on the same ports. The producers re-attach by
 //! themselves (new consumer instance, new leases, new barrier snapshots) and the lanes return to
 //! ready holding exactly the producers' tables, including changes made while the indexer was
-//! down.
+//! down. A graceful indexer restart (SIGTERM) recovers the same way, and a second indexer replica
+//! fed by the same producers is not disturbed by the first one's crash.
 
 use ckf_e2e::check::wait_converged;
 use ckf_e2e::cluster::{Indexer, IndexerSpec, Producer, ProducerSpec, TestDir, format, is_active};
@@ -99,4 +100,53 @@ async fn indexer_kill9_and_restart_recovers_every_lane() {
         },
     )
     .await;
+
+    // A graceful restart: SIGTERM exits 0, the producers are told (Retired(SHUTDOWN) or the
+    // stream ending) and re-attach to the next instance with changes made meanwhile.
+    let status = indexer.terminate();
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    a.remove(4, &more[..10]).await;
+    indexer.restart();
+    wait_converged(&indexer, &a).await;
+    wait_converged(&indexer, &b).await;
+    let third = indexer.list_lanes().await.expect("ListLanes");
+    assert_ne!(third.consumer_instance, after.consumer_instance);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_indexer_replica_is_unaffected_by_the_first_ones_crash() {
+    let dir = TestDir::new("indexer-replicas");
+    let mut first = Indexer::start_named(&dir, "indexer-1", &IndexerSpec::default());
+    let second = Indexer::start_named(&dir, "indexer-2", &IndexerSpec::default());
+    let endpoints = [first.url(), second.url()];
+    let mut a = Producer::start(&dir, "producer-a", &ProducerSpec::new("dc-a"), &endpoints);
+    let mut b = Producer::start(&dir, "producer-b", &ProducerSpec::new("dc-b"), &endpoints);
+    let mut pool = HashPool::new(&format(), 8);
+    a.store(1, &pool.take(50)).await;
+    b.store(1, &pool.take(50)).await;
+    for indexer in [&first, &second] {
+        wait_converged(indexer, &a).await;
+        wait_converged(indexer, &b).await;
+    }
+    let before = second.list_lanes().await.expect("ListLanes");
+
+    first.kill9();
+    a.store(2, &pool.take(20)).await;
+    b.clear(1).await;
+    // The surviving replica keeps its leases and follows every change.
+    for producer in [&a, &b] {
+        let lane = wait_converged(&second, producer).await;
+        let old = &before.lanes[lane.lane as usize];
+        assert_eq!(lane.lease_epoch, old.lease_epoch, "{old:?} -> {lane:?}");
+        assert_eq!(lane.retirements, 0, "{lane:?}");
+    }
+
+    first.restart();
+    for indexer in [&first, &second] {
+        wait_converged(indexer, &a).await;
+        wait_converged(indexer, &b).await;
+    }
+    let lanes = second.list_lanes().await.expect("ListLanes");
+    assert_eq!(lanes.consumer_instance, before.consumer_instance);
+    assert!(lanes.lanes.iter().all(|l| l.retirements == 0), "{lanes:?}");
 }
