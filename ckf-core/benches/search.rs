@@ -71,7 +71,12 @@ fn summarize(mut v: Vec<u64>, scale: f64) -> Lat {
 }
 
 /// Times `f(query)` per query over `passes` passes of `queries`.
-fn time_each<F: FnMut(&[u64]) -> u32>(queries: &[Vec<u64>], samples: usize, scale: f64, mut f: F) -> Lat {
+fn time_each<F: FnMut(&[u64]) -> u32>(
+    queries: &[Vec<u64>],
+    samples: usize,
+    scale: f64,
+    mut f: F,
+) -> Lat {
     for q in queries.iter().take(2000) {
         black_box(f(q));
     }
@@ -116,7 +121,12 @@ fn build_indexer(bucket_count: u64, lanes: usize) -> GlobalCkfIndexer {
 /// Fills every lane: `lane_blocks[l]` placed exactly (first free candidate slot), the other
 /// slots random filler at `load`. Installs each lane with a barrier snapshot; returns the
 /// stream tags (for writers) and the per-lane words.
-fn fill(ix: &GlobalCkfIndexer, lane_blocks: &mut [Vec<u64>], load: f64, seed: u64) -> Vec<StreamTag> {
+fn fill(
+    ix: &GlobalCkfIndexer,
+    lane_blocks: &mut [Vec<u64>],
+    load: f64,
+    seed: u64,
+) -> Vec<StreamTag> {
     let n = ix.table().bucket_count();
     let addressing = *ix.addressing();
     let mut tags = Vec::new();
@@ -151,8 +161,15 @@ fn fill(ix: &GlobalCkfIndexer, lane_blocks: &mut [Vec<u64>], load: f64, seed: u6
             format: ix.manifest().format,
         };
         let lease = ix.grant_lease(&id).unwrap();
-        let tag = StreamTag { incarnation: id.incarnation, lease };
-        let out = ix.ingest_now(&Frame::Snapshot(DcCkfSnapshot { tag, sequence: 0, buckets: words }));
+        let tag = StreamTag {
+            incarnation: id.incarnation,
+            lease,
+        };
+        let out = ix.ingest_now(&Frame::Snapshot(DcCkfSnapshot {
+            tag,
+            sequence: 0,
+            buckets: words,
+        }));
         assert!(matches!(out, IngestOutcome::Activated { .. }));
         tags.push(tag);
     }
@@ -221,7 +238,11 @@ fn verify(ix: &GlobalCkfIndexer, index: &Exact, queries: &[Vec<u64>]) -> usize {
             active &= active - 1;
         }
         for (lane, d) in m.iter() {
-            assert!(d >= exact[lane as usize], "false negative: lane {lane} depth {d} < {}", exact[lane as usize]);
+            assert!(
+                d >= exact[lane as usize],
+                "false negative: lane {lane} depth {d} < {}",
+                exact[lane as usize]
+            );
             over += usize::from(d > exact[lane as usize]);
         }
     }
@@ -327,15 +348,30 @@ fn print_row(r: &Row) {
     );
 }
 
-fn run_synthetic(big: bool, lanes: usize, lens: &[usize], samples: usize, scale: f64, writer: bool) -> Vec<Row> {
+fn run_synthetic(
+    big: bool,
+    lanes: usize,
+    lens: &[usize],
+    samples: usize,
+    scale: f64,
+    writer: bool,
+) -> Vec<Row> {
     // In-cache: 16 Ki buckets. Out-of-cache: >= 256 MiB of consumer table.
-    let buckets: u64 = if big { (256u64 << 20) / 8 / lanes as u64 } else { 16 << 10 };
+    let buckets: u64 = if big {
+        (256u64 << 20) / 8 / lanes as u64
+    } else {
+        16 << 10
+    };
     let ix = Arc::new(build_indexer(buckets, lanes));
     // Enough distinct queries to touch the whole table (big) or to fit it (small).
     let capacity = (buckets as f64 * 4.0 * 0.5) as usize;
     let mut all = Vec::new();
     for (i, &len) in lens.iter().enumerate() {
-        let count = if big { (2_000_000 / lens.len() / len).max(500) } else { (capacity / lens.len() / len).clamp(4, 4000) };
+        let count = if big {
+            (2_000_000 / lens.len() / len).max(500)
+        } else {
+            (capacity / lens.len() / len).clamp(4, 4000)
+        };
         all.push(synthetic_queries(count, len, 1000 + i as u64));
     }
     let blocks: Vec<u64> = all.iter().flatten().flatten().copied().collect();
@@ -344,7 +380,8 @@ fn run_synthetic(big: bool, lanes: usize, lens: &[usize], samples: usize, scale:
     let exact = exact_index(&lane_blocks);
     let stop = Arc::new(AtomicBool::new(false));
     let count = Arc::new(AtomicU64::new(0));
-    let w = writer.then(|| spawn_writer(ix.clone(), tags[0], 100_000.0, stop.clone(), count.clone()));
+    let w =
+        writer.then(|| spawn_writer(ix.clone(), tags[0], 100_000.0, stop.clone(), count.clone()));
     let t0 = Instant::now();
     let mut rows = Vec::new();
     for (qs, &len) in all.iter().zip(lens) {
@@ -358,9 +395,17 @@ fn run_synthetic(big: bool, lanes: usize, lens: &[usize], samples: usize, scale:
             lanes,
             len,
             if writer { " +writer" } else { "" },
-            if over > 0 { format!(" ({over} FP)") } else { String::new() }
+            if over > 0 {
+                format!(" ({over} FP)")
+            } else {
+                String::new()
+            }
         );
-        let r = Row { name, ckf, exact: ex };
+        let r = Row {
+            name,
+            ckf,
+            exact: ex,
+        };
         print_row(&r);
         rows.push(r);
     }
@@ -368,7 +413,10 @@ fn run_synthetic(big: bool, lanes: usize, lens: &[usize], samples: usize, scale:
     if let Some(w) = w {
         w.join().unwrap();
         let n = count.load(Ordering::Relaxed);
-        println!("    writer applied {n} deltas ({:.0}/s, 8 images each)", n as f64 / t0.elapsed().as_secs_f64());
+        println!(
+            "    writer applied {n} deltas ({:.0}/s, 8 images each)",
+            n as f64 / t0.elapsed().as_secs_f64()
+        );
     }
     rows
 }
@@ -377,14 +425,18 @@ fn run_synthetic(big: bool, lanes: usize, lens: &[usize], samples: usize, scale:
 /// lane with probability 1/4), every request used as a query.
 fn run_trace(trace: &[Vec<u64>], big: bool, samples: usize, scale: f64, writer: bool) {
     let lanes = 16;
-    let buckets: u64 = if big { (256u64 << 20) / 8 / lanes as u64 } else { 16 << 10 };
+    let buckets: u64 = if big {
+        (256u64 << 20) / 8 / lanes as u64
+    } else {
+        16 << 10
+    };
     let ix = Arc::new(build_indexer(buckets, lanes));
     let mut rng = Rng(3);
     let mut lane_blocks = vec![Vec::new(); lanes];
     let mut seen: Vec<HashMap<u64, (), FoldHashBuilder>> = vec![HashMap::default(); lanes];
     for q in trace {
         for (lane, lb) in lane_blocks.iter_mut().enumerate() {
-            if rng.next() % 4 == 0 {
+            if rng.next().is_multiple_of(4) {
                 for &h in q {
                     if seen[lane].insert(h, ()).is_none() {
                         lb.push(h);
@@ -402,12 +454,16 @@ fn run_trace(trace: &[Vec<u64>], big: bool, samples: usize, scale: f64, writer: 
     let tags = fill(&ix, &mut lane_blocks, 0.95, 11);
     let exact = exact_index(&lane_blocks);
     let over = verify(&ix, &exact, trace);
-    let mean_depth: f64 = trace.iter().map(|q| exact_query(&exact, 0xFFFF, q) as f64).sum::<f64>()
+    let mean_depth: f64 = trace
+        .iter()
+        .map(|q| exact_query(&exact, 0xFFFF, q) as f64)
+        .sum::<f64>()
         / trace.len() as f64
         / lanes as f64;
     let stop = Arc::new(AtomicBool::new(false));
     let count = Arc::new(AtomicU64::new(0));
-    let w = writer.then(|| spawn_writer(ix.clone(), tags[0], 100_000.0, stop.clone(), count.clone()));
+    let w =
+        writer.then(|| spawn_writer(ix.clone(), tags[0], 100_000.0, stop.clone(), count.clone()));
     let ready = ix.ready_mask();
     let ckf = time_each(trace, samples, scale, |q| ckf_query(&ix, q));
     let ex = time_each(trace, samples, scale, |q| exact_query(&exact, ready, q));
@@ -420,7 +476,11 @@ fn run_trace(trace: &[Vec<u64>], big: bool, samples: usize, scale: f64, writer: 
         if big { "256 MiB" } else { "2 MiB" },
         if writer { " +writer" } else { "" }
     );
-    print_row(&Row { name, ckf, exact: ex });
+    print_row(&Row {
+        name,
+        ckf,
+        exact: ex,
+    });
     println!(
         "    {} queries, ~{per_lane} blocks/lane, mean depth/lane {mean_depth:.1}, {over} FP over-reports in 5000 queries",
         trace.len()
@@ -456,7 +516,11 @@ fn main() {
         .position(|a| a == "trace")
         .and_then(|i| args.get(i + 1).cloned())
         .unwrap_or_else(|| {
-            concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/data/traces/mooncake_conversation_trace.jsonl").to_owned()
+            concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../../shared/data/traces/mooncake_conversation_trace.jsonl"
+            )
+            .to_owned()
         });
     if let Some(i) = args.iter().position(|a| a == "profile") {
         // `profile LANES LEN`: a tight query loop for perf/callgrind (no timing).
@@ -477,13 +541,19 @@ fn main() {
             }
             best = best.min(t0.elapsed().as_nanos() as f64 / 200.0);
         }
-        println!("profile: {rounds} queries, best batch {best:.0} ns/query, {:.2} ns/block (sum {sum})", best / len as f64);
+        println!(
+            "profile: {rounds} queries, best batch {best:.0} ns/query, {:.2} ns/block (sum {sum})",
+            best / len as f64
+        );
         return;
     }
     let samples = if quick { 20_000 } else { 200_000 };
     let scale = ns_per_tick();
     let overhead = time_each(&[vec![0u64]], 100_000, scale, |q| q.len() as u32);
-    println!("timer: {:.3} ns/tick, empty timed region p50 {:.0} ns", scale, overhead.p50);
+    println!(
+        "timer: {:.3} ns/tick, empty timed region p50 {:.0} ns",
+        scale, overhead.p50
+    );
     memory_figure();
     let lens = [8usize, 32, 128, 512];
     for big in [false, true] {

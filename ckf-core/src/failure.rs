@@ -6,15 +6,17 @@
 //! | nothing committed (capacity exhaustion before any write) | [`Disposition::Omission`] | nothing: observable omission, service continues |
 //! | one consumer lane's words or stream position (gap, malformed frame, lag, saturation, mid-apply failure, lost final delta) | [`Disposition::RetireLane`] | lane retired; the producer re-attaches |
 //! | the publication stream of a trustworthy producer (delivery uncertain, sequence exhausted, lease superseded) | [`Disposition::NewLeaseAndSnapshot`] | new lease + barrier snapshot |
-//! | the producer's exact ownership state itself | [`Disposition::ProducerRebuild`] | new producer generation (incarnation), rebuilt from its sources |
+//! | the producer's exact ownership state itself ([`producer_state_disposition`]) | [`Disposition::ProducerRebuild`] | new producer generation (incarnation), rebuilt from its sources |
 //!
 //! Each disposition affects only its own domain: an omission touches no stream, a lane
 //! retirement touches no other lane and no producer state, a new lease touches no exact state.
 //! Stale or superseded traffic ([`crate::lane::IgnoreReason`]) and unattributable frames
 //! ([`crate::lane::IngestError`]) need no recovery at all.
 
-use crate::global::AttachError;
+use crate::dc::{BlockError, DcCkfError, DcCkfStats};
+use crate::global::{AttachError, ManifestError};
 use crate::lane::{IgnoreReason, IngestError, RetireReason};
+use crate::publication::{FenceReason, PublishError};
 
 /// What recovery a failure needs, ordered from cheapest to most expensive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -36,7 +38,9 @@ impl Disposition {
     pub fn unreadies_lane(&self) -> bool {
         matches!(
             self,
-            Disposition::RetireLane | Disposition::NewLeaseAndSnapshot | Disposition::ProducerRebuild
+            Disposition::RetireLane
+                | Disposition::NewLeaseAndSnapshot
+                | Disposition::ProducerRebuild
         )
     }
 }
@@ -87,5 +91,147 @@ impl Disposed for AttachError {
     /// configuration error to fix, not state to recover).
     fn disposition(&self) -> Disposition {
         Disposition::Omission
+    }
+}
+
+impl Disposed for BlockError {
+    /// Capacity exhaustion is a pre-commit omission: no edge, no refcount, no dirty bucket.
+    fn disposition(&self) -> Disposition {
+        match self {
+            BlockError::CapacityExhausted { .. } => Disposition::Omission,
+            #[allow(unreachable_patterns)] // `BlockError` is non-exhaustive
+            _ => Disposition::Omission,
+        }
+    }
+}
+
+impl Disposed for FenceReason {
+    /// A fenced publisher is trustworthy; its stream is uncertain or ended: new lease + snapshot
+    /// (a clean shutdown needs nothing).
+    fn disposition(&self) -> Disposition {
+        match self {
+            FenceReason::UncertainDelivery
+            | FenceReason::SequenceExhausted
+            | FenceReason::Superseded => Disposition::NewLeaseAndSnapshot,
+            FenceReason::Shutdown => Disposition::Omission,
+        }
+    }
+}
+
+impl Disposed for PublishError {
+    /// Refusals before anything is sent are omissions (the frame was not produced); a fenced or
+    /// exhausted stream needs a new lease and snapshot.
+    fn disposition(&self) -> Disposition {
+        match self {
+            PublishError::Fenced(reason) => reason.disposition(),
+            PublishError::SequenceExhausted(_) => Disposition::NewLeaseAndSnapshot,
+            PublishError::NoLease
+            | PublishError::StaleLease { .. }
+            | PublishError::NotStreaming(_)
+            | PublishError::PendingDirty { .. }
+            | PublishError::FormatMismatch { .. }
+            | PublishError::EmptyBatch => Disposition::Omission,
+        }
+    }
+}
+
+impl Disposed for ManifestError {
+    /// A refused manifest builds nothing: fix the configuration.
+    fn disposition(&self) -> Disposition {
+        Disposition::Omission
+    }
+}
+
+impl Disposed for DcCkfError {
+    /// A refused producer configuration builds nothing: fix the configuration.
+    fn disposition(&self) -> Disposition {
+        Disposition::Omission
+    }
+}
+
+/// Disposition of a producer's exact state from its own consistency counters: a tracked block
+/// whose fingerprint was missing at removal means the exact state and the table disagree, so the
+/// producer state is suspect and needs a [`Disposition::ProducerRebuild`] (a new incarnation
+/// rebuilt from its sources); otherwise nothing.
+pub fn producer_state_disposition(stats: &DcCkfStats) -> Disposition {
+    if stats.missing_fingerprints_total > 0 {
+        Disposition::ProducerRebuild
+    } else {
+        Disposition::Omission
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lane::{DeltaError, SnapshotError};
+
+    #[test]
+    fn each_failure_recovers_its_own_domain_only() {
+        let lane_failures = [
+            RetireReason::Gap {
+                installed: 1,
+                base_sequence: 2,
+            },
+            RetireReason::MalformedDelta(DeltaError::Empty),
+            RetireReason::MalformedSnapshot(SnapshotError::OutOfOrder {
+                expected: 0,
+                got: 1,
+            }),
+            RetireReason::LostFinalDelta {
+                installed: 1,
+                marker: 2,
+            },
+            RetireReason::Saturated { capacity: 1 },
+            RetireReason::ApplyFailed {
+                detail: String::new(),
+            },
+        ];
+        for r in &lane_failures {
+            assert_eq!(r.disposition(), Disposition::RetireLane, "{r}");
+            assert!(r.disposition().unreadies_lane());
+        }
+        let omission = BlockError::CapacityExhausted {
+            block_hash: 1,
+            kicks: 500,
+        };
+        assert_eq!(omission.disposition(), Disposition::Omission);
+        assert!(!omission.disposition().unreadies_lane());
+        assert_eq!(
+            PublishError::Fenced(FenceReason::UncertainDelivery).disposition(),
+            Disposition::NewLeaseAndSnapshot
+        );
+        assert_eq!(
+            PublishError::SequenceExhausted(u64::MAX).disposition(),
+            Disposition::NewLeaseAndSnapshot
+        );
+        assert_eq!(FenceReason::Shutdown.disposition(), Disposition::Omission);
+        assert_eq!(
+            PublishError::PendingDirty { pending: 3 }.disposition(),
+            Disposition::Omission
+        );
+        assert_eq!(
+            IgnoreReason::StaleLease {
+                frame: 1,
+                current: 2
+            }
+            .disposition(),
+            Disposition::Omission
+        );
+    }
+
+    #[test]
+    fn suspect_producer_state_needs_a_rebuild() {
+        let mut st = crate::dc::DcCkfState::new(crate::dc::DcCkfConfig::new(
+            crate::addressing::TableFormat::new(16, 0).unwrap(),
+        ))
+        .unwrap()
+        .stats();
+        assert_eq!(producer_state_disposition(&st), Disposition::Omission);
+        st.missing_fingerprints_total = 1;
+        assert_eq!(
+            producer_state_disposition(&st),
+            Disposition::ProducerRebuild
+        );
     }
 }

@@ -139,7 +139,7 @@ pub fn decode_chunk_words(
     if bytes.is_empty() {
         return Err(ChunkError::Empty { first_bucket });
     }
-    if bytes.len() % 8 != 0 {
+    if !bytes.len().is_multiple_of(8) {
         return Err(ChunkError::Misaligned {
             first_bucket,
             len: bytes.len(),

@@ -37,9 +37,7 @@ use thiserror::Error;
 
 use crate::addressing::{Addressing, FormatError, TableFormat};
 use crate::bucket::{MAX_LANES, TableError, TransposedTable};
-use crate::identity::{
-    IndexerDomainId, LaneIndex, LaneLease, PoolId, ProducerIdentity,
-};
+use crate::identity::{IndexerDomainId, LaneIndex, LaneLease, PoolId, ProducerIdentity};
 use crate::lane::{
     Frame, IngestError, IngestOutcome, LagPolicy, LaneEvent, LaneIngestor, LaneStatus,
     RetireReason, Shared,
@@ -101,7 +99,9 @@ pub enum AttachError {
     #[error("pool {0} is not a lane of this indexer")]
     UnknownPool(PoolId),
     /// The producer's table format differs from the manifest's.
-    #[error("table format mismatch for pool {pool}: indexer has [{expected}], producer has [{got}]")]
+    #[error(
+        "table format mismatch for pool {pool}: indexer has [{expected}], producer has [{got}]"
+    )]
     FormatMismatch {
         /// The pool.
         pool: PoolId,
@@ -263,10 +263,13 @@ impl GlobalCkfIndexer {
     }
 
     fn lane(&self, lane: LaneIndex) -> Result<MutexGuard<'_, LaneIngestor>, IngestError> {
-        let m = self.lanes.get(lane as usize).ok_or(IngestError::UnknownLane {
-            lane,
-            lanes: self.lanes.len(),
-        })?;
+        let m = self
+            .lanes
+            .get(lane as usize)
+            .ok_or(IngestError::UnknownLane {
+                lane,
+                lanes: self.lanes.len(),
+            })?;
         // A panic inside the lock is caught before the guard drops, so poisoning only follows a
         // bug outside the ingestor; the state stays usable either way.
         Ok(m.lock().unwrap_or_else(|e| e.into_inner()))
@@ -351,7 +354,11 @@ impl GlobalCkfIndexer {
     /// Operator view of every lane, in lane order.
     pub fn lane_statuses(&self) -> Vec<LaneStatus> {
         (0..self.lanes.len())
-            .map(|l| self.lane(l as LaneIndex).expect("in range").status(self.shared()))
+            .map(|l| {
+                self.lane(l as LaneIndex)
+                    .expect("in range")
+                    .status(self.shared())
+            })
             .collect()
     }
 
@@ -369,7 +376,11 @@ impl GlobalCkfIndexer {
     ///
     /// # Errors
     /// [`IngestError::UnknownLane`].
-    pub fn inject_apply_fault(&self, lane: LaneIndex, after_images: usize) -> Result<(), IngestError> {
+    pub fn inject_apply_fault(
+        &self,
+        lane: LaneIndex,
+        after_images: usize,
+    ) -> Result<(), IngestError> {
         self.lane(lane)?.arm_fault(after_images);
         Ok(())
     }

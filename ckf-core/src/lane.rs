@@ -9,7 +9,7 @@
 //!                              +-------------------------------- new lease --------------+-----+
 //! ```
 //! Everything here is ingestion-worker-local (the owning [`crate::global::GlobalCkfIndexer`]
-//! keeps each [`LaneIngestor`] behind its own mutex, which queries never touch). Only the bucket
+//! keeps each `LaneIngestor` behind its own mutex, which queries never touch). Only the bucket
 //! words and the ready bit are shared with queries.
 //!
 //! Every frame is validated completely before its first word is stored, so a malformed frame
@@ -653,7 +653,10 @@ impl LaneIngestor {
             }));
         }
         if self.state == LaneState::Retired {
-            let reason = self.last_retirement.clone().expect("retired lanes have a reason");
+            let reason = self
+                .last_retirement
+                .clone()
+                .expect("retired lanes have a reason");
             return Err(IngestOutcome::Ignored(IgnoreReason::LaneRetired(reason)));
         }
         Ok(())
@@ -682,11 +685,7 @@ impl LaneIngestor {
 
     /// Starts or continues a snapshot at `first_bucket` with terminal `sequence`; returns the
     /// error that retires the lane, if any. On success the caller stores the words.
-    fn begin_words(
-        &self,
-        sequence: u64,
-        first_bucket: u64,
-    ) -> Result<(), SnapshotError> {
+    fn begin_words(&self, sequence: u64, first_bucket: u64) -> Result<(), SnapshotError> {
         match self.receiving {
             Some(r) => {
                 if first_bucket != r.next_bucket {
@@ -808,7 +807,9 @@ impl LaneIngestor {
         if self.state != LaneState::Active {
             return Err(RetireReason::NotActive { frame: "delta" });
         }
-        let installed = self.installed.expect("active lanes have an installed sequence");
+        let installed = self
+            .installed
+            .expect("active lanes have an installed sequence");
         if d.base_sequence != installed {
             return Err(RetireReason::Gap {
                 installed,
@@ -822,7 +823,9 @@ impl LaneIngestor {
             });
         }
         if let Some(deadline) = sh.policy.apply_deadline {
-            let age_ms = d.oldest_change_age_ms.saturating_add(queued.as_millis() as u64);
+            let age_ms = d
+                .oldest_change_age_ms
+                .saturating_add(queued.as_millis() as u64);
             if u128::from(age_ms) > deadline.as_millis() {
                 return Err(RetireReason::LagExceeded {
                     age_ms,
@@ -834,7 +837,11 @@ impl LaneIngestor {
             return Err(RetireReason::MalformedDelta(DeltaError::Empty));
         }
         let bucket_count = sh.table.bucket_count() as u64;
-        if let Some(img) = d.images.iter().find(|i| u64::from(i.bucket) >= bucket_count) {
+        if let Some(img) = d
+            .images
+            .iter()
+            .find(|i| u64::from(i.bucket) >= bucket_count)
+        {
             return Err(RetireReason::MalformedDelta(DeltaError::BucketOutOfRange {
                 bucket: img.bucket,
                 bucket_count,
@@ -876,7 +883,9 @@ impl LaneIngestor {
         if self.state != LaneState::Active {
             return self.fail(sh, RetireReason::NotActive { frame: "drain" });
         }
-        let installed = self.installed.expect("active lanes have an installed sequence");
+        let installed = self
+            .installed
+            .expect("active lanes have an installed sequence");
         if m.sequence != installed {
             return self.fail(
                 sh,

@@ -92,11 +92,10 @@ impl PrefixMatches {
 
     /// The deepest ready lane (lowest lane index on ties), if any lane is ready.
     pub fn best(&self) -> Option<(LaneIndex, u32)> {
-        self.iter()
-            .fold(None, |best, (l, d)| match best {
-                Some((_, bd)) if bd >= d => best,
-                _ => Some((l, d)),
-            })
+        self.iter().fold(None, |best, (l, d)| match best {
+            Some((_, bd)) if bd >= d => best,
+            _ => Some((l, d)),
+        })
     }
 
     /// Number of ready lanes.
@@ -119,7 +118,13 @@ fn hit(w: u64, pattern: u64) -> u64 {
 /// Portable row check: bit `l` set for each lane `l` in `active` whose word in the `lo` row or
 /// the `hi` row holds `fingerprint`. Per lane, the `lo` word is loaded before the `hi` word.
 #[inline(always)]
-fn row_hits_scalar(table: &TransposedTable, lo: usize, hi: usize, fingerprint: u16, active: u32) -> u32 {
+fn row_hits_scalar(
+    table: &TransposedTable,
+    lo: usize,
+    hi: usize,
+    fingerprint: u16,
+    active: u32,
+) -> u32 {
     let ra = table.row(lo);
     let rb = table.row(hi);
     let pattern = u64::from(fingerprint) * ONES;
@@ -160,7 +165,8 @@ impl Rows {
     /// Address of the first word of `bucket`'s row; always inside the table.
     #[inline(always)]
     pub(crate) fn row(&self, bucket: usize) -> *const u64 {
-        self.base.wrapping_add((bucket & self.bucket_mask) * self.lanes)
+        self.base
+            .wrapping_add((bucket & self.bucket_mask) * self.lanes)
     }
 
     /// Hints the CPU to fetch `bucket`'s row (its first and last word's cache lines).
@@ -198,7 +204,13 @@ pub(crate) const PREFETCH_MIN_BYTES: usize = 1 << 20;
 /// returns the lanes (a superset filter is fine, it is masked with `active`) whose `lo` or `hi`
 /// row word holds `fp`.
 #[inline(always)]
-fn prefix_loop<F>(table: &TransposedTable, addressing: Addressing, hashes: &[u64], ready: u16, mut row_hits: F) -> [u32; MAX_LANES]
+fn prefix_loop<F>(
+    table: &TransposedTable,
+    addressing: Addressing,
+    hashes: &[u64],
+    ready: u16,
+    mut row_hits: F,
+) -> [u32; MAX_LANES]
 where
     F: FnMut(usize, usize, u16, u32) -> u32,
 {
@@ -261,7 +273,12 @@ where
     depths
 }
 
-fn search_scalar(table: &TransposedTable, addressing: Addressing, hashes: &[u64], ready: u16) -> [u32; MAX_LANES] {
+fn search_scalar(
+    table: &TransposedTable,
+    addressing: Addressing,
+    hashes: &[u64],
+    ready: u16,
+) -> [u32; MAX_LANES] {
     prefix_loop(table, addressing, hashes, ready, |lo, hi, fp, active| {
         row_hits_scalar(table, lo, hi, fp, active)
     })

@@ -12,7 +12,9 @@ use ckf_core::bucket::{self, with_slot};
 use ckf_core::dc::{DcCkfConfig, DcCkfState, MemberId};
 use ckf_core::frames::{BucketImage, DcCkfDelta, DcCkfSnapshot};
 use ckf_core::global::{GlobalCkfIndexer, Manifest};
-use ckf_core::identity::{IndexerDomainId, PoolId, ProducerIdentity, ProducerIncarnation, StreamTag};
+use ckf_core::identity::{
+    IndexerDomainId, PoolId, ProducerIdentity, ProducerIncarnation, StreamTag,
+};
 use ckf_core::ingestion::{IngestionPool, PoolConfig};
 use ckf_core::lane::{Frame, IngestOutcome, LagPolicy};
 use ckf_core::publication::DcCkfPublisher;
@@ -21,7 +23,9 @@ fn indexer(format: TableFormat, lanes: usize) -> GlobalCkfIndexer {
     let m = Manifest {
         domain: IndexerDomainId::new("d").unwrap(),
         format,
-        lanes: (0..lanes).map(|i| PoolId::new("d", &format!("dc{i}")).unwrap()).collect(),
+        lanes: (0..lanes)
+            .map(|i| PoolId::new("d", &format!("dc{i}")).unwrap())
+            .collect(),
     };
     GlobalCkfIndexer::with_policy(m, 5, LagPolicy::DISABLED).unwrap()
 }
@@ -50,19 +54,36 @@ impl Rng {
 fn queries_never_report_lanes_that_were_not_ready() {
     let format = TableFormat::new(512, 3).unwrap();
     let ix = Arc::new(indexer(format, 4));
-    let pool = IngestionPool::new(ix.clone(), PoolConfig { queue_capacity: 64, tick: Duration::from_millis(50) });
+    let pool = IngestionPool::new(
+        ix.clone(),
+        PoolConfig {
+            queue_capacity: 64,
+            tick: Duration::from_millis(50),
+        },
+    );
     let stop = Arc::new(AtomicBool::new(false));
     let queries: Arc<Vec<Vec<u64>>> = Arc::new(
-        (0..64u64).map(|q| (0..24u64).map(|i| fmix64(q * 1000 + i % (q % 24 + 1))).collect()).collect(),
+        (0..64u64)
+            .map(|q| {
+                (0..24u64)
+                    .map(|i| fmix64(q * 1000 + i % (q % 24 + 1)))
+                    .collect()
+            })
+            .collect(),
     );
 
     // Lane 0 is ready before the readers start.
     let submit0 = |f: Frame| pool.submit_with_reply(f).unwrap().recv().unwrap();
     let mut state = DcCkfState::new(DcCkfConfig::new(format)).unwrap();
     let mut publisher = DcCkfPublisher::new(identity(&ix, 0, 1));
-    publisher.install_lease(ix.grant_lease(publisher.identity()).unwrap()).unwrap();
+    publisher
+        .install_lease(ix.grant_lease(publisher.identity()).unwrap())
+        .unwrap();
     let snap = publisher.snapshot(&state).unwrap();
-    assert!(matches!(submit0(Frame::Snapshot(snap)), IngestOutcome::Activated { .. }));
+    assert!(matches!(
+        submit0(Frame::Snapshot(snap)),
+        IngestOutcome::Activated { .. }
+    ));
 
     let readers: Vec<_> = (0..2)
         .map(|r| {
@@ -71,11 +92,18 @@ fn queries_never_report_lanes_that_were_not_ready() {
                 let mut seen = 0u16;
                 for i in 0..150_000usize {
                     let q = &queries[(i + r) % queries.len()];
-                    let m = if i % 2 == 0 { ix.find_prefix_matches(q) } else { ix.find_prefix_matches_portable(q) };
+                    let m = if i % 2 == 0 {
+                        ix.find_prefix_matches(q)
+                    } else {
+                        ix.find_prefix_matches_portable(q)
+                    };
                     let ready = m.ready_mask();
                     assert_eq!(ready & 0b1100, 0, "lane 2 or 3 reported ready: {ready:#b}");
                     for (lane, depth) in m.iter() {
-                        assert!(ready & (1 << lane) != 0, "lane {lane} reported outside the captured mask");
+                        assert!(
+                            ready & (1 << lane) != 0,
+                            "lane {lane} reported outside the captured mask"
+                        );
                         assert!(depth as usize <= q.len());
                     }
                     for lane in 0..16u8 {
@@ -100,36 +128,70 @@ fn queries_never_report_lanes_that_were_not_ready() {
                 // Lane 0: churn + deltas.
                 for _ in 0..20 {
                     let h = fmix64(rng.next() % 3000);
-                    if rng.next() % 3 == 0 {
+                    if rng.next().is_multiple_of(3) {
                         state.remove(MemberId::new(1, 0), &[h]);
                     } else {
                         state.store(MemberId::new(1, 0), &[h]);
                     }
                     if let Some(batch) = state.take_batch() {
                         let d = publisher.delta(&batch).unwrap();
-                        assert!(matches!(submit(Frame::Delta(d)), IngestOutcome::Applied { .. }));
+                        assert!(matches!(
+                            submit(Frame::Delta(d)),
+                            IngestOutcome::Applied { .. }
+                        ));
                     }
                 }
                 // Lane 1: lease, snapshot (ready), a gap (retired).
                 let id1 = identity(&ix, 1, rounds);
                 let lease = ix.grant_lease(&id1).unwrap();
-                let tag = StreamTag { incarnation: id1.incarnation, lease };
-                let words: Vec<u64> = (0..512).map(|b| with_slot(0, b % 4, (rounds as u16) | 1)).collect();
-                let snap = DcCkfSnapshot { tag, sequence: 0, buckets: words };
+                let tag = StreamTag {
+                    incarnation: id1.incarnation,
+                    lease,
+                };
+                let words: Vec<u64> = (0..512)
+                    .map(|b| with_slot(0, b % 4, (rounds as u16) | 1))
+                    .collect();
+                let snap = DcCkfSnapshot {
+                    tag,
+                    sequence: 0,
+                    buckets: words,
+                };
                 let chunks: Vec<_> = snap.chunks(512).collect();
                 for c in chunks {
                     submit(Frame::Chunk(c));
                 }
-                let gap = DcCkfDelta { tag, base_sequence: 5, sequence: 6, images: vec![BucketImage { bucket: 0, image: 1 }], oldest_change_age_ms: 0 };
-                assert!(matches!(submit(Frame::Delta(gap)), IngestOutcome::Retired(_)));
+                let gap = DcCkfDelta {
+                    tag,
+                    base_sequence: 5,
+                    sequence: 6,
+                    images: vec![BucketImage {
+                        bucket: 0,
+                        image: 1,
+                    }],
+                    oldest_change_age_ms: 0,
+                };
+                assert!(matches!(
+                    submit(Frame::Delta(gap)),
+                    IngestOutcome::Retired(_)
+                ));
                 // Lane 2: all chunks but the last: never ready.
                 let id2 = identity(&ix, 2, rounds);
                 let lease = ix.grant_lease(&id2).unwrap();
-                let tag = StreamTag { incarnation: id2.incarnation, lease };
-                let snap = DcCkfSnapshot { tag, sequence: 0, buckets: vec![u64::MAX; 512] };
+                let tag = StreamTag {
+                    incarnation: id2.incarnation,
+                    lease,
+                };
+                let snap = DcCkfSnapshot {
+                    tag,
+                    sequence: 0,
+                    buckets: vec![u64::MAX; 512],
+                };
                 let chunks: Vec<_> = snap.chunks(1024).collect();
                 for c in &chunks[..chunks.len() - 1] {
-                    assert!(matches!(submit(Frame::Chunk(c.clone())), IngestOutcome::ChunkAccepted { .. }));
+                    assert!(matches!(
+                        submit(Frame::Chunk(c.clone())),
+                        IngestOutcome::ChunkAccepted { .. }
+                    ));
                 }
             }
             pool.shutdown();
@@ -193,7 +255,11 @@ fn case12_stable_blocks_survive_kick_heavy_deltas() {
         .iter()
         .map(|&h| {
             let l = addressing.locate(h);
-            (l.fingerprint, l.bucket_a.min(l.bucket_b) as usize, l.bucket_a.max(l.bucket_b) as usize)
+            (
+                l.fingerprint,
+                l.bucket_a.min(l.bucket_b) as usize,
+                l.bucket_a.max(l.bucket_b) as usize,
+            )
         })
         .collect();
     let target = (format.slot_count() as f64 * 0.93) as u64;
@@ -206,16 +272,26 @@ fn case12_stable_blocks_survive_kick_heavy_deltas() {
         }
     }
     let mut publisher = DcCkfPublisher::new(identity(&ix, 0, 1));
-    publisher.install_lease(ix.grant_lease(publisher.identity()).unwrap()).unwrap();
+    publisher
+        .install_lease(ix.grant_lease(publisher.identity()).unwrap())
+        .unwrap();
     while state.take_batch().is_some() {}
     let snap = publisher.snapshot(&state).unwrap();
     let mut words = snap.buckets.clone();
-    assert!(matches!(ix.ingest_now(&Frame::Snapshot(snap)), IngestOutcome::Activated { .. }));
+    assert!(matches!(
+        ix.ingest_now(&Frame::Snapshot(snap)),
+        IngestOutcome::Activated { .. }
+    ));
 
     let stop = Arc::new(AtomicBool::new(false));
     let misses = Arc::new(AtomicU64::new(0));
     let reader = {
-        let (ix, stop, misses, hashes) = (ix.clone(), stop.clone(), misses.clone(), stable_hashes.clone());
+        let (ix, stop, misses, hashes) = (
+            ix.clone(),
+            stop.clone(),
+            misses.clone(),
+            stable_hashes.clone(),
+        );
         std::thread::spawn(move || {
             let mut lookups = 0u64;
             while !stop.load(Ordering::Relaxed) {
@@ -243,17 +319,26 @@ fn case12_stable_blocks_survive_kick_heavy_deltas() {
             cycles += u64::from(batch.cycles_broken);
             let (s, w, t) = analyse(&mut words, &batch.images, &stable);
             if batch.cycles_broken == 0 {
-                assert_eq!(s, 0, "a stable block vanished after a single image of an acyclic batch");
+                assert_eq!(
+                    s, 0,
+                    "a stable block vanished after a single image of an acyclic batch"
+                );
             }
             single += s;
             // Lower-first reads can only miss a block that moved toward its lower bucket.
             if t == 0 {
-                assert_eq!(w, 0, "two-read window without a move toward the lower bucket");
+                assert_eq!(
+                    w, 0,
+                    "two-read window without a move toward the lower bucket"
+                );
             }
             windows += w;
             toward_lower += t;
             let d = publisher.delta(&batch).unwrap();
-            assert!(matches!(ix.ingest_now(&Frame::Delta(d)), IngestOutcome::Applied { .. }));
+            assert!(matches!(
+                ix.ingest_now(&Frame::Delta(d)),
+                IngestOutcome::Applied { .. }
+            ));
             deltas += 1;
         }
     }
@@ -294,22 +379,53 @@ fn case8_unpacked_slots_through_search() {
     // A second block whose candidate pair contains h1's first bucket.
     let (h2, l2) = (2u64..)
         .map(|i| (fmix64(i), a.locate(fmix64(i))))
-        .find(|(_, l)| (l.bucket_a == l1.bucket_a || l.bucket_b == l1.bucket_a) && l.fingerprint != l1.fingerprint)
+        .find(|(_, l)| {
+            (l.bucket_a == l1.bucket_a || l.bucket_b == l1.bucket_a)
+                && l.fingerprint != l1.fingerprint
+        })
         .unwrap();
     let b = l1.bucket_a as usize;
     let mut words = vec![0u64; 64];
     words[b] = with_slot(with_slot(0, 0, l1.fingerprint), 1, l2.fingerprint);
     let id = identity(&ix, 1, 1);
     let lease = ix.grant_lease(&id).unwrap();
-    let tag = StreamTag { incarnation: id.incarnation, lease };
-    ix.ingest_now(&Frame::Snapshot(DcCkfSnapshot { tag, sequence: 0, buckets: words.clone() }));
+    let tag = StreamTag {
+        incarnation: id.incarnation,
+        lease,
+    };
+    ix.ingest_now(&Frame::Snapshot(DcCkfSnapshot {
+        tag,
+        sequence: 0,
+        buckets: words.clone(),
+    }));
     assert_eq!(ix.find_prefix_matches(&[h1, h2]).depth(1), Some(2));
     let image = with_slot(words[b], 0, 0);
-    let d = DcCkfDelta { tag, base_sequence: 0, sequence: 1, images: vec![BucketImage { bucket: b as u32, image }], oldest_change_age_ms: 0 };
-    assert_eq!(ix.ingest_now(&Frame::Delta(d)), IngestOutcome::Applied { installed_sequence: 1 });
-    for m in [ix.find_prefix_matches(&[h2]), ix.find_prefix_matches_portable(&[h2])] {
+    let d = DcCkfDelta {
+        tag,
+        base_sequence: 0,
+        sequence: 1,
+        images: vec![BucketImage {
+            bucket: b as u32,
+            image,
+        }],
+        oldest_change_age_ms: 0,
+    };
+    assert_eq!(
+        ix.ingest_now(&Frame::Delta(d)),
+        IngestOutcome::Applied {
+            installed_sequence: 1
+        }
+    );
+    for m in [
+        ix.find_prefix_matches(&[h2]),
+        ix.find_prefix_matches_portable(&[h2]),
+    ] {
         assert_eq!(m.depth(1), Some(1), "slot-1 fingerprint still found");
     }
-    assert_eq!(ix.find_prefix_matches(&[h1]).depth(1), Some(0), "slot-0 fingerprint gone");
+    assert_eq!(
+        ix.find_prefix_matches(&[h1]).depth(1),
+        Some(0),
+        "slot-0 fingerprint gone"
+    );
     assert_eq!(ix.find_prefix_matches(&[h2, h1]).depth(1), Some(1));
 }

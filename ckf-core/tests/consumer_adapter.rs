@@ -19,7 +19,10 @@ fn indexer() -> Arc<GlobalCkfIndexer> {
     let m = Manifest {
         domain: IndexerDomainId::new("prod").unwrap(),
         format: format(),
-        lanes: vec![PoolId::new("prod", "dc-a").unwrap(), PoolId::new("prod", "dc-b").unwrap()],
+        lanes: vec![
+            PoolId::new("prod", "dc-a").unwrap(),
+            PoolId::new("prod", "dc-b").unwrap(),
+        ],
     };
     Arc::new(GlobalCkfIndexer::with_policy(m, 77, LagPolicy::DISABLED).unwrap())
 }
@@ -37,7 +40,10 @@ fn adapter(ix: &Arc<GlobalCkfIndexer>, dc: &str) -> LocalCkfAdapter {
 fn store(worker: u64, hashes: &[u64]) -> KvEvent {
     KvEvent {
         member: MemberId::new(worker, 0),
-        kind: KvEventKind::Stored { block_hashes: hashes.to_vec(), parent_hash: None },
+        kind: KvEventKind::Stored {
+            block_hashes: hashes.to_vec(),
+            parent_hash: None,
+        },
     }
 }
 
@@ -49,11 +55,17 @@ fn blocks(from: u64, n: u64) -> Vec<u64> {
 fn assert_converged(ix: &GlobalCkfIndexer, a: &LocalCkfAdapter) {
     let st = a.lane_status();
     assert!(st.ready && st.state == LaneState::Active, "{st:?}");
-    assert_eq!(ix.table().lane_words(a.lane() as usize), a.state().buckets());
+    assert_eq!(
+        ix.table().lane_words(a.lane() as usize),
+        a.state().buckets()
+    );
     for m in a.state().members().collect::<Vec<_>>() {
-        let mut hs: Vec<u64> = a.state().member_blocks(m).unwrap().iter().copied().collect();
+        let mut hs: Vec<u64> = a.state().member_blocks(m);
         hs.sort_unstable();
-        assert_eq!(ix.find_prefix_matches(&hs).depth(a.lane()), Some(hs.len() as u32));
+        assert_eq!(
+            ix.find_prefix_matches(&hs).depth(a.lane()),
+            Some(hs.len() as u32)
+        );
     }
 }
 
@@ -70,29 +82,45 @@ fn lost_final_delta_is_caught_by_the_drain_marker_and_recovered() {
     assert_eq!(out.applied, 5);
     assert_eq!(delivery.outcome, None);
     assert_eq!(a.stats().deltas_dropped, 1);
-    assert_ne!(ix.table().lane_words(0), a.state().buckets(), "the lane misses the lost delta");
+    assert_ne!(
+        ix.table().lane_words(0),
+        a.state().buckets(),
+        "the lane misses the lost delta"
+    );
     let epoch = a.lane_status().lease.unwrap().epoch;
     let installed = a.lane_status().installed_sequence.unwrap();
 
     let d = a.drain().unwrap();
     assert_eq!(
         d.outcome,
-        Some(IngestOutcome::Retired(RetireReason::LostFinalDelta { installed, marker: installed + 1 }))
+        Some(IngestOutcome::Retired(RetireReason::LostFinalDelta {
+            installed,
+            marker: installed + 1
+        }))
     );
-    assert!(matches!(d.recovered, Some(RetireReason::LostFinalDelta { .. })));
+    assert!(matches!(
+        d.recovered,
+        Some(RetireReason::LostFinalDelta { .. })
+    ));
     let st = a.lane_status();
     assert_eq!(st.retirements, 1);
     assert_eq!(st.lease.unwrap().epoch, epoch + 1, "a new lease");
     assert_converged(&ix, &a);
     // The recovered stream drains exactly.
-    assert!(matches!(a.drain().unwrap().outcome, Some(IngestOutcome::Drained { .. })));
+    assert!(matches!(
+        a.drain().unwrap().outcome,
+        Some(IngestOutcome::Drained { .. })
+    ));
     assert!(a.lane_status().drained);
     assert_eq!(a.stats().snapshots, 2);
     assert_eq!(a.stats().recoveries, 1);
     // The other lane never noticed.
     assert_eq!(b.lane_status().retirements, 0);
     assert_converged(&ix, &b);
-    assert!(matches!(b.drain().unwrap().outcome, Some(IngestOutcome::Drained { .. })));
+    assert!(matches!(
+        b.drain().unwrap().outcome,
+        Some(IngestOutcome::Drained { .. })
+    ));
 }
 
 #[test]
@@ -103,9 +131,15 @@ fn dropped_middle_delta_is_a_gap_and_recovers() {
     a.inject(Fault::DropNextDelta);
     a.apply(&store(1, &blocks(10, 10))).unwrap();
     let (_, d) = a.apply(&store(1, &blocks(20, 10))).unwrap();
-    assert!(matches!(d.recovered, Some(RetireReason::Gap { .. })), "{d:?}");
+    assert!(
+        matches!(d.recovered, Some(RetireReason::Gap { .. })),
+        "{d:?}"
+    );
     assert_converged(&ix, &a);
-    assert!(matches!(a.drain().unwrap().outcome, Some(IngestOutcome::Drained { .. })));
+    assert!(matches!(
+        a.drain().unwrap().outcome,
+        Some(IngestOutcome::Drained { .. })
+    ));
 }
 
 #[test]
@@ -114,7 +148,10 @@ fn duplicated_delta_retires_and_recovers() {
     let mut a = adapter(&ix, "dc-a");
     a.inject(Fault::DuplicateNextDelta);
     let (_, d) = a.apply(&store(1, &blocks(0, 10))).unwrap();
-    assert!(matches!(d.recovered, Some(RetireReason::Gap { .. })), "{d:?}");
+    assert!(
+        matches!(d.recovered, Some(RetireReason::Gap { .. })),
+        "{d:?}"
+    );
     assert_converged(&ix, &a);
 }
 
@@ -127,7 +164,12 @@ fn corrupt_delta_changes_no_word_retires_and_recovers() {
     a.inject(Fault::CorruptNextDelta);
     let (_, d) = a.apply(&store(1, &blocks(0, 10))).unwrap();
     assert!(
-        matches!(d.recovered, Some(RetireReason::MalformedDelta(DeltaError::DuplicateBucket { .. }))),
+        matches!(
+            d.recovered,
+            Some(RetireReason::MalformedDelta(
+                DeltaError::DuplicateBucket { .. }
+            ))
+        ),
         "{d:?}"
     );
     assert_converged(&ix, &a);
@@ -142,7 +184,10 @@ fn consumer_failure_midway_retires_and_recovers() {
     a.apply(&store(1, &blocks(0, 50))).unwrap();
     a.inject(Fault::FailApplyAfter(1));
     let (_, d) = a.apply(&store(1, &blocks(50, 50))).unwrap();
-    assert!(matches!(d.recovered, Some(RetireReason::ApplyFailed { .. })), "{d:?}");
+    assert!(
+        matches!(d.recovered, Some(RetireReason::ApplyFailed { .. })),
+        "{d:?}"
+    );
     assert_converged(&ix, &a);
 }
 
@@ -156,7 +201,12 @@ fn attach_to_an_unknown_pool_is_refused() {
     };
     let state = DcCkfState::new(DcCkfConfig::new(format())).unwrap();
     let err = LocalCkfAdapter::attach(state, identity, ix.clone(), 256).unwrap_err();
-    assert_eq!(err, AdapterError::Attach(AttachError::UnknownPool(PoolId::new("prod", "dc-z").unwrap())));
+    assert_eq!(
+        err,
+        AdapterError::Attach(AttachError::UnknownPool(
+            PoolId::new("prod", "dc-z").unwrap()
+        ))
+    );
     assert_eq!(ix.ready_mask(), 0);
 }
 
@@ -169,6 +219,9 @@ fn a_second_adapter_for_the_same_pool_fences_the_first() {
     new.apply(&store(1, &blocks(100, 10))).unwrap();
     // The old stream is now stale: its frames are ignored, which the adapter reports.
     let err = old.apply(&store(1, &blocks(200, 10))).unwrap_err();
-    assert!(matches!(err, AdapterError::Unexpected(IngestOutcome::Ignored(_))), "{err:?}");
+    assert!(
+        matches!(err, AdapterError::Unexpected(IngestOutcome::Ignored(_))),
+        "{err:?}"
+    );
     assert_converged(&ix, &new);
 }

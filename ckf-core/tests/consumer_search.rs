@@ -7,7 +7,9 @@ use ckf_core::addressing::{Addressing, TableFormat, fmix64};
 use ckf_core::bucket::{self, with_slot};
 use ckf_core::frames::DcCkfSnapshot;
 use ckf_core::global::{GlobalCkfIndexer, Manifest};
-use ckf_core::identity::{IndexerDomainId, PoolId, ProducerIdentity, ProducerIncarnation, StreamTag};
+use ckf_core::identity::{
+    IndexerDomainId, PoolId, ProducerIdentity, ProducerIncarnation, StreamTag,
+};
 use ckf_core::lane::{Frame, IngestOutcome, LagPolicy};
 use proptest::prelude::*;
 
@@ -15,7 +17,9 @@ fn indexer(buckets: u64, lanes: usize) -> GlobalCkfIndexer {
     let m = Manifest {
         domain: IndexerDomainId::new("d").unwrap(),
         format: TableFormat::new(buckets, 99).unwrap(),
-        lanes: (0..lanes).map(|i| PoolId::new("d", &format!("dc{i}")).unwrap()).collect(),
+        lanes: (0..lanes)
+            .map(|i| PoolId::new("d", &format!("dc{i}")).unwrap())
+            .collect(),
     };
     GlobalCkfIndexer::with_policy(m, 1, LagPolicy::DISABLED).unwrap()
 }
@@ -27,8 +31,15 @@ fn activate(ix: &GlobalCkfIndexer, lane: u8, words: Vec<u64>) {
         format: ix.manifest().format,
     };
     let lease = ix.grant_lease(&id).unwrap();
-    let tag = StreamTag { incarnation: id.incarnation, lease };
-    let out = ix.ingest_now(&Frame::Snapshot(DcCkfSnapshot { tag, sequence: 0, buckets: words }));
+    let tag = StreamTag {
+        incarnation: id.incarnation,
+        lease,
+    };
+    let out = ix.ingest_now(&Frame::Snapshot(DcCkfSnapshot {
+        tag,
+        sequence: 0,
+        buckets: words,
+    }));
     assert!(matches!(out, IngestOutcome::Activated { .. }));
 }
 
@@ -147,6 +158,9 @@ fn depth_case(buckets: u64, lanes: usize) {
     assert_eq!(m.depth(2), Some(0));
     assert_eq!(m.depth(3), Some(25));
     assert_eq!(m.best(), Some((1, 40)));
-    assert_eq!(m.matching().map(|(l, _)| l).collect::<Vec<_>>(), vec![0, 1, 3]);
+    assert_eq!(
+        m.matching().map(|(l, _)| l).collect::<Vec<_>>(),
+        vec![0, 1, 3]
+    );
     assert_eq!(ix.pool(m.best().unwrap().0).dc.as_str(), "dc1");
 }

@@ -79,7 +79,7 @@ impl Producer {
         members
             .into_iter()
             .map(|m| {
-                let mut v: Vec<u64> = self.state.member_blocks(m).unwrap().iter().copied().collect();
+                let mut v: Vec<u64> = self.state.member_blocks(m);
                 v.sort_unstable();
                 v
             })
@@ -94,7 +94,9 @@ fn publish_pending(p: &mut Producer, ix: &GlobalCkfIndexer) -> u32 {
         let want = delta.sequence;
         assert_eq!(
             ix.ingest_now(&Frame::Delta(delta)),
-            IngestOutcome::Applied { installed_sequence: want }
+            IngestOutcome::Applied {
+                installed_sequence: want
+            }
         );
         applied += 1;
     }
@@ -112,9 +114,17 @@ fn attach_and_snapshot(p: &mut Producer, ix: &GlobalCkfIndexer, chunk_bytes: usi
     for (i, c) in chunks.into_iter().enumerate() {
         let out = ix.ingest_now(&Frame::Chunk(c));
         if i + 1 == n {
-            assert_eq!(out, IngestOutcome::Activated { installed_sequence: snap.sequence });
+            assert_eq!(
+                out,
+                IngestOutcome::Activated {
+                    installed_sequence: snap.sequence
+                }
+            );
         } else {
-            assert!(matches!(out, IngestOutcome::ChunkAccepted { .. }), "{out:?}");
+            assert!(
+                matches!(out, IngestOutcome::ChunkAccepted { .. }),
+                "{out:?}"
+            );
         }
     }
 }
@@ -124,7 +134,9 @@ fn check_converged(p: &Producer, ix: &GlobalCkfIndexer, lane: u8) {
     let seq = drain.sequence;
     assert_eq!(
         ix.ingest_now(&Frame::Drain(drain)),
-        IngestOutcome::Drained { installed_sequence: seq }
+        IngestOutcome::Drained {
+            installed_sequence: seq
+        }
     );
     let st = ix.lane_status(lane).unwrap();
     assert!(st.ready && st.drained && st.state == LaneState::Active);
@@ -136,7 +148,11 @@ fn check_converged(p: &Producer, ix: &GlobalCkfIndexer, lane: u8) {
     for blocks in p.tracked() {
         for &h in &blocks {
             assert!(p.state.refcount(h) > 0);
-            assert_eq!(ix.find_prefix_matches(&[h]).depth(lane), Some(1), "tracked {h:#x} missing");
+            assert_eq!(
+                ix.find_prefix_matches(&[h]).depth(lane),
+                Some(1),
+                "tracked {h:#x} missing"
+            );
         }
         // The member's whole block list as one query: full depth.
         let m = ix.find_prefix_matches(&blocks);
@@ -152,7 +168,9 @@ fn indexer(format: TableFormat, lanes: usize) -> GlobalCkfIndexer {
     let m = Manifest {
         domain: IndexerDomainId::new("prod").unwrap(),
         format,
-        lanes: (0..lanes).map(|i| PoolId::new("prod", &format!("dc-{i}")).unwrap()).collect(),
+        lanes: (0..lanes)
+            .map(|i| PoolId::new("prod", &format!("dc-{i}")).unwrap())
+            .collect(),
     };
     GlobalCkfIndexer::with_policy(m, 42, LagPolicy::DISABLED).unwrap()
 }

@@ -162,8 +162,14 @@ unsafe fn row_hits<const FULL16: bool>(
     let pattern = _mm512_set1_epi16(fingerprint as i16);
     let slots = if FULL16 {
         // SAFETY: a 16-lane row is 16 words; the caller guarantees both rows exist.
-        let (a0, b0, a1, b1) =
-            unsafe { (load_full(lo), load_full(hi), load_full(lo.add(8)), load_full(hi.add(8))) };
+        let (a0, b0, a1, b1) = unsafe {
+            (
+                load_full(lo),
+                load_full(hi),
+                load_full(lo.add(8)),
+                load_full(hi.add(8)),
+            )
+        };
         u64::from(_mm512_cmpeq_epi16_mask(a0, pattern) | _mm512_cmpeq_epi16_mask(b0, pattern))
             | u64::from(_mm512_cmpeq_epi16_mask(a1, pattern) | _mm512_cmpeq_epi16_mask(b1, pattern))
                 << 32
@@ -174,7 +180,12 @@ unsafe fn row_hits<const FULL16: bool>(
             u64::from(_mm512_cmpeq_epi16_mask(a0, pattern) | _mm512_cmpeq_epi16_mask(b0, pattern));
         if hi_mask != 0 {
             // SAFETY: lanes 8.. exist (hi_mask != 0), so `ptr + 8` is inside each row.
-            let (a1, b1) = unsafe { (load_words(lo.add(8), hi_mask), load_words(hi.add(8), hi_mask)) };
+            let (a1, b1) = unsafe {
+                (
+                    load_words(lo.add(8), hi_mask),
+                    load_words(hi.add(8), hi_mask),
+                )
+            };
             slots |= u64::from(
                 _mm512_cmpeq_epi16_mask(a1, pattern) | _mm512_cmpeq_epi16_mask(b1, pattern),
             ) << 32;
@@ -254,7 +265,8 @@ unsafe fn search_with<const FULL16: bool>(
             let hi = base.wrapping_add(cur.hi[i] as usize);
             // SAFETY: both rows are inside the table, 8-byte aligned, `lanes` words long; the
             // masks / FULL16 select exactly those lanes; our caller guarantees the features.
-            let hits = unsafe { row_hits::<FULL16>(lo, hi, cur.fp[i] as u16, lo_mask, hi_mask) } & active;
+            let hits =
+                unsafe { row_hits::<FULL16>(lo, hi, cur.fp[i] as u16, lo_mask, hi_mask) } & active;
             let mut missed = active & !hits;
             while missed != 0 {
                 depths[missed.trailing_zeros() as usize] = (start + i) as u32;
@@ -300,7 +312,10 @@ mod tests {
                 unsafe { locate8(&hashes, format.seed, buckets - 1, lanes, &mut out) };
                 for (i, &h) in hashes.iter().enumerate() {
                     let loc = addressing.locate(h);
-                    let (lo, hi) = (loc.bucket_a.min(loc.bucket_b), loc.bucket_a.max(loc.bucket_b));
+                    let (lo, hi) = (
+                        loc.bucket_a.min(loc.bucket_b),
+                        loc.bucket_a.max(loc.bucket_b),
+                    );
                     assert_eq!(out.fp[i], u64::from(loc.fingerprint));
                     assert_eq!(out.lo[i], u64::from(lo) * lanes);
                     assert_eq!(out.hi[i], u64::from(hi) * lanes);
