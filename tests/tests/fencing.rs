@@ -11,7 +11,10 @@ use ckf_e2e::check::wait_converged;
 use ckf_e2e::cluster::{Indexer, IndexerSpec, Producer, ProducerSpec, TestDir, format};
 use ckf_e2e::hashes::HashPool;
 use ckf_e2e::metrics;
+use ckf_e2e::relay::{RawStream, RawTable, attach};
 use ckf_e2e::wait::{DEADLINE, eventually};
+use ckf_proto::v1::RetireReason;
+use tonic::Code;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn newer_attachment_for_the_same_pool_fences_the_older_one() {
@@ -116,4 +119,54 @@ async fn newer_attachment_for_the_same_pool_fences_the_older_one() {
     // The other pool's lane is untouched by all of it.
     let lane_b = wait_converged(&indexer, &b).await;
     assert_eq!(lane_b.retirements, 0, "{lane_b:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_superseded_raw_stream_is_aborted_naming_both_epochs() {
+    let dir = TestDir::new("fencing-raw");
+    let indexer = Indexer::start(&dir, &IndexerSpec::default());
+    let mut pool = HashPool::new(&format(), 10);
+    let (old_hash, new_hash) = (pool.take(1)[0], pool.take(1)[0]);
+
+    let mut old = RawStream::open(&indexer, attach("dc-b", 11, format()))
+        .await
+        .expect("attach accepted");
+    let mut table = RawTable::new(&format());
+    table.place(old_hash);
+    assert!(old.snapshot(3, &table.words, 256).await.ready);
+    let depths = indexer.depths(&[old_hash]).await.expect("FindMatches");
+    assert_eq!(depths.get("dc-b"), Some(&1), "{depths:?}");
+
+    let mut new = RawStream::open(&indexer, attach("dc-b", 12, format()))
+        .await
+        .expect("attach accepted");
+    assert!(new.lease.epoch > old.lease.epoch);
+    let (retired, status) = old.expect_retired().await;
+    assert_eq!(retired.reason(), RetireReason::Superseded, "{retired:?}");
+    assert_eq!(status.code(), Code::Aborted, "{status:?}");
+    let named = format!(
+        "lease epoch {} replaced epoch {}",
+        new.lease.epoch, old.lease.epoch
+    );
+    assert!(
+        status.message().contains(&named),
+        "{named:?} not in {status:?}"
+    );
+    assert!(status.message().contains("e2e/dc-b"), "{status:?}");
+
+    // Only the newer attachment's content answers.
+    let mut table = RawTable::new(&format());
+    table.place(new_hash);
+    let ack = new.snapshot(0, &table.words, 256).await;
+    assert!(ack.ready, "{ack:?}");
+    let lane = indexer.lane("dc-b").await.expect("ListLanes");
+    assert_eq!(
+        (lane.incarnation, lane.lease_epoch),
+        (12, new.lease.epoch),
+        "{lane:?}"
+    );
+    let depths = indexer.depths(&[new_hash]).await.expect("FindMatches");
+    assert_eq!(depths.get("dc-b"), Some(&1), "{depths:?}");
+    let depths = indexer.depths(&[old_hash]).await.expect("FindMatches");
+    assert_eq!(depths.get("dc-b"), Some(&0), "{depths:?}");
 }

@@ -182,6 +182,34 @@ async fn malformed_relay_traffic_gets_precise_statuses_and_affects_only_its_lane
             needles: vec!["no bucket image"],
         },
         Case {
+            name: "drain marker past the installed sequence",
+            frame: Box::new(|s| {
+                Frame::DrainMarker(v1::DrainMarker {
+                    lease: Some(s.lease),
+                    sequence: 12,
+                })
+            }),
+            reason: RetireReason::LostFinalDelta,
+            code: Code::FailedPrecondition,
+            needles: vec!["drain marker says 12 but installed sequence is 11"],
+        },
+        Case {
+            name: "foreign lease",
+            frame: Box::new(|s| {
+                let mut frame = s.delta(11, 12, &[(0, 0)]);
+                if let Frame::Delta(d) = &mut frame {
+                    d.lease = Some(v1::LaneLease {
+                        epoch: s.lease.epoch + 100,
+                        ..s.lease
+                    });
+                }
+                frame
+            }),
+            reason: RetireReason::StreamLost,
+            code: Code::InvalidArgument,
+            needles: vec!["carries", "but this stream holds"],
+        },
+        Case {
             name: "too many images",
             frame: Box::new(move |s| s.delta(11, 12, &too_many)),
             reason: RetireReason::StreamLost,
@@ -221,6 +249,75 @@ async fn malformed_relay_traffic_gets_precise_statuses_and_affects_only_its_lane
         .await;
         let lane = indexer.lane(RAW_DC).await.expect("ListLanes");
         assert_eq!(lane.retirements, i as u64 + 1, "{name}: {lane:?}");
+        real_lane_untouched(&indexer, &a, epoch).await;
+    }
+
+    // Broken barrier snapshots and a delta before the snapshot completed.
+    let mut table = RawTable::new(&format());
+    table.place(hashes[0]);
+    let chunk = |s: &RawStream, first: usize| {
+        Frame::SnapshotChunk(v1::SnapshotChunk {
+            lease: Some(s.lease),
+            sequence: 10,
+            first_bucket: first as u64,
+            words: table.words[first..first + 256]
+                .iter()
+                .flat_map(|w| w.to_le_bytes())
+                .collect(),
+        })
+    };
+    let mut retirements = cases.len() as u64;
+    let early = [
+        (
+            "delta before the snapshot",
+            RetireReason::MalformedFrame,
+            Code::FailedPrecondition,
+            "delta before the barrier snapshot completed",
+        ),
+        (
+            "snapshot chunk out of order",
+            RetireReason::MalformedFrame,
+            Code::InvalidArgument,
+            "snapshot chunk starts at bucket 512, expected 256",
+        ),
+        (
+            "snapshot chunk not whole words",
+            RetireReason::MalformedFrame,
+            Code::InvalidArgument,
+            "has 2047 bytes, not a multiple of 8",
+        ),
+    ];
+    for (k, (name, reason, code, needle)) in early.into_iter().enumerate() {
+        eprintln!("case: {name}");
+        let mut stream = RawStream::open(&indexer, attach(RAW_DC, 600 + k as u64, format()))
+            .await
+            .expect("attach accepted");
+        match k {
+            0 => stream.send(stream.delta(0, 1, &[(0, 1)])).await,
+            1 => {
+                stream.send(chunk(&stream, 0)).await;
+                stream.send(chunk(&stream, 512)).await;
+            }
+            _ => {
+                let mut frame = chunk(&stream, 0);
+                if let Frame::SnapshotChunk(c) = &mut frame {
+                    c.words.pop();
+                }
+                stream.send(frame).await;
+            }
+        }
+        let (retired, status) = stream.expect_retired().await;
+        assert_eq!(retired.reason(), reason, "{name}: {retired:?} / {status:?}");
+        assert_eq!(status.code(), code, "{name}: {status:?}");
+        assert!(
+            status.message().contains(needle),
+            "{name}: {needle:?} not in {status:?}"
+        );
+        retirements += 1;
+        let lane = indexer
+            .wait_lane(RAW_DC, "retired", |l| l.retirements == retirements)
+            .await;
+        assert_eq!(lane.state(), LaneState::Retired, "{name}: {lane:?}");
         real_lane_untouched(&indexer, &a, epoch).await;
     }
 
