@@ -266,7 +266,6 @@ async fn malformed_relay_traffic_gets_precise_statuses_and_affects_only_its_lane
                 .collect(),
         })
     };
-    let mut retirements = cases.len() as u64;
     let early = [
         (
             "delta before the snapshot",
@@ -313,7 +312,7 @@ async fn malformed_relay_traffic_gets_precise_statuses_and_affects_only_its_lane
             status.message().contains(needle),
             "{name}: {needle:?} not in {status:?}"
         );
-        retirements += 1;
+        let retirements = (cases.len() + k + 1) as u64;
         let lane = indexer
             .wait_lane(RAW_DC, "retired", |l| l.retirements == retirements)
             .await;
