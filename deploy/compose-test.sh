@@ -125,7 +125,7 @@ TRACE="$DEPLOY/compose/traces/sample.jsonl"
 SERVICES=(indexer producer-dc-a producer-dc-b producer-dc-c)
 DCS=(dc-a dc-b dc-c)
 
-cid() { compose ps -q "$1" | head -n1; }
+cid() { compose ps -a -q "$1" | head -n1; }
 
 # wait_until <seconds> <what> <command...>: polls every 0.5 s.
 # Sets WAITED to the elapsed seconds (0.1 s resolution).
@@ -166,7 +166,7 @@ INDEXER_URL="http://$(compose port indexer 7400 | tail -n1)"
 log "indexer published at $INDEXER_URL"
 
 # The stack's replay client runs once on `up`: it must finish with exit 0 and a report.
-REPLAY="$(compose ps -q replay)"
+REPLAY="$(cid replay)"
 [[ -n "$REPLAY" ]] || fail "no replay container was created by up"
 t=$SECONDS
 until [[ "$(docker inspect -f '{{.State.Status}}' "$REPLAY")" == exited ]]; do
