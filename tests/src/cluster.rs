@@ -377,6 +377,8 @@ pub struct ProducerSpec {
     /// `publication.heartbeat_interval_ms` (the producer also caps it at a third of the
     /// indexer's deadline).
     pub heartbeat_interval_ms: u64,
+    /// `table.bucket_count` (the indexer's is [`BUCKETS`]; another value is a format mismatch).
+    pub bucket_count: u64,
     /// `publication.batch_threshold` (dirty buckets).
     pub batch_threshold: u32,
     /// `reconnect.initial_backoff_ms`.
@@ -392,6 +394,7 @@ impl ProducerSpec {
         Self {
             dc: dc.into(),
             heartbeat_interval_ms: 200,
+            bucket_count: BUCKETS,
             batch_threshold: 64,
             initial_backoff_ms: 50,
             max_backoff_ms: 500,
@@ -436,11 +439,12 @@ impl Producer {
             "listen = \"{addr}\"\nmetrics_listen = \"{metrics_addr}\"\nlog_format = \"json\"\n\
              indexers = [{endpoints}]\n\
              [pool]\ndomain = \"{DOMAIN}\"\ndc = \"{}\"\n\
-             [table]\nbucket_count = {BUCKETS}\nseed = {SEED}\n\
+             [table]\nbucket_count = {}\nseed = {SEED}\n\
              [publication]\nbatch_threshold = {}\nmax_delay_ms = 5\nheartbeat_interval_ms = {}\n\
              [reconnect]\ninitial_backoff_ms = {}\nmax_backoff_ms = {}\nconnect_timeout_ms = 3000\n\
              [shutdown]\ndrain_timeout_ms = 15000\n",
             spec.dc,
+            spec.bucket_count,
             spec.batch_threshold,
             spec.heartbeat_interval_ms,
             spec.initial_backoff_ms,

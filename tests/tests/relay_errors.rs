@@ -13,7 +13,9 @@ use ckf_e2e::cluster::{
     Indexer, IndexerSpec, Producer, ProducerSpec, SEED, TestDir, format, is_active,
 };
 use ckf_e2e::hashes::HashPool;
+use ckf_e2e::metrics;
 use ckf_e2e::relay::{RawStream, RawTable, attach};
+use ckf_e2e::wait::{DEADLINE, eventually};
 use ckf_proto::v1::{self, LaneState, RetireReason, relay_frame::Frame};
 use tonic::Code;
 
@@ -336,5 +338,52 @@ async fn malformed_relay_traffic_gets_precise_statuses_and_affects_only_its_lane
     );
     let lane = indexer.lane(RAW_DC).await.expect("ListLanes");
     assert!(is_active(&lane) && lane.drained, "{lane:?}");
+    real_lane_untouched(&indexer, &a, epoch).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_producer_with_the_wrong_format_is_refused_and_keeps_retrying() {
+    let dir = TestDir::new("wrong-format");
+    let indexer = Indexer::start(&dir, &IndexerSpec::default());
+    let endpoints = [indexer.url()];
+    let mut a = Producer::start(&dir, "producer-a", &ProducerSpec::new("dc-a"), &endpoints);
+    let wrong = ProducerSpec {
+        bucket_count: 2048,
+        ..ProducerSpec::new(RAW_DC)
+    };
+    let b = Producer::start(&dir, "producer-b-wrong-format", &wrong, &endpoints);
+    let mut pool = HashPool::new(&format(), 11);
+    a.store(1, &pool.take(30)).await;
+    let epoch = wait_converged(&indexer, &a).await.lease_epoch;
+
+    // The producer is told why, and retries (an operator may fix the indexer's manifest).
+    let url = indexer.url();
+    eventually("two refused attachments", DEADLINE, || async {
+        let text = b.metrics()?;
+        let labels = [("indexer", url.as_str()), ("reason", "attach_refused")];
+        match metrics::value(&text, "ckf_producer_detachments_total", &labels) {
+            Some(n) if n >= 2.0 => Ok(()),
+            other => Err(format!("detachments{{reason=attach_refused}} = {other:?}")),
+        }
+    })
+    .await;
+    let records = b.log_records("attachment ended");
+    let detail = records
+        .iter()
+        .filter_map(|r| r["detail"].as_str())
+        .find(|d| d.contains("FailedPrecondition"))
+        .unwrap_or_else(|| panic!("no refusal in the producer's log: {records:?}"));
+    for needle in ["format mismatch", "buckets=1024", "buckets=2048"] {
+        assert!(detail.contains(needle), "{needle:?} not in {detail:?}");
+    }
+    let text = indexer.metrics().expect("indexer metrics");
+    let refused = metrics::value(
+        &text,
+        "ckf_indexer_attach_refused_total",
+        &[("code", "failed_precondition")],
+    );
+    assert!(refused.unwrap_or(0.0) >= 2.0, "{text}");
+    let lane = indexer.lane(RAW_DC).await.expect("ListLanes");
+    assert_eq!(lane.state(), LaneState::Unassigned, "{lane:?}");
     real_lane_untouched(&indexer, &a, epoch).await;
 }
