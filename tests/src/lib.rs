@@ -25,6 +25,7 @@ pub mod relay;
 pub mod wait;
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -114,7 +115,19 @@ impl Service {
             .open(&log)
             .expect("open log");
         let err = out.try_clone().expect("clone log handle");
-        let child = Command::new(binary)
+        let mut command = Command::new(binary);
+        // SAFETY: the closure runs in the forked child before exec and only calls prctl(2),
+        // which is async-signal-safe. It makes the service die with the thread that started it,
+        // so a test runner killed mid-test leaves no service holding ports behind.
+        unsafe {
+            command.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = command
             .args(args)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
