@@ -74,7 +74,11 @@ cleanup() {
         compose --profile prometheus down -v --remove-orphans -t 10 >/dev/null 2>&1 || true
     fi
     rm -rf "$WORK"
-    [[ $rc -eq 0 ]] && log "PASS in $((SECONDS - START)) s" || log "FAILED (exit $rc) after $((SECONDS - START)) s"
+    if [[ $rc -eq 0 ]]; then
+        log "PASS in $((SECONDS - START)) s"
+    else
+        log "FAILED (exit $rc) after $((SECONDS - START)) s"
+    fi
     exit $rc
 }
 trap cleanup EXIT
@@ -123,7 +127,6 @@ TRACE="$DEPLOY/compose/traces/sample.jsonl"
 [[ -r "$TRACE" ]] || fail "missing $TRACE"
 
 SERVICES=(indexer producer-dc-a producer-dc-b producer-dc-c)
-DCS=(dc-a dc-b dc-c)
 
 cid() { compose ps -a -q "$1" | head -n1; }
 
