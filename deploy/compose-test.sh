@@ -115,12 +115,56 @@ else
     log "image $CKF_IMAGE built in $((SECONDS - t)) s"
 fi
 
+# The operator's view through the indexer's published gRPC port, with the host-built `ckf`
+# (the same build as the image's; a `docker exec` costs about 2 s here, too slow to poll with).
+# The image's own `ckf` is exercised by every healthcheck and once below.
+if [[ -z "${CKF_BIN_DIR:-}" ]]; then
+    CKF_BIN_DIR="$(cd "$ROOT" && cargo metadata --format-version 1 --no-deps \
+        | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')/release"
+fi
+CKF="$CKF_BIN_DIR/ckf"
+for b in ckf ckf-indexer ckf-producer; do
+    [[ -x "$CKF_BIN_DIR/$b" ]] || fail "no host-built $b in $CKF_BIN_DIR (build-image.sh builds it; or set CKF_BIN_DIR)"
+done
+
+# The Kubernetes ConfigMaps' TOML files start the real binaries (schema validation cannot see
+# inside a ConfigMap): a refused configuration exits at once naming the key, an accepted one
+# keeps serving until `timeout` stops it (exit 124). Loopback ephemeral ports, so nothing clashes.
+mkdir -p "$WORK/k8s-config"
+"$VENV/bin/python" - "$DEPLOY/k8s" "$WORK/k8s-config" <<'PY'
+import glob, os, sys, yaml
+for path in glob.glob(os.path.join(sys.argv[1], "*.yaml")):
+    for doc in yaml.safe_load_all(open(path)):
+        if doc and doc.get("kind") == "ConfigMap":
+            for key, text in doc["data"].items():
+                open(os.path.join(sys.argv[2], f"{doc['metadata']['name']}--{key}"), "w").write(text)
+PY
+pids=() cfgs=()
+for cfg in "$WORK"/k8s-config/*.toml; do
+    case "$cfg" in
+        *--indexer.toml) bin=ckf-indexer ;;
+        *--producer.toml) bin=ckf-producer ;;
+        *) fail "unexpected ConfigMap key: $cfg" ;;
+    esac
+    timeout 3 "$CKF_BIN_DIR/$bin" --config "$cfg" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 \
+        >"$cfg.log" 2>&1 &
+    pids+=($!) cfgs+=("$cfg")
+done
+n=${#pids[@]}
+[[ $n -ge 4 ]] || fail "expected the indexer's and 3 producers' ConfigMaps, found $n"
+for i in "${!pids[@]}"; do
+    rc=0
+    wait "${pids[$i]}" || rc=$?
+    [[ $rc -eq 124 ]] || { cat "${cfgs[$i]}.log" >&2; fail "refused k8s config $(basename "${cfgs[$i]}") (exit $rc)"; }
+done
+log "ok: the $n Kubernetes ConfigMap configs are accepted by the real ckf-indexer / ckf-producer"
+
 # --- 2. up, health, replay, queries -------------------------------------------------------------
 # Ephemeral host ports: parallel projects never collide with each other or with a user's stack.
-export CKF_INDEXER_GRPC_PORT="" CKF_INDEXER_METRICS_PORT="" \
-    CKF_DC_A_GRPC_PORT="" CKF_DC_A_METRICS_PORT="" CKF_DC_B_GRPC_PORT="" \
-    CKF_DC_B_METRICS_PORT="" CKF_DC_C_GRPC_PORT="" CKF_DC_C_METRICS_PORT="" \
-    CKF_PROMETHEUS_PORT=""
+export CKF_PORT_INDEXER_GRPC="" CKF_PORT_INDEXER_METRICS="" \
+    CKF_PORT_DC_A_GRPC="" CKF_PORT_DC_A_METRICS="" CKF_PORT_DC_B_GRPC="" \
+    CKF_PORT_DC_B_METRICS="" CKF_PORT_DC_C_GRPC="" CKF_PORT_DC_C_METRICS="" \
+    CKF_PORT_PROMETHEUS=""
 # The replay client replays compose/traces/sample.jsonl (the compose file's default).
 unset CKF_TRACE_DIR
 TRACE="$DEPLOY/compose/traces/sample.jsonl"
@@ -149,15 +193,6 @@ wait_until() {
 healthy() { [[ "$(docker inspect -f '{{.State.Health.Status}}' "$(cid "$1")")" == healthy ]]; }
 all_healthy() { for s in "${SERVICES[@]}"; do healthy "$s" || return 1; done; }
 
-# The operator's view through the indexer's published gRPC port, with the host-built `ckf`
-# (the same build as the image's; a `docker exec` costs about 2 s here, too slow to poll with).
-# The image's own `ckf` is exercised by every healthcheck and once below.
-if [[ -z "${CKF_BIN_DIR:-}" ]]; then
-    CKF_BIN_DIR="$(cd "$ROOT" && cargo metadata --format-version 1 --no-deps \
-        | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')/release"
-fi
-CKF="$CKF_BIN_DIR/ckf"
-[[ -x "$CKF" ]] || fail "no host-built ckf at $CKF (build-image.sh builds it; or set CKF_BIN_DIR)"
 INDEXER_URL=""   # set after up, from the published port
 ckf_cli() { "$CKF" "$@"; }
 
