@@ -85,6 +85,7 @@ if [[ "$BASE" == scratch ]]; then
     printf 'passwd: files\ngroup: files\nhosts: files dns\n' >"$rootfs/etc/nsswitch.conf"
 fi
 
+old_id="$(docker image inspect -f '{{.Id}}' "$IMAGE" 2>/dev/null || true)"
 log "docker build -t $IMAGE (BASE=$BASE)"
 # Plain `docker build`: works with BuildKit and with the legacy builder (no buildx here).
 if ! docker build --build-arg "BASE=$BASE" -f "$ROOT/deploy/Dockerfile" -t "$IMAGE" "$ctx" \
@@ -92,4 +93,9 @@ if ! docker build --build-arg "BASE=$BASE" -f "$ROOT/deploy/Dockerfile" -t "$IMA
     cat "$ctx/build.log" >&2
     die "docker build failed"
 fi
-log "built $IMAGE: $(docker image inspect -f '{{.Size}}' "$IMAGE" | awk '{printf "%.1f MB", $1/1e6}')"
+new_id="$(docker image inspect -f '{{.Id}}' "$IMAGE")"
+# The image this tag replaced, now untagged: remove it unless a container still uses it.
+if [[ -n "$old_id" && "$old_id" != "$new_id" ]]; then
+    docker image rm "$old_id" >/dev/null 2>&1 || true
+fi
+log "built $IMAGE ${new_id:7:12}: $(docker image inspect -f '{{.Size}}' "$IMAGE" | awk '{printf "%.1f MB", $1/1e6}')"
