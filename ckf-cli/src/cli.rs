@@ -122,6 +122,10 @@ pub struct ReplayArgs {
     /// id must match the indexer manifest's; the order is the DC order of the report.
     #[arg(long = "producer", value_name = "DC=URL", required = true, value_parser = parse_producer)]
     pub producers: Vec<(String, String)>,
+    /// A producer's Prometheus endpoint as DC=HOST:PORT (optional, repeat per DC); with one
+    /// for every DC the report adds the relay (producer -> indexer) bytes per event.
+    #[arg(long = "producer-metrics", value_name = "DC=HOST:PORT", value_parser = parse_producer)]
+    pub producer_metrics: Vec<(String, String)>,
     /// Fleet, policy and output.
     #[command(flatten)]
     pub fleet: FleetArgs,

@@ -83,10 +83,23 @@ pub async fn replay(args: ReplayArgs) -> Result<()> {
     let indexer = connect(&args.indexer).await?;
     let mut targets = Vec::new();
     for (dc, url) in &args.producers {
+        let metrics = args
+            .producer_metrics
+            .iter()
+            .find(|(m, _)| m == dc)
+            .map(|(_, addr)| addr.clone());
         targets.push(DcTarget {
             dc: dc.clone(),
             producer: connect(url).await?,
+            metrics,
         });
+    }
+    if let Some((dc, _)) = args
+        .producer_metrics
+        .iter()
+        .find(|(m, _)| !args.producers.iter().any(|(p, _)| p == m))
+    {
+        anyhow::bail!("--producer-metrics names DC {dc}, which has no --producer");
     }
     let shape = args.fleet.shape(targets.len());
     let config = live_config(&args.fleet, &args.timeouts, shape);

@@ -23,8 +23,8 @@ pub fn dc_names(dcs: usize) -> Vec<String> {
 pub struct Services {
     /// The indexer's gRPC URL.
     pub indexer_url: String,
-    /// `(DC id, producer gRPC URL)`, in DC order.
-    pub producers: Vec<(String, String)>,
+    /// `(DC id, producer gRPC URL, producer metrics host:port)`, in DC order.
+    pub producers: Vec<(String, String, String)>,
     indexer: indexer_svc::RunningIndexer,
     running: Vec<producer_svc::RunningProducer>,
 }
@@ -55,7 +55,11 @@ impl Services {
             let producer = producer_svc::serve(config, std::future::pending())
                 .await
                 .with_context(|| format!("starting the {dc} producer"))?;
-            producers.push((dc.clone(), format!("http://{}", producer.ingest_addr)));
+            producers.push((
+                dc.clone(),
+                format!("http://{}", producer.ingest_addr),
+                producer.metrics_addr.to_string(),
+            ));
             running.push(producer);
         }
         Ok(Self {
@@ -72,10 +76,11 @@ impl Services {
     /// A connection failure.
     pub async fn targets(&self) -> Result<Vec<DcTarget>> {
         let mut targets = Vec::new();
-        for (dc, url) in &self.producers {
+        for (dc, url, metrics) in &self.producers {
             targets.push(DcTarget {
                 dc: dc.clone(),
                 producer: connect(url).await?,
+                metrics: Some(metrics.clone()),
             });
         }
         Ok(targets)

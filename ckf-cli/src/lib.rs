@@ -19,6 +19,7 @@
 //! | [`accuracy`] | judging answers against the oracle (over/under-estimates by cause) |
 //! | [`live`] | the live replay driver against producers and an indexer |
 //! | [`report`] | the report (text and JSON) |
+//! | [`scrape`] | one counter from a Prometheus `/metrics` endpoint (relay bytes) |
 //! | [`demo`] | in-process indexer + producers on loopback for `ckf demo` |
 //! | [`cli`], [`commands`] | flags, and running each subcommand |
 
@@ -34,6 +35,7 @@ pub mod oracle;
 pub mod policy;
 pub mod probe;
 pub mod report;
+pub mod scrape;
 pub mod sim;
 pub mod stats;
 pub mod synth;

@@ -77,12 +77,15 @@ pub struct DcTarget {
     pub dc: String,
     /// The DC's producer.
     pub producer: Channel,
+    /// The producer's Prometheus endpoint (`host:port`), for the relay wire cost; optional.
+    pub metrics: Option<String>,
 }
 
 struct Dc {
     name: String,
     lane: u32,
     ingest: IngestClient<Channel>,
+    metrics: Option<String>,
 }
 
 /// Replays `workload` through the producers and the indexer and builds the report.
@@ -130,6 +133,7 @@ pub async fn replay(
         .settle(&mut dcs, &mut query, &mut sources, config.settle_timeout)
         .await?;
 
+    let relay_before = relay_bytes(&dcs).await;
     let mut fleet = Fleet::new(shape);
     let mut router = Router::new(config.policy, config.seed);
     let mut accuracy = Accuracy::default();
@@ -222,6 +226,10 @@ pub async fn replay(
             probes.raise_watermark(dc, seq);
         }
     }
+    let relay = match (relay_before, relay_bytes(&dcs).await) {
+        (Some(before), Some(after)) => Some(after.saturating_sub(before)),
+        _ => None,
+    };
     let final_accuracy = final_check(&mut query, &hashes, &fleet, &lane_to_dc, &probes).await?;
 
     let mut dc_costs = Vec::with_capacity(dcs.len());
@@ -278,8 +286,19 @@ pub async fn replay(
             accuracy: final_accuracy,
         },
         routing,
-        cost: Cost::new(dc_costs, wire_bytes, events),
+        cost: Cost::new(dc_costs, wire_bytes, relay, events),
     })
+}
+
+/// Relay bytes all producers have sent so far, when every DC has a metrics endpoint.
+async fn relay_bytes(dcs: &[Dc]) -> Option<u64> {
+    let mut total = 0.0;
+    for dc in dcs {
+        total += crate::scrape::scrape_sum(dc.metrics.as_deref()?, crate::scrape::RELAY_BYTES)
+            .await
+            .ok()?;
+    }
+    Some(total as u64)
 }
 
 /// Maps each DC to its lane in the indexer's manifest.
@@ -308,6 +327,7 @@ async fn map_lanes(query: &mut QueryClient<Channel>, targets: Vec<DcTarget>) -> 
                 name: t.dc,
                 lane,
                 ingest: IngestClient::new(t.producer),
+                metrics: t.metrics,
             })
         })
         .collect()

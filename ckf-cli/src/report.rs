@@ -94,6 +94,12 @@ pub struct Cost {
     pub ingest_wire_bytes: u64,
     /// `ingest_wire_bytes / events`.
     pub wire_bytes_per_event: f64,
+    /// Relay bytes (snapshots, deltas, heartbeats, drain markers) producers sent to the indexer
+    /// during the replay, from their `ckf_producer_sent_bytes_total`; absent without metrics
+    /// endpoints.
+    pub relay_wire_bytes: Option<u64>,
+    /// `relay_wire_bytes / events`: the cross-DC (WAN) bytes per KV event.
+    pub relay_wire_bytes_per_event: Option<f64>,
 }
 
 /// One DC's cost, from the producer's `GetStats` at the end of the run.
@@ -148,7 +154,7 @@ impl DcCost {
 
 impl Cost {
     /// Aggregates per-DC costs and wire totals.
-    pub fn new(dcs: Vec<DcCost>, ingest_wire_bytes: u64, events: u64) -> Self {
+    pub fn new(dcs: Vec<DcCost>, ingest_wire_bytes: u64, relay: Option<u64>, events: u64) -> Self {
         let mean = |f: fn(&DcCost) -> f64| {
             if dcs.is_empty() {
                 0.0
@@ -161,6 +167,8 @@ impl Cost {
             consumer_table_bytes_per_block_per_lane: mean(|d| d.consumer_table_bytes_per_block),
             wire_bytes_per_event: ingest_wire_bytes as f64 / events.max(1) as f64,
             ingest_wire_bytes,
+            relay_wire_bytes: relay,
+            relay_wire_bytes_per_event: relay.map(|r| r as f64 / events.max(1) as f64),
             dcs,
         }
     }
@@ -308,6 +316,12 @@ impl fmt::Display for Report {
             "  ingest wire           {:.1} bytes per event ({} bytes)",
             c.wire_bytes_per_event, c.ingest_wire_bytes
         )?;
+        if let (Some(bytes), Some(per_event)) = (c.relay_wire_bytes, c.relay_wire_bytes_per_event) {
+            writeln!(
+                out,
+                "  relay wire (WAN)      {per_event:.1} bytes per event ({bytes} bytes: snapshots, deltas, heartbeats)"
+            )?;
+        }
         for d in &c.dcs {
             writeln!(
                 out,

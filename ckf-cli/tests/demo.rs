@@ -44,6 +44,7 @@ fn demo_json_report_is_complete() {
         "/cost/producer_exact_state_bytes_per_block",
         "/cost/consumer_table_bytes_per_block_per_lane",
         "/cost/wire_bytes_per_event",
+        "/cost/relay_wire_bytes_per_event",
     ] {
         assert!(n(path) > 0.0, "{path} is {}", n(path));
     }

@@ -56,6 +56,12 @@ async fn mooncake_first_2000_requests_through_three_dcs() {
         "some stores were seen becoming visible"
     );
     assert!(report.cost.wire_bytes_per_event > 0.0);
+    assert!(
+        report
+            .cost
+            .relay_wire_bytes_per_event
+            .is_some_and(|b| b > 0.0)
+    );
     assert_eq!(report.cost.dcs.len(), 3);
     for dc in &report.cost.dcs {
         assert_eq!(dc.omissions, 0, "{dc:?}");
