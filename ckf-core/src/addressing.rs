@@ -155,7 +155,11 @@ impl fmt::Display for TableFormat {
         write!(
             f,
             "v{} seed={:#x} buckets={} fp_bits={} slots={}",
-            self.version, self.seed, self.bucket_count, self.fingerprint_bits, self.slots_per_bucket
+            self.version,
+            self.seed,
+            self.bucket_count,
+            self.fingerprint_bits,
+            self.slots_per_bucket
         )
     }
 }

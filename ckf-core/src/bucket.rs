@@ -271,7 +271,11 @@ mod tests {
                 let w = with_slot(base, s, fp);
                 assert_eq!(slot(w, s), fp);
                 for o in (0..SLOTS).filter(|&o| o != s) {
-                    assert_eq!(slot(w, o), slot(base, o), "slot {o} changed writing slot {s}");
+                    assert_eq!(
+                        slot(w, o),
+                        slot(base, o),
+                        "slot {o} changed writing slot {s}"
+                    );
                 }
             }
         }

@@ -197,10 +197,7 @@ mod tests {
     #[test]
     fn names_are_validated() {
         assert!(PoolId::new("prod", "dc-a").is_ok());
-        assert_eq!(
-            DcId::new("").unwrap_err(),
-            NameError::Empty { kind: "dc" }
-        );
+        assert_eq!(DcId::new("").unwrap_err(), NameError::Empty { kind: "dc" });
         assert!(matches!(
             IndexerDomainId::new("a b"),
             Err(NameError::BadCharacter { .. })
@@ -209,6 +206,9 @@ mod tests {
             DcId::new("x".repeat(65)),
             Err(NameError::TooLong { .. })
         ));
-        assert_eq!(PoolId::new("prod", "dc-a").unwrap().to_string(), "prod/dc-a");
+        assert_eq!(
+            PoolId::new("prod", "dc-a").unwrap().to_string(),
+            "prod/dc-a"
+        );
     }
 }
