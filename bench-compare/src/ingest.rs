@@ -1,0 +1,367 @@
+//! Producer ingest: block ops/s of ckf-core's `DcCkfState`, dynamo's `DcCkfState`, dynamo's
+//! `RadixTree` and an exact `HashMap<u64, u32>` refcount index, on the same block-op sequence.
+//!
+//! Workload: 4 members (workers), each an LRU cache of 16-block chains. Every step one member
+//! stores a chain (80% fresh: 16 random local hashes, chained by dynamo's rule; 20% a chain
+//! another member holds, so shared blocks exist and refcounts go above 1) and evicts its oldest
+//! chain (16 blocks, one removed event). Member capacity is set so the distinct blocks fill ~85%
+//! of the CKF slots. Events are generated before timing. Each run starts from a fresh state
+//! warmed to that load (untimed), then applies `STEADY_BLOCK_OPS` block ops; time is the
+//! thread's on-CPU time.
+//!
+//! Inputs: dynamo gets engine events (external block ids = the chained hashes, local token
+//! hashes, parent = none because each chain starts a sequence) and chains them itself;
+//! ckf-core gets the chained `u64`s; "ckf-core +chain" computes them from the local hashes first
+//! with dynamo's `compute_seq_hash_for_block`, the like-for-like figure.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::hint::black_box;
+
+use ckf_core::TableFormat;
+use ckf_core::addressing::fmix64;
+use ckf_core::dc::{DcCkfConfig, DcCkfState, FoldHashBuilder, MemberId};
+use dynamo_kv_router::RadixTree;
+use dynamo_kv_router::indexer::cuckoo::DcCkfState as DynState;
+use dynamo_kv_router::protocols::{
+    ExternalSequenceBlockHash, KvCacheEvent, KvCacheEventData, KvCacheRemoveData, KvCacheStoreData,
+    KvCacheStoredBlockData, LocalBlockHash, RouterEvent, compute_seq_hash_for_block,
+};
+
+use crate::alloc::retained;
+use crate::tables::dynamo_config;
+use crate::timing::cpu_ns;
+
+const MEMBERS: usize = 4;
+const CHAIN: usize = 16;
+const SHARED_PERCENT: u64 = 20;
+const STEADY_BLOCK_OPS: usize = 2_000_000;
+const PUBLISH_EVERY: usize = 64;
+const OUR_SEED: u64 = 0xBE7C;
+
+struct Chain {
+    local: Vec<LocalBlockHash>,
+    canon: Vec<u64>,
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Store,
+    Remove,
+}
+
+#[derive(Clone, Copy)]
+struct Op {
+    member: usize,
+    kind: Kind,
+    chain: u32,
+}
+
+struct Workload {
+    chains: Vec<Chain>,
+    warmup: Vec<Op>,
+    steady: Vec<Op>,
+    unique_at_end: usize,
+}
+
+fn workload(capacity_chains: usize, seed: u64) -> Workload {
+    let mut rng = seed;
+    let mut next = move || {
+        rng = rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        fmix64(rng)
+    };
+    let mut chains: Vec<Chain> = Vec::new();
+    let mut queues: Vec<VecDeque<u32>> = vec![VecDeque::new(); MEMBERS];
+    let mut holds: Vec<HashSet<u32, FoldHashBuilder>> = vec![HashSet::default(); MEMBERS];
+    let mut store = |m: usize,
+                     chains: &mut Vec<Chain>,
+                     queues: &mut Vec<VecDeque<u32>>,
+                     holds: &mut Vec<HashSet<u32, FoldHashBuilder>>|
+     -> Op {
+        let r = next();
+        let other = (m + 1 + (r as usize % (MEMBERS - 1))) % MEMBERS;
+        let shared = (r >> 8) % 100 < SHARED_PERCENT && !queues[other].is_empty();
+        let mut chain = None;
+        if shared {
+            let q = &queues[other];
+            let c = q[(r >> 20) as usize % q.len()];
+            if !holds[m].contains(&c) {
+                chain = Some(c);
+            }
+        }
+        let c = chain.unwrap_or_else(|| {
+            let local: Vec<LocalBlockHash> = (0..CHAIN).map(|_| LocalBlockHash(next())).collect();
+            let canon = compute_seq_hash_for_block(&local);
+            chains.push(Chain { local, canon });
+            (chains.len() - 1) as u32
+        });
+        holds[m].insert(c);
+        queues[m].push_back(c);
+        Op {
+            member: m,
+            kind: Kind::Store,
+            chain: c,
+        }
+    };
+    let mut warmup = Vec::new();
+    for _ in 0..capacity_chains {
+        for m in 0..MEMBERS {
+            warmup.push(store(m, &mut chains, &mut queues, &mut holds));
+        }
+    }
+    let mut steady = Vec::new();
+    let (mut ops, mut m) = (0, 0);
+    while ops < STEADY_BLOCK_OPS {
+        steady.push(store(m, &mut chains, &mut queues, &mut holds));
+        let c = queues[m].pop_front().expect("member holds chains");
+        holds[m].remove(&c);
+        steady.push(Op {
+            member: m,
+            kind: Kind::Remove,
+            chain: c,
+        });
+        ops += 2 * CHAIN;
+        m = (m + 1) % MEMBERS;
+    }
+    let unique_at_end = queues.iter().flatten().collect::<HashSet<_>>().len() * CHAIN;
+    Workload {
+        chains,
+        warmup,
+        steady,
+        unique_at_end,
+    }
+}
+
+fn router_event(w: &Workload, op: &Op, id: u64) -> RouterEvent {
+    let c = &w.chains[op.chain as usize];
+    let data = match op.kind {
+        Kind::Store => KvCacheEventData::Stored(KvCacheStoreData {
+            parent_hash: None,
+            start_position: Some(0),
+            blocks: c
+                .local
+                .iter()
+                .zip(&c.canon)
+                .map(|(&tokens_hash, &h)| KvCacheStoredBlockData {
+                    block_hash: ExternalSequenceBlockHash(h),
+                    tokens_hash,
+                    mm_extra_info: None,
+                })
+                .collect(),
+        }),
+        Kind::Remove => KvCacheEventData::Removed(KvCacheRemoveData {
+            block_hashes: c
+                .canon
+                .iter()
+                .map(|&h| ExternalSequenceBlockHash(h))
+                .collect(),
+        }),
+    };
+    RouterEvent::new(
+        op.member as u64,
+        KvCacheEvent {
+            event_id: id,
+            data,
+            dp_rank: 0,
+        },
+    )
+}
+
+fn events(w: &Workload, ops: &[Op]) -> Vec<RouterEvent> {
+    ops.iter()
+        .enumerate()
+        .map(|(i, op)| router_event(w, op, i as u64))
+        .collect()
+}
+
+/// Block ops per second of `run`, by on-CPU time.
+fn rate(ops: f64, run: impl FnOnce()) -> f64 {
+    let start = cpu_ns();
+    run();
+    ops * 1e9 / (cpu_ns() - start).max(1) as f64
+}
+
+fn ours_apply(state: &mut DcCkfState, w: &Workload, ops: &[Op], chain: bool, publish: bool) {
+    for (i, op) in ops.iter().enumerate() {
+        let c = &w.chains[op.chain as usize];
+        let member = MemberId::new(op.member as u64, 0);
+        match op.kind {
+            Kind::Store if chain => {
+                let canon = compute_seq_hash_for_block(&c.local);
+                black_box(state.store(member, &canon));
+            }
+            Kind::Store => {
+                black_box(state.store(member, &c.canon));
+            }
+            Kind::Remove => {
+                black_box(state.remove(member, &c.canon));
+            }
+        }
+        if publish && i % PUBLISH_EVERY == PUBLISH_EVERY - 1 {
+            black_box(state.take_batch());
+        }
+    }
+}
+
+fn exact_apply(index: &mut HashMap<u64, u32, FoldHashBuilder>, w: &Workload, ops: &[Op]) {
+    for op in ops {
+        let c = &w.chains[op.chain as usize];
+        match op.kind {
+            Kind::Store => {
+                for &h in &c.canon {
+                    *index.entry(h).or_insert(0) += 1;
+                }
+            }
+            Kind::Remove => {
+                for h in &c.canon {
+                    if let Some(rc) = index.get_mut(h) {
+                        *rc -= 1;
+                        if *rc == 0 {
+                            index.remove(h);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One table size's results.
+pub struct IngestRow {
+    pub buckets: u64,
+    pub load_ours: f64,
+    pub load_dyn: f64,
+    pub omitted_ours: u64,
+    pub omitted_dyn: u64,
+    pub unique_blocks: usize,
+    /// block ops/s
+    pub ours: f64,
+    pub ours_chain: f64,
+    pub ours_pub: f64,
+    pub dyn_never: f64,
+    pub dyn_pub: f64,
+    pub dyn_default: f64,
+    pub radix: f64,
+    pub exact: f64,
+    /// retained heap bytes per distinct tracked block at the target load
+    pub mem_ours: f64,
+    pub mem_dyn: f64,
+    pub mem_radix: f64,
+    pub mem_exact: f64,
+}
+
+/// Runs every implementation at `buckets` buckets and `load` slot load.
+pub fn run(buckets: u64, load: f64) -> IngestRow {
+    let format = TableFormat::new(buckets, OUR_SEED).expect("format");
+    let unique = (format.slot_count() as f64 * load) as usize;
+    let seed = buckets ^ load.to_bits();
+    let guess = unique / MEMBERS / CHAIN;
+    let trial = workload(guess, seed).unique_at_end;
+    let capacity = (guess as f64 * unique as f64 / trial as f64) as usize;
+    let w = workload(capacity, seed);
+    let ops = w.steady.iter().count() as f64 * CHAIN as f64;
+
+    // ckf-core: three fresh states (ingest only, +chain, +publication).
+    let mut mem_ours = 0.0;
+    let mut warm_unique = 1.0;
+    let mut ours_rates = [0.0; 3];
+    let (mut load_ours, mut omitted_ours) = (0.0, 0);
+    for (k, (chain, publish)) in [(false, false), (true, false), (false, true)]
+        .into_iter()
+        .enumerate()
+    {
+        let (mut state, bytes) = retained(|| {
+            let mut s = DcCkfState::new(DcCkfConfig::new(format)).expect("state");
+            ours_apply(&mut s, &w, &w.warmup, false, false);
+            s.take_batch();
+            s
+        });
+        if k == 0 {
+            warm_unique = state.stats().unique_hashes as f64;
+            mem_ours = bytes as f64 / warm_unique;
+        }
+        ours_rates[k] = rate(ops, || {
+            ours_apply(&mut state, &w, &w.steady, chain, publish)
+        });
+        let s = state.stats();
+        load_ours = s.load_factor;
+        omitted_ours = s.omissions_total;
+    }
+
+    // dynamo DcCkfState: publication never during timing, every 64 events, default (1).
+    let mut mem_dyn = 0.0;
+    let mut dyn_rates = [0.0; 3];
+    let (mut load_dyn, mut omitted_dyn) = (0.0, 0);
+    for (k, every) in [usize::MAX, PUBLISH_EVERY, 1].into_iter().enumerate() {
+        let mut config = dynamo_config(buckets);
+        config.publish_every_n_events = every;
+        let (mut state, bytes) = retained(|| {
+            let mut s = DynState::new(config).expect("dynamo state");
+            for (i, op) in w.warmup.iter().enumerate() {
+                black_box(s.apply_event(router_event(&w, op, i as u64)));
+            }
+            s.flush();
+            s
+        });
+        let tracked = state.stats().aggregation().unique_block_count();
+        if k == 0 {
+            mem_dyn = bytes as f64 / tracked as f64;
+        }
+        let evs = events(&w, &w.steady);
+        dyn_rates[k] = rate(ops, || {
+            for e in evs {
+                black_box(state.apply_event(e));
+            }
+        });
+        let a = state.stats().aggregation();
+        load_dyn = a.occupied_slot_count() as f64 / (buckets * 4) as f64;
+        omitted_dyn = state.lifetime_capacity_omissions();
+    }
+
+    // dynamo RadixTree (worker id = member).
+    let (mut tree, bytes) = retained(|| {
+        let mut t = RadixTree::new();
+        for (i, op) in w.warmup.iter().enumerate() {
+            let _ = black_box(t.apply_event(router_event(&w, op, i as u64)));
+        }
+        t
+    });
+    let mem_radix = bytes as f64 / warm_unique;
+    let evs = events(&w, &w.steady);
+    let radix = rate(ops, || {
+        for e in evs {
+            let _ = black_box(tree.apply_event(e));
+        }
+    });
+    drop(tree);
+
+    // Exact refcounts.
+    let (mut index, bytes) = retained(|| {
+        let mut m: HashMap<u64, u32, FoldHashBuilder> = HashMap::default();
+        exact_apply(&mut m, &w, &w.warmup);
+        m
+    });
+    let mem_exact = bytes as f64 / index.len() as f64;
+    let exact = rate(ops, || exact_apply(&mut index, &w, &w.steady));
+    black_box(&index);
+
+    IngestRow {
+        buckets,
+        load_ours,
+        load_dyn,
+        omitted_ours,
+        omitted_dyn,
+        unique_blocks: w.unique_at_end,
+        ours: ours_rates[0],
+        ours_chain: ours_rates[1],
+        ours_pub: ours_rates[2],
+        dyn_never: dyn_rates[0],
+        dyn_pub: dyn_rates[1],
+        dyn_default: dyn_rates[2],
+        radix,
+        exact,
+        mem_ours,
+        mem_dyn,
+        mem_radix,
+        mem_exact,
+    }
+}

@@ -1,0 +1,311 @@
+//! Comparison benchmark: ckf-core vs dynamo-kv-router 1.6.1 (its CKF, its exact radix trees)
+//! vs exact `HashMap` baselines, in one run, on the same Mooncake tables and queries.
+//!
+//! Run (from `bench-compare/`):
+//! `CARGO_TARGET_DIR=/work/target-compare cargo run --release -- [--quick] [--no-big]
+//! [--trace PATH] [--writer-rate DELTAS_PER_S]`
+//!
+//! Not part of the product workspace (own `[workspace]` and `Cargo.lock`; the root manifest
+//! excludes this directory) and not built by CI. See README.md for the method and results.
+
+mod alloc;
+mod fill;
+mod ingest;
+mod query;
+mod report;
+mod tables;
+mod timing;
+mod trace;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use ckf_core::addressing::fmix64;
+
+use crate::alloc::retained;
+use crate::query::{Timed, dyn_sum, exact_sum, ours_chained_sum, ours_sum, spawn_writer};
+use crate::report::{QueryFigures, Report};
+use crate::trace::{LANES, fill_lanes};
+
+#[global_allocator]
+static GLOBAL: alloc::Counting = alloc::Counting;
+
+/// Slot load of both CKF consumer tables after filler.
+const QUERY_LOAD: f64 = 0.85;
+/// Slot load of the producer ingest runs.
+const INGEST_LOAD: f64 = 0.85;
+
+struct Args {
+    trace: String,
+    quick: bool,
+    no_big: bool,
+    writer_rate: f64,
+}
+
+fn args() -> Args {
+    let mut a = Args {
+        trace: concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../shared/data/traces/mooncake_conversation_trace.jsonl"
+        )
+        .to_owned(),
+        quick: false,
+        no_big: false,
+        writer_rate: 100_000.0,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--quick" => a.quick = true,
+            "--no-big" => a.no_big = true,
+            "--trace" => a.trace = it.next().expect("--trace PATH"),
+            "--writer-rate" => {
+                a.writer_rate = it
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .expect("--writer-rate DELTAS_PER_S")
+            }
+            // `cargo bench` passes --bench; ignore it and anything unknown after a warning.
+            "--bench" => {}
+            other => eprintln!("ignoring unknown argument {other}"),
+        }
+    }
+    a
+}
+
+fn main() {
+    let started = Instant::now();
+    let a = args();
+    let trace = trace::load(&a.trace).unwrap_or_else(|e| {
+        eprintln!("error: {e}");
+        std::process::exit(2);
+    });
+    let passes = if a.quick { 1 } else { 4 };
+    let scale = timing::ns_per_tick();
+    let fill = fill_lanes(&trace);
+    let entries: usize = fill.held.iter().map(|h| h.len()).sum();
+    let events: usize = fill.events.iter().map(|e| e.len()).sum();
+    println!(
+        "trace: {} requests, {} blocks; lanes hold {} (block, lane) entries from {} store events; \
+         {:.3} ns/tick",
+        trace.chained.len(),
+        trace.chained.iter().map(Vec::len).sum::<usize>(),
+        entries,
+        events,
+        scale
+    );
+    let mut report = Report {
+        entries,
+        ..Report::default()
+    };
+
+    // Exact structures: independent of the CKF table size, built once.
+    let (exact, b) = retained(|| tables::build_exact(&fill));
+    report.mem_exact = b;
+    let (radix, b) = retained(|| tables::build_radix(&trace, &fill));
+    report.mem_radix = b;
+    let (mut crtc, b) = retained(|| tables::build_crtc(&trace, &fill));
+    report.mem_crtc = b;
+    let mean_depth = trace
+        .chained
+        .iter()
+        .map(|q| f64::from(exact_sum(&exact, q)))
+        .sum::<f64>()
+        / trace.chained.len() as f64;
+    let best_depth = trace
+        .chained
+        .iter()
+        .map(|q| f64::from(*query::exact_depths(&exact, q).iter().max().unwrap_or(&0)))
+        .sum::<f64>()
+        / trace.chained.len() as f64;
+    println!(
+        "exact: summed depth over 16 lanes {mean_depth:.1} per query, best lane depth {best_depth:.1}; \
+         built in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+
+    // A fixed random query order, the same for every implementation.
+    let mut order: Vec<usize> = (0..trace.chained.len()).collect();
+    order.sort_by_key(|&i| fmix64(i as u64 ^ 0x0DE5));
+
+    let sizes: &[(&str, u64)] = if a.no_big {
+        &[("2 MiB", 16 << 10)]
+    } else {
+        &[("2 MiB", 16 << 10), ("256 MiB", 2 << 20)]
+    };
+    for &(label, buckets) in sizes {
+        let t0 = Instant::now();
+        let (ours, mem_ours) = retained(|| tables::build_ours(&trace, &fill, buckets, QUERY_LOAD));
+        let (mut dynamo, mem_dyn) =
+            retained(|| tables::build_dynamo(&trace, &fill, buckets, QUERY_LOAD));
+        let table_bytes = buckets * LANES as u64 * 8;
+        println!(
+            "{label}: {buckets} buckets x 16 lanes = {} MiB per CKF; ckf-core huge pages {}; \
+             omissions ours {} dynamo {}; filler ours {} dynamo {}; built in {:.1} s",
+            table_bytes >> 20,
+            ours.ix.huge_pages(),
+            ours.omitted,
+            dynamo.omitted,
+            ours.filler,
+            dynamo.filler,
+            t0.elapsed().as_secs_f64()
+        );
+        let checks = query::verify(&trace, &exact, &ours, &dynamo, &radix, &crtc);
+        println!(
+            "  check vs exact (lane answers under / over): ckf-core {}/{}, dynamo CKF {}/{}, \
+             RadixTree {}/{}, CRTC {}/{}",
+            checks[0].under,
+            checks[0].over,
+            checks[1].under,
+            checks[1].over,
+            checks[2].under,
+            checks[2].over,
+            checks[3].under,
+            checks[3].over
+        );
+
+        let ix = ours.ix.clone();
+        let lats = {
+            let mut impls = vec![
+                Timed {
+                    name: "ckf-core",
+                    run: Box::new(|i| ours_sum(&ix, &trace.chained[i])),
+                },
+                Timed {
+                    name: "ckf-core +chain",
+                    run: Box::new(|i| ours_chained_sum(&ix, &trace.local[i])),
+                },
+                Timed {
+                    name: "dynamo CKF",
+                    run: Box::new(|i| dyn_sum(&dynamo, &trace.local[i])),
+                },
+                Timed {
+                    name: "dynamo CRTC",
+                    run: Box::new(|i| {
+                        use dynamo_kv_router::indexer::SyncIndexer;
+                        crtc.tree
+                            .find_matches(&trace.local[i], false)
+                            .scores
+                            .values()
+                            .sum()
+                    }),
+                },
+                Timed {
+                    name: "dynamo RadixTree",
+                    run: Box::new(|i| {
+                        radix
+                            .find_matches(trace.local[i].clone(), false)
+                            .scores
+                            .values()
+                            .sum()
+                    }),
+                },
+                Timed {
+                    name: "HashMap exact",
+                    run: Box::new(|i| exact_sum(&exact, &trace.chained[i])),
+                },
+            ];
+            time_report(&mut impls, &order, passes, scale, label, "")
+        };
+
+        // Concurrent writer on lane 0 of both CKFs.
+        let stop = Arc::new(AtomicBool::new(false));
+        let ing0 = dynamo.ingestors.remove(0);
+        let writer = spawn_writer(
+            ours.ix.clone(),
+            ours.tag0,
+            ing0,
+            (dynamo.identity0, dynamo.lease0, dynamo.words0.clone()),
+            a.writer_rate,
+            stop.clone(),
+        );
+        let wlats = {
+            let mut impls = vec![
+                Timed {
+                    name: "ckf-core",
+                    run: Box::new(|i| ours_sum(&ix, &trace.chained[i])),
+                },
+                Timed {
+                    name: "ckf-core +chain",
+                    run: Box::new(|i| ours_chained_sum(&ix, &trace.local[i])),
+                },
+                Timed {
+                    name: "dynamo CKF",
+                    run: Box::new(|i| dyn_sum(&dynamo, &trace.local[i])),
+                },
+            ];
+            time_report(&mut impls, &order, passes, scale, label, " +writer")
+        };
+        stop.store(true, Ordering::Relaxed);
+        let (w, ing0) = writer.join().expect("writer");
+        dynamo.ingestors.insert(0, ing0);
+        let writer_rates = (
+            w.ours_deltas as f64 / w.seconds,
+            w.dyn_deltas as f64 / w.seconds,
+        );
+        println!(
+            "  writer: {:.0} deltas/s into ckf-core, {:.0} deltas/s into dynamo (8 images each)",
+            writer_rates.0, writer_rates.1
+        );
+        report.query.push(QueryFigures {
+            label,
+            table_bytes,
+            mem_ours,
+            mem_dyn,
+            filler_ours: ours.filler,
+            filler_dyn: dynamo.filler,
+            checks,
+            lats,
+            wlats,
+            writer_rates,
+        });
+    }
+    crtc.stop();
+    drop(radix);
+
+    for buckets in [1u64 << 16, 1 << 20] {
+        let t0 = Instant::now();
+        let row = ingest::run(buckets, INGEST_LOAD);
+        println!(
+            "ingest {buckets} buckets: ckf-core {:.2} M/s (+chain {:.2}, +pub {:.2}), dynamo {:.2} M/s \
+             (pub/64 {:.2}, pub/1 {:.2}), RadixTree {:.2} M/s, HashMap {:.2} M/s; load ours {:.3} \
+             dynamo {:.3}; omitted ours {} dynamo {}; {:.1} s",
+            row.ours / 1e6,
+            row.ours_chain / 1e6,
+            row.ours_pub / 1e6,
+            row.dyn_never / 1e6,
+            row.dyn_pub / 1e6,
+            row.dyn_default / 1e6,
+            row.radix / 1e6,
+            row.exact / 1e6,
+            row.load_ours,
+            row.load_dyn,
+            row.omitted_ours,
+            row.omitted_dyn,
+            t0.elapsed().as_secs_f64()
+        );
+        report.ingest.push(row);
+    }
+    println!();
+    report.print();
+    println!("total {:.0} s", started.elapsed().as_secs_f64());
+}
+
+fn time_report(
+    impls: &mut [Timed<'_>],
+    order: &[usize],
+    passes: usize,
+    scale: f64,
+    label: &str,
+    suffix: &str,
+) -> Vec<timing::Lat> {
+    let lats = query::time_interleaved(impls, order, passes, scale);
+    for (t, l) in impls.iter().zip(&lats) {
+        println!(
+            "  {label}{suffix:<8} {:<18} p50 {:>7.0} ns  p99 {:>7.0} ns  mean {:>7.0} ns",
+            t.name, l.p50, l.p99, l.mean
+        );
+    }
+    lats
+}

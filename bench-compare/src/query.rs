@@ -1,0 +1,257 @@
+//! Query side: per-lane prefix depths from every structure, a correctness check against the
+//! exact index, interleaved per-query timing, and the concurrent delta writer.
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use ckf_core::frames::{BucketImage, DcCkfDelta};
+use ckf_core::global::GlobalCkfIndexer;
+use ckf_core::identity::StreamTag;
+use ckf_core::lane::{Frame, IngestOutcome};
+use dynamo_kv_router::indexer::SyncIndexer;
+use dynamo_kv_router::indexer::cuckoo::{
+    GlobalCkfBucketImage, GlobalCkfDelta, GlobalCkfIngestOutcome, GlobalCkfLaneIngestor,
+    LaneLease as DynLease, ProducerIdentity as DynIdentity,
+};
+use dynamo_kv_router::protocols::{OverlapScores, compute_seq_hash_for_block};
+
+use crate::tables::{Crtc, Dyn, Exact, Ours};
+use crate::timing::{Lat, summarize, ticks};
+use crate::trace::{LANES, Trace};
+
+/// Per-lane depths.
+pub type Depths = [u32; LANES];
+
+/// Exact per-lane prefix depths of chained query `q` (linear walk, stops when no lane matches).
+#[inline]
+pub fn exact_depths(index: &Exact, q: &[u64]) -> Depths {
+    let mut depths = [0u32; LANES];
+    let mut active: u16 = 0xFFFF;
+    for (i, h) in q.iter().enumerate() {
+        let mask = index.get(h).copied().unwrap_or(0) & active;
+        let mut missed = active & !mask;
+        while missed != 0 {
+            depths[missed.trailing_zeros() as usize] = i as u32;
+            missed &= missed - 1;
+        }
+        active = mask;
+        if active == 0 {
+            return depths;
+        }
+    }
+    while active != 0 {
+        depths[active.trailing_zeros() as usize] = q.len() as u32;
+        active &= active - 1;
+    }
+    depths
+}
+
+/// Summed depth: what every timed closure returns (the answer is consumed, not discarded).
+#[inline]
+pub fn exact_sum(index: &Exact, q: &[u64]) -> u32 {
+    exact_depths(index, q).iter().sum()
+}
+
+fn ours_depths(ix: &GlobalCkfIndexer, q: &[u64]) -> Depths {
+    let mut d = [0; LANES];
+    for (lane, depth) in ix.find_prefix_matches(q).iter() {
+        d[lane as usize] = depth;
+    }
+    d
+}
+
+#[inline]
+pub fn ours_sum(ix: &GlobalCkfIndexer, q: &[u64]) -> u32 {
+    ix.find_prefix_matches(q).iter().map(|(_, d)| d).sum()
+}
+
+fn dyn_depths(d: &Dyn, q: &[dynamo_kv_router::protocols::LocalBlockHash]) -> Depths {
+    let r = d.ix.find_prefix_matches(q).expect("dynamo lanes ready");
+    std::array::from_fn(|l| r.lanes()[l].map_or(0, |m| m.prefix_depth()))
+}
+
+#[inline]
+pub fn dyn_sum(d: &Dyn, q: &[dynamo_kv_router::protocols::LocalBlockHash]) -> u32 {
+    let r = d.ix.find_prefix_matches(q).expect("dynamo lanes ready");
+    r.lanes().iter().flatten().map(|m| m.prefix_depth()).sum()
+}
+
+fn scores_depths(s: &OverlapScores) -> Depths {
+    let mut d = [0; LANES];
+    for (w, &v) in &s.scores {
+        d[w.worker_id as usize] = v;
+    }
+    d
+}
+
+/// Correctness of one structure against the exact index over all queries.
+#[derive(Default, Debug, Clone, Copy)]
+pub struct Check {
+    /// Lane answers below the exact depth (false negatives).
+    pub under: u64,
+    /// Lane answers above the exact depth (false-positive extensions).
+    pub over: u64,
+}
+
+/// Checks every structure on every query; radix trees must be exact.
+pub fn verify(
+    trace: &Trace,
+    exact: &Exact,
+    ours: &Ours,
+    dynamo: &Dyn,
+    radix: &dynamo_kv_router::RadixTree,
+    crtc: &Crtc,
+) -> [Check; 4] {
+    let mut c = [Check::default(); 4];
+    for (q, local) in trace.chained.iter().zip(&trace.local) {
+        let truth = exact_depths(exact, q);
+        let got = [
+            ours_depths(&ours.ix, q),
+            dyn_depths(dynamo, local),
+            scores_depths(&radix.find_matches(local.clone(), false)),
+            scores_depths(&SyncIndexer::find_matches(&*crtc.tree, local, false)),
+        ];
+        for (k, g) in got.iter().enumerate() {
+            for lane in 0..LANES {
+                c[k].under += u64::from(g[lane] < truth[lane]);
+                c[k].over += u64::from(g[lane] > truth[lane]);
+            }
+        }
+    }
+    c
+}
+
+/// One timed implementation: a name and a closure answering query `i`.
+pub struct Timed<'a> {
+    pub name: &'static str,
+    pub run: Box<dyn FnMut(usize) -> u32 + 'a>,
+}
+
+/// Times every implementation on the same queries, interleaved in chunks of `CHUNK` queries
+/// (A on chunk 1, B on chunk 1, ..., A on chunk 2, ...) so that load from other processes on the
+/// machine falls on all of them alike. `order` is a fixed random permutation of the queries;
+/// every implementation sees it `passes` times. Returns one summary per implementation.
+pub fn time_interleaved(
+    impls: &mut [Timed<'_>],
+    order: &[usize],
+    passes: usize,
+    scale: f64,
+) -> Vec<Lat> {
+    const CHUNK: usize = 256;
+    let mut samples: Vec<Vec<u64>> = impls
+        .iter()
+        .map(|_| Vec::with_capacity(order.len() * passes))
+        .collect();
+    // Warm-up: one chunk each, untimed.
+    for t in impls.iter_mut() {
+        for &q in order.iter().take(CHUNK) {
+            black_box((t.run)(q));
+        }
+    }
+    for _ in 0..passes {
+        for chunk in order.chunks(CHUNK) {
+            for (t, s) in impls.iter_mut().zip(samples.iter_mut()) {
+                for &q in chunk {
+                    let t0 = ticks();
+                    let r = (t.run)(black_box(q));
+                    let t1 = ticks();
+                    black_box(r);
+                    s.push(t1 - t0);
+                }
+            }
+        }
+    }
+    samples.into_iter().map(|s| summarize(s, scale)).collect()
+}
+
+/// ckf-core + chaining: the caller computes dynamo's chained hashes from the local hashes (what
+/// dynamo's query does inside) and queries ckf-core with them.
+#[inline]
+pub fn ours_chained_sum(
+    ix: &GlobalCkfIndexer,
+    local: &[dynamo_kv_router::protocols::LocalBlockHash],
+) -> u32 {
+    let chained = compute_seq_hash_for_block(local);
+    ours_sum(ix, &chained)
+}
+
+/// What the writer thread reports.
+pub struct WriterReport {
+    pub ours_deltas: u64,
+    pub dyn_deltas: u64,
+    pub seconds: f64,
+}
+
+/// Applies deltas to lane 0 of BOTH consumers, `rate` deltas/s each, 8 bucket images per delta
+/// (rewrites of the current images, so answers do not change; each store still moves the
+/// cache line to the writer's core). Paces itself in 1 ms steps (sleeping between them) rather
+/// than spinning, to leave the shared machine's other core alone when ahead.
+pub fn spawn_writer(
+    ours: Arc<GlobalCkfIndexer>,
+    tag: StreamTag,
+    mut dyn_ing: GlobalCkfLaneIngestor,
+    dyn_stream: (DynIdentity, DynLease, Vec<u64>),
+    rate: f64,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<(WriterReport, GlobalCkfLaneIngestor)> {
+    std::thread::spawn(move || {
+        let (identity, lease, words) = dyn_stream;
+        let n = ours.table().bucket_count() as u64;
+        let dn = words.len() as u64;
+        let mut rng = 0x5EEDu64;
+        let (mut seq_ours, mut seq_dyn) = (0u64, 0u64);
+        let start = Instant::now();
+        while !stop.load(Ordering::Relaxed) {
+            let due = (start.elapsed().as_secs_f64() * rate) as u64;
+            while seq_ours < due && !stop.load(Ordering::Relaxed) {
+                rng = ckf_core::addressing::fmix64(rng.wrapping_add(0x9E37_79B9_7F4A_7C15));
+                let first = rng % n;
+                let images = (0..8u64)
+                    .map(|k| {
+                        let bucket = ((first + k * 977) % n) as u32;
+                        BucketImage {
+                            bucket,
+                            image: ours.table().load(bucket as usize, 0),
+                        }
+                    })
+                    .collect();
+                let d = DcCkfDelta {
+                    tag,
+                    base_sequence: seq_ours,
+                    sequence: seq_ours + 1,
+                    images,
+                    oldest_change_age_ms: 0,
+                };
+                let out = ours.ingest_now(&Frame::Delta(d));
+                assert!(matches!(out, IngestOutcome::Applied { .. }), "{out:?}");
+                seq_ours += 1;
+
+                let first = (rng >> 17) % dn;
+                let images = (0..8u64)
+                    .map(|k| {
+                        let bucket = ((first + k * 977) % dn) as usize;
+                        GlobalCkfBucketImage::new(bucket, words[bucket])
+                    })
+                    .collect();
+                let d = GlobalCkfDelta::new(identity, lease, seq_dyn, seq_dyn + 1, images);
+                let out = dyn_ing.apply_delta(&d);
+                assert!(
+                    matches!(out, GlobalCkfIngestOutcome::DeltaApplied { .. }),
+                    "{out:?}"
+                );
+                seq_dyn += 1;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        (
+            WriterReport {
+                ours_deltas: seq_ours,
+                dyn_deltas: seq_dyn,
+                seconds: start.elapsed().as_secs_f64(),
+            },
+            dyn_ing,
+        )
+    })
+}
