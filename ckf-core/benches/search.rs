@@ -363,6 +363,13 @@ fn run_synthetic(
         16 << 10
     };
     let ix = Arc::new(build_indexer(buckets, lanes));
+    if big {
+        println!(
+            "    table {} MiB, huge pages: {}",
+            ix.table().bytes() >> 20,
+            ix.huge_pages()
+        );
+    }
     // Enough distinct queries to touch the whole table (big) or to fit it (small).
     let capacity = (buckets as f64 * 4.0 * 0.5) as usize;
     let mut all = Vec::new();
@@ -526,8 +533,10 @@ fn main() {
         // `profile LANES LEN`: a tight query loop for perf/callgrind (no timing).
         let lanes: usize = args[i + 1].parse().unwrap();
         let len: usize = args[i + 2].parse().unwrap();
-        let ix = build_indexer(16 << 10, lanes);
-        let qs = synthetic_queries(200, len, 1);
+        let buckets: u64 = args.get(i + 3).map_or(16 << 10, |b| b.parse().unwrap());
+        let ix = build_indexer(buckets, lanes);
+        println!("huge pages: {}", ix.huge_pages());
+        let qs = synthetic_queries(if buckets > 1 << 20 { 20_000 } else { 200 }, len, 1);
         let mut lane_blocks = vec![qs.iter().flatten().copied().collect::<Vec<u64>>(); lanes];
         fill(&ix, &mut lane_blocks, 0.95, 5);
         // Minimum over batches of 200 queries: robust against other processes on the machine.

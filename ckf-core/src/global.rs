@@ -35,6 +35,8 @@ use std::time::Instant;
 
 use thiserror::Error;
 
+mod huge_pages;
+
 use crate::addressing::{Addressing, FormatError, TableFormat};
 use crate::bucket::{MAX_LANES, TableError, TransposedTable};
 use crate::identity::{IndexerDomainId, LaneIndex, LaneLease, PoolId, ProducerIdentity};
@@ -124,6 +126,7 @@ pub struct GlobalCkfIndexer {
     /// Bit `i` set = lane `i` ready. Release on activation, Acquire once per query.
     ready: AtomicU32,
     lanes: Vec<Mutex<LaneIngestor>>,
+    huge_pages: bool,
 }
 
 impl Manifest {
@@ -187,6 +190,7 @@ impl GlobalCkfIndexer {
         let lanes = (0..manifest.lanes.len())
             .map(|l| Mutex::new(LaneIngestor::new(l as LaneIndex)))
             .collect();
+        let huge_pages = huge_pages::advise(&table);
         Ok(Self {
             manifest,
             addressing,
@@ -195,6 +199,7 @@ impl GlobalCkfIndexer {
             table,
             ready: AtomicU32::new(0),
             lanes,
+            huge_pages,
         })
     }
 
@@ -239,6 +244,12 @@ impl GlobalCkfIndexer {
     /// The shared table (read-only use: tests, convergence checks, memory figures).
     pub fn table(&self) -> &TransposedTable {
         &self.table
+    }
+
+    /// Whether the table was collapsed into transparent huge pages (Linux, tables of at least
+    /// 8 MiB; see `global/huge_pages.rs`). A figure for operators and benchmarks only.
+    pub fn huge_pages(&self) -> bool {
+        self.huge_pages
     }
 
     /// Addressing of the manifest's format.

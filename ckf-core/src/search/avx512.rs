@@ -243,6 +243,12 @@ unsafe fn search_with<const FULL16: bool>(
     let mut cur = Chunk::EMPTY;
     let mut next = Chunk::EMPTY;
     locate_chunk(hashes, 0, seed, mask, lanes as u64, &mut cur);
+    if prefetch {
+        for i in 0..n.min(8) {
+            rows.prefetch_offset(cur.lo[i] as usize);
+            rows.prefetch_offset(cur.hi[i] as usize);
+        }
+    }
     let mut start = 0;
     loop {
         let len = (n - start).min(8);
