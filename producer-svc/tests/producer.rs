@@ -54,6 +54,17 @@ async fn metrics_text(p: &producer_svc::RunningProducer) -> String {
     out
 }
 
+/// Polls `/metrics` until it contains `needle` (the producer handles a reply asynchronously).
+async fn eventually_in_metrics(p: &producer_svc::RunningProducer, needle: &str) {
+    for _ in 0..300 {
+        if metrics_text(p).await.contains(needle) {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    panic!("metrics never showed {needle}:\n{}", metrics_text(p).await);
+}
+
 fn format_of(p: &producer_svc::RunningProducer) -> TableFormat {
     p.identity.format
 }
@@ -86,7 +97,7 @@ async fn snapshot_and_deltas_rebuild_the_filter() {
     let tracked = model.tracked();
     let table = producer.table().await.unwrap();
     fake.wait_for("the fake's table equals the producer's", |s| {
-        s.attachments[0].table == table
+        s.attachments.get(0).is_some_and(|a| a.table == table)
     })
     .await;
 
@@ -313,12 +324,8 @@ async fn malformed_events_are_rejected_precisely() {
         .await
         .unwrap()
         .into_inner();
-    let Some(MessageResponse::ListServicesResponse(list)) = answers
-        .message()
-        .await
-        .unwrap()
-        .unwrap()
-        .message_response
+    let Some(MessageResponse::ListServicesResponse(list)) =
+        answers.message().await.unwrap().unwrap().message_response
     else {
         panic!("no service list");
     };
@@ -339,7 +346,7 @@ async fn a_retired_lane_is_reattached_with_a_new_snapshot() {
     client.publish_batch(batch("s", 0, events)).await.unwrap();
     let table = producer.table().await.unwrap();
     fake.wait_for("first attachment converged", |s| {
-        s.attachments[0].table == table
+        s.attachments.get(0).is_some_and(|a| a.table == table)
     })
     .await;
 
@@ -373,7 +380,7 @@ async fn a_retired_lane_is_reattached_with_a_new_snapshot() {
     client.publish_batch(batch("s", 1, events)).await.unwrap();
     let table = producer.table().await.unwrap();
     fake.wait_for("second attachment converged", |s| {
-        s.attachments[1].table == table
+        s.attachments.get(1).is_some_and(|a| a.table == table)
     })
     .await;
     let (errors, rebuilt, snapshot_sequence, deltas) = fake.with(|s| {
@@ -488,8 +495,10 @@ async fn two_indexers_each_get_their_own_continuous_sequence() {
     }
     let table = producer.table().await.unwrap();
     for fake in [&a, &b] {
-        fake.wait_for("converged", |s| s.attachments[0].table == table)
-            .await;
+        fake.wait_for("converged", |s| {
+            s.attachments.get(0).is_some_and(|a| a.table == table)
+        })
+        .await;
     }
     // Retire only A: A re-attaches, B's stream continues untouched.
     a.retire(0, v1::RetireReason::LagExceeded, "test").await;
@@ -505,10 +514,14 @@ async fn two_indexers_each_get_their_own_continuous_sequence() {
             .unwrap();
     }
     let table = producer.table().await.unwrap();
-    a.wait_for("A converged again", |s| s.attachments[1].table == table)
-        .await;
-    b.wait_for("B converged again", |s| s.attachments[0].table == table)
-        .await;
+    a.wait_for("A converged again", |s| {
+        s.attachments.get(1).is_some_and(|a| a.table == table)
+    })
+    .await;
+    b.wait_for("B converged again", |s| {
+        s.attachments.get(0).is_some_and(|a| a.table == table)
+    })
+    .await;
     assert_eq!(
         b.with(|s| s.attachments.len()),
         1,
@@ -627,8 +640,10 @@ async fn a_superseded_producer_stops_publishing_to_that_indexer() {
         "lease epoch 2 replaced epoch 1",
     )
     .await;
-    a.wait_for("the superseded stream ended", |s| s.attachments[0].ended)
-        .await;
+    a.wait_for("the superseded stream ended", |s| {
+        s.attachments.first().is_some_and(|a| a.ended)
+    })
+    .await;
     // Ingest and the other indexer carry on.
     let mut client = ingest_client(&producer).await;
     client
@@ -636,16 +651,15 @@ async fn a_superseded_producer_stops_publishing_to_that_indexer() {
         .await
         .unwrap();
     let table = producer.table().await.unwrap();
-    b.wait_for("B converged", |s| s.attachments[0].table == table)
-        .await;
-    let text = metrics_text(&producer).await;
-    assert!(
-        text.contains(&format!(
-            "ckf_producer_attachment_state{{indexer=\"{}\",state=\"superseded\"}} 1",
-            a.url()
-        )),
-        "{text}"
+    b.wait_for("B converged", |s| {
+        s.attachments.get(0).is_some_and(|a| a.table == table)
+    })
+    .await;
+    let needle = format!(
+        "ckf_producer_attachment_state{{indexer=\"{}\",state=\"superseded\"}} 1",
+        a.url()
     );
+    eventually_in_metrics(&producer, &needle).await;
 
     producer.shutdown();
     let report = producer.wait().await.unwrap();
@@ -690,6 +704,10 @@ async fn serve_refuses_an_invalid_config_and_a_busy_port() {
 async fn shutdown_ends_open_ingest_streams_with_unavailable() {
     let fake = FakeRelay::start(GrantConfig::default(), 7).await;
     let producer = start_producer(vec![fake.url()]).await;
+    fake.wait_for("snapshot installed", |s| {
+        s.attachments.first().is_some_and(|a| a.installed.is_some())
+    })
+    .await;
     let mut client = ingest_client(&producer).await;
     let (tx, rx) = tokio::sync::mpsc::channel(4);
     tx.send(batch("w", 1, vec![stored(1, 0, &[h(1, 1)])]))

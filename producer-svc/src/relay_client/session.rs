@@ -36,6 +36,9 @@ const FRAME_OVERHEAD_BYTES: usize = 256;
 /// `fixed64` image (8 bytes), rounded up.
 const WIRE_BYTES_PER_IMAGE: usize = 14;
 
+/// Unacknowledged batches remembered for the change-to-ack histogram.
+const MAX_UNACKED_SAMPLES: usize = 4_096;
+
 /// How a session ended.
 #[derive(Debug)]
 pub enum SessionEnd {
@@ -286,6 +289,10 @@ impl RelayClient {
                                 self.metrics.deltas_sent.with_label_values(&[&self.endpoint]).inc();
                             }
                             if let Some(last) = deltas.last() {
+                                // Bounded: an indexer that never acknowledges costs samples, not memory.
+                                if in_flight.len() == MAX_UNACKED_SAMPLES {
+                                    in_flight.pop_front();
+                                }
                                 in_flight.push_back((last.sequence, oldest));
                             }
                             r

@@ -132,7 +132,10 @@ impl FakeRelay {
 
     /// Runs `f` on the state.
     pub fn with<R>(&self, f: impl FnOnce(&FakeState) -> R) -> R {
-        f(&self.state.lock().unwrap())
+        f(&self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner))
     }
 
     /// Waits until `cond` holds; panics naming `what` after a generous bound.
@@ -140,7 +143,12 @@ impl FakeRelay {
         let mut version = self.version.clone();
         let deadline = tokio::time::Instant::now() + PATIENCE;
         loop {
-            if cond(&self.state.lock().unwrap()) {
+            if cond(
+                &self
+                    .state
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner),
+            ) {
                 return;
             }
             match tokio::time::timeout_at(deadline, version.changed()).await {
@@ -148,7 +156,12 @@ impl FakeRelay {
                 Ok(Err(_)) => panic!("fake relay stopped while waiting for: {what}"),
                 Err(_) => panic!(
                     "timed out waiting for: {what}; state: {:#?}",
-                    summary(&self.state.lock().unwrap())
+                    summary(
+                        &self
+                            .state
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    )
                 ),
             }
         }
@@ -207,7 +220,10 @@ impl Relay for Service {
         };
         let (retire_tx, mut retire_rx) = mpsc::channel(1);
         let (index, lease, grant, bucket_count) = {
-            let mut s = self.state.lock().unwrap();
+            let mut s = self
+                .state
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             let lease = v1::LaneLease {
                 consumer_instance: s.consumer_instance,
                 lane: 0,
@@ -260,7 +276,10 @@ impl Relay for Service {
                     Ok(None) | Err(_) => break,
                 };
                 let (reply, done) = {
-                    let mut s = service.state.lock().unwrap();
+                    let mut s = service
+                        .state
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
                     let a = &mut s.attachments[index];
                     let reply = handle_frame(a, frame, lease, grant, bucket_count);
                     (reply, a.drained)
@@ -273,8 +292,16 @@ impl Relay for Service {
                     break;
                 }
             }
+            // End the reply stream (trailers), then read the request stream to its end, as a
+            // well-behaved server does: dropping it unread makes the HTTP/2 layer reset the
+            // stream, which can cost the client the final reply it has not read yet.
+            drop(tx);
+            while let Ok(Some(_)) = frames.message().await {}
             {
-                let mut s = service.state.lock().unwrap();
+                let mut s = service
+                    .state
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
                 s.attachments[index].ended = true;
                 s.attachments[index].retire = None;
             }
