@@ -97,7 +97,7 @@ async fn snapshot_and_deltas_rebuild_the_filter() {
     let tracked = model.tracked();
     let table = producer.table().await.unwrap();
     fake.wait_for("the fake's table equals the producer's", |s| {
-        s.attachments.get(0).is_some_and(|a| a.table == table)
+        s.attachments.first().is_some_and(|a| a.table == table)
     })
     .await;
 
@@ -346,7 +346,7 @@ async fn a_retired_lane_is_reattached_with_a_new_snapshot() {
     client.publish_batch(batch("s", 0, events)).await.unwrap();
     let table = producer.table().await.unwrap();
     fake.wait_for("first attachment converged", |s| {
-        s.attachments.get(0).is_some_and(|a| a.table == table)
+        s.attachments.first().is_some_and(|a| a.table == table)
     })
     .await;
 
@@ -496,7 +496,7 @@ async fn two_indexers_each_get_their_own_continuous_sequence() {
     let table = producer.table().await.unwrap();
     for fake in [&a, &b] {
         fake.wait_for("converged", |s| {
-            s.attachments.get(0).is_some_and(|a| a.table == table)
+            s.attachments.first().is_some_and(|a| a.table == table)
         })
         .await;
     }
@@ -519,7 +519,7 @@ async fn two_indexers_each_get_their_own_continuous_sequence() {
     })
     .await;
     b.wait_for("B converged again", |s| {
-        s.attachments.get(0).is_some_and(|a| a.table == table)
+        s.attachments.first().is_some_and(|a| a.table == table)
     })
     .await;
     assert_eq!(
@@ -652,7 +652,7 @@ async fn a_superseded_producer_stops_publishing_to_that_indexer() {
         .unwrap();
     let table = producer.table().await.unwrap();
     b.wait_for("B converged", |s| {
-        s.attachments.get(0).is_some_and(|a| a.table == table)
+        s.attachments.first().is_some_and(|a| a.table == table)
     })
     .await;
     let needle = format!(
