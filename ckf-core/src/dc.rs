@@ -368,7 +368,11 @@ impl DcCkfState {
 
     /// Number of members owning `block_hash` (exact).
     pub fn refcount(&self, block_hash: u64) -> u32 {
-        self.proj.blocks.map.get(&block_hash).map_or(0, |o| o.refcount)
+        self.proj
+            .blocks
+            .map
+            .get(&block_hash)
+            .map_or(0, |o| o.refcount)
     }
 
     /// Whether `member` owns `block_hash` (exact).
@@ -404,7 +408,9 @@ impl DcCkfState {
     /// Lossy CKF membership: whether either candidate bucket of `block_hash` holds its
     /// fingerprint. True for every tracked hash; may be true for others (false positive).
     pub fn may_contain(&self, block_hash: u64) -> bool {
-        self.proj.mutator.contains(self.proj.addressing.locate(block_hash))
+        self.proj
+            .mutator
+            .contains(self.proj.addressing.locate(block_hash))
     }
 
     /// The packed table, `bucket_count` words, index = bucket.

@@ -106,8 +106,10 @@ fn csr(
     for e in edges {
         starts[key(e) as usize + 1] += 1;
     }
-    for v in 0..n {
-        starts[v + 1] += starts[v];
+    let mut sum = 0;
+    for s in starts.iter_mut() {
+        sum += *s;
+        *s = sum;
     }
     cursor.clear();
     cursor.extend_from_slice(&starts[..n]);
@@ -194,7 +196,11 @@ impl DirtyTracker {
                 });
             }
         }
+        // A burst (say, a warm-up before the first publication) must not pin its peak buffer
+        // size forever: trim buffers far above this batch's size.
+        trim(&mut self.entries);
         self.entries.clear();
+        trim(&mut self.changed);
         if self.changed.is_empty() {
             return None;
         }
@@ -242,8 +248,24 @@ impl DirtyTracker {
         }
         let n = self.changed.len();
         // `seen` doubles as the cursor buffer of the counting sorts; reset below.
-        csr(n, &self.edges, |e| e.0, |e| e.1, &mut self.out_starts, &mut self.out_to, &mut self.seen);
-        csr(n, &self.edges, |e| e.1, |e| e.0, &mut self.in_starts, &mut self.in_from, &mut self.seen);
+        csr(
+            n,
+            &self.edges,
+            |e| e.0,
+            |e| e.1,
+            &mut self.out_starts,
+            &mut self.out_to,
+            &mut self.seen,
+        );
+        csr(
+            n,
+            &self.edges,
+            |e| e.1,
+            |e| e.0,
+            &mut self.in_starts,
+            &mut self.in_from,
+            &mut self.seen,
+        );
         self.indegree.clear();
         self.indegree
             .extend((0..n).map(|v| self.in_starts[v + 1] - self.in_starts[v]));
@@ -309,6 +331,14 @@ impl DirtyTracker {
     }
 }
 
+/// Shrinks `v` when its capacity exceeds four times its length (and 1,024 elements).
+fn trim<T>(v: &mut Vec<T>) {
+    let keep = v.len().max(1024);
+    if v.capacity() > 4 * keep {
+        v.shrink_to(2 * keep);
+    }
+}
+
 /// Copies of `fingerprint` in `word`.
 #[inline]
 fn count(word: u64, fingerprint: u16) -> usize {
@@ -342,7 +372,13 @@ mod tests {
         t.touch(5, table[5]);
         table[5] = 9;
         let batch = t.take(&table, &a).unwrap();
-        assert_eq!(batch.images, vec![BucketImage { bucket: 5, image: 9 }]);
+        assert_eq!(
+            batch.images,
+            vec![BucketImage {
+                bucket: 5,
+                image: 9
+            }]
+        );
     }
 
     #[test]

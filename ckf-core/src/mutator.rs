@@ -260,7 +260,10 @@ mod tests {
             }
         }
         let occupied: u32 = m.buckets().iter().map(|&w| bucket::occupied(w)).sum();
-        assert!(occupied >= 8, "a 16-slot table filled only {occupied} slots");
+        assert!(
+            occupied >= 8,
+            "a 16-slot table filled only {occupied} slots"
+        );
     }
 
     #[test]

@@ -43,7 +43,11 @@ fn assert_projection_exact(state: &DcCkfState, tracked: &BTreeSet<u64>) {
     for &h in tracked {
         let l = a.locate(h);
         assert!(state.may_contain(h), "tracked block {h:#x} not found");
-        let k = (l.fingerprint, l.bucket_a.min(l.bucket_b), l.bucket_a.max(l.bucket_b));
+        let k = (
+            l.fingerprint,
+            l.bucket_a.min(l.bucket_b),
+            l.bucket_a.max(l.bucket_b),
+        );
         *groups.entry(k).or_default() += 1;
     }
     let b = state.buckets();
@@ -60,7 +64,8 @@ fn assert_projection_exact(state: &DcCkfState, tracked: &BTreeSet<u64>) {
 #[test]
 fn case_01_fingerprint_and_bucket_are_independent() {
     let a = Addressing::new(&TableFormat::for_expected_blocks(1 << 20, 42).unwrap()).unwrap();
-    let families: [(&str, fn(u64) -> u64); 4] = [
+    type Family = (&'static str, fn(u64) -> u64);
+    let families: [Family; 4] = [
         ("random", |i| key(i, 1)),
         ("sequential", |i| i),
         ("stride 2^20", |i| i << 20),
@@ -158,8 +163,14 @@ fn case_04_zero_fingerprint_is_not_the_empty_marker() {
     for &h in &zeros {
         assert!(!s.may_contain(h));
     }
-    assert!(s.buckets().iter().all(|&w| w == 0), "table not back to empty");
-    assert!(s.take_batch().is_none(), "net reversion must publish nothing");
+    assert!(
+        s.buckets().iter().all(|&w| w == 0),
+        "table not back to empty"
+    );
+    assert!(
+        s.take_batch().is_none(),
+        "net reversion must publish nothing"
+    );
 }
 
 /// Case 5: filling until the first omission loses no older block and leaves the table bytes,
@@ -230,7 +241,11 @@ fn case_06_same_representation_keeps_two_copies() {
                 s.store(m1, &[h1]);
                 s.store(m2, &[h2]);
                 assert_eq!(copies_in_pair(s.buckets(), loc), 2);
-                let (remover, keeper) = if first_removed == h1 { (m1, h2) } else { (m2, h1) };
+                let (remover, keeper) = if first_removed == h1 {
+                    (m1, h2)
+                } else {
+                    (m2, h1)
+                };
                 assert_eq!(s.remove(remover, &[first_removed]).applied, 1);
                 assert!(s.may_contain(keeper));
                 assert_eq!(s.refcount(keeper), 1);
@@ -276,7 +291,10 @@ fn case_08_holes_do_not_hide_later_slots() {
     let mut same_bucket: Vec<u64> = Vec::new();
     for h in (0u64..).map(|i| key(i, 8)) {
         let l = a.locate(h);
-        if l.bucket_a == 9 && same_bucket.iter().all(|&o| a.locate(o).fingerprint != l.fingerprint)
+        if l.bucket_a == 9
+            && same_bucket
+                .iter()
+                .all(|&o| a.locate(o).fingerprint != l.fingerprint)
         {
             same_bucket.push(h);
             if same_bucket.len() == 5 {
@@ -319,7 +337,10 @@ fn case_08_holes_do_not_hide_later_slots() {
                 continue;
             }
             let fp = a.locate(h).fingerprint;
-            assert!(s.may_contain(h), "slot {slot} lost after removing slot {hole}");
+            assert!(
+                s.may_contain(h),
+                "slot {slot} lost after removing slot {hole}"
+            );
             assert!(bucket::contains(snapshot.buckets[9], fp));
             assert!(bucket::contains(batch.images[0].image, fp));
         }
@@ -344,7 +365,10 @@ fn case_08_holes_do_not_hide_later_slots() {
 fn case_11_degenerate_parameters() {
     for expected in [0u64, 1, 3] {
         let format = TableFormat::for_expected_blocks(expected, 0).unwrap();
-        assert_eq!(format.bucket_count, 2, "{expected} expected blocks clamp to 2 buckets");
+        assert_eq!(
+            format.bucket_count, 2,
+            "{expected} expected blocks clamp to 2 buckets"
+        );
         let mut s = DcCkfState::new(DcCkfConfig::new(format)).unwrap();
         let hashes: Vec<u64> = (0..3).map(|i| key(i, 11)).collect();
         assert_eq!(s.store(M0, &hashes).applied, 3);
@@ -481,7 +505,10 @@ fn case_12_relocations_reach_their_target_first() {
             }
         }
         if batch.cycles_broken == 0 {
-            assert_eq!(batch_misses, 0, "transient miss without a cycle in round {round}");
+            assert_eq!(
+                batch_misses, 0,
+                "transient miss without a cycle in round {round}"
+            );
         }
         misses += batch_misses;
         assert_eq!(consumer, s.buckets(), "round {round}");
@@ -498,6 +525,12 @@ fn case_12_relocations_reach_their_target_first() {
     assert_eq!(u64::from(cycles), s.stats().cycles_broken_total);
     // Measured: about 1% of batches break one cycle, each costing about one transient miss
     // (0.02% of images); single-command batches none. The bounds leave 3x-5x headroom.
-    assert!(cycles * 25 <= batches, "{cycles} cycles in {batches} batches");
-    assert!(misses * 1000 <= images, "{misses} transient misses in {images} images");
+    assert!(
+        cycles * 25 <= batches,
+        "{cycles} cycles in {batches} batches"
+    );
+    assert!(
+        misses * 1000 <= images,
+        "{misses} transient misses in {images} images"
+    );
 }

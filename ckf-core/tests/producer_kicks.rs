@@ -6,9 +6,9 @@
 //! known byte hash whose low bits are weakly mixed, which is exactly the kind of input that
 //! exposes correlated or periodic placement.
 
+use ckf_core::TableFormat;
 use ckf_core::addressing::fmix64;
 use ckf_core::dc::{DcCkfConfig, DcCkfState, MemberId};
-use ckf_core::TableFormat;
 
 /// FNV-1a 64 of `bytes`.
 fn fnv1a64(bytes: &[u8]) -> u64 {

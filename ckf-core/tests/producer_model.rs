@@ -118,12 +118,24 @@ fn check(state: &DcCkfState, model: &Model, hashes: &[u64]) -> Result<(), TestCa
     for &h in &tracked {
         let l = a.locate(h);
         prop_assert!(state.may_contain(h), "tracked {:#x} not in its buckets", h);
-        let key = (l.fingerprint, l.bucket_a.min(l.bucket_b), l.bucket_a.max(l.bucket_b));
+        let key = (
+            l.fingerprint,
+            l.bucket_a.min(l.bucket_b),
+            l.bucket_a.max(l.bucket_b),
+        );
         *groups.entry(key).or_default() += 1;
     }
     for (&(fp, x, y), &n) in &groups {
         let have = copies(buckets[x as usize], fp) + copies(buckets[y as usize], fp);
-        prop_assert!(have >= n, "{} hashes share fp {:#x} in ({}, {}) but {} copies", n, fp, x, y, have);
+        prop_assert!(
+            have >= n,
+            "{} hashes share fp {:#x} in ({}, {}) but {} copies",
+            n,
+            fp,
+            x,
+            y,
+            have
+        );
     }
     for m in 0..MEMBERS {
         let expect: Vec<u64> = model
@@ -175,10 +187,12 @@ fn run(bucket_count: u64, max_kicks: u32, ops: Vec<Op>) -> Result<(), TestCaseEr
                         // Omitted: only a first owner's insertion can fail.
                         prop_assert_eq!(model.refcount(h), 0, "store of a tracked hash omitted");
                         expect.omitted += 1;
-                        expect.first_error.get_or_insert(BlockError::CapacityExhausted {
-                            block_hash: h,
-                            kicks: max_kicks,
-                        });
+                        expect
+                            .first_error
+                            .get_or_insert(BlockError::CapacityExhausted {
+                                block_hash: h,
+                                kicks: max_kicks,
+                            });
                     }
                 }
                 prop_assert_eq!(out, expect);

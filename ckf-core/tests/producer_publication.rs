@@ -70,7 +70,10 @@ fn frames_need_lease_then_snapshot() {
     let mut s = state();
     let mut p = DcCkfPublisher::new(identity());
     assert_eq!(p.snapshot(&s), Err(PublishError::NoLease));
-    assert!(matches!(p.drain_marker(), Err(PublishError::NotStreaming(_))));
+    assert!(matches!(
+        p.drain_marker(),
+        Err(PublishError::NotStreaming(_))
+    ));
     let batch = churn(&mut s, 1, 3);
     assert_eq!(
         p.delta(&batch),
@@ -167,18 +170,28 @@ fn fence_blocks_frames_until_new_lease_and_snapshot() {
     assert_eq!(p.delta(&batch), Err(fenced.clone()));
     assert_eq!(p.drain_marker(), Err(fenced.clone()));
     assert_eq!(p.snapshot(&s), Err(fenced));
-    assert_eq!(p.sequence(), 1, "a refused frame must not advance the sequence");
+    assert_eq!(
+        p.sequence(),
+        1,
+        "a refused frame must not advance the sequence"
+    );
     // The fenced lease cannot be reinstalled.
     assert!(matches!(
         p.install_lease(lease(1, 1)),
         Err(PublishError::StaleLease { .. })
     ));
     p.install_lease(lease(1, 2)).unwrap();
-    assert!(matches!(p.delta(&batch), Err(PublishError::NotStreaming(_))));
+    assert!(matches!(
+        p.delta(&batch),
+        Err(PublishError::NotStreaming(_))
+    ));
     let snap = p.snapshot(&s).unwrap();
     assert_eq!(snap.tag.lease.epoch, 2);
     let d = p.delta(&churn(&mut s, 20, 2)).unwrap();
-    assert_eq!((d.base_sequence, d.sequence), (snap.sequence, snap.sequence + 1));
+    assert_eq!(
+        (d.base_sequence, d.sequence),
+        (snap.sequence, snap.sequence + 1)
+    );
 }
 
 #[test]
@@ -194,7 +207,10 @@ fn sequence_exhaustion_fences() {
     assert_eq!(d.sequence, u64::MAX);
     assert_eq!(p.drain_marker().unwrap().sequence, u64::MAX);
     let batch = churn(&mut s, 20, 2);
-    assert_eq!(p.delta(&batch), Err(PublishError::SequenceExhausted(u64::MAX)));
+    assert_eq!(
+        p.delta(&batch),
+        Err(PublishError::SequenceExhausted(u64::MAX))
+    );
     assert_eq!(
         p.state(),
         PublisherState::Fenced(FenceReason::SequenceExhausted)

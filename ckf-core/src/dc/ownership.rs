@@ -15,8 +15,8 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::hasher::FoldHashBuilder;
 use super::MemberId;
+use super::hasher::FoldHashBuilder;
 
 /// Owner tag of a member (`>= 1`; 0 marks an empty inline slot).
 pub(crate) type Tag = u32;
@@ -92,7 +92,10 @@ impl BlockOwners {
     /// Heap bytes (capacity-based estimate, see `DcCkfStats::bytes_used`).
     pub fn bytes_used(&self) -> usize {
         super::stats::hash_table_bytes(self.map.capacity(), std::mem::size_of::<(u64, Owners)>())
-            + super::stats::hash_table_bytes(self.spill.capacity(), std::mem::size_of::<(u64, Tag)>())
+            + super::stats::hash_table_bytes(
+                self.spill.capacity(),
+                std::mem::size_of::<(u64, Tag)>(),
+            )
     }
 }
 
@@ -155,8 +158,10 @@ impl Members {
 
     /// Heap bytes (capacity-based estimate).
     pub fn bytes_used(&self) -> usize {
-        super::stats::hash_table_bytes(self.index.capacity(), std::mem::size_of::<(MemberId, Tag)>())
-            + self.slots.capacity() * std::mem::size_of::<MemberSlot>()
+        super::stats::hash_table_bytes(
+            self.index.capacity(),
+            std::mem::size_of::<(MemberId, Tag)>(),
+        ) + self.slots.capacity() * std::mem::size_of::<MemberSlot>()
             + self.free.capacity() * 4
     }
 }
