@@ -244,7 +244,160 @@ fn split(batch: &PublicationBatch, max_images: usize) -> Vec<PublicationBatch> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ckf_core::addressing::TableFormat;
+    use ckf_core::dc::{DcCkfConfig, MemberId};
     use ckf_core::frames::BucketImage;
+    use ckf_core::identity::{PoolId, ProducerIncarnation};
+
+    fn setup() -> (DcCkfState, Fanout) {
+        let format = TableFormat::new(64, 1).unwrap();
+        let identity = ProducerIdentity {
+            pool: PoolId::new("d", "dc-a").unwrap(),
+            incarnation: ProducerIncarnation(9),
+            format,
+        };
+        let state = DcCkfState::new(DcCkfConfig::new(format)).unwrap();
+        let fanout = Fanout::new(&identity, &["a".into(), "b".into()], Metrics::new());
+        (state, fanout)
+    }
+
+    fn lease(epoch: u64) -> LaneLease {
+        LaneLease {
+            consumer_instance: 1,
+            lane: 0,
+            epoch,
+        }
+    }
+
+    const WIDE: FrameLimits = FrameLimits {
+        max_images_per_delta: usize::MAX,
+    };
+
+    #[test]
+    fn attach_drains_pending_changes_to_the_others_before_its_snapshot() {
+        let (mut state, mut fanout) = setup();
+        let (tx_a, mut rx_a) = mpsc::channel(8);
+        assert_eq!(fanout.attach(&mut state, 0, lease(1), WIDE, tx_a), Ok(0));
+        let Ok(Outbound::Snapshot(snap_a)) = rx_a.try_recv() else {
+            panic!("a snapshot first")
+        };
+        assert!(snap_a.buckets.iter().all(|&w| w == 0));
+
+        state.store(MemberId::new(1, 0), &[11, 12, 13]);
+        assert!(state.pending_dirty() > 0);
+        let (tx_b, mut rx_b) = mpsc::channel(8);
+        assert_eq!(fanout.attach(&mut state, 1, lease(2), WIDE, tx_b), Ok(0));
+        assert_eq!(state.pending_dirty(), 0);
+        // A got the pending change as its delta 0 -> 1 ...
+        let Ok(Outbound::Deltas(deltas, _)) = rx_a.try_recv() else {
+            panic!("a delta for a")
+        };
+        assert_eq!(deltas.len(), 1);
+        assert_eq!((deltas[0].base_sequence, deltas[0].sequence), (0, 1));
+        let mut rebuilt = snap_a.buckets.clone();
+        for i in &deltas[0].images {
+            rebuilt[i.bucket as usize] = i.image;
+        }
+        assert_eq!(rebuilt, state.buckets());
+        // ... and B's barrier snapshot already contains it (and nothing else was queued).
+        let Ok(Outbound::Snapshot(snap_b)) = rx_b.try_recv() else {
+            panic!("a snapshot for b")
+        };
+        assert_eq!(snap_b.buckets, state.buckets());
+        assert!(rx_b.try_recv().is_err());
+
+        // Both streams continue with their own sequences.
+        state.remove(MemberId::new(1, 0), &[12]);
+        assert!(fanout.publish(&mut state));
+        let Ok(Outbound::Deltas(a, _)) = rx_a.try_recv() else {
+            panic!()
+        };
+        let Ok(Outbound::Deltas(b, _)) = rx_b.try_recv() else {
+            panic!()
+        };
+        assert_eq!((a[0].base_sequence, a[0].sequence), (1, 2));
+        assert_eq!((b[0].base_sequence, b[0].sequence), (0, 1));
+        assert_eq!(a[0].images, b[0].images);
+
+        // The exact drain markers.
+        assert_eq!(fanout.drain(), 2);
+        let Ok(Outbound::Drain(m)) = rx_a.try_recv() else {
+            panic!()
+        };
+        assert_eq!(m.sequence, 2);
+        let Ok(Outbound::Drain(m)) = rx_b.try_recv() else {
+            panic!()
+        };
+        assert_eq!(m.sequence, 1);
+        assert_eq!(fanout.attached(), 0);
+    }
+
+    #[test]
+    fn a_full_queue_fences_only_that_attachment_and_stale_detaches_are_ignored() {
+        let (mut state, mut fanout) = setup();
+        let (tx_a, mut rx_a) = mpsc::channel(2);
+        let (tx_b, mut rx_b) = mpsc::channel(64);
+        fanout.attach(&mut state, 0, lease(1), WIDE, tx_a).unwrap();
+        fanout.attach(&mut state, 1, lease(2), WIDE, tx_b).unwrap();
+        for i in 0..4u64 {
+            state.store(MemberId::new(i, 0), &[100 + i]);
+            fanout.publish(&mut state);
+        }
+        // A's queue (snapshot + 1 batch) overflowed: A is fenced and its queue closed.
+        assert_eq!(fanout.attached(), 1);
+        let mut a_entries = 0;
+        while rx_a.try_recv().is_ok() {
+            a_entries += 1;
+        }
+        assert_eq!(a_entries, 2);
+        assert!(rx_a.is_closed());
+        // B saw every batch.
+        let mut b_deltas = 0;
+        while let Ok(entry) = rx_b.try_recv() {
+            if let Outbound::Deltas(d, _) = entry {
+                b_deltas += d.len();
+            }
+        }
+        assert_eq!(b_deltas, 4);
+        // A detach naming an older lease does not touch the current attachment.
+        fanout.detach(1, lease(1), FenceReason::UncertainDelivery);
+        assert_eq!(fanout.attached(), 1);
+        fanout.detach(1, lease(2), FenceReason::UncertainDelivery);
+        assert_eq!(fanout.attached(), 0);
+        // A stale lease is refused on re-attach.
+        let (tx, _rx) = mpsc::channel(2);
+        assert!(matches!(
+            fanout.attach(&mut state, 1, lease(2), WIDE, tx),
+            Err(AttachRefused::Publisher(PublishError::StaleLease { .. }))
+        ));
+    }
+
+    #[test]
+    fn oversized_batches_become_consecutive_deltas() {
+        let (mut state, mut fanout) = setup();
+        let (tx, mut rx) = mpsc::channel(8);
+        let narrow = FrameLimits {
+            max_images_per_delta: 2,
+        };
+        fanout.attach(&mut state, 0, lease(1), narrow, tx).unwrap();
+        let _snapshot = rx.try_recv().unwrap();
+        state.store(MemberId::new(1, 0), &[1, 2, 3, 4, 5, 6, 7]);
+        fanout.publish(&mut state);
+        let Ok(Outbound::Deltas(deltas, _)) = rx.try_recv() else {
+            panic!()
+        };
+        assert!(deltas.len() > 1);
+        let mut rebuilt = vec![0u64; 64];
+        for (i, d) in deltas.iter().enumerate() {
+            assert!(d.images.len() <= 2);
+            assert_eq!(d.base_sequence, i as u64);
+            assert_eq!(d.sequence, i as u64 + 1);
+            for img in &d.images {
+                rebuilt[img.bucket as usize] = img.image;
+            }
+        }
+        assert_eq!(rebuilt, state.buckets());
+    }
 
     #[test]
     fn split_keeps_order_and_bounds() {
