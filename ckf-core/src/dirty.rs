@@ -402,6 +402,27 @@ mod tests {
     }
 
     #[test]
+    fn cycle_is_broken_on_the_cycle_not_downstream() {
+        // Positions: 0 = C (touched first), 1 = A, 2 = B. A and B must each precede the other;
+        // C waits on A. Breaking at C (the earliest touched) would resolve nothing and cost a
+        // second break; the walk-back picks a bucket on the cycle.
+        let mut t = DirtyTracker::new(64);
+        for bucket in [10, 11, 12] {
+            t.changed.push(Changed {
+                bucket,
+                old: 0,
+                new: u64::from(bucket),
+            });
+        }
+        t.edges.extend([(1, 2), (2, 1), (1, 0)]);
+        let (images, cycles) = t.order();
+        assert_eq!(cycles, 1);
+        let pos = |b: u32| images.iter().position(|i| i.bucket == b).unwrap();
+        assert!(pos(11) < pos(10), "C must follow A");
+        assert_eq!(images.len(), 3);
+    }
+
+    #[test]
     fn swap_cycle_is_broken_and_counted() {
         let a = addressing(64);
         // Two fingerprints with the same offset swap between the same two buckets.
