@@ -737,3 +737,35 @@ async fn shutdown_ends_open_ingest_streams_with_unavailable() {
     assert_eq!(report.final_stats.unique_hashes, 1);
     drop(tx);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_batch_threshold_cuts_a_batch_without_waiting_for_the_delay() {
+    let fake = FakeRelay::start(GrantConfig::default(), 7).await;
+    let mut config = fast_config(vec![fake.url()]);
+    // The delay alone would hold the batch for longer than the fake's patience.
+    config.publication.max_delay_ms = 60_000;
+    config.publication.batch_threshold = 16;
+    let producer = start_with(config).await;
+    fake.wait_for("snapshot installed", |s| {
+        s.attachments.first().is_some_and(|a| a.installed.is_some())
+    })
+    .await;
+    let mut client = ingest_client(&producer).await;
+    // Below the threshold: stays pending.
+    client
+        .publish_batch(batch("s", 0, vec![stored(1, 0, &[h(1, 0)])]))
+        .await
+        .unwrap();
+    assert_eq!(producer.stats().await.unwrap().pending_dirty, 1);
+    // At the threshold: cut and published at once, the pending store included.
+    client
+        .publish_batch(batch("s", 1, vec![stored(1, 0, &chain(1, 1..40))]))
+        .await
+        .unwrap();
+    let table = producer.table().await.unwrap();
+    fake.wait_for("the batch arrived", |s| {
+        s.attachments.first().is_some_and(|a| a.table == table)
+    })
+    .await;
+    assert_eq!(producer.stats().await.unwrap().pending_dirty, 0);
+}
