@@ -50,7 +50,8 @@ use crate::frames::BucketImage;
 pub struct PublicationBatch {
     /// Absolute bucket images, unique buckets, non-empty, in installation order.
     pub images: Vec<BucketImage>,
-    /// When the oldest change in this batch was made (producer monotonic clock).
+    /// When the first write since the previous batch was made (producer monotonic clock): an
+    /// upper bound on the age of every image in this batch.
     pub oldest_change: Instant,
     /// Ordering cycles broken while sorting this batch (see the module docs).
     pub cycles_broken: u32,
