@@ -123,6 +123,7 @@ impl RelayClient {
     async fn connect_and_attach(&self) -> Result<(Stream, Grant), SessionEnd> {
         let s = &self.settings;
         self.set_state(AttachmentState::Connecting);
+        tracing::debug!(indexer = %self.endpoint, "connecting");
         let endpoint = Endpoint::from_shared(self.endpoint.clone())
             .map_err(|e| SessionEnd::Failed(fail("connect_failed", error_chain(&e))))?
             .connect_timeout(s.connect_timeout)
@@ -148,6 +149,7 @@ impl RelayClient {
             .await
             .map_err(|_| SessionEnd::Failed(fail("stream_error", "request stream closed")))?;
         self.set_state(AttachmentState::AwaitingLease);
+        tracing::debug!(indexer = %self.endpoint, "attach sent; awaiting the lease");
         let deadline = Instant::now() + s.connect_timeout;
         let call = async {
             let mut replies = client.publish(ReceiverStream::new(rx)).await?.into_inner();
