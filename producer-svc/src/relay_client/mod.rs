@@ -189,7 +189,7 @@ impl RelayClient {
                         reason = f.label,
                         detail = %f.detail,
                         retry_in_ms = delay.as_millis() as u64,
-                        "publication to this indexer failed; publisher fenced, re-attaching after the backoff"
+                        "attachment ended; publisher fenced, re-attaching after the backoff"
                     );
                     self.set_state(AttachmentState::Backoff);
                     tokio::select! {
