@@ -127,6 +127,7 @@ impl RelayClient {
             }
             match self.session().await {
                 SessionEnd::Drained { sequence } => {
+                    // The message is matched by the e2e tests (tests/): keep it stable.
                     tracing::info!(indexer = %self.endpoint, sequence, "drained: the indexer acknowledged the final sequence");
                     self.set_state(AttachmentState::Drained);
                     return DrainOutcome::Drained { sequence };
@@ -156,6 +157,7 @@ impl RelayClient {
                             })
                             .await;
                     }
+                    // The message is matched by the e2e tests (tests/): keep it stable.
                     tracing::error!(
                         indexer = %self.endpoint,
                         pool = %self.identity.pool,
@@ -184,6 +186,7 @@ impl RelayClient {
                         backoff.reset();
                     }
                     let delay = backoff.next_delay();
+                    // The message is matched by the e2e tests (tests/): keep it stable.
                     tracing::warn!(
                         indexer = %self.endpoint,
                         reason = f.label,
