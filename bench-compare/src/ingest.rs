@@ -5,9 +5,10 @@
 //! stores a chain (80% fresh: 16 random local hashes, chained by dynamo's rule; 20% a chain
 //! another member holds, so shared blocks exist and refcounts go above 1) and evicts its oldest
 //! chain (16 blocks, one removed event). Member capacity is set so the distinct blocks fill ~85%
-//! of the CKF slots. Events are generated before timing. Each run starts from a fresh state
-//! warmed to that load (untimed), then applies `STEADY_BLOCK_OPS` block ops; time is the
-//! thread's on-CPU time.
+//! of the CKF slots. Ops are generated before timing. Every implementation gets its own state
+//! warmed to that load (untimed), then applies the same `STEADY_BLOCK_OPS` block ops, in
+//! `SEGMENTS` segments taken round-robin across implementations; time is the thread's on-CPU
+//! time, summed over segments.
 //!
 //! Inputs: dynamo gets engine events (external block ids = the chained hashes, local token
 //! hashes, parent = none because each chain starts a sequence) and chains them itself;
@@ -166,21 +167,14 @@ fn router_event(w: &Workload, op: &Op, id: u64) -> RouterEvent {
     )
 }
 
-fn events(w: &Workload, ops: &[Op]) -> Vec<RouterEvent> {
-    ops.iter()
-        .enumerate()
-        .map(|(i, op)| router_event(w, op, i as u64))
-        .collect()
-}
-
-/// Block ops per second of `run`, by on-CPU time.
-fn rate(ops: f64, run: impl FnOnce()) -> f64 {
-    let start = cpu_ns();
-    run();
-    ops * 1e9 / (cpu_ns() - start).max(1) as f64
-}
-
-fn ours_apply(state: &mut DcCkfState, w: &Workload, ops: &[Op], chain: bool, publish: bool) {
+fn ours_apply(
+    state: &mut DcCkfState,
+    w: &Workload,
+    ops: &[Op],
+    first: usize,
+    chain: bool,
+    publish: bool,
+) {
     for (i, op) in ops.iter().enumerate() {
         let c = &w.chains[op.chain as usize];
         let member = MemberId::new(op.member as u64, 0);
@@ -196,7 +190,7 @@ fn ours_apply(state: &mut DcCkfState, w: &Workload, ops: &[Op], chain: bool, pub
                 black_box(state.remove(member, &c.canon));
             }
         }
-        if publish && i % PUBLISH_EVERY == PUBLISH_EVERY - 1 {
+        if publish && (first + i) % PUBLISH_EVERY == PUBLISH_EVERY - 1 {
             black_box(state.take_batch());
         }
     }
@@ -249,6 +243,57 @@ pub struct IngestRow {
     pub mem_exact: f64,
 }
 
+/// One implementation under test, warmed to the target load.
+enum Runner {
+    Ours {
+        state: DcCkfState,
+        chain: bool,
+        publish: bool,
+    },
+    Dyn(DynState),
+    Radix(RadixTree),
+    Exact(HashMap<u64, u32, FoldHashBuilder>),
+}
+
+impl Runner {
+    /// Applies `ops` (steady ops `first..`); engine events are built before the clock starts.
+    /// Returns the on-CPU nanoseconds spent applying.
+    fn apply(&mut self, w: &Workload, ops: &[Op], first: usize) -> u64 {
+        let evs = match self {
+            Runner::Dyn(_) | Runner::Radix(_) => ops
+                .iter()
+                .enumerate()
+                .map(|(i, op)| router_event(w, op, (first + i) as u64))
+                .collect(),
+            _ => Vec::new(),
+        };
+        let start = cpu_ns();
+        match self {
+            Runner::Ours {
+                state,
+                chain,
+                publish,
+            } => ours_apply(state, w, ops, first, *chain, *publish),
+            Runner::Dyn(state) => {
+                for e in evs {
+                    black_box(state.apply_event(e));
+                }
+            }
+            Runner::Radix(tree) => {
+                for e in evs {
+                    let _ = black_box(tree.apply_event(e));
+                }
+            }
+            Runner::Exact(index) => exact_apply(index, w, ops),
+        }
+        cpu_ns() - start
+    }
+}
+
+/// Steady ops are applied in this many segments, round-robin over the implementations, so that
+/// load from other tenants of the machine falls on all of them alike.
+const SEGMENTS: usize = 8;
+
 /// Runs every implementation at `buckets` buckets and `load` slot load.
 pub fn run(buckets: u64, load: f64) -> IngestRow {
     let format = TableFormat::new(buckets, OUR_SEED).expect("format");
@@ -258,43 +303,53 @@ pub fn run(buckets: u64, load: f64) -> IngestRow {
     let trial = workload(guess, seed).unique_at_end;
     let capacity = (guess as f64 * unique as f64 / trial as f64) as usize;
     let w = workload(capacity, seed);
-    let ops = w.steady.iter().count() as f64 * CHAIN as f64;
+    let ops = w.steady.len() as f64 * CHAIN as f64;
+    // The large size skips ckf-core +chain and dynamo's default cadence (one warm-up each) to
+    // keep the whole run within a few minutes on a shared 2-core machine.
+    let full = buckets <= 1 << 16;
 
-    // ckf-core: three fresh states (ingest only, +chain, +publication).
-    let mut mem_ours = 0.0;
+    // Warm every implementation (untimed); heap retained by the first of each kind = memory.
+    let mut runners: Vec<(&str, Runner)> = Vec::new();
+    let (mut mem_ours, mut mem_dyn) = (0.0, 0.0);
     let mut warm_unique = 1.0;
-    let mut ours_rates = [0.0; 3];
-    let (mut load_ours, mut omitted_ours) = (0.0, 0);
-    for (k, (chain, publish)) in [(false, false), (true, false), (false, true)]
-        .into_iter()
-        .enumerate()
-    {
-        let (mut state, bytes) = retained(|| {
+    for (name, chain, publish) in [
+        ("ours", false, false),
+        ("ours+chain", true, false),
+        ("ours+pub", false, true),
+    ] {
+        if chain && !full {
+            continue;
+        }
+        let (state, bytes) = retained(|| {
             let mut s = DcCkfState::new(DcCkfConfig::new(format)).expect("state");
-            ours_apply(&mut s, &w, &w.warmup, false, false);
+            ours_apply(&mut s, &w, &w.warmup, 0, false, false);
             s.take_batch();
             s
         });
-        if k == 0 {
+        if name == "ours" {
             warm_unique = state.stats().unique_hashes as f64;
             mem_ours = bytes as f64 / warm_unique;
         }
-        ours_rates[k] = rate(ops, || {
-            ours_apply(&mut state, &w, &w.steady, chain, publish)
-        });
-        let s = state.stats();
-        load_ours = s.load_factor;
-        omitted_ours = s.omissions_total;
+        runners.push((
+            name,
+            Runner::Ours {
+                state,
+                chain,
+                publish,
+            },
+        ));
     }
-
-    // dynamo DcCkfState: publication never during timing, every 64 events, default (1).
-    let mut mem_dyn = 0.0;
-    let mut dyn_rates = [0.0; 3];
-    let (mut load_dyn, mut omitted_dyn) = (0.0, 0);
-    for (k, every) in [usize::MAX, PUBLISH_EVERY, 1].into_iter().enumerate() {
+    for (name, every) in [
+        ("dyn", usize::MAX),
+        ("dyn+pub", PUBLISH_EVERY),
+        ("dyn default", 1),
+    ] {
+        if every == 1 && !full {
+            continue;
+        }
         let mut config = dynamo_config(buckets);
         config.publish_every_n_events = every;
-        let (mut state, bytes) = retained(|| {
+        let (state, bytes) = retained(|| {
             let mut s = DynState::new(config).expect("dynamo state");
             for (i, op) in w.warmup.iter().enumerate() {
                 black_box(s.apply_event(router_event(&w, op, i as u64)));
@@ -302,23 +357,12 @@ pub fn run(buckets: u64, load: f64) -> IngestRow {
             s.flush();
             s
         });
-        let tracked = state.stats().aggregation().unique_block_count();
-        if k == 0 {
-            mem_dyn = bytes as f64 / tracked as f64;
+        if name == "dyn" {
+            mem_dyn = bytes as f64 / state.stats().aggregation().unique_block_count() as f64;
         }
-        let evs = events(&w, &w.steady);
-        dyn_rates[k] = rate(ops, || {
-            for e in evs {
-                black_box(state.apply_event(e));
-            }
-        });
-        let a = state.stats().aggregation();
-        load_dyn = a.occupied_slot_count() as f64 / (buckets * 4) as f64;
-        omitted_dyn = state.lifetime_capacity_omissions();
+        runners.push((name, Runner::Dyn(state)));
     }
-
-    // dynamo RadixTree (worker id = member).
-    let (mut tree, bytes) = retained(|| {
+    let (tree, bytes) = retained(|| {
         let mut t = RadixTree::new();
         for (i, op) in w.warmup.iter().enumerate() {
             let _ = black_box(t.apply_event(router_event(&w, op, i as u64)));
@@ -326,24 +370,46 @@ pub fn run(buckets: u64, load: f64) -> IngestRow {
         t
     });
     let mem_radix = bytes as f64 / warm_unique;
-    let evs = events(&w, &w.steady);
-    let radix = rate(ops, || {
-        for e in evs {
-            let _ = black_box(tree.apply_event(e));
-        }
-    });
-    drop(tree);
-
-    // Exact refcounts.
-    let (mut index, bytes) = retained(|| {
+    runners.push(("radix", Runner::Radix(tree)));
+    let (index, bytes) = retained(|| {
         let mut m: HashMap<u64, u32, FoldHashBuilder> = HashMap::default();
         exact_apply(&mut m, &w, &w.warmup);
         m
     });
     let mem_exact = bytes as f64 / index.len() as f64;
-    let exact = rate(ops, || exact_apply(&mut index, &w, &w.steady));
-    black_box(&index);
+    runners.push(("exact", Runner::Exact(index)));
 
+    // Steady state, interleaved by segment (segments hold whole store + remove pairs).
+    let seg = w.steady.len().div_ceil(SEGMENTS).next_multiple_of(2);
+    let mut spent = vec![0u64; runners.len()];
+    for (s, ops) in w.steady.chunks(seg).enumerate() {
+        for ((_, r), t) in runners.iter_mut().zip(spent.iter_mut()) {
+            *t += r.apply(&w, ops, s * seg);
+        }
+    }
+    let rate = |name: &str| {
+        runners
+            .iter()
+            .zip(&spent)
+            .find(|((n, _), _)| *n == name)
+            .map_or(f64::NAN, |(_, &t)| ops * 1e9 / t.max(1) as f64)
+    };
+    let (mut load_ours, mut omitted_ours, mut load_dyn, mut omitted_dyn) = (0.0, 0, 0.0, 0);
+    for (name, r) in &runners {
+        match r {
+            Runner::Ours { state, .. } if *name == "ours" => {
+                let s = state.stats();
+                load_ours = s.load_factor;
+                omitted_ours = s.omissions_total;
+            }
+            Runner::Dyn(state) if *name == "dyn" => {
+                let a = state.stats().aggregation();
+                load_dyn = a.occupied_slot_count() as f64 / (buckets * 4) as f64;
+                omitted_dyn = state.lifetime_capacity_omissions();
+            }
+            _ => {}
+        }
+    }
     IngestRow {
         buckets,
         load_ours,
@@ -351,14 +417,14 @@ pub fn run(buckets: u64, load: f64) -> IngestRow {
         omitted_ours,
         omitted_dyn,
         unique_blocks: w.unique_at_end,
-        ours: ours_rates[0],
-        ours_chain: ours_rates[1],
-        ours_pub: ours_rates[2],
-        dyn_never: dyn_rates[0],
-        dyn_pub: dyn_rates[1],
-        dyn_default: dyn_rates[2],
-        radix,
-        exact,
+        ours: rate("ours"),
+        ours_chain: rate("ours+chain"),
+        ours_pub: rate("ours+pub"),
+        dyn_never: rate("dyn"),
+        dyn_pub: rate("dyn+pub"),
+        dyn_default: rate("dyn default"),
+        radix: rate("radix"),
+        exact: rate("exact"),
         mem_ours,
         mem_dyn,
         mem_radix,

@@ -81,7 +81,7 @@ fn main() {
         eprintln!("error: {e}");
         std::process::exit(2);
     });
-    let passes = if a.quick { 1 } else { 4 };
+    let passes = if a.quick { 2 } else { 6 };
     let scale = timing::ns_per_tick();
     let fill = fill_lanes(&trace);
     let entries: usize = fill.held.iter().map(|h| h.len()).sum();
@@ -299,12 +299,19 @@ fn time_report(
     scale: f64,
     label: &str,
     suffix: &str,
-) -> Vec<timing::Lat> {
+) -> Vec<query::Timings> {
     let lats = query::time_interleaved(impls, order, passes, scale);
     for (t, l) in impls.iter().zip(&lats) {
         println!(
-            "  {label}{suffix:<8} {:<18} p50 {:>7.0} ns  p99 {:>7.0} ns  mean {:>7.0} ns",
-            t.name, l.p50, l.p99, l.mean
+            "  {label}{suffix:<8} {:<18} best-of-passes p50 {:>6.0} p99 {:>6.0} mean {:>6.0} ns | \
+             all samples p50 {:>6.0} p99 {:>6.0} mean {:>6.0} ns",
+            t.name,
+            l.filtered.p50,
+            l.filtered.p99,
+            l.filtered.mean,
+            l.raw.p50,
+            l.raw.p99,
+            l.raw.mean
         );
     }
     lats

@@ -1,7 +1,7 @@
 //! The summary table (Markdown, pasted into README.md) with ratios against each competitor.
 
 use crate::ingest::IngestRow;
-use crate::query::Check;
+use crate::query::{Check, Timings};
 use crate::timing::Lat;
 
 /// One consumer table size's figures.
@@ -15,9 +15,9 @@ pub struct QueryFigures {
     /// ckf-core, dynamo CKF, RadixTree, CRTC
     pub checks: [Check; 4],
     /// ckf-core, ckf-core +chain, dynamo CKF, CRTC, RadixTree, HashMap
-    pub lats: Vec<Lat>,
+    pub lats: Vec<Timings>,
     /// ckf-core, ckf-core +chain, dynamo CKF (with the concurrent writer)
-    pub wlats: Vec<Lat>,
+    pub wlats: Vec<Timings>,
     pub writer_rates: (f64, f64),
 }
 
@@ -34,12 +34,14 @@ pub struct Report {
 }
 
 fn cell(v: Option<f64>, digits: usize) -> String {
+    // NaN marks a figure the run skipped.
+    let v = v.filter(|v| !v.is_nan());
     v.map_or("-".into(), |v| format!("{v:.digits$}"))
 }
 
 fn ratio(a: Option<f64>, b: Option<f64>) -> String {
     match (a, b) {
-        (Some(a), Some(b)) if b != 0.0 => format!("{:.2}", a / b),
+        (Some(a), Some(b)) if b != 0.0 && !a.is_nan() && !b.is_nan() => format!("{:.2}", a / b),
         _ => "-".into(),
     }
 }
@@ -72,49 +74,37 @@ impl Report {
              ours / HashMap |"
         );
         println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+        type Stat = (&'static str, fn(&Lat) -> f64);
+        let stats: [Stat; 3] = [("p50", |x| x.p50), ("p99", |x| x.p99), ("mean", |x| x.mean)];
         for q in &self.query {
-            let l = &q.lats;
-            for (stat, f) in [
-                ("p50", (|x: &Lat| x.p50) as fn(&Lat) -> f64),
-                ("p99", |x: &Lat| x.p99),
-                ("mean", |x: &Lat| x.mean),
+            for (kind, pick) in [
+                (
+                    "best of passes",
+                    (|t: &Timings| t.filtered) as fn(&Timings) -> Lat,
+                ),
+                ("all samples", |t: &Timings| t.raw),
             ] {
-                row(
-                    &format!("query {}, 16 lanes, {stat} ns", q.label),
-                    [
-                        Some(f(&l[0])),
-                        Some(f(&l[1])),
-                        Some(f(&l[2])),
-                        Some(f(&l[3])),
-                        Some(f(&l[4])),
-                        Some(f(&l[5])),
-                    ],
-                    0,
-                );
-            }
-            let w = &q.wlats;
-            for (stat, f) in [
-                ("p50", (|x: &Lat| x.p50) as fn(&Lat) -> f64),
-                ("p99", |x: &Lat| x.p99),
-                ("mean", |x: &Lat| x.mean),
-            ] {
-                row(
-                    &format!(
-                        "query {} + writer ({:.0}k / {:.0}k deltas/s), {stat} ns",
-                        q.label,
-                        q.writer_rates.0 / 1e3,
-                        q.writer_rates.1 / 1e3
-                    ),
-                    [
-                        Some(f(&w[0])),
-                        Some(f(&w[1])),
-                        Some(f(&w[2])),
-                        None,
-                        None,
-                        None,
-                    ],
-                    0,
-                );
+                for (stat, f) in stats {
+                    let v: Vec<Option<f64>> = q.lats.iter().map(|t| Some(f(&pick(t)))).collect();
+                    row(
+                        &format!("query {}, 16 lanes, {stat} ns ({kind})", q.label),
+                        [v[0], v[1], v[2], v[3], v[4], v[5]],
+                        0,
+                    );
+                }
+                for (stat, f) in stats {
+                    let v: Vec<Option<f64>> = q.wlats.iter().map(|t| Some(f(&pick(t)))).collect();
+                    row(
+                        &format!(
+                            "query {} + writer ({:.0}k / {:.0}k deltas/s), {stat} ns ({kind})",
+                            q.label,
+                            q.writer_rates.0 / 1e3,
+                            q.writer_rates.1 / 1e3
+                        ),
+                        [v[0], v[1], v[2], None, None, None],
+                        0,
+                    );
+                }
             }
         }
         for r in &self.ingest {
@@ -213,14 +203,14 @@ impl Report {
         for r in &self.ingest {
             println!(
                 "ingest {} buckets: {} distinct blocks, load ours {:.3} dynamo {:.3}, omissions \
-                 ours {} dynamo {}; dynamo at its default publish_every_n_events = 1: {:.2} M/s",
+                 ours {} dynamo {}; dynamo at its default publish_every_n_events = 1: {} M/s",
                 r.buckets,
                 r.unique_blocks,
                 r.load_ours,
                 r.load_dyn,
                 r.omitted_ours,
                 r.omitted_dyn,
-                r.dyn_default / 1e6
+                cell(Some(r.dyn_default / 1e6), 2)
             );
         }
     }
