@@ -240,32 +240,32 @@ unsafe fn search_with<const FULL16: bool>(
     if n == 0 || active == 0 {
         return depths;
     }
-    let mut cur = Chunk::EMPTY;
-    let mut next = Chunk::EMPTY;
-    locate_chunk(hashes, 0, seed, mask, lanes as u64, &mut cur);
-    if prefetch {
-        for i in 0..n.min(8) {
-            rows.prefetch_offset(cur.lo[i] as usize);
-            rows.prefetch_offset(cur.hi[i] as usize);
-        }
-    }
-    let mut start = 0;
-    loop {
-        let len = (n - start).min(8);
-        let more = start + 8 < n;
-        if more {
-            // One chunk ahead: its addressing overlaps this chunk's probes, and its rows are
-            // in flight while this chunk is compared.
-            locate_chunk(hashes, start + 8, seed, mask, lanes as u64, &mut next);
-            if prefetch {
-                let count = (n - start - 8).min(8);
-                for i in 0..count {
-                    rows.prefetch_offset(next.lo[i] as usize);
-                    rows.prefetch_offset(next.hi[i] as usize);
-                }
+    // Ring of located chunks: chunk `k` lives in `ring[k % AHEAD]`. Chunks are located (and,
+    // on large tables, their rows prefetched) AHEAD - 1 chunks before they are probed, so the
+    // cache misses of up to 16 positions overlap with the probes of the current chunk.
+    const AHEAD: usize = 3;
+    let mut ring = [Chunk::EMPTY; AHEAD];
+    let chunks = n.div_ceil(8);
+    let stage = |k: usize, ring: &mut [Chunk; AHEAD]| {
+        let slot = &mut ring[k % AHEAD];
+        locate_chunk(hashes, k * 8, seed, mask, lanes as u64, slot);
+        if prefetch {
+            for i in 0..(n - k * 8).min(8) {
+                rows.prefetch_offset(slot.lo[i] as usize);
+                rows.prefetch_offset(slot.hi[i] as usize);
             }
         }
-        for i in 0..len {
+    };
+    for k in 0..chunks.min(AHEAD - 1) {
+        stage(k, &mut ring);
+    }
+    for k in 0..chunks {
+        if k + AHEAD - 1 < chunks {
+            stage(k + AHEAD - 1, &mut ring);
+        }
+        let cur = &ring[k % AHEAD];
+        let start = k * 8;
+        for i in 0..(n - start).min(8) {
             // Offsets are `bucket * lanes` with `bucket <= bucket_mask`: inside the table.
             let lo = base.wrapping_add(cur.lo[i] as usize);
             let hi = base.wrapping_add(cur.hi[i] as usize);
@@ -283,11 +283,6 @@ unsafe fn search_with<const FULL16: bool>(
                 return depths;
             }
         }
-        if !more {
-            break;
-        }
-        std::mem::swap(&mut cur, &mut next);
-        start += 8;
     }
     while active != 0 {
         depths[active.trailing_zeros() as usize] = n as u32;
