@@ -4,11 +4,17 @@
 //! Shape (all choices from a generator seeded with `seed`):
 //! - every request starts with the shared root block id 0 (as in the Mooncake traces), then one
 //!   of [`SYSTEM_PROMPTS`] system prompts (1..=6 blocks; prompt k is chosen with weight 1/(k+1));
-//! - a request either opens a new conversation (probability [`NEW_CONVERSATION`], or when none
-//!   is open) with 1..=12 fresh user blocks, or continues a random open conversation: its whole
-//!   previous context, the previous answer (1..=2 fresh blocks) and 1..=4 fresh user blocks;
+//! - a request either opens a new conversation (probability [`NEW_CONVERSATION`], or when no
+//!   open conversation is ready) with 1..=12 fresh user blocks, or continues a random *ready*
+//!   open conversation: its whole previous context, the previous answer (1..=2 fresh blocks) and
+//!   1..=4 fresh user blocks;
+//! - after each turn the user thinks: the conversation is ready again only after
+//!   [`MIN_THINK_REQUESTS`] + Exponential(mean [`MEAN_EXTRA_THINK_REQUESTS`]) further requests
+//!   (about 15 s + 45 s at the arrival rate below), so turns of one conversation are far apart,
+//!   as in the Mooncake trace (median 288 requests between a prefix's reuses in its first 2,000);
 //! - a conversation lasts 1 + Geometric(1/3) turns (mean 3) and closes early past
-//!   [`MAX_CONTEXT_BLOCKS`]; at most [`MAX_OPEN`] are open at once (the first listed closes to make room);
+//!   [`MAX_CONTEXT_BLOCKS`]; at most [`MAX_OPEN`] are open at once (the first listed closes to
+//!   make room);
 //! - arrivals are a Poisson process of 3.3 requests/s (Mooncake's conversation trace rate).
 //!
 //! Ids are fresh integers, so equal ids at a position mean an equal prefix, exactly as in the
@@ -26,13 +32,18 @@ pub const NEW_CONVERSATION: f64 = 0.4;
 /// A conversation closes once its context exceeds this many blocks.
 pub const MAX_CONTEXT_BLOCKS: usize = 160;
 /// Most conversations open at once.
-pub const MAX_OPEN: usize = 96;
+pub const MAX_OPEN: usize = 512;
+/// Fewest requests between two turns of one conversation.
+pub const MIN_THINK_REQUESTS: usize = 50;
+/// Mean of the exponential part of the think time, in requests.
+pub const MEAN_EXTRA_THINK_REQUESTS: f64 = 150.0;
 /// Mean inter-arrival time in milliseconds.
 const MEAN_GAP_MS: f64 = 300.0;
 
 struct Conversation {
     context: Vec<u64>,
     turns_left: u32,
+    ready_at: usize,
 }
 
 /// `requests` synthetic requests; the same `(requests, seed)` always gives the same workload.
@@ -53,8 +64,11 @@ pub fn synthetic_workload(requests: usize, seed: u64) -> Vec<Request> {
     let mut open: Vec<Conversation> = Vec::new();
     let mut out = Vec::with_capacity(requests);
     let mut clock_ms = 0.0f64;
-    for _ in 0..requests {
-        let start_new = open.is_empty() || rng.random_bool(NEW_CONVERSATION);
+    for now in 0..requests {
+        let ready: Vec<usize> = (0..open.len())
+            .filter(|&i| open[i].ready_at <= now)
+            .collect();
+        let start_new = ready.is_empty() || rng.random_bool(NEW_CONVERSATION);
         let index = if start_new {
             if open.len() >= MAX_OPEN {
                 open.remove(0);
@@ -75,10 +89,11 @@ pub fn synthetic_workload(requests: usize, seed: u64) -> Vec<Request> {
             open.push(Conversation {
                 context,
                 turns_left,
+                ready_at: now,
             });
             open.len() - 1
         } else {
-            let index = rng.random_range(0..open.len());
+            let index = ready[rng.random_range(0..ready.len())];
             let answer = rng.random_range(1..=2);
             let user = rng.random_range(1..=4);
             let conversation = &mut open[index];
@@ -98,6 +113,9 @@ pub fn synthetic_workload(requests: usize, seed: u64) -> Vec<Request> {
             hash_ids: conversation.context.clone(),
         });
         conversation.turns_left -= 1;
+        let think: f64 = rng.random_range(f64::EPSILON..1.0);
+        conversation.ready_at =
+            now + MIN_THINK_REQUESTS + (-think.ln() * MEAN_EXTRA_THINK_REQUESTS) as usize;
         if conversation.turns_left == 0 || conversation.context.len() > MAX_CONTEXT_BLOCKS {
             open.swap_remove(index);
         }
@@ -144,5 +162,22 @@ mod tests {
         }
         let rate = hits as f64 / total as f64;
         assert!((0.3..0.9).contains(&rate), "infinite-cache hit rate {rate}");
+    }
+
+    #[test]
+    fn turns_of_a_conversation_are_at_least_the_think_time_apart() {
+        let w = synthetic_workload(3000, 2);
+        let mut continuations = 0;
+        for (i, r) in w.iter().enumerate() {
+            // Every request holds fresh ids, so a request that extends an earlier one whole is
+            // the next turn of the same conversation.
+            if let Some(j) = (0..i).rev().find(|&j| {
+                r.hash_ids.len() > w[j].hash_ids.len() && r.hash_ids.starts_with(&w[j].hash_ids)
+            }) {
+                assert!(i - j >= MIN_THINK_REQUESTS, "turns {j} and {i} too close");
+                continuations += 1;
+            }
+        }
+        assert!(continuations > 300, "{continuations} continuations");
     }
 }

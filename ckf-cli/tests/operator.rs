@@ -1,0 +1,203 @@
+//! The operator's commands through the built binary against in-process services: `ckf lanes`,
+//! `ckf query` (raw hashes and `--ids`), `ckf health`.
+
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use ckf_cli::demo::Services;
+use ckf_cli::fleet::FleetShape;
+use ckf_cli::hashing::block_hashes;
+use ckf_proto::v1::{self, ingest_client::IngestClient, kv_event::Kind};
+
+async fn ckf(args: Vec<String>) -> Output {
+    tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_ckf"))
+            .args(&args)
+            .output()
+            .expect("run ckf")
+    })
+    .await
+    .unwrap()
+}
+
+fn args(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| s.to_string()).collect()
+}
+
+fn json(out: &Output) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON on stdout")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lanes_query_and_health_against_running_services() {
+    let shape = FleetShape {
+        dcs: 2,
+        workers_per_dc: 1,
+        ranks_per_worker: 1,
+        capacity_blocks: 64,
+    };
+    let services = Services::start(shape).await.unwrap();
+    let indexer = services.indexer_url.clone();
+
+    // Lanes become active once each producer's barrier snapshot is in.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let lanes = loop {
+        let lanes = json(&ckf(args(&["lanes", "--indexer", &indexer, "--json"])).await);
+        let active = lanes["lanes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|l| l["state"] == "active")
+            .count();
+        if active == 2 {
+            break lanes;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "lanes never became active: {lanes}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(lanes["domain"], "ckf-demo");
+    let dcs: Vec<&str> = lanes["lanes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["dc"].as_str().unwrap())
+        .collect();
+    assert_eq!(dcs, ["dc-a", "dc-b"]);
+    let text = ckf(args(&["lanes", "--indexer", &indexer])).await;
+    assert!(text.status.success());
+    assert!(String::from_utf8_lossy(&text.stdout).contains("dc-b"));
+
+    // Store trace ids [7, 8, 9] as chained block hashes on dc-a.
+    let hashes = block_hashes(&[7, 8, 9]);
+    let mut ingest = IngestClient::connect(services.producers[0].1.clone())
+        .await
+        .unwrap();
+    let result = ingest
+        .publish_batch(v1::KvEventBatch {
+            source_id: "operator-test".into(),
+            sequence: 1,
+            events: vec![v1::KvEvent {
+                member: Some(v1::MemberId {
+                    worker_id: 0,
+                    dp_rank: 0,
+                }),
+                kind: Some(Kind::Stored(v1::Stored {
+                    block_hashes: hashes.clone(),
+                    parent_hash: None,
+                })),
+            }],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(result.events[0].applied_blocks, 3);
+
+    // `--ids` applies the hashing rule; raw hashes (decimal and hex) give the same answer.
+    let depth_of = |answer: &serde_json::Value, dc: &str| {
+        answer["matches"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["dc"] == dc)
+            .map(|m| m["depth"].as_u64().unwrap())
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let answer = json(
+            &ckf(args(&[
+                "query",
+                "--indexer",
+                &indexer,
+                "--json",
+                "--ids",
+                "7",
+                "8",
+                "9",
+                "10",
+            ]))
+            .await,
+        );
+        if depth_of(&answer, "dc-a") == Some(3) {
+            assert_eq!(depth_of(&answer, "dc-b"), Some(0));
+            assert_eq!(answer["blocks"], 4);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "store never became visible: {answer}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let raw = json(
+        &ckf(vec![
+            "query".into(),
+            "--indexer".into(),
+            indexer.clone(),
+            "--json".into(),
+            hashes[0].to_string(),
+            format!("{:#x}", hashes[1]),
+        ])
+        .await,
+    );
+    assert_eq!(depth_of(&raw, "dc-a"), Some(2));
+    let bad = ckf(args(&["query", "--indexer", &indexer, "not-a-hash"])).await;
+    assert!(!bad.status.success());
+
+    // Health: SERVING -> 0; the producer too; nothing listening -> 2.
+    let ok = ckf(args(&["health", "--endpoint", &indexer])).await;
+    assert_eq!(
+        ok.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert!(String::from_utf8_lossy(&ok.stdout).contains("SERVING"));
+    let producer = services.producers[1].1.clone();
+    let ok = ckf(args(&[
+        "health",
+        "--endpoint",
+        &producer,
+        "--service",
+        "ckf.v1.Ingest",
+    ]))
+    .await;
+    assert_eq!(
+        ok.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let unknown = ckf(args(&[
+        "health",
+        "--endpoint",
+        &indexer,
+        "--service",
+        "no.such.Service",
+    ]))
+    .await;
+    assert_ne!(unknown.status.code(), Some(0));
+
+    services.shutdown().await.unwrap();
+    let down = ckf(args(&[
+        "health",
+        "--endpoint",
+        &indexer,
+        "--timeout-ms",
+        "2000",
+    ]))
+    .await;
+    assert_eq!(
+        down.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&down.stderr)
+    );
+}
