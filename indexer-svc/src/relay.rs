@@ -41,6 +41,9 @@ const ATTACH_TIMEOUT_WITHOUT_DEADLINE: Duration = Duration::from_secs(30);
 const REPLY_BUFFER: usize = 64;
 /// How long the final `Retired` reply and status may wait for room in the reply buffer.
 const TERMINAL_SEND_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long the request side is kept open (and read) after the final reply, so that reply is
+/// not lost to an HTTP/2 stream reset triggered by dropping an unfinished request stream.
+const TERMINAL_LINGER: Duration = Duration::from_secs(2);
 
 /// The Relay service.
 #[derive(Debug, Clone)]
@@ -240,6 +243,7 @@ impl Session {
         self.shared.metrics.relay_streams.inc();
         let end = self.pump(&mut inbound, &tx).await;
         self.shared.metrics.relay_streams.dec();
+        let linger = !matches!(end, Err(RelayError::Shutdown));
         match end {
             Ok(()) => {
                 tracing::info!(lease = %self.lease, pool = %self.pool_name, "relay stream drained")
@@ -256,6 +260,13 @@ impl Session {
                 };
                 let _ = tokio::time::timeout(TERMINAL_SEND_TIMEOUT, terminal).await;
             }
+        }
+        // Read and discard until the producer closes its side (it does once it has the final
+        // reply), bounded, so the final reply reaches it before the stream is torn down.
+        drop(tx);
+        if linger {
+            let discard = async { while let Ok(Some(_)) = inbound.message().await {} };
+            let _ = tokio::time::timeout(TERMINAL_LINGER, discard).await;
         }
     }
 
