@@ -410,7 +410,7 @@ fn check_endpoint(endpoint: &str) -> Result<(), String> {
              and publishes lease-tagged snapshots, deltas and drain markers to indexers \
              (ckf.v1.Relay).",
     after_help = "Layers: defaults < TOML file (--config) < environment CKF_PRODUCER_<SECTION>__<KEY> \
-                  (e.g. CKF_PRODUCER_POOL__DC=dc-a, CKF_PRODUCER_INDEXERS='[\"http://h:7600\"]') \
+                  (e.g. CKF_PRODUCER_POOL__DC=dc-a, CKF_PRODUCER_INDEXERS='[\"http://h:7400\"]') \
                   < flags. \
                   Log filter: RUST_LOG (default info)."
 )]
