@@ -168,7 +168,7 @@ fn the_example_file_is_valid_and_spells_every_default() {
     let c = load(&cli(&["--config", path]), "CKF_PT3_").unwrap();
     let mut expected = ProducerConfig::default();
     expected.pool.dc = "dc-a".into();
-    expected.indexers = vec!["http://127.0.0.1:7600".into()];
+    expected.indexers = vec!["http://127.0.0.1:7400".into()];
     assert_eq!(c, expected);
 }
 
