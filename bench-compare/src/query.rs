@@ -180,7 +180,12 @@ pub fn time_interleaved(
         .into_iter()
         .map(|s| {
             let best = (0..n)
-                .map(|j| (0..passes).map(|p| s[p * n + j]).min().expect("passes >= 1"))
+                .map(|j| {
+                    (0..passes)
+                        .map(|p| s[p * n + j])
+                        .min()
+                        .expect("passes >= 1")
+                })
                 .collect();
             Timings {
                 raw: summarize(s, scale),
