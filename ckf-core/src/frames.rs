@@ -96,9 +96,7 @@ pub enum ChunkError {
         len: usize,
     },
     /// The chunk reaches past the last bucket.
-    #[error(
-        "snapshot chunk covers buckets {first_bucket}..{end} but the table has {bucket_count}"
-    )]
+    #[error("snapshot chunk covers buckets {first_bucket}..{end} but the table has {bucket_count}")]
     Oversized {
         /// The chunk's first bucket.
         first_bucket: u64,
