@@ -1,6 +1,7 @@
 //! Real `ckf-indexer` and `ckf-producer` processes for one test: TOML configs and logs in the
-//! test's own temp dir, fixed loopback ports chosen at start (kept across a restart), and the
-//! gRPC calls the tests make against them.
+//! test's own temp dir, loopback ports the services bind themselves (port 0, read back from their
+//! JSON "serving"/"started" log record, so no port is guessed; a restarted indexer gets the same
+//! ports again), and the gRPC calls the tests make against them.
 //!
 //! Every test uses one small table format ([`format()`]: 1,024 buckets, seed 7) so content checks
 //! stay cheap, and one domain ([`DOMAIN`]).
@@ -18,7 +19,7 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::model::DcModel;
 use crate::wait::{DEADLINE, eventually};
-use crate::{Service, binary, free_port, metrics, wait_for_listen};
+use crate::{Service, binary, metrics};
 
 /// Indexer domain of every test.
 pub const DOMAIN: &str = "e2e";
@@ -129,6 +130,17 @@ impl ChannelCache {
     }
 }
 
+/// The socket address in field `field` of a JSON log record.
+///
+/// # Panics
+/// When the field is missing or not an address.
+fn record_addr(record: &serde_json::Value, field: &str) -> SocketAddr {
+    record[field]
+        .as_str()
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("log record without {field}: {record}"))
+}
+
 /// How to configure a test indexer.
 #[derive(Debug, Clone)]
 pub struct IndexerSpec {
@@ -171,11 +183,11 @@ pub struct Indexer {
 }
 
 impl Indexer {
-    /// Writes the config into `dir` and starts the indexer (named `indexer`); returns once it
-    /// listens.
+    /// Writes the config into `dir` and starts the indexer (named `indexer`) on ports it picks
+    /// itself; returns once it has logged the addresses it bound.
     ///
     /// # Panics
-    /// When it does not start listening within the deadline.
+    /// When it exits or does not start within the deadline.
     pub fn start(dir: &TestDir, spec: &IndexerSpec) -> Self {
         Self::start_named(dir, "indexer", spec)
     }
@@ -184,18 +196,17 @@ impl Indexer {
     /// in one test).
     ///
     /// # Panics
-    /// When it does not start listening within the deadline.
+    /// When it exits or does not start within the deadline.
     pub fn start_named(dir: &TestDir, name: &str, spec: &IndexerSpec) -> Self {
-        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
-        let metrics_addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
         let lanes = spec
             .lanes
             .iter()
             .map(|l| format!("{l:?}"))
             .collect::<Vec<_>>()
             .join(", ");
+        // Port 0: the indexer binds free ports and logs them ("ckf-indexer serving").
         let toml = format!(
-            "listen = \"{addr}\"\nmetrics_listen = \"{metrics_addr}\"\nlog_format = \"json\"\n\
+            "listen = \"127.0.0.1:0\"\nmetrics_listen = \"127.0.0.1:0\"\nlog_format = \"json\"\n\
              [manifest]\ndomain = \"{DOMAIN}\"\nlanes = [{lanes}]\n\
              [table]\nbucket_count = {BUCKETS}\nseed = {SEED}\n\
              [lag]\nheartbeat_deadline_ms = {}\ndirty_to_applied_deadline_ms = 30000\n\
@@ -204,8 +215,9 @@ impl Indexer {
         );
         let config = dir.path().join(format!("{name}.toml"));
         std::fs::write(&config, toml).expect("write indexer config");
-        let mut indexer = Self {
-            svc: None,
+        let (svc, addr, metrics_addr) = spawn_indexer(name, &config, dir.path(), None);
+        Self {
+            svc: Some(svc),
             addr,
             metrics_addr,
             lanes: spec.lanes.clone(),
@@ -213,17 +225,7 @@ impl Indexer {
             name: name.into(),
             log_dir: dir.path().to_owned(),
             grpc: ChannelCache::new(addr),
-        };
-        indexer.spawn();
-        indexer
-    }
-
-    fn spawn(&mut self) {
-        let args = vec!["--config".to_owned(), self.config.display().to_string()];
-        let svc = Service::spawn(&self.name, &binary("ckf-indexer"), &args, &self.log_dir);
-        self.svc = Some(svc);
-        wait_for_listen(self.addr, DEADLINE)
-            .unwrap_or_else(|e| panic!("ckf-indexer {}: {e}", self.name));
+        }
     }
 
     /// SIGKILL (no shutdown path runs).
@@ -248,7 +250,11 @@ impl Indexer {
     /// Starts the indexer again with the same config and ports (killing it first if it runs).
     pub fn restart(&mut self) {
         self.kill9();
-        self.spawn();
+        let ports = Some((self.addr, self.metrics_addr));
+        let (svc, addr, metrics_addr) =
+            spawn_indexer(&self.name, &self.config, &self.log_dir, ports);
+        assert_eq!((addr, metrics_addr), (self.addr, self.metrics_addr));
+        self.svc = Some(svc);
     }
 
     /// The Relay endpoint producers are configured with.
@@ -364,6 +370,31 @@ impl Indexer {
     }
 }
 
+/// Starts `ckf-indexer --config config` (plus `--listen`/`--metrics-listen` when `ports` pins
+/// them) and waits for its "serving" record; returns the bound gRPC and metrics addresses.
+///
+/// # Panics
+/// When it exits or does not serve within the deadline (its log is printed by [`TestDir`]).
+fn spawn_indexer(
+    name: &str,
+    config: &Path,
+    log_dir: &Path,
+    ports: Option<(SocketAddr, SocketAddr)>,
+) -> (Service, SocketAddr, SocketAddr) {
+    let mut args = vec!["--config".to_owned(), config.display().to_string()];
+    if let Some((listen, metrics)) = ports {
+        args.extend(["--listen".into(), listen.to_string()]);
+        args.extend(["--metrics-listen".into(), metrics.to_string()]);
+    }
+    let mut svc = Service::spawn(name, &binary("ckf-indexer"), &args, log_dir);
+    let record = svc
+        .wait_for_record("ckf-indexer serving", DEADLINE)
+        .unwrap_or_else(|e| panic!("ckf-indexer: {e}"));
+    let addr = record_addr(&record, "grpc_addr");
+    let metrics_addr = record_addr(&record, "metrics_addr");
+    (svc, addr, metrics_addr)
+}
+
 /// Whether a lane is `ACTIVE` (answering queries).
 pub fn is_active(lane: &v1::LaneInfo) -> bool {
     lane.state() == v1::LaneState::Active
@@ -423,20 +454,19 @@ pub struct Producer {
 }
 
 impl Producer {
-    /// Writes `<name>.toml` into `dir` and starts the producer; returns once it listens.
+    /// Writes `<name>.toml` into `dir` and starts the producer on ports it picks itself; returns
+    /// once it has logged the addresses it bound.
     ///
     /// # Panics
-    /// When it does not start listening within the deadline.
+    /// When it exits or does not start within the deadline.
     pub fn start(dir: &TestDir, name: &str, spec: &ProducerSpec, indexers: &[String]) -> Self {
-        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
-        let metrics_addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
         let endpoints = indexers
             .iter()
             .map(|l| format!("{l:?}"))
             .collect::<Vec<_>>()
             .join(", ");
         let toml = format!(
-            "listen = \"{addr}\"\nmetrics_listen = \"{metrics_addr}\"\nlog_format = \"json\"\n\
+            "listen = \"127.0.0.1:0\"\nmetrics_listen = \"127.0.0.1:0\"\nlog_format = \"json\"\n\
              indexers = [{endpoints}]\n\
              [pool]\ndomain = \"{DOMAIN}\"\ndc = \"{}\"\n\
              [table]\nbucket_count = {}\nseed = {SEED}\n\
@@ -453,8 +483,13 @@ impl Producer {
         let config = dir.path().join(format!("{name}.toml"));
         std::fs::write(&config, toml).expect("write producer config");
         let args = vec!["--config".to_owned(), config.display().to_string()];
-        let svc = Service::spawn(name, &binary("ckf-producer"), &args, dir.path());
-        wait_for_listen(addr, DEADLINE).unwrap_or_else(|e| panic!("ckf-producer {name}: {e}"));
+        let mut svc = Service::spawn(name, &binary("ckf-producer"), &args, dir.path());
+        // Port 0: the producer binds free ports and logs them ("producer started").
+        let record = svc
+            .wait_for_record("producer started", DEADLINE)
+            .unwrap_or_else(|e| panic!("ckf-producer: {e}"));
+        let addr = record_addr(&record, "ingest_addr");
+        let metrics_addr = record_addr(&record, "metrics_addr");
         Self {
             svc: Some(svc),
             name: name.into(),

@@ -100,6 +100,8 @@ pub struct Service {
     name: String,
     child: Option<Child>,
     log: PathBuf,
+    /// Length of the (appended) log when this process started: its own lines come after.
+    log_start: usize,
 }
 
 impl Service {
@@ -114,6 +116,7 @@ impl Service {
             .append(true)
             .open(&log)
             .expect("open log");
+        let log_start = std::fs::metadata(&log).map_or(0, |m| m.len() as usize);
         let err = out.try_clone().expect("clone log handle");
         let mut command = Command::new(binary);
         // SAFETY: the closure runs in the forked child before exec and only calls prctl(2),
@@ -139,6 +142,54 @@ impl Service {
             name: name.to_owned(),
             child: Some(child),
             log,
+            log_start,
+        }
+    }
+
+    /// The exit status when the process has exited (reaped), `None` while it runs.
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    /// Waits until this process (not an earlier one appending to the same log) writes a JSON
+    /// log record whose `message` is `message`, and returns the record. Services started by
+    /// the tests log with `log_format = "json"`; this is how they report the addresses they
+    /// bound (port 0), so no port is ever guessed.
+    ///
+    /// # Errors
+    /// When the process exits first (with its status and log), or after `timeout`.
+    pub fn wait_for_record(
+        &mut self,
+        message: &str,
+        timeout: Duration,
+    ) -> Result<serde_json::Value, String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let log = self.log();
+            let found = log
+                .get(self.log_start..)
+                .unwrap_or_default()
+                .lines()
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                .find(|r| r.get("message").and_then(|m| m.as_str()) == Some(message));
+            if let Some(record) = found {
+                return Ok(record);
+            }
+            if let Some(status) = self.exited() {
+                return Err(format!(
+                    "{} exited with {status} before logging {message:?}",
+                    self.name
+                ));
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "{} did not log {message:?} within {timeout:?}",
+                    self.name
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 
