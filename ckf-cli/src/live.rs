@@ -308,6 +308,10 @@ async fn map_lanes(query: &mut QueryClient<Channel>, targets: Vec<DcTarget>) -> 
         .await
         .context("ListLanes")?
         .into_inner();
+    let mut names = HashSet::new();
+    if let Some(t) = targets.iter().find(|t| !names.insert(t.dc.as_str())) {
+        bail!("DC {} is given twice", t.dc);
+    }
     targets
         .into_iter()
         .map(|t| {
