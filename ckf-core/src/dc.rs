@@ -82,6 +82,14 @@ pub enum DcCkfError {
     /// `max_kicks` exceeds [`MAX_KICKS_LIMIT`].
     #[error("max_kicks {0} exceeds the limit {MAX_KICKS_LIMIT}")]
     MaxKicksTooLarge(u32),
+    /// The allocator refused the table (`bucket_count * 8` bytes) or its dirty tracking.
+    #[error("cannot allocate a producer table of {bucket_count} buckets ({bytes} bytes)")]
+    Allocation {
+        /// Requested buckets.
+        bucket_count: u64,
+        /// Bytes of the bucket words alone.
+        bytes: u64,
+    },
 }
 
 /// Running counters behind [`DcCkfStats`].
@@ -233,12 +241,23 @@ impl DcCkfState {
     /// An empty state.
     ///
     /// # Errors
-    /// [`DcCkfError::Format`] for an invalid format, [`DcCkfError::MaxKicksTooLarge`].
+    /// [`DcCkfError::Format`] for an invalid format, [`DcCkfError::MaxKicksTooLarge`],
+    /// [`DcCkfError::Allocation`] when the allocator refuses the table.
     pub fn new(config: DcCkfConfig) -> Result<Self, DcCkfError> {
         let addressing = Addressing::new(&config.format)?;
         if config.max_kicks > MAX_KICKS_LIMIT {
             return Err(DcCkfError::MaxKicksTooLarge(config.max_kicks));
         }
+        // Ask the allocator first so an impossible table is a typed error, not an abort.
+        let buckets = config.format.bucket_count;
+        let mut probe: Vec<u64> = Vec::new();
+        probe
+            .try_reserve_exact(buckets as usize * 3 / 2)
+            .map_err(|_| DcCkfError::Allocation {
+                bucket_count: buckets,
+                bytes: buckets * 8,
+            })?;
+        drop(probe);
         let mutator = Mutator::new(addressing, config.max_kicks);
         let dirty = DirtyTracker::new(mutator.buckets().len());
         Ok(Self {

@@ -76,6 +76,10 @@ impl Relay for RelayService {
             tracing::warn!(%error, "relay attachment refused");
             error.status()
         };
+        let mut inbound = request.into_inner();
+        let attach = first_attach(&shared, &mut inbound).await.map_err(refuse)?;
+        // The stream limit counts attached streams only: connections that never send `Attach`
+        // must not lock honest producers out of their lanes (they time out on their own).
         let permit = Arc::clone(&shared.relay_streams)
             .try_acquire_owned()
             .map_err(|_| {
@@ -83,8 +87,6 @@ impl Relay for RelayService {
                     limit: shared.limits.max_relay_streams,
                 })
             })?;
-        let mut inbound = request.into_inner();
-        let attach = first_attach(&shared, &mut inbound).await.map_err(refuse)?;
         let session = Session::attach(Arc::clone(&shared), attach).map_err(refuse)?;
 
         let (tx, rx) = mpsc::channel(REPLY_BUFFER);

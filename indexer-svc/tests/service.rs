@@ -5,6 +5,8 @@ mod common;
 use ckf_proto::v1::{self, relay_frame::Frame as WireFrame};
 use common::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::Code;
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 
@@ -225,4 +227,27 @@ async fn shutdown_ends_streams_with_retired_shutdown_and_stops() {
     // The listener is gone: new calls fail.
     let mut health = HealthClient::new(channel);
     assert!(health.check(HealthCheckRequest::default()).await.is_err());
+}
+
+#[tokio::test]
+async fn streams_that_never_attach_do_not_use_up_the_stream_limit() {
+    let mut cfg = config(&["dc-a"]);
+    cfg.limits.max_relay_streams = 1;
+    let indexer = Indexer::start(cfg).await;
+    // An idle connection: opens a Relay stream and never sends Attach.
+    let (idle_tx, idle_rx) = mpsc::channel::<v1::RelayFrame>(1);
+    let mut relay = indexer.relay();
+    let idle = tokio::spawn(async move { relay.publish(ReceiverStream::new(idle_rx)).await });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(
+        !idle.is_finished(),
+        "the idle stream is still waiting for Attach"
+    );
+    // An honest producer still gets its lease.
+    let (_stream, granted) = Stream::open(&indexer, (&identity("dc-a", 1, format())).into())
+        .await
+        .expect("an honest attach is not locked out by an idle stream");
+    assert_eq!(granted.lease.expect("lease").epoch, 1);
+    drop(idle_tx);
+    idle.abort();
 }

@@ -206,7 +206,13 @@ pub async fn serve(
             max_delay: config.max_delay(),
         },
     );
-    let actor_task: JoinHandle<ActorReport> = tokio::spawn(actor.run(actor_rx, stop.clone()));
+    // The actor does CPU-bound filter work (cuckoo kicks, omissions at 500 kicks each, clears of
+    // large members): it gets a thread of its own so a long command can never starve the relay
+    // sessions' heartbeats on the runtime's worker threads.
+    let actor_stop = stop.clone();
+    let runtime = tokio::runtime::Handle::current();
+    let actor_task: JoinHandle<ActorReport> =
+        tokio::task::spawn_blocking(move || runtime.block_on(actor.run(actor_rx, actor_stop)));
 
     // One publisher task per indexer endpoint.
     let settings = RelaySettings {
