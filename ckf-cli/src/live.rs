@@ -156,12 +156,7 @@ pub async fn replay(
             .context("FindMatches")?
             .into_inner();
         latencies_us.push(asked.elapsed().as_secs_f64() * 1e6);
-        let mut reported = vec![None; shape.dcs];
-        for m in &answer.matches {
-            if let Some(&dc) = lane_to_dc.get(&m.lane) {
-                reported[dc] = Some(m.depth as usize);
-            }
-        }
+        let reported = reported_depths(&answer, &lane_to_dc, shape.dcs);
         accuracy.record(
             request,
             &reported,
@@ -480,12 +475,7 @@ async fn final_check(
             .await
             .context("FindMatches (final check)")?
             .into_inner();
-        let mut reported = vec![None; fleet.shape().dcs];
-        for m in &answer.matches {
-            if let Some(&dc) = lane_to_dc.get(&m.lane) {
-                reported[dc] = Some(m.depth as usize);
-            }
-        }
+        let reported = reported_depths(&answer, lane_to_dc, fleet.shape().dcs);
         accuracy.record(
             request,
             &reported,
@@ -508,4 +498,20 @@ fn progress_bar(len: u64, show: bool) -> ProgressBar {
         bar.set_style(style);
     }
     bar
+}
+
+/// Depth per DC index (`dcs` long) from a `FindMatches` answer: `None` for a DC whose lane was
+/// not ready at capture.
+fn reported_depths(
+    answer: &ckf_proto::v1::FindMatchesResponse,
+    lane_to_dc: &HashMap<u32, usize>,
+    dcs: usize,
+) -> Vec<Option<usize>> {
+    let mut reported = vec![None; dcs];
+    for m in &answer.matches {
+        if let Some(&dc) = lane_to_dc.get(&m.lane) {
+            reported[dc] = Some(m.depth as usize);
+        }
+    }
+    reported
 }
