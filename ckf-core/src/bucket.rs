@@ -294,7 +294,8 @@ impl TransposedTable {
             // Acquire: pairs with the Release stores of a delta (relocation order, see `store`).
             let a = ra[l].load(Ordering::Acquire);
             let b = rb[l].load(Ordering::Acquire);
-            hits |= u32::from(holds_broadcast(a, pattern) || holds_broadcast(b, pattern)) << l;
+            // `|`, not `||`: both tests are a few ALU ops, a branch would cost more.
+            hits |= u32::from(holds_broadcast(a, pattern) | holds_broadcast(b, pattern)) << l;
         }
         hits
     }

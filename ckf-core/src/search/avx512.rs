@@ -265,6 +265,8 @@ unsafe fn search_with<const FULL16: bool>(
     for k in 0..chunks.min(AHEAD - 1) {
         stage(k, &mut ring);
     }
+    // A copy the `stage` closure does not borrow, so its fields stay in registers in the loop.
+    let probe = rows;
     for k in 0..chunks {
         if k + AHEAD - 1 < chunks {
             stage(k + AHEAD - 1, &mut ring);
@@ -273,8 +275,8 @@ unsafe fn search_with<const FULL16: bool>(
         let start = k * 8;
         for i in 0..(n - start).min(8) {
             // Offsets are `bucket * lanes` with `bucket <= bucket_mask`: inside the table.
-            let lo = rows.at(cur.lo[i] as usize);
-            let hi = rows.at(cur.hi[i] as usize);
+            let lo = probe.at(cur.lo[i] as usize);
+            let hi = probe.at(cur.hi[i] as usize);
             // SAFETY: both rows are inside the table, 8-byte aligned, `lanes` words long; the
             // masks / FULL16 select exactly those lanes; our caller guarantees the features.
             let hits =
