@@ -213,9 +213,9 @@ pub struct Addressing {
     mask: u64,
 }
 
-/// MurmurHash3's 64-bit finalizer: a bijection on `u64` with full avalanche. The constants are
-/// [`FMIX_C1`], [`FMIX_C2`] and [`FMIX_SHIFT`]; `search/avx512.rs` computes the same function
-/// eight lanes at a time from them.
+/// MurmurHash3's 64-bit finalizer: a bijection on `u64` with full avalanche. Its constants are
+/// named once in this module (`FMIX_C1`, `FMIX_C2`, `FMIX_SHIFT`); `search/avx512.rs` computes
+/// the same function on eight words at a time from them.
 #[inline(always)]
 pub fn fmix64(mut k: u64) -> u64 {
     k ^= k >> FMIX_SHIFT;

@@ -15,7 +15,7 @@
 //!   layout and the per-word fold of its slot-compare mask from here;
 //! * the consumer's [`TransposedTable`] of `AtomicU64` images with its orderings (`Release`
 //!   install, `Acquire` load), the portable row-pair check of the search, and the raw row view
-//!   ([`Rows`]) with the row prefetch that both search kernels use.
+//!   (`Rows`) with the row prefetch that both search kernels use.
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::marker::PhantomData;
@@ -245,7 +245,9 @@ impl TransposedTable {
         &self.words()[start..start + self.lanes]
     }
 
-    /// Loads the image of (`bucket`, `lane`) with `Acquire` ordering.
+    /// Loads the image of (`bucket`, `lane`) with `Acquire` ordering: it pairs with
+    /// [`TransposedTable::store`]'s `Release`, so a reader that sees an image also sees every
+    /// image the writer stored before it (the order a delta's images are installed in).
     ///
     /// # Panics
     /// When `bucket` or `lane` is out of range.
@@ -454,6 +456,7 @@ mod tests {
         assert_eq!(t.bytes(), 16 * 3 * 8);
         t.store(5, 2, 42);
         assert_eq!(t.load(5, 2), 42);
+        // Relaxed: single-threaded test, nothing to order against.
         assert_eq!(t.row(5)[2].load(Ordering::Relaxed), 42);
         assert_eq!(t.load(5, 1), 0);
     }
