@@ -1,6 +1,12 @@
 //! Addressing: 64-bit block hash -> (nonzero 16-bit fingerprint, unordered pair of distinct
 //! candidate buckets).
 //!
+//! Owns: the format-v1 derivation below ([`Addressing::locate`], [`Addressing::alternate`]),
+//! [`fmix64`] and its named constants (which `search/avx512.rs` reuses for its vector form),
+//! [`TableFormat`] and its validation, and table sizing. The slot layout itself (16-bit slots,
+//! 4 per bucket) is [`crate::bucket`]'s; the format's `fingerprint_bits` and `slots_per_bucket`
+//! are derived from it.
+//!
 //! This module *is* part of the table format: a producer and a consumer can only share bucket
 //! images if they derive the same fingerprint and buckets from the same block hash. Everything
 //! that influences the result is carried in [`TableFormat`], which both sides compare before a
