@@ -18,8 +18,17 @@
 //!
 //! Baseline: `HashMap<u64, u32>` refcounts (same fast hasher) applying the same block ops:
 //! the cost of exact refcounting alone, without ownership sets or a filter.
+//!
+//! Hasher comparison (second table): the block map's own access pattern (`HashMap<u64, 16-byte
+//! entry>`, the size of the producer's `Owners`; insert-or-increment on store, decrement and
+//! remove at zero on remove) over the same block ops, once per candidate map hasher: the
+//! producer's (`FoldHashBuilder`, foldhash's fixed-seed fast hasher), `rustc_hash::FxBuildHasher`
+//! and std's SipHash `RandomState`. Each is run three times, interleaved, and the best on-CPU
+//! rate kept; ratios are against the producer's hasher (see `src/dc/hasher.rs` for why it is
+//! foldhash).
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::hash::BuildHasher;
 use std::hint::black_box;
 use std::time::Instant;
 
@@ -157,6 +166,64 @@ fn apply_baseline(index: &mut HashMap<u64, u32, FoldHashBuilder>, events: &[Even
     }
 }
 
+/// An entry the size of the producer's block-map value (refcount + three inline owner tags).
+#[derive(Clone, Copy, Default)]
+struct Entry {
+    refcount: u32,
+    _owners: [u32; 3],
+}
+
+/// The block map's access pattern under hasher `S`: one probe per block op.
+fn apply_block_map<S: BuildHasher>(index: &mut HashMap<u64, Entry, S>, events: &[Event]) {
+    for e in events {
+        match e.kind {
+            Kind::Store => {
+                for &h in &e.blocks {
+                    index.entry(h).or_default().refcount += 1;
+                }
+            }
+            Kind::Remove => {
+                for h in &e.blocks {
+                    if let Some(o) = index.get_mut(h) {
+                        o.refcount -= 1;
+                        if o.refcount == 0 {
+                            index.remove(h);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Block ops per second of the block map under hasher `S` (warm-up applied first, untimed).
+fn block_map_rate<S: BuildHasher + Default>(w: &Workload, ops: f64) -> f64 {
+    let mut index: HashMap<u64, Entry, S> = HashMap::default();
+    apply_block_map(&mut index, &w.warmup);
+    let r = rate(ops, || apply_block_map(&mut index, &w.steady));
+    black_box(&index);
+    r
+}
+
+/// Map hashers compared in the second table, the producer's first.
+const HASHERS: [&str; 3] = ["foldhash (ours)", "rustc-hash", "std SipHash"];
+
+/// Best of three interleaved runs of each hasher on the block map.
+fn hasher_rates(w: &Workload, ops: f64) -> [f64; 3] {
+    let mut best = [0.0f64; 3];
+    for _ in 0..3 {
+        let runs = [
+            block_map_rate::<FoldHashBuilder>(w, ops),
+            block_map_rate::<rustc_hash::FxBuildHasher>(w, ops),
+            block_map_rate::<std::collections::hash_map::RandomState>(w, ops),
+        ];
+        for (b, r) in best.iter_mut().zip(runs) {
+            *b = b.max(r);
+        }
+    }
+    best
+}
+
 /// Nanoseconds this thread has spent on a CPU (or since an arbitrary origin on the wall clock).
 fn cpu_ns() -> u64 {
     static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
@@ -196,6 +263,7 @@ fn main() {
         "kicks/op",
         "B/block"
     );
+    let mut hasher_rows = Vec::new();
     for bucket_count in [1u64 << 16, 1 << 20] {
         let format = TableFormat::new(bucket_count, 0xBE7C).unwrap();
         for load in [0.50, 0.85, 0.95] {
@@ -225,6 +293,8 @@ fn main() {
             let base = rate(ops, || apply_baseline(&mut baseline, &w.steady));
             black_box(&baseline);
 
+            hasher_rows.push((bucket_count, load, hasher_rates(&w, ops)));
+
             let (stats, omitted, kicks_before) = last.expect("two runs");
             println!(
                 "{:>9} {:>5.0}% {:>6.3} {:>8} {:>9.2} M {:>9.2} M {:>9.2} M {:>7.2} {:>7.2} {:>8.3} {:>8.1}",
@@ -246,4 +316,30 @@ fn main() {
         "ratio = ckf ingest ops/s / exact refcount-index ops/s; +pub = the same with publication; \
          same events, same run, on-CPU time. B/block = producer bytes_used / unique blocks."
     );
+    println!();
+    println!(
+        "block map hasher: HashMap<u64, 16-byte entry> applying the same block ops, best of 3"
+    );
+    print!("{:>9} {:>6}", "buckets", "target");
+    for name in HASHERS {
+        print!(" {name:>15}");
+    }
+    for name in &HASHERS[1..] {
+        print!(
+            " {:>15}",
+            format!("{}/ours", name.split(' ').next().unwrap_or(name))
+        );
+    }
+    println!();
+    for (bucket_count, load, rates) in hasher_rows {
+        print!("{bucket_count:>9} {:>5.0}%", load * 100.0);
+        for r in rates {
+            print!(" {:>13.2} M", r / 1e6);
+        }
+        for r in &rates[1..] {
+            print!(" {:>15.2}", r / rates[0]);
+        }
+        println!();
+    }
+    println!("ratios > 1: that hasher is faster than ours on the block map's own access pattern.");
 }

@@ -1,7 +1,7 @@
 //! Prefix-search latency of `GlobalCkfIndexer::find_prefix_matches` (issue 2 benchmarks,
 //! BENCHMARKS.md targets), each figure next to an exact baseline measured in the same run on the
-//! same queries: a `HashMap<u64, u16 lane bitmask>` index (folded-multiply hasher, the fastest
-//! hasher in the crate) answering the same prefix-depth question.
+//! same queries: a `HashMap<u64, u16 lane bitmask>` index (the producer's map hasher,
+//! `FoldHashBuilder`) answering the same prefix-depth question.
 //!
 //! Run: `cargo bench -p ckf-core --bench search` (add `-- quick` for a shorter run, `-- no-big`
 //! to skip the >= 256 MiB tables, `-- trace PATH` to use another Mooncake-format trace).
@@ -266,6 +266,8 @@ fn spawn_writer(
         let mut seq = 0u64;
         let start = Instant::now();
         let mut images = Vec::with_capacity(8);
+        // Relaxed (here and for `count`): a stop flag and a progress counter publish no data;
+        // the deltas themselves go through the indexer's own synchronisation.
         while !stop.load(Ordering::Relaxed) {
             let due = (start.elapsed().as_secs_f64() * rate) as u64;
             if seq >= due {

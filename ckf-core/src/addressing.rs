@@ -1,6 +1,12 @@
 //! Addressing: 64-bit block hash -> (nonzero 16-bit fingerprint, unordered pair of distinct
 //! candidate buckets).
 //!
+//! Owns: the format-v1 derivation below ([`Addressing::locate`], [`Addressing::alternate`]),
+//! [`fmix64`] and its named constants (which `search/avx512.rs` reuses for its vector form),
+//! [`TableFormat`] and its validation, and table sizing. The slot layout itself (16-bit slots,
+//! 4 per bucket) is [`crate::bucket`]'s; the format's `fingerprint_bits` and `slots_per_bucket`
+//! are derived from it.
+//!
 //! This module *is* part of the table format: a producer and a consumer can only share bucket
 //! images if they derive the same fingerprint and buckets from the same block hash. Everything
 //! that influences the result is carried in [`TableFormat`], which both sides compare before a
@@ -29,12 +35,22 @@ use std::fmt;
 
 use thiserror::Error;
 
+use crate::bucket;
+
 /// Version of the addressing rules and bucket layout described in this module.
 pub const FORMAT_VERSION: u16 = 1;
-/// Fingerprint width in bits. Fixed by the packed-bucket layout.
-pub const FINGERPRINT_BITS: u8 = 16;
-/// Slots (fingerprints) per bucket. Fixed by the packed-bucket layout.
-pub const SLOTS_PER_BUCKET: u8 = 4;
+/// Fingerprint width in bits: one slot of the packed bucket ([`bucket::SLOT_BITS`]).
+pub const FINGERPRINT_BITS: u8 = bucket::SLOT_BITS as u8;
+/// Slots (fingerprints) per bucket: the packed bucket's [`bucket::SLOTS`].
+pub const SLOTS_PER_BUCKET: u8 = bucket::SLOTS as u8;
+/// The fingerprint is the top [`FINGERPRINT_BITS`] of the mixed hash: `h >> FINGERPRINT_SHIFT`.
+pub(crate) const FINGERPRINT_SHIFT: u32 = 64 - bucket::SLOT_BITS;
+/// `fmix64`'s first multiplier (MurmurHash3). Shared with the vector kernel in `search/avx512.rs`.
+pub(crate) const FMIX_C1: u64 = 0xff51_afd7_ed55_8ccd;
+/// `fmix64`'s second multiplier (MurmurHash3).
+pub(crate) const FMIX_C2: u64 = 0xc4ce_b9fe_1a85_ec53;
+/// `fmix64`'s xor-shift distance, applied before, between and after the two multiplies.
+pub(crate) const FMIX_SHIFT: u32 = 33;
 /// Smallest bucket count: two buckets are needed for two distinct candidates.
 pub const MIN_BUCKETS: u64 = 2;
 /// Largest bucket count (2^32): bucket indices travel as `u32`, and 2^32 buckets is 32 GiB per
@@ -203,14 +219,16 @@ pub struct Addressing {
     mask: u64,
 }
 
-/// MurmurHash3's 64-bit finalizer: a bijection on `u64` with full avalanche.
+/// MurmurHash3's 64-bit finalizer: a bijection on `u64` with full avalanche. Its constants are
+/// named once in this module (`FMIX_C1`, `FMIX_C2`, `FMIX_SHIFT`); `search/avx512.rs` computes
+/// the same function on eight words at a time from them.
 #[inline(always)]
 pub fn fmix64(mut k: u64) -> u64 {
-    k ^= k >> 33;
-    k = k.wrapping_mul(0xff51_afd7_ed55_8ccd);
-    k ^= k >> 33;
-    k = k.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
-    k ^= k >> 33;
+    k ^= k >> FMIX_SHIFT;
+    k = k.wrapping_mul(FMIX_C1);
+    k ^= k >> FMIX_SHIFT;
+    k = k.wrapping_mul(FMIX_C2);
+    k ^= k >> FMIX_SHIFT;
     k
 }
 
@@ -237,7 +255,7 @@ impl Addressing {
     #[inline(always)]
     pub fn locate(&self, block_hash: u64) -> Location {
         let h = fmix64(block_hash ^ self.seed);
-        let fingerprint = ((h >> 48) as u16).max(1);
+        let fingerprint = ((h >> FINGERPRINT_SHIFT) as u16).max(1);
         let bucket_a = (h & self.mask) as u32;
         Location {
             fingerprint,
@@ -250,7 +268,7 @@ impl Addressing {
     /// block hashes whose raw fingerprint is the empty marker (case 4).
     #[inline]
     pub fn raw_fingerprint(&self, block_hash: u64) -> u16 {
-        (fmix64(block_hash ^ self.seed) >> 48) as u16
+        (fmix64(block_hash ^ self.seed) >> FINGERPRINT_SHIFT) as u16
     }
 
     /// The other candidate bucket of a fingerprint stored in `bucket`: an involution that never

@@ -1,30 +1,52 @@
-//! Packed buckets and the transposed consumer table.
+//! Packed buckets and the transposed consumer table: the one module that touches bucket words.
 //!
-//! A bucket is one `u64` holding four 16-bit slots: slot `i` occupies bits `16*i .. 16*i+16`
-//! (slot 0 in the low bits, slot 3 in bits 48..63). A slot value of 0 means empty; fingerprints
-//! are never 0 (see [`crate::addressing`]). Occupied slots are *not* packed to the left: any
-//! slot may be empty while a later one is full (`cuckoo-cases.md` case 8).
+//! A bucket is one `u64` holding [`SLOTS`] slots of [`SLOT_BITS`] bits: slot `i` occupies bits
+//! `16*i .. 16*i+16` (slot 0 in the low bits, slot 3 in bits 48..63). A slot value of 0 means
+//! empty; fingerprints are never 0 (see [`crate::addressing`]). Occupied slots are *not* packed
+//! to the left: any slot may be empty while a later one is full (`cuckoo-cases.md` case 8).
 //!
-//! All bit manipulation of bucket words lives here, so the rest of the crate never touches raw
-//! slot masks (case 9).
+//! What this module owns, so the rest of the crate never touches raw slot masks (case 9):
+//! * the slot layout ([`SLOT_BITS`], [`SLOTS`], [`EMPTY_SLOT`]); `addressing` derives the format's
+//!   fingerprint width and slot count from it;
+//! * every word-level operation: read or write one slot, the "broadcast the fingerprint and test
+//!   all four slots at once" membership test ([`broadcast`], [`holds_broadcast`], [`contains`]),
+//!   first matching / first empty slot, occupancy; the mutator, the dirty tracker and the
+//!   portable search call these, and the AVX-512 kernel (`search/avx512.rs`) takes the slot
+//!   layout and the per-word fold of its slot-compare mask from here;
+//! * the consumer's [`TransposedTable`] of `AtomicU64` images with its orderings (`Release`
+//!   install, `Acquire` load), the portable row-pair check of the search, and the raw row view
+//!   (`Rows`) with the row prefetch that both search kernels use.
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
+use std::marker::PhantomData;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Number of 16-bit slots in one bucket word.
+/// Width of one slot (one fingerprint) in bits.
+pub const SLOT_BITS: u32 = 16;
+/// Number of slots in one bucket word.
 pub const SLOTS: usize = 4;
 /// The empty-slot marker.
 pub const EMPTY_SLOT: u16 = 0;
 
-const LOW15: u64 = 0x7FFF_7FFF_7FFF_7FFF;
-const HIGH: u64 = 0x8000_8000_8000_8000;
-const ONES: u64 = 0x0001_0001_0001_0001;
+const _: () = assert!(
+    SLOT_BITS as usize * SLOTS == 64,
+    "slots fill exactly one u64 word"
+);
 
-/// High bit of each 16-bit lane set exactly where that lane of `x` is zero (exact SWAR test,
-/// no carries between lanes).
+/// The bits of slot 0.
+const SLOT_MASK: u64 = (1 << SLOT_BITS) - 1;
+/// The lowest bit of every slot: `x * ONES` repeats a slot value in all four slots.
+const ONES: u64 = u64::MAX / SLOT_MASK;
+/// The highest bit of every slot.
+const HIGH: u64 = ONES << (SLOT_BITS - 1);
+/// Every slot's bits but its highest.
+const LOW15: u64 = !HIGH;
+
+/// High bit of each slot set exactly where that slot of `x` is zero (exact per slot, no carries
+/// between slots).
 #[inline(always)]
-fn zero_lanes(x: u64) -> u64 {
+fn zero_slots(x: u64) -> u64 {
     !(((x & LOW15).wrapping_add(LOW15)) | x | LOW15)
 }
 
@@ -35,48 +57,82 @@ fn zero_lanes(x: u64) -> u64 {
 #[inline(always)]
 pub fn slot(word: u64, slot: usize) -> u16 {
     debug_assert!(slot < SLOTS);
-    (word >> (16 * slot)) as u16
+    (word >> (SLOT_BITS as usize * slot)) as u16
 }
 
 /// `word` with slot `slot` (0..4) set to `fingerprint`; the other three slots are unchanged.
 #[inline(always)]
 pub fn with_slot(word: u64, slot: usize, fingerprint: u16) -> u64 {
     debug_assert!(slot < SLOTS);
-    let shift = 16 * slot;
-    (word & !(0xFFFFu64 << shift)) | (u64::from(fingerprint) << shift)
+    let shift = SLOT_BITS as usize * slot;
+    (word & !(SLOT_MASK << shift)) | (u64::from(fingerprint) << shift)
+}
+
+/// `fingerprint` repeated in all four slots: the pattern [`holds_broadcast`] compares a word
+/// against. Computed once per query position and reused for every lane's words.
+#[inline(always)]
+pub const fn broadcast(fingerprint: u16) -> u64 {
+    fingerprint as u64 * ONES
+}
+
+/// Whether any slot of `word` equals the fingerprint repeated in `pattern` (from
+/// [`broadcast`]); branch-free, four operations after the XOR. The fingerprint must be nonzero,
+/// otherwise empty slots match.
+///
+/// The classic has-zero-slot test on `word ^ pattern`: a borrow can only set a flag above a slot
+/// that really is zero, so the result is exact as a boolean (not as a per-slot mask).
+#[inline(always)]
+pub fn holds_broadcast(word: u64, pattern: u64) -> bool {
+    let x = word ^ pattern;
+    x.wrapping_sub(ONES) & !x & HIGH != 0
 }
 
 /// Whether any slot of `word` holds `fingerprint` (branch-free). `fingerprint` must be nonzero,
 /// otherwise empty slots would match.
 #[inline(always)]
 pub fn contains(word: u64, fingerprint: u16) -> bool {
-    zero_lanes(word ^ (u64::from(fingerprint) * ONES)) != 0
+    holds_broadcast(word, broadcast(fingerprint))
 }
 
 /// Index of the first slot holding `fingerprint`, if any.
 #[inline]
 pub fn find(word: u64, fingerprint: u16) -> Option<usize> {
-    let z = zero_lanes(word ^ (u64::from(fingerprint) * ONES));
-    (z != 0).then(|| (z.trailing_zeros() / 16) as usize)
+    let z = zero_slots(word ^ broadcast(fingerprint));
+    (z != 0).then(|| (z.trailing_zeros() / SLOT_BITS) as usize)
 }
 
 /// Index of the first empty slot, if any.
 #[inline]
 pub fn find_empty(word: u64) -> Option<usize> {
-    let z = zero_lanes(word);
-    (z != 0).then(|| (z.trailing_zeros() / 16) as usize)
+    let z = zero_slots(word);
+    (z != 0).then(|| (z.trailing_zeros() / SLOT_BITS) as usize)
 }
 
 /// Number of occupied (nonzero) slots, 0..=4.
 #[inline]
 pub fn occupied(word: u64) -> u32 {
-    SLOTS as u32 - (zero_lanes(word) & HIGH).count_ones()
+    SLOTS as u32 - (zero_slots(word) & HIGH).count_ones()
 }
 
 /// The four slots of `word`, slot 0 first.
 #[inline]
 pub fn slots(word: u64) -> [u16; SLOTS] {
     [slot(word, 0), slot(word, 1), slot(word, 2), slot(word, 3)]
+}
+
+/// In a per-slot hit mask of consecutive words (bit `SLOTS * w + s` = slot `s` of word `w`, as a
+/// vector compare of 16-bit elements produces it), the lowest bit of each word's group:
+/// `0x1111_1111_1111_1111`. Gathering these bits of [`fold_slot_hits`]'s result (`pext`) gives
+/// one bit per word.
+pub(crate) const FIRST_SLOT_BITS: u64 = u64::MAX / ((1 << SLOTS) - 1);
+
+/// Folds a per-slot hit mask (see [`FIRST_SLOT_BITS`]) so that bit `SLOTS * w` is set when any
+/// slot of word `w` hit; bits between those are meaningless.
+#[inline(always)]
+pub(crate) const fn fold_slot_hits(slot_hits: u64) -> u64 {
+    const _: () = assert!(SLOTS == 4, "the fold below ORs 4 slot bits together");
+    let t = slot_hits | (slot_hits >> 1);
+    t | (t >> 2)
 }
 
 /// Maximum number of lanes (DC pools) one consumer table holds.
@@ -189,7 +245,9 @@ impl TransposedTable {
         &self.words()[start..start + self.lanes]
     }
 
-    /// Loads the image of (`bucket`, `lane`) with `Acquire` ordering.
+    /// Loads the image of (`bucket`, `lane`) with `Acquire` ordering: it pairs with
+    /// [`TransposedTable::store`]'s `Release`, so a reader that sees an image also sees every
+    /// image the writer stored before it (the order a delta's images are installed in).
     ///
     /// # Panics
     /// When `bucket` or `lane` is out of range.
@@ -212,32 +270,112 @@ impl TransposedTable {
         self.row(bucket)[lane].store(image, Ordering::Release);
     }
 
-    /// Hints the CPU to fetch the row of `bucket` (every lane) into cache. A no-op on targets
-    /// without a prefetch instruction; never faults, even for an out-of-range bucket (the index
-    /// is masked into range).
+    /// Bit `l` set for each lane `l` in `active` (bit `l` = lane `l`) whose word in row `first`
+    /// or row `second` holds the fingerprint repeated in `pattern` ([`broadcast`]). Per lane the
+    /// `first` row's word is loaded before the `second` row's word, both with `Acquire`: the
+    /// read order the search's relocation argument relies on (`crate::search`, module docs).
+    /// This is the portable search's whole row check.
+    ///
+    /// # Panics
+    /// When `first` or `second` is out of range, or `active` selects a lane `>= lanes()`.
     #[inline(always)]
-    pub fn prefetch_row(&self, bucket: usize) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-            let start = (bucket % self.bucket_count) * self.lanes;
-            let p = self.words()[start..].as_ptr().cast::<i8>();
-            // SAFETY: prefetch never faults; `p` points inside the allocation.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(p) };
-            if self.lanes * 8 > 64 || (start * 8) % 64 + self.lanes * 8 > 64 {
-                // SAFETY: as above; the row's last word is inside the allocation.
-                let q = unsafe { p.add(self.lanes * 8 - 8) };
-                unsafe { _mm_prefetch::<_MM_HINT_T0>(q) };
-            }
+    pub(crate) fn row_pair_hits(
+        &self,
+        first: usize,
+        second: usize,
+        pattern: u64,
+        active: u32,
+    ) -> u32 {
+        let ra = self.row(first);
+        let rb = self.row(second);
+        let mut hits = 0u32;
+        let mut m = active;
+        while m != 0 {
+            let l = m.trailing_zeros() as usize;
+            m &= m - 1;
+            // Acquire: pairs with the Release stores of a delta (relocation order, see `store`).
+            let a = ra[l].load(Ordering::Acquire);
+            let b = rb[l].load(Ordering::Acquire);
+            // `|`, not `||`: both tests are a few ALU ops, a branch would cost more.
+            hits |= u32::from(holds_broadcast(a, pattern) | holds_broadcast(b, pattern)) << l;
         }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = bucket;
+        hits
+    }
+
+    /// The raw row view the search kernels address rows through (see [`Rows`]).
+    #[inline]
+    pub(crate) fn rows(&self) -> Rows<'_> {
+        Rows {
+            base: self.ptr.as_ptr().cast_const().cast::<u64>(),
+            lanes: self.lanes,
+            // `bucket & bucket_mask <= bucket_count - 1` for any bucket count, so a masked row
+            // is always inside the table. Tables built from a `TableFormat` have a power-of-two
+            // bucket count, where the mask is also the identity on valid buckets.
+            bucket_mask: self.bucket_count - 1,
+            _table: PhantomData,
+        }
     }
 
     /// Copies one lane out as plain words (`bucket_count` long), for tests and convergence
     /// checks. Each word is loaded atomically; the copy as a whole is not a snapshot.
     pub fn lane_words(&self, lane: usize) -> Vec<u64> {
         (0..self.bucket_count).map(|b| self.load(b, lane)).collect()
+    }
+}
+
+/// Raw row addressing for the search hot loops: the table's base pointer, the row stride and
+/// the bucket mask, so a row address costs a mask, a multiply and an add, with no bounds-check
+/// branch. Borrowed from one [`TransposedTable`]; every address it gives is inside that table.
+///
+/// The pointers are to `AtomicU64` words: read them only with atomic loads or with the
+/// single-access vector loads `search/avx512.rs` documents, never with plain loads.
+#[derive(Clone, Copy)]
+pub(crate) struct Rows<'t> {
+    base: *const u64,
+    lanes: usize,
+    bucket_mask: usize,
+    _table: PhantomData<&'t TransposedTable>,
+}
+
+impl Rows<'_> {
+    /// Word offset of `bucket`'s row (`(bucket & bucket_mask) * lanes`); always inside the table.
+    #[inline(always)]
+    pub(crate) fn offset(&self, bucket: usize) -> usize {
+        (bucket & self.bucket_mask) * self.lanes
+    }
+
+    /// Address of the word at `offset` (a row offset from [`Rows::offset`] or computed the same
+    /// way, `bucket * lanes` with `bucket < bucket_count`).
+    #[inline(always)]
+    pub(crate) fn at(&self, offset: usize) -> *const u64 {
+        self.base.wrapping_add(offset)
+    }
+
+    /// Hints the CPU to fetch `bucket`'s row (the cache lines of its first and last word). Never
+    /// faults: the bucket is masked into range.
+    #[inline(always)]
+    pub(crate) fn prefetch(&self, bucket: usize) {
+        self.prefetch_offset(self.offset(bucket));
+    }
+
+    /// As [`Rows::prefetch`] for a row given by its word offset (`bucket * lanes`). A no-op on
+    /// targets without a prefetch instruction.
+    #[inline(always)]
+    pub(crate) fn prefetch_offset(&self, offset: usize) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+            let first = self.at(offset);
+            let last = first.wrapping_add(self.lanes - 1);
+            // SAFETY: a prefetch never faults and has no architectural effect, whatever the
+            // address; for the offsets above both addresses are inside the row.
+            unsafe {
+                _mm_prefetch::<_MM_HINT_T0>(first.cast());
+                _mm_prefetch::<_MM_HINT_T0>(last.cast());
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = offset;
     }
 }
 
@@ -318,8 +456,90 @@ mod tests {
         assert_eq!(t.bytes(), 16 * 3 * 8);
         t.store(5, 2, 42);
         assert_eq!(t.load(5, 2), 42);
+        // Relaxed: single-threaded test, nothing to order against.
         assert_eq!(t.row(5)[2].load(Ordering::Relaxed), 42);
         assert_eq!(t.load(5, 1), 0);
-        t.prefetch_row(1 << 40);
+    }
+
+    #[test]
+    fn rows_address_the_table_and_mask_out_of_range_buckets() {
+        let t = TransposedTable::new(16, 3).unwrap();
+        let rows = t.rows();
+        for b in 0..16 {
+            assert_eq!(rows.at(rows.offset(b)), t.row(b).as_ptr().cast::<u64>());
+        }
+        // Out of range: masked into the table, and the prefetch does not fault.
+        assert_eq!(rows.offset(16 + 5), 5 * 3);
+        rows.prefetch(1 << 40);
+        rows.prefetch_offset(rows.offset(15));
+    }
+
+    /// Slot-by-slot model of "some slot holds `fp`".
+    fn model_contains(word: u64, fp: u16) -> bool {
+        slots(word).contains(&fp)
+    }
+
+    #[test]
+    fn broadcast_test_is_exact_next_to_tricky_neighbours() {
+        // Borrows of the has-zero test run from low slots to high ones: put near-matches
+        // (fp +- 1, 0, 0x8000, 0xFFFF) on both sides of a match and of a miss.
+        let fps = [1u16, 2, 0x7FFF, 0x8000, 0x8001, 0xFFFE, 0xFFFF];
+        for &fp in &fps {
+            let near = [
+                0,
+                1,
+                fp.wrapping_sub(1),
+                fp,
+                fp.wrapping_add(1),
+                0x8000,
+                0xFFFF,
+            ];
+            for &a in &near {
+                for &b in &near {
+                    for &c in &near {
+                        for &d in &near {
+                            let w = with_slot(with_slot(with_slot(u64::from(a), 1, b), 2, c), 3, d);
+                            let expect = model_contains(w, fp);
+                            assert_eq!(holds_broadcast(w, broadcast(fp)), expect, "{w:#x} {fp:#x}");
+                            assert_eq!(contains(w, fp), expect);
+                            assert_eq!(find(w, fp).is_some(), expect);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn slot_hit_fold_gives_one_bit_per_word() {
+        assert_eq!(FIRST_SLOT_BITS, 0x1111_1111_1111_1111);
+        for word in 0..16 {
+            for s in 0..SLOTS {
+                let folded = fold_slot_hits(1 << (SLOTS * word + s));
+                let gathered: Vec<usize> = (0..16)
+                    .filter(|&w| folded & FIRST_SLOT_BITS & (1 << (SLOTS * w)) != 0)
+                    .collect();
+                assert_eq!(gathered, vec![word], "slot {s} of word {word}");
+            }
+        }
+        assert_eq!(fold_slot_hits(0) & FIRST_SLOT_BITS, 0);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn word_ops_match_the_slot_model(word: u64, fp in 1u16.., pick in 0usize..5, s in 0usize..4) {
+            // `pick < 4` plants `fp` in slot `pick` so hits are as common as misses.
+            let w = if pick < SLOTS { with_slot(word, pick, fp) } else { word };
+            let expect = model_contains(w, fp);
+            proptest::prop_assert_eq!(holds_broadcast(w, broadcast(fp)), expect);
+            proptest::prop_assert_eq!(contains(w, fp), expect);
+            proptest::prop_assert_eq!(find(w, fp), slots(w).iter().position(|&x| x == fp));
+            proptest::prop_assert_eq!(find_empty(w), slots(w).iter().position(|&x| x == EMPTY_SLOT));
+            proptest::prop_assert_eq!(occupied(w), slots(w).iter().filter(|&&x| x != 0).count() as u32);
+            let written = with_slot(w, s, fp);
+            for o in 0..SLOTS {
+                proptest::prop_assert_eq!(slot(written, o), if o == s { fp } else { slot(w, o) });
+            }
+        }
     }
 }

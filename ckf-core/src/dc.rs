@@ -39,7 +39,7 @@ use crate::mutator::Mutator;
 use ownership::{BlockOwners, Members, Owners, Tag};
 
 pub use events::{BlockError, EventOutcome, KvEvent, KvEventKind, MemberId};
-pub use hasher::{FoldHashBuilder, FoldHasher};
+pub use hasher::FoldHashBuilder;
 pub use stats::DcCkfStats;
 
 /// Default kick bound.

@@ -19,6 +19,12 @@
 //!
 //! No heap allocation: [`PrefixMatches`] is a fixed-size value.
 //!
+//! This module owns the query loop (capture, read order, early exit, prefetch distance, kernel
+//! choice). It never touches a bucket word itself: the slot test, the atomic row loads and the
+//! prefetch are [`crate::bucket`]'s ([`TransposedTable`]'s row-pair check and row view), the
+//! fingerprint and candidate buckets are [`crate::addressing`]'s. `search/avx512.rs` is the same
+//! loop with vector locate and row checks, built on those owners' constants.
+//!
 //! # Read order and the relocation window (`cuckoo-cases.md` case 12)
 //! A delta relocating fingerprint `f` from bucket `s` to bucket `d` (the other candidate of `f`)
 //! carries `d`'s image before `s`'s image, each installed with a `Release` store, and the query
@@ -35,10 +41,8 @@
 //! Without a retry (forbidden by the weak-read contract) no read order closes both directions;
 //! lower-first is a fixed, documented choice that makes half of all moves provably safe.
 
-use std::sync::atomic::Ordering;
-
 use crate::addressing::{Addressing, Location};
-use crate::bucket::{MAX_LANES, TransposedTable};
+use crate::bucket::{self, MAX_LANES, TransposedTable};
 use crate::global::GlobalCkfIndexer;
 use crate::identity::LaneIndex;
 
@@ -104,97 +108,6 @@ impl PrefixMatches {
     }
 }
 
-const ONES: u64 = 0x0001_0001_0001_0001;
-const HIGH: u64 = 0x8000_8000_8000_8000;
-
-/// Nonzero iff some 16-bit slot of `w` equals the fingerprint replicated in `pattern` (exact as
-/// a boolean: the classic has-zero test can only add false flags above a true zero slot).
-#[inline(always)]
-fn hit(w: u64, pattern: u64) -> u64 {
-    let x = w ^ pattern;
-    x.wrapping_sub(ONES) & !x & HIGH
-}
-
-/// Portable row check: bit `l` set for each lane `l` in `active` whose word in the `lo` row or
-/// the `hi` row holds `fingerprint`. Per lane, the `lo` word is loaded before the `hi` word.
-#[inline(always)]
-fn row_hits_scalar(
-    table: &TransposedTable,
-    lo: usize,
-    hi: usize,
-    fingerprint: u16,
-    active: u32,
-) -> u32 {
-    let ra = table.row(lo);
-    let rb = table.row(hi);
-    let pattern = u64::from(fingerprint) * ONES;
-    let mut hits = 0u32;
-    let mut m = active;
-    while m != 0 {
-        let l = m.trailing_zeros() as usize;
-        m &= m - 1;
-        // Acquire: pairs with the Release stores of a delta (relocation order, module docs).
-        let a = ra[l].load(Ordering::Acquire);
-        let b = rb[l].load(Ordering::Acquire);
-        hits |= u32::from((hit(a, pattern) | hit(b, pattern)) != 0) << l;
-    }
-    hits
-}
-
-/// Row addressing for the hot loop: the table's base pointer, the row stride and the bucket
-/// mask, so a row address costs a mask, a multiply and an add, with no bounds-check branch.
-#[derive(Clone, Copy)]
-pub(crate) struct Rows {
-    base: *const u64,
-    lanes: usize,
-    bucket_mask: usize,
-}
-
-impl Rows {
-    pub(crate) fn new(table: &TransposedTable) -> Self {
-        Self {
-            base: table.row(0).as_ptr().cast::<u64>(),
-            lanes: table.lanes(),
-            // Buckets from `locate` are already below `bucket_count` (the addressing and the
-            // table come from the same manifest format); masking again costs one instruction
-            // and makes the in-bounds guarantee local.
-            bucket_mask: table.bucket_count() - 1,
-        }
-    }
-
-    /// Address of the first word of `bucket`'s row; always inside the table.
-    #[inline(always)]
-    pub(crate) fn row(&self, bucket: usize) -> *const u64 {
-        self.base
-            .wrapping_add((bucket & self.bucket_mask) * self.lanes)
-    }
-
-    /// Hints the CPU to fetch `bucket`'s row (its first and last word's cache lines).
-    #[inline(always)]
-    pub(crate) fn prefetch(&self, bucket: usize) {
-        self.prefetch_offset((bucket & self.bucket_mask) * self.lanes);
-    }
-
-    /// As [`Rows::prefetch`] for a row given by its word offset (`bucket * lanes`).
-    #[inline(always)]
-    pub(crate) fn prefetch_offset(&self, offset: usize) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-            let first = self.base.wrapping_add(offset);
-            let last = first.wrapping_add(self.lanes - 1);
-            // SAFETY: prefetch never faults and has no architectural effect; both addresses
-            // are inside the row.
-            unsafe {
-                _mm_prefetch::<_MM_HINT_T0>(first.cast());
-                _mm_prefetch::<_MM_HINT_T0>(last.cast());
-            }
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = offset;
-    }
-}
-
 /// Tables at least this large get their rows prefetched a few positions ahead; smaller ones
 /// (about the size of a core's L2) are cache-resident and the prefetch would only cost
 /// instructions.
@@ -242,7 +155,7 @@ where
             bucket_a: 0,
             bucket_b: 0,
         }; RING];
-        let rows = Rows::new(table);
+        let rows = table.rows();
         for (i, &h) in hashes[..n.min(PREFETCH_AHEAD)].iter().enumerate() {
             let loc = addressing.locate(h);
             rows.prefetch(loc.bucket_a as usize);
@@ -280,7 +193,7 @@ fn search_scalar(
     ready: u16,
 ) -> [u32; MAX_LANES] {
     prefix_loop(table, addressing, hashes, ready, |lo, hi, fp, active| {
-        row_hits_scalar(table, lo, hi, fp, active)
+        table.row_pair_hits(lo, hi, bucket::broadcast(fp), active)
     })
 }
 
@@ -343,26 +256,5 @@ impl Kernel {
             return Kernel::Avx512;
         }
         Kernel::Portable
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn hit_is_exact_per_word() {
-        for fp in [1u16, 2, 0x7FFF, 0x8000, 0xFFFF] {
-            let p = u64::from(fp) * ONES;
-            for s in 0..4 {
-                let w = crate::bucket::with_slot(0x0002_FFFE_8001_7FFE, s, fp);
-                assert_ne!(hit(w, p), 0);
-            }
-            for w in [0u64, 0x0002_FFFE_8001_7FFE, u64::MAX ^ p] {
-                if !crate::bucket::contains(w, fp) {
-                    assert_eq!(hit(w, p), 0, "{w:#x} {fp:#x}");
-                }
-            }
-        }
     }
 }

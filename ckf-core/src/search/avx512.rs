@@ -9,6 +9,11 @@
 //!   bucket, compared slot-wise against the fingerprint into a 64-bit slot mask (4 bits per
 //!   lane), and folded to one bit per lane.
 //!
+//! Nothing here is a second copy of a rule: the mix constants and the fingerprint shift are
+//! imported from [`crate::addressing`], the slot width, the per-word fold of the slot mask, the
+//! row addressing and the prefetch from [`crate::bucket`]; this module only owns their vector
+//! form and the loop that drives them.
+//!
 //! # Why the row loads are inline assembly
 //! The words are `AtomicU64`s written concurrently by ingestion, so a plain (intrinsic) vector
 //! load would be a data race in the Rust memory model. An `asm!` block is opaque to the compiler
@@ -26,11 +31,13 @@ use std::arch::x86_64::{
     _mm512_srli_epi64, _mm512_store_si512, _mm512_xor_si512, _pext_u64,
 };
 
-use super::{PREFETCH_MIN_BYTES, Rows};
-use crate::bucket::{MAX_LANES, TransposedTable};
+use super::PREFETCH_MIN_BYTES;
+use crate::addressing::{FINGERPRINT_SHIFT, FMIX_C1, FMIX_C2, FMIX_SHIFT};
+use crate::bucket::{self, FIRST_SLOT_BITS, MAX_LANES, SLOT_BITS, TransposedTable};
 
-const C1: u64 = 0xff51_afd7_ed55_8ccd;
-const C2: u64 = 0xc4ce_b9fe_1a85_ec53;
+// The row check compares 16-bit elements (`_mm512_cmpeq_epi16_mask`, `_mm512_set1_epi16`, the
+// vector form of `bucket::broadcast`): one element per slot of the packed bucket.
+const _: () = assert!(SLOT_BITS == 16, "vector row check assumes 16-bit slots");
 
 /// Located positions of one chunk: fingerprint and the row offsets (in words) of the lower and
 /// the higher candidate bucket.
@@ -50,14 +57,15 @@ impl Chunk {
     };
 }
 
+/// [`crate::addressing::fmix64`] on 8 words, with that function's constants.
 #[inline]
 #[target_feature(enable = "avx512f,avx512dq")]
 fn fmix64x8(k: __m512i) -> __m512i {
-    let k = _mm512_xor_si512(k, _mm512_srli_epi64::<33>(k));
-    let k = _mm512_mullo_epi64(k, _mm512_set1_epi64(C1 as i64));
-    let k = _mm512_xor_si512(k, _mm512_srli_epi64::<33>(k));
-    let k = _mm512_mullo_epi64(k, _mm512_set1_epi64(C2 as i64));
-    _mm512_xor_si512(k, _mm512_srli_epi64::<33>(k))
+    let k = _mm512_xor_si512(k, _mm512_srli_epi64::<FMIX_SHIFT>(k));
+    let k = _mm512_mullo_epi64(k, _mm512_set1_epi64(FMIX_C1 as i64));
+    let k = _mm512_xor_si512(k, _mm512_srli_epi64::<FMIX_SHIFT>(k));
+    let k = _mm512_mullo_epi64(k, _mm512_set1_epi64(FMIX_C2 as i64));
+    _mm512_xor_si512(k, _mm512_srli_epi64::<FMIX_SHIFT>(k))
 }
 
 /// Format-v1 `locate` of 8 block hashes into `out` (row offsets = bucket * `lanes`).
@@ -70,7 +78,7 @@ fn locate8(hashes: &[u64; 8], seed: u64, bucket_mask: u64, lanes: u64, out: &mut
     let h = fmix64x8(_mm512_xor_si512(x, _mm512_set1_epi64(seed as i64)));
     let one = _mm512_set1_epi64(1);
     let mask = _mm512_set1_epi64(bucket_mask as i64);
-    let fp = _mm512_max_epu64(_mm512_srli_epi64::<48>(h), one);
+    let fp = _mm512_max_epu64(_mm512_srli_epi64::<FINGERPRINT_SHIFT>(h), one);
     let a = _mm512_and_si512(h, mask);
     let o = _mm512_and_si512(fmix64x8(fp), mask);
     let o = _mm512_mask_mov_epi64(o, _mm512_cmpeq_epi64_mask(o, _mm512_setzero_si512()), one);
@@ -192,10 +200,9 @@ unsafe fn row_hits<const FULL16: bool>(
         }
         slots
     };
-    // Fold the 4 slot bits of each lane into the lane's lowest slot bit, then gather.
-    let t = slots | (slots >> 1);
-    let t = t | (t >> 2);
-    _pext_u64(t, 0x1111_1111_1111_1111) as u32
+    // One bit per slot, 4 per lane word: fold each word's slot bits and gather one bit per lane
+    // (the slot layout and the fold are `bucket`'s).
+    _pext_u64(bucket::fold_slot_hits(slots), FIRST_SLOT_BITS) as u32
 }
 
 /// Prefix depths over `table` for `hashes` (see [`crate::search`]).
@@ -230,8 +237,7 @@ unsafe fn search_with<const FULL16: bool>(
     let lanes = table.lanes();
     let lo_mask = (0xFFu32 >> (8 - lanes.min(8))) as u8;
     let hi_mask = ((1u32 << lanes.saturating_sub(8)) - 1) as u8;
-    let rows = Rows::new(table);
-    let base = rows.row(0);
+    let rows = table.rows();
     let mask = (table.bucket_count() - 1) as u64;
     let prefetch = table.bytes() >= PREFETCH_MIN_BYTES;
     let n = hashes.len();
@@ -259,6 +265,8 @@ unsafe fn search_with<const FULL16: bool>(
     for k in 0..chunks.min(AHEAD - 1) {
         stage(k, &mut ring);
     }
+    // A copy the `stage` closure does not borrow, so its fields stay in registers in the loop.
+    let probe = rows;
     for k in 0..chunks {
         if k + AHEAD - 1 < chunks {
             stage(k + AHEAD - 1, &mut ring);
@@ -267,8 +275,8 @@ unsafe fn search_with<const FULL16: bool>(
         let start = k * 8;
         for i in 0..(n - start).min(8) {
             // Offsets are `bucket * lanes` with `bucket <= bucket_mask`: inside the table.
-            let lo = base.wrapping_add(cur.lo[i] as usize);
-            let hi = base.wrapping_add(cur.hi[i] as usize);
+            let lo = probe.at(cur.lo[i] as usize);
+            let hi = probe.at(cur.hi[i] as usize);
             // SAFETY: both rows are inside the table, 8-byte aligned, `lanes` words long; the
             // masks / FULL16 select exactly those lanes; our caller guarantees the features.
             let hits =
