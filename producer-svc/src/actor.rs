@@ -21,7 +21,7 @@ use ckf_core::dc::{DcCkfState, DcCkfStats, EventOutcome};
 use ckf_core::fanout::{
     AttachRefused, DrainMiss, FenceCause, FrameLimits, Outbound, PublishReport,
 };
-use ckf_core::identity::LaneLease;
+use ckf_core::identity::{LaneLease, ProducerIdentity};
 use ckf_core::publication::FenceReason;
 use ckf_core::sources::{SequenceCheck, SourceSequences};
 use tokio::sync::{mpsc, oneshot};
@@ -156,7 +156,7 @@ impl Actor {
     /// tracking the batch sequences of at most `sources`' capacity of sources.
     pub fn new(
         state: DcCkfState,
-        identity: &ckf_core::identity::ProducerIdentity,
+        identity: &ProducerIdentity,
         endpoints: Vec<String>,
         sources: SourceSequences,
         metrics: Metrics,

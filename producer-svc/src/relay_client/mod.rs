@@ -128,8 +128,10 @@ impl RelayClient {
     /// Attaches, publishes and re-attaches until shutdown; returns how the final drain went.
     /// Runs in a `relay` span naming the indexer and the pool.
     pub async fn run(self) -> DrainOutcome {
+        // Error level: the span (and its fields) stays enabled under any log filter that lets
+        // one of its events through.
         let span =
-            tracing::info_span!("relay", indexer = %self.endpoint, pool = %self.identity.pool);
+            tracing::error_span!("relay", indexer = %self.endpoint, pool = %self.identity.pool);
         self.sessions().instrument(span).await
     }
 
@@ -140,7 +142,7 @@ impl RelayClient {
                 self.set_state(AttachmentState::Drained);
                 return DrainOutcome::NotAttached;
             }
-            let session = tracing::info_span!("session", lease = tracing::field::Empty);
+            let session = tracing::error_span!("session", lease = tracing::field::Empty);
             let f = match self.session().instrument(session).await {
                 SessionEnd::Drained { sequence } => {
                     // The message is matched by the e2e tests (tests/): keep it stable.
