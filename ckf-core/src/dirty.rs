@@ -57,6 +57,29 @@ pub struct PublicationBatch {
     pub cycles_broken: u32,
 }
 
+impl PublicationBatch {
+    /// This batch as consecutive parts of at most `max_images` images each (`max_images` is
+    /// raised to 1), in order: concatenated they are exactly `self.images`, so installing the
+    /// parts one after the other keeps the safe image order across frames. Every part keeps
+    /// `oldest_change`; the first carries `cycles_broken`, the others 0. A batch that fits is
+    /// returned whole as the only part.
+    pub fn split(&self, max_images: usize) -> Vec<PublicationBatch> {
+        let max_images = max_images.max(1);
+        if self.images.len() <= max_images {
+            return vec![self.clone()];
+        }
+        self.images
+            .chunks(max_images)
+            .enumerate()
+            .map(|(i, images)| PublicationBatch {
+                images: images.to_vec(),
+                oldest_change: self.oldest_change,
+                cycles_broken: if i == 0 { self.cycles_broken } else { 0 },
+            })
+            .collect()
+    }
+}
+
 /// A changed bucket while ordering a batch.
 #[derive(Debug, Clone, Copy)]
 struct Changed {

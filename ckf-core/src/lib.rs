@@ -17,7 +17,9 @@
 //! | [`dirty`] | dirty-bucket tracking and safe image ordering for deltas |
 //! | [`dc`] | `DcCkfState`: exact ownership, refcounts, omissions, stats |
 //! | [`frames`] | snapshot / chunk / delta / drain-marker frames |
+//! | [`sources`] | per-source ingest batch sequences (gap / replay), bounded LRU memory |
 //! | [`publication`] | `DcCkfPublisher`: lease and sequence envelope, fencing |
+//! | [`fanout`] | one publisher per attachment, the barrier across them, delta splitting, drain markers |
 //! | [`global`] | `GlobalCkfIndexer`: manifest, lane state machine, delta acceptance |
 //! | [`lane`] | one lane's serialized ingestor: lease checks, state machine, acceptance rules |
 //! | [`ingestion`] | one serialized ingestor per lane, bounded queues, lag policy |
@@ -31,6 +33,7 @@ pub mod bucket;
 pub mod dc;
 pub mod dirty;
 pub mod failure;
+pub mod fanout;
 pub mod frames;
 pub mod global;
 pub mod identity;
@@ -39,6 +42,7 @@ pub mod lane;
 pub mod mutator;
 pub mod publication;
 pub mod search;
+pub mod sources;
 
 pub use addressing::{Addressing, FormatError, Location, TableFormat};
 pub use identity::{

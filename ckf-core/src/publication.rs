@@ -37,7 +37,9 @@
 //!    batch and the snapshot because the actor owns the state.
 //!
 //! Publishers never call `take_batch` themselves: a batch taken for one publisher would be lost
-//! to the others.
+//! to the others. [`crate::fanout::Fanout`] implements both steps for any number of publishers
+//! (plus delta splitting and fencing of a full queue); a producer uses it rather than
+//! sequencing publishers by hand.
 //!
 //! [`DcCkfState`]: crate::dc::DcCkfState
 //! [`DcCkfState::take_batch`]: crate::dc::DcCkfState::take_batch

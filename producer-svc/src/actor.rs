@@ -2,28 +2,76 @@
 //!
 //! Every mutation and every publication decision happens here, one command at a time, so the
 //! exact state needs no lock and a batch is only ever sampled between complete commands
-//! (design source, "Publication protocol"). Ingest handlers and relay-client tasks talk to it
-//! through one bounded command channel: when the actor falls behind, senders wait
-//! (backpressure), memory stays bounded.
+//! (design source, "Publication protocol"). The rules are `ckf-core`'s: the source sequence
+//! check ([`SourceSequences`]), the state ([`DcCkfState`]) and the fan-out to every attachment
+//! ([`Fanout`]); the actor applies them in order and turns their reports into metrics and logs.
+//!
+//! Ingest handlers and relay-client tasks talk to it through an [`ActorHandle`]: one bounded
+//! command channel (when the actor falls behind, senders wait: backpressure, bounded memory) and
+//! one [`ActorHandle::ask`] for every request/response round trip.
 //!
 //! Cadence: a batch is cut as soon as `batch_threshold` buckets are dirty, or at the latest
 //! `max_delay` after the first dirty bucket. On shutdown the actor closes its channel, finishes
 //! the commands already queued, cuts the pending tail, and queues the exact drain marker on
-//! every attachment ([`Fanout::drain`]).
+//! every attachment ([`Fanout::drain`](ckf_core::fanout::Fanout::drain)).
 
 use std::time::Duration;
 
 use ckf_core::dc::{DcCkfState, DcCkfStats, EventOutcome};
-use ckf_core::identity::LaneLease;
+use ckf_core::fanout::{
+    AttachRefused, DrainMiss, FenceCause, FrameLimits, Outbound, PublishReport,
+};
+use ckf_core::identity::{LaneLease, ProducerIdentity};
 use ckf_core::publication::FenceReason;
+use ckf_core::sources::{SequenceCheck, SourceSequences};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::{Instant, sleep_until};
 
 use crate::events::{BatchReport, EventReport, IngestBatch, IngestEvent};
-use crate::fanout::{AttachRefused, Fanout, FrameLimits, Outbound};
+use crate::fanout::{AttachmentQueue, Fanout};
 use crate::metrics::Metrics;
-use crate::sources::SourceSequences;
 use ckf_svc_kit::Shutdown;
+
+/// The state actor has stopped (shutdown finished, or it panicked): no answer will come.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the state actor has stopped")]
+pub struct ActorGone;
+
+/// The sending side of the actor's command channel; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct ActorHandle {
+    commands: mpsc::Sender<Command>,
+}
+
+impl ActorHandle {
+    /// A handle sending on `commands`.
+    pub fn new(commands: mpsc::Sender<Command>) -> Self {
+        Self { commands }
+    }
+
+    /// One request/response round trip: builds the command around a fresh reply channel,
+    /// queues it (waiting while the channel is full) and waits for the answer, e.g.
+    /// `actor.ask(|reply| Command::Stats { reply })`.
+    ///
+    /// # Errors
+    /// [`ActorGone`] when the actor stopped before taking the command or before answering.
+    pub async fn ask<T>(
+        &self,
+        command: impl FnOnce(oneshot::Sender<T>) -> Command,
+    ) -> Result<T, ActorGone> {
+        let (reply, answer) = oneshot::channel();
+        self.tell(command(reply)).await?;
+        answer.await.map_err(|_| ActorGone)
+    }
+
+    /// Queues a command that has no answer, waiting while the channel is full.
+    ///
+    /// # Errors
+    /// [`ActorGone`] when the actor has stopped.
+    pub async fn tell(&self, command: Command) -> Result<(), ActorGone> {
+        self.commands.send(command).await.map_err(|_| ActorGone)
+    }
+}
 
 /// A request to the actor.
 #[derive(Debug)]
@@ -94,25 +142,34 @@ const GAUGE_REFRESH: Duration = Duration::from_secs(1);
 pub struct Actor {
     state: DcCkfState,
     fanout: Fanout,
+    /// Endpoint names, indexed like the fan-out's attachments (for logs).
+    endpoints: Vec<String>,
     sources: SourceSequences,
     metrics: Metrics,
     cadence: Cadence,
     /// When the pending dirty buckets must be cut at the latest.
     deadline: Option<Instant>,
-    shutting_down: bool,
 }
 
 impl Actor {
-    /// An actor over `state`, publishing through `fanout`.
-    pub fn new(state: DcCkfState, fanout: Fanout, metrics: Metrics, cadence: Cadence) -> Self {
+    /// An actor over `state`, publishing to one attachment per entry of `endpoints` and
+    /// tracking the batch sequences of at most `sources`' capacity of sources.
+    pub fn new(
+        state: DcCkfState,
+        identity: &ProducerIdentity,
+        endpoints: Vec<String>,
+        sources: SourceSequences,
+        metrics: Metrics,
+        cadence: Cadence,
+    ) -> Self {
         Self {
             state,
-            fanout,
-            sources: SourceSequences::default(),
+            fanout: Fanout::new(identity, endpoints.len()),
+            endpoints,
+            sources,
             metrics,
             cadence,
             deadline: None,
-            shutting_down: false,
         }
     }
 
@@ -142,14 +199,25 @@ impl Actor {
             }
             self.after_command();
         }
-        // Stop ingest: nothing new gets in, what is already queued was accepted and is applied.
-        self.shutting_down = true;
+        // Stop ingest: nothing new gets in, what is already queued was accepted and is applied
+        // (an attach still queued is refused: the fan-out is closed).
+        self.fanout.close();
         commands.close();
         while let Some(cmd) = commands.recv().await {
             self.handle(cmd);
         }
         self.publish();
-        let drain_markers = self.fanout.drain();
+        let drained = self.fanout.drain();
+        for (index, miss) in &drained.missed {
+            let indexer = &self.endpoints[*index];
+            match miss {
+                DrainMiss::Sink(_) => {
+                    tracing::warn!(%indexer, "attachment queue full at shutdown; no drain marker")
+                }
+                DrainMiss::NoMarker(e) => tracing::warn!(%indexer, error = %e, "no drain marker"),
+            }
+        }
+        let drain_markers = drained.queued;
         self.refresh_gauges();
         tracing::info!(drain_markers, "state actor stopped; drain markers queued");
         ActorReport {
@@ -179,28 +247,41 @@ impl Actor {
                 frames,
                 reply,
             } => {
-                let result = if self.shutting_down {
-                    Err(AttachRefused::ShuttingDown)
-                } else {
-                    self.fanout
-                        .attach(&mut self.state, endpoint, lease, limits, frames)
-                };
+                let report = self.fanout.attach(
+                    &mut self.state,
+                    endpoint,
+                    lease,
+                    limits,
+                    AttachmentQueue(frames),
+                );
+                if let Some(barrier) = &report.barrier {
+                    self.record(barrier);
+                }
                 self.deadline = None;
-                let _ = reply.send(result);
+                let _ = reply.send(report.result);
             }
             Command::Detach {
                 endpoint,
                 lease,
                 reason,
-            } => self.fanout.detach(endpoint, lease, reason),
+            } => {
+                // A stale detach (the endpoint re-attached since) changes nothing.
+                let _ = self.fanout.detach(endpoint, lease, reason);
+            }
         }
     }
 
     fn ingest(&mut self, batch: IngestBatch) -> BatchReport {
+        let evictions = self.sources.evictions();
         let check = self.sources.admit(&batch.source_id, batch.sequence);
+        self.metrics
+            .source_evictions
+            .inc_by(self.sources.evictions() - evictions);
+        self.metrics
+            .observe_sources(self.sources.len(), self.sources.bytes_used());
         let mut events = Vec::new();
         if check.applies() {
-            if matches!(check, crate::sources::SequenceCheck::Gap { .. }) {
+            if matches!(check, SequenceCheck::Gap { .. }) {
                 self.metrics.source_gaps.inc();
             }
             events.reserve(batch.events.len());
@@ -259,8 +340,30 @@ impl Actor {
 
     fn publish(&mut self) {
         self.deadline = None;
-        if self.fanout.publish(&mut self.state) {
+        if let Some(report) = self.fanout.publish(&mut self.state) {
+            self.record(&report);
             self.refresh_gauges();
+        }
+    }
+
+    /// Metrics and logs of one publication.
+    fn record(&self, report: &PublishReport) {
+        let m = &self.metrics;
+        m.batches.inc();
+        m.batch_images.observe(report.batch_images as f64);
+        m.cycles_broken.inc_by(u64::from(report.cycles_broken));
+        for fenced in &report.fenced {
+            let indexer = &self.endpoints[fenced.attachment];
+            match &fenced.cause {
+                FenceCause::Refused(e) => {
+                    tracing::warn!(%indexer, error = %e, "publisher refused a delta; re-attaching")
+                }
+                FenceCause::Sink(why) => tracing::warn!(
+                    %indexer,
+                    %why,
+                    "fencing the attachment; it will re-attach with a new snapshot"
+                ),
+            }
         }
     }
 

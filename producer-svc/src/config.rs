@@ -130,6 +130,11 @@ pub struct LimitsConfig {
     pub max_message_bytes: u64,
     /// Largest number of events in one ingest batch.
     pub max_events_per_batch: u32,
+    /// Most event sources whose batch sequence is remembered (gap and replay detection). When
+    /// full, the least recently used source is forgotten: its next batch counts as a first
+    /// batch, so a replay older than that is no longer detected
+    /// (`ckf_core::sources::SourceSequences`).
+    pub max_tracked_sources: u32,
 }
 
 impl Default for LimitsConfig {
@@ -138,6 +143,7 @@ impl Default for LimitsConfig {
             ingest_channel_capacity: 1_024,
             max_message_bytes: 4 << 20,
             max_events_per_batch: 65_536,
+            max_tracked_sources: 65_536,
         }
     }
 }
@@ -359,6 +365,13 @@ impl ProducerConfig {
                 "must be at least 1",
             ));
         }
+        if l.max_tracked_sources == 0 {
+            return Err(invalid(
+                "limits.max_tracked_sources",
+                0,
+                "must be at least 1",
+            ));
+        }
         if self.shutdown.drain_timeout_ms == 0 {
             return Err(invalid(
                 "shutdown.drain_timeout_ms",
@@ -469,6 +482,9 @@ pub struct Cli {
     /// limits.max_events_per_batch: largest ingest batch, events [default: 65536].
     #[arg(long, value_name = "EVENTS")]
     pub max_events_per_batch: Option<u32>,
+    /// limits.max_tracked_sources: sources whose batch sequence is remembered; least recently used forgotten first [default: 65536].
+    #[arg(long, value_name = "SOURCES")]
+    pub max_tracked_sources: Option<u32>,
     /// shutdown.drain_timeout_ms: wait for drained acks on shutdown, ms [default: 5000].
     #[arg(long, value_name = "MS")]
     pub drain_timeout_ms: Option<u64>,
@@ -515,6 +531,7 @@ impl Cli {
             )
             .set("limits.max_message_bytes", self.max_message_bytes)
             .set("limits.max_events_per_batch", self.max_events_per_batch)
+            .set("limits.max_tracked_sources", self.max_tracked_sources)
             .set("shutdown.drain_timeout_ms", self.drain_timeout_ms)
             .set("listen", self.listen.map(|a| a.to_string()))
             .set("metrics_listen", self.metrics_listen.map(|a| a.to_string()))

@@ -30,3 +30,10 @@ pub enum IngestError {
     #[error("the producer is shutting down and no longer accepts events")]
     ShuttingDown,
 }
+
+/// A state actor that stopped no longer ingests: the producer is shutting down.
+impl From<crate::actor::ActorGone> for IngestError {
+    fn from(_: crate::actor::ActorGone) -> Self {
+        Self::ShuttingDown
+    }
+}

@@ -7,7 +7,7 @@
 
 use ckf_core::dc::{EventOutcome, KvEvent};
 
-use crate::sources::SequenceCheck;
+use ckf_core::sources::SequenceCheck;
 
 /// One decoded event.
 #[derive(Debug, Clone, PartialEq, Eq)]

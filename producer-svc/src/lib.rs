@@ -7,22 +7,23 @@
 //! crate adds transport, configuration, metrics and lifecycle.
 //!
 //! Following one KV event: [`ingest`] decodes the batch -> [`actor`] checks the source sequence
-//! ([`sources`]) and applies it to the state -> on the cadence, [`fanout`] cuts a batch and
-//! queues a delta per attachment -> [`relay_client`] sends it to its indexer.
+//! (`ckf_core::sources`) and applies it to the state -> on the cadence, the actor's fan-out
+//! (`ckf_core::fanout`, over [`fanout`]'s queues) cuts a batch and queues a delta per
+//! attachment -> [`relay_client`] sends it to its indexer.
 //!
 //! | module | owns |
 //! | --- | --- |
 //! | [`config`] | configuration only: layers, flags, validation |
 //! | [`ingest`] | the `Ingest` service, one file per RPC, wire conversion |
 //! | [`events`] | decoded batches and per-event reports (handler <-> actor) |
-//! | [`sources`] | per-source batch sequence: gaps and replays |
-//! | [`actor`] | the one task owning `DcCkfState`; cadence; shutdown drain |
-//! | [`fanout`] | one `DcCkfPublisher` per endpoint; barrier snapshots; batch splitting |
+//! | [`actor`] | the one task owning `DcCkfState`, source sequences and the fan-out; cadence; shutdown drain; `ActorHandle::ask` |
+//! | [`fanout`] | each attachment's bounded frame queue as `ckf_core::fanout::FrameSink` |
 //! | [`relay_client`] | one task per indexer: attach, stream, heartbeat, reconnect |
 //! | [`metrics`] | `ckf_producer_*` Prometheus metrics |
 //! | [`error`], [`status`] | ingest errors and their one mapping to gRPC statuses |
 //!
-//! [`serve`] starts everything in-process (the binary, `ckf demo` and the tests all use it).
+//! [`serve`] starts everything in-process (the binary, `ckf demo` and the tests all use it);
+//! [`ServeError`] says why it could not start or stopped abnormally.
 
 pub mod actor;
 pub mod config;
@@ -32,34 +33,67 @@ pub mod fanout;
 pub mod ingest;
 pub mod metrics;
 pub mod relay_client;
-pub mod sources;
 pub mod status;
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::num::NonZeroUsize;
 use std::time::Duration;
 
-use anyhow::Context;
 use ckf_core::dc::{DcCkfConfig, DcCkfState, DcCkfStats};
 use ckf_core::identity::{ProducerIdentity, ProducerIncarnation};
+use ckf_core::sources::SourceSequences;
 use ckf_proto::v1::ingest_server::{IngestServer, SERVICE_NAME as INGEST_SERVICE};
 use ckf_svc_kit::Shutdown;
-use tokio::sync::{mpsc, oneshot};
+use ckf_svc_kit::config::Invalid;
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tonic_health::ServingStatus;
 
+pub use actor::ActorGone;
 pub use ckf_svc_kit::config::ConfigError;
 pub use config::{Cli, ProducerConfig};
 pub use relay_client::DrainOutcome;
 
-use actor::{Actor, ActorReport, Cadence, Command};
-use fanout::Fanout;
+use actor::{Actor, ActorHandle, ActorReport, Cadence, Command};
 use ingest::IngestService;
 use metrics::Metrics;
 use relay_client::{RelayClient, RelaySettings};
 
 /// HTTP/2 keepalive of the Relay client connections.
 const KEEPALIVE: Duration = Duration::from_secs(10);
+
+/// Why a producer could not start or stopped abnormally.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// A configuration value breaks a rule (key, value, rule).
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A listener could not be bound.
+    #[error("binding the {what} listener on {addr}: {source}")]
+    Bind {
+        /// `"ingest"` or `"metrics"`.
+        what: &'static str,
+        /// The address.
+        addr: SocketAddr,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The reflection descriptors could not be loaded.
+    #[error("building the reflection service: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+    /// The ingest gRPC server failed.
+    #[error("ingest server: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    /// A task of the producer (state actor, publisher, server) panicked or was cancelled.
+    #[error("{what} task: {source}")]
+    Join {
+        /// Which task.
+        what: &'static str,
+        /// How it ended.
+        source: tokio::task::JoinError,
+    },
+}
 
 /// A running producer: its bound addresses, identity, and the way to wait for its end.
 pub struct RunningProducer {
@@ -72,8 +106,8 @@ pub struct RunningProducer {
     /// The producer's metrics (also served on `metrics_addr`).
     pub metrics: Metrics,
     shutdown: Shutdown,
-    actor: mpsc::Sender<Command>,
-    done: JoinHandle<anyhow::Result<ShutdownReport>>,
+    actor: ActorHandle,
+    done: JoinHandle<Result<ShutdownReport, ServeError>>,
 }
 
 /// What a completed shutdown did.
@@ -111,35 +145,29 @@ impl RunningProducer {
     /// sent and acknowledged (or timed out).
     ///
     /// # Errors
-    /// A task that failed (the ingest server stopped with an error, a task panicked).
-    pub async fn wait(self) -> anyhow::Result<ShutdownReport> {
-        self.done.await.context("producer supervisor task")?
+    /// [`ServeError::Transport`] when the ingest server stopped with an error,
+    /// [`ServeError::Join`] when a task panicked.
+    pub async fn wait(self) -> Result<ShutdownReport, ServeError> {
+        self.done.await.map_err(|source| ServeError::Join {
+            what: "producer supervisor",
+            source,
+        })?
     }
 
     /// Current statistics of the state.
     ///
     /// # Errors
-    /// When the state actor has stopped.
-    pub async fn stats(&self) -> anyhow::Result<DcCkfStats> {
-        let (reply, answer) = oneshot::channel();
-        self.actor
-            .send(Command::Stats { reply })
-            .await
-            .map_err(|_| anyhow::anyhow!("state actor stopped"))?;
-        Ok(answer.await?)
+    /// [`ActorGone`] when the state actor has stopped.
+    pub async fn stats(&self) -> Result<DcCkfStats, ActorGone> {
+        self.actor.ask(|reply| Command::Stats { reply }).await
     }
 
     /// A copy of the packed filter table (`bucket_count` words, index = bucket).
     ///
     /// # Errors
-    /// When the state actor has stopped.
-    pub async fn table(&self) -> anyhow::Result<Vec<u64>> {
-        let (reply, answer) = oneshot::channel();
-        self.actor
-            .send(Command::Table { reply })
-            .await
-            .map_err(|_| anyhow::anyhow!("state actor stopped"))?;
-        Ok(answer.await?)
+    /// [`ActorGone`] when the state actor has stopped.
+    pub async fn table(&self) -> Result<Vec<u64>, ActorGone> {
+        self.actor.ask(|reply| Command::Table { reply }).await
     }
 }
 
@@ -154,17 +182,17 @@ fn new_incarnation() -> ProducerIncarnation {
 /// resolves or [`RunningProducer::shutdown`] is called.
 ///
 /// # Errors
-/// An invalid configuration ([`ConfigError`]), or a listener that cannot be bound.
+/// [`ServeError::Config`] for an invalid configuration, [`ServeError::Bind`] for a listener
+/// that cannot be bound, [`ServeError::Reflection`] when the descriptors do not load.
 pub async fn serve(
     config: ProducerConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<RunningProducer> {
-    let (pool, format) = config
-        .pool_and_format()
-        .map_err(|invalid| ConfigError::Invalid {
-            invalid,
-            source_name: None,
-        })?;
+) -> Result<RunningProducer, ServeError> {
+    let invalid = |invalid: Invalid| ConfigError::Invalid {
+        invalid,
+        source_name: None,
+    };
+    let (pool, format) = config.pool_and_format().map_err(invalid)?;
     let identity = ProducerIdentity {
         pool,
         incarnation: new_incarnation(),
@@ -172,34 +200,50 @@ pub async fn serve(
     };
     let mut dc_config = DcCkfConfig::new(format);
     dc_config.max_kicks = config.table.max_kicks;
-    let state = DcCkfState::new(dc_config).map_err(|e| ConfigError::Invalid {
-        invalid: ckf_svc_kit::config::Invalid::new("table", format, e.to_string()),
-        source_name: None,
-    })?;
+    let state = DcCkfState::new(dc_config)
+        .map_err(|e| invalid(Invalid::new("table", format, e.to_string())))?;
+    let tracked_sources = NonZeroUsize::new(config.limits.max_tracked_sources as usize)
+        .ok_or_else(|| {
+            invalid(Invalid::new(
+                "limits.max_tracked_sources",
+                0,
+                "must be at least 1",
+            ))
+        })?;
 
     let stop = Shutdown::new();
     let metrics = Metrics::new();
-    let reflection = ckf_svc_kit::grpc::reflection(&[ckf_proto::FILE_DESCRIPTOR_SET])
-        .context("building the reflection service")?;
-    let max_message_bytes =
-        usize::try_from(config.limits.max_message_bytes).context("limits.max_message_bytes")?;
+    let reflection = ckf_svc_kit::grpc::reflection(&[ckf_proto::FILE_DESCRIPTOR_SET])?;
+    // Validated to at most 256 MiB, which fits every `usize` this crate builds for.
+    let max_message_bytes = usize::try_from(config.limits.max_message_bytes).unwrap_or(usize::MAX);
 
     let listener = ckf_svc_kit::grpc::bind(config.listen)
         .await
-        .with_context(|| format!("binding the ingest listener on {}", config.listen))?;
+        .map_err(|source| ServeError::Bind {
+            what: "ingest",
+            addr: config.listen,
+            source,
+        })?;
     let metrics_server = ckf_svc_kit::metrics::serve_metrics(
         config.metrics_listen,
         metrics.registry().clone(),
         stop.wait(),
     )
     .await
-    .with_context(|| format!("binding the metrics listener on {}", config.metrics_listen))?;
+    .map_err(|source| ServeError::Bind {
+        what: "metrics",
+        addr: config.metrics_listen,
+        source,
+    })?;
 
     // The state actor.
-    let (actor_tx, actor_rx) = mpsc::channel(config.limits.ingest_channel_capacity as usize);
+    let (commands, actor_rx) = mpsc::channel(config.limits.ingest_channel_capacity as usize);
+    let handle = ActorHandle::new(commands);
     let actor = Actor::new(
         state,
-        Fanout::new(&identity, &config.indexers, metrics.clone()),
+        &identity,
+        config.indexers.clone(),
+        SourceSequences::new(tracked_sources),
         metrics.clone(),
         Cadence {
             batch_threshold: config.publication.batch_threshold as usize,
@@ -234,7 +278,7 @@ pub async fn serve(
                 i,
                 endpoint.clone(),
                 identity.clone(),
-                actor_tx.clone(),
+                handle.clone(),
                 metrics.clone(),
                 settings.clone(),
                 stop.clone(),
@@ -246,7 +290,7 @@ pub async fn serve(
     // The gRPC server.
     let (health_reporter, health) = ckf_svc_kit::grpc::health(&[INGEST_SERVICE]).await;
     let ingest = IngestServer::new(IngestService::new(
-        actor_tx.clone(),
+        handle.clone(),
         identity.clone(),
         stop.clone(),
         config.limits.max_events_per_batch as usize,
@@ -287,15 +331,13 @@ pub async fn serve(
             ServingStatus::NotServing,
         )
         .await;
-        let report = actor_task.await.context("state actor task")?;
+        let join = |what| move |source| ServeError::Join { what, source };
+        let report = actor_task.await.map_err(join("state actor"))?;
         let mut drains = Vec::with_capacity(relays.len());
         for (endpoint, task) in relays {
-            drains.push((endpoint, task.await.context("publisher task")?));
+            drains.push((endpoint, task.await.map_err(join("publisher"))?));
         }
-        server
-            .await
-            .context("ingest server task")?
-            .context("ingest server")?;
+        server.await.map_err(join("ingest server"))??;
         let _ = metrics_server.task.await;
         tracing::info!(drain_markers = report.drain_markers, drains = ?drains, "producer stopped");
         Ok(ShutdownReport {
@@ -310,7 +352,7 @@ pub async fn serve(
         identity,
         metrics,
         shutdown: stop,
-        actor: actor_tx,
+        actor: handle,
         done,
     })
 }

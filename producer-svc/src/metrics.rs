@@ -78,6 +78,12 @@ pub struct Metrics {
     pub source_gaps: IntCounter,
     /// Batches refused as replays (sequence not newer than the last one applied).
     pub duplicate_batches: IntCounter,
+    /// Sources forgotten to keep the sequence tracker within `limits.max_tracked_sources`.
+    pub source_evictions: IntCounter,
+    /// Sources whose last batch sequence is tracked.
+    pub tracked_sources: IntGauge,
+    /// Estimated bytes of the source sequence tracker.
+    pub tracked_source_bytes: IntGauge,
     /// Slot load factor, 0..1.
     pub load_factor: Gauge,
     /// Fingerprints resident in the table.
@@ -220,6 +226,21 @@ impl Metrics {
                 "ckf_producer_duplicate_batches_total",
                 "Ingest batches refused as replays of an already applied sequence.",
             ),
+            source_evictions: counter(
+                &r,
+                "ckf_producer_source_evictions_total",
+                "Least recently used sources forgotten by the sequence tracker when full (their next batch counts as a first batch).",
+            ),
+            tracked_sources: int_gauge(
+                &r,
+                "ckf_producer_tracked_sources",
+                "Sources whose last batch sequence is tracked (at most limits.max_tracked_sources).",
+            ),
+            tracked_source_bytes: int_gauge(
+                &r,
+                "ckf_producer_tracked_source_bytes",
+                "Estimated bytes of the per-source sequence tracker.",
+            ),
             load_factor,
             resident_fingerprints: int_gauge(
                 &r,
@@ -331,6 +352,12 @@ impl Metrics {
             .set(clamp_i64(stats.unique_hashes as u64));
         self.members.set(clamp_i64(stats.members as u64));
         self.state_bytes.set(clamp_i64(stats.bytes_used));
+    }
+
+    /// Sets the source tracker gauges: `tracked` sources using an estimated `bytes`.
+    pub fn observe_sources(&self, tracked: usize, bytes: usize) {
+        self.tracked_sources.set(clamp_i64(tracked as u64));
+        self.tracked_source_bytes.set(clamp_i64(bytes as u64));
     }
 
     /// Moves `indexer`'s attachment state set to `state`.

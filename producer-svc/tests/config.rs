@@ -126,6 +126,11 @@ fn invalid_values_are_refused_naming_key_value_and_rule() {
     );
     let text = refusal(&with(&["--max-message-bytes", "100"]));
     assert!(text.contains("limits.max_message_bytes = 100"), "{text}");
+    let text = refusal(&with(&["--max-tracked-sources", "0"]));
+    assert!(
+        text.contains("limits.max_tracked_sources = 0") && text.contains("at least 1"),
+        "{text}"
+    );
     let text = refusal(&with(&["--max-kicks", "1000000"]));
     assert!(text.contains("table.max_kicks = 1000000"), "{text}");
     let text = refusal(&with(&["--domain", "a b"]));

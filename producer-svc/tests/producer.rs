@@ -207,6 +207,33 @@ async fn source_gaps_and_replays_are_reported() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_source_tracker_forgets_the_least_recently_used_source() {
+    let fake = FakeRelay::start(GrantConfig::default(), 7).await;
+    let mut config = fast_config(vec![fake.url()]);
+    config.limits.max_tracked_sources = 2;
+    let producer = start_with(config).await;
+    let mut client = ingest_client(&producer).await;
+    let mut send = async |source: &str, seq: u64, hashes: &[u64]| {
+        client
+            .publish_batch(batch(source, seq, vec![stored(1, 0, hashes)]))
+            .await
+            .unwrap()
+            .into_inner()
+    };
+    send("a", 1, &[h(8, 1)]).await;
+    send("b", 1, &[h(8, 2)]).await;
+    assert!(send("a", 1, &[h(8, 3)]).await.duplicate, "a is tracked");
+    // "c" evicts "b", the least recently used; b's replay is then applied as a first batch.
+    send("c", 1, &[h(8, 4)]).await;
+    let r = send("b", 1, &[h(8, 5)]).await;
+    assert_eq!((r.gap, r.duplicate, r.events.len()), (None, false, 1));
+    assert_eq!(producer.metrics.source_evictions.get(), 2);
+    assert_eq!(producer.stats().await.unwrap().unique_hashes, 4);
+    assert_eq!(producer.metrics.tracked_sources.get(), 2);
+    assert!(producer.metrics.tracked_source_bytes.get() > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_events_are_rejected_precisely() {
     let fake = FakeRelay::start(GrantConfig::default(), 7).await;
     let producer = start_producer(vec![fake.url()]).await;

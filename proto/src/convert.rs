@@ -397,6 +397,30 @@ impl From<&RetireReason> for v1::RetireReason {
     }
 }
 
+/// How a producer fences its publisher when the indexer retires its stream with `reason`:
+/// `SUPERSEDED` (a newer lease for the lane went to another attachment) is
+/// [`FenceReason::Superseded`](ckf_core::publication::FenceReason::Superseded); every other
+/// reason, `UNSPECIFIED` and `SHUTDOWN` included, leaves the stream uncertain
+/// ([`FenceReason::UncertainDelivery`](ckf_core::publication::FenceReason::UncertainDelivery)):
+/// a new lease and barrier snapshot recover it.
+impl From<v1::RetireReason> for ckf_core::publication::FenceReason {
+    fn from(reason: v1::RetireReason) -> Self {
+        match reason {
+            v1::RetireReason::Superseded => Self::Superseded,
+            v1::RetireReason::Unspecified
+            | v1::RetireReason::Gap
+            | v1::RetireReason::MalformedFrame
+            | v1::RetireReason::LagExceeded
+            | v1::RetireReason::HeartbeatTimeout
+            | v1::RetireReason::Saturated
+            | v1::RetireReason::LostFinalDelta
+            | v1::RetireReason::ApplyFailure
+            | v1::RetireReason::StreamLost
+            | v1::RetireReason::Shutdown => Self::UncertainDelivery,
+        }
+    }
+}
+
 /// Wraps one frame into the `RelayFrame` oneof.
 impl From<v1::relay_frame::Frame> for v1::RelayFrame {
     fn from(frame: v1::relay_frame::Frame) -> Self {
@@ -599,6 +623,20 @@ mod tests {
             );
         }
         assert_eq!(words, snapshot.buckets);
+    }
+
+    #[test]
+    fn only_a_superseded_retirement_fences_as_superseded() {
+        use ckf_core::publication::FenceReason;
+        for raw in 0..=10 {
+            let reason = v1::RetireReason::try_from(raw).expect("a defined reason");
+            let expected = if reason == v1::RetireReason::Superseded {
+                FenceReason::Superseded
+            } else {
+                FenceReason::UncertainDelivery
+            };
+            assert_eq!(FenceReason::from(reason), expected, "{reason:?}");
+        }
     }
 
     #[test]

@@ -10,7 +10,7 @@ use ckf_proto::v1::kv_event::Kind;
 
 use crate::error::{IngestError, MAX_SOURCE_ID_BYTES};
 use crate::events::{BatchReport, EventError, EventReport, IngestBatch, IngestEvent};
-use crate::sources::SequenceCheck;
+use ckf_core::sources::SequenceCheck;
 
 /// Decodes one wire batch. Malformed events become `Err` entries; a bad source id or an
 /// oversized batch refuses the whole batch.

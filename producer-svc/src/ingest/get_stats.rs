@@ -1,7 +1,6 @@
 //! `Ingest.GetStats`: the producer's identity, format and exact-state statistics.
 
 use ckf_proto::v1;
-use tokio::sync::oneshot;
 
 use super::{IngestService, convert};
 use crate::actor::Command;
@@ -12,12 +11,6 @@ use crate::error::IngestError;
 /// # Errors
 /// [`IngestError::ShuttingDown`] once the actor has stopped.
 pub async fn handle(service: &IngestService) -> Result<v1::ProducerStats, IngestError> {
-    let (reply, answer) = oneshot::channel();
-    service
-        .actor
-        .send(Command::Stats { reply })
-        .await
-        .map_err(|_| IngestError::ShuttingDown)?;
-    let stats = answer.await.map_err(|_| IngestError::ShuttingDown)?;
+    let stats = service.actor.ask(|reply| Command::Stats { reply }).await?;
     Ok(convert::stats_to_wire(&service.identity, &stats))
 }

@@ -18,10 +18,10 @@ pub mod publish_batch;
 use ckf_core::identity::ProducerIdentity;
 use ckf_proto::v1;
 use ckf_proto::v1::ingest_server::Ingest;
-use tokio::sync::{mpsc, oneshot};
 use tonic::{Request, Response, Status, Streaming};
+use tracing::Instrument;
 
-use crate::actor::Command;
+use crate::actor::{ActorHandle, Command};
 use crate::error::IngestError;
 use crate::events::{BatchReport, IngestBatch};
 use ckf_svc_kit::Shutdown;
@@ -29,7 +29,7 @@ use ckf_svc_kit::Shutdown;
 /// Shared by every handler: the actor's command channel and the producer's identity.
 #[derive(Debug, Clone)]
 pub struct IngestService {
-    actor: mpsc::Sender<Command>,
+    actor: ActorHandle,
     identity: ProducerIdentity,
     shutdown: Shutdown,
     max_events_per_batch: usize,
@@ -38,7 +38,7 @@ pub struct IngestService {
 impl IngestService {
     /// A service feeding `actor`.
     pub fn new(
-        actor: mpsc::Sender<Command>,
+        actor: ActorHandle,
         identity: ProducerIdentity,
         shutdown: Shutdown,
         max_events_per_batch: usize,
@@ -68,12 +68,10 @@ impl IngestService {
     }
 
     async fn apply(&self, batch: IngestBatch) -> Result<BatchReport, IngestError> {
-        let (reply, answer) = oneshot::channel();
         self.actor
-            .send(Command::Ingest { batch, reply })
+            .ask(|reply| Command::Ingest { batch, reply })
             .await
-            .map_err(|_| IngestError::ShuttingDown)?;
-        answer.await.map_err(|_| IngestError::ShuttingDown)
+            .map_err(IngestError::from)
     }
 }
 
@@ -85,8 +83,10 @@ impl Ingest for IngestService {
         &self,
         request: Request<Streaming<v1::KvEventBatch>>,
     ) -> Result<Response<Self::PublishStream>, Status> {
+        let peer = request.remote_addr();
         Ok(Response::new(publish::handle(
             self.clone(),
+            peer,
             request.into_inner(),
         )))
     }
@@ -95,7 +95,13 @@ impl Ingest for IngestService {
         &self,
         request: Request<v1::KvEventBatch>,
     ) -> Result<Response<v1::KvEventBatchResult>, Status> {
+        let span = tracing::debug_span!(
+            "publish_batch",
+            peer = ?request.remote_addr(),
+            source = %request.get_ref().source_id
+        );
         publish_batch::handle(self, request.into_inner())
+            .instrument(span)
             .await
             .map(Response::new)
             .map_err(Status::from)

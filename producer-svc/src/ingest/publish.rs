@@ -3,8 +3,10 @@
 //! One task per stream reads a batch, waits for the actor's answer and sends the result before
 //! it reads the next batch, so a slow actor slows the client down (HTTP/2 flow control) instead
 //! of buffering. A batch refused whole ends the stream with its status; so does shutdown
-//! (`UNAVAILABLE`), which is how long-lived streams let the server stop.
+//! (`UNAVAILABLE`), which is how long-lived streams let the server stop. The task runs in an
+//! `ingest_stream` span naming the client's address (`peer`).
 
+use std::net::SocketAddr;
 use std::pin::Pin;
 
 use ckf_proto::v1;
@@ -12,6 +14,7 @@ use tokio::sync::mpsc;
 use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
+use tracing::Instrument;
 
 use super::IngestService;
 use crate::error::IngestError;
@@ -23,11 +26,17 @@ pub type ResultStream =
 /// Results buffered per stream before the reader waits for the client to read them.
 const RESULT_BUFFER: usize = 4;
 
-/// Starts the stream's task and returns its result stream.
-pub fn handle(service: IngestService, mut batches: Streaming<v1::KvEventBatch>) -> ResultStream {
+/// Starts the stream's task (for the client at `peer`, when known) and returns its result
+/// stream.
+pub fn handle(
+    service: IngestService,
+    peer: Option<SocketAddr>,
+    mut batches: Streaming<v1::KvEventBatch>,
+) -> ResultStream {
     let (tx, rx) = mpsc::channel(RESULT_BUFFER);
     let stopped = service.shutdown.wait();
-    tokio::spawn(async move {
+    let span = tracing::debug_span!("ingest_stream", peer = ?peer);
+    let task = async move {
         tokio::pin!(stopped);
         loop {
             let next = tokio::select! {
@@ -47,6 +56,7 @@ pub fn handle(service: IngestService, mut batches: Streaming<v1::KvEventBatch>) 
                 break;
             }
         }
-    });
+    };
+    tokio::spawn(task.instrument(span));
     Box::pin(ReceiverStream::new(rx))
 }

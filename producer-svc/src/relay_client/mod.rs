@@ -2,10 +2,17 @@
 //!
 //! Each endpoint is an independent attachment with its own lease, barrier snapshot and sequence
 //! continuity. The task runs [sessions](session) in a loop: when one fails (transport error,
-//! stream end, `Retired` reply, a fence by the producer), the task tells the state actor to
-//! fence that publisher, waits out a bounded exponential [`Backoff`] with jitter, and attaches
-//! again (new lease, new barrier snapshot). Every transition is logged with its reason and
-//! exported as `ckf_producer_attachment_state`.
+//! stream end, `Retired` reply, a fence by the producer) the session names the
+//! [`FenceReason`] (a `Retired` reason converts with ckf-proto's `From<v1::RetireReason>`), the
+//! task tells the state actor to fence that publisher and acts on the reason's
+//! [`Disposition`] (`ckf_core::failure`): [`Disposition::NewLeaseAndSnapshot`] waits out a
+//! bounded exponential [`Backoff`] with jitter and attaches again (new lease, new barrier
+//! snapshot); [`Disposition::Omission`] (a shutdown) ends the task. Every transition is logged
+//! with its reason and exported as `ckf_producer_attachment_state`.
+//!
+//! Log context: the task runs inside a `relay` span (`indexer`, `pool`) and each session inside
+//! a `session` span whose `lease` is recorded once granted, so the events themselves carry only
+//! what is new (the end-to-end-matched events keep their fields unchanged).
 //!
 //! One failure is terminal: `Retired(SUPERSEDED)` on the current stream means *another*
 //! attachment for this pool got a newer lease (a second producer process for the pool, or the
@@ -24,15 +31,16 @@ pub mod session;
 
 use std::time::Duration;
 
+use ckf_core::failure::{Disposed, Disposition};
 use ckf_core::identity::ProducerIdentity;
 use ckf_core::publication::FenceReason;
 use ckf_svc_kit::Shutdown;
-use tokio::sync::mpsc;
+use tracing::Instrument;
 
 pub use backoff::Backoff;
-use session::SessionEnd;
+use session::{Failure, SessionEnd};
 
-use crate::actor::Command;
+use crate::actor::{ActorHandle, Command};
 use crate::metrics::{AttachmentState, Metrics};
 
 /// Transport settings of every publisher task (from the configuration).
@@ -85,7 +93,7 @@ pub struct RelayClient {
     index: usize,
     endpoint: String,
     identity: ProducerIdentity,
-    actor: mpsc::Sender<Command>,
+    actor: ActorHandle,
     metrics: Metrics,
     settings: RelaySettings,
     shutdown: Shutdown,
@@ -97,7 +105,7 @@ impl RelayClient {
         index: usize,
         endpoint: String,
         identity: ProducerIdentity,
-        actor: mpsc::Sender<Command>,
+        actor: ActorHandle,
         metrics: Metrics,
         settings: RelaySettings,
         shutdown: Shutdown,
@@ -118,14 +126,24 @@ impl RelayClient {
     }
 
     /// Attaches, publishes and re-attaches until shutdown; returns how the final drain went.
+    /// Runs in a `relay` span naming the indexer and the pool.
     pub async fn run(self) -> DrainOutcome {
+        // Error level: the span (and its fields) stays enabled under any log filter that lets
+        // one of its events through.
+        let span =
+            tracing::error_span!("relay", indexer = %self.endpoint, pool = %self.identity.pool);
+        self.sessions().instrument(span).await
+    }
+
+    async fn sessions(&self) -> DrainOutcome {
         let mut backoff = Backoff::new(self.settings.initial_backoff, self.settings.max_backoff);
         loop {
             if self.shutdown.is_triggered() {
                 self.set_state(AttachmentState::Drained);
                 return DrainOutcome::NotAttached;
             }
-            match self.session().await {
+            let session = tracing::error_span!("session", lease = tracing::field::Empty);
+            let f = match self.session().instrument(session).await {
                 SessionEnd::Drained { sequence } => {
                     // The message is matched by the e2e tests (tests/): keep it stable.
                     tracing::info!(indexer = %self.endpoint, sequence, "drained: the indexer acknowledged the final sequence");
@@ -133,80 +151,83 @@ impl RelayClient {
                     return DrainOutcome::Drained { sequence };
                 }
                 SessionEnd::DrainUnacknowledged { sequence, why } => {
-                    tracing::warn!(indexer = %self.endpoint, sequence, %why, "drain marker not acknowledged");
+                    tracing::warn!(sequence, %why, "drain marker not acknowledged");
                     self.set_state(AttachmentState::Drained);
                     return DrainOutcome::Unacknowledged { sequence, why };
                 }
                 SessionEnd::Shutdown => {
-                    tracing::info!(indexer = %self.endpoint, "shutdown while not streaming; no drain marker");
+                    tracing::info!("shutdown while not streaming; no drain marker");
                     self.set_state(AttachmentState::Drained);
                     return DrainOutcome::NotAttached;
                 }
-                SessionEnd::Failed(f) if f.fence == FenceReason::Superseded => {
-                    self.metrics
-                        .detachments
-                        .with_label_values(&[&self.endpoint, f.label])
-                        .inc();
-                    if let Some(lease) = f.lease {
-                        let _ = self
-                            .actor
-                            .send(Command::Detach {
-                                endpoint: self.index,
-                                lease,
-                                reason: f.fence,
-                            })
-                            .await;
-                    }
-                    // The message is matched by the e2e tests (tests/): keep it stable.
-                    tracing::error!(
-                        indexer = %self.endpoint,
-                        pool = %self.identity.pool,
-                        detail = %f.detail,
-                        "another producer attached for this pool; this producer stops publishing to this indexer (a pool has exactly one producer)"
-                    );
-                    self.set_state(AttachmentState::Superseded);
-                    self.shutdown.wait().await;
-                    return DrainOutcome::Superseded { detail: f.detail };
+                SessionEnd::Failed(f) => f,
+            };
+            self.metrics
+                .detachments
+                .with_label_values(&[&self.endpoint, f.label])
+                .inc();
+            self.fence(&f).await;
+            if f.fence == FenceReason::Superseded {
+                // Supersession is the one fence not recovered by its disposition (a new lease
+                // would supersede the other producer in turn): see the module docs.
+                // The message is matched by the e2e tests (tests/): keep it stable.
+                tracing::error!(
+                    indexer = %self.endpoint,
+                    pool = %self.identity.pool,
+                    detail = %f.detail,
+                    "another producer attached for this pool; this producer stops publishing to this indexer (a pool has exactly one producer)"
+                );
+                self.set_state(AttachmentState::Superseded);
+                self.shutdown.wait().await;
+                return DrainOutcome::Superseded { detail: f.detail };
+            }
+            match f.fence.disposition() {
+                Disposition::Omission => {
+                    // A clean shutdown fence: nothing to recover.
+                    self.set_state(AttachmentState::Drained);
+                    return DrainOutcome::NotAttached;
                 }
-                SessionEnd::Failed(f) => {
-                    self.metrics
-                        .detachments
-                        .with_label_values(&[&self.endpoint, f.label])
-                        .inc();
-                    if let Some(lease) = f.lease {
-                        let detach = Command::Detach {
-                            endpoint: self.index,
-                            lease,
-                            reason: f.fence,
-                        };
-                        // A closed channel means the actor stopped: nothing left to fence.
-                        let _ = self.actor.send(detach).await;
-                    }
-                    if f.was_streaming {
-                        backoff.reset();
-                    }
-                    let delay = backoff.next_delay();
-                    // The message is matched by the e2e tests (tests/): keep it stable.
-                    tracing::warn!(
-                        indexer = %self.endpoint,
-                        reason = f.label,
-                        detail = %f.detail,
-                        retry_in_ms = delay.as_millis() as u64,
-                        "attachment ended; publisher fenced, re-attaching after the backoff"
-                    );
-                    self.set_state(AttachmentState::Backoff);
-                    tokio::select! {
-                        () = tokio::time::sleep(delay) => {}
-                        () = self.shutdown.wait() => {}
-                    }
-                    if !self.shutdown.is_triggered() {
-                        self.metrics
-                            .reconnects
-                            .with_label_values(&[&self.endpoint])
-                            .inc();
-                    }
-                }
+                // A fenced publisher never needs more than a new lease and a barrier snapshot
+                // (`ckf_core::failure`); the stronger dispositions do not arise from a fence.
+                Disposition::NewLeaseAndSnapshot
+                | Disposition::RetireLane
+                | Disposition::ProducerRebuild => {}
+            }
+            if f.was_streaming {
+                backoff.reset();
+            }
+            let delay = backoff.next_delay();
+            // The message is matched by the e2e tests (tests/): keep it stable.
+            tracing::warn!(
+                indexer = %self.endpoint,
+                reason = f.label,
+                detail = %f.detail,
+                retry_in_ms = delay.as_millis() as u64,
+                "attachment ended; publisher fenced, re-attaching after the backoff"
+            );
+            self.set_state(AttachmentState::Backoff);
+            tokio::select! {
+                () = tokio::time::sleep(delay) => {}
+                () = self.shutdown.wait() => {}
+            }
+            if !self.shutdown.is_triggered() {
+                self.metrics
+                    .reconnects
+                    .with_label_values(&[&self.endpoint])
+                    .inc();
             }
         }
+    }
+
+    /// Tells the state actor to fence this endpoint's publisher under the failed lease.
+    async fn fence(&self, f: &Failure) {
+        let Some(lease) = f.lease else { return };
+        let detach = Command::Detach {
+            endpoint: self.index,
+            lease,
+            reason: f.fence,
+        };
+        // A stopped actor has nothing left to fence.
+        let _ = self.actor.tell(detach).await;
     }
 }

@@ -10,6 +10,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
+use ckf_core::fanout::{AttachRefused, FrameLimits, Outbound};
 use ckf_core::identity::LaneLease;
 use ckf_core::publication::FenceReason;
 use ckf_proto::v1;
@@ -17,7 +18,7 @@ use ckf_proto::v1::relay_client::RelayClient as GrpcRelayClient;
 use ckf_proto::v1::relay_frame::Frame;
 use ckf_proto::v1::relay_reply::Reply;
 use prost::Message;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep_until, timeout};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Streaming;
@@ -25,7 +26,6 @@ use tonic::transport::Endpoint;
 
 use super::RelayClient;
 use crate::actor::Command;
-use crate::fanout::{AttachRefused, FrameLimits, Outbound};
 use crate::metrics::AttachmentState;
 
 /// Request frames buffered toward the transport before a send waits.
@@ -60,7 +60,8 @@ pub enum SessionEnd {
     Failed(Failure),
 }
 
-/// A failed attachment: what to log and count, and how to fence the publisher.
+/// A failed attachment: what to log and count, and how to fence the publisher (the fence
+/// reason's `Disposition` decides the recovery, see [`super`]).
 #[derive(Debug)]
 pub struct Failure {
     /// Metric label (`reason`), a small fixed set.
@@ -123,7 +124,7 @@ impl RelayClient {
     async fn connect_and_attach(&self) -> Result<(Stream, Grant), SessionEnd> {
         let s = &self.settings;
         self.set_state(AttachmentState::Connecting);
-        tracing::debug!(indexer = %self.endpoint, "connecting");
+        tracing::debug!("connecting");
         let endpoint = Endpoint::from_shared(self.endpoint.clone())
             .map_err(|e| SessionEnd::Failed(fail("connect_failed", error_chain(&e))))?
             .connect_timeout(s.connect_timeout)
@@ -149,7 +150,7 @@ impl RelayClient {
             .await
             .map_err(|_| SessionEnd::Failed(fail("stream_error", "request stream closed")))?;
         self.set_state(AttachmentState::AwaitingLease);
-        tracing::debug!(indexer = %self.endpoint, "attach sent; awaiting the lease");
+        tracing::debug!("attach sent; awaiting the lease");
         let deadline = Instant::now() + s.connect_timeout;
         let call = async {
             let mut replies = client.publish(ReceiverStream::new(rx)).await?.into_inner();
@@ -226,26 +227,27 @@ impl RelayClient {
 
     async fn attached(&self, mut stream: Stream, grant: Grant) -> SessionEnd {
         let lease = grant.lease;
-        tracing::info!(indexer = %self.endpoint, %lease,
+        tracing::Span::current().record("lease", tracing::field::display(lease));
+        tracing::info!(
             max_images_per_delta = grant.limits.max_images_per_delta,
             chunk_bytes = grant.chunk_bytes,
             heartbeat_ms = grant.heartbeat.as_millis() as u64,
-            "lease granted");
+            "lease granted"
+        );
         let (frames_tx, mut frames) = mpsc::channel(self.settings.attachment_queue);
-        let (reply, answer) = oneshot::channel();
-        let attach = Command::Attach {
-            endpoint: self.index,
-            lease,
-            limits: grant.limits,
-            frames: frames_tx,
-            reply,
-        };
-        if self.actor.send(attach).await.is_err() {
-            return SessionEnd::Shutdown;
-        }
-        match answer.await {
+        let attached = self
+            .actor
+            .ask(|reply| Command::Attach {
+                endpoint: self.index,
+                lease,
+                limits: grant.limits,
+                frames: frames_tx,
+                reply,
+            })
+            .await;
+        match attached {
             Ok(Ok(sequence)) => {
-                tracing::info!(indexer = %self.endpoint, %lease, sequence, "sending barrier snapshot");
+                tracing::info!(sequence, "sending barrier snapshot");
             }
             Ok(Err(AttachRefused::ShuttingDown)) | Err(_) => return SessionEnd::Shutdown,
             Ok(Err(e)) => {
@@ -304,7 +306,8 @@ impl RelayClient {
                             if r.is_ok() {
                                 self.metrics.drain_markers_sent.with_label_values(&[&self.endpoint]).inc();
                                 self.set_state(AttachmentState::Draining);
-                                tracing::info!(indexer = %self.endpoint, %lease, sequence = marker.sequence, "drain marker sent");
+                                // The message is matched by the e2e tests (tests/): keep it stable.
+                                tracing::info!(sequence = marker.sequence, "drain marker sent");
                                 draining = Some((marker.sequence, Instant::now() + self.settings.drain_timeout));
                             }
                             r
@@ -359,7 +362,7 @@ impl RelayClient {
                                 if draining.is_none() {
                                     self.set_state(AttachmentState::Streaming);
                                 }
-                                tracing::info!(indexer = %self.endpoint, %lease, sequence = ack.installed_sequence, "snapshot installed; streaming deltas");
+                                tracing::info!(sequence = ack.installed_sequence, "snapshot installed; streaming deltas");
                             }
                         }
                         Some(Reply::Retired(r)) => break SessionEnd::Failed(retired(&r, Some(lease), streaming)),
@@ -437,11 +440,7 @@ fn retired(r: &v1::Retired, lease: Option<LaneLease>, was_streaming: bool) -> Fa
             r.detail
         ),
         lease,
-        fence: if reason == v1::RetireReason::Superseded {
-            FenceReason::Superseded
-        } else {
-            FenceReason::UncertainDelivery
-        },
+        fence: FenceReason::from(reason),
         was_streaming,
     }
 }

@@ -1,0 +1,213 @@
+//! `SourceSequences`: the per-source batch sequence rule of the producer's ingest, with a bounded
+//! memory.
+//!
+//! Each event source (for example one worker's event publisher) numbers its batches. The first
+//! batch seen from a source may start anywhere; after that each batch should be the previous
+//! one + 1:
+//!
+//! | received `s`, last applied `l` | [`SequenceCheck`] | applied? |
+//! | --- | --- | --- |
+//! | source not tracked | `First` | yes |
+//! | `s == l + 1` | `InOrder` | yes |
+//! | `s > l + 1` | `Gap { expected: l + 1, received: s }` (batches in between never arrived) | yes: its events are newer than what was lost |
+//! | `s <= l` | `Duplicate { last: l }` (a replay, e.g. a retry after a lost response) | no, refused whole |
+//!
+//! A refused duplicate never moves a source backwards.
+//!
+//! # Bounded memory
+//! Sources come and go (a source id names one source *incarnation*), so the tracker keeps at
+//! most `capacity` sources. Admitting a batch from an untracked source while full evicts the
+//! **least recently admitted** source (any admission, duplicates included, counts as a use).
+//! An evicted source is forgotten: its next batch is classified `First` and applied, so a
+//! replay older than the eviction is no longer detected. Evictions are counted
+//! ([`SourceSequences::evictions`]) so the service can export how often that happens; size the
+//! capacity above the number of concurrently active sources.
+
+use std::num::NonZeroUsize;
+
+use lru::LruCache;
+
+/// Sources tracked by default: comfortably above the active sources of one DC pool (one per
+/// worker event publisher plus control sources), at roughly 100 bytes each (~6.5 MiB).
+pub const DEFAULT_MAX_TRACKED_SOURCES: NonZeroUsize = NonZeroUsize::new(65_536).unwrap();
+
+/// Estimated bytes of one tracked source besides its id's characters: the `String` header, the
+/// `u64` sequence, the LRU list links and the hash-table slot (pointer + control byte).
+const ENTRY_OVERHEAD_BYTES: usize =
+    size_of::<String>() + size_of::<u64>() + 3 * size_of::<usize>() + 1;
+
+/// How a batch's sequence relates to its source's history (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SequenceCheck {
+    /// First batch seen from this source (or since it was evicted).
+    First,
+    /// Exactly the previous sequence + 1.
+    InOrder,
+    /// Batches `expected..received` never arrived; this batch is applied.
+    Gap {
+        /// The sequence that should have come next.
+        expected: u64,
+        /// The sequence that arrived.
+        received: u64,
+    },
+    /// Not newer than `last`, the last applied sequence: a replay, refused.
+    Duplicate {
+        /// The last applied sequence of the source.
+        last: u64,
+    },
+}
+
+impl SequenceCheck {
+    /// Whether the batch must be applied (everything but a [`SequenceCheck::Duplicate`]).
+    pub fn applies(self) -> bool {
+        !matches!(self, Self::Duplicate { .. })
+    }
+}
+
+/// Last applied sequence per source, for at most `capacity` sources (least recently admitted
+/// evicted first; see the module docs).
+#[derive(Debug)]
+pub struct SourceSequences {
+    last: LruCache<String, u64>,
+    /// Sum of the tracked ids' lengths, in bytes.
+    id_bytes: usize,
+    evictions: u64,
+}
+
+impl Default for SourceSequences {
+    /// A tracker of [`DEFAULT_MAX_TRACKED_SOURCES`] sources.
+    fn default() -> Self {
+        Self::new(DEFAULT_MAX_TRACKED_SOURCES)
+    }
+}
+
+impl SourceSequences {
+    /// An empty tracker of at most `capacity` sources.
+    pub fn new(capacity: NonZeroUsize) -> Self {
+        Self {
+            last: LruCache::new(capacity),
+            id_bytes: 0,
+            evictions: 0,
+        }
+    }
+
+    /// Classifies `sequence` for `source` and, unless it is a duplicate, records it as the
+    /// source's last applied sequence. The source becomes the most recently used; a new source
+    /// admitted while full evicts the least recently used one.
+    pub fn admit(&mut self, source: &str, sequence: u64) -> SequenceCheck {
+        let Some(last) = self.last.get_mut(source) else {
+            if let Some((evicted, _)) = self.last.push(source.to_owned(), sequence) {
+                self.id_bytes -= evicted.len();
+                self.evictions += 1;
+            }
+            self.id_bytes += source.len();
+            return SequenceCheck::First;
+        };
+        if sequence <= *last {
+            return SequenceCheck::Duplicate { last: *last };
+        }
+        let check = if sequence == *last + 1 {
+            SequenceCheck::InOrder
+        } else {
+            SequenceCheck::Gap {
+                expected: *last + 1,
+                received: sequence,
+            }
+        };
+        *last = sequence;
+        check
+    }
+
+    /// The last applied sequence of `source`, if it is tracked (does not count as a use).
+    pub fn last(&self, source: &str) -> Option<u64> {
+        self.last.peek(source).copied()
+    }
+
+    /// Sources tracked now (at most [`capacity`](Self::capacity)).
+    pub fn len(&self) -> usize {
+        self.last.len()
+    }
+
+    /// Whether no source is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.last.is_empty()
+    }
+
+    /// Most sources tracked at once.
+    pub fn capacity(&self) -> NonZeroUsize {
+        self.last.cap()
+    }
+
+    /// Sources evicted so far to make room (each one's next batch is classified `First`).
+    pub fn evictions(&self) -> u64 {
+        self.evictions
+    }
+
+    /// Estimated heap bytes of the tracked sources: per source its id's bytes plus a fixed
+    /// entry overhead (`String` header, sequence, LRU links, hash slot). An estimate for a
+    /// gauge, not an allocator measurement.
+    pub fn bytes_used(&self) -> usize {
+        self.id_bytes + self.last.len() * ENTRY_OVERHEAD_BYTES
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cap(n: usize) -> NonZeroUsize {
+        NonZeroUsize::new(n).unwrap()
+    }
+
+    #[test]
+    fn gaps_and_replays_are_classified_per_source() {
+        let mut s = SourceSequences::default();
+        assert_eq!(s.admit("a", 10), SequenceCheck::First);
+        assert_eq!(s.admit("a", 11), SequenceCheck::InOrder);
+        assert_eq!(s.admit("b", 0), SequenceCheck::First);
+        assert_eq!(
+            s.admit("a", 14),
+            SequenceCheck::Gap {
+                expected: 12,
+                received: 14
+            }
+        );
+        assert_eq!(s.admit("a", 14), SequenceCheck::Duplicate { last: 14 });
+        assert_eq!(s.admit("a", 3), SequenceCheck::Duplicate { last: 14 });
+        // A refused replay does not move the source backwards.
+        assert_eq!(s.admit("a", 15), SequenceCheck::InOrder);
+        assert_eq!(s.admit("b", 1), SequenceCheck::InOrder);
+        assert_eq!(s.len(), 2);
+        assert_eq!(
+            s.admit("b", u64::MAX),
+            SequenceCheck::Gap {
+                expected: 2,
+                received: u64::MAX
+            }
+        );
+        assert_eq!(
+            s.admit("b", u64::MAX),
+            SequenceCheck::Duplicate { last: u64::MAX }
+        );
+        assert_eq!(s.evictions(), 0);
+    }
+
+    #[test]
+    fn a_full_tracker_forgets_the_least_recently_used_source() {
+        let mut s = SourceSequences::new(cap(2));
+        s.admit("a", 1);
+        s.admit("bb", 1);
+        // A duplicate is a use too: "a" is now the most recent.
+        assert_eq!(s.admit("a", 1), SequenceCheck::Duplicate { last: 1 });
+        assert_eq!(s.admit("ccc", 7), SequenceCheck::First);
+        assert_eq!((s.len(), s.evictions()), (2, 1));
+        assert_eq!(s.last("bb"), None);
+        assert_eq!(s.last("a"), Some(1));
+        // The evicted source's replay is no longer detected: it starts over.
+        assert_eq!(s.admit("bb", 1), SequenceCheck::First);
+        assert_eq!(s.last("a"), None);
+        assert_eq!(s.evictions(), 2);
+        assert_eq!(s.bytes_used(), 5 + 2 * ENTRY_OVERHEAD_BYTES);
+        assert_eq!(s.capacity(), cap(2));
+    }
+}
