@@ -327,7 +327,7 @@ pub fn run(buckets: u64, load: f64) -> IngestRow {
             s
         });
         if name == "ours" {
-            warm_unique = state.stats().unique_hashes as f64;
+            warm_unique = state.stats().unique_blocks as f64;
             mem_ours = bytes as f64 / warm_unique;
         }
         runners.push((

@@ -468,7 +468,7 @@ impl DcCkfState {
             + self.members.bytes_used();
         DcCkfStats {
             members: self.members.index.len(),
-            unique_hashes: p.blocks.map.len(),
+            unique_blocks: p.blocks.map.len(),
             ownership_edges: p.edges,
             resident_fingerprints: p.resident,
             bucket_count: format.bucket_count,

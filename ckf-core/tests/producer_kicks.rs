@@ -44,7 +44,7 @@ fn five_hundred_thousand_sessions_without_omission() {
         }
         let stats = state.stats();
         assert_eq!(stats.omissions_total, 0);
-        assert_eq!(stats.unique_hashes, 500_000);
+        assert_eq!(stats.unique_blocks, 500_000);
         assert_eq!(stats.resident_fingerprints, 500_000);
         assert!(hashes.iter().all(|&h| state.may_contain(h)));
     }

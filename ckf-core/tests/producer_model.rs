@@ -152,7 +152,7 @@ fn check(state: &DcCkfState, model: &Model, hashes: &[u64]) -> Result<(), TestCa
     let stats = state.stats();
     prop_assert_eq!(state.count_resident(), tracked.len() as u64);
     prop_assert_eq!(stats.resident_fingerprints, tracked.len() as u64);
-    prop_assert_eq!(stats.unique_hashes, tracked.len());
+    prop_assert_eq!(stats.unique_blocks, tracked.len());
     prop_assert_eq!(stats.members, model.owned.len());
     let edges: usize = model.owned.values().map(BTreeSet::len).sum();
     prop_assert_eq!(stats.ownership_edges, edges as u64);

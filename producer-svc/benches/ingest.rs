@@ -110,7 +110,7 @@ fn baseline(format: TableFormat) -> (u64, Duration) {
     }
     let elapsed = start.elapsed();
     let stats = state.stats();
-    assert_eq!((stats.omissions_total, stats.unique_hashes), (0, 0));
+    assert_eq!((stats.omissions_total, stats.unique_blocks), (0, 0));
     (blocks_in(&batches), elapsed)
 }
 
@@ -190,7 +190,7 @@ fn check(result: &v1::KvEventBatchResult) {
 async fn check_final(producer: &producer_svc::RunningProducer) {
     let stats = producer.stats().await.unwrap();
     assert_eq!(stats.omissions_total, 0);
-    assert_eq!(stats.unique_hashes, 0);
+    assert_eq!(stats.unique_blocks, 0);
     assert_eq!(stats.ownership_edges, 0);
 }
 

@@ -8,7 +8,7 @@ pub const MAX_SOURCE_ID_BYTES: usize = 128;
 
 /// Why an ingest request was refused as a whole (nothing of it was applied).
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
-pub enum IngestError {
+pub enum RequestError {
     /// `KvEventBatch.source_id` is empty.
     #[error("KvEventBatch.source_id is required (1..={MAX_SOURCE_ID_BYTES} bytes)")]
     EmptySourceId,
@@ -32,7 +32,7 @@ pub enum IngestError {
 }
 
 /// A state actor that stopped no longer ingests: the producer is shutting down.
-impl From<crate::actor::ActorGone> for IngestError {
+impl From<crate::actor::ActorGone> for RequestError {
     fn from(_: crate::actor::ActorGone) -> Self {
         Self::ShuttingDown
     }

@@ -58,7 +58,7 @@ pub use relay_client::DrainOutcome;
 use actor::{Actor, ActorHandle, ActorReport, Cadence, Command};
 use ingest::IngestService;
 use metrics::Metrics;
-use relay_client::{RelayClient, RelaySettings};
+use relay_client::{IndexerAttachment, RelaySettings};
 
 /// HTTP/2 keepalive of the Relay client connections.
 const KEEPALIVE: Duration = Duration::from_secs(10);
@@ -274,7 +274,7 @@ pub async fn serve(
         .iter()
         .enumerate()
         .map(|(i, endpoint)| {
-            let client = RelayClient::new(
+            let client = IndexerAttachment::new(
                 i,
                 endpoint.clone(),
                 identity.clone(),

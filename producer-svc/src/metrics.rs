@@ -349,7 +349,7 @@ impl Metrics {
         self.resident_fingerprints
             .set(clamp_i64(stats.resident_fingerprints));
         self.unique_blocks
-            .set(clamp_i64(stats.unique_hashes as u64));
+            .set(clamp_i64(stats.unique_blocks as u64));
         self.members.set(clamp_i64(stats.members as u64));
         self.state_bytes.set(clamp_i64(stats.bytes_used));
     }

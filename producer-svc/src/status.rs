@@ -2,15 +2,15 @@
 
 use tonic::{Code, Status};
 
-use crate::error::IngestError;
+use crate::error::RequestError;
 
-impl From<IngestError> for Status {
-    fn from(e: IngestError) -> Self {
+impl From<RequestError> for Status {
+    fn from(e: RequestError) -> Self {
         let code = match e {
-            IngestError::EmptySourceId
-            | IngestError::SourceIdTooLong { .. }
-            | IngestError::TooManyEvents { .. } => Code::InvalidArgument,
-            IngestError::ShuttingDown => Code::Unavailable,
+            RequestError::EmptySourceId
+            | RequestError::SourceIdTooLong { .. }
+            | RequestError::TooManyEvents { .. } => Code::InvalidArgument,
+            RequestError::ShuttingDown => Code::Unavailable,
         };
         Status::new(code, e.to_string())
     }
@@ -22,18 +22,18 @@ mod tests {
 
     #[test]
     fn codes_follow_the_error_kind() {
-        let s = Status::from(IngestError::EmptySourceId);
+        let s = Status::from(RequestError::EmptySourceId);
         assert_eq!(s.code(), Code::InvalidArgument);
         assert!(
             s.message().contains("source_id is required"),
             "{}",
             s.message()
         );
-        let s = Status::from(IngestError::TooManyEvents { count: 9, max: 8 });
+        let s = Status::from(RequestError::TooManyEvents { count: 9, max: 8 });
         assert_eq!(s.code(), Code::InvalidArgument);
         assert!(s.message().contains("9 events"), "{}", s.message());
         assert_eq!(
-            Status::from(IngestError::ShuttingDown).code(),
+            Status::from(RequestError::ShuttingDown).code(),
             Code::Unavailable
         );
     }

@@ -201,7 +201,7 @@ async fn source_gaps_and_replays_are_reported() {
     assert_eq!((r.gap, r.duplicate), (None, false));
 
     let stats = producer.stats().await.unwrap();
-    assert_eq!(stats.unique_hashes, 4);
+    assert_eq!(stats.unique_blocks, 4);
     assert_eq!(producer.metrics.source_gaps.get(), 1);
     assert_eq!(producer.metrics.duplicate_batches.get(), 1);
 }
@@ -228,7 +228,7 @@ async fn a_full_source_tracker_forgets_the_least_recently_used_source() {
     let r = send("b", 1, &[h(8, 5)]).await;
     assert_eq!((r.gap, r.duplicate, r.events.len()), (None, false, 1));
     assert_eq!(producer.metrics.source_evictions.get(), 2);
-    assert_eq!(producer.stats().await.unwrap().unique_hashes, 4);
+    assert_eq!(producer.stats().await.unwrap().unique_blocks, 4);
     assert_eq!(producer.metrics.tracked_sources.get(), 2);
     assert!(producer.metrics.tracked_source_bytes.get() > 0);
 }
@@ -286,7 +286,7 @@ async fn malformed_events_are_rejected_precisely() {
     assert_eq!(r.events[3].applied_blocks, 1);
     // Only b is left: the rejected store of c left no trace.
     let stats = producer.stats().await.unwrap();
-    assert_eq!(stats.unique_hashes, 1);
+    assert_eq!(stats.unique_blocks, 1);
     assert_eq!(producer.metrics.events_rejected.get(), 2);
 
     // A batch without a source is refused whole with a precise status.
@@ -302,7 +302,7 @@ async fn malformed_events_are_rejected_precisely() {
         "{}",
         status.message()
     );
-    assert_eq!(producer.stats().await.unwrap().unique_hashes, 1);
+    assert_eq!(producer.stats().await.unwrap().unique_blocks, 1);
 
     // The bidi stream answers in order and ends with the status of a batch refused whole.
     let requests = tokio_stream::iter(vec![
@@ -316,7 +316,7 @@ async fn malformed_events_are_rejected_precisely() {
     assert_eq!(results.message().await.unwrap().unwrap().sequence, 2);
     let status = results.message().await.unwrap_err();
     assert_eq!(status.code(), tonic::Code::InvalidArgument);
-    assert_eq!(producer.stats().await.unwrap().unique_hashes, 3);
+    assert_eq!(producer.stats().await.unwrap().unique_blocks, 3);
 
     // Health and reflection are served next to Ingest.
     let channel =
@@ -761,7 +761,7 @@ async fn shutdown_ends_open_ingest_streams_with_unavailable() {
         .expect("shutdown completes with an ingest stream still open")
         .unwrap();
     assert!(report.all_drained(), "{:?}", report.drains);
-    assert_eq!(report.final_stats.unique_hashes, 1);
+    assert_eq!(report.final_stats.unique_blocks, 1);
     drop(tx);
 }
 

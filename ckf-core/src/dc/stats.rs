@@ -6,10 +6,10 @@ pub struct DcCkfStats {
     /// Members owning at least one block.
     pub members: usize,
     /// Distinct tracked block hashes (refcount > 0).
-    pub unique_hashes: usize,
+    pub unique_blocks: usize,
     /// `(member, block hash)` ownership edges (sum of refcounts).
     pub ownership_edges: u64,
-    /// Fingerprints physically in the table; equals `unique_hashes` while the state is
+    /// Fingerprints physically in the table; equals `unique_blocks` while the state is
     /// consistent.
     pub resident_fingerprints: u64,
     /// Buckets in the table.
@@ -43,12 +43,12 @@ pub struct DcCkfStats {
 }
 
 impl DcCkfStats {
-    /// `bytes_used / unique_hashes`, or 0.0 for an empty state.
+    /// `bytes_used / unique_blocks`, or 0.0 for an empty state.
     pub fn bytes_per_tracked_block(&self) -> f64 {
-        if self.unique_hashes == 0 {
+        if self.unique_blocks == 0 {
             0.0
         } else {
-            self.bytes_used as f64 / self.unique_hashes as f64
+            self.bytes_used as f64 / self.unique_blocks as f64
         }
     }
 }

@@ -8,7 +8,7 @@ use ckf_core::identity::ProducerIdentity;
 use ckf_proto::v1;
 use ckf_proto::v1::kv_event::Kind;
 
-use crate::error::{IngestError, MAX_SOURCE_ID_BYTES};
+use crate::error::{RequestError, MAX_SOURCE_ID_BYTES};
 use crate::events::{BatchReport, EventError, EventReport, IngestBatch, IngestEvent};
 use ckf_core::sources::SequenceCheck;
 
@@ -16,22 +16,22 @@ use ckf_core::sources::SequenceCheck;
 /// oversized batch refuses the whole batch.
 ///
 /// # Errors
-/// [`IngestError::EmptySourceId`], [`IngestError::SourceIdTooLong`],
-/// [`IngestError::TooManyEvents`].
+/// [`RequestError::EmptySourceId`], [`RequestError::SourceIdTooLong`],
+/// [`RequestError::TooManyEvents`].
 pub fn batch_from_wire(
     batch: v1::KvEventBatch,
     max_events: usize,
-) -> Result<IngestBatch, IngestError> {
+) -> Result<IngestBatch, RequestError> {
     if batch.source_id.is_empty() {
-        return Err(IngestError::EmptySourceId);
+        return Err(RequestError::EmptySourceId);
     }
     if batch.source_id.len() > MAX_SOURCE_ID_BYTES {
-        return Err(IngestError::SourceIdTooLong {
+        return Err(RequestError::SourceIdTooLong {
             len: batch.source_id.len(),
         });
     }
     if batch.events.len() > max_events {
-        return Err(IngestError::TooManyEvents {
+        return Err(RequestError::TooManyEvents {
             count: batch.events.len(),
             max: max_events,
         });
@@ -126,7 +126,7 @@ pub fn stats_to_wire(identity: &ProducerIdentity, stats: &DcCkfStats) -> v1::Pro
         incarnation: identity.incarnation.0,
         format: Some(identity.format.into()),
         members: stats.members as u64,
-        unique_blocks: stats.unique_hashes as u64,
+        unique_blocks: stats.unique_blocks as u64,
         resident_fingerprints: stats.resident_fingerprints,
         load_factor: stats.load_factor,
         omissions_total: stats.omissions_total,
@@ -207,18 +207,18 @@ mod tests {
         };
         assert_eq!(
             batch_from_wire(batch.clone(), 10),
-            Err(IngestError::EmptySourceId)
+            Err(RequestError::EmptySourceId)
         );
         batch.source_id = "x".repeat(129);
         assert_eq!(
             batch_from_wire(batch.clone(), 10),
-            Err(IngestError::SourceIdTooLong { len: 129 })
+            Err(RequestError::SourceIdTooLong { len: 129 })
         );
         batch.source_id = "ok".into();
         batch.events = vec![stored(1, &[1]); 3];
         assert_eq!(
             batch_from_wire(batch, 2),
-            Err(IngestError::TooManyEvents { count: 3, max: 2 })
+            Err(RequestError::TooManyEvents { count: 3, max: 2 })
         );
     }
 

@@ -4,13 +4,13 @@ use ckf_proto::v1;
 
 use super::{IngestService, convert};
 use crate::actor::Command;
-use crate::error::IngestError;
+use crate::error::RequestError;
 
 /// Asks the state actor for its statistics.
 ///
 /// # Errors
-/// [`IngestError::ShuttingDown`] once the actor has stopped.
-pub async fn handle(service: &IngestService) -> Result<v1::ProducerStats, IngestError> {
+/// [`RequestError::ShuttingDown`] once the actor has stopped.
+pub async fn handle(service: &IngestService) -> Result<v1::ProducerStats, RequestError> {
     let stats = service.actor.ask(|reply| Command::Stats { reply }).await?;
     Ok(convert::stats_to_wire(&service.identity, &stats))
 }

@@ -22,7 +22,7 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
 
 use crate::actor::{ActorHandle, Command};
-use crate::error::IngestError;
+use crate::error::RequestError;
 use crate::events::{BatchReport, IngestBatch};
 use ckf_svc_kit::Shutdown;
 
@@ -54,24 +54,24 @@ impl IngestService {
     /// Decodes `batch`, applies it through the actor and returns the wire result.
     ///
     /// # Errors
-    /// [`IngestError`] for a batch refused whole or a producer that is shutting down.
+    /// [`RequestError`] for a batch refused whole or a producer that is shutting down.
     pub(crate) async fn submit(
         &self,
         batch: v1::KvEventBatch,
-    ) -> Result<v1::KvEventBatchResult, IngestError> {
+    ) -> Result<v1::KvEventBatchResult, RequestError> {
         if self.shutdown.is_triggered() {
-            return Err(IngestError::ShuttingDown);
+            return Err(RequestError::ShuttingDown);
         }
         let batch = convert::batch_from_wire(batch, self.max_events_per_batch)?;
         let report = self.apply(batch).await?;
         Ok(convert::report_to_wire(&report))
     }
 
-    async fn apply(&self, batch: IngestBatch) -> Result<BatchReport, IngestError> {
+    async fn apply(&self, batch: IngestBatch) -> Result<BatchReport, RequestError> {
         self.actor
             .ask(|reply| Command::Ingest { batch, reply })
             .await
-            .map_err(IngestError::from)
+            .map_err(RequestError::from)
     }
 }
 

@@ -17,7 +17,7 @@ use tonic::{Status, Streaming};
 use tracing::Instrument;
 
 use super::IngestService;
-use crate::error::IngestError;
+use crate::error::RequestError;
 
 /// The response stream type.
 pub type ResultStream =
@@ -41,7 +41,7 @@ pub fn handle(
         loop {
             let next = tokio::select! {
                 biased;
-                () = &mut stopped => Err(Status::from(IngestError::ShuttingDown)),
+                () = &mut stopped => Err(Status::from(RequestError::ShuttingDown)),
                 next = batches.message() => match next {
                     Ok(Some(batch)) => service.submit(batch).await.map_err(Status::from),
                     Ok(None) => break,

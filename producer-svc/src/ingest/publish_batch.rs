@@ -3,16 +3,16 @@
 use ckf_proto::v1;
 
 use super::IngestService;
-use crate::error::IngestError;
+use crate::error::RequestError;
 
 /// Applies one batch.
 ///
 /// # Errors
-/// [`IngestError`] when the batch is refused whole (bad source id, too many events) or the
+/// [`RequestError`] when the batch is refused whole (bad source id, too many events) or the
 /// producer is shutting down.
 pub async fn handle(
     service: &IngestService,
     batch: v1::KvEventBatch,
-) -> Result<v1::KvEventBatchResult, IngestError> {
+) -> Result<v1::KvEventBatchResult, RequestError> {
     service.submit(batch).await
 }

@@ -88,8 +88,9 @@ pub enum DrainOutcome {
     },
 }
 
-/// The publisher task of one endpoint.
-pub struct RelayClient {
+/// The publisher task of one configured indexer endpoint: its attachment loop (attach, stream,
+/// fence, back off, re-attach). Not the generated `ckf.v1.Relay` client, which it drives.
+pub struct IndexerAttachment {
     index: usize,
     endpoint: String,
     identity: ProducerIdentity,
@@ -99,7 +100,7 @@ pub struct RelayClient {
     shutdown: Shutdown,
 }
 
-impl RelayClient {
+impl IndexerAttachment {
     /// A task for endpoint number `index` (its position in the configuration).
     pub fn new(
         index: usize,

@@ -4,7 +4,7 @@
 //! The session never decides what to publish: the state actor queues frames
 //! ([`Outbound`]) and this task only encodes, chunks and sends them, reads the indexer's
 //! replies and keeps the stream alive with heartbeats. Every way a session can end is a
-//! [`SessionEnd`]; the caller ([`super::RelayClient`]) turns failures into a fence, a backoff
+//! [`SessionEnd`]; the caller ([`super::IndexerAttachment`]) turns failures into a fence, a backoff
 //! and a new attachment.
 
 use std::collections::VecDeque;
@@ -14,7 +14,7 @@ use ckf_core::fanout::{AttachRefused, FrameLimits, Outbound};
 use ckf_core::identity::LaneLease;
 use ckf_core::publication::FenceReason;
 use ckf_proto::v1;
-use ckf_proto::v1::relay_client::RelayClient as GrpcRelayClient;
+use ckf_proto::v1::relay_client::RelayClient;
 use ckf_proto::v1::relay_frame::Frame;
 use ckf_proto::v1::relay_reply::Reply;
 use prost::Message;
@@ -24,7 +24,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::Streaming;
 use tonic::transport::Endpoint;
 
-use super::RelayClient;
+use super::IndexerAttachment;
 use crate::actor::Command;
 use crate::metrics::AttachmentState;
 
@@ -112,7 +112,7 @@ struct Stream {
     replies: Streaming<v1::RelayReply>,
 }
 
-impl RelayClient {
+impl IndexerAttachment {
     /// Runs one attachment until it ends.
     pub(super) async fn session(&self) -> SessionEnd {
         match self.connect_and_attach().await {
@@ -140,7 +140,7 @@ impl RelayClient {
                 Err(_) => return Err(SessionEnd::Failed(fail("connect_failed", "connect timed out"))),
             },
         };
-        let mut client = GrpcRelayClient::new(channel)
+        let mut client = RelayClient::new(channel)
             .max_decoding_message_size(s.max_message_bytes)
             .max_encoding_message_size(s.max_message_bytes);
         let (requests, rx) = mpsc::channel(REQUEST_BUFFER);
