@@ -104,7 +104,7 @@ struct Counters {
 }
 
 /// Everything keyed by block hash: owners and refcounts, the table and its dirty tracking.
-/// Split from the member table so a member's slot can stay borrowed while blocks are applied.
+/// Split from the member table so a member's record can stay borrowed while blocks are applied.
 #[derive(Debug, Clone)]
 struct Projection {
     addressing: Addressing,
@@ -309,11 +309,11 @@ impl DcCkfState {
             return out;
         }
         let tag = self.members.tag_or_insert(member);
-        let slot = self.members.slot(tag);
+        let record = self.members.record(tag);
         for &h in block_hashes {
             match self.proj.acquire(h, tag) {
                 Ok(Acquired::Edge) => {
-                    slot.owned += 1;
+                    record.owned += 1;
                     out.applied += 1;
                 }
                 Ok(Acquired::Redundant) => out.redundant += 1,
@@ -333,10 +333,10 @@ impl DcCkfState {
             self.proj.counters.unknown_removals += block_hashes.len() as u64;
             return out;
         };
-        let slot = self.members.slot(tag);
+        let record = self.members.record(tag);
         for &h in block_hashes {
             if self.proj.release(h, tag) {
-                slot.owned -= 1;
+                record.owned -= 1;
                 out.applied += 1;
             } else {
                 out.unknown += 1;
@@ -373,12 +373,12 @@ impl DcCkfState {
         }
         let owned: u64 = tags
             .iter()
-            .map(|&t| u64::from(self.members.slot(t).owned))
+            .map(|&t| u64::from(self.members.record(t).owned))
             .sum();
         let released = self.proj.release_all(tags);
         debug_assert_eq!(released, owned, "member counts disagree with the block map");
         for &t in tags {
-            self.members.slot(t).owned = 0;
+            self.members.record(t).owned = 0;
             self.members.release_if_empty(t);
         }
         out.applied = released as u32;
@@ -456,7 +456,7 @@ impl DcCkfState {
         Some(batch)
     }
 
-    /// Current statistics. `bytes_used` walks the member slots (O(members)).
+    /// Current statistics. `bytes_used` walks the member records (O(members)).
     pub fn stats(&self) -> DcCkfStats {
         let p = &self.proj;
         let c = p.counters;

@@ -18,7 +18,7 @@ use std::collections::{HashMap, HashSet};
 use super::MemberId;
 use super::hasher::FoldHashBuilder;
 
-/// Owner tag of a member (`>= 1`; 0 marks an empty inline slot).
+/// Owner tag of a member (`>= 1`; 0 marks an unused inline owner entry).
 pub(crate) type Tag = u32;
 
 /// Owners beyond the inline three: `(block hash, tag)`.
@@ -101,17 +101,17 @@ impl BlockOwners {
 
 /// One member's bookkeeping.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct MemberSlot {
+pub(crate) struct MemberRecord {
     pub id: Option<MemberId>,
     /// Blocks the member owns now.
     pub owned: u32,
 }
 
-/// Member id -> tag, and the per-tag slots.
+/// Member id -> tag, and the per-tag records.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Members {
     pub index: HashMap<MemberId, Tag, FoldHashBuilder>,
-    slots: Vec<MemberSlot>,
+    records: Vec<MemberRecord>,
     free: Vec<Tag>,
 }
 
@@ -130,26 +130,26 @@ impl Members {
         let t = match self.free.pop() {
             Some(t) => t,
             None => {
-                self.slots.push(MemberSlot::default());
-                self.slots.len() as Tag
+                self.records.push(MemberRecord::default());
+                self.records.len() as Tag
             }
         };
-        self.slots[t as usize - 1].id = Some(member);
+        self.records[t as usize - 1].id = Some(member);
         self.index.insert(member, t);
         t
     }
 
-    /// The slot of a tag.
+    /// The bookkeeping record of a tag.
     #[inline]
-    pub fn slot(&mut self, tag: Tag) -> &mut MemberSlot {
-        &mut self.slots[tag as usize - 1]
+    pub fn record(&mut self, tag: Tag) -> &mut MemberRecord {
+        &mut self.records[tag as usize - 1]
     }
 
     /// Frees `tag` if its member owns nothing.
     pub fn release_if_empty(&mut self, tag: Tag) {
-        let slot = &mut self.slots[tag as usize - 1];
-        if slot.owned == 0 {
-            if let Some(id) = slot.id.take() {
+        let record = &mut self.records[tag as usize - 1];
+        if record.owned == 0 {
+            if let Some(id) = record.id.take() {
                 self.index.remove(&id);
             }
             self.free.push(tag);
@@ -161,7 +161,7 @@ impl Members {
         super::stats::hash_table_bytes(
             self.index.capacity(),
             std::mem::size_of::<(MemberId, Tag)>(),
-        ) + self.slots.capacity() * std::mem::size_of::<MemberSlot>()
+        ) + self.records.capacity() * std::mem::size_of::<MemberRecord>()
             + self.free.capacity() * 4
     }
 }
