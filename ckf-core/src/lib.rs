@@ -24,6 +24,7 @@
 //! | [`search`] | multi-lane prefix search over the transposed table |
 //! | [`adapter`] | in-process producer -> consumer composition with recovery |
 //! | [`failure`] | pre-/post-commit failure dispositions by affected domain |
+//! | `testing` | (feature `testing`) test kit: frames under a lease, snapshot install |
 
 pub mod adapter;
 pub mod addressing;
@@ -39,6 +40,8 @@ pub mod lane;
 pub mod mutator;
 pub mod publication;
 pub mod search;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use addressing::{Addressing, FormatError, Location, TableFormat};
 pub use identity::{
