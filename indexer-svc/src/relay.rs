@@ -13,15 +13,17 @@
 //! stream (heartbeat deadline, saturation, a newer attachment for the same pool) arrive through
 //! the attachment's event subscription and end the stream the same way.
 //!
-//! A stream that breaks at the transport or ends without an exact drain marker is reported to
-//! ckf-core ([`Attachment::stream_lost`]), which retires the lane as `StreamLost` unless the
-//! lease was already superseded or retired. Failures become statuses in [`crate::status`] only.
+//! The service acts on the [`Disposition`] of how a stream ended: a lane made uncertain (a
+//! stream that broke at the transport or ended without an exact drain marker) is reported to
+//! ckf-core ([`Attachment::stream_lost`]), which retires it as `StreamLost` unless the lease
+//! was already superseded or retired. Failures become statuses in [`crate::status`] only.
 //! Each session logs inside a `relay` span carrying its pool, lease and incarnation.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ckf_core::addressing::TableFormat;
+use ckf_core::failure::{Disposed, Disposition};
 use ckf_core::global::{AttachRequest, Attachment, ClaimedFormat, StreamVerdict};
 use ckf_core::identity::ProducerIncarnation;
 use ckf_core::lane::{Frame, Heartbeat};
@@ -228,7 +230,9 @@ impl Session {
         match end {
             Ok(()) => tracing::info!("relay stream drained"),
             Err(error) => {
-                if error.is_stream_loss() {
+                // An uncertain lane is retired by ckf-core if this lease still holds it (a no-op
+                // when the core already retired or superseded it).
+                if error.disposition() == Disposition::RetireLane {
                     self.attachment.stream_lost(&self.shared.indexer, &error);
                 }
                 tracing::warn!(%error, "relay stream ended");

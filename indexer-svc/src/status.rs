@@ -6,7 +6,7 @@
 //! | first frame not `Attach`, undecodable `Attach` | `INVALID_ARGUMENT` | - |
 //! | unknown pool | `NOT_FOUND` (names the pool and the configured ones) | - |
 //! | table format mismatch | `FAILED_PRECONDITION` (names both formats) | - |
-//! | undecodable / foreign-lease / oversized frame after attach | `INVALID_ARGUMENT`, `RESOURCE_EXHAUSTED` (too large) | `STREAM_LOST` |
+//! | undecodable / empty / foreign-lease / oversized frame, second `Attach` | `INVALID_ARGUMENT`, `RESOURCE_EXHAUSTED` (too large) | `STREAM_LOST` |
 //! | stream ended without a drain marker | `FAILED_PRECONDITION` | `STREAM_LOST` |
 //! | gap (base != installed) | `FAILED_PRECONDITION` | `GAP` |
 //! | non-contiguous delta, malformed delta or snapshot | `INVALID_ARGUMENT` | `GAP` / `MALFORMED_FRAME` |
@@ -17,8 +17,10 @@
 //! | apply failure inside the indexer | `INTERNAL` | `APPLY_FAILURE` |
 //! | superseded by a newer attachment for the pool | `ABORTED` (names the new epoch) | `SUPERSEDED` |
 //! | indexer shutting down | `UNAVAILABLE` | `SHUTDOWN` |
+//! | frame ckf-core cannot attribute to the stream's lane (unknown lane or lease, ignored) | `INVALID_ARGUMENT` | - |
 //! | query longer than the limit | `INVALID_ARGUMENT` | - |
 
+use ckf_core::failure::{Disposed, Disposition};
 use ckf_core::global::{AttachError, StreamEnd};
 use ckf_core::lane::{IngestError, RetireReason};
 use ckf_proto::{WireError, v1};
@@ -148,12 +150,6 @@ impl RelayError {
         Status::new(code, self.to_string())
     }
 
-    /// Whether the stream broke at the transport (a bad frame, a stream error, an end without
-    /// drain marker): delivery became uncertain, so ckf-core is told the stream was lost.
-    pub fn is_stream_loss(&self) -> bool {
-        matches!(self, RelayError::Frame(_) | RelayError::EndedWithoutDrain)
-    }
-
     /// Whether the stream ended because the indexer is going away.
     pub fn is_shutdown(&self) -> bool {
         matches!(
@@ -191,6 +187,24 @@ impl RelayError {
             Code::ResourceExhausted => "resource_exhausted",
             Code::Unavailable => "unavailable",
             _ => "other",
+        }
+    }
+}
+
+impl Disposed for RelayError {
+    /// A stream that broke at the transport (a bad frame, a stream error, an end without drain
+    /// marker) has uncertain delivery: [`Disposition::RetireLane`]. Ends decided by ckf-core
+    /// and refused attachments keep their own disposition.
+    fn disposition(&self) -> Disposition {
+        match self {
+            RelayError::Frame(FrameError::Refused(error)) => error.disposition(),
+            RelayError::Frame(_) | RelayError::EndedWithoutDrain => Disposition::RetireLane,
+            RelayError::Ended(end) => end.disposition(),
+            RelayError::Attach(error) => error.disposition(),
+            RelayError::TooManyStreams { .. }
+            | RelayError::NoAttach { .. }
+            | RelayError::BadAttach(_)
+            | RelayError::Shutdown => Disposition::Omission,
         }
     }
 }
