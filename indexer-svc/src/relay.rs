@@ -284,10 +284,7 @@ impl Session {
                         sent = tx.send(Ok(reply)) => sent,
                     };
                     if sent.is_err() {
-                        return Err(FrameError::Transport(Status::cancelled(
-                            "producer stopped reading replies",
-                        ))
-                        .into());
+                        return Err(FrameError::RepliesNotRead.into());
                     }
                 }
                 Step::Drained(reply) => {

@@ -19,6 +19,8 @@
 //! | indexer shutting down | `UNAVAILABLE` | `SHUTDOWN` |
 //! | frame ckf-core cannot attribute to the stream's lane (unknown lane or lease, ignored) | `INVALID_ARGUMENT` | - |
 //! | query longer than the limit | `INVALID_ARGUMENT` | - |
+//! | producer stopped reading replies | `CANCELLED` | `STREAM_LOST` |
+//! | `ListLanes` load-factor count failed | `INTERNAL` | - |
 
 use ckf_core::failure::{Disposed, Disposition};
 use ckf_core::global::{AttachError, StreamEnd};
@@ -91,6 +93,9 @@ pub enum FrameError {
         /// The limit.
         limit: u32,
     },
+    /// The producer stopped reading replies (the reply buffer stayed closed).
+    #[error("relay stream failed: producer stopped reading replies")]
+    RepliesNotRead,
     /// The inbound stream failed in transport or decoding (e.g. a message over
     /// `limits.max_message_bytes`).
     #[error("relay stream failed: {}", .0.message())]
@@ -142,6 +147,7 @@ impl RelayError {
                 Code::ResourceExhausted
             }
             RelayError::Frame(FrameError::Transport(s)) => s.code(),
+            RelayError::Frame(FrameError::RepliesNotRead) => Code::Cancelled,
             RelayError::Frame(_) => Code::InvalidArgument,
             RelayError::EndedWithoutDrain => Code::FailedPrecondition,
             RelayError::Ended(end) => end_code(end),
@@ -220,12 +226,16 @@ pub enum QueryError {
         /// The limit.
         limit: u32,
     },
+    /// The blocking task counting occupied slots for `ListLanes` failed.
+    #[error("load-factor count failed: {0}")]
+    LoadCount(#[from] tokio::task::JoinError),
 }
 
 impl From<QueryError> for Status {
     fn from(error: QueryError) -> Self {
         match error {
             QueryError::TooManyBlocks { .. } => Status::invalid_argument(error.to_string()),
+            QueryError::LoadCount(_) => Status::internal(error.to_string()),
         }
     }
 }

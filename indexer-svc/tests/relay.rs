@@ -369,6 +369,7 @@ fn refusals() -> Vec<Refusal> {
 async fn each_refusal_retires_only_its_lane_with_a_precise_status() {
     for row in refusals() {
         let name = row.name;
+        eprintln!("case: {name}");
         let (indexer, mut a, mut b, seq) = two_ready_lanes().await;
         let words = indexer.running.indexer().table().lane_words(0);
         let frame = (row.frame)(&mut a);
