@@ -38,7 +38,9 @@ pub enum Fault {
     DuplicateNextDelta,
     /// The next delta's first image is repeated (a malformed delta; nothing is applied).
     CorruptNextDelta,
-    /// The consumer fails after storing this many images of the next delta.
+    /// The consumer fails after storing this many images of the next delta (feature `testing`:
+    /// it needs the consumer's fault hook).
+    #[cfg(feature = "testing")]
     FailApplyAfter(usize),
 }
 
@@ -105,7 +107,10 @@ impl LocalCkfAdapter {
     ) -> Result<Self, AdapterError> {
         let lane = indexer
             .lane_of(&identity.pool)
-            .ok_or_else(|| AttachError::UnknownPool(identity.pool.clone()))?;
+            .ok_or_else(|| AttachError::UnknownPool {
+                pool: identity.pool.clone(),
+                configured: indexer.manifest().lanes.clone(),
+            })?;
         let mut adapter = Self {
             state,
             publisher: DcCkfPublisher::new(identity),
@@ -196,6 +201,7 @@ impl LocalCkfAdapter {
                 delta.images.push(first);
                 self.deliver(&Frame::Delta(delta))
             }
+            #[cfg(feature = "testing")]
             Some(Fault::FailApplyAfter(n)) => {
                 self.indexer
                     .inject_apply_fault(self.lane, n)

@@ -81,8 +81,15 @@ impl Disposed for IgnoreReason {
 impl Disposed for IngestError {
     /// A frame that belongs to no current stream is dropped: [`Disposition::Omission`] for the
     /// consumer. (A producer that sent it should re-attach, which its own stream error tells it.)
+    /// A foreign lease on an attached stream makes that stream's delivery uncertain:
+    /// [`Disposition::RetireLane`] for the stream's own lane.
     fn disposition(&self) -> Disposition {
-        Disposition::Omission
+        match self {
+            IngestError::UnknownLane { .. } | IngestError::UnknownLease { .. } => {
+                Disposition::Omission
+            }
+            IngestError::ForeignLease { .. } => Disposition::RetireLane,
+        }
     }
 }
 

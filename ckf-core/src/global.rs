@@ -35,7 +35,10 @@ use std::time::Instant;
 
 use thiserror::Error;
 
+mod attachment;
 mod huge_pages;
+
+pub use attachment::{AttachRequest, Attachment, ClaimedFormat, StreamEnd, StreamVerdict};
 
 use crate::addressing::{Addressing, FormatError, TableFormat};
 use crate::bucket::{MAX_LANES, TableError, TransposedTable};
@@ -94,24 +97,44 @@ pub enum ManifestError {
     Table(#[from] TableError),
 }
 
-/// Why a lease is refused to a producer (`Attach`).
+/// Why a lease is refused to a producer (`Attach`). Each variant carries everything a refusal
+/// message needs, so a service only translates it (its `Display` is the message).
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum AttachError {
     /// The producer's pool is not in the manifest (includes pools of other domains).
-    #[error("pool {0} is not a lane of this indexer")]
-    UnknownPool(PoolId),
-    /// The producer's table format differs from the manifest's.
     #[error(
-        "table format mismatch for pool {pool}: indexer has [{expected}], producer has [{got}]"
+        "pool {pool} is not a lane of this indexer (configured pools: {})",
+        join_pools(configured)
+    )]
+    UnknownPool {
+        /// The producer's pool.
+        pool: PoolId,
+        /// The manifest's pools, in lane order.
+        configured: Vec<PoolId>,
+    },
+    /// The producer's table format differs from the manifest's, or is not one this build can
+    /// use at all (then `got` says why).
+    #[error(
+        "table format mismatch for pool {pool}: indexer has [{expected}], producer has [{}]{}",
+        got.shown(),
+        got.problem().map(|p| format!(" ({p})")).unwrap_or_default()
     )]
     FormatMismatch {
         /// The pool.
         pool: PoolId,
         /// The manifest's format.
         expected: TableFormat,
-        /// The producer's format.
-        got: TableFormat,
+        /// The producer's format as claimed.
+        got: ClaimedFormat,
     },
+}
+
+fn join_pools(pools: &[PoolId]) -> String {
+    pools
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The transposed global consumer. `Sync`: share it in an `Arc` between ingestion workers and
@@ -288,23 +311,42 @@ impl GlobalCkfIndexer {
 
     /// Grants the next lease of the producer's lane (the consumer is the lease authority). Any
     /// older stream of the lane is fenced: its ready bit is cleared first and its frames are
-    /// ignored from now on. The lane awaits a barrier snapshot under the new lease.
+    /// ignored from now on. The lane awaits a barrier snapshot under the new lease. Services that
+    /// stream frames under the lease use [`GlobalCkfIndexer::attach`] instead.
     ///
     /// # Errors
-    /// [`AttachError::UnknownPool`] or [`AttachError::FormatMismatch`] (naming both formats).
+    /// [`AttachError::UnknownPool`] (naming the configured pools) or
+    /// [`AttachError::FormatMismatch`] (naming both formats).
     pub fn grant_lease(&self, producer: &ProducerIdentity) -> Result<LaneLease, AttachError> {
+        let (lease, _) = self.grant(&AttachRequest::from(producer), false)?;
+        Ok(lease)
+    }
+
+    /// Checks the request (pool in the manifest, then the format), grants the next lease and,
+    /// when `subscribe`, subscribes to the lane's events under the same lane lock, so no
+    /// transition of the new lease can be missed.
+    fn grant(
+        &self,
+        request: &AttachRequest,
+        subscribe: bool,
+    ) -> Result<(LaneLease, Option<flume::Receiver<LaneEvent>>), AttachError> {
         let lane = self
-            .lane_of(&producer.pool)
-            .ok_or_else(|| AttachError::UnknownPool(producer.pool.clone()))?;
-        if producer.format != self.manifest.format {
+            .lane_of(&request.pool)
+            .ok_or_else(|| AttachError::UnknownPool {
+                pool: request.pool.clone(),
+                configured: self.manifest.lanes.clone(),
+            })?;
+        if request.format != ClaimedFormat::Valid(self.manifest.format) {
             return Err(AttachError::FormatMismatch {
-                pool: producer.pool.clone(),
+                pool: request.pool.clone(),
                 expected: self.manifest.format,
-                got: producer.format,
+                got: request.format.clone(),
             });
         }
         let mut ingestor = self.lane(lane).expect("lane_of returns manifest lanes");
-        Ok(ingestor.grant(self.shared(), producer.incarnation, Instant::now()))
+        let lease = ingestor.grant(self.shared(), request.incarnation, Instant::now());
+        let events = subscribe.then(|| ingestor.subscribe());
+        Ok((lease, events))
     }
 
     /// Applies one frame synchronously on the caller's thread, serialized with every other frame
@@ -382,11 +424,13 @@ impl GlobalCkfIndexer {
         Ok(self.lane(lane)?.subscribe())
     }
 
-    /// Fault injection (tests, [`crate::adapter`]): the next delta applied on `lane` panics after
-    /// storing `after_images` of its images, exercising the mid-apply failure path.
+    /// Fault injection (feature `testing` only; tests and [`crate::adapter`]): the next delta
+    /// applied on `lane` panics after storing `after_images` of its images, exercising the
+    /// mid-apply failure path. Never compiled into the services.
     ///
     /// # Errors
     /// [`IngestError::UnknownLane`].
+    #[cfg(feature = "testing")]
     pub fn inject_apply_fault(
         &self,
         lane: LaneIndex,

@@ -63,7 +63,9 @@ pub(crate) struct LaneIngestor {
     subscribers: Vec<flume::Sender<LaneEvent>>,
     /// Scratch for the uniqueness check (reused, so steady-state deltas allocate nothing).
     scratch: Vec<u32>,
-    /// Fault injection: panic after storing this many images of the next delta.
+    /// Fault injection (feature `testing`): panic after storing this many images of the next
+    /// delta.
+    #[cfg(feature = "testing")]
     fault_after: Option<usize>,
 }
 
@@ -82,6 +84,7 @@ impl LaneIngestor {
             last_retirement: None,
             subscribers: Vec::new(),
             scratch: Vec::new(),
+            #[cfg(feature = "testing")]
             fault_after: None,
         }
     }
@@ -113,6 +116,7 @@ impl LaneIngestor {
         rx
     }
 
+    #[cfg(feature = "testing")]
     pub(crate) fn arm_fault(&mut self, after_images: usize) {
         self.fault_after = Some(after_images);
     }
@@ -452,12 +456,17 @@ impl LaneIngestor {
             return self.fail(sh, reason);
         }
         let lane = self.lane as usize;
-        let fault = self.fault_after.take();
+        #[cfg(feature = "testing")]
+        let (fault, mut stored) = (self.fault_after.take(), 0usize);
         // Images are installed one atomic store each, in the producer's order (a relocated
         // fingerprint reaches its new bucket before it leaves its old one).
-        for (i, img) in d.images.iter().enumerate() {
-            if fault == Some(i) {
-                panic!("injected apply fault after {i} images on lane {lane}");
+        for img in &d.images {
+            #[cfg(feature = "testing")]
+            {
+                if fault == Some(stored) {
+                    panic!("injected apply fault after {stored} images on lane {lane}");
+                }
+                stored += 1;
             }
             sh.table.store(img.bucket as usize, lane, img.image);
         }

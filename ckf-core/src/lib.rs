@@ -26,6 +26,7 @@
 //! | [`search`] | multi-lane prefix search over the transposed table |
 //! | [`adapter`] | in-process producer -> consumer composition with recovery |
 //! | [`failure`] | pre-/post-commit failure dispositions by affected domain |
+//! | `testing` | (feature `testing`) test kit: frames under a lease, snapshot install |
 
 pub mod adapter;
 pub mod addressing;
@@ -43,6 +44,8 @@ pub mod mutator;
 pub mod publication;
 pub mod search;
 pub mod sources;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use addressing::{Addressing, FormatError, Location, TableFormat};
 pub use identity::{

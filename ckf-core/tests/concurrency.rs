@@ -3,6 +3,7 @@
 //! ready at capture; a block that stays stored is not missed while kick-heavy deltas from a real
 //! producer are applied at ~93% load, except inside the documented relocation window.
 
+use ckf_core::testing;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -12,9 +13,7 @@ use ckf_core::bucket::{self, with_slot};
 use ckf_core::dc::{DcCkfConfig, DcCkfState, MemberId};
 use ckf_core::frames::{BucketImage, DcCkfDelta, DcCkfSnapshot};
 use ckf_core::global::{GlobalCkfIndexer, Manifest};
-use ckf_core::identity::{
-    IndexerDomainId, PoolId, ProducerIdentity, ProducerIncarnation, StreamTag,
-};
+use ckf_core::identity::{IndexerDomainId, PoolId, ProducerIdentity, StreamTag};
 use ckf_core::ingestion::{IngestionPool, PoolConfig};
 use ckf_core::lane::{Frame, IngestOutcome, LagPolicy};
 use ckf_core::publication::DcCkfPublisher;
@@ -31,11 +30,7 @@ fn indexer(format: TableFormat, lanes: usize) -> GlobalCkfIndexer {
 }
 
 fn identity(ix: &GlobalCkfIndexer, lane: u8, incarnation: u64) -> ProducerIdentity {
-    ProducerIdentity {
-        pool: ix.pool(lane).clone(),
-        incarnation: ProducerIncarnation(incarnation),
-        format: ix.manifest().format,
-    }
+    testing::identity(ix, lane, incarnation)
 }
 
 struct Rng(u64);
@@ -387,17 +382,7 @@ fn case8_unpacked_slots_through_search() {
     let b = l1.bucket_a as usize;
     let mut words = vec![0u64; 64];
     words[b] = with_slot(with_slot(0, 0, l1.fingerprint), 1, l2.fingerprint);
-    let id = identity(&ix, 1, 1);
-    let lease = ix.grant_lease(&id).unwrap();
-    let tag = StreamTag {
-        incarnation: id.incarnation,
-        lease,
-    };
-    ix.ingest_now(&Frame::Snapshot(DcCkfSnapshot {
-        tag,
-        sequence: 0,
-        buckets: words.clone(),
-    }));
+    let tag = testing::activate(&ix, 1, 1, 0, words.clone()).tag;
     assert_eq!(ix.find_prefix_matches(&[h1, h2]).depth(1), Some(2));
     let image = with_slot(words[b], 0, 0);
     let d = DcCkfDelta {

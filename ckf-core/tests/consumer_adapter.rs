@@ -203,9 +203,10 @@ fn attach_to_an_unknown_pool_is_refused() {
     let err = LocalCkfAdapter::attach(state, identity, ix.clone(), 256).unwrap_err();
     assert_eq!(
         err,
-        AdapterError::Attach(AttachError::UnknownPool(
-            PoolId::new("prod", "dc-z").unwrap()
-        ))
+        AdapterError::Attach(AttachError::UnknownPool {
+            pool: PoolId::new("prod", "dc-z").unwrap(),
+            configured: ix.manifest().lanes.clone(),
+        })
     );
     assert_eq!(ix.ready_mask(), 0);
 }

@@ -5,12 +5,10 @@
 
 use ckf_core::addressing::{Addressing, TableFormat, fmix64};
 use ckf_core::bucket::{self, with_slot};
-use ckf_core::frames::DcCkfSnapshot;
 use ckf_core::global::{GlobalCkfIndexer, Manifest};
-use ckf_core::identity::{
-    IndexerDomainId, PoolId, ProducerIdentity, ProducerIncarnation, StreamTag,
-};
-use ckf_core::lane::{Frame, IngestOutcome, LagPolicy};
+use ckf_core::identity::{IndexerDomainId, PoolId};
+use ckf_core::lane::LagPolicy;
+use ckf_core::testing;
 use proptest::prelude::*;
 
 fn indexer(buckets: u64, lanes: usize) -> GlobalCkfIndexer {
@@ -25,22 +23,7 @@ fn indexer(buckets: u64, lanes: usize) -> GlobalCkfIndexer {
 }
 
 fn activate(ix: &GlobalCkfIndexer, lane: u8, words: Vec<u64>) {
-    let id = ProducerIdentity {
-        pool: ix.pool(lane).clone(),
-        incarnation: ProducerIncarnation(u64::from(lane)),
-        format: ix.manifest().format,
-    };
-    let lease = ix.grant_lease(&id).unwrap();
-    let tag = StreamTag {
-        incarnation: id.incarnation,
-        lease,
-    };
-    let out = ix.ingest_now(&Frame::Snapshot(DcCkfSnapshot {
-        tag,
-        sequence: 0,
-        buckets: words,
-    }));
-    assert!(matches!(out, IngestOutcome::Activated { .. }));
+    testing::activate(ix, lane, u64::from(lane), 0, words);
 }
 
 /// Places `blocks` (first free candidate slot; blocks that do not fit are skipped).

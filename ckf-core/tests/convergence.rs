@@ -9,6 +9,7 @@ use ckf_core::global::{GlobalCkfIndexer, Manifest};
 use ckf_core::identity::{IndexerDomainId, PoolId, ProducerIdentity, ProducerIncarnation};
 use ckf_core::lane::{Frame, IngestOutcome, LagPolicy, LaneState};
 use ckf_core::publication::DcCkfPublisher;
+use ckf_core::testing;
 use proptest::prelude::*;
 
 /// Small deterministic generator (the churn is driven by a proptest-chosen seed).
@@ -104,29 +105,7 @@ fn publish_pending(p: &mut Producer, ix: &GlobalCkfIndexer) -> u32 {
 }
 
 fn attach_and_snapshot(p: &mut Producer, ix: &GlobalCkfIndexer, chunk_bytes: usize) {
-    let lease = ix.grant_lease(p.publisher.identity()).unwrap();
-    p.publisher.install_lease(lease).unwrap();
-    // The barrier: pending changes are folded into the snapshot (no other publisher streams).
-    while p.state.take_batch().is_some() {}
-    let snap = p.publisher.snapshot(&p.state).unwrap();
-    let chunks: Vec<_> = snap.chunks(chunk_bytes).collect();
-    let n = chunks.len();
-    for (i, c) in chunks.into_iter().enumerate() {
-        let out = ix.ingest_now(&Frame::Chunk(c));
-        if i + 1 == n {
-            assert_eq!(
-                out,
-                IngestOutcome::Activated {
-                    installed_sequence: snap.sequence
-                }
-            );
-        } else {
-            assert!(
-                matches!(out, IngestOutcome::ChunkAccepted { .. }),
-                "{out:?}"
-            );
-        }
-    }
+    testing::install_snapshot(ix, &mut p.publisher, &mut p.state, chunk_bytes);
 }
 
 fn check_converged(p: &Producer, ix: &GlobalCkfIndexer, lane: u8) {

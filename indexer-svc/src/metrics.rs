@@ -220,6 +220,20 @@ impl IndexerMetrics {
         &self.registry
     }
 
+    /// The per-lane children of `lane`'s relay metrics, resolved once (a relay session holds
+    /// them for its whole life instead of looking labels up per frame).
+    pub fn lane(&self, lane: &LaneLabels) -> LaneMetrics {
+        let values = [lane.lane.as_str(), lane.dc.as_str()];
+        LaneMetrics {
+            leases_granted: self.leases_granted.with_label_values(&values),
+            snapshots_installed: self.snapshots_installed.with_label_values(&values),
+            deltas_applied: self.deltas_applied.with_label_values(&values),
+            images_applied: self.images_applied.with_label_values(&values),
+            drains: self.drains.with_label_values(&values),
+            event_to_applied_lag: self.event_to_applied_lag.with_label_values(&values),
+        }
+    }
+
     /// Counts one retirement of `lane`.
     pub fn retired(&self, lane: &LaneLabels, reason: &RetireReason) {
         self.retirements
@@ -254,6 +268,23 @@ impl Default for IndexerMetrics {
     fn default() -> Self {
         Self::new()
     }
+}
+
+/// One lane's relay metrics (`lane`, `dc` labels already applied): see [`IndexerMetrics::lane`].
+#[derive(Debug, Clone)]
+pub struct LaneMetrics {
+    /// Leases granted.
+    pub leases_granted: IntCounter,
+    /// Barrier snapshots completed.
+    pub snapshots_installed: IntCounter,
+    /// Deltas applied.
+    pub deltas_applied: IntCounter,
+    /// Bucket images applied from deltas.
+    pub images_applied: IntCounter,
+    /// Exact drain markers accepted.
+    pub drains: IntCounter,
+    /// Dirty-to-applied lag of applied deltas (seconds).
+    pub event_to_applied_lag: Histogram,
 }
 
 /// Pre-rendered `lane` and `dc` label values of one lane.

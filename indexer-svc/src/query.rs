@@ -78,7 +78,7 @@ impl Query for QueryService {
         // Counting occupied slots reads every bucket word of every lane: off the async workers.
         let occupied = tokio::task::spawn_blocking(move || occupied_slots(&indexer))
             .await
-            .map_err(|e| Status::internal(format!("load-factor count failed: {e}")))?;
+            .map_err(QueryError::LoadCount)?;
         let indexer = &self.shared.indexer;
         let manifest = indexer.manifest();
         let slots = manifest.format.slot_count() as f64;

@@ -1,38 +1,43 @@
 //! `ckf.v1.Relay/Publish`: one producer attachment per stream.
 //!
 //! ```text
-//! Attach -> GlobalCkfIndexer::grant_lease -> LeaseGranted
-//! SnapshotChunk | Delta | Heartbeat | DrainMarker -> IngestionPool (lane's serialized ingestor)
-//!            -> IngestOutcome -> Ack (activation, applied delta, drain) | Retired + status
+//! Attach -> GlobalCkfIndexer::attach -> Attachment (lease, incarnation, lane events) -> LeaseGranted
+//! SnapshotChunk | Delta | Heartbeat | DrainMarker -> decode -> Attachment::check
+//!            -> IngestionPool (lane's serialized ingestor) -> Attachment::outcome
+//!            -> StreamVerdict -> Ack (activation, applied delta, drain) | Retired + status
 //! ```
-//! The handler only translates: it decodes wire frames ([`ckf_proto::convert`]), checks the
-//! transport limits (`max_images_per_delta`; `max_message_bytes` is tonic's decoding limit) and
-//! that each frame carries this stream's own lease, then lets ckf-core decide. Lane transitions
-//! that happen outside the stream (heartbeat deadline, saturation, a newer attachment for the
-//! same pool) arrive through the lane's event subscription and end the stream.
+//! The handler only translates: it decodes wire frames ([`ckf_proto::convert`]), enforces the
+//! transport limits (`max_images_per_delta`, checked before a delta is decoded so an oversized
+//! one is never materialised; `max_message_bytes` is tonic's decoding limit), submits, and
+//! turns ckf-core's [`StreamVerdict`]s into replies. Lane transitions that happen outside the
+//! stream (heartbeat deadline, saturation, a newer attachment for the same pool) arrive through
+//! the attachment's event subscription and end the stream the same way.
 //!
-//! A stream that breaks or ends without an exact drain marker retires its lane as
-//! `StreamLost` (delivery uncertain), unless its lease was already superseded or retired.
-//! Failures become statuses in [`crate::status`] only.
+//! The service acts on the [`Disposition`] of how a stream ended: a lane made uncertain (a
+//! stream that broke at the transport or ended without an exact drain marker) is reported to
+//! ckf-core ([`Attachment::stream_lost`]), which retires it as `StreamLost` unless the lease
+//! was already superseded or retired. Failures become statuses in [`crate::status`] only.
+//! Each session logs inside a `relay` span carrying its pool, lease and incarnation.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ckf_core::identity::{LaneLease, ProducerIdentity, ProducerIncarnation};
-use ckf_core::ingestion::SubmitError;
-use ckf_core::lane::{
-    Frame, Heartbeat, IgnoreReason, IngestOutcome, LaneEvent, LaneEventKind, RetireReason,
-};
+use ckf_core::addressing::TableFormat;
+use ckf_core::failure::{Disposed, Disposition};
+use ckf_core::global::{AttachRequest, Attachment, ClaimedFormat, StreamVerdict};
+use ckf_core::identity::ProducerIncarnation;
+use ckf_core::lane::{Frame, Heartbeat};
 use ckf_proto::convert;
 use ckf_proto::v1::{
     self, relay_frame::Frame as WireFrame, relay_reply::Reply, relay_server::Relay,
 };
-use prost::Message;
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
+use tracing::Instrument;
 
-use crate::shared::Shared;
+use crate::metrics::LaneMetrics;
+use crate::shared::{Shared, wire_kind};
 use crate::status::{FrameError, RelayError};
 
 /// How long a new stream may take to send `Attach` when no heartbeat deadline is configured.
@@ -88,17 +93,19 @@ impl Relay for RelayService {
                 })
             })?;
         let session = Session::attach(Arc::clone(&shared), attach).map_err(refuse)?;
+        let lease = session.attachment.lease();
 
         let (tx, rx) = mpsc::channel(REPLY_BUFFER);
         let granted = Reply::LeaseGranted(v1::LeaseGranted {
-            lease: Some(session.lease.into()),
+            lease: Some(lease.into()),
             max_message_bytes: shared.limits.max_message_bytes,
             max_images_per_delta: shared.limits.max_images_per_delta,
             heartbeat_deadline_ms: shared.heartbeat_deadline_ms,
         });
         // The channel is fresh and has room: this cannot wait.
         let _ = tx.send(Ok(granted.into())).await;
-        tokio::spawn(session.run(inbound, tx, permit));
+        let span = session.span();
+        tokio::spawn(session.run(inbound, tx, permit).instrument(span));
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 }
@@ -125,7 +132,7 @@ async fn first_attach(
             got: "end of stream",
         }),
         Ok(Ok(Some(frame))) => {
-            count_frame(shared, &frame);
+            shared.count_frame(&frame);
             match frame.frame {
                 Some(WireFrame::Attach(attach)) => Ok(attach),
                 Some(other) => Err(RelayError::NoAttach {
@@ -139,39 +146,33 @@ async fn first_attach(
     }
 }
 
-fn wire_kind(frame: &WireFrame) -> &'static str {
-    match frame {
-        WireFrame::Attach(_) => "attach",
-        WireFrame::SnapshotChunk(_) => "snapshot_chunk",
-        WireFrame::Delta(_) => "delta",
-        WireFrame::Heartbeat(_) => "heartbeat",
-        WireFrame::DrainMarker(_) => "drain_marker",
-    }
+/// The core attach request of a wire `Attach`. A producer format this build cannot even decode
+/// is still a claim: ckf-core refuses it as a format mismatch naming both formats.
+fn attach_request(attach: v1::Attach) -> Result<AttachRequest, RelayError> {
+    let pool = convert::attach_pool(&attach).map_err(RelayError::BadAttach)?;
+    let wire_format = attach.format.unwrap_or_default();
+    let format = match TableFormat::try_from(wire_format) {
+        Ok(format) => ClaimedFormat::Valid(format),
+        Err(error) => ClaimedFormat::Unusable {
+            shown: format!("{wire_format:?}"),
+            problem: error.to_string(),
+        },
+    };
+    Ok(AttachRequest {
+        pool,
+        incarnation: ProducerIncarnation(attach.incarnation),
+        format,
+    })
 }
 
-fn count_frame(shared: &Shared, frame: &v1::RelayFrame) {
-    let kind = frame.frame.as_ref().map_or("empty", wire_kind);
-    shared
-        .metrics
-        .frames_received
-        .with_label_values(&[kind])
-        .inc();
-    shared
-        .metrics
-        .bytes_received
-        .inc_by(frame.encoded_len() as u64);
-}
-
-/// One attached stream: the lease it holds and the lane's event subscription.
+/// One attached stream: ckf-core's attachment and the lane's metrics.
 struct Session {
     shared: Arc<Shared>,
-    incarnation: ProducerIncarnation,
-    pool_name: ckf_core::PoolId,
-    lease: LaneLease,
-    events: flume::Receiver<LaneEvent>,
+    attachment: Attachment,
+    metrics: LaneMetrics,
 }
 
-/// What one inbound frame did to the stream.
+/// What the stream does next, from one verdict.
 enum Step {
     /// Keep reading; send this reply first, if any.
     Continue(Option<v1::RelayReply>),
@@ -179,59 +180,38 @@ enum Step {
     Drained(v1::RelayReply),
 }
 
+fn ack(installed_sequence: u64, drained: bool) -> v1::RelayReply {
+    Reply::Ack(v1::Ack {
+        installed_sequence,
+        ready: true,
+        drained,
+    })
+    .into()
+}
+
 impl Session {
-    /// Decodes the identity and asks ckf-core for a lease.
+    /// Decodes the identity and asks ckf-core for an attachment.
     fn attach(shared: Arc<Shared>, attach: v1::Attach) -> Result<Self, RelayError> {
-        let indexer = &shared.indexer;
-        let pool = convert::attach_pool(&attach).map_err(RelayError::BadAttach)?;
-        let configured = &indexer.manifest().lanes;
-        if indexer.lane_of(&pool).is_none() {
-            return Err(RelayError::from_attach(
-                ckf_core::global::AttachError::UnknownPool(pool),
-                configured,
-            ));
-        }
-        // A producer format this build cannot even decode is still a format mismatch: name
-        // both formats, plus why the producer's is invalid.
-        let wire_format = attach.format.unwrap_or_default();
-        let identity = match ProducerIdentity::try_from(attach) {
-            Ok(identity) => identity,
-            Err(error) => {
-                return Err(RelayError::FormatMismatch {
-                    pool,
-                    expected: indexer.manifest().format,
-                    got: format!("{wire_format:?}"),
-                    problem: Some(error.to_string()),
-                });
-            }
-        };
-        let lease = indexer
-            .grant_lease(&identity)
-            .map_err(|e| RelayError::from_attach(e, configured))?;
-        // Subscribe right after the grant; a supersession racing in between is still seen as
-        // a stale-lease outcome of the next frame.
-        let events = indexer
-            .subscribe(lease.lane)
-            .map_err(RelayError::Unattributable)?;
-        let labels = shared.labels(lease.lane);
-        shared
-            .metrics
-            .leases_granted
-            .with_label_values(&[&labels.lane, &labels.dc])
-            .inc();
-        tracing::info!(
-            pool = %identity.pool,
-            incarnation = %identity.incarnation,
-            %lease,
-            "lease granted"
-        );
+        let attachment = shared.indexer.attach(&attach_request(attach)?)?;
+        let metrics = shared.metrics.lane(shared.labels(attachment.lane()));
+        metrics.leases_granted.inc();
         Ok(Self {
-            incarnation: identity.incarnation,
-            pool_name: identity.pool,
-            lease,
-            events,
             shared,
+            attachment,
+            metrics,
         })
+    }
+
+    /// The session's span: every log line of the stream carries its pool, lease and
+    /// incarnation once.
+    fn span(&self) -> tracing::Span {
+        let a = &self.attachment;
+        tracing::info_span!(
+            "relay",
+            pool = %a.pool(),
+            lease = %a.lease(),
+            incarnation = %a.incarnation(),
+        )
     }
 
     /// Drives the stream until drain, retirement, supersession, breakage or shutdown.
@@ -242,17 +222,20 @@ impl Session {
         permit: OwnedSemaphorePermit,
     ) {
         let _permit = permit;
+        tracing::info!("lease granted");
         self.shared.metrics.relay_streams.inc();
         let end = self.pump(&mut inbound, &tx).await;
         self.shared.metrics.relay_streams.dec();
-        let linger = !matches!(end, Err(RelayError::Shutdown));
+        let linger = !matches!(&end, Err(error) if error.is_shutdown());
         match end {
-            Ok(()) => {
-                tracing::info!(lease = %self.lease, pool = %self.pool_name, "relay stream drained")
-            }
+            Ok(()) => tracing::info!("relay stream drained"),
             Err(error) => {
-                self.retire_if_uncertain(&error);
-                tracing::warn!(lease = %self.lease, pool = %self.pool_name, %error, "relay stream ended");
+                // An uncertain lane is retired by ckf-core if this lease still holds it (a no-op
+                // when the core already retired or superseded it).
+                if error.disposition() == Disposition::RetireLane {
+                    self.attachment.stream_lost(&self.shared.indexer, &error);
+                }
+                tracing::warn!(%error, "relay stream ended");
                 // A producer that stopped reading replies must not hold this task.
                 let terminal = async {
                     if let Some(reply) = error.retired_reply() {
@@ -272,34 +255,21 @@ impl Session {
         }
     }
 
-    /// Delivery became uncertain on this stream: retire its lease (ckf-core ignores the call
-    /// when the lease was already superseded or retired).
-    fn retire_if_uncertain(&self, error: &RelayError) {
-        if matches!(error, RelayError::Frame(_) | RelayError::EndedWithoutDrain) {
-            let reason = RetireReason::StreamLost {
-                detail: error.to_string(),
-            };
-            self.shared.indexer.retire_lease(self.lease, reason);
-        }
-    }
-
     async fn pump(
         &self,
         inbound: &mut Streaming<v1::RelayFrame>,
         tx: &mpsc::Sender<Result<v1::RelayReply, Status>>,
     ) -> Result<(), RelayError> {
+        let events = self.attachment.events();
         loop {
             let step = tokio::select! {
                 biased;
                 () = self.shared.shutdown.wait() => return Err(RelayError::Shutdown),
-                event = self.events.recv_async() => {
-                    match event {
-                        Ok(event) => self.on_event(event)?,
-                        // The lane dropped its subscribers: the indexer is going away.
-                        Err(_) => return Err(RelayError::Shutdown),
-                    }
-                    continue;
-                }
+                event = events.recv_async() => match event {
+                    Ok(event) => self.step(self.attachment.event(event), None)?,
+                    // The lane dropped its subscribers: the indexer is going away.
+                    Err(_) => return Err(RelayError::Shutdown),
+                },
                 message = inbound.message() => match message {
                     Ok(Some(frame)) => self.on_frame(frame).await?,
                     Ok(None) => return Err(RelayError::EndedWithoutDrain),
@@ -314,10 +284,7 @@ impl Session {
                         sent = tx.send(Ok(reply)) => sent,
                     };
                     if sent.is_err() {
-                        return Err(FrameError::Transport(Status::cancelled(
-                            "producer stopped reading replies",
-                        ))
-                        .into());
+                        return Err(FrameError::RepliesNotRead.into());
                     }
                 }
                 Step::Drained(reply) => {
@@ -328,143 +295,66 @@ impl Session {
         }
     }
 
-    /// A lane transition published by ckf-core.
-    fn on_event(&self, event: LaneEvent) -> Result<(), RelayError> {
-        if event.lease != self.lease {
-            return Ok(());
-        }
-        match event.kind {
-            LaneEventKind::Retired(reason) => Err(RelayError::Retired {
-                lane: self.lease.lane,
-                reason,
-            }),
-            LaneEventKind::Superseded { by } => Err(self.superseded(by)),
-            LaneEventKind::Activated { .. } | LaneEventKind::Drained { .. } => Ok(()),
-        }
-    }
-
-    fn superseded(&self, by: LaneLease) -> RelayError {
-        RelayError::Superseded {
-            pool: self.pool_name.clone(),
-            held: self.lease,
-            by,
-        }
-    }
-
-    /// Decodes one frame, submits it to the lane's ingestor and turns the outcome into a step.
-    async fn on_frame(&self, frame: v1::RelayFrame) -> Result<Step, RelayError> {
+    /// Decodes one frame, submits it to the lane's ingestor and translates ckf-core's verdict.
+    async fn on_frame(&self, wire: v1::RelayFrame) -> Result<Step, RelayError> {
         let received_at = Instant::now();
-        count_frame(&self.shared, &frame);
-        let frame = self.decode(frame)?;
-        let oldest_change_age_ms = match &frame {
-            Frame::Delta(d) => Some(d.oldest_change_age_ms),
+        self.shared.count_frame(&wire);
+        let frame = self.decode(wire)?;
+        self.attachment.check(&frame).map_err(FrameError::Refused)?;
+        let delta = match &frame {
+            Frame::Delta(d) => Some((d.images.len() as u64, d.oldest_change_age_ms)),
             _ => None,
         };
-        let images = match &frame {
-            Frame::Delta(d) => d.images.len() as u64,
-            _ => 0,
-        };
         let (reply_tx, reply_rx) = flume::bounded(1);
-        self.shared
-            .pool
-            .submit(frame, Some(reply_tx))
-            .map_err(|e| self.submit_error(e))?;
+        if let Err(error) = self.shared.pool.submit(frame, Some(reply_tx)) {
+            return Err(RelayError::Ended(self.attachment.submit_failed(error)));
+        }
         let outcome = reply_rx
             .recv_async()
             .await
             .map_err(|_| RelayError::Shutdown)?;
-        let labels = self.shared.labels(self.lease.lane);
-        let metrics = &self.shared.metrics;
-        let ack = |installed_sequence: u64, drained: bool| -> v1::RelayReply {
-            Reply::Ack(v1::Ack {
-                installed_sequence,
-                ready: true,
-                drained,
-            })
-            .into()
-        };
-        match outcome {
-            IngestOutcome::Applied { installed_sequence } => {
-                metrics
-                    .deltas_applied
-                    .with_label_values(&[&labels.lane, &labels.dc])
-                    .inc();
-                metrics
-                    .images_applied
-                    .with_label_values(&[&labels.lane, &labels.dc])
-                    .inc_by(images);
-                let lag = Duration::from_millis(oldest_change_age_ms.unwrap_or(0))
-                    + received_at.elapsed();
-                metrics
-                    .event_to_applied_lag
-                    .with_label_values(&[&labels.lane, &labels.dc])
-                    .observe(lag.as_secs_f64());
+        let verdict = self.attachment.outcome(outcome);
+        self.step(verdict, Some((received_at, delta)))
+    }
+
+    /// A verdict as a stream step, recording the lane metrics of what was applied.
+    /// `frame` is when the frame arrived and, for a delta, its image count and change age.
+    fn step(
+        &self,
+        verdict: StreamVerdict,
+        frame: Option<(Instant, Option<(u64, u64)>)>,
+    ) -> Result<Step, RelayError> {
+        let m = &self.metrics;
+        match verdict {
+            StreamVerdict::Continue => Ok(Step::Continue(None)),
+            StreamVerdict::Applied { installed_sequence } => {
+                m.deltas_applied.inc();
+                if let Some((received_at, Some((images, age_ms)))) = frame {
+                    m.images_applied.inc_by(images);
+                    let lag = Duration::from_millis(age_ms) + received_at.elapsed();
+                    m.event_to_applied_lag.observe(lag.as_secs_f64());
+                }
                 Ok(Step::Continue(Some(ack(installed_sequence, false))))
             }
-            IngestOutcome::Activated { installed_sequence } => {
-                metrics
-                    .snapshots_installed
-                    .with_label_values(&[&labels.lane, &labels.dc])
-                    .inc();
-                tracing::info!(lease = %self.lease, installed_sequence, "lane ready");
+            StreamVerdict::Activated { installed_sequence } => {
+                m.snapshots_installed.inc();
+                tracing::info!(installed_sequence, "lane ready");
                 Ok(Step::Continue(Some(ack(installed_sequence, false))))
             }
-            IngestOutcome::Drained { installed_sequence } => {
-                metrics
-                    .drains
-                    .with_label_values(&[&labels.lane, &labels.dc])
-                    .inc();
+            StreamVerdict::Drained { installed_sequence } => {
+                m.drains.inc();
                 Ok(Step::Drained(ack(installed_sequence, true)))
             }
-            IngestOutcome::ChunkAccepted { .. } | IngestOutcome::Alive => Ok(Step::Continue(None)),
-            IngestOutcome::Ignored(reason) => Err(self.ignored(reason)),
-            IngestOutcome::Rejected(error) => Err(RelayError::Unattributable(error)),
-            IngestOutcome::Retired(reason) => Err(RelayError::Retired {
-                lane: self.lease.lane,
-                reason,
-            }),
+            StreamVerdict::End(end) => Err(RelayError::Ended(end)),
         }
     }
 
-    /// Ignored traffic on an attached stream means this stream no longer holds the lane.
-    fn ignored(&self, reason: IgnoreReason) -> RelayError {
-        match reason {
-            IgnoreReason::StaleLease { current, .. } => self.superseded(LaneLease {
-                epoch: current,
-                ..self.lease
-            }),
-            IgnoreReason::LaneRetired(reason) => RelayError::Retired {
-                lane: self.lease.lane,
-                reason,
-            },
-            // The handler stamps this stream's own incarnation and checks the lease, so neither
-            // can differ; report it as a fence if it ever does.
-            IgnoreReason::OtherConsumer { .. } | IgnoreReason::OtherIncarnation { .. } => {
-                RelayError::Unattributable(ckf_core::lane::IngestError::UnknownLease {
-                    lane: self.lease.lane,
-                    epoch: self.lease.epoch,
-                    latest: 0,
-                })
-            }
-        }
-    }
-
-    fn submit_error(&self, error: SubmitError) -> RelayError {
-        match error {
-            SubmitError::Saturated { lane, capacity, .. } => RelayError::Retired {
-                lane,
-                reason: RetireReason::Saturated { capacity },
-            },
-            SubmitError::UnknownLane(e) => RelayError::Unattributable(e),
-            SubmitError::ShutDown => RelayError::Shutdown,
-        }
-    }
-
-    /// Wire frame -> core frame, checking the transport limits and this stream's lease.
+    /// Wire frame -> core frame (stamped with this stream's incarnation), checking the
+    /// transport limits.
     fn decode(&self, frame: v1::RelayFrame) -> Result<Frame, FrameError> {
-        let inc = self.incarnation;
+        let inc = self.attachment.incarnation();
         let decode_error = |frame: &'static str| move |error| FrameError::Decode { frame, error };
-        let frame = match frame.frame.ok_or(FrameError::Empty)? {
+        Ok(match frame.frame.ok_or(FrameError::Empty)? {
             WireFrame::Attach(_) => return Err(FrameError::SecondAttach),
             WireFrame::SnapshotChunk(c) => Frame::Chunk(
                 convert::snapshot_chunk_from_wire(c, inc)
@@ -488,15 +378,6 @@ impl Session {
             WireFrame::DrainMarker(m) => Frame::Drain(
                 convert::drain_marker_from_wire(m, inc).map_err(decode_error("drain_marker"))?,
             ),
-        };
-        let got = frame.tag().lease;
-        if got != self.lease {
-            return Err(FrameError::ForeignLease {
-                frame: frame.kind(),
-                got,
-                held: self.lease,
-            });
-        }
-        Ok(frame)
+        })
     }
 }

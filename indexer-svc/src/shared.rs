@@ -5,7 +5,9 @@ use std::sync::Arc;
 
 use ckf_core::global::GlobalCkfIndexer;
 use ckf_core::ingestion::IngestionPool;
+use ckf_proto::v1::{self, relay_frame::Frame as WireFrame};
 use ckf_svc_kit::Shutdown;
+use prost::Message;
 use tokio::sync::Semaphore;
 
 use crate::config::LimitsConfig;
@@ -36,5 +38,28 @@ impl Shared {
     /// Labels of `lane` (a manifest lane).
     pub fn labels(&self, lane: u8) -> &LaneLabels {
         &self.labels[usize::from(lane)]
+    }
+
+    /// Counts one received relay frame by kind and encoded size.
+    pub fn count_frame(&self, frame: &v1::RelayFrame) {
+        let kind = frame.frame.as_ref().map_or("empty", wire_kind);
+        self.metrics
+            .frames_received
+            .with_label_values(&[kind])
+            .inc();
+        self.metrics
+            .bytes_received
+            .inc_by(frame.encoded_len() as u64);
+    }
+}
+
+/// The `kind` label (and `NoAttach` text) of a wire frame.
+pub fn wire_kind(frame: &WireFrame) -> &'static str {
+    match frame {
+        WireFrame::Attach(_) => "attach",
+        WireFrame::SnapshotChunk(_) => "snapshot_chunk",
+        WireFrame::Delta(_) => "delta",
+        WireFrame::Heartbeat(_) => "heartbeat",
+        WireFrame::DrainMarker(_) => "drain_marker",
     }
 }

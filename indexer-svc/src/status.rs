@@ -6,7 +6,7 @@
 //! | first frame not `Attach`, undecodable `Attach` | `INVALID_ARGUMENT` | - |
 //! | unknown pool | `NOT_FOUND` (names the pool and the configured ones) | - |
 //! | table format mismatch | `FAILED_PRECONDITION` (names both formats) | - |
-//! | undecodable / foreign-lease / oversized frame after attach | `INVALID_ARGUMENT`, `RESOURCE_EXHAUSTED` (too large) | `STREAM_LOST` |
+//! | undecodable / empty / foreign-lease / oversized frame, second `Attach` | `INVALID_ARGUMENT`, `RESOURCE_EXHAUSTED` (too large) | `STREAM_LOST` |
 //! | stream ended without a drain marker | `FAILED_PRECONDITION` | `STREAM_LOST` |
 //! | gap (base != installed) | `FAILED_PRECONDITION` | `GAP` |
 //! | non-contiguous delta, malformed delta or snapshot | `INVALID_ARGUMENT` | `GAP` / `MALFORMED_FRAME` |
@@ -17,11 +17,13 @@
 //! | apply failure inside the indexer | `INTERNAL` | `APPLY_FAILURE` |
 //! | superseded by a newer attachment for the pool | `ABORTED` (names the new epoch) | `SUPERSEDED` |
 //! | indexer shutting down | `UNAVAILABLE` | `SHUTDOWN` |
+//! | frame ckf-core cannot attribute to the stream's lane (unknown lane or lease, ignored) | `INVALID_ARGUMENT` | - |
 //! | query longer than the limit | `INVALID_ARGUMENT` | - |
+//! | producer stopped reading replies | `CANCELLED` | `STREAM_LOST` |
+//! | `ListLanes` load-factor count failed | `INTERNAL` | - |
 
-use ckf_core::addressing::TableFormat;
-use ckf_core::global::AttachError;
-use ckf_core::identity::{LaneLease, PoolId};
+use ckf_core::failure::{Disposed, Disposition};
+use ckf_core::global::{AttachError, StreamEnd};
 use ckf_core::lane::{IngestError, RetireReason};
 use ckf_proto::{WireError, v1};
 use tonic::{Code, Status};
@@ -44,64 +46,26 @@ pub enum RelayError {
     /// `Attach` could not be decoded (missing pool, bad name).
     #[error("bad Attach: {0}")]
     BadAttach(WireError),
-    /// The pool is not a lane of this indexer.
-    #[error("pool {pool} is not a lane of this indexer (configured pools: {configured})")]
-    UnknownPool {
-        /// The producer's pool.
-        pool: PoolId,
-        /// The manifest's pools, comma-separated.
-        configured: String,
-    },
-    /// The producer's table format differs from the manifest's (or is not one this build
-    /// speaks).
-    #[error(
-        "table format mismatch for pool {pool}: indexer has [{expected}], producer has [{got}]{}",
-        .problem.as_ref().map(|p| format!(" ({p})")).unwrap_or_default()
-    )]
-    FormatMismatch {
-        /// The pool.
-        pool: PoolId,
-        /// The manifest's format.
-        expected: TableFormat,
-        /// The producer's format as sent.
-        got: String,
-        /// Why the producer's format is not even valid, when it is not.
-        problem: Option<String>,
-    },
-    /// A frame after `Attach` broke the stream protocol; the lane was retired (stream lost).
+    /// ckf-core refused the attachment (unknown pool, format mismatch); its message names the
+    /// configured pools or both formats.
+    #[error("{0}")]
+    Attach(#[from] AttachError),
+    /// A frame after `Attach` broke the stream at the transport; the lane was retired as stream
+    /// lost (when its lease was still current).
     #[error("{0}")]
     Frame(#[from] FrameError),
     /// The producer closed its side without a drain marker; the lane was retired.
     #[error("relay stream ended without a drain marker; lane retired (delivery uncertain)")]
     EndedWithoutDrain,
-    /// The lane was retired by ckf-core (acceptance rule, deadline, saturation, apply failure).
-    #[error("lane {lane} retired: {reason}")]
-    Retired {
-        /// The lane.
-        lane: u8,
-        /// Why.
-        reason: RetireReason,
-    },
-    /// A frame could not be attributed to the stream's lane (never expected: the handler
-    /// only submits frames carrying the stream's own lease).
+    /// ckf-core ended the stream (retirement, supersession, refused frame, shutdown).
     #[error("{0}")]
-    Unattributable(IngestError),
-    /// A newer attachment for the same pool holds the lane now.
-    #[error("superseded by a newer attachment for pool {pool}: lease epoch {} replaced epoch {}", .by.epoch, .held.epoch)]
-    Superseded {
-        /// The pool.
-        pool: PoolId,
-        /// The lease this stream held.
-        held: LaneLease,
-        /// The new lease.
-        by: LaneLease,
-    },
+    Ended(StreamEnd),
     /// The indexer is shutting down.
     #[error("indexer is shutting down")]
     Shutdown,
 }
 
-/// A broken frame on an attached stream.
+/// A frame after `Attach` that breaks the stream at the transport.
 #[derive(Debug, thiserror::Error)]
 pub enum FrameError {
     /// The frame's fields could not be decoded.
@@ -118,16 +82,9 @@ pub enum FrameError {
     /// A second `Attach` on an attached stream.
     #[error("second Attach on an attached stream")]
     SecondAttach,
-    /// The frame carries a lease other than the one granted to this stream.
-    #[error("{frame} frame carries {got} but this stream holds {held}")]
-    ForeignLease {
-        /// Frame kind.
-        frame: &'static str,
-        /// The frame's lease.
-        got: LaneLease,
-        /// The stream's lease.
-        held: LaneLease,
-    },
+    /// ckf-core refused the frame before submission (a lease other than the stream's own).
+    #[error("{0}")]
+    Refused(IngestError),
     /// A delta with more images than `limits.max_images_per_delta`.
     #[error("delta carries {images} images (limits.max_images_per_delta = {limit})")]
     TooManyImages {
@@ -136,6 +93,9 @@ pub enum FrameError {
         /// The limit.
         limit: u32,
     },
+    /// The producer stopped reading replies (the reply buffer stayed closed).
+    #[error("relay stream failed: producer stopped reading replies")]
+    RepliesNotRead,
     /// The inbound stream failed in transport or decoding (e.g. a message over
     /// `limits.max_message_bytes`).
     #[error("relay stream failed: {}", .0.message())]
@@ -164,37 +124,55 @@ fn reason_code(reason: &RetireReason) -> Code {
     }
 }
 
+fn end_code(end: &StreamEnd) -> Code {
+    match end {
+        StreamEnd::Superseded { .. } => Code::Aborted,
+        StreamEnd::Retired { reason, .. } => reason_code(reason),
+        StreamEnd::Refused(_) | StreamEnd::Ignored(_) => Code::InvalidArgument,
+        StreamEnd::ShutDown => Code::Unavailable,
+    }
+}
+
 impl RelayError {
     /// The terminal gRPC status of the stream.
     pub fn status(&self) -> Status {
         let code = match self {
             RelayError::TooManyStreams { .. } => Code::ResourceExhausted,
             RelayError::NoAttach { .. } | RelayError::BadAttach(_) => Code::InvalidArgument,
-            RelayError::UnknownPool { .. } => Code::NotFound,
-            RelayError::FormatMismatch { .. } => Code::FailedPrecondition,
+            RelayError::Attach(AttachError::UnknownPool { .. }) => Code::NotFound,
+            RelayError::Attach(AttachError::FormatMismatch { .. }) => Code::FailedPrecondition,
             RelayError::Frame(FrameError::Transport(s)) if s.code() == Code::OutOfRange => {
                 // tonic reports a message over the decoding limit as OUT_OF_RANGE; gRPC servers
                 // conventionally answer RESOURCE_EXHAUSTED for "message larger than max".
                 Code::ResourceExhausted
             }
             RelayError::Frame(FrameError::Transport(s)) => s.code(),
+            RelayError::Frame(FrameError::RepliesNotRead) => Code::Cancelled,
             RelayError::Frame(_) => Code::InvalidArgument,
             RelayError::EndedWithoutDrain => Code::FailedPrecondition,
-            RelayError::Retired { reason, .. } => reason_code(reason),
-            RelayError::Unattributable(_) => Code::InvalidArgument,
-            RelayError::Superseded { .. } => Code::Aborted,
+            RelayError::Ended(end) => end_code(end),
             RelayError::Shutdown => Code::Unavailable,
         };
         Status::new(code, self.to_string())
+    }
+
+    /// Whether the stream ended because the indexer is going away.
+    pub fn is_shutdown(&self) -> bool {
+        matches!(
+            self,
+            RelayError::Shutdown | RelayError::Ended(StreamEnd::ShutDown)
+        )
     }
 
     /// The `Retired` reply sent before the status, for failures that end a leased stream.
     pub fn retired_reply(&self) -> Option<v1::RelayReply> {
         let reason = match self {
             RelayError::Frame(_) | RelayError::EndedWithoutDrain => v1::RetireReason::StreamLost,
-            RelayError::Retired { reason, .. } => wire_reason(reason),
-            RelayError::Superseded { .. } => v1::RetireReason::Superseded,
-            RelayError::Shutdown => v1::RetireReason::Shutdown,
+            RelayError::Ended(StreamEnd::Retired { reason, .. }) => wire_reason(reason),
+            RelayError::Ended(StreamEnd::Superseded { .. }) => v1::RetireReason::Superseded,
+            RelayError::Ended(StreamEnd::ShutDown) | RelayError::Shutdown => {
+                v1::RetireReason::Shutdown
+            }
             _ => return None,
         };
         Some(
@@ -217,28 +195,22 @@ impl RelayError {
             _ => "other",
         }
     }
+}
 
-    /// Builds the attach-refusal error for a core [`AttachError`].
-    pub fn from_attach(error: AttachError, configured: &[PoolId]) -> Self {
-        match error {
-            AttachError::UnknownPool(pool) => RelayError::UnknownPool {
-                pool,
-                configured: configured
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            },
-            AttachError::FormatMismatch {
-                pool,
-                expected,
-                got,
-            } => RelayError::FormatMismatch {
-                pool,
-                expected,
-                got: got.to_string(),
-                problem: None,
-            },
+impl Disposed for RelayError {
+    /// A stream that broke at the transport (a bad frame, a stream error, an end without drain
+    /// marker) has uncertain delivery: [`Disposition::RetireLane`]. Ends decided by ckf-core
+    /// and refused attachments keep their own disposition.
+    fn disposition(&self) -> Disposition {
+        match self {
+            RelayError::Frame(FrameError::Refused(error)) => error.disposition(),
+            RelayError::Frame(_) | RelayError::EndedWithoutDrain => Disposition::RetireLane,
+            RelayError::Ended(end) => end.disposition(),
+            RelayError::Attach(error) => error.disposition(),
+            RelayError::TooManyStreams { .. }
+            | RelayError::NoAttach { .. }
+            | RelayError::BadAttach(_)
+            | RelayError::Shutdown => Disposition::Omission,
         }
     }
 }
@@ -254,12 +226,16 @@ pub enum QueryError {
         /// The limit.
         limit: u32,
     },
+    /// The blocking task counting occupied slots for `ListLanes` failed.
+    #[error("load-factor count failed: {0}")]
+    LoadCount(#[from] tokio::task::JoinError),
 }
 
 impl From<QueryError> for Status {
     fn from(error: QueryError) -> Self {
         match error {
             QueryError::TooManyBlocks { .. } => Status::invalid_argument(error.to_string()),
+            QueryError::LoadCount(_) => Status::internal(error.to_string()),
         }
     }
 }
@@ -271,13 +247,13 @@ mod tests {
 
     #[test]
     fn retirements_map_to_codes_and_wire_reasons() {
-        let gap = RelayError::Retired {
+        let gap = RelayError::Ended(StreamEnd::Retired {
             lane: 1,
             reason: RetireReason::Gap {
                 installed: 4,
                 base_sequence: 6,
             },
-        };
+        });
         assert_eq!(gap.status().code(), Code::FailedPrecondition);
         assert!(gap.status().message().contains("installed sequence is 4"));
         let Some(v1::RelayReply {
@@ -288,10 +264,10 @@ mod tests {
         };
         assert_eq!(r.reason(), v1::RetireReason::Gap);
 
-        let dup = RelayError::Retired {
+        let dup = RelayError::Ended(StreamEnd::Retired {
             lane: 0,
             reason: RetireReason::MalformedDelta(DeltaError::DuplicateBucket { bucket: 3 }),
-        };
+        });
         assert_eq!(dup.status().code(), Code::InvalidArgument);
 
         let too_big = RelayError::Frame(FrameError::Transport(Status::out_of_range("too large")));

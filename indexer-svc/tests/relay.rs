@@ -97,7 +97,7 @@ async fn list_lanes_reports_state_lease_sequence_load_and_drain() {
 #[tokio::test]
 async fn unknown_pool_is_not_found_naming_the_configured_pools() {
     let indexer = Indexer::start(config(&["dc-a", "dc-b"])).await;
-    let status = Stream::open(&indexer, (&identity("dc-z", 1, format())).into())
+    let status = open(&indexer, (&identity("dc-z", 1, format())).into())
         .await
         .expect_err("refused");
     assert_eq!(status.code(), Code::NotFound);
@@ -110,7 +110,7 @@ async fn unknown_pool_is_not_found_naming_the_configured_pools() {
 async fn format_mismatch_is_failed_precondition_naming_both_formats() {
     let indexer = Indexer::start(config(&["dc-a"])).await;
     let other = ckf_core::addressing::TableFormat::new(2048, 5).unwrap();
-    let status = Stream::open(&indexer, (&identity("dc-a", 1, other)).into())
+    let status = open(&indexer, (&identity("dc-a", 1, other)).into())
         .await
         .expect_err("refused");
     assert_eq!(status.code(), Code::FailedPrecondition);
@@ -127,7 +127,7 @@ async fn format_mismatch_is_failed_precondition_naming_both_formats() {
     // A format this build cannot even decode is named too.
     let mut attach: v1::Attach = (&identity("dc-a", 1, format())).into();
     attach.format.as_mut().unwrap().bucket_count = 1000;
-    let status = Stream::open(&indexer, attach).await.expect_err("refused");
+    let status = open(&indexer, attach).await.expect_err("refused");
     assert_eq!(status.code(), Code::FailedPrecondition);
     assert!(
         status.message().contains("bucket_count: 1000"),
@@ -163,9 +163,14 @@ async fn first_frame_must_be_attach() {
     );
 }
 
+/// The images limit of the refusal table's indexer (small, so a delta over it is cheap).
+const MAX_IMAGES: u32 = 100;
+
 /// Starts an indexer with lanes dc-a and dc-b, both active with the same 8 blocks.
 async fn two_ready_lanes() -> (Indexer, Producer, Producer, Vec<u64>) {
-    let indexer = Indexer::start(config(&["dc-a", "dc-b"])).await;
+    let mut cfg = config(&["dc-a", "dc-b"]);
+    cfg.limits.max_images_per_delta = MAX_IMAGES;
+    let indexer = Indexer::start(cfg).await;
     let seq = hashes(9, 8);
     let mut a = Producer::attach(&indexer, "dc-a", 1).await;
     a.store(1, &seq);
@@ -199,158 +204,193 @@ async fn only_lane_0_affected(
     assert_eq!(b.publish().await.installed_sequence, 1);
 }
 
-#[tokio::test]
-async fn gap_retires_only_that_lane() {
-    let (indexer, mut a, mut b, seq) = two_ready_lanes().await;
-    a.store(3, &hashes(4, 2));
-    let mut delta = a.next_delta();
-    delta.base_sequence += 1;
-    delta.sequence += 1;
-    a.stream.send(WireFrame::Delta(delta)).await;
-    let status = a
-        .stream
-        .expect_retired(v1::RetireReason::Gap, Code::FailedPrecondition)
-        .await;
-    assert!(
-        status
-            .message()
-            .contains("delta base 1 but installed sequence is 0"),
-        "{}",
-        status.message()
-    );
-    only_lane_0_affected(&indexer, &mut b, &seq, v1::RetireReason::Gap).await;
-}
-
-#[tokio::test]
-async fn out_of_range_bucket_retires_only_that_lane() {
-    let (indexer, mut a, mut b, seq) = two_ready_lanes().await;
-    let delta = v1::Delta {
+/// A delta frame under `a`'s lease (not from its producer state).
+fn raw_delta(a: &Producer, base: u64, sequence: u64, buckets: Vec<u32>) -> v1::RelayFrame {
+    WireFrame::Delta(v1::Delta {
         lease: a.wire_lease(),
-        base_sequence: 0,
-        sequence: 1,
-        buckets: vec![3, BUCKETS as u32],
-        images: vec![0, 0],
+        base_sequence: base,
+        sequence,
+        images: vec![7; buckets.len()],
+        buckets,
         oldest_change_age_ms: 0,
-    };
-    a.stream.send(WireFrame::Delta(delta)).await;
-    let status = a
-        .stream
-        .expect_retired(v1::RetireReason::MalformedFrame, Code::InvalidArgument)
-        .await;
-    assert!(
-        status
-            .message()
-            .contains("bucket 1024 is outside the table of 1024"),
-        "{}",
-        status.message()
-    );
-    only_lane_0_affected(&indexer, &mut b, &seq, v1::RetireReason::MalformedFrame).await;
+    })
+    .into()
 }
 
-#[tokio::test]
-async fn duplicate_bucket_retires_only_that_lane_and_changes_no_word() {
-    let (indexer, mut a, mut b, seq) = two_ready_lanes().await;
-    let before = indexer.running.indexer().table().lane_words(0);
-    let delta = v1::Delta {
-        lease: a.wire_lease(),
-        base_sequence: 0,
-        sequence: 1,
-        buckets: vec![5, 6, 5],
-        images: vec![1, 2, 3],
-        oldest_change_age_ms: 0,
-    };
-    a.stream.send(WireFrame::Delta(delta)).await;
-    let status = a
-        .stream
-        .expect_retired(v1::RetireReason::MalformedFrame, Code::InvalidArgument)
-        .await;
-    assert!(
-        status.message().contains("bucket 5 appears more than once"),
-        "{}",
-        status.message()
-    );
-    assert_eq!(indexer.running.indexer().table().lane_words(0), before);
-    only_lane_0_affected(&indexer, &mut b, &seq, v1::RetireReason::MalformedFrame).await;
+/// One frame an active lane must refuse (lane 0 installed at 0), and how.
+struct Refusal {
+    name: &'static str,
+    /// Builds the bad frame (it may advance the producer, e.g. take a real delta).
+    frame: fn(&mut Producer) -> v1::RelayFrame,
+    reason: v1::RetireReason,
+    code: Code,
+    needle: &'static str,
 }
 
-#[tokio::test]
-async fn oversized_message_is_resource_exhausted_and_retires_only_that_lane() {
-    let (indexer, mut a, mut b, seq) = two_ready_lanes().await;
-    // A re-barrier chunk of the whole 8 KiB table... times 9: over the 64 KiB limit.
-    let chunk = v1::SnapshotChunk {
-        lease: a.wire_lease(),
-        sequence: 0,
-        first_bucket: 0,
-        words: vec![0; 72 << 10],
-    };
-    a.stream.send(WireFrame::SnapshotChunk(chunk)).await;
-    let status = a
-        .stream
-        .expect_retired(v1::RetireReason::StreamLost, Code::ResourceExhausted)
-        .await;
-    assert!(
-        status.message().contains("the limit is: 65536 bytes"),
-        "{}",
-        status.message()
-    );
-    only_lane_0_affected(&indexer, &mut b, &seq, v1::RetireReason::StreamLost).await;
+fn refusals() -> Vec<Refusal> {
+    use v1::RetireReason as R;
+    vec![
+        Refusal {
+            name: "gap",
+            frame: |a| {
+                a.store(3, &hashes(4, 2));
+                let mut delta = a.next_delta();
+                delta.base_sequence += 1;
+                delta.sequence += 1;
+                WireFrame::Delta(delta).into()
+            },
+            reason: R::Gap,
+            code: Code::FailedPrecondition,
+            needle: "delta base 1 but installed sequence is 0",
+        },
+        Refusal {
+            name: "non-contiguous delta",
+            frame: |a| raw_delta(a, 0, 2, vec![3]),
+            reason: R::Gap,
+            code: Code::InvalidArgument,
+            needle: "non-contiguous delta 0 -> 2",
+        },
+        Refusal {
+            name: "out-of-range bucket",
+            frame: |a| raw_delta(a, 0, 1, vec![3, BUCKETS as u32]),
+            reason: R::MalformedFrame,
+            code: Code::InvalidArgument,
+            needle: "bucket 1024 is outside the table of 1024",
+        },
+        Refusal {
+            name: "duplicate bucket",
+            frame: |a| raw_delta(a, 0, 1, vec![5, 6, 5]),
+            reason: R::MalformedFrame,
+            code: Code::InvalidArgument,
+            needle: "bucket 5 appears more than once",
+        },
+        Refusal {
+            name: "empty delta",
+            frame: |a| raw_delta(a, 0, 1, vec![]),
+            reason: R::MalformedFrame,
+            code: Code::InvalidArgument,
+            needle: "delta carries no bucket image",
+        },
+        Refusal {
+            name: "drain marker past the installed sequence (lost final delta)",
+            frame: |a| {
+                a.store(5, &hashes(11, 4));
+                let _lost = a.next_delta(); // never sent
+                let marker = a.publisher.drain_marker().unwrap();
+                WireFrame::DrainMarker((&marker).into()).into()
+            },
+            reason: R::LostFinalDelta,
+            code: Code::FailedPrecondition,
+            needle: "drain marker says 1 but installed sequence is 0",
+        },
+        Refusal {
+            name: "delta older than the dirty-to-applied deadline",
+            frame: |a| {
+                a.store(3, &hashes(50, 2));
+                let mut delta = a.next_delta();
+                delta.oldest_change_age_ms = 120_000; // the test deadline is 60 s
+                WireFrame::Delta(delta).into()
+            },
+            reason: R::LagExceeded,
+            code: Code::DeadlineExceeded,
+            needle: "exceeds the dirty-to-applied deadline 60000 ms",
+        },
+        Refusal {
+            name: "foreign lease",
+            frame: |a| {
+                let mut lease = a.lease;
+                lease.epoch += 5;
+                WireFrame::Heartbeat(v1::Heartbeat {
+                    lease: Some(lease.into()),
+                    sequence: 0,
+                })
+                .into()
+            },
+            reason: R::StreamLost,
+            code: Code::InvalidArgument,
+            needle: "heartbeat frame carries lane 0 epoch 6",
+        },
+        Refusal {
+            name: "too many images",
+            frame: |a| raw_delta(a, 0, 1, (0..=MAX_IMAGES).collect()),
+            reason: R::StreamLost,
+            code: Code::InvalidArgument,
+            needle: "delta carries 101 images (limits.max_images_per_delta = 100)",
+        },
+        Refusal {
+            // A re-barrier chunk of the whole 8 KiB table... times 9: over the 64 KiB limit.
+            name: "oversized message",
+            frame: |a| {
+                WireFrame::SnapshotChunk(v1::SnapshotChunk {
+                    lease: a.wire_lease(),
+                    sequence: 0,
+                    first_bucket: 0,
+                    words: vec![0; 72 << 10],
+                })
+                .into()
+            },
+            reason: R::StreamLost,
+            code: Code::ResourceExhausted,
+            needle: "the limit is: 65536 bytes",
+        },
+        Refusal {
+            name: "undecodable delta (buckets and images differ)",
+            frame: |a| {
+                let mut frame = raw_delta(a, 0, 1, vec![1, 2]);
+                if let Some(WireFrame::Delta(d)) = &mut frame.frame {
+                    d.images.pop();
+                }
+                frame
+            },
+            reason: R::StreamLost,
+            code: Code::InvalidArgument,
+            needle: "malformed delta frame: Delta has 2 buckets but 1 images",
+        },
+        Refusal {
+            name: "empty RelayFrame",
+            frame: |_| v1::RelayFrame { frame: None },
+            reason: R::StreamLost,
+            code: Code::InvalidArgument,
+            needle: "empty RelayFrame (no frame set)",
+        },
+        Refusal {
+            name: "second Attach",
+            frame: |_| WireFrame::Attach(v1::Attach::from(&identity("dc-a", 1, format()))).into(),
+            reason: R::StreamLost,
+            code: Code::InvalidArgument,
+            needle: "second Attach on an attached stream",
+        },
+    ]
 }
 
+/// Every refusal of an active lane: the precise `Retired` reason, status code and message; no
+/// word of the lane changed; only that lane is retired, the other keeps answering and applying.
 #[tokio::test]
-async fn too_many_images_is_refused_and_retires_only_that_lane() {
-    let mut cfg = config(&["dc-a", "dc-b"]);
-    cfg.limits.max_images_per_delta = 2;
-    let indexer = Indexer::start(cfg).await;
-    let seq = hashes(9, 8);
-    let mut a = Producer::attach(&indexer, "dc-a", 1).await;
-    a.snapshot(8192).await;
-    let mut b = Producer::attach(&indexer, "dc-b", 2).await;
-    b.store(1, &seq);
-    b.snapshot(8192).await;
-    assert_eq!(a.granted.max_images_per_delta, 2);
-    let delta = v1::Delta {
-        lease: a.wire_lease(),
-        base_sequence: 0,
-        sequence: 1,
-        buckets: vec![1, 2, 3],
-        images: vec![1, 2, 3],
-        oldest_change_age_ms: 0,
-    };
-    a.stream.send(WireFrame::Delta(delta)).await;
-    let status = a
-        .stream
-        .expect_retired(v1::RetireReason::StreamLost, Code::InvalidArgument)
-        .await;
-    assert!(
-        status.message().contains("delta carries 3 images"),
-        "{}",
-        status.message()
-    );
-    assert_eq!(indexer.find(&seq).await, (vec![(1, 8)], 0b10));
-    assert_eq!(indexer.lane(0).await.state(), v1::LaneState::Retired);
-}
-
-#[tokio::test]
-async fn lost_final_delta_is_caught_by_the_drain_marker() {
-    let (indexer, mut a, mut b, seq) = two_ready_lanes().await;
-    a.store(5, &hashes(11, 4));
-    let _lost = a.next_delta(); // never sent
-    let marker = a.publisher.drain_marker().unwrap();
-    a.stream
-        .send(WireFrame::DrainMarker((&marker).into()))
-        .await;
-    let status = a
-        .stream
-        .expect_retired(v1::RetireReason::LostFinalDelta, Code::FailedPrecondition)
-        .await;
-    assert!(
-        status
-            .message()
-            .contains("drain marker says 1 but installed sequence is 0"),
-        "{}",
-        status.message()
-    );
-    only_lane_0_affected(&indexer, &mut b, &seq, v1::RetireReason::LostFinalDelta).await;
+async fn each_refusal_retires_only_its_lane_with_a_precise_status() {
+    for row in refusals() {
+        let name = row.name;
+        eprintln!("case: {name}");
+        let (indexer, mut a, mut b, seq) = two_ready_lanes().await;
+        let words = indexer.running.indexer().table().lane_words(0);
+        let frame = (row.frame)(&mut a);
+        a.stream.send_raw(frame).await;
+        let (retired, status) = a.stream.expect_retired().await;
+        assert_eq!(retired.reason(), row.reason, "{name}: {retired:?}");
+        assert!(!retired.detail.is_empty(), "{name}");
+        assert_eq!(status.code(), row.code, "{name}: {status:?}");
+        assert!(
+            status.message().contains(row.needle),
+            "{name}: {:?} not in {:?}",
+            row.needle,
+            status.message()
+        );
+        assert_eq!(
+            indexer.running.indexer().table().lane_words(0),
+            words,
+            "{name}: a refused frame changes no word"
+        );
+        only_lane_0_affected(&indexer, &mut b, &seq, row.reason).await;
+    }
 }
 
 #[tokio::test]
@@ -379,7 +419,7 @@ async fn newer_attachment_fences_the_older_stream() {
     assert_eq!(new.lease.epoch, 2);
     let status = old
         .stream
-        .expect_retired(v1::RetireReason::Superseded, Code::Aborted)
+        .expect_retired_as(v1::RetireReason::Superseded, Code::Aborted)
         .await;
     assert!(
         status.message().contains("lease epoch 2 replaced epoch 1"),
@@ -416,7 +456,7 @@ async fn heartbeat_deadline_retires_a_silent_lane() {
     a.snapshot(8192).await;
     // Silence: the indexer retires the lane and ends the stream.
     a.stream
-        .expect_retired(v1::RetireReason::HeartbeatTimeout, Code::DeadlineExceeded)
+        .expect_retired_as(v1::RetireReason::HeartbeatTimeout, Code::DeadlineExceeded)
         .await;
     let lane = indexer.lane(0).await;
     assert_eq!(lane.state(), v1::LaneState::Retired);
@@ -450,28 +490,6 @@ async fn heartbeats_keep_a_lane_alive() {
     assert_eq!(indexer.lane(0).await.state(), v1::LaneState::Active);
 }
 
-#[tokio::test]
-async fn frame_with_a_foreign_lease_is_refused() {
-    let (indexer, mut a, mut b, seq) = two_ready_lanes().await;
-    let mut lease = a.lease;
-    lease.epoch += 5;
-    let heartbeat = v1::Heartbeat {
-        lease: Some(lease.into()),
-        sequence: 0,
-    };
-    a.stream.send(WireFrame::Heartbeat(heartbeat)).await;
-    let status = a
-        .stream
-        .expect_retired(v1::RetireReason::StreamLost, Code::InvalidArgument)
-        .await;
-    assert!(
-        status.message().contains("this stream holds"),
-        "{}",
-        status.message()
-    );
-    only_lane_0_affected(&indexer, &mut b, &seq, v1::RetireReason::StreamLost).await;
-}
-
 trait NothingCheck {
     fn publish_nothing_check(&mut self);
 }
@@ -481,27 +499,6 @@ impl NothingCheck for Producer {
     fn publish_nothing_check(&mut self) {
         assert!(self.state.take_batch().is_none());
     }
-}
-
-#[tokio::test]
-async fn delta_older_than_the_dirty_to_applied_deadline_retires_only_that_lane() {
-    let (indexer, mut a, mut b, seq) = two_ready_lanes().await;
-    a.store(3, &hashes(50, 2));
-    let mut delta = a.next_delta();
-    delta.oldest_change_age_ms = 120_000; // the test deadline is 60 s
-    a.stream.send(WireFrame::Delta(delta)).await;
-    let status = a
-        .stream
-        .expect_retired(v1::RetireReason::LagExceeded, Code::DeadlineExceeded)
-        .await;
-    assert!(
-        status
-            .message()
-            .contains("exceeds the dirty-to-applied deadline 60000 ms"),
-        "{}",
-        status.message()
-    );
-    only_lane_0_affected(&indexer, &mut b, &seq, v1::RetireReason::LagExceeded).await;
 }
 
 #[tokio::test]
@@ -529,7 +526,7 @@ async fn delta_before_the_snapshot_completes_is_failed_precondition() {
         .await;
     let status = a
         .stream
-        .expect_retired(v1::RetireReason::MalformedFrame, Code::FailedPrecondition)
+        .expect_retired_as(v1::RetireReason::MalformedFrame, Code::FailedPrecondition)
         .await;
     assert!(
         status
@@ -552,7 +549,7 @@ async fn retired_lane_recovers_with_a_new_attachment_and_snapshot() {
     delta.sequence = 6;
     a.stream.send(WireFrame::Delta(delta)).await;
     a.stream
-        .expect_retired(v1::RetireReason::Gap, Code::FailedPrecondition)
+        .expect_retired_as(v1::RetireReason::Gap, Code::FailedPrecondition)
         .await;
     assert_eq!(indexer.find(&seq).await.1, 0b10);
 

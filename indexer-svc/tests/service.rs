@@ -151,7 +151,7 @@ async fn retirements_are_counted_by_reason() {
         }))
         .await;
     a.stream
-        .expect_retired(v1::RetireReason::Gap, Code::FailedPrecondition)
+        .expect_retired_as(v1::RetireReason::Gap, Code::FailedPrecondition)
         .await;
     let line = r#"ckf_indexer_lane_retirements_total{dc="dc-a",lane="0",reason="gap"} 1"#;
     let mut text = String::new();
@@ -171,7 +171,7 @@ async fn too_many_relay_streams_is_resource_exhausted() {
     cfg.limits.max_relay_streams = 1;
     let indexer = Indexer::start(cfg).await;
     let _a = Producer::attach(&indexer, "dc-a", 1).await;
-    let status = Stream::open(&indexer, (&identity("dc-b", 2, format())).into())
+    let status = open(&indexer, (&identity("dc-b", 2, format())).into())
         .await
         .expect_err("refused");
     assert_eq!(status.code(), Code::ResourceExhausted);
@@ -216,7 +216,7 @@ async fn shutdown_ends_streams_with_retired_shutdown_and_stops() {
     let stopping = tokio::spawn(running.stop());
     let status = a
         .stream
-        .expect_retired(v1::RetireReason::Shutdown, Code::Unavailable)
+        .expect_retired_as(v1::RetireReason::Shutdown, Code::Unavailable)
         .await;
     assert!(
         status.message().contains("shutting down"),
@@ -244,10 +244,10 @@ async fn streams_that_never_attach_do_not_use_up_the_stream_limit() {
         "the idle stream is still waiting for Attach"
     );
     // An honest producer still gets its lease.
-    let (_stream, granted) = Stream::open(&indexer, (&identity("dc-a", 1, format())).into())
+    let stream = open(&indexer, (&identity("dc-a", 1, format())).into())
         .await
         .expect("an honest attach is not locked out by an idle stream");
-    assert_eq!(granted.lease.expect("lease").epoch, 1);
+    assert_eq!(stream.lease.epoch, 1);
     drop(idle_tx);
     idle.abort();
 }

@@ -12,7 +12,7 @@
 //! | [`model`] | the exact model of a DC's content (the oracle) |
 //! | [`check`] | a lane compared against its producer's model and statistics |
 //! | [`hashes`] | block hashes with pairwise distinct fingerprints (exact expected depths) |
-//! | [`relay`] | a raw `ckf.v1.Relay` client for hand-built (and broken) frames |
+//! | [`relay`] | `ckf-testkit`'s raw `ckf.v1.Relay` client, bound to this suite's processes |
 //! | [`metrics`] | `/metrics` scraping |
 //! | [`wait`] | bounded async polling |
 

@@ -1,172 +1,24 @@
-//! A raw `ckf.v1.Relay` client for the tests: it sends exactly the frames a test builds
-//! (including broken ones) and reads the indexer's replies and final status.
+//! The raw `ckf.v1.Relay` client of [`ckf_testkit::relay`], bound to this suite's domain and
+//! indexer processes: it sends exactly the frames a test builds (including broken ones).
 
-use ckf_core::addressing::{Addressing, TableFormat};
-use ckf_proto::v1::{self, relay_client::RelayClient, relay_frame::Frame, relay_reply::Reply};
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
-use tonic::{Status, Streaming};
+use ckf_core::addressing::TableFormat;
+use ckf_proto::v1;
+pub use ckf_testkit::relay::{RawStream, RawTable};
+use tonic::Status;
 
 use crate::cluster::{DOMAIN, Indexer, channel};
 
-/// The `Attach` frame of a raw producer of `dc` with `format`.
+/// The `Attach` frame of a raw producer of `dc` (domain [`DOMAIN`]) with `format`.
 pub fn attach(dc: &str, incarnation: u64, format: TableFormat) -> v1::Attach {
-    v1::Attach {
-        pool: Some(v1::PoolId {
-            domain: DOMAIN.into(),
-            dc: dc.into(),
-        }),
-        incarnation,
-        format: Some(format.into()),
-    }
+    ckf_testkit::relay::attach(DOMAIN, dc, incarnation, format)
 }
 
-/// An open relay stream.
-pub struct RawStream {
-    tx: mpsc::Sender<v1::RelayFrame>,
-    replies: Streaming<v1::RelayReply>,
-    /// The granted lease.
-    pub lease: v1::LaneLease,
-    /// The whole `LeaseGranted` reply.
-    pub granted: v1::LeaseGranted,
-}
-
-impl RawStream {
-    /// Opens a stream and attaches; the status when the indexer refuses the attachment.
-    ///
-    /// # Errors
-    /// The indexer's status (or a transport failure as `UNAVAILABLE`).
-    ///
-    /// # Panics
-    /// When the first reply is not `LeaseGranted`.
-    pub async fn open(indexer: &Indexer, attach: v1::Attach) -> Result<Self, Status> {
-        let channel = channel(indexer.addr).await.map_err(Status::unavailable)?;
-        // Large enough to send an oversized message: the indexer must refuse it, not us.
-        let mut client = RelayClient::new(channel).max_encoding_message_size(64 << 20);
-        let (tx, rx) = mpsc::channel(64);
-        tx.send(Frame::Attach(attach).into())
-            .await
-            .expect("fresh channel has room");
-        let mut replies = client.publish(ReceiverStream::new(rx)).await?.into_inner();
-        match replies.message().await?.and_then(|r| r.reply) {
-            Some(Reply::LeaseGranted(granted)) => Ok(Self {
-                tx,
-                replies,
-                lease: granted.lease.expect("LeaseGranted carries a lease"),
-                granted,
-            }),
-            other => panic!("expected LeaseGranted, got {other:?}"),
-        }
-    }
-
-    /// Sends a frame (a send after the indexer ended the stream is not an error here: the test
-    /// reads the outcome from the replies).
-    pub async fn send(&self, frame: Frame) {
-        let _ = self.tx.send(frame.into()).await;
-    }
-
-    /// The next reply (`None` at a clean end), or the terminal status.
-    ///
-    /// # Errors
-    /// The stream's terminal status.
-    pub async fn next(&mut self) -> Result<Option<Reply>, Status> {
-        Ok(self.replies.message().await?.and_then(|r| r.reply))
-    }
-
-    /// The next reply, which must be an `Ack`.
-    ///
-    /// # Panics
-    /// On anything else.
-    pub async fn expect_ack(&mut self) -> v1::Ack {
-        match self.next().await {
-            Ok(Some(Reply::Ack(ack))) => ack,
-            other => panic!("expected Ack, got {other:?}"),
-        }
-    }
-
-    /// Expects `Retired` and then the terminal status; returns both.
-    ///
-    /// # Panics
-    /// When the replies are anything else.
-    pub async fn expect_retired(&mut self) -> (v1::Retired, Status) {
-        let retired = match self.next().await {
-            Ok(Some(Reply::Retired(r))) => r,
-            other => panic!("expected Retired, got {other:?}"),
-        };
-        let status = match self.next().await {
-            Err(status) => status,
-            other => panic!("expected a terminal status after {retired:?}, got {other:?}"),
-        };
-        (retired, status)
-    }
-
-    /// Sends `table` as a barrier snapshot tagged `sequence` in chunks of `chunk_buckets`
-    /// buckets and returns the activation `Ack`.
-    pub async fn snapshot(
-        &mut self,
-        sequence: u64,
-        table: &[u64],
-        chunk_buckets: usize,
-    ) -> v1::Ack {
-        for (i, chunk) in table.chunks(chunk_buckets).enumerate() {
-            let words = chunk.iter().flat_map(|w| w.to_le_bytes()).collect();
-            self.send(Frame::SnapshotChunk(v1::SnapshotChunk {
-                lease: Some(self.lease),
-                sequence,
-                first_bucket: (i * chunk_buckets) as u64,
-                words,
-            }))
-            .await;
-        }
-        self.expect_ack().await
-    }
-
-    /// A delta `base -> sequence` installing `images` (`(bucket, image)` pairs) under this
-    /// stream's lease.
-    pub fn delta(&self, base: u64, sequence: u64, images: &[(u32, u64)]) -> Frame {
-        Frame::Delta(v1::Delta {
-            lease: Some(self.lease),
-            base_sequence: base,
-            sequence,
-            buckets: images.iter().map(|&(b, _)| b).collect(),
-            images: images.iter().map(|&(_, i)| i).collect(),
-            oldest_change_age_ms: 0,
-        })
-    }
-}
-
-/// A packed table built by hand: block hashes placed in their primary bucket's first free slot.
-#[derive(Debug, Clone)]
-pub struct RawTable {
-    addressing: Addressing,
-    /// Packed bucket words (slot 0 in the low 16 bits).
-    pub words: Vec<u64>,
-}
-
-impl RawTable {
-    /// An empty table of `format`.
-    ///
-    /// # Panics
-    /// When `format` is invalid.
-    pub fn new(format: &TableFormat) -> Self {
-        let addressing = Addressing::new(format).expect("valid format");
-        Self {
-            words: vec![0; addressing.bucket_count() as usize],
-            addressing,
-        }
-    }
-
-    /// Places `hash`'s fingerprint in its primary bucket; returns `(bucket, new image)`.
-    ///
-    /// # Panics
-    /// When the bucket is full (tests place a handful of hashes).
-    pub fn place(&mut self, hash: u64) -> (u32, u64) {
-        let loc = self.addressing.locate(hash);
-        let word = &mut self.words[loc.bucket_a as usize];
-        let slot = (0..4)
-            .find(|s| (*word >> (16 * s)) & 0xffff == 0)
-            .expect("a free slot in a nearly empty table");
-        *word |= u64::from(loc.fingerprint) << (16 * slot);
-        (loc.bucket_a, *word)
-    }
+/// Opens a raw stream to `indexer` and attaches.
+///
+/// # Errors
+/// The indexer's status when it refuses the attachment (a connection failure as
+/// `UNAVAILABLE`).
+pub async fn open(indexer: &Indexer, attach: v1::Attach) -> Result<RawStream, Status> {
+    let channel = channel(indexer.addr).await.map_err(Status::unavailable)?;
+    RawStream::open(channel, attach).await
 }

@@ -11,7 +11,7 @@ use ckf_e2e::check::wait_converged;
 use ckf_e2e::cluster::{Indexer, IndexerSpec, Producer, ProducerSpec, TestDir, format};
 use ckf_e2e::hashes::HashPool;
 use ckf_e2e::metrics;
-use ckf_e2e::relay::{RawStream, RawTable, attach};
+use ckf_e2e::relay::{self, RawTable, attach};
 use ckf_e2e::wait::{DEADLINE, eventually};
 use ckf_proto::v1::RetireReason;
 use tonic::Code;
@@ -128,7 +128,7 @@ async fn a_superseded_raw_stream_is_aborted_naming_both_epochs() {
     let mut pool = HashPool::new(&format(), 10);
     let (old_hash, new_hash) = (pool.take(1)[0], pool.take(1)[0]);
 
-    let mut old = RawStream::open(&indexer, attach("dc-b", 11, format()))
+    let mut old = relay::open(&indexer, attach("dc-b", 11, format()))
         .await
         .expect("attach accepted");
     let mut table = RawTable::new(&format());
@@ -137,7 +137,7 @@ async fn a_superseded_raw_stream_is_aborted_naming_both_epochs() {
     let depths = indexer.depths(&[old_hash]).await.expect("FindMatches");
     assert_eq!(depths.get("dc-b"), Some(&1), "{depths:?}");
 
-    let mut new = RawStream::open(&indexer, attach("dc-b", 12, format()))
+    let mut new = relay::open(&indexer, attach("dc-b", 12, format()))
         .await
         .expect("attach accepted");
     assert!(new.lease.epoch > old.lease.epoch);

@@ -14,7 +14,7 @@ use ckf_e2e::cluster::{
 };
 use ckf_e2e::hashes::HashPool;
 use ckf_e2e::metrics;
-use ckf_e2e::relay::{RawStream, RawTable, attach};
+use ckf_e2e::relay::{self, RawStream, RawTable, attach};
 use ckf_e2e::wait::{DEADLINE, eventually};
 use ckf_proto::v1::{self, LaneState, RetireReason, relay_frame::Frame};
 use tonic::Code;
@@ -45,7 +45,7 @@ async fn real_lane_untouched(indexer: &Indexer, a: &Producer, epoch: u64) {
 /// Attaches a raw producer for [`RAW_DC`], installs a barrier snapshot tagged 10 holding
 /// `hashes[0]`, then delta 10 -> 11 adding `hashes[1]`; checks both are visible.
 async fn ready_raw_lane(indexer: &Indexer, incarnation: u64, hashes: &[u64]) -> RawStream {
-    let mut stream = RawStream::open(indexer, attach(RAW_DC, incarnation, format()))
+    let mut stream = relay::open(indexer, attach(RAW_DC, incarnation, format()))
         .await
         .expect("attach accepted");
     assert_eq!(stream.granted.max_images_per_delta, MAX_IMAGES);
@@ -119,20 +119,18 @@ async fn malformed_relay_traffic_gets_precise_statuses_and_affects_only_its_lane
     let epoch = wait_converged(&indexer, &a).await.lease_epoch;
 
     // Refused attachments: no lease, nothing changes.
-    let status = RawStream::open(&indexer, attach("dc-z", 1, format()))
+    let status = relay::open(&indexer, attach("dc-z", 1, format()))
         .await
-        .err()
-        .expect("unknown pool refused");
+        .expect_err("unknown pool refused");
     assert_eq!(status.code(), Code::NotFound, "{status:?}");
     assert!(
         status.message().contains("e2e/dc-z") && status.message().contains("not a lane"),
         "{status:?}"
     );
     let wrong = TableFormat::new(2048, SEED).expect("format");
-    let status = RawStream::open(&indexer, attach(RAW_DC, 1, wrong))
+    let status = relay::open(&indexer, attach(RAW_DC, 1, wrong))
         .await
-        .err()
-        .expect("wrong format refused");
+        .expect_err("wrong format refused");
     assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
     for needle in ["format mismatch", "buckets=1024", "buckets=2048"] {
         assert!(
@@ -290,7 +288,7 @@ async fn malformed_relay_traffic_gets_precise_statuses_and_affects_only_its_lane
     ];
     for (k, (name, reason, code, needle)) in early.into_iter().enumerate() {
         eprintln!("case: {name}");
-        let mut stream = RawStream::open(&indexer, attach(RAW_DC, 600 + k as u64, format()))
+        let mut stream = relay::open(&indexer, attach(RAW_DC, 600 + k as u64, format()))
             .await
             .expect("attach accepted");
         match k {

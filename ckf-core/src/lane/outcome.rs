@@ -246,6 +246,18 @@ pub enum IngestError {
         /// The latest granted epoch (0 = none).
         latest: u64,
     },
+    /// A frame on an attached stream carries another lease than the one granted to that stream
+    /// ([`crate::global::Attachment::check`]). The frame is dropped; the stream can no longer
+    /// be trusted, so its own lane is retired as stream lost.
+    #[error("{frame} frame carries {got} but this stream holds {held}")]
+    ForeignLease {
+        /// Frame kind ([`super::Frame::kind`]).
+        frame: &'static str,
+        /// The frame's lease.
+        got: LaneLease,
+        /// The stream's lease.
+        held: LaneLease,
+    },
 }
 
 /// What happened to one frame. Every command gets exactly one outcome.

@@ -12,13 +12,11 @@ use ckf_core::publication::DcCkfPublisher;
 use ckf_proto::convert;
 use ckf_proto::v1::{
     self, query_client::QueryClient, relay_client::RelayClient, relay_frame::Frame as WireFrame,
-    relay_reply::Reply,
 };
+pub use ckf_testkit::relay::RawStream;
 use indexer_svc::{IndexerConfig, RunningIndexer, serve};
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
+use tonic::Status;
 use tonic::transport::Channel;
-use tonic::{Code, Status, Streaming};
 
 pub const DOMAIN: &str = "test";
 pub const BUCKETS: u64 = 1024;
@@ -61,8 +59,9 @@ impl Indexer {
         QueryClient::new(self.channel.clone())
     }
 
+    /// A generated Relay client (for streams that never attach).
     pub fn relay(&self) -> RelayClient<Channel> {
-        RelayClient::new(self.channel.clone()).max_encoding_message_size(64 << 20)
+        RelayClient::new(self.channel.clone())
     }
 
     /// `(lane, depth)` per ready lane and the ready mask.
@@ -131,73 +130,16 @@ pub fn hashes(seed: u64, n: usize) -> Vec<u64> {
         .collect()
 }
 
-/// An open relay stream: the frame sender and the reply stream.
-#[derive(Debug)]
-pub struct Stream {
-    pub tx: mpsc::Sender<v1::RelayFrame>,
-    pub replies: Streaming<v1::RelayReply>,
-}
-
-impl Stream {
-    /// Opens a stream and sends `attach`; returns the status if the indexer refuses it.
-    pub async fn open(
-        indexer: &Indexer,
-        attach: v1::Attach,
-    ) -> Result<(Self, v1::LeaseGranted), Status> {
-        let (tx, rx) = mpsc::channel(64);
-        tx.send(WireFrame::Attach(attach).into()).await.unwrap();
-        let mut replies = indexer
-            .relay()
-            .publish(ReceiverStream::new(rx))
-            .await?
-            .into_inner();
-        match replies.message().await? {
-            Some(v1::RelayReply {
-                reply: Some(Reply::LeaseGranted(granted)),
-            }) => Ok((Self { tx, replies }, granted)),
-            other => panic!("expected LeaseGranted, got {other:?}"),
-        }
-    }
-
-    pub async fn send(&self, frame: WireFrame) {
-        // A send after the indexer ended the stream is fine: the test reads the outcome.
-        let _ = self.tx.send(frame.into()).await;
-    }
-
-    pub async fn next(&mut self) -> Result<Option<Reply>, Status> {
-        Ok(self.replies.message().await?.and_then(|r| r.reply))
-    }
-
-    pub async fn expect_ack(&mut self) -> v1::Ack {
-        match self.next().await {
-            Ok(Some(Reply::Ack(ack))) => ack,
-            other => panic!("expected Ack, got {other:?}"),
-        }
-    }
-
-    /// Expects `Retired(reason)` followed by a status with `code`; returns the status.
-    pub async fn expect_retired(&mut self, reason: v1::RetireReason, code: Code) -> Status {
-        match self.next().await {
-            Ok(Some(Reply::Retired(retired))) => {
-                assert_eq!(retired.reason(), reason, "retired: {retired:?}");
-                assert!(!retired.detail.is_empty());
-            }
-            other => panic!("expected Retired({reason:?}), got {other:?}"),
-        }
-        let status = self
-            .next()
-            .await
-            .expect_err("a terminal status follows Retired");
-        assert_eq!(status.code(), code, "{status:?}");
-        status
-    }
+/// Opens a raw relay stream to `indexer` and sends `attach` ([`RawStream::open`]).
+pub async fn open(indexer: &Indexer, attach: v1::Attach) -> Result<RawStream, Status> {
+    RawStream::open(indexer.channel.clone(), attach).await
 }
 
 /// A producer made of ckf-core's producer types, publishing over one relay stream.
 pub struct Producer {
     pub state: DcCkfState,
     pub publisher: DcCkfPublisher,
-    pub stream: Stream,
+    pub stream: RawStream,
     pub lease: LaneLease,
     pub granted: v1::LeaseGranted,
 }
@@ -206,10 +148,11 @@ impl Producer {
     /// Attaches with a fresh state of the test format.
     pub async fn attach(indexer: &Indexer, dc: &str, incarnation: u64) -> Self {
         let identity = identity(dc, incarnation, format());
-        let (stream, granted) = Stream::open(indexer, (&identity).into())
+        let stream = open(indexer, (&identity).into())
             .await
             .expect("attach accepted");
-        let lease: LaneLease = granted.lease.unwrap().try_into().unwrap();
+        let granted = stream.granted;
+        let lease: LaneLease = stream.lease.try_into().unwrap();
         let mut publisher = DcCkfPublisher::new(identity);
         publisher.install_lease(lease).unwrap();
         Self {

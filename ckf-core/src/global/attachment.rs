@@ -1,0 +1,326 @@
+//! One producer stream attached to a lane: the lease it was granted, the producer incarnation
+//! that holds it and the lane's event subscription, plus every decision a service streaming
+//! frames under that lease needs (design source, "Lane recovery and failure boundaries").
+//!
+//! ```text
+//! GlobalCkfIndexer::attach(request) -> Attachment (lease + incarnation + events) | AttachError
+//! frame -> Attachment::check (own lease?) -> IngestionPool::submit -> IngestOutcome
+//!       -> Attachment::outcome -> StreamVerdict
+//! lane event -> Attachment::event -> StreamVerdict
+//! queue refusal -> Attachment::submit_failed -> StreamEnd
+//! transport breaks / ends without drain -> Attachment::stream_lost (retires if still current)
+//! ```
+//! A service only decodes frames, submits them and translates the verdicts: it never compares
+//! leases, never interprets an [`IgnoreReason`] and never decides whether a lane is retired.
+
+use std::fmt;
+
+use crate::addressing::TableFormat;
+use crate::failure::{Disposed, Disposition};
+use crate::identity::{LaneIndex, LaneLease, PoolId, ProducerIdentity, ProducerIncarnation};
+use crate::ingestion::SubmitError;
+use crate::lane::{
+    Frame, IgnoreReason, IngestError, IngestOutcome, LaneEvent, LaneEventKind, RetireReason,
+};
+
+use super::{AttachError, GlobalCkfIndexer};
+
+/// The table format a producer claims when it attaches: one this build can use, or not.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimedFormat {
+    /// A valid format (it may still differ from the manifest's).
+    Valid(TableFormat),
+    /// A format this build cannot use (e.g. a bucket count that is not a power of two): how it
+    /// was sent, and why it is unusable. Always a [`AttachError::FormatMismatch`].
+    Unusable {
+        /// The format as received, for the refusal message.
+        shown: String,
+        /// Why it is not a valid format.
+        problem: String,
+    },
+}
+
+impl ClaimedFormat {
+    /// The format as text (`TableFormat`'s `Display`, or the received form).
+    pub fn shown(&self) -> String {
+        match self {
+            ClaimedFormat::Valid(format) => format.to_string(),
+            ClaimedFormat::Unusable { shown, .. } => shown.clone(),
+        }
+    }
+
+    /// Why the format is unusable, if it is.
+    pub fn problem(&self) -> Option<&str> {
+        match self {
+            ClaimedFormat::Valid(_) => None,
+            ClaimedFormat::Unusable { problem, .. } => Some(problem),
+        }
+    }
+}
+
+/// What a producer presents to attach: its pool, its incarnation and its claimed table format.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttachRequest {
+    /// The pool the producer publishes.
+    pub pool: PoolId,
+    /// The producer's current incarnation.
+    pub incarnation: ProducerIncarnation,
+    /// The producer's table format as claimed; must be valid and equal the manifest's.
+    pub format: ClaimedFormat,
+}
+
+impl From<&ProducerIdentity> for AttachRequest {
+    fn from(id: &ProducerIdentity) -> Self {
+        Self {
+            pool: id.pool.clone(),
+            incarnation: id.incarnation,
+            format: ClaimedFormat::Valid(id.format),
+        }
+    }
+}
+
+/// What one frame, lane event or queue refusal means for the attached stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StreamVerdict {
+    /// Nothing to tell the producer (a snapshot chunk accepted, a heartbeat noted, an event
+    /// about another lease or a transition the stream already answered).
+    Continue,
+    /// A delta was applied: acknowledge `installed_sequence`.
+    Applied {
+        /// Installed sequence after the delta.
+        installed_sequence: u64,
+    },
+    /// The barrier snapshot completed and the lane is ready: acknowledge `installed_sequence`.
+    Activated {
+        /// The snapshot's terminal sequence.
+        installed_sequence: u64,
+    },
+    /// An exact drain marker: acknowledge it as drained; the stream ends cleanly (the lane stays
+    /// ready).
+    Drained {
+        /// Installed (= final) sequence.
+        installed_sequence: u64,
+    },
+    /// The stream is over.
+    End(StreamEnd),
+}
+
+/// Why an attached stream is over (other than a clean drain).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StreamEnd {
+    /// A newer attachment for the same pool holds the lane now (not a retirement).
+    #[error(
+        "superseded by a newer attachment for pool {pool}: lease epoch {} replaced epoch {}",
+        .by.epoch,
+        .held.epoch
+    )]
+    Superseded {
+        /// The pool.
+        pool: PoolId,
+        /// The lease this stream held.
+        held: LaneLease,
+        /// The newer lease.
+        by: LaneLease,
+    },
+    /// The lane was retired under this stream's lease (an acceptance rule, a deadline,
+    /// saturation, an apply failure, or a loss seen by another caller).
+    #[error("lane {lane} retired: {reason}")]
+    Retired {
+        /// The lane.
+        lane: LaneIndex,
+        /// Why.
+        reason: RetireReason,
+    },
+    /// The consumer could not attribute a frame of this stream to its lane; nothing changed.
+    #[error("{0}")]
+    Refused(IngestError),
+    /// The consumer ignored a frame of this stream as not the lane's current traffic, for a
+    /// reason a well-formed attachment cannot produce (another consumer instance or another
+    /// incarnation); nothing changed.
+    #[error("frame ignored: {0}")]
+    Ignored(IgnoreReason),
+    /// The consumer is shutting down (its ingestion pool or the lane's subscribers closed).
+    #[error("indexer is shutting down")]
+    ShutDown,
+}
+
+impl Disposed for StreamEnd {
+    /// A retirement needs what its reason needs ([`Disposition::RetireLane`]); a superseded
+    /// stream's producer needs a new lease and snapshot if it wants the lane back; refused or
+    /// ignored frames and a shutdown changed nothing here ([`Disposition::Omission`]).
+    fn disposition(&self) -> Disposition {
+        match self {
+            StreamEnd::Superseded { .. } => Disposition::NewLeaseAndSnapshot,
+            StreamEnd::Retired { reason, .. } => reason.disposition(),
+            StreamEnd::Refused(error) => error.disposition(),
+            StreamEnd::Ignored(reason) => reason.disposition(),
+            StreamEnd::ShutDown => Disposition::Omission,
+        }
+    }
+}
+
+/// One producer stream holding a lane lease; see the module docs. Built by
+/// [`GlobalCkfIndexer::attach`].
+#[derive(Debug)]
+pub struct Attachment {
+    pool: PoolId,
+    incarnation: ProducerIncarnation,
+    lease: LaneLease,
+    events: flume::Receiver<LaneEvent>,
+}
+
+impl GlobalCkfIndexer {
+    /// Attaches a producer stream: checks the pool (it must be a manifest lane) and the claimed
+    /// format (valid and equal to the manifest's), grants the lane's next lease (fencing any
+    /// older stream, exactly as [`GlobalCkfIndexer::grant_lease`]) and subscribes to the lane's
+    /// events under the same lane lock, so no transition of the new lease is missed.
+    ///
+    /// # Errors
+    /// [`AttachError::UnknownPool`] (with the configured pools) or
+    /// [`AttachError::FormatMismatch`] (both formats, and why the producer's is unusable when it
+    /// is). Nothing is leased then.
+    pub fn attach(&self, request: &AttachRequest) -> Result<Attachment, AttachError> {
+        let (lease, events) = self.grant(request, true)?;
+        Ok(Attachment {
+            pool: request.pool.clone(),
+            incarnation: request.incarnation,
+            lease,
+            events: events.expect("grant subscribes when asked"),
+        })
+    }
+}
+
+impl Attachment {
+    /// The granted lease.
+    pub fn lease(&self) -> LaneLease {
+        self.lease
+    }
+
+    /// The lane of the lease.
+    pub fn lane(&self) -> LaneIndex {
+        self.lease.lane
+    }
+
+    /// The attached pool.
+    pub fn pool(&self) -> &PoolId {
+        &self.pool
+    }
+
+    /// The producer incarnation holding the lease: stamp it on every frame decoded from this
+    /// stream.
+    pub fn incarnation(&self) -> ProducerIncarnation {
+        self.incarnation
+    }
+
+    /// The lane's transitions (unbounded; `recv_async` from async code). Pass each one to
+    /// [`Attachment::event`]. A closed receiver means the consumer is going away.
+    pub fn events(&self) -> &flume::Receiver<LaneEvent> {
+        &self.events
+    }
+
+    /// Checks, before submission, that `frame` carries this stream's own lease.
+    ///
+    /// # Errors
+    /// [`IngestError::ForeignLease`]: the frame must not be submitted, and the stream is lost
+    /// (call [`Attachment::stream_lost`]).
+    pub fn check(&self, frame: &Frame) -> Result<(), IngestError> {
+        let got = frame.tag().lease;
+        if got != self.lease {
+            return Err(IngestError::ForeignLease {
+                frame: frame.kind(),
+                got,
+                held: self.lease,
+            });
+        }
+        Ok(())
+    }
+
+    /// The verdict of one submitted frame's outcome.
+    ///
+    /// Ignored traffic on an attached stream means the stream no longer holds the lane: a stale
+    /// lease is a supersession by the lane's current epoch, a retired lane ends the stream with
+    /// the retirement's reason.
+    pub fn outcome(&self, outcome: IngestOutcome) -> StreamVerdict {
+        match outcome {
+            IngestOutcome::Applied { installed_sequence } => {
+                StreamVerdict::Applied { installed_sequence }
+            }
+            IngestOutcome::Activated { installed_sequence } => {
+                StreamVerdict::Activated { installed_sequence }
+            }
+            IngestOutcome::Drained { installed_sequence } => {
+                StreamVerdict::Drained { installed_sequence }
+            }
+            IngestOutcome::ChunkAccepted { .. } | IngestOutcome::Alive => StreamVerdict::Continue,
+            IngestOutcome::Ignored(IgnoreReason::StaleLease { current, .. }) => {
+                StreamVerdict::End(self.superseded(LaneLease {
+                    epoch: current,
+                    ..self.lease
+                }))
+            }
+            IngestOutcome::Ignored(IgnoreReason::LaneRetired(reason)) => {
+                StreamVerdict::End(self.retired(reason))
+            }
+            IngestOutcome::Ignored(reason) => StreamVerdict::End(StreamEnd::Ignored(reason)),
+            IngestOutcome::Rejected(error) => StreamVerdict::End(StreamEnd::Refused(error)),
+            IngestOutcome::Retired(reason) => StreamVerdict::End(self.retired(reason)),
+        }
+    }
+
+    /// The verdict of one lane event: only this lease's retirement or supersession ends the
+    /// stream; everything else (other leases, activation, drain) is [`StreamVerdict::Continue`]
+    /// because the frame outcomes already answered it.
+    pub fn event(&self, event: LaneEvent) -> StreamVerdict {
+        if event.lease != self.lease {
+            return StreamVerdict::Continue;
+        }
+        match event.kind {
+            LaneEventKind::Retired(reason) => StreamVerdict::End(self.retired(reason)),
+            LaneEventKind::Superseded { by } => StreamVerdict::End(self.superseded(by)),
+            LaneEventKind::Activated { .. } | LaneEventKind::Drained { .. } => {
+                StreamVerdict::Continue
+            }
+        }
+    }
+
+    /// The end of the stream when [`crate::ingestion::IngestionPool::submit`] refused one of
+    /// its frames: a full lane queue retired the lane ([`RetireReason::Saturated`]), an unknown
+    /// lane is refused, a closed pool is a shutdown.
+    pub fn submit_failed(&self, error: SubmitError) -> StreamEnd {
+        match error {
+            SubmitError::Saturated { capacity, .. } => {
+                self.retired(RetireReason::Saturated { capacity })
+            }
+            SubmitError::UnknownLane(error) => StreamEnd::Refused(error),
+            SubmitError::ShutDown => StreamEnd::ShutDown,
+        }
+    }
+
+    /// Delivery on this stream became uncertain at the transport (it broke, ended without a
+    /// drain marker, or carried a frame that could not be decoded or admitted): retires the
+    /// lane as [`RetireReason::StreamLost`] with `detail` if this lease is still the lane's
+    /// current, live stream ([`Disposition::RetireLane`]; a superseded or already retired lease
+    /// is left alone). Returns whether it retired the lane.
+    pub fn stream_lost(&self, indexer: &GlobalCkfIndexer, detail: impl fmt::Display) -> bool {
+        let reason = RetireReason::StreamLost {
+            detail: detail.to_string(),
+        };
+        debug_assert_eq!(reason.disposition(), Disposition::RetireLane);
+        indexer.retire_lease(self.lease, reason)
+    }
+
+    fn superseded(&self, by: LaneLease) -> StreamEnd {
+        StreamEnd::Superseded {
+            pool: self.pool.clone(),
+            held: self.lease,
+            by,
+        }
+    }
+
+    fn retired(&self, reason: RetireReason) -> StreamEnd {
+        StreamEnd::Retired {
+            lane: self.lease.lane,
+            reason,
+        }
+    }
+}

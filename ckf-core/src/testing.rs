@@ -1,0 +1,181 @@
+//! Test kit (feature `testing` only; never in the services): build consumer frames under a
+//! lease and install barrier snapshots through the real lease and ingest path, so every test
+//! of the consumer, the search and the services starts a lane the same way.
+//!
+//! ```text
+//! TestStream::attach(ix, identity) -> grant_lease -> tag
+//!     .snapshot / .chunk / .delta / .drain / .heartbeat -> Frame under that tag
+//! activate(ix, lane, incarnation, sequence, words) -> lease + whole snapshot -> Activated
+//! install_snapshot(ix, publisher, state, chunk_bytes) -> lease + chunked barrier -> Activated
+//! ```
+//! The helpers panic (with the outcome) when the consumer does not answer as a healthy lane
+//! would: they are for setting up a test, not for checking the rule under test.
+
+use crate::dc::DcCkfState;
+use crate::frames::{BucketImage, DcCkfDelta, DcCkfSnapshot, DrainMarker, SnapshotChunk};
+use crate::global::GlobalCkfIndexer;
+use crate::identity::{LaneIndex, ProducerIdentity, ProducerIncarnation, StreamTag};
+use crate::lane::{Frame, Heartbeat, IngestOutcome};
+use crate::publication::DcCkfPublisher;
+
+/// The identity of a producer of `lane`'s pool with the manifest's format.
+///
+/// # Panics
+/// When `lane` is not in the manifest.
+pub fn identity(ix: &GlobalCkfIndexer, lane: LaneIndex, incarnation: u64) -> ProducerIdentity {
+    ProducerIdentity {
+        pool: ix.pool(lane).clone(),
+        incarnation: ProducerIncarnation(incarnation),
+        format: ix.manifest().format,
+    }
+}
+
+/// A producer-side stream for tests: the envelope (incarnation + lease) its frames carry.
+/// Frames are built by hand, so a test can break exactly one rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TestStream {
+    /// Incarnation and lease stamped on every frame (edit it to forge foreign traffic).
+    pub tag: StreamTag,
+}
+
+impl TestStream {
+    /// Grants a lease to `identity` and returns its stream.
+    ///
+    /// # Panics
+    /// When the lease is refused.
+    pub fn attach(ix: &GlobalCkfIndexer, identity: &ProducerIdentity) -> Self {
+        let lease = ix.grant_lease(identity).expect("test attach accepted");
+        Self {
+            tag: StreamTag {
+                incarnation: identity.incarnation,
+                lease,
+            },
+        }
+    }
+
+    /// Grants a lease on `lane` to a producer `incarnation` ([`identity`]).
+    ///
+    /// # Panics
+    /// When `lane` is not in the manifest.
+    pub fn on_lane(ix: &GlobalCkfIndexer, lane: LaneIndex, incarnation: u64) -> Self {
+        Self::attach(ix, &identity(ix, lane, incarnation))
+    }
+
+    /// A whole barrier snapshot tagged `sequence` (one word per bucket).
+    pub fn snapshot(&self, sequence: u64, buckets: Vec<u64>) -> Frame {
+        Frame::Snapshot(DcCkfSnapshot {
+            tag: self.tag,
+            sequence,
+            buckets,
+        })
+    }
+
+    /// One snapshot chunk of `words` starting at `first_bucket` (little-endian bytes).
+    pub fn chunk(&self, sequence: u64, first_bucket: u64, words: &[u64]) -> Frame {
+        self.chunk_bytes(
+            sequence,
+            first_bucket,
+            words.iter().flat_map(|w| w.to_le_bytes()).collect(),
+        )
+    }
+
+    /// One snapshot chunk of raw bytes (which may be broken: empty, not whole words).
+    pub fn chunk_bytes(&self, sequence: u64, first_bucket: u64, bytes: Vec<u8>) -> Frame {
+        Frame::Chunk(SnapshotChunk {
+            tag: self.tag,
+            sequence,
+            first_bucket,
+            words: bytes,
+        })
+    }
+
+    /// A delta `base -> sequence` of `(bucket, image)` pairs, in order.
+    pub fn delta(&self, base: u64, sequence: u64, images: &[(u32, u64)]) -> Frame {
+        Frame::Delta(DcCkfDelta {
+            tag: self.tag,
+            base_sequence: base,
+            sequence,
+            images: images
+                .iter()
+                .map(|&(bucket, image)| BucketImage { bucket, image })
+                .collect(),
+            oldest_change_age_ms: 0,
+        })
+    }
+
+    /// A drain marker claiming `sequence` as the final one.
+    pub fn drain(&self, sequence: u64) -> Frame {
+        Frame::Drain(DrainMarker {
+            tag: self.tag,
+            sequence,
+        })
+    }
+
+    /// A heartbeat.
+    pub fn heartbeat(&self) -> Frame {
+        Frame::Heartbeat(Heartbeat { tag: self.tag })
+    }
+}
+
+/// Leases `lane` to `incarnation` and installs `words` as a whole barrier snapshot tagged
+/// `sequence`; returns the stream.
+///
+/// # Panics
+/// When the snapshot does not activate the lane.
+pub fn activate(
+    ix: &GlobalCkfIndexer,
+    lane: LaneIndex,
+    incarnation: u64,
+    sequence: u64,
+    words: Vec<u64>,
+) -> TestStream {
+    let stream = TestStream::on_lane(ix, lane, incarnation);
+    let outcome = ix.ingest_now(&stream.snapshot(sequence, words));
+    assert_eq!(
+        outcome,
+        IngestOutcome::Activated {
+            installed_sequence: sequence
+        },
+        "barrier snapshot of lane {lane}"
+    );
+    stream
+}
+
+/// Leases the publisher's lane, installs the lease in `publisher`, folds `state`'s pending
+/// changes into the barrier (the publisher must be the state's only one) and sends the snapshot
+/// in chunks of at most `chunk_bytes`; returns the installed sequence.
+///
+/// # Panics
+/// When the lease is refused or a chunk is not accepted / the last one does not activate.
+pub fn install_snapshot(
+    ix: &GlobalCkfIndexer,
+    publisher: &mut DcCkfPublisher,
+    state: &mut DcCkfState,
+    chunk_bytes: usize,
+) -> u64 {
+    let lease = ix
+        .grant_lease(publisher.identity())
+        .expect("test attach accepted");
+    publisher.install_lease(lease).expect("fresh lease");
+    while state.take_batch().is_some() {}
+    let snapshot = publisher.snapshot(state).expect("barrier snapshot");
+    let chunks: Vec<_> = snapshot.chunks(chunk_bytes).collect();
+    let last = chunks.len() - 1;
+    for (i, chunk) in chunks.into_iter().enumerate() {
+        let outcome = ix.ingest_now(&Frame::Chunk(chunk));
+        if i == last {
+            assert_eq!(
+                outcome,
+                IngestOutcome::Activated {
+                    installed_sequence: snapshot.sequence
+                }
+            );
+        } else {
+            assert!(
+                matches!(outcome, IngestOutcome::ChunkAccepted { .. }),
+                "chunk {i}: {outcome:?}"
+            );
+        }
+    }
+    snapshot.sequence
+}
