@@ -11,11 +11,11 @@
 //! Each disposition affects only its own domain: an omission touches no stream, a lane
 //! retirement touches no other lane and no producer state, a new lease touches no exact state.
 //! Stale or superseded traffic ([`crate::lane::IgnoreReason`]) and unattributable frames
-//! ([`crate::lane::IngestError`]) need no recovery at all.
+//! ([`crate::lane::StrayFrame`]) need no recovery at all.
 
 use crate::dc::{BlockError, DcCkfError, DcCkfStats};
 use crate::global::{AttachError, ManifestError};
-use crate::lane::{IgnoreReason, IngestError, RetireReason};
+use crate::lane::{IgnoreReason, RetireReason, StrayFrame};
 use crate::publication::{FenceReason, PublishError};
 
 /// What recovery a failure needs, ordered from cheapest to most expensive.
@@ -78,17 +78,17 @@ impl Disposed for IgnoreReason {
     }
 }
 
-impl Disposed for IngestError {
+impl Disposed for StrayFrame {
     /// A frame that belongs to no current stream is dropped: [`Disposition::Omission`] for the
     /// consumer. (A producer that sent it should re-attach, which its own stream error tells it.)
     /// A foreign lease on an attached stream makes that stream's delivery uncertain:
     /// [`Disposition::RetireLane`] for the stream's own lane.
     fn disposition(&self) -> Disposition {
         match self {
-            IngestError::UnknownLane { .. } | IngestError::UnknownLease { .. } => {
+            StrayFrame::UnknownLane { .. } | StrayFrame::UnknownLease { .. } => {
                 Disposition::Omission
             }
-            IngestError::ForeignLease { .. } => Disposition::RetireLane,
+            StrayFrame::ForeignLease { .. } => Disposition::RetireLane,
         }
     }
 }

@@ -5,6 +5,7 @@
 //! DcCkfSnapshot { tag, sequence, buckets }                       barrier snapshot tagged N
 //! DcCkfDelta    { tag, base_sequence, sequence, images }          N -> N+1, absolute bucket images
 //! DrainMarker   { tag, sequence }                                 exact final sequence N
+//! Heartbeat     { tag }                                           liveness, no content
 //! ```
 //! A snapshot travels as [`SnapshotChunk`]s so that every transport message stays bounded. A
 //! chunk carries whole bucket words as little-endian bytes; [`decode_chunk_words`] rejects
@@ -14,6 +15,13 @@
 use thiserror::Error;
 
 use crate::identity::StreamTag;
+
+/// Liveness frame: "the stream of this lease is alive" (no content).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Heartbeat {
+    /// Sender and lease.
+    pub tag: StreamTag,
+}
 
 /// The absolute image of one bucket after a batch: the consumer stores `image` as the bucket's
 /// new value (not a diff).

@@ -44,8 +44,8 @@ use crate::addressing::{Addressing, FormatError, TableFormat};
 use crate::bucket::{MAX_LANES, TableError, TransposedTable};
 use crate::identity::{IndexerDomainId, LaneIndex, LaneLease, PoolId, ProducerIdentity};
 use crate::lane::{
-    Frame, IngestError, IngestOutcome, LagPolicy, LaneEvent, LaneIngestor, LaneStatus,
-    RetireReason, Shared,
+    Frame, IngestOutcome, LagPolicy, LaneContext, LaneEvent, LaneIngestor, LaneStatus,
+    RetireReason, StrayFrame,
 };
 
 /// The consumer's configuration: one domain, its lanes (lane index = position), one format.
@@ -287,8 +287,8 @@ impl GlobalCkfIndexer {
         self.ready.load(Ordering::Acquire) as u16
     }
 
-    fn shared(&self) -> Shared<'_> {
-        Shared {
+    fn shared(&self) -> LaneContext<'_> {
+        LaneContext {
             table: &self.table,
             ready: &self.ready,
             consumer_instance: self.consumer_instance,
@@ -296,11 +296,11 @@ impl GlobalCkfIndexer {
         }
     }
 
-    fn lane(&self, lane: LaneIndex) -> Result<MutexGuard<'_, LaneIngestor>, IngestError> {
+    fn lane(&self, lane: LaneIndex) -> Result<MutexGuard<'_, LaneIngestor>, StrayFrame> {
         let m = self
             .lanes
             .get(lane as usize)
-            .ok_or(IngestError::UnknownLane {
+            .ok_or(StrayFrame::UnknownLane {
                 lane,
                 lanes: self.lanes.len(),
             })?;
@@ -399,8 +399,8 @@ impl GlobalCkfIndexer {
     /// Operator view of `lane`.
     ///
     /// # Errors
-    /// [`IngestError::UnknownLane`].
-    pub fn lane_status(&self, lane: LaneIndex) -> Result<LaneStatus, IngestError> {
+    /// [`StrayFrame::UnknownLane`].
+    pub fn lane_status(&self, lane: LaneIndex) -> Result<LaneStatus, StrayFrame> {
         Ok(self.lane(lane)?.status(self.shared()))
     }
 
@@ -419,8 +419,8 @@ impl GlobalCkfIndexer {
     /// with the lease they concern. The receiver is unbounded; drop it to unsubscribe.
     ///
     /// # Errors
-    /// [`IngestError::UnknownLane`].
-    pub fn subscribe(&self, lane: LaneIndex) -> Result<flume::Receiver<LaneEvent>, IngestError> {
+    /// [`StrayFrame::UnknownLane`].
+    pub fn subscribe(&self, lane: LaneIndex) -> Result<flume::Receiver<LaneEvent>, StrayFrame> {
         Ok(self.lane(lane)?.subscribe())
     }
 
@@ -429,13 +429,13 @@ impl GlobalCkfIndexer {
     /// mid-apply failure path. Never compiled into the services.
     ///
     /// # Errors
-    /// [`IngestError::UnknownLane`].
+    /// [`StrayFrame::UnknownLane`].
     #[cfg(feature = "testing")]
     pub fn inject_apply_fault(
         &self,
         lane: LaneIndex,
         after_images: usize,
-    ) -> Result<(), IngestError> {
+    ) -> Result<(), StrayFrame> {
         self.lane(lane)?.arm_fault(after_images);
         Ok(())
     }

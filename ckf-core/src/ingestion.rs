@@ -5,7 +5,7 @@
 //! One worker thread per lane drains that lane's bounded `flume` queue and applies each frame
 //! through [`GlobalCkfIndexer::ingest`]; different lanes and query threads run concurrently.
 //!
-//! * **Saturation.** [`IngestionPool::submit`] never blocks: when the lane's queue is full the
+//! * **Saturation.** [`IngestionWorkers::submit`] never blocks: when the lane's queue is full the
 //!   frame is refused ([`SubmitError::Saturated`]) and, if the frame carries the lane's current
 //!   lease, that lane alone is retired ([`RetireReason::Saturated`]): its stream has lost a frame.
 //! * **Deadlines.** Each worker wakes at least every `tick` to enforce the heartbeat deadline of
@@ -13,10 +13,10 @@
 //!   delta using the time the frame spent in the queue.
 //! * **Replies.** Every submitted frame gets exactly one [`IngestOutcome`] on the reply sender the
 //!   caller supplied (use `recv_async` from async code). Asynchronous retirements (deadlines) are
-//!   published as [`LaneEvent`]s to [`IngestionPool::subscribe`]rs.
+//!   published as [`LaneEvent`]s to [`IngestionWorkers::subscribe`]rs.
 //!
-//! No async runtime: std threads and flume only. Dropping the pool (or
-//! [`IngestionPool::shutdown`]) closes the queues, lets each worker finish the frames already
+//! No async runtime: std threads and flume only. Dropping the workers (or
+//! [`IngestionWorkers::shutdown`]) closes the queues, lets each worker finish the frames already
 //! queued, and joins it.
 //!
 //! [`LagPolicy::heartbeat_deadline`]: crate::lane::LagPolicy::heartbeat_deadline
@@ -29,18 +29,18 @@ use thiserror::Error;
 
 use crate::global::GlobalCkfIndexer;
 use crate::identity::LaneIndex;
-use crate::lane::{Frame, IngestError, IngestOutcome, LaneEvent, RetireReason};
+use crate::lane::{Frame, IngestOutcome, LaneEvent, RetireReason, StrayFrame};
 
-/// Pool configuration.
+/// Configuration of the ingestion workers (one thread and one bounded queue per lane).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PoolConfig {
+pub struct IngestionWorkersConfig {
     /// Frames each lane's queue holds before submission saturates (>= 1). Default 1024.
     pub queue_capacity: usize,
     /// Longest a worker sleeps between heartbeat-deadline checks. Default 100 ms.
     pub tick: Duration,
 }
 
-impl Default for PoolConfig {
+impl Default for IngestionWorkersConfig {
     fn default() -> Self {
         Self {
             queue_capacity: 1024,
@@ -54,7 +54,7 @@ impl Default for PoolConfig {
 pub enum SubmitError {
     /// The frame's lane is not in the manifest.
     #[error(transparent)]
-    UnknownLane(#[from] IngestError),
+    UnknownLane(#[from] StrayFrame),
     /// The lane's queue was full. `retired` says whether this retired the lane's current stream
     /// (the frame carried the current lease).
     #[error("lane {lane} ingestion queue is full ({capacity} frames); retired: {retired}")]
@@ -67,7 +67,7 @@ pub enum SubmitError {
         retired: bool,
     },
     /// The pool is shutting down.
-    #[error("ingestion pool is shut down")]
+    #[error("ingestion workers are shut down")]
     ShutDown,
 }
 
@@ -79,28 +79,28 @@ struct Envelope {
 }
 
 /// One worker thread per lane over bounded queues; see the module docs.
-pub struct IngestionPool {
+pub struct IngestionWorkers {
     indexer: Arc<GlobalCkfIndexer>,
-    config: PoolConfig,
+    config: IngestionWorkersConfig,
     senders: Vec<flume::Sender<Envelope>>,
     workers: Vec<JoinHandle<()>>,
 }
 
-impl std::fmt::Debug for IngestionPool {
+impl std::fmt::Debug for IngestionWorkers {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("IngestionPool")
+        f.debug_struct("IngestionWorkers")
             .field("lanes", &self.senders.len())
             .field("config", &self.config)
             .finish()
     }
 }
 
-impl IngestionPool {
+impl IngestionWorkers {
     /// Starts one worker per lane of `indexer`.
     ///
     /// # Panics
     /// When `config.queue_capacity` is 0 or a thread cannot be spawned.
-    pub fn new(indexer: Arc<GlobalCkfIndexer>, config: PoolConfig) -> Self {
+    pub fn new(indexer: Arc<GlobalCkfIndexer>, config: IngestionWorkersConfig) -> Self {
         assert!(config.queue_capacity > 0, "queue_capacity must be >= 1");
         let mut senders = Vec::new();
         let mut workers = Vec::new();
@@ -143,7 +143,7 @@ impl IngestionPool {
         let tx = self
             .senders
             .get(usize::from(lease.lane))
-            .ok_or(IngestError::UnknownLane {
+            .ok_or(StrayFrame::UnknownLane {
                 lane: lease.lane,
                 lanes: self.senders.len(),
             })?;
@@ -170,10 +170,10 @@ impl IngestionPool {
     }
 
     /// Queues `frame` and returns a receiver for its outcome (convenience over
-    /// [`IngestionPool::submit`]).
+    /// [`IngestionWorkers::submit`]).
     ///
     /// # Errors
-    /// As [`IngestionPool::submit`].
+    /// As [`IngestionWorkers::submit`].
     pub fn submit_with_reply(
         &self,
         frame: Frame,
@@ -191,8 +191,8 @@ impl IngestionPool {
     /// Lane transition events ([`GlobalCkfIndexer::subscribe`]).
     ///
     /// # Errors
-    /// [`IngestError::UnknownLane`].
-    pub fn subscribe(&self, lane: LaneIndex) -> Result<flume::Receiver<LaneEvent>, IngestError> {
+    /// [`StrayFrame::UnknownLane`].
+    pub fn subscribe(&self, lane: LaneIndex) -> Result<flume::Receiver<LaneEvent>, StrayFrame> {
         self.indexer.subscribe(lane)
     }
 
@@ -210,7 +210,7 @@ impl IngestionPool {
     }
 }
 
-impl Drop for IngestionPool {
+impl Drop for IngestionWorkers {
     fn drop(&mut self) {
         self.stop();
     }

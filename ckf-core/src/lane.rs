@@ -23,17 +23,19 @@ use crate::frames::{DcCkfDelta, DcCkfSnapshot, DrainMarker, SnapshotChunk};
 use crate::identity::{LaneIndex, LaneLease, ProducerIncarnation, StreamTag};
 
 mod frame;
+mod lag;
 mod outcome;
 
-pub use frame::{Frame, Heartbeat, LagPolicy};
+pub use frame::Frame;
+pub use lag::LagPolicy;
 pub use outcome::{
-    DeltaError, IgnoreReason, IngestError, IngestOutcome, LaneEvent, LaneEventKind, LaneState,
-    LaneStatus, RetireReason, SnapshotError,
+    DeltaError, IgnoreReason, IngestOutcome, LaneEvent, LaneEventKind, LaneState, LaneStatus,
+    RetireReason, SnapshotError, StrayFrame,
 };
 
 /// The shared pieces a lane ingestor writes: the table (its own lane column) and the ready mask.
 #[derive(Clone, Copy)]
-pub(crate) struct Shared<'a> {
+pub(crate) struct LaneContext<'a> {
     pub table: &'a TransposedTable,
     pub ready: &'a AtomicU32,
     pub consumer_instance: u64,
@@ -93,13 +95,13 @@ impl LaneIngestor {
         1 << self.lane
     }
 
-    fn set_ready(&self, sh: Shared<'_>) {
+    fn set_ready(&self, sh: LaneContext<'_>) {
         // Release: every word of the snapshot stored before this is visible to a query that
         // captures the mask with Acquire and sees the bit.
         sh.ready.fetch_or(self.bit(), Ordering::Release);
     }
 
-    fn clear_ready(&self, sh: Shared<'_>) {
+    fn clear_ready(&self, sh: LaneContext<'_>) {
         sh.ready.fetch_and(!self.bit(), Ordering::AcqRel);
     }
 
@@ -121,7 +123,7 @@ impl LaneIngestor {
         self.fault_after = Some(after_images);
     }
 
-    pub(crate) fn status(&self, sh: Shared<'_>) -> LaneStatus {
+    pub(crate) fn status(&self, sh: LaneContext<'_>) -> LaneStatus {
         LaneStatus {
             lane: self.lane,
             state: self.state,
@@ -139,7 +141,7 @@ impl LaneIngestor {
     /// Grants the next lease to `incarnation`, fencing any older stream (ready bit first).
     pub(crate) fn grant(
         &mut self,
-        sh: Shared<'_>,
+        sh: LaneContext<'_>,
         incarnation: ProducerIncarnation,
         now: Instant,
     ) -> LaneLease {
@@ -165,7 +167,7 @@ impl LaneIngestor {
 
     /// Retires the current stream with `reason` (ready bit cleared first). No-op (returns false)
     /// when there is no live stream.
-    pub(crate) fn retire(&mut self, sh: Shared<'_>, reason: RetireReason) -> bool {
+    pub(crate) fn retire(&mut self, sh: LaneContext<'_>, reason: RetireReason) -> bool {
         if !matches!(self.state, LaneState::AwaitingSnapshot | LaneState::Active) {
             return false;
         }
@@ -181,20 +183,24 @@ impl LaneIngestor {
     /// Retires only if `lease` is the current, live lease.
     pub(crate) fn retire_lease(
         &mut self,
-        sh: Shared<'_>,
+        sh: LaneContext<'_>,
         lease: LaneLease,
         reason: RetireReason,
     ) -> bool {
         self.lease == Some(lease) && self.retire(sh, reason)
     }
 
-    fn fail(&mut self, sh: Shared<'_>, reason: RetireReason) -> IngestOutcome {
+    fn fail(&mut self, sh: LaneContext<'_>, reason: RetireReason) -> IngestOutcome {
         self.retire(sh, reason.clone());
         IngestOutcome::Retired(reason)
     }
 
     /// Heartbeat deadline check; returns the reason when it retired the lane.
-    pub(crate) fn check_deadline(&mut self, sh: Shared<'_>, now: Instant) -> Option<RetireReason> {
+    pub(crate) fn check_deadline(
+        &mut self,
+        sh: LaneContext<'_>,
+        now: Instant,
+    ) -> Option<RetireReason> {
         let deadline = sh.policy.heartbeat_deadline?;
         let live = match self.state {
             LaneState::AwaitingSnapshot => true,
@@ -216,7 +222,7 @@ impl LaneIngestor {
     }
 
     /// Lease and incarnation checks shared by every frame kind. `Err` is the final outcome.
-    fn admit(&self, sh: Shared<'_>, tag: &StreamTag) -> Result<(), IngestOutcome> {
+    fn admit(&self, sh: LaneContext<'_>, tag: &StreamTag) -> Result<(), IngestOutcome> {
         let lease = tag.lease;
         if lease.consumer_instance != sh.consumer_instance {
             return Err(IngestOutcome::Ignored(IgnoreReason::OtherConsumer {
@@ -226,7 +232,7 @@ impl LaneIngestor {
         }
         let current = self.lease.map_or(0, |l| l.epoch);
         if lease.epoch > current {
-            return Err(IngestOutcome::Rejected(IngestError::UnknownLease {
+            return Err(IngestOutcome::Rejected(StrayFrame::UnknownLease {
                 lane: self.lane,
                 epoch: lease.epoch,
                 latest: current,
@@ -258,7 +264,7 @@ impl LaneIngestor {
     /// Applies one frame. `received_at` is when the consumer received it (lag policy).
     pub(crate) fn ingest(
         &mut self,
-        sh: Shared<'_>,
+        sh: LaneContext<'_>,
         frame: &Frame,
         received_at: Instant,
     ) -> IngestOutcome {
@@ -317,7 +323,7 @@ impl LaneIngestor {
     /// Marks the start of a (re-)barrier rewrite: the ready bit is cleared before the first word
     /// is overwritten, so no query that captures readiness from now on reads a half-written
     /// snapshot (a query that captured earlier may, as the weak-read contract allows).
-    fn start_rewrite(&mut self, sh: Shared<'_>, sequence: u64) {
+    fn start_rewrite(&mut self, sh: LaneContext<'_>, sequence: u64) {
         if self.receiving.is_none() {
             self.clear_ready(sh);
             self.state = LaneState::AwaitingSnapshot;
@@ -329,7 +335,7 @@ impl LaneIngestor {
         }
     }
 
-    fn finish_words(&mut self, sh: Shared<'_>, next_bucket: u64) -> IngestOutcome {
+    fn finish_words(&mut self, sh: LaneContext<'_>, next_bucket: u64) -> IngestOutcome {
         let r = self.receiving.as_mut().expect("receiving");
         r.next_bucket = next_bucket;
         if next_bucket < sh.table.bucket_count() as u64 {
@@ -348,7 +354,7 @@ impl LaneIngestor {
         }
     }
 
-    fn chunk(&mut self, sh: Shared<'_>, c: &SnapshotChunk) -> IngestOutcome {
+    fn chunk(&mut self, sh: LaneContext<'_>, c: &SnapshotChunk) -> IngestOutcome {
         let bucket_count = sh.table.bucket_count() as u64;
         if let Err(e) = self.begin_words(c.sequence, c.first_bucket) {
             return self.fail(sh, RetireReason::MalformedSnapshot(e));
@@ -368,7 +374,7 @@ impl LaneIngestor {
         self.finish_words(sh, bucket as u64)
     }
 
-    fn whole_snapshot(&mut self, sh: Shared<'_>, s: &DcCkfSnapshot) -> IngestOutcome {
+    fn whole_snapshot(&mut self, sh: LaneContext<'_>, s: &DcCkfSnapshot) -> IngestOutcome {
         let bucket_count = sh.table.bucket_count() as u64;
         if s.buckets.len() as u64 != bucket_count {
             return self.fail(
@@ -393,7 +399,7 @@ impl LaneIngestor {
     /// Checks every acceptance rule of a current-stream delta; nothing is stored on `Err`.
     fn validate_delta(
         &mut self,
-        sh: Shared<'_>,
+        sh: LaneContext<'_>,
         d: &DcCkfDelta,
         queued: Duration,
     ) -> Result<(), RetireReason> {
@@ -451,7 +457,7 @@ impl LaneIngestor {
         Ok(())
     }
 
-    fn delta(&mut self, sh: Shared<'_>, d: &DcCkfDelta, queued: Duration) -> IngestOutcome {
+    fn delta(&mut self, sh: LaneContext<'_>, d: &DcCkfDelta, queued: Duration) -> IngestOutcome {
         if let Err(reason) = self.validate_delta(sh, d, queued) {
             return self.fail(sh, reason);
         }
@@ -477,7 +483,7 @@ impl LaneIngestor {
         }
     }
 
-    fn drain(&mut self, sh: Shared<'_>, m: &DrainMarker) -> IngestOutcome {
+    fn drain(&mut self, sh: LaneContext<'_>, m: &DrainMarker) -> IngestOutcome {
         if self.state != LaneState::Active {
             return self.fail(sh, RetireReason::NotActive { frame: "drain" });
         }

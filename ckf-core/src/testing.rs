@@ -12,10 +12,11 @@
 //! would: they are for setting up a test, not for checking the rule under test.
 
 use crate::dc::DcCkfState;
+use crate::frames::Heartbeat;
 use crate::frames::{BucketImage, DcCkfDelta, DcCkfSnapshot, DrainMarker, SnapshotChunk};
 use crate::global::GlobalCkfIndexer;
 use crate::identity::{LaneIndex, ProducerIdentity, ProducerIncarnation, StreamTag};
-use crate::lane::{Frame, Heartbeat, IngestOutcome};
+use crate::lane::{Frame, IngestOutcome};
 use crate::publication::DcCkfPublisher;
 
 /// The identity of a producer of `lane`'s pool with the manifest's format.

@@ -14,7 +14,7 @@ use ckf_core::dc::{DcCkfConfig, DcCkfState, MemberId};
 use ckf_core::frames::{BucketImage, DcCkfDelta, DcCkfSnapshot};
 use ckf_core::global::{GlobalCkfIndexer, Manifest};
 use ckf_core::identity::{IndexerDomainId, PoolId, ProducerIdentity, StreamTag};
-use ckf_core::ingestion::{IngestionPool, PoolConfig};
+use ckf_core::ingestion::{IngestionWorkers, IngestionWorkersConfig};
 use ckf_core::lane::{Frame, IngestOutcome, LagPolicy};
 use ckf_core::publication::DcCkfPublisher;
 
@@ -49,9 +49,9 @@ impl Rng {
 fn queries_never_report_lanes_that_were_not_ready() {
     let format = TableFormat::new(512, 3).unwrap();
     let ix = Arc::new(indexer(format, 4));
-    let pool = IngestionPool::new(
+    let pool = IngestionWorkers::new(
         ix.clone(),
-        PoolConfig {
+        IngestionWorkersConfig {
             queue_capacity: 64,
             tick: Duration::from_millis(50),
         },
@@ -111,7 +111,7 @@ fn queries_never_report_lanes_that_were_not_ready() {
         })
         .collect();
 
-    // Writer: drives lanes 0..3 through the ingestion pool until the readers are done.
+    // Writer: drives lanes 0..3 through the ingestion workers until the readers are done.
     let writer = {
         let (ix, stop) = (ix.clone(), stop.clone());
         std::thread::spawn(move || {

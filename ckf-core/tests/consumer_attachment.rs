@@ -11,10 +11,8 @@ use ckf_core::global::{
     AttachError, AttachRequest, ClaimedFormat, GlobalCkfIndexer, Manifest, StreamEnd, StreamVerdict,
 };
 use ckf_core::identity::{IndexerDomainId, LaneLease, PoolId, ProducerIncarnation};
-use ckf_core::ingestion::{IngestionPool, PoolConfig, SubmitError};
-use ckf_core::lane::{
-    IgnoreReason, IngestError, IngestOutcome, LagPolicy, LaneState, RetireReason,
-};
+use ckf_core::ingestion::{IngestionWorkers, IngestionWorkersConfig, SubmitError};
+use ckf_core::lane::{IgnoreReason, IngestOutcome, LagPolicy, LaneState, RetireReason, StrayFrame};
 use ckf_core::testing::{self, TestStream};
 
 const BUCKETS: u64 = 64;
@@ -161,7 +159,7 @@ fn a_frame_under_another_lease_is_refused_before_submission() {
     let err = at.check(&forged.heartbeat()).unwrap_err();
     assert_eq!(
         err,
-        IngestError::ForeignLease {
+        StrayFrame::ForeignLease {
             frame: "heartbeat",
             got: forged.tag.lease,
             held: at.lease(),
@@ -281,7 +279,7 @@ fn ignored_and_rejected_outcomes_are_reported_as_they_are() {
         at.outcome(IngestOutcome::Ignored(other.clone())),
         StreamVerdict::End(StreamEnd::Ignored(other))
     );
-    let unknown = IngestError::UnknownLease {
+    let unknown = StrayFrame::UnknownLease {
         lane: 0,
         epoch: 9,
         latest: 1,
@@ -312,9 +310,9 @@ fn queue_refusals_become_stream_ends() {
     );
     assert_eq!(at.submit_failed(SubmitError::ShutDown), StreamEnd::ShutDown);
     // Through a real pool: a frame for a lane outside the manifest is refused as unknown.
-    let pool = IngestionPool::new(
+    let pool = IngestionWorkers::new(
         Arc::clone(&ix),
-        PoolConfig {
+        IngestionWorkersConfig {
             queue_capacity: 4,
             tick: Duration::from_millis(10),
         },
@@ -327,7 +325,7 @@ fn queue_refusals_become_stream_ends() {
     let err = pool.submit(nowhere.heartbeat(), None).unwrap_err();
     assert_eq!(
         at.submit_failed(err),
-        StreamEnd::Refused(IngestError::UnknownLane { lane: 7, lanes: 2 })
+        StreamEnd::Refused(StrayFrame::UnknownLane { lane: 7, lanes: 2 })
     );
     pool.shutdown();
 }

@@ -11,10 +11,10 @@ use ckf_core::global::{AttachError, ClaimedFormat, GlobalCkfIndexer, Manifest, M
 use ckf_core::identity::{
     IndexerDomainId, LaneLease, PoolId, ProducerIdentity, ProducerIncarnation,
 };
-use ckf_core::ingestion::{IngestionPool, PoolConfig, SubmitError};
+use ckf_core::ingestion::{IngestionWorkers, IngestionWorkersConfig, SubmitError};
 use ckf_core::lane::{
-    DeltaError, Frame, IgnoreReason, IngestError, IngestOutcome, LagPolicy, LaneEventKind,
-    LaneState, RetireReason, SnapshotError,
+    DeltaError, Frame, IgnoreReason, IngestOutcome, LagPolicy, LaneEventKind, LaneState,
+    RetireReason, SnapshotError, StrayFrame,
 };
 use ckf_core::publication::DcCkfPublisher;
 use ckf_core::testing::{self, TestStream as Stream};
@@ -380,7 +380,7 @@ fn never_granted_lease_and_unknown_lane_are_rejected() {
     future.tag.lease.epoch = 9;
     assert_eq!(
         ix.ingest_now(&future.heartbeat()),
-        IngestOutcome::Rejected(IngestError::UnknownLease {
+        IngestOutcome::Rejected(StrayFrame::UnknownLease {
             lane: 0,
             epoch: 9,
             latest: 1
@@ -393,7 +393,7 @@ fn never_granted_lease_and_unknown_lane_are_rejected() {
     };
     assert_eq!(
         ix.ingest_now(&nowhere.heartbeat()),
-        IngestOutcome::Rejected(IngestError::UnknownLane { lane: 5, lanes: 2 })
+        IngestOutcome::Rejected(StrayFrame::UnknownLane { lane: 5, lanes: 2 })
     );
     assert_eq!(ix.lane_status(0).unwrap().state, LaneState::Active);
 }
@@ -931,9 +931,9 @@ fn pool_heartbeat_deadline_emits_retirement_event() {
     };
     let ix =
         std::sync::Arc::new(GlobalCkfIndexer::with_policy(manifest(2), INSTANCE, policy).unwrap());
-    let pool_ = IngestionPool::new(
+    let pool_ = IngestionWorkers::new(
         ix.clone(),
-        PoolConfig {
+        IngestionWorkersConfig {
             queue_capacity: 8,
             tick: Duration::from_millis(10),
         },
@@ -976,9 +976,9 @@ fn saturation_retires_only_that_lane() {
     let ix = std::sync::Arc::new(indexer(2));
     let a = activate(&ix, "dc-0", 1, 0, table_words(1));
     let b = activate(&ix, "dc-1", 2, 0, table_words(2));
-    let pool_ = IngestionPool::new(
+    let pool_ = IngestionWorkers::new(
         ix.clone(),
-        PoolConfig {
+        IngestionWorkersConfig {
             queue_capacity: 2,
             tick: Duration::from_millis(10),
         },

@@ -9,19 +9,19 @@ use ckf_core::identity::LaneIndex;
 use ckf_core::lane::LaneEventKind;
 use tokio::task::JoinHandle;
 
-use crate::shared::Shared;
+use crate::state::IndexerState;
 
 /// Gauge refresh period when no event arrives (a lease grant emits none).
 pub const REFRESH: Duration = Duration::from_millis(250);
 
 /// Spawns the watcher of every lane; they end on shutdown.
-pub fn spawn_all(shared: &Arc<Shared>) -> Vec<JoinHandle<()>> {
+pub fn spawn_all(shared: &Arc<IndexerState>) -> Vec<JoinHandle<()>> {
     (0..shared.indexer.lane_count())
         .map(|lane| tokio::spawn(watch(Arc::clone(shared), lane as LaneIndex)))
         .collect()
 }
 
-async fn watch(shared: Arc<Shared>, lane: LaneIndex) {
+async fn watch(shared: Arc<IndexerState>, lane: LaneIndex) {
     let Ok(events) = shared.indexer.subscribe(lane) else {
         return;
     };

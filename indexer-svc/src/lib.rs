@@ -33,7 +33,7 @@ pub mod metrics;
 pub mod query;
 pub mod relay;
 pub mod server;
-pub mod shared;
+pub mod state;
 pub mod status;
 
 pub use config::{Cli, IndexerConfig};

@@ -15,18 +15,18 @@ use ckf_core::lane::LaneStatus;
 use ckf_proto::v1::{self, query_server::Query};
 use tonic::{Request, Response, Status};
 
-use crate::shared::Shared;
+use crate::state::IndexerState;
 use crate::status::{QueryError, wire_reason};
 
 /// The Query service.
 #[derive(Debug, Clone)]
 pub struct QueryService {
-    shared: Arc<Shared>,
+    shared: Arc<IndexerState>,
 }
 
 impl QueryService {
     /// A Query service over the shared indexer state.
-    pub fn new(shared: Arc<Shared>) -> Self {
+    pub fn new(shared: Arc<IndexerState>) -> Self {
         Self { shared }
     }
 }

@@ -3,7 +3,7 @@
 //! ```text
 //! Attach -> GlobalCkfIndexer::attach -> Attachment (lease, incarnation, lane events) -> LeaseGranted
 //! SnapshotChunk | Delta | Heartbeat | DrainMarker -> decode -> Attachment::check
-//!            -> IngestionPool (lane's serialized ingestor) -> Attachment::outcome
+//!            -> IngestionWorkers (lane's serialized ingestor) -> Attachment::outcome
 //!            -> StreamVerdict -> Ack (activation, applied delta, drain) | Retired + status
 //! ```
 //! The handler only translates: it decodes wire frames ([`ckf_proto::convert`]), enforces the
@@ -24,9 +24,10 @@ use std::time::{Duration, Instant};
 
 use ckf_core::addressing::TableFormat;
 use ckf_core::failure::{Disposed, Disposition};
+use ckf_core::frames::Heartbeat;
 use ckf_core::global::{AttachRequest, Attachment, ClaimedFormat, StreamVerdict};
 use ckf_core::identity::ProducerIncarnation;
-use ckf_core::lane::{Frame, Heartbeat};
+use ckf_core::lane::Frame;
 use ckf_proto::convert;
 use ckf_proto::v1::{
     self, relay_frame::Frame as WireFrame, relay_reply::Reply, relay_server::Relay,
@@ -37,7 +38,7 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
 
 use crate::metrics::LaneMetrics;
-use crate::shared::{Shared, wire_kind};
+use crate::state::{IndexerState, wire_kind};
 use crate::status::{FrameError, RelayError};
 
 /// How long a new stream may take to send `Attach` when no heartbeat deadline is configured.
@@ -53,12 +54,12 @@ const TERMINAL_LINGER: Duration = Duration::from_secs(2);
 /// The Relay service.
 #[derive(Debug, Clone)]
 pub struct RelayService {
-    shared: Arc<Shared>,
+    shared: Arc<IndexerState>,
 }
 
 impl RelayService {
     /// A Relay service over the shared indexer state.
-    pub fn new(shared: Arc<Shared>) -> Self {
+    pub fn new(shared: Arc<IndexerState>) -> Self {
         Self { shared }
     }
 }
@@ -112,7 +113,7 @@ impl Relay for RelayService {
 
 /// Reads the first frame, which must be `Attach`, within the heartbeat deadline.
 async fn first_attach(
-    shared: &Shared,
+    shared: &IndexerState,
     inbound: &mut Streaming<v1::RelayFrame>,
 ) -> Result<v1::Attach, RelayError> {
     let timeout = match shared.heartbeat_deadline_ms {
@@ -167,7 +168,7 @@ fn attach_request(attach: v1::Attach) -> Result<AttachRequest, RelayError> {
 
 /// One attached stream: ckf-core's attachment and the lane's metrics.
 struct Session {
-    shared: Arc<Shared>,
+    shared: Arc<IndexerState>,
     attachment: Attachment,
     metrics: LaneMetrics,
 }
@@ -191,7 +192,7 @@ fn ack(installed_sequence: u64, drained: bool) -> v1::RelayReply {
 
 impl Session {
     /// Decodes the identity and asks ckf-core for an attachment.
-    fn attach(shared: Arc<Shared>, attach: v1::Attach) -> Result<Self, RelayError> {
+    fn attach(shared: Arc<IndexerState>, attach: v1::Attach) -> Result<Self, RelayError> {
         let attachment = shared.indexer.attach(&attach_request(attach)?)?;
         let metrics = shared.metrics.lane(shared.labels(attachment.lane()));
         metrics.leases_granted.inc();
@@ -306,7 +307,7 @@ impl Session {
             _ => None,
         };
         let (reply_tx, reply_rx) = flume::bounded(1);
-        if let Err(error) = self.shared.pool.submit(frame, Some(reply_tx)) {
+        if let Err(error) = self.shared.workers.submit(frame, Some(reply_tx)) {
             return Err(RelayError::Ended(self.attachment.submit_failed(error)));
         }
         let outcome = reply_rx

@@ -1,5 +1,5 @@
 //! Starting and stopping one indexer: [`serve`] validates the configuration, builds the
-//! consumer and its ingestion pool, binds the gRPC and metrics listeners (port 0 allowed; the
+//! consumer and its ingestion workers, binds the gRPC and metrics listeners (port 0 allowed; the
 //! bound addresses are reported in [`RunningIndexer`]), marks health `SERVING`, and runs until
 //! the shutdown future resolves or [`RunningIndexer::stop`] is called.
 //!
@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ckf_core::global::{GlobalCkfIndexer, ManifestError};
-use ckf_core::ingestion::{IngestionPool, PoolConfig};
+use ckf_core::ingestion::{IngestionWorkers, IngestionWorkersConfig};
 use ckf_proto::v1::{query_server::QueryServer, relay_server::RelayServer};
 use ckf_svc_kit::config::{Invalid, Validate};
 use ckf_svc_kit::{Shutdown, grpc, metrics::serve_metrics};
@@ -27,7 +27,7 @@ use crate::lane_watch;
 use crate::metrics::{IndexerMetrics, LaneLabels};
 use crate::query::QueryService;
 use crate::relay::RelayService;
-use crate::shared::Shared;
+use crate::state::IndexerState;
 
 /// gRPC services reported by the health service.
 pub const SERVICES: [&str; 2] = ["ckf.v1.Relay", "ckf.v1.Query"];
@@ -132,9 +132,9 @@ pub async fn serve(
         0 => Duration::from_millis(100),
         ms => Duration::from_millis((ms / 10).clamp(1, 100)),
     };
-    let pool = IngestionPool::new(
+    let workers = IngestionWorkers::new(
         Arc::clone(&indexer),
-        PoolConfig {
+        IngestionWorkersConfig {
             queue_capacity: config.limits.lane_queue_capacity as usize,
             tick,
         },
@@ -143,10 +143,10 @@ pub async fn serve(
     stop.trigger_on(shutdown);
 
     let metrics = IndexerMetrics::new();
-    let shared = Arc::new(Shared {
+    let shared = Arc::new(IndexerState {
         labels: LaneLabels::all(&indexer),
         indexer: Arc::clone(&indexer),
-        pool,
+        workers,
         metrics: metrics.clone(),
         limits: LimitsConfig {
             max_images_per_delta: config.effective_max_images_per_delta(),

@@ -24,7 +24,7 @@
 
 use ckf_core::failure::{Disposed, Disposition};
 use ckf_core::global::{AttachError, StreamEnd};
-use ckf_core::lane::{IngestError, RetireReason};
+use ckf_core::lane::{RetireReason, StrayFrame};
 use ckf_proto::{WireError, v1};
 use tonic::{Code, Status};
 
@@ -84,7 +84,7 @@ pub enum FrameError {
     SecondAttach,
     /// ckf-core refused the frame before submission (a lease other than the stream's own).
     #[error("{0}")]
-    Refused(IngestError),
+    Refused(StrayFrame),
     /// A delta with more images than `limits.max_images_per_delta`.
     #[error("delta carries {images} images (limits.max_images_per_delta = {limit})")]
     TooManyImages {

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! GlobalCkfIndexer::attach(request) -> Attachment (lease + incarnation + events) | AttachError
-//! frame -> Attachment::check (own lease?) -> IngestionPool::submit -> IngestOutcome
+//! frame -> Attachment::check (own lease?) -> IngestionWorkers::submit -> IngestOutcome
 //!       -> Attachment::outcome -> StreamVerdict
 //! lane event -> Attachment::event -> StreamVerdict
 //! queue refusal -> Attachment::submit_failed -> StreamEnd
@@ -20,7 +20,7 @@ use crate::failure::{Disposed, Disposition};
 use crate::identity::{LaneIndex, LaneLease, PoolId, ProducerIdentity, ProducerIncarnation};
 use crate::ingestion::SubmitError;
 use crate::lane::{
-    Frame, IgnoreReason, IngestError, IngestOutcome, LaneEvent, LaneEventKind, RetireReason,
+    Frame, IgnoreReason, IngestOutcome, LaneEvent, LaneEventKind, RetireReason, StrayFrame,
 };
 
 use super::{AttachError, GlobalCkfIndexer};
@@ -133,13 +133,13 @@ pub enum StreamEnd {
     },
     /// The consumer could not attribute a frame of this stream to its lane; nothing changed.
     #[error("{0}")]
-    Refused(IngestError),
+    Refused(StrayFrame),
     /// The consumer ignored a frame of this stream as not the lane's current traffic, for a
     /// reason a well-formed attachment cannot produce (another consumer instance or another
     /// incarnation); nothing changed.
     #[error("frame ignored: {0}")]
     Ignored(IgnoreReason),
-    /// The consumer is shutting down (its ingestion pool or the lane's subscribers closed).
+    /// The consumer is shutting down (its ingestion workers or the lane's subscribers closed).
     #[error("indexer is shutting down")]
     ShutDown,
 }
@@ -221,12 +221,12 @@ impl Attachment {
     /// Checks, before submission, that `frame` carries this stream's own lease.
     ///
     /// # Errors
-    /// [`IngestError::ForeignLease`]: the frame must not be submitted, and the stream is lost
+    /// [`StrayFrame::ForeignLease`]: the frame must not be submitted, and the stream is lost
     /// (call [`Attachment::stream_lost`]).
-    pub fn check(&self, frame: &Frame) -> Result<(), IngestError> {
+    pub fn check(&self, frame: &Frame) -> Result<(), StrayFrame> {
         let got = frame.tag().lease;
         if got != self.lease {
-            return Err(IngestError::ForeignLease {
+            return Err(StrayFrame::ForeignLease {
                 frame: frame.kind(),
                 got,
                 held: self.lease,
@@ -283,7 +283,7 @@ impl Attachment {
         }
     }
 
-    /// The end of the stream when [`crate::ingestion::IngestionPool::submit`] refused one of
+    /// The end of the stream when [`crate::ingestion::IngestionWorkers::submit`] refused one of
     /// its frames: a full lane queue retired the lane ([`RetireReason::Saturated`]), an unknown
     /// lane is refused, a closed pool is a shutdown.
     pub fn submit_failed(&self, error: SubmitError) -> StreamEnd {

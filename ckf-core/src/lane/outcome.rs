@@ -225,9 +225,10 @@ pub enum IgnoreReason {
     LaneRetired(RetireReason),
 }
 
-/// A frame that cannot belong to any lane stream of this consumer.
+/// A frame that belongs to no current stream of this consumer: an unknown lane, a lease this
+/// consumer never granted, or (on an attached stream) another stream's lease.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
-pub enum IngestError {
+pub enum StrayFrame {
     /// The lease names a lane outside the manifest.
     #[error("lane {lane} is not in the manifest ({lanes} lanes)")]
     UnknownLane {
@@ -288,7 +289,7 @@ pub enum IngestOutcome {
     /// Stale or superseded traffic; nothing changed.
     Ignored(IgnoreReason),
     /// Not attributable to any lane stream; nothing changed.
-    Rejected(IngestError),
+    Rejected(StrayFrame),
     /// This frame retired the lane (or found it failing).
     Retired(RetireReason),
 }

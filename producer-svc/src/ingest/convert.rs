@@ -8,7 +8,7 @@ use ckf_core::identity::ProducerIdentity;
 use ckf_proto::v1;
 use ckf_proto::v1::kv_event::Kind;
 
-use crate::error::{RequestError, MAX_SOURCE_ID_BYTES};
+use crate::error::{MAX_SOURCE_ID_BYTES, RequestError};
 use crate::events::{BatchReport, EventError, EventReport, IngestBatch, IngestEvent};
 use ckf_core::sources::SequenceCheck;
 

@@ -1,10 +1,10 @@
-//! What every handler of one indexer shares: the core consumer, its ingestion pool, the
+//! What every handler of one indexer shares: the core consumer, its ingestion workers, the
 //! metrics, the limits and the shutdown signal. Built once by [`crate::serve`].
 
 use std::sync::Arc;
 
 use ckf_core::global::GlobalCkfIndexer;
-use ckf_core::ingestion::IngestionPool;
+use ckf_core::ingestion::IngestionWorkers;
 use ckf_proto::v1::{self, relay_frame::Frame as WireFrame};
 use ckf_svc_kit::Shutdown;
 use prost::Message;
@@ -13,13 +13,13 @@ use tokio::sync::Semaphore;
 use crate::config::LimitsConfig;
 use crate::metrics::{IndexerMetrics, LaneLabels};
 
-/// Shared state of the Relay and Query handlers.
+/// The state the Relay and Query handlers share (one `Arc` per server).
 #[derive(Debug)]
-pub struct Shared {
+pub struct IndexerState {
     /// The transposed global consumer (leases, lane state machine, table, search).
     pub indexer: Arc<GlobalCkfIndexer>,
     /// One serialized ingestor thread per lane behind bounded queues.
-    pub pool: IngestionPool,
+    pub workers: IngestionWorkers,
     /// Prometheus metrics.
     pub metrics: IndexerMetrics,
     /// `lane` / `dc` label values per lane.
@@ -34,7 +34,7 @@ pub struct Shared {
     pub shutdown: Shutdown,
 }
 
-impl Shared {
+impl IndexerState {
     /// Labels of `lane` (a manifest lane).
     pub fn labels(&self, lane: u8) -> &LaneLabels {
         &self.labels[usize::from(lane)]
