@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# End-to-end test of the shipped deployment (issue 5), run by CI (.ci/run):
+# End-to-end test of the shipped deployment, run by CI (.ci/run):
 #   0. the Kubernetes manifests pass a real schema validator (kubernetes-validate, from PyPI)
 #      and the compose file parses (with and without the prometheus profile);
 #   1. build the image (deploy/build-image.sh, reusing the workspace's release build);

@@ -1,5 +1,5 @@
-//! Prefix-search latency of `GlobalCkfIndexer::find_prefix_matches` (issue 2 benchmarks,
-//! BENCHMARKS.md targets), each figure next to an exact baseline measured in the same run on the
+//! Prefix-search latency of `GlobalCkfIndexer::find_prefix_matches` (targets: the
+//! query-latency rows of this crate's README), each figure next to an exact baseline measured in the same run on the
 //! same queries: a `HashMap<u64, u16 lane bitmask>` index (the producer's map hasher,
 //! `FoldHashBuilder`) answering the same prefix-depth question.
 //!

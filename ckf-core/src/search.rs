@@ -1,5 +1,6 @@
 //! Multi-lane prefix search over the transposed table (design source, "Global transposed
-//! consumer"; DESIGN.md section 3, "search").
+//! consumer": one probe compares the same candidate buckets across every ready lane, with an
+//! early exit once no lane still matches).
 //!
 //! For a block-hash sequence `h[0..n]`, the prefix depth of a lane is the number of leading
 //! blocks whose fingerprint is present in one of their two candidate buckets of that lane: the

@@ -1,4 +1,4 @@
-//! `LocalCkfAdapter` (issue 2, item 9): producer -> consumer in process, with injected faults
+//! `LocalCkfAdapter`: producer -> consumer in process, with injected faults
 //! and recovery. A lost final delta is caught by the drain marker -> lane retired -> new lease ->
 //! barrier snapshot -> ready again with the producer's bytes. Other lanes are never affected.
 

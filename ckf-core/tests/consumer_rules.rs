@@ -1,5 +1,5 @@
-//! One test per consumer acceptance rule and per lane transition (issue 2, item 6; design source,
-//! "Lane recovery and failure boundaries"). Frames are built by hand so every rule is hit exactly.
+//! One test per consumer acceptance rule and per lane transition (design source, "Lane
+//! recovery and failure boundaries"). Frames are built by hand so every rule is hit exactly.
 
 use std::time::{Duration, Instant};
 

@@ -1,4 +1,4 @@
-//! Prefix search against an exact model of the table (issue 2, item 8): for every lane ready at
+//! Prefix search against an exact model of the table: for every lane ready at
 //! capture, depth = number of leading blocks whose fingerprint is in one of their two candidate
 //! buckets of that lane. Both row kernels (AVX-512 where the CPU has it, and the portable one)
 //! must equal the model for every lane count 1..=16.

@@ -1,4 +1,4 @@
-//! `DcCkfState` against an exact model (issue 2, "Property test against an exact model").
+//! `DcCkfState` against an exact model (design source, "Correctness checks").
 //!
 //! Random store / remove / clear / remove-worker / publish sequences over 6 members (3 workers x
 //! 2 ranks, so some blocks have more than the three inline owners) and 64 block hashes, on 8-32 bucket tables with 0-500 kicks, so collisions, kicks and

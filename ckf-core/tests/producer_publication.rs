@@ -1,5 +1,5 @@
 //! Publication protocol on the producer side: lease install rules, barrier snapshot, sequence
-//! chain, drain marker, fencing and sequence exhaustion (issue 2, item 5).
+//! chain, drain marker, fencing and sequence exhaustion (design source, "Publication protocol").
 
 use ckf_core::dc::{DcCkfConfig, DcCkfState, MemberId};
 use ckf_core::publication::{DcCkfPublisher, FenceReason, PublishError, PublisherState};

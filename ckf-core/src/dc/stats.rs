@@ -1,6 +1,6 @@
 //! Producer statistics and the memory estimate behind `bytes_used`.
 
-/// A point-in-time view of one producer's state (issue 2, item 3).
+/// A point-in-time view of one producer's state: sizes, load and the memory estimate.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DcCkfStats {
     /// Members owning at least one block.
