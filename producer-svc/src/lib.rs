@@ -171,7 +171,7 @@ pub async fn serve(
         format,
     };
     let mut dc_config = DcCkfConfig::new(format);
-    dc_config.max_kicks = config.table.max_kicks;
+    dc_config.max_kicks = config.max_kicks();
     let state = DcCkfState::new(dc_config).map_err(|e| ConfigError::Invalid {
         invalid: ckf_svc_kit::config::Invalid::new("table", format, e.to_string()),
         source_name: None,
