@@ -10,6 +10,7 @@
 //! | [`table`] | the `[table]` section both services share: keys of `ckf_core::addressing::TableSizing` |
 //! | [`logging`] | `tracing` subscriber: human or JSON, `RUST_LOG`-style filter |
 //! | [`metrics`] | Prometheus registration helpers and the text endpoint (`GET /metrics`) on its own address (axum) |
+//! | [`scrape`] | reading a `/metrics` endpoint: HTTP GET (`ureq`) and text parse (`prometheus-parse`) |
 //! | [`shutdown`] | SIGTERM/SIGINT -> one cancellable [`shutdown::Shutdown`] token |
 //! | [`grpc`] | listener binding, `grpc.health.v1` and server reflection helpers |
 
@@ -17,6 +18,7 @@ pub mod config;
 pub mod grpc;
 pub mod logging;
 pub mod metrics;
+pub mod scrape;
 pub mod shutdown;
 pub mod table;
 
