@@ -41,7 +41,7 @@ impl Services {
         let lanes: Vec<&str> = names.iter().map(String::as_str).collect();
         let expected = shape.max_blocks_per_dc().max(1024);
         let mut config = indexer_svc::IndexerConfig::for_lanes(DOMAIN, &lanes);
-        config.table.expected_blocks_per_lane = expected;
+        config.table.expected_blocks = expected;
         let indexer = indexer_svc::serve(config, std::future::pending())
             .await
             .context("starting the indexer")?;

@@ -13,13 +13,13 @@
 //! | [`oracle`] | exact per-DC block holdings: the truth answers are judged against |
 //! | [`policy`] | `ckf`, `random`, `round-robin` DC choice |
 //! | [`sim`] | offline replays (oracle as index) for policy comparison |
-//! | [`stats`] | percentile summaries |
+//! | [`stats`] | percentile summaries (`hdrhistogram`) |
 //! | [`events`] | a serve's KV events as a `ckf.v1` batch; per-source sequences |
 //! | [`probe`] | visibility probes: event-to-visible lag and per-DC watermarks |
 //! | [`accuracy`] | judging answers against the oracle (over/under-estimates by cause) |
 //! | [`live`] | the live replay driver against producers and an indexer |
 //! | [`report`] | the report (text and JSON) |
-//! | [`scrape`] | one counter from a Prometheus `/metrics` endpoint (relay bytes) |
+//! | [`scrape`] | one counter from a Prometheus `/metrics` endpoint (relay bytes), via `ckf_svc_kit::scrape` |
 //! | [`demo`] | in-process indexer + producers on loopback for `ckf demo` |
 //! | [`cli`], [`commands`] | flags, and running each subcommand |
 

@@ -272,8 +272,8 @@ pub async fn replay(
             blocks_per_s: rate(blocks),
             queries_per_s: rate(queries),
         },
-        query_latency_us: Summary::of(&mut latencies_us),
-        visibility_lag_ms: Summary::of(&mut probes.lags_ms()),
+        query_latency_us: Summary::of(&latencies_us),
+        visibility_lag_ms: Summary::of(&probes.lags_ms()),
         visibility_probe_timeouts: probes.timeouts(),
         accuracy,
         final_check: FinalCheck {

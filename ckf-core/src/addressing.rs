@@ -320,3 +320,95 @@ mod tests {
         assert!(matches!(f.validate(), Err(FormatError::Unsupported(_))));
     }
 }
+
+/// How a deployment chooses its table format: an explicit bucket count, or a count derived from
+/// the expected number of unique blocks per lane at [`TARGET_LOAD`], plus the seed.
+///
+/// This is the one derivation both services use (their `[table]` configuration is this type's
+/// three fields), so a producer and an indexer given the same numbers always agree on the
+/// format:
+///
+/// * `bucket_count != 0`: exactly that many buckets ([`TableFormat::new`]); `expected_blocks`
+///   is ignored;
+/// * `bucket_count == 0`: [`buckets_for_blocks`]`(expected_blocks)`, where `expected_blocks`
+///   must be at least 1 (0 would silently give a 2-bucket table, so it is refused here even
+///   though [`buckets_for_blocks`] clamps it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TableSizing {
+    /// Expected unique blocks per lane (blocks); used only when `bucket_count` is 0.
+    pub expected_blocks: u64,
+    /// Explicit bucket count (a power of two in `MIN_BUCKETS..=MAX_BUCKETS`); 0 = derive it.
+    pub bucket_count: u64,
+    /// Addressing seed (part of the format).
+    pub seed: u64,
+}
+
+/// Why a [`TableSizing`] gives no format. Each variant names which input is at fault, so a
+/// caller can report the right configuration key.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum SizingError {
+    /// `bucket_count` is 0 and so is `expected_blocks`: nothing to size the table from.
+    #[error("must be at least 1 (or set an explicit bucket count)")]
+    NoExpectedBlocks,
+    /// The explicit `bucket_count` is not a valid bucket count.
+    #[error("{0}")]
+    BucketCount(FormatError),
+    /// `expected_blocks` needs more than [`MAX_BUCKETS`] buckets.
+    #[error("{0}")]
+    ExpectedBlocks(FormatError),
+}
+
+impl TableSizing {
+    /// The version-1 format these inputs describe (rules in the type's doc).
+    ///
+    /// # Errors
+    /// [`SizingError::BucketCount`] for an explicit count that is not a power of two in range;
+    /// [`SizingError::NoExpectedBlocks`] or [`SizingError::ExpectedBlocks`] when deriving.
+    pub fn format(&self) -> Result<TableFormat, SizingError> {
+        if self.bucket_count != 0 {
+            return TableFormat::new(self.bucket_count, self.seed)
+                .map_err(SizingError::BucketCount);
+        }
+        if self.expected_blocks == 0 {
+            return Err(SizingError::NoExpectedBlocks);
+        }
+        TableFormat::for_expected_blocks(self.expected_blocks, self.seed)
+            .map_err(SizingError::ExpectedBlocks)
+    }
+}
+
+#[cfg(test)]
+mod sizing_tests {
+    use super::*;
+
+    #[test]
+    fn explicit_count_wins_and_derivation_uses_the_target_load() {
+        let sized = |expected_blocks, bucket_count| {
+            TableSizing {
+                expected_blocks,
+                bucket_count,
+                seed: 7,
+            }
+            .format()
+        };
+        let explicit = TableFormat::new(1024, 7).unwrap();
+        assert_eq!(sized(0, 1024), Ok(explicit));
+        assert_eq!(sized(u64::MAX, 1024), Ok(explicit));
+        assert_eq!(
+            sized(1_000_000, 0).unwrap(),
+            TableFormat::new(buckets_for_blocks(1_000_000).unwrap(), 7).unwrap()
+        );
+        assert_eq!(sized(1_000_000, 0).unwrap().bucket_count, 1 << 19);
+        assert_eq!(sized(0, 0), Err(SizingError::NoExpectedBlocks));
+        assert_eq!(
+            sized(0, 1000),
+            Err(SizingError::BucketCount(FormatError::NotPowerOfTwo(1000)))
+        );
+        assert_eq!(
+            sized(u64::MAX, 0),
+            Err(SizingError::ExpectedBlocks(FormatError::TooManyBlocks(
+                u64::MAX
+            )))
+        );
+    }
+}

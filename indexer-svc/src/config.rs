@@ -12,8 +12,10 @@ use ckf_core::addressing::TableFormat;
 use ckf_core::global::Manifest;
 use ckf_core::identity::{DcId, IndexerDomainId, PoolId};
 use ckf_core::lane::LagPolicy;
+use ckf_proto::convert::WIRE_BYTES_PER_IMAGE;
 use ckf_svc_kit::LogFormat;
-use ckf_svc_kit::config::{ConfigError, Invalid, Layers, Overrides, Validate};
+use ckf_svc_kit::config::{ConfigError, Invalid, Layers, Overrides, Validate, at_least, in_range};
+use ckf_svc_kit::table::{EXPECTED_BLOCKS_PER_LANE_ALIAS, TableConfig};
 use clap::Parser;
 use serde::{Deserialize, Serialize};
 
@@ -29,9 +31,6 @@ pub const ENV_PREFIX: &str = "CKF_INDEXER_";
 pub const MIN_MESSAGE_BYTES: u64 = 4 << 10;
 /// Largest accepted `limits.max_message_bytes` (256 MiB).
 pub const MAX_MESSAGE_BYTES: u64 = 256 << 20;
-/// Bytes one delta image costs on the wire at most (a `uint32` bucket varint of up to 5 bytes
-/// plus a `fixed64` image), used to check that `max_images_per_delta` fits a message.
-pub const WIRE_BYTES_PER_IMAGE: u64 = 13;
 
 /// Which pools feed this indexer: one domain, lanes in order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -48,32 +47,6 @@ impl Default for ManifestConfig {
         Self {
             domain: "default".into(),
             lanes: vec!["dc-a".into(), "dc-b".into(), "dc-c".into()],
-        }
-    }
-}
-
-/// The table format every producer must use (it must equal each producer's `[table]`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct TableConfig {
-    /// Expected unique blocks per lane; sizes the table with
-    /// `ckf_core::addressing::buckets_for_blocks` (90% target load, power-of-two buckets).
-    /// Ignored when `bucket_count` is nonzero.
-    pub expected_blocks_per_lane: u64,
-    /// Explicit bucket count (a power of two in 2..=2^32); 0 = derive from
-    /// `expected_blocks_per_lane`.
-    pub bucket_count: u64,
-    /// Addressing seed (part of the table format).
-    pub seed: u64,
-}
-
-impl Default for TableConfig {
-    /// 1,000,000 blocks per lane, seed 0: the same format as a default `ckf-producer`.
-    fn default() -> Self {
-        Self {
-            expected_blocks_per_lane: 1_000_000,
-            bucket_count: 0,
-            seed: 0,
         }
     }
 }
@@ -108,7 +81,7 @@ pub struct LimitsConfig {
     /// `LeaseGranted`).
     pub max_message_bytes: u64,
     /// Most bucket images one delta may carry (told to producers in `LeaseGranted`); lowered to
-    /// what fits `max_message_bytes` at 13 bytes per image.
+    /// what fits `max_message_bytes` at [`WIRE_BYTES_PER_IMAGE`] bytes per image.
     pub max_images_per_delta: u32,
     /// Relay streams open at once; further attachments get `RESOURCE_EXHAUSTED`.
     pub max_relay_streams: u32,
@@ -136,7 +109,8 @@ impl Default for LimitsConfig {
 pub struct IndexerConfig {
     /// Domain and lanes.
     pub manifest: ManifestConfig,
-    /// Table format.
+    /// Table format (every producer's must be equal; `ckf_svc_kit::table`). The old key
+    /// `table.expected_blocks_per_lane` is still accepted for `table.expected_blocks`.
     pub table: TableConfig,
     /// Lag policy.
     pub lag: LagConfig,
@@ -182,27 +156,17 @@ impl IndexerConfig {
     /// The table format (explicit bucket count, or sized from the expected blocks).
     ///
     /// # Errors
-    /// [`Invalid`] naming `table.bucket_count` or `table.expected_blocks_per_lane`.
+    /// [`Invalid`] naming `table.bucket_count` or `table.expected_blocks`, or `table.max_kicks`
+    /// when given (a producer setting: the indexer never inserts).
     pub fn format(&self) -> Result<TableFormat, Invalid> {
-        let t = &self.table;
-        if t.bucket_count != 0 {
-            return TableFormat::new(t.bucket_count, t.seed)
-                .map_err(|e| Invalid::new("table.bucket_count", t.bucket_count, e.to_string()));
-        }
-        if t.expected_blocks_per_lane == 0 {
+        if let Some(kicks) = self.table.max_kicks {
             return Err(Invalid::new(
-                "table.expected_blocks_per_lane",
-                0,
-                "must be at least 1 (or set table.bucket_count)",
+                "table.max_kicks",
+                kicks,
+                "is a producer setting (the indexer never inserts): remove it",
             ));
         }
-        TableFormat::for_expected_blocks(t.expected_blocks_per_lane, t.seed).map_err(|e| {
-            Invalid::new(
-                "table.expected_blocks_per_lane",
-                t.expected_blocks_per_lane,
-                e.to_string(),
-            )
-        })
+        self.table.format()
     }
 
     /// The validated consumer manifest (names, lane count, distinct DCs, format).
@@ -240,7 +204,7 @@ impl IndexerConfig {
     /// Most images per delta actually enforced and granted: `limits.max_images_per_delta`,
     /// lowered to what fits `limits.max_message_bytes` at [`WIRE_BYTES_PER_IMAGE`] each.
     pub fn effective_max_images_per_delta(&self) -> u32 {
-        let fits = self.limits.max_message_bytes / WIRE_BYTES_PER_IMAGE;
+        let fits = self.limits.max_message_bytes / WIRE_BYTES_PER_IMAGE as u64;
         self.limits
             .max_images_per_delta
             .min(u32::try_from(fits).unwrap_or(u32::MAX))
@@ -260,28 +224,19 @@ impl Validate for IndexerConfig {
     fn validate(&self) -> Result<(), Invalid> {
         self.manifest()?;
         let l = &self.limits;
-        if !(MIN_MESSAGE_BYTES..=MAX_MESSAGE_BYTES).contains(&l.max_message_bytes) {
-            return Err(Invalid::new(
-                "limits.max_message_bytes",
-                l.max_message_bytes,
-                format!("must be in {MIN_MESSAGE_BYTES}..={MAX_MESSAGE_BYTES} bytes"),
-            ));
-        }
-        if l.max_images_per_delta == 0 {
-            return Err(Invalid::new(
-                "limits.max_images_per_delta",
-                0,
-                "must be at least 1",
-            ));
-        }
+        in_range(
+            "limits.max_message_bytes",
+            l.max_message_bytes,
+            MIN_MESSAGE_BYTES..=MAX_MESSAGE_BYTES,
+            "bytes",
+        )?;
         for (key, value) in [
+            ("limits.max_images_per_delta", l.max_images_per_delta),
             ("limits.max_relay_streams", l.max_relay_streams),
             ("limits.max_query_blocks", l.max_query_blocks),
             ("limits.lane_queue_capacity", l.lane_queue_capacity),
         ] {
-            if value == 0 {
-                return Err(Invalid::new(key, 0, "must be at least 1"));
-            }
+            at_least(key, value, 1, "")?;
         }
         Ok(())
     }
@@ -320,7 +275,11 @@ pub struct Cli {
     #[arg(long, value_name = "DC,...", value_delimiter = ',')]
     pub lanes: Option<Vec<String>>,
     /// Expected unique blocks per lane; sizes the table at 90% target load
-    /// [default: 1000000; key: table.expected_blocks_per_lane].
+    /// [default: 1000000; key: table.expected_blocks].
+    #[arg(long, value_name = "BLOCKS")]
+    pub expected_blocks: Option<u64>,
+    /// Old name of --expected-blocks, still accepted (giving both is refused)
+    /// [key: table.expected_blocks_per_lane, an alias of table.expected_blocks].
     #[arg(long, value_name = "BLOCKS")]
     pub expected_blocks_per_lane: Option<u64>,
     /// Explicit bucket count, a power of two; 0 = derive from the expected blocks
@@ -366,8 +325,9 @@ impl Cli {
             .set("log_format", self.log_format)
             .set("manifest.domain", self.domain.clone())
             .set("manifest.lanes", self.lanes.clone())
+            .set("table.expected_blocks", self.expected_blocks)
             .set(
-                "table.expected_blocks_per_lane",
+                EXPECTED_BLOCKS_PER_LANE_ALIAS.old,
                 self.expected_blocks_per_lane,
             )
             .set("table.bucket_count", self.bucket_count)
@@ -386,6 +346,7 @@ impl Cli {
             env_prefix: ENV_PREFIX,
             file: self.config.clone(),
             overrides,
+            aliases: &[EXPECTED_BLOCKS_PER_LANE_ALIAS],
         }
     }
 
@@ -475,10 +436,86 @@ mod tests {
         assert!(text.contains("17 lanes"), "{text}");
     }
 
+    /// `cli`'s layers with a test-private environment prefix.
+    fn load_with_env(cli: &Cli, prefix: &'static str) -> Result<IndexerConfig, ConfigError> {
+        Layers {
+            env_prefix: prefix,
+            ..cli.layers()
+        }
+        .load()
+    }
+
+    #[test]
+    fn expected_blocks_has_the_producers_key_and_the_old_one_as_an_alias() {
+        let format = |blocks: u64| TableFormat::for_expected_blocks(blocks, 0).unwrap();
+        let config = cli(&["--expected-blocks", "5000"]).load().unwrap();
+        assert_eq!(config.table.expected_blocks, 5000);
+        assert_eq!(config.format().unwrap(), format(5000));
+
+        // The old flag, TOML key and environment variable still set the same value.
+        let config = cli(&["--expected-blocks-per-lane", "6000"]).load().unwrap();
+        assert_eq!(config.format().unwrap(), format(6000));
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("old.toml");
+        std::fs::write(&file, "[table]\nexpected_blocks_per_lane = 7000\n").unwrap();
+        let file_arg = file.to_str().unwrap();
+        let config = cli(&["--config", file_arg]).load().unwrap();
+        assert_eq!(config.format().unwrap(), format(7000));
+        // SAFETY (of intent): a prefix only this test reads.
+        unsafe { std::env::set_var("CKF_IT1_TABLE__EXPECTED_BLOCKS_PER_LANE", "8000") };
+        let config = load_with_env(&cli(&[]), "CKF_IT1_").unwrap();
+        assert_eq!(config.format().unwrap(), format(8000));
+
+        // Both spellings: refused, naming both (and where each came from).
+        let err = load_with_env(&cli(&["--expected-blocks", "9000"]), "CKF_IT1_").unwrap_err();
+        let text = err.to_string();
+        assert!(matches!(err, ConfigError::Invalid { .. }), "{text}");
+        assert!(
+            text.contains("table.expected_blocks_per_lane = 8000"),
+            "{text}"
+        );
+        assert!(text.contains("table.expected_blocks,"), "{text}");
+        assert!(text.contains("command-line flag"), "{text}");
+        assert!(text.contains("CKF_IT1_"), "{text}");
+        let text = cli(&["--config", file_arg, "--expected-blocks", "1"])
+            .load()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            text.contains("table.expected_blocks_per_lane = 7000"),
+            "{text}"
+        );
+        assert!(text.contains(file_arg), "{text}");
+
+        // A rule broken under the old spelling is reported under it.
+        let text = cli(&["--expected-blocks-per-lane", "0"])
+            .load()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            text.contains("table.expected_blocks_per_lane = 0: must be at least 1"),
+            "{text}"
+        );
+        assert!(text.contains("command-line flag"), "{text}");
+    }
+
+    #[test]
+    fn the_producers_kick_bound_is_refused_here() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("kicks.toml");
+        std::fs::write(&file, "[table]\nmax_kicks = 500\n").unwrap();
+        let text = cli(&["--config", file.to_str().unwrap()])
+            .load()
+            .unwrap_err()
+            .to_string();
+        assert!(text.contains("table.max_kicks = 500"), "{text}");
+        assert!(text.contains("producer setting"), "{text}");
+    }
+
     #[test]
     fn images_per_delta_is_lowered_to_what_fits_a_message() {
         let config = cli(&["--max-message-bytes", "65536"]).load().unwrap();
-        assert_eq!(config.effective_max_images_per_delta(), 65536 / 13);
+        assert_eq!(config.effective_max_images_per_delta(), 65536 / 13); // 5 + 8 bytes per image
         let config = cli(&["--max-images-per-delta", "100"]).load().unwrap();
         assert_eq!(config.effective_max_images_per_delta(), 100);
     }

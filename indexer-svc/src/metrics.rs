@@ -6,10 +6,12 @@
 
 use ckf_core::global::GlobalCkfIndexer;
 use ckf_core::lane::{LaneState, LaneStatus, RetireReason};
-use ckf_svc_kit::metrics::{lag_buckets_seconds, latency_buckets_seconds};
+use ckf_svc_kit::metrics::{
+    counter, counter_vec, histogram, histogram_vec, int_gauge, int_gauge_vec, lag_buckets_seconds,
+    latency_buckets_seconds,
+};
 use prometheus::{
-    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry,
+    Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry,
 };
 
 /// Every lane state, for the one-hot `ckf_indexer_lane_state` gauge.
@@ -64,63 +66,29 @@ pub struct IndexerMetrics {
     pub event_to_applied_lag: HistogramVec,
 }
 
-fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
-    let metric = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
-    registry
-        .register(Box::new(metric.clone()))
-        .expect("unique metric");
-    metric
-}
-
-fn gauge_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
-    let metric = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
-    registry
-        .register(Box::new(metric.clone()))
-        .expect("unique metric");
-    metric
-}
-
-fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
-    let metric = IntCounter::new(name, help).expect("valid metric");
-    registry
-        .register(Box::new(metric.clone()))
-        .expect("unique metric");
-    metric
-}
-
 impl IndexerMetrics {
     /// Registers every metric in a fresh registry.
     pub fn new() -> Self {
         let r = Registry::new();
-        let query_duration = Histogram::with_opts(
-            HistogramOpts::new(
-                "ckf_indexer_query_duration_seconds",
-                "Duration of the multi-lane prefix search of one FindMatches, in seconds.",
-            )
-            .buckets(latency_buckets_seconds()),
-        )
-        .expect("valid metric");
-        r.register(Box::new(query_duration.clone()))
-            .expect("unique metric");
-        let event_to_applied_lag = HistogramVec::new(
-            HistogramOpts::new(
-                "ckf_indexer_event_to_applied_lag_seconds",
-                "Age of a delta's oldest change when applied (producer age at send + time at \
-                 the indexer), in seconds.",
-            )
-            .buckets(lag_buckets_seconds()),
+        let query_duration = histogram(
+            &r,
+            "ckf_indexer_query_duration_seconds",
+            "Duration of the multi-lane prefix search of one FindMatches, in seconds.",
+            latency_buckets_seconds(),
+        );
+        let event_to_applied_lag = histogram_vec(
+            &r,
+            "ckf_indexer_event_to_applied_lag_seconds",
+            "Age of a delta's oldest change when applied (producer age at send + time at \
+             the indexer), in seconds.",
             &["lane", "dc"],
-        )
-        .expect("valid metric");
-        r.register(Box::new(event_to_applied_lag.clone()))
-            .expect("unique metric");
-        let relay_streams = IntGauge::new(
+            lag_buckets_seconds(),
+        );
+        let relay_streams = int_gauge(
+            &r,
             "ckf_indexer_relay_streams",
             "Relay (producer) streams open now.",
-        )
-        .expect("valid metric");
-        r.register(Box::new(relay_streams.clone()))
-            .expect("unique metric");
+        );
         Self {
             frames_received: counter_vec(
                 &r,
@@ -176,19 +144,19 @@ impl IndexerMetrics {
                 &["lane", "dc"],
             ),
             relay_streams,
-            lane_state: gauge_vec(
+            lane_state: int_gauge_vec(
                 &r,
                 "ckf_indexer_lane_state",
                 "1 for the lane's current state (unassigned, awaiting_snapshot, active, retired).",
                 &["lane", "dc", "state"],
             ),
-            lane_ready: gauge_vec(
+            lane_ready: int_gauge_vec(
                 &r,
                 "ckf_indexer_lane_ready",
                 "1 when the lane answers queries.",
                 &["lane", "dc"],
             ),
-            lane_installed_sequence: gauge_vec(
+            lane_installed_sequence: int_gauge_vec(
                 &r,
                 "ckf_indexer_lane_installed_sequence",
                 "Last sequence installed in the lane.",

@@ -10,7 +10,10 @@ use std::time::Duration;
 use ckf_core::addressing::TableFormat;
 use ckf_core::identity::PoolId;
 use ckf_svc_kit::LogFormat;
-use ckf_svc_kit::config::{ConfigError, Invalid, Layers, Overrides, Validate};
+use ckf_svc_kit::TableConfig;
+use ckf_svc_kit::config::{
+    ConfigError, Invalid, Layers, Overrides, Validate, at_least, at_most, in_range,
+};
 use clap::Parser;
 use serde::{Deserialize, Serialize};
 
@@ -20,10 +23,6 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:7500";
 pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:9500";
 /// Prefix of every environment variable read (`CKF_PRODUCER_POOL__DC` sets `pool.dc`).
 pub const ENV_PREFIX: &str = "CKF_PRODUCER_";
-
-fn invalid(key: &'static str, value: impl std::fmt::Display, rule: impl Into<String>) -> Invalid {
-    Invalid::new(key, value, rule)
-}
 
 /// The pool this producer publishes: `(indexer domain, DC id)`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -40,32 +39,6 @@ impl Default for PoolConfig {
         Self {
             domain: "default".into(),
             dc: String::new(),
-        }
-    }
-}
-
-/// Table format and mutator settings. Must match the indexer manifest's format.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct TableConfig {
-    /// Expected unique blocks; sizes the table with `TableFormat::for_expected_blocks`
-    /// (90% target load, power-of-two buckets). Ignored when `bucket_count` is nonzero.
-    pub expected_blocks: u64,
-    /// Explicit bucket count (a power of two); 0 = derive from `expected_blocks`.
-    pub bucket_count: u64,
-    /// Addressing seed (part of the table format).
-    pub seed: u64,
-    /// Relocation bound of one cuckoo insertion (kicks); reaching it is a capacity omission.
-    pub max_kicks: u32,
-}
-
-impl Default for TableConfig {
-    fn default() -> Self {
-        Self {
-            expected_blocks: 1_000_000,
-            bucket_count: 0,
-            seed: 0,
-            max_kicks: ckf_core::dc::DEFAULT_MAX_KICKS,
         }
     }
 }
@@ -170,7 +143,8 @@ impl Default for ShutdownConfig {
 pub struct ProducerConfig {
     /// The pool published.
     pub pool: PoolConfig,
-    /// Table format and mutator.
+    /// Table format (must match the indexer manifest's; `ckf_svc_kit::table`) and the
+    /// mutator's kick bound (`table.max_kicks`, default [`ckf_core::dc::DEFAULT_MAX_KICKS`]).
     pub table: TableConfig,
     /// Publication cadence.
     pub publication: PublicationConfig,
@@ -194,7 +168,10 @@ impl Default for ProducerConfig {
     fn default() -> Self {
         Self {
             pool: PoolConfig::default(),
-            table: TableConfig::default(),
+            table: TableConfig {
+                max_kicks: Some(ckf_core::dc::DEFAULT_MAX_KICKS),
+                ..TableConfig::default()
+            },
             publication: PublicationConfig::default(),
             indexers: Vec::new(),
             reconnect: ReconnectConfig::default(),
@@ -236,76 +213,50 @@ impl ProducerConfig {
     /// [`Invalid`] naming the first key that breaks its rule, its value and the rule.
     pub fn pool_and_format(&self) -> Result<(PoolId, TableFormat), Invalid> {
         if self.pool.dc.is_empty() {
-            return Err(invalid(
+            return Err(Invalid::new(
                 "pool.dc",
                 "\"\"",
                 "required: set --dc, CKF_PRODUCER_POOL__DC or pool.dc in the TOML file",
             ));
         }
         let domain = ckf_core::identity::IndexerDomainId::new(self.pool.domain.clone())
-            .map_err(|e| invalid("pool.domain", &self.pool.domain, e.to_string()))?;
+            .map_err(|e| Invalid::new("pool.domain", &self.pool.domain, e.to_string()))?;
         let dc = ckf_core::identity::DcId::new(self.pool.dc.clone())
-            .map_err(|e| invalid("pool.dc", &self.pool.dc, e.to_string()))?;
-        let format = if self.table.bucket_count != 0 {
-            TableFormat::new(self.table.bucket_count, self.table.seed).map_err(|e| {
-                invalid("table.bucket_count", self.table.bucket_count, e.to_string())
-            })?
-        } else {
-            if self.table.expected_blocks == 0 {
-                return Err(invalid(
-                    "table.expected_blocks",
-                    0,
-                    "must be at least 1 (or set table.bucket_count)",
-                ));
-            }
-            TableFormat::for_expected_blocks(self.table.expected_blocks, self.table.seed).map_err(
-                |e| {
-                    invalid(
-                        "table.expected_blocks",
-                        self.table.expected_blocks,
-                        e.to_string(),
-                    )
-                },
-            )?
-        };
-        if self.table.max_kicks > ckf_core::dc::MAX_KICKS_LIMIT {
-            return Err(invalid(
-                "table.max_kicks",
-                self.table.max_kicks,
-                format!("must be at most {}", ckf_core::dc::MAX_KICKS_LIMIT),
-            ));
-        }
+            .map_err(|e| Invalid::new("pool.dc", &self.pool.dc, e.to_string()))?;
+        let format = self.table.format()?;
+        at_most(
+            "table.max_kicks",
+            self.max_kicks(),
+            ckf_core::dc::MAX_KICKS_LIMIT,
+            "",
+        )?;
         let p = &self.publication;
-        if p.batch_threshold == 0 {
-            return Err(invalid(
-                "publication.batch_threshold",
-                0,
-                "must be at least 1 bucket",
-            ));
-        }
-        if p.max_delay_ms == 0 || p.max_delay_ms > 60_000 {
-            return Err(invalid(
-                "publication.max_delay_ms",
-                p.max_delay_ms,
-                "must be in 1..=60000 milliseconds",
-            ));
-        }
-        if p.heartbeat_interval_ms < 10 || p.heartbeat_interval_ms > 600_000 {
-            return Err(invalid(
-                "publication.heartbeat_interval_ms",
-                p.heartbeat_interval_ms,
-                "must be in 10..=600000 milliseconds",
-            ));
-        }
-        if p.attachment_queue < 2 {
-            return Err(invalid(
-                "publication.attachment_queue",
-                p.attachment_queue,
-                "must be at least 2 queue entries",
-            ));
-        }
+        at_least(
+            "publication.batch_threshold",
+            p.batch_threshold,
+            1,
+            "bucket",
+        )?;
+        in_range(
+            "publication.max_delay_ms",
+            p.max_delay_ms,
+            1..=60_000,
+            "milliseconds",
+        )?;
+        in_range(
+            "publication.heartbeat_interval_ms",
+            p.heartbeat_interval_ms,
+            10..=600_000,
+            "milliseconds",
+        )?;
+        at_least(
+            "publication.attachment_queue",
+            p.attachment_queue,
+            2,
+            "queue entries",
+        )?;
         if self.indexers.is_empty() {
-            return Err(invalid(
+            return Err(Invalid::new(
                 "indexers",
                 "[]",
                 "at least one indexer endpoint is required (--indexer http://host:port)",
@@ -313,21 +264,20 @@ impl ProducerConfig {
         }
         for (i, endpoint) in self.indexers.iter().enumerate() {
             check_endpoint(endpoint)
-                .map_err(|rule| invalid("indexers", format!("[{i}] {endpoint}"), rule))?;
+                .map_err(|rule| Invalid::new("indexers", format!("[{i}] {endpoint}"), rule))?;
             if self.indexers[..i].contains(endpoint) {
-                return Err(invalid("indexers", endpoint, "listed twice"));
+                return Err(Invalid::new("indexers", endpoint, "listed twice"));
             }
         }
         let r = &self.reconnect;
-        if r.initial_backoff_ms == 0 {
-            return Err(invalid(
-                "reconnect.initial_backoff_ms",
-                0,
-                "must be at least 1 millisecond",
-            ));
-        }
+        at_least(
+            "reconnect.initial_backoff_ms",
+            r.initial_backoff_ms,
+            1,
+            "millisecond",
+        )?;
         if r.max_backoff_ms < r.initial_backoff_ms {
-            return Err(invalid(
+            return Err(Invalid::new(
                 "reconnect.max_backoff_ms",
                 r.max_backoff_ms,
                 format!(
@@ -336,50 +286,41 @@ impl ProducerConfig {
                 ),
             ));
         }
-        if r.connect_timeout_ms == 0 {
-            return Err(invalid(
-                "reconnect.connect_timeout_ms",
-                0,
-                "must be at least 1 millisecond",
-            ));
-        }
+        at_least(
+            "reconnect.connect_timeout_ms",
+            r.connect_timeout_ms,
+            1,
+            "millisecond",
+        )?;
         let l = &self.limits;
-        if l.ingest_channel_capacity == 0 {
-            return Err(invalid(
-                "limits.ingest_channel_capacity",
-                0,
-                "must be at least 1",
-            ));
-        }
-        if !(MIN_MESSAGE_BYTES_LIMIT..=MAX_MESSAGE_BYTES_LIMIT).contains(&l.max_message_bytes) {
-            return Err(invalid(
-                "limits.max_message_bytes",
-                l.max_message_bytes,
-                format!("must be in {MIN_MESSAGE_BYTES_LIMIT}..={MAX_MESSAGE_BYTES_LIMIT} bytes"),
-            ));
-        }
-        if l.max_events_per_batch == 0 {
-            return Err(invalid(
-                "limits.max_events_per_batch",
-                0,
-                "must be at least 1",
-            ));
-        }
-        if l.max_tracked_sources == 0 {
-            return Err(invalid(
-                "limits.max_tracked_sources",
-                0,
-                "must be at least 1",
-            ));
-        }
-        if self.shutdown.drain_timeout_ms == 0 {
-            return Err(invalid(
-                "shutdown.drain_timeout_ms",
-                0,
-                "must be at least 1 millisecond",
-            ));
-        }
+        at_least(
+            "limits.ingest_channel_capacity",
+            l.ingest_channel_capacity,
+            1,
+            "",
+        )?;
+        in_range(
+            "limits.max_message_bytes",
+            l.max_message_bytes,
+            MIN_MESSAGE_BYTES_LIMIT..=MAX_MESSAGE_BYTES_LIMIT,
+            "bytes",
+        )?;
+        at_least("limits.max_events_per_batch", l.max_events_per_batch, 1, "")?;
+        at_least("limits.max_tracked_sources", l.max_tracked_sources, 1, "")?;
+        at_least(
+            "shutdown.drain_timeout_ms",
+            self.shutdown.drain_timeout_ms,
+            1,
+            "millisecond",
+        )?;
         Ok((PoolId { domain, dc }, format))
+    }
+
+    /// `table.max_kicks`: the relocation bound of one cuckoo insertion, in kicks.
+    pub fn max_kicks(&self) -> u32 {
+        self.table
+            .max_kicks
+            .unwrap_or(ckf_core::dc::DEFAULT_MAX_KICKS)
     }
 
     /// `publication.max_delay_ms` as a duration.
@@ -548,6 +489,7 @@ impl Cli {
             env_prefix: ENV_PREFIX,
             file: self.config.clone(),
             overrides: self.overrides(),
+            aliases: &[],
         }
     }
 

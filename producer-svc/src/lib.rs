@@ -199,7 +199,7 @@ pub async fn serve(
         format,
     };
     let mut dc_config = DcCkfConfig::new(format);
-    dc_config.max_kicks = config.table.max_kicks;
+    dc_config.max_kicks = config.max_kicks();
     let state = DcCkfState::new(dc_config)
         .map_err(|e| invalid(Invalid::new("table", format, e.to_string())))?;
     let tracked_sources = NonZeroUsize::new(config.limits.max_tracked_sources as usize)

@@ -5,9 +5,11 @@
 //! with labels and units, is in the crate README ("Metrics").
 
 use ckf_core::dc::DcCkfStats;
+use ckf_svc_kit::metrics::{
+    counter, counter_vec, gauge, histogram, histogram_vec, int_gauge, int_gauge_vec,
+};
 use prometheus::{
-    Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry,
+    Gauge, Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry,
 };
 
 /// Publication states of one attachment, exported as a state set
@@ -124,70 +126,28 @@ pub struct Metrics {
     pub change_to_ack_seconds: HistogramVec,
 }
 
-fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
-    let c = IntCounter::new(name, help).expect("valid metric");
-    registry
-        .register(Box::new(c.clone()))
-        .expect("unique metric");
-    c
-}
-
-fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
-    let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
-    registry
-        .register(Box::new(c.clone()))
-        .expect("unique metric");
-    c
-}
-
-fn int_gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
-    let g = IntGauge::new(name, help).expect("valid metric");
-    registry
-        .register(Box::new(g.clone()))
-        .expect("unique metric");
-    g
-}
-
-fn int_gauge_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
-    let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
-    registry
-        .register(Box::new(g.clone()))
-        .expect("unique metric");
-    g
-}
-
 impl Metrics {
     /// Registers every metric in a fresh registry.
     pub fn new() -> Self {
         let r = Registry::new();
-        let load_factor = Gauge::new(
+        let load_factor = gauge(
+            &r,
             "ckf_producer_load_factor",
             "Resident fingerprints / table slots, 0..1.",
-        )
-        .expect("valid metric");
-        r.register(Box::new(load_factor.clone()))
-            .expect("unique metric");
-        let batch_images = Histogram::with_opts(
-            HistogramOpts::new(
-                "ckf_producer_batch_images",
-                "Bucket images per publication batch.",
-            )
-            .buckets(prometheus::exponential_buckets(1.0, 4.0, 10).expect("valid buckets")),
-        )
-        .expect("valid metric");
-        r.register(Box::new(batch_images.clone()))
-            .expect("unique metric");
-        let change_to_ack_seconds = HistogramVec::new(
-            HistogramOpts::new(
-                "ckf_producer_change_to_ack_seconds",
-                "Seconds from the oldest change of a delta to the indexer acknowledging it.",
-            )
-            .buckets(prometheus::exponential_buckets(0.0005, 2.0, 16).expect("valid buckets")),
+        );
+        let batch_images = histogram(
+            &r,
+            "ckf_producer_batch_images",
+            "Bucket images per publication batch.",
+            prometheus::exponential_buckets(1.0, 4.0, 10).expect("valid buckets"),
+        );
+        let change_to_ack_seconds = histogram_vec(
+            &r,
+            "ckf_producer_change_to_ack_seconds",
+            "Seconds from the oldest change of a delta to the indexer acknowledging it.",
             &["indexer"],
-        )
-        .expect("valid metric");
-        r.register(Box::new(change_to_ack_seconds.clone()))
-            .expect("unique metric");
+            prometheus::exponential_buckets(0.0005, 2.0, 16).expect("valid buckets"),
+        );
         Self {
             events: counter_vec(
                 &r,

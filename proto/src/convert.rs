@@ -674,3 +674,75 @@ mod tests {
         }
     }
 }
+
+/// Most bytes one bucket image adds to an encoded `Delta`: **13**.
+///
+/// `Delta.buckets` (`repeated uint32`, field 4) and `Delta.images` (`repeated fixed64`,
+/// field 5) are proto3 packed fields, so each field's tag and length prefix is written once
+/// per message and every image adds only its two elements:
+///
+/// * its bucket index as a varint: 7 bits per byte, so a `u32` up to `2^32 - 1` (the largest
+///   index of a `2^32`-bucket table) takes at most 5 bytes;
+/// * its image as a `fixed64`: always 8 bytes.
+///
+/// The per-message part (the two tags, 1 byte each, and the two length prefixes, at most 5
+/// bytes each, plus the lease and sequence fields) is not included: callers that size a frame
+/// to a byte limit reserve an envelope allowance for it. Both services divide their message
+/// budget by this number (the indexer to lower the images per delta it grants, the producer to
+/// cut its deltas); a test derives it from prost's `encoded_len` of worst-case images.
+pub const WIRE_BYTES_PER_IMAGE: usize = 13;
+
+#[cfg(test)]
+mod wire_size_tests {
+    use prost::Message;
+
+    use super::WIRE_BYTES_PER_IMAGE;
+    use crate::v1;
+
+    /// A delta of `n` worst-case images (largest bucket index, every bit of the image set)
+    /// and no other field.
+    fn worst_case(n: usize) -> usize {
+        v1::Delta {
+            buckets: vec![u32::MAX; n],
+            images: vec![u64::MAX; n],
+            ..v1::Delta::default()
+        }
+        .encoded_len()
+    }
+
+    #[test]
+    fn one_more_image_costs_exactly_the_constant() {
+        // Between sizes where the length prefixes keep their width, the growth per image is
+        // the per-image cost itself.
+        for n in [1, 10, 100, 1_000, 10_000] {
+            assert_eq!(
+                worst_case(n + 1) - worst_case(n),
+                WIRE_BYTES_PER_IMAGE,
+                "n = {n}"
+            );
+        }
+        // One image: 2 tags + 2 one-byte lengths + the image itself.
+        assert_eq!(worst_case(1), 4 + WIRE_BYTES_PER_IMAGE);
+    }
+
+    #[test]
+    fn the_constant_bounds_every_size_up_to_the_largest_message() {
+        // Up to 256 MiB / 13 images: the packed-field overhead stays within 2 x (1 + 5) bytes.
+        for n in [
+            0,
+            1,
+            127,
+            128,
+            1_000,
+            16_383,
+            16_384,
+            65_536,
+            1 << 20,
+            (256 << 20) / 13,
+        ] {
+            let len = worst_case(n);
+            assert!(len >= n * WIRE_BYTES_PER_IMAGE, "n = {n}: {len}");
+            assert!(len <= n * WIRE_BYTES_PER_IMAGE + 12, "n = {n}: {len}");
+        }
+    }
+}

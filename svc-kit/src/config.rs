@@ -1,5 +1,5 @@
-//! Layered configuration: **defaults < TOML file < environment < command-line flags**
-//! (DESIGN.md section 5), merged with figment and then checked by the service's own rules.
+//! Layered configuration: **defaults < TOML file < environment < command-line flags**, merged
+//! with figment and then checked by the service's own rules.
 //!
 //! * Defaults are the config type's `Default` value.
 //! * The TOML file is the one passed with `--config` (absent file = error, so a typo in the
@@ -9,12 +9,19 @@
 //!   `lag.heartbeat_deadline_ms`. Keys are lower-cased. `<PREFIX>CONFIG` is reserved for the
 //!   file path and ignored here.
 //! * Flags are [`Overrides`]: only flags the user actually gave are merged.
+//! * A [`KeyAlias`] is an old spelling of a key, still accepted in every layer; giving both
+//!   spellings is refused, naming both and where each came from.
+//!
+//! Every merge is figment's own `merge` (later layer wins, tables merged key by key, lists
+//! replaced whole); each given flag is one layer of its own, so two flags may share a table
+//! and an error names "command-line flag" as the value's source.
 //!
 //! Errors name the key, the offending value and the rule, plus where the value came from:
 //! type and unknown-key errors come from figment/serde ([`ConfigError::Load`]); semantic rules
-//! come from the type's [`Validate`] impl ([`ConfigError::Invalid`]).
+//! come from the type's [`Validate`] impl ([`ConfigError::Invalid`]), usually written with the
+//! small rule helpers [`at_least`], [`at_most`] and [`in_range`].
 
-use std::{fmt, path::PathBuf};
+use std::{fmt, ops::RangeInclusive, path::PathBuf};
 
 use figment::{
     Figment, Metadata, Profile, Provider,
@@ -105,32 +112,85 @@ impl Overrides {
     }
 }
 
-/// Flags are one provider, so an error names "command-line flag" as the value's source.
-impl Provider for Overrides {
+/// One given flag as a figment layer: `Serialized::default(key, value)` (figment nests the
+/// dotted key), renamed so that an error names "command-line flag" as the value's source
+/// instead of the Rust type that held it.
+struct Flag<'a> {
+    key: &'a str,
+    value: &'a Value,
+}
+
+impl Provider for Flag<'_> {
     fn metadata(&self) -> Metadata {
         Metadata::named("command-line flag")
     }
 
     fn data(&self) -> Result<Map<Profile, Dict>, figment::Error> {
-        let mut flags = Dict::new();
-        for (key, value) in &self.values {
-            for (_, dict) in Serialized::default(key, value.clone()).data()? {
-                deep_merge(&mut flags, dict);
-            }
-        }
-        Ok(Map::from([(Profile::Default, flags)]))
+        Serialized::default(self.key, self.value).data()
     }
 }
 
-/// Merges nested `from` into `into`, later keys winning (two flags may share a table).
-fn deep_merge(into: &mut Dict, from: Dict) {
-    for (key, value) in from {
-        match (into.get_mut(&key), value) {
-            (Some(Value::Dict(_, existing)), Value::Dict(_, nested)) => {
-                deep_merge(existing, nested)
+/// An old spelling of a configuration key, accepted in the TOML file, the environment and
+/// the flags as if it were `key`. Giving both spellings (in any layers) is refused with a
+/// [`ConfigError::Invalid`] naming both; a rule broken by a value given under the old
+/// spelling is reported under the old spelling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyAlias {
+    /// The old dotted key, e.g. `"table.expected_blocks_per_lane"`.
+    pub old: &'static str,
+    /// The dotted key it stands for, e.g. `"table.expected_blocks"`.
+    pub key: &'static str,
+}
+
+/// A layer with its aliased keys moved to their current spelling (its metadata unchanged, so
+/// errors still name the file or variable the value came from).
+struct Renamed<P> {
+    layer: P,
+    aliases: &'static [KeyAlias],
+}
+
+impl<P: Provider> Provider for Renamed<P> {
+    fn metadata(&self) -> Metadata {
+        self.layer.metadata()
+    }
+
+    fn data(&self) -> Result<Map<Profile, Dict>, figment::Error> {
+        let mut data = self.layer.data()?;
+        for dict in data.values_mut() {
+            for alias in self.aliases {
+                if let Some(value) = take_path(dict, alias.old) {
+                    insert_path(dict, alias.key, value);
+                }
             }
-            (_, value) => {
-                into.insert(key, value);
+        }
+        Ok(data)
+    }
+}
+
+/// Removes and returns the value at dotted `path`.
+fn take_path(dict: &mut Dict, path: &str) -> Option<Value> {
+    match path.split_once('.') {
+        None => dict.remove(path),
+        Some((head, rest)) => match dict.get_mut(head)? {
+            Value::Dict(_, nested) => take_path(nested, rest),
+            _ => None,
+        },
+    }
+}
+
+/// Sets dotted `path` to `value`, creating tables on the way (the caller has checked that the
+/// path is free).
+fn insert_path(dict: &mut Dict, path: &str, value: Value) {
+    match path.split_once('.') {
+        None => {
+            dict.insert(path.to_owned(), value);
+        }
+        Some((head, rest)) => {
+            let entry = dict
+                .entry(head.to_owned())
+                .or_insert_with(|| Value::Dict(figment::value::Tag::Default, Dict::new()));
+            if let Value::Dict(_, nested) = entry {
+                insert_path(nested, rest, value);
             }
         }
     }
@@ -145,6 +205,8 @@ pub struct Layers {
     pub file: Option<PathBuf>,
     /// Flags given on the command line.
     pub overrides: Overrides,
+    /// Old key spellings still accepted (none for most services).
+    pub aliases: &'static [KeyAlias],
 }
 
 impl Layers {
@@ -154,32 +216,91 @@ impl Layers {
             env_prefix,
             file: None,
             overrides: Overrides::new(),
+            aliases: &[],
         }
     }
 
-    /// The merged figment (defaults < file < environment < flags), before extraction.
+    /// The merged figment (defaults < file < environment < flags, aliases renamed), before
+    /// extraction.
     pub fn figment<C: Serialize + Default>(&self) -> Figment {
-        let mut figment = Figment::from(Serialized::defaults(C::default()));
+        self.user_layers(
+            Figment::from(Serialized::defaults(C::default())),
+            self.aliases,
+        )
+    }
+
+    /// `base` < file < environment < flags, each layer with `aliases` renamed.
+    fn user_layers(&self, base: Figment, aliases: &'static [KeyAlias]) -> Figment {
+        let mut figment = base;
         if let Some(file) = &self.file {
-            figment = figment.merge(Toml::file_exact(file));
+            figment = figment.merge(Renamed {
+                layer: Toml::file_exact(file),
+                aliases,
+            });
         }
-        figment = figment.merge(
-            Env::prefixed(self.env_prefix)
+        figment = figment.merge(Renamed {
+            layer: Env::prefixed(self.env_prefix)
                 .ignore(&["config"])
                 .split("__"),
-        );
-        figment.merge(&self.overrides)
+            aliases,
+        });
+        // One figment layer per flag, merged in order: two flags may share a table.
+        for (key, value) in &self.overrides.values {
+            figment = figment.merge(Renamed {
+                layer: Flag { key, value },
+                aliases,
+            });
+        }
+        figment
+    }
+
+    /// Refuses a key given under both its spellings; returns the aliases given under the old
+    /// spelling only.
+    fn check_aliases(&self) -> Result<Vec<KeyAlias>, ConfigError> {
+        if self.aliases.is_empty() {
+            return Ok(Vec::new());
+        }
+        // The user's layers as written (no defaults, nothing renamed).
+        let given = self.user_layers(Figment::new(), &[]);
+        let mut old_spelling = Vec::new();
+        for alias in self.aliases {
+            let Ok(old_value) = given.find_value(alias.old) else {
+                continue;
+            };
+            if given.find_value(alias.key).is_ok() {
+                let source = |key: &str| source_name(given.find_metadata(key));
+                return Err(ConfigError::Invalid {
+                    invalid: Invalid::new(
+                        alias.old,
+                        display_value(&old_value),
+                        format!(
+                            "is the old name of {}, which is also given{}: give only {}",
+                            alias.key,
+                            source(alias.key)
+                                .map(|s| format!(" (from {s})"))
+                                .unwrap_or_default(),
+                            alias.key
+                        ),
+                    ),
+                    source_name: source(alias.old),
+                });
+            }
+            old_spelling.push(*alias);
+        }
+        Ok(old_spelling)
     }
 
     /// Merges the layers, extracts `C` and validates it.
     ///
     /// # Errors
     /// [`ConfigError::Load`] for unreadable files, wrong types and unknown keys;
-    /// [`ConfigError::Invalid`] for values breaking `C`'s rules.
+    /// [`ConfigError::Invalid`] for values breaking `C`'s rules, and for a key given under
+    /// both spellings of a [`KeyAlias`].
     pub fn load<C>(&self) -> Result<C, ConfigError>
     where
         C: Serialize + DeserializeOwned + Default + Validate,
     {
+        let old_spelling = self.check_aliases()?;
         let figment = self.figment::<C>();
         let config: C = figment.extract().map_err(|error| {
             ConfigError::Load(
@@ -190,21 +311,110 @@ impl Layers {
                     .join("; "),
             )
         })?;
-        config.validate().map_err(|invalid| {
-            let source_name = figment
-                .find_metadata(&invalid.key)
-                .map(|m| match &m.source {
-                    // The defaults layer is code: say so instead of a type name and line.
-                    Some(figment::Source::Code(_)) => "the default".to_owned(),
-                    Some(source) => format!("{} {source}", m.name),
-                    None => m.name.to_string(),
-                });
+        config.validate().map_err(|mut invalid| {
+            let source_name = source_name(figment.find_metadata(&invalid.key));
+            if let Some(alias) = old_spelling.iter().find(|a| a.key == invalid.key) {
+                invalid.key = alias.old.to_owned();
+            }
             ConfigError::Invalid {
                 invalid,
                 source_name,
             }
         })?;
         Ok(config)
+    }
+}
+
+/// Where a value came from, as an error message says it.
+fn source_name(metadata: Option<&Metadata>) -> Option<String> {
+    metadata.map(|m| match &m.source {
+        // The defaults layer is code: say so instead of a type name and line.
+        Some(figment::Source::Code(_)) => "the default".to_owned(),
+        Some(source) => format!("{} {source}", m.name),
+        None => m.name.to_string(),
+    })
+}
+
+/// A scalar as the user would write it (strings unquoted); other values in figment's form.
+fn display_value(value: &Value) -> String {
+    match value {
+        Value::String(_, s) => s.clone(),
+        Value::Bool(_, b) => b.to_string(),
+        other => other
+            .to_u128()
+            .map(|u| u.to_string())
+            .or_else(|| other.to_i128().map(|i| i.to_string()))
+            .or_else(|| other.to_f64().map(|f| f.to_string()))
+            .unwrap_or_else(|| format!("{other:?}")),
+    }
+}
+
+/// `value >= min`, else [`Invalid`] "must be at least `min` `unit`" (`unit` may be empty).
+///
+/// # Errors
+/// The [`Invalid`] for `key = value`.
+pub fn at_least<T: PartialOrd + fmt::Display>(
+    key: &str,
+    value: T,
+    min: T,
+    unit: &str,
+) -> Result<(), Invalid> {
+    if value >= min {
+        return Ok(());
+    }
+    Err(Invalid::new(
+        key,
+        value,
+        format!("must be at least {min}{}", unit_suffix(unit)),
+    ))
+}
+
+/// `value <= max`, else [`Invalid`] "must be at most `max` `unit`" (`unit` may be empty).
+///
+/// # Errors
+/// The [`Invalid`] for `key = value`.
+pub fn at_most<T: PartialOrd + fmt::Display>(
+    key: &str,
+    value: T,
+    max: T,
+    unit: &str,
+) -> Result<(), Invalid> {
+    if value <= max {
+        return Ok(());
+    }
+    Err(Invalid::new(
+        key,
+        value,
+        format!("must be at most {max}{}", unit_suffix(unit)),
+    ))
+}
+
+/// `value` in `range`, else [`Invalid`] "must be in `lo..=hi` `unit`" (`unit` may be empty).
+///
+/// # Errors
+/// The [`Invalid`] for `key = value`.
+pub fn in_range<T: PartialOrd + fmt::Display>(
+    key: &str,
+    value: T,
+    range: RangeInclusive<T>,
+    unit: &str,
+) -> Result<(), Invalid> {
+    if range.contains(&value) {
+        return Ok(());
+    }
+    let (lo, hi) = range.into_inner();
+    Err(Invalid::new(
+        key,
+        value,
+        format!("must be in {lo}..={hi}{}", unit_suffix(unit)),
+    ))
+}
+
+fn unit_suffix(unit: &str) -> String {
+    if unit.is_empty() {
+        String::new()
+    } else {
+        format!(" {unit}")
     }
 }
 
@@ -281,6 +491,7 @@ mod tests {
             overrides: Overrides::new()
                 .set("listen", Some("flag:1"))
                 .set::<u64>("limits.max_bytes", None),
+            aliases: &[],
         };
         let config: Sample = layers.load().unwrap();
         assert_eq!(config.listen, "flag:1"); // flag beats env and file
@@ -333,6 +544,117 @@ mod tests {
         let text = layers.load::<Sample>().unwrap_err().to_string();
         assert!(text.contains("limits.max_bytes = 5"), "{text}");
         assert!(text.contains("command-line flag"), "{text}");
+    }
+
+    #[test]
+    fn flags_sharing_a_table_are_all_applied() {
+        let layers = Layers {
+            overrides: Overrides::new()
+                .set("limits.max_bytes", Some(2048u64))
+                .set("limits.streams", Some(9u32)),
+            ..Layers::new("CKF_T8_")
+        };
+        let config: Sample = layers.load().unwrap();
+        assert_eq!(config.limits.max_bytes, 2048);
+        assert_eq!(config.limits.streams, 9);
+        assert_eq!(config.listen, Sample::default().listen);
+    }
+
+    const ALIASES: &[KeyAlias] = &[KeyAlias {
+        old: "limits.bytes_max",
+        key: "limits.max_bytes",
+    }];
+
+    #[test]
+    fn an_old_key_spelling_is_accepted_in_every_layer() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(&file, "[limits]\nbytes_max = 2000\nstreams = 3\n").unwrap();
+        let layers = Layers {
+            file: Some(file),
+            aliases: ALIASES,
+            ..Layers::new("CKF_T9_")
+        };
+        let config: Sample = layers.load().unwrap();
+        assert_eq!((config.limits.max_bytes, config.limits.streams), (2000, 3));
+
+        unsafe { std::env::set_var("CKF_T10_LIMITS__BYTES_MAX", "3000") };
+        let layers = Layers {
+            aliases: ALIASES,
+            ..Layers::new("CKF_T10_")
+        };
+        assert_eq!(layers.load::<Sample>().unwrap().limits.max_bytes, 3000);
+
+        let layers = Layers {
+            overrides: Overrides::new().set("limits.bytes_max", Some(4000u64)),
+            aliases: ALIASES,
+            ..Layers::new("CKF_T11_")
+        };
+        assert_eq!(layers.load::<Sample>().unwrap().limits.max_bytes, 4000);
+
+        // Without the alias the old spelling is an unknown key.
+        let layers = Layers {
+            overrides: Overrides::new().set("limits.bytes_max", Some(4000u64)),
+            ..Layers::new("CKF_T11_")
+        };
+        assert!(matches!(layers.load::<Sample>(), Err(ConfigError::Load(_))));
+    }
+
+    #[test]
+    fn both_spellings_are_refused_naming_both_and_their_sources() {
+        unsafe { std::env::set_var("CKF_T12_LIMITS__BYTES_MAX", "3000") };
+        let layers = Layers {
+            overrides: Overrides::new().set("limits.max_bytes", Some(4000u64)),
+            aliases: ALIASES,
+            ..Layers::new("CKF_T12_")
+        };
+        let err = layers.load::<Sample>().unwrap_err();
+        let text = err.to_string();
+        assert!(matches!(err, ConfigError::Invalid { .. }), "{text}");
+        assert!(text.contains("limits.bytes_max = 3000"), "{text}");
+        assert!(text.contains("limits.max_bytes"), "{text}");
+        assert!(text.contains("command-line flag"), "{text}");
+        assert!(text.contains("CKF_T12_"), "{text}");
+    }
+
+    #[test]
+    fn a_rule_broken_under_the_old_spelling_names_the_old_spelling() {
+        unsafe { std::env::set_var("CKF_T13_LIMITS__BYTES_MAX", "12") };
+        let layers = Layers {
+            aliases: ALIASES,
+            ..Layers::new("CKF_T13_")
+        };
+        let text = layers.load::<Sample>().unwrap_err().to_string();
+        assert!(text.contains("limits.bytes_max = 12"), "{text}");
+        assert!(text.contains("must be at least 1024"), "{text}");
+        assert!(text.contains("CKF_T13_"), "{text}");
+    }
+
+    #[test]
+    fn rule_helpers_say_the_bound_and_the_unit() {
+        assert_eq!(at_least("k", 3u32, 1, "bucket"), Ok(()));
+        assert_eq!(
+            at_least("k", 0u32, 1, "bucket").unwrap_err().to_string(),
+            "k = 0: must be at least 1 bucket"
+        );
+        assert_eq!(
+            at_least("k", 0u32, 1, "").unwrap_err().to_string(),
+            "k = 0: must be at least 1"
+        );
+        assert_eq!(at_most("k", 5u32, 5, ""), Ok(()));
+        assert_eq!(
+            at_most("k", 6u32, 5, "").unwrap_err().to_string(),
+            "k = 6: must be at most 5"
+        );
+        assert_eq!(in_range("k", 1u64, 1..=3, "ms"), Ok(()));
+        assert_eq!(in_range("k", 3u64, 1..=3, "ms"), Ok(()));
+        assert_eq!(
+            in_range("k", 0u64, 1..=3, "milliseconds")
+                .unwrap_err()
+                .to_string(),
+            "k = 0: must be in 1..=3 milliseconds"
+        );
+        assert!(in_range("k", 4u64, 1..=3, "").is_err());
     }
 
     #[test]

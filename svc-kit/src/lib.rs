@@ -6,9 +6,11 @@
 //!
 //! | module | owns |
 //! | --- | --- |
-//! | [`config`] | layered configuration: defaults < TOML file < `CKF_*` environment < flags (figment); validation errors naming key, value, rule |
+//! | [`config`] | layered configuration: defaults < TOML file < `CKF_*` environment < flags (figment); key aliases; rule helpers; validation errors naming key, value, rule, source |
+//! | [`table`] | the `[table]` section both services share: keys of `ckf_core::addressing::TableSizing` |
 //! | [`logging`] | `tracing` subscriber: human or JSON, `RUST_LOG`-style filter |
-//! | [`metrics`] | Prometheus text endpoint (`GET /metrics`) on its own address (axum) |
+//! | [`metrics`] | Prometheus registration helpers and the text endpoint (`GET /metrics`) on its own address (axum) |
+//! | [`scrape`] | reading a `/metrics` endpoint: HTTP GET (`ureq`) and text parse (`prometheus-parse`) |
 //! | [`shutdown`] | SIGTERM/SIGINT -> one cancellable [`shutdown::Shutdown`] token |
 //! | [`grpc`] | listener binding, `grpc.health.v1` and server reflection helpers |
 
@@ -16,8 +18,11 @@ pub mod config;
 pub mod grpc;
 pub mod logging;
 pub mod metrics;
+pub mod scrape;
 pub mod shutdown;
+pub mod table;
 
-pub use config::{ConfigError, Invalid, Layers, Overrides, Validate};
+pub use config::{ConfigError, Invalid, KeyAlias, Layers, Overrides, Validate};
 pub use logging::LogFormat;
 pub use shutdown::Shutdown;
+pub use table::TableConfig;

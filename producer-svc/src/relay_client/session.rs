@@ -13,6 +13,7 @@ use std::time::Duration;
 use ckf_core::fanout::{AttachRefused, FrameLimits, Outbound};
 use ckf_core::identity::LaneLease;
 use ckf_core::publication::FenceReason;
+use ckf_proto::convert::WIRE_BYTES_PER_IMAGE;
 use ckf_proto::v1;
 use ckf_proto::v1::relay_client::RelayClient;
 use ckf_proto::v1::relay_frame::Frame;
@@ -32,9 +33,6 @@ use crate::metrics::AttachmentState;
 const REQUEST_BUFFER: usize = 16;
 /// Bytes reserved in every frame for the envelope (lease, sequences, field tags).
 const FRAME_OVERHEAD_BYTES: usize = 256;
-/// Upper bound of one delta image on the wire: a varint `u32` bucket (<= 5 bytes) plus a packed
-/// `fixed64` image (8 bytes), rounded up.
-const WIRE_BYTES_PER_IMAGE: usize = 14;
 
 /// Unacknowledged batches remembered for the change-to-ack histogram.
 const MAX_UNACKED_SAMPLES: usize = 4_096;
