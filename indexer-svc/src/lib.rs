@@ -15,7 +15,7 @@
 //! | [`status`] | the one mapping of failures to gRPC statuses and `Retired` replies |
 //! | [`metrics`] | Prometheus metrics (`ckf_indexer_*`) |
 //! | [`lane_watch`] | lane events -> retirement counters and lane gauges |
-//! | [`shared`] | state shared by the handlers |
+//! | [`state`] | [`state::IndexerState`]: what the handlers share |
 //! | [`server`] | [`serve`]: binds, wires health/reflection/metrics, runs until shutdown |
 //!
 //! ```no_run
