@@ -12,8 +12,8 @@
 //! ```
 //!
 //! * Sequence numbers count batches, not events, and exist only for FIFO continuation and gap
-//!   detection. A new lease starts a new sequence space (0 unless injected with
-//!   [`DcCkfPublisher::install_lease_at`]).
+//!   detection. A new lease starts a new sequence space at 0 (tests may start elsewhere with
+//!   the `testing` feature's `DcCkfPublisher::install_lease_at`).
 //! * A delta that would need sequence `u64::MAX + 1` is refused and fences the stream
 //!   ([`FenceReason::SequenceExhausted`]): the producer re-attaches, and the new lease restarts
 //!   the sequence.
@@ -175,17 +175,7 @@ impl DcCkfPublisher {
     }
 
     /// Installs a lease granted by the consumer, with sequence 0; the next frame must be a
-    /// barrier snapshot. See [`install_lease_at`](Self::install_lease_at).
-    ///
-    /// # Errors
-    /// [`PublishError::StaleLease`].
-    pub fn install_lease(&mut self, lease: LaneLease) -> Result<(), PublishError> {
-        self.install_lease_at(lease, 0)
-    }
-
-    /// Installs a lease whose sequence space starts at `start_sequence` (the snapshot is tagged
-    /// with it). Production code uses [`install_lease`](Self::install_lease); a start near
-    /// `u64::MAX` lets tests reach sequence exhaustion.
+    /// barrier snapshot.
     ///
     /// A lease from the same `consumer_instance` must have a strictly greater epoch than the
     /// installed one; a lease from a different consumer instance (a restarted consumer) is
@@ -193,11 +183,26 @@ impl DcCkfPublisher {
     ///
     /// # Errors
     /// [`PublishError::StaleLease`]; the publisher is unchanged.
+    pub fn install_lease(&mut self, lease: LaneLease) -> Result<(), PublishError> {
+        self.install(lease, 0)
+    }
+
+    /// Test hook (feature `testing`): [`install_lease`](Self::install_lease) with a sequence
+    /// space starting at `start_sequence` (the snapshot is tagged with it), so tests can reach
+    /// sequence exhaustion near `u64::MAX` or a mid-stream sequence without emitting every batch.
+    ///
+    /// # Errors
+    /// [`PublishError::StaleLease`]; the publisher is unchanged.
+    #[cfg(feature = "testing")]
     pub fn install_lease_at(
         &mut self,
         lease: LaneLease,
         start_sequence: u64,
     ) -> Result<(), PublishError> {
+        self.install(lease, start_sequence)
+    }
+
+    fn install(&mut self, lease: LaneLease, start_sequence: u64) -> Result<(), PublishError> {
         if let Some(installed) = self.lease
             && installed.consumer_instance == lease.consumer_instance
             && lease.epoch <= installed.epoch
