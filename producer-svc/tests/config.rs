@@ -84,8 +84,13 @@ heartbeat_interval_ms = 300
 }
 
 fn refusal(args: &[&str]) -> String {
-    let err = load(&cli(args), "CKF_PT2_").unwrap_err();
-    assert!(matches!(err, ConfigError::Invalid { .. }), "{err}");
+    let Err(err) = load(&cli(args), "CKF_PT2_") else {
+        panic!("{args:?} was accepted");
+    };
+    assert!(
+        matches!(err, ConfigError::Invalid { .. }),
+        "{args:?}: {err}"
+    );
     err.to_string()
 }
 
