@@ -24,6 +24,16 @@ fn args(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| s.to_string()).collect()
 }
 
+/// Panics unless `ckf` exited with `code` (showing its stderr).
+fn assert_exit(out: &Output, code: i32) {
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 fn json(out: &Output) -> serde_json::Value {
     assert!(
         out.status.success(),
@@ -153,12 +163,7 @@ async fn lanes_query_and_health_against_running_services() {
 
     // Health: SERVING -> 0; the producer too; nothing listening -> 2.
     let ok = ckf(args(&["health", "--endpoint", &indexer])).await;
-    assert_eq!(
-        ok.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&ok.stderr)
-    );
+    assert_exit(&ok, 0);
     assert!(String::from_utf8_lossy(&ok.stdout).contains("SERVING"));
     let producer = services.producers[1].1.clone();
     let ok = ckf(args(&[
@@ -169,12 +174,7 @@ async fn lanes_query_and_health_against_running_services() {
         "ckf.v1.Ingest",
     ]))
     .await;
-    assert_eq!(
-        ok.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&ok.stderr)
-    );
+    assert_exit(&ok, 0);
     let unknown = ckf(args(&[
         "health",
         "--endpoint",
@@ -194,10 +194,5 @@ async fn lanes_query_and_health_against_running_services() {
         "2000",
     ]))
     .await;
-    assert_eq!(
-        down.status.code(),
-        Some(2),
-        "{}",
-        String::from_utf8_lossy(&down.stderr)
-    );
+    assert_exit(&down, 2);
 }

@@ -3,6 +3,8 @@
 //! of the consumer, the search and the services starts a lane the same way.
 //!
 //! ```text
+//! indexer(domain, format, lanes, instance) -> GlobalCkfIndexer of pools domain/dc-0..dc-N
+//! lane_states(ix) -> every lane's state, lane order
 //! TestStream::attach(ix, identity) -> grant_lease -> tag
 //!     .snapshot / .chunk / .delta / .drain / .heartbeat -> Frame under that tag
 //! activate(ix, lane, incarnation, sequence, words) -> lease + whole snapshot -> Activated
@@ -11,13 +13,43 @@
 //! The helpers panic (with the outcome) when the consumer does not answer as a healthy lane
 //! would: they are for setting up a test, not for checking the rule under test.
 
+use crate::addressing::TableFormat;
 use crate::dc::DcCkfState;
 use crate::frames::Heartbeat;
 use crate::frames::{BucketImage, DcCkfDelta, DcCkfSnapshot, DrainMarker, SnapshotChunk};
-use crate::global::GlobalCkfIndexer;
-use crate::identity::{LaneIndex, ProducerIdentity, ProducerIncarnation, StreamTag};
-use crate::lane::{Frame, IngestOutcome};
+use crate::global::{GlobalCkfIndexer, Manifest};
+use crate::identity::{
+    IndexerDomainId, LaneIndex, PoolId, ProducerIdentity, ProducerIncarnation, StreamTag,
+};
+use crate::lane::{Frame, IngestOutcome, LagPolicy, LaneState};
 use crate::publication::DcCkfPublisher;
+
+/// An indexer of `domain` with `lanes` lanes, lane `i` for pool `domain/dc-i`, all in `format`,
+/// answering as `consumer_instance`, with [`LagPolicy::DISABLED`] (tests drive time).
+///
+/// # Panics
+/// When `domain` is not a valid id or `lanes` is not in `1..=16`.
+pub fn indexer(
+    domain: &str,
+    format: TableFormat,
+    lanes: usize,
+    consumer_instance: u64,
+) -> GlobalCkfIndexer {
+    let manifest = Manifest {
+        domain: IndexerDomainId::new(domain).expect("test domain"),
+        format,
+        lanes: (0..lanes)
+            .map(|i| PoolId::new(domain, &format!("dc-{i}")).expect("test pool"))
+            .collect(),
+    };
+    GlobalCkfIndexer::with_policy(manifest, consumer_instance, LagPolicy::DISABLED)
+        .expect("test manifest")
+}
+
+/// Every lane's state, in lane order (what a refused attach must leave as it was).
+pub fn lane_states(ix: &GlobalCkfIndexer) -> Vec<LaneState> {
+    ix.lane_statuses().iter().map(|s| s.state).collect()
+}
 
 /// The identity of a producer of `lane`'s pool with the manifest's format.
 ///

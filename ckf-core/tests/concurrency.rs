@@ -13,21 +13,14 @@ use ckf_core::addressing::{TableFormat, fmix64};
 use ckf_core::bucket::{self, with_slot};
 use ckf_core::dc::{DcCkfConfig, DcCkfState, MemberId};
 use ckf_core::frames::{BucketImage, DcCkfDelta, DcCkfSnapshot};
-use ckf_core::global::{GlobalCkfIndexer, Manifest};
-use ckf_core::identity::{IndexerDomainId, PoolId, ProducerIdentity, StreamTag};
+use ckf_core::global::GlobalCkfIndexer;
+use ckf_core::identity::{ProducerIdentity, StreamTag};
 use ckf_core::ingestion::{IngestionWorkers, IngestionWorkersConfig};
-use ckf_core::lane::{Frame, IngestOutcome, LagPolicy};
+use ckf_core::lane::{Frame, IngestOutcome};
 use ckf_core::publication::DcCkfPublisher;
 
 fn indexer(format: TableFormat, lanes: usize) -> GlobalCkfIndexer {
-    let m = Manifest {
-        domain: IndexerDomainId::new("d").unwrap(),
-        format,
-        lanes: (0..lanes)
-            .map(|i| PoolId::new("d", &format!("dc{i}")).unwrap())
-            .collect(),
-    };
-    GlobalCkfIndexer::with_policy(m, 5, LagPolicy::DISABLED).unwrap()
+    testing::indexer("d", format, lanes, 5)
 }
 
 fn identity(ix: &GlobalCkfIndexer, lane: u8, incarnation: u64) -> ProducerIdentity {

@@ -52,6 +52,24 @@ fn blocks(from: u64, n: u64) -> Vec<u64> {
 }
 
 /// The lane holds exactly the producer's bytes and finds every tracked block.
+/// Injects `fault` into `a`, has worker 1 store `hashes`, and returns the retirement the adapter
+/// recovered from on that delivery (panics when there was none).
+fn recovered_from(a: &mut LocalCkfAdapter, fault: Fault, hashes: &[u64]) -> RetireReason {
+    a.inject(fault);
+    let (_, d) = a.apply(&store(1, hashes)).unwrap();
+    let reason = d.recovered.clone();
+    reason.unwrap_or_else(|| panic!("no recovery: {d:?}"))
+}
+
+/// Drains `a` and asserts its lane answered the exact marker with `Drained`.
+fn assert_drains(a: &mut LocalCkfAdapter) {
+    let outcome = a.drain().unwrap().outcome;
+    assert!(
+        matches!(outcome, Some(IngestOutcome::Drained { .. })),
+        "{outcome:?}"
+    );
+}
+
 fn assert_converged(ix: &GlobalCkfIndexer, a: &LocalCkfAdapter) {
     let st = a.lane_status();
     assert!(st.ready && st.state == LaneState::Active, "{st:?}");
@@ -107,20 +125,14 @@ fn lost_final_delta_is_caught_by_the_drain_marker_and_recovered() {
     assert_eq!(st.lease.unwrap().epoch, epoch + 1, "a new lease");
     assert_converged(&ix, &a);
     // The recovered stream drains exactly.
-    assert!(matches!(
-        a.drain().unwrap().outcome,
-        Some(IngestOutcome::Drained { .. })
-    ));
+    assert_drains(&mut a);
     assert!(a.lane_status().drained);
     assert_eq!(a.stats().snapshots, 2);
     assert_eq!(a.stats().recoveries, 1);
     // The other lane never noticed.
     assert_eq!(b.lane_status().retirements, 0);
     assert_converged(&ix, &b);
-    assert!(matches!(
-        b.drain().unwrap().outcome,
-        Some(IngestOutcome::Drained { .. })
-    ));
+    assert_drains(&mut b);
 }
 
 #[test]
@@ -136,22 +148,15 @@ fn dropped_middle_delta_is_a_gap_and_recovers() {
         "{d:?}"
     );
     assert_converged(&ix, &a);
-    assert!(matches!(
-        a.drain().unwrap().outcome,
-        Some(IngestOutcome::Drained { .. })
-    ));
+    assert_drains(&mut a);
 }
 
 #[test]
 fn duplicated_delta_retires_and_recovers() {
     let ix = indexer();
     let mut a = adapter(&ix, "dc-a");
-    a.inject(Fault::DuplicateNextDelta);
-    let (_, d) = a.apply(&store(1, &blocks(0, 10))).unwrap();
-    assert!(
-        matches!(d.recovered, Some(RetireReason::Gap { .. })),
-        "{d:?}"
-    );
+    let reason = recovered_from(&mut a, Fault::DuplicateNextDelta, &blocks(0, 10));
+    assert!(matches!(reason, RetireReason::Gap { .. }), "{reason:?}");
     assert_converged(&ix, &a);
 }
 
@@ -161,16 +166,13 @@ fn corrupt_delta_changes_no_word_retires_and_recovers() {
     let mut a = adapter(&ix, "dc-a");
     let mut b = adapter(&ix, "dc-b");
     b.apply(&store(3, &blocks(500, 30))).unwrap();
-    a.inject(Fault::CorruptNextDelta);
-    let (_, d) = a.apply(&store(1, &blocks(0, 10))).unwrap();
+    let reason = recovered_from(&mut a, Fault::CorruptNextDelta, &blocks(0, 10));
     assert!(
         matches!(
-            d.recovered,
-            Some(RetireReason::MalformedDelta(
-                DeltaError::DuplicateBucket { .. }
-            ))
+            reason,
+            RetireReason::MalformedDelta(DeltaError::DuplicateBucket { .. })
         ),
-        "{d:?}"
+        "{reason:?}"
     );
     assert_converged(&ix, &a);
     assert_converged(&ix, &b);
@@ -182,11 +184,10 @@ fn consumer_failure_midway_retires_and_recovers() {
     let ix = indexer();
     let mut a = adapter(&ix, "dc-a");
     a.apply(&store(1, &blocks(0, 50))).unwrap();
-    a.inject(Fault::FailApplyAfter(1));
-    let (_, d) = a.apply(&store(1, &blocks(50, 50))).unwrap();
+    let reason = recovered_from(&mut a, Fault::FailApplyAfter(1), &blocks(50, 50));
     assert!(
-        matches!(d.recovered, Some(RetireReason::ApplyFailed { .. })),
-        "{d:?}"
+        matches!(reason, RetireReason::ApplyFailed { .. }),
+        "{reason:?}"
     );
     assert_converged(&ix, &a);
 }

@@ -42,6 +42,16 @@ fn request(dc: &str, incarnation: u64) -> AttachRequest {
     }
 }
 
+/// The verdicts of `at`'s pending lane events other than `Continue` (the events that end or
+/// change its stream), in order.
+fn ending_events(at: &ckf_core::global::Attachment) -> Vec<StreamVerdict> {
+    at.events()
+        .try_iter()
+        .map(|e| at.event(e))
+        .filter(|v| *v != StreamVerdict::Continue)
+        .collect()
+}
+
 /// An attachment of dc-a (lane 0) with an installed snapshot at sequence 0; lane 1 active too.
 fn attached_and_ready(ix: &GlobalCkfIndexer) -> (ckf_core::global::Attachment, TestStream) {
     testing::activate(ix, 1, 9, 0, vec![0; BUCKETS as usize]);
@@ -110,11 +120,7 @@ fn refusals_name_the_configured_pools_and_both_formats_and_lease_nothing() {
         ix.attach(&unusable).unwrap_err(),
         AttachError::UnknownPool { .. }
     ));
-    assert!(
-        ix.lane_statuses()
-            .iter()
-            .all(|s| s.state == LaneState::Unassigned)
-    );
+    assert_eq!(testing::lane_states(&ix), [LaneState::Unassigned; 2]);
 }
 
 #[test]
@@ -145,9 +151,7 @@ fn an_attachment_holds_its_lease_and_answers_its_frames() {
         }
     );
     // Its own activation and drain events were already answered by the outcomes.
-    for event in at.events().try_iter() {
-        assert_eq!(at.event(event), StreamVerdict::Continue);
-    }
+    assert_eq!(ending_events(&at), []);
 }
 
 #[test]
@@ -209,13 +213,7 @@ fn a_newer_attachment_supersedes_by_event_and_by_stale_outcome() {
         held: old.lease(),
         by: new.lease(),
     };
-    let ended: Vec<_> = old
-        .events()
-        .try_iter()
-        .map(|e| old.event(e))
-        .filter(|v| *v != StreamVerdict::Continue)
-        .collect();
-    assert_eq!(ended, vec![StreamVerdict::End(want.clone())]);
+    assert_eq!(ending_events(&old), vec![StreamVerdict::End(want.clone())]);
     assert_eq!(
         want.to_string(),
         format!(
@@ -231,9 +229,7 @@ fn a_newer_attachment_supersedes_by_event_and_by_stale_outcome() {
         StreamVerdict::End(want)
     );
     // The new attachment ignores the old lease's events.
-    for event in new.events().try_iter() {
-        assert_eq!(new.event(event), StreamVerdict::Continue);
-    }
+    assert_eq!(ending_events(&new), []);
 }
 
 #[test]
@@ -254,13 +250,7 @@ fn retirements_end_the_stream_with_their_reason() {
     );
     assert_eq!(end.disposition(), Disposition::RetireLane);
     // The retirement event says the same; later frames find the lane retired.
-    let from_events: Vec<_> = at
-        .events()
-        .try_iter()
-        .map(|e| at.event(e))
-        .filter(|v| *v != StreamVerdict::Continue)
-        .collect();
-    assert_eq!(from_events, vec![StreamVerdict::End(end.clone())]);
+    assert_eq!(ending_events(&at), vec![StreamVerdict::End(end.clone())]);
     assert_eq!(
         at.outcome(ix.ingest_now(&s.heartbeat())),
         StreamVerdict::End(end)

@@ -203,11 +203,7 @@ fn unknown_pool_is_refused() {
         ix.grant_lease(&foreign).unwrap_err(),
         AttachError::UnknownPool { .. }
     ));
-    assert!(
-        ix.lane_statuses()
-            .iter()
-            .all(|s| s.state == LaneState::Unassigned)
-    );
+    assert_eq!(testing::lane_states(&ix), [LaneState::Unassigned; 2]);
 }
 
 #[test]

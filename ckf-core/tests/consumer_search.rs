@@ -5,21 +5,12 @@
 
 use ckf_core::addressing::{Addressing, TableFormat, fmix64};
 use ckf_core::bucket::{self, with_slot};
-use ckf_core::global::{GlobalCkfIndexer, Manifest};
-use ckf_core::identity::{IndexerDomainId, PoolId};
-use ckf_core::lane::LagPolicy;
+use ckf_core::global::GlobalCkfIndexer;
 use ckf_core::testing;
 use proptest::prelude::*;
 
 fn indexer(buckets: u64, lanes: usize) -> GlobalCkfIndexer {
-    let m = Manifest {
-        domain: IndexerDomainId::new("d").unwrap(),
-        format: TableFormat::new(buckets, 99).unwrap(),
-        lanes: (0..lanes)
-            .map(|i| PoolId::new("d", &format!("dc{i}")).unwrap())
-            .collect(),
-    };
-    GlobalCkfIndexer::with_policy(m, 1, LagPolicy::DISABLED).unwrap()
+    testing::indexer("d", TableFormat::new(buckets, 99).unwrap(), lanes, 1)
 }
 
 fn activate(ix: &GlobalCkfIndexer, lane: u8, words: Vec<u64>) {
@@ -145,5 +136,5 @@ fn depth_case(buckets: u64, lanes: usize) {
         m.matching().map(|(l, _)| l).collect::<Vec<_>>(),
         vec![0, 1, 3]
     );
-    assert_eq!(ix.pool(m.best().unwrap().0).dc.as_str(), "dc1");
+    assert_eq!(ix.pool(m.best().unwrap().0).dc.as_str(), "dc-1");
 }

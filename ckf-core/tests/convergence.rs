@@ -5,9 +5,9 @@
 
 use ckf_core::addressing::{TableFormat, fmix64};
 use ckf_core::dc::{DcCkfConfig, DcCkfState, MemberId};
-use ckf_core::global::{GlobalCkfIndexer, Manifest};
-use ckf_core::identity::{IndexerDomainId, PoolId, ProducerIdentity, ProducerIncarnation};
-use ckf_core::lane::{Frame, IngestOutcome, LagPolicy, LaneState};
+use ckf_core::global::GlobalCkfIndexer;
+use ckf_core::identity::{PoolId, ProducerIdentity, ProducerIncarnation};
+use ckf_core::lane::{Frame, IngestOutcome, LaneState};
 use ckf_core::publication::DcCkfPublisher;
 use ckf_core::testing;
 use proptest::prelude::*;
@@ -144,14 +144,7 @@ fn format(buckets: u64) -> TableFormat {
 }
 
 fn indexer(format: TableFormat, lanes: usize) -> GlobalCkfIndexer {
-    let m = Manifest {
-        domain: IndexerDomainId::new("prod").unwrap(),
-        format,
-        lanes: (0..lanes)
-            .map(|i| PoolId::new("prod", &format!("dc-{i}")).unwrap())
-            .collect(),
-    };
-    GlobalCkfIndexer::with_policy(m, 42, LagPolicy::DISABLED).unwrap()
+    testing::indexer("prod", format, lanes, 42)
 }
 
 proptest! {

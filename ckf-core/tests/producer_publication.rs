@@ -38,6 +38,14 @@ fn churn(state: &mut DcCkfState, from: u64, n: u64) -> ckf_core::dirty::Publicat
     state.take_batch().expect("new blocks change buckets")
 }
 
+/// A publisher of [`identity`] under lease epoch 1 that has sent its barrier snapshot of `s`.
+fn snapshotted(s: &DcCkfState) -> DcCkfPublisher {
+    let mut p = DcCkfPublisher::new(identity());
+    p.install_lease(lease(1, 1)).unwrap();
+    p.snapshot(s).unwrap();
+    p
+}
+
 #[test]
 fn lease_install_rules() {
     let mut p = DcCkfPublisher::new(identity());
@@ -156,9 +164,7 @@ fn sequence_chain_and_exact_drain_marker() {
 #[test]
 fn fence_blocks_frames_until_new_lease_and_snapshot() {
     let mut s = state();
-    let mut p = DcCkfPublisher::new(identity());
-    p.install_lease(lease(1, 1)).unwrap();
-    p.snapshot(&s).unwrap();
+    let mut p = snapshotted(&s);
     p.delta(&churn(&mut s, 1, 2)).unwrap();
     p.fence(FenceReason::UncertainDelivery);
     let fenced = PublishError::Fenced(FenceReason::UncertainDelivery);
@@ -224,9 +230,7 @@ fn sequence_exhaustion_fences() {
 #[test]
 fn empty_batch_is_refused_and_age_is_reported() {
     let mut s = state();
-    let mut p = DcCkfPublisher::new(identity());
-    p.install_lease(lease(1, 1)).unwrap();
-    p.snapshot(&s).unwrap();
+    let mut p = snapshotted(&s);
     let mut batch = churn(&mut s, 1, 2);
     batch.oldest_change -= std::time::Duration::from_millis(1500);
     let d = p.delta(&batch).unwrap();

@@ -97,47 +97,36 @@ async fn list_lanes_reports_state_lease_sequence_load_and_drain() {
 #[tokio::test]
 async fn unknown_pool_is_not_found_naming_the_configured_pools() {
     let indexer = Indexer::start(config(&["dc-a", "dc-b"])).await;
-    let status = open(&indexer, (&identity("dc-z", 1, format())).into())
-        .await
-        .expect_err("refused");
-    assert_eq!(status.code(), Code::NotFound);
-    let message = status.message();
-    assert!(message.contains("test/dc-z"), "{message}");
-    assert!(message.contains("test/dc-a, test/dc-b"), "{message}");
+    let status = refused(&indexer, (&identity("dc-z", 1, format())).into()).await;
+    assert_status(
+        &status,
+        Code::NotFound,
+        &["test/dc-z", "test/dc-a, test/dc-b"],
+    );
 }
 
 #[tokio::test]
 async fn format_mismatch_is_failed_precondition_naming_both_formats() {
     let indexer = Indexer::start(config(&["dc-a"])).await;
     let other = ckf_core::addressing::TableFormat::new(2048, 5).unwrap();
-    let status = open(&indexer, (&identity("dc-a", 1, other)).into())
-        .await
-        .expect_err("refused");
-    assert_eq!(status.code(), Code::FailedPrecondition);
-    let message = status.message();
-    assert!(
-        message.contains(&format!("indexer has [{}]", format())),
-        "{message}"
-    );
-    assert!(
-        message.contains(&format!("producer has [{other}]")),
-        "{message}"
+    let status = refused(&indexer, (&identity("dc-a", 1, other)).into()).await;
+    assert_status(
+        &status,
+        Code::FailedPrecondition,
+        &[
+            &format!("indexer has [{}]", format()),
+            &format!("producer has [{other}]"),
+        ],
     );
 
     // A format this build cannot even decode is named too.
     let mut attach: v1::Attach = (&identity("dc-a", 1, format())).into();
     attach.format.as_mut().unwrap().bucket_count = 1000;
-    let status = open(&indexer, attach).await.expect_err("refused");
-    assert_eq!(status.code(), Code::FailedPrecondition);
-    assert!(
-        status.message().contains("bucket_count: 1000"),
-        "{}",
-        status.message()
-    );
-    assert!(
-        status.message().contains("not a power of two"),
-        "{}",
-        status.message()
+    let status = refused(&indexer, attach).await;
+    assert_status(
+        &status,
+        Code::FailedPrecondition,
+        &["bucket_count: 1000", "not a power of two"],
     );
     // Nothing was leased.
     assert_eq!(indexer.lane(0).await.state(), v1::LaneState::Unassigned);
@@ -155,11 +144,10 @@ async fn first_frame_must_be_attach() {
         .publish(tokio_stream::wrappers::ReceiverStream::new(rx))
         .await
         .expect_err("refused");
-    assert_eq!(status.code(), Code::InvalidArgument);
-    assert!(
-        status.message().contains("must be Attach, got heartbeat"),
-        "{}",
-        status.message()
+    assert_status(
+        &status,
+        Code::InvalidArgument,
+        &["must be Attach, got heartbeat"],
     );
 }
 
@@ -202,19 +190,6 @@ async fn only_lane_0_affected(
     // ... and lane 1's stream still applies deltas.
     b.store(2, &hashes(10, 3));
     assert_eq!(b.publish().await.installed_sequence, 1);
-}
-
-/// A delta frame under `a`'s lease (not from its producer state).
-fn raw_delta(a: &Producer, base: u64, sequence: u64, buckets: Vec<u32>) -> v1::RelayFrame {
-    WireFrame::Delta(v1::Delta {
-        lease: a.wire_lease(),
-        base_sequence: base,
-        sequence,
-        images: vec![7; buckets.len()],
-        buckets,
-        oldest_change_age_ms: 0,
-    })
-    .into()
 }
 
 /// One frame an active lane must refuse (lane 0 installed at 0), and how.
@@ -377,13 +352,7 @@ async fn each_refusal_retires_only_its_lane_with_a_precise_status() {
         let (retired, status) = a.stream.expect_retired().await;
         assert_eq!(retired.reason(), row.reason, "{name}: {retired:?}");
         assert!(!retired.detail.is_empty(), "{name}");
-        assert_eq!(status.code(), row.code, "{name}: {status:?}");
-        assert!(
-            status.message().contains(row.needle),
-            "{name}: {:?} not in {:?}",
-            row.needle,
-            status.message()
-        );
+        assert_status(&status, row.code, &[row.needle]);
         assert_eq!(
             indexer.running.indexer().table().lane_words(0),
             words,
@@ -421,11 +390,7 @@ async fn newer_attachment_fences_the_older_stream() {
         .stream
         .expect_retired_as(v1::RetireReason::Superseded, Code::Aborted)
         .await;
-    assert!(
-        status.message().contains("lease epoch 2 replaced epoch 1"),
-        "{}",
-        status.message()
-    );
+    assert_status(&status, Code::Aborted, &["lease epoch 2 replaced epoch 1"]);
     // Fenced at grant time: the lane is not ready until the newer snapshot.
     assert_eq!(indexer.find(&old_blocks).await, (vec![], 0));
 
@@ -514,26 +479,15 @@ async fn delta_before_the_snapshot_completes_is_failed_precondition() {
             words: vec![0; 4096],
         }))
         .await;
-    a.stream
-        .send(WireFrame::Delta(v1::Delta {
-            lease: a.wire_lease(),
-            base_sequence: 0,
-            sequence: 1,
-            buckets: vec![1],
-            images: vec![1],
-            oldest_change_age_ms: 0,
-        }))
-        .await;
+    a.stream.send_raw(raw_delta(&a, 0, 1, vec![1])).await;
     let status = a
         .stream
         .expect_retired_as(v1::RetireReason::MalformedFrame, Code::FailedPrecondition)
         .await;
-    assert!(
-        status
-            .message()
-            .contains("delta before the barrier snapshot completed"),
-        "{}",
-        status.message()
+    assert_status(
+        &status,
+        Code::FailedPrecondition,
+        &["delta before the barrier snapshot completed"],
     );
     assert_eq!(indexer.find(&hashes(1, 3)).await, (vec![], 0));
 }

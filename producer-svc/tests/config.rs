@@ -84,74 +84,96 @@ heartbeat_interval_ms = 300
 }
 
 fn refusal(args: &[&str]) -> String {
-    let err = load(&cli(args), "CKF_PT2_").unwrap_err();
-    assert!(matches!(err, ConfigError::Invalid { .. }), "{err}");
+    let Err(err) = load(&cli(args), "CKF_PT2_") else {
+        panic!("{args:?} was accepted");
+    };
+    assert!(
+        matches!(err, ConfigError::Invalid { .. }),
+        "{args:?}: {err}"
+    );
     err.to_string()
 }
+
+/// One refused command line: its flags (after the valid `--dc`/`--indexer` base when
+/// `on_valid_base`) and the texts the refusal must contain (key = value, rule).
+struct Refused {
+    on_valid_base: bool,
+    args: &'static [&'static str],
+    says: &'static [&'static str],
+}
+
+const fn refused(args: &'static [&'static str], says: &'static [&'static str]) -> Refused {
+    Refused {
+        on_valid_base: true,
+        args,
+        says,
+    }
+}
+
+const fn refused_alone(args: &'static [&'static str], says: &'static [&'static str]) -> Refused {
+    Refused {
+        on_valid_base: false,
+        args,
+        says,
+    }
+}
+
+const REFUSED: &[Refused] = &[
+    refused_alone(
+        &["--indexer", "http://127.0.0.1:7600"],
+        &["pool.dc", "required"],
+    ),
+    refused_alone(&["--dc", "dc-a"], &["indexers", "at least one"]),
+    refused(
+        &["--max-delay-ms", "0"],
+        &["publication.max_delay_ms = 0", "1..=60000"],
+    ),
+    refused(
+        &["--bucket-count", "1000"],
+        &["table.bucket_count = 1000", "power of two"],
+    ),
+    refused(
+        &["--initial-backoff-ms", "500", "--max-backoff-ms", "100"],
+        &["reconnect.max_backoff_ms = 100", "at least"],
+    ),
+    refused(
+        &["--max-message-bytes", "100"],
+        &["limits.max_message_bytes = 100"],
+    ),
+    refused(
+        &["--max-tracked-sources", "0"],
+        &["limits.max_tracked_sources = 0", "at least 1"],
+    ),
+    refused(&["--max-kicks", "1000000"], &["table.max_kicks = 1000000"]),
+    refused(&["--domain", "a b"], &["pool.domain", "a b"]),
+    refused_alone(
+        &["--dc", "x", "--indexer", "ftp://h:1"],
+        &["indexers", "http://"],
+    ),
+    refused_alone(
+        &[
+            "--dc",
+            "x",
+            "--indexer",
+            "http://h:1",
+            "--indexer",
+            "http://h:1",
+        ],
+        &["listed twice"],
+    ),
+];
 
 #[test]
 fn invalid_values_are_refused_naming_key_value_and_rule() {
     let ok = ["--dc", "dc-a", "--indexer", "http://127.0.0.1:7600"];
-    let with = |extra: &[&'static str]| -> Vec<&str> { ok.iter().chain(extra).copied().collect() };
-
-    let text = refusal(&["--indexer", "http://127.0.0.1:7600"]);
-    assert!(
-        text.contains("pool.dc") && text.contains("required"),
-        "{text}"
-    );
-    let text = refusal(&["--dc", "dc-a"]);
-    assert!(
-        text.contains("indexers") && text.contains("at least one"),
-        "{text}"
-    );
-    let text = refusal(&with(&["--max-delay-ms", "0"]));
-    assert!(
-        text.contains("publication.max_delay_ms = 0") && text.contains("1..=60000"),
-        "{text}"
-    );
-    let text = refusal(&with(&["--bucket-count", "1000"]));
-    assert!(
-        text.contains("table.bucket_count = 1000") && text.contains("power of two"),
-        "{text}"
-    );
-    let text = refusal(&with(&[
-        "--initial-backoff-ms",
-        "500",
-        "--max-backoff-ms",
-        "100",
-    ]));
-    assert!(
-        text.contains("reconnect.max_backoff_ms = 100") && text.contains("at least"),
-        "{text}"
-    );
-    let text = refusal(&with(&["--max-message-bytes", "100"]));
-    assert!(text.contains("limits.max_message_bytes = 100"), "{text}");
-    let text = refusal(&with(&["--max-tracked-sources", "0"]));
-    assert!(
-        text.contains("limits.max_tracked_sources = 0") && text.contains("at least 1"),
-        "{text}"
-    );
-    let text = refusal(&with(&["--max-kicks", "1000000"]));
-    assert!(text.contains("table.max_kicks = 1000000"), "{text}");
-    let text = refusal(&with(&["--domain", "a b"]));
-    assert!(
-        text.contains("pool.domain") && text.contains("a b"),
-        "{text}"
-    );
-    let text = refusal(&["--dc", "x", "--indexer", "ftp://h:1"]);
-    assert!(
-        text.contains("indexers") && text.contains("http://"),
-        "{text}"
-    );
-    let text = refusal(&[
-        "--dc",
-        "x",
-        "--indexer",
-        "http://h:1",
-        "--indexer",
-        "http://h:1",
-    ]);
-    assert!(text.contains("listed twice"), "{text}");
+    for case in REFUSED {
+        let base: &[&str] = if case.on_valid_base { &ok } else { &[] };
+        let args: Vec<&str> = base.iter().chain(case.args).copied().collect();
+        let text = refusal(&args);
+        for needle in case.says {
+            assert!(text.contains(needle), "{args:?}: {needle:?} not in {text}");
+        }
+    }
 
     // Unknown keys and wrong types are refused by the loader, naming the key.
     let file = toml_file("[publication]\nmax_dealy_ms = 5\n");

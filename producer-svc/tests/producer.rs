@@ -65,18 +65,22 @@ async fn eventually_in_metrics(p: &producer_svc::RunningProducer, needle: &str) 
     panic!("metrics never showed {needle}:\n{}", metrics_text(p).await);
 }
 
+/// A publication cadence whose delay (60 s) outlasts any test: a batch is cut only at
+/// `batch_threshold` dirty buckets or at shutdown.
+fn held_until(batch_threshold: u32) -> impl FnOnce(&mut producer_svc::ProducerConfig) {
+    move |c| {
+        c.publication.max_delay_ms = 60_000;
+        c.publication.batch_threshold = batch_threshold;
+    }
+}
+
 fn format_of(p: &producer_svc::RunningProducer) -> TableFormat {
     p.identity.format
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn snapshot_and_deltas_rebuild_the_filter() {
-    let fake = FakeRelay::start(GrantConfig::default(), 7).await;
-    let producer = start_producer(vec![fake.url()]).await;
-    fake.wait_for("first barrier snapshot installed", |s| {
-        s.attachments.first().is_some_and(|a| a.installed.is_some())
-    })
-    .await;
+    let (fake, producer) = attached_producer(|_| {}).await;
 
     let mut client = ingest_client(&producer).await;
     let mut model = Model::default();
@@ -96,10 +100,8 @@ async fn snapshot_and_deltas_rebuild_the_filter() {
     }
     let tracked = model.tracked();
     let table = producer.table().await.unwrap();
-    fake.wait_for("the fake's table equals the producer's", |s| {
-        s.attachments.first().is_some_and(|a| a.table == table)
-    })
-    .await;
+    fake.wait_converged(0, &table, "the fake's table equals the producer's")
+        .await;
 
     let (rebuilt, deltas, chunks, largest, errors) = fake.with(|s| {
         let a = &s.attachments[0];
@@ -172,11 +174,7 @@ async fn source_gaps_and_replays_are_reported() {
     let producer = start_producer(vec![fake.url()]).await;
     let mut client = ingest_client(&producer).await;
     let mut send = async |source: &str, seq: u64, hashes: &[u64]| {
-        client
-            .publish_batch(batch(source, seq, vec![stored(1, 0, hashes)]))
-            .await
-            .unwrap()
-            .into_inner()
+        store_one(&mut client, source, seq, hashes).await
     };
     let r = send("a", 10, &[h(9, 1)]).await;
     assert_eq!((r.gap, r.duplicate, r.events.len()), (None, false, 1));
@@ -214,11 +212,7 @@ async fn a_full_source_tracker_forgets_the_least_recently_used_source() {
     let producer = start_with(config).await;
     let mut client = ingest_client(&producer).await;
     let mut send = async |source: &str, seq: u64, hashes: &[u64]| {
-        client
-            .publish_batch(batch(source, seq, vec![stored(1, 0, hashes)]))
-            .await
-            .unwrap()
-            .into_inner()
+        store_one(&mut client, source, seq, hashes).await
     };
     send("a", 1, &[h(8, 1)]).await;
     send("b", 1, &[h(8, 2)]).await;
@@ -369,20 +363,15 @@ async fn a_retired_lane_is_reattached_with_a_new_snapshot() {
     let mut client = ingest_client(&producer).await;
     let mut model = Model::default();
     let events = vec![stored(1, 0, &chain(1, 0..100))];
-    events.iter().for_each(|e| model.apply(e));
-    client.publish_batch(batch("s", 0, events)).await.unwrap();
+    publish_tracked(&mut client, &mut model, "s", 0, events).await;
     let table = producer.table().await.unwrap();
-    fake.wait_for("first attachment converged", |s| {
-        s.attachments.first().is_some_and(|a| a.table == table)
-    })
-    .await;
+    fake.wait_converged(0, &table, "first attachment converged")
+        .await;
 
     fake.retire(0, v1::RetireReason::Gap, "injected by the test")
         .await;
-    fake.wait_for("second attachment installed its snapshot", |s| {
-        s.attachments.len() == 2 && s.attachments[1].installed.is_some()
-    })
-    .await;
+    fake.wait_installed(1, "second attachment installed its snapshot")
+        .await;
     let (first, second) = fake.with(|s| {
         (
             s.attachments[0].lease.unwrap(),
@@ -403,20 +392,14 @@ async fn a_retired_lane_is_reattached_with_a_new_snapshot() {
         stored(2, 0, &chain(2, 0..80)),
         removed(1, 0, &chain(1, 0..50)),
     ];
-    events.iter().for_each(|e| model.apply(e));
-    client.publish_batch(batch("s", 1, events)).await.unwrap();
+    publish_tracked(&mut client, &mut model, "s", 1, events).await;
     let table = producer.table().await.unwrap();
-    fake.wait_for("second attachment converged", |s| {
-        s.attachments.get(1).is_some_and(|a| a.table == table)
-    })
-    .await;
-    let (errors, rebuilt, snapshot_sequence, deltas) = fake.with(|s| {
+    fake.wait_converged(1, &table, "second attachment converged")
+        .await;
+    let errors = fake.errors();
+    let (rebuilt, snapshot_sequence, deltas) = fake.with(|s| {
         let a = &s.attachments[1];
         (
-            s.attachments
-                .iter()
-                .flat_map(|a| a.errors.clone())
-                .collect::<Vec<_>>(),
             a.table.clone(),
             a.snapshot_sequence.unwrap(),
             a.deltas.clone(),
@@ -438,24 +421,15 @@ async fn a_retired_lane_is_reattached_with_a_new_snapshot() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_publishes_the_tail_and_sends_the_exact_drain_marker() {
-    let fake = FakeRelay::start(GrantConfig::default(), 7).await;
-    let mut config = fast_config(vec![fake.url()]);
     // A long cadence: the last batch is still pending when shutdown starts.
-    config.publication.max_delay_ms = 60_000;
-    config.publication.batch_threshold = 100_000;
-    let producer = start_with(config).await;
-    fake.wait_for("snapshot installed", |s| {
-        s.attachments.first().is_some_and(|a| a.installed.is_some())
-    })
-    .await;
+    let (fake, producer) = attached_producer(held_until(100_000)).await;
     let mut client = ingest_client(&producer).await;
     let mut model = Model::default();
     let events = vec![
         stored(1, 0, &chain(1, 0..60)),
         stored(2, 3, &chain(2, 0..10)),
     ];
-    events.iter().for_each(|e| model.apply(e));
-    client.publish_batch(batch("s", 0, events)).await.unwrap();
+    publish_tracked(&mut client, &mut model, "s", 0, events).await;
     let table = producer.table().await.unwrap();
     assert_eq!(
         fake.with(|s| s.attachments[0].deltas.len()),
@@ -514,41 +488,21 @@ async fn two_indexers_each_get_their_own_continuous_sequence() {
     let mut client = ingest_client(&producer).await;
     let mut model = Model::default();
     for (i, events) in workload().into_iter().take(3).enumerate() {
-        events.iter().for_each(|e| model.apply(e));
-        client
-            .publish_batch(batch("s", i as u64, events))
-            .await
-            .unwrap();
+        publish_tracked(&mut client, &mut model, "s", i as u64, events).await;
     }
     let table = producer.table().await.unwrap();
     for fake in [&a, &b] {
-        fake.wait_for("converged", |s| {
-            s.attachments.first().is_some_and(|a| a.table == table)
-        })
-        .await;
+        fake.wait_converged(0, &table, "converged").await;
     }
     // Retire only A: A re-attaches, B's stream continues untouched.
     a.retire(0, v1::RetireReason::LagExceeded, "test").await;
-    a.wait_for("A re-attached", |s| {
-        s.attachments.len() == 2 && s.attachments[1].installed.is_some()
-    })
-    .await;
+    a.wait_installed(1, "A re-attached").await;
     for (i, events) in workload().into_iter().enumerate().skip(3) {
-        events.iter().for_each(|e| model.apply(e));
-        client
-            .publish_batch(batch("s", i as u64, events))
-            .await
-            .unwrap();
+        publish_tracked(&mut client, &mut model, "s", i as u64, events).await;
     }
     let table = producer.table().await.unwrap();
-    a.wait_for("A converged again", |s| {
-        s.attachments.get(1).is_some_and(|a| a.table == table)
-    })
-    .await;
-    b.wait_for("B converged again", |s| {
-        s.attachments.first().is_some_and(|a| a.table == table)
-    })
-    .await;
+    a.wait_converged(1, &table, "A converged again").await;
+    b.wait_converged(0, &table, "B converged again").await;
     assert_eq!(
         b.with(|s| s.attachments.len()),
         1,
@@ -560,13 +514,10 @@ async fn two_indexers_each_get_their_own_continuous_sequence() {
     assert!(report.all_drained(), "{:?}", report.drains);
     let tracked: HashSet<u64> = model.tracked();
     for (fake, index) in [(&a, 1usize), (&b, 0usize)] {
-        let (errors, deltas, snapshot, marker, rebuilt) = fake.with(|s| {
+        let errors = fake.errors();
+        let (deltas, snapshot, marker, rebuilt) = fake.with(|s| {
             let x = &s.attachments[index];
             (
-                s.attachments
-                    .iter()
-                    .flat_map(|a| a.errors.clone())
-                    .collect::<Vec<_>>(),
                 x.deltas.clone(),
                 x.snapshot_sequence.unwrap(),
                 x.drain_marker.unwrap(),
@@ -617,11 +568,7 @@ async fn a_stalled_indexer_is_fenced_and_reattached_with_a_snapshot() {
     // request buffer and the attachment queue can hold.
     for round in 0..4u64 {
         let events = vec![stored(round, 0, &chain(round, 0..2_000))];
-        events.iter().for_each(|e| model.apply(e));
-        client
-            .publish_batch(batch("s", round, events))
-            .await
-            .unwrap();
+        publish_tracked(&mut client, &mut model, "s", round, events).await;
     }
     fake.wait_for("a second attachment installed its snapshot", |s| {
         s.attachments.len() >= 2 && s.attachments.last().unwrap().installed.is_some()
@@ -632,15 +579,8 @@ async fn a_stalled_indexer_is_fenced_and_reattached_with_a_snapshot() {
         s.attachments.last().unwrap().table == table
     })
     .await;
-    let (errors, rebuilt) = fake.with(|s| {
-        (
-            s.attachments
-                .iter()
-                .flat_map(|a| a.errors.clone())
-                .collect::<Vec<_>>(),
-            s.attachments.last().unwrap().table.clone(),
-        )
-    });
+    let errors = fake.errors();
+    let rebuilt = fake.with(|s| s.attachments.last().unwrap().table.clone());
     assert!(errors.is_empty(), "{errors:?}");
     assert_all_present(format_of(&producer), &rebuilt, &model.tracked());
     let text = metrics_text(&producer).await;
@@ -656,10 +596,7 @@ async fn a_superseded_producer_stops_publishing_to_that_indexer() {
     let b = FakeRelay::start(GrantConfig::default(), 2).await;
     let producer = start_producer(vec![a.url(), b.url()]).await;
     for fake in [&a, &b] {
-        fake.wait_for("snapshot installed", |s| {
-            s.attachments.first().is_some_and(|x| x.installed.is_some())
-        })
-        .await;
+        fake.wait_installed(0, "snapshot installed").await;
     }
     a.retire(
         0,
@@ -673,15 +610,9 @@ async fn a_superseded_producer_stops_publishing_to_that_indexer() {
     .await;
     // Ingest and the other indexer carry on.
     let mut client = ingest_client(&producer).await;
-    client
-        .publish_batch(batch("s", 0, vec![stored(1, 0, &chain(1, 0..30))]))
-        .await
-        .unwrap();
+    store_one(&mut client, "s", 0, &chain(1, 0..30)).await;
     let table = producer.table().await.unwrap();
-    b.wait_for("B converged", |s| {
-        s.attachments.first().is_some_and(|a| a.table == table)
-    })
-    .await;
+    b.wait_converged(0, &table, "B converged").await;
     let needle = format!(
         "ckf_producer_attachment_state{{indexer=\"{}\",state=\"superseded\"}} 1",
         a.url()
@@ -703,38 +634,27 @@ async fn a_superseded_producer_stops_publishing_to_that_indexer() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_refuses_an_invalid_config_and_a_busy_port() {
-    let mut config = fast_config(vec!["http://127.0.0.1:1".into()]);
-    config.publication.batch_threshold = 0;
-    let err = producer_svc::serve(config, std::future::pending())
-        .await
-        .err()
-        .expect("refused");
-    assert!(
-        format!("{err:#}").contains("publication.batch_threshold = 0"),
-        "{err:#}"
-    );
+    /// `serve`'s error for `fast_config` changed by `edit`, as text with its causes.
+    async fn refusal(edit: impl FnOnce(&mut producer_svc::ProducerConfig)) -> String {
+        let mut config = fast_config(vec!["http://127.0.0.1:1".into()]);
+        edit(&mut config);
+        let err = producer_svc::serve(config, std::future::pending())
+            .await
+            .err()
+            .expect("refused");
+        format!("{err:#}")
+    }
+    let err = refusal(|c| c.publication.batch_threshold = 0).await;
+    assert!(err.contains("publication.batch_threshold = 0"), "{err}");
 
     let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let mut config = fast_config(vec!["http://127.0.0.1:1".into()]);
-    config.listen = busy.local_addr().unwrap();
-    let err = producer_svc::serve(config, std::future::pending())
-        .await
-        .err()
-        .expect("refused");
-    assert!(
-        format!("{err:#}").contains("binding the ingest listener"),
-        "{err:#}"
-    );
+    let err = refusal(|c| c.listen = busy.local_addr().unwrap()).await;
+    assert!(err.contains("binding the ingest listener"), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_ends_open_ingest_streams_with_unavailable() {
-    let fake = FakeRelay::start(GrantConfig::default(), 7).await;
-    let producer = start_producer(vec![fake.url()]).await;
-    fake.wait_for("snapshot installed", |s| {
-        s.attachments.first().is_some_and(|a| a.installed.is_some())
-    })
-    .await;
+    let (_fake, producer) = attached_producer(|_| {}).await;
     let mut client = ingest_client(&producer).await;
     let (tx, rx) = tokio::sync::mpsc::channel(4);
     tx.send(batch("w", 1, vec![stored(1, 0, &[h(1, 1)])]))
@@ -767,32 +687,15 @@ async fn shutdown_ends_open_ingest_streams_with_unavailable() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_batch_threshold_cuts_a_batch_without_waiting_for_the_delay() {
-    let fake = FakeRelay::start(GrantConfig::default(), 7).await;
-    let mut config = fast_config(vec![fake.url()]);
     // The delay alone would hold the batch for longer than the fake's patience.
-    config.publication.max_delay_ms = 60_000;
-    config.publication.batch_threshold = 16;
-    let producer = start_with(config).await;
-    fake.wait_for("snapshot installed", |s| {
-        s.attachments.first().is_some_and(|a| a.installed.is_some())
-    })
-    .await;
+    let (fake, producer) = attached_producer(held_until(16)).await;
     let mut client = ingest_client(&producer).await;
     // Below the threshold: stays pending.
-    client
-        .publish_batch(batch("s", 0, vec![stored(1, 0, &[h(1, 0)])]))
-        .await
-        .unwrap();
+    store_one(&mut client, "s", 0, &[h(1, 0)]).await;
     assert_eq!(producer.stats().await.unwrap().pending_dirty, 1);
     // At the threshold: cut and published at once, the pending store included.
-    client
-        .publish_batch(batch("s", 1, vec![stored(1, 0, &chain(1, 1..40))]))
-        .await
-        .unwrap();
+    store_one(&mut client, "s", 1, &chain(1, 1..40)).await;
     let table = producer.table().await.unwrap();
-    fake.wait_for("the batch arrived", |s| {
-        s.attachments.first().is_some_and(|a| a.table == table)
-    })
-    .await;
+    fake.wait_converged(0, &table, "the batch arrived").await;
     assert_eq!(producer.stats().await.unwrap().pending_dirty, 0);
 }

@@ -198,12 +198,7 @@ impl Indexer {
     /// # Panics
     /// When it exits or does not start within the deadline.
     pub fn start_named(dir: &TestDir, name: &str, spec: &IndexerSpec) -> Self {
-        let lanes = spec
-            .lanes
-            .iter()
-            .map(|l| format!("{l:?}"))
-            .collect::<Vec<_>>()
-            .join(", ");
+        let lanes = toml_strings(&spec.lanes);
         // Port 0: the indexer binds free ports and logs them ("ckf-indexer serving").
         let toml = format!(
             "listen = \"127.0.0.1:0\"\nmetrics_listen = \"127.0.0.1:0\"\nlog_format = \"json\"\n\
@@ -395,6 +390,15 @@ fn spawn_indexer(
     (svc, addr, metrics_addr)
 }
 
+/// `items` as the inside of a TOML array of strings (`"a", "b"`).
+fn toml_strings(items: &[String]) -> String {
+    items
+        .iter()
+        .map(|l| format!("{l:?}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// Whether a lane is `ACTIVE` (answering queries).
 pub fn is_active(lane: &v1::LaneInfo) -> bool {
     lane.state() == v1::LaneState::Active
@@ -454,17 +458,34 @@ pub struct Producer {
 }
 
 impl Producer {
+    /// A producer of `dc` with the default [`ProducerSpec`], named `producer-<x>` for `dc-<x>`
+    /// ([`Producer::start`]).
+    ///
+    /// # Panics
+    /// As [`Producer::start`].
+    pub fn start_dc(dir: &TestDir, dc: &str, indexers: &[String]) -> Self {
+        let name = format!("producer-{}", dc.strip_prefix("dc-").unwrap_or(dc));
+        Self::start(dir, &name, &ProducerSpec::new(dc), indexers)
+    }
+
+    /// Producers of dc-a and dc-b publishing to `indexers` ([`Producer::start_dc`]).
+    ///
+    /// # Panics
+    /// As [`Producer::start`].
+    pub fn start_ab(dir: &TestDir, indexers: &[String]) -> (Self, Self) {
+        (
+            Self::start_dc(dir, "dc-a", indexers),
+            Self::start_dc(dir, "dc-b", indexers),
+        )
+    }
+
     /// Writes `<name>.toml` into `dir` and starts the producer on ports it picks itself; returns
     /// once it has logged the addresses it bound.
     ///
     /// # Panics
     /// When it exits or does not start within the deadline.
     pub fn start(dir: &TestDir, name: &str, spec: &ProducerSpec, indexers: &[String]) -> Self {
-        let endpoints = indexers
-            .iter()
-            .map(|l| format!("{l:?}"))
-            .collect::<Vec<_>>()
-            .join(", ");
+        let endpoints = toml_strings(indexers);
         let toml = format!(
             "listen = \"127.0.0.1:0\"\nmetrics_listen = \"127.0.0.1:0\"\nlog_format = \"json\"\n\
              indexers = [{endpoints}]\n\

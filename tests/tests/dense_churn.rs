@@ -6,7 +6,7 @@
 //! (evictions, clears, refills) the lane equals the producer's table exactly.
 
 use ckf_e2e::check::{QUERY_CHUNK, wait_converged};
-use ckf_e2e::cluster::{Indexer, IndexerSpec, Producer, ProducerSpec, TestDir, format};
+use ckf_e2e::cluster::{Indexer, IndexerSpec, Producer, TestDir, format};
 use ckf_e2e::hashes::HashPool;
 use ckf_e2e::metrics;
 
@@ -33,12 +33,7 @@ async fn dense_table_with_kicks_and_split_deltas_converges_without_false_negativ
         ..IndexerSpec::default()
     };
     let indexer = Indexer::start(&dir, &spec);
-    let mut a = Producer::start(
-        &dir,
-        "producer-a",
-        &ProducerSpec::new("dc-a"),
-        &[indexer.url()],
-    );
+    let mut a = Producer::start_dc(&dir, "dc-a", &[indexer.url()]);
     let mut pool = HashPool::new(&format(), 7);
 
     // Fill to 3,200 of 4,096 slots in 16 batches of 200 blocks over 8 workers (a batch of 200

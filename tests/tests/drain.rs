@@ -3,7 +3,7 @@
 //! exactly the final sequence the producer logged.
 
 use ckf_e2e::check::{lane_matches, wait_converged};
-use ckf_e2e::cluster::{Indexer, IndexerSpec, Producer, ProducerSpec, TestDir, format, is_active};
+use ckf_e2e::cluster::{Indexer, IndexerSpec, Producer, TestDir, format, is_active};
 use ckf_e2e::hashes::HashPool;
 use ckf_e2e::metrics;
 
@@ -21,8 +21,7 @@ async fn sigterm_drains_with_the_exact_final_sequence() {
     let dir = TestDir::new("drain");
     let indexer = Indexer::start(&dir, &IndexerSpec::default());
     let endpoints = [indexer.url()];
-    let mut a = Producer::start(&dir, "producer-a", &ProducerSpec::new("dc-a"), &endpoints);
-    let mut b = Producer::start(&dir, "producer-b", &ProducerSpec::new("dc-b"), &endpoints);
+    let (mut a, mut b) = Producer::start_ab(&dir, &endpoints);
     let mut pool = HashPool::new(&format(), 6);
     b.store(1, &pool.take(20)).await;
     for w in 0..10 {
@@ -69,7 +68,7 @@ async fn sigterm_with_one_of_two_indexers_down_drains_the_other_and_exits_0() {
     let mut down = Indexer::start_named(&dir, "indexer-down", &IndexerSpec::default());
     let up = Indexer::start_named(&dir, "indexer-up", &IndexerSpec::default());
     let endpoints = [down.url(), up.url()];
-    let mut a = Producer::start(&dir, "producer-a", &ProducerSpec::new("dc-a"), &endpoints);
+    let mut a = Producer::start_dc(&dir, "dc-a", &endpoints);
     let mut pool = HashPool::new(&format(), 9);
     a.store(1, &pool.take(10)).await;
     wait_converged(&down, &a).await;

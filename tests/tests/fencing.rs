@@ -27,7 +27,7 @@ async fn newer_attachment_for_the_same_pool_fences_the_older_one() {
         &ProducerSpec::new("dc-a"),
         &endpoints,
     );
-    let mut b = Producer::start(&dir, "producer-b", &ProducerSpec::new("dc-b"), &endpoints);
+    let mut b = Producer::start_dc(&dir, "dc-b", &endpoints);
     let mut pool = HashPool::new(&format(), 4);
     let shared = pool.take(8);
     let old_only = pool.take(40);

@@ -5,7 +5,7 @@
 //! fed by the same producers is not disturbed by the first one's crash.
 
 use ckf_e2e::check::wait_converged;
-use ckf_e2e::cluster::{Indexer, IndexerSpec, Producer, ProducerSpec, TestDir, format, is_active};
+use ckf_e2e::cluster::{Indexer, IndexerSpec, Producer, TestDir, format, is_active};
 use ckf_e2e::hashes::HashPool;
 use ckf_e2e::metrics;
 use ckf_e2e::wait::{DEADLINE, eventually};
@@ -15,8 +15,7 @@ async fn indexer_kill9_and_restart_recovers_every_lane() {
     let dir = TestDir::new("indexer-restart");
     let mut indexer = Indexer::start(&dir, &IndexerSpec::default());
     let endpoints = [indexer.url()];
-    let mut a = Producer::start(&dir, "producer-a", &ProducerSpec::new("dc-a"), &endpoints);
-    let mut b = Producer::start(&dir, "producer-b", &ProducerSpec::new("dc-b"), &endpoints);
+    let (mut a, mut b) = Producer::start_ab(&dir, &endpoints);
     let mut pool = HashPool::new(&format(), 2);
 
     let a_blocks = pool.take(120);
@@ -54,26 +53,17 @@ async fn indexer_kill9_and_restart_recovers_every_lane() {
     for producer in [&a, &b] {
         let text = producer.metrics().expect("producer metrics");
         let url = indexer.url();
-        let detached = metrics::value(
-            &text,
-            "ckf_producer_detachments_total",
-            &[("indexer", &url)],
-        );
-        assert!(
-            detached.unwrap_or(0.0) >= 1.0,
-            "{}: {detached:?}",
-            producer.name
-        );
-        let snapshots = metrics::value(
-            &text,
-            "ckf_producer_snapshots_sent_total",
-            &[("indexer", &url)],
-        );
-        assert!(
-            snapshots.unwrap_or(0.0) >= 2.0,
-            "{}: {snapshots:?}",
-            producer.name
-        );
+        for (metric, at_least) in [
+            ("ckf_producer_detachments_total", 1.0),
+            ("ckf_producer_snapshots_sent_total", 2.0),
+        ] {
+            let value = metrics::value(&text, metric, &[("indexer", &url)]);
+            assert!(
+                value.unwrap_or(0.0) >= at_least,
+                "{}: {metric} {value:?}",
+                producer.name
+            );
+        }
     }
 
     // And publication continues on the new leases.
@@ -119,8 +109,7 @@ async fn a_second_indexer_replica_is_unaffected_by_the_first_ones_crash() {
     let mut first = Indexer::start_named(&dir, "indexer-1", &IndexerSpec::default());
     let second = Indexer::start_named(&dir, "indexer-2", &IndexerSpec::default());
     let endpoints = [first.url(), second.url()];
-    let mut a = Producer::start(&dir, "producer-a", &ProducerSpec::new("dc-a"), &endpoints);
-    let mut b = Producer::start(&dir, "producer-b", &ProducerSpec::new("dc-b"), &endpoints);
+    let (mut a, mut b) = Producer::start_ab(&dir, &endpoints);
     let mut pool = HashPool::new(&format(), 8);
     a.store(1, &pool.take(50)).await;
     b.store(1, &pool.take(50)).await;

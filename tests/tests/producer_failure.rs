@@ -47,8 +47,7 @@ async fn producer_stop_and_kill9_retire_only_its_lane_and_a_restart_recovers_it(
     };
     let indexer = Indexer::start(&dir, &spec);
     let endpoints = [indexer.url()];
-    let mut a = Producer::start(&dir, "producer-a", &ProducerSpec::new("dc-a"), &endpoints);
-    let mut b = Producer::start(&dir, "producer-b", &ProducerSpec::new("dc-b"), &endpoints);
+    let (mut a, mut b) = Producer::start_ab(&dir, &endpoints);
     let mut pool = HashPool::new(&format(), 3);
     a.store(1, &pool.take(60)).await;
     b.store(1, &pool.take(60)).await;

@@ -108,12 +108,7 @@ async fn malformed_relay_traffic_gets_precise_statuses_and_affects_only_its_lane
         ..IndexerSpec::default()
     };
     let indexer = Indexer::start(&dir, &spec);
-    let mut a = Producer::start(
-        &dir,
-        "producer-a",
-        &ProducerSpec::new("dc-a"),
-        &[indexer.url()],
-    );
+    let mut a = Producer::start_dc(&dir, "dc-a", &[indexer.url()]);
     let mut pool = HashPool::new(&format(), 5);
     a.store(1, &pool.take(60)).await;
     let epoch = wait_converged(&indexer, &a).await.lease_epoch;
@@ -344,7 +339,7 @@ async fn a_real_producer_with_the_wrong_format_is_refused_and_keeps_retrying() {
     let dir = TestDir::new("wrong-format");
     let indexer = Indexer::start(&dir, &IndexerSpec::default());
     let endpoints = [indexer.url()];
-    let mut a = Producer::start(&dir, "producer-a", &ProducerSpec::new("dc-a"), &endpoints);
+    let mut a = Producer::start_dc(&dir, "dc-a", &endpoints);
     let wrong = ProducerSpec {
         bucket_count: 2048,
         ..ProducerSpec::new(RAW_DC)

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use ckf_e2e::check::{lane_matches, wait_converged};
-use ckf_e2e::cluster::{Indexer, IndexerSpec, Producer, ProducerSpec, TestDir, format, is_active};
+use ckf_e2e::cluster::{Indexer, IndexerSpec, Producer, TestDir, format, is_active};
 use ckf_e2e::hashes::HashPool;
 use ckf_e2e::metrics;
 use ckf_e2e::wait::{DEADLINE, eventually};
@@ -30,8 +30,7 @@ async fn two_producers_stores_removes_clears_and_drain() {
     let dir = TestDir::new("two-producers");
     let indexer = Indexer::start(&dir, &IndexerSpec::default());
     let endpoints = [indexer.url()];
-    let mut a = Producer::start(&dir, "producer-a", &ProducerSpec::new("dc-a"), &endpoints);
-    let mut b = Producer::start(&dir, "producer-b", &ProducerSpec::new("dc-b"), &endpoints);
+    let (mut a, mut b) = Producer::start_ab(&dir, &endpoints);
     indexer.wait_lane("dc-a", "active", is_active).await;
     indexer.wait_lane("dc-b", "active", is_active).await;
     let mut pool = HashPool::new(&format(), 1);

@@ -15,8 +15,8 @@ use ckf_proto::v1::{
 };
 pub use ckf_testkit::relay::RawStream;
 use indexer_svc::{IndexerConfig, RunningIndexer, serve};
-use tonic::Status;
 use tonic::transport::Channel;
+use tonic::{Code, Status};
 
 pub const DOMAIN: &str = "test";
 pub const BUCKETS: u64 = 1024;
@@ -133,6 +133,37 @@ pub fn hashes(seed: u64, n: usize) -> Vec<u64> {
 /// Opens a raw relay stream to `indexer` and sends `attach` ([`RawStream::open`]).
 pub async fn open(indexer: &Indexer, attach: v1::Attach) -> Result<RawStream, Status> {
     RawStream::open(indexer.channel.clone(), attach).await
+}
+
+/// A delta frame under `a`'s lease (not from its producer state): image 7
+/// in each of `buckets`, taking the lane from `base` to `sequence`.
+pub fn raw_delta(a: &Producer, base: u64, sequence: u64, buckets: Vec<u32>) -> v1::RelayFrame {
+    WireFrame::Delta(v1::Delta {
+        lease: a.wire_lease(),
+        base_sequence: base,
+        sequence,
+        images: vec![7; buckets.len()],
+        buckets,
+        oldest_change_age_ms: 0,
+    })
+    .into()
+}
+
+/// Opens a raw relay stream with `attach` and returns the status it must be refused with.
+pub async fn refused(indexer: &Indexer, attach: v1::Attach) -> Status {
+    open(indexer, attach).await.expect_err("refused")
+}
+
+/// Panics unless `status` has `code` and its message contains every one of `says`.
+pub fn assert_status(status: &Status, code: Code, says: &[&str]) {
+    assert_eq!(status.code(), code, "{status:?}");
+    for needle in says {
+        assert!(
+            status.message().contains(needle),
+            "{needle:?} not in {:?}",
+            status.message()
+        );
+    }
 }
 
 /// A producer made of ckf-core's producer types, publishing over one relay stream.

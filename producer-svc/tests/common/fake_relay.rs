@@ -167,6 +167,35 @@ impl FakeRelay {
         }
     }
 
+    /// Waits until attachment `index` (0 = the first Relay stream) has installed its barrier
+    /// snapshot.
+    pub async fn wait_installed(&self, index: usize, what: &str) {
+        self.wait_for(what, |s| {
+            s.attachments
+                .get(index)
+                .is_some_and(|a| a.installed.is_some())
+        })
+        .await;
+    }
+
+    /// Waits until attachment `index`'s rebuilt table equals `table` (the producer's).
+    pub async fn wait_converged(&self, index: usize, table: &[u64], what: &str) {
+        self.wait_for(what, |s| {
+            s.attachments.get(index).is_some_and(|a| a.table == table)
+        })
+        .await;
+    }
+
+    /// Every protocol violation seen on any attachment (must stay empty).
+    pub fn errors(&self) -> Vec<String> {
+        self.with(|s| {
+            s.attachments
+                .iter()
+                .flat_map(|a| a.errors.clone())
+                .collect()
+        })
+    }
+
     /// Retires attachment `index` with `reason` (the fake sends `Retired` and ends the stream).
     pub async fn retire(&self, index: usize, reason: v1::RetireReason, detail: &str) {
         let tx = self

@@ -14,6 +14,8 @@ use ckf_proto::v1::kv_event::Kind;
 use producer_svc::{ProducerConfig, RunningProducer};
 use tonic::transport::Channel;
 
+use fake_relay::{FakeRelay, GrantConfig};
+
 /// A producer on ephemeral loopback ports, publishing to `indexers`, with fast cadence and
 /// short backoff so tests run quickly.
 pub async fn start_producer(indexers: Vec<String>) -> RunningProducer {
@@ -30,6 +32,21 @@ pub fn fast_config(indexers: Vec<String>) -> ProducerConfig {
     config.reconnect.initial_backoff_ms = 10;
     config.reconnect.max_backoff_ms = 50;
     config
+}
+
+/// A fake indexer with the default grant (consumer instance 7) and a producer publishing to it
+/// with [`fast_config`] changed by `edit`, returned once the first barrier snapshot is
+/// installed there.
+pub async fn attached_producer(
+    edit: impl FnOnce(&mut ProducerConfig),
+) -> (FakeRelay, RunningProducer) {
+    let fake = FakeRelay::start(GrantConfig::default(), 7).await;
+    let mut config = fast_config(vec![fake.url()]);
+    edit(&mut config);
+    let producer = start_with(config).await;
+    fake.wait_installed(0, "the first barrier snapshot installed")
+        .await;
+    (fake, producer)
 }
 
 pub async fn start_with(config: ProducerConfig) -> RunningProducer {
@@ -87,6 +104,37 @@ pub fn batch(source: &str, sequence: u64, events: Vec<v1::KvEvent>) -> v1::KvEve
         sequence,
         events,
     }
+}
+
+/// Publishes `events` as batch `sequence` of `source` (which must be accepted), after applying
+/// them to `model`.
+pub async fn publish_tracked(
+    client: &mut IngestClient<Channel>,
+    model: &mut Model,
+    source: &str,
+    sequence: u64,
+    events: Vec<v1::KvEvent>,
+) {
+    events.iter().for_each(|e| model.apply(e));
+    client
+        .publish_batch(batch(source, sequence, events))
+        .await
+        .unwrap();
+}
+
+/// Publishes one store of `hashes` by member (1, 0) as batch `sequence` of `source`; returns
+/// the producer's answer.
+pub async fn store_one(
+    client: &mut IngestClient<Channel>,
+    source: &str,
+    sequence: u64,
+    hashes: &[u64],
+) -> v1::KvEventBatchResult {
+    client
+        .publish_batch(batch(source, sequence, vec![stored(1, 0, hashes)]))
+        .await
+        .unwrap()
+        .into_inner()
 }
 
 /// The exact model of what the producer tracks: member -> block hashes.
