@@ -7,7 +7,7 @@
 //!
 //! | module | owns |
 //! | --- | --- |
-//! | this file | binary lookup, free ports, spawn / SIGTERM / SIGKILL, blocking waits |
+//! | this file | binary lookup, spawn / SIGTERM / SIGKILL, blocking waits |
 //! | [`cluster`] | indexer and producer processes: configs, ports, restarts, their gRPC calls |
 //! | [`model`] | the exact model of a DC's content (the oracle) |
 //! | [`check`] | a lane compared against its producer's model and statistics |
@@ -24,7 +24,7 @@ pub mod model;
 pub mod relay;
 pub mod wait;
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -49,14 +49,6 @@ pub fn binary(name: &str) -> PathBuf {
         path.display()
     );
     path
-}
-
-/// A free 127.0.0.1 TCP port (bound then released; a tiny reuse race is accepted).
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("bind 127.0.0.1:0")
 }
 
 /// Waits until something accepts TCP connections on `addr`, up to `timeout`.
