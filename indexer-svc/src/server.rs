@@ -47,16 +47,9 @@ pub enum ServeError {
     /// ckf-core refused the manifest.
     #[error("invalid manifest: {0}")]
     Manifest(#[from] ManifestError),
-    /// A listener could not be bound.
-    #[error("cannot bind {what} address {addr}: {source}")]
-    Bind {
-        /// `"gRPC"` or `"metrics"`.
-        what: &'static str,
-        /// The address.
-        addr: SocketAddr,
-        /// The OS error.
-        source: std::io::Error,
-    },
+    /// A listener could not be bound (`what`: `"gRPC"` or `"metrics"`).
+    #[error("cannot bind {} address {}: {}", .0.what, .0.addr, .0.source)]
+    Bind(#[from] BindError),
     /// The reflection descriptors could not be loaded.
     #[error("reflection service: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
@@ -66,16 +59,6 @@ pub enum ServeError {
     /// The server task panicked or was cancelled.
     #[error("server task: {0}")]
     Join(#[from] tokio::task::JoinError),
-}
-
-impl From<BindError> for ServeError {
-    fn from(e: BindError) -> Self {
-        Self::Bind {
-            what: e.what,
-            addr: e.addr,
-            source: e.source,
-        }
-    }
 }
 
 /// A running indexer.

@@ -71,16 +71,9 @@ pub enum ServeError {
     /// A configuration value breaks a rule (key, value, rule).
     #[error(transparent)]
     Config(#[from] ConfigError),
-    /// A listener could not be bound.
-    #[error("binding the {what} listener on {addr}: {source}")]
-    Bind {
-        /// `"ingest"` or `"metrics"`.
-        what: &'static str,
-        /// The address.
-        addr: SocketAddr,
-        /// The OS error.
-        source: std::io::Error,
-    },
+    /// A listener could not be bound (`what`: `"ingest"` or `"metrics"`).
+    #[error("binding the {} listener on {}: {}", .0.what, .0.addr, .0.source)]
+    Bind(#[from] BindError),
     /// The reflection descriptors could not be loaded.
     #[error("building the reflection service: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
@@ -95,16 +88,6 @@ pub enum ServeError {
         /// How it ended.
         source: tokio::task::JoinError,
     },
-}
-
-impl From<BindError> for ServeError {
-    fn from(e: BindError) -> Self {
-        Self::Bind {
-            what: e.what,
-            addr: e.addr,
-            source: e.source,
-        }
-    }
 }
 
 /// A running producer: its bound addresses, identity, and the way to wait for its end.
