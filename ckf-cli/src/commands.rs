@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
 use ckf_proto::v1::query_client::QueryClient;
-use ckf_proto::v1::{FindMatchesRequest, LaneState, ListLanesRequest, RetireReason};
+use ckf_proto::v1::{LaneState, ListLanesRequest, RetireReason};
 use serde_json::json;
 use tonic::transport::{Channel, Endpoint};
 use tonic_health::pb::HealthCheckRequest;
@@ -171,13 +171,7 @@ pub async fn query(args: QueryArgs) -> Result<()> {
         args.hashes.clone()
     };
     let mut client = QueryClient::new(connect(&args.indexer).await?);
-    let answer = client
-        .find_matches(FindMatchesRequest {
-            block_hashes: hashes.clone(),
-        })
-        .await
-        .context("FindMatches")?
-        .into_inner();
+    let answer = crate::live::find_matches(&mut client, &hashes, "FindMatches").await?;
     if args.json {
         let lanes: Vec<_> = answer
             .matches

@@ -16,8 +16,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
 use ckf_proto::v1::{
-    self, EventStatus, FindMatchesRequest, GetStatsRequest, KvEventBatch, LaneState,
-    ListLanesRequest, ingest_client::IngestClient, kv_event::Kind, query_client::QueryClient,
+    self, EventStatus, FindMatchesRequest, FindMatchesResponse, GetStatsRequest, KvEventBatch,
+    LaneState, ListLanesRequest, ingest_client::IngestClient, kv_event::Kind,
+    query_client::QueryClient,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 use prost::Message;
@@ -148,21 +149,15 @@ pub async fn replay(
         // flight may be newer than what the query captured.
         let watermarks = probes.watermarks();
         let asked = Instant::now();
-        let answer = query
-            .find_matches(FindMatchesRequest {
-                block_hashes: request.clone(),
-            })
-            .await
-            .context("FindMatches")?
-            .into_inner();
+        let answer = find_matches(&mut query, request, "FindMatches").await?;
         latencies_us.push(asked.elapsed().as_secs_f64() * 1e6);
-        let reported = reported_depths(&answer, &lane_to_dc, shape.dcs);
-        accuracy.record(
+        let reported = record_answer(
+            &mut accuracy,
             request,
-            &reported,
-            fleet.oracle(),
+            &answer,
+            &lane_to_dc,
+            &fleet,
             &watermarks,
-            fleet.dc_load(),
         );
         let dc = router.choose(&reported, fleet.dc_load());
         let served = fleet.serve(dc, request);
@@ -468,20 +463,14 @@ async fn final_check(
         if request.last().is_none_or(|last| !seen.insert(*last)) {
             continue;
         }
-        let answer = query
-            .find_matches(FindMatchesRequest {
-                block_hashes: request.clone(),
-            })
-            .await
-            .context("FindMatches (final check)")?
-            .into_inner();
-        let reported = reported_depths(&answer, lane_to_dc, fleet.shape().dcs);
-        accuracy.record(
+        let answer = find_matches(query, request, "FindMatches (final check)").await?;
+        record_answer(
+            &mut accuracy,
             request,
-            &reported,
-            fleet.oracle(),
+            &answer,
+            lane_to_dc,
+            fleet,
             &watermarks,
-            fleet.dc_load(),
         );
     }
     Ok(accuracy)
@@ -502,6 +491,47 @@ fn progress_bar(len: u64, show: bool) -> ProgressBar {
 
 /// Depth per DC index (`dcs` long) from a `FindMatches` answer: `None` for a DC whose lane was
 /// not ready at capture.
+/// The indexer's answer for `request` (block hashes, root first); `what` names the call in the
+/// error.
+///
+/// # Errors
+/// The failed call's status, with `what` as context.
+pub async fn find_matches(
+    query: &mut QueryClient<Channel>,
+    request: &[u64],
+    what: &'static str,
+) -> Result<FindMatchesResponse> {
+    Ok(query
+        .find_matches(FindMatchesRequest {
+            block_hashes: request.to_vec(),
+        })
+        .await
+        .context(what)?
+        .into_inner())
+}
+
+/// Judges `answer` to `request` against the fleet's oracle (visibility per DC from
+/// `watermarks`) into `accuracy`; returns the depth reported per DC (`None`: no answer for
+/// that DC's lane).
+fn record_answer(
+    accuracy: &mut Accuracy,
+    request: &[u64],
+    answer: &FindMatchesResponse,
+    lane_to_dc: &HashMap<u32, usize>,
+    fleet: &Fleet,
+    watermarks: &[u64],
+) -> Vec<Option<usize>> {
+    let reported = reported_depths(answer, lane_to_dc, fleet.shape().dcs);
+    accuracy.record(
+        request,
+        &reported,
+        fleet.oracle(),
+        watermarks,
+        fleet.dc_load(),
+    );
+    reported
+}
+
 fn reported_depths(
     answer: &ckf_proto::v1::FindMatchesResponse,
     lane_to_dc: &HashMap<u32, usize>,

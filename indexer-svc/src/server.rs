@@ -16,11 +16,11 @@ use std::time::Duration;
 use ckf_core::global::{GlobalCkfIndexer, ManifestError};
 use ckf_core::ingestion::{IngestionWorkers, IngestionWorkersConfig};
 use ckf_proto::v1::{query_server::QueryServer, relay_server::RelayServer};
+use ckf_svc_kit::Shutdown;
 use ckf_svc_kit::config::{Invalid, Validate};
-use ckf_svc_kit::{Shutdown, grpc, metrics::serve_metrics};
+use ckf_svc_kit::serve::{BindError, Listeners, front};
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
-use tonic_health::ServingStatus;
 
 use crate::config::{IndexerConfig, LimitsConfig};
 use crate::lane_watch;
@@ -47,16 +47,9 @@ pub enum ServeError {
     /// ckf-core refused the manifest.
     #[error("invalid manifest: {0}")]
     Manifest(#[from] ManifestError),
-    /// A listener could not be bound.
-    #[error("cannot bind {what} address {addr}: {source}")]
-    Bind {
-        /// `"gRPC"` or `"metrics"`.
-        what: &'static str,
-        /// The address.
-        addr: SocketAddr,
-        /// The OS error.
-        source: std::io::Error,
-    },
+    /// A listener could not be bound (`what`: `"gRPC"` or `"metrics"`).
+    #[error("cannot bind {} address {}: {}", .0.what, .0.addr, .0.source)]
+    Bind(#[from] BindError),
     /// The reflection descriptors could not be loaded.
     #[error("reflection service: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
@@ -158,28 +151,19 @@ pub async fn serve(
     });
     shared.metrics.observe_all(&indexer, &shared.labels);
 
-    let listener = grpc::bind(config.listen)
-        .await
-        .map_err(|source| ServeError::Bind {
-            what: "gRPC",
-            addr: config.listen,
-            source,
-        })?;
-    let grpc_addr = listener.addr;
-    let metrics_server = serve_metrics(
+    let Listeners {
+        grpc: listener,
+        metrics: metrics_server,
+    } = Listeners::bind(
+        "gRPC",
+        config.listen,
         config.metrics_listen,
         metrics.registry().clone(),
         stop.wait(),
     )
-    .await
-    .map_err(|source| ServeError::Bind {
-        what: "metrics",
-        addr: config.metrics_listen,
-        source,
-    })?;
+    .await?;
+    let grpc_addr = listener.addr;
 
-    let (health_reporter, health_service) = grpc::health(&SERVICES).await;
-    let reflection = grpc::reflection(&[ckf_proto::FILE_DESCRIPTOR_SET])?;
     let max_message = usize::try_from(config.limits.max_message_bytes).unwrap_or(usize::MAX);
     let relay = RelayServer::new(RelayService::new(Arc::clone(&shared)))
         .max_decoding_message_size(max_message)
@@ -187,14 +171,16 @@ pub async fn serve(
     let query = QueryServer::new(QueryService::new(Arc::clone(&shared)))
         .max_decoding_message_size(max_message)
         .max_encoding_message_size(max_message);
-    let router = tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
-        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
-        .add_service(health_service)
-        .add_service(reflection)
-        .add_service(relay)
-        .add_service(query);
-    grpc::set_all(&health_reporter, &SERVICES, ServingStatus::Serving).await;
+    let (health, router) = front(
+        tonic::transport::Server::builder()
+            .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+            .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT)),
+        &SERVICES,
+        &[ckf_proto::FILE_DESCRIPTOR_SET],
+    )
+    .await?;
+    let router = router.add_service(relay).add_service(query);
+    health.serving().await;
     let watchers = lane_watch::spawn_all(&shared);
 
     tracing::info!(
@@ -211,11 +197,10 @@ pub async fn serve(
     let handle = stop.clone();
     let serve_stop = stop.clone();
     let task = tokio::spawn(async move {
-        let reporter = health_reporter.clone();
         let on_shutdown = async move {
             serve_stop.wait().await;
             tracing::info!("shutting down: refusing new streams, retiring open ones");
-            grpc::set_all(&reporter, &SERVICES, ServingStatus::NotServing).await;
+            health.not_serving().await;
         };
         let server = router.serve_with_incoming_shutdown(listener.incoming, on_shutdown);
         // Streams end themselves on shutdown; a peer that keeps its connection open past the

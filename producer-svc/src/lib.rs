@@ -46,9 +46,9 @@ use ckf_core::sources::SourceSequences;
 use ckf_proto::v1::ingest_server::{IngestServer, SERVICE_NAME as INGEST_SERVICE};
 use ckf_svc_kit::Shutdown;
 use ckf_svc_kit::config::Invalid;
+use ckf_svc_kit::serve::{BindError, Listeners, front};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
-use tonic_health::ServingStatus;
 
 pub use actor::ActorGone;
 pub use ckf_svc_kit::config::ConfigError;
@@ -62,6 +62,8 @@ use relay_client::{IndexerAttachment, RelaySettings};
 
 /// HTTP/2 keepalive of the Relay client connections.
 const KEEPALIVE: Duration = Duration::from_secs(10);
+/// gRPC services reported by the health service.
+const SERVICES: [&str; 1] = [INGEST_SERVICE];
 
 /// Why a producer could not start or stopped abnormally.
 #[derive(Debug, thiserror::Error)]
@@ -69,16 +71,9 @@ pub enum ServeError {
     /// A configuration value breaks a rule (key, value, rule).
     #[error(transparent)]
     Config(#[from] ConfigError),
-    /// A listener could not be bound.
-    #[error("binding the {what} listener on {addr}: {source}")]
-    Bind {
-        /// `"ingest"` or `"metrics"`.
-        what: &'static str,
-        /// The address.
-        addr: SocketAddr,
-        /// The OS error.
-        source: std::io::Error,
-    },
+    /// A listener could not be bound (`what`: `"ingest"` or `"metrics"`).
+    #[error("binding the {} listener on {}: {}", .0.what, .0.addr, .0.source)]
+    Bind(#[from] BindError),
     /// The reflection descriptors could not be loaded.
     #[error("building the reflection service: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
@@ -213,28 +208,26 @@ pub async fn serve(
 
     let stop = Shutdown::new();
     let metrics = Metrics::new();
-    let reflection = ckf_svc_kit::grpc::reflection(&[ckf_proto::FILE_DESCRIPTOR_SET])?;
+    let (health, router) = front(
+        tonic::transport::Server::builder().http2_keepalive_interval(Some(KEEPALIVE)),
+        &SERVICES,
+        &[ckf_proto::FILE_DESCRIPTOR_SET],
+    )
+    .await?;
     // Validated to at most 256 MiB, which fits every `usize` this crate builds for.
     let max_message_bytes = usize::try_from(config.limits.max_message_bytes).unwrap_or(usize::MAX);
 
-    let listener = ckf_svc_kit::grpc::bind(config.listen)
-        .await
-        .map_err(|source| ServeError::Bind {
-            what: "ingest",
-            addr: config.listen,
-            source,
-        })?;
-    let metrics_server = ckf_svc_kit::metrics::serve_metrics(
+    let Listeners {
+        grpc: listener,
+        metrics: metrics_server,
+    } = Listeners::bind(
+        "ingest",
+        config.listen,
         config.metrics_listen,
         metrics.registry().clone(),
         stop.wait(),
     )
-    .await
-    .map_err(|source| ServeError::Bind {
-        what: "metrics",
-        addr: config.metrics_listen,
-        source,
-    })?;
+    .await?;
 
     // The state actor.
     let (commands, actor_rx) = mpsc::channel(config.limits.ingest_channel_capacity as usize);
@@ -288,7 +281,6 @@ pub async fn serve(
         .collect();
 
     // The gRPC server.
-    let (health_reporter, health) = ckf_svc_kit::grpc::health(&[INGEST_SERVICE]).await;
     let ingest = IngestServer::new(IngestService::new(
         handle.clone(),
         identity.clone(),
@@ -299,14 +291,11 @@ pub async fn serve(
     .max_encoding_message_size(max_message_bytes);
     let ingest_addr = listener.addr;
     let server = tokio::spawn(
-        tonic::transport::Server::builder()
-            .http2_keepalive_interval(Some(KEEPALIVE))
-            .add_service(health)
-            .add_service(reflection)
+        router
             .add_service(ingest)
             .serve_with_incoming_shutdown(listener.incoming, stop.wait()),
     );
-    ckf_svc_kit::grpc::set_all(&health_reporter, &[INGEST_SERVICE], ServingStatus::Serving).await;
+    health.serving().await;
     tracing::info!(
         pool = %identity.pool,
         incarnation = %identity.incarnation,
@@ -325,12 +314,7 @@ pub async fn serve(
         tracing::info!(
             "shutting down: ingest stops, the pending tail is published, then drain markers"
         );
-        ckf_svc_kit::grpc::set_all(
-            &health_reporter,
-            &[INGEST_SERVICE],
-            ServingStatus::NotServing,
-        )
-        .await;
+        health.not_serving().await;
         let join = |what| move |source| ServeError::Join { what, source };
         let report = actor_task.await.map_err(join("state actor"))?;
         let mut drains = Vec::with_capacity(relays.len());

@@ -359,14 +359,8 @@ pub fn at_least<T: PartialOrd + fmt::Display>(
     min: T,
     unit: &str,
 ) -> Result<(), Invalid> {
-    if value >= min {
-        return Ok(());
-    }
-    Err(Invalid::new(
-        key,
-        value,
-        format!("must be at least {min}{}", unit_suffix(unit)),
-    ))
+    let holds = value >= min;
+    rule(key, value, holds, format_args!("at least {min}"), unit)
 }
 
 /// `value <= max`, else [`Invalid`] "must be at most `max` `unit`" (`unit` may be empty).
@@ -379,14 +373,8 @@ pub fn at_most<T: PartialOrd + fmt::Display>(
     max: T,
     unit: &str,
 ) -> Result<(), Invalid> {
-    if value <= max {
-        return Ok(());
-    }
-    Err(Invalid::new(
-        key,
-        value,
-        format!("must be at most {max}{}", unit_suffix(unit)),
-    ))
+    let holds = value <= max;
+    rule(key, value, holds, format_args!("at most {max}"), unit)
 }
 
 /// `value` in `range`, else [`Invalid`] "must be in `lo..=hi` `unit`" (`unit` may be empty).
@@ -399,23 +387,29 @@ pub fn in_range<T: PartialOrd + fmt::Display>(
     range: RangeInclusive<T>,
     unit: &str,
 ) -> Result<(), Invalid> {
-    if range.contains(&value) {
-        return Ok(());
-    }
+    let holds = range.contains(&value);
     let (lo, hi) = range.into_inner();
-    Err(Invalid::new(
-        key,
-        value,
-        format!("must be in {lo}..={hi}{}", unit_suffix(unit)),
-    ))
+    rule(key, value, holds, format_args!("in {lo}..={hi}"), unit)
 }
 
-fn unit_suffix(unit: &str) -> String {
-    if unit.is_empty() {
+/// `Ok` when `holds`, else the [`Invalid`] for `key = value` "must be `bound` `unit`" (`unit`
+/// may be empty): the one shape of [`at_least`], [`at_most`] and [`in_range`].
+fn rule<T: fmt::Display>(
+    key: &str,
+    value: T,
+    holds: bool,
+    bound: fmt::Arguments<'_>,
+    unit: &str,
+) -> Result<(), Invalid> {
+    if holds {
+        return Ok(());
+    }
+    let unit = if unit.is_empty() {
         String::new()
     } else {
         format!(" {unit}")
-    }
+    };
+    Err(Invalid::new(key, value, format!("must be {bound}{unit}")))
 }
 
 #[cfg(test)]

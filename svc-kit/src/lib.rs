@@ -13,12 +13,14 @@
 //! | [`scrape`] | reading a `/metrics` endpoint: HTTP GET (`ureq`) and text parse (`prometheus-parse`) |
 //! | [`shutdown`] | SIGTERM/SIGINT -> one cancellable [`shutdown::Shutdown`] token |
 //! | [`grpc`] | listener binding, `grpc.health.v1` and server reflection helpers |
+//! | [`serve`] | what both services do to start and stop: bind both listeners, health + reflection in front, a binary's `main` |
 
 pub mod config;
 pub mod grpc;
 pub mod logging;
 pub mod metrics;
 pub mod scrape;
+pub mod serve;
 pub mod shutdown;
 pub mod table;
 

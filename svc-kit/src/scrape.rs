@@ -130,10 +130,11 @@ mod tests {
             .await
             .unwrap();
         let addr = server.addr.to_string();
-        let text = tokio::task::spawn_blocking(move || fetch(&addr, Duration::from_secs(5)))
-            .await
-            .unwrap()
-            .unwrap();
+        let fetch_off_runtime = || {
+            let addr = addr.clone();
+            tokio::task::spawn_blocking(move || fetch(&addr, Duration::from_secs(5)))
+        };
+        let text = fetch_off_runtime().await.unwrap().unwrap();
         assert_eq!(
             Samples::parse(&text).sum("ckf_t_scraped_total", &[]),
             Some(4.0)
@@ -142,11 +143,7 @@ mod tests {
         server.task.await.unwrap().unwrap();
 
         // Nothing listens there any more.
-        let addr = server.addr.to_string();
-        let err = tokio::task::spawn_blocking(move || fetch(&addr, Duration::from_secs(5)))
-            .await
-            .unwrap()
-            .unwrap_err();
+        let err = fetch_off_runtime().await.unwrap().unwrap_err();
         assert!(
             err.to_string()
                 .contains(&format!("http://{}/metrics", server.addr)),
