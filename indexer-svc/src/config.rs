@@ -278,7 +278,7 @@ pub struct Cli {
     /// [default: 1000000; key: table.expected_blocks].
     #[arg(long, value_name = "BLOCKS")]
     pub expected_blocks: Option<u64>,
-    /// Old name of --expected-blocks, still accepted (giving both is refused)
+    /// Old name of --expected-blocks, still accepted (both flags together are refused)
     /// [key: table.expected_blocks_per_lane, an alias of table.expected_blocks].
     #[arg(long, value_name = "BLOCKS")]
     pub expected_blocks_per_lane: Option<u64>,
@@ -466,18 +466,34 @@ mod tests {
         let config = load_with_env(&cli(&[]), "CKF_IT1_").unwrap();
         assert_eq!(config.format().unwrap(), format(8000));
 
-        // Both spellings: refused, naming both (and where each came from).
-        let err = load_with_env(&cli(&["--expected-blocks", "9000"]), "CKF_IT1_").unwrap_err();
+        // Across layers the later one wins, whichever spelling each uses: an old config file
+        // or environment is overridden by the new flag.
+        let config = load_with_env(&cli(&["--expected-blocks", "9000"]), "CKF_IT1_").unwrap();
+        assert_eq!(config.format().unwrap(), format(9000));
+        let config = cli(&["--config", file_arg, "--expected-blocks", "1"])
+            .load()
+            .unwrap();
+        assert_eq!(config.table.expected_blocks, 1);
+
+        // Both spellings in one layer: refused, naming both and where they came from.
+        let err = cli(&["--expected-blocks-per-lane", "8", "--expected-blocks", "9"])
+            .load()
+            .unwrap_err();
         let text = err.to_string();
         assert!(matches!(err, ConfigError::Invalid { .. }), "{text}");
         assert!(
-            text.contains("table.expected_blocks_per_lane = 8000"),
+            text.contains("table.expected_blocks_per_lane = 8"),
             "{text}"
         );
         assert!(text.contains("table.expected_blocks,"), "{text}");
         assert!(text.contains("command-line flag"), "{text}");
-        assert!(text.contains("CKF_IT1_"), "{text}");
-        let text = cli(&["--config", file_arg, "--expected-blocks", "1"])
+        let both = dir.path().join("both.toml");
+        std::fs::write(
+            &both,
+            "[table]\nexpected_blocks_per_lane = 7000\nexpected_blocks = 7100\n",
+        )
+        .unwrap();
+        let text = cli(&["--config", both.to_str().unwrap()])
             .load()
             .unwrap_err()
             .to_string();
@@ -485,7 +501,7 @@ mod tests {
             text.contains("table.expected_blocks_per_lane = 7000"),
             "{text}"
         );
-        assert!(text.contains(file_arg), "{text}");
+        assert!(text.contains(both.to_str().unwrap()), "{text}");
 
         // A rule broken under the old spelling is reported under it.
         let text = cli(&["--expected-blocks-per-lane", "0"])

@@ -9,8 +9,9 @@
 //!   `lag.heartbeat_deadline_ms`. Keys are lower-cased. `<PREFIX>CONFIG` is reserved for the
 //!   file path and ignored here.
 //! * Flags are [`Overrides`]: only flags the user actually gave are merged.
-//! * A [`KeyAlias`] is an old spelling of a key, still accepted in every layer; giving both
-//!   spellings is refused, naming both and where each came from.
+//! * A [`KeyAlias`] is an old spelling of a key, still accepted in every layer. Across layers
+//!   the later one wins whichever spelling each uses; both spellings in one layer (the file,
+//!   the environment, or the flags) are refused, naming both and where they came from.
 //!
 //! Every merge is figment's own `merge` (later layer wins, tables merged key by key, lists
 //! replaced whole); each given flag is one layer of its own, so two flags may share a table
@@ -131,9 +132,9 @@ impl Provider for Flag<'_> {
 }
 
 /// An old spelling of a configuration key, accepted in the TOML file, the environment and
-/// the flags as if it were `key`. Giving both spellings (in any layers) is refused with a
-/// [`ConfigError::Invalid`] naming both; a rule broken by a value given under the old
-/// spelling is reported under the old spelling.
+/// the flags as if it were `key`; across layers the later one wins as for any key. Giving both
+/// spellings in one layer is refused with a [`ConfigError::Invalid`] naming both; a rule broken
+/// by a value given under the old spelling is reported under the old spelling.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KeyAlias {
     /// The old dotted key, e.g. `"table.expected_blocks_per_lane"`.
@@ -231,61 +232,81 @@ impl Layers {
 
     /// `base` < file < environment < flags, each layer with `aliases` renamed.
     fn user_layers(&self, base: Figment, aliases: &'static [KeyAlias]) -> Figment {
-        let mut figment = base;
+        self.layer_list(aliases)
+            .into_iter()
+            .fold(base, |figment, layer| figment.merge(layer))
+    }
+
+    /// The user's layers in merge order (file, environment, then one per flag: two flags may
+    /// share a table), each on its own and with `aliases` renamed.
+    fn layer_list(&self, aliases: &'static [KeyAlias]) -> Vec<Figment> {
+        let mut layers = Vec::with_capacity(2 + self.overrides.values.len());
         if let Some(file) = &self.file {
-            figment = figment.merge(Renamed {
+            layers.push(Figment::from(Renamed {
                 layer: Toml::file_exact(file),
                 aliases,
-            });
+            }));
         }
-        figment = figment.merge(Renamed {
+        layers.push(Figment::from(Renamed {
             layer: Env::prefixed(self.env_prefix)
                 .ignore(&["config"])
                 .split("__"),
             aliases,
-        });
-        // One figment layer per flag, merged in order: two flags may share a table.
+        }));
         for (key, value) in &self.overrides.values {
-            figment = figment.merge(Renamed {
+            layers.push(Figment::from(Renamed {
                 layer: Flag { key, value },
                 aliases,
-            });
+            }));
         }
-        figment
+        layers
     }
 
-    /// Refuses a key given under both its spellings; returns the aliases given under the old
-    /// spelling only.
+    /// Refuses a key given under both its spellings in one layer (the file, the environment or
+    /// the flags; across layers the later one wins, as for any key); returns the aliases whose winning layer used the old spelling.
     fn check_aliases(&self) -> Result<Vec<KeyAlias>, ConfigError> {
         if self.aliases.is_empty() {
             return Ok(Vec::new());
         }
-        // The user's layers as written (no defaults, nothing renamed).
-        let given = self.user_layers(Figment::new(), &[]);
+        // The user's layers as written (nothing renamed), in merge order; every flag counts as
+        // one layer here, so an old and a new flag given together are refused too (their
+        // order on the command line is not what decides the merge order).
+        let mut layers = self.layer_list(&[]);
+        let first_flag = layers.len() - self.overrides.values.len();
+        let flags = layers
+            .split_off(first_flag)
+            .into_iter()
+            .reduce(|all, flag| all.merge(flag));
+        layers.extend(flags);
         let mut old_spelling = Vec::new();
         for alias in self.aliases {
-            let Ok(old_value) = given.find_value(alias.old) else {
-                continue;
-            };
-            if given.find_value(alias.key).is_ok() {
-                let source = |key: &str| source_name(given.find_metadata(key));
-                return Err(ConfigError::Invalid {
-                    invalid: Invalid::new(
-                        alias.old,
-                        display_value(&old_value),
-                        format!(
-                            "is the old name of {}, which is also given{}: give only {}",
-                            alias.key,
-                            source(alias.key)
-                                .map(|s| format!(" (from {s})"))
-                                .unwrap_or_default(),
-                            alias.key
-                        ),
-                    ),
-                    source_name: source(alias.old),
-                });
+            let mut winner_is_old = false;
+            for layer in &layers {
+                let old = layer.find_value(alias.old);
+                let current = layer.find_value(alias.key).is_ok();
+                match old {
+                    Ok(old_value) if current => {
+                        return Err(ConfigError::Invalid {
+                            invalid: Invalid::new(
+                                alias.old,
+                                display_value(&old_value),
+                                format!(
+                                    "is the old name of {}, which the same layer also gives: \
+                                     give only {}",
+                                    alias.key, alias.key
+                                ),
+                            ),
+                            source_name: source_name(layer.find_metadata(alias.old)),
+                        });
+                    }
+                    Ok(_) => winner_is_old = true,
+                    Err(_) if current => winner_is_old = false,
+                    Err(_) => {}
+                }
             }
-            old_spelling.push(*alias);
+            if winner_is_old {
+                old_spelling.push(*alias);
+            }
         }
         Ok(old_spelling)
     }
@@ -295,7 +316,7 @@ impl Layers {
     /// # Errors
     /// [`ConfigError::Load`] for unreadable files, wrong types and unknown keys;
     /// [`ConfigError::Invalid`] for values breaking `C`'s rules, and for a key given under
-    /// both spellings of a [`KeyAlias`].
+    /// both spellings of a [`KeyAlias`] in one layer.
     pub fn load<C>(&self) -> Result<C, ConfigError>
     where
         C: Serialize + DeserializeOwned + Default + Validate,
@@ -595,20 +616,73 @@ mod tests {
     }
 
     #[test]
-    fn both_spellings_are_refused_naming_both_and_their_sources() {
+    fn across_layers_the_later_spelling_wins() {
+        // Old spelling in the environment, new one on the command line: the flag wins.
         unsafe { std::env::set_var("CKF_T12_LIMITS__BYTES_MAX", "3000") };
         let layers = Layers {
             overrides: Overrides::new().set("limits.max_bytes", Some(4000u64)),
             aliases: ALIASES,
             ..Layers::new("CKF_T12_")
         };
+        assert_eq!(layers.load::<Sample>().unwrap().limits.max_bytes, 4000);
+        // New spelling in the file, old one in the environment: the environment wins, and a
+        // rule it breaks is reported under the old spelling it used.
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(&file, "[limits]\nmax_bytes = 2000\n").unwrap();
+        let layers = Layers {
+            file: Some(file.clone()),
+            aliases: ALIASES,
+            ..Layers::new("CKF_T12_")
+        };
+        assert_eq!(layers.load::<Sample>().unwrap().limits.max_bytes, 3000);
+        unsafe { std::env::set_var("CKF_T14_LIMITS__BYTES_MAX", "12") };
+        let layers = Layers {
+            file: Some(file),
+            aliases: ALIASES,
+            ..Layers::new("CKF_T14_")
+        };
+        let text = layers.load::<Sample>().unwrap_err().to_string();
+        assert!(text.contains("limits.bytes_max = 12"), "{text}");
+    }
+
+    #[test]
+    fn both_spellings_in_one_layer_are_refused_naming_both_and_the_source() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(&file, "[limits]\nbytes_max = 2000\nmax_bytes = 2500\n").unwrap();
+        let layers = Layers {
+            file: Some(file.clone()),
+            aliases: ALIASES,
+            ..Layers::new("CKF_T15_")
+        };
         let err = layers.load::<Sample>().unwrap_err();
         let text = err.to_string();
         assert!(matches!(err, ConfigError::Invalid { .. }), "{text}");
-        assert!(text.contains("limits.bytes_max = 3000"), "{text}");
+        assert!(text.contains("limits.bytes_max = 2000"), "{text}");
         assert!(text.contains("limits.max_bytes"), "{text}");
+        assert!(text.contains(file.to_str().unwrap()), "{text}");
+
+        let layers = Layers {
+            overrides: Overrides::new()
+                .set("limits.max_bytes", Some(4000u64))
+                .set("limits.bytes_max", Some(5000u64)),
+            aliases: ALIASES,
+            ..Layers::new("CKF_T16_")
+        };
+        let text = layers.load::<Sample>().unwrap_err().to_string();
+        assert!(text.contains("limits.bytes_max = 5000"), "{text}");
         assert!(text.contains("command-line flag"), "{text}");
-        assert!(text.contains("CKF_T12_"), "{text}");
+
+        unsafe { std::env::set_var("CKF_T17_LIMITS__BYTES_MAX", "3000") };
+        unsafe { std::env::set_var("CKF_T17_LIMITS__MAX_BYTES", "3500") };
+        let layers = Layers {
+            aliases: ALIASES,
+            ..Layers::new("CKF_T17_")
+        };
+        let text = layers.load::<Sample>().unwrap_err().to_string();
+        assert!(text.contains("limits.bytes_max = 3000"), "{text}");
+        assert!(text.contains("CKF_T17_"), "{text}");
     }
 
     #[test]
