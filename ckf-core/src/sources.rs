@@ -68,7 +68,10 @@ impl SequenceCheck {
 /// evicted first; see the module docs).
 #[derive(Debug)]
 pub struct SourceSequences {
+    /// Grows with the sources seen (never reserved up front: a large configured capacity costs
+    /// nothing until that many sources exist); `capacity` is enforced on insertion.
     last: LruCache<String, u64>,
+    capacity: NonZeroUsize,
     /// Sum of the tracked ids' lengths, in bytes.
     id_bytes: usize,
     evictions: u64,
@@ -85,7 +88,8 @@ impl SourceSequences {
     /// An empty tracker of at most `capacity` sources.
     pub fn new(capacity: NonZeroUsize) -> Self {
         Self {
-            last: LruCache::new(capacity),
+            last: LruCache::unbounded(),
+            capacity,
             id_bytes: 0,
             evictions: 0,
         }
@@ -96,10 +100,13 @@ impl SourceSequences {
     /// admitted while full evicts the least recently used one.
     pub fn admit(&mut self, source: &str, sequence: u64) -> SequenceCheck {
         let Some(last) = self.last.get_mut(source) else {
-            if let Some((evicted, _)) = self.last.push(source.to_owned(), sequence) {
+            if self.last.len() >= self.capacity.get()
+                && let Some((evicted, _)) = self.last.pop_lru()
+            {
                 self.id_bytes -= evicted.len();
                 self.evictions += 1;
             }
+            self.last.push(source.to_owned(), sequence);
             self.id_bytes += source.len();
             return SequenceCheck::First;
         };
@@ -135,7 +142,7 @@ impl SourceSequences {
 
     /// Most sources tracked at once.
     pub fn capacity(&self) -> NonZeroUsize {
-        self.last.cap()
+        self.capacity
     }
 
     /// Sources evicted so far to make room (each one's next batch is classified `First`).
@@ -190,6 +197,16 @@ mod tests {
             SequenceCheck::Duplicate { last: u64::MAX }
         );
         assert_eq!(s.evictions(), 0);
+    }
+
+    #[test]
+    fn a_huge_capacity_reserves_nothing_up_front() {
+        // Reserving the capacity would try to allocate far more than any machine has.
+        let mut s = SourceSequences::new(NonZeroUsize::MAX);
+        assert_eq!(s.admit("a", 1), SequenceCheck::First);
+        assert_eq!(s.admit("a", 2), SequenceCheck::InOrder);
+        assert_eq!((s.len(), s.capacity()), (1, NonZeroUsize::MAX));
+        assert!(s.bytes_used() < 4096, "{}", s.bytes_used());
     }
 
     #[test]

@@ -92,6 +92,10 @@ impl Default for ReconnectConfig {
     }
 }
 
+/// Upper bound of `limits.max_tracked_sources` (16,777,216 sources: ~2 GB of sequence state at
+/// 128-byte ids), so a typo cannot promise more memory than a producer host has.
+pub const MAX_TRACKED_SOURCES_LIMIT: u32 = 1 << 24;
+
 /// Resource limits.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -106,7 +110,9 @@ pub struct LimitsConfig {
     /// Most event sources whose batch sequence is remembered (gap and replay detection). When
     /// full, the least recently used source is forgotten: its next batch counts as a first
     /// batch, so a replay older than that is no longer detected
-    /// (`ckf_core::sources::SourceSequences`).
+    /// (`ckf_core::sources::SourceSequences`). 1..=[`MAX_TRACKED_SOURCES_LIMIT`]; memory
+    /// grows with the sources actually seen (about 100 bytes each plus the id), not with this
+    /// bound.
     pub max_tracked_sources: u32,
 }
 
@@ -307,6 +313,12 @@ impl ProducerConfig {
         )?;
         at_least("limits.max_events_per_batch", l.max_events_per_batch, 1, "")?;
         at_least("limits.max_tracked_sources", l.max_tracked_sources, 1, "")?;
+        at_most(
+            "limits.max_tracked_sources",
+            l.max_tracked_sources,
+            MAX_TRACKED_SOURCES_LIMIT,
+            "",
+        )?;
         at_least(
             "shutdown.drain_timeout_ms",
             self.shutdown.drain_timeout_ms,
@@ -423,7 +435,7 @@ pub struct Cli {
     /// limits.max_events_per_batch: largest ingest batch, events [default: 65536].
     #[arg(long, value_name = "EVENTS")]
     pub max_events_per_batch: Option<u32>,
-    /// limits.max_tracked_sources: sources whose batch sequence is remembered; least recently used forgotten first [default: 65536].
+    /// limits.max_tracked_sources: sources whose batch sequence is remembered; least recently used forgotten first; 1..=16777216 [default: 65536].
     #[arg(long, value_name = "SOURCES")]
     pub max_tracked_sources: Option<u32>,
     /// shutdown.drain_timeout_ms: wait for drained acks on shutdown, ms [default: 5000].

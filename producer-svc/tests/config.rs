@@ -144,6 +144,13 @@ const REFUSED: &[Refused] = &[
         &["--max-tracked-sources", "0"],
         &["limits.max_tracked_sources = 0", "at least 1"],
     ),
+    refused(
+        &["--max-tracked-sources", "4294967295"],
+        &[
+            "limits.max_tracked_sources = 4294967295",
+            "at most 16777216",
+        ],
+    ),
     refused(&["--max-kicks", "1000000"], &["table.max_kicks = 1000000"]),
     refused(&["--domain", "a b"], &["pool.domain", "a b"]),
     refused_alone(
