@@ -24,6 +24,7 @@
 //! | [`lane`] | one lane's serialized ingestor: lease checks, state machine, acceptance rules |
 //! | [`ingestion`] | one serialized ingestor per lane, bounded queues, lag policy |
 //! | [`search`] | multi-lane prefix search over the transposed table |
+//! | [`tokens`] | the canonical token hash space: token ids -> sequence block hashes (Dynamo's scheme) |
 //! | [`adapter`] | in-process producer -> consumer composition with recovery |
 //! | [`failure`] | pre-/post-commit failure dispositions by affected domain |
 //! | `testing` | (feature `testing`) test kit: frames under a lease, snapshot install |
@@ -44,6 +45,7 @@ pub mod mutator;
 pub mod publication;
 pub mod search;
 pub mod sources;
+pub mod tokens;
 #[cfg(feature = "testing")]
 pub mod testing;
 

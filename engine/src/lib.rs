@@ -1,0 +1,23 @@
+//! # ckf-engine
+//!
+//! The rules for taking KV-cache events as inference engines publish them (vLLM, SGLang,
+//! TensorRT-LLM over ZMQ), with no sockets and no runtime: the producer service owns the
+//! sockets and calls this crate for every decision.
+//!
+//! | module | owns |
+//! | --- | --- |
+//! | [`frame`] | ZMQ multipart frames: `[topic, sequence, payload]`, replay replies and end marker |
+//! | [`event`] | decoded engine batches and events, engine block hashes as 64 bits |
+//! | [`wire`] | msgpack decoding of batches and events (tagged maps and positional arrays) |
+//! | [`filters`] | which events enter the filter: medium, KV-cache group, block size |
+//! | [`lineage`] | per member: engine hash -> canonical hash, turning engine events into `KvEvent`s |
+//! | [`sequence`] | per publisher socket: next / duplicate / gap / restart, the replay window |
+//! | [`encode`] | the vLLM encoding, for the built-in publisher (`ckf demo`) and tests |
+
+pub mod encode;
+pub mod event;
+pub mod filters;
+pub mod frame;
+pub mod lineage;
+pub mod sequence;
+pub mod wire;
