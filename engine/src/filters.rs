@@ -109,7 +109,10 @@ impl EngineFilters {
         self.admit_medium(stored.medium.as_deref())?;
         self.admit_group(stored.group_idx)?;
         if stored.sliding_window.is_some()
-            || stored.spec_kind.as_deref().is_some_and(is_partial_spec_kind)
+            || stored
+                .spec_kind
+                .as_deref()
+                .is_some_and(is_partial_spec_kind)
         {
             return Err(Skip::SlidingWindow);
         }

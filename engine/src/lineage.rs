@@ -2,12 +2,13 @@
 //!
 //! (Rule in the crate README, "Lineage rule".)
 
-use std::collections::BTreeMap;
+use std::collections::hash_map::Entry;
+use std::collections::{BTreeMap, HashMap};
 
-use ckf_core::dc::{KvEvent, MemberId};
-use ckf_core::tokens::BlockSeed;
+use ckf_core::dc::{KvEvent, KvEventKind, MemberId};
+use ckf_core::tokens::{self, BlockSeed};
 
-use crate::event::EngineEvent;
+use crate::event::{EngineEvent, RemovedBlocks, StoredBlocks};
 use crate::filters::{EngineFilters, Skip};
 
 /// Why (part of) an event was not turned into a [`KvEvent`].
@@ -51,9 +52,20 @@ pub struct Translation {
     pub skipped: Vec<(SkipReason, u32)>,
 }
 
+impl Translation {
+    /// Adds `blocks` to `reason`'s count.
+    fn skip(&mut self, reason: SkipReason, blocks: usize) {
+        let blocks = u32::try_from(blocks).unwrap_or(u32::MAX);
+        match self.skipped.iter_mut().find(|(r, _)| *r == reason) {
+            Some((_, n)) => *n = n.saturating_add(blocks),
+            None => self.skipped.push((reason, blocks)),
+        }
+    }
+}
+
 /// One known engine block of a member.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Entry {
+struct Block {
     canonical: u64,
     seed: BlockSeed,
 }
@@ -61,9 +73,9 @@ struct Entry {
 #[derive(Debug, Clone, Default)]
 struct MemberLineage {
     /// Engine hash -> canonical hash and the seed of its chain.
-    blocks: std::collections::HashMap<u64, Entry>,
+    blocks: HashMap<u64, Block>,
     /// Canonical hash -> number of engine hashes of this member mapping to it (>= 1).
-    refs: std::collections::HashMap<u64, u32>,
+    refs: HashMap<u64, u32>,
 }
 
 /// Every member's engine-to-canonical map (see the module docs and the crate README).
@@ -86,8 +98,149 @@ impl Lineage {
         event: &EngineEvent,
         filters: &EngineFilters,
     ) -> Translation {
-        let _ = (member, event, filters);
-        todo!()
+        let mut out = Translation::default();
+        match event {
+            EngineEvent::Stored(stored) => self.store(member, stored, filters, &mut out),
+            EngineEvent::Removed(removed) => self.remove(member, removed, filters, &mut out),
+            EngineEvent::AllCleared => {
+                self.members.remove(&member);
+                out.kv_event = Some(KvEvent {
+                    member,
+                    kind: KvEventKind::Cleared,
+                });
+            }
+            EngineEvent::Unknown { .. } => out.skip(SkipReason::UnknownEvent, 1),
+        }
+        out
+    }
+
+    fn store(
+        &mut self,
+        member: MemberId,
+        stored: &StoredBlocks,
+        filters: &EngineFilters,
+        out: &mut Translation,
+    ) {
+        let n = stored.block_hashes.len();
+        if n == 0 {
+            return;
+        }
+        if let Err(skip) = filters.admit_stored(stored) {
+            out.skip(SkipReason::Filter(skip), n);
+            return;
+        }
+        let known = self.members.get(&member);
+        let (mut parent, seed) = match stored.parent {
+            Some(p) => match known.and_then(|m| m.blocks.get(&p)) {
+                Some(e) => (Some(e.canonical), e.seed),
+                None => {
+                    out.skip(SkipReason::Orphan, n);
+                    return;
+                }
+            },
+            None => {
+                let salt = stored
+                    .cache_salt
+                    .as_deref()
+                    .or_else(|| stored.block_extras.first().and_then(|x| x.salt.as_deref()));
+                (None, BlockSeed::new(salt, stored.lora_name.as_deref()))
+            }
+        };
+        let parent_hash = parent;
+        let lineage = self.members.entry(member).or_default();
+        let bs = stored.block_size as usize;
+        let mut canonicals = Vec::with_capacity(n);
+        let mut mm = Vec::new();
+        let mut conflicts = 0;
+        for (k, &engine) in stored.block_hashes.iter().enumerate() {
+            mm.clear();
+            if let Some(x) = stored.block_extras.get(k) {
+                mm.extend_from_slice(&x.mm_hashes);
+                mm.extend_from_slice(&x.other);
+            }
+            let tokens = &stored.token_ids[k * bs..(k + 1) * bs];
+            let canonical = tokens::chain_step(parent, tokens::block_hash(tokens, &mm, seed));
+            match lineage.blocks.entry(engine) {
+                Entry::Vacant(v) => {
+                    v.insert(Block { canonical, seed });
+                    *lineage.refs.entry(canonical).or_insert(0) += 1;
+                    canonicals.push(canonical);
+                    parent = Some(canonical);
+                }
+                Entry::Occupied(o) if o.get().canonical == canonical => {
+                    // A duplicate store (replay overlap, re-announce): re-applied, the state
+                    // treats it as redundant; a store the state omitted may now succeed.
+                    canonicals.push(canonical);
+                    parent = Some(canonical);
+                }
+                Entry::Occupied(o) => {
+                    // Keep the first mapping, and chain on from it: later events naming this
+                    // engine hash as parent get the same canonical chain.
+                    conflicts += 1;
+                    parent = Some(o.get().canonical);
+                }
+            }
+        }
+        if conflicts > 0 {
+            out.skip(SkipReason::Conflict, conflicts);
+        }
+        if !canonicals.is_empty() {
+            out.kv_event = Some(KvEvent {
+                member,
+                kind: KvEventKind::Stored {
+                    block_hashes: canonicals,
+                    parent_hash,
+                },
+            });
+        }
+    }
+
+    fn remove(
+        &mut self,
+        member: MemberId,
+        removed: &RemovedBlocks,
+        filters: &EngineFilters,
+        out: &mut Translation,
+    ) {
+        let n = removed.block_hashes.len();
+        if n == 0 {
+            return;
+        }
+        if let Err(skip) = filters.admit_removed(removed) {
+            out.skip(SkipReason::Filter(skip), n);
+            return;
+        }
+        let Some(lineage) = self.members.get_mut(&member) else {
+            out.skip(SkipReason::UnknownRemoval, n);
+            return;
+        };
+        let mut gone = Vec::new();
+        let mut unknown = 0;
+        for engine in &removed.block_hashes {
+            let Some(block) = lineage.blocks.remove(engine) else {
+                unknown += 1;
+                continue;
+            };
+            if let Entry::Occupied(mut r) = lineage.refs.entry(block.canonical) {
+                *r.get_mut() -= 1;
+                if *r.get() == 0 {
+                    r.remove();
+                    gone.push(block.canonical);
+                }
+            }
+        }
+        if lineage.blocks.is_empty() {
+            self.members.remove(&member);
+        }
+        if unknown > 0 {
+            out.skip(SkipReason::UnknownRemoval, unknown);
+        }
+        if !gone.is_empty() {
+            out.kv_event = Some(KvEvent {
+                member,
+                kind: KvEventKind::Removed { block_hashes: gone },
+            });
+        }
     }
 
     /// Forgets `member`'s lineage (after its state was cleared: restart, failed replay).
@@ -115,6 +268,16 @@ impl Lineage {
     /// Estimated heap bytes held (entries times their size, hash-table overhead included
     /// roughly), for a memory gauge.
     pub fn bytes_used(&self) -> usize {
-        todo!()
+        // hashbrown: one control byte per bucket plus the entry; the BTreeMap node share is
+        // roughly a key, a value and a pointer per member.
+        let per_member = std::mem::size_of::<(MemberId, MemberLineage)>() + 8;
+        self.members
+            .values()
+            .map(|m| {
+                per_member
+                    + m.blocks.capacity() * (std::mem::size_of::<(u64, Block)>() + 1)
+                    + m.refs.capacity() * (std::mem::size_of::<(u64, u32)>() + 1)
+            })
+            .sum()
     }
 }
