@@ -140,3 +140,115 @@ impl EngineFilters {
         self.admit_group(removed.group_idx)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::BlockExtras;
+
+    fn store() -> StoredBlocks {
+        StoredBlocks {
+            block_hashes: vec![1, 2],
+            token_ids: (0..32).collect(),
+            block_size: 16,
+            medium: Some("GPU".into()),
+            ..StoredBlocks::default()
+        }
+    }
+
+    #[test]
+    fn the_rule_in_order() {
+        let f = EngineFilters::default();
+        assert_eq!(f.admit_stored(&store()), Ok(()));
+        let with = |edit: fn(&mut StoredBlocks)| {
+            let mut s = store();
+            edit(&mut s);
+            f.admit_stored(&s)
+        };
+        assert_eq!(with(|s| s.medium = None), Ok(()));
+        assert_eq!(with(|s| s.medium = Some("CPU".into())), Err(Skip::Medium));
+        assert_eq!(with(|s| s.medium = Some("gpu".into())), Err(Skip::Medium));
+        assert_eq!(with(|s| s.group_idx = Some(0)), Ok(()));
+        assert_eq!(with(|s| s.group_idx = Some(1)), Err(Skip::Group));
+        assert_eq!(
+            with(|s| s.sliding_window = Some(4096)),
+            Err(Skip::SlidingWindow)
+        );
+        for kind in [
+            "sliding_window",
+            "SlidingWindowSpec",
+            "MambaSpec",
+            "chunked_local_attention",
+        ] {
+            let mut s = store();
+            s.spec_kind = Some(kind.into());
+            assert_eq!(f.admit_stored(&s), Err(Skip::SlidingWindow), "{kind}");
+        }
+        assert_eq!(
+            with(|s| s.spec_kind = Some("full_attention".into())),
+            Ok(())
+        );
+        assert_eq!(with(|s| s.block_size = 32), Err(Skip::BlockSize));
+        assert_eq!(
+            with(|s| s.token_ids.pop().map(drop).unwrap()),
+            Err(Skip::Tokens)
+        );
+        assert_eq!(with(|s| s.token_ids.push(0)), Err(Skip::Tokens));
+        assert_eq!(
+            with(|s| s.block_extras = vec![BlockExtras::default()]),
+            Err(Skip::ExtraKeys)
+        );
+        assert_eq!(
+            with(|s| s.block_extras = vec![BlockExtras::default(); 2]),
+            Ok(())
+        );
+        // first failing check wins
+        assert_eq!(
+            with(|s| {
+                s.medium = Some("CPU".into());
+                s.block_size = 3;
+            }),
+            Err(Skip::Medium)
+        );
+    }
+
+    #[test]
+    fn removals_and_configured_media() {
+        let f = EngineFilters {
+            media: vec!["GPU".into(), "CPU_PINNED".into()],
+            main_group: 2,
+            ..EngineFilters::default()
+        };
+        let r = |medium: Option<&str>, group| RemovedBlocks {
+            block_hashes: vec![1],
+            medium: medium.map(Into::into),
+            group_idx: group,
+        };
+        assert_eq!(f.admit_removed(&r(None, None)), Ok(()));
+        assert_eq!(f.admit_removed(&r(Some("CPU_PINNED"), Some(2))), Ok(()));
+        assert_eq!(f.admit_removed(&r(Some("DISK"), None)), Err(Skip::Medium));
+        assert_eq!(f.admit_removed(&r(None, Some(0))), Err(Skip::Group));
+        let labels: Vec<_> = [
+            Skip::Medium,
+            Skip::Group,
+            Skip::SlidingWindow,
+            Skip::BlockSize,
+            Skip::Tokens,
+            Skip::ExtraKeys,
+        ]
+        .iter()
+        .map(Skip::label)
+        .collect();
+        assert_eq!(
+            labels,
+            [
+                "medium",
+                "group",
+                "sliding_window",
+                "block_size",
+                "tokens",
+                "extra_keys"
+            ]
+        );
+    }
+}

@@ -67,3 +67,47 @@ impl EngineFrame {
         self.sequence == -1 || self.payload.is_empty()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn live_and_replay_frames() {
+        let seq = 258i64.to_be_bytes();
+        let f = EngineFrame::parse(&[b"kv", &seq, b"\x92\x00\x90"]).unwrap();
+        assert_eq!(
+            f,
+            EngineFrame {
+                topic: b"kv".to_vec(),
+                sequence: 258,
+                payload: b"\x92\x00\x90".to_vec()
+            }
+        );
+        assert!(!f.is_replay_end());
+        let f = EngineFrame::parse(&[&seq, b"x"]).unwrap();
+        assert_eq!((f.topic.len(), f.sequence), (0, 258));
+        let end = EngineFrame::parse(&[&(-1i64).to_be_bytes(), b""]).unwrap();
+        assert!(end.is_replay_end());
+        assert!(EngineFrame::parse(&[&seq, b""]).unwrap().is_replay_end());
+        assert!(
+            EngineFrame::parse(&[&(-1i64).to_be_bytes(), b"x"])
+                .unwrap()
+                .is_replay_end()
+        );
+    }
+
+    #[test]
+    fn bad_frames() {
+        assert_eq!(EngineFrame::parse(&[]), Err(FrameError::PartCount(0)));
+        assert_eq!(EngineFrame::parse(&[b"x"]), Err(FrameError::PartCount(1)));
+        let four: [&[u8]; 4] = [b"", b"", b"", b""];
+        assert_eq!(EngineFrame::parse(&four), Err(FrameError::PartCount(4)));
+        let e = EngineFrame::parse(&[b"t", b"1234567", b"p"]).unwrap_err();
+        assert_eq!(
+            (e.clone(), e.kind_label()),
+            (FrameError::SequenceLength(7), "sequence")
+        );
+        assert_eq!(FrameError::PartCount(1).kind_label(), "parts");
+    }
+}

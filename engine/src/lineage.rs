@@ -281,3 +281,161 @@ impl Lineage {
             .sum()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::BlockExtras;
+
+    const A: MemberId = MemberId::new(1, 0);
+    const B: MemberId = MemberId::new(1, 1);
+
+    fn f() -> EngineFilters {
+        EngineFilters {
+            block_size: 2,
+            ..EngineFilters::default()
+        }
+    }
+
+    fn store(hashes: &[u64], parent: Option<u64>, tokens: &[u32]) -> EngineEvent {
+        EngineEvent::Stored(StoredBlocks {
+            block_hashes: hashes.to_vec(),
+            parent,
+            token_ids: tokens.to_vec(),
+            block_size: 2,
+            ..StoredBlocks::default()
+        })
+    }
+
+    fn remove(hashes: &[u64]) -> EngineEvent {
+        EngineEvent::Removed(RemovedBlocks {
+            block_hashes: hashes.to_vec(),
+            ..RemovedBlocks::default()
+        })
+    }
+
+    fn stored_kind(t: &Translation) -> Vec<u64> {
+        match &t.kv_event.as_ref().expect("an event").kind {
+            KvEventKind::Stored { block_hashes, .. } => block_hashes.clone(),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn removed_kind(t: &Translation) -> Vec<u64> {
+        match &t.kv_event.as_ref().expect("an event").kind {
+            KvEventKind::Removed { block_hashes } => block_hashes.clone(),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn chain(tokens: &[u32], seed: BlockSeed) -> Vec<u64> {
+        tokens::sequence_hashes(tokens, 2, seed, &[]).unwrap()
+    }
+
+    #[test]
+    fn chained_stores_follow_the_parent_and_its_seed() {
+        let mut l = Lineage::new();
+        let first = EngineEvent::Stored(StoredBlocks {
+            block_hashes: vec![10],
+            token_ids: vec![1, 2],
+            block_size: 2,
+            block_extras: vec![BlockExtras {
+                salt: Some("s".into()),
+                ..BlockExtras::default()
+            }],
+            ..StoredBlocks::default()
+        });
+        let seed = BlockSeed::new(Some("s"), None);
+        let want = chain(&[1, 2, 3, 4, 5, 6], seed);
+        assert_eq!(stored_kind(&l.translate(A, &first, &f())), want[..1]);
+        // the child names no salt: it inherits the parent's seed.
+        let t = l.translate(A, &store(&[11, 12], Some(10), &[3, 4, 5, 6]), &f());
+        assert_eq!(stored_kind(&t), want[1..]);
+        assert_eq!(
+            t.kv_event.unwrap().kind,
+            KvEventKind::Stored {
+                block_hashes: want[1..].to_vec(),
+                parent_hash: Some(want[0])
+            }
+        );
+        assert_eq!(l.lookup(A, 12), Some((want[2], seed)));
+        assert_eq!(l.len(A), 3);
+    }
+
+    #[test]
+    fn orphans_and_members_are_separate() {
+        let mut l = Lineage::new();
+        l.translate(A, &store(&[10], None, &[1, 2]), &f());
+        let t = l.translate(B, &store(&[11], Some(10), &[3, 4]), &f());
+        assert_eq!(t.kv_event, None);
+        assert_eq!(t.skipped, vec![(SkipReason::Orphan, 1)]);
+        assert_eq!(l.len(B), 0);
+        assert_eq!(l.members(), vec![A]);
+        let t = l.translate(B, &remove(&[10]), &f());
+        assert_eq!(
+            (t.kv_event, t.skipped),
+            (None, vec![(SkipReason::UnknownRemoval, 1)])
+        );
+        assert_eq!(l.len(A), 1);
+    }
+
+    #[test]
+    fn canonical_refcount_per_member() {
+        let mut l = Lineage::new();
+        // two engine hashes, same tokens and seed: one canonical block.
+        let c = chain(&[1, 2], BlockSeed::DEFAULT)[0];
+        assert_eq!(
+            stored_kind(&l.translate(A, &store(&[10], None, &[1, 2]), &f())),
+            [c]
+        );
+        assert_eq!(
+            stored_kind(&l.translate(A, &store(&[20], None, &[1, 2]), &f())),
+            [c]
+        );
+        let t = l.translate(A, &remove(&[10]), &f());
+        assert_eq!((t.kv_event, t.skipped.len()), (None, 0));
+        // a duplicate store of an engine hash does not count twice
+        l.translate(A, &store(&[20], None, &[1, 2]), &f());
+        let t = l.translate(A, &remove(&[20, 99]), &f());
+        assert_eq!(removed_kind(&t), [c]);
+        assert_eq!(t.skipped, vec![(SkipReason::UnknownRemoval, 1)]);
+        assert!(l.members().is_empty());
+        assert_eq!(l.bytes_used(), 0);
+    }
+
+    #[test]
+    fn conflicting_engine_hash_keeps_the_first_mapping() {
+        let mut l = Lineage::new();
+        let first = chain(&[1, 2], BlockSeed::DEFAULT);
+        l.translate(A, &store(&[10], None, &[1, 2]), &f());
+        let t = l.translate(A, &store(&[10, 11], None, &[7, 7, 3, 4]), &f());
+        assert_eq!(t.skipped, vec![(SkipReason::Conflict, 1)]);
+        // block 11 chains on from the kept mapping of 10
+        assert_eq!(
+            stored_kind(&t),
+            chain(&[1, 2, 3, 4], BlockSeed::DEFAULT)[1..]
+        );
+        assert_eq!(l.lookup(A, 10).unwrap().0, first[0]);
+    }
+
+    #[test]
+    fn filters_unknown_and_clear() {
+        let mut l = Lineage::new();
+        let t = l.translate(A, &store(&[10, 11], None, &[1, 2, 3]), &f());
+        assert_eq!(t.skipped, vec![(SkipReason::Filter(Skip::Tokens), 2)]);
+        assert_eq!(t.skipped[0].0.label(), "tokens");
+        let t = l.translate(A, &EngineEvent::Unknown { kind: "X".into() }, &f());
+        assert_eq!(t.skipped, vec![(SkipReason::UnknownEvent, 1)]);
+        let t = l.translate(A, &store(&[], None, &[]), &f());
+        assert_eq!(t, Translation::default());
+        l.translate(A, &store(&[10], None, &[1, 2]), &f());
+        l.translate(B, &store(&[10], None, &[1, 2]), &f());
+        assert!(l.bytes_used() > 0);
+        let t = l.translate(A, &EngineEvent::AllCleared, &f());
+        assert_eq!(t.kv_event.unwrap().kind, KvEventKind::Cleared);
+        assert_eq!(l.members(), vec![B]);
+        assert!(l.clear_member(B));
+        assert!(!l.clear_member(B));
+        assert!(l.members().is_empty());
+    }
+}
