@@ -395,13 +395,12 @@ impl<'a> Reader<'a, '_> {
         let mut events = Vec::with_capacity(self.cap(n as usize));
         for _ in 0..n {
             match self.read_event(notes)? {
-                Ok(Some(ev)) => {
+                Ok(ev) => {
                     if let EngineEvent::Unknown { .. } = ev {
                         notes.unknown_events += 1;
                     }
                     events.push(ev);
                 }
-                Ok(None) => {}
                 Err(why) => {
                     notes.malformed_events += 1;
                     notes.first_malformed.get_or_insert(why);
@@ -413,11 +412,13 @@ impl<'a> Reader<'a, '_> {
 
     /// One event at depth 3. `Ok(Ok(None))` is never returned for a well-formed event; it is
     /// kept for symmetry with skipped shapes.
-    fn read_event(&mut self, notes: &mut DecodeNotes) -> Field<Option<EngineEvent>> {
+    fn read_event(&mut self, notes: &mut DecodeNotes) -> Field<EngineEvent> {
         const D: usize = 3;
         let tok = self.next()?;
         let mut f = Fields::default();
         let mut bad: Option<Bad> = None;
+        // Counted only for the known event types: an unknown type's fields are all unknown.
+        let mut unknown_fields = 0;
         let kind: String = match tok {
             Tok::Map(n) => {
                 self.enter(D)?;
@@ -427,7 +428,7 @@ impl<'a> Reader<'a, '_> {
                     let Tok::Str(key) = key else {
                         self.skip_rest(&key, D + 1)?;
                         self.skip_value(D + 1)?;
-                        notes.unknown_fields += 1;
+                        unknown_fields += 1;
                         continue;
                     };
                     if key == b"type" {
@@ -441,7 +442,7 @@ impl<'a> Reader<'a, '_> {
                     }
                     let Some(name) = FieldName::of(key) else {
                         self.skip_value(D + 1)?;
-                        notes.unknown_fields += 1;
+                        unknown_fields += 1;
                         continue;
                     };
                     if let Err(why) = self.read_field(name, &mut f)? {
@@ -479,9 +480,7 @@ impl<'a> Reader<'a, '_> {
                         }
                         None => {
                             self.skip_value(D + 1)?;
-                            if !order.is_empty() || kind == "AllBlocksCleared" {
-                                notes.unknown_fields += 1;
-                            }
+                            unknown_fields += 1;
                         }
                     }
                 }
@@ -494,6 +493,7 @@ impl<'a> Reader<'a, '_> {
         };
         let ev = match kind.as_str() {
             "BlockStored" | "BlockRemoved" | "AllBlocksCleared" => {
+                notes.unknown_fields += unknown_fields;
                 if let Some(why) = bad {
                     return Ok(Err(format!("{kind}: {why}")));
                 }
@@ -502,9 +502,11 @@ impl<'a> Reader<'a, '_> {
                     Err(why) => return Ok(Err(format!("{kind}: {why}"))),
                 }
             }
-            _ => EngineEvent::Unknown { kind },
+            _ => EngineEvent::Unknown {
+                kind: bounded_kind(kind),
+            },
         };
-        Ok(Ok(Some(ev)))
+        Ok(Ok(ev))
     }
 
     /// Reads one field value (depth 4) into `f`; a wrong shape is consumed and reported.
@@ -729,6 +731,21 @@ impl<'a> Reader<'a, '_> {
             &self.buf[start..self.pos],
         )))
     }
+}
+
+/// The longest unknown event type kept, in bytes: a type tag is a label, not a payload.
+pub const MAX_KIND_BYTES: usize = 64;
+
+/// `kind` cut to at most [`MAX_KIND_BYTES`] (on a char boundary).
+fn bounded_kind(mut kind: String) -> String {
+    if kind.len() > MAX_KIND_BYTES {
+        let mut end = MAX_KIND_BYTES;
+        while !kind.is_char_boundary(end) {
+            end -= 1;
+        }
+        kind.truncate(end);
+    }
+    kind
 }
 
 /// An engine block hash as 64 bits: an unsigned int as is, a negative int as its two's
@@ -1264,5 +1281,25 @@ mod tests {
         lie.extend([0xdc, 0x00, 0x10]);
         let err = decode_batch(&lie, &DecodeLimits::default()).unwrap_err();
         assert_eq!(err.kind_label(), "truncated");
+    }
+
+    #[test]
+    fn unknown_kinds_are_bounded_and_their_fields_not_counted() {
+        let long = "é".repeat(100);
+        let b = one(vec![
+            map(vec![("type", s(&long)), ("x", V::from(1))]),
+            map(vec![("type", s("Short")), ("y", V::from(1))]),
+        ]);
+        assert_eq!((b.notes.unknown_events, b.notes.unknown_fields), (2, 0));
+        let EngineEvent::Unknown { kind } = &b.events[0] else {
+            panic!()
+        };
+        assert_eq!(kind, &"é".repeat(MAX_KIND_BYTES / 2));
+        assert_eq!(
+            b.events[1],
+            EngineEvent::Unknown {
+                kind: "Short".into()
+            }
+        );
     }
 }
