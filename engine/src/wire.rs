@@ -97,7 +97,12 @@ pub fn decode_batch(payload: &[u8], limits: &DecodeLimits) -> Result<EngineBatch
     let mut batch = EngineBatch::default();
     let mut ts = None;
     let mut events = None;
-    match rd.next()? {
+    // The envelope is depth 1, its fields depth 2, events depth 3, event fields depth 4.
+    let envelope = rd.next()?;
+    if let Tok::Array(_) | Tok::Map(_) = envelope {
+        rd.enter(1)?;
+    }
+    match envelope {
         Tok::Array(n) => {
             if n < 2 {
                 rd.skip_items(u64::from(n), 2)?;
@@ -109,7 +114,7 @@ pub fn decode_batch(payload: &[u8], limits: &DecodeLimits) -> Result<EngineBatch
                 batch.dp_rank = rd.read_dp_rank()?;
             }
             for _ in 3..n {
-                rd.skip_value(1)?;
+                rd.skip_value(2)?;
                 batch.notes.unknown_fields += 1;
             }
         }
@@ -123,15 +128,14 @@ pub fn decode_batch(payload: &[u8], limits: &DecodeLimits) -> Result<EngineBatch
                         batch.dp_rank = rd.read_dp_rank()?;
                     }
                     other => {
-                        rd.skip_rest(&other, 1)?;
-                        rd.skip_value(1)?;
+                        rd.skip_rest(&other, 2)?;
+                        rd.skip_value(2)?;
                         batch.notes.unknown_fields += 1;
                     }
                 }
             }
         }
         other => {
-            rd.skip_rest(&other, 0)?;
             return Err(DecodeError::Type(format!(
                 "batch is {}, not an array or map",
                 other.kind()
@@ -159,7 +163,7 @@ impl Reader<'_, '_> {
             Tok::Uint(u) => Ok(u as f64),
             Tok::Int(i) => Ok(i as f64),
             other => {
-                self.skip_rest(&other, 1)?;
+                self.skip_rest(&other, 2)?;
                 Err(DecodeError::Type(format!("ts is {}", other.kind())))
             }
         }
@@ -173,7 +177,7 @@ impl Reader<'_, '_> {
                 .map(Some)
                 .ok_or_else(|| DecodeError::Type("dp rank out of u32 range".into())),
             other => {
-                self.skip_rest(&other, 1)?;
+                self.skip_rest(&other, 2)?;
                 Err(DecodeError::Type(format!("dp rank is {}", other.kind())))
             }
         }
@@ -184,7 +188,7 @@ impl Reader<'_, '_> {
         let n = match self.next()? {
             Tok::Array(n) => n,
             other => {
-                self.skip_rest(&other, 1)?;
+                self.skip_rest(&other, 2)?;
                 return Err(DecodeError::Type(format!("events is {}", other.kind())));
             }
         };

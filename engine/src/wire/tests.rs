@@ -341,6 +341,34 @@ fn limits_bind() {
     let ev = stored_map(vec![V::from(1)], vec![("future", deep)]);
     let err = decode_batch(&batch(vec![ev]), &l).unwrap_err();
     assert_eq!(err.kind_label(), "limit");
+    // the boundary: a store's lists are depth 4 (envelope 1, events 2, event 3)
+    let payload = batch(vec![stored_map(vec![V::from(1)], vec![])]);
+    for (max_depth, ok) in [(4, true), (3, false)] {
+        let l = DecodeLimits {
+            max_depth,
+            ..DecodeLimits::default()
+        };
+        let r = decode_batch(&payload, &l);
+        assert_eq!(r.is_ok(), ok, "max_depth {max_depth}: {r:?}");
+        if let Err(e) = r {
+            assert_eq!(e.kind_label(), "limit");
+        }
+    }
+    // an unknown batch-map key nested one level too deep
+    let l = DecodeLimits {
+        max_depth: 3,
+        ..DecodeLimits::default()
+    };
+    let m = |inner: V| {
+        enc(&map(vec![
+            ("ts", V::F64(1.0)),
+            ("events", arr(vec![])),
+            ("x", inner),
+        ]))
+    };
+    assert!(decode_batch(&m(arr(vec![arr(vec![])])), &l).is_ok());
+    let err = decode_batch(&m(arr(vec![arr(vec![arr(vec![])])])), &l).unwrap_err();
+    assert_eq!(err.kind_label(), "limit");
     // a lying array header does not allocate: it is simply truncated.
     let mut lie = vec![0x92, 0xcb];
     lie.extend(1.0f64.to_be_bytes());
