@@ -167,6 +167,7 @@ impl Lineage {
                 mm.extend_from_slice(&x.mm_hashes);
                 mm.extend_from_slice(&x.other);
             }
+            // In range: admit_stored checked token_ids.len() == n * block_size.
             let tokens = &stored.token_ids[k * bs..(k + 1) * bs];
             let canonical = tokens::chain_step(parent, tokens::block_hash(tokens, &mm, seed));
             match lineage.blocks.entry(engine) {
