@@ -497,7 +497,7 @@ pub struct Cli {
     /// engine.max_buffered_batches: live batches buffered while a replay runs [default: 10000].
     #[arg(long, value_name = "BATCHES")]
     pub max_buffered_batches: Option<u32>,
-    /// engines: one engine publisher, worker_id=N,endpoint=tcp://host:port[,replay_endpoint=tcp://host:port][,dp_size=N][,topic=T][,format=auto][,mode=connect|bind]; repeat for several; CKF_ENGINES takes the same specs separated by ';' [default: []].
+    /// engines: one engine publisher, worker_id=N,endpoint=tcp://host:port, optionally followed by ,replay_endpoint=tcp://host:port ,dp_size=N ,topic=T ,format=auto ,mode=connect|bind; repeat for several; CKF_ENGINES takes the same specs separated by ';' [default: []].
     #[arg(
         long = "engine",
         value_name = "SPEC",

@@ -718,9 +718,12 @@ async fn get_member_blocks_requires_a_member() {
 
 // --- configuration --------------------------------------------------------------------------
 
+/// A change to a valid configuration.
+type Edit = Box<dyn Fn(&mut ProducerConfig)>;
+
 #[tokio::test]
 async fn serve_refuses_invalid_engine_configs_naming_the_key() {
-    let cases: Vec<(Box<dyn Fn(&mut ProducerConfig)>, &str, &str)> = vec![
+    let cases: Vec<(Edit, &str, &str)> = vec![
         (
             Box::new(|c| c.engines = vec!["worker_id=1,endpoint=udp://h:1".parse().unwrap()]),
             "engines[0].endpoint",
