@@ -17,8 +17,8 @@
 //!   cache salt is given. Request-wide: every block of one request uses the same seed.
 //! - **block hash** ([`block_hash`]): `xxh3_64_with_seed(bytes, block seed)` where `bytes` are
 //!   the block's token ids as `u32` little-endian, followed, when the block overlaps multimodal
-//!   items, by their identifier hashes ([`mm_identifier_hash`]) sorted ascending, each as `u64`
-//!   little-endian.
+//!   items, by their distinct identifier hashes ([`mm_identifier_hash`]) sorted ascending, each
+//!   as `u64` little-endian.
 //! - **sequence hash** ([`next_sequence_hash`]): the first block's sequence hash is its block
 //!   hash; block `i > 0` has `xxh3_64_with_seed(le(seq[i-1]) ++ le(block[i]), 1337)` (the chain
 //!   seed is always 1337, whatever the block seed).
@@ -74,8 +74,13 @@ pub fn mm_identifier_hash(identifier: &str) -> Option<u64> {
     Some(xxh3_64(identifier.as_bytes()))
 }
 
-/// The block hash of one full block: its tokens (`u32` each), then the multimodal identifier
-/// hashes of the items it overlaps (any order: they are sorted here), under `seed`.
+/// The block hash of one full block: its tokens (`u32` each), then the distinct multimodal
+/// identifier hashes of the items it overlaps (any order, duplicates allowed: they are sorted
+/// and deduplicated here), under `seed`.
+///
+/// Deduplication follows Dynamo's request side (`RequestExtraInfo::to_block_level` lists an
+/// item once per block however many of its ranges fall in it), so an image repeated inside one
+/// block names the block the same way whether it comes from a query or from an engine event.
 pub fn block_hash(tokens: &[u32], mm_hashes: &[u64], seed: BlockSeed) -> u64 {
     let mut bytes = Vec::with_capacity(tokens.len() * 4 + mm_hashes.len() * 8);
     for token in tokens {
@@ -84,6 +89,7 @@ pub fn block_hash(tokens: &[u32], mm_hashes: &[u64], seed: BlockSeed) -> u64 {
     if !mm_hashes.is_empty() {
         let mut sorted = mm_hashes.to_vec();
         sorted.sort_unstable();
+        sorted.dedup();
         for hash in sorted {
             bytes.extend_from_slice(&hash.to_le_bytes());
         }
