@@ -364,6 +364,8 @@ class Engine:
         self.cache = {rank: {} for rank in self.ranks}
         self.stored_requests = {rank: [] for rank in self.ranks}
         self.queries = []
+        # worker id -> engine hash -> canonical: rank-0 members of other (raw) publishers.
+        self.extra_members = {}
         for rank in self.ranks:
             self.start(rank)
 
@@ -438,6 +440,9 @@ class Engine:
                 "engine_hashes": len(self.cache[rank]),
             }
             for rank in self.ranks
+        ] + [
+            {"worker_id": w, "dp_rank": 0, "canonical": sorted(set(c.values())), "engine_hashes": len(c)}
+            for w, c in sorted(self.extra_members.items())
         ]
 
     def expect(self, query):
@@ -447,7 +452,7 @@ class Engine:
 
     def model(self):
         held = set()
-        for cache in self.cache.values():
+        for cache in list(self.cache.values()) + list(self.extra_members.values()):
             held.update(cache.values())
         answers = []
         for query in self.queries:
@@ -467,7 +472,7 @@ class Engine:
         return {"block_size": self.block_size, "members": self.members(), "queries": answers}
 
     # steps
-    def ready(self):
+    def ready(self, extra=(), extra_tick=None):
         probes = {}
         for rank in self.ranks:
             probe = Request([4_000_000_000 + rank] * self.block_size, self.block_size)
@@ -479,10 +484,13 @@ class Engine:
                     {"worker_id": self.args.worker_id, "dp_rank": r, "canonical": probes[r].canonical}
                     for r in self.ranks
                 ]
+                + list(extra)
             },
         )
 
         def tick():
+            if extra_tick is not None:
+                extra_tick()
             for rank in self.ranks:
                 probe = probes[rank]
                 digest = self.flavor.engine_hash(probe.digests[0])
@@ -738,6 +746,91 @@ def scenario_sglang(e):
     e.publish(0, [e.clear(0), e.store(0, lora, 0, 2)])
 
 
+class RawPublisher:
+    """A bare pyzmq PUB, no engine code: sends whatever payload it is given as
+    `[topic, sequence, payload]`, sequences in order from 0. Nothing is ever dropped on the
+    way out (no high-water mark), so the producer sees every frame."""
+
+    def __init__(self, endpoint):
+        import zmq
+
+        self.sock = zmq.Context.instance().socket(zmq.PUB)
+        self.sock.setsockopt(zmq.SNDHWM, 0)
+        self.sock.bind(endpoint)
+        self.seq = 0
+
+    def send(self, payload, sequence=None):
+        sequence = self.seq.to_bytes(8, "big") if sequence is None else sequence
+        self.sock.send_multipart([b"", sequence, payload], copy=False)
+        self.seq += 1
+
+    def close(self):
+        self.sock.close(linger=2000)
+
+
+def scenario_malformed(e):
+    """A well-behaved vLLM publisher (worker --worker-id) beside a raw PUB (worker
+    --bad-worker) that sends truncated msgpack, wrong types, a bad sequence frame, a 100 MB frame
+    and a flood of 100k unknown event types, then one valid store: the producer must keep both
+    members exact."""
+    assert e.args.bad_endpoint and e.args.bad_worker is not None, "--bad-endpoint, --bad-worker"
+    bs = e.block_size
+    encode = msgspec.msgpack.Encoder().encode
+    bad = RawPublisher(e.args.bad_endpoint)
+    e.extra_members[e.args.bad_worker] = {}
+    a, b, c = common_requests(bs)
+    d = Request(tokens(11000, 3 * bs), bs)
+    probe = Request([4_100_000_000] * bs, bs)
+
+    def bad_batch(events):
+        return encode(vllm_events.KVEventBatch(ts=time.time(), events=events, data_parallel_rank=0))
+
+    def bad_store(req):
+        hashes = [e.flavor.engine_hash(x) for x in req.digests]
+        return e.flavor.stored(req, 0, req.blocks, None, hashes, e.flavor.gpu, bs, 0)
+
+    e.ready(
+        extra=[{"worker_id": e.args.bad_worker, "dp_rank": 0, "canonical": probe.canonical}],
+        extra_tick=lambda: bad.send(bad_batch([vllm_events.AllBlocksCleared(), bad_store(probe)])),
+    )
+    bad.send(bad_batch([vllm_events.AllBlocksCleared()]))
+    e.publish(0, [e.store(0, a), e.store(0, b, 2, 5)])
+    expect_common(e, a, b, c)
+    e.check()
+
+    valid = bad_batch([bad_store(c)])
+    garbage = [
+        valid[: len(valid) // 2],  # truncated
+        valid[:1],
+        b"\xc1",  # a byte msgpack never uses
+        encode("a string, not a batch"),
+        encode(42),
+        encode([1.0, "events should be a list", 0]),
+        encode({"ts": "not a number", "events": None}),
+        encode([1.0, [{"type": "BlockStored", "block_hashes": "not a list", "parent_block_hash": None,
+                        "token_ids": [1, 2, 3, 4], "block_size": bs, "lora_id": None, "medium": "GPU"}], 0]),
+        encode([1.0, [{"type": "BlockStored", "block_hashes": [1.5], "parent_block_hash": None,
+                        "token_ids": ["x"] * bs, "block_size": -4, "lora_id": None, "medium": 3}], 0]),
+        encode([1.0, [{"type": "BlockRemoved", "block_hashes": [{"a": 1}], "medium": "GPU"}, 17, None], "rank"]),
+        encode([1.0, [["BlockStored"], ["BlockRemoved", "x"], []], 0]),
+    ]
+    for payload in garbage:
+        bad.send(payload)
+    bad.send(valid, sequence=b"\x00\x01")  # a sequence frame that is not 8 bytes
+    bad.seq -= 1  # that frame carried no sequence
+    bad.send(b"\xc1" * (100 << 20))  # 100 MB
+    for chunk in range(10):
+        flood = [{"type": "FutureKvEvent", "n": chunk * 10_000 + i, "payload": [i]} for i in range(10_000)]
+        bad.send(encode([time.time(), flood, 0]))
+    # Still listening after all of it: a valid store of the bad worker.
+    bad.send(bad_batch([bad_store(d)]))
+    e.extra_members[e.args.bad_worker] = {x: y for x, y in zip(d.digests, d.canonical)}
+    e.publish(0, [e.store(0, c)])
+    e.expect(d.query("bad-worker-valid-store"))
+    e.check()
+    bad.close()
+
+
 SCENARIOS = {
     "store_remove_clear": (Vllm, scenario_store_remove_clear, {}),
     "two_ranks": (Vllm, scenario_two_ranks, {}),
@@ -750,6 +843,7 @@ SCENARIOS = {
     "sglang_cpu_tier": (Sglang, scenario_cpu_tier, {}),
     "positional": (Vllm, scenario_positional, {}),
     "sglang": (Sglang, scenario_sglang, {}),
+    "malformed": (Vllm, scenario_malformed, {}),
 }
 
 
@@ -761,6 +855,8 @@ def main():
     parser.add_argument("--dp-size", type=int, default=1)
     parser.add_argument("--worker-id", type=int, required=True)
     parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--bad-endpoint", default=None, help="malformed: the raw PUB's endpoint")
+    parser.add_argument("--bad-worker", type=int, default=None, help="malformed: its worker id")
     parser.add_argument("--out", required=True, help="where to write the final model (JSON)")
     args = parser.parse_args()
     make, run, options = SCENARIOS[args.scenario]
