@@ -10,7 +10,9 @@ use serde_json::Value;
 const VECTORS: &str = include_str!("../../proto/token_hash/vectors.json");
 
 fn u64_of(value: &Value, what: &str) -> u64 {
-    value.as_u64().unwrap_or_else(|| panic!("{what}: not a u64: {value}"))
+    value
+        .as_u64()
+        .unwrap_or_else(|| panic!("{what}: not a u64: {value}"))
 }
 
 fn u64s(value: &Value, what: &str) -> Vec<u64> {
@@ -41,7 +43,11 @@ fn every_published_vector_matches() {
         for item in vector["multimodal"].as_array().expect("multimodal array") {
             let identifier = item["identifier"].as_str().expect("identifier");
             let hash = mm_identifier_hash(identifier);
-            assert_eq!(hash, item["hash"].as_u64(), "{name}: hash of {identifier:?}");
+            assert_eq!(
+                hash,
+                item["hash"].as_u64(),
+                "{name}: hash of {identifier:?}"
+            );
             if let Some(hash) = hash {
                 spans.push(MultimodalSpan {
                     hash,
@@ -57,7 +63,11 @@ fn every_published_vector_matches() {
 
         // The block hashes and the chain, one step at a time (the producer's path).
         let locals = u64s(&vector["block_hashes"], name);
-        assert_eq!(locals.len(), expected.len(), "{name}: one block hash per block");
+        assert_eq!(
+            locals.len(),
+            expected.len(),
+            "{name}: one block hash per block"
+        );
         let mut parent = None;
         for (index, block) in tokens.chunks_exact(block_size).enumerate() {
             let start = (index * block_size) as u64;
