@@ -279,6 +279,8 @@ class OldBlockStored(_OldEvent, tag="BlockStored"):
 
 
 class OldBlockStoredLong(_OldEvent, tag="BlockStored"):
+    """Every field of vLLM 0.33's BlockStored in its order, then one a later version adds."""
+
     block_hashes: list
     parent_block_hash: object
     token_ids: list
@@ -287,6 +289,13 @@ class OldBlockStoredLong(_OldEvent, tag="BlockStored"):
     medium: object
     lora_name: object
     extra_keys: object
+    group_idx: object
+    kv_cache_spec_kind: object
+    kv_cache_spec_sliding_window: object
+    locality: object
+    ownership: object
+    session_id: object
+    lookahead_token_ids: object
     future_field: object
 
 
@@ -704,7 +713,18 @@ def scenario_positional(e):
         if cls is not OldBlockStoredShort:
             fields["medium"] = "GPU"
         if cls is OldBlockStoredLong:
-            fields.update(lora_name=None, extra_keys=None, future_field=[1, 2, 3])
+            fields.update(
+                lora_name=None,
+                extra_keys=None,
+                group_idx=0,
+                kv_cache_spec_kind=None,
+                kv_cache_spec_sliding_window=None,
+                locality="LOCAL",
+                ownership=None,
+                session_id="session-1",
+                lookahead_token_ids=None,
+                future_field=[1, 2, 3],
+            )
         return cls(**fields)
 
     def old_removed(req, blocks, cls):

@@ -210,7 +210,9 @@ impl Indexer {
              [lag]\nheartbeat_deadline_ms = {}\ndirty_to_applied_deadline_ms = 30000\n\
              [limits]\nmax_message_bytes = {}\nmax_images_per_delta = {}\n",
             block_size_line(spec.block_size),
-            spec.heartbeat_deadline_ms, spec.max_message_bytes, spec.max_images_per_delta
+            spec.heartbeat_deadline_ms,
+            spec.max_message_bytes,
+            spec.max_images_per_delta
         );
         let config = dir.path().join(format!("{name}.toml"));
         std::fs::write(&config, toml).expect("write indexer config");

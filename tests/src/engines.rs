@@ -15,7 +15,6 @@ use std::net::{SocketAddr, TcpListener};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::time::Duration;
 
 use ckf_proto::v1::{self, ingest_client::IngestClient, query_client::QueryClient};
 use serde::Deserialize;
@@ -340,11 +339,11 @@ impl Driver {
     /// # Panics
     /// When it fails or does not exit.
     pub fn wait_success(&mut self) {
-        let _ = crate::wait_until("drive.py to exit", DEADLINE, || {
+        let status = crate::wait_until("drive.py to exit", DEADLINE, || {
             self.child.try_wait().ok().flatten()
         })
-        .map(|status| assert!(status.success(), "drive.py exited with {status}"))
         .unwrap_or_else(|e| panic!("{e}"));
+        assert!(status.success(), "drive.py exited with {status}");
     }
 }
 
@@ -359,7 +358,11 @@ impl Drop for Driver {
 ///
 /// # Errors
 /// The transport error or status, as text.
-pub async fn member_blocks(producer: SocketAddr, worker_id: u64, dp_rank: u32) -> Result<Vec<u64>, String> {
+pub async fn member_blocks(
+    producer: SocketAddr,
+    worker_id: u64,
+    dp_rank: u32,
+) -> Result<Vec<u64>, String> {
     let mut client = IngestClient::new(channel(producer).await?);
     let request = v1::GetMemberBlocksRequest {
         member: Some(v1::MemberId { worker_id, dp_rank }),
@@ -376,7 +379,11 @@ pub async fn member_blocks(producer: SocketAddr, worker_id: u64, dp_rank: u32) -
 ///
 /// # Errors
 /// The transport error or status, or `dc` not answering (not ready), as text.
-pub async fn token_depth(indexer: SocketAddr, dc: &str, query: &QueryExpect) -> Result<u32, String> {
+pub async fn token_depth(
+    indexer: SocketAddr,
+    dc: &str,
+    query: &QueryExpect,
+) -> Result<u32, String> {
     let mut client = QueryClient::new(channel(indexer).await?);
     let request = v1::FindMatchesByTokensRequest {
         token_ids: query.token_ids.clone(),
@@ -401,7 +408,11 @@ pub async fn token_depth(indexer: SocketAddr, dc: &str, query: &QueryExpect) -> 
     response
         .matches
         .iter()
-        .find(|m| m.pool.as_ref().is_some_and(|p| p.domain == DOMAIN && p.dc == dc))
+        .find(|m| {
+            m.pool
+                .as_ref()
+                .is_some_and(|p| p.domain == DOMAIN && p.dc == dc)
+        })
         .map(|m| m.depth)
         .ok_or_else(|| format!("lane {dc} did not answer: {response:?}"))
 }
@@ -459,7 +470,12 @@ pub async fn wait_queries(indexer: SocketAddr, dc: &str, what: &str, expect: &Ex
 ///
 /// # Panics
 /// As [`wait_members`], [`wait_queries`] and [`Driver::next_step`].
-pub async fn run_steps(driver: &mut Driver, producer: SocketAddr, indexer: SocketAddr, dc: &str) -> Expect {
+pub async fn run_steps(
+    driver: &mut Driver,
+    producer: SocketAddr,
+    indexer: SocketAddr,
+    dc: &str,
+) -> Expect {
     let mut index = 0;
     loop {
         index += 1;
@@ -471,8 +487,12 @@ pub async fn run_steps(driver: &mut Driver, producer: SocketAddr, indexer: Socke
                 wait_queries(indexer, dc, &what, &expect).await;
             }
             Step::Emptied(expect) => {
-                wait_members(producer, &format!("step {index} (cleared by the producer)"), &expect)
-                    .await;
+                wait_members(
+                    producer,
+                    &format!("step {index} (cleared by the producer)"),
+                    &expect,
+                )
+                .await;
             }
             Step::Done => break,
         }
@@ -484,6 +504,3 @@ pub async fn run_steps(driver: &mut Driver, producer: SocketAddr, indexer: Socke
     wait_queries(indexer, dc, "final", &model).await;
     model
 }
-
-/// How long the malformed-input sender may take (a 100 MB frame and 100k events).
-pub const SLOW_STEP: Duration = Duration::from_secs(120);
