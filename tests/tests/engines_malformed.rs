@@ -13,9 +13,9 @@ const BLOCK_SIZE: u32 = 4;
 const GOOD: u64 = 7;
 const BAD: u64 = 9;
 
-/// Decode errors per publisher, by kind (producer-svc's engine metrics).
+/// Frames, payloads or events refused, by `publisher` ("worker/rank") and `kind`.
 const DECODE_ERRORS: &str = "ckf_producer_engine_decode_errors_total";
-/// Events per publisher, by type (`unknown` for types the producer does not know).
+/// Decoded events, by `publisher` and `type` (`unknown` for types the producer does not know).
 const EVENTS: &str = "ckf_producer_engine_events_total";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -75,22 +75,23 @@ async fn malformed_frames_are_counted_and_touch_no_other_member() {
 
     // Still serving, and what it refused is counted against the bad publisher only.
     producer.stats().await.expect("the producer still answers");
-    let worker = BAD.to_string();
+    let bad_publisher = format!("{BAD}/0");
+    let good_publisher = format!("{GOOD}/0");
     eventually(
         "decode errors and unknown events counted",
         DEADLINE,
         || async {
             let text = producer.metrics()?;
-            let errors =
-                metrics::value(&text, DECODE_ERRORS, &[("worker_id", &worker)]).unwrap_or(0.0);
+            let errors = metrics::value(&text, DECODE_ERRORS, &[("publisher", &bad_publisher)])
+                .unwrap_or(0.0);
             let unknown = metrics::value(
                 &text,
                 EVENTS,
-                &[("worker_id", &worker), ("type", "unknown")],
+                &[("publisher", &bad_publisher), ("type", "unknown")],
             )
             .unwrap_or(0.0);
             let good_errors =
-                metrics::value(&text, DECODE_ERRORS, &[("worker_id", &GOOD.to_string())])
+                metrics::value(&text, DECODE_ERRORS, &[("publisher", &good_publisher)])
                     .unwrap_or(0.0);
             // At least the 7 payloads no decoder can read as a batch (2 truncated, an invalid
             // byte, a string, an int, a non-list `events`, a map of wrong types) and the frame over
