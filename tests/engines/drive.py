@@ -22,7 +22,7 @@ Talking to the test (one JSON line on stdout per step; the test answers `go` on 
   CHECK {members: [...], queries: [...]}  the producer must now hold exactly this (polled).
   EMPTIED {members: [...]}  heartbeats every 50 ms until `go`: the producer must have cleared
       these members on its own (engine restart, replay that could not fill a gap).
-  DONE  the model is in --out (same shape as CHECK).
+  DONE  the final model is in --out (same shape as CHECK); the publishers stay up until `go`.
 """
 
 import argparse
@@ -529,9 +529,12 @@ class Engine:
     def finish(self):
         model = self.model()
         pathlib.Path(self.args.out).write_text(json.dumps(model, indent=1, sort_keys=True) + "\n")
+        # The publishers stay up (a last gap may still need the replay socket) until the test
+        # has checked the final model.
+        say("DONE")
+        wait_answer()
         for pub in self.pubs.values():
             pub.shutdown()
-        say("DONE")
 
 
 # --- scenarios -------------------------------------------------------------------------------

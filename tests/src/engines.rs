@@ -8,7 +8,7 @@
 //! test is satisfied): `READY {..}` (warm-up: each member holds exactly its probe block),
 //! `CHECK {..}` (the producer holds exactly this; the token queries answer these depths),
 //! `EMPTIED {..}` (the producer cleared these members on its own), `DONE` (the final model is
-//! in the `--out` file).
+//! in the `--out` file; the publishers stay up until the test has checked it).
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener};
@@ -189,7 +189,7 @@ pub enum Step {
     Check(Expect),
     /// The producer cleared these members on its own (restart, unfilled gap).
     Emptied(Expect),
-    /// Finished; the final model is in the out file.
+    /// Finished; the final model is in the out file (publishers up until `go`).
     Done,
 }
 
@@ -498,9 +498,10 @@ pub async fn run_steps(
         }
         driver.go();
     }
-    driver.wait_success();
     let model = driver.model();
     wait_members(producer, "final", &model).await;
     wait_queries(indexer, dc, "final", &model).await;
+    driver.go();
+    driver.wait_success();
     model
 }
