@@ -181,13 +181,16 @@ class Vllm:
     gpu = vllm_events.MEDIUM_GPU
     cpu = vllm_events.MEDIUM_CPU
 
-    def __init__(self, int_hashes=True):
+    def __init__(self, int_hashes=True, connect=False):
         # VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES: low 64 bits as an int (maybe_convert_block_hash),
         # else the 32-byte digest itself.
         self.int_hashes = int_hashes
+        # connect: vLLM's publisher exactly as shipped; with a concrete host it connects its PUB
+        # (to a producer in `mode=bind`).
+        self.publisher_class = vllm_events.ZmqEventPublisher if connect else LoopbackVllmPublisher
 
     def publisher(self, rank, endpoint, replay, buffer_steps):
-        return LoopbackVllmPublisher(
+        return self.publisher_class(
             data_parallel_rank=rank, endpoint=endpoint, replay_endpoint=replay, buffer_steps=buffer_steps
         )
 
@@ -857,6 +860,7 @@ def scenario_malformed(e):
 SCENARIOS = {
     "store_remove_clear": (Vllm, scenario_store_remove_clear, {}),
     "two_ranks": (Vllm, scenario_two_ranks, {}),
+    "connect": (lambda: Vllm(connect=True), scenario_store_remove_clear, {}),
     "gap_replay": (Vllm, scenario_gap_replay, {}),
     "gap_unfilled": (Vllm, scenario_gap_unfilled, {}),
     "restart": (Vllm, scenario_restart, {}),

@@ -91,6 +91,8 @@ pub struct EngineSpec {
     pub replay_port: Option<u16>,
     /// Data-parallel ranks.
     pub dp_size: u16,
+    /// The producer binds its SUB sockets (`mode=bind`) and the engine connects.
+    pub producer_binds: bool,
 }
 
 impl EngineSpec {
@@ -102,6 +104,7 @@ impl EngineSpec {
             port,
             replay_port: Some(port + dp_size),
             dp_size,
+            producer_binds: false,
         }
     }
 
@@ -125,6 +128,9 @@ impl EngineSpec {
         );
         if let Some(replay) = self.replay_endpoint() {
             flag.push_str(&format!(",replay_endpoint={replay}"));
+        }
+        if self.producer_binds {
+            flag.push_str(",mode=bind");
         }
         flag
     }

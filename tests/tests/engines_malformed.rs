@@ -38,6 +38,7 @@ async fn malformed_frames_are_counted_and_touch_no_other_member() {
         port: free_port_run(1),
         replay_port: None,
         dp_size: 1,
+        producer_binds: false,
     };
     let spec = ProducerSpec {
         block_size: Some(BLOCK_SIZE),

@@ -26,6 +26,11 @@ const SKIPPED: &str = "ckf_producer_engine_skipped_events_total";
 /// One scenario of `drive.py` against an indexer (lane `dc-a`) and a producer configured with
 /// the engine (`--engine`, `--block-size`); then the producer's counters in `counted`.
 async fn scenario(name: &str, dp_size: u16, counted: &[Counted]) {
+    scenario_with(name, EngineSpec::new(WORKER, dp_size), counted).await;
+}
+
+/// As [`scenario`], for a given engine.
+async fn scenario_with(name: &str, engine: EngineSpec, counted: &[Counted]) {
     let Some(python) = engine_python() else {
         return;
     };
@@ -38,7 +43,6 @@ async fn scenario(name: &str, dp_size: u16, counted: &[Counted]) {
             ..IndexerSpec::default()
         },
     );
-    let engine = EngineSpec::new(WORKER, dp_size);
     let spec = ProducerSpec {
         block_size: Some(BLOCK_SIZE),
         engines: vec![engine.flag()],
@@ -69,6 +73,17 @@ async fn scenario(name: &str, dp_size: u16, counted: &[Counted]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vllm_store_remove_clear() {
     scenario("store_remove_clear", 1, &[]).await;
+}
+
+/// vLLM's publisher exactly as shipped, given a concrete host: it connects its PUB to the
+/// producer's bound SUB (`mode=bind`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_connecting_to_a_binding_producer() {
+    let engine = EngineSpec {
+        producer_binds: true,
+        ..EngineSpec::new(WORKER, 1)
+    };
+    scenario_with("connect", engine, &[]).await;
 }
 
 /// vLLM with two data-parallel ranks: a publisher per rank on port + r, members (7, 0) and
