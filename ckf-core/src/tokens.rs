@@ -25,6 +25,12 @@
 //!
 //! The sequence hash is what ckf-relay calls a block hash everywhere else (addressing, ingest,
 //! queries).
+//!
+//! A query by token ids (`ckf.v1.Query/FindMatchesByTokens`) is a [`TokenQuery`];
+//! [`TokenQuery::sequence_hashes`] checks it against the indexer's [`TokenQueryRules`] (block
+//! size, block limit, multimodal items) and computes the hashes it probes. The Python reference
+//! `proto/token_hash/ckf_token_hash.py` and its vectors `proto/token_hash/vectors.json` (checked
+//! by `tests/token_vectors.rs`) define the same function.
 
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
