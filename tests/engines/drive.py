@@ -374,7 +374,6 @@ class Engine:
         self.sent = {}  # rank -> batches published so far by the current publisher (= next seq)
         # rank -> engine hash -> canonical hash: exactly what the engine's GPU cache holds.
         self.cache = {rank: {} for rank in self.ranks}
-        self.stored_requests = {rank: [] for rank in self.ranks}
         self.queries = []
         # worker id -> engine hash -> canonical: rank-0 members of other (raw) publishers.
         self.extra_members = {}
@@ -409,7 +408,6 @@ class Engine:
         an empty cache."""
         self.pubs[rank].shutdown()
         self.cache[rank].clear()
-        self.stored_requests[rank].clear()
         # ZMQ closes the old listeners in its I/O thread, after close() returns.
         for endpoint in (self.args.endpoint, self.args.replay):
             if endpoint:
@@ -426,7 +424,6 @@ class Engine:
         if enters:
             for h, c in zip(hashes, req.canonical[first:end]):
                 self.cache[rank][h] = c
-            self.stored_requests[rank].append(req)
         bs = self.block_size if block_size is None else block_size
         return self.flavor.stored(req, first, end, parent, hashes, medium, bs, group_idx)
 
