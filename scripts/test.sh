@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
 # The project's test command (README "Quick start"): builds the release binaries the end-to-end
-# tests start, then runs every test in the workspace.
+# tests start, sets up the real engines' publishers (scripts/engine-venv.sh: a Python venv with
+# vLLM's and SGLang's publisher modules, for tests/tests/engines_*.rs), then runs every test in
+# the workspace.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --workspace --bins
+if [[ "${CKF_SKIP_ENGINE_TESTS:-}" != "1" ]]; then
+    CKF_ENGINE_PYTHON="$(./scripts/engine-venv.sh | tail -n 1)"
+    export CKF_ENGINE_PYTHON
+fi
 cargo test --release --workspace

@@ -152,6 +152,8 @@ pub struct IndexerSpec {
     pub max_message_bytes: u64,
     /// `limits.max_images_per_delta`.
     pub max_images_per_delta: u32,
+    /// Top-level `block_size` (tokens per KV block of token queries); `None`: the default.
+    pub block_size: Option<u32>,
 }
 
 impl Default for IndexerSpec {
@@ -162,6 +164,7 @@ impl Default for IndexerSpec {
             heartbeat_deadline_ms: 5_000,
             max_message_bytes: 64 << 10,
             max_images_per_delta: 65_536,
+            block_size: None,
         }
     }
 }
@@ -201,12 +204,15 @@ impl Indexer {
         let lanes = toml_strings(&spec.lanes);
         // Port 0: the indexer binds free ports and logs them ("ckf-indexer serving").
         let toml = format!(
-            "listen = \"127.0.0.1:0\"\nmetrics_listen = \"127.0.0.1:0\"\nlog_format = \"json\"\n\
+            "listen = \"127.0.0.1:0\"\nmetrics_listen = \"127.0.0.1:0\"\nlog_format = \"json\"\n{}\
              [manifest]\ndomain = \"{DOMAIN}\"\nlanes = [{lanes}]\n\
              [table]\nbucket_count = {BUCKETS}\nseed = {SEED}\n\
              [lag]\nheartbeat_deadline_ms = {}\ndirty_to_applied_deadline_ms = 30000\n\
              [limits]\nmax_message_bytes = {}\nmax_images_per_delta = {}\n",
-            spec.heartbeat_deadline_ms, spec.max_message_bytes, spec.max_images_per_delta
+            block_size_line(spec.block_size),
+            spec.heartbeat_deadline_ms,
+            spec.max_message_bytes,
+            spec.max_images_per_delta
         );
         let config = dir.path().join(format!("{name}.toml"));
         std::fs::write(&config, toml).expect("write indexer config");
@@ -390,6 +396,11 @@ fn spawn_indexer(
     (svc, addr, metrics_addr)
 }
 
+/// The top-level `block_size = N` line of a config (empty for the default).
+fn block_size_line(block_size: Option<u32>) -> String {
+    block_size.map_or_else(String::new, |n| format!("block_size = {n}\n"))
+}
+
 /// `items` as the inside of a TOML array of strings (`"a", "b"`).
 fn toml_strings(items: &[String]) -> String {
     items
@@ -420,6 +431,10 @@ pub struct ProducerSpec {
     pub initial_backoff_ms: u64,
     /// `reconnect.max_backoff_ms`.
     pub max_backoff_ms: u64,
+    /// Top-level `block_size` (tokens per KV block of engine events); `None`: the default.
+    pub block_size: Option<u32>,
+    /// Engine publishers, one `--engine` flag each (`worker_id=7,endpoint=tcp://...`).
+    pub engines: Vec<String>,
 }
 
 impl ProducerSpec {
@@ -433,6 +448,8 @@ impl ProducerSpec {
             batch_threshold: 64,
             initial_backoff_ms: 50,
             max_backoff_ms: 500,
+            block_size: None,
+            engines: Vec::new(),
         }
     }
 }
@@ -487,13 +504,14 @@ impl Producer {
     pub fn start(dir: &TestDir, name: &str, spec: &ProducerSpec, indexers: &[String]) -> Self {
         let endpoints = toml_strings(indexers);
         let toml = format!(
-            "listen = \"127.0.0.1:0\"\nmetrics_listen = \"127.0.0.1:0\"\nlog_format = \"json\"\n\
+            "listen = \"127.0.0.1:0\"\nmetrics_listen = \"127.0.0.1:0\"\nlog_format = \"json\"\n{}\
              indexers = [{endpoints}]\n\
              [pool]\ndomain = \"{DOMAIN}\"\ndc = \"{}\"\n\
              [table]\nbucket_count = {}\nseed = {SEED}\n\
              [publication]\nbatch_threshold = {}\nmax_delay_ms = 5\nheartbeat_interval_ms = {}\n\
              [reconnect]\ninitial_backoff_ms = {}\nmax_backoff_ms = {}\nconnect_timeout_ms = 3000\n\
              [shutdown]\ndrain_timeout_ms = 15000\n",
+            block_size_line(spec.block_size),
             spec.dc,
             spec.bucket_count,
             spec.batch_threshold,
@@ -503,7 +521,10 @@ impl Producer {
         );
         let config = dir.path().join(format!("{name}.toml"));
         std::fs::write(&config, toml).expect("write producer config");
-        let args = vec!["--config".to_owned(), config.display().to_string()];
+        let mut args = vec!["--config".to_owned(), config.display().to_string()];
+        for engine in &spec.engines {
+            args.extend(["--engine".to_owned(), engine.clone()]);
+        }
         let mut svc = Service::spawn(name, &binary("ckf-producer"), &args, dir.path());
         // Port 0: the producer binds free ports and logs them ("producer started").
         let record = svc

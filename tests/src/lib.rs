@@ -9,6 +9,7 @@
 //! | --- | --- |
 //! | this file | binary lookup, spawn / SIGTERM / SIGKILL, blocking waits |
 //! | [`cluster`] | indexer and producer processes: configs, ports, restarts, their gRPC calls |
+//! | [`engines`] | the real engines' publishers (`tests/engines/drive.py`): driver steps, member and token-query checks |
 //! | [`model`] | the exact model of a DC's content (the oracle) |
 //! | [`check`] | a lane compared against its producer's model and statistics |
 //! | [`hashes`] | block hashes with pairwise distinct fingerprints (exact expected depths) |
@@ -18,6 +19,7 @@
 
 pub mod check;
 pub mod cluster;
+pub mod engines;
 pub mod hashes;
 pub mod metrics;
 pub mod model;

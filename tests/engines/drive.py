@@ -1,0 +1,893 @@
+#!/usr/bin/env python3
+"""Publishes KV-cache event scenarios through the REAL vLLM 0.33.0 / SGLang 0.5.23 publishers
+(their own `ZmqEventPublisher`, `KVEventBatch`, `BlockStored`, `BlockRemoved`,
+`AllBlocksCleared`, taken out of the wheels by scripts/engine-venv.sh), and writes the exact
+model of the engine caches it produced.
+
+    drive.py SCENARIO --endpoint tcp://127.0.0.1:P [--replay tcp://127.0.0.1:R] \
+        [--dp-size N] --worker-id W --block-size B --out model.json
+
+Rank r of the engine publishes on port P + r (replay R + r), by the publishers' own rule.
+The driver plays the engine: every block it stores belongs to a request (token ids, LoRA name,
+cache salt, multimodal items); it names blocks with engine-style hashes (vLLM: SHA-256 digests,
+published as 32 bytes or their low 64 bits; SGLang: signed int64), which ckf-relay must NOT
+use as keys, and computes each block's canonical hash from the request with the reference
+`proto/token_hash/ckf_token_hash.py`.
+
+Talking to the test (one JSON line on stdout per step; the test answers `go` on stdin):
+  READY {members: [{worker_id, dp_rank, canonical: [probe]}]}  warm-up: every 50 ms each
+      member's publisher sends [AllBlocksCleared, BlockStored(probe)] until `go` (ZMQ drops
+      what a PUB sends before the subscriber has joined); the test answers once every member
+      holds exactly its probe. The driver then clears every member.
+  CHECK {members: [...], queries: [...]}  the producer must now hold exactly this (polled).
+  EMPTIED {members: [...]}  heartbeats every 50 ms until `go`: the producer must have cleared
+      these members on its own (engine restart, replay that could not fill a gap).
+  DONE  the final model is in --out (same shape as CHECK); the publishers stay up until `go`.
+"""
+
+import argparse
+import collections
+import hashlib
+import json
+import os
+import pathlib
+import select
+import socket
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "proto" / "token_hash"))
+sys.path.insert(0, os.environ.get("CKF_ENGINE_PUBLISHERS", str(ROOT / "target" / "engine-publishers")))
+
+import msgspec  # noqa: E402
+
+from ckf_token_hash import block_hash, block_seed, mm_identifier_hash, next_sequence_hash  # noqa: E402
+
+try:
+    from sglang.srt.disaggregation import kv_events as sglang_events  # noqa: E402
+    from vllm.distributed import kv_events as vllm_events  # noqa: E402
+except ImportError as error:  # pragma: no cover - a setup problem, say how to fix it
+    sys.exit(f"drive.py: the engines' publisher modules are missing ({error}): run scripts/engine-venv.sh")
+
+U64 = (1 << 64) - 1
+# How long to wait for the test's answer to a step before giving up (the test's own deadlines
+# are shorter; this only stops an orphaned driver).
+ANSWER_TIMEOUT_S = 120.0
+WARMUP_INTERVAL_S = 0.05
+
+
+# --- the test protocol ---------------------------------------------------------------------
+
+
+def say(kind, body=None):
+    line = kind if body is None else f"{kind} {json.dumps(body, sort_keys=True)}"
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def answered(timeout):
+    """Whether the test wrote `go` within `timeout` seconds; exits when it went away."""
+    ready, _, _ = select.select([sys.stdin], [], [], timeout)
+    if not ready:
+        return False
+    line = sys.stdin.readline()
+    if not line:
+        sys.exit("drive.py: the test closed stdin")
+    if line.strip() != "go":
+        sys.exit(f"drive.py: unexpected answer {line!r}")
+    return True
+
+
+def wait_answer(tick=None):
+    """Calls `tick()` every 50 ms until the test answers `go`."""
+    deadline = time.monotonic() + ANSWER_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if tick is not None:
+            tick()
+        if answered(WARMUP_INTERVAL_S):
+            return
+    sys.exit("drive.py: no answer from the test")
+
+
+# --- requests and the engines' own block hashes -----------------------------------------------
+
+
+class Request:
+    """One request's token ids and its request-wide keys; blocks are `block_size` tokens.
+
+    `multimodal`: (identifier, offset, length) items in token positions of the request."""
+
+    def __init__(self, tokens, block_size, lora_name=None, cache_salt=None, multimodal=()):
+        assert len(tokens) % block_size == 0, "requests here are whole blocks"
+        self.tokens = list(tokens)
+        self.block_size = block_size
+        self.lora_name = lora_name
+        self.cache_salt = cache_salt
+        self.multimodal = list(multimodal)
+        self.blocks = len(tokens) // block_size
+        seed = block_seed(cache_salt, lora_name)
+        self.canonical = []
+        self.digests = []
+        parent_digest = b""
+        for index in range(self.blocks):
+            mm = [mm_identifier_hash(ident) for ident, _, _ in self.block_items(index)]
+            local = block_hash(self.block_tokens(index), [h for h in mm if h is not None], seed)
+            self.canonical.append(local if index == 0 else next_sequence_hash(self.canonical[-1], local))
+            # The engine's own name for the block: a digest of the parent's name, the tokens
+            # and every extra key (like vLLM's sha256 block hash); unrelated to the canonical one.
+            material = repr((parent_digest, self.block_tokens(index), self.extra_keys(index)))
+            parent_digest = hashlib.sha256(material.encode()).digest()
+            self.digests.append(parent_digest)
+
+    def block_tokens(self, index):
+        return self.tokens[index * self.block_size : (index + 1) * self.block_size]
+
+    def block_items(self, index):
+        start, end = index * self.block_size, (index + 1) * self.block_size
+        return [(i, o, n) for (i, o, n) in self.multimodal if n > 0 and o < end and start < o + n]
+
+    def extra_keys(self, index):
+        """The block's extra keys as vLLM 0.33 publishes them (`to_event_extra_keys`): the LoRA
+        name, then `(mm identifier, offset in the block)` pairs, then the cache salt on the
+        request's first block only; None when empty."""
+        keys = []
+        if self.lora_name:
+            keys.append(self.lora_name)
+        start = index * self.block_size
+        keys.extend((ident, offset - start) for ident, offset, _ in self.block_items(index))
+        if index == 0 and self.cache_salt:
+            keys.append(self.cache_salt)
+        return tuple(keys) if keys else None
+
+    def query(self, name, blocks=None, extra_tokens=(), lora_name=None, cache_salt=None):
+        """A token query over the first `blocks` blocks (all by default), plus `extra_tokens`;
+        the request's own keys unless overridden ("" = none)."""
+        blocks = self.blocks if blocks is None else blocks
+        tokens = self.tokens[: blocks * self.block_size] + list(extra_tokens)
+        return {
+            "name": name,
+            "token_ids": tokens,
+            "lora_name": self.lora_name or "" if lora_name is None else lora_name,
+            "cache_salt": self.cache_salt or "" if cache_salt is None else cache_salt,
+            "multimodal": [
+                {"identifier": i, "offset": o, "length": n}
+                for (i, o, n) in self.multimodal
+                if o < len(tokens)
+            ],
+        }
+
+
+def tokens(start, count):
+    """Deterministic token ids (no randomness: every run publishes the same bytes)."""
+    return [(start + 7919 * i) % 150_000 + 1 for i in range(count)]
+
+
+# --- the two engines' encodings ------------------------------------------------------------
+
+
+class LoopbackVllmPublisher(vllm_events.ZmqEventPublisher):
+    """vLLM's publisher, unchanged except that it binds a concrete loopback endpoint (vLLM binds
+    only `*`, `::` and ipc endpoints and connects to the rest; the tests never listen beyond
+    127.0.0.1)."""
+
+    @staticmethod
+    def _is_bind_endpoint(endpoint):
+        return True
+
+
+class Vllm:
+    name = "vllm"
+    gpu = vllm_events.MEDIUM_GPU
+    cpu = vllm_events.MEDIUM_CPU
+
+    def __init__(self, int_hashes=True, connect=False):
+        # VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES: low 64 bits as an int (maybe_convert_block_hash),
+        # else the 32-byte digest itself.
+        self.int_hashes = int_hashes
+        # connect: vLLM's publisher exactly as shipped; with a concrete host it connects its PUB
+        # (to a producer in `mode=bind`).
+        self.publisher_class = vllm_events.ZmqEventPublisher if connect else LoopbackVllmPublisher
+
+    def publisher(self, rank, endpoint, replay, buffer_steps):
+        return self.publisher_class(
+            data_parallel_rank=rank, endpoint=endpoint, replay_endpoint=replay, buffer_steps=buffer_steps
+        )
+
+    def engine_hash(self, digest):
+        return int.from_bytes(digest, "big") & U64 if self.int_hashes else digest
+
+    def batch(self, events):
+        return vllm_events.KVEventBatch(ts=time.time(), events=events)
+
+    def stored(self, req, first, end, parent, hashes, medium, block_size, group_idx):
+        extra = [req.extra_keys(i) for i in range(first, end)]
+        return vllm_events.BlockStored(
+            block_hashes=hashes,
+            parent_block_hash=parent,
+            token_ids=req.tokens[first * req.block_size : end * req.block_size],
+            block_size=block_size,
+            lora_id=7 if req.lora_name else None,
+            medium=medium,
+            lora_name=req.lora_name,
+            extra_keys=extra if any(k is not None for k in extra) else None,
+            group_idx=group_idx,
+        )
+
+    def removed(self, hashes, medium):
+        return vllm_events.BlockRemoved(block_hashes=hashes, medium=medium, group_idx=0)
+
+    def cleared(self):
+        return vllm_events.AllBlocksCleared()
+
+
+class Sglang:
+    name = "sglang"
+    gpu = sglang_events.StorageMedium.GPU.value
+    cpu = sglang_events.StorageMedium.CPU.value  # "CPU_PINNED"
+
+    def publisher(self, rank, endpoint, replay, buffer_steps):
+        return sglang_events.ZmqEventPublisher(
+            attn_dp_rank=rank, endpoint=endpoint, replay_endpoint=replay, buffer_steps=buffer_steps, bind=True
+        )
+
+    def engine_hash(self, digest):
+        # SGLang publishes signed int64 hashes (half of them negative).
+        return int.from_bytes(digest[:8], "big", signed=True)
+
+    def batch(self, events):
+        return sglang_events.KVEventBatch(ts=time.time(), events=events)
+
+    def stored(self, req, first, end, parent, hashes, medium, block_size, group_idx):
+        assert group_idx == 0, "SGLang events have no KV-cache group"
+        return sglang_events.BlockStored(
+            block_hashes=hashes,
+            parent_block_hash=parent,
+            token_ids=req.tokens[first * req.block_size : end * req.block_size],
+            block_size=block_size,
+            lora_id=None,
+            medium=medium,
+            cache_salt=req.cache_salt,
+            lora_name=req.lora_name,
+        )
+
+    def removed(self, hashes, medium):
+        return sglang_events.BlockRemoved(block_hashes=hashes, medium=medium)
+
+    def cleared(self):
+        return sglang_events.AllBlocksCleared()
+
+
+# Older vLLM (before tagged maps): positional tagged arrays ["BlockStored", block_hashes,
+# parent_block_hash, token_ids, block_size, lora_id, (medium, ...)], shorter or longer tails.
+class _OldEvent(msgspec.Struct, array_like=True, gc=False, tag=True):
+    pass
+
+
+class OldBlockStoredShort(_OldEvent, tag="BlockStored"):
+    block_hashes: list
+    parent_block_hash: object
+    token_ids: list
+    block_size: int
+    lora_id: object
+
+
+class OldBlockStored(_OldEvent, tag="BlockStored"):
+    block_hashes: list
+    parent_block_hash: object
+    token_ids: list
+    block_size: int
+    lora_id: object
+    medium: object
+
+
+class OldBlockStoredLong(_OldEvent, tag="BlockStored"):
+    """Every field of vLLM 0.33's BlockStored in its order, then one a later version adds."""
+
+    block_hashes: list
+    parent_block_hash: object
+    token_ids: list
+    block_size: int
+    lora_id: object
+    medium: object
+    lora_name: object
+    extra_keys: object
+    group_idx: object
+    kv_cache_spec_kind: object
+    kv_cache_spec_sliding_window: object
+    locality: object
+    ownership: object
+    session_id: object
+    lookahead_token_ids: object
+    future_field: object
+
+
+class OldBlockRemoved(_OldEvent, tag="BlockRemoved"):
+    block_hashes: list
+    medium: object
+
+
+class OldBlockRemovedShort(_OldEvent, tag="BlockRemoved"):
+    block_hashes: list
+
+
+class OldAllBlocksCleared(_OldEvent, tag="AllBlocksCleared"):
+    pass
+
+
+# --- socket faults (the publishers stay the real ones) ---------------------------------------
+
+
+class DroppingPub:
+    """Wraps a publisher's PUB socket: frames whose sequence is in `drop` are not sent (the
+    publisher still buffers them for replay, as after a network loss)."""
+
+    def __init__(self, sock):
+        self._sock = sock
+        self.drop = set()
+
+    def send_multipart(self, frames, *args, **kwargs):
+        if int.from_bytes(frames[1], "big") in self.drop:
+            return None
+        return self._sock.send_multipart(frames, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._sock, name)
+
+
+class ForgetfulBuffer(collections.deque):
+    """The replay buffer, except that sequences in `forget` are never kept (a buffer that had
+    already rotated them out): a replay from them cannot fill the gap."""
+
+    forget = frozenset()
+
+    def append(self, item):
+        if item[0] not in self.forget:
+            super().append(item)
+
+
+def wait_port_free(port, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(("127.0.0.1", port))
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+        time.sleep(0.02)
+
+
+# --- the engine: publishers per rank plus the exact model ---------------------------------
+
+
+class Engine:
+    def __init__(self, flavor, args, buffer_steps=10_000):
+        self.flavor = flavor
+        self.args = args
+        self.block_size = args.block_size
+        self.buffer_steps = buffer_steps
+        self.ranks = list(range(args.dp_size))
+        self.pubs = {}
+        self.sent = {}  # rank -> batches published so far by the current publisher (= next seq)
+        # rank -> engine hash -> canonical hash: exactly what the engine's GPU cache holds.
+        self.cache = {rank: {} for rank in self.ranks}
+        self.queries = []
+        # worker id -> engine hash -> canonical: rank-0 members of other (raw) publishers.
+        self.extra_members = {}
+        for rank in self.ranks:
+            self.start(rank)
+
+    # publishers
+    def start(self, rank):
+        pub = self.flavor.publisher(rank, self.args.endpoint, self.args.replay, self.buffer_steps)
+        pub._pub = DroppingPub(pub._pub)
+        pub._buffer = ForgetfulBuffer(maxlen=pub._buffer.maxlen)
+        self.pubs[rank] = pub
+        self.sent[rank] = 0
+
+    def publish(self, rank, events):
+        self.pubs[rank].publish(self.flavor.batch(list(events)))
+        self.sent[rank] += 1
+
+    def heartbeat(self, rank):
+        self.publish(rank, [])
+
+    def lose_next(self, rank, count, replayable=True):
+        """The next `count` batches of `rank` never reach the subscriber; unless `replayable`,
+        the replay buffer has lost them too."""
+        lost = set(range(self.sent[rank], self.sent[rank] + count))
+        self.pubs[rank]._pub.drop |= lost
+        if not replayable:
+            self.pubs[rank]._buffer.forget = frozenset(lost)
+
+    def restart(self, rank):
+        """The engine process restarts: a new publisher on the same endpoints, sequence from 0,
+        an empty cache."""
+        self.pubs[rank].shutdown()
+        self.cache[rank].clear()
+        # ZMQ closes the old listeners in its I/O thread, after close() returns.
+        for endpoint in (self.args.endpoint, self.args.replay):
+            if endpoint:
+                wait_port_free(int(endpoint.rsplit(":", 1)[1]) + rank)
+        self.start(rank)
+
+    # events (the model follows each event as the engine would have it)
+    def store(self, rank, req, first=0, end=None, medium=None, block_size=None, group_idx=0):
+        end = req.blocks if end is None else end
+        hashes = [self.flavor.engine_hash(d) for d in req.digests[first:end]]
+        parent = self.flavor.engine_hash(req.digests[first - 1]) if first > 0 else None
+        medium = self.flavor.gpu if medium is None else medium
+        enters = medium == self.flavor.gpu and block_size in (None, self.block_size) and group_idx == 0
+        if enters:
+            for h, c in zip(hashes, req.canonical[first:end]):
+                self.cache[rank][h] = c
+        bs = self.block_size if block_size is None else block_size
+        return self.flavor.stored(req, first, end, parent, hashes, medium, bs, group_idx)
+
+    def remove(self, rank, req, blocks, medium=None):
+        hashes = [self.flavor.engine_hash(req.digests[i]) for i in blocks]
+        medium = self.flavor.gpu if medium is None else medium
+        if medium == self.flavor.gpu:
+            for h in hashes:
+                self.cache[rank].pop(h, None)
+        return self.flavor.removed(hashes, medium)
+
+    def clear(self, rank):
+        self.cache[rank].clear()
+        return self.flavor.cleared()
+
+    # the model
+    def members(self):
+        return [
+            {
+                "worker_id": self.args.worker_id,
+                "dp_rank": rank,
+                "canonical": sorted(set(self.cache[rank].values())),
+                "engine_hashes": len(self.cache[rank]),
+            }
+            for rank in self.ranks
+        ] + [
+            {"worker_id": w, "dp_rank": 0, "canonical": sorted(set(c.values())), "engine_hashes": len(c)}
+            for w, c in sorted(self.extra_members.items())
+        ]
+
+    def expect(self, query):
+        """Adds a token query; its expected depth is the longest run of leading blocks that some
+        member caches (the lane answers for the whole pool)."""
+        self.queries.append(query)
+
+    def model(self):
+        held = set()
+        for cache in list(self.cache.values()) + list(self.extra_members.values()):
+            held.update(cache.values())
+        answers = []
+        for query in self.queries:
+            req = Request(
+                query["token_ids"][: len(query["token_ids"]) // self.block_size * self.block_size],
+                self.block_size,
+                query["lora_name"] or None,
+                query["cache_salt"] or None,
+                [(m["identifier"], m["offset"], m["length"]) for m in query["multimodal"]],
+            )
+            depth = 0
+            for canonical in req.canonical:
+                if canonical not in held:
+                    break
+                depth += 1
+            answers.append(dict(query, expected_depth=depth))
+        return {"block_size": self.block_size, "members": self.members(), "queries": answers}
+
+    # steps
+    def ready(self, extra=(), extra_tick=None):
+        probes = {}
+        for rank in self.ranks:
+            probe = Request([4_000_000_000 + rank] * self.block_size, self.block_size)
+            probes[rank] = probe
+        say(
+            "READY",
+            {
+                "members": [
+                    {"worker_id": self.args.worker_id, "dp_rank": r, "canonical": probes[r].canonical}
+                    for r in self.ranks
+                ]
+                + list(extra)
+            },
+        )
+
+        def tick():
+            if extra_tick is not None:
+                extra_tick()
+            for rank in self.ranks:
+                probe = probes[rank]
+                digest = self.flavor.engine_hash(probe.digests[0])
+                self.publish(
+                    rank,
+                    [
+                        self.flavor.cleared(),
+                        self.flavor.stored(probe, 0, 1, None, [digest], self.flavor.gpu, self.block_size, 0),
+                    ],
+                )
+
+        wait_answer(tick)
+        for rank in self.ranks:
+            self.publish(rank, [self.clear(rank)])
+
+    def check(self):
+        say("CHECK", self.model())
+        wait_answer()
+
+    def emptied(self, ranks):
+        say(
+            "EMPTIED",
+            {"members": [{"worker_id": self.args.worker_id, "dp_rank": r, "canonical": []} for r in ranks]},
+        )
+        wait_answer(lambda: [self.heartbeat(r) for r in ranks])
+
+    def finish(self):
+        model = self.model()
+        pathlib.Path(self.args.out).write_text(json.dumps(model, indent=1, sort_keys=True) + "\n")
+        # The publishers stay up (a last gap may still need the replay socket) until the test
+        # has checked the final model.
+        say("DONE")
+        wait_answer()
+        for pub in self.pubs.values():
+            pub.shutdown()
+
+
+# --- scenarios -------------------------------------------------------------------------------
+
+
+def common_requests(bs):
+    """A (6 blocks), B (shares A's first 2 blocks, then 3 of its own), C (3 blocks)."""
+    a = Request(tokens(100, 6 * bs), bs)
+    b = Request(a.tokens[: 2 * bs] + tokens(900, 3 * bs), bs)
+    c = Request(tokens(5000, 3 * bs), bs)
+    return a, b, c
+
+
+def expect_common(e, a, b, c):
+    e.expect(a.query("a"))
+    e.expect(a.query("a+partial", extra_tokens=tokens(77, e.block_size - 1)))
+    e.expect(a.query("a+uncached", extra_tokens=tokens(31337, e.block_size)))
+    e.expect(b.query("b"))
+    e.expect(c.query("c"))
+    e.expect(Request(tokens(60000, 4 * e.block_size), e.block_size).query("uncached"))
+
+
+def scenario_store_remove_clear(e):
+    a, b, c = common_requests(e.block_size)
+    e.ready()
+    e.publish(0, [e.store(0, a, 0, 3)])
+    e.publish(0, [e.store(0, a, 3, 6), e.store(0, b, 2, 5)])  # B reuses A's first 2 blocks
+    e.publish(0, [e.store(0, c)])
+    expect_common(e, a, b, c)
+    e.check()
+    e.publish(0, [e.remove(0, a, [4, 5]), e.remove(0, c, [1])])
+    e.check()
+    e.publish(0, [e.clear(0), e.store(0, c)])
+    e.check()
+    e.publish(0, [e.store(0, a, 0, 4)])
+
+
+def scenario_two_ranks(e):
+    assert len(e.ranks) == 2, "--dp-size 2"
+    a, b, c = common_requests(e.block_size)
+    e.ready()
+    e.publish(0, [e.store(0, a)])
+    e.publish(1, [e.store(1, a, 0, 2), e.store(1, b, 2, 5)])
+    e.publish(1, [e.store(1, c)])
+    expect_common(e, a, b, c)
+    e.check()
+    # Rank 1 evicts A's prefix: rank 0 still holds it, so A's depth is unchanged.
+    e.publish(1, [e.remove(1, a, [0, 1])])
+    e.publish(0, [e.remove(0, a, [5])])
+    e.check()
+    e.publish(1, [e.clear(1)])
+
+
+def scenario_gap_replay(e):
+    a, b, c = common_requests(e.block_size)
+    e.ready()
+    e.publish(0, [e.store(0, a, 0, 2)])
+    e.lose_next(0, 3)
+    e.publish(0, [e.store(0, a, 2, 6)])
+    e.publish(0, [e.store(0, b, 2, 5)])
+    e.publish(0, [e.remove(0, a, [5])])
+    # The next batch shows the gap; the producer asks the replay socket for the three lost.
+    e.publish(0, [e.store(0, c)])
+    expect_common(e, a, b, c)
+    e.check()
+    # A second gap, right after the first was filled.
+    e.lose_next(0, 1)
+    e.publish(0, [e.remove(0, c, [2])])
+    e.publish(0, [])
+
+
+def scenario_gap_unfilled(e):
+    a, b, c = common_requests(e.block_size)
+    e.ready()
+    e.publish(0, [e.store(0, a)])
+    e.check()
+    e.lose_next(0, 2, replayable=False)
+    e.publish(0, [e.store(0, b, 2, 5)])
+    e.publish(0, [e.remove(0, a, [3])])
+    # The producer cannot know what the lost batches did: it clears the member on its own...
+    e.clear(0)
+    e.emptied([0])
+    # ... and what the engine stores later comes back.
+    e.publish(0, [e.store(0, c)])
+    expect_common(e, a, b, c)
+
+
+def scenario_restart(e):
+    a, b, c = common_requests(e.block_size)
+    e.ready()
+    e.publish(0, [e.store(0, a), e.store(0, b, 2, 5)])
+    # Enough batches that the new publisher's sequence (from 0) is surely behind the old one's,
+    # whatever the new one loses before the subscriber reconnects.
+    for _ in range(300):
+        e.heartbeat(0)
+    expect_common(e, a, b, c)
+    e.check()
+    e.restart(0)
+    e.emptied([0])
+    e.publish(0, [e.store(0, c)])
+    e.publish(0, [e.store(0, a, 0, 2)])
+
+
+def scenario_lora(e):
+    bs = e.block_size
+    image = "0123456789abcdef" + "fedcba9876543210" * 3  # a vLLM multimodal hash (hex digest)
+    base = tokens(300, 6 * bs)
+    lora = Request(base, bs, lora_name="sql-lora")
+    salted = Request(base, bs, lora_name="sql-lora", cache_salt="tenant-a")
+    mm = Request(tokens(700, 5 * bs), bs, multimodal=[(image, bs + 1, 2 * bs)])
+    plain = Request(base[: 2 * bs], bs)
+    e.ready()
+    e.publish(0, [e.store(0, lora, 0, 3), e.store(0, salted, 0, 2)])
+    # Continuations: later blocks carry no salt in their extra keys (vLLM puts it on the
+    # request's first block only); the salt still scopes them, through the parent.
+    e.publish(0, [e.store(0, lora, 3, 6), e.store(0, salted, 2, 4)])
+    e.publish(0, [e.store(0, mm)])
+    e.expect(lora.query("lora"))
+    e.expect(lora.query("lora-name-missing", lora_name=""))
+    e.expect(lora.query("other-lora", lora_name="other"))
+    e.expect(salted.query("lora+salt", blocks=6))
+    e.expect(salted.query("lora+wrong-salt", cache_salt="tenant-b"))
+    e.expect(mm.query("multimodal"))
+    e.expect(Request(mm.tokens, bs).query("multimodal-tokens-without-image"))
+    e.expect(plain.query("no-lora"))
+    e.check()
+    e.publish(0, [e.remove(0, lora, [4, 5]), e.remove(0, salted, [0])])
+
+
+def scenario_bytes_hashes(e):
+    a, b, c = common_requests(e.block_size)
+    e.ready()
+    e.publish(0, [e.store(0, a), e.store(0, b, 2, 5)])
+    e.publish(0, [e.store(0, c)])
+    expect_common(e, a, b, c)
+    e.check()
+    e.publish(0, [e.remove(0, a, [3, 4, 5]), e.remove(0, b, [4])])
+
+
+def scenario_cpu_tier(e):
+    bs = e.block_size
+    a, b, c = common_requests(bs)
+    d = Request(tokens(8000, 4 * bs), bs)
+    wide = Request(tokens(9000, 4 * bs), 2 * bs)  # blocks of twice the configured size
+    e.ready()
+    e.publish(0, [e.store(0, a)])
+    # The offloading tier reports copies of A's blocks (same engine hashes) and B, on CPU.
+    e.publish(0, [e.store(0, a, 0, 4, medium=e.flavor.cpu), e.store(0, b, 2, 5, medium=e.flavor.cpu)])
+    e.publish(0, [e.store(0, c, medium=e.flavor.cpu)])
+    # A non-main KV-cache group, and a block size the producer is not configured for.
+    if e.flavor.name == "vllm":
+        e.publish(0, [e.store(0, d, group_idx=1)])
+    e.publish(0, [e.store(0, wide, block_size=2 * bs)])
+    expect_common(e, a, b, c)
+    e.expect(d.query("other-group"))
+    e.expect(Request(wide.tokens, bs).query("other-block-size"))
+    e.check()
+    # Evicting the CPU copies leaves the GPU blocks alone; a GPU eviction does not.
+    e.publish(0, [e.remove(0, a, [0, 1, 2, 3], medium=e.flavor.cpu)])
+    e.check()
+    e.publish(0, [e.remove(0, a, [5])])
+
+
+def scenario_positional(e):
+    """Older vLLM: positional tagged arrays with shorter and longer tails, through the real
+    publisher and batch (the batch itself is positional in every version)."""
+    a, b, c = common_requests(e.block_size)
+    h = e.flavor.engine_hash
+
+    def old_stored(req, first, end, cls):
+        e.store(0, req, first, end)  # the model
+        fields = dict(
+            block_hashes=[h(d) for d in req.digests[first:end]],
+            parent_block_hash=h(req.digests[first - 1]) if first else None,
+            token_ids=req.tokens[first * req.block_size : end * req.block_size],
+            block_size=e.block_size,
+            lora_id=None,
+        )
+        if cls is not OldBlockStoredShort:
+            fields["medium"] = "GPU"
+        if cls is OldBlockStoredLong:
+            fields.update(
+                lora_name=None,
+                extra_keys=None,
+                group_idx=0,
+                kv_cache_spec_kind=None,
+                kv_cache_spec_sliding_window=None,
+                locality="LOCAL",
+                ownership=None,
+                session_id="session-1",
+                lookahead_token_ids=None,
+                future_field=[1, 2, 3],
+            )
+        return cls(**fields)
+
+    def old_removed(req, blocks, cls):
+        e.remove(0, req, blocks)
+        hashes = [h(req.digests[i]) for i in blocks]
+        return cls(block_hashes=hashes, medium="GPU") if cls is OldBlockRemoved else cls(block_hashes=hashes)
+
+    e.ready()
+    e.publish(0, [old_stored(a, 0, 3, OldBlockStoredShort), old_stored(a, 3, 6, OldBlockStored)])
+    e.publish(0, [old_stored(b, 2, 5, OldBlockStoredLong), old_stored(c, 0, 3, OldBlockStored)])
+    expect_common(e, a, b, c)
+    e.check()
+    e.publish(0, [old_removed(a, [5], OldBlockRemovedShort), old_removed(b, [3, 4], OldBlockRemoved)])
+    e.check()
+    e.clear(0)
+    e.publish(0, [OldAllBlocksCleared(), old_stored(c, 0, 2, OldBlockStored)])
+
+
+def scenario_sglang(e):
+    """SGLang: signed int64 hashes (negative ones included), cache_salt on every store of a
+    request, LoRA name, a CPU_PINNED tier."""
+    bs = e.block_size
+    salted = Request(tokens(1200, 6 * bs), bs, cache_salt="tenant-a")
+    lora = Request(tokens(2400, 3 * bs), bs, lora_name="sg-lora")
+    a, b, c = common_requests(bs)
+    negative = [d for r in (salted, lora, a, b, c) for d in r.digests if e.flavor.engine_hash(d) < 0]
+    assert negative, "the scenario must publish negative int64 hashes"
+    e.ready()
+    e.publish(0, [e.store(0, salted, 0, 4), e.store(0, lora)])
+    e.publish(0, [e.store(0, salted, 4, 6), e.store(0, a), e.store(0, b, 2, 5)])
+    e.publish(0, [e.store(0, c, medium=e.flavor.cpu)])
+    expect_common(e, a, b, c)
+    e.expect(salted.query("salted"))
+    e.expect(salted.query("salt-missing", cache_salt=""))
+    e.expect(lora.query("lora"))
+    e.check()
+    e.publish(0, [e.remove(0, salted, [3, 4, 5]), e.remove(0, a, [1]), e.remove(0, c, [0], medium=e.flavor.cpu)])
+    e.check()
+    e.publish(0, [e.clear(0), e.store(0, lora, 0, 2)])
+
+
+class RawPublisher:
+    """A bare pyzmq PUB, no engine code: sends whatever payload it is given as
+    `[topic, sequence, payload]`, sequences in order from 0. Nothing is ever dropped on the
+    way out (no high-water mark), so the producer sees every frame."""
+
+    def __init__(self, endpoint):
+        import zmq
+
+        self.sock = zmq.Context.instance().socket(zmq.PUB)
+        self.sock.setsockopt(zmq.SNDHWM, 0)
+        self.sock.bind(endpoint)
+        self.seq = 0
+
+    def send(self, payload, sequence=None):
+        sequence = self.seq.to_bytes(8, "big") if sequence is None else sequence
+        self.sock.send_multipart([b"", sequence, payload], copy=False)
+        self.seq += 1
+
+    def close(self):
+        self.sock.close(linger=2000)
+
+
+def scenario_malformed(e):
+    """A well-behaved vLLM publisher (worker --worker-id) beside a raw PUB (worker
+    --bad-worker) that sends truncated msgpack, wrong types, a bad sequence frame, a 100 MB frame
+    and a flood of 100k unknown event types, then one valid store: the producer must keep both
+    members exact."""
+    assert e.args.bad_endpoint and e.args.bad_worker is not None, "--bad-endpoint, --bad-worker"
+    bs = e.block_size
+    encode = msgspec.msgpack.Encoder().encode
+    bad = RawPublisher(e.args.bad_endpoint)
+    e.extra_members[e.args.bad_worker] = {}
+    a, b, c = common_requests(bs)
+    d = Request(tokens(11000, 3 * bs), bs)
+    probe = Request([4_100_000_000] * bs, bs)
+
+    def bad_batch(events):
+        return encode(vllm_events.KVEventBatch(ts=time.time(), events=events, data_parallel_rank=0))
+
+    def bad_store(req):
+        hashes = [e.flavor.engine_hash(x) for x in req.digests]
+        return e.flavor.stored(req, 0, req.blocks, None, hashes, e.flavor.gpu, bs, 0)
+
+    e.ready(
+        extra=[{"worker_id": e.args.bad_worker, "dp_rank": 0, "canonical": probe.canonical}],
+        extra_tick=lambda: bad.send(bad_batch([vllm_events.AllBlocksCleared(), bad_store(probe)])),
+    )
+    bad.send(bad_batch([vllm_events.AllBlocksCleared()]))
+    e.publish(0, [e.store(0, a), e.store(0, b, 2, 5)])
+    expect_common(e, a, b, c)
+    e.check()
+
+    valid = bad_batch([bad_store(c)])
+    garbage = [
+        valid[: len(valid) // 2],  # truncated
+        valid[:1],
+        b"\xc1",  # a byte msgpack never uses
+        encode("a string, not a batch"),
+        encode(42),
+        encode([1.0, "events should be a list", 0]),
+        encode({"ts": "not a number", "events": None}),
+        encode([1.0, [{"type": "BlockStored", "block_hashes": "not a list", "parent_block_hash": None,
+                        "token_ids": [1, 2, 3, 4], "block_size": bs, "lora_id": None, "medium": "GPU"}], 0]),
+        encode([1.0, [{"type": "BlockStored", "block_hashes": [1.5], "parent_block_hash": None,
+                        "token_ids": ["x"] * bs, "block_size": -4, "lora_id": None, "medium": 3}], 0]),
+        encode([1.0, [{"type": "BlockRemoved", "block_hashes": [{"a": 1}], "medium": "GPU"}, 17, None], "rank"]),
+        encode([1.0, [["BlockStored"], ["BlockRemoved", "x"], []], 0]),
+    ]
+    for payload in garbage:
+        bad.send(payload)
+    bad.send(valid, sequence=b"\x00\x01")  # a sequence frame that is not 8 bytes
+    bad.seq -= 1  # that frame carried no sequence
+    bad.send(b"\xc1" * (100 << 20))  # 100 MB
+    for chunk in range(10):
+        flood = [{"type": "FutureKvEvent", "n": chunk * 10_000 + i, "payload": [i]} for i in range(10_000)]
+        bad.send(encode([time.time(), flood, 0]))
+    # Still listening after all of it: a valid store of the bad worker.
+    bad.send(bad_batch([bad_store(d)]))
+    e.extra_members[e.args.bad_worker] = {x: y for x, y in zip(d.digests, d.canonical)}
+    e.publish(0, [e.store(0, c)])
+    e.expect(d.query("bad-worker-valid-store"))
+    e.check()
+    bad.close()
+
+
+SCENARIOS = {
+    "store_remove_clear": (Vllm, scenario_store_remove_clear, {}),
+    "two_ranks": (Vllm, scenario_two_ranks, {}),
+    "connect": (lambda: Vllm(connect=True), scenario_store_remove_clear, {}),
+    "gap_replay": (Vllm, scenario_gap_replay, {}),
+    "gap_unfilled": (Vllm, scenario_gap_unfilled, {}),
+    "restart": (Vllm, scenario_restart, {}),
+    "lora": (Vllm, scenario_lora, {}),
+    "bytes_hashes": (lambda: Vllm(int_hashes=False), scenario_bytes_hashes, {}),
+    "cpu_tier": (Vllm, scenario_cpu_tier, {}),
+    "sglang_cpu_tier": (Sglang, scenario_cpu_tier, {}),
+    "positional": (Vllm, scenario_positional, {}),
+    "sglang": (Sglang, scenario_sglang, {}),
+    "malformed": (Vllm, scenario_malformed, {}),
+}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("scenario", choices=sorted(SCENARIOS))
+    parser.add_argument("--endpoint", required=True, help="rank 0's PUB endpoint, tcp://127.0.0.1:P")
+    parser.add_argument("--replay", default=None, help="rank 0's replay (ROUTER) endpoint")
+    parser.add_argument("--dp-size", type=int, default=1)
+    parser.add_argument("--worker-id", type=int, required=True)
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--bad-endpoint", default=None, help="malformed: the raw PUB's endpoint")
+    parser.add_argument("--bad-worker", type=int, default=None, help="malformed: its worker id")
+    parser.add_argument("--out", required=True, help="where to write the final model (JSON)")
+    args = parser.parse_args()
+    make, run, options = SCENARIOS[args.scenario]
+    engine = Engine(make(), args, **options)
+    run(engine)
+    engine.finish()
+
+
+if __name__ == "__main__":
+    main()

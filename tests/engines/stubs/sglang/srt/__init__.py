@@ -1,0 +1,1 @@
+# Stub package (scripts/engine-venv.sh): only the modules the publisher imports.

@@ -1,0 +1,184 @@
+//! Issue 9, §5: the real vLLM 0.33.0 and SGLang 0.5.23 publishers (their own
+//! `ZmqEventPublisher` and event classes, run by `tests/engines/drive.py` in the venv of
+//! `scripts/engine-venv.sh`) publish to a real `ckf-producer` over ZMQ; after every step of
+//! each scenario the producer holds exactly the canonical hashes of the engine's model
+//! (`GetMemberBlocks`) and the indexer answers token queries (`FindMatchesByTokens`) with the
+//! model's depths: cached prefix, partly cached, uncached, LoRA / salt / multimodal scoped.
+
+use ckf_e2e::cluster::{Indexer, IndexerSpec, Producer, ProducerSpec, TestDir, is_active};
+use ckf_e2e::engines::{Driver, EngineSpec, engine_python, run_steps};
+use ckf_e2e::metrics;
+
+/// Tokens per KV block in every scenario (not the default 16, so the setting is exercised).
+const BLOCK_SIZE: u32 = 4;
+/// The engine's worker id.
+const WORKER: u64 = 7;
+
+/// A producer counter a scenario must have moved: `(metric, labels, at least)`; the
+/// `publisher` label (`7/0`) is added.
+type Counted = (&'static str, &'static [(&'static str, &'static str)], f64);
+
+const GAPS: &str = "ckf_producer_engine_gaps_total";
+const REPLAYS: &str = "ckf_producer_engine_replays_total";
+const CLEARED: &str = "ckf_producer_engine_members_cleared_total";
+const SKIPPED: &str = "ckf_producer_engine_skipped_events_total";
+
+/// One scenario of `drive.py` against an indexer (lane `dc-a`) and a producer configured with
+/// the engine (`--engine`, `--block-size`); then the producer's counters in `counted`.
+async fn scenario(name: &str, dp_size: u16, counted: &[Counted]) {
+    scenario_with(name, EngineSpec::new(WORKER, dp_size), counted).await;
+}
+
+/// As [`scenario`], for a given engine.
+async fn scenario_with(name: &str, engine: EngineSpec, counted: &[Counted]) {
+    let Some(python) = engine_python() else {
+        return;
+    };
+    let dir = TestDir::new(&format!("engines-{name}"));
+    let indexer = Indexer::start(
+        &dir,
+        &IndexerSpec {
+            lanes: vec!["dc-a".into()],
+            block_size: Some(BLOCK_SIZE),
+            ..IndexerSpec::default()
+        },
+    );
+    let spec = ProducerSpec {
+        block_size: Some(BLOCK_SIZE),
+        engines: vec![engine.flag()],
+        ..ProducerSpec::new("dc-a")
+    };
+    let producer = Producer::start(&dir, "producer-a", &spec, &[indexer.url()]);
+    indexer.wait_lane("dc-a", "active", is_active).await;
+    let mut driver = Driver::spawn(&python, &dir, name, &engine, BLOCK_SIZE);
+    let model = run_steps(&mut driver, producer.addr, indexer.addr, "dc-a").await;
+    assert!(
+        !model.queries.is_empty(),
+        "{name}: the scenario checks token queries"
+    );
+    let text = producer.metrics().expect("scrape the producer");
+    let publisher = format!("{WORKER}/0");
+    for &(metric, labels, at_least) in counted {
+        let mut all = vec![("publisher", publisher.as_str())];
+        all.extend_from_slice(labels);
+        let value = metrics::value(&text, metric, &all).unwrap_or(0.0);
+        assert!(
+            value >= at_least,
+            "{name}: {metric}{all:?} = {value}, expected at least {at_least}"
+        );
+    }
+}
+
+/// vLLM: stores (one with a prefix shared with another request), removes, a clear, stores again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_store_remove_clear() {
+    scenario("store_remove_clear", 1, &[]).await;
+}
+
+/// vLLM's publisher exactly as shipped, given a concrete host: it connects its PUB to the
+/// producer's bound SUB (`mode=bind`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_connecting_to_a_binding_producer() {
+    let engine = EngineSpec {
+        producer_binds: true,
+        ..EngineSpec::new(WORKER, 1)
+    };
+    scenario_with("connect", engine, &[]).await;
+}
+
+/// vLLM with two data-parallel ranks: a publisher per rank on port + r, members (7, 0) and
+/// (7, 1) kept apart; the lane answers for their union.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_two_dp_ranks() {
+    scenario("two_ranks", 2, &[]).await;
+}
+
+/// vLLM: three batches never reach the producer; the gap is filled from the publisher's real
+/// replay socket, then a second gap right after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_gap_filled_by_replay() {
+    scenario(
+        "gap_replay",
+        1,
+        &[(GAPS, &[], 2.0), (REPLAYS, &[("outcome", "filled")], 2.0)],
+    )
+    .await;
+}
+
+/// vLLM: lost batches the replay buffer no longer has: the producer clears the member itself,
+/// later stores come back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_gap_the_replay_cannot_fill() {
+    scenario(
+        "gap_unfilled",
+        1,
+        &[
+            (REPLAYS, &[("outcome", "failed")], 1.0),
+            (CLEARED, &[("reason", "gap")], 1.0),
+        ],
+    )
+    .await;
+}
+
+/// vLLM restarts: a new publisher on the same ports, sequence from 0: the member is cleared,
+/// then holds only the new stores.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_publisher_restart() {
+    scenario("restart", 1, &[(CLEARED, &[("reason", "restart")], 1.0)]).await;
+}
+
+/// vLLM LoRA (`lora_name` and the per-block extra keys vLLM builds), a cache salt on the first
+/// block only (continuations inherit it), a multimodal item across two blocks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_lora_salt_and_multimodal() {
+    scenario("lora", 1, &[]).await;
+}
+
+/// vLLM with `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES` off: 32-byte digests as block hashes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_bytes_block_hashes() {
+    scenario("bytes_hashes", 1, &[]).await;
+}
+
+/// vLLM: CPU-tier stores and removals (same engine hashes as GPU blocks), a non-main KV-cache
+/// group and a foreign block size never enter the filter nor touch GPU blocks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_cpu_tier_other_group_and_block_size_stay_out() {
+    scenario(
+        "cpu_tier",
+        1,
+        &[
+            // CPU stores: A's first 4 blocks, B's 3, C's 3; then the removal of A's 4 copies.
+            (SKIPPED, &[("reason", "medium")], 14.0),
+            (SKIPPED, &[("reason", "group")], 4.0),
+            (SKIPPED, &[("reason", "block_size")], 2.0),
+        ],
+    )
+    .await;
+}
+
+/// SGLang: `CPU_PINNED` stores and removals, a foreign block size: never in the filter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sglang_cpu_pinned_tier_stays_out() {
+    scenario(
+        "sglang_cpu_tier",
+        1,
+        &[
+            (SKIPPED, &[("reason", "medium")], 14.0),
+            (SKIPPED, &[("reason", "block_size")], 2.0),
+        ],
+    )
+    .await;
+}
+
+/// Older vLLM encoding: positional tagged arrays, with shorter and longer tails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_older_positional_events() {
+    scenario("positional", 1, &[]).await;
+}
+
+/// SGLang: signed (negative) int64 block hashes, `cache_salt` on every store, a LoRA name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sglang_signed_hashes_and_cache_salt() {
+    scenario("sglang", 1, &[]).await;
+}
