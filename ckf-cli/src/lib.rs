@@ -16,6 +16,7 @@
 //! | [`stats`] | percentile summaries (`hdrhistogram`) |
 //! | [`events`] | a serve's KV events as a `ckf.v1` batch; per-source sequences |
 //! | [`probe`] | visibility probes: event-to-visible lag and per-DC watermarks |
+//! | [`publisher`] | a built-in engine publisher: vLLM's ZMQ PUB + ROUTER replay protocol |
 //! | [`accuracy`] | judging answers against the oracle (over/under-estimates by cause) |
 //! | [`live`] | the live replay driver against producers and an indexer |
 //! | [`report`] | the report (text and JSON) |
@@ -34,6 +35,7 @@ pub mod live;
 pub mod oracle;
 pub mod policy;
 pub mod probe;
+pub mod publisher;
 pub mod report;
 pub mod scrape;
 pub mod sim;
