@@ -45,9 +45,9 @@ pub mod mutator;
 pub mod publication;
 pub mod search;
 pub mod sources;
-pub mod tokens;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod tokens;
 
 pub use addressing::{Addressing, FormatError, Location, TableFormat};
 pub use identity::{

@@ -17,8 +17,8 @@
 //!   cache salt is given. Request-wide: every block of one request uses the same seed.
 //! - **block hash** ([`block_hash`]): `xxh3_64_with_seed(bytes, block seed)` where `bytes` are
 //!   the block's token ids as `u32` little-endian, followed, when the block overlaps multimodal
-//!   items, by their identifier hashes ([`mm_identifier_hash`]) sorted ascending, each as `u64`
-//!   little-endian.
+//!   items, by their distinct identifier hashes ([`mm_identifier_hash`]) sorted ascending, each
+//!   as `u64` little-endian.
 //! - **sequence hash** ([`next_sequence_hash`]): the first block's sequence hash is its block
 //!   hash; block `i > 0` has `xxh3_64_with_seed(le(seq[i-1]) ++ le(block[i]), 1337)` (the chain
 //!   seed is always 1337, whatever the block seed).
@@ -74,8 +74,13 @@ pub fn mm_identifier_hash(identifier: &str) -> Option<u64> {
     Some(xxh3_64(identifier.as_bytes()))
 }
 
-/// The block hash of one full block: its tokens (`u32` each), then the multimodal identifier
-/// hashes of the items it overlaps (any order: they are sorted here), under `seed`.
+/// The block hash of one full block: its tokens (`u32` each), then the distinct multimodal
+/// identifier hashes of the items it overlaps (any order, duplicates allowed: they are sorted
+/// and deduplicated here), under `seed`.
+///
+/// Deduplication follows Dynamo's request side (`RequestExtraInfo::to_block_level` lists an
+/// item once per block however many of its ranges fall in it), so an image repeated inside one
+/// block names the block the same way whether it comes from a query or from an engine event.
 pub fn block_hash(tokens: &[u32], mm_hashes: &[u64], seed: BlockSeed) -> u64 {
     let mut bytes = Vec::with_capacity(tokens.len() * 4 + mm_hashes.len() * 8);
     for token in tokens {
@@ -84,6 +89,7 @@ pub fn block_hash(tokens: &[u32], mm_hashes: &[u64], seed: BlockSeed) -> u64 {
     if !mm_hashes.is_empty() {
         let mut sorted = mm_hashes.to_vec();
         sorted.sort_unstable();
+        sorted.dedup();
         for hash in sorted {
             bytes.extend_from_slice(&hash.to_le_bytes());
         }
@@ -171,6 +177,170 @@ pub fn sequence_hashes(
     Ok(hashes)
 }
 
+/// Largest block size (tokens per KV block) a service accepts; the smallest is 1. Engines use
+/// 16 to 512 tokens per block; the bound keeps a configuration typo from meaning "one block
+/// per request".
+pub const MAX_BLOCK_SIZE: u32 = 65_536;
+
+/// A multimodal item as a query names it: its identifier (hashed with
+/// [`mm_identifier_hash`]) and the token positions `[offset, offset + length)` it occupies in
+/// the whole request (`length` 0: the item is ignored, as in [`sequence_hashes`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MultimodalItem {
+    /// vLLM's 64-hex digest, or any other non-empty identifier.
+    pub identifier: String,
+    /// First token position (0-based, in the whole request).
+    pub offset: u64,
+    /// Number of token positions.
+    pub length: u64,
+}
+
+/// A prefix-match query by token ids (the core value of `ckf.v1.FindMatchesByTokensRequest`):
+/// the request's tokens, its request-wide LoRA name and cache salt (`None` = absent, as `""`),
+/// its multimodal items, and the block size the caller assumes (`None`: the indexer's).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TokenQuery {
+    /// Token ids in request order.
+    pub token_ids: Vec<u32>,
+    /// LoRA adapter name.
+    pub lora_name: Option<String>,
+    /// Cache salt (vLLM `cache_salt`, Dynamo cache namespace).
+    pub cache_salt: Option<String>,
+    /// Multimodal items.
+    pub multimodal: Vec<MultimodalItem>,
+    /// Tokens per block the caller assumes; must equal the indexer's when given.
+    pub block_size: Option<u32>,
+}
+
+/// What the answering side fixes for every [`TokenQuery`]: its block size and the most blocks
+/// one query may probe (the same bound as a query by hashes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenQueryRules {
+    /// Tokens per KV block, `1..=MAX_BLOCK_SIZE`.
+    pub block_size: u32,
+    /// Most blocks per query; the token limit is `max_blocks * block_size`.
+    pub max_blocks: u32,
+}
+
+impl TokenQueryRules {
+    /// Most token ids one query may carry: `max_blocks * block_size` (a query within it has at
+    /// most `max_blocks` full blocks).
+    pub fn max_tokens(&self) -> u64 {
+        u64::from(self.max_blocks) * u64::from(self.block_size)
+    }
+}
+
+/// Why a [`TokenQuery`] is refused. Every variant names the field at fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TokenQueryError {
+    /// The query's block size is not the indexer's (its hashes would name other blocks).
+    #[error(
+        "block_size {requested} differs from the indexer's block_size {configured} \
+         (send 0 to use the indexer's)"
+    )]
+    BlockSizeMismatch {
+        /// The query's block size.
+        requested: u32,
+        /// The indexer's.
+        configured: u32,
+    },
+    /// More tokens than `max_blocks * block_size`.
+    #[error(
+        "{tokens} token ids is more than max_query_blocks {max_blocks} x block_size \
+         {block_size} = {limit}"
+    )]
+    TooManyTokens {
+        /// Token ids in the query.
+        tokens: usize,
+        /// The limit.
+        limit: u64,
+        /// The block limit it derives from.
+        max_blocks: u32,
+        /// The block size it derives from.
+        block_size: u32,
+    },
+    /// A multimodal item with an empty identifier (it would hash to nothing).
+    #[error("multimodal[{index}].identifier is empty")]
+    EmptyIdentifier {
+        /// The item's position in the query.
+        index: usize,
+    },
+    /// A multimodal item whose end `offset + length` does not fit a `u64`.
+    #[error("multimodal[{index}]: offset {offset} + length {length} overflows 64 bits")]
+    SpanOverflow {
+        /// The item's position in the query.
+        index: usize,
+        /// Its offset.
+        offset: u64,
+        /// Its length.
+        length: u64,
+    },
+    /// The rules' block size is 0 (a configuration the services refuse at start).
+    #[error(transparent)]
+    Hash(#[from] TokenHashError),
+}
+
+impl TokenQuery {
+    /// The canonical sequence hashes this query probes: every full block of `token_ids` under
+    /// `rules.block_size` and the request's seed ([`BlockSeed::new`]) with its multimodal
+    /// items, exactly as [`sequence_hashes`].
+    ///
+    /// No tokens, or fewer than one block, give an empty sequence: a query by hashes with no
+    /// hashes, answered with depth 0 for every ready lane (a short request is not an error; it
+    /// simply matches nothing yet).
+    ///
+    /// # Errors
+    /// [`TokenQueryError`], checked in this order: a block size other than `rules.block_size`,
+    /// more than [`TokenQueryRules::max_tokens`] tokens, then per multimodal item (first one at
+    /// fault) an empty identifier or an `offset + length` overflow.
+    pub fn sequence_hashes(&self, rules: &TokenQueryRules) -> Result<Vec<u64>, TokenQueryError> {
+        if let Some(requested) = self.block_size
+            && requested != rules.block_size
+        {
+            return Err(TokenQueryError::BlockSizeMismatch {
+                requested,
+                configured: rules.block_size,
+            });
+        }
+        if self.token_ids.len() as u64 > rules.max_tokens() {
+            return Err(TokenQueryError::TooManyTokens {
+                tokens: self.token_ids.len(),
+                limit: rules.max_tokens(),
+                max_blocks: rules.max_blocks,
+                block_size: rules.block_size,
+            });
+        }
+        let spans = self
+            .multimodal
+            .iter()
+            .enumerate()
+            .map(|(index, item)| {
+                let hash = mm_identifier_hash(&item.identifier)
+                    .ok_or(TokenQueryError::EmptyIdentifier { index })?;
+                if item.offset.checked_add(item.length).is_none() {
+                    return Err(TokenQueryError::SpanOverflow {
+                        index,
+                        offset: item.offset,
+                        length: item.length,
+                    });
+                }
+                Ok(MultimodalSpan {
+                    hash,
+                    offset: item.offset,
+                    length: item.length,
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let seed = BlockSeed::new(self.cache_salt.as_deref(), self.lora_name.as_deref());
+        Ok(sequence_hashes(
+            &self.token_ids,
+            rules.block_size as usize,
+            seed,
+            &spans,
+        )?)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -237,10 +407,145 @@ mod tests {
 
     #[test]
     fn partial_blocks_are_ignored_and_zero_block_size_refused() {
-        assert!(sequence_hashes(&[1, 2, 3], 4, BlockSeed::DEFAULT, &[]).unwrap().is_empty());
+        assert!(
+            sequence_hashes(&[1, 2, 3], 4, BlockSeed::DEFAULT, &[])
+                .unwrap()
+                .is_empty()
+        );
         assert_eq!(
             sequence_hashes(&[1], 0, BlockSeed::DEFAULT, &[]),
             Err(TokenHashError::ZeroBlockSize)
+        );
+    }
+
+    fn rules() -> TokenQueryRules {
+        TokenQueryRules {
+            block_size: 4,
+            max_blocks: 3,
+        }
+    }
+
+    #[test]
+    fn a_token_query_hashes_like_sequence_hashes_with_its_seed_and_items() {
+        let query = TokenQuery {
+            token_ids: (0..12).collect(),
+            lora_name: Some("adapter".into()),
+            cache_salt: Some("tenant".into()),
+            multimodal: vec![MultimodalItem {
+                identifier: "img-1".into(),
+                offset: 5,
+                length: 2,
+            }],
+            block_size: Some(4),
+        };
+        let seed = BlockSeed::new(Some("tenant"), Some("adapter"));
+        let span = MultimodalSpan {
+            hash: xxh3_64(b"img-1"),
+            offset: 5,
+            length: 2,
+        };
+        let expected = sequence_hashes(&query.token_ids, 4, seed, &[span]).unwrap();
+        assert_eq!(expected.len(), 3);
+        assert_eq!(query.sequence_hashes(&rules()), Ok(expected.clone()));
+        // The indexer's block size is used when the query names none.
+        let query = TokenQuery {
+            block_size: None,
+            ..query
+        };
+        assert_eq!(query.sequence_hashes(&rules()), Ok(expected));
+        // Short queries are an empty sequence, not an error.
+        let short = TokenQuery {
+            token_ids: vec![1, 2, 3],
+            ..TokenQuery::default()
+        };
+        assert_eq!(short.sequence_hashes(&rules()), Ok(vec![]));
+        assert_eq!(TokenQuery::default().sequence_hashes(&rules()), Ok(vec![]));
+    }
+
+    #[test]
+    fn a_token_query_is_refused_naming_the_field_at_fault() {
+        let ok = TokenQuery {
+            token_ids: (0..12).collect(),
+            ..TokenQuery::default()
+        };
+        assert_eq!(ok.sequence_hashes(&rules()).unwrap().len(), 3);
+        let wrong_size = TokenQuery {
+            block_size: Some(16),
+            ..ok.clone()
+        };
+        let err = wrong_size.sequence_hashes(&rules()).unwrap_err();
+        assert_eq!(
+            err,
+            TokenQueryError::BlockSizeMismatch {
+                requested: 16,
+                configured: 4
+            }
+        );
+        assert!(err.to_string().contains("block_size 16"), "{err}");
+        assert!(err.to_string().contains("block_size 4"), "{err}");
+
+        let long = TokenQuery {
+            token_ids: (0..13).collect(),
+            ..TokenQuery::default()
+        };
+        let err = long.sequence_hashes(&rules()).unwrap_err();
+        assert!(matches!(
+            err,
+            TokenQueryError::TooManyTokens {
+                tokens: 13,
+                limit: 12,
+                ..
+            }
+        ));
+        assert!(err.to_string().contains("13 token ids"), "{err}");
+
+        let item = |identifier: &str, offset, length| MultimodalItem {
+            identifier: identifier.into(),
+            offset,
+            length,
+        };
+        let empty = TokenQuery {
+            multimodal: vec![item("a", 0, 1), item("", 0, 1)],
+            ..ok.clone()
+        };
+        assert_eq!(
+            empty.sequence_hashes(&rules()),
+            Err(TokenQueryError::EmptyIdentifier { index: 1 })
+        );
+        let overflow = TokenQuery {
+            multimodal: vec![item("a", u64::MAX, 1)],
+            ..ok.clone()
+        };
+        assert_eq!(
+            overflow.sequence_hashes(&rules()),
+            Err(TokenQueryError::SpanOverflow {
+                index: 0,
+                offset: u64::MAX,
+                length: 1
+            })
+        );
+        // The largest span that fits is accepted.
+        let edge = TokenQuery {
+            multimodal: vec![item("a", u64::MAX - 1, 1)],
+            ..ok
+        };
+        assert!(edge.sequence_hashes(&rules()).is_ok());
+        let zero = TokenQueryRules {
+            block_size: 0,
+            max_blocks: 3,
+        };
+        assert_eq!(
+            TokenQuery::default().sequence_hashes(&zero),
+            Err(TokenQueryError::Hash(TokenHashError::ZeroBlockSize))
+        );
+    }
+
+    #[test]
+    fn a_repeated_multimodal_hash_counts_once() {
+        let seed = BlockSeed::DEFAULT;
+        assert_eq!(
+            block_hash(&[1, 2], &[7, 3, 7], seed),
+            block_hash(&[1, 2], &[3, 7], seed)
         );
     }
 }

@@ -1,1 +1,115 @@
-//! (placeholder: filled by its owner)
+//! Decoded engine batches and events.
+//!
+//! Shapes follow the KV-event structs of vLLM (`vllm/distributed/kv_events.py`) and SGLang
+//! (`sglang/srt/disaggregation/kv_events.py`), with every engine block hash reduced to 64 bits
+//! (see [`crate::wire`] for the reduction). Nothing here is canonical yet: the engine hashes
+//! become canonical hashes in [`crate::lineage`].
+
+/// One decoded `EventBatch`: a publisher's payload for one sequence number.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct EngineBatch {
+    /// The batch timestamp, seconds since the Unix epoch (as the engine sent it; 0 when the
+    /// engine sent an integer 0).
+    pub ts: f64,
+    /// The data-parallel rank the batch names (`data_parallel_rank` in vLLM, `attn_dp_rank` in
+    /// SGLang), `None` when absent or nil: the producer then uses the socket's own rank.
+    pub dp_rank: Option<u32>,
+    /// The events that decoded, in the batch order. Malformed events are not here (they are
+    /// counted in [`EngineBatch::notes`]).
+    pub events: Vec<EngineEvent>,
+    /// What the decoder tolerated: unknown fields, unknown event types, skipped events.
+    pub notes: DecodeNotes,
+}
+
+/// One engine event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EngineEvent {
+    /// `BlockStored`: the engine now holds these blocks.
+    Stored(StoredBlocks),
+    /// `BlockRemoved`: the engine evicted these blocks.
+    Removed(RemovedBlocks),
+    /// `AllBlocksCleared`: the engine dropped every block (of this rank).
+    AllCleared,
+    /// An event whose type this crate does not know (kept so it can be counted by kind).
+    Unknown {
+        /// The event's type tag as sent (`"type"` of a map, first element of an array).
+        kind: String,
+    },
+}
+
+/// A `BlockStored` event.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct StoredBlocks {
+    /// Engine hashes of the stored blocks, in chain order (block k's parent is block k-1).
+    pub block_hashes: Vec<u64>,
+    /// Engine hash of the block preceding the first one, `None` for a request's first block.
+    pub parent: Option<u64>,
+    /// The tokens of every stored block, concatenated: `block_hashes.len() * block_size`
+    /// tokens for a well-formed event (checked by [`crate::filters`], not by the decoder).
+    pub token_ids: Vec<u32>,
+    /// Tokens per block, as the engine sent it.
+    pub block_size: u32,
+    /// vLLM/SGLang `lora_name` (the adapter name that enters the block seed).
+    pub lora_name: Option<String>,
+    /// SGLang `cache_salt` (request-wide). vLLM carries the salt in the extra keys instead.
+    pub cache_salt: Option<String>,
+    /// Storage medium (`"GPU"`, `"CPU"`, ...), `None` when nil or absent.
+    pub medium: Option<String>,
+    /// vLLM KV-cache group index (hybrid models), `None` when nil or absent.
+    pub group_idx: Option<u32>,
+    /// vLLM `kv_cache_spec_sliding_window`: the window of a sliding-window group.
+    pub sliding_window: Option<u32>,
+    /// vLLM `kv_cache_spec_kind` (e.g. `"full_attention"`, `"sliding_window"`, `"mamba"`).
+    pub spec_kind: Option<String>,
+    /// vLLM `extra_keys` decoded per block: one entry per block, or empty when the event had
+    /// none (nil or absent).
+    pub block_extras: Vec<BlockExtras>,
+}
+
+/// The extra keys of one stored block (vLLM `extra_keys[k]`), sorted into what they mean.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct BlockExtras {
+    /// Multimodal identifier hashes ([`ckf_core::tokens::mm_identifier_hash`] of each
+    /// `[identifier, offset]` entry), in the order sent.
+    pub mm_hashes: Vec<u64>,
+    /// A string entry that is not the event's `lora_name`: the request's cache salt.
+    pub salt: Option<String>,
+    /// A string entry equal to the event's `lora_name`.
+    pub lora_name: Option<String>,
+    /// Any other entry (bin, int, ...): `xxh3_64` (seed 0) of the entry's msgpack encoding, so
+    /// an unknown key still separates blocks that differ by it.
+    pub other: Vec<u64>,
+}
+
+/// A `BlockRemoved` event.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RemovedBlocks {
+    /// Engine hashes of the evicted blocks.
+    pub block_hashes: Vec<u64>,
+    /// Storage medium, `None` when nil or absent.
+    pub medium: Option<String>,
+    /// vLLM KV-cache group index, `None` when nil or absent.
+    pub group_idx: Option<u32>,
+}
+
+/// What the decoder tolerated in one batch. None of it is fatal.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DecodeNotes {
+    /// Map keys of events or of the batch that this crate does not know (ignored), plus extra
+    /// trailing elements of positional events beyond the known fields.
+    pub unknown_fields: u32,
+    /// Events of an unknown type (returned as [`EngineEvent::Unknown`]).
+    pub unknown_events: u32,
+    /// Events skipped because a known field had the wrong type or broke a limit; the rest of
+    /// the batch still decoded.
+    pub malformed_events: u32,
+    /// Why the first malformed event was skipped (for logs).
+    pub first_malformed: Option<String>,
+}
+
+impl DecodeNotes {
+    /// Whether nothing was tolerated.
+    pub fn is_clean(&self) -> bool {
+        self.unknown_fields == 0 && self.unknown_events == 0 && self.malformed_events == 0
+    }
+}

@@ -1,1 +1,113 @@
-//! (placeholder: filled by its owner)
+//! ZMQ multipart frames of the engines' KV-event publishers.
+//!
+//! vLLM's `ZmqEventPublisher` (and SGLang's) send `[topic, sequence, payload]` on the PUB
+//! socket, `sequence` an 8-byte big-endian signed integer; the replay (ROUTER) socket answers
+//! a request with `[sequence, payload]` parts per buffered batch and ends with sequence `-1`
+//! and an empty payload.
+
+use thiserror::Error;
+
+/// One publisher message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineFrame {
+    /// The topic part (empty for replay replies, which carry none).
+    pub topic: Vec<u8>,
+    /// The publisher's sequence number of this batch (`-1`: end of a replay).
+    pub sequence: i64,
+    /// The msgpack `EventBatch` (empty for a replay end marker).
+    pub payload: Vec<u8>,
+}
+
+/// Why a multipart message is not an engine frame.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum FrameError {
+    /// Neither 2 nor 3 parts.
+    #[error("expected 2 or 3 frame parts ([seq, payload] or [topic, seq, payload]), got {0}")]
+    PartCount(usize),
+    /// The sequence part is not 8 bytes.
+    #[error("sequence part must be 8 bytes (big-endian i64), got {0}")]
+    SequenceLength(usize),
+}
+
+impl FrameError {
+    /// A short stable label for metrics: `"parts"` or `"sequence"`.
+    pub fn kind_label(&self) -> &'static str {
+        match self {
+            Self::PartCount(_) => "parts",
+            Self::SequenceLength(_) => "sequence",
+        }
+    }
+}
+
+impl EngineFrame {
+    /// Parses `[topic, seq, payload]` (live) or `[seq, payload]` (replay reply); `seq` is 8
+    /// bytes big-endian, read as `i64`.
+    ///
+    /// # Errors
+    /// [`FrameError::PartCount`] for any other number of parts,
+    /// [`FrameError::SequenceLength`] when the sequence part is not 8 bytes.
+    pub fn parse(parts: &[&[u8]]) -> Result<EngineFrame, FrameError> {
+        let (topic, seq, payload) = match parts {
+            [topic, seq, payload] => (*topic, *seq, *payload),
+            [seq, payload] => (&[][..], *seq, *payload),
+            _ => return Err(FrameError::PartCount(parts.len())),
+        };
+        let seq: [u8; 8] = seq
+            .try_into()
+            .map_err(|_| FrameError::SequenceLength(seq.len()))?;
+        Ok(EngineFrame {
+            topic: topic.to_vec(),
+            sequence: i64::from_be_bytes(seq),
+            payload: payload.to_vec(),
+        })
+    }
+
+    /// Whether this is the end marker of a replay: sequence `-1` or an empty payload.
+    pub fn is_replay_end(&self) -> bool {
+        self.sequence == -1 || self.payload.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn live_and_replay_frames() {
+        let seq = 258i64.to_be_bytes();
+        let f = EngineFrame::parse(&[b"kv", &seq, b"\x92\x00\x90"]).unwrap();
+        assert_eq!(
+            f,
+            EngineFrame {
+                topic: b"kv".to_vec(),
+                sequence: 258,
+                payload: b"\x92\x00\x90".to_vec()
+            }
+        );
+        assert!(!f.is_replay_end());
+        let f = EngineFrame::parse(&[&seq, b"x"]).unwrap();
+        assert_eq!((f.topic.len(), f.sequence), (0, 258));
+        let end = EngineFrame::parse(&[&(-1i64).to_be_bytes(), b""]).unwrap();
+        assert!(end.is_replay_end());
+        assert!(EngineFrame::parse(&[&seq, b""]).unwrap().is_replay_end());
+        assert!(
+            EngineFrame::parse(&[&(-1i64).to_be_bytes(), b"x"])
+                .unwrap()
+                .is_replay_end()
+        );
+    }
+
+    #[test]
+    fn bad_frames() {
+        assert_eq!(EngineFrame::parse(&[]), Err(FrameError::PartCount(0)));
+        assert_eq!(EngineFrame::parse(&[b"x"]), Err(FrameError::PartCount(1)));
+        let four: [&[u8]; 4] = [b"", b"", b"", b""];
+        assert_eq!(EngineFrame::parse(&four), Err(FrameError::PartCount(4)));
+        let e = EngineFrame::parse(&[b"t", b"1234567", b"p"]).unwrap_err();
+        assert_eq!(
+            (e.clone(), e.kind_label()),
+            (FrameError::SequenceLength(7), "sequence")
+        );
+        assert_eq!(FrameError::PartCount(1).kind_label(), "parts");
+    }
+}

@@ -1,1 +1,441 @@
-//! (placeholder: filled by its owner)
+//! Per member: engine block hash -> canonical block hash.
+//!
+//! (Rule in the crate README, "Lineage rule".)
+
+use std::collections::hash_map::Entry;
+use std::collections::{BTreeMap, HashMap};
+
+use ckf_core::dc::{KvEvent, KvEventKind, MemberId};
+use ckf_core::tokens::{self, BlockSeed};
+
+use crate::event::{EngineEvent, RemovedBlocks, StoredBlocks};
+use crate::filters::{EngineFilters, Skip};
+
+/// Why (part of) an event was not turned into a [`KvEvent`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum SkipReason {
+    /// The filter rule refused the event ([`crate::filters`]).
+    Filter(Skip),
+    /// A store whose parent engine hash this member's lineage does not know: the canonical
+    /// chain cannot be computed, so nothing of the event is applied.
+    Orphan,
+    /// A removed engine hash this member's lineage does not know (a no-op).
+    UnknownRemoval,
+    /// A stored engine hash already known with a different canonical hash (an engine hash
+    /// collision or an engine bug): the first mapping is kept, the block is not re-applied.
+    Conflict,
+    /// An event of a type this crate does not know.
+    UnknownEvent,
+}
+
+impl SkipReason {
+    /// A short stable label for metrics: the [`Skip::label`], or `"orphan"`,
+    /// `"unknown_removal"`, `"conflict"`, `"unknown_event"`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Filter(s) => s.label(),
+            Self::Orphan => "orphan",
+            Self::UnknownRemoval => "unknown_removal",
+            Self::Conflict => "conflict",
+            Self::UnknownEvent => "unknown_event",
+        }
+    }
+}
+
+/// The result of translating one engine event.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Translation {
+    /// The event to apply to `DcCkfState`, if any (block hashes canonical).
+    pub kv_event: Option<KvEvent>,
+    /// What was skipped, with the number of blocks (1 for an event without blocks); each
+    /// reason at most once.
+    pub skipped: Vec<(SkipReason, u32)>,
+}
+
+impl Translation {
+    /// Adds `blocks` to `reason`'s count.
+    fn skip(&mut self, reason: SkipReason, blocks: usize) {
+        let blocks = u32::try_from(blocks).unwrap_or(u32::MAX);
+        match self.skipped.iter_mut().find(|(r, _)| *r == reason) {
+            Some((_, n)) => *n = n.saturating_add(blocks),
+            None => self.skipped.push((reason, blocks)),
+        }
+    }
+}
+
+/// One known engine block of a member.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Block {
+    canonical: u64,
+    seed: BlockSeed,
+}
+
+#[derive(Debug, Clone, Default)]
+struct MemberLineage {
+    /// Engine hash -> canonical hash and the seed of its chain.
+    blocks: HashMap<u64, Block>,
+    /// Canonical hash -> number of engine hashes of this member mapping to it (>= 1).
+    refs: HashMap<u64, u32>,
+}
+
+/// Every member's engine-to-canonical map (see the module docs and the crate README).
+#[derive(Debug, Clone, Default)]
+pub struct Lineage {
+    members: BTreeMap<MemberId, MemberLineage>,
+}
+
+impl Lineage {
+    /// An empty lineage.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Translates one engine event of `member` into a canonical [`KvEvent`], updating the
+    /// lineage. Pure bookkeeping: the caller applies `kv_event` to the state.
+    pub fn translate(
+        &mut self,
+        member: MemberId,
+        event: &EngineEvent,
+        filters: &EngineFilters,
+    ) -> Translation {
+        let mut out = Translation::default();
+        match event {
+            EngineEvent::Stored(stored) => self.store(member, stored, filters, &mut out),
+            EngineEvent::Removed(removed) => self.remove(member, removed, filters, &mut out),
+            EngineEvent::AllCleared => {
+                self.members.remove(&member);
+                out.kv_event = Some(KvEvent {
+                    member,
+                    kind: KvEventKind::Cleared,
+                });
+            }
+            EngineEvent::Unknown { .. } => out.skip(SkipReason::UnknownEvent, 1),
+        }
+        out
+    }
+
+    fn store(
+        &mut self,
+        member: MemberId,
+        stored: &StoredBlocks,
+        filters: &EngineFilters,
+        out: &mut Translation,
+    ) {
+        let n = stored.block_hashes.len();
+        if n == 0 {
+            return;
+        }
+        if let Err(skip) = filters.admit_stored(stored) {
+            out.skip(SkipReason::Filter(skip), n);
+            return;
+        }
+        let known = self.members.get(&member);
+        let (mut parent, seed) = match stored.parent {
+            Some(p) => match known.and_then(|m| m.blocks.get(&p)) {
+                Some(e) => (Some(e.canonical), e.seed),
+                None => {
+                    out.skip(SkipReason::Orphan, n);
+                    return;
+                }
+            },
+            None => {
+                let salt = stored
+                    .cache_salt
+                    .as_deref()
+                    .or_else(|| stored.block_extras.first().and_then(|x| x.salt.as_deref()));
+                (None, BlockSeed::new(salt, stored.lora_name.as_deref()))
+            }
+        };
+        let parent_hash = parent;
+        let lineage = self.members.entry(member).or_default();
+        let bs = stored.block_size as usize;
+        let mut canonicals = Vec::with_capacity(n);
+        let mut mm = Vec::new();
+        let mut conflicts = 0;
+        for (k, &engine) in stored.block_hashes.iter().enumerate() {
+            mm.clear();
+            if let Some(x) = stored.block_extras.get(k) {
+                mm.extend_from_slice(&x.mm_hashes);
+                mm.extend_from_slice(&x.other);
+            }
+            let tokens = &stored.token_ids[k * bs..(k + 1) * bs];
+            let canonical = tokens::chain_step(parent, tokens::block_hash(tokens, &mm, seed));
+            match lineage.blocks.entry(engine) {
+                Entry::Vacant(v) => {
+                    v.insert(Block { canonical, seed });
+                    *lineage.refs.entry(canonical).or_insert(0) += 1;
+                    canonicals.push(canonical);
+                    parent = Some(canonical);
+                }
+                Entry::Occupied(o) if o.get().canonical == canonical => {
+                    // A duplicate store (replay overlap, re-announce): re-applied, the state
+                    // treats it as redundant; a store the state omitted may now succeed.
+                    canonicals.push(canonical);
+                    parent = Some(canonical);
+                }
+                Entry::Occupied(o) => {
+                    // Keep the first mapping, and chain on from it: later events naming this
+                    // engine hash as parent get the same canonical chain.
+                    conflicts += 1;
+                    parent = Some(o.get().canonical);
+                }
+            }
+        }
+        if conflicts > 0 {
+            out.skip(SkipReason::Conflict, conflicts);
+        }
+        if !canonicals.is_empty() {
+            out.kv_event = Some(KvEvent {
+                member,
+                kind: KvEventKind::Stored {
+                    block_hashes: canonicals,
+                    parent_hash,
+                },
+            });
+        }
+    }
+
+    fn remove(
+        &mut self,
+        member: MemberId,
+        removed: &RemovedBlocks,
+        filters: &EngineFilters,
+        out: &mut Translation,
+    ) {
+        let n = removed.block_hashes.len();
+        if n == 0 {
+            return;
+        }
+        if let Err(skip) = filters.admit_removed(removed) {
+            out.skip(SkipReason::Filter(skip), n);
+            return;
+        }
+        let Some(lineage) = self.members.get_mut(&member) else {
+            out.skip(SkipReason::UnknownRemoval, n);
+            return;
+        };
+        let mut gone = Vec::new();
+        let mut unknown = 0;
+        for engine in &removed.block_hashes {
+            let Some(block) = lineage.blocks.remove(engine) else {
+                unknown += 1;
+                continue;
+            };
+            if let Entry::Occupied(mut r) = lineage.refs.entry(block.canonical) {
+                *r.get_mut() -= 1;
+                if *r.get() == 0 {
+                    r.remove();
+                    gone.push(block.canonical);
+                }
+            }
+        }
+        if lineage.blocks.is_empty() {
+            self.members.remove(&member);
+        }
+        if unknown > 0 {
+            out.skip(SkipReason::UnknownRemoval, unknown);
+        }
+        if !gone.is_empty() {
+            out.kv_event = Some(KvEvent {
+                member,
+                kind: KvEventKind::Removed { block_hashes: gone },
+            });
+        }
+    }
+
+    /// Forgets `member`'s lineage (after its state was cleared: restart, failed replay).
+    /// Returns whether it had one.
+    pub fn clear_member(&mut self, member: MemberId) -> bool {
+        self.members.remove(&member).is_some()
+    }
+
+    /// Members with a (non-empty) lineage, sorted.
+    pub fn members(&self) -> Vec<MemberId> {
+        self.members.keys().copied().collect()
+    }
+
+    /// The canonical hash and seed `member` maps `engine_hash` to, if known.
+    pub fn lookup(&self, member: MemberId, engine_hash: u64) -> Option<(u64, BlockSeed)> {
+        let e = self.members.get(&member)?.blocks.get(&engine_hash)?;
+        Some((e.canonical, e.seed))
+    }
+
+    /// Number of engine hashes `member`'s lineage holds.
+    pub fn len(&self, member: MemberId) -> usize {
+        self.members.get(&member).map_or(0, |m| m.blocks.len())
+    }
+
+    /// Estimated heap bytes held (entries times their size, hash-table overhead included
+    /// roughly), for a memory gauge.
+    pub fn bytes_used(&self) -> usize {
+        // hashbrown: one control byte per bucket plus the entry; the BTreeMap node share is
+        // roughly a key, a value and a pointer per member.
+        let per_member = std::mem::size_of::<(MemberId, MemberLineage)>() + 8;
+        self.members
+            .values()
+            .map(|m| {
+                per_member
+                    + m.blocks.capacity() * (std::mem::size_of::<(u64, Block)>() + 1)
+                    + m.refs.capacity() * (std::mem::size_of::<(u64, u32)>() + 1)
+            })
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::BlockExtras;
+
+    const A: MemberId = MemberId::new(1, 0);
+    const B: MemberId = MemberId::new(1, 1);
+
+    fn f() -> EngineFilters {
+        EngineFilters {
+            block_size: 2,
+            ..EngineFilters::default()
+        }
+    }
+
+    fn store(hashes: &[u64], parent: Option<u64>, tokens: &[u32]) -> EngineEvent {
+        EngineEvent::Stored(StoredBlocks {
+            block_hashes: hashes.to_vec(),
+            parent,
+            token_ids: tokens.to_vec(),
+            block_size: 2,
+            ..StoredBlocks::default()
+        })
+    }
+
+    fn remove(hashes: &[u64]) -> EngineEvent {
+        EngineEvent::Removed(RemovedBlocks {
+            block_hashes: hashes.to_vec(),
+            ..RemovedBlocks::default()
+        })
+    }
+
+    fn stored_kind(t: &Translation) -> Vec<u64> {
+        match &t.kv_event.as_ref().expect("an event").kind {
+            KvEventKind::Stored { block_hashes, .. } => block_hashes.clone(),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn removed_kind(t: &Translation) -> Vec<u64> {
+        match &t.kv_event.as_ref().expect("an event").kind {
+            KvEventKind::Removed { block_hashes } => block_hashes.clone(),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn chain(tokens: &[u32], seed: BlockSeed) -> Vec<u64> {
+        tokens::sequence_hashes(tokens, 2, seed, &[]).unwrap()
+    }
+
+    #[test]
+    fn chained_stores_follow_the_parent_and_its_seed() {
+        let mut l = Lineage::new();
+        let first = EngineEvent::Stored(StoredBlocks {
+            block_hashes: vec![10],
+            token_ids: vec![1, 2],
+            block_size: 2,
+            block_extras: vec![BlockExtras {
+                salt: Some("s".into()),
+                ..BlockExtras::default()
+            }],
+            ..StoredBlocks::default()
+        });
+        let seed = BlockSeed::new(Some("s"), None);
+        let want = chain(&[1, 2, 3, 4, 5, 6], seed);
+        assert_eq!(stored_kind(&l.translate(A, &first, &f())), want[..1]);
+        // the child names no salt: it inherits the parent's seed.
+        let t = l.translate(A, &store(&[11, 12], Some(10), &[3, 4, 5, 6]), &f());
+        assert_eq!(stored_kind(&t), want[1..]);
+        assert_eq!(
+            t.kv_event.unwrap().kind,
+            KvEventKind::Stored {
+                block_hashes: want[1..].to_vec(),
+                parent_hash: Some(want[0])
+            }
+        );
+        assert_eq!(l.lookup(A, 12), Some((want[2], seed)));
+        assert_eq!(l.len(A), 3);
+    }
+
+    #[test]
+    fn orphans_and_members_are_separate() {
+        let mut l = Lineage::new();
+        l.translate(A, &store(&[10], None, &[1, 2]), &f());
+        let t = l.translate(B, &store(&[11], Some(10), &[3, 4]), &f());
+        assert_eq!(t.kv_event, None);
+        assert_eq!(t.skipped, vec![(SkipReason::Orphan, 1)]);
+        assert_eq!(l.len(B), 0);
+        assert_eq!(l.members(), vec![A]);
+        let t = l.translate(B, &remove(&[10]), &f());
+        assert_eq!(
+            (t.kv_event, t.skipped),
+            (None, vec![(SkipReason::UnknownRemoval, 1)])
+        );
+        assert_eq!(l.len(A), 1);
+    }
+
+    #[test]
+    fn canonical_refcount_per_member() {
+        let mut l = Lineage::new();
+        // two engine hashes, same tokens and seed: one canonical block.
+        let c = chain(&[1, 2], BlockSeed::DEFAULT)[0];
+        assert_eq!(
+            stored_kind(&l.translate(A, &store(&[10], None, &[1, 2]), &f())),
+            [c]
+        );
+        assert_eq!(
+            stored_kind(&l.translate(A, &store(&[20], None, &[1, 2]), &f())),
+            [c]
+        );
+        let t = l.translate(A, &remove(&[10]), &f());
+        assert_eq!((t.kv_event, t.skipped.len()), (None, 0));
+        // a duplicate store of an engine hash does not count twice
+        l.translate(A, &store(&[20], None, &[1, 2]), &f());
+        let t = l.translate(A, &remove(&[20, 99]), &f());
+        assert_eq!(removed_kind(&t), [c]);
+        assert_eq!(t.skipped, vec![(SkipReason::UnknownRemoval, 1)]);
+        assert!(l.members().is_empty());
+        assert_eq!(l.bytes_used(), 0);
+    }
+
+    #[test]
+    fn conflicting_engine_hash_keeps_the_first_mapping() {
+        let mut l = Lineage::new();
+        let first = chain(&[1, 2], BlockSeed::DEFAULT);
+        l.translate(A, &store(&[10], None, &[1, 2]), &f());
+        let t = l.translate(A, &store(&[10, 11], None, &[7, 7, 3, 4]), &f());
+        assert_eq!(t.skipped, vec![(SkipReason::Conflict, 1)]);
+        // block 11 chains on from the kept mapping of 10
+        assert_eq!(
+            stored_kind(&t),
+            chain(&[1, 2, 3, 4], BlockSeed::DEFAULT)[1..]
+        );
+        assert_eq!(l.lookup(A, 10).unwrap().0, first[0]);
+    }
+
+    #[test]
+    fn filters_unknown_and_clear() {
+        let mut l = Lineage::new();
+        let t = l.translate(A, &store(&[10, 11], None, &[1, 2, 3]), &f());
+        assert_eq!(t.skipped, vec![(SkipReason::Filter(Skip::Tokens), 2)]);
+        assert_eq!(t.skipped[0].0.label(), "tokens");
+        let t = l.translate(A, &EngineEvent::Unknown { kind: "X".into() }, &f());
+        assert_eq!(t.skipped, vec![(SkipReason::UnknownEvent, 1)]);
+        let t = l.translate(A, &store(&[], None, &[]), &f());
+        assert_eq!(t, Translation::default());
+        l.translate(A, &store(&[10], None, &[1, 2]), &f());
+        l.translate(B, &store(&[10], None, &[1, 2]), &f());
+        assert!(l.bytes_used() > 0);
+        let t = l.translate(A, &EngineEvent::AllCleared, &f());
+        assert_eq!(t.kv_event.unwrap().kind, KvEventKind::Cleared);
+        assert_eq!(l.members(), vec![B]);
+        assert!(l.clear_member(B));
+        assert!(!l.clear_member(B));
+        assert!(l.members().is_empty());
+    }
+}

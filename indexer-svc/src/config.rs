@@ -12,6 +12,7 @@ use ckf_core::addressing::TableFormat;
 use ckf_core::global::Manifest;
 use ckf_core::identity::{DcId, IndexerDomainId, PoolId};
 use ckf_core::lane::LagPolicy;
+use ckf_core::tokens::{MAX_BLOCK_SIZE, TokenQueryRules};
 use ckf_proto::convert::WIRE_BYTES_PER_IMAGE;
 use ckf_svc_kit::LogFormat;
 use ckf_svc_kit::config::{ConfigError, Invalid, Layers, Overrides, Validate, at_least, in_range};
@@ -23,6 +24,8 @@ use serde::{Deserialize, Serialize};
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7400";
 /// Default Prometheus `/metrics` listen address.
 pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:9400";
+/// Default tokens per KV block (vLLM's default; the producer's default too).
+pub const DEFAULT_BLOCK_SIZE: u32 = 16;
 /// Prefix of every environment variable read (`CKF_INDEXER_LAG__HEARTBEAT_DEADLINE_MS` sets
 /// `lag.heartbeat_deadline_ms`).
 pub const ENV_PREFIX: &str = "CKF_INDEXER_";
@@ -116,6 +119,10 @@ pub struct IndexerConfig {
     pub lag: LagConfig,
     /// Resource limits.
     pub limits: LimitsConfig,
+    /// Tokens per KV block, `1..=65536`: how `FindMatchesByTokens` cuts a request's token ids
+    /// into blocks. Must equal the producers' `block_size` (and the engines'), or the hashes
+    /// of a query name other blocks than those the producers stored.
+    pub block_size: u32,
     /// gRPC listen address (port 0 = ephemeral).
     pub listen: SocketAddr,
     /// Prometheus `/metrics` listen address (port 0 = ephemeral).
@@ -131,6 +138,7 @@ impl Default for IndexerConfig {
             table: TableConfig::default(),
             lag: LagConfig::default(),
             limits: LimitsConfig::default(),
+            block_size: DEFAULT_BLOCK_SIZE,
             listen: DEFAULT_LISTEN.parse().expect("valid default"),
             metrics_listen: DEFAULT_METRICS_LISTEN.parse().expect("valid default"),
             log_format: LogFormat::Human,
@@ -210,6 +218,15 @@ impl IndexerConfig {
             .min(u32::try_from(fits).unwrap_or(u32::MAX))
     }
 
+    /// The rules of a query by token ids: `block_size`, and `limits.max_query_blocks` blocks
+    /// at most.
+    pub fn token_rules(&self) -> TokenQueryRules {
+        TokenQueryRules {
+            block_size: self.block_size,
+            max_blocks: self.limits.max_query_blocks,
+        }
+    }
+
     /// The consumer's lag policy (0 ms = that deadline disabled).
     pub fn lag_policy(&self) -> LagPolicy {
         let ms = |v: u64| (v != 0).then(|| Duration::from_millis(v));
@@ -223,6 +240,7 @@ impl IndexerConfig {
 impl Validate for IndexerConfig {
     fn validate(&self) -> Result<(), Invalid> {
         self.manifest()?;
+        in_range("block_size", self.block_size, 1..=MAX_BLOCK_SIZE, "tokens")?;
         let l = &self.limits;
         in_range(
             "limits.max_message_bytes",
@@ -267,6 +285,9 @@ pub struct Cli {
     /// Log line format [default: human; key: log_format].
     #[arg(long, value_enum, value_name = "FORMAT")]
     pub log_format: Option<LogFormat>,
+    /// Tokens per KV block, 1..=65536; must equal the producers' [default: 16; key: block_size].
+    #[arg(long, value_name = "TOKENS")]
+    pub block_size: Option<u32>,
     /// Indexer domain [default: default; key: manifest.domain].
     #[arg(long, value_name = "NAME")]
     pub domain: Option<String>,
@@ -323,6 +344,7 @@ impl Cli {
             .set("listen", self.listen)
             .set("metrics_listen", self.metrics_listen)
             .set("log_format", self.log_format)
+            .set("block_size", self.block_size)
             .set("manifest.domain", self.domain.clone())
             .set("manifest.lanes", self.lanes.clone())
             .set("table.expected_blocks", self.expected_blocks)
@@ -534,6 +556,43 @@ mod tests {
         assert_eq!(config.effective_max_images_per_delta(), 65536 / 13); // 5 + 8 bytes per image
         let config = cli(&["--max-images-per-delta", "100"]).load().unwrap();
         assert_eq!(config.effective_max_images_per_delta(), 100);
+    }
+
+    #[test]
+    fn block_size_comes_from_every_layer_and_is_bounded() {
+        assert_eq!(IndexerConfig::default().block_size, 16);
+        let config = cli(&["--block-size", "64"]).load().unwrap();
+        assert_eq!(config.block_size, 64);
+        assert_eq!(
+            config.token_rules(),
+            TokenQueryRules {
+                block_size: 64,
+                max_blocks: 8192
+            }
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("bs.toml");
+        std::fs::write(&file, "block_size = 32\n").unwrap();
+        let file_arg = file.to_str().unwrap();
+        assert_eq!(cli(&["--config", file_arg]).load().unwrap().block_size, 32);
+        // SAFETY (of intent): a prefix only this test reads.
+        unsafe { std::env::set_var("CKF_IT2_BLOCK_SIZE", "128") };
+        let from_env = load_with_env(&cli(&["--config", file_arg]), "CKF_IT2_").unwrap();
+        assert_eq!(
+            from_env.block_size, 128,
+            "the environment overrides the file"
+        );
+        let flag = load_with_env(&cli(&["--block-size", "8"]), "CKF_IT2_").unwrap();
+        assert_eq!(flag.block_size, 8, "a flag overrides the environment");
+        for bad in ["0", "65537"] {
+            let text = cli(&["--block-size", bad]).load().unwrap_err().to_string();
+            assert!(text.contains(&format!("block_size = {bad}")), "{text}");
+            assert!(text.contains("1..=65536"), "{text}");
+        }
+        assert_eq!(
+            cli(&["--block-size", "65536"]).load().unwrap().block_size,
+            65536
+        );
     }
 
     #[test]

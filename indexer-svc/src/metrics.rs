@@ -14,6 +14,40 @@ use prometheus::{
     Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry,
 };
 
+/// The query RPCs, the `method` label of the query metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueryMethod {
+    /// `FindMatches` (block hashes).
+    FindMatches,
+    /// `FindMatchesByTokens` (token ids).
+    FindMatchesByTokens,
+}
+
+impl QueryMethod {
+    /// Both methods, in label order.
+    pub const ALL: [QueryMethod; 2] = [QueryMethod::FindMatches, QueryMethod::FindMatchesByTokens];
+
+    /// The `method` label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            QueryMethod::FindMatches => "find_matches",
+            QueryMethod::FindMatchesByTokens => "find_matches_by_tokens",
+        }
+    }
+}
+
+/// One query method's counters (`method` label already applied): see
+/// [`IndexerMetrics::query_method`].
+#[derive(Debug, Clone)]
+pub struct MethodMetrics {
+    /// Queries answered.
+    pub answered: IntCounter,
+    /// Queries refused.
+    pub refused: IntCounter,
+    /// Block hashes probed.
+    pub blocks: IntCounter,
+}
+
 /// Every lane state, for the one-hot `ckf_indexer_lane_state` gauge.
 const STATES: [LaneState; 4] = [
     LaneState::Unassigned,
@@ -53,14 +87,17 @@ pub struct IndexerMetrics {
     pub lane_ready: IntGaugeVec,
     /// Installed sequence per lane.
     pub lane_installed_sequence: IntGaugeVec,
-    /// `FindMatches` queries answered.
-    pub queries: IntCounter,
-    /// Queries refused (too long).
-    pub queries_refused: IntCounter,
-    /// Block hashes queried.
-    pub query_blocks: IntCounter,
-    /// Time of the prefix search itself (seconds).
+    /// Queries answered, by `method` ([`QueryMethod::label`]).
+    pub queries: IntCounterVec,
+    /// Queries refused (too long, bad token query), by `method`.
+    pub queries_refused: IntCounterVec,
+    /// Block hashes probed, by `method` (for token queries: the full blocks of the tokens).
+    pub query_blocks: IntCounterVec,
+    /// Time of the prefix search itself, either method (seconds; token hashing excluded).
     pub query_duration: Histogram,
+    /// The per-method children of the three query counters, resolved once (in
+    /// [`QueryMethod::ALL`] order), so every method is exported from the start, at 0.
+    methods: Vec<MethodMetrics>,
     /// Dirty-to-applied lag of applied deltas: the producer's `oldest_change_age_ms` plus the
     /// time from receipt to applied here (seconds).
     pub event_to_applied_lag: HistogramVec,
@@ -73,7 +110,8 @@ impl IndexerMetrics {
         let query_duration = histogram(
             &r,
             "ckf_indexer_query_duration_seconds",
-            "Duration of the multi-lane prefix search of one FindMatches, in seconds.",
+            "Duration of the multi-lane prefix search of one FindMatches or FindMatchesByTokens \
+             (token hashing excluded), in seconds.",
             latency_buckets_seconds(),
         );
         let event_to_applied_lag = histogram_vec(
@@ -162,25 +200,50 @@ impl IndexerMetrics {
                 "Last sequence installed in the lane.",
                 &["lane", "dc"],
             ),
-            queries: counter(
+            queries: counter_vec(
                 &r,
                 "ckf_indexer_queries_total",
-                "FindMatches queries answered.",
+                "Prefix-match queries answered, by RPC method.",
+                &["method"],
             ),
-            queries_refused: counter(
+            queries_refused: counter_vec(
                 &r,
                 "ckf_indexer_queries_refused_total",
-                "FindMatches queries refused (over the block limit).",
+                "Prefix-match queries refused (INVALID_ARGUMENT), by RPC method.",
+                &["method"],
             ),
-            query_blocks: counter(
+            query_blocks: counter_vec(
                 &r,
                 "ckf_indexer_query_blocks_total",
-                "Block hashes queried.",
+                "Block hashes probed, by RPC method.",
+                &["method"],
             ),
             query_duration,
             event_to_applied_lag,
             registry: r,
+            methods: Vec::new(),
         }
+        .with_methods()
+    }
+
+    fn with_methods(mut self) -> Self {
+        self.methods = QueryMethod::ALL
+            .iter()
+            .map(|method| {
+                let label = [method.label()];
+                MethodMetrics {
+                    answered: self.queries.with_label_values(&label),
+                    refused: self.queries_refused.with_label_values(&label),
+                    blocks: self.query_blocks.with_label_values(&label),
+                }
+            })
+            .collect();
+        self
+    }
+
+    /// The counters of one query method.
+    pub fn query_method(&self, method: QueryMethod) -> &MethodMetrics {
+        &self.methods[method as usize]
     }
 
     /// The registry to serve.

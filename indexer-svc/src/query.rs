@@ -1,10 +1,14 @@
-//! `ckf.v1.Query`: `FindMatches` (multi-lane prefix search) and `ListLanes` (operator view).
+//! `ckf.v1.Query`: `FindMatches` (multi-lane prefix search), `FindMatchesByTokens` (the same
+//! search on the canonical hashes of a request's token ids) and `ListLanes` (operator view).
 //!
 //! `FindMatches` checks the request length against `limits.max_query_blocks`, then calls
 //! `GlobalCkfIndexer::find_prefix_matches`, which captures the ready-lane mask once and probes
 //! every ready lane in one pass over the transposed table; the response lists each lane ready at
-//! capture (depth 0 included) with its pool. `ListLanes` reports ckf-core's `LaneStatus` per lane
-//! plus each lane's load factor, counted from the table's bucket words.
+//! capture (depth 0 included) with its pool. `FindMatchesByTokens` turns the request into
+//! `ckf_core::tokens::TokenQuery`, whose `sequence_hashes` checks it against the indexer's
+//! block size and limit and computes the hashes, then runs the same search ([`search`]).
+//! `ListLanes` reports ckf-core's `LaneStatus` per lane plus each lane's load factor, counted
+//! from the table's bucket words.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -12,9 +16,11 @@ use std::time::Instant;
 use ckf_core::bucket;
 use ckf_core::global::GlobalCkfIndexer;
 use ckf_core::lane::LaneStatus;
+use ckf_core::tokens::TokenQuery;
 use ckf_proto::v1::{self, query_server::Query};
 use tonic::{Request, Response, Status};
 
+use crate::metrics::QueryMethod;
 use crate::state::IndexerState;
 use crate::status::{QueryError, wire_reason};
 
@@ -38,36 +44,30 @@ impl Query for QueryService {
         request: Request<v1::FindMatchesRequest>,
     ) -> Result<Response<v1::FindMatchesResponse>, Status> {
         let hashes = request.into_inner().block_hashes;
-        let metrics = &self.shared.metrics;
+        let method = QueryMethod::FindMatches;
         let limit = self.shared.limits.max_query_blocks;
         if hashes.len() > limit as usize {
-            metrics.queries_refused.inc();
+            self.shared.metrics.query_method(method).refused.inc();
             return Err(QueryError::TooManyBlocks {
                 blocks: hashes.len(),
                 limit,
             }
             .into());
         }
-        let indexer = &self.shared.indexer;
-        let started = Instant::now();
-        let found = indexer.find_prefix_matches(&hashes);
-        metrics
-            .query_duration
-            .observe(started.elapsed().as_secs_f64());
-        metrics.queries.inc();
-        metrics.query_blocks.inc_by(hashes.len() as u64);
-        let matches = found
-            .iter()
-            .map(|(lane, depth)| v1::LaneMatch {
-                lane: u32::from(lane),
-                pool: Some(indexer.pool(lane).into()),
-                depth,
-            })
-            .collect();
-        Ok(Response::new(v1::FindMatchesResponse {
-            matches,
-            ready_mask: u32::from(found.ready_mask()),
-        }))
+        Ok(Response::new(search(&self.shared, &hashes, method)))
+    }
+
+    async fn find_matches_by_tokens(
+        &self,
+        request: Request<v1::FindMatchesByTokensRequest>,
+    ) -> Result<Response<v1::FindMatchesResponse>, Status> {
+        let method = QueryMethod::FindMatchesByTokens;
+        let query = TokenQuery::from(request.into_inner());
+        let hashes = query
+            .sequence_hashes(&self.shared.token_rules)
+            .inspect_err(|_| self.shared.metrics.query_method(method).refused.inc())
+            .map_err(QueryError::Tokens)?;
+        Ok(Response::new(search(&self.shared, &hashes, method)))
     }
 
     async fn list_lanes(
@@ -94,6 +94,33 @@ impl Query for QueryService {
             consumer_instance: indexer.consumer_instance(),
             lanes,
         }))
+    }
+}
+
+/// The one prefix search of both query methods: every lane ready at capture with its depth
+/// for `hashes` (already within the limits), counted under `method`.
+fn search(shared: &IndexerState, hashes: &[u64], method: QueryMethod) -> v1::FindMatchesResponse {
+    let indexer = &shared.indexer;
+    let metrics = &shared.metrics;
+    let started = Instant::now();
+    let found = indexer.find_prefix_matches(hashes);
+    metrics
+        .query_duration
+        .observe(started.elapsed().as_secs_f64());
+    let counters = metrics.query_method(method);
+    counters.answered.inc();
+    counters.blocks.inc_by(hashes.len() as u64);
+    let matches = found
+        .iter()
+        .map(|(lane, depth)| v1::LaneMatch {
+            lane: u32::from(lane),
+            pool: Some(indexer.pool(lane).into()),
+            depth,
+        })
+        .collect();
+    v1::FindMatchesResponse {
+        matches,
+        ready_mask: u32::from(found.ready_mask()),
     }
 }
 

@@ -145,6 +145,7 @@ pub async fn serve(
             max_images_per_delta: config.effective_max_images_per_delta(),
             ..config.limits.clone()
         },
+        token_rules: config.token_rules(),
         heartbeat_deadline_ms: config.lag.heartbeat_deadline_ms,
         relay_streams: Arc::new(Semaphore::new(config.limits.max_relay_streams as usize)),
         shutdown: stop.clone(),

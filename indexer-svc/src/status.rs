@@ -19,12 +19,14 @@
 //! | indexer shutting down | `UNAVAILABLE` | `SHUTDOWN` |
 //! | frame ckf-core cannot attribute to the stream's lane (unknown lane or lease, ignored) | `INVALID_ARGUMENT` | - |
 //! | query longer than the limit | `INVALID_ARGUMENT` | - |
+//! | token query: other block size, too many tokens, bad multimodal item | `INVALID_ARGUMENT` | - |
 //! | producer stopped reading replies | `CANCELLED` | `STREAM_LOST` |
 //! | `ListLanes` load-factor count failed | `INTERNAL` | - |
 
 use ckf_core::failure::{Disposed, Disposition};
 use ckf_core::global::{AttachError, StreamEnd};
 use ckf_core::lane::{RetireReason, StrayFrame};
+use ckf_core::tokens::TokenQueryError;
 use ckf_proto::{WireError, v1};
 use tonic::{Code, Status};
 
@@ -226,6 +228,9 @@ pub enum QueryError {
         /// The limit.
         limit: u32,
     },
+    /// A `FindMatchesByTokens` request broke a token-query rule (its message names the field).
+    #[error("FindMatchesByTokens: {0}")]
+    Tokens(#[from] TokenQueryError),
     /// The blocking task counting occupied slots for `ListLanes` failed.
     #[error("load-factor count failed: {0}")]
     LoadCount(#[from] tokio::task::JoinError),
@@ -234,7 +239,9 @@ pub enum QueryError {
 impl From<QueryError> for Status {
     fn from(error: QueryError) -> Self {
         match error {
-            QueryError::TooManyBlocks { .. } => Status::invalid_argument(error.to_string()),
+            QueryError::TooManyBlocks { .. } | QueryError::Tokens(_) => {
+                Status::invalid_argument(error.to_string())
+            }
             QueryError::LoadCount(_) => Status::internal(error.to_string()),
         }
     }

@@ -83,6 +83,17 @@ async fn metrics_count_frames_deltas_queries_and_lane_state() {
     a.drain().await;
     indexer.find(&hashes(40, 10)).await;
     indexer.find(&hashes(41, 3)).await;
+    // One token query (2 full blocks of 16) and one refused (other block size).
+    let tokens = v1::FindMatchesByTokensRequest {
+        token_ids: (0..40).collect(),
+        ..Default::default()
+    };
+    indexer.find_by_tokens(tokens.clone()).await.unwrap();
+    let other_size = v1::FindMatchesByTokensRequest {
+        block_size: 32,
+        ..tokens
+    };
+    indexer.find_by_tokens(other_size).await.unwrap_err();
     // Lane gauges are refreshed by the lane watcher; wait for it (bounded).
     let url = indexer.running.metrics_addr;
     let mut text = String::new();
@@ -105,9 +116,13 @@ async fn metrics_count_frames_deltas_queries_and_lane_state() {
         r#"ckf_indexer_drain_markers_accepted_total{dc="dc-a",lane="0"} 1"#,
         r#"ckf_indexer_leases_granted_total{dc="dc-a",lane="0"} 1"#,
         r#"ckf_indexer_event_to_applied_lag_seconds_count{dc="dc-a",lane="0"} 1"#,
-        "ckf_indexer_queries_total 2",
-        "ckf_indexer_query_blocks_total 13",
-        "ckf_indexer_query_duration_seconds_count 2",
+        r#"ckf_indexer_queries_total{method="find_matches"} 2"#,
+        r#"ckf_indexer_query_blocks_total{method="find_matches"} 13"#,
+        r#"ckf_indexer_queries_total{method="find_matches_by_tokens"} 1"#,
+        r#"ckf_indexer_query_blocks_total{method="find_matches_by_tokens"} 2"#,
+        r#"ckf_indexer_queries_refused_total{method="find_matches_by_tokens"} 1"#,
+        r#"ckf_indexer_queries_refused_total{method="find_matches"} 0"#,
+        "ckf_indexer_query_duration_seconds_count 3",
         r#"ckf_indexer_query_duration_seconds_bucket{le="0.0000001"}"#,
         r#"ckf_indexer_lane_state{dc="dc-a",lane="0",state="active"} 1"#,
         r#"ckf_indexer_lane_state{dc="dc-b",lane="1",state="unassigned"} 1"#,

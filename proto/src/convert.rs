@@ -421,6 +421,33 @@ impl From<v1::RetireReason> for ckf_core::publication::FenceReason {
     }
 }
 
+// ---- queries ------------------------------------------------------------------------------
+
+/// A query by token ids as its core value (moves the token ids and strings, copies nothing).
+/// Infallible: `""` becomes `None` (proto3 cannot tell absent from empty), `block_size` 0
+/// becomes `None` (the indexer's); the query's rules are checked by
+/// [`TokenQuery::sequence_hashes`](ckf_core::tokens::TokenQuery::sequence_hashes).
+impl From<v1::FindMatchesByTokensRequest> for ckf_core::tokens::TokenQuery {
+    fn from(w: v1::FindMatchesByTokensRequest) -> Self {
+        let non_empty = |s: String| (!s.is_empty()).then_some(s);
+        Self {
+            token_ids: w.token_ids,
+            lora_name: non_empty(w.lora_name),
+            cache_salt: non_empty(w.cache_salt),
+            multimodal: w
+                .multimodal
+                .into_iter()
+                .map(|m| ckf_core::tokens::MultimodalItem {
+                    identifier: m.identifier,
+                    offset: m.offset,
+                    length: m.length,
+                })
+                .collect(),
+            block_size: (w.block_size != 0).then_some(w.block_size),
+        }
+    }
+}
+
 /// Wraps one frame into the `RelayFrame` oneof.
 impl From<v1::relay_frame::Frame> for v1::RelayFrame {
     fn from(frame: v1::relay_frame::Frame) -> Self {
@@ -660,6 +687,38 @@ mod tests {
         assert_eq!(
             v1::LaneState::from(LaneState::AwaitingSnapshot),
             v1::LaneState::AwaitingSnapshot
+        );
+    }
+
+    #[test]
+    fn token_queries_map_empty_and_zero_to_absent() {
+        use ckf_core::tokens::{MultimodalItem, TokenQuery};
+        let empty = TokenQuery::from(v1::FindMatchesByTokensRequest::default());
+        assert_eq!(empty, TokenQuery::default());
+        let full = TokenQuery::from(v1::FindMatchesByTokensRequest {
+            token_ids: vec![1, u32::MAX],
+            lora_name: "l".into(),
+            cache_salt: "s".into(),
+            multimodal: vec![v1::MultimodalItem {
+                identifier: "img".into(),
+                offset: 3,
+                length: 4,
+            }],
+            block_size: 16,
+        });
+        assert_eq!(
+            full,
+            TokenQuery {
+                token_ids: vec![1, u32::MAX],
+                lora_name: Some("l".into()),
+                cache_salt: Some("s".into()),
+                multimodal: vec![MultimodalItem {
+                    identifier: "img".into(),
+                    offset: 3,
+                    length: 4
+                }],
+                block_size: Some(16),
+            }
         );
     }
 

@@ -80,6 +80,22 @@ impl Indexer {
         )
     }
 
+    /// `FindMatchesByTokens`: `(lane, depth)` per ready lane and the ready mask, or the status.
+    pub async fn find_by_tokens(
+        &self,
+        request: v1::FindMatchesByTokensRequest,
+    ) -> Result<(Vec<(u32, u32)>, u32), Status> {
+        let response = self
+            .query()
+            .find_matches_by_tokens(request)
+            .await?
+            .into_inner();
+        Ok((
+            response.matches.iter().map(|m| (m.lane, m.depth)).collect(),
+            response.ready_mask,
+        ))
+    }
+
     pub async fn lanes(&self) -> v1::ListLanesResponse {
         self.query()
             .list_lanes(v1::ListLanesRequest {})
