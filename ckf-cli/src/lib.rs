@@ -16,6 +16,7 @@
 //! | [`stats`] | percentile summaries (`hdrhistogram`) |
 //! | [`events`] | a serve's KV events as a `ckf.v1` batch; per-source sequences |
 //! | [`probe`] | visibility probes: event-to-visible lag and per-DC watermarks |
+//! | [`feed`] | `--feed zmq`: trace block ids -> tokens, canonical hashes, vLLM events with engine hashes |
 //! | [`publisher`] | a built-in engine publisher: vLLM's ZMQ PUB + ROUTER replay protocol |
 //! | [`accuracy`] | judging answers against the oracle (over/under-estimates by cause) |
 //! | [`live`] | the live replay driver against producers and an indexer |
@@ -29,6 +30,7 @@ pub mod cli;
 pub mod commands;
 pub mod demo;
 pub mod events;
+pub mod feed;
 pub mod fleet;
 pub mod hashing;
 pub mod live;
