@@ -15,7 +15,16 @@
 //! the commands already queued, cuts the pending tail, and queues the exact drain marker on
 //! every attachment ([`Fanout::drain`](ckf_core::fanout::Fanout::drain)).
 
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
 use std::time::Duration;
+
+use ckf_core::dc::{KvEvent, KvEventKind, MemberId};
+use ckf_engine::filters::EngineFilters;
+use ckf_engine::lineage::Lineage;
+use ckf_engine::sequence::ClearReason;
+
+use crate::engines::{EngineStep, PublisherId};
 
 use ckf_core::dc::{DcCkfState, DcCkfStats, EventOutcome};
 use ckf_core::fanout::{
@@ -106,6 +115,21 @@ pub enum Command {
         /// The snapshot's sequence, or why the attach was refused.
         reply: oneshot::Sender<Result<u64, AttachRefused>>,
     },
+    /// One step of an engine publisher (ZMQ ingest): apply a decoded batch to its member, or
+    /// clear the publisher's members.
+    Engine {
+        /// The publisher socket.
+        publisher: Arc<PublisherId>,
+        /// What to do.
+        step: EngineStep,
+    },
+    /// The canonical block hashes a member owns, sorted ascending.
+    MemberBlocks {
+        /// The member.
+        member: MemberId,
+        /// Where they go.
+        reply: oneshot::Sender<Vec<u64>>,
+    },
     /// Endpoint `endpoint`'s attachment under `lease` ended (failure or retirement).
     Detach {
         /// Index of the endpoint.
@@ -149,6 +173,12 @@ pub struct Actor {
     cadence: Cadence,
     /// When the pending dirty buckets must be cut at the latest.
     deadline: Option<Instant>,
+    /// Engine hash -> canonical hash per member, for engine publishers' events.
+    lineage: Lineage,
+    /// Which engine events enter the filter.
+    filters: EngineFilters,
+    /// Per publisher socket `(worker_id, rank)`: the members it fed (what a clear clears).
+    fed: HashMap<(u64, u32), BTreeSet<MemberId>>,
 }
 
 impl Actor {
@@ -161,8 +191,12 @@ impl Actor {
         sources: SourceSequences,
         metrics: Metrics,
         cadence: Cadence,
+        filters: EngineFilters,
     ) -> Self {
         Self {
+            lineage: Lineage::new(),
+            filters,
+            fed: HashMap::new(),
             state,
             fanout: Fanout::new(identity, endpoints.len()),
             endpoints,
@@ -240,6 +274,15 @@ impl Actor {
             Command::Table { reply } => {
                 let _ = reply.send(self.state.buckets().to_vec());
             }
+            Command::Engine { publisher, step } => match step {
+                EngineStep::Apply(batch) => self.engine_batch(&publisher, &batch),
+                EngineStep::Clear(reason) => self.engine_clear(&publisher, reason),
+            },
+            Command::MemberBlocks { member, reply } => {
+                let mut blocks = self.state.member_blocks(member);
+                blocks.sort_unstable();
+                let _ = reply.send(blocks);
+            }
             Command::Attach {
                 endpoint,
                 lease,
@@ -305,10 +348,64 @@ impl Actor {
         }
     }
 
+    /// Translates an engine batch's events through the member's lineage, in order, and applies
+    /// each translated event like an ingest event.
+    fn engine_batch(&mut self, publisher: &PublisherId, batch: &ckf_engine::event::EngineBatch) {
+        let member = publisher.member(batch);
+        self.fed
+            .entry((publisher.worker_id, publisher.rank))
+            .or_default()
+            .insert(member);
+        let [p, e] = publisher.labels();
+        for event in &batch.events {
+            let translation = self.lineage.translate(member, event, &self.filters);
+            for (reason, blocks) in &translation.skipped {
+                self.metrics
+                    .engine
+                    .skipped_events
+                    .with_label_values(&[p, e, reason.label()])
+                    .inc_by(u64::from(*blocks));
+            }
+            if let Some(kv) = translation.kv_event {
+                self.apply(&IngestEvent::Kv(kv));
+            }
+        }
+    }
+
+    /// Clears every member `publisher` fed: state and lineage both, so a later store
+    /// re-adds exactly what the engine really caches.
+    fn engine_clear(&mut self, publisher: &PublisherId, reason: ClearReason) {
+        let members = self
+            .fed
+            .remove(&(publisher.worker_id, publisher.rank))
+            .unwrap_or_default();
+        let [p, e] = publisher.labels();
+        for member in members {
+            self.lineage.clear_member(member);
+            self.apply(&IngestEvent::Kv(KvEvent {
+                member,
+                kind: KvEventKind::Cleared,
+            }));
+            self.metrics
+                .engine
+                .members_cleared
+                .with_label_values(&[p, e, reason.label()])
+                .inc();
+        }
+    }
+
     fn apply(&mut self, event: &IngestEvent) -> EventOutcome {
         let outcome = match event {
             IngestEvent::Kv(kv) => self.state.apply(kv),
-            IngestEvent::WorkerRemoved { worker_id } => self.state.remove_worker(*worker_id),
+            IngestEvent::WorkerRemoved { worker_id } => {
+                // The worker's engine lineage goes with its state.
+                for member in self.lineage.members() {
+                    if member.worker_id == *worker_id {
+                        self.lineage.clear_member(member);
+                    }
+                }
+                self.state.remove_worker(*worker_id)
+            }
         };
         let kind = event.kind_label();
         let m = &self.metrics;
@@ -368,6 +465,10 @@ impl Actor {
     }
 
     fn refresh_gauges(&self) {
+        self.metrics
+            .engine
+            .lineage_bytes
+            .set(i64::try_from(self.lineage.bytes_used()).unwrap_or(i64::MAX));
         self.metrics.observe_stats(&self.state.stats());
     }
 }

@@ -8,6 +8,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use ckf_core::addressing::TableFormat;
+
+use crate::engines::config::{EngineSection, EngineSpec, PublisherSpec};
 use ckf_core::identity::PoolId;
 use ckf_svc_kit::LogFormat;
 use ckf_svc_kit::TableConfig;
@@ -168,6 +170,13 @@ pub struct ProducerConfig {
     pub metrics_listen: SocketAddr,
     /// Log line format.
     pub log_format: LogFormat,
+    /// Tokens per KV block, the engines' and the indexer's (`--block-size`,
+    /// `CKF_BLOCK_SIZE`); a stored event with another block size is refused and counted.
+    pub block_size: u32,
+    /// Settings shared by every engine publisher.
+    pub engine: EngineSection,
+    /// Engine publishers subscribed to over ZMQ (`--engine`, `CKF_ENGINES`).
+    pub engines: Vec<EngineSpec>,
 }
 
 impl Default for ProducerConfig {
@@ -186,9 +195,17 @@ impl Default for ProducerConfig {
             listen: DEFAULT_LISTEN.parse().expect("valid default"),
             metrics_listen: DEFAULT_METRICS_LISTEN.parse().expect("valid default"),
             log_format: LogFormat::Human,
+            block_size: DEFAULT_BLOCK_SIZE,
+            engine: EngineSection::default(),
+            engines: Vec::new(),
         }
     }
 }
+
+/// Default `block_size`: tokens per KV block (vLLM's default).
+pub const DEFAULT_BLOCK_SIZE: u32 = 16;
+/// Largest accepted `block_size`.
+pub const MAX_BLOCK_SIZE: u32 = 1 << 16;
 
 /// Largest accepted `limits.max_message_bytes` (tonic's decode limit is a `usize`; 256 MiB is
 /// far beyond any useful frame).
@@ -325,7 +342,19 @@ impl ProducerConfig {
             1,
             "millisecond",
         )?;
+        self.publishers()?;
         Ok((PoolId { domain, dc }, format))
+    }
+
+    /// Checks `block_size`, `[engine]` and `[[engines]]`, and returns one publisher socket
+    /// per rank of every engine.
+    ///
+    /// # Errors
+    /// [`Invalid`] naming the key, the value and the rule.
+    pub fn publishers(&self) -> Result<Vec<PublisherSpec>, Invalid> {
+        in_range("block_size", self.block_size, 1..=MAX_BLOCK_SIZE, "tokens")?;
+        self.engine.validate()?;
+        crate::engines::config::expand(&self.engines)
     }
 
     /// `table.max_kicks`: the relocation bound of one cuckoo insertion, in kicks.
@@ -450,6 +479,17 @@ pub struct Cli {
     /// log_format: human or json [default: human].
     #[arg(long, value_name = "FORMAT")]
     pub log_format: Option<LogFormat>,
+    /// block_size: tokens per KV block, as the engines and the indexer use [default: 16].
+    #[arg(long, value_name = "TOKENS", env = "CKF_BLOCK_SIZE")]
+    pub block_size: Option<u32>,
+    /// engines: one engine publisher, worker_id=N,endpoint=tcp://host:port[,replay_endpoint=tcp://host:port][,dp_size=N][,topic=T][,format=auto][,mode=connect|bind]; repeat for several; CKF_ENGINES takes the same specs separated by ';' [default: none].
+    #[arg(
+        long = "engine",
+        value_name = "SPEC",
+        env = "CKF_ENGINES",
+        value_delimiter = ';'
+    )]
+    pub engines: Vec<EngineSpec>,
 }
 
 impl Validate for ProducerConfig {
@@ -492,6 +532,11 @@ impl Cli {
             .set(
                 "indexers",
                 (!self.indexers.is_empty()).then_some(&self.indexers),
+            )
+            .set("block_size", self.block_size)
+            .set(
+                "engines",
+                (!self.engines.is_empty()).then_some(&self.engines),
             )
     }
 

@@ -26,6 +26,9 @@ pub enum RequestError {
         /// The configured limit.
         max: usize,
     },
+    /// `GetMemberBlocksRequest.member` is absent.
+    #[error("GetMemberBlocksRequest.member is required")]
+    MissingMember,
     /// The producer is shutting down and no longer ingests.
     #[error("the producer is shutting down and no longer accepts events")]
     ShuttingDown,

@@ -14,6 +14,7 @@
 //! | module | owns |
 //! | --- | --- |
 //! | [`config`] | configuration only: layers, flags, validation |
+//! | [`engines`] | ZMQ ingest: one task per engine publisher socket (SUB + replay DEALER), engine config and metrics |
 //! | [`ingest`] | the `Ingest` service, one file per RPC, wire conversion |
 //! | [`events`] | decoded batches and per-event reports (handler <-> actor) |
 //! | [`actor`] | the one task owning `DcCkfState`, source sequences and the fan-out; cadence; shutdown drain; `ActorHandle::ask` |
@@ -27,6 +28,7 @@
 
 pub mod actor;
 pub mod config;
+pub mod engines;
 pub mod error;
 pub mod events;
 pub mod fanout;
@@ -188,6 +190,7 @@ pub async fn serve(
         source_name: None,
     };
     let (pool, format) = config.pool_and_format().map_err(invalid)?;
+    let publishers = config.publishers().map_err(invalid)?;
     let identity = ProducerIdentity {
         pool,
         incarnation: new_incarnation(),
@@ -242,6 +245,11 @@ pub async fn serve(
             batch_threshold: config.publication.batch_threshold as usize,
             max_delay: config.max_delay(),
         },
+        ckf_engine::filters::EngineFilters {
+            block_size: config.block_size,
+            media: config.engine.media.clone(),
+            main_group: config.engine.main_group,
+        },
     );
     // The actor does CPU-bound filter work (cuckoo kicks, omissions at 500 kicks each, clears of
     // large members): it gets a thread of its own so a long command can never starve the relay
@@ -250,6 +258,24 @@ pub async fn serve(
     let runtime = tokio::runtime::Handle::current();
     let actor_task: JoinHandle<ActorReport> =
         tokio::task::spawn_blocking(move || runtime.block_on(actor.run(actor_rx, actor_stop)));
+
+    // One task per engine publisher socket (engine x dp rank); they stop with `stop`.
+    let engine_settings = engines::EngineSettings {
+        limits: ckf_engine::wire::DecodeLimits::default(),
+        max_frame_bytes: usize::try_from(config.engine.max_frame_bytes).unwrap_or(usize::MAX),
+        replay_timeout: Duration::from_millis(config.engine.replay_timeout_ms),
+        max_buffered_batches: config.engine.max_buffered_batches as usize,
+    };
+    for spec in publishers {
+        let task = engines::publisher::PublisherTask::new(
+            spec,
+            engine_settings.clone(),
+            handle.clone(),
+            metrics.engine.clone(),
+            stop.clone(),
+        );
+        tokio::spawn(task.run());
+    }
 
     // One publisher task per indexer endpoint.
     let settings = RelaySettings {

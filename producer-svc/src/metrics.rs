@@ -124,6 +124,8 @@ pub struct Metrics {
     pub acked_sequence: IntGaugeVec,
     /// Seconds from a batch's oldest change to the indexer's acknowledgement of it.
     pub change_to_ack_seconds: HistogramVec,
+    /// Engine publishers (ZMQ ingest), per publisher socket.
+    pub engine: crate::engines::metrics::EngineMetrics,
 }
 
 impl Metrics {
@@ -294,6 +296,7 @@ impl Metrics {
                 &["indexer"],
             ),
             change_to_ack_seconds,
+            engine: crate::engines::metrics::EngineMetrics::new(&r),
             registry: r,
         }
     }

@@ -9,7 +9,8 @@ impl From<RequestError> for Status {
         let code = match e {
             RequestError::EmptySourceId
             | RequestError::SourceIdTooLong { .. }
-            | RequestError::TooManyEvents { .. } => Code::InvalidArgument,
+            | RequestError::TooManyEvents { .. }
+            | RequestError::MissingMember => Code::InvalidArgument,
             RequestError::ShuttingDown => Code::Unavailable,
         };
         Status::new(code, e.to_string())

@@ -5,12 +5,14 @@
 //! | [`publish`] | `Publish`: bidi stream of batches, one result per batch, in order |
 //! | [`publish_batch`] | `PublishBatch`: one batch, one result |
 //! | [`get_stats`] | `GetStats`: exact-state and filter statistics |
+//! | [`get_member_blocks`] | `GetMemberBlocks`: one member's canonical block hashes, sorted |
 //! | [`convert`] | wire <-> [`crate::events`] |
 //!
 //! Handlers decode, hand the batch to the state actor through its bounded channel (waiting
 //! when it is full: backpressure) and encode the actor's answer. No rule is applied here.
 
 pub mod convert;
+pub mod get_member_blocks;
 pub mod get_stats;
 pub mod publish;
 pub mod publish_batch;
@@ -102,6 +104,16 @@ impl Ingest for IngestService {
         );
         publish_batch::handle(self, request.into_inner())
             .instrument(span)
+            .await
+            .map(Response::new)
+            .map_err(Status::from)
+    }
+
+    async fn get_member_blocks(
+        &self,
+        request: Request<v1::GetMemberBlocksRequest>,
+    ) -> Result<Response<v1::MemberBlocks>, Status> {
+        get_member_blocks::handle(self, request.into_inner())
             .await
             .map(Response::new)
             .map_err(Status::from)

@@ -1,0 +1,103 @@
+//! Metrics of the engine publishers (prefix `ckf_producer_engine_`), labelled by `publisher`
+//! (`"worker/rank"`, e.g. `7/0`) and `endpoint` (the rank's PUB endpoint).
+
+use ckf_svc_kit::metrics::{counter_vec, int_gauge, int_gauge_vec};
+use prometheus::{IntCounterVec, IntGauge, IntGaugeVec, Registry};
+
+/// Every engine-ingest metric.
+#[derive(Debug, Clone)]
+pub struct EngineMetrics {
+    /// 1 while the SUB socket has a peer, by `publisher`, `endpoint`.
+    pub connected: IntGaugeVec,
+    /// Batches received live (decodable or not), by `publisher`, `endpoint`.
+    pub batches: IntCounterVec,
+    /// Decoded events, by `publisher`, `endpoint`, `type` (stored, removed, all_cleared,
+    /// unknown).
+    pub events: IntCounterVec,
+    /// Frames or payloads refused, by `publisher`, `endpoint`, `kind` (oversize, parts,
+    /// sequence, truncated, syntax, trailing, type, limit, malformed_event).
+    pub decode_errors: IntCounterVec,
+    /// Blocks (1 per event without blocks) not applied, by `publisher`, `endpoint`, `reason`
+    /// (medium, group, sliding_window, block_size, orphan, unknown_removal, conflict,
+    /// unknown_event).
+    pub skipped_events: IntCounterVec,
+    /// Sequence gaps, by `publisher`, `endpoint`.
+    pub gaps: IntCounterVec,
+    /// Replays by `publisher`, `endpoint`, `outcome` (requested, filled, failed).
+    pub replays: IntCounterVec,
+    /// Members cleared, by `publisher`, `endpoint`, `reason` (gap, restart).
+    pub members_cleared: IntCounterVec,
+    /// Unix time (seconds) of the last batch received, by `publisher`, `endpoint`; the age is
+    /// `time() - this`.
+    pub last_batch_timestamp: IntGaugeVec,
+    /// Estimated bytes of the engine-hash lineage (every member).
+    pub lineage_bytes: IntGauge,
+}
+
+impl EngineMetrics {
+    /// Registers every engine metric in `r`.
+    pub fn new(r: &Registry) -> Self {
+        let pe = &["publisher", "endpoint"];
+        Self {
+            connected: int_gauge_vec(
+                r,
+                "ckf_producer_engine_connected",
+                "1 while the engine publisher's SUB socket has a peer.",
+                pe,
+            ),
+            batches: counter_vec(
+                r,
+                "ckf_producer_engine_batches_total",
+                "Engine batches received live (decodable or not).",
+                pe,
+            ),
+            events: counter_vec(
+                r,
+                "ckf_producer_engine_events_total",
+                "Engine events decoded, by type.",
+                &["publisher", "endpoint", "type"],
+            ),
+            decode_errors: counter_vec(
+                r,
+                "ckf_producer_engine_decode_errors_total",
+                "Engine frames, payloads or events refused as malformed, by kind.",
+                &["publisher", "endpoint", "kind"],
+            ),
+            skipped_events: counter_vec(
+                r,
+                "ckf_producer_engine_skipped_events_total",
+                "Engine blocks (1 per event without blocks) not applied, by reason.",
+                &["publisher", "endpoint", "reason"],
+            ),
+            gaps: counter_vec(
+                r,
+                "ckf_producer_engine_gaps_total",
+                "Engine batch sequence gaps.",
+                pe,
+            ),
+            replays: counter_vec(
+                r,
+                "ckf_producer_engine_replays_total",
+                "Engine replays, by outcome (requested, filled, failed).",
+                &["publisher", "endpoint", "outcome"],
+            ),
+            members_cleared: counter_vec(
+                r,
+                "ckf_producer_engine_members_cleared_total",
+                "Members cleared because their publisher's state became uncertain, by reason (gap, restart).",
+                &["publisher", "endpoint", "reason"],
+            ),
+            last_batch_timestamp: int_gauge_vec(
+                r,
+                "ckf_producer_engine_last_batch_timestamp_seconds",
+                "Unix time of the last engine batch received (age = time() - this).",
+                pe,
+            ),
+            lineage_bytes: int_gauge(
+                r,
+                "ckf_producer_engine_lineage_bytes",
+                "Estimated bytes of the engine-hash to canonical-hash lineage.",
+            ),
+        }
+    }
+}

@@ -1,0 +1,69 @@
+//! ZMQ ingestion of inference engines' KV events (vLLM, SGLang, TensorRT-LLM publishers).
+//!
+//! | file | owns |
+//! | --- | --- |
+//! | [`config`] | `[engine]`, `[[engines]]`, `--engine` specs, their validation, ranks -> endpoints |
+//! | [`publisher`] | one task per publisher socket (engine x dp rank): SUB, replay DEALER, frames -> actor |
+//! | [`metrics`] | `ckf_producer_engine_*` metrics |
+//!
+//! The rules are `ckf-engine`'s: frames ([`ckf_engine::frame`]), payload decoding
+//! ([`ckf_engine::wire`]), the sequence rule ([`ckf_engine::sequence`]), and, in the state
+//! actor, filters and lineage ([`ckf_engine::lineage`]). The tasks here only move bytes and
+//! execute the sequence rule's actions.
+
+pub mod config;
+pub mod metrics;
+pub mod publisher;
+
+use std::time::Duration;
+
+use ckf_core::dc::MemberId;
+use ckf_engine::event::EngineBatch;
+use ckf_engine::sequence::ClearReason;
+
+/// One publisher socket as the actor sees it: who it feeds and its metric labels.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublisherId {
+    /// The engine's worker id.
+    pub worker_id: u64,
+    /// The socket's dp rank (the member's rank when a batch names none).
+    pub rank: u32,
+    /// `"worker/rank"`.
+    pub label: String,
+    /// The rank's PUB endpoint.
+    pub endpoint: String,
+}
+
+impl PublisherId {
+    /// The member a batch of this socket belongs to: the batch's own dp rank if it has one.
+    pub fn member(&self, batch: &EngineBatch) -> MemberId {
+        MemberId::new(self.worker_id, batch.dp_rank.unwrap_or(self.rank))
+    }
+
+    /// `[publisher, endpoint]` label values.
+    pub fn labels(&self) -> [&str; 2] {
+        [&self.label, &self.endpoint]
+    }
+}
+
+/// What a publisher task asks the state actor to do.
+#[derive(Debug)]
+pub enum EngineStep {
+    /// Translate (lineage) and apply one decoded batch, in order.
+    Apply(EngineBatch),
+    /// Clear every member this publisher fed, in the state and the lineage.
+    Clear(ClearReason),
+}
+
+/// Settings of every publisher task (from `[engine]`).
+#[derive(Debug, Clone)]
+pub struct EngineSettings {
+    /// Decoder bounds.
+    pub limits: ckf_engine::wire::DecodeLimits,
+    /// Frames above this many bytes are dropped and counted.
+    pub max_frame_bytes: usize,
+    /// Replay deadline.
+    pub replay_timeout: Duration,
+    /// Live batches buffered while a replay runs.
+    pub max_buffered_batches: usize,
+}

@@ -1,0 +1,478 @@
+//! One publisher socket (one dp rank of one engine): a SUB socket on its PUB endpoint and,
+//! when configured, a DEALER on its replay endpoint for the duration of one replay.
+//!
+//! The task decodes each frame, feeds [`PublisherSequence`] and executes its actions: apply
+//! and clear go to the state actor through its bounded channel (a slow actor slows the
+//! socket reads down; ZMQ then drops at the engine's high-water mark, which the sequence rule
+//! sees as a gap), replay requests open a DEALER in a child task. Malformed input is counted
+//! and logged at most once per [`LOG_INTERVAL`] per publisher (with the suppressed count); it
+//! never reaches the actor, so it cannot touch any member.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use ckf_engine::event::{EngineBatch, EngineEvent};
+use ckf_engine::frame::EngineFrame;
+use ckf_engine::sequence::{Action, PublisherSequence, ReplayFailure, SequenceConfig};
+use ckf_engine::wire::decode_batch;
+use ckf_svc_kit::Shutdown;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, sleep, sleep_until};
+use tokio_stream::StreamExt;
+use zeromq::{Socket, SocketEvent, SocketRecv, SocketSend, ZmqMessage};
+
+use super::config::{Endpoint, PublisherSpec, SocketMode};
+use super::metrics::EngineMetrics;
+use super::{EngineSettings, EngineStep, PublisherId};
+use crate::actor::{ActorHandle, Command};
+
+/// At most one malformed-input log line per publisher per interval.
+pub const LOG_INTERVAL: Duration = Duration::from_secs(10);
+/// Wait between attempts to bind or connect the SUB socket.
+const RETRY: Duration = Duration::from_millis(500);
+/// Largest dp rank a batch may name (a hostile rank could otherwise create members at will).
+const MAX_BATCH_RANK: u32 = super::config::MAX_DP_SIZE;
+
+/// A batch as it travels through the sequence rule: `None` when undecodable (it still takes
+/// its sequence number, so it is not mistaken for a gap).
+type Batch = Option<EngineBatch>;
+
+/// Rate limit of one publisher's malformed-input logs.
+#[derive(Debug, Default)]
+struct LogLimit {
+    last: Option<Instant>,
+    suppressed: u64,
+}
+
+impl LogLimit {
+    /// `Some(suppressed since the last line)` when a line may be logged now.
+    fn allow(&mut self) -> Option<u64> {
+        let now = Instant::now();
+        if self
+            .last
+            .is_some_and(|t| now.duration_since(t) < LOG_INTERVAL)
+        {
+            self.suppressed += 1;
+            return None;
+        }
+        self.last = Some(now);
+        Some(std::mem::take(&mut self.suppressed))
+    }
+}
+
+/// Decoding shared by the live and replay paths.
+#[derive(Debug, Clone)]
+struct Decoder {
+    id: Arc<PublisherId>,
+    metrics: EngineMetrics,
+    settings: EngineSettings,
+}
+
+impl Decoder {
+    fn error(&self, kind: &str, detail: &dyn std::fmt::Display, log: &mut LogLimit) {
+        let [p, e] = self.id.labels();
+        self.metrics
+            .decode_errors
+            .with_label_values(&[p, e, kind])
+            .inc();
+        if let Some(suppressed) = log.allow() {
+            tracing::warn!(publisher = p, endpoint = e, kind, %detail, suppressed, "malformed engine input dropped");
+        }
+    }
+
+    /// `(sequence, batch)` of a multipart message, `None` when it has no usable sequence.
+    fn frame(&self, parts: &[Bytes], log: &mut LogLimit) -> Option<(i64, Batch, bool)> {
+        let size: usize = parts.iter().map(Bytes::len).sum();
+        if size > self.settings.max_frame_bytes {
+            self.error(
+                "oversize",
+                &format_args!("{size} bytes > engine.max_frame_bytes"),
+                log,
+            );
+            // Keep its sequence (the part before the payload) so it is no gap.
+            let seq = parts.len().checked_sub(2).and_then(|i| {
+                <[u8; 8]>::try_from(parts[i].as_ref())
+                    .ok()
+                    .map(i64::from_be_bytes)
+            })?;
+            return Some((seq, None, false));
+        }
+        let refs: Vec<&[u8]> = parts.iter().map(AsRef::as_ref).collect();
+        let frame = match EngineFrame::parse(&refs) {
+            Ok(f) => f,
+            Err(e) => {
+                self.error(e.kind_label(), &e, log);
+                return None;
+            }
+        };
+        let end = frame.is_replay_end();
+        Some((frame.sequence, self.payload(&frame.payload, log), end))
+    }
+
+    fn payload(&self, payload: &[u8], log: &mut LogLimit) -> Batch {
+        let [p, e] = self.id.labels();
+        match decode_batch(payload, &self.settings.limits) {
+            Ok(batch) => {
+                if batch.dp_rank.is_some_and(|r| r >= MAX_BATCH_RANK) {
+                    self.error(
+                        "dp_rank",
+                        &format_args!("batch dp_rank {:?} >= {MAX_BATCH_RANK}", batch.dp_rank),
+                        log,
+                    );
+                    return None;
+                }
+                for event in &batch.events {
+                    let kind = match event {
+                        EngineEvent::Stored(_) => "stored",
+                        EngineEvent::Removed(_) => "removed",
+                        EngineEvent::AllCleared => "all_cleared",
+                        EngineEvent::Unknown { .. } => "unknown",
+                    };
+                    self.metrics.events.with_label_values(&[p, e, kind]).inc();
+                }
+                let notes = &batch.notes;
+                if notes.malformed_events > 0 {
+                    self.metrics
+                        .decode_errors
+                        .with_label_values(&[p, e, "malformed_event"])
+                        .inc_by(u64::from(notes.malformed_events));
+                    if let Some(suppressed) = log.allow() {
+                        tracing::warn!(
+                            publisher = p,
+                            endpoint = e,
+                            malformed = notes.malformed_events,
+                            first = notes.first_malformed.as_deref().unwrap_or(""),
+                            suppressed,
+                            "malformed engine events skipped"
+                        );
+                    }
+                }
+                Some(batch)
+            }
+            Err(err) => {
+                self.error(err.kind_label(), &err, log);
+                None
+            }
+        }
+    }
+}
+
+/// What the replay child task reports.
+#[derive(Debug)]
+enum ReplayMsg {
+    Frame(i64, Batch),
+    End,
+    Failed(String),
+}
+
+/// One publisher socket's task.
+pub struct PublisherTask {
+    spec: PublisherSpec,
+    decoder: Decoder,
+    actor: ActorHandle,
+    stop: Shutdown,
+}
+
+impl PublisherTask {
+    /// A task for `spec`.
+    pub fn new(
+        spec: PublisherSpec,
+        settings: EngineSettings,
+        actor: ActorHandle,
+        metrics: EngineMetrics,
+        stop: Shutdown,
+    ) -> Self {
+        let id = Arc::new(PublisherId {
+            worker_id: spec.worker_id,
+            rank: spec.rank,
+            label: spec.label(),
+            endpoint: spec.endpoint.to_string(),
+        });
+        Self {
+            spec,
+            decoder: Decoder {
+                id,
+                metrics,
+                settings,
+            },
+            actor,
+            stop,
+        }
+    }
+
+    /// Runs until shutdown (or the actor stops), in an `engine` span (`publisher`, `endpoint`).
+    pub async fn run(self) {
+        use tracing::Instrument;
+        let id = self.decoder.id.clone();
+        let span = tracing::info_span!("engine", publisher = %id.label, endpoint = %id.endpoint);
+        self.run_inner().instrument(span).await;
+    }
+
+    async fn run_inner(self) {
+        let stopped = self.stop.wait();
+        tokio::pin!(stopped);
+        let mut sub = zeromq::SubSocket::new();
+        self.watch_connection(sub.monitor());
+        let address = socket_address(&self.spec.endpoint, self.spec.mode);
+        loop {
+            let attempt = async {
+                match self.spec.mode {
+                    SocketMode::Connect => sub.connect(&address).await,
+                    SocketMode::Bind => sub.bind(&address).await.map(|_| ()),
+                }
+            };
+            tokio::select! {
+                () = &mut stopped => return,
+                r = attempt => match r {
+                    Ok(()) => break,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "engine socket not ready; retrying");
+                        tokio::select! {
+                            () = &mut stopped => return,
+                            () = sleep(RETRY) => {}
+                        }
+                    }
+                },
+            }
+        }
+        if let Err(e) = sub.subscribe(&self.spec.topic).await {
+            tracing::error!(error = %e, "subscribe failed; publisher not ingested");
+            return;
+        }
+        tracing::info!(mode = ?self.spec.mode, "engine publisher subscribed");
+
+        let s = &self.decoder.settings;
+        let mut state = Run {
+            sequence: PublisherSequence::new(SequenceConfig {
+                max_buffered_batches: s.max_buffered_batches,
+                replay_available: self.spec.replay_endpoint.is_some(),
+            }),
+            generation: 0,
+            replay: None,
+            deadline: None,
+            log: LogLimit::default(),
+        };
+        let (replay_tx, mut replay_rx) = mpsc::channel::<(u64, ReplayMsg)>(1024);
+        loop {
+            let deadline = state.deadline;
+            let actions = tokio::select! {
+                biased;
+                () = &mut stopped => break,
+                Some((generation, msg)) = replay_rx.recv() => {
+                    if generation != state.generation {
+                        continue; // a replay already given up
+                    }
+                    match msg {
+                        ReplayMsg::Frame(seq, batch) => state.sequence.replayed(seq, batch),
+                        ReplayMsg::End => state.sequence.replay_end(),
+                        ReplayMsg::Failed(why) => {
+                            tracing::warn!(%why, "replay socket failed");
+                            state.sequence.replay_failed(ReplayFailure::Transport)
+                        }
+                    }
+                }
+                () = sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => {
+                    state.sequence.replay_failed(ReplayFailure::Timeout)
+                }
+                msg = sub.recv() => match msg {
+                    Ok(msg) => self.live(msg, &mut state),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "engine socket receive failed");
+                        sleep(RETRY).await;
+                        continue;
+                    }
+                },
+            };
+            if self.execute(actions, &mut state, &replay_tx).await.is_err() {
+                break;
+            }
+        }
+        if let Some(task) = state.replay.take() {
+            task.abort();
+        }
+    }
+
+    fn watch_connection<S>(&self, mut monitor: S)
+    where
+        S: tokio_stream::Stream<Item = SocketEvent> + Send + Unpin + 'static,
+    {
+        let id = self.decoder.id.clone();
+        let gauge = self.decoder.metrics.connected.clone();
+        tokio::spawn(async move {
+            let gauge = gauge.with_label_values(&id.labels());
+            while let Some(event) = monitor.next().await {
+                match event {
+                    SocketEvent::Connected(..) | SocketEvent::Accepted(..) => gauge.inc(),
+                    SocketEvent::Disconnected(_) => gauge.set((gauge.get() - 1).max(0)),
+                    _ => {}
+                }
+            }
+            gauge.set(0);
+        });
+    }
+
+    fn live(&self, msg: ZmqMessage, state: &mut Run) -> Vec<Action<Batch>> {
+        let [p, e] = self.decoder.id.labels();
+        let m = &self.decoder.metrics;
+        m.batches.with_label_values(&[p, e]).inc();
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        m.last_batch_timestamp
+            .with_label_values(&[p, e])
+            .set(i64::try_from(now).unwrap_or(i64::MAX));
+        let parts = msg.into_vec();
+        match self.decoder.frame(&parts, &mut state.log) {
+            Some((seq, batch, _)) => state.sequence.live(seq, batch),
+            None => Vec::new(),
+        }
+    }
+
+    async fn execute(
+        &self,
+        actions: Vec<Action<Batch>>,
+        state: &mut Run,
+        replay_tx: &mpsc::Sender<(u64, ReplayMsg)>,
+    ) -> Result<(), crate::actor::ActorGone> {
+        let id = &self.decoder.id;
+        let [p, e] = id.labels();
+        let m = &self.decoder.metrics;
+        for action in actions {
+            match action {
+                Action::Apply {
+                    batch: Some(batch), ..
+                } => {
+                    self.actor
+                        .tell(Command::Engine {
+                            publisher: id.clone(),
+                            step: EngineStep::Apply(batch),
+                        })
+                        .await?;
+                }
+                Action::Apply { batch: None, .. } | Action::Duplicate { .. } => {}
+                Action::Gap { expected, received } => {
+                    m.gaps.with_label_values(&[p, e]).inc();
+                    tracing::info!(expected, received, "engine sequence gap");
+                }
+                Action::RequestReplay { from } => {
+                    m.replays.with_label_values(&[p, e, "requested"]).inc();
+                    state.end_replay();
+                    let Some(endpoint) = &self.spec.replay_endpoint else {
+                        continue; // unreachable: replay_available is false without one
+                    };
+                    state.deadline = Some(Instant::now() + self.decoder.settings.replay_timeout);
+                    state.replay = Some(tokio::spawn(replay(
+                        state.generation,
+                        from,
+                        endpoint.to_string(),
+                        self.decoder.clone(),
+                        replay_tx.clone(),
+                    )));
+                }
+                Action::ReplayFilled { from } => {
+                    m.replays.with_label_values(&[p, e, "filled"]).inc();
+                    tracing::info!(from, "replay filled the gap");
+                    state.end_replay();
+                }
+                Action::ReplayFailed { from, reason } => {
+                    m.replays.with_label_values(&[p, e, "failed"]).inc();
+                    tracing::warn!(from, reason = reason.label(), "replay did not fill the gap");
+                    state.end_replay();
+                }
+                Action::ClearMembers { reason } => {
+                    tracing::warn!(
+                        reason = reason.label(),
+                        "clearing this publisher's members (their state is uncertain)"
+                    );
+                    self.actor
+                        .tell(Command::Engine {
+                            publisher: id.clone(),
+                            step: EngineStep::Clear(reason),
+                        })
+                        .await?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The task's mutable state between events.
+struct Run {
+    sequence: PublisherSequence<Batch>,
+    /// Replies tagged with an older generation belong to an abandoned replay.
+    generation: u64,
+    replay: Option<JoinHandle<()>>,
+    deadline: Option<Instant>,
+    log: LogLimit,
+}
+
+impl Run {
+    fn end_replay(&mut self) {
+        self.generation += 1;
+        self.deadline = None;
+        if let Some(task) = self.replay.take() {
+            task.abort();
+        }
+    }
+}
+
+/// The address zeromq is given: `*` means every interface when binding.
+fn socket_address(endpoint: &Endpoint, mode: SocketMode) -> String {
+    match (endpoint, mode) {
+        (Endpoint::Tcp { host, port }, SocketMode::Bind) if host == "*" => {
+            format!("tcp://0.0.0.0:{port}")
+        }
+        _ => endpoint.to_string(),
+    }
+}
+
+/// One replay: DEALER connect, request `[b"", from as 8 bytes BE]`, forward every reply until
+/// the end marker. The ROUTER prefixes each reply with an empty delimiter part.
+async fn replay(
+    generation: u64,
+    from: i64,
+    endpoint: String,
+    decoder: Decoder,
+    tx: mpsc::Sender<(u64, ReplayMsg)>,
+) {
+    let mut log = LogLimit::default();
+    let result: Result<(), String> = async {
+        let mut dealer = zeromq::DealerSocket::new();
+        dealer
+            .connect(&endpoint)
+            .await
+            .map_err(|e| format!("connect {endpoint}: {e}"))?;
+        let mut request = ZmqMessage::from(Bytes::new());
+        request.push_back(Bytes::copy_from_slice(&from.to_be_bytes()));
+        dealer
+            .send(request)
+            .await
+            .map_err(|e| format!("send: {e}"))?;
+        loop {
+            let msg = dealer.recv().await.map_err(|e| format!("receive: {e}"))?;
+            let mut parts = msg.into_vec();
+            if parts.len() >= 3 && parts[0].is_empty() {
+                parts.remove(0);
+            }
+            let Some((seq, batch, end)) = decoder.frame(&parts, &mut log) else {
+                return Err("a reply is not a frame".into());
+            };
+            let msg = if end {
+                ReplayMsg::End
+            } else {
+                ReplayMsg::Frame(seq, batch)
+            };
+            let done = matches!(msg, ReplayMsg::End);
+            if tx.send((generation, msg)).await.is_err() || done {
+                return Ok(());
+            }
+        }
+    }
+    .await;
+    if let Err(why) = result {
+        let _ = tx.send((generation, ReplayMsg::Failed(why))).await;
+    }
+}
