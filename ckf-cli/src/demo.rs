@@ -175,6 +175,23 @@ pub async fn bind_publishers(shape: FleetShape) -> Result<Vec<Vec<EnginePublishe
     Ok(all)
 }
 
+/// The demo services and the feed of `kind`: for ZMQ, the engine publishers are bound first
+/// and every producer starts subscribed to its DC's.
+///
+/// # Errors
+/// No free loopback ports, or a service that fails to start.
+pub async fn start_feed(shape: FleetShape, kind: FeedKind) -> Result<(Services, Feed)> {
+    Ok(match kind {
+        FeedKind::Grpc => (Services::start(shape).await?, Feed::Grpc),
+        FeedKind::Zmq => {
+            let publishers = bind_publishers(shape).await?;
+            let services = Services::start_with(shape, &publishers).await?;
+            let feed = Feed::Zmq(ZmqFeed::new(TokenFeed::new(BLOCK_SIZE)?, publishers));
+            (services, feed)
+        }
+    })
+}
+
 /// Runs `ckf demo`. The workload (and a given trace) is validated before any service starts.
 ///
 /// # Errors
@@ -183,15 +200,7 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     let workload = load_workload(args.trace.as_deref(), args.fleet.limit, args.fleet.seed)?;
     let shape = args.fleet.shape(args.dcs);
     shape.validate().map_err(|e| anyhow::anyhow!(e))?;
-    let (services, mut feed) = match args.feed {
-        FeedKind::Grpc => (Services::start(shape).await?, Feed::Grpc),
-        FeedKind::Zmq => {
-            let publishers = bind_publishers(shape).await?;
-            let services = Services::start_with(shape, &publishers).await?;
-            let feed = Feed::Zmq(ZmqFeed::new(TokenFeed::new(BLOCK_SIZE)?, publishers));
-            (services, feed)
-        }
-    };
+    let (services, mut feed) = start_feed(shape, args.feed).await?;
     let config = live_config(&args.fleet, &args.timeouts, shape);
     let outcome = async {
         let indexer = connect(&services.indexer_url).await?;
