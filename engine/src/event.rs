@@ -32,7 +32,8 @@ pub enum EngineEvent {
     AllCleared,
     /// An event whose type this crate does not know (kept so it can be counted by kind).
     Unknown {
-        /// The event's type tag as sent (`"type"` of a map, first element of an array).
+        /// The event's type tag as sent (`"type"` of a map, first element of an array), cut to
+        /// [`crate::wire::MAX_KIND_BYTES`].
         kind: String,
     },
 }
@@ -98,7 +99,8 @@ pub struct DecodeNotes {
     /// Map keys of events or of the batch that this crate does not know (ignored), plus extra
     /// trailing elements of positional events beyond the known fields.
     pub unknown_fields: u32,
-    /// Events of an unknown type (returned as [`EngineEvent::Unknown`]).
+    /// Events of an unknown type (returned as [`EngineEvent::Unknown`]; their fields are not
+    /// counted as unknown fields).
     pub unknown_events: u32,
     /// Events skipped because a known field had the wrong type or broke a limit; the rest of
     /// the batch still decoded.

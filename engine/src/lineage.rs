@@ -1,6 +1,15 @@
 //! Per member: engine block hash -> canonical block hash.
 //!
-//! (Rule in the crate README, "Lineage rule".)
+//! Engines publish their own block hashes (vLLM: sha256 of its own key; SGLang: its own
+//! int64); queries probe canonical hashes (`ckf_core::tokens`). A store's canonical chain is
+//! computed from its tokens: block k's canonical hash is
+//! `chain_step(parent canonical, block_hash(tokens, mm hashes ++ other extras, seed))`, block
+//! k's parent being block k-1 and the first block's parent the event's parent. The seed is the
+//! parent's seed (a parent this member's lineage does not know makes the store an orphan:
+//! nothing applied), else `BlockSeed::new(cache_salt or block 0's extra-key salt, lora_name)`.
+//! A removal maps engine hashes back; a canonical hash held through several engine hashes of
+//! one member leaves the state only with the last (per-member refcount). `AllBlocksCleared`
+//! drops the member's lineage. Full rule: the crate README, "Lineage rule".
 
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
@@ -158,6 +167,7 @@ impl Lineage {
                 mm.extend_from_slice(&x.mm_hashes);
                 mm.extend_from_slice(&x.other);
             }
+            // In range: admit_stored checked token_ids.len() == n * block_size.
             let tokens = &stored.token_ids[k * bs..(k + 1) * bs];
             let canonical = tokens::chain_step(parent, tokens::block_hash(tokens, &mm, seed));
             match lineage.blocks.entry(engine) {

@@ -8,8 +8,11 @@
 //! crate README, "Decoding rules"; the field names and orders are those of vLLM's and SGLang's
 //! `kv_events.py` msgspec structs.
 
-use rmp::Marker;
 use thiserror::Error;
+
+mod reader;
+
+use reader::{Reader, Tok};
 
 use ckf_core::tokens::mm_identifier_hash;
 
@@ -94,7 +97,12 @@ pub fn decode_batch(payload: &[u8], limits: &DecodeLimits) -> Result<EngineBatch
     let mut batch = EngineBatch::default();
     let mut ts = None;
     let mut events = None;
-    match rd.next()? {
+    // The envelope is depth 1, its fields depth 2, events depth 3, event fields depth 4.
+    let envelope = rd.next()?;
+    if let Tok::Array(_) | Tok::Map(_) = envelope {
+        rd.enter(1)?;
+    }
+    match envelope {
         Tok::Array(n) => {
             if n < 2 {
                 rd.skip_items(u64::from(n), 2)?;
@@ -106,7 +114,7 @@ pub fn decode_batch(payload: &[u8], limits: &DecodeLimits) -> Result<EngineBatch
                 batch.dp_rank = rd.read_dp_rank()?;
             }
             for _ in 3..n {
-                rd.skip_value(1)?;
+                rd.skip_value(2)?;
                 batch.notes.unknown_fields += 1;
             }
         }
@@ -120,15 +128,14 @@ pub fn decode_batch(payload: &[u8], limits: &DecodeLimits) -> Result<EngineBatch
                         batch.dp_rank = rd.read_dp_rank()?;
                     }
                     other => {
-                        rd.skip_rest(&other, 1)?;
-                        rd.skip_value(1)?;
+                        rd.skip_rest(&other, 2)?;
+                        rd.skip_value(2)?;
                         batch.notes.unknown_fields += 1;
                     }
                 }
             }
         }
         other => {
-            rd.skip_rest(&other, 0)?;
             return Err(DecodeError::Type(format!(
                 "batch is {}, not an array or map",
                 other.kind()
@@ -143,220 +150,20 @@ pub fn decode_batch(payload: &[u8], limits: &DecodeLimits) -> Result<EngineBatch
     Ok(batch)
 }
 
-/// One msgpack token: a scalar with its data, or a container header (its items follow).
-#[derive(Debug, Clone, Copy)]
-enum Tok<'a> {
-    Nil,
-    Bool,
-    Uint(u64),
-    Int(i64),
-    Float(f64),
-    Str(&'a [u8]),
-    Bin(&'a [u8]),
-    Ext,
-    Array(u32),
-    Map(u32),
-}
-
-impl Tok<'_> {
-    fn kind(&self) -> &'static str {
-        match self {
-            Tok::Nil => "nil",
-            Tok::Bool => "bool",
-            Tok::Uint(_) | Tok::Int(_) => "int",
-            Tok::Float(_) => "float",
-            Tok::Str(_) => "str",
-            Tok::Bin(_) => "bin",
-            Tok::Ext => "ext",
-            Tok::Array(_) => "array",
-            Tok::Map(_) => "map",
-        }
-    }
-
-    /// The value as a non-negative integer, whichever int marker carried it.
-    fn as_u64(&self) -> Option<u64> {
-        match *self {
-            Tok::Uint(u) => Some(u),
-            Tok::Int(i) => u64::try_from(i).ok(),
-            _ => None,
-        }
-    }
-
-    fn as_u32(&self) -> Option<u32> {
-        self.as_u64().and_then(|u| u32::try_from(u).ok())
-    }
-}
-
 /// Why one event is skipped (the event was still consumed whole).
 type Bad = String;
 
 /// `Err` = fatal for the batch; `Ok(Err)` = this value was of the wrong shape (and consumed).
 type Field<T> = Result<Result<T, Bad>, DecodeError>;
 
-struct Reader<'a, 'l> {
-    buf: &'a [u8],
-    pos: usize,
-    limits: &'l DecodeLimits,
-}
-
-impl<'a> Reader<'a, '_> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
-        let end = self.pos.checked_add(n).ok_or(DecodeError::Truncated)?;
-        let s = self.buf.get(self.pos..end).ok_or(DecodeError::Truncated)?;
-        self.pos = end;
-        Ok(s)
-    }
-
-    fn be<const N: usize>(&mut self) -> Result<[u8; N], DecodeError> {
-        Ok(self.take(N)?.try_into().expect("take returned N bytes"))
-    }
-
-    fn len8(&mut self) -> Result<usize, DecodeError> {
-        Ok(usize::from(self.be::<1>()?[0]))
-    }
-    fn len16(&mut self) -> Result<usize, DecodeError> {
-        Ok(usize::from(u16::from_be_bytes(self.be()?)))
-    }
-    fn len32(&mut self) -> Result<u32, DecodeError> {
-        Ok(u32::from_be_bytes(self.be()?))
-    }
-
-    /// Reads one token (a container's items are not read).
-    fn next(&mut self) -> Result<Tok<'a>, DecodeError> {
-        let m = Marker::from_u8(self.be::<1>()?[0]);
-        Ok(match m {
-            Marker::FixPos(v) => Tok::Uint(u64::from(v)),
-            Marker::FixNeg(v) => Tok::Int(i64::from(v)),
-            Marker::FixMap(n) => Tok::Map(u32::from(n)),
-            Marker::FixArray(n) => Tok::Array(u32::from(n)),
-            Marker::FixStr(n) => Tok::Str(self.take(usize::from(n))?),
-            Marker::Null => Tok::Nil,
-            Marker::Reserved => return Err(DecodeError::Syntax("reserved marker 0xc1".into())),
-            Marker::False | Marker::True => Tok::Bool,
-            Marker::Bin8 => {
-                let n = self.len8()?;
-                Tok::Bin(self.take(n)?)
-            }
-            Marker::Bin16 => {
-                let n = self.len16()?;
-                Tok::Bin(self.take(n)?)
-            }
-            Marker::Bin32 => {
-                let n = self.len32()? as usize;
-                Tok::Bin(self.take(n)?)
-            }
-            Marker::Str8 => {
-                let n = self.len8()?;
-                Tok::Str(self.take(n)?)
-            }
-            Marker::Str16 => {
-                let n = self.len16()?;
-                Tok::Str(self.take(n)?)
-            }
-            Marker::Str32 => {
-                let n = self.len32()? as usize;
-                Tok::Str(self.take(n)?)
-            }
-            Marker::Ext8 => {
-                let n = self.len8()?;
-                self.take(n + 1)?;
-                Tok::Ext
-            }
-            Marker::Ext16 => {
-                let n = self.len16()?;
-                self.take(n + 1)?;
-                Tok::Ext
-            }
-            Marker::Ext32 => {
-                let n = self.len32()? as usize;
-                self.take(n.saturating_add(1))?;
-                Tok::Ext
-            }
-            Marker::FixExt1 => self.take(2).map(|_| Tok::Ext)?,
-            Marker::FixExt2 => self.take(3).map(|_| Tok::Ext)?,
-            Marker::FixExt4 => self.take(5).map(|_| Tok::Ext)?,
-            Marker::FixExt8 => self.take(9).map(|_| Tok::Ext)?,
-            Marker::FixExt16 => self.take(17).map(|_| Tok::Ext)?,
-            Marker::F32 => Tok::Float(f64::from(f32::from_be_bytes(self.be()?))),
-            Marker::F64 => Tok::Float(f64::from_be_bytes(self.be()?)),
-            Marker::U8 => Tok::Uint(u64::from(self.be::<1>()?[0])),
-            Marker::U16 => Tok::Uint(u64::from(u16::from_be_bytes(self.be()?))),
-            Marker::U32 => Tok::Uint(u64::from(u32::from_be_bytes(self.be()?))),
-            Marker::U64 => Tok::Uint(u64::from_be_bytes(self.be()?)),
-            Marker::I8 => Tok::Int(i64::from(i8::from_be_bytes(self.be()?))),
-            Marker::I16 => Tok::Int(i64::from(i16::from_be_bytes(self.be()?))),
-            Marker::I32 => Tok::Int(i64::from(i32::from_be_bytes(self.be()?))),
-            Marker::I64 => Tok::Int(i64::from_be_bytes(self.be()?)),
-            Marker::Array16 => Tok::Array(self.len16()? as u32),
-            Marker::Array32 => Tok::Array(self.len32()?),
-            Marker::Map16 => Tok::Map(self.len16()? as u32),
-            Marker::Map32 => Tok::Map(self.len32()?),
-        })
-    }
-
-    /// Skips `items` whole values that sit at nesting depth `depth` (iteratively: a deep
-    /// payload cannot exhaust the stack; `max_depth` bounds the nesting instead).
-    fn skip_items(&mut self, items: u64, depth: usize) -> Result<(), DecodeError> {
-        // Remaining item counts of the open containers, innermost last; an item read while
-        // `open.len() == k` sits at depth `depth + k - 1`.
-        let mut open: Vec<u64> = vec![items];
-        while let Some(top) = open.last_mut() {
-            if *top == 0 {
-                open.pop();
-                continue;
-            }
-            *top -= 1;
-            let n = match self.next()? {
-                Tok::Array(n) => u64::from(n),
-                Tok::Map(n) => 2 * u64::from(n),
-                _ => continue,
-            };
-            self.enter(depth + open.len() - 1)?;
-            open.push(n);
-        }
-        Ok(())
-    }
-
-    /// Skips one whole value at nesting depth `depth`.
-    fn skip_value(&mut self, depth: usize) -> Result<(), DecodeError> {
-        self.skip_items(1, depth)
-    }
-
-    /// Skips the items of `tok` if it is a container header read at depth `depth`.
-    fn skip_rest(&mut self, tok: &Tok<'_>, depth: usize) -> Result<(), DecodeError> {
-        let items = match *tok {
-            Tok::Array(n) => u64::from(n),
-            Tok::Map(n) => 2 * u64::from(n),
-            _ => return Ok(()),
-        };
-        self.enter(depth)?;
-        self.skip_items(items, depth + 1)
-    }
-
-    /// Capacity to reserve for `n` items: never more than the bytes left (each item takes at
-    /// least one), so a lying header cannot make the decoder allocate.
-    fn cap(&self, n: usize) -> usize {
-        n.min(self.buf.len() - self.pos)
-    }
-
-    /// A container header at `depth` counts toward the nesting limit.
-    fn enter(&self, depth: usize) -> Result<(), DecodeError> {
-        if depth > self.limits.max_depth {
-            return Err(DecodeError::Limit(format!(
-                "nesting deeper than {}",
-                self.limits.max_depth
-            )));
-        }
-        Ok(())
-    }
-
+impl Reader<'_, '_> {
     fn read_ts(&mut self) -> Result<f64, DecodeError> {
         match self.next()? {
             Tok::Float(f) => Ok(f),
             Tok::Uint(u) => Ok(u as f64),
             Tok::Int(i) => Ok(i as f64),
             other => {
-                self.skip_rest(&other, 1)?;
+                self.skip_rest(&other, 2)?;
                 Err(DecodeError::Type(format!("ts is {}", other.kind())))
             }
         }
@@ -370,7 +177,7 @@ impl<'a> Reader<'a, '_> {
                 .map(Some)
                 .ok_or_else(|| DecodeError::Type("dp rank out of u32 range".into())),
             other => {
-                self.skip_rest(&other, 1)?;
+                self.skip_rest(&other, 2)?;
                 Err(DecodeError::Type(format!("dp rank is {}", other.kind())))
             }
         }
@@ -381,7 +188,7 @@ impl<'a> Reader<'a, '_> {
         let n = match self.next()? {
             Tok::Array(n) => n,
             other => {
-                self.skip_rest(&other, 1)?;
+                self.skip_rest(&other, 2)?;
                 return Err(DecodeError::Type(format!("events is {}", other.kind())));
             }
         };
@@ -395,13 +202,12 @@ impl<'a> Reader<'a, '_> {
         let mut events = Vec::with_capacity(self.cap(n as usize));
         for _ in 0..n {
             match self.read_event(notes)? {
-                Ok(Some(ev)) => {
+                Ok(ev) => {
                     if let EngineEvent::Unknown { .. } = ev {
                         notes.unknown_events += 1;
                     }
                     events.push(ev);
                 }
-                Ok(None) => {}
                 Err(why) => {
                     notes.malformed_events += 1;
                     notes.first_malformed.get_or_insert(why);
@@ -413,11 +219,13 @@ impl<'a> Reader<'a, '_> {
 
     /// One event at depth 3. `Ok(Ok(None))` is never returned for a well-formed event; it is
     /// kept for symmetry with skipped shapes.
-    fn read_event(&mut self, notes: &mut DecodeNotes) -> Field<Option<EngineEvent>> {
+    fn read_event(&mut self, notes: &mut DecodeNotes) -> Field<EngineEvent> {
         const D: usize = 3;
         let tok = self.next()?;
         let mut f = Fields::default();
         let mut bad: Option<Bad> = None;
+        // Counted only for the known event types: an unknown type's fields are all unknown.
+        let mut unknown_fields = 0;
         let kind: String = match tok {
             Tok::Map(n) => {
                 self.enter(D)?;
@@ -427,7 +235,7 @@ impl<'a> Reader<'a, '_> {
                     let Tok::Str(key) = key else {
                         self.skip_rest(&key, D + 1)?;
                         self.skip_value(D + 1)?;
-                        notes.unknown_fields += 1;
+                        unknown_fields += 1;
                         continue;
                     };
                     if key == b"type" {
@@ -441,7 +249,7 @@ impl<'a> Reader<'a, '_> {
                     }
                     let Some(name) = FieldName::of(key) else {
                         self.skip_value(D + 1)?;
-                        notes.unknown_fields += 1;
+                        unknown_fields += 1;
                         continue;
                     };
                     if let Err(why) = self.read_field(name, &mut f)? {
@@ -479,9 +287,7 @@ impl<'a> Reader<'a, '_> {
                         }
                         None => {
                             self.skip_value(D + 1)?;
-                            if !order.is_empty() || kind == "AllBlocksCleared" {
-                                notes.unknown_fields += 1;
-                            }
+                            unknown_fields += 1;
                         }
                     }
                 }
@@ -494,6 +300,7 @@ impl<'a> Reader<'a, '_> {
         };
         let ev = match kind.as_str() {
             "BlockStored" | "BlockRemoved" | "AllBlocksCleared" => {
+                notes.unknown_fields += unknown_fields;
                 if let Some(why) = bad {
                     return Ok(Err(format!("{kind}: {why}")));
                 }
@@ -502,9 +309,11 @@ impl<'a> Reader<'a, '_> {
                     Err(why) => return Ok(Err(format!("{kind}: {why}"))),
                 }
             }
-            _ => EngineEvent::Unknown { kind },
+            _ => EngineEvent::Unknown {
+                kind: bounded_kind(kind),
+            },
         };
-        Ok(Ok(Some(ev)))
+        Ok(Ok(ev))
     }
 
     /// Reads one field value (depth 4) into `f`; a wrong shape is consumed and reported.
@@ -731,6 +540,21 @@ impl<'a> Reader<'a, '_> {
     }
 }
 
+/// The longest unknown event type kept, in bytes: a type tag is a label, not a payload.
+pub const MAX_KIND_BYTES: usize = 64;
+
+/// `kind` cut to at most [`MAX_KIND_BYTES`] (on a char boundary).
+fn bounded_kind(mut kind: String) -> String {
+    if kind.len() > MAX_KIND_BYTES {
+        let mut end = MAX_KIND_BYTES;
+        while !kind.is_char_boundary(end) {
+            end -= 1;
+        }
+        kind.truncate(end);
+    }
+    kind
+}
+
 /// An engine block hash as 64 bits: an unsigned int as is, a negative int as its two's
 /// complement bit pattern, bytes (at least 8) as their last 8 bytes big-endian.
 fn hash_of(tok: &Tok<'_>) -> Result<u64, Bad> {
@@ -911,358 +735,4 @@ fn classify(entries: Vec<RawExtra>, lora_name: Option<&str>) -> BlockExtras {
 }
 
 #[cfg(test)]
-mod tests {
-    use rmpv::Value as V;
-
-    use super::*;
-
-    fn enc(v: &V) -> Vec<u8> {
-        let mut out = Vec::new();
-        rmpv::encode::write_value(&mut out, v).unwrap();
-        out
-    }
-
-    fn s(x: &str) -> V {
-        V::from(x)
-    }
-
-    fn arr(items: Vec<V>) -> V {
-        V::Array(items)
-    }
-
-    fn map(items: Vec<(&str, V)>) -> V {
-        V::Map(items.into_iter().map(|(k, v)| (s(k), v)).collect())
-    }
-
-    fn stored_map(hashes: Vec<V>, extra: Vec<(&str, V)>) -> V {
-        let mut m = vec![
-            ("type", s("BlockStored")),
-            ("block_hashes", arr(hashes)),
-            ("parent_block_hash", V::Nil),
-            ("token_ids", arr(vec![V::from(1), V::from(2)])),
-            ("block_size", V::from(2)),
-            ("lora_id", V::Nil),
-            ("medium", s("GPU")),
-            ("lora_name", V::Nil),
-        ];
-        m.extend(extra);
-        map(m)
-    }
-
-    fn batch(events: Vec<V>) -> Vec<u8> {
-        enc(&arr(vec![V::F64(1.0), arr(events)]))
-    }
-
-    fn one(events: Vec<V>) -> EngineBatch {
-        decode_batch(&batch(events), &DecodeLimits::default()).unwrap()
-    }
-
-    fn hashes_of(b: &EngineBatch) -> Vec<u64> {
-        match &b.events[0] {
-            EngineEvent::Stored(s) => s.block_hashes.clone(),
-            EngineEvent::Removed(r) => r.block_hashes.clone(),
-            other => panic!("{other:?}"),
-        }
-    }
-
-    #[test]
-    fn batch_envelopes() {
-        let l = DecodeLimits::default();
-        // [ts, events]: no rank; integer ts.
-        let b = decode_batch(&enc(&arr(vec![V::from(3), arr(vec![])])), &l).unwrap();
-        assert_eq!((b.ts, b.dp_rank, b.events.len()), (3.0, None, 0));
-        // [ts, events, rank]
-        let b = decode_batch(&enc(&arr(vec![V::F32(0.5), arr(vec![]), V::from(4)])), &l);
-        assert_eq!(b.unwrap().dp_rank, Some(4));
-        // longer envelope: extra element counted, not fatal.
-        let b = decode_batch(
-            &enc(&arr(vec![V::F64(1.0), arr(vec![]), V::Nil, s("x")])),
-            &l,
-        )
-        .unwrap();
-        assert_eq!(b.notes.unknown_fields, 1);
-        // map with data_parallel_rank, unknown key counted.
-        let m = map(vec![
-            ("events", arr(vec![])),
-            ("data_parallel_rank", V::from(2)),
-            ("ts", V::F64(9.0)),
-            ("other", map(vec![("a", V::from(1))])),
-        ]);
-        let b = decode_batch(&enc(&m), &l).unwrap();
-        assert_eq!((b.ts, b.dp_rank, b.notes.unknown_fields), (9.0, Some(2), 1));
-    }
-
-    #[test]
-    fn bad_envelopes_are_errors_with_labels() {
-        let l = DecodeLimits::default();
-        let cases: Vec<(Vec<u8>, &str)> = vec![
-            (vec![], "truncated"),
-            (enc(&V::from(5)), "type"),
-            (enc(&arr(vec![V::F64(1.0)])), "type"),
-            (enc(&arr(vec![s("x"), arr(vec![])])), "type"),
-            (enc(&arr(vec![V::F64(1.0), s("x")])), "type"),
-            (
-                enc(&arr(vec![V::F64(1.0), arr(vec![]), V::from(-1)])),
-                "type",
-            ),
-            (enc(&arr(vec![V::F64(1.0), arr(vec![]), s("r")])), "type"),
-            (enc(&map(vec![("ts", V::F64(1.0))])), "type"),
-            (enc(&map(vec![("events", arr(vec![]))])), "type"),
-            (vec![0xc1], "syntax"),
-            ([batch(vec![]), vec![0]].concat(), "trailing"),
-        ];
-        for (payload, label) in cases {
-            let err = decode_batch(&payload, &l).unwrap_err();
-            assert_eq!(err.kind_label(), label, "{payload:02x?}: {err}");
-        }
-        let full = batch(vec![stored_map(vec![V::from(1)], vec![])]);
-        for cut in 0..full.len() {
-            let err = decode_batch(&full[..cut], &l).unwrap_err();
-            assert_eq!(err.kind_label(), "truncated", "cut at {cut}");
-        }
-    }
-
-    #[test]
-    fn block_hash_forms() {
-        let bin = |b: Vec<u8>| V::Binary(b);
-        let mut h32 = vec![0xff; 24];
-        h32.extend(0x0102_0304_0506_0708u64.to_be_bytes());
-        let b = one(vec![stored_map(
-            vec![
-                V::from(u64::MAX),
-                V::from(-1),
-                bin(h32),
-                bin((1..=16).collect()),
-                bin((1..=8).collect()),
-            ],
-            vec![],
-        )]);
-        assert_eq!(
-            hashes_of(&b),
-            vec![
-                u64::MAX,
-                u64::MAX,
-                0x0102_0304_0506_0708,
-                u64::from_be_bytes([9, 10, 11, 12, 13, 14, 15, 16]),
-                u64::from_be_bytes([1, 2, 3, 4, 5, 6, 7, 8]),
-            ]
-        );
-        // 7 bytes, a string, a float: the event is malformed, the next one still decodes.
-        for bad in [bin(vec![1; 7]), s("1"), V::F64(1.0)] {
-            let b = one(vec![
-                stored_map(vec![bad], vec![]),
-                arr(vec![s("BlockRemoved"), arr(vec![V::from(5)])]),
-            ]);
-            assert_eq!(b.notes.malformed_events, 1);
-            assert_eq!(b.events.len(), 1);
-            assert_eq!(hashes_of(&b), vec![5]);
-        }
-    }
-
-    #[test]
-    fn token_ids_must_fit_u32() {
-        let ev = |t: V| {
-            map(vec![
-                ("type", s("BlockStored")),
-                ("block_hashes", arr(vec![V::from(1)])),
-                ("token_ids", arr(vec![V::from(0), t])),
-                ("block_size", V::from(2)),
-            ])
-        };
-        let b = one(vec![ev(V::from(u64::from(u32::MAX)))]);
-        let EngineEvent::Stored(st) = &b.events[0] else {
-            panic!()
-        };
-        assert_eq!(st.token_ids, vec![0, u32::MAX]);
-        // absent optional fields are None.
-        assert_eq!(
-            (st.parent, st.medium.clone(), st.group_idx),
-            (None, None, None)
-        );
-        for bad in [V::from(u64::from(u32::MAX) + 1), V::from(-1), V::Nil] {
-            let b = one(vec![ev(bad)]);
-            assert_eq!((b.events.len(), b.notes.malformed_events), (0, 1));
-        }
-    }
-
-    #[test]
-    fn wrong_types_in_known_fields_skip_the_event_only() {
-        let cases = vec![
-            ("block_size", s("16")),
-            ("block_size", V::Nil),
-            ("medium", V::from(1)),
-            ("lora_name", arr(vec![])),
-            ("group_idx", V::from(-3)),
-            ("kv_cache_spec_sliding_window", s("x")),
-            ("kv_cache_spec_kind", V::from(1)),
-            ("lora_id", s("x")),
-            ("parent_block_hash", s("x")),
-            ("cache_salt", V::from(1)),
-            ("extra_keys", s("x")),
-            ("extra_keys", arr(vec![V::from(1)])),
-        ];
-        for (field, value) in cases {
-            let mut m = stored_map(vec![V::from(1)], vec![]);
-            if let V::Map(items) = &mut m {
-                items.retain(|(k, _)| k.as_str() != Some(field));
-                items.push((s(field), value.clone()));
-            }
-            let b = one(vec![m, arr(vec![s("AllBlocksCleared")])]);
-            assert_eq!(b.notes.malformed_events, 1, "{field} = {value}");
-            assert_eq!(b.events, vec![EngineEvent::AllCleared], "{field} = {value}");
-            assert!(b.notes.first_malformed.unwrap().contains(field));
-        }
-        // missing required fields
-        for field in ["block_hashes", "token_ids", "block_size", "type"] {
-            let mut m = stored_map(vec![V::from(1)], vec![]);
-            if let V::Map(items) = &mut m {
-                items.retain(|(k, _)| k.as_str() != Some(field));
-            }
-            let b = one(vec![m]);
-            assert_eq!(
-                (b.events.len(), b.notes.malformed_events),
-                (0, 1),
-                "{field}"
-            );
-        }
-        // an event that is neither map nor array; an array without a string tag
-        let b = one(vec![
-            V::from(1),
-            arr(vec![]),
-            arr(vec![V::from(1), V::from(2)]),
-        ]);
-        assert_eq!((b.events.len(), b.notes.malformed_events), (0, 3));
-    }
-
-    #[test]
-    fn positional_tails() {
-        let b = one(vec![
-            arr(vec![s("BlockRemoved"), arr(vec![V::from(1)])]),
-            arr(vec![
-                s("BlockRemoved"),
-                arr(vec![V::from(2)]),
-                s("GPU"),
-                V::from(0),
-                V::Nil,
-                V::Nil,
-                s("future"),
-            ]),
-            arr(vec![s("AllBlocksCleared"), V::from(1)]),
-            arr(vec![
-                s("BlockStored"),
-                arr(vec![V::from(3)]),
-                V::Nil,
-                arr(vec![V::from(1), V::from(2)]),
-                V::from(2),
-            ]),
-            arr(vec![s("BlockStored"), arr(vec![V::from(3)]), V::Nil]),
-            arr(vec![s("NewThing"), V::from(1), V::from(2)]),
-        ]);
-        assert_eq!(b.notes.unknown_fields, 2);
-        assert_eq!(b.notes.unknown_events, 1);
-        assert_eq!(b.notes.malformed_events, 1);
-        assert_eq!(
-            b.events[1],
-            EngineEvent::Removed(RemovedBlocks {
-                block_hashes: vec![2],
-                medium: Some("GPU".into()),
-                group_idx: Some(0),
-            })
-        );
-        assert_eq!(b.events[2], EngineEvent::AllCleared);
-        assert!(matches!(&b.events[3], EngineEvent::Stored(s) if s.block_size == 2));
-        assert_eq!(b.events.len(), 5);
-    }
-
-    #[test]
-    fn extra_keys_are_sorted_by_meaning() {
-        let blob = V::Binary(vec![1, 2, 3]);
-        let b = one(vec![stored_map(
-            vec![V::from(1), V::from(2), V::from(3)],
-            vec![
-                ("lora_name", s("lo")),
-                (
-                    "extra_keys",
-                    arr(vec![
-                        arr(vec![
-                            s("lo"),
-                            arr(vec![s("img"), V::from(0)]),
-                            s("salt"),
-                            blob.clone(),
-                        ]),
-                        V::Nil,
-                        arr(vec![arr(vec![s("img"), s("not-an-offset")]), s("salt")]),
-                    ]),
-                ),
-            ],
-        )]);
-        assert!(b.notes.is_clean(), "{:?}", b.notes);
-        let EngineEvent::Stored(st) = &b.events[0] else {
-            panic!()
-        };
-        let img = mm_identifier_hash("img").unwrap();
-        assert_eq!(
-            st.block_extras[0],
-            BlockExtras {
-                mm_hashes: vec![img],
-                salt: Some("salt".into()),
-                lora_name: Some("lo".into()),
-                other: vec![xxhash_rust::xxh3::xxh3_64(&enc(&blob))],
-            }
-        );
-        assert_eq!(st.block_extras[1], BlockExtras::default());
-        let odd = arr(vec![s("img"), s("not-an-offset")]);
-        assert_eq!(
-            st.block_extras[2],
-            BlockExtras {
-                salt: Some("salt".into()),
-                other: vec![xxhash_rust::xxh3::xxh3_64(&enc(&odd))],
-                ..BlockExtras::default()
-            }
-        );
-    }
-
-    #[test]
-    fn limits_bind() {
-        let l = DecodeLimits {
-            max_events: 2,
-            max_blocks_per_event: 2,
-            max_tokens_per_event: 4,
-            max_depth: 6,
-        };
-        let clear = || arr(vec![s("AllBlocksCleared")]);
-        let err = decode_batch(&batch(vec![clear(), clear(), clear()]), &l).unwrap_err();
-        assert_eq!(err.kind_label(), "limit");
-        let b = decode_batch(&batch(vec![clear(), clear()]), &l).unwrap();
-        assert_eq!(b.events.len(), 2);
-        // too many blocks / tokens: the event is skipped, the batch decodes.
-        let many = stored_map(vec![V::from(1), V::from(2), V::from(3)], vec![]);
-        let b = decode_batch(&batch(vec![many, clear()]), &l).unwrap();
-        assert_eq!((b.events.len(), b.notes.malformed_events), (1, 1));
-        let mut toks = stored_map(vec![V::from(1)], vec![]);
-        if let V::Map(items) = &mut toks {
-            items.push((s("token_ids"), arr(vec![V::from(1); 5])));
-        }
-        let b = decode_batch(&batch(vec![toks]), &l).unwrap();
-        assert_eq!(b.notes.malformed_events, 1);
-        // nesting: an unknown field nested deeper than max_depth refuses the batch.
-        let mut deep = V::from(1);
-        for _ in 0..8 {
-            deep = arr(vec![deep]);
-        }
-        let ev = stored_map(vec![V::from(1)], vec![("future", deep)]);
-        let err = decode_batch(&batch(vec![ev]), &l).unwrap_err();
-        assert_eq!(err.kind_label(), "limit");
-        // a lying array header does not allocate: it is simply truncated.
-        let mut lie = vec![0x92, 0xcb];
-        lie.extend(1.0f64.to_be_bytes());
-        lie.extend([0xdd, 0xff, 0xff, 0xff, 0xff]);
-        let err = decode_batch(&lie, &DecodeLimits::default()).unwrap_err();
-        assert_eq!(err.kind_label(), "limit");
-        let mut lie = vec![0x92, 0xcb];
-        lie.extend(1.0f64.to_be_bytes());
-        lie.extend([0xdc, 0x00, 0x10]);
-        let err = decode_batch(&lie, &DecodeLimits::default()).unwrap_err();
-        assert_eq!(err.kind_label(), "truncated");
-    }
-}
+mod tests;

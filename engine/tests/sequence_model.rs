@@ -159,7 +159,7 @@ impl Sim {
     fn restart(&mut self, failures: bool) {
         // Detectable only below the newest delivered sequence; otherwise publish instead.
         let newest = self.history[self.epoch as usize].1;
-        if !newest.is_some_and(|n| n >= 1) {
+        if newest.is_none_or(|n| n < 1) {
             self.publish(false, false);
             return;
         }

@@ -482,7 +482,22 @@ pub struct Cli {
     /// block_size: tokens per KV block, as the engines and the indexer use [default: 16].
     #[arg(long, value_name = "TOKENS", env = "CKF_BLOCK_SIZE")]
     pub block_size: Option<u32>,
-    /// engines: one engine publisher, worker_id=N,endpoint=tcp://host:port[,replay_endpoint=tcp://host:port][,dp_size=N][,topic=T][,format=auto][,mode=connect|bind]; repeat for several; CKF_ENGINES takes the same specs separated by ';' [default: none].
+    /// engine.media: storage media whose blocks enter the filter, comma-separated [default: ["GPU"]].
+    #[arg(long = "engine-media", value_name = "MEDIUM", value_delimiter = ',')]
+    pub engine_media: Vec<String>,
+    /// engine.main_group: the KV-cache group whose blocks enter the filter [default: 0].
+    #[arg(long = "engine-main-group", value_name = "GROUP")]
+    pub engine_main_group: Option<u32>,
+    /// engine.replay_timeout_ms: how long a replay may take before the gap clears the publisher's members, ms [default: 2000].
+    #[arg(long, value_name = "MS")]
+    pub replay_timeout_ms: Option<u64>,
+    /// engine.max_frame_bytes: engine frames above this are dropped and counted, bytes [default: 67108864].
+    #[arg(long, value_name = "BYTES")]
+    pub max_frame_bytes: Option<u64>,
+    /// engine.max_buffered_batches: live batches buffered while a replay runs [default: 10000].
+    #[arg(long, value_name = "BATCHES")]
+    pub max_buffered_batches: Option<u32>,
+    /// engines: one engine publisher, worker_id=N,endpoint=tcp://host:port, optionally followed by ,replay_endpoint=tcp://host:port ,dp_size=N ,topic=T ,format=auto ,mode=connect|bind; repeat for several; CKF_ENGINES takes the same specs separated by ';' [default: []].
     #[arg(
         long = "engine",
         value_name = "SPEC",
@@ -534,6 +549,14 @@ impl Cli {
                 (!self.indexers.is_empty()).then_some(&self.indexers),
             )
             .set("block_size", self.block_size)
+            .set(
+                "engine.media",
+                (!self.engine_media.is_empty()).then_some(&self.engine_media),
+            )
+            .set("engine.main_group", self.engine_main_group)
+            .set("engine.replay_timeout_ms", self.replay_timeout_ms)
+            .set("engine.max_frame_bytes", self.max_frame_bytes)
+            .set("engine.max_buffered_batches", self.max_buffered_batches)
             .set(
                 "engines",
                 (!self.engines.is_empty()).then_some(&self.engines),
