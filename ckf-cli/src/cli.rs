@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{ArgGroup, Args, Parser, Subcommand};
 
 use crate::fleet::FleetShape;
 use crate::policy::Policy;
@@ -32,7 +32,8 @@ pub enum Command {
     /// Offline: compare routing policies on a workload with the exact oracle as the index (no
     /// services).
     Simulate(SimulateArgs),
-    /// Prefix depth per DC for a block-hash sequence.
+    /// Prefix depth per DC for a block-hash sequence, or for a request's token ids (--tokens,
+    /// --tokens-file: the indexer computes the canonical hashes, proto/TOKEN_HASH.md).
     Query(QueryArgs),
     /// The indexer's lane table.
     Lanes(LanesArgs),
@@ -163,19 +164,105 @@ pub struct SimulateArgs {
 
 /// `ckf query`.
 #[derive(Debug, Clone, Args)]
+#[command(group(ArgGroup::new("by_tokens").args(["tokens", "tokens_file"])))]
 pub struct QueryArgs {
     /// The indexer's gRPC endpoint.
     #[arg(long)]
     pub indexer: String,
     /// Treat the arguments as trace `hash_ids` and chain them into block hashes first.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "by_tokens")]
     pub ids: bool,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+    /// Query by token ids (FindMatchesByTokens): comma-separated u32 ids in request order.
+    #[arg(long, value_name = "ID,ID,...", value_parser = parse_token_list)]
+    pub tokens: Option<TokenList>,
+    /// Query by the token ids in FILE (u32 ids separated by whitespace and/or commas).
+    #[arg(long, value_name = "FILE")]
+    pub tokens_file: Option<PathBuf>,
+    /// LoRA adapter name of the token query (request-wide).
+    #[arg(long, value_name = "NAME", requires = "by_tokens")]
+    pub lora: Option<String>,
+    /// Cache salt (cache namespace) of the token query (request-wide).
+    #[arg(long, value_name = "SALT", requires = "by_tokens")]
+    pub salt: Option<String>,
+    /// A multimodal item of the token query, IDENTIFIER:OFFSET:LENGTH (token positions
+    /// [OFFSET, OFFSET+LENGTH) of the request); repeatable.
+    #[arg(long = "mm", value_name = "ID:OFFSET:LENGTH", value_parser = parse_mm_item, requires = "by_tokens")]
+    pub multimodal: Vec<MmItem>,
+    /// Tokens per block the token query assumes; must equal the indexer's (default: the
+    /// indexer's).
+    #[arg(long, value_name = "TOKENS", requires = "by_tokens")]
+    pub block_size: Option<u32>,
     /// Block hashes in prefix order (decimal or 0x-hex), or ids with --ids.
-    #[arg(required = true, value_parser = parse_u64)]
+    #[arg(
+        required_unless_present = "by_tokens",
+        conflicts_with = "by_tokens",
+        value_parser = parse_u64
+    )]
     pub hashes: Vec<u64>,
+}
+
+/// Token ids parsed from `--tokens` or `--tokens-file` (clap needs one named type per value).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenList(pub Vec<u32>);
+
+/// One `--mm` item.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MmItem {
+    /// The identifier (vLLM 64-hex digest or any other non-empty text).
+    pub identifier: String,
+    /// First token position.
+    pub offset: u64,
+    /// Token positions occupied.
+    pub length: u64,
+}
+
+/// Token ids separated by commas and/or whitespace (`--tokens`, `--tokens-file`).
+///
+/// # Errors
+/// Names the first id that is not a `u32` (with its 1-based position), or says the list is
+/// empty.
+pub fn parse_token_list(text: &str) -> Result<TokenList, String> {
+    let ids = text
+        .split(|c: char| c == ',' || c.is_whitespace())
+        .filter(|s| !s.is_empty())
+        .enumerate()
+        .map(|(i, s)| {
+            s.parse::<u32>().map_err(|e| {
+                format!(
+                    "token id #{} `{s}` is not a u32 (0..=4294967295): {e}",
+                    i + 1
+                )
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if ids.is_empty() {
+        return Err("no token ids (expected u32 ids separated by commas or whitespace)".into());
+    }
+    Ok(TokenList(ids))
+}
+
+fn parse_mm_item(text: &str) -> Result<MmItem, String> {
+    // The identifier may itself contain ':', so split from the right.
+    let mut parts = text.rsplitn(3, ':');
+    let (Some(length), Some(offset), Some(identifier)) = (parts.next(), parts.next(), parts.next())
+    else {
+        return Err(format!("`{text}`: expected IDENTIFIER:OFFSET:LENGTH"));
+    };
+    if identifier.is_empty() {
+        return Err(format!("`{text}`: the identifier is empty"));
+    }
+    let number = |what: &str, s: &str| {
+        s.parse::<u64>()
+            .map_err(|e| format!("`{text}`: {what} `{s}` is not a u64 ({e})"))
+    };
+    Ok(MmItem {
+        identifier: identifier.to_owned(),
+        offset: number("offset", offset)?,
+        length: number("length", length)?,
+    })
 }
 
 /// `ckf lanes`.
@@ -259,5 +346,81 @@ mod tests {
         assert!(parse_producer("nourl").is_err());
         assert_eq!(parse_u64("0x10"), Ok(16));
         assert!(parse_u64("-1").is_err());
+    }
+
+    fn query(args: &[&str]) -> Result<QueryArgs, clap::Error> {
+        let cli = Cli::try_parse_from(
+            ["ckf", "query", "--indexer", "http://i:1"]
+                .iter()
+                .chain(args),
+        )?;
+        let Command::Query(q) = cli.command else {
+            panic!("query")
+        };
+        Ok(q)
+    }
+
+    #[test]
+    fn token_lists_parse_with_commas_and_whitespace_and_name_bad_ids() {
+        assert_eq!(
+            parse_token_list("1,2, 3\n4\t4294967295,,"),
+            Ok(TokenList(vec![1, 2, 3, 4, u32::MAX]))
+        );
+        let err = parse_token_list("1,2,x").unwrap_err();
+        assert!(err.contains("token id #3 `x` is not a u32"), "{err}");
+        let err = parse_token_list("4294967296").unwrap_err();
+        assert!(err.contains("#1 `4294967296`"), "{err}");
+        assert!(parse_token_list("-1").is_err());
+        assert!(
+            parse_token_list(" , \n")
+                .unwrap_err()
+                .contains("no token ids")
+        );
+    }
+
+    #[test]
+    fn token_queries_take_their_options_and_refuse_mixed_input() {
+        let q = query(&[
+            "--tokens",
+            "1,2,3",
+            "--lora",
+            "l",
+            "--salt",
+            "s",
+            "--block-size",
+            "16",
+            "--mm",
+            "a:b:c:5:7",
+        ])
+        .unwrap();
+        assert_eq!(q.tokens, Some(TokenList(vec![1, 2, 3])));
+        assert_eq!(q.lora.as_deref(), Some("l"));
+        assert_eq!(q.salt.as_deref(), Some("s"));
+        assert_eq!(q.block_size, Some(16));
+        assert_eq!(
+            q.multimodal,
+            vec![MmItem {
+                identifier: "a:b:c".into(),
+                offset: 5,
+                length: 7
+            }]
+        );
+        assert!(query(&["--tokens-file", "f.txt"]).is_ok());
+        assert!(query(&["7", "8"]).is_ok());
+        // Hashes and tokens together, tokens with --ids, token options without tokens, two
+        // token sources, and no input at all are refused by the parser.
+        for bad in [
+            &["--tokens", "1", "7"][..],
+            &["--tokens", "1", "--ids"],
+            &["--lora", "l", "7"],
+            &["--block-size", "16", "7"],
+            &["--tokens", "1", "--tokens-file", "f"],
+            &[],
+            &["--tokens", "1,x"],
+            &["--tokens", "1", "--mm", "img:1"],
+            &["--tokens", "1", "--mm", ":1:2"],
+        ] {
+            assert!(query(bad).is_err(), "{bad:?} accepted");
+        }
     }
 }

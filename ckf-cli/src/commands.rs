@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
 use ckf_proto::v1::query_client::QueryClient;
-use ckf_proto::v1::{LaneState, ListLanesRequest, RetireReason};
+use ckf_proto::v1::{
+    FindMatchesByTokensRequest, LaneState, ListLanesRequest, MultimodalItem, RetireReason,
+};
 use serde_json::json;
 use tonic::transport::{Channel, Endpoint};
 use tonic_health::pb::HealthCheckRequest;
@@ -14,7 +16,7 @@ use tonic_health::pb::health_client::HealthClient;
 
 use crate::cli::{
     DEFAULT_SYNTHETIC_REQUESTS, FleetArgs, HealthArgs, LanesArgs, QueryArgs, ReplayArgs,
-    SimulateArgs, TimeoutArgs,
+    SimulateArgs, TimeoutArgs, parse_token_list,
 };
 use crate::fleet::FleetShape;
 use crate::hashing::block_hashes;
@@ -160,18 +162,53 @@ pub fn simulate_cmd(args: SimulateArgs) -> Result<()> {
     Ok(())
 }
 
-/// `ckf query`.
+/// `ckf query`: by block hashes (or `--ids`), or by token ids (`--tokens`, `--tokens-file`).
 ///
 /// # Errors
-/// An unreachable indexer or a failed call.
+/// An unreadable or malformed tokens file, an unreachable indexer or a failed call (the
+/// indexer's `INVALID_ARGUMENT` message names a refused token query's fault).
 pub async fn query(args: QueryArgs) -> Result<()> {
-    let hashes = if args.ids {
-        block_hashes(&args.hashes)
-    } else {
-        args.hashes.clone()
+    let tokens = match (&args.tokens, &args.tokens_file) {
+        (Some(list), _) => Some(list.0.clone()),
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read --tokens-file {}", path.display()))?;
+            let list = parse_token_list(&text)
+                .map_err(|e| anyhow!("--tokens-file {}: {e}", path.display()))?;
+            Some(list.0)
+        }
+        (None, None) => None,
     };
     let mut client = QueryClient::new(connect(&args.indexer).await?);
-    let answer = crate::live::find_matches(&mut client, &hashes, "FindMatches").await?;
+    let (count, unit, answer) = if let Some(token_ids) = tokens {
+        let request = FindMatchesByTokensRequest {
+            token_ids,
+            lora_name: args.lora.clone().unwrap_or_default(),
+            cache_salt: args.salt.clone().unwrap_or_default(),
+            multimodal: args
+                .multimodal
+                .iter()
+                .map(|m| MultimodalItem {
+                    identifier: m.identifier.clone(),
+                    offset: m.offset,
+                    length: m.length,
+                })
+                .collect(),
+            block_size: args.block_size.unwrap_or(0),
+        };
+        let count = request.token_ids.len();
+        let answer =
+            live::find_matches_by_tokens(&mut client, request, "FindMatchesByTokens").await?;
+        (count, "tokens", answer)
+    } else {
+        let hashes = if args.ids {
+            block_hashes(&args.hashes)
+        } else {
+            args.hashes.clone()
+        };
+        let answer = live::find_matches(&mut client, &hashes, "FindMatches").await?;
+        (hashes.len(), "blocks", answer)
+    };
     if args.json {
         let lanes: Vec<_> = answer
             .matches
@@ -181,16 +218,11 @@ pub async fn query(args: QueryArgs) -> Result<()> {
                 json!({ "lane": m.lane, "domain": pool.domain, "dc": pool.dc, "depth": m.depth })
             })
             .collect();
-        let out =
-            json!({ "blocks": hashes.len(), "ready_mask": answer.ready_mask, "matches": lanes });
+        let out = json!({ unit: count, "ready_mask": answer.ready_mask, "matches": lanes });
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
-    println!(
-        "{} blocks; ready lanes {:#06x}",
-        hashes.len(),
-        answer.ready_mask
-    );
+    println!("{count} {unit}; ready lanes {:#06x}", answer.ready_mask);
     println!("{:>4}  {:<16} {:>6}", "lane", "dc", "depth");
     for m in &answer.matches {
         let dc = m.pool.as_ref().map_or("?", |p| p.dc.as_str());

@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
 use ckf_proto::v1::{
-    self, EventStatus, FindMatchesRequest, FindMatchesResponse, GetStatsRequest, KvEventBatch,
-    LaneState, ListLanesRequest, ingest_client::IngestClient, kv_event::Kind,
-    query_client::QueryClient,
+    self, EventStatus, FindMatchesByTokensRequest, FindMatchesRequest, FindMatchesResponse,
+    GetStatsRequest, KvEventBatch, LaneState, ListLanesRequest, ingest_client::IngestClient,
+    kv_event::Kind, query_client::QueryClient,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 use prost::Message;
@@ -719,6 +719,24 @@ pub async fn find_matches(
         .find_matches(FindMatchesRequest {
             block_hashes: request.to_vec(),
         })
+        .await
+        .context(what)?
+        .into_inner())
+}
+
+/// The indexer's answer for a query by token ids (`FindMatchesByTokens`); `what` names the call
+/// in the error.
+///
+/// # Errors
+/// The failed call's status (e.g. `INVALID_ARGUMENT` naming a block-size mismatch), with
+/// `what` as context.
+pub async fn find_matches_by_tokens(
+    query: &mut QueryClient<Channel>,
+    request: FindMatchesByTokensRequest,
+    what: &'static str,
+) -> Result<FindMatchesResponse> {
+    Ok(query
+        .find_matches_by_tokens(request)
         .await
         .context(what)?
         .into_inner())

@@ -1,5 +1,5 @@
 //! The operator's commands through the built binary against in-process services: `ckf lanes`,
-//! `ckf query` (raw hashes and `--ids`), `ckf health`.
+//! `ckf query` (raw hashes, `--ids`, and token ids), `ckf health`.
 
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -195,4 +195,134 @@ async fn lanes_query_and_health_against_running_services() {
     ]))
     .await;
     assert_exit(&down, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn query_by_tokens_against_running_services() {
+    use ckf_core::tokens::{BlockSeed, sequence_hashes};
+    let shape = FleetShape {
+        dcs: 1,
+        workers_per_dc: 1,
+        ranks_per_worker: 1,
+        capacity_blocks: 64,
+    };
+    let services = Services::start(shape).await.unwrap();
+    let indexer = services.indexer_url.clone();
+
+    // 40 tokens = 2 full blocks of 16 (the indexer's default block size) and a partial one,
+    // stored under cache salt "tenant" on dc-a as their canonical hashes.
+    let tokens: Vec<u32> = (0..40).map(|i| 100 + i * 3).collect();
+    let list = tokens
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    let seed = BlockSeed::new(Some("tenant"), None);
+    let hashes = sequence_hashes(&tokens, 16, seed, &[]).unwrap();
+    let mut ingest = IngestClient::connect(services.producers[0].1.clone())
+        .await
+        .unwrap();
+    ingest
+        .publish_batch(v1::KvEventBatch {
+            source_id: "operator-tokens".into(),
+            sequence: 1,
+            events: vec![v1::KvEvent {
+                member: Some(v1::MemberId {
+                    worker_id: 0,
+                    dp_rank: 0,
+                }),
+                kind: Some(Kind::Stored(v1::Stored {
+                    block_hashes: hashes,
+                    parent_hash: None,
+                })),
+            }],
+        })
+        .await
+        .unwrap();
+
+    let dc_a = |answer: &serde_json::Value| {
+        answer["matches"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["dc"] == "dc-a")
+            .map(|m| m["depth"].as_u64().unwrap())
+    };
+    let query = |extra: &[&str]| {
+        let mut a = args(&["query", "--indexer", &indexer, "--json"]);
+        a.extend(extra.iter().map(|s| s.to_string()));
+        ckf(a)
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let answer = json(&query(&["--tokens", &list, "--salt", "tenant"]).await);
+        if dc_a(&answer) == Some(2) {
+            assert_eq!(answer["tokens"], 40);
+            break;
+        }
+        assert!(Instant::now() < deadline, "never visible: {answer}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Without the salt (or with a LoRA name) the hashes differ.
+    let plain = json(&query(&["--tokens", &list]).await);
+    assert_eq!(dc_a(&plain), Some(0));
+    let lora = json(&query(&["--tokens", &list, "--salt", "tenant", "--lora", "x"]).await);
+    assert_eq!(dc_a(&lora), Some(0));
+    // The same ids from a file (whitespace and commas), the block size named explicitly.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tokens.txt");
+    let text = tokens
+        .chunks(7)
+        .map(|c| c.iter().map(u32::to_string).collect::<Vec<_>>().join(", "))
+        .collect::<Vec<_>>()
+        .join("\n");
+    std::fs::write(&file, text).unwrap();
+    let from_file = json(
+        &query(&[
+            "--tokens-file",
+            file.to_str().unwrap(),
+            "--salt",
+            "tenant",
+            "--block-size",
+            "16",
+        ])
+        .await,
+    );
+    assert_eq!(dc_a(&from_file), Some(2));
+
+    // Bad input: a clear message and a failure exit, nothing sent or nothing changed.
+    let stderr = |out: &Output| String::from_utf8_lossy(&out.stderr).into_owned();
+    let bad = query(&["--tokens", "1,x"]).await;
+    assert!(!bad.status.success());
+    assert!(
+        stderr(&bad).contains("token id #2 `x` is not a u32"),
+        "{}",
+        stderr(&bad)
+    );
+    let wrong_size = query(&["--tokens", &list, "--block-size", "32"]).await;
+    assert!(!wrong_size.status.success());
+    assert!(
+        stderr(&wrong_size).contains("block_size 32 differs from the indexer's block_size 16"),
+        "{}",
+        stderr(&wrong_size)
+    );
+    let missing = query(&["--tokens-file", "/nonexistent/tokens.txt"]).await;
+    assert!(!missing.status.success());
+    assert!(
+        stderr(&missing).contains("cannot read --tokens-file"),
+        "{}",
+        stderr(&missing)
+    );
+    std::fs::write(&file, "1 2 three").unwrap();
+    let garbled = query(&["--tokens-file", file.to_str().unwrap()]).await;
+    assert!(!garbled.status.success());
+    assert!(
+        stderr(&garbled).contains("token id #3 `three`"),
+        "{}",
+        stderr(&garbled)
+    );
+    let still = json(&query(&["--tokens", &list, "--salt", "tenant"]).await);
+    assert_eq!(dc_a(&still), Some(2));
+
+    services.shutdown().await.unwrap();
 }

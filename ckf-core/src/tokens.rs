@@ -25,6 +25,12 @@
 //!
 //! The sequence hash is what ckf-relay calls a block hash everywhere else (addressing, ingest,
 //! queries).
+//!
+//! A query by token ids (`ckf.v1.Query/FindMatchesByTokens`) is a [`TokenQuery`];
+//! [`TokenQuery::sequence_hashes`] checks it against the indexer's [`TokenQueryRules`] (block
+//! size, block limit, multimodal items) and computes the hashes it probes. The Python reference
+//! `proto/token_hash/ckf_token_hash.py` and its vectors `proto/token_hash/vectors.json` (checked
+//! by `tests/token_vectors.rs`) define the same function.
 
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
@@ -547,5 +553,46 @@ mod tests {
             block_hash(&[1, 2], &[7, 3, 7], seed),
             block_hash(&[1, 2], &[3, 7], seed)
         );
+    }
+
+    proptest::proptest! {
+        /// The property prefix queries rest on: the hashes of a prefix of a request are a
+        /// prefix of the request's hashes, whatever follows, and one changed token changes its
+        /// block's hash and every later one (the chain), never an earlier one.
+        #[test]
+        fn hashes_of_a_prefix_are_a_prefix_and_a_change_propagates_forward(
+            tokens in proptest::collection::vec(proptest::prelude::any::<u32>(), 0..200),
+            block_size in 1usize..20,
+            cut in 0usize..200,
+            salt in proptest::option::of("[a-z]{0,4}"),
+            lora in proptest::option::of("[a-z]{0,4}"),
+            spans in proptest::collection::vec((0u64..220, 0u64..30, 0u64..4), 0..4),
+            flip in 0usize..200,
+        ) {
+            let seed = BlockSeed::new(salt.as_deref(), lora.as_deref());
+            let spans: Vec<MultimodalSpan> = spans
+                .into_iter()
+                .map(|(offset, length, id)| MultimodalSpan { hash: id * 7 + 1, offset, length })
+                .collect();
+            let all = sequence_hashes(&tokens, block_size, seed, &spans).unwrap();
+            proptest::prop_assert_eq!(all.len(), tokens.len() / block_size);
+            let cut = cut.min(tokens.len());
+            let prefix = sequence_hashes(&tokens[..cut], block_size, seed, &spans).unwrap();
+            proptest::prop_assert_eq!(&all[..prefix.len()], &prefix[..]);
+            if !tokens.is_empty() {
+                let flip = flip % tokens.len();
+                let mut changed = tokens.clone();
+                changed[flip] ^= 1;
+                let other = sequence_hashes(&changed, block_size, seed, &spans).unwrap();
+                let block = flip / block_size;
+                for i in 0..all.len() {
+                    if i < block {
+                        proptest::prop_assert_eq!(all[i], other[i], "block {} before the change", i);
+                    } else {
+                        proptest::prop_assert_ne!(all[i], other[i], "block {} from the change", i);
+                    }
+                }
+            }
+        }
     }
 }

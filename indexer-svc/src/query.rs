@@ -6,7 +6,7 @@
 //! every ready lane in one pass over the transposed table; the response lists each lane ready at
 //! capture (depth 0 included) with its pool. `FindMatchesByTokens` turns the request into
 //! `ckf_core::tokens::TokenQuery`, whose `sequence_hashes` checks it against the indexer's
-//! block size and limit and computes the hashes, then runs the same search ([`search`]).
+//! block size and limit and computes the hashes, then runs the same search (one private `search` function serves both).
 //! `ListLanes` reports ckf-core's `LaneStatus` per lane plus each lane's load factor, counted
 //! from the table's bucket words.
 
