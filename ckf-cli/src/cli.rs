@@ -93,9 +93,22 @@ pub struct TimeoutArgs {
     pub settle_timeout_s: u64,
 }
 
+/// How `ckf demo` feeds its producers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum FeedKind {
+    /// Built-in vLLM engine publishers over ZMQ (tokens, engine hashes, the producers
+    /// translate), queries by tokens (`FindMatchesByTokens`).
+    Zmq,
+    /// `Ingest/PublishBatch` over gRPC with canonical block hashes, queries by hashes.
+    Grpc,
+}
+
 /// `ckf demo`.
 #[derive(Debug, Clone, Args)]
 pub struct DemoArgs {
+    /// How the producers get KV events.
+    #[arg(long, value_enum, default_value_t = FeedKind::Zmq)]
+    pub feed: FeedKind,
     /// A Mooncake JSONL trace to replay instead of the built-in synthetic workload.
     #[arg(long)]
     pub trace: Option<PathBuf>,

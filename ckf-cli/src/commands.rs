@@ -105,7 +105,7 @@ pub async fn replay(args: ReplayArgs) -> Result<()> {
     }
     let shape = args.fleet.shape(targets.len());
     let config = live_config(&args.fleet, &args.timeouts, shape);
-    let report = live::replay(&workload, indexer, targets, &config).await?;
+    let report = live::replay(&workload, indexer, targets, &config, &mut live::Feed::Grpc).await?;
     print_report(&report, args.fleet.json);
     Ok(())
 }

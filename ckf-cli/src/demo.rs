@@ -1,16 +1,29 @@
 //! `ckf demo`: one indexer and one producer per DC, started in-process on loopback ephemeral
 //! ports through the same `serve` functions the `ckf-indexer` and `ckf-producer` binaries use,
 //! then a live replay, the report, and a graceful shutdown (producers drain first).
+//!
+//! With `--feed zmq` (the default) each rank of the simulated fleet is a built-in vLLM engine
+//! publisher ([`crate::publisher`]) bound on loopback, and each DC's producer is configured
+//! with one `[[engines]]` entry per worker (`worker_id` = worker, `dp_size` = ranks, rank r on
+//! port + r), exactly as it would subscribe to real vLLM engines. With `--feed grpc` the
+//! replay sends `PublishBatch` calls instead.
 
 use anyhow::{Context, Result};
 
-use crate::cli::DemoArgs;
+use crate::cli::{DemoArgs, FeedKind};
 use crate::commands::{connect, live_config, load_workload, print_report};
+use crate::feed::TokenFeed;
 use crate::fleet::FleetShape;
-use crate::live::{self, DcTarget};
+use crate::live::{self, DcTarget, Feed, ZmqFeed};
+use crate::publisher::{DEFAULT_BUFFER_STEPS, EnginePublisher, bind_ranks};
+use ckf_engine::encode::Layout;
+use producer_svc::engines::config::EngineSpec;
 
 /// The indexer domain of the demo services.
 pub const DOMAIN: &str = "ckf-demo";
+
+/// Tokens per KV block in the demo (the services' default `block_size`).
+pub const BLOCK_SIZE: u32 = 16;
 
 /// DC ids of the demo: `dc-a`, `dc-b`, ... (one per DC, at most 16).
 pub fn dc_names(dcs: usize) -> Vec<String> {
@@ -37,21 +50,35 @@ impl Services {
     /// # Errors
     /// A service that fails to start.
     pub async fn start(shape: FleetShape) -> Result<Self> {
+        Self::start_with(shape, &[]).await
+    }
+
+    /// As [`Services::start`], with DC `i`'s producer subscribing to the engine publishers
+    /// `engines[i]` (per rank slot `worker * ranks + rank`; none when `engines` is empty).
+    ///
+    /// # Errors
+    /// A service that fails to start.
+    pub async fn start_with(shape: FleetShape, engines: &[Vec<EnginePublisher>]) -> Result<Self> {
         let names = dc_names(shape.dcs);
         let lanes: Vec<&str> = names.iter().map(String::as_str).collect();
         let expected = shape.max_blocks_per_dc().max(1024);
         let mut config = indexer_svc::IndexerConfig::for_lanes(DOMAIN, &lanes);
         config.table.expected_blocks = expected;
+        config.block_size = BLOCK_SIZE;
         let indexer = indexer_svc::serve(config, std::future::pending())
             .await
             .context("starting the indexer")?;
         let indexer_url = format!("http://{}", indexer.grpc_addr);
         let mut running = Vec::new();
         let mut producers = Vec::new();
-        for dc in &names {
+        for (i, dc) in names.iter().enumerate() {
             let mut config =
                 producer_svc::ProducerConfig::for_pool(DOMAIN, dc, vec![indexer_url.clone()]);
             config.table.expected_blocks = expected;
+            config.block_size = BLOCK_SIZE;
+            if let Some(publishers) = engines.get(i) {
+                config.engines = engine_specs(publishers, shape.ranks_per_worker)?;
+            }
             let producer = producer_svc::serve(config, std::future::pending())
                 .await
                 .with_context(|| format!("starting the {dc} producer"))?;
@@ -103,6 +130,68 @@ impl Services {
     }
 }
 
+/// One `[[engines]]` entry per worker: rank 0's endpoints, `dp_size` ranks on the next ports.
+fn engine_specs(publishers: &[EnginePublisher], ranks: usize) -> Result<Vec<EngineSpec>> {
+    publishers
+        .chunks(ranks.max(1))
+        .enumerate()
+        .map(|(worker, ranks)| {
+            let first = &ranks[0];
+            Ok(EngineSpec {
+                worker_id: worker as u64,
+                endpoint: first.endpoint().to_string(),
+                replay_endpoint: first.replay_endpoint().map(String::from),
+                dp_size: u32::try_from(ranks.len()).context("too many ranks")?,
+                topic: String::new(),
+                format: "auto".into(),
+                mode: Default::default(),
+            })
+        })
+        .collect()
+}
+
+/// Binds one publisher per rank slot of every DC (each worker's ranks on consecutive ports).
+///
+/// # Errors
+/// No free loopback ports.
+pub async fn bind_publishers(shape: FleetShape) -> Result<Vec<Vec<EnginePublisher>>> {
+    let mut all = Vec::with_capacity(shape.dcs);
+    for _ in 0..shape.dcs {
+        let mut dc = Vec::with_capacity(shape.ranks_per_dc());
+        for _ in 0..shape.workers_per_dc {
+            dc.extend(
+                bind_ranks(
+                    "127.0.0.1",
+                    shape.ranks_per_worker,
+                    "",
+                    DEFAULT_BUFFER_STEPS,
+                    Layout::Tagged,
+                )
+                .await?,
+            );
+        }
+        all.push(dc);
+    }
+    Ok(all)
+}
+
+/// The demo services and the feed of `kind`: for ZMQ, the engine publishers are bound first
+/// and every producer starts subscribed to its DC's.
+///
+/// # Errors
+/// No free loopback ports, or a service that fails to start.
+pub async fn start_feed(shape: FleetShape, kind: FeedKind) -> Result<(Services, Feed)> {
+    Ok(match kind {
+        FeedKind::Grpc => (Services::start(shape).await?, Feed::Grpc),
+        FeedKind::Zmq => {
+            let publishers = bind_publishers(shape).await?;
+            let services = Services::start_with(shape, &publishers).await?;
+            let feed = Feed::Zmq(ZmqFeed::new(TokenFeed::new(BLOCK_SIZE)?, publishers));
+            (services, feed)
+        }
+    })
+}
+
 /// Runs `ckf demo`. The workload (and a given trace) is validated before any service starts.
 ///
 /// # Errors
@@ -111,11 +200,18 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     let workload = load_workload(args.trace.as_deref(), args.fleet.limit, args.fleet.seed)?;
     let shape = args.fleet.shape(args.dcs);
     shape.validate().map_err(|e| anyhow::anyhow!(e))?;
-    let services = Services::start(shape).await?;
+    let (services, mut feed) = start_feed(shape, args.feed).await?;
     let config = live_config(&args.fleet, &args.timeouts, shape);
     let outcome = async {
         let indexer = connect(&services.indexer_url).await?;
-        live::replay(&workload, indexer, services.targets().await?, &config).await
+        live::replay(
+            &workload,
+            indexer,
+            services.targets().await?,
+            &config,
+            &mut feed,
+        )
+        .await
     }
     .await;
     services.shutdown().await?;

@@ -16,6 +16,8 @@
 //! | [`stats`] | percentile summaries (`hdrhistogram`) |
 //! | [`events`] | a serve's KV events as a `ckf.v1` batch; per-source sequences |
 //! | [`probe`] | visibility probes: event-to-visible lag and per-DC watermarks |
+//! | [`feed`] | `--feed zmq`: trace block ids -> tokens, canonical hashes, vLLM events with engine hashes |
+//! | [`publisher`] | a built-in engine publisher: vLLM's ZMQ PUB + ROUTER replay protocol |
 //! | [`accuracy`] | judging answers against the oracle (over/under-estimates by cause) |
 //! | [`live`] | the live replay driver against producers and an indexer |
 //! | [`report`] | the report (text and JSON) |
@@ -28,12 +30,14 @@ pub mod cli;
 pub mod commands;
 pub mod demo;
 pub mod events;
+pub mod feed;
 pub mod fleet;
 pub mod hashing;
 pub mod live;
 pub mod oracle;
 pub mod policy;
 pub mod probe;
+pub mod publisher;
 pub mod report;
 pub mod scrape;
 pub mod sim;

@@ -26,10 +26,12 @@ use tonic::transport::Channel;
 
 use crate::accuracy::Accuracy;
 use crate::events::{Sources, event_blocks, serve_events};
+use crate::feed::TokenFeed;
 use crate::fleet::{Fleet, FleetShape};
 use crate::hashing::block_hashes;
 use crate::policy::{Policy, Router};
 use crate::probe::{Probes, wait_visible};
+use crate::publisher::EnginePublisher;
 use crate::report::{Cost, DcCost, FinalCheck, Report, Throughput, WorkloadInfo};
 use crate::sim::{HitRate, simulate};
 use crate::stats::Summary;
@@ -71,6 +73,39 @@ pub fn want_progress(json: bool) -> bool {
     !json && std::io::stdout().is_terminal()
 }
 
+/// How the replay feeds the producers and asks the indexer.
+#[derive(Debug)]
+pub enum Feed {
+    /// `Ingest/PublishBatch` over gRPC with the trace's chained block hashes; `FindMatches`.
+    Grpc,
+    /// vLLM events over ZMQ from built-in engine publishers, which the producers subscribe to
+    /// (their `[[engines]]`); `FindMatchesByTokens`. See [`crate::feed`] for the token rules.
+    Zmq(ZmqFeed),
+}
+
+/// The ZMQ feed's state.
+#[derive(Debug)]
+pub struct ZmqFeed {
+    /// Tokens, canonical and engine hashes of the workload.
+    pub tokens: TokenFeed,
+    /// Per DC, per rank slot (`worker * ranks_per_worker + rank`), its publisher; the
+    /// producer of that DC subscribes to each as engine `worker_id = worker`, DP rank `rank`.
+    pub publishers: Vec<Vec<EnginePublisher>>,
+    /// Counter for fresh drain-sentinel blocks.
+    next_sentinel: u64,
+}
+
+impl ZmqFeed {
+    /// A feed over `publishers` (see the field) with `tokens`.
+    pub fn new(tokens: TokenFeed, publishers: Vec<Vec<EnginePublisher>>) -> Self {
+        Self {
+            tokens,
+            publishers,
+            next_sentinel: 0,
+        }
+    }
+}
+
 /// One DC's connection.
 #[derive(Debug, Clone)]
 pub struct DcTarget {
@@ -100,6 +135,7 @@ pub async fn replay(
     indexer: Channel,
     targets: Vec<DcTarget>,
     config: &LiveConfig,
+    feed: &mut Feed,
 ) -> Result<Report> {
     let shape = config.shape;
     shape.validate().map_err(|e| anyhow!(e))?;
@@ -116,23 +152,53 @@ pub async fn replay(
         dcs.iter().enumerate().map(|(i, d)| (d.lane, i)).collect();
     wait_ready(&mut query, &dcs, config.ready_timeout).await?;
 
-    let hashes: Vec<Vec<u64>> = workload
-        .requests
-        .iter()
-        .map(|r| block_hashes(&r.hash_ids))
-        .collect();
+    // Per request: the block hashes the oracle and fleet work on and, for the ZMQ feed, the
+    // tokens the indexer is asked with (whose canonical hashes those are).
+    let mut tokens: Vec<Vec<u32>> = Vec::new();
+    let hashes: Vec<Vec<u64>> = match feed {
+        Feed::Grpc => workload
+            .requests
+            .iter()
+            .map(|r| block_hashes(&r.hash_ids))
+            .collect(),
+        Feed::Zmq(z) => {
+            check_publishers(z, shape)?;
+            let mut hashes = Vec::with_capacity(workload.requests.len());
+            for r in &workload.requests {
+                let request = z.tokens.request(&r.hash_ids)?;
+                hashes.push(request.canonical);
+                tokens.push(request.tokens);
+            }
+            hashes
+        }
+    };
     let run = format!("ckf-replay-{:016x}", rand::random::<u64>());
     let mut sources = Sources::new(run.clone());
-    clear_members(&mut dcs, &mut sources, shape).await?;
     let probes = Arc::new(Probes::new(shape.dcs));
-    // Start from a drained state: whatever an earlier run left must be gone from the index.
     let mut sentinel = Sentinel {
         run_hash: crate::hashing::chain(0x5e17_13e1, rand::random()),
         next: 0,
     };
-    sentinel
-        .settle(&mut dcs, &mut query, &mut sources, config.settle_timeout)
-        .await?;
+    match feed {
+        Feed::Grpc => {
+            clear_members(&mut dcs, &mut sources, shape).await?;
+            // Start from a drained state: whatever an earlier run left must be gone.
+            sentinel
+                .settle(&mut dcs, &mut query, &mut sources, config.settle_timeout)
+                .await?;
+        }
+        // Every publisher's subscription is live (a PUB socket drops what it sends before).
+        Feed::Zmq(z) => {
+            zmq_settle(
+                z,
+                &dcs,
+                &mut query,
+                shape.ranks_per_worker,
+                config.settle_timeout,
+            )
+            .await?
+        }
+    }
 
     let relay_before = relay_bytes(&dcs).await;
     let mut fleet = Fleet::new(shape);
@@ -144,12 +210,12 @@ pub async fn replay(
     let mut probe_tasks = tokio::task::JoinSet::new();
     let bar = progress_bar(hashes.len() as u64, config.progress);
     let started = Instant::now();
-    for request in &hashes {
+    for (i, request) in hashes.iter().enumerate() {
         // Watermarks before the query: a batch confirmed visible only while the query was in
         // flight may be newer than what the query captured.
         let watermarks = probes.watermarks();
         let asked = Instant::now();
-        let answer = find_matches(&mut query, request, "FindMatches").await?;
+        let answer = ask(&mut query, request, tokens.get(i), "FindMatches").await?;
         latencies_us.push(asked.elapsed().as_secs_f64() * 1e6);
         let reported = record_answer(
             &mut accuracy,
@@ -163,14 +229,29 @@ pub async fn replay(
         let served = fleet.serve(dc, request);
         requested += served.requested as u64;
         reused += served.reused as u64;
+        // The ZMQ feed publishes here; the gRPC one below (with the producer's omissions).
+        let mut sent = None;
+        if let Feed::Zmq(z) = feed {
+            let batch = z.tokens.batch(&served, served.slot.rank, unix_seconds());
+            if !batch.events.is_empty() {
+                sent = Some(Instant::now());
+                events += batch.events.len() as u64;
+                blocks += batch.events.iter().map(engine_event_blocks).sum::<usize>() as u64;
+                let payload =
+                    ckf_engine::encode::encode_batch(&batch, ckf_engine::encode::Layout::Tagged);
+                wire_bytes += payload.len() as u64;
+                let slot = served.slot.worker * shape.ranks_per_worker + served.slot.rank;
+                z.publishers[dc][slot].publish_payload(payload).await?;
+            }
+        }
         let batch_events = serve_events(&served);
-        if !batch_events.is_empty() {
+        if !batch_events.is_empty() && matches!(feed, Feed::Grpc) {
             let worker = format!("{}/w{}", dcs[dc].name, served.slot.worker);
             let batch = sources.batch(&worker, batch_events);
             events += batch.events.len() as u64;
             blocks += batch.events.iter().map(event_blocks).sum::<usize>() as u64;
             wire_bytes += batch.encoded_len() as u64;
-            let sent = Instant::now();
+            sent = Some(Instant::now());
             let result = publish(&mut dcs[dc], batch.clone()).await?;
             for (event, outcome) in batch.events.iter().zip(&result.events) {
                 if let Some(Kind::Stored(stored)) = &event.kind
@@ -179,6 +260,8 @@ pub async fn replay(
                     fleet.oracle_mut().on_omission(dc, &stored.block_hashes);
                 }
             }
+        }
+        if let Some(sent) = sent {
             // Probe the last block this batch made the DC hold (not one another rank had).
             let fresh = served
                 .stored
@@ -207,10 +290,21 @@ pub async fn replay(
     while probe_tasks.join_next().await.is_some() {}
 
     // Final drain: once each DC's sentinel is visible, every batch before it is too.
-    let settled = sentinel
-        .settle(&mut dcs, &mut query, &mut sources, config.settle_timeout)
+    let settled = match feed {
+        Feed::Grpc => sentinel
+            .settle(&mut dcs, &mut query, &mut sources, config.settle_timeout)
+            .await
+            .is_ok(),
+        Feed::Zmq(z) => zmq_settle(
+            z,
+            &dcs,
+            &mut query,
+            shape.ranks_per_worker,
+            config.settle_timeout,
+        )
         .await
-        .is_ok();
+        .is_ok(),
+    };
     for (dc, &seq) in fleet.dc_seq().iter().enumerate() {
         if settled {
             probes.raise_watermark(dc, seq);
@@ -220,7 +314,8 @@ pub async fn replay(
         (Some(before), Some(after)) => Some(after.saturating_sub(before)),
         _ => None,
     };
-    let final_accuracy = final_check(&mut query, &hashes, &fleet, &lane_to_dc, &probes).await?;
+    let final_accuracy =
+        final_check(&mut query, &hashes, &tokens, &fleet, &lane_to_dc, &probes).await?;
 
     let mut dc_costs = Vec::with_capacity(dcs.len());
     for (i, dc) in dcs.iter_mut().enumerate() {
@@ -402,6 +497,102 @@ async fn clear_members(dcs: &mut [Dc], sources: &mut Sources, shape: FleetShape)
     Ok(())
 }
 
+/// Publisher slots per DC must match the fleet shape.
+fn check_publishers(z: &ZmqFeed, shape: FleetShape) -> Result<()> {
+    if z.publishers.len() != shape.dcs
+        || z.publishers.iter().any(|p| p.len() != shape.ranks_per_dc())
+    {
+        bail!(
+            "the ZMQ feed needs {} DCs x {} publishers",
+            shape.dcs,
+            shape.ranks_per_dc()
+        );
+    }
+    Ok(())
+}
+
+/// Seconds since the Unix epoch (0 if the clock is before it), the batch `ts`.
+fn unix_seconds() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+fn engine_event_blocks(event: &ckf_engine::encode::Event) -> usize {
+    match event {
+        ckf_engine::encode::Event::Stored(s) => s.block_hashes.len(),
+        ckf_engine::encode::Event::Removed(r) => r.block_hashes.len(),
+        ckf_engine::encode::Event::AllCleared => 0,
+    }
+}
+
+/// The ZMQ drain: every publisher stores a fresh block (a root of tokens nothing else has) and
+/// it is waited for until the indexer shows it, then removed. Visible means the producer has
+/// applied everything that publisher sent before; it also proves the subscription is live, so
+/// the store is sent again each attempt that sees nothing (a PUB socket drops what it sends
+/// before its subscriber has joined).
+async fn zmq_settle(
+    z: &mut ZmqFeed,
+    dcs: &[Dc],
+    query: &mut QueryClient<Channel>,
+    ranks: usize,
+    timeout: Duration,
+) -> Result<()> {
+    use ckf_engine::encode::{Batch, BlockRemoved, BlockStored, Event};
+    const ATTEMPT: Duration = Duration::from_millis(200);
+    let run: u64 = rand::random::<u64>() | (1 << 63);
+    for (dc, publishers) in z.publishers.iter_mut().enumerate() {
+        for (slot, publisher) in publishers.iter_mut().enumerate() {
+            z.next_sentinel += 1;
+            let id = run ^ z.next_sentinel;
+            let canonical = z.tokens.request(&[id])?.canonical[0];
+            let engine = z
+                .tokens
+                .engine_of(canonical)
+                .context("sentinel engine hash")?;
+            let block_size = z.tokens.block_size();
+            let rank = Some((slot % ranks) as i64);
+            let store = Batch {
+                ts: unix_seconds(),
+                events: vec![Event::Stored(BlockStored {
+                    block_hashes: vec![engine],
+                    token_ids: crate::feed::block_tokens(id, block_size),
+                    block_size,
+                    medium: Some(crate::feed::MEDIUM.into()),
+                    ..BlockStored::default()
+                })],
+                data_parallel_rank: rank,
+            };
+            let deadline = Instant::now() + timeout;
+            let mut seen = None;
+            while seen.is_none() && Instant::now() < deadline {
+                publisher.publish(&store).await?;
+                seen =
+                    wait_visible(query, dcs[dc].lane, canonical, Instant::now() + ATTEMPT).await?;
+            }
+            let remove = Batch {
+                ts: unix_seconds(),
+                events: vec![Event::Removed(BlockRemoved {
+                    block_hashes: vec![engine],
+                    medium: Some(crate::feed::MEDIUM.into()),
+                    ..BlockRemoved::default()
+                })],
+                data_parallel_rank: rank,
+            };
+            publisher.publish(&remove).await?;
+            if seen.is_none() {
+                bail!(
+                    "DC {} publisher {} did not drain within {:?}",
+                    dcs[dc].name,
+                    publisher.endpoint(),
+                    timeout
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Drain sentinels: a fresh block stored by the probe member, waited for, then removed.
 struct Sentinel {
     run_hash: u64,
@@ -452,6 +643,7 @@ impl Sentinel {
 async fn final_check(
     query: &mut QueryClient<Channel>,
     hashes: &[Vec<u64>],
+    tokens: &[Vec<u32>],
     fleet: &Fleet,
     lane_to_dc: &HashMap<u32, usize>,
     probes: &Probes,
@@ -459,11 +651,11 @@ async fn final_check(
     let mut accuracy = Accuracy::default();
     let mut seen = HashSet::new();
     let watermarks = probes.watermarks();
-    for request in hashes {
+    for (i, request) in hashes.iter().enumerate() {
         if request.last().is_none_or(|last| !seen.insert(*last)) {
             continue;
         }
-        let answer = find_matches(query, request, "FindMatches (final check)").await?;
+        let answer = ask(query, request, tokens.get(i), "FindMatches (final check)").await?;
         record_answer(
             &mut accuracy,
             request,
@@ -489,8 +681,30 @@ fn progress_bar(len: u64, show: bool) -> ProgressBar {
     bar
 }
 
-/// Depth per DC index (`dcs` long) from a `FindMatches` answer: `None` for a DC whose lane was
-/// not ready at capture.
+/// The indexer's answer for a request: by its tokens (`FindMatchesByTokens`, the indexer's
+/// block size) when given, else by its block hashes.
+///
+/// # Errors
+/// The failed call's status, with `what` as context.
+async fn ask(
+    query: &mut QueryClient<Channel>,
+    request: &[u64],
+    tokens: Option<&Vec<u32>>,
+    what: &'static str,
+) -> Result<FindMatchesResponse> {
+    let Some(tokens) = tokens else {
+        return find_matches(query, request, what).await;
+    };
+    Ok(query
+        .find_matches_by_tokens(v1::FindMatchesByTokensRequest {
+            token_ids: tokens.clone(),
+            ..Default::default()
+        })
+        .await
+        .context(what)?
+        .into_inner())
+}
+
 /// The indexer's answer for `request` (block hashes, root first); `what` names the call in the
 /// error.
 ///

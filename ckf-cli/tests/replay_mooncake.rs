@@ -7,7 +7,7 @@ use std::time::Duration;
 use ckf_cli::commands::{connect, load_workload};
 use ckf_cli::demo::Services;
 use ckf_cli::fleet::FleetShape;
-use ckf_cli::live::{LiveConfig, replay};
+use ckf_cli::live::{Feed, LiveConfig, replay};
 use ckf_cli::policy::Policy;
 
 fn trace() -> PathBuf {
@@ -37,7 +37,7 @@ async fn mooncake_first_2000_requests_through_three_dcs() {
     };
     let indexer = connect(&services.indexer_url).await.unwrap();
     let targets = services.targets().await.unwrap();
-    let report = replay(&workload, indexer, targets, &config).await;
+    let report = replay(&workload, indexer, targets, &config, &mut Feed::Grpc).await;
     services.shutdown().await.expect("graceful shutdown");
     let report = report.expect("replay");
     println!("{report}");
