@@ -57,27 +57,41 @@ pub fn engines_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("engines")
 }
 
+/// Where engine ports are taken from: below Linux's ephemeral range (32768..=60999 by
+/// default), so no outgoing connection of this or a parallel test (gRPC clients, the producer's
+/// SUB and Relay connections) can take a port between our check and the engine's bind, which is
+/// what an ephemeral `bind(0)` probe allowed (seen in CI: `Address already in use`).
+const ENGINE_PORTS: std::ops::Range<u32> = 20_000..32_000;
+
 /// A base port `p` with `p .. p + count` all free on 127.0.0.1 now (held while checking,
 /// released on return): an engine's rank `r` publishes on `p + r`, its replay socket on
-/// `p + dp_size + r`.
+/// `p + dp_size + r`. Runs are spread over [`ENGINE_PORTS`] by process id and a per-process
+/// counter, so parallel tests and test binaries start at different places.
 ///
 /// # Panics
 /// When no such run is found after many tries.
 pub fn free_port_run(count: u16) -> u16 {
-    for _ in 0..200 {
-        let first = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
-        let base = first.local_addr().expect("local addr").port();
-        if base.checked_add(count).is_none() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let span = ENGINE_PORTS.end - ENGINE_PORTS.start;
+    let stride = u32::from(count).max(1) + 1;
+    for _ in 0..400 {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let offset = (std::process::id().wrapping_mul(7919) + n * stride) % span;
+        let Ok(base) = u16::try_from(ENGINE_PORTS.start + offset) else {
+            continue;
+        };
+        if u32::from(base) + u32::from(count) > ENGINE_PORTS.end {
             continue;
         }
-        let rest: Option<Vec<TcpListener>> = (1..count)
+        let held: Option<Vec<TcpListener>> = (0..count)
             .map(|i| TcpListener::bind(("127.0.0.1", base + i)).ok())
             .collect();
-        if rest.is_some() {
+        if held.is_some() {
             return base;
         }
     }
-    panic!("no run of {count} free loopback ports");
+    panic!("no run of {count} free loopback ports in {ENGINE_PORTS:?}");
 }
 
 /// One engine as the producer's `--engine` flag and the driver's arguments name it.
