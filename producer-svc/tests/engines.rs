@@ -516,6 +516,12 @@ async fn a_gap_is_filled_by_the_replay() {
         metric(&p, "ckf_producer_engine_members_cleared_total", &[]),
         0.0
     );
+    // vLLM's end marker (sequence -1, empty payload) closes every replay: it is no batch, and
+    // counting it would raise a decode error on every healthy replay (found by a breaker run).
+    assert_eq!(
+        metric(&p, "ckf_producer_engine_decode_errors_total", &[]),
+        0.0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

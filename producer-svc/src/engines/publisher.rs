@@ -82,8 +82,16 @@ impl Decoder {
         }
     }
 
-    /// `(sequence, batch)` of a multipart message, `None` when it has no usable sequence.
-    fn frame(&self, parts: &[Bytes], log: &mut LogLimit) -> Option<(i64, Batch, bool)> {
+    /// `(sequence, batch, replay end)` of a multipart message, `None` when it has no usable
+    /// sequence. On the replay path (`replay`), the end marker (sequence -1 or an empty
+    /// payload, as vLLM and SGLang send it after every replay) is not decoded: it is no batch,
+    /// and counting it as malformed would raise a decode error on every healthy replay.
+    fn frame(
+        &self,
+        parts: &[Bytes],
+        replay: bool,
+        log: &mut LogLimit,
+    ) -> Option<(i64, Batch, bool)> {
         let size: usize = parts.iter().map(Bytes::len).sum();
         if size > self.settings.max_frame_bytes {
             self.error(
@@ -108,6 +116,9 @@ impl Decoder {
             }
         };
         let end = frame.is_replay_end();
+        if replay && end {
+            return Some((frame.sequence, None, true));
+        }
         Some((frame.sequence, self.payload(&frame.payload, log), end))
     }
 
@@ -324,7 +335,7 @@ impl PublisherTask {
             .with_label_values(&[p, e])
             .set(i64::try_from(now).unwrap_or(i64::MAX));
         let parts = msg.into_vec();
-        match self.decoder.frame(&parts, &mut state.log) {
+        match self.decoder.frame(&parts, false, &mut state.log) {
             Some((seq, batch, _)) => state.sequence.live(seq, batch),
             None => Vec::new(),
         }
@@ -457,7 +468,7 @@ async fn replay(
             if parts.len() >= 3 && parts[0].is_empty() {
                 parts.remove(0);
             }
-            let Some((seq, batch, end)) = decoder.frame(&parts, &mut log) else {
+            let Some((seq, batch, end)) = decoder.frame(&parts, true, &mut log) else {
                 return Err("a reply is not a frame".into());
             };
             let msg = if end {
