@@ -90,7 +90,8 @@ pub struct Cost {
     pub producer_exact_state_bytes_per_block: f64,
     /// Mean over DCs of consumer table bytes per tracked block per lane.
     pub consumer_table_bytes_per_block_per_lane: f64,
-    /// Encoded `KvEventBatch` bytes sent to producers.
+    /// Ingest bytes sent to producers: msgpack payloads (`zmq` feed) or encoded
+    /// `KvEventBatch` bytes (`grpc` feed).
     pub ingest_wire_bytes: u64,
     /// `ingest_wire_bytes / events`.
     pub wire_bytes_per_event: f64,

@@ -135,7 +135,9 @@ where
         }
     };
     // Only fails when a subscriber is already installed, which cannot happen in a binary.
-    let _ = init_tracing(log_format(&config), "info");
+    // `zeromq=error`: the ZMQ library warns on every failed reconnection to an engine that is not
+    // up yet (expected: a producer may start before its engines); `engine_connected` says it.
+    let _ = init_tracing(log_format(&config), "info,zeromq=error");
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name(name)
