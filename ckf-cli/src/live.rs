@@ -351,6 +351,10 @@ pub async fn replay(
             distinct_blocks: distinct.len() as u64,
         },
         fleet: shape,
+        feed: match feed {
+            Feed::Grpc => "grpc",
+            Feed::Zmq(_) => "zmq",
+        },
         policy: config.policy,
         seed: config.seed,
         throughput: Throughput {

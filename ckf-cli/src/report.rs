@@ -18,6 +18,9 @@ pub struct Report {
     pub workload: WorkloadInfo,
     /// The simulated fleet.
     pub fleet: FleetShape,
+    /// How events reached the producers: `zmq` (built-in vLLM publishers, token queries) or
+    /// `grpc` (`Ingest/PublishBatch`, hash queries).
+    pub feed: &'static str,
     /// The live run's routing policy.
     pub policy: Policy,
     /// Seed of the random policy (and of the synthetic workload).
@@ -241,11 +244,12 @@ impl fmt::Display for Report {
         )?;
         writeln!(
             out,
-            "fleet: {} DCs x {} workers x {} ranks, {} blocks per rank (LRU); policy {}, seed {}",
+            "fleet: {} DCs x {} workers x {} ranks, {} blocks per rank (LRU); feed {}; policy {}, seed {}",
             s.dcs,
             s.workers_per_dc,
             s.ranks_per_worker,
             s.capacity_blocks,
+            self.feed,
             self.policy.name(),
             self.seed
         )?;
