@@ -61,7 +61,7 @@ pub fn engines_dir() -> PathBuf {
 /// default), so no outgoing connection of this or a parallel test (gRPC clients, the producer's
 /// SUB and Relay connections) can take a port between our check and the engine's bind, which is
 /// what an ephemeral `bind(0)` probe allowed (seen in CI: `Address already in use`).
-const ENGINE_PORTS: std::ops::Range<u32> = 20_000..32_000;
+pub const ENGINE_PORTS: std::ops::Range<u32> = 20_000..32_000;
 
 /// A base port `p` with `p .. p + count` all free on 127.0.0.1 now (held while checking,
 /// released on return): an engine's rank `r` publishes on `p + r`, its replay socket on
