@@ -19,15 +19,8 @@ const FIXTURES: [&str; 8] = [
     "tolerance",
 ];
 
-fn fixture(name: &str) -> Vec<u8> {
-    let path = format!("{}/tests/fixtures/{name}.hex", env!("CARGO_MANIFEST_DIR"));
-    let hex = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    let hex = hex.trim();
-    (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex"))
-        .collect()
-}
+mod common;
+use common::fixture;
 
 /// Decodes with small limits too (so the limit paths run), then translates every event.
 fn exercise(payload: &[u8]) {

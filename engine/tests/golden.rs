@@ -8,15 +8,8 @@ use ckf_engine::filters::{EngineFilters, Skip};
 use ckf_engine::lineage::{Lineage, SkipReason};
 use ckf_engine::wire::{DecodeLimits, decode_batch};
 
-fn fixture(name: &str) -> Vec<u8> {
-    let path = format!("{}/tests/fixtures/{name}.hex", env!("CARGO_MANIFEST_DIR"));
-    let hex = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    let hex = hex.trim();
-    (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex"))
-        .collect()
-}
+mod common;
+use common::fixture;
 
 fn decode(name: &str) -> ckf_engine::event::EngineBatch {
     decode_batch(&fixture(name), &DecodeLimits::default()).expect(name)
