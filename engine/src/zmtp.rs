@@ -337,7 +337,11 @@ mod tests {
     #[test]
     fn a_real_engine_stream_passes() {
         let mut s = greeting();
-        s.extend(frame(FLAG_COMMAND, b"\x05READY\x0bSocket-Type\0\0\0\x03PUB", false));
+        s.extend(frame(
+            FLAG_COMMAND,
+            b"\x05READY\x0bSocket-Type\0\0\0\x03PUB",
+            false,
+        ));
         s.extend(engine_message(&[0xab; 900]));
         s.extend(engine_message(b""));
         assert_eq!(check(&s), Ok(()));
