@@ -13,6 +13,7 @@
 //! | [`lineage`] | per member: engine hash -> canonical hash, turning engine events into `KvEvent`s |
 //! | [`sequence`] | per publisher socket: next / duplicate / gap / restart, the replay window |
 //! | [`encode`] | the vLLM encoding, for the built-in publisher (`ckf demo`) and tests |
+//! | [`zmtp`] | bounds on the raw ZMTP stream from an engine, checked before the ZMQ library reads it |
 
 pub mod encode;
 pub mod event;
@@ -21,3 +22,4 @@ pub mod frame;
 pub mod lineage;
 pub mod sequence;
 pub mod wire;
+pub mod zmtp;

@@ -887,3 +887,71 @@ mode = "connect"
     .expect_err("unknown key");
     assert!(err.to_string().contains("colour"), "{err}");
 }
+
+/// A hostile "engine": a raw TCP listener that completes the ZMTP handshake as a PUB socket,
+/// then sends one long-frame header claiming 2^50 bytes, on every connection.
+async fn frame_bomb_engine() -> (u16, tokio::task::JoinHandle<()>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+        .await
+        .unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let task = tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut greeting = vec![0u8; 64];
+                greeting[0] = 0xff;
+                greeting[9] = 0x7f;
+                greeting[10] = 3;
+                greeting[12..16].copy_from_slice(b"NULL");
+                let _ = s.write_all(&greeting).await;
+                let mut peer = [0u8; 64];
+                let _ = s.read_exact(&mut peer).await;
+                let mut ready = b"\x05READY\x0bSocket-Type".to_vec();
+                ready.extend_from_slice(&3u32.to_be_bytes());
+                ready.extend_from_slice(b"PUB");
+                let mut out = vec![0x04, ready.len() as u8];
+                out.extend(ready);
+                out.push(0x02);
+                out.extend_from_slice(&(1u64 << 50).to_be_bytes());
+                let _ = s.write_all(&out).await;
+                let mut sink = Vec::new();
+                let _ = s.read_to_end(&mut sink).await;
+            });
+        }
+    });
+    (port, task)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frame_header_claiming_a_petabyte_closes_only_that_connection() {
+    // Before the guard relay, the zeromq crate reserved the claimed size on reading the header
+    // and the allocator aborted the whole producer (and this test process with it).
+    let (bomb_port, bomb) = frame_bomb_engine().await;
+    let mut good = FakeEngine::start(1).await;
+    let hostile: EngineSpec = format!("worker_id=1,endpoint=tcp://127.0.0.1:{bomb_port}")
+        .parse()
+        .unwrap();
+    let p = producer(vec![hostile, good.spec(2, 1, false)], |_| {}).await;
+    let closed = || {
+        metric(
+            &p,
+            "ckf_producer_engine_decode_errors_total",
+            &[("publisher", "1/0"), ("kind", "zmtp_frame_too_large")],
+        )
+    };
+    eventually("the hostile connection refused", || async {
+        closed() >= 1.0
+    })
+    .await;
+    // zeromq reconnects and the bomb comes again: refused again, and the producer lives on.
+    eventually("a reconnection refused too", || async { closed() >= 2.0 }).await;
+    prime(&p, &mut good, 2).await;
+    let a: Vec<u32> = (0..8).collect();
+    good.publish(0, batch(vec![stored(&[1, 2], None, &a, "GPU")], None))
+        .await;
+    wait_blocks(&p, 2, 0, &canonical(&a)).await;
+    assert!(blocks(&p, 1, 0).await.is_empty());
+    assert!(p.stats().await.is_ok());
+    bomb.abort();
+}

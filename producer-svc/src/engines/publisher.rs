@@ -16,6 +16,7 @@ use ckf_engine::event::{EngineBatch, EngineEvent};
 use ckf_engine::frame::EngineFrame;
 use ckf_engine::sequence::{Action, PublisherSequence, ReplayFailure, SequenceConfig};
 use ckf_engine::wire::decode_batch;
+use ckf_engine::zmtp::{ZmtpLimits, ZmtpViolation};
 use ckf_svc_kit::Shutdown;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -24,6 +25,7 @@ use tokio_stream::StreamExt;
 use zeromq::{Socket, SocketEvent, SocketRecv, SocketSend, ZmqMessage};
 
 use super::config::{Endpoint, PublisherSpec, SocketMode};
+use super::guard;
 use super::metrics::EngineMetrics;
 use super::{EngineSettings, EngineStep, PublisherId};
 use crate::actor::{ActorHandle, Command};
@@ -226,14 +228,10 @@ impl PublisherTask {
         tokio::pin!(stopped);
         let mut sub = zeromq::SubSocket::new();
         self.watch_connection(sub.monitor());
-        let address = socket_address(&self.spec.endpoint, self.spec.mode);
+        // Held for the task's life: zeromq only ever talks to the engine through the relays.
+        let mut relays = Vec::new();
         loop {
-            let attempt = async {
-                match self.spec.mode {
-                    SocketMode::Connect => sub.connect(&address).await,
-                    SocketMode::Bind => sub.bind(&address).await.map(|_| ()),
-                }
-            };
+            let attempt = self.open(&mut sub, &mut relays);
             tokio::select! {
                 () = &mut stopped => return,
                 r = attempt => match r {
@@ -248,6 +246,28 @@ impl PublisherTask {
                 },
             }
         }
+        let replay_address = match &self.spec.replay_endpoint {
+            None => None,
+            Some(endpoint) => {
+                match guard::connect_relay(
+                    endpoint.clone(),
+                    self.zmtp_limits(),
+                    self.on_violation(),
+                )
+                .await
+                {
+                    Ok(relay) => {
+                        let local = relay.local.clone();
+                        relays.push(relay);
+                        Some(local)
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "cannot start the replay relay; publisher not ingested");
+                        return;
+                    }
+                }
+            }
+        };
         if let Err(e) = sub.subscribe(&self.spec.topic).await {
             tracing::error!(error = %e, "subscribe failed; publisher not ingested");
             return;
@@ -296,13 +316,79 @@ impl PublisherTask {
                     }
                 },
             };
-            if self.execute(actions, &mut state, &replay_tx).await.is_err() {
+            if self
+                .execute(actions, &mut state, &replay_tx, replay_address.as_deref())
+                .await
+                .is_err()
+            {
                 break;
             }
         }
         if let Some(task) = state.replay.take() {
             task.abort();
         }
+    }
+
+    /// Connects or binds the SUB socket behind a [`guard`] relay (see that module for why).
+    async fn open(
+        &self,
+        sub: &mut zeromq::SubSocket,
+        relays: &mut Vec<guard::Relay>,
+    ) -> Result<(), String> {
+        match self.spec.mode {
+            SocketMode::Connect => {
+                if relays.is_empty() {
+                    let relay = guard::connect_relay(
+                        self.spec.endpoint.clone(),
+                        self.zmtp_limits(),
+                        self.on_violation(),
+                    )
+                    .await
+                    .map_err(|e| format!("loopback relay: {e}"))?;
+                    relays.push(relay);
+                }
+                sub.connect(&relays[0].local)
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+            SocketMode::Bind => {
+                let internal = sub
+                    .bind("tcp://127.0.0.1:0")
+                    .await
+                    .map_err(|e| format!("loopback listener: {e}"))?;
+                let internal = Endpoint::parse(&internal.to_string())?;
+                let relay = guard::bind_relay(
+                    &self.spec.endpoint,
+                    internal,
+                    self.zmtp_limits(),
+                    self.on_violation(),
+                )
+                .await
+                .map_err(|e| format!("bind {}: {e}", self.spec.endpoint))?;
+                relays.push(relay);
+                Ok(())
+            }
+        }
+    }
+
+    /// What the relays let through: frames up to twice `engine.max_frame_bytes` still reach
+    /// the decoder, which drops and counts those above the setting (keeping their sequence, so
+    /// no gap); only beyond that is the connection closed before the frame is read.
+    fn zmtp_limits(&self) -> ZmtpLimits {
+        let max = u64::try_from(self.decoder.settings.max_frame_bytes).unwrap_or(u64::MAX);
+        ZmtpLimits::for_engine(max.saturating_mul(2))
+    }
+
+    /// Counts a relay's violation as a decode error of its kind and logs it (rate-limited).
+    fn on_violation(&self) -> guard::OnViolation {
+        let decoder = self.decoder.clone();
+        let log = Arc::new(std::sync::Mutex::new(LogLimit::default()));
+        Arc::new(move |v: &ZmtpViolation| {
+            let mut log = log
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            decoder.error(v.kind(), &format_args!("{v}; connection closed"), &mut log);
+        })
     }
 
     fn watch_connection<S>(&self, mut monitor: S)
@@ -346,6 +432,7 @@ impl PublisherTask {
         actions: Vec<Action<Batch>>,
         state: &mut Run,
         replay_tx: &mpsc::Sender<(u64, ReplayMsg)>,
+        replay_address: Option<&str>,
     ) -> Result<(), crate::actor::ActorGone> {
         let id = &self.decoder.id;
         let [p, e] = id.labels();
@@ -370,14 +457,14 @@ impl PublisherTask {
                 Action::RequestReplay { from } => {
                     m.replays.with_label_values(&[p, e, "requested"]).inc();
                     state.end_replay();
-                    let Some(endpoint) = &self.spec.replay_endpoint else {
+                    let Some(endpoint) = replay_address else {
                         continue; // unreachable: replay_available is false without one
                     };
                     state.deadline = Some(Instant::now() + self.decoder.settings.replay_timeout);
                     state.replay = Some(tokio::spawn(replay(
                         state.generation,
                         from,
-                        endpoint.to_string(),
+                        endpoint.to_owned(),
                         self.decoder.clone(),
                         replay_tx.clone(),
                     )));
@@ -427,16 +514,6 @@ impl Run {
         if let Some(task) = self.replay.take() {
             task.abort();
         }
-    }
-}
-
-/// The address zeromq is given: `*` means every interface when binding.
-fn socket_address(endpoint: &Endpoint, mode: SocketMode) -> String {
-    match (endpoint, mode) {
-        (Endpoint::Tcp { host, port }, SocketMode::Bind) if host == "*" => {
-            format!("tcp://0.0.0.0:{port}")
-        }
-        _ => endpoint.to_string(),
     }
 }
 
