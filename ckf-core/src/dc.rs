@@ -420,7 +420,7 @@ impl DcCkfState {
             };
             if held + adding > max {
                 return Err(QuotaError::SourceFull {
-                    source: charged.to_owned(),
+                    source_id: charged.to_owned(),
                     held,
                     adding,
                     max,

@@ -102,7 +102,7 @@ impl Model {
                 let held = self.held(charged);
                 if held + adding + extra > q.max_blocks_per_source {
                     return Err(QuotaError::SourceFull {
-                        source: charged.into(),
+                        source_id: charged.into(),
                         held,
                         adding: adding + extra,
                         max: q.max_blocks_per_source,
@@ -235,7 +235,7 @@ fn one_source_is_refused_while_another_proceeds() {
     assert_eq!(
         e,
         QuotaError::SourceFull {
-            source: "a".into(),
+            source_id: "a".into(),
             held: 10,
             adding: 1,
             max: 10
@@ -249,7 +249,7 @@ fn one_source_is_refused_while_another_proceeds() {
     // Member 1 is charged to "a": "b" storing into it spends "a"'s quota.
     assert!(matches!(
         s.apply_from("b", &stored(1, &[30])),
-        Err(QuotaError::SourceFull { ref source, .. }) if source == "a"
+        Err(QuotaError::SourceFull { ref source_id, .. }) if source_id == "a"
     ));
     // Freeing blocks makes room again.
     s.apply_from(
@@ -301,7 +301,7 @@ fn engine_members_are_taken_over_whole() {
     assert_eq!(
         s.apply_from("a", &stored(1, &[5, 6])).unwrap_err(),
         QuotaError::SourceFull {
-            source: "a".into(),
+            source_id: "a".into(),
             held: 0,
             adding: 6,
             max: 5

@@ -528,6 +528,18 @@ pub struct Cli {
     /// limits.max_tracked_sources: sources whose batch sequence is remembered; least recently used forgotten first; 1..=16777216 [default: 65536].
     #[arg(long, value_name = "SOURCES")]
     pub max_tracked_sources: Option<u32>,
+    /// quotas.max_blocks_per_event: most block hashes in one event, larger refused; 0 = unlimited [default: 16384].
+    #[arg(long, value_name = "BLOCKS")]
+    pub max_blocks_per_event: Option<u32>,
+    /// quotas.max_blocks_per_batch: most block hashes in one batch, larger refused; 0 = unlimited [default: 65536].
+    #[arg(long, value_name = "BLOCKS")]
+    pub max_blocks_per_batch: Option<u64>,
+    /// quotas.max_blocks_per_member: most blocks one member may own; 0 = unlimited [default: 0].
+    #[arg(long, value_name = "BLOCKS")]
+    pub max_blocks_per_member: Option<u32>,
+    /// quotas.max_blocks_per_source: most blocks one ingest source may hold; 0 = unlimited [default: 0].
+    #[arg(long, value_name = "BLOCKS")]
+    pub max_blocks_per_source: Option<u64>,
     /// shutdown.drain_timeout_ms: wait for drained acks on shutdown, ms [default: 5000].
     #[arg(long, value_name = "MS")]
     pub drain_timeout_ms: Option<u64>,
@@ -601,6 +613,10 @@ impl Cli {
             .set("limits.max_message_bytes", self.max_message_bytes)
             .set("limits.max_events_per_batch", self.max_events_per_batch)
             .set("limits.max_tracked_sources", self.max_tracked_sources)
+            .set("quotas.max_blocks_per_event", self.max_blocks_per_event)
+            .set("quotas.max_blocks_per_batch", self.max_blocks_per_batch)
+            .set("quotas.max_blocks_per_member", self.max_blocks_per_member)
+            .set("quotas.max_blocks_per_source", self.max_blocks_per_source)
             .set("shutdown.drain_timeout_ms", self.drain_timeout_ms)
             .set("listen", self.listen.map(|a| a.to_string()))
             .set("metrics_listen", self.metrics_listen.map(|a| a.to_string()))

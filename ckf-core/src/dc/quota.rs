@@ -170,11 +170,12 @@ pub enum QuotaError {
     #[error(
         "source {} holds {held} blocks and the event adds {adding}; limit \
          max_blocks_per_source is {max}",
-        quoted(source)
+        quoted(source_id)
     )]
     SourceFull {
-        /// The source charged (the member's source, see the module docs).
-        source: String,
+        /// The source charged (the member's source, see the module docs). Not named `source`:
+        /// that name would make it the error's cause.
+        source_id: String,
         /// Blocks it holds now.
         held: u64,
         /// Blocks the event would add to it.
@@ -344,7 +345,7 @@ mod tests {
     #[test]
     fn holding_refusals_name_the_member_or_the_escaped_source() {
         let e = QuotaError::SourceFull {
-            source: "evil\n".into(),
+            source_id: "evil\n".into(),
             held: 7,
             adding: 2,
             max: 8,
