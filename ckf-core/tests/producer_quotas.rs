@@ -152,11 +152,11 @@ proptest! {
             match op {
                 Op::Store(src, m, h) => {
                     let expect = model.store(&q, SOURCES[*src], *m, h);
-                    let got = s.apply_from(SOURCES[*src], &stored(*m, h)).map(|o| {
+                    let got = s.apply_from(SOURCES[*src], &stored(*m, h));
+                    if let Ok(o) = &got {
                         prop_assert_eq!(o.omitted, 0);
-                        Ok(o.applied)
-                    });
-                    let got = match got { Ok(r) => r?, Err(e) => Err(e) };
+                    }
+                    let got = got.map(|o| o.applied);
                     prop_assert_eq!(got, expect, "{:?}", op);
                 }
                 Op::Remove(src, m, h) => {
@@ -356,7 +356,9 @@ fn shrinking_has_hysteresis() {
     // Removing most of it gives memory back.
     s.remove(MemberId::new(1, 0), &big[2_000..19_000]);
     let sparse = s.stats().bytes_used;
-    assert!(sparse < full / 2, "{full} -> {sparse}");
+    // The block map (32,768 buckets of 25 bytes, 800 KiB) went down to 4,096 buckets; the
+    // table, undo log and dirty tracker (fixed) stay.
+    assert!(full - sparse > 600_000, "{full} -> {sparse}");
     // A store that refills a little does not grow it back at once.
     s.store(MemberId::new(1, 0), &big[2_000..2_500]);
     assert_eq!(s.stats().bytes_used, sparse);

@@ -273,6 +273,7 @@ impl Actor {
             Command::Stats { reply } => {
                 let stats = self.stats();
                 self.metrics.observe_stats(&stats);
+                self.trim.observe(stats.bytes_used);
                 let _ = reply.send((stats, self.sources.len() as u64));
             }
             Command::Table { reply } => {
