@@ -348,7 +348,11 @@ impl DcCkfState {
     /// # Errors
     /// [`QuotaError::EventTooLarge`], [`QuotaError::MemberFull`] or
     /// [`QuotaError::SourceFull`]; the event was then not applied at all.
-    pub fn apply_from(&mut self, source: &str, event: &KvEvent) -> Result<EventOutcome, QuotaError> {
+    pub fn apply_from(
+        &mut self,
+        source: &str,
+        event: &KvEvent,
+    ) -> Result<EventOutcome, QuotaError> {
         let block_hashes = match &event.kind {
             KvEventKind::Stored { block_hashes, .. } => block_hashes,
             KvEventKind::Removed { block_hashes } => {
@@ -368,7 +372,12 @@ impl DcCkfState {
     }
 
     /// The quota check of a stored event (see [`quota`]'s docs).
-    fn check_store(&self, source: &str, member: MemberId, hashes: &[u64]) -> Result<(), QuotaError> {
+    fn check_store(
+        &self,
+        source: &str,
+        member: MemberId,
+        hashes: &[u64],
+    ) -> Result<(), QuotaError> {
         let q = self.quotas;
         q.check_event(hashes.len())?;
         if q.max_blocks_per_member == 0 && q.max_blocks_per_source == 0 {

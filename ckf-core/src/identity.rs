@@ -156,7 +156,10 @@ pub enum SourceIdError {
     #[error("is required (1..={MAX_SOURCE_ID_LEN} bytes)")]
     Empty,
     /// The id is longer than [`MAX_SOURCE_ID_LEN`] bytes.
-    #[error("{} is {len} bytes; at most {MAX_SOURCE_ID_LEN} are allowed", quoted(id))]
+    #[error(
+        "{} is {len} bytes; at most {MAX_SOURCE_ID_LEN} are allowed",
+        quoted(id)
+    )]
     TooLong {
         /// The offending id (possibly long; display quotes a bounded prefix).
         id: String,
@@ -401,9 +404,15 @@ mod tests {
             let text = e.to_string();
             // The value is quoted escaped: the message itself has no raw control character.
             assert!(!text.chars().any(char::is_control), "{text:?}");
-            assert!(text.contains(&format!("U+{:04X}", u32::from(character))), "{text}");
+            assert!(
+                text.contains(&format!("U+{:04X}", u32::from(character))),
+                "{text}"
+            );
         }
         let text = SourceId::new("a\0b").unwrap_err().to_string();
-        assert!(text.starts_with("\"a\\0b\" has the character U+0000 at byte 1"), "{text}");
+        assert!(
+            text.starts_with("\"a\\0b\" has the character U+0000 at byte 1"),
+            "{text}"
+        );
     }
 }

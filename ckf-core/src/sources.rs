@@ -247,7 +247,10 @@ mod tests {
         assert_eq!(s.admit("bb", 1), SequenceCheck::First);
         assert_eq!(s.last("a"), None);
         assert_eq!(s.evictions(), 2);
-        assert_eq!(s.bytes_used(), 2 * 32 + 2 * ENTRY_OVERHEAD_BYTES + 2 * SLOT_BYTES);
+        assert_eq!(
+            s.bytes_used(),
+            2 * 32 + 2 * ENTRY_OVERHEAD_BYTES + 2 * SLOT_BYTES
+        );
         assert_eq!(s.capacity(), cap(2));
     }
 

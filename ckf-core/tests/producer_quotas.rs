@@ -11,9 +11,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use ckf_core::TableFormat;
-use ckf_core::dc::{
-    DcCkfConfig, DcCkfState, KvEvent, KvEventKind, MemberId, QuotaError, Quotas,
-};
+use ckf_core::dc::{DcCkfConfig, DcCkfState, KvEvent, KvEventKind, MemberId, QuotaError, Quotas};
 use proptest::prelude::*;
 
 const SOURCES: [&str; 3] = ["src-a", "src-b", "src-c"];
@@ -73,7 +71,13 @@ impl Model {
     }
 
     /// The model's answer to a stored event from `source`: refusal, or the edges added.
-    fn store(&mut self, q: &Quotas, source: &'static str, m: u64, hashes: &[u64]) -> Result<u32, QuotaError> {
+    fn store(
+        &mut self,
+        q: &Quotas,
+        source: &'static str,
+        m: u64,
+        hashes: &[u64],
+    ) -> Result<u32, QuotaError> {
         if q.max_blocks_per_event > 0 && hashes.len() > q.max_blocks_per_event as usize {
             return Err(QuotaError::EventTooLarge {
                 index: None,
@@ -82,7 +86,11 @@ impl Model {
             });
         }
         let owned = self.owned.get(&m).cloned().unwrap_or_default();
-        let fresh: BTreeSet<u64> = hashes.iter().copied().filter(|h| !owned.contains(h)).collect();
+        let fresh: BTreeSet<u64> = hashes
+            .iter()
+            .copied()
+            .filter(|h| !owned.contains(h))
+            .collect();
         let adding = fresh.len() as u64;
         if adding > 0 {
             let held_m = owned.len() as u64;
@@ -274,8 +282,16 @@ fn member_limit_counts_distinct_new_blocks() {
         ..Quotas::UNLIMITED
     });
     // Duplicates inside one event are one new block.
-    assert_eq!(s.apply_from("a", &stored(1, &[1, 1, 2, 2])).unwrap().applied, 2);
-    assert_eq!(s.apply_from("a", &stored(1, &[1, 2, 3])).unwrap().applied, 1);
+    assert_eq!(
+        s.apply_from("a", &stored(1, &[1, 1, 2, 2]))
+            .unwrap()
+            .applied,
+        2
+    );
+    assert_eq!(
+        s.apply_from("a", &stored(1, &[1, 2, 3])).unwrap().applied,
+        1
+    );
     assert_eq!(
         s.apply_from("a", &stored(1, &[1, 4])).unwrap_err(),
         QuotaError::MemberFull {
@@ -286,7 +302,10 @@ fn member_limit_counts_distinct_new_blocks() {
         }
     );
     // Another member of the same source is not affected.
-    assert_eq!(s.apply_from("a", &stored(2, &[4, 5, 6])).unwrap().applied, 3);
+    assert_eq!(
+        s.apply_from("a", &stored(2, &[4, 5, 6])).unwrap().applied,
+        3
+    );
 }
 
 #[test]
@@ -318,7 +337,8 @@ fn memory_is_returned_after_churn() {
     let churn = |s: &mut DcCkfState| {
         for m in 0..64u64 {
             let hashes: Vec<u64> = (0..256).map(|i| hash(m * 128 + i) ^ 0x55).collect();
-            s.apply_from(&format!("src-{m}"), &stored(m, &hashes)).unwrap();
+            s.apply_from(&format!("src-{m}"), &stored(m, &hashes))
+                .unwrap();
         }
         s.take_batch();
         let full = s.stats().bytes_used;

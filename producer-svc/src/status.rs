@@ -35,12 +35,15 @@ mod tests {
         let s = Status::from(RequestError::TooManyEvents { count: 9, max: 8 });
         assert_eq!(s.code(), Code::InvalidArgument);
         assert!(s.message().contains("9 events"), "{}", s.message());
-        let s = Status::from(RequestError::Quota(ckf_core::dc::QuotaError::BatchTooLarge {
-            blocks: 9,
-            max: 8,
-        }));
+        let s = Status::from(RequestError::Quota(
+            ckf_core::dc::QuotaError::BatchTooLarge { blocks: 9, max: 8 },
+        ));
         assert_eq!(s.code(), Code::ResourceExhausted);
-        assert!(s.message().contains("max_blocks_per_batch is 8"), "{}", s.message());
+        assert!(
+            s.message().contains("max_blocks_per_batch is 8"),
+            "{}",
+            s.message()
+        );
         assert_eq!(
             Status::from(RequestError::ShuttingDown).code(),
             Code::Unavailable

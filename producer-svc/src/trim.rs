@@ -1,20 +1,47 @@
 //! Handing freed heap memory back to the operating system after the exact state shrank.
 //!
 //! `ckf-core` shrinks its exact maps when they empty (`DcCkfState`'s hysteresis), but that only
-//! returns the memory to the allocator. glibc's malloc keeps it: the state actor's thread
-//! allocates from its own arena, whose freed chunks stay mapped unless they sit at the very top
-//! of the arena, and its dynamic mmap threshold (raised to the size of the largest freed
-//! mmapped block, up to 32 MiB) moves the big hash tables of a grown state from `mmap` (freed
-//! at once) into arenas. Measured with the real binary (`tests/tests/quotas.rs`, 1M blocks
-//! stored then cleared): without `malloc_trim` the RSS stayed tens of MiB above its baseline
-//! after every block was gone; with it the RSS comes back near the baseline. So after the
-//! estimated state size fell by [`TRIM_DROP_BYTES`] since the last trim (checked at most once
-//! a second, on the gauge refresh), the actor calls `malloc_trim(0)`, which releases the free
-//! pages of every arena (`madvise(MADV_DONTNEED)`). It costs a walk over the free chunks
-//! (well under a millisecond for a few hundred MiB of heap), so it runs only after a large
-//! drop, never on the hot path of one event. Other allocators / targets: a no-op.
+//! returns the memory to the allocator, and glibc's malloc keeps it by default. Measured with
+//! the real binary (`tests/tests/quotas.rs`, 1M blocks stored then cleared; a 47 MiB block map
+//! at its peak): the RSS stayed ~50 MiB above its baseline after every block was gone, even with
+//! `malloc_trim`, because
+//! - glibc's *dynamic* mmap threshold rises to the size of every freed mmapped block (up to
+//!   32 MiB), so after the first hash-table doubling the next big tables come from the state
+//!   actor thread's arena instead of their own mappings;
+//! - memory freed at the top of a thread arena is only given back when it exceeds the trim
+//!   threshold (raised with the mmap threshold, up to 64 MiB), and `malloc_trim` does not trim
+//!   the top of non-main arenas.
+//!
+//! So the producer binary fixes the mmap threshold at [`MMAP_THRESHOLD_BYTES`] at start
+//! ([`configure_allocator`]; setting it turns the dynamic adjustment off): every allocation of
+//! 1 MiB or more (the big hash tables, the dirty tracker's buffers) gets its own mapping and is
+//! unmapped the moment it is freed. Allocations that large are rare (a table doubling), so the
+//! extra `mmap`/`munmap` calls cost nothing measurable. For what smaller chunks leave behind,
+//! after the estimated state size fell by [`TRIM_DROP_BYTES`] since the last trim (checked at
+//! most once a second, on the gauge refresh and `GetStats`), the actor calls `malloc_trim(0)`,
+//! which releases the free pages inside every arena's free chunks (`madvise(MADV_DONTNEED)`);
+//! it walks the free lists, so it runs only after a large drop, never per event. With both, the
+//! RSS comes back near its baseline (the test's figures are in the README). Other allocators /
+//! targets: no-ops.
 
 use std::time::{Duration, Instant};
+
+/// Allocations of at least this many bytes get their own mapping (glibc `M_MMAP_THRESHOLD`).
+pub const MMAP_THRESHOLD_BYTES: i32 = 1 << 20;
+
+/// Fixes glibc's mmap threshold at [`MMAP_THRESHOLD_BYTES`] (see the module docs). Call once at
+/// process start, before the state is built; process-wide. Returns whether glibc accepted it.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+pub fn configure_allocator() -> bool {
+    // SAFETY: mallopt only changes malloc tuning parameters; it takes the allocator's lock.
+    unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1 }
+}
+
+/// Other targets: nothing to configure.
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+pub fn configure_allocator() -> bool {
+    false
+}
 
 /// State-size drop (bytes of `DcCkfStats::bytes_used`) since the last trim that triggers one.
 pub const TRIM_DROP_BYTES: u64 = 16 << 20;
@@ -56,7 +83,7 @@ impl Trim {
         let released = release_free_memory();
         self.trims += 1;
         self.last = Some(Instant::now());
-        tracing::debug!(
+        tracing::info!(
             from = self.peak,
             to = bytes,
             released,

@@ -153,7 +153,12 @@ const REFUSED: &[Refused] = &[
     ),
     refused(&["--max-kicks", "1000000"], &["table.max_kicks = 1000000"]),
     refused(
-        &["--max-blocks-per-event", "100000", "--max-blocks-per-batch", "1000"],
+        &[
+            "--max-blocks-per-event",
+            "100000",
+            "--max-blocks-per-batch",
+            "1000",
+        ],
         &[
             "quotas.max_blocks_per_event = 100000",
             "must not exceed quotas.max_blocks_per_batch (1000)",

@@ -335,7 +335,13 @@ mod tests {
         );
         assert_eq!(e.limit(), "max_blocks_per_event");
         let e = q.check_batch([4, 4, 3]).unwrap_err();
-        assert_eq!(e, QuotaError::BatchTooLarge { blocks: 11, max: 10 });
+        assert_eq!(
+            e,
+            QuotaError::BatchTooLarge {
+                blocks: 11,
+                max: 10
+            }
+        );
         assert!(e.to_string().contains("max_blocks_per_batch is 10"), "{e}");
         assert_eq!(Quotas::UNLIMITED.check_batch([usize::MAX / 4; 3]), Ok(()));
         assert_eq!(Quotas::default().check_event(16_384), Ok(()));
@@ -360,7 +366,10 @@ mod tests {
             adding: 1,
             max: 1,
         };
-        assert!(e.to_string().starts_with("member worker 3 rank 1 owns 1"), "{e}");
+        assert!(
+            e.to_string().starts_with("member worker 3 rank 1 owns 1"),
+            "{e}"
+        );
         assert_eq!(e.limit(), "max_blocks_per_member");
     }
 }

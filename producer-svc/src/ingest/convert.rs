@@ -137,7 +137,11 @@ pub fn report_to_wire(report: &BatchReport) -> v1::KvEventBatchResult {
 
 /// The wire result of a batch of a `Publish` stream that was refused whole: its echo and the
 /// refusal (the status `PublishBatch` would have failed with), no event results.
-pub fn refusal_to_wire(source_id: String, sequence: u64, error: &RequestError) -> v1::KvEventBatchResult {
+pub fn refusal_to_wire(
+    source_id: String,
+    sequence: u64,
+    error: &RequestError,
+) -> v1::KvEventBatchResult {
     let status = tonic::Status::from(error.clone());
     v1::KvEventBatchResult {
         source_id,
@@ -252,15 +256,25 @@ mod tests {
         batch.source_id = "x".repeat(129);
         assert!(matches!(
             batch_from_wire(batch.clone(), 10, &q),
-            Err(RequestError::BadSourceId(SourceIdError::TooLong { len: 129, .. }))
+            Err(RequestError::BadSourceId(SourceIdError::TooLong {
+                len: 129,
+                ..
+            }))
         ));
         for bad in ["nul\0", "new\nline"] {
             batch.source_id = bad.into();
             let e = batch_from_wire(batch.clone(), 10, &q).unwrap_err();
-            assert!(matches!(e, RequestError::BadSourceId(SourceIdError::BadCharacter { .. })));
+            assert!(matches!(
+                e,
+                RequestError::BadSourceId(SourceIdError::BadCharacter { .. })
+            ));
             let status = tonic::Status::from(e);
             assert_eq!(status.code(), tonic::Code::InvalidArgument);
-            assert!(status.message().starts_with("KvEventBatch.source_id \""), "{}", status.message());
+            assert!(
+                status.message().starts_with("KvEventBatch.source_id \""),
+                "{}",
+                status.message()
+            );
         }
         batch.source_id = "ok".into();
         batch.events = vec![stored(1, &[1]); 3];
@@ -291,7 +305,11 @@ mod tests {
         let wire = refusal_to_wire("ok".into(), 7, &e);
         let refused = wire.refused.unwrap();
         assert_eq!(refused.code, tonic::Code::ResourceExhausted as i32);
-        assert!(refused.message.contains("max_blocks_per_batch is 3"), "{}", refused.message);
+        assert!(
+            refused.message.contains("max_blocks_per_batch is 3"),
+            "{}",
+            refused.message
+        );
         assert!(wire.events.is_empty());
     }
 
