@@ -50,23 +50,13 @@ pub const TRIM_DROP_BYTES: u64 = 16 << 20;
 const TRIM_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Tracks the state size and trims after a large drop.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct Trim {
     /// Largest state size seen since the last trim.
     peak: u64,
     last: Option<Instant>,
     /// Trims done (for logs and tests).
     pub trims: u64,
-}
-
-impl Default for Trim {
-    fn default() -> Self {
-        Self {
-            peak: 0,
-            last: None,
-            trims: 0,
-        }
-    }
 }
 
 impl Trim {
