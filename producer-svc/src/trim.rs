@@ -2,11 +2,11 @@
 //!
 //! `ckf-core` shrinks its exact maps when they empty (`DcCkfState`'s hysteresis), but that only
 //! returns the memory to the allocator, and glibc's malloc keeps it by default. Measured with
-//! the real binary (`tests/tests/quotas.rs`, 1M blocks stored then cleared; a 47 MiB block map
-//! at its peak): the RSS stayed ~50 MiB above its baseline after every block was gone, even with
-//! `malloc_trim`, because
+//! the real binary (`tests/tests/quotas.rs`, 1M blocks stored then cleared; ~50 MiB of block map
+//! at the peak): with the maps shrinking and `malloc_trim` alone the RSS stayed at 59 MiB after
+//! every block was gone (baseline 9 MiB), because
 //! - glibc's *dynamic* mmap threshold rises to the size of every freed mmapped block (up to
-//!   32 MiB), so after the first hash-table doubling the next big tables come from the state
+//!   32 MiB), so after the first hash-table doublings the next big tables come from the state
 //!   actor thread's arena instead of their own mappings;
 //! - memory freed at the top of a thread arena is only given back when it exceeds the trim
 //!   threshold (raised with the mmap threshold, up to 64 MiB), and `malloc_trim` does not trim
@@ -15,14 +15,14 @@
 //! So the producer binary fixes the mmap threshold at [`MMAP_THRESHOLD_BYTES`] at start
 //! ([`configure_allocator`]; setting it turns the dynamic adjustment off): every allocation of
 //! 1 MiB or more (the big hash tables, the dirty tracker's buffers) gets its own mapping and is
-//! unmapped the moment it is freed. Allocations that large are rare (a table doubling), so the
-//! extra `mmap`/`munmap` calls cost nothing measurable. For what smaller chunks leave behind,
-//! after the estimated state size fell by [`TRIM_DROP_BYTES`] since the last trim (checked at
-//! most once a second, on the gauge refresh and `GetStats`), the actor calls `malloc_trim(0)`,
-//! which releases the free pages inside every arena's free chunks (`madvise(MADV_DONTNEED)`);
-//! it walks the free lists, so it runs only after a large drop, never per event. With both, the
-//! RSS comes back near its baseline (the test's figures are in the README). Other allocators /
-//! targets: no-ops.
+//! unmapped the moment it is freed. That took the same run to 17.6 MiB (6 MiB of it the
+//! now-written table and dirty index). Allocations that large are rare (a table doubling), so
+//! the extra `mmap`/`munmap` calls cost nothing measurable. `malloc_trim(0)` stays for what
+//! smaller chunks leave behind (it releases the free pages inside every arena's free chunks
+//! with `madvise(MADV_DONTNEED)`); its own share was not measured separately. It walks the free
+//! lists, so the actor calls it only after the estimated state size fell by
+//! [`TRIM_DROP_BYTES`] since the last trim, at most once a second (on the gauge refresh and
+//! `GetStats`), never per event. Other allocators / targets: no-ops.
 
 use std::time::{Duration, Instant};
 
