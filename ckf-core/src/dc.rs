@@ -26,9 +26,12 @@
 mod events;
 mod hasher;
 mod ownership;
+pub mod quota;
 mod stats;
 
+use std::collections::HashMap;
 use std::collections::hash_map::Entry;
+use std::hash::{BuildHasher, Hash};
 
 use thiserror::Error;
 
@@ -40,7 +43,33 @@ use ownership::{BlockOwners, Members, Owners, Tag};
 
 pub use events::{BlockError, EventOutcome, KvEvent, KvEventKind, MemberId};
 pub use hasher::FoldHashBuilder;
+pub use quota::{QuotaError, Quotas};
 pub use stats::DcCkfStats;
+
+/// Maps below this capacity are never shrunk: small tables cost little and shrinking them
+/// would only churn the allocator.
+pub(crate) const SHRINK_MIN_CAPACITY: usize = 1024;
+
+/// Gives a hash map's memory back when it is far below its capacity: at under a quarter full it
+/// is rehashed to twice its length. The gap between the two factors is the hysteresis: after a
+/// shrink the map is half full, so it must lose half its entries again before the next shrink
+/// and double before it grows, and a map whose size oscillates does not rehash back and forth.
+/// Costs O(len) when it shrinks, amortized over the >= 3/4 capacity's worth of removals that
+/// made it sparse.
+pub(crate) fn shrink_map<K: Eq + Hash, V, S: BuildHasher>(map: &mut HashMap<K, V, S>) {
+    let capacity = map.capacity();
+    if capacity > SHRINK_MIN_CAPACITY && map.len() < capacity / 4 {
+        map.shrink_to(map.len() * 2);
+    }
+}
+
+/// [`shrink_map`] for a hash set.
+fn shrink_set<K: Eq + Hash, S: BuildHasher>(set: &mut std::collections::HashSet<K, S>) {
+    let capacity = set.capacity();
+    if capacity > SHRINK_MIN_CAPACITY && set.len() < capacity / 4 {
+        set.shrink_to(set.len() * 2);
+    }
+}
 
 /// Default kick bound.
 ///
@@ -227,12 +256,21 @@ impl Projection {
         self.edges -= released;
         released
     }
+
+    /// Shrinks the block map and the spill set when they emptied far below their capacity
+    /// ([`shrink_map`]).
+    fn shrink(&mut self) {
+        let (map, spill) = self.blocks.parts();
+        shrink_map(map);
+        shrink_set(spill);
+    }
 }
 
 /// One DC pool's producer state. See the module docs for the rules it keeps.
 #[derive(Debug, Clone)]
 pub struct DcCkfState {
     config: DcCkfConfig,
+    quotas: Quotas,
     members: Members,
     proj: Projection,
 }
@@ -262,6 +300,7 @@ impl DcCkfState {
         let dirty = DirtyTracker::new(mutator.buckets().len());
         Ok(Self {
             config,
+            quotas: Quotas::UNLIMITED,
             members: Members::default(),
             proj: Projection {
                 addressing,
@@ -290,8 +329,142 @@ impl DcCkfState {
         &self.proj.addressing
     }
 
+    /// The quotas [`apply_from`](Self::apply_from) enforces ([`Quotas::UNLIMITED`] until
+    /// [`set_quotas`](Self::set_quotas)).
+    pub fn quotas(&self) -> Quotas {
+        self.quotas
+    }
+
+    /// Sets the quotas [`apply_from`](Self::apply_from) enforces from now on (what is held
+    /// already is kept, even above a new limit; it only refuses further stores).
+    pub fn set_quotas(&mut self, quotas: Quotas) {
+        self.quotas = quotas;
+    }
+
+    /// Applies one event on behalf of ingest source `source`, enforcing the [`Quotas`] (see
+    /// [`quota`]'s docs for what a source holds and how the check counts). A stored event
+    /// charges an uncharged member to `source`. Removals and clears are never refused.
+    ///
+    /// # Errors
+    /// [`QuotaError::EventTooLarge`], [`QuotaError::MemberFull`] or
+    /// [`QuotaError::SourceFull`]; the event was then not applied at all.
+    pub fn apply_from(
+        &mut self,
+        source: &str,
+        event: &KvEvent,
+    ) -> Result<EventOutcome, QuotaError> {
+        let block_hashes = match &event.kind {
+            KvEventKind::Stored { block_hashes, .. } => block_hashes,
+            KvEventKind::Removed { block_hashes } => {
+                self.quotas.check_event(block_hashes.len())?;
+                return Ok(self.remove(event.member, block_hashes));
+            }
+            KvEventKind::Cleared => return Ok(self.clear_member(event.member)),
+        };
+        self.check_store(source, event.member, block_hashes)?;
+        let outcome = self.store(event.member, block_hashes);
+        if let Some(tag) = self.members.tag(event.member)
+            && self.members.record(tag).charge == 0
+        {
+            self.members.charge(tag, source);
+        }
+        Ok(outcome)
+    }
+
+    /// The quota check of a stored event (see [`quota`]'s docs).
+    fn check_store(
+        &self,
+        source: &str,
+        member: MemberId,
+        hashes: &[u64],
+    ) -> Result<(), QuotaError> {
+        let q = self.quotas;
+        q.check_event(hashes.len())?;
+        if q.max_blocks_per_member == 0 && q.max_blocks_per_source == 0 {
+            return Ok(());
+        }
+        let tag = self.members.tag(member);
+        let (owned, charge) = tag.map_or((0, 0), |t| {
+            let r = self.members.peek(t);
+            (u64::from(r.owned), r.charge)
+        });
+        // Distinct hashes the member does not own yet: exactly the edges the event would add
+        // (before capacity omissions).
+        let mut fresh: Vec<u64> = match tag {
+            Some(t) => hashes
+                .iter()
+                .copied()
+                .filter(|&h| !self.proj.blocks.owns(h, t))
+                .collect(),
+            None => hashes.to_vec(),
+        };
+        fresh.sort_unstable();
+        fresh.dedup();
+        let adding = fresh.len() as u64;
+        if adding == 0 {
+            return Ok(());
+        }
+        let max = q.max_blocks_per_member;
+        if max > 0 && owned + adding > u64::from(max) {
+            return Err(QuotaError::MemberFull {
+                member,
+                held: owned,
+                adding,
+                max,
+            });
+        }
+        let max = q.max_blocks_per_source;
+        if max > 0 {
+            // An uncharged member's blocks become the source's with this event.
+            let (charged, held, adding) = if charge != 0 {
+                let c = self.members.charges.peek(charge);
+                (&*c.id, c.held, adding)
+            } else {
+                let held = self
+                    .members
+                    .charges
+                    .slot(source)
+                    .map_or(0, |s| self.members.charges.peek(s).held);
+                (source, held, adding + owned)
+            };
+            if held + adding > max {
+                return Err(QuotaError::SourceFull {
+                    source_id: charged.to_owned(),
+                    held,
+                    adding,
+                    max,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Blocks held by `source` (see [`quota`]'s docs); 0 when it holds none.
+    pub fn source_held(&self, source: &str) -> u64 {
+        let charges = &self.members.charges;
+        charges.slot(source).map_or(0, |s| charges.peek(s).held)
+    }
+
+    /// `(source, blocks held)` of every source holding blocks, in no particular order.
+    pub fn source_holdings(&self) -> impl Iterator<Item = (&str, u64)> + '_ {
+        self.members.charges.iter()
+    }
+
+    /// Sources holding at least one block (entries of the charge table).
+    pub fn charged_sources(&self) -> usize {
+        self.members.charges.len()
+    }
+
+    /// Blocks `member` owns (exact, O(1)).
+    pub fn member_owned(&self, member: MemberId) -> u32 {
+        self.members
+            .tag(member)
+            .map_or(0, |t| self.members.peek(t).owned)
+    }
+
     /// Applies one event; dispatches to [`store`](Self::store), [`remove`](Self::remove) or
-    /// [`clear_member`](Self::clear_member).
+    /// [`clear_member`](Self::clear_member). No quota applies (the trusted engine path; ingest
+    /// sources go through [`apply_from`](Self::apply_from)).
     pub fn apply(&mut self, event: &KvEvent) -> EventOutcome {
         match &event.kind {
             KvEventKind::Stored { block_hashes, .. } => self.store(event.member, block_hashes),
@@ -309,17 +482,14 @@ impl DcCkfState {
             return out;
         }
         let tag = self.members.tag_or_insert(member);
-        let record = self.members.record(tag);
         for &h in block_hashes {
             match self.proj.acquire(h, tag) {
-                Ok(Acquired::Edge) => {
-                    record.owned += 1;
-                    out.applied += 1;
-                }
+                Ok(Acquired::Edge) => out.applied += 1,
                 Ok(Acquired::Redundant) => out.redundant += 1,
                 Err(e) => out.fail(e),
             }
         }
+        self.members.adjust(tag, out.applied, 0);
         self.members.release_if_empty(tag);
         out
     }
@@ -333,17 +503,17 @@ impl DcCkfState {
             self.proj.counters.unknown_removals += block_hashes.len() as u64;
             return out;
         };
-        let record = self.members.record(tag);
         for &h in block_hashes {
             if self.proj.release(h, tag) {
-                record.owned -= 1;
                 out.applied += 1;
             } else {
                 out.unknown += 1;
             }
         }
         self.proj.counters.unknown_removals += u64::from(out.unknown);
+        self.members.adjust(tag, 0, out.applied);
         self.members.release_if_empty(tag);
+        self.shrink();
         out
     }
 
@@ -378,11 +548,20 @@ impl DcCkfState {
         let released = self.proj.release_all(tags);
         debug_assert_eq!(released, owned, "member counts disagree with the block map");
         for &t in tags {
-            self.members.record(t).owned = 0;
+            let owned = self.members.record(t).owned;
+            self.members.adjust(t, 0, owned);
             self.members.release_if_empty(t);
         }
+        self.shrink();
         out.applied = released as u32;
         out
+    }
+
+    /// Returns memory after removals: shrinks the exact maps that fell far below their
+    /// capacity (see [`shrink_map`]: under a quarter full -> twice their length).
+    fn shrink(&mut self) {
+        self.proj.shrink();
+        self.members.shrink();
     }
 
     /// Number of members owning `block_hash` (exact).

@@ -21,7 +21,10 @@
 //! An evicted source is forgotten: its next batch is classified `First` and applied, so a
 //! replay older than the eviction is no longer detected. Evictions are counted
 //! ([`SourceSequences::evictions`]) so the service can export how often that happens; size the
-//! capacity above the number of concurrently active sources.
+//! capacity above the number of concurrently active sources. Memory is therefore bounded by the
+//! capacity ([`SourceSequences::bytes_used`]: about 100 bytes plus the id per source), never by
+//! the number of source ids ever seen. Ids are validated by the caller
+//! ([`crate::identity::SourceId`]: 1..=128 bytes, no control characters).
 
 use std::num::NonZeroUsize;
 
@@ -31,10 +34,21 @@ use lru::LruCache;
 /// worker event publisher plus control sources), at roughly 100 bytes each (~6.5 MiB).
 pub const DEFAULT_MAX_TRACKED_SOURCES: NonZeroUsize = NonZeroUsize::new(65_536).unwrap();
 
-/// Estimated bytes of one tracked source besides its id's characters: the `String` header, the
-/// `u64` sequence, the LRU list links and the hash-table slot (pointer + control byte).
+/// Estimated bytes of one tracked source besides its id and the hash table: the LRU entry
+/// (`String` header, `u64` sequence, two list links) in its own heap block, plus the allocator's
+/// per-block overhead (glibc: 8-byte header, 16-byte rounding).
 const ENTRY_OVERHEAD_BYTES: usize =
-    size_of::<String>() + size_of::<u64>() + 3 * size_of::<usize>() + 1;
+    heap_block(size_of::<String>() + size_of::<u64>() + 2 * size_of::<usize>());
+
+/// Bytes one hash-table slot of the LRU index costs: key pointer, entry pointer, control byte.
+const SLOT_BYTES: usize = 2 * size_of::<usize>() + 1;
+
+/// Bytes the allocator takes for a request of `n` bytes (glibc malloc: `n` + 8-byte header,
+/// rounded up to 16, at least 32).
+const fn heap_block(n: usize) -> usize {
+    let b = (n + 8).div_ceil(16) * 16;
+    if b < 32 { 32 } else { b }
+}
 
 /// How a batch's sequence relates to its source's history (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,7 +86,7 @@ pub struct SourceSequences {
     /// nothing until that many sources exist); `capacity` is enforced on insertion.
     last: LruCache<String, u64>,
     capacity: NonZeroUsize,
-    /// Sum of the tracked ids' lengths, in bytes.
+    /// Heap bytes of the tracked ids' characters (allocator blocks, see `heap_block`).
     id_bytes: usize,
     evictions: u64,
 }
@@ -103,11 +117,11 @@ impl SourceSequences {
             if self.last.len() >= self.capacity.get()
                 && let Some((evicted, _)) = self.last.pop_lru()
             {
-                self.id_bytes -= evicted.len();
+                self.id_bytes -= heap_block(evicted.len());
                 self.evictions += 1;
             }
             self.last.push(source.to_owned(), sequence);
-            self.id_bytes += source.len();
+            self.id_bytes += heap_block(source.len());
             return SequenceCheck::First;
         };
         if sequence <= *last {
@@ -150,11 +164,20 @@ impl SourceSequences {
         self.evictions
     }
 
-    /// Estimated heap bytes of the tracked sources: per source its id's bytes plus a fixed
-    /// entry overhead (`String` header, sequence, LRU links, hash slot). An estimate for a
-    /// gauge, not an allocator measurement.
+    /// Estimated heap bytes of the tracked sources: per source its id's heap block and its LRU
+    /// entry's (allocator overhead included), plus the index's hash table at hashbrown's load
+    /// (buckets = len * 8 / 7 rounded up to a power of two). Bounded by
+    /// `capacity * (ENTRY + SLOT + id)` bytes whatever the number of sources ever seen. An
+    /// estimate for a gauge (`ckf_producer_tracked_source_bytes`, `GetStats.bytes_used`), not
+    /// an allocator measurement.
     pub fn bytes_used(&self) -> usize {
-        self.id_bytes + self.last.len() * ENTRY_OVERHEAD_BYTES
+        let len = self.last.len();
+        let slots = if len == 0 {
+            0
+        } else {
+            (len * 8 / 7).next_power_of_two() * SLOT_BYTES
+        };
+        self.id_bytes + len * ENTRY_OVERHEAD_BYTES + slots
     }
 }
 
@@ -224,7 +247,40 @@ mod tests {
         assert_eq!(s.admit("bb", 1), SequenceCheck::First);
         assert_eq!(s.last("a"), None);
         assert_eq!(s.evictions(), 2);
-        assert_eq!(s.bytes_used(), 5 + 2 * ENTRY_OVERHEAD_BYTES);
+        assert_eq!(
+            s.bytes_used(),
+            2 * 32 + 2 * ENTRY_OVERHEAD_BYTES + 2 * SLOT_BYTES
+        );
         assert_eq!(s.capacity(), cap(2));
+    }
+
+    #[test]
+    fn a_hundred_thousand_sources_stay_within_the_capacity() {
+        // The attack of issue 10: 100k distinct source ids, each one batch. At most `capacity`
+        // stay tracked, and the estimate is bounded by the capacity, not the ids ever seen.
+        let mut s = SourceSequences::new(cap(4096));
+        let id = |i: usize| format!("{i:0>120}");
+        for i in 0..100_000 {
+            assert_eq!(s.admit(&id(i), 1), SequenceCheck::First);
+        }
+        assert_eq!(s.len(), 4096);
+        assert_eq!(s.evictions(), 100_000 - 4096);
+        // The most recent 4096 are the ones kept.
+        assert_eq!(s.last(&id(99_999)), Some(1));
+        assert_eq!(s.last(&id(100_000 - 4096)), Some(1));
+        assert_eq!(s.last(&id(100_000 - 4097)), None);
+        let per_source = heap_block(120) + ENTRY_OVERHEAD_BYTES;
+        let bound = 4096 * per_source + 8192 * SLOT_BYTES;
+        assert_eq!(s.bytes_used(), bound);
+        assert!(bound < 1 << 20, "{bound}");
+    }
+
+    #[test]
+    fn allocator_blocks_round_like_glibc() {
+        assert_eq!(heap_block(0), 32);
+        assert_eq!(heap_block(24), 32);
+        assert_eq!(heap_block(25), 48);
+        assert_eq!(heap_block(120), 128);
+        assert_eq!(ENTRY_OVERHEAD_BYTES, 64);
     }
 }

@@ -92,10 +92,11 @@ pub enum Command {
         /// Where the per-event results go.
         reply: oneshot::Sender<BatchReport>,
     },
-    /// Current statistics.
+    /// Current statistics (`bytes_used` includes the source sequence tracker) and the number of
+    /// tracked sources.
     Stats {
         /// Where they go.
-        reply: oneshot::Sender<DcCkfStats>,
+        reply: oneshot::Sender<(DcCkfStats, u64)>,
     },
     /// A copy of the packed table (inspection and tests).
     Table {
@@ -179,6 +180,8 @@ pub struct Actor {
     filters: EngineFilters,
     /// Per publisher socket `(worker_id, rank)`: the members it fed (what a clear clears).
     fed: HashMap<(u64, u32), BTreeSet<MemberId>>,
+    /// When to hand freed memory back to the OS.
+    trim: crate::trim::Trim,
 }
 
 impl Actor {
@@ -204,6 +207,7 @@ impl Actor {
             metrics,
             cadence,
             deadline: None,
+            trim: crate::trim::Trim::default(),
         }
     }
 
@@ -256,7 +260,7 @@ impl Actor {
         tracing::info!(drain_markers, "state actor stopped; drain markers queued");
         ActorReport {
             drain_markers,
-            stats: self.state.stats(),
+            stats: self.stats(),
         }
     }
 
@@ -267,9 +271,10 @@ impl Actor {
                 let _ = reply.send(report);
             }
             Command::Stats { reply } => {
-                let stats = self.state.stats();
+                let stats = self.stats();
                 self.metrics.observe_stats(&stats);
-                let _ = reply.send(stats);
+                self.trim.observe(stats.bytes_used);
+                let _ = reply.send((stats, self.sources.len() as u64));
             }
             Command::Table { reply } => {
                 let _ = reply.send(self.state.buckets().to_vec());
@@ -316,7 +321,7 @@ impl Actor {
 
     fn ingest(&mut self, batch: IngestBatch) -> BatchReport {
         let evictions = self.sources.evictions();
-        let check = self.sources.admit(&batch.source_id, batch.sequence);
+        let check = self.sources.admit(batch.source_id.as_str(), batch.sequence);
         self.metrics
             .source_evictions
             .inc_by(self.sources.evictions() - evictions);
@@ -328,9 +333,20 @@ impl Actor {
                 self.metrics.source_gaps.inc();
             }
             events.reserve(batch.events.len());
+            let source = batch.source_id.as_str();
             for event in &batch.events {
                 events.push(match event {
-                    Ok(event) => EventReport::Applied(self.apply(event)),
+                    Ok(event) => match self.apply_from(source, event) {
+                        Ok(outcome) => EventReport::Applied(outcome),
+                        Err(e) => {
+                            self.metrics
+                                .quota_refusals
+                                .with_label_values(&[e.limit()])
+                                .inc();
+                            tracing::debug!(source, error = %e, "event refused by a quota");
+                            EventReport::Refused(e)
+                        }
+                    },
                     Err(e) => {
                         self.metrics.events_rejected.inc();
                         EventReport::Rejected(*e)
@@ -341,7 +357,7 @@ impl Actor {
             self.metrics.duplicate_batches.inc();
         }
         BatchReport {
-            source_id: batch.source_id,
+            source_id: batch.source_id.into_string(),
             sequence: batch.sequence,
             check,
             events,
@@ -394,6 +410,22 @@ impl Actor {
         }
     }
 
+    /// [`Self::apply`] for an ingest source: the holding quotas apply (`DcCkfState::apply_from`).
+    fn apply_from(
+        &mut self,
+        source: &str,
+        event: &IngestEvent,
+    ) -> Result<EventOutcome, ckf_core::dc::QuotaError> {
+        match event {
+            IngestEvent::Kv(kv) => {
+                let outcome = self.state.apply_from(source, kv)?;
+                self.count(event, &outcome);
+                Ok(outcome)
+            }
+            IngestEvent::WorkerRemoved { .. } => Ok(self.apply(event)),
+        }
+    }
+
     fn apply(&mut self, event: &IngestEvent) -> EventOutcome {
         let outcome = match event {
             IngestEvent::Kv(kv) => self.state.apply(kv),
@@ -407,6 +439,12 @@ impl Actor {
                 self.state.remove_worker(*worker_id)
             }
         };
+        self.count(event, &outcome);
+        outcome
+    }
+
+    /// Metrics of one applied event.
+    fn count(&self, event: &IngestEvent, outcome: &EventOutcome) {
         let kind = event.kind_label();
         let m = &self.metrics;
         m.events.with_label_values(&[kind]).inc();
@@ -420,7 +458,6 @@ impl Actor {
             .inc_by(u64::from(blocks));
         m.omissions.inc_by(u64::from(outcome.omitted));
         m.unknown_removals.inc_by(u64::from(outcome.unknown));
-        outcome
     }
 
     /// Cuts a batch when the threshold is reached; otherwise arms the max-delay deadline.
@@ -464,11 +501,26 @@ impl Actor {
         }
     }
 
-    fn refresh_gauges(&self) {
+    /// The state's statistics with `bytes_used` covering the per-source sequence tracker too
+    /// (what `GetStats` and `ckf_producer_state_bytes` report).
+    fn stats(&self) -> DcCkfStats {
+        let mut stats = self.state.stats();
+        stats.bytes_used += self.sources.bytes_used() as u64;
+        stats
+    }
+
+    fn refresh_gauges(&mut self) {
         self.metrics
             .engine
             .lineage_bytes
             .set(i64::try_from(self.lineage.bytes_used()).unwrap_or(i64::MAX));
-        self.metrics.observe_stats(&self.state.stats());
+        let stats = self.stats();
+        self.metrics.observe_stats(&stats);
+        self.metrics
+            .observe_sources(self.sources.len(), self.sources.bytes_used());
+        self.metrics
+            .charged_sources
+            .set(i64::try_from(self.state.charged_sources()).unwrap_or(i64::MAX));
+        self.trim.observe(stats.bytes_used);
     }
 }

@@ -129,6 +129,63 @@ impl Default for LimitsConfig {
     }
 }
 
+/// Ingest quotas (`[quotas]`, rules in `ckf_core::dc::quota`); `0` = unlimited for each.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct QuotasConfig {
+    /// Most block hashes in one stored or removed event; a batch with a larger event is refused
+    /// whole (`RESOURCE_EXHAUSTED`). Bounds one event's work in the state actor.
+    pub max_blocks_per_event: u32,
+    /// Most block hashes in one batch, all events together; refused whole above it. Bounds how
+    /// long one batch holds the state actor, so other clients wait at most that long.
+    pub max_blocks_per_batch: u64,
+    /// Most blocks one member (worker, dp rank) may own; a stored event that would exceed it
+    /// is refused (event status `REFUSED`, code `RESOURCE_EXHAUSTED`).
+    pub max_blocks_per_member: u32,
+    /// Most blocks one source may hold: the blocks of the members charged to it (a member is
+    /// charged to the first source that stores into it, until it owns nothing again).
+    pub max_blocks_per_source: u64,
+}
+
+impl Default for QuotasConfig {
+    fn default() -> Self {
+        let q = ckf_core::dc::Quotas::default();
+        Self {
+            max_blocks_per_event: q.max_blocks_per_event,
+            max_blocks_per_batch: q.max_blocks_per_batch,
+            max_blocks_per_member: q.max_blocks_per_member,
+            max_blocks_per_source: q.max_blocks_per_source,
+        }
+    }
+}
+
+impl QuotasConfig {
+    /// The core's quotas.
+    pub fn to_core(&self) -> ckf_core::dc::Quotas {
+        ckf_core::dc::Quotas {
+            max_blocks_per_event: self.max_blocks_per_event,
+            max_blocks_per_batch: self.max_blocks_per_batch,
+            max_blocks_per_member: self.max_blocks_per_member,
+            max_blocks_per_source: self.max_blocks_per_source,
+        }
+    }
+
+    fn validate(&self) -> Result<(), Invalid> {
+        let (event, batch) = (self.max_blocks_per_event, self.max_blocks_per_batch);
+        if event > 0 && batch > 0 && u64::from(event) > batch {
+            return Err(Invalid::new(
+                "quotas.max_blocks_per_event",
+                event,
+                format!(
+                    "must not exceed quotas.max_blocks_per_batch ({batch}): no batch could carry \
+                     such an event"
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Graceful-shutdown settings.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -162,6 +219,8 @@ pub struct ProducerConfig {
     pub reconnect: ReconnectConfig,
     /// Resource limits.
     pub limits: LimitsConfig,
+    /// Ingest quotas.
+    pub quotas: QuotasConfig,
     /// Graceful shutdown.
     pub shutdown: ShutdownConfig,
     /// Ingest gRPC listen address (port 0 = ephemeral).
@@ -191,6 +250,7 @@ impl Default for ProducerConfig {
             indexers: Vec::new(),
             reconnect: ReconnectConfig::default(),
             limits: LimitsConfig::default(),
+            quotas: QuotasConfig::default(),
             shutdown: ShutdownConfig::default(),
             listen: DEFAULT_LISTEN.parse().expect("valid default"),
             metrics_listen: DEFAULT_METRICS_LISTEN.parse().expect("valid default"),
@@ -336,6 +396,7 @@ impl ProducerConfig {
             MAX_TRACKED_SOURCES_LIMIT,
             "",
         )?;
+        self.quotas.validate()?;
         at_least(
             "shutdown.drain_timeout_ms",
             self.shutdown.drain_timeout_ms,
@@ -467,6 +528,18 @@ pub struct Cli {
     /// limits.max_tracked_sources: sources whose batch sequence is remembered; least recently used forgotten first; 1..=16777216 [default: 65536].
     #[arg(long, value_name = "SOURCES")]
     pub max_tracked_sources: Option<u32>,
+    /// quotas.max_blocks_per_event: most block hashes in one event, larger refused; 0 = unlimited [default: 16384].
+    #[arg(long, value_name = "BLOCKS")]
+    pub max_blocks_per_event: Option<u32>,
+    /// quotas.max_blocks_per_batch: most block hashes in one batch, larger refused; 0 = unlimited [default: 65536].
+    #[arg(long, value_name = "BLOCKS")]
+    pub max_blocks_per_batch: Option<u64>,
+    /// quotas.max_blocks_per_member: most blocks one member may own; 0 = unlimited [default: 0].
+    #[arg(long, value_name = "BLOCKS")]
+    pub max_blocks_per_member: Option<u32>,
+    /// quotas.max_blocks_per_source: most blocks one ingest source may hold; 0 = unlimited [default: 0].
+    #[arg(long, value_name = "BLOCKS")]
+    pub max_blocks_per_source: Option<u64>,
     /// shutdown.drain_timeout_ms: wait for drained acks on shutdown, ms [default: 5000].
     #[arg(long, value_name = "MS")]
     pub drain_timeout_ms: Option<u64>,
@@ -540,6 +613,10 @@ impl Cli {
             .set("limits.max_message_bytes", self.max_message_bytes)
             .set("limits.max_events_per_batch", self.max_events_per_batch)
             .set("limits.max_tracked_sources", self.max_tracked_sources)
+            .set("quotas.max_blocks_per_event", self.max_blocks_per_event)
+            .set("quotas.max_blocks_per_batch", self.max_blocks_per_batch)
+            .set("quotas.max_blocks_per_member", self.max_blocks_per_member)
+            .set("quotas.max_blocks_per_source", self.max_blocks_per_source)
             .set("shutdown.drain_timeout_ms", self.drain_timeout_ms)
             .set("listen", self.listen.map(|a| a.to_string()))
             .set("metrics_listen", self.metrics_listen.map(|a| a.to_string()))

@@ -1,23 +1,24 @@
 //! Errors of the producer's gRPC surface. They become gRPC statuses in exactly one place,
 //! [`crate::status`].
 
+use ckf_core::dc::QuotaError;
+use ckf_core::identity::SourceIdError;
 use thiserror::Error;
 
-/// Longest accepted `KvEventBatch.source_id`, in bytes.
-pub const MAX_SOURCE_ID_BYTES: usize = 128;
+/// Longest accepted `KvEventBatch.source_id`, in bytes (`ckf_core`'s rule).
+pub const MAX_SOURCE_ID_BYTES: usize = ckf_core::identity::MAX_SOURCE_ID_LEN;
 
 /// Why an ingest request was refused as a whole (nothing of it was applied).
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum RequestError {
-    /// `KvEventBatch.source_id` is empty.
-    #[error("KvEventBatch.source_id is required (1..={MAX_SOURCE_ID_BYTES} bytes)")]
-    EmptySourceId,
-    /// `KvEventBatch.source_id` is too long.
-    #[error("KvEventBatch.source_id is {len} bytes; at most {MAX_SOURCE_ID_BYTES} are allowed")]
-    SourceIdTooLong {
-        /// Its length in bytes.
-        len: usize,
-    },
+    /// `KvEventBatch.source_id` is not a canonical source id (empty, too long, a control
+    /// character: `ckf_core::identity::check_source_id`).
+    #[error("KvEventBatch.source_id {0}")]
+    BadSourceId(#[from] SourceIdError),
+    /// A size quota (`quotas.max_blocks_per_event`, `quotas.max_blocks_per_batch`) refused the
+    /// batch before anything of it was applied.
+    #[error("KvEventBatch refused: {0}")]
+    Quota(QuotaError),
     /// The batch has more events than `limits.max_events_per_batch`.
     #[error("KvEventBatch has {count} events; at most {max} are allowed per batch")]
     TooManyEvents {

@@ -5,7 +5,8 @@
 //! answers with a [`BatchReport`]. A malformed event travels as `Err` so that its result keeps
 //! its position among its siblings and nothing of it is applied.
 
-use ckf_core::dc::{EventOutcome, KvEvent};
+use ckf_core::dc::{EventOutcome, KvEvent, QuotaError};
+use ckf_core::identity::SourceId;
 
 use ckf_core::sources::SequenceCheck;
 
@@ -63,8 +64,8 @@ pub enum EventError {
 /// A decoded batch from one source.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IngestBatch {
-    /// The source's stable name (validated non-empty, at most 128 bytes).
-    pub source_id: String,
+    /// The source's stable name (validated: 1..=128 bytes, no control character).
+    pub source_id: SourceId,
     /// The source's batch sequence.
     pub sequence: u64,
     /// Events in order; malformed ones as `Err`.
@@ -72,12 +73,14 @@ pub struct IngestBatch {
 }
 
 /// The fate of one event.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EventReport {
     /// Applied block by block (some blocks may have been omitted for capacity).
     Applied(EventOutcome),
     /// Malformed; nothing applied.
     Rejected(EventError),
+    /// A holding quota refused it (`ckf_core::dc::quota`); nothing applied.
+    Refused(QuotaError),
 }
 
 /// The actor's answer to one [`IngestBatch`].

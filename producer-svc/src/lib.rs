@@ -36,6 +36,7 @@ pub mod ingest;
 pub mod metrics;
 pub mod relay_client;
 pub mod status;
+pub mod trim;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -156,7 +157,8 @@ impl RunningProducer {
     /// # Errors
     /// [`ActorGone`] when the state actor has stopped.
     pub async fn stats(&self) -> Result<DcCkfStats, ActorGone> {
-        self.actor.ask(|reply| Command::Stats { reply }).await
+        let (stats, _) = self.actor.ask(|reply| Command::Stats { reply }).await?;
+        Ok(stats)
     }
 
     /// A copy of the packed filter table (`bucket_count` words, index = bucket).
@@ -198,8 +200,10 @@ pub async fn serve(
     };
     let mut dc_config = DcCkfConfig::new(format);
     dc_config.max_kicks = config.max_kicks();
-    let state = DcCkfState::new(dc_config)
+    let mut state = DcCkfState::new(dc_config)
         .map_err(|e| invalid(Invalid::new("table", format, e.to_string())))?;
+    let quotas = config.quotas.to_core();
+    state.set_quotas(quotas);
     let tracked_sources = NonZeroUsize::new(config.limits.max_tracked_sources as usize)
         .ok_or_else(|| {
             invalid(Invalid::new(
@@ -312,6 +316,8 @@ pub async fn serve(
         identity.clone(),
         stop.clone(),
         config.limits.max_events_per_batch as usize,
+        quotas,
+        metrics.clone(),
     ))
     .max_decoding_message_size(max_message_bytes)
     .max_encoding_message_size(max_message_bytes);

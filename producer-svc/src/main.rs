@@ -8,6 +8,8 @@ use clap::Parser;
 use producer_svc::Cli;
 
 fn main() -> ExitCode {
+    // Big tables get their own mappings, so memory freed after churn leaves the process.
+    producer_svc::trim::configure_allocator();
     let config = Cli::parse().load();
     ckf_svc_kit::serve::run_main(
         "ckf-producer",

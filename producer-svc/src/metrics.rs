@@ -86,6 +86,11 @@ pub struct Metrics {
     pub tracked_sources: IntGauge,
     /// Estimated bytes of the source sequence tracker.
     pub tracked_source_bytes: IntGauge,
+    /// Batches and events refused by a quota, by `limit` (`max_blocks_per_event`,
+    /// `max_blocks_per_batch`, `max_blocks_per_member`, `max_blocks_per_source`).
+    pub quota_refusals: IntCounterVec,
+    /// Sources holding at least one block (quota charge table entries).
+    pub charged_sources: IntGauge,
     /// Slot load factor, 0..1.
     pub load_factor: Gauge,
     /// Fingerprints resident in the table.
@@ -202,6 +207,17 @@ impl Metrics {
                 &r,
                 "ckf_producer_tracked_source_bytes",
                 "Estimated bytes of the per-source sequence tracker.",
+            ),
+            quota_refusals: counter_vec(
+                &r,
+                "ckf_producer_quota_refusals_total",
+                "Ingest batches (size limits) and events (holding limits) refused by a quota, by limit.",
+                &["limit"],
+            ),
+            charged_sources: int_gauge(
+                &r,
+                "ckf_producer_charged_sources",
+                "Ingest sources holding at least one block (entries of the quota charge table).",
             ),
             load_factor,
             resident_fingerprints: int_gauge(

@@ -7,10 +7,10 @@ use crate::error::RequestError;
 impl From<RequestError> for Status {
     fn from(e: RequestError) -> Self {
         let code = match e {
-            RequestError::EmptySourceId
-            | RequestError::SourceIdTooLong { .. }
+            RequestError::BadSourceId(_)
             | RequestError::TooManyEvents { .. }
             | RequestError::MissingMember => Code::InvalidArgument,
+            RequestError::Quota(_) => Code::ResourceExhausted,
             RequestError::ShuttingDown => Code::Unavailable,
         };
         Status::new(code, e.to_string())
@@ -23,7 +23,9 @@ mod tests {
 
     #[test]
     fn codes_follow_the_error_kind() {
-        let s = Status::from(RequestError::EmptySourceId);
+        let s = Status::from(RequestError::BadSourceId(
+            ckf_core::identity::SourceIdError::Empty,
+        ));
         assert_eq!(s.code(), Code::InvalidArgument);
         assert!(
             s.message().contains("source_id is required"),
@@ -33,6 +35,15 @@ mod tests {
         let s = Status::from(RequestError::TooManyEvents { count: 9, max: 8 });
         assert_eq!(s.code(), Code::InvalidArgument);
         assert!(s.message().contains("9 events"), "{}", s.message());
+        let s = Status::from(RequestError::Quota(
+            ckf_core::dc::QuotaError::BatchTooLarge { blocks: 9, max: 8 },
+        ));
+        assert_eq!(s.code(), Code::ResourceExhausted);
+        assert!(
+            s.message().contains("max_blocks_per_batch is 8"),
+            "{}",
+            s.message()
+        );
         assert_eq!(
             Status::from(RequestError::ShuttingDown).code(),
             Code::Unavailable

@@ -152,6 +152,18 @@ const REFUSED: &[Refused] = &[
         ],
     ),
     refused(&["--max-kicks", "1000000"], &["table.max_kicks = 1000000"]),
+    refused(
+        &[
+            "--max-blocks-per-event",
+            "100000",
+            "--max-blocks-per-batch",
+            "1000",
+        ],
+        &[
+            "quotas.max_blocks_per_event = 100000",
+            "must not exceed quotas.max_blocks_per_batch (1000)",
+        ],
+    ),
     refused(&["--domain", "a b"], &["pool.domain", "a b"]),
     refused_alone(
         &["--dc", "x", "--indexer", "ftp://h:1"],

@@ -298,7 +298,8 @@ async fn malformed_events_are_rejected_precisely() {
     );
     assert_eq!(producer.stats().await.unwrap().unique_blocks, 1);
 
-    // The bidi stream answers in order and ends with the status of a batch refused whole.
+    // The bidi stream answers in order; a batch refused whole gets its refusal in its result
+    // and the stream goes on with the next batch.
     let requests = tokio_stream::iter(vec![
         batch("t", 1, vec![stored(3, 0, &[h(3, 1)])]),
         batch("t", 2, vec![stored(3, 0, &[h(3, 2)])]),
@@ -308,9 +309,19 @@ async fn malformed_events_are_rejected_precisely() {
     let mut results = client.publish(requests).await.unwrap().into_inner();
     assert_eq!(results.message().await.unwrap().unwrap().sequence, 1);
     assert_eq!(results.message().await.unwrap().unwrap().sequence, 2);
-    let status = results.message().await.unwrap_err();
-    assert_eq!(status.code(), tonic::Code::InvalidArgument);
-    assert_eq!(producer.stats().await.unwrap().unique_blocks, 3);
+    let refused = results.message().await.unwrap().unwrap();
+    assert_eq!(refused.sequence, 3);
+    let why = refused.refused.expect("refused whole");
+    assert_eq!(why.code, tonic::Code::InvalidArgument as i32);
+    assert!(
+        why.message.contains("KvEventBatch.source_id is required"),
+        "{}",
+        why.message
+    );
+    let after = results.message().await.unwrap().unwrap();
+    assert_eq!((after.sequence, after.refused), (4, None));
+    assert!(results.message().await.unwrap().is_none());
+    assert_eq!(producer.stats().await.unwrap().unique_blocks, 4);
 
     // Health and reflection are served next to Ingest.
     let channel =

@@ -435,6 +435,8 @@ pub struct ProducerSpec {
     pub block_size: Option<u32>,
     /// Engine publishers, one `--engine` flag each (`worker_id=7,endpoint=tcp://...`).
     pub engines: Vec<String>,
+    /// More TOML appended to the config (whole sections, e.g. `"[quotas]\n..."`).
+    pub extra_toml: String,
 }
 
 impl ProducerSpec {
@@ -450,6 +452,7 @@ impl ProducerSpec {
             max_backoff_ms: 500,
             block_size: None,
             engines: Vec::new(),
+            extra_toml: String::new(),
         }
     }
 }
@@ -510,14 +513,15 @@ impl Producer {
              [table]\nbucket_count = {}\nseed = {SEED}\n\
              [publication]\nbatch_threshold = {}\nmax_delay_ms = 5\nheartbeat_interval_ms = {}\n\
              [reconnect]\ninitial_backoff_ms = {}\nmax_backoff_ms = {}\nconnect_timeout_ms = 3000\n\
-             [shutdown]\ndrain_timeout_ms = 15000\n",
+             [shutdown]\ndrain_timeout_ms = 15000\n{}",
             block_size_line(spec.block_size),
             spec.dc,
             spec.bucket_count,
             spec.batch_threshold,
             spec.heartbeat_interval_ms,
             spec.initial_backoff_ms,
-            spec.max_backoff_ms
+            spec.max_backoff_ms,
+            spec.extra_toml
         );
         let config = dir.path().join(format!("{name}.toml"));
         std::fs::write(&config, toml).expect("write producer config");
@@ -641,6 +645,11 @@ impl Producer {
                     .is_some_and(|m| m.contains(needle))
             })
             .collect()
+    }
+
+    /// The process id (0 once it was stopped).
+    pub fn pid(&self) -> u32 {
+        self.svc.as_ref().map_or(0, Service::pid)
     }
 
     /// Sends a signal to the process (e.g. `libc::SIGSTOP`).

@@ -17,6 +17,7 @@ use std::collections::{HashMap, HashSet};
 
 use super::MemberId;
 use super::hasher::FoldHashBuilder;
+use super::quota::Charges;
 
 /// Owner tag of a member (`>= 1`; 0 marks an unused inline owner entry).
 pub(crate) type Tag = u32;
@@ -105,6 +106,9 @@ pub(crate) struct MemberRecord {
     pub id: Option<MemberId>,
     /// Blocks the member owns now.
     pub owned: u32,
+    /// Slot of the source the member is charged to in [`Charges`] (0 = none; see
+    /// `quota`'s docs).
+    pub charge: u32,
 }
 
 /// Member id -> tag, and the per-tag records.
@@ -113,6 +117,8 @@ pub(crate) struct Members {
     pub index: HashMap<MemberId, Tag, FoldHashBuilder>,
     records: Vec<MemberRecord>,
     free: Vec<Tag>,
+    /// What each source holds (blocks of the members charged to it).
+    pub charges: Charges,
 }
 
 impl Members {
@@ -145,14 +151,72 @@ impl Members {
         &mut self.records[tag as usize - 1]
     }
 
-    /// Frees `tag` if its member owns nothing.
+    /// The bookkeeping record of a tag, read-only.
+    #[inline]
+    pub fn peek(&self, tag: Tag) -> &MemberRecord {
+        &self.records[tag as usize - 1]
+    }
+
+    /// Frees `tag` if its member owns nothing (and releases its source charge).
     pub fn release_if_empty(&mut self, tag: Tag) {
         let record = &mut self.records[tag as usize - 1];
-        if record.owned == 0 {
-            if let Some(id) = record.id.take() {
-                self.index.remove(&id);
-            }
+        if record.owned == 0
+            && let Some(id) = record.id.take()
+        {
+            self.index.remove(&id);
             self.free.push(tag);
+            let charge = std::mem::take(&mut record.charge);
+            if charge != 0 {
+                self.charges.release_member(charge);
+            }
+        }
+    }
+
+    /// `tag`'s member owns `added` more and `dropped` fewer blocks than its record says:
+    /// updates the record and its charged source's holding.
+    #[inline]
+    pub fn adjust(&mut self, tag: Tag, added: u32, dropped: u32) {
+        let record = &mut self.records[tag as usize - 1];
+        record.owned = record.owned + added - dropped;
+        if record.charge != 0 {
+            let charge = self.charges.get(record.charge);
+            charge.held = charge.held + u64::from(added) - u64::from(dropped);
+        }
+    }
+
+    /// Charges `tag`'s member (which must be uncharged) to `source`: the source now holds its
+    /// blocks.
+    pub fn charge(&mut self, tag: Tag, source: &str) {
+        let slot = self.charges.slot_or_insert(source);
+        let record = &mut self.records[tag as usize - 1];
+        debug_assert_eq!(record.charge, 0, "member charged twice");
+        record.charge = slot;
+        let charge = self.charges.get(slot);
+        charge.members += 1;
+        charge.held += u64::from(record.owned);
+    }
+
+    /// Gives memory back after members left: shrinks the index when it is far below its
+    /// capacity (see `shrink_map`) and drops free records at the end of the record table.
+    pub fn shrink(&mut self) {
+        super::shrink_map(&mut self.index);
+        if self.index.is_empty() {
+            self.index = HashMap::default();
+            self.records = Vec::new();
+            self.free = Vec::new();
+            return;
+        }
+        // Tags are positions, so only a free tail can go; same hysteresis as the maps.
+        if self.records.len() > super::SHRINK_MIN_CAPACITY
+            && self.index.len() < self.records.len() / 4
+        {
+            while self.records.last().is_some_and(|r| r.id.is_none()) {
+                self.records.pop();
+            }
+            let len = self.records.len() as Tag;
+            self.free.retain(|&t| t <= len);
+            self.records.shrink_to(self.records.len() * 2);
+            self.free.shrink_to(self.free.len() * 2);
         }
     }
 
@@ -163,5 +227,6 @@ impl Members {
             std::mem::size_of::<(MemberId, Tag)>(),
         ) + self.records.capacity() * std::mem::size_of::<MemberRecord>()
             + self.free.capacity() * 4
+            + self.charges.bytes_used()
     }
 }

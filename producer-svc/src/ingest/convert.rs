@@ -1,43 +1,42 @@
 //! Ingest wire messages <-> the actor's core terms ([`crate::events`]).
 //!
-//! Decoding checks only wire well-formedness (required fields, source id, batch size); every
-//! rule about ownership and the filter is `ckf-core`'s.
+//! Decoding checks only wire well-formedness (required fields, the source id's canonical form,
+//! batch size) and the stateless size quotas; the rules themselves are `ckf-core`'s
+//! (`identity::SourceId`, `dc::Quotas::check_batch`), as is every rule about ownership and the
+//! filter.
 
-use ckf_core::dc::{DcCkfStats, EventOutcome, KvEvent, KvEventKind, MemberId};
-use ckf_core::identity::ProducerIdentity;
+use ckf_core::dc::{DcCkfStats, EventOutcome, KvEvent, KvEventKind, MemberId, Quotas};
+use ckf_core::identity::{ProducerIdentity, SourceId};
 use ckf_proto::v1;
 use ckf_proto::v1::kv_event::Kind;
 
-use crate::error::{MAX_SOURCE_ID_BYTES, RequestError};
+use crate::error::RequestError;
 use crate::events::{BatchReport, EventError, EventReport, IngestBatch, IngestEvent};
 use ckf_core::sources::SequenceCheck;
 
-/// Decodes one wire batch. Malformed events become `Err` entries; a bad source id or an
-/// oversized batch refuses the whole batch.
+/// Decodes one wire batch. Malformed events become `Err` entries; a bad source id, too many
+/// events or a size quota refuses the whole batch before anything of it is applied.
 ///
 /// # Errors
-/// [`RequestError::EmptySourceId`], [`RequestError::SourceIdTooLong`],
-/// [`RequestError::TooManyEvents`].
+/// [`RequestError::BadSourceId`], [`RequestError::TooManyEvents`], [`RequestError::Quota`]
+/// (`max_blocks_per_event`, `max_blocks_per_batch`).
 pub fn batch_from_wire(
     batch: v1::KvEventBatch,
     max_events: usize,
+    quotas: &Quotas,
 ) -> Result<IngestBatch, RequestError> {
-    if batch.source_id.is_empty() {
-        return Err(RequestError::EmptySourceId);
-    }
-    if batch.source_id.len() > MAX_SOURCE_ID_BYTES {
-        return Err(RequestError::SourceIdTooLong {
-            len: batch.source_id.len(),
-        });
-    }
+    let source_id = SourceId::new(batch.source_id)?;
     if batch.events.len() > max_events {
         return Err(RequestError::TooManyEvents {
             count: batch.events.len(),
             max: max_events,
         });
     }
+    quotas
+        .check_batch(batch.events.iter().map(wire_blocks))
+        .map_err(RequestError::Quota)?;
     Ok(IngestBatch {
-        source_id: batch.source_id,
+        source_id,
         sequence: batch.sequence,
         events: batch
             .events
@@ -46,6 +45,15 @@ pub fn batch_from_wire(
             .map(|(index, e)| event_from_wire(index, e))
             .collect(),
     })
+}
+
+/// Block hashes one wire event carries (0 for a clear, a worker removal or no kind).
+fn wire_blocks(event: &v1::KvEvent) -> usize {
+    match &event.kind {
+        Some(Kind::Stored(s)) => s.block_hashes.len(),
+        Some(Kind::Removed(r)) => r.block_hashes.len(),
+        _ => 0,
+    }
 }
 
 fn event_from_wire(index: usize, event: v1::KvEvent) -> Result<IngestEvent, EventError> {
@@ -77,6 +85,12 @@ fn event_result(report: &EventReport) -> v1::EventResult {
             error: e.to_string(),
             ..Default::default()
         },
+        EventReport::Refused(e) => v1::EventResult {
+            status: v1::EventStatus::Refused.into(),
+            error: e.to_string(),
+            code: tonic::Code::ResourceExhausted as i32,
+            ..Default::default()
+        },
         EventReport::Applied(o) => applied_result(o),
     }
 }
@@ -98,6 +112,7 @@ fn applied_result(o: &EventOutcome) -> v1::EventResult {
         omitted_blocks: o.omitted,
         unknown_blocks: o.unknown,
         error: o.first_error.map(|e| e.to_string()).unwrap_or_default(),
+        code: 0,
     }
 }
 
@@ -116,11 +131,36 @@ pub fn report_to_wire(report: &BatchReport) -> v1::KvEventBatchResult {
         gap,
         duplicate,
         events: report.events.iter().map(event_result).collect(),
+        refused: None,
+    }
+}
+
+/// The wire result of a batch of a `Publish` stream that was refused whole: its echo and the
+/// refusal (the status `PublishBatch` would have failed with), no event results.
+pub fn refusal_to_wire(
+    source_id: String,
+    sequence: u64,
+    error: &RequestError,
+) -> v1::KvEventBatchResult {
+    let status = tonic::Status::from(error.clone());
+    v1::KvEventBatchResult {
+        source_id,
+        sequence,
+        refused: Some(v1::BatchRefusal {
+            code: status.code() as i32,
+            message: status.message().to_owned(),
+        }),
+        ..Default::default()
     }
 }
 
 /// The wire form of the producer's statistics.
-pub fn stats_to_wire(identity: &ProducerIdentity, stats: &DcCkfStats) -> v1::ProducerStats {
+/// `tracked_sources`: sources whose batch sequence is tracked now.
+pub fn stats_to_wire(
+    identity: &ProducerIdentity,
+    stats: &DcCkfStats,
+    tracked_sources: u64,
+) -> v1::ProducerStats {
     v1::ProducerStats {
         pool: Some((&identity.pool).into()),
         incarnation: identity.incarnation.0,
@@ -131,12 +171,15 @@ pub fn stats_to_wire(identity: &ProducerIdentity, stats: &DcCkfStats) -> v1::Pro
         load_factor: stats.load_factor,
         omissions_total: stats.omissions_total,
         bytes_used: stats.bytes_used,
+        tracked_sources,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ckf_core::dc::QuotaError;
+    use ckf_core::identity::SourceIdError;
 
     fn stored(worker: u64, hashes: &[u64]) -> v1::KvEvent {
         v1::KvEvent {
@@ -175,7 +218,7 @@ mod tests {
                 },
             ],
         };
-        let decoded = batch_from_wire(batch, 10).unwrap();
+        let decoded = batch_from_wire(batch, 10, &Quotas::default()).unwrap();
         assert_eq!(decoded.events.len(), 4);
         assert_eq!(
             decoded.events[0],
@@ -205,21 +248,69 @@ mod tests {
             sequence: 0,
             events: vec![stored(1, &[1])],
         };
+        let q = Quotas::default();
         assert_eq!(
-            batch_from_wire(batch.clone(), 10),
-            Err(RequestError::EmptySourceId)
+            batch_from_wire(batch.clone(), 10, &q),
+            Err(RequestError::BadSourceId(SourceIdError::Empty))
         );
         batch.source_id = "x".repeat(129);
-        assert_eq!(
-            batch_from_wire(batch.clone(), 10),
-            Err(RequestError::SourceIdTooLong { len: 129 })
-        );
+        assert!(matches!(
+            batch_from_wire(batch.clone(), 10, &q),
+            Err(RequestError::BadSourceId(SourceIdError::TooLong {
+                len: 129,
+                ..
+            }))
+        ));
+        for bad in ["nul\0", "new\nline"] {
+            batch.source_id = bad.into();
+            let e = batch_from_wire(batch.clone(), 10, &q).unwrap_err();
+            assert!(matches!(
+                e,
+                RequestError::BadSourceId(SourceIdError::BadCharacter { .. })
+            ));
+            let status = tonic::Status::from(e);
+            assert_eq!(status.code(), tonic::Code::InvalidArgument);
+            assert!(
+                status.message().starts_with("KvEventBatch.source_id \""),
+                "{}",
+                status.message()
+            );
+        }
         batch.source_id = "ok".into();
         batch.events = vec![stored(1, &[1]); 3];
         assert_eq!(
-            batch_from_wire(batch, 2),
+            batch_from_wire(batch.clone(), 2, &q),
             Err(RequestError::TooManyEvents { count: 3, max: 2 })
         );
+        let small = Quotas {
+            max_blocks_per_event: 2,
+            max_blocks_per_batch: 3,
+            ..Quotas::UNLIMITED
+        };
+        batch.events = vec![stored(1, &[1, 2]), stored(1, &[1, 2, 3])];
+        assert_eq!(
+            batch_from_wire(batch.clone(), 10, &small),
+            Err(RequestError::Quota(QuotaError::EventTooLarge {
+                index: Some(1),
+                blocks: 3,
+                max: 2
+            }))
+        );
+        batch.events = vec![stored(1, &[1, 2]), stored(1, &[1, 2])];
+        let e = batch_from_wire(batch, 10, &small).unwrap_err();
+        assert_eq!(
+            e,
+            RequestError::Quota(QuotaError::BatchTooLarge { blocks: 4, max: 3 })
+        );
+        let wire = refusal_to_wire("ok".into(), 7, &e);
+        let refused = wire.refused.unwrap();
+        assert_eq!(refused.code, tonic::Code::ResourceExhausted as i32);
+        assert!(
+            refused.message.contains("max_blocks_per_batch is 3"),
+            "{}",
+            refused.message
+        );
+        assert!(wire.events.is_empty());
     }
 
     #[test]
@@ -248,6 +339,12 @@ mod tests {
                     ..Default::default()
                 }),
                 EventReport::Rejected(EventError::MissingKind { index: 2 }),
+                EventReport::Refused(QuotaError::MemberFull {
+                    member: MemberId::new(1, 0),
+                    held: 4,
+                    adding: 1,
+                    max: 4,
+                }),
             ],
         };
         let wire = report_to_wire(&report);
@@ -272,5 +369,9 @@ mod tests {
         assert_eq!(wire.events[1].unknown_blocks, 2);
         assert_eq!(wire.events[2].status(), v1::EventStatus::Rejected);
         assert!(wire.events[2].error.contains("KvEvent.kind is required"));
+        assert_eq!(wire.events[3].status(), v1::EventStatus::Refused);
+        assert_eq!(wire.events[3].code, tonic::Code::ResourceExhausted as i32);
+        assert!(wire.events[3].error.contains("max_blocks_per_member is 4"));
+        assert_eq!(wire.events[0].code, 0);
     }
 }

@@ -11,6 +11,10 @@ use crate::error::RequestError;
 /// # Errors
 /// [`RequestError::ShuttingDown`] once the actor has stopped.
 pub async fn handle(service: &IngestService) -> Result<v1::ProducerStats, RequestError> {
-    let stats = service.actor.ask(|reply| Command::Stats { reply }).await?;
-    Ok(convert::stats_to_wire(&service.identity, &stats))
+    let (stats, tracked_sources) = service.actor.ask(|reply| Command::Stats { reply }).await?;
+    Ok(convert::stats_to_wire(
+        &service.identity,
+        &stats,
+        tracked_sources,
+    ))
 }

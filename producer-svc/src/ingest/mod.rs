@@ -17,6 +17,7 @@ pub mod get_stats;
 pub mod publish;
 pub mod publish_batch;
 
+use ckf_core::dc::Quotas;
 use ckf_core::identity::ProducerIdentity;
 use ckf_proto::v1;
 use ckf_proto::v1::ingest_server::Ingest;
@@ -26,6 +27,7 @@ use tracing::Instrument;
 use crate::actor::{ActorHandle, Command};
 use crate::error::RequestError;
 use crate::events::{BatchReport, IngestBatch};
+use crate::metrics::Metrics;
 use ckf_svc_kit::Shutdown;
 
 /// Shared by every handler: the actor's command channel and the producer's identity.
@@ -35,21 +37,30 @@ pub struct IngestService {
     identity: ProducerIdentity,
     shutdown: Shutdown,
     max_events_per_batch: usize,
+    /// The size quotas checked at decode (`[quotas]`; the holding ones are the actor's).
+    quotas: Quotas,
+    /// Counts size-quota refusals (`ckf_producer_quota_refusals_total`).
+    metrics: Metrics,
 }
 
 impl IngestService {
-    /// A service feeding `actor`.
+    /// A service feeding `actor`, refusing batches above `max_events_per_batch` events or
+    /// `quotas`' size limits.
     pub fn new(
         actor: ActorHandle,
         identity: ProducerIdentity,
         shutdown: Shutdown,
         max_events_per_batch: usize,
+        quotas: Quotas,
+        metrics: Metrics,
     ) -> Self {
         Self {
             actor,
             identity,
             shutdown,
             max_events_per_batch,
+            quotas,
+            metrics,
         }
     }
 
@@ -64,7 +75,15 @@ impl IngestService {
         if self.shutdown.is_triggered() {
             return Err(RequestError::ShuttingDown);
         }
-        let batch = convert::batch_from_wire(batch, self.max_events_per_batch)?;
+        let batch = convert::batch_from_wire(batch, self.max_events_per_batch, &self.quotas)
+            .inspect_err(|e| {
+                if let RequestError::Quota(q) = e {
+                    self.metrics
+                        .quota_refusals
+                        .with_label_values(&[q.limit()])
+                        .inc();
+                }
+            })?;
         let report = self.apply(batch).await?;
         Ok(convert::report_to_wire(&report))
     }

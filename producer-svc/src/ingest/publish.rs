@@ -2,9 +2,12 @@
 //!
 //! One task per stream reads a batch, waits for the actor's answer and sends the result before
 //! it reads the next batch, so a slow actor slows the client down (HTTP/2 flow control) instead
-//! of buffering. A batch refused whole ends the stream with its status; so does shutdown
-//! (`UNAVAILABLE`), which is how long-lived streams let the server stop. The task runs in an
-//! `ingest_stream` span naming the client's address (`peer`).
+//! of buffering. A batch refused whole (bad source id, too many events, a size quota) gets its
+//! refusal in its result (`KvEventBatchResult.refused`: the status code and message
+//! `PublishBatch` would have failed with) and the stream goes on with the next batch: one bad
+//! batch loses nothing behind it. Only shutdown ends the stream with a status (`UNAVAILABLE`),
+//! which is how long-lived streams let the server stop. The task runs in an `ingest_stream`
+//! span naming the client's address (`peer`).
 
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -43,7 +46,23 @@ pub fn handle(
                 biased;
                 () = &mut stopped => Err(Status::from(RequestError::ShuttingDown)),
                 next = batches.message() => match next {
-                    Ok(Some(batch)) => service.submit(batch).await.map_err(Status::from),
+                    Ok(Some(batch)) => {
+                        // The echo of a refused batch: its source id only when it is canonical
+                        // (a refused id is quoted, bounded and escaped, in the message).
+                        let source_id = ckf_core::identity::check_source_id(&batch.source_id)
+                            .map_or_else(|_| String::new(), |()| batch.source_id.clone());
+                        let sequence = batch.sequence;
+                        match service.submit(batch).await {
+                            Ok(result) => Ok(result),
+                            Err(RequestError::ShuttingDown) => {
+                                Err(Status::from(RequestError::ShuttingDown))
+                            }
+                            Err(e) => {
+                                tracing::debug!(error = %e, "batch refused; the stream goes on");
+                                Ok(super::convert::refusal_to_wire(source_id, sequence, &e))
+                            }
+                        }
+                    }
                     Ok(None) => break,
                     Err(status) => {
                         tracing::debug!(%status, "ingest stream broke");

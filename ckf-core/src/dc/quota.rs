@@ -1,0 +1,375 @@
+//! Ingest quotas: how much one event, one batch, one member and one source may make the
+//! producer do or hold, and the bookkeeping behind the holding limits.
+//!
+//! | limit | counts | checked | refusal |
+//! | --- | --- | --- | --- |
+//! | `max_blocks_per_event` | block hashes in one stored / removed event | before the batch is applied ([`Quotas::check_batch`]) and again per event | [`QuotaError::EventTooLarge`] |
+//! | `max_blocks_per_batch` | block hashes in all events of one batch | before the batch is applied ([`Quotas::check_batch`]) | [`QuotaError::BatchTooLarge`] |
+//! | `max_blocks_per_member` | blocks the member owns after the event | per stored event, before it is applied | [`QuotaError::MemberFull`] |
+//! | `max_blocks_per_source` | blocks the source *holds* (below) after the event | per stored event, before it is applied | [`QuotaError::SourceFull`] |
+//!
+//! `0` means unlimited for every limit. Removals and clears are never refused: they only free.
+//!
+//! # What a source holds
+//! A member is *charged* to the source of the first stored event ([`DcCkfState::apply_from`])
+//! that reaches it while it is uncharged, and stays charged to that source until it owns no
+//! block again (its last block removed or cleared). A source **holds every block owned by the
+//! members charged to it**, whoever stored or removed them since. So one worker's event
+//! publisher (one source, its own members) holds exactly the blocks it stored and has not
+//! removed; a second source writing into a member charged to another source spends the other
+//! source's quota (authorization keeps sources to their own workers). Members fed only by the
+//! trusted engine path ([`DcCkfState::apply`]) are charged to nobody; a source that later
+//! stores into such a member takes over all its blocks. The charge table has one entry per
+//! source holding at least one block, so its size is bounded by the members, not by the
+//! number of source ids ever seen.
+//!
+//! # The check is exact and conservative
+//! Before a stored event of `n` blocks is applied, the blocks it would newly add are counted
+//! exactly: the distinct hashes of the event the member does not own yet (re-stores of owned
+//! blocks are free). The event is refused whole when `owned + new` would exceed the member
+//! limit, or `held + new` (plus the member's blocks, when the event is what charges it) the
+//! source limit. A block later omitted for filter capacity was still counted, so an event can
+//! be refused although it would in fact have stored fewer blocks; it is never let past a limit.
+//!
+//! [`DcCkfState::apply_from`]: super::DcCkfState::apply_from
+//! [`DcCkfState::apply`]: super::DcCkfState::apply
+
+use std::collections::HashMap;
+
+use thiserror::Error;
+
+use super::MemberId;
+use crate::identity::quoted;
+
+/// Default `max_blocks_per_event`: bounds one event's work in the producer's state actor to
+/// about a millisecond (see the README's "Quotas" figures).
+pub const DEFAULT_MAX_BLOCKS_PER_EVENT: u32 = 16_384;
+/// Default `max_blocks_per_batch`: four maximal events, a few milliseconds of actor work, so
+/// one client's batch delays another client's by at most that.
+pub const DEFAULT_MAX_BLOCKS_PER_BATCH: u64 = 65_536;
+
+/// Ingest limits (see the module docs); `0` = unlimited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quotas {
+    /// Largest block count of one stored or removed event.
+    pub max_blocks_per_event: u32,
+    /// Largest total block count of one batch.
+    pub max_blocks_per_batch: u64,
+    /// Most blocks one member may own.
+    pub max_blocks_per_member: u32,
+    /// Most blocks one source may hold (see the module docs).
+    pub max_blocks_per_source: u64,
+}
+
+impl Default for Quotas {
+    /// [`DEFAULT_MAX_BLOCKS_PER_EVENT`], [`DEFAULT_MAX_BLOCKS_PER_BATCH`], holdings unlimited.
+    fn default() -> Self {
+        Self {
+            max_blocks_per_event: DEFAULT_MAX_BLOCKS_PER_EVENT,
+            max_blocks_per_batch: DEFAULT_MAX_BLOCKS_PER_BATCH,
+            max_blocks_per_member: 0,
+            max_blocks_per_source: 0,
+        }
+    }
+}
+
+impl Quotas {
+    /// Every limit off.
+    pub const UNLIMITED: Self = Self {
+        max_blocks_per_event: 0,
+        max_blocks_per_batch: 0,
+        max_blocks_per_member: 0,
+        max_blocks_per_source: 0,
+    };
+
+    /// Checks the size limits of one batch whose events carry `event_blocks` block hashes
+    /// each (0 for a clear), in order. Stateless: done before anything of the batch is applied.
+    ///
+    /// # Errors
+    /// [`QuotaError::EventTooLarge`] for the first event above `max_blocks_per_event`, else
+    /// [`QuotaError::BatchTooLarge`] when the sum exceeds `max_blocks_per_batch`.
+    pub fn check_batch(
+        &self,
+        event_blocks: impl IntoIterator<Item = usize>,
+    ) -> Result<(), QuotaError> {
+        let mut total = 0u64;
+        for (index, blocks) in event_blocks.into_iter().enumerate() {
+            self.check_event(blocks).map_err(|e| match e {
+                QuotaError::EventTooLarge { blocks, max, .. } => QuotaError::EventTooLarge {
+                    index: Some(index),
+                    blocks,
+                    max,
+                },
+                other => other,
+            })?;
+            total += blocks as u64;
+        }
+        if self.max_blocks_per_batch > 0 && total > self.max_blocks_per_batch {
+            return Err(QuotaError::BatchTooLarge {
+                blocks: total,
+                max: self.max_blocks_per_batch,
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks `max_blocks_per_event` for one event of `blocks` block hashes.
+    ///
+    /// # Errors
+    /// [`QuotaError::EventTooLarge`] (with no index).
+    pub fn check_event(&self, blocks: usize) -> Result<(), QuotaError> {
+        let max = self.max_blocks_per_event;
+        if max > 0 && blocks > max as usize {
+            return Err(QuotaError::EventTooLarge {
+                index: None,
+                blocks,
+                max,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Why an event or a batch was refused by a quota. Nothing of it was applied.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum QuotaError {
+    /// One event carries more block hashes than `max_blocks_per_event`.
+    #[error("{} has {blocks} blocks; limit max_blocks_per_event is {max}", event_name(*index))]
+    EventTooLarge {
+        /// Position of the event in its batch, when known.
+        index: Option<usize>,
+        /// Block hashes in the event.
+        blocks: usize,
+        /// The limit.
+        max: u32,
+    },
+    /// The batch carries more block hashes than `max_blocks_per_batch`.
+    #[error("batch has {blocks} blocks in all; limit max_blocks_per_batch is {max}")]
+    BatchTooLarge {
+        /// Block hashes in the batch.
+        blocks: u64,
+        /// The limit.
+        max: u64,
+    },
+    /// The member would own more than `max_blocks_per_member` blocks.
+    #[error(
+        "member {member} owns {held} blocks and the event adds {adding}; limit \
+         max_blocks_per_member is {max}"
+    )]
+    MemberFull {
+        /// The member.
+        member: MemberId,
+        /// Blocks it owns now.
+        held: u64,
+        /// Blocks the event would newly add.
+        adding: u64,
+        /// The limit.
+        max: u32,
+    },
+    /// The source would hold more than `max_blocks_per_source` blocks.
+    #[error(
+        "source {} holds {held} blocks and the event adds {adding}; limit \
+         max_blocks_per_source is {max}",
+        quoted(source_id)
+    )]
+    SourceFull {
+        /// The source charged (the member's source, see the module docs). Not named `source`:
+        /// that name would make it the error's cause.
+        source_id: String,
+        /// Blocks it holds now.
+        held: u64,
+        /// Blocks the event would add to it.
+        adding: u64,
+        /// The limit.
+        max: u64,
+    },
+}
+
+impl QuotaError {
+    /// The limit's name, as a metric label and in configuration (`quotas.<name>`).
+    pub fn limit(&self) -> &'static str {
+        match self {
+            Self::EventTooLarge { .. } => "max_blocks_per_event",
+            Self::BatchTooLarge { .. } => "max_blocks_per_batch",
+            Self::MemberFull { .. } => "max_blocks_per_member",
+            Self::SourceFull { .. } => "max_blocks_per_source",
+        }
+    }
+}
+
+fn event_name(index: Option<usize>) -> String {
+    match index {
+        Some(i) => format!("event {i}"),
+        None => "event".into(),
+    }
+}
+
+/// One source's holding.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Charge {
+    pub id: Box<str>,
+    /// Blocks owned by the members charged to the source.
+    pub held: u64,
+    /// Members charged to the source (the entry is freed at 0).
+    pub members: u32,
+}
+
+/// Source id -> holding, for sources holding at least one block.
+///
+/// Source ids come from clients, so the index uses std's randomly seeded SipHash (a fixed-seed
+/// hasher would let a client pick colliding ids).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Charges {
+    index: HashMap<Box<str>, u32>,
+    slots: Vec<Charge>,
+    free: Vec<u32>,
+}
+
+impl Charges {
+    /// The slot (`>= 1`) of `source`, if it holds anything.
+    pub fn slot(&self, source: &str) -> Option<u32> {
+        self.index.get(source).copied()
+    }
+
+    /// The slot of `source`, creating its entry if needed.
+    pub fn slot_or_insert(&mut self, source: &str) -> u32 {
+        if let Some(slot) = self.slot(source) {
+            return slot;
+        }
+        let charge = Charge {
+            id: source.into(),
+            held: 0,
+            members: 0,
+        };
+        let slot = match self.free.pop() {
+            Some(slot) => {
+                self.slots[slot as usize - 1] = charge;
+                slot
+            }
+            None => {
+                self.slots.push(charge);
+                self.slots.len() as u32
+            }
+        };
+        self.index.insert(source.into(), slot);
+        slot
+    }
+
+    /// The holding in `slot`.
+    pub fn get(&mut self, slot: u32) -> &mut Charge {
+        &mut self.slots[slot as usize - 1]
+    }
+
+    /// The holding in `slot`, read-only.
+    pub fn peek(&self, slot: u32) -> &Charge {
+        &self.slots[slot as usize - 1]
+    }
+
+    /// One member of `slot` is no longer charged; frees the entry when it was the last.
+    pub fn release_member(&mut self, slot: u32) {
+        let charge = &mut self.slots[slot as usize - 1];
+        charge.members -= 1;
+        if charge.members == 0 {
+            debug_assert_eq!(charge.held, 0, "a source with no member holds blocks");
+            let id = std::mem::take(&mut charge.id);
+            self.index.remove(&id);
+            self.free.push(slot);
+            super::shrink_map(&mut self.index);
+            if self.index.is_empty() {
+                // Nothing is charged: give every table back, however small.
+                self.index = HashMap::new();
+                self.slots = Vec::new();
+                self.free = Vec::new();
+            }
+        }
+    }
+
+    /// Sources holding at least one block.
+    pub fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    /// `(source, held)` of every source holding blocks, in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, u64)> + '_ {
+        self.index
+            .iter()
+            .map(|(id, &slot)| (&**id, self.peek(slot).held))
+    }
+
+    /// Heap bytes (capacity-based estimate plus the ids' bytes, twice: index key and slot).
+    pub fn bytes_used(&self) -> usize {
+        let ids: usize = self.index.keys().map(|k| k.len()).sum();
+        super::stats::hash_table_bytes(
+            self.index.capacity(),
+            std::mem::size_of::<(Box<str>, u32)>(),
+        ) + self.slots.capacity() * std::mem::size_of::<Charge>()
+            + self.free.capacity() * 4
+            + 2 * ids
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn size_limits_refuse_the_first_offender_and_the_total() {
+        let q = Quotas {
+            max_blocks_per_event: 4,
+            max_blocks_per_batch: 10,
+            ..Quotas::UNLIMITED
+        };
+        assert_eq!(q.check_batch([4, 4, 0, 2]), Ok(()));
+        let e = q.check_batch([1, 5, 9]).unwrap_err();
+        assert_eq!(
+            e,
+            QuotaError::EventTooLarge {
+                index: Some(1),
+                blocks: 5,
+                max: 4
+            }
+        );
+        assert_eq!(
+            e.to_string(),
+            "event 1 has 5 blocks; limit max_blocks_per_event is 4"
+        );
+        assert_eq!(e.limit(), "max_blocks_per_event");
+        let e = q.check_batch([4, 4, 3]).unwrap_err();
+        assert_eq!(
+            e,
+            QuotaError::BatchTooLarge {
+                blocks: 11,
+                max: 10
+            }
+        );
+        assert!(e.to_string().contains("max_blocks_per_batch is 10"), "{e}");
+        assert_eq!(Quotas::UNLIMITED.check_batch([usize::MAX / 4; 3]), Ok(()));
+        assert_eq!(Quotas::default().check_event(16_384), Ok(()));
+        assert!(Quotas::default().check_event(16_385).is_err());
+    }
+
+    #[test]
+    fn holding_refusals_name_the_member_or_the_escaped_source() {
+        let e = QuotaError::SourceFull {
+            source_id: "evil\n".into(),
+            held: 7,
+            adding: 2,
+            max: 8,
+        };
+        assert_eq!(
+            e.to_string(),
+            "source \"evil\\n\" holds 7 blocks and the event adds 2; limit max_blocks_per_source is 8"
+        );
+        let e = QuotaError::MemberFull {
+            member: MemberId::new(3, 1),
+            held: 1,
+            adding: 1,
+            max: 1,
+        };
+        assert!(
+            e.to_string().starts_with("member worker 3 rank 1 owns 1"),
+            "{e}"
+        );
+        assert_eq!(e.limit(), "max_blocks_per_member");
+    }
+}
