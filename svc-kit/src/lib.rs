@@ -13,6 +13,7 @@
 //! | [`scrape`] | reading a `/metrics` endpoint: HTTP GET (`ureq`) and text parse (`prometheus-parse`) |
 //! | [`shutdown`] | SIGTERM/SIGINT -> one cancellable [`shutdown::Shutdown`] token |
 //! | [`grpc`] | listener binding, `grpc.health.v1` and server reflection helpers |
+//! | [`tls`] | TLS (rustls, ring): the `[tls]` / client sections and their rules, certificate loading and reload (SIGHUP, file change), the TLS acceptor, client endpoints, the verified peer's names |
 //! | [`serve`] | what both services do to start and stop: bind both listeners, health + reflection in front, a binary's `main` |
 
 pub mod config;
@@ -23,6 +24,7 @@ pub mod scrape;
 pub mod serve;
 pub mod shutdown;
 pub mod table;
+pub mod tls;
 
 pub use config::{ConfigError, Invalid, KeyAlias, Layers, Overrides, Validate};
 pub use logging::LogFormat;
