@@ -517,7 +517,13 @@ struct ServerTlsInner {
     files: ServerFiles,
     reload_interval: Option<Duration>,
     current: RwLock<Arc<rustls::ServerConfig>>,
+    /// The files' stamps taken just before the first load: the reloader's starting point, so
+    /// a change between the load and the reloader's first look is not missed.
+    loaded_stamps: Vec<Stamp>,
 }
+
+/// (modified, size, inode) of a file; `None` when it cannot be read.
+type Stamp = Option<(SystemTime, u64, u64)>;
 
 impl fmt::Debug for ServerTls {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -544,6 +550,7 @@ impl ServerTls {
             client_ca_file: config.client_ca_file.clone(),
             client_auth: config.client_auth,
         };
+        let loaded_stamps = stamps(&files);
         let (server_config, summary) = files.build()?;
         tracing::info!(
             cert_file = %files.cert_file.display(),
@@ -558,6 +565,7 @@ impl ServerTls {
                 reload_interval: (config.reload_interval_ms != 0)
                     .then(|| Duration::from_millis(config.reload_interval_ms)),
                 current: RwLock::new(Arc::new(server_config)),
+                loaded_stamps,
             }),
         }))
     }
@@ -601,25 +609,22 @@ impl ServerTls {
         let tls = self.clone();
         tokio::spawn(async move {
             let mut hangup = hangup_signal();
-            let mut stamps = tls.stamps();
+            let mut seen = tls.inner.loaded_stamps.clone();
             let interval = tls.inner.reload_interval;
             loop {
                 let trigger = tokio::select! {
                     () = shutdown.wait() => return,
                     () = recv_hangup(&mut hangup) => "SIGHUP",
                     () = sleep_or_forever(interval) => {
-                        let now = tls.stamps();
-                        if now == stamps {
+                        if stamps(&tls.inner.files) == seen {
                             continue;
                         }
-                        stamps = now;
                         "file change"
                     }
                 };
+                // Stamped before reading: a change while reading triggers another attempt.
+                seen = stamps(&tls.inner.files);
                 let result = tls.reload();
-                if trigger == "SIGHUP" {
-                    stamps = tls.stamps();
-                }
                 let label = match &result {
                     Ok(()) => "ok",
                     Err(error) => {
@@ -636,28 +641,6 @@ impl ServerTls {
                 }
             }
         })
-    }
-
-    /// (modified, size, inode) of every file; a file that cannot be read stats as `None`.
-    fn stamps(&self) -> Vec<Option<(SystemTime, u64, u64)>> {
-        self.inner
-            .files
-            .paths()
-            .into_iter()
-            .map(|p| {
-                std::fs::metadata(p).ok().map(|m| {
-                    #[cfg(unix)]
-                    let inode = std::os::unix::fs::MetadataExt::ino(&m);
-                    #[cfg(not(unix))]
-                    let inode = 0;
-                    (
-                        m.modified().unwrap_or(SystemTime::UNIX_EPOCH),
-                        m.len(),
-                        inode,
-                    )
-                })
-            })
-            .collect()
     }
 
     /// TLS streams over the connections of `incoming`. Each handshake runs in its own task
@@ -712,6 +695,27 @@ impl ServerTls {
         });
         ReceiverStream::new(rx)
     }
+}
+
+/// The stamps of every file of `files`.
+fn stamps(files: &ServerFiles) -> Vec<Stamp> {
+    files
+        .paths()
+        .into_iter()
+        .map(|p| {
+            std::fs::metadata(p).ok().map(|m| {
+                #[cfg(unix)]
+                let inode = std::os::unix::fs::MetadataExt::ino(&m);
+                #[cfg(not(unix))]
+                let inode = 0;
+                (
+                    m.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+                    m.len(),
+                    inode,
+                )
+            })
+        })
+        .collect()
 }
 
 #[cfg(unix)]
