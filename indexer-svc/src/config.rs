@@ -17,6 +17,7 @@ use ckf_proto::convert::WIRE_BYTES_PER_IMAGE;
 use ckf_svc_kit::LogFormat;
 use ckf_svc_kit::config::{ConfigError, Invalid, Layers, Overrides, Validate, at_least, in_range};
 use ckf_svc_kit::table::{EXPECTED_BLOCKS_PER_LANE_ALIAS, TableConfig};
+use ckf_svc_kit::tls::{ServerTlsConfig, ServerTlsFlags};
 use clap::Parser;
 use serde::{Deserialize, Serialize};
 
@@ -129,6 +130,8 @@ pub struct IndexerConfig {
     pub metrics_listen: SocketAddr,
     /// Log line format (`human` or `json`).
     pub log_format: LogFormat,
+    /// TLS of the gRPC listener (`ckf_svc_kit::tls`): certificate, key, client CA, reload.
+    pub tls: ServerTlsConfig,
 }
 
 impl Default for IndexerConfig {
@@ -142,6 +145,7 @@ impl Default for IndexerConfig {
             listen: DEFAULT_LISTEN.parse().expect("valid default"),
             metrics_listen: DEFAULT_METRICS_LISTEN.parse().expect("valid default"),
             log_format: LogFormat::Human,
+            tls: ServerTlsConfig::default(),
         }
     }
 }
@@ -240,6 +244,7 @@ impl IndexerConfig {
 impl Validate for IndexerConfig {
     fn validate(&self) -> Result<(), Invalid> {
         self.manifest()?;
+        self.tls.check("tls", &[("listen", self.listen)])?;
         in_range("block_size", self.block_size, 1..=MAX_BLOCK_SIZE, "tokens")?;
         let l = &self.limits;
         in_range(
@@ -335,6 +340,9 @@ pub struct Cli {
     /// [default: 1024; key: limits.lane_queue_capacity].
     #[arg(long, value_name = "FRAMES")]
     pub lane_queue_capacity: Option<u32>,
+    /// TLS of the gRPC listener.
+    #[command(flatten)]
+    pub tls: ServerTlsFlags,
 }
 
 impl Cli {
@@ -364,6 +372,7 @@ impl Cli {
             .set("limits.max_relay_streams", self.max_relay_streams)
             .set("limits.max_query_blocks", self.max_query_blocks)
             .set("limits.lane_queue_capacity", self.lane_queue_capacity);
+        let overrides = self.tls.overrides(overrides);
         Layers {
             env_prefix: ENV_PREFIX,
             file: self.config.clone(),

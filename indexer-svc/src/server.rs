@@ -19,6 +19,7 @@ use ckf_proto::v1::{query_server::QueryServer, relay_server::RelayServer};
 use ckf_svc_kit::Shutdown;
 use ckf_svc_kit::config::{Invalid, Validate};
 use ckf_svc_kit::serve::{BindError, Listeners, front};
+use ckf_svc_kit::tls::{ServerTls, TlsError};
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
@@ -47,6 +48,9 @@ pub enum ServeError {
     /// ckf-core refused the manifest.
     #[error("invalid manifest: {0}")]
     Manifest(#[from] ManifestError),
+    /// A TLS certificate, key or CA file cannot be used (names the key and the file).
+    #[error("TLS: {0}")]
+    Tls(#[from] TlsError),
     /// A listener could not be bound (`what`: `"gRPC"` or `"metrics"`).
     #[error("cannot bind {} address {}: {}", .0.what, .0.addr, .0.source)]
     Bind(#[from] BindError),
@@ -115,6 +119,7 @@ pub async fn serve(
 ) -> Result<RunningIndexer, ServeError> {
     config.validate()?;
     let manifest = config.manifest()?;
+    let tls = ServerTls::load(&config.tls, "tls")?;
     let consumer_instance = rand::random::<u64>();
     let indexer = Arc::new(GlobalCkfIndexer::with_policy(
         manifest,
@@ -164,6 +169,17 @@ pub async fn serve(
     )
     .await?;
     let grpc_addr = listener.addr;
+    config.tls.log_transport("gRPC", grpc_addr);
+    if let Some(tls) = &tls {
+        let reloads = ckf_svc_kit::metrics::counter_vec(
+            metrics.registry(),
+            "ckf_indexer_tls_reload_total",
+            "TLS certificate reloads (SIGHUP or file change) by result: ok, error (the \
+             previous certificate stays served)",
+            &["result"],
+        );
+        tls.spawn_reloader(Some(reloads), stop.clone());
+    }
 
     let max_message = usize::try_from(config.limits.max_message_bytes).unwrap_or(usize::MAX);
     let relay = RelayServer::new(RelayService::new(Arc::clone(&shared)))
@@ -203,7 +219,12 @@ pub async fn serve(
             tracing::info!("shutting down: refusing new streams, retiring open ones");
             health.not_serving().await;
         };
-        let server = router.serve_with_incoming_shutdown(listener.incoming, on_shutdown);
+        let server = ckf_svc_kit::tls::serve_router(
+            router,
+            listener.incoming,
+            tls.as_ref(),
+            on_shutdown,
+        );
         // Streams end themselves on shutdown; a peer that keeps its connection open past the
         // grace period does not hold the process.
         let grace_stop = stop.clone();

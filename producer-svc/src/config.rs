@@ -13,6 +13,7 @@ use crate::engines::config::{EngineSection, EngineSpec, PublisherSpec};
 use ckf_core::identity::PoolId;
 use ckf_svc_kit::LogFormat;
 use ckf_svc_kit::TableConfig;
+use ckf_svc_kit::tls::{ClientTlsConfig, ServerTlsConfig, ServerTlsFlags};
 use ckf_svc_kit::config::{
     ConfigError, Invalid, Layers, Overrides, Validate, at_least, at_most, in_range,
 };
@@ -177,6 +178,11 @@ pub struct ProducerConfig {
     pub engine: EngineSection,
     /// Engine publishers subscribed to over ZMQ (`--engine`, `CKF_ENGINES`).
     pub engines: Vec<EngineSpec>,
+    /// TLS of the Ingest listener (`ckf_svc_kit::tls`).
+    pub tls: ServerTlsConfig,
+    /// TLS toward the indexers: trust roots (required for `https://` endpoints), client
+    /// certificate, server name.
+    pub indexer_tls: ClientTlsConfig,
 }
 
 impl Default for ProducerConfig {
@@ -198,6 +204,8 @@ impl Default for ProducerConfig {
             block_size: DEFAULT_BLOCK_SIZE,
             engine: EngineSection::default(),
             engines: Vec::new(),
+            tls: ServerTlsConfig::default(),
+            indexer_tls: ClientTlsConfig::default(),
         }
     }
 }
@@ -292,6 +300,13 @@ impl ProducerConfig {
                 return Err(Invalid::new("indexers", endpoint, "listed twice"));
             }
         }
+        let endpoints: Vec<(String, &str)> = self
+            .indexers
+            .iter()
+            .map(|url| ("indexers".to_owned(), url.as_str()))
+            .collect();
+        self.indexer_tls.check("indexer_tls", &endpoints)?;
+        self.tls.check("tls", &[("listen", self.listen)])?;
         let r = &self.reconnect;
         at_least(
             "reconnect.initial_backoff_ms",
@@ -505,6 +520,21 @@ pub struct Cli {
         value_delimiter = ';'
     )]
     pub engines: Vec<EngineSpec>,
+    /// TLS of the Ingest listener.
+    #[command(flatten)]
+    pub tls: ServerTlsFlags,
+    /// indexer_tls.ca_file: CA bundle (PEM) the indexers' certificates are verified against; required for https:// endpoints.
+    #[arg(long, value_name = "FILE")]
+    pub indexer_ca: Option<PathBuf>,
+    /// indexer_tls.cert_file: client certificate (PEM) presented to the indexers (mutual TLS).
+    #[arg(long, value_name = "FILE")]
+    pub indexer_cert: Option<PathBuf>,
+    /// indexer_tls.key_file: private key (PEM) of --indexer-cert.
+    #[arg(long, value_name = "FILE")]
+    pub indexer_key: Option<PathBuf>,
+    /// indexer_tls.server_name: name checked in the indexers' certificates instead of the URL host.
+    #[arg(long, value_name = "NAME")]
+    pub indexer_server_name: Option<String>,
 }
 
 impl Validate for ProducerConfig {
@@ -516,7 +546,7 @@ impl Validate for ProducerConfig {
 impl Cli {
     /// The flags that were given, keyed by dotted config paths.
     pub fn overrides(&self) -> Overrides {
-        Overrides::new()
+        let overrides = Overrides::new()
             .set("pool.domain", self.domain.as_ref())
             .set("pool.dc", self.dc.as_ref())
             .set("table.expected_blocks", self.expected_blocks)
@@ -560,7 +590,13 @@ impl Cli {
             .set(
                 "engines",
                 (!self.engines.is_empty()).then_some(&self.engines),
-            )
+            );
+        self.tls
+            .overrides(overrides)
+            .set("indexer_tls.ca_file", self.indexer_ca.as_ref())
+            .set("indexer_tls.cert_file", self.indexer_cert.as_ref())
+            .set("indexer_tls.key_file", self.indexer_key.as_ref())
+            .set("indexer_tls.server_name", self.indexer_server_name.as_ref())
     }
 
     /// The configuration layers of this command line (environment prefix [`ENV_PREFIX`]).

@@ -49,6 +49,7 @@ use ckf_proto::v1::ingest_server::{IngestServer, SERVICE_NAME as INGEST_SERVICE}
 use ckf_svc_kit::Shutdown;
 use ckf_svc_kit::config::Invalid;
 use ckf_svc_kit::serve::{BindError, Listeners, front};
+use ckf_svc_kit::tls::{ServerTls, TlsError};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
@@ -73,6 +74,9 @@ pub enum ServeError {
     /// A configuration value breaks a rule (key, value, rule).
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// A TLS certificate, key or CA file cannot be used (names the key and the file).
+    #[error("TLS: {0}")]
+    Tls(#[from] TlsError),
     /// A listener could not be bound (`what`: `"ingest"` or `"metrics"`).
     #[error("binding the {} listener on {}: {}", .0.what, .0.addr, .0.source)]
     Bind(#[from] BindError),
@@ -209,6 +213,12 @@ pub async fn serve(
             ))
         })?;
 
+    let ingest_tls = ServerTls::load(&config.tls, "tls")?;
+    let indexer_tls = config.indexer_tls.load("indexer_tls")?;
+    for endpoint in &config.indexers {
+        ckf_svc_kit::tls::warn_if_plaintext_remote(endpoint);
+    }
+
     let stop = Shutdown::new();
     let metrics = Metrics::new();
     let (health, router) = front(
@@ -287,6 +297,7 @@ pub async fn serve(
         keepalive: KEEPALIVE,
         max_message_bytes,
         attachment_queue: config.publication.attachment_queue as usize,
+        tls: indexer_tls,
     };
     let relays: Vec<(String, JoinHandle<DrainOutcome>)> = config
         .indexers
@@ -316,11 +327,23 @@ pub async fn serve(
     .max_decoding_message_size(max_message_bytes)
     .max_encoding_message_size(max_message_bytes);
     let ingest_addr = listener.addr;
-    let server = tokio::spawn(
-        router
-            .add_service(ingest)
-            .serve_with_incoming_shutdown(listener.incoming, stop.wait()),
-    );
+    config.tls.log_transport("ingest", ingest_addr);
+    if let Some(tls) = &ingest_tls {
+        let reloads = ckf_svc_kit::metrics::counter_vec(
+            metrics.registry(),
+            "ckf_producer_tls_reload_total",
+            "TLS certificate reloads of the Ingest listener (SIGHUP or file change) by result: \
+             ok, error (the previous certificate stays served)",
+            &["result"],
+        );
+        tls.spawn_reloader(Some(reloads), stop.clone());
+    }
+    let router = router.add_service(ingest);
+    let server_stop = stop.wait();
+    let server = tokio::spawn(async move {
+        ckf_svc_kit::tls::serve_router(router, listener.incoming, ingest_tls.as_ref(), server_stop)
+            .await
+    });
     health.serving().await;
     tracing::info!(
         pool = %identity.pool,

@@ -62,6 +62,9 @@ pub struct RelaySettings {
     pub max_message_bytes: usize,
     /// Queue entries (batches) per attachment before the actor fences it.
     pub attachment_queue: usize,
+    /// Trust roots and client certificate for `https://` endpoints (`[indexer_tls]`); the
+    /// files are read again on every connection attempt, so rotated ones are picked up.
+    pub tls: Option<ckf_svc_kit::tls::ClientTls>,
 }
 
 /// How one endpoint's publication ended at shutdown.
