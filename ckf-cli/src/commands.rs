@@ -9,14 +9,15 @@ use ckf_proto::v1::{
     FindMatchesByTokensRequest, LaneState, ListLanesRequest, MultimodalItem, RetireReason,
 };
 use serde_json::json;
-use tonic::transport::{Channel, Endpoint};
+use ckf_svc_kit::tls::{ClientTls, ClientTlsConfig, warn_if_plaintext_remote};
+use tonic::transport::Channel;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
 use crate::cli::{
     DEFAULT_SYNTHETIC_REQUESTS, FleetArgs, HealthArgs, LanesArgs, QueryArgs, ReplayArgs,
-    SimulateArgs, TimeoutArgs, parse_token_list,
+    SimulateArgs, TimeoutArgs, TlsArgs, parse_token_list,
 };
 use crate::fleet::FleetShape;
 use crate::hashing::block_hashes;
@@ -63,17 +64,54 @@ pub fn live_config(fleet: &FleetArgs, timeouts: &TimeoutArgs, shape: FleetShape)
     }
 }
 
-/// Connects to a gRPC endpoint.
+/// Connects to a gRPC endpoint in plaintext (the in-process demo's loopback services).
 ///
 /// # Errors
 /// An invalid URL or a failed connection, naming the URL.
 pub async fn connect(url: &str) -> Result<Channel> {
-    Endpoint::from_shared(url.to_string())
-        .with_context(|| format!("invalid endpoint URL `{url}`"))?
+    connect_with(url, None).await
+}
+
+/// The client TLS material the flags name (`None` without `--ca`).
+///
+/// # Errors
+/// A file that cannot be used, naming the flag and the path.
+pub fn client_tls(args: &TlsArgs) -> Result<Option<ClientTls>> {
+    let config = ClientTlsConfig {
+        ca_file: args.ca.clone(),
+        cert_file: args.cert.clone(),
+        key_file: args.key.clone(),
+        server_name: args.server_name.clone(),
+    };
+    Ok(config.load_as(["--ca", "--cert", "--key"].map(str::to_owned))?)
+}
+
+/// Connects to a gRPC endpoint: `https://` with `tls` (required), `http://` in plaintext
+/// (refused when TLS flags were given, so `--ca` never silently means nothing).
+///
+/// # Errors
+/// An invalid URL, `https://` without `--ca`, TLS flags with `http://`, or a failed
+/// connection, naming the URL.
+pub async fn connect_with(url: &str, tls: Option<&ClientTls>) -> Result<Channel> {
+    warn_if_plaintext_remote(url);
+    ckf_svc_kit::tls::endpoint(url, tls, true)?
         .connect_timeout(Duration::from_secs(5))
         .connect()
         .await
+        .map_err(|e| anyhow!("{}", error_chain(&e)))
         .with_context(|| format!("cannot connect to {url}"))
+}
+
+/// An error with its sources (`tonic::transport::Error` alone says only "transport error").
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
 }
 
 /// `ckf replay`.
@@ -82,7 +120,8 @@ pub async fn connect(url: &str) -> Result<Channel> {
 /// A bad trace, an unreachable service, or a replay failure.
 pub async fn replay(args: ReplayArgs) -> Result<()> {
     let workload = load_workload(Some(&args.trace), args.fleet.limit, args.fleet.seed)?;
-    let indexer = connect(&args.indexer).await?;
+    let tls = client_tls(&args.tls)?;
+    let indexer = connect_with(&args.indexer, tls.as_ref()).await?;
     let mut targets = Vec::new();
     for (dc, url) in &args.producers {
         let metrics = args
@@ -92,7 +131,7 @@ pub async fn replay(args: ReplayArgs) -> Result<()> {
             .map(|(_, addr)| addr.clone());
         targets.push(DcTarget {
             dc: dc.clone(),
-            producer: connect(url).await?,
+            producer: connect_with(url, tls.as_ref()).await?,
             metrics,
         });
     }
@@ -179,7 +218,8 @@ pub async fn query(args: QueryArgs) -> Result<()> {
         }
         (None, None) => None,
     };
-    let mut client = QueryClient::new(connect(&args.indexer).await?);
+    let tls = client_tls(&args.tls)?;
+    let mut client = QueryClient::new(connect_with(&args.indexer, tls.as_ref()).await?);
     let (count, unit, answer) = if let Some(token_ids) = tokens {
         let request = FindMatchesByTokensRequest {
             token_ids,
@@ -257,7 +297,8 @@ fn reason_name(reason: i32) -> String {
 /// # Errors
 /// An unreachable indexer or a failed call.
 pub async fn lanes(args: LanesArgs) -> Result<()> {
-    let mut client = QueryClient::new(connect(&args.indexer).await?);
+    let tls = client_tls(&args.tls)?;
+    let mut client = QueryClient::new(connect_with(&args.indexer, tls.as_ref()).await?);
     let answer = client
         .list_lanes(ListLanesRequest {})
         .await
@@ -325,7 +366,8 @@ pub async fn lanes(args: LanesArgs) -> Result<()> {
 /// `ckf health`: returns the process exit code (0 SERVING, 1 other status, 2 unreachable).
 pub async fn health(args: HealthArgs) -> i32 {
     let check = async {
-        let mut client = HealthClient::new(connect(&args.endpoint).await?);
+        let tls = client_tls(&args.tls)?;
+        let mut client = HealthClient::new(connect_with(&args.endpoint, tls.as_ref()).await?);
         let answer = client
             .check(HealthCheckRequest {
                 service: args.service.clone(),
