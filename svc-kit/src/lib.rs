@@ -6,6 +6,7 @@
 //!
 //! | module | owns |
 //! | --- | --- |
+//! | [`access`] | token files, a request's credentials (bearer token, client certificate names), `authorization: Bearer` for clients, SIGHUP reload |
 //! | [`config`] | layered configuration: defaults < TOML file < `CKF_*` environment < flags (figment); key aliases; rule helpers; validation errors naming key, value, rule, source |
 //! | [`table`] | the `[table]` section both services share: keys of `ckf_core::addressing::TableSizing` |
 //! | [`logging`] | `tracing` subscriber: human or JSON, `RUST_LOG`-style filter |
@@ -15,6 +16,7 @@
 //! | [`grpc`] | listener binding, `grpc.health.v1` and server reflection helpers |
 //! | [`serve`] | what both services do to start and stop: bind both listeners, health + reflection in front, a binary's `main` |
 
+pub mod access;
 pub mod config;
 pub mod grpc;
 pub mod logging;
