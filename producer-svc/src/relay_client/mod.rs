@@ -62,6 +62,8 @@ pub struct RelaySettings {
     pub max_message_bytes: usize,
     /// Queue entries (batches) per attachment before the actor fences it.
     pub attachment_queue: usize,
+    /// The bearer token presented on every Relay stream (`indexer_token_file`), if any.
+    pub indexer_token: std::sync::Arc<crate::access::IndexerToken>,
 }
 
 /// How one endpoint's publication ended at shutdown.
