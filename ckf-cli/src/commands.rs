@@ -9,6 +9,10 @@ use ckf_proto::v1::{
     FindMatchesByTokensRequest, LaneState, ListLanesRequest, MultimodalItem, RetireReason,
 };
 use serde_json::json;
+use ckf_core::access::Secret;
+use ckf_proto::v1::FindMatchesRequest;
+use ckf_svc_kit::access::{read_token_file, with_bearer};
+use tonic::Request;
 use tonic::transport::{Channel, Endpoint};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -74,6 +78,15 @@ pub async fn connect(url: &str) -> Result<Channel> {
         .connect()
         .await
         .with_context(|| format!("cannot connect to {url}"))
+}
+
+/// The token of `--token-file`, if given.
+///
+/// # Errors
+/// An unreadable file or one that is not a token (empty, several lines), naming the path.
+pub fn token_of(file: Option<&Path>) -> Result<Option<Secret>> {
+    file.map(|path| read_token_file("--token-file", path).map_err(|e| anyhow!("{e}")))
+        .transpose()
 }
 
 /// `ckf replay`.
@@ -179,6 +192,7 @@ pub async fn query(args: QueryArgs) -> Result<()> {
         }
         (None, None) => None,
     };
+    let token = token_of(args.token_file.as_deref())?;
     let mut client = QueryClient::new(connect(&args.indexer).await?);
     let (count, unit, answer) = if let Some(token_ids) = tokens {
         let request = FindMatchesByTokensRequest {
@@ -197,8 +211,11 @@ pub async fn query(args: QueryArgs) -> Result<()> {
             block_size: args.block_size.unwrap_or(0),
         };
         let count = request.token_ids.len();
-        let answer =
-            live::find_matches_by_tokens(&mut client, request, "FindMatchesByTokens").await?;
+        let answer = client
+            .find_matches_by_tokens(with_bearer(Request::new(request), token.as_ref()))
+            .await
+            .context("FindMatchesByTokens")?
+            .into_inner();
         (count, "tokens", answer)
     } else {
         let hashes = if args.ids {
@@ -206,7 +223,14 @@ pub async fn query(args: QueryArgs) -> Result<()> {
         } else {
             args.hashes.clone()
         };
-        let answer = live::find_matches(&mut client, &hashes, "FindMatches").await?;
+        let request = FindMatchesRequest {
+            block_hashes: hashes.clone(),
+        };
+        let answer = client
+            .find_matches(with_bearer(Request::new(request), token.as_ref()))
+            .await
+            .context("FindMatches")?
+            .into_inner();
         (hashes.len(), "blocks", answer)
     };
     if args.json {
@@ -257,9 +281,10 @@ fn reason_name(reason: i32) -> String {
 /// # Errors
 /// An unreachable indexer or a failed call.
 pub async fn lanes(args: LanesArgs) -> Result<()> {
+    let token = token_of(args.token_file.as_deref())?;
     let mut client = QueryClient::new(connect(&args.indexer).await?);
     let answer = client
-        .list_lanes(ListLanesRequest {})
+        .list_lanes(with_bearer(Request::new(ListLanesRequest {}), token.as_ref()))
         .await
         .context("ListLanes")?
         .into_inner();
