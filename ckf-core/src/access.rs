@@ -700,7 +700,8 @@ mod tests {
         assert_eq!(c.bearer.unwrap().expose(), b"tok-a");
         let c = Credentials::from_parts(Some(b"bearer tok-a"), vec![]).unwrap();
         assert_eq!(c.bearer.unwrap().expose(), b"tok-a");
-        for bad in [&b"tok-a"[..], b"Basic abc", b"Bearer ", b"Bearer a b", b"Bearer \x01"] {
+        let bad_values: [&[u8]; 5] = [b"tok-a", b"Basic abc", b"Bearer ", b"Bearer a b", b"Bearer \x01"];
+        for bad in bad_values {
             assert_eq!(
                 Credentials::from_parts(Some(bad), vec![]).unwrap_err(),
                 AccessError::Unauthenticated(Unauthenticated::MalformedAuthorization),

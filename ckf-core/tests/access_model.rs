@@ -42,7 +42,7 @@ fn arb_policy() -> impl Strategy<Value = (bool, Vec<ModelPrincipal>)> {
             // Owner of each certificate name (>= n: nobody).
             prop::collection::vec(0usize..6, CERTS),
             prop::collection::vec(
-                (any::<bool>(), prop::collection::btree_set(0..DCS, 0..=DCS)),
+                (any::<bool>(), prop::collection::vec(any::<bool>(), DCS)),
                 n,
             ),
         )
@@ -50,10 +50,10 @@ fn arb_policy() -> impl Strategy<Value = (bool, Vec<ModelPrincipal>)> {
                 let mut principals: Vec<ModelPrincipal> = specs
                     .into_iter()
                     .enumerate()
-                    .map(|(i, (has_token, pools))| ModelPrincipal {
+                    .map(|(i, (has_token, member))| ModelPrincipal {
                         token: has_token.then(|| format!("tok{i}")),
                         certs: BTreeSet::new(),
-                        pools,
+                        pools: (0..DCS).filter(|&d| member[d]).collect(),
                     })
                     .collect();
                 for (c, owner) in owners.into_iter().enumerate() {

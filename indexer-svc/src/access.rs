@@ -308,6 +308,52 @@ mod tests {
     }
 
     #[test]
+    fn the_section_loads_from_toml_and_flags() {
+        use clap::Parser;
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("a.token");
+        std::fs::write(&token, "tok-a\n").unwrap();
+        let file = dir.path().join("i.toml");
+        std::fs::write(
+            &file,
+            format!(
+                "[auth]\nrequired = true\n[[auth.producers]]\nname = \"dc-a\"\n\
+                 pools = [\"dc-a\"]\ncert_names = [\"producer.dc-a.ckf\"]\ntoken_file = {token:?}\n"
+            ),
+        )
+        .unwrap();
+        let config = crate::config::Cli::parse_from([
+            "ckf-indexer",
+            "--config",
+            file.to_str().unwrap(),
+            "--query-listen",
+            "127.0.0.1:7401",
+            "--query-token-file",
+            token.to_str().unwrap(),
+        ])
+        .load()
+        .unwrap();
+        assert!(config.auth.required);
+        assert_eq!(config.auth.producers[0].cert_names, ["producer.dc-a.ckf"]);
+        assert_eq!(config.auth.query_token_file.as_deref(), Some(token.as_path()));
+        assert_eq!(config.query_listen, Some("127.0.0.1:7401".parse().unwrap()));
+        let text = crate::config::Cli::parse_from([
+            "ckf-indexer",
+            "--query-listen",
+            "127.0.0.1:7400",
+        ])
+        .load()
+        .unwrap_err()
+        .to_string();
+        assert!(text.contains("query_listen = 127.0.0.1:7400"), "{text}");
+        let text = crate::config::Cli::parse_from(["ckf-indexer", "--query-token-file", "/nonexistent/q"])
+            .load()
+            .unwrap_err()
+            .to_string();
+        assert!(text.contains("auth.query_token_file = /nonexistent/q"), "{text}");
+    }
+
+    #[test]
     fn tokens_are_reloaded() {
         let dir = tempfile::tempdir().unwrap();
         let token = dir.path().join("q.token");

@@ -390,6 +390,55 @@ mod tests {
     }
 
     #[test]
+    fn the_sections_load_from_toml_and_flags() {
+        use clap::Parser;
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("r.token");
+        std::fs::write(&token, "tok\n").unwrap();
+        let file = dir.path().join("p.toml");
+        std::fs::write(
+            &file,
+            format!(
+                "[ingest_auth]\nrequired = true\n[[ingest_auth.sources]]\nname = \"r\"\n\
+                 token_file = {token:?}\nsource_ids = [\"*\"]\nworkers = [7, \"18446744073709551615\"]\n"
+            ),
+        )
+        .unwrap();
+        let args = [
+            "ckf-producer",
+            "--config",
+            file.to_str().unwrap(),
+            "--dc",
+            "dc-a",
+            "--indexer",
+            "http://127.0.0.1:1",
+            "--indexer-token-file",
+            token.to_str().unwrap(),
+        ];
+        let config = crate::config::Cli::parse_from(args).load().unwrap();
+        assert!(config.ingest_auth.required);
+        assert_eq!(
+            config.ingest_auth.sources[0].workers,
+            vec![
+                WorkerEntry::Id(7),
+                WorkerEntry::Text("18446744073709551615".into())
+            ]
+        );
+        assert_eq!(config.indexer_token_file.as_deref(), Some(token.as_path()));
+        let policy = build(&config.ingest_auth).unwrap();
+        assert_eq!(
+            policy.entries()[0].1.workers,
+            Scope::Only([7, u64::MAX].into())
+        );
+        // An unreadable token file is refused at load (exit 2), naming the key and the path.
+        let missing = dir.path().join("missing.token");
+        let mut bad = args;
+        bad[8] = missing.to_str().unwrap();
+        let text = crate::config::Cli::parse_from(bad).load().unwrap_err().to_string();
+        assert!(text.contains("indexer_token_file") && text.contains("missing.token"), "{text}");
+    }
+
+    #[test]
     fn callers_are_identified_and_held_to_their_grant() {
         let dir = tempfile::tempdir().unwrap();
         let token = dir.path().join("r.token");

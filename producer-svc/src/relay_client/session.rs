@@ -153,7 +153,7 @@ impl IndexerAttachment {
         let token = s.indexer_token.get();
         let call = async {
             let request = tonic::Request::new(ReceiverStream::new(rx));
-            let request = ckf_svc_kit::access::with_bearer(request, token.as_ref().as_ref());
+            let request = ckf_svc_kit::access::with_bearer(request, (*token).as_ref());
             let mut replies = client.publish(request).await?.into_inner();
             let first = replies.message().await?;
             Ok::<_, tonic::Status>((replies, first))
