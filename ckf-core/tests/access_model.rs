@@ -227,7 +227,8 @@ proptest! {
         after in "[ \t\r\n]{0,3}",
     ) {
         let text = format!("{before}{}{after}", String::from_utf8(token.clone()).unwrap());
-        prop_assert_eq!(Secret::from_file_text(&text).unwrap().expose(), &token[..]);
+        let secret = Secret::from_file_text(&text).unwrap();
+        prop_assert_eq!(secret.expose(), &token[..]);
     }
 }
 
