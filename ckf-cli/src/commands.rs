@@ -4,14 +4,14 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
+use ckf_core::access::Secret;
+use ckf_proto::v1::FindMatchesRequest;
 use ckf_proto::v1::query_client::QueryClient;
 use ckf_proto::v1::{
     FindMatchesByTokensRequest, LaneState, ListLanesRequest, MultimodalItem, RetireReason,
 };
-use serde_json::json;
-use ckf_core::access::Secret;
-use ckf_proto::v1::FindMatchesRequest;
 use ckf_svc_kit::access::{read_token_file, with_bearer};
+use serde_json::json;
 use tonic::Request;
 use tonic::transport::{Channel, Endpoint};
 use tonic_health::pb::HealthCheckRequest;
@@ -284,7 +284,10 @@ pub async fn lanes(args: LanesArgs) -> Result<()> {
     let token = token_of(args.token_file.as_deref())?;
     let mut client = QueryClient::new(connect(&args.indexer).await?);
     let answer = client
-        .list_lanes(with_bearer(Request::new(ListLanesRequest {}), token.as_ref()))
+        .list_lanes(with_bearer(
+            Request::new(ListLanesRequest {}),
+            token.as_ref(),
+        ))
         .await
         .context("ListLanes")?
         .into_inner();

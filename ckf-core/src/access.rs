@@ -59,7 +59,9 @@ pub enum SecretError {
         lines: usize,
     },
     /// A byte that cannot travel in `authorization: Bearer <token>` (space, control, non-ASCII).
-    #[error("the token has a byte outside printable ASCII without spaces (0x21..=0x7e) at position {position}")]
+    #[error(
+        "the token has a byte outside printable ASCII without spaces (0x21..=0x7e) at position {position}"
+    )]
     BadByte {
         /// 0-based position in the trimmed token.
         position: usize,
@@ -227,7 +229,9 @@ pub enum PolicyError {
         second: String,
     },
     /// `required` with no principal: nothing could ever be allowed.
-    #[error("authorization is required but no principal is configured: every request would be refused")]
+    #[error(
+        "authorization is required but no principal is configured: every request would be refused"
+    )]
     RequiredWithoutPrincipals,
 }
 
@@ -363,7 +367,10 @@ impl<G> Policy<G> {
         }
         let mut by_cert = None::<usize>;
         for (i, (p, _)) in self.entries.iter().enumerate() {
-            if p.cert_names.iter().any(|n| credentials.cert_names.contains(n)) {
+            if p.cert_names
+                .iter()
+                .any(|n| credentials.cert_names.contains(n))
+            {
                 if let Some(first) = by_cert {
                     return Err(conflict(&self.entries[first].0, p, "certificate"));
                 }
@@ -665,7 +672,10 @@ mod tests {
         Policy::new(
             required,
             vec![
-                (principal("dc-a", &["producer.dc-a.ckf"], Some("tok-a")), pools(&["dc-a"])),
+                (
+                    principal("dc-a", &["producer.dc-a.ckf"], Some("tok-a")),
+                    pools(&["dc-a"]),
+                ),
                 (principal("dc-b", &[], Some("tok-b")), pools(&["dc-b"])),
             ],
         )
@@ -700,7 +710,13 @@ mod tests {
         assert_eq!(c.bearer.unwrap().expose(), b"tok-a");
         let c = Credentials::from_parts(Some(b"bearer tok-a"), vec![]).unwrap();
         assert_eq!(c.bearer.unwrap().expose(), b"tok-a");
-        let bad_values: [&[u8]; 5] = [b"tok-a", b"Basic abc", b"Bearer ", b"Bearer a b", b"Bearer \x01"];
+        let bad_values: [&[u8]; 5] = [
+            b"tok-a",
+            b"Basic abc",
+            b"Bearer ",
+            b"Bearer a b",
+            b"Bearer \x01",
+        ];
         for bad in bad_values {
             assert_eq!(
                 Credentials::from_parts(Some(bad), vec![]).unwrap_err(),
@@ -715,21 +731,32 @@ mod tests {
     fn attach_decisions_name_the_principal_and_the_pool() {
         let policy = relay(true);
         let dc_a = PoolId::new("d", "dc-a").unwrap();
-        let by_token = policy.authorize_attach(&creds(&[], Some("tok-a")), &dc_a).unwrap();
+        let by_token = policy
+            .authorize_attach(&creds(&[], Some("tok-a")), &dc_a)
+            .unwrap();
         assert_eq!(by_token.name(), "dc-a");
         let by_cert = policy
             .authorize_attach(&creds(&["producer.dc-a.ckf", "other"], None), &dc_a)
             .unwrap();
         assert_eq!(by_cert.name(), "dc-a");
 
-        let err = policy.authorize_attach(&creds(&[], None), &dc_a).unwrap_err();
+        let err = policy
+            .authorize_attach(&creds(&[], None), &dc_a)
+            .unwrap_err();
         assert_eq!(err.code_label(), "unauthenticated");
-        let err = policy.authorize_attach(&creds(&[], Some("tok-b")), &dc_a).unwrap_err();
+        let err = policy
+            .authorize_attach(&creds(&[], Some("tok-b")), &dc_a)
+            .unwrap_err();
         assert_eq!(err.code_label(), "permission_denied");
         let text = err.to_string();
-        assert!(text.contains("\"dc-b\"") && text.contains("d/dc-a"), "{text}");
+        assert!(
+            text.contains("\"dc-b\"") && text.contains("d/dc-a"),
+            "{text}"
+        );
         assert!(text.contains("it may publish: d/dc-b"), "{text}");
-        let err = policy.authorize_attach(&creds(&[], Some("nope")), &dc_a).unwrap_err();
+        let err = policy
+            .authorize_attach(&creds(&[], Some("nope")), &dc_a)
+            .unwrap_err();
         assert_eq!(
             err,
             AccessError::Unauthenticated(Unauthenticated::UnknownToken)
@@ -763,11 +790,22 @@ mod tests {
             policy.authorize_attach(&creds(&["stranger"], None), &dc_a),
             Ok(Identity::Anonymous)
         ));
-        assert!(policy.authorize_attach(&creds(&[], Some("tok-b")), &dc_a).is_err());
-        assert!(policy.authorize_attach(&creds(&[], Some("nope")), &dc_a).is_err());
+        assert!(
+            policy
+                .authorize_attach(&creds(&[], Some("tok-b")), &dc_a)
+                .is_err()
+        );
+        assert!(
+            policy
+                .authorize_attach(&creds(&[], Some("nope")), &dc_a)
+                .is_err()
+        );
         // Off: credentials ignored.
         let off = Policy::<PoolGrant>::off();
-        assert!(off.authorize_attach(&creds(&[], Some("nope")), &dc_a).is_ok());
+        assert!(
+            off.authorize_attach(&creds(&[], Some("nope")), &dc_a)
+                .is_ok()
+        );
     }
 
     #[test]

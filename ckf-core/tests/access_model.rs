@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 
 use ckf_core::access::{
-    AccessError, Credentials, Identity, PoolGrant, Policy, Principal, Scope, Secret, SourceGrant,
+    AccessError, Credentials, Identity, Policy, PoolGrant, Principal, Scope, Secret, SourceGrant,
 };
 use ckf_core::identity::PoolId;
 use proptest::prelude::*;
@@ -79,7 +79,10 @@ fn arb_credentials() -> impl Strategy<Value = (Option<String>, BTreeSet<String>)
             Just("bogus".to_owned()),
         ]),
         prop::collection::btree_set(
-            prop_oneof![(0..CERTS).prop_map(|c| format!("c{c}")), Just("x".to_owned())],
+            prop_oneof![
+                (0..CERTS).prop_map(|c| format!("c{c}")),
+                Just("x".to_owned())
+            ],
             0..=3,
         ),
     )
@@ -125,10 +128,7 @@ fn principal(i: usize, p: &ModelPrincipal) -> Principal {
     Principal {
         name: format!("p{i}"),
         cert_names: p.certs.iter().cloned().collect(),
-        token: p
-            .token
-            .as_ref()
-            .map(|t| Secret::new(t.as_bytes()).unwrap()),
+        token: p.token.as_ref().map(|t| Secret::new(t.as_bytes()).unwrap()),
     }
 }
 

@@ -24,7 +24,7 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use ckf_core::access::{AccessError, Credentials, PoolGrant, Policy, Principal, TokenGate};
+use ckf_core::access::{AccessError, Credentials, Policy, PoolGrant, Principal, TokenGate};
 use ckf_core::identity::{DcId, PoolId};
 use ckf_proto::{convert, v1};
 use ckf_svc_kit::access::{Reloadable, credentials, read_optional_token_file};
@@ -84,7 +84,8 @@ fn build(auth: &AuthConfig, domain: &str, lanes: &[String]) -> Result<Policies, 
         }
         let mut pools = BTreeSet::new();
         for (j, dc) in p.pools.iter().enumerate() {
-            let bad = |rule: String| Invalid::new(format!("auth.producers[{i}].pools[{j}]"), dc, rule);
+            let bad =
+                |rule: String| Invalid::new(format!("auth.producers[{i}].pools[{j}]"), dc, rule);
             let dc_id = DcId::new(dc.clone()).map_err(|e| bad(e.to_string()))?;
             if !lanes.contains(dc) {
                 return Err(bad(format!(
@@ -185,7 +186,9 @@ impl IndexerAccess {
         let policies = build(&self.config, &self.domain, &self.lanes).map_err(|e| e.to_string())?;
         let principals = policies.relay.entries().len();
         self.policies.set(policies);
-        Ok(format!("{principals} producer principal(s), query token reloaded"))
+        Ok(format!(
+            "{principals} producer principal(s), query token reloaded"
+        ))
     }
 
     /// A one-line summary for the start log.
@@ -199,10 +202,18 @@ impl IndexerAccess {
                 format!(
                     "{} principal(s), {}",
                     p.relay.entries().len(),
-                    if p.relay.required() { "required" } else { "anonymous allowed" }
+                    if p.relay.required() {
+                        "required"
+                    } else {
+                        "anonymous allowed"
+                    }
                 )
             },
-            if p.query.is_open() { "open" } else { "bearer token" }
+            if p.query.is_open() {
+                "open"
+            } else {
+                "bearer token"
+            }
         )
     }
 
@@ -226,9 +237,12 @@ impl IndexerAccess {
     ) -> Result<String, RelayError> {
         let pool = convert::attach_pool(attach).map_err(RelayError::BadAttach)?;
         let policies = self.policies.get();
-        let decision = credentials
-            .clone()
-            .and_then(|c| policies.relay.authorize_attach(&c, &pool).map(|i| i.name().to_owned()));
+        let decision = credentials.clone().and_then(|c| {
+            policies
+                .relay
+                .authorize_attach(&c, &pool)
+                .map(|i| i.name().to_owned())
+        });
         decision.map_err(|error| {
             self.count("relay", &error);
             RelayError::Access(error)
@@ -280,10 +294,19 @@ mod tests {
             query_token_file: None,
             producers: vec![p],
         };
-        validate(&auth(producer(&["dc-a"], Some(token.clone()))), "d", &lanes()).unwrap();
+        validate(
+            &auth(producer(&["dc-a"], Some(token.clone()))),
+            "d",
+            &lanes(),
+        )
+        .unwrap();
 
-        let err = validate(&auth(producer(&["dc-z"], Some(token.clone()))), "d", &lanes())
-            .unwrap_err();
+        let err = validate(
+            &auth(producer(&["dc-z"], Some(token.clone()))),
+            "d",
+            &lanes(),
+        )
+        .unwrap_err();
         assert_eq!(err.key, "auth.producers[0].pools[0]");
         assert!(err.rule.contains("not a lane"), "{err}");
 
@@ -335,22 +358,26 @@ mod tests {
         .unwrap();
         assert!(config.auth.required);
         assert_eq!(config.auth.producers[0].cert_names, ["producer.dc-a.ckf"]);
-        assert_eq!(config.auth.query_token_file.as_deref(), Some(token.as_path()));
+        assert_eq!(
+            config.auth.query_token_file.as_deref(),
+            Some(token.as_path())
+        );
         assert_eq!(config.query_listen, Some("127.0.0.1:7401".parse().unwrap()));
-        let text = crate::config::Cli::parse_from([
-            "ckf-indexer",
-            "--query-listen",
-            "127.0.0.1:7400",
-        ])
-        .load()
-        .unwrap_err()
-        .to_string();
+        let text =
+            crate::config::Cli::parse_from(["ckf-indexer", "--query-listen", "127.0.0.1:7400"])
+                .load()
+                .unwrap_err()
+                .to_string();
         assert!(text.contains("query_listen = 127.0.0.1:7400"), "{text}");
-        let text = crate::config::Cli::parse_from(["ckf-indexer", "--query-token-file", "/nonexistent/q"])
-            .load()
-            .unwrap_err()
-            .to_string();
-        assert!(text.contains("auth.query_token_file = /nonexistent/q"), "{text}");
+        let text =
+            crate::config::Cli::parse_from(["ckf-indexer", "--query-token-file", "/nonexistent/q"])
+                .load()
+                .unwrap_err()
+                .to_string();
+        assert!(
+            text.contains("auth.query_token_file = /nonexistent/q"),
+            "{text}"
+        );
     }
 
     #[test]

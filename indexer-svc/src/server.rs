@@ -20,8 +20,8 @@ use ckf_svc_kit::Shutdown;
 use ckf_svc_kit::config::{Invalid, Validate};
 use ckf_svc_kit::serve::{BindError, Listeners, front};
 use tokio::sync::Semaphore;
-use tonic::service::interceptor::InterceptedService;
 use tokio::task::JoinHandle;
+use tonic::service::interceptor::InterceptedService;
 
 use crate::config::{IndexerConfig, LimitsConfig};
 use crate::lane_watch;
@@ -179,13 +179,15 @@ pub async fn serve(
     .await?;
     let grpc_addr = listener.addr;
     let query_listener = match config.query_listen {
-        Some(addr) => Some(ckf_svc_kit::grpc::bind(addr).await.map_err(|source| {
-            BindError {
-                what: "query",
-                addr,
-                source,
-            }
-        })?),
+        Some(addr) => Some(
+            ckf_svc_kit::grpc::bind(addr)
+                .await
+                .map_err(|source| BindError {
+                    what: "query",
+                    addr,
+                    source,
+                })?,
+        ),
         None => None,
     };
     let query_addr = query_listener.as_ref().map_or(grpc_addr, |l| l.addr);

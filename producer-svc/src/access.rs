@@ -109,9 +109,9 @@ fn build(config: &IngestAuthConfig) -> Result<Policy<SourceGrant>, Invalid> {
             s.source_ids.iter().map(|id| match id.as_str() {
                 "*" => Ok(None),
                 "" => Err("a source id is 1..=128 bytes; \"\" is empty".to_owned()),
-                id if id.len() > MAX_SOURCE_ID_BYTES => {
-                    Err(format!("source id {id:?} is longer than {MAX_SOURCE_ID_BYTES} bytes"))
-                }
+                id if id.len() > MAX_SOURCE_ID_BYTES => Err(format!(
+                    "source id {id:?} is longer than {MAX_SOURCE_ID_BYTES} bytes"
+                )),
                 id => Ok(Some(id.to_owned())),
             }),
             format!("{:?}", s.source_ids),
@@ -197,7 +197,11 @@ impl IndexerToken {
     pub fn reload(&self) -> Result<String, String> {
         let token = read_optional_token_file("indexer_token_file", self.file.as_deref())
             .map_err(|e| e.to_string())?;
-        let loaded = if token.is_some() { "indexer token reloaded" } else { "no indexer token" };
+        let loaded = if token.is_some() {
+            "indexer token reloaded"
+        } else {
+            "no indexer token"
+        };
         self.token.set(token);
         Ok(loaded.into())
     }
@@ -357,7 +361,11 @@ mod tests {
         ));
         validate(&ok, None).unwrap();
         let err = validate(
-            &cfg(source(&["r"], vec![WorkerEntry::Text("seven".into())], token.clone())),
+            &cfg(source(
+                &["r"],
+                vec![WorkerEntry::Text("seven".into())],
+                token.clone(),
+            )),
             None,
         )
         .unwrap_err();
@@ -434,8 +442,14 @@ mod tests {
         let missing = dir.path().join("missing.token");
         let mut bad = args;
         bad[8] = missing.to_str().unwrap();
-        let text = crate::config::Cli::parse_from(bad).load().unwrap_err().to_string();
-        assert!(text.contains("indexer_token_file") && text.contains("missing.token"), "{text}");
+        let text = crate::config::Cli::parse_from(bad)
+            .load()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            text.contains("indexer_token_file") && text.contains("missing.token"),
+            "{text}"
+        );
     }
 
     #[test]
@@ -449,9 +463,7 @@ mod tests {
         };
         let registry = Registry::new();
         let access = IngestAccess::new(&config, &registry).unwrap();
-        let status = access
-            .caller("get_stats", &Request::new(()))
-            .unwrap_err();
+        let status = access.caller("get_stats", &Request::new(())).unwrap_err();
         assert_eq!(status.code(), tonic::Code::Unauthenticated);
         let mut request = Request::new(());
         request
@@ -474,7 +486,11 @@ mod tests {
         let err = caller.authorize(&batch("router-1", 8)).unwrap_err();
         let status = Status::from(err);
         assert_eq!(status.code(), tonic::Code::PermissionDenied);
-        assert!(status.message().contains("worker 8"), "{}", status.message());
+        assert!(
+            status.message().contains("worker 8"),
+            "{}",
+            status.message()
+        );
         assert!(caller.authorize(&batch("router-2", 7)).is_err());
         let text = prometheus::TextEncoder::new()
             .encode_to_string(&registry.gather())

@@ -324,13 +324,15 @@ pub async fn serve(
         .collect();
 
     // The gRPC server.
-    let ingest = IngestServer::new(IngestService::new(
-        handle.clone(),
-        identity.clone(),
-        stop.clone(),
-        config.limits.max_events_per_batch as usize,
+    let ingest = IngestServer::new(
+        IngestService::new(
+            handle.clone(),
+            identity.clone(),
+            stop.clone(),
+            config.limits.max_events_per_batch as usize,
+        )
+        .with_access(ingest_access),
     )
-    .with_access(ingest_access))
     .max_decoding_message_size(max_message_bytes)
     .max_encoding_message_size(max_message_bytes);
     let ingest_addr = listener.addr;

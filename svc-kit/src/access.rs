@@ -28,7 +28,11 @@ pub const AUTHORIZATION: &str = "authorization";
 /// several lines, a space or control byte).
 pub fn read_token_file(key: &str, path: &Path) -> Result<Secret, Invalid> {
     let text = std::fs::read_to_string(path).map_err(|e| {
-        Invalid::new(key, path.display(), format!("cannot read the token file: {e}"))
+        Invalid::new(
+            key,
+            path.display(),
+            format!("cannot read the token file: {e}"),
+        )
     })?;
     Secret::from_file_text(&text)
         .map_err(|e| Invalid::new(key, path.display(), format!("not a usable token file: {e}")))
@@ -38,10 +42,7 @@ pub fn read_token_file(key: &str, path: &Path) -> Result<Secret, Invalid> {
 ///
 /// # Errors
 /// As [`read_token_file`].
-pub fn read_optional_token_file(
-    key: &str,
-    path: Option<&Path>,
-) -> Result<Option<Secret>, Invalid> {
+pub fn read_optional_token_file(key: &str, path: Option<&Path>) -> Result<Option<Secret>, Invalid> {
     path.map(|p| read_token_file(key, p)).transpose()
 }
 

@@ -225,8 +225,7 @@ impl Indexer {
         );
         let config = dir.path().join(format!("{name}.toml"));
         std::fs::write(&config, toml).expect("write indexer config");
-        let (svc, addr, metrics_addr, query_addr) =
-            spawn_indexer(name, &config, dir.path(), None);
+        let (svc, addr, metrics_addr, query_addr) = spawn_indexer(name, &config, dir.path(), None);
         Self {
             svc: Some(svc),
             addr,

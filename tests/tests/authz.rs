@@ -145,18 +145,28 @@ async fn hijack_and_poisoned_snapshot_are_refused_without_the_pools_credential()
     let before = wait_converged(&indexer, &a).await;
 
     // The hijack: no credentials, an unknown token, dc-b's token.
-    let status = raw_attach(&indexer, "dc-a", None).await.expect_err("refused");
+    let status = raw_attach(&indexer, "dc-a", None)
+        .await
+        .expect_err("refused");
     assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
     assert!(status.message().contains("no credentials"), "{status:?}");
-    let status = raw_attach(&indexer, "dc-a", Some("guess")).await.expect_err("refused");
+    let status = raw_attach(&indexer, "dc-a", Some("guess"))
+        .await
+        .expect_err("refused");
     assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
-    assert!(status.message().contains("matches no configured principal"), "{status:?}");
+    assert!(
+        status.message().contains("matches no configured principal"),
+        "{status:?}"
+    );
     let status = raw_attach(&indexer, "dc-a", Some("tok-b.0123456789"))
         .await
         .expect_err("refused");
     assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
     for needle in ["\"dc-b\"", "may not publish pool e2e/dc-a", "e2e/dc-b"] {
-        assert!(status.message().contains(needle), "{needle:?} not in {status:?}");
+        assert!(
+            status.message().contains(needle),
+            "{needle:?} not in {status:?}"
+        );
     }
 
     // The poisoned snapshot, pipelined behind the Attach, without and with the wrong token.
@@ -164,13 +174,20 @@ async fn hijack_and_poisoned_snapshot_are_refused_without_the_pools_credential()
     for token in [None, Some("tok-b.0123456789")] {
         let status = pipelined_poison(&indexer, token, &poison).await;
         assert!(
-            matches!(status.code(), Code::Unauthenticated | Code::PermissionDenied),
+            matches!(
+                status.code(),
+                Code::Unauthenticated | Code::PermissionDenied
+            ),
             "{status:?}"
         );
     }
     for &h in &poison {
         let depths = indexer.depths(&[h]).await.expect("FindMatches");
-        assert_eq!(depths.get("dc-a"), Some(&0), "poison {h:#x} reached dc-a: {depths:?}");
+        assert_eq!(
+            depths.get("dc-a"),
+            Some(&0),
+            "poison {h:#x} reached dc-a: {depths:?}"
+        );
     }
 
     // The real producer is untouched and keeps publishing under the same lease.
@@ -185,19 +202,28 @@ async fn hijack_and_poisoned_snapshot_are_refused_without_the_pools_credential()
     assert!(a.log_records("another producer attached").is_empty());
 
     // The producer without credentials is refused (retrying) and dc-b stays unassigned.
-    eventually("producer-b refused as unauthenticated", DEADLINE, || async {
-        let refused = b.log_records("attachment ended").into_iter().any(|r| {
-            r.to_string().contains("Unauthenticated")
-        });
-        if refused { Ok(()) } else { Err(b.log()) }
-    })
+    eventually(
+        "producer-b refused as unauthenticated",
+        DEADLINE,
+        || async {
+            let refused = b
+                .log_records("attachment ended")
+                .into_iter()
+                .any(|r| r.to_string().contains("Unauthenticated"));
+            if refused { Ok(()) } else { Err(b.log()) }
+        },
+    )
     .await;
     let lane_b = indexer.lane("dc-b").await.expect("ListLanes");
     assert_eq!(lane_b.state(), v1::LaneState::Unassigned, "{lane_b:?}");
 
     let text = indexer.metrics().expect("metrics");
     let refused = |code| {
-        counter(&text, "ckf_indexer_auth_refused_total", &[("service", "relay"), ("code", code)])
+        counter(
+            &text,
+            "ckf_indexer_auth_refused_total",
+            &[("service", "relay"), ("code", code)],
+        )
     };
     assert_eq!(refused("permission_denied"), 2.0, "{text}");
     // 3 raw attempts + producer-b's retries.
@@ -241,7 +267,10 @@ async fn query_needs_the_configured_token_rotated_by_sighup() {
             .expect_err("refused");
         assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
     }
-    client.find_matches(find(Some("q-old"))).await.expect("token accepted");
+    client
+        .find_matches(find(Some("q-old")))
+        .await
+        .expect("token accepted");
 
     // Health and the Relay are not behind the query token.
     let mut health = HealthClient::new(channel(indexer.addr).await.expect("channel"));
@@ -251,7 +280,9 @@ async fn query_needs_the_configured_token_rotated_by_sighup() {
         .expect("health")
         .into_inner();
     assert_eq!(answer.status, 1, "SERVING: {answer:?}");
-    raw_attach(&indexer, "dc-b", None).await.expect("relay needs no query token");
+    raw_attach(&indexer, "dc-b", None)
+        .await
+        .expect("relay needs no query token");
 
     // The CLI sends the token of --token-file.
     let ckf = |args: &[&str]| {
@@ -263,17 +294,26 @@ async fn query_needs_the_configured_token_rotated_by_sighup() {
     };
     let out = ckf(&["--token-file", query_token.to_str().expect("utf-8")]);
     assert!(out.status.success(), "{out:?}");
-    assert!(String::from_utf8_lossy(&out.stdout).contains("dc-b"), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("dc-b"),
+        "{out:?}"
+    );
     let out = ckf(&[]);
     assert!(!out.status.success(), "{out:?}");
-    assert!(String::from_utf8_lossy(&out.stderr).contains("nauthenticated"), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("nauthenticated"),
+        "{out:?}"
+    );
     let text = indexer.metrics().expect("metrics");
     let refused = counter(
         &text,
         "ckf_indexer_auth_refused_total",
         &[("service", "query"), ("code", "unauthenticated")],
     );
-    assert_eq!(refused, 7.0, "6 refused calls and the CLI without token: {text}");
+    assert_eq!(
+        refused, 7.0,
+        "6 refused calls and the CLI without token: {text}"
+    );
 
     // Rotation: a new token in the file, SIGHUP; the old one is refused from then on.
     std::fs::write(&query_token, "q-new\n").expect("rotate");
@@ -288,19 +328,32 @@ async fn query_needs_the_configured_token_rotated_by_sighup() {
         }
     })
     .await;
-    let status = client.find_matches(find(Some("q-old"))).await.expect_err("old token");
+    let status = client
+        .find_matches(find(Some("q-old")))
+        .await
+        .expect_err("old token");
     assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
     // A broken file on reload keeps the tokens in force.
     std::fs::write(&query_token, "\n").expect("empty");
     indexer.signal(libc::SIGHUP);
     eventually("the failed reload logged", DEADLINE, || async {
-        if indexer.log().contains("reload failed") { Ok(()) } else { Err(indexer.log()) }
+        if indexer.log().contains("reload failed") {
+            Ok(())
+        } else {
+            Err(indexer.log())
+        }
     })
     .await;
-    client.find_matches(find(Some("q-new"))).await.expect("still the new token");
+    client
+        .find_matches(find(Some("q-new")))
+        .await
+        .expect("still the new token");
 
     indexer.query_token = Some("q-new".into());
-    indexer.list_lanes().await.expect("the helpers send the token");
+    indexer
+        .list_lanes()
+        .await
+        .expect("the helpers send the token");
 }
 
 /// One stored event of `worker`.
@@ -368,26 +421,44 @@ async fn ingest_sources_and_workers_outside_their_grant_are_refused() {
 
     // The allowed source proceeds.
     let result = client
-        .publish_batch(bearer(batch("router-1", 1, vec![stored(1, &h1)]), Some("r1-secret")))
+        .publish_batch(bearer(
+            batch("router-1", 1, vec![stored(1, &h1)]),
+            Some("r1-secret"),
+        ))
         .await
         .expect("allowed")
         .into_inner();
-    assert_eq!(result.events[0].status(), v1::EventStatus::Applied, "{result:?}");
+    assert_eq!(
+        result.events[0].status(),
+        v1::EventStatus::Applied,
+        "{result:?}"
+    );
 
     // Another source id; a worker outside the grant (the allowed event before it is not applied
     // either); a principal without sources.
     let refused = [
-        (batch("router-9", 1, vec![stored(1, &h3)]), "r1-secret", vec!["\"router-1\"", "source \"router-9\""]),
+        (
+            batch("router-9", 1, vec![stored(1, &h3)]),
+            "r1-secret",
+            vec!["\"router-1\"", "source \"router-9\""],
+        ),
         (
             batch(
                 "router-1",
                 2,
-                vec![stored(2, &h3), event(9, Kind::WorkerRemoved(v1::WorkerRemoved {}))],
+                vec![
+                    stored(2, &h3),
+                    event(9, Kind::WorkerRemoved(v1::WorkerRemoved {})),
+                ],
             ),
             "r1-secret",
             vec!["may not touch worker 9", "event 1"],
         ),
-        (batch("router-1", 2, vec![stored(1, &h3)]), "ops-secret", vec!["\"ops\""]),
+        (
+            batch("router-1", 2, vec![stored(1, &h3)]),
+            "ops-secret",
+            vec!["\"ops\""],
+        ),
     ];
     for (b, token, needles) in refused {
         let status = client
@@ -396,15 +467,27 @@ async fn ingest_sources_and_workers_outside_their_grant_are_refused() {
             .expect_err("refused");
         assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
         for needle in needles {
-            assert!(status.message().contains(needle), "{needle:?} not in {status:?}");
+            assert!(
+                status.message().contains(needle),
+                "{needle:?} not in {status:?}"
+            );
         }
     }
-    let held = client.get_member_blocks(member_blocks(2)).await.expect("blocks").into_inner();
-    assert!(held.block_hashes.is_empty(), "a refused batch was applied: {held:?}");
+    let held = client
+        .get_member_blocks(member_blocks(2))
+        .await
+        .expect("blocks")
+        .into_inner();
+    assert!(
+        held.block_hashes.is_empty(),
+        "a refused batch was applied: {held:?}"
+    );
 
     // The Publish stream: refused without credentials, allowed batches go through.
     let (tx, rx) = mpsc::channel(4);
-    tx.send(batch("router-1", 2, vec![stored(2, &h2)])).await.expect("room");
+    tx.send(batch("router-1", 2, vec![stored(2, &h2)]))
+        .await
+        .expect("room");
     let refused = async {
         let mut replies = client
             .publish(bearer(ReceiverStream::new(rx), None))
@@ -413,19 +496,26 @@ async fn ingest_sources_and_workers_outside_their_grant_are_refused() {
         replies.message().await
     }
     .await;
-    assert_eq!(
-        refused.expect_err("refused").code(),
-        Code::Unauthenticated
-    );
+    assert_eq!(refused.expect_err("refused").code(), Code::Unauthenticated);
     let (tx, rx) = mpsc::channel(4);
-    tx.send(batch("router-1", 2, vec![stored(2, &h2)])).await.expect("room");
+    tx.send(batch("router-1", 2, vec![stored(2, &h2)]))
+        .await
+        .expect("room");
     let mut replies = client
         .publish(bearer(ReceiverStream::new(rx), Some("r1-secret")))
         .await
         .expect("stream")
         .into_inner();
-    let result = replies.message().await.expect("result").expect("one result");
-    assert_eq!(result.events[0].status(), v1::EventStatus::Applied, "{result:?}");
+    let result = replies
+        .message()
+        .await
+        .expect("result")
+        .expect("one result");
+    assert_eq!(
+        result.events[0].status(),
+        v1::EventStatus::Applied,
+        "{result:?}"
+    );
     drop(tx);
 
     // The allowed source's blocks reach the indexer; the refused ones never did.
@@ -446,7 +536,11 @@ async fn ingest_sources_and_workers_outside_their_grant_are_refused() {
 
     let text = producer.metrics().expect("metrics");
     let refused = |rpc, code| {
-        counter(&text, "ckf_producer_auth_refused_total", &[("rpc", rpc), ("code", code)])
+        counter(
+            &text,
+            "ckf_producer_auth_refused_total",
+            &[("rpc", rpc), ("code", code)],
+        )
     };
     assert_eq!(refused("publish_batch", "permission_denied"), 3.0, "{text}");
     assert_eq!(refused("publish_batch", "unauthenticated"), 1.0, "{text}");
@@ -492,11 +586,25 @@ async fn query_listen_serves_query_only_and_listen_relay_only() {
     };
     let channel_r = cluster::channel(indexer.addr).await.expect("channel");
     assert_eq!(check(channel_r.clone(), "").await.expect("health"), 1);
-    assert_eq!(check(channel_r.clone(), "ckf.v1.Relay").await.expect("health"), 1);
-    let status = check(channel_r, "ckf.v1.Query").await.expect_err("not here");
+    assert_eq!(
+        check(channel_r.clone(), "ckf.v1.Relay")
+            .await
+            .expect("health"),
+        1
+    );
+    let status = check(channel_r, "ckf.v1.Query")
+        .await
+        .expect_err("not here");
     assert_eq!(status.code(), Code::NotFound, "{status:?}");
     assert_eq!(check(channel_q.clone(), "").await.expect("health"), 1);
-    assert_eq!(check(channel_q.clone(), "ckf.v1.Query").await.expect("health"), 1);
-    let status = check(channel_q, "ckf.v1.Relay").await.expect_err("not here");
+    assert_eq!(
+        check(channel_q.clone(), "ckf.v1.Query")
+            .await
+            .expect("health"),
+        1
+    );
+    let status = check(channel_q, "ckf.v1.Relay")
+        .await
+        .expect_err("not here");
     assert_eq!(status.code(), Code::NotFound, "{status:?}");
 }
