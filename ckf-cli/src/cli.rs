@@ -195,6 +195,10 @@ pub struct QueryArgs {
     /// TLS toward the indexer.
     #[command(flatten)]
     pub tls: TlsArgs,
+    /// Send `authorization: Bearer <token>` with the token in FILE (one line): the indexer's
+    /// `auth.query_token_file`.
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
     /// Treat the arguments as trace `hash_ids` and chain them into block hashes first.
     #[arg(long, conflicts_with = "by_tokens")]
     pub ids: bool,
@@ -300,6 +304,10 @@ pub struct LanesArgs {
     /// TLS toward the indexer.
     #[command(flatten)]
     pub tls: TlsArgs,
+    /// Send `authorization: Bearer <token>` with the token in FILE (one line): the indexer's
+    /// `auth.query_token_file`.
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,

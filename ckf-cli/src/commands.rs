@@ -4,12 +4,16 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
+use ckf_core::access::Secret;
+use ckf_proto::v1::FindMatchesRequest;
 use ckf_proto::v1::query_client::QueryClient;
 use ckf_proto::v1::{
     FindMatchesByTokensRequest, LaneState, ListLanesRequest, MultimodalItem, RetireReason,
 };
+use ckf_svc_kit::access::{read_token_file, with_bearer};
 use serde_json::json;
 use ckf_svc_kit::tls::{ClientTls, ClientTlsConfig, warn_if_plaintext_remote};
+use tonic::Request;
 use tonic::transport::Channel;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -112,6 +116,15 @@ fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
         source = s.source();
     }
     out
+}
+
+/// The token of `--token-file`, if given.
+///
+/// # Errors
+/// An unreadable file or one that is not a token (empty, several lines), naming the path.
+pub fn token_of(file: Option<&Path>) -> Result<Option<Secret>> {
+    file.map(|path| read_token_file("--token-file", path).map_err(|e| anyhow!("{e}")))
+        .transpose()
 }
 
 /// `ckf replay`.
@@ -218,6 +231,7 @@ pub async fn query(args: QueryArgs) -> Result<()> {
         }
         (None, None) => None,
     };
+    let token = token_of(args.token_file.as_deref())?;
     let tls = client_tls(&args.tls)?;
     let mut client = QueryClient::new(connect_with(&args.indexer, tls.as_ref()).await?);
     let (count, unit, answer) = if let Some(token_ids) = tokens {
@@ -237,8 +251,11 @@ pub async fn query(args: QueryArgs) -> Result<()> {
             block_size: args.block_size.unwrap_or(0),
         };
         let count = request.token_ids.len();
-        let answer =
-            live::find_matches_by_tokens(&mut client, request, "FindMatchesByTokens").await?;
+        let answer = client
+            .find_matches_by_tokens(with_bearer(Request::new(request), token.as_ref()))
+            .await
+            .context("FindMatchesByTokens")?
+            .into_inner();
         (count, "tokens", answer)
     } else {
         let hashes = if args.ids {
@@ -246,7 +263,14 @@ pub async fn query(args: QueryArgs) -> Result<()> {
         } else {
             args.hashes.clone()
         };
-        let answer = live::find_matches(&mut client, &hashes, "FindMatches").await?;
+        let request = FindMatchesRequest {
+            block_hashes: hashes.clone(),
+        };
+        let answer = client
+            .find_matches(with_bearer(Request::new(request), token.as_ref()))
+            .await
+            .context("FindMatches")?
+            .into_inner();
         (hashes.len(), "blocks", answer)
     };
     if args.json {
@@ -297,10 +321,14 @@ fn reason_name(reason: i32) -> String {
 /// # Errors
 /// An unreachable indexer or a failed call.
 pub async fn lanes(args: LanesArgs) -> Result<()> {
+    let token = token_of(args.token_file.as_deref())?;
     let tls = client_tls(&args.tls)?;
     let mut client = QueryClient::new(connect_with(&args.indexer, tls.as_ref()).await?);
     let answer = client
-        .list_lanes(ListLanesRequest {})
+        .list_lanes(with_bearer(
+            Request::new(ListLanesRequest {}),
+            token.as_ref(),
+        ))
         .await
         .context("ListLanes")?
         .into_inner();

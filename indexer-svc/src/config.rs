@@ -124,8 +124,13 @@ pub struct IndexerConfig {
     /// into blocks. Must equal the producers' `block_size` (and the engines'), or the hashes
     /// of a query name other blocks than those the producers stored.
     pub block_size: u32,
-    /// gRPC listen address (port 0 = ephemeral).
+    /// gRPC listen address (port 0 = ephemeral): Relay, and Query unless `query_listen` is set.
     pub listen: SocketAddr,
+    /// Optional second gRPC listener serving Query only (then `listen` serves Relay only);
+    /// health and reflection on both.
+    pub query_listen: Option<SocketAddr>,
+    /// Authorization of Relay attachments and Query calls (`crate::access`).
+    pub auth: crate::access::AuthConfig,
     /// Prometheus `/metrics` listen address (port 0 = ephemeral).
     pub metrics_listen: SocketAddr,
     /// Log line format (`human` or `json`).
@@ -143,6 +148,8 @@ impl Default for IndexerConfig {
             limits: LimitsConfig::default(),
             block_size: DEFAULT_BLOCK_SIZE,
             listen: DEFAULT_LISTEN.parse().expect("valid default"),
+            query_listen: None,
+            auth: crate::access::AuthConfig::default(),
             metrics_listen: DEFAULT_METRICS_LISTEN.parse().expect("valid default"),
             log_format: LogFormat::Human,
             tls: ServerTlsConfig::default(),
@@ -244,7 +251,9 @@ impl IndexerConfig {
 impl Validate for IndexerConfig {
     fn validate(&self) -> Result<(), Invalid> {
         self.manifest()?;
-        self.tls.check("tls", &[("listen", self.listen)])?;
+        let mut listens = vec![("listen", self.listen)];
+        listens.extend(self.query_listen.map(|addr| ("query_listen", addr)));
+        self.tls.check("tls", &listens)?;
         in_range("block_size", self.block_size, 1..=MAX_BLOCK_SIZE, "tokens")?;
         let l = &self.limits;
         in_range(
@@ -261,6 +270,17 @@ impl Validate for IndexerConfig {
         ] {
             at_least(key, value, 1, "")?;
         }
+        if let Some(query) = self.query_listen
+            && query.port() != 0
+            && (query == self.listen || query == self.metrics_listen)
+        {
+            return Err(Invalid::new(
+                "query_listen",
+                query,
+                "must differ from listen and metrics_listen",
+            ));
+        }
+        crate::access::validate(&self.auth, &self.manifest.domain, &self.manifest.lanes)?;
         Ok(())
     }
 }
@@ -284,6 +304,18 @@ pub struct Cli {
     /// gRPC listen address [default: 127.0.0.1:7400; key: listen].
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<SocketAddr>,
+    /// Serve Query on this separate address (then --listen serves Relay only)
+    /// [default: none; key: query_listen].
+    #[arg(long, value_name = "ADDR")]
+    pub query_listen: Option<SocketAddr>,
+    /// Query RPCs need `authorization: Bearer <token>` with the token in FILE (one line)
+    /// [default: none; key: auth.query_token_file].
+    #[arg(long, value_name = "FILE")]
+    pub query_token_file: Option<PathBuf>,
+    /// Every Attach must identify an [[auth.producers]] principal (true/false)
+    /// [default: false; key: auth.required].
+    #[arg(long, value_name = "BOOL")]
+    pub auth_required: Option<bool>,
     /// Prometheus /metrics listen address [default: 127.0.0.1:9400; key: metrics_listen].
     #[arg(long, value_name = "ADDR")]
     pub metrics_listen: Option<SocketAddr>,
@@ -351,6 +383,9 @@ impl Cli {
         let overrides = Overrides::new()
             .set("listen", self.listen)
             .set("metrics_listen", self.metrics_listen)
+            .set("query_listen", self.query_listen)
+            .set("auth.query_token_file", self.query_token_file.clone())
+            .set("auth.required", self.auth_required)
             .set("log_format", self.log_format)
             .set("block_size", self.block_size)
             .set("manifest.domain", self.domain.clone())

@@ -183,6 +183,10 @@ pub struct ProducerConfig {
     /// TLS toward the indexers: trust roots (required for `https://` endpoints), client
     /// certificate, server name.
     pub indexer_tls: ClientTlsConfig,
+    /// File holding the bearer token sent to every indexer (`authorization: Bearer`).
+    pub indexer_token_file: Option<PathBuf>,
+    /// Who may publish to Ingest, as which source, touching which workers (`crate::access`).
+    pub ingest_auth: crate::access::IngestAuthConfig,
 }
 
 impl Default for ProducerConfig {
@@ -206,6 +210,8 @@ impl Default for ProducerConfig {
             engines: Vec::new(),
             tls: ServerTlsConfig::default(),
             indexer_tls: ClientTlsConfig::default(),
+            indexer_token_file: None,
+            ingest_auth: crate::access::IngestAuthConfig::default(),
         }
     }
 }
@@ -358,6 +364,7 @@ impl ProducerConfig {
             "millisecond",
         )?;
         self.publishers()?;
+        crate::access::validate(&self.ingest_auth, self.indexer_token_file.as_deref())?;
         Ok((PoolId { domain, dc }, format))
     }
 
@@ -461,6 +468,9 @@ pub struct Cli {
     /// indexers: an indexer Relay endpoint, http://host:port; repeat for several [required; no default].
     #[arg(long = "indexer", value_name = "URL")]
     pub indexers: Vec<String>,
+    /// indexer_token_file: file holding the bearer token sent to the indexers (one line) [default: none].
+    #[arg(long, value_name = "FILE")]
+    pub indexer_token_file: Option<PathBuf>,
     /// reconnect.initial_backoff_ms: first reconnect delay, ms [default: 100].
     #[arg(long, value_name = "MS")]
     pub initial_backoff_ms: Option<u64>,
@@ -560,6 +570,7 @@ impl Cli {
                 self.heartbeat_interval_ms,
             )
             .set("publication.attachment_queue", self.attachment_queue)
+            .set("indexer_token_file", self.indexer_token_file.clone())
             .set("reconnect.initial_backoff_ms", self.initial_backoff_ms)
             .set("reconnect.max_backoff_ms", self.max_backoff_ms)
             .set("reconnect.connect_timeout_ms", self.connect_timeout_ms)

@@ -13,6 +13,7 @@
 //!
 //! | module | owns |
 //! | --- | --- |
+//! | [`access`] | `[ingest_auth]` (which sources may publish, touching which workers) and the indexer bearer token |
 //! | [`config`] | configuration only: layers, flags, validation |
 //! | [`engines`] | ZMQ ingest: one task per engine publisher socket (SUB + replay DEALER), engine config and metrics |
 //! | [`ingest`] | the `Ingest` service, one file per RPC, wire conversion |
@@ -26,6 +27,7 @@
 //! [`serve`] starts everything in-process (the binary, `ckf demo` and the tests all use it);
 //! [`ServeError`] says why it could not start or stopped abnormally.
 
+pub mod access;
 pub mod actor;
 pub mod config;
 pub mod engines;
@@ -287,8 +289,23 @@ pub async fn serve(
         tokio::spawn(task.run());
     }
 
+    // Credentials: the token sent to the indexers and who may use Ingest; token files are
+    // re-read on SIGHUP.
+    let indexer_token = std::sync::Arc::new(
+        access::IndexerToken::load(config.indexer_token_file.clone()).map_err(invalid)?,
+    );
+    let ingest_access = std::sync::Arc::new(
+        access::IngestAccess::new(&config.ingest_auth, metrics.registry()).map_err(invalid)?,
+    );
+    let (token, ingest) = (indexer_token.clone(), ingest_access.clone());
+    ckf_svc_kit::access::reload_on_sighup("auth token files", stop.clone(), move || {
+        Ok(format!("{}; {}", token.reload()?, ingest.reload()?))
+    })
+    .map_err(|e| invalid(Invalid::new("ingest_auth", "SIGHUP handler", e.to_string())))?;
+
     // One publisher task per indexer endpoint.
     let settings = RelaySettings {
+        indexer_token,
         heartbeat_interval: config.heartbeat_interval(),
         initial_backoff: Duration::from_millis(config.reconnect.initial_backoff_ms),
         max_backoff: Duration::from_millis(config.reconnect.max_backoff_ms),
@@ -318,12 +335,15 @@ pub async fn serve(
         .collect();
 
     // The gRPC server.
-    let ingest = IngestServer::new(IngestService::new(
-        handle.clone(),
-        identity.clone(),
-        stop.clone(),
-        config.limits.max_events_per_batch as usize,
-    ))
+    let ingest = IngestServer::new(
+        IngestService::new(
+            handle.clone(),
+            identity.clone(),
+            stop.clone(),
+            config.limits.max_events_per_batch as usize,
+        )
+        .with_access(ingest_access),
+    )
     .max_decoding_message_size(max_message_bytes)
     .max_encoding_message_size(max_message_bytes);
     let ingest_addr = listener.addr;

@@ -6,6 +6,7 @@
 //!
 //! | module | owns |
 //! | --- | --- |
+//! | [`access`] | token files, a request's credentials (bearer token, client certificate names), `authorization: Bearer` for clients, SIGHUP reload |
 //! | [`config`] | layered configuration: defaults < TOML file < `CKF_*` environment < flags (figment); key aliases; rule helpers; validation errors naming key, value, rule, source |
 //! | [`table`] | the `[table]` section both services share: keys of `ckf_core::addressing::TableSizing` |
 //! | [`logging`] | `tracing` subscriber: human or JSON, `RUST_LOG`-style filter |
@@ -16,6 +17,7 @@
 //! | [`tls`] | TLS (rustls, ring): the `[tls]` / client sections and their rules, certificate loading and reload (SIGHUP, file change), the TLS acceptor, client endpoints, the verified peer's names |
 //! | [`serve`] | what both services do to start and stop: bind both listeners, health + reflection in front, a binary's `main` |
 
+pub mod access;
 pub mod config;
 pub mod grpc;
 pub mod logging;

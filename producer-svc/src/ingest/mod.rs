@@ -35,6 +35,7 @@ pub struct IngestService {
     identity: ProducerIdentity,
     shutdown: Shutdown,
     max_events_per_batch: usize,
+    access: std::sync::Arc<crate::access::IngestAccess>,
 }
 
 impl IngestService {
@@ -50,7 +51,29 @@ impl IngestService {
             identity,
             shutdown,
             max_events_per_batch,
+            access: std::sync::Arc::new(crate::access::IngestAccess::off(
+                &prometheus::Registry::new(),
+            )),
         }
+    }
+
+    /// The same service checking every call against `access` (`[ingest_auth]`).
+    pub fn with_access(mut self, access: std::sync::Arc<crate::access::IngestAccess>) -> Self {
+        self.access = access;
+        self
+    }
+
+    /// [`IngestService::submit`] after `caller`'s grant allowed the batch (source id, workers).
+    ///
+    /// # Errors
+    /// [`RequestError::Access`] for a refused batch (nothing applied), else as `submit`.
+    pub(crate) async fn submit_as(
+        &self,
+        caller: &crate::access::Caller,
+        batch: v1::KvEventBatch,
+    ) -> Result<v1::KvEventBatchResult, RequestError> {
+        caller.authorize(&batch)?;
+        self.submit(batch).await
     }
 
     /// Decodes `batch`, applies it through the actor and returns the wire result.
@@ -85,9 +108,11 @@ impl Ingest for IngestService {
         &self,
         request: Request<Streaming<v1::KvEventBatch>>,
     ) -> Result<Response<Self::PublishStream>, Status> {
+        let caller = self.access.caller("publish", &request)?;
         let peer = request.remote_addr();
         Ok(Response::new(publish::handle(
             self.clone(),
+            caller,
             peer,
             request.into_inner(),
         )))
@@ -97,12 +122,13 @@ impl Ingest for IngestService {
         &self,
         request: Request<v1::KvEventBatch>,
     ) -> Result<Response<v1::KvEventBatchResult>, Status> {
+        let caller = self.access.caller("publish_batch", &request)?;
         let span = tracing::debug_span!(
             "publish_batch",
             peer = ?request.remote_addr(),
             source = %request.get_ref().source_id
         );
-        publish_batch::handle(self, request.into_inner())
+        publish_batch::handle(self, &caller, request.into_inner())
             .instrument(span)
             .await
             .map(Response::new)
@@ -113,6 +139,7 @@ impl Ingest for IngestService {
         &self,
         request: Request<v1::GetMemberBlocksRequest>,
     ) -> Result<Response<v1::MemberBlocks>, Status> {
+        self.access.caller("get_member_blocks", &request)?;
         get_member_blocks::handle(self, request.into_inner())
             .await
             .map(Response::new)
@@ -121,8 +148,9 @@ impl Ingest for IngestService {
 
     async fn get_stats(
         &self,
-        _request: Request<v1::GetStatsRequest>,
+        request: Request<v1::GetStatsRequest>,
     ) -> Result<Response<v1::ProducerStats>, Status> {
+        self.access.caller("get_stats", &request)?;
         get_stats::handle(self)
             .await
             .map(Response::new)

@@ -30,6 +30,7 @@ const RESULT_BUFFER: usize = 4;
 /// stream.
 pub fn handle(
     service: IngestService,
+    caller: crate::access::Caller,
     peer: Option<SocketAddr>,
     mut batches: Streaming<v1::KvEventBatch>,
 ) -> ResultStream {
@@ -43,7 +44,7 @@ pub fn handle(
                 biased;
                 () = &mut stopped => Err(Status::from(RequestError::ShuttingDown)),
                 next = batches.message() => match next {
-                    Ok(Some(batch)) => service.submit(batch).await.map_err(Status::from),
+                    Ok(Some(batch)) => service.submit_as(&caller, batch).await.map_err(Status::from),
                     Ok(None) => break,
                     Err(status) => {
                         tracing::debug!(%status, "ingest stream broke");

@@ -150,8 +150,11 @@ impl IndexerAttachment {
         self.set_state(AttachmentState::AwaitingLease);
         tracing::debug!("attach sent; awaiting the lease");
         let deadline = Instant::now() + s.connect_timeout;
+        let token = s.indexer_token.get();
         let call = async {
-            let mut replies = client.publish(ReceiverStream::new(rx)).await?.into_inner();
+            let request = tonic::Request::new(ReceiverStream::new(rx));
+            let request = ckf_svc_kit::access::with_bearer(request, (*token).as_ref());
+            let mut replies = client.publish(request).await?.into_inner();
             let first = replies.message().await?;
             Ok::<_, tonic::Status>((replies, first))
         };
