@@ -409,7 +409,11 @@ async fn sighup_reloads_the_certificate_for_new_connections_and_keeps_open_strea
     })
     .await;
     assert_ne!(serial(&before), serial(&after));
-    assert_eq!(metric(indexer.metrics, "ckf_indexer_tls_reload_total", &[("result", "ok")]), 1.0);
+    eventually("the reload is counted", DEADLINE, || async {
+        let ok = metric(indexer.metrics, "ckf_indexer_tls_reload_total", &[("result", "ok")]);
+        if ok == 1.0 { Ok(()) } else { Err(format!("{ok} ok reloads")) }
+    })
+    .await;
     // The relay stream opened before the reload is the same one: same lease, still active,
     // one lease granted in all.
     let lane_now = lane(indexer.grpc, &query, 0).await.unwrap();
