@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # End-to-end test of the shipped deployment, run by CI (.ci/run):
 #   0. the Kubernetes manifests pass a real schema validator (kubernetes-validate, from PyPI)
-#      and the compose file parses (with and without the prometheus profile);
+#      and the compose file parses (with and without the prometheus profile); `ckf certs` makes
+#      the stack's certificates (every gRPC connection of the stack is mutual TLS);
 #   1. build the image (deploy/build-image.sh, reusing the workspace's release build);
 #   2. `up -d` the compose stack under a unique project, wait for every healthcheck, let the
 #      stack's own replay client finish, replay a generated trace and check query results
 #      through the indexer (`ckf lanes`, `ckf query`);
+#   2b. credentials: a plaintext client is refused; a real ckf-producer presenting dc-b's (valid)
+#      certificate while attaching for dc-a is refused with PERMISSION_DENIED (counted by the
+#      indexer) and dc-a's producer keeps its lease and every answer;
 #   3. WAN partition: disconnect producer-dc-b from `wan`; its lane is retired within the
 #      indexer's heartbeat deadline while dc-a and dc-c keep answering unchanged; reconnect:
 #      the lane is ready again with the same content, plus what dc-b ingested meanwhile;
@@ -127,16 +131,39 @@ for b in ckf ckf-indexer ckf-producer; do
     [[ -x "$CKF_BIN_DIR/$b" ]] || fail "no host-built $b in $CKF_BIN_DIR (build-image.sh builds it; or set CKF_BIN_DIR)"
 done
 
+# Certificates and tokens: the stack's (domain local) and the Kubernetes manifests' (domain
+# prod), made by the host-built `ckf certs` as an operator would.
+CERTS="$WORK/certs"
+"$CKF" certs --out "$CERTS" --pools dc-a,dc-b,dc-c --domain local >/dev/null \
+    || fail "ckf certs failed"
+K8S_CERTS="$WORK/k8s-certs"
+"$CKF" certs --out "$K8S_CERTS" --pools dc-a,dc-b,dc-c --domain prod >/dev/null \
+    || fail "ckf certs (k8s) failed"
+# The containers run as uid 10001 and the keys are 0600: hand them to that user (root in CI),
+# or make this throwaway copy readable.
+if [[ $(id -u) -eq 0 ]]; then
+    chown -R 10001:10001 "$CERTS"
+else
+    chmod -R a+rX "$CERTS"
+fi
+chmod 0755 "$WORK"
+export CKF_CERTS_DIR="$CERTS"
+# Every host `ckf` call speaks mutual TLS with the query client's certificate.
+TLS_ARGS=(--ca "$CERTS/ca.crt" --cert "$CERTS/query.crt" --key "$CERTS/query.key")
+log "ok: ckf certs wrote the stack's CA, certificates and tokens"
+
 # The Kubernetes ConfigMaps' TOML files start the real binaries (schema validation cannot see
 # inside a ConfigMap): a refused configuration exits at once naming the key, an accepted one
-# keeps serving until `timeout` stops it (exit 124). Loopback ephemeral ports, so nothing clashes.
+# keeps serving until `timeout` stops it (exit 124). Loopback ephemeral ports, so nothing clashes;
+# the Secrets' mount point /etc/ckf/tls is this run's `ckf certs` output.
 mkdir -p "$WORK/k8s-config"
-"$VENV/bin/python" - "$DEPLOY/k8s" "$WORK/k8s-config" <<'PY'
+"$VENV/bin/python" - "$DEPLOY/k8s" "$WORK/k8s-config" "$K8S_CERTS" <<'PY'
 import glob, os, sys, yaml
 for path in glob.glob(os.path.join(sys.argv[1], "*.yaml")):
     for doc in yaml.safe_load_all(open(path)):
         if doc and doc.get("kind") == "ConfigMap":
             for key, text in doc["data"].items():
+                text = text.replace("/etc/ckf/tls/", sys.argv[3] + "/")
                 open(os.path.join(sys.argv[2], f"{doc['metadata']['name']}--{key}"), "w").write(text)
 PY
 pids=() cfgs=()
@@ -194,13 +221,13 @@ healthy() { [[ "$(docker inspect -f '{{.State.Health.Status}}' "$(cid "$1")")" =
 all_healthy() { for s in "${SERVICES[@]}"; do healthy "$s" || return 1; done; }
 
 INDEXER_URL=""   # set after up, from the published port
-ckf_cli() { "$CKF" "$@"; }
+ckf_cli() { "$CKF" "$@" "${TLS_ARGS[@]}"; }
 
 log "compose up -d (project $PROJECT)"
 UP=1
 compose up -d --quiet-pull >/dev/null 2>"$WORK/up.err" || { cat "$WORK/up.err" >&2; fail "compose up failed"; }
 wait_until 90 "all services healthy (ckf health)" all_healthy
-INDEXER_URL="http://$(compose port indexer 7400 | tail -n1)"
+INDEXER_URL="https://$(compose port indexer 7400 | tail -n1)"
 log "indexer published at $INDEXER_URL"
 
 # The stack's replay client runs once on `up`: it must finish with exit 0 and a report.
@@ -292,7 +319,8 @@ PY
 wait_until 30 "lanes dc-a, dc-b, dc-c active" lanes_are dc-a=active dc-b=active dc-c=active
 show_lanes
 # The image's ckf over the wan network, as an operator would from inside the stack.
-docker exec "$(cid producer-dc-a)" ckf lanes --indexer http://indexer:7400 --json >"$WORK/lanes-in.json" \
+docker exec "$(cid producer-dc-a)" ckf lanes --indexer https://indexer:7400 --json \
+    --ca /etc/ckf/tls/ca.crt --cert /etc/ckf/tls/query.crt --key /etc/ckf/tls/query.key >"$WORK/lanes-in.json" \
     || fail "ckf lanes inside the producer-dc-a container (over wan) failed"
 [[ "$(lane_field "$WORK/lanes-in.json" dc-c state)" == active ]] || fail "ckf lanes over wan disagrees"
 query_probes "$WORK/base.jsonl"
@@ -335,6 +363,36 @@ for svc in indexer:9400 producer-dc-a:9500 producer-dc-b:9500 producer-dc-c:9500
 done
 log "ok: /metrics of the indexer and the 3 producers answer on their published ports"
 
+# --- 2b. credentials: another pool's certificate is refused, the real producers stay -----------
+# A plaintext client gets nothing from the TLS indexer.
+if "$CKF" lanes --indexer "http://$(compose port indexer 7400 | tail -n1)" >/dev/null 2>&1; then
+    fail "a plaintext client was answered by the TLS indexer"
+fi
+# An impostor for dc-a, from the host: a real ckf-producer presenting dc-b's certificate (valid,
+# same CA) while dc-a's producer is attached.
+epoch_before="$(lane_field "$WORK/lanes.json" dc-a lease_epoch)"
+"$CKF_BIN_DIR/ckf-producer" --dc dc-a --domain local --bucket-count 131072 \
+    --indexer "$INDEXER_URL" --indexer-ca "$CERTS/ca.crt" \
+    --indexer-cert "$CERTS/producer-dc-b.crt" --indexer-key "$CERTS/producer-dc-b.key" \
+    --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --log-format json \
+    >"$WORK/impostor.log" 2>&1 &
+IMPOSTOR=$!
+refused() { grep -qi 'permission.denied' "$WORK/impostor.log"; }
+wait_until 30 "the impostor's Attach for dc-a is refused with PERMISSION_DENIED" refused
+kill "$IMPOSTOR" 2>/dev/null || true
+wait "$IMPOSTOR" 2>/dev/null || true
+grep -Eq 'lease granted|sending barrier snapshot' "$WORK/impostor.log" && fail "the impostor was granted a lease"
+lanes_are dc-a=active dc-b=active dc-c=active || { show_lanes; fail "a lane left ACTIVE during the impostor's attempts"; }
+[[ "$(lane_field "$WORK/lanes.json" dc-a lease_epoch)" == "$epoch_before" ]] \
+    || fail "dc-a's lease changed (epoch $epoch_before -> $(lane_field "$WORK/lanes.json" dc-a lease_epoch)): the impostor superseded it"
+port="$(compose port indexer 9400 | tail -n1 | sed 's/.*://')"
+curl -fsS --max-time 5 "http://127.0.0.1:$port/metrics" | grep -Eq '^ckf_indexer_auth_refused_total\{[^}]*permission_denied[^}]*\} [1-9]' \
+    || fail "ckf_indexer_auth_refused_total counted no PERMISSION_DENIED"
+query_probes "$WORK/after-impostor.jsonl"
+compare_probes "$WORK/base.jsonl" "$WORK/after-impostor.jsonl" same \
+    || fail "answers changed after the impostor's attempts"
+log "ok: another pool's certificate is refused (PERMISSION_DENIED, counted); dc-a keeps its lease and every answer"
+
 # --- 3. WAN partition of dc-b -------------------------------------------------------------------
 WAN="$(docker network ls -q --filter "label=com.docker.compose.project=$PROJECT" \
     --filter label=com.docker.compose.network=wan)"
@@ -372,7 +430,7 @@ instance_before="$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))
 log "docker restart indexer"
 docker restart -t 10 "$(cid indexer)" >/dev/null
 wait_until 60 "indexer healthy again" healthy indexer
-INDEXER_URL="http://$(compose port indexer 7400 | tail -n1)"   # an ephemeral port may change
+INDEXER_URL="https://$(compose port indexer 7400 | tail -n1)"   # an ephemeral port may change
 wait_until 60 "all lanes active again after the indexer restart" lanes_are dc-a=active dc-b=active dc-c=active
 instance_after="$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["consumer_instance"])' "$WORK/lanes.json")"
 [[ "$instance_after" != "$instance_before" ]] || fail "consumer instance unchanged: the indexer did not restart"

@@ -39,6 +39,26 @@ pub enum Command {
     Lanes(LanesArgs),
     /// gRPC health check (grpc.health.v1): exit 0 when SERVING, 1 otherwise, 2 when unreachable.
     Health(HealthArgs),
+    /// Create a development CA, the indexer's and every pool's certificates, and bearer token
+    /// files (for compose, Kubernetes and local TLS; not a production PKI).
+    Certs(crate::certs::CertsArgs),
+}
+
+/// Client TLS flags of every command that connects (`https://` URLs need `--ca`).
+#[derive(Debug, Clone, Default, Args)]
+pub struct TlsArgs {
+    /// CA bundle (PEM) the server certificate is verified against; required for https://.
+    #[arg(long, value_name = "FILE")]
+    pub ca: Option<PathBuf>,
+    /// Client certificate (PEM) for servers that require one (mutual TLS); needs --key.
+    #[arg(long, value_name = "FILE", requires = "key", requires = "ca")]
+    pub cert: Option<PathBuf>,
+    /// Private key (PEM) of --cert.
+    #[arg(long, value_name = "FILE", requires = "cert")]
+    pub key: Option<PathBuf>,
+    /// Name checked in the server certificate instead of the URL's host.
+    #[arg(long, value_name = "NAME", requires = "ca")]
+    pub server_name: Option<String>,
 }
 
 /// Fleet, policy and workload flags shared by `demo`, `replay` and `simulate`.
@@ -140,6 +160,9 @@ pub struct ReplayArgs {
     /// for every DC the report adds the relay (producer -> indexer) bytes per event.
     #[arg(long = "producer-metrics", value_name = "DC=HOST:PORT", value_parser = parse_producer)]
     pub producer_metrics: Vec<(String, String)>,
+    /// TLS toward the indexer and the producers.
+    #[command(flatten)]
+    pub tls: TlsArgs,
     /// Fleet, policy and output.
     #[command(flatten)]
     pub fleet: FleetArgs,
@@ -169,6 +192,13 @@ pub struct QueryArgs {
     /// The indexer's gRPC endpoint.
     #[arg(long)]
     pub indexer: String,
+    /// TLS toward the indexer.
+    #[command(flatten)]
+    pub tls: TlsArgs,
+    /// Send `authorization: Bearer <token>` with the token in FILE (one line): the indexer's
+    /// `auth.query_token_file`.
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
     /// Treat the arguments as trace `hash_ids` and chain them into block hashes first.
     #[arg(long, conflicts_with = "by_tokens")]
     pub ids: bool,
@@ -271,6 +301,13 @@ pub struct LanesArgs {
     /// The indexer's gRPC endpoint.
     #[arg(long)]
     pub indexer: String,
+    /// TLS toward the indexer.
+    #[command(flatten)]
+    pub tls: TlsArgs,
+    /// Send `authorization: Bearer <token>` with the token in FILE (one line): the indexer's
+    /// `auth.query_token_file`.
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -282,6 +319,9 @@ pub struct HealthArgs {
     /// The server's gRPC endpoint, e.g. http://127.0.0.1:7400.
     #[arg(long)]
     pub endpoint: String,
+    /// TLS toward the server.
+    #[command(flatten)]
+    pub tls: TlsArgs,
     /// Service name to check; empty = the whole server.
     #[arg(long, default_value = "")]
     pub service: String,

@@ -4,19 +4,24 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
+use ckf_core::access::Secret;
+use ckf_proto::v1::FindMatchesRequest;
 use ckf_proto::v1::query_client::QueryClient;
 use ckf_proto::v1::{
     FindMatchesByTokensRequest, LaneState, ListLanesRequest, MultimodalItem, RetireReason,
 };
+use ckf_svc_kit::access::{read_token_file, with_bearer};
+use ckf_svc_kit::tls::{ClientTls, ClientTlsConfig, warn_if_plaintext_remote};
 use serde_json::json;
-use tonic::transport::{Channel, Endpoint};
+use tonic::Request;
+use tonic::transport::Channel;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
 use crate::cli::{
     DEFAULT_SYNTHETIC_REQUESTS, FleetArgs, HealthArgs, LanesArgs, QueryArgs, ReplayArgs,
-    SimulateArgs, TimeoutArgs, parse_token_list,
+    SimulateArgs, TimeoutArgs, TlsArgs, parse_token_list,
 };
 use crate::fleet::FleetShape;
 use crate::hashing::block_hashes;
@@ -63,17 +68,63 @@ pub fn live_config(fleet: &FleetArgs, timeouts: &TimeoutArgs, shape: FleetShape)
     }
 }
 
-/// Connects to a gRPC endpoint.
+/// Connects to a gRPC endpoint in plaintext (the in-process demo's loopback services).
 ///
 /// # Errors
 /// An invalid URL or a failed connection, naming the URL.
 pub async fn connect(url: &str) -> Result<Channel> {
-    Endpoint::from_shared(url.to_string())
-        .with_context(|| format!("invalid endpoint URL `{url}`"))?
+    connect_with(url, None).await
+}
+
+/// The client TLS material the flags name (`None` without `--ca`).
+///
+/// # Errors
+/// A file that cannot be used, naming the flag and the path.
+pub fn client_tls(args: &TlsArgs) -> Result<Option<ClientTls>> {
+    let config = ClientTlsConfig {
+        ca_file: args.ca.clone(),
+        cert_file: args.cert.clone(),
+        key_file: args.key.clone(),
+        server_name: args.server_name.clone(),
+    };
+    Ok(config.load_as(["--ca", "--cert", "--key"].map(str::to_owned))?)
+}
+
+/// Connects to a gRPC endpoint: `https://` with `tls` (required), `http://` in plaintext
+/// (refused when TLS flags were given, so `--ca` never silently means nothing).
+///
+/// # Errors
+/// An invalid URL, `https://` without `--ca`, TLS flags with `http://`, or a failed
+/// connection, naming the URL.
+pub async fn connect_with(url: &str, tls: Option<&ClientTls>) -> Result<Channel> {
+    warn_if_plaintext_remote(url);
+    ckf_svc_kit::tls::endpoint(url, tls, true)?
         .connect_timeout(Duration::from_secs(5))
         .connect()
         .await
+        .map_err(|e| anyhow!("{}", error_chain(&e)))
         .with_context(|| format!("cannot connect to {url}"))
+}
+
+/// An error with its sources (`tonic::transport::Error` alone says only "transport error").
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
+/// The token of `--token-file`, if given.
+///
+/// # Errors
+/// An unreadable file or one that is not a token (empty, several lines), naming the path.
+pub fn token_of(file: Option<&Path>) -> Result<Option<Secret>> {
+    file.map(|path| read_token_file("--token-file", path).map_err(|e| anyhow!("{e}")))
+        .transpose()
 }
 
 /// `ckf replay`.
@@ -82,7 +133,8 @@ pub async fn connect(url: &str) -> Result<Channel> {
 /// A bad trace, an unreachable service, or a replay failure.
 pub async fn replay(args: ReplayArgs) -> Result<()> {
     let workload = load_workload(Some(&args.trace), args.fleet.limit, args.fleet.seed)?;
-    let indexer = connect(&args.indexer).await?;
+    let tls = client_tls(&args.tls)?;
+    let indexer = connect_with(&args.indexer, tls.as_ref()).await?;
     let mut targets = Vec::new();
     for (dc, url) in &args.producers {
         let metrics = args
@@ -92,7 +144,7 @@ pub async fn replay(args: ReplayArgs) -> Result<()> {
             .map(|(_, addr)| addr.clone());
         targets.push(DcTarget {
             dc: dc.clone(),
-            producer: connect(url).await?,
+            producer: connect_with(url, tls.as_ref()).await?,
             metrics,
         });
     }
@@ -179,7 +231,9 @@ pub async fn query(args: QueryArgs) -> Result<()> {
         }
         (None, None) => None,
     };
-    let mut client = QueryClient::new(connect(&args.indexer).await?);
+    let token = token_of(args.token_file.as_deref())?;
+    let tls = client_tls(&args.tls)?;
+    let mut client = QueryClient::new(connect_with(&args.indexer, tls.as_ref()).await?);
     let (count, unit, answer) = if let Some(token_ids) = tokens {
         let request = FindMatchesByTokensRequest {
             token_ids,
@@ -197,8 +251,11 @@ pub async fn query(args: QueryArgs) -> Result<()> {
             block_size: args.block_size.unwrap_or(0),
         };
         let count = request.token_ids.len();
-        let answer =
-            live::find_matches_by_tokens(&mut client, request, "FindMatchesByTokens").await?;
+        let answer = client
+            .find_matches_by_tokens(with_bearer(Request::new(request), token.as_ref()))
+            .await
+            .context("FindMatchesByTokens")?
+            .into_inner();
         (count, "tokens", answer)
     } else {
         let hashes = if args.ids {
@@ -206,7 +263,14 @@ pub async fn query(args: QueryArgs) -> Result<()> {
         } else {
             args.hashes.clone()
         };
-        let answer = live::find_matches(&mut client, &hashes, "FindMatches").await?;
+        let request = FindMatchesRequest {
+            block_hashes: hashes.clone(),
+        };
+        let answer = client
+            .find_matches(with_bearer(Request::new(request), token.as_ref()))
+            .await
+            .context("FindMatches")?
+            .into_inner();
         (hashes.len(), "blocks", answer)
     };
     if args.json {
@@ -257,9 +321,14 @@ fn reason_name(reason: i32) -> String {
 /// # Errors
 /// An unreachable indexer or a failed call.
 pub async fn lanes(args: LanesArgs) -> Result<()> {
-    let mut client = QueryClient::new(connect(&args.indexer).await?);
+    let token = token_of(args.token_file.as_deref())?;
+    let tls = client_tls(&args.tls)?;
+    let mut client = QueryClient::new(connect_with(&args.indexer, tls.as_ref()).await?);
     let answer = client
-        .list_lanes(ListLanesRequest {})
+        .list_lanes(with_bearer(
+            Request::new(ListLanesRequest {}),
+            token.as_ref(),
+        ))
         .await
         .context("ListLanes")?
         .into_inner();
@@ -325,7 +394,8 @@ pub async fn lanes(args: LanesArgs) -> Result<()> {
 /// `ckf health`: returns the process exit code (0 SERVING, 1 other status, 2 unreachable).
 pub async fn health(args: HealthArgs) -> i32 {
     let check = async {
-        let mut client = HealthClient::new(connect(&args.endpoint).await?);
+        let tls = client_tls(&args.tls)?;
+        let mut client = HealthClient::new(connect_with(&args.endpoint, tls.as_ref()).await?);
         let answer = client
             .check(HealthCheckRequest {
                 service: args.service.clone(),

@@ -2,7 +2,7 @@
 //!
 //! The `ckf` command: replays prefix-cache workloads through ckf-relay producers and an indexer
 //! and reports routing quality, accuracy against an exact oracle, speed and cost; plus the
-//! operator's `query`, `lanes` and `health` commands.
+//! operator's `query`, `lanes`, `health` and `certs` commands.
 //!
 //! | module | owns |
 //! | --- | --- |
@@ -23,9 +23,11 @@
 //! | [`report`] | the report (text and JSON) |
 //! | [`scrape`] | one counter from a Prometheus `/metrics` endpoint (relay bytes), via `ckf_svc_kit::scrape` |
 //! | [`demo`] | in-process indexer + producers on loopback for `ckf demo` |
+//! | [`certs`] | `ckf certs`: development CA, indexer / producer / query certificates, token files (rcgen) |
 //! | [`cli`], [`commands`] | flags, and running each subcommand |
 
 pub mod accuracy;
+pub mod certs;
 pub mod cli;
 pub mod commands;
 pub mod demo;

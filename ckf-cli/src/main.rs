@@ -24,6 +24,7 @@ fn main() -> std::process::ExitCode {
             Command::Simulate(args) => commands::simulate_cmd(args),
             Command::Query(args) => commands::query(args).await,
             Command::Lanes(args) => commands::lanes(args).await,
+            Command::Certs(args) => ckf_cli::certs::run(&args),
             Command::Health(args) => {
                 let code = commands::health(args).await;
                 return Ok(code as u8);

@@ -27,8 +27,10 @@
 //! | [`tokens`] | the canonical token hash space: token ids -> sequence block hashes (Dynamo's scheme) |
 //! | [`adapter`] | in-process producer -> consumer composition with recovery |
 //! | [`failure`] | pre-/post-commit failure dispositions by affected domain |
+//! | [`access`] | credentials, principals, per-pool / per-source policies, refusals (`UNAUTHENTICATED` / `PERMISSION_DENIED`) |
 //! | `testing` | (feature `testing`) test kit: frames under a lease, snapshot install |
 
+pub mod access;
 pub mod adapter;
 pub mod addressing;
 pub mod bucket;

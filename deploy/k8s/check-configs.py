@@ -12,7 +12,9 @@ files, for the Kubernetes manifests (ConfigMaps in deploy/k8s/*.yaml) and the co
 - every producer's `indexers` endpoint names a Service (Kubernetes) or compose service that
   exists, on the indexer's gRPC port;
 - services listen on 0.0.0.0 at the ports the containers, probes and Services use;
-- every ConfigMap a Deployment mounts exists.
+- every ConfigMap a Deployment mounts exists; every Deployment mounts a Secret made by
+  kustomization.yaml's secretGenerator at /etc/ckf/tls holding every TLS file its config and
+  its probes (`ckf health` over TLS) name.
 
 Usage: check-configs.py DEPLOY_DIR   (needs PyYAML; Python >= 3.11 for tomllib)
 """
@@ -70,6 +72,16 @@ def check_set(where, indexer, producers, service_ports):
             err(where, f"lane {dc!r} has no producer")
 
 
+def tls_files(cfg):
+    """(key, path) of every file a parsed service config names in [tls] / [indexer_tls]."""
+    out = []
+    for section in ("tls", "indexer_tls"):
+        for key, value in cfg.get(section, {}).items():
+            if key.endswith("_file"):
+                out.append((f"{section}.{key}", value))
+    return out
+
+
 def port_of(addr):
     return int(str(addr).rsplit(":", 1)[1])
 
@@ -99,6 +111,11 @@ def check_k8s(k8s_dir):
         if sel.get("app.kubernetes.io/component") == "indexer" and "ckf-relay/replica" in sel:
             svc_ports[name] = {p["port"] for p in s["spec"]["ports"] if p.get("targetPort") in ("grpc", igrpc)}
     check_set("k8s", indexer, producers, svc_ports)
+    with open(os.path.join(k8s_dir, "kustomization.yaml")) as f:
+        kustomization = yaml.safe_load(f)
+    secrets = {g["name"]: {os.path.basename(x) for x in g.get("files", [])}
+               for g in kustomization.get("secretGenerator", [])}
+    tls_paths = []
     for f, d in deployments:
         spec = d["spec"]["template"]["spec"]
         w = f"k8s {f} deployment/{d['metadata']['name']}"
@@ -117,8 +134,28 @@ def check_k8s(k8s_dir):
             if ports.get("metrics") != port_of(cfg.get("metrics_listen", ":0")):
                 err(w, f"containerPort metrics {ports.get('metrics')} != metrics_listen {cfg.get('metrics_listen')}")
             for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
-                if c.get(probe, {}).get("grpc", {}).get("port") != ports.get("grpc"):
-                    err(w, f"{probe} must be a gRPC probe on the grpc port")
+                cmd = c.get(probe, {}).get("exec", {}).get("command", [])
+                want = f"https://127.0.0.1:{ports.get('grpc')}"
+                if cmd[:2] != ["ckf", "health"] or want not in cmd:
+                    err(w, f"{probe} must run `ckf health --endpoint {want}` (TLS health check)")
+                for flag in ("--ca", "--cert", "--key"):
+                    if flag in cmd:
+                        tls_paths.append((w, f"{probe} {flag}", cmd[cmd.index(flag) + 1]))
+            # Every TLS file the config or the probes name is in the Secret mounted at /etc/ckf/tls.
+            tls_paths += [(w, key, path) for key, path in tls_files(cfg)]
+            mounts = {m["name"]: m["mountPath"] for m in c.get("volumeMounts", [])}
+            secret_vol = next((v for v in spec["volumes"] if "secret" in v and mounts.get(v["name"]) == "/etc/ckf/tls"), None)
+            if secret_vol is None:
+                err(w, "no Secret mounted at /etc/ckf/tls")
+                continue
+            name = secret_vol["secret"]["secretName"]
+            if name not in secrets:
+                err(w, f"mounts Secret {name}, which kustomization.yaml's secretGenerator does not make")
+                continue
+            for where, key, path in tls_paths:
+                if path.startswith("/etc/ckf/tls/") and path[len("/etc/ckf/tls/"):] not in secrets[name]:
+                    err(where, f"{key} = {path}: not a file of Secret {name} {sorted(secrets[name])}")
+            tls_paths.clear()
 
 
 def check_compose(deploy_dir):

@@ -17,6 +17,7 @@ use ckf_proto::convert::WIRE_BYTES_PER_IMAGE;
 use ckf_svc_kit::LogFormat;
 use ckf_svc_kit::config::{ConfigError, Invalid, Layers, Overrides, Validate, at_least, in_range};
 use ckf_svc_kit::table::{EXPECTED_BLOCKS_PER_LANE_ALIAS, TableConfig};
+use ckf_svc_kit::tls::{ServerTlsConfig, ServerTlsFlags};
 use clap::Parser;
 use serde::{Deserialize, Serialize};
 
@@ -123,12 +124,19 @@ pub struct IndexerConfig {
     /// into blocks. Must equal the producers' `block_size` (and the engines'), or the hashes
     /// of a query name other blocks than those the producers stored.
     pub block_size: u32,
-    /// gRPC listen address (port 0 = ephemeral).
+    /// gRPC listen address (port 0 = ephemeral): Relay, and Query unless `query_listen` is set.
     pub listen: SocketAddr,
+    /// Optional second gRPC listener serving Query only (then `listen` serves Relay only);
+    /// health and reflection on both.
+    pub query_listen: Option<SocketAddr>,
+    /// Authorization of Relay attachments and Query calls (`crate::access`).
+    pub auth: crate::access::AuthConfig,
     /// Prometheus `/metrics` listen address (port 0 = ephemeral).
     pub metrics_listen: SocketAddr,
     /// Log line format (`human` or `json`).
     pub log_format: LogFormat,
+    /// TLS of the gRPC listener (`ckf_svc_kit::tls`): certificate, key, client CA, reload.
+    pub tls: ServerTlsConfig,
 }
 
 impl Default for IndexerConfig {
@@ -140,8 +148,11 @@ impl Default for IndexerConfig {
             limits: LimitsConfig::default(),
             block_size: DEFAULT_BLOCK_SIZE,
             listen: DEFAULT_LISTEN.parse().expect("valid default"),
+            query_listen: None,
+            auth: crate::access::AuthConfig::default(),
             metrics_listen: DEFAULT_METRICS_LISTEN.parse().expect("valid default"),
             log_format: LogFormat::Human,
+            tls: ServerTlsConfig::default(),
         }
     }
 }
@@ -240,6 +251,9 @@ impl IndexerConfig {
 impl Validate for IndexerConfig {
     fn validate(&self) -> Result<(), Invalid> {
         self.manifest()?;
+        let mut listens = vec![("listen", self.listen)];
+        listens.extend(self.query_listen.map(|addr| ("query_listen", addr)));
+        self.tls.check("tls", &listens)?;
         in_range("block_size", self.block_size, 1..=MAX_BLOCK_SIZE, "tokens")?;
         let l = &self.limits;
         in_range(
@@ -256,6 +270,17 @@ impl Validate for IndexerConfig {
         ] {
             at_least(key, value, 1, "")?;
         }
+        if let Some(query) = self.query_listen
+            && query.port() != 0
+            && (query == self.listen || query == self.metrics_listen)
+        {
+            return Err(Invalid::new(
+                "query_listen",
+                query,
+                "must differ from listen and metrics_listen",
+            ));
+        }
+        crate::access::validate(&self.auth, &self.manifest.domain, &self.manifest.lanes)?;
         Ok(())
     }
 }
@@ -279,6 +304,18 @@ pub struct Cli {
     /// gRPC listen address [default: 127.0.0.1:7400; key: listen].
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<SocketAddr>,
+    /// Serve Query on this separate address (then --listen serves Relay only)
+    /// [default: none; key: query_listen].
+    #[arg(long, value_name = "ADDR")]
+    pub query_listen: Option<SocketAddr>,
+    /// Query RPCs need `authorization: Bearer <token>` with the token in FILE (one line)
+    /// [default: none; key: auth.query_token_file].
+    #[arg(long, value_name = "FILE")]
+    pub query_token_file: Option<PathBuf>,
+    /// Every Attach must identify an [[auth.producers]] principal (true/false)
+    /// [default: false; key: auth.required].
+    #[arg(long, value_name = "BOOL")]
+    pub auth_required: Option<bool>,
     /// Prometheus /metrics listen address [default: 127.0.0.1:9400; key: metrics_listen].
     #[arg(long, value_name = "ADDR")]
     pub metrics_listen: Option<SocketAddr>,
@@ -335,6 +372,9 @@ pub struct Cli {
     /// [default: 1024; key: limits.lane_queue_capacity].
     #[arg(long, value_name = "FRAMES")]
     pub lane_queue_capacity: Option<u32>,
+    /// TLS of the gRPC listener.
+    #[command(flatten)]
+    pub tls: ServerTlsFlags,
 }
 
 impl Cli {
@@ -343,6 +383,9 @@ impl Cli {
         let overrides = Overrides::new()
             .set("listen", self.listen)
             .set("metrics_listen", self.metrics_listen)
+            .set("query_listen", self.query_listen)
+            .set("auth.query_token_file", self.query_token_file.clone())
+            .set("auth.required", self.auth_required)
             .set("log_format", self.log_format)
             .set("block_size", self.block_size)
             .set("manifest.domain", self.domain.clone())
@@ -364,6 +407,7 @@ impl Cli {
             .set("limits.max_relay_streams", self.max_relay_streams)
             .set("limits.max_query_blocks", self.max_query_blocks)
             .set("limits.lane_queue_capacity", self.lane_queue_capacity);
+        let overrides = self.tls.overrides(overrides);
         Layers {
             env_prefix: ENV_PREFIX,
             file: self.config.clone(),

@@ -9,6 +9,7 @@
 //!
 //! | module | owns |
 //! | --- | --- |
+//! | [`access`] | `[auth]`: producer principals -> pools (checked before `attach`), the Query token, SIGHUP reload |
 //! | [`config`] | `IndexerConfig` (manifest, table format, lag policy, limits, addresses) and the `ckf-indexer` flags |
 //! | [`relay`] | `Relay/Publish`: attach -> lease -> frames into the lane's ingestor -> Ack / Retired |
 //! | [`query`] | `Query/FindMatches` and `Query/ListLanes` |
@@ -27,6 +28,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod access;
 pub mod config;
 pub mod lane_watch;
 pub mod metrics;

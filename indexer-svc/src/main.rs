@@ -19,7 +19,11 @@ fn main() -> ExitCode {
                 Err(error) => {
                     tracing::error!(%error, "ckf-indexer failed");
                     eprintln!("ckf-indexer: {error}");
-                    ExitCode::FAILURE
+                    // Unusable configured files are a configuration error, like a bad value.
+                    match error {
+                        indexer_svc::ServeError::Tls(_) => ExitCode::from(2),
+                        _ => ExitCode::FAILURE,
+                    }
                 }
             }
         },

@@ -82,8 +82,15 @@ impl Relay for RelayService {
             tracing::warn!(%error, "relay attachment refused");
             error.status()
         };
+        let credentials = ckf_svc_kit::access::credentials(&request);
         let mut inbound = request.into_inner();
         let attach = first_attach(&shared, &mut inbound).await.map_err(refuse)?;
+        // `[auth]` decides before ckf-core sees the Attach: a refused one gets no lease and
+        // cannot supersede the lane's holder.
+        let principal = shared
+            .access
+            .authorize_attach(&credentials, &attach)
+            .map_err(refuse)?;
         // The stream limit counts attached streams only: connections that never send `Attach`
         // must not lock honest producers out of their lanes (they time out on their own).
         let permit = Arc::clone(&shared.relay_streams)
@@ -106,6 +113,7 @@ impl Relay for RelayService {
         // The channel is fresh and has room: this cannot wait.
         let _ = tx.send(Ok(granted.into())).await;
         let span = session.span();
+        span.in_scope(|| tracing::info!(%principal, "attachment authorized"));
         tokio::spawn(session.run(inbound, tx, permit).instrument(span));
         Ok(Response::new(ReceiverStream::new(rx)))
     }

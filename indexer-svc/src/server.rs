@@ -19,8 +19,10 @@ use ckf_proto::v1::{query_server::QueryServer, relay_server::RelayServer};
 use ckf_svc_kit::Shutdown;
 use ckf_svc_kit::config::{Invalid, Validate};
 use ckf_svc_kit::serve::{BindError, Listeners, front};
+use ckf_svc_kit::tls::{ServerTls, TlsError};
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
+use tonic::service::interceptor::InterceptedService;
 
 use crate::config::{IndexerConfig, LimitsConfig};
 use crate::lane_watch;
@@ -31,6 +33,10 @@ use crate::state::IndexerState;
 
 /// gRPC services reported by the health service.
 pub const SERVICES: [&str; 2] = ["ckf.v1.Relay", "ckf.v1.Query"];
+/// Health services of `listen` when `query_listen` serves Query apart.
+const RELAY_ONLY: [&str; 1] = ["ckf.v1.Relay"];
+/// Health services of `query_listen`.
+const QUERY_ONLY: [&str; 1] = ["ckf.v1.Query"];
 /// How long in-flight connections may take to close after shutdown starts.
 const DRAIN_GRACE: Duration = Duration::from_secs(5);
 /// HTTP/2 keepalive ping interval; a peer that does not answer within the timeout is dropped
@@ -47,6 +53,9 @@ pub enum ServeError {
     /// ckf-core refused the manifest.
     #[error("invalid manifest: {0}")]
     Manifest(#[from] ManifestError),
+    /// A TLS certificate, key or CA file cannot be used (names the key and the file).
+    #[error("TLS: {0}")]
+    Tls(#[from] TlsError),
     /// A listener could not be bound (`what`: `"gRPC"` or `"metrics"`).
     #[error("cannot bind {} address {}: {}", .0.what, .0.addr, .0.source)]
     Bind(#[from] BindError),
@@ -64,8 +73,10 @@ pub enum ServeError {
 /// A running indexer.
 #[derive(Debug)]
 pub struct RunningIndexer {
-    /// Bound gRPC address (Relay, Query, health, reflection).
+    /// Bound gRPC address (Relay, Query unless `query_listen` is set, health, reflection).
     pub grpc_addr: SocketAddr,
+    /// Bound Query address: `query_listen`'s, or `grpc_addr` when Query is not served apart.
+    pub query_addr: SocketAddr,
     /// Bound Prometheus `/metrics` address.
     pub metrics_addr: SocketAddr,
     /// This process's consumer instance (carried in every lease it grants).
@@ -115,6 +126,7 @@ pub async fn serve(
 ) -> Result<RunningIndexer, ServeError> {
     config.validate()?;
     let manifest = config.manifest()?;
+    let tls = ServerTls::load(&config.tls, "tls")?;
     let consumer_instance = rand::random::<u64>();
     let indexer = Arc::new(GlobalCkfIndexer::with_policy(
         manifest,
@@ -136,7 +148,14 @@ pub async fn serve(
     stop.trigger_on(shutdown);
 
     let metrics = IndexerMetrics::new();
+    let access = Arc::new(crate::access::IndexerAccess::new(
+        &config.auth,
+        &config.manifest.domain,
+        &config.manifest.lanes,
+        metrics.registry(),
+    )?);
     let shared = Arc::new(IndexerState {
+        access: Arc::clone(&access),
         labels: LaneLabels::all(&indexer),
         indexer: Arc::clone(&indexer),
         workers,
@@ -164,29 +183,81 @@ pub async fn serve(
     )
     .await?;
     let grpc_addr = listener.addr;
+    let query_listener = match config.query_listen {
+        Some(addr) => Some(
+            ckf_svc_kit::grpc::bind(addr)
+                .await
+                .map_err(|source| BindError {
+                    what: "query",
+                    addr,
+                    source,
+                })?,
+        ),
+        None => None,
+    };
+    let query_addr = query_listener.as_ref().map_or(grpc_addr, |l| l.addr);
+    let reload = Arc::clone(&access);
+    ckf_svc_kit::access::reload_on_sighup("auth token files", stop.clone(), move || {
+        reload.reload()
+    })
+    .map_err(|e| Invalid::new("auth", "SIGHUP handler", e.to_string()))?;
+    config.tls.log_transport("gRPC", grpc_addr);
+    if let Some(query) = &query_listener {
+        config.tls.log_transport("query", query.addr);
+    }
+    if let Some(tls) = &tls {
+        let reloads = ckf_svc_kit::metrics::counter_vec(
+            metrics.registry(),
+            "ckf_indexer_tls_reload_total",
+            "TLS certificate reloads (SIGHUP or file change) by result: ok, error (the \
+             previous certificate stays served)",
+            &["result"],
+        );
+        tls.spawn_reloader(Some(reloads), stop.clone());
+    }
 
     let max_message = usize::try_from(config.limits.max_message_bytes).unwrap_or(usize::MAX);
     let relay = RelayServer::new(RelayService::new(Arc::clone(&shared)))
         .max_decoding_message_size(max_message)
         .max_encoding_message_size(max_message);
-    let query = QueryServer::new(QueryService::new(Arc::clone(&shared)))
-        .max_decoding_message_size(max_message)
-        .max_encoding_message_size(max_message);
-    let (health, router) = front(
+    let query = InterceptedService::new(
+        QueryServer::new(QueryService::new(Arc::clone(&shared)))
+            .max_decoding_message_size(max_message)
+            .max_encoding_message_size(max_message),
+        access.query_interceptor(),
+    );
+    let builder = || {
         tonic::transport::Server::builder()
             .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
-            .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT)),
-        &SERVICES,
-        &[ckf_proto::FILE_DESCRIPTOR_SET],
-    )
-    .await?;
-    let router = router.add_service(relay).add_service(query);
+            .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+    };
+    let descriptors = [ckf_proto::FILE_DESCRIPTOR_SET];
+    let services: &'static [&'static str] = match query_listener {
+        Some(_) => &RELAY_ONLY,
+        None => &SERVICES,
+    };
+    let (health, router) = front(builder(), services, &descriptors).await?;
+    let router = router.add_service(relay);
+    // Query on `listen`, or alone on `query_listen` (with its own health and reflection).
+    let (router, query_server) = match query_listener {
+        None => (router.add_service(query), None),
+        Some(query_listener) => {
+            let (query_health, query_router) = front(builder(), &QUERY_ONLY, &descriptors).await?;
+            let query_router = query_router.add_service(query);
+            (router, Some((query_health, query_router, query_listener)))
+        }
+    };
     health.serving().await;
+    if let Some((query_health, ..)) = &query_server {
+        query_health.serving().await;
+    }
     let watchers = lane_watch::spawn_all(&shared);
 
     tracing::info!(
         %grpc_addr,
+        %query_addr,
         metrics_addr = %metrics_server.addr,
+        auth = %access.summary(),
         consumer_instance = format_args!("{consumer_instance:#x}"),
         domain = %indexer.manifest().domain,
         lanes = indexer.lane_count(),
@@ -197,13 +268,33 @@ pub async fn serve(
     let metrics_addr = metrics_server.addr;
     let handle = stop.clone();
     let serve_stop = stop.clone();
+    let query_tls = tls.clone();
     let task = tokio::spawn(async move {
+        let query_stop = serve_stop.clone();
         let on_shutdown = async move {
             serve_stop.wait().await;
             tracing::info!("shutting down: refusing new streams, retiring open ones");
             health.not_serving().await;
         };
-        let server = router.serve_with_incoming_shutdown(listener.incoming, on_shutdown);
+        let relay_server =
+            ckf_svc_kit::tls::serve_router(router, listener.incoming, tls.as_ref(), on_shutdown);
+        let query_server = async move {
+            let Some((query_health, query_router, query_listener)) = query_server else {
+                return Ok(());
+            };
+            let on_shutdown = async move {
+                query_stop.wait().await;
+                query_health.not_serving().await;
+            };
+            ckf_svc_kit::tls::serve_router(
+                query_router,
+                query_listener.incoming,
+                query_tls.as_ref(),
+                on_shutdown,
+            )
+            .await
+        };
+        let server = async { tokio::try_join!(relay_server, query_server).map(|_| ()) };
         // Streams end themselves on shutdown; a peer that keeps its connection open past the
         // grace period does not hold the process.
         let grace_stop = stop.clone();
@@ -225,6 +316,7 @@ pub async fn serve(
 
     Ok(RunningIndexer {
         grpc_addr,
+        query_addr,
         metrics_addr,
         consumer_instance,
         indexer,

@@ -3,6 +3,7 @@
 //! | failure | gRPC code | `Retired.reason` |
 //! | --- | --- | --- |
 //! | too many relay streams | `RESOURCE_EXHAUSTED` | - |
+//! | `Attach` without valid credentials / for a pool its principal may not publish (`[auth]`) | `UNAUTHENTICATED` / `PERMISSION_DENIED` (names the principal and the pool) | - |
 //! | first frame not `Attach`, undecodable `Attach` | `INVALID_ARGUMENT` | - |
 //! | unknown pool | `NOT_FOUND` (names the pool and the configured ones) | - |
 //! | table format mismatch | `FAILED_PRECONDITION` (names both formats) | - |
@@ -18,11 +19,13 @@
 //! | superseded by a newer attachment for the pool | `ABORTED` (names the new epoch) | `SUPERSEDED` |
 //! | indexer shutting down | `UNAVAILABLE` | `SHUTDOWN` |
 //! | frame ckf-core cannot attribute to the stream's lane (unknown lane or lease, ignored) | `INVALID_ARGUMENT` | - |
+//! | query without the configured bearer token (`auth.query_token_file`) | `UNAUTHENTICATED` | - |
 //! | query longer than the limit | `INVALID_ARGUMENT` | - |
 //! | token query: other block size, too many tokens, bad multimodal item | `INVALID_ARGUMENT` | - |
 //! | producer stopped reading replies | `CANCELLED` | `STREAM_LOST` |
 //! | `ListLanes` load-factor count failed | `INTERNAL` | - |
 
+use ckf_core::access::AccessError;
 use ckf_core::failure::{Disposed, Disposition};
 use ckf_core::global::{AttachError, StreamEnd};
 use ckf_core::lane::{RetireReason, StrayFrame};
@@ -48,6 +51,10 @@ pub enum RelayError {
     /// `Attach` could not be decoded (missing pool, bad name).
     #[error("bad Attach: {0}")]
     BadAttach(WireError),
+    /// `[auth]` refused the attachment before ckf-core saw it (nothing superseded); the
+    /// message names the principal and the pool.
+    #[error("relay attachment refused: {0}")]
+    Access(AccessError),
     /// ckf-core refused the attachment (unknown pool, format mismatch); its message names the
     /// configured pools or both formats.
     #[error("{0}")]
@@ -141,6 +148,8 @@ impl RelayError {
         let code = match self {
             RelayError::TooManyStreams { .. } => Code::ResourceExhausted,
             RelayError::NoAttach { .. } | RelayError::BadAttach(_) => Code::InvalidArgument,
+            RelayError::Access(AccessError::Unauthenticated(_)) => Code::Unauthenticated,
+            RelayError::Access(AccessError::PermissionDenied(_)) => Code::PermissionDenied,
             RelayError::Attach(AttachError::UnknownPool { .. }) => Code::NotFound,
             RelayError::Attach(AttachError::FormatMismatch { .. }) => Code::FailedPrecondition,
             RelayError::Frame(FrameError::Transport(s)) if s.code() == Code::OutOfRange => {
@@ -194,6 +203,8 @@ impl RelayError {
             Code::InvalidArgument => "invalid_argument",
             Code::ResourceExhausted => "resource_exhausted",
             Code::Unavailable => "unavailable",
+            Code::Unauthenticated => "unauthenticated",
+            Code::PermissionDenied => "permission_denied",
             _ => "other",
         }
     }
@@ -212,6 +223,7 @@ impl Disposed for RelayError {
             RelayError::TooManyStreams { .. }
             | RelayError::NoAttach { .. }
             | RelayError::BadAttach(_)
+            | RelayError::Access(_)
             | RelayError::Shutdown => Disposition::Omission,
         }
     }

@@ -16,6 +16,7 @@ use ckf_svc_kit::TableConfig;
 use ckf_svc_kit::config::{
     ConfigError, Invalid, Layers, Overrides, Validate, at_least, at_most, in_range,
 };
+use ckf_svc_kit::tls::{ClientTlsConfig, ServerTlsConfig, ServerTlsFlags};
 use clap::Parser;
 use serde::{Deserialize, Serialize};
 
@@ -236,6 +237,15 @@ pub struct ProducerConfig {
     pub engine: EngineSection,
     /// Engine publishers subscribed to over ZMQ (`--engine`, `CKF_ENGINES`).
     pub engines: Vec<EngineSpec>,
+    /// TLS of the Ingest listener (`ckf_svc_kit::tls`).
+    pub tls: ServerTlsConfig,
+    /// TLS toward the indexers: trust roots (required for `https://` endpoints), client
+    /// certificate, server name.
+    pub indexer_tls: ClientTlsConfig,
+    /// File holding the bearer token sent to every indexer (`authorization: Bearer`).
+    pub indexer_token_file: Option<PathBuf>,
+    /// Who may publish to Ingest, as which source, touching which workers (`crate::access`).
+    pub ingest_auth: crate::access::IngestAuthConfig,
 }
 
 impl Default for ProducerConfig {
@@ -258,6 +268,10 @@ impl Default for ProducerConfig {
             block_size: DEFAULT_BLOCK_SIZE,
             engine: EngineSection::default(),
             engines: Vec::new(),
+            tls: ServerTlsConfig::default(),
+            indexer_tls: ClientTlsConfig::default(),
+            indexer_token_file: None,
+            ingest_auth: crate::access::IngestAuthConfig::default(),
         }
     }
 }
@@ -352,6 +366,13 @@ impl ProducerConfig {
                 return Err(Invalid::new("indexers", endpoint, "listed twice"));
             }
         }
+        let endpoints: Vec<(String, &str)> = self
+            .indexers
+            .iter()
+            .map(|url| ("indexers".to_owned(), url.as_str()))
+            .collect();
+        self.indexer_tls.check("indexer_tls", &endpoints)?;
+        self.tls.check("tls", &[("listen", self.listen)])?;
         let r = &self.reconnect;
         at_least(
             "reconnect.initial_backoff_ms",
@@ -404,6 +425,7 @@ impl ProducerConfig {
             "millisecond",
         )?;
         self.publishers()?;
+        crate::access::validate(&self.ingest_auth, self.indexer_token_file.as_deref())?;
         Ok((PoolId { domain, dc }, format))
     }
 
@@ -507,6 +529,9 @@ pub struct Cli {
     /// indexers: an indexer Relay endpoint, http://host:port; repeat for several [required; no default].
     #[arg(long = "indexer", value_name = "URL")]
     pub indexers: Vec<String>,
+    /// indexer_token_file: file holding the bearer token sent to the indexers (one line) [default: none].
+    #[arg(long, value_name = "FILE")]
+    pub indexer_token_file: Option<PathBuf>,
     /// reconnect.initial_backoff_ms: first reconnect delay, ms [default: 100].
     #[arg(long, value_name = "MS")]
     pub initial_backoff_ms: Option<u64>,
@@ -578,6 +603,21 @@ pub struct Cli {
         value_delimiter = ';'
     )]
     pub engines: Vec<EngineSpec>,
+    /// TLS of the Ingest listener.
+    #[command(flatten)]
+    pub tls: ServerTlsFlags,
+    /// indexer_tls.ca_file: CA bundle (PEM) the indexers' certificates are verified against; required for https:// endpoints.
+    #[arg(long, value_name = "FILE")]
+    pub indexer_ca: Option<PathBuf>,
+    /// indexer_tls.cert_file: client certificate (PEM) presented to the indexers (mutual TLS).
+    #[arg(long, value_name = "FILE")]
+    pub indexer_cert: Option<PathBuf>,
+    /// indexer_tls.key_file: private key (PEM) of --indexer-cert.
+    #[arg(long, value_name = "FILE")]
+    pub indexer_key: Option<PathBuf>,
+    /// indexer_tls.server_name: name checked in the indexers' certificates instead of the URL host.
+    #[arg(long, value_name = "NAME")]
+    pub indexer_server_name: Option<String>,
 }
 
 impl Validate for ProducerConfig {
@@ -589,7 +629,7 @@ impl Validate for ProducerConfig {
 impl Cli {
     /// The flags that were given, keyed by dotted config paths.
     pub fn overrides(&self) -> Overrides {
-        Overrides::new()
+        let overrides = Overrides::new()
             .set("pool.domain", self.domain.as_ref())
             .set("pool.dc", self.dc.as_ref())
             .set("table.expected_blocks", self.expected_blocks)
@@ -603,6 +643,7 @@ impl Cli {
                 self.heartbeat_interval_ms,
             )
             .set("publication.attachment_queue", self.attachment_queue)
+            .set("indexer_token_file", self.indexer_token_file.clone())
             .set("reconnect.initial_backoff_ms", self.initial_backoff_ms)
             .set("reconnect.max_backoff_ms", self.max_backoff_ms)
             .set("reconnect.connect_timeout_ms", self.connect_timeout_ms)
@@ -637,7 +678,13 @@ impl Cli {
             .set(
                 "engines",
                 (!self.engines.is_empty()).then_some(&self.engines),
-            )
+            );
+        self.tls
+            .overrides(overrides)
+            .set("indexer_tls.ca_file", self.indexer_ca.as_ref())
+            .set("indexer_tls.cert_file", self.indexer_cert.as_ref())
+            .set("indexer_tls.key_file", self.indexer_key.as_ref())
+            .set("indexer_tls.server_name", self.indexer_server_name.as_ref())
     }
 
     /// The configuration layers of this command line (environment prefix [`ENV_PREFIX`]).

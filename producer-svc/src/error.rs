@@ -30,6 +30,10 @@ pub enum RequestError {
     /// `GetMemberBlocksRequest.member` is absent.
     #[error("GetMemberBlocksRequest.member is required")]
     MissingMember,
+    /// `[ingest_auth]` refused the request or the batch (nothing of it was applied); the
+    /// message names the principal and the source id or worker.
+    #[error("{0}")]
+    Access(ckf_core::access::AccessError),
     /// The producer is shutting down and no longer ingests.
     #[error("the producer is shutting down and no longer accepts events")]
     ShuttingDown,

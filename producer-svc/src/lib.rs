@@ -13,6 +13,7 @@
 //!
 //! | module | owns |
 //! | --- | --- |
+//! | [`access`] | `[ingest_auth]` (which sources may publish, touching which workers) and the indexer bearer token |
 //! | [`config`] | configuration only: layers, flags, validation |
 //! | [`engines`] | ZMQ ingest: one task per engine publisher socket (SUB + replay DEALER), engine config and metrics |
 //! | [`ingest`] | the `Ingest` service, one file per RPC, wire conversion |
@@ -26,6 +27,7 @@
 //! [`serve`] starts everything in-process (the binary, `ckf demo` and the tests all use it);
 //! [`ServeError`] says why it could not start or stopped abnormally.
 
+pub mod access;
 pub mod actor;
 pub mod config;
 pub mod engines;
@@ -50,6 +52,7 @@ use ckf_proto::v1::ingest_server::{IngestServer, SERVICE_NAME as INGEST_SERVICE}
 use ckf_svc_kit::Shutdown;
 use ckf_svc_kit::config::Invalid;
 use ckf_svc_kit::serve::{BindError, Listeners, front};
+use ckf_svc_kit::tls::{ServerTls, TlsError};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
@@ -74,6 +77,9 @@ pub enum ServeError {
     /// A configuration value breaks a rule (key, value, rule).
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// A TLS certificate, key or CA file cannot be used (names the key and the file).
+    #[error("TLS: {0}")]
+    Tls(#[from] TlsError),
     /// A listener could not be bound (`what`: `"ingest"` or `"metrics"`).
     #[error("binding the {} listener on {}: {}", .0.what, .0.addr, .0.source)]
     Bind(#[from] BindError),
@@ -213,6 +219,12 @@ pub async fn serve(
             ))
         })?;
 
+    let ingest_tls = ServerTls::load(&config.tls, "tls")?;
+    let indexer_tls = config.indexer_tls.load("indexer_tls")?;
+    for endpoint in &config.indexers {
+        ckf_svc_kit::tls::warn_if_plaintext_remote(endpoint);
+    }
+
     let stop = Shutdown::new();
     let metrics = Metrics::new();
     let (health, router) = front(
@@ -281,8 +293,23 @@ pub async fn serve(
         tokio::spawn(task.run());
     }
 
+    // Credentials: the token sent to the indexers and who may use Ingest; token files are
+    // re-read on SIGHUP.
+    let indexer_token = std::sync::Arc::new(
+        access::IndexerToken::load(config.indexer_token_file.clone()).map_err(invalid)?,
+    );
+    let ingest_access = std::sync::Arc::new(
+        access::IngestAccess::new(&config.ingest_auth, metrics.registry()).map_err(invalid)?,
+    );
+    let (token, ingest) = (indexer_token.clone(), ingest_access.clone());
+    ckf_svc_kit::access::reload_on_sighup("auth token files", stop.clone(), move || {
+        Ok(format!("{}; {}", token.reload()?, ingest.reload()?))
+    })
+    .map_err(|e| invalid(Invalid::new("ingest_auth", "SIGHUP handler", e.to_string())))?;
+
     // One publisher task per indexer endpoint.
     let settings = RelaySettings {
+        indexer_token,
         heartbeat_interval: config.heartbeat_interval(),
         initial_backoff: Duration::from_millis(config.reconnect.initial_backoff_ms),
         max_backoff: Duration::from_millis(config.reconnect.max_backoff_ms),
@@ -291,6 +318,7 @@ pub async fn serve(
         keepalive: KEEPALIVE,
         max_message_bytes,
         attachment_queue: config.publication.attachment_queue as usize,
+        tls: indexer_tls,
     };
     let relays: Vec<(String, JoinHandle<DrainOutcome>)> = config
         .indexers
@@ -311,22 +339,37 @@ pub async fn serve(
         .collect();
 
     // The gRPC server.
-    let ingest = IngestServer::new(IngestService::new(
-        handle.clone(),
-        identity.clone(),
-        stop.clone(),
-        config.limits.max_events_per_batch as usize,
-        quotas,
-        metrics.clone(),
-    ))
+    let ingest = IngestServer::new(
+        IngestService::new(
+            handle.clone(),
+            identity.clone(),
+            stop.clone(),
+            config.limits.max_events_per_batch as usize,
+            quotas,
+            metrics.clone(),
+        )
+        .with_access(ingest_access),
+    )
     .max_decoding_message_size(max_message_bytes)
     .max_encoding_message_size(max_message_bytes);
     let ingest_addr = listener.addr;
-    let server = tokio::spawn(
-        router
-            .add_service(ingest)
-            .serve_with_incoming_shutdown(listener.incoming, stop.wait()),
-    );
+    config.tls.log_transport("ingest", ingest_addr);
+    if let Some(tls) = &ingest_tls {
+        let reloads = ckf_svc_kit::metrics::counter_vec(
+            metrics.registry(),
+            "ckf_producer_tls_reload_total",
+            "TLS certificate reloads of the Ingest listener (SIGHUP or file change) by result: \
+             ok, error (the previous certificate stays served)",
+            &["result"],
+        );
+        tls.spawn_reloader(Some(reloads), stop.clone());
+    }
+    let router = router.add_service(ingest);
+    let server_stop = stop.wait();
+    let server = tokio::spawn(async move {
+        ckf_svc_kit::tls::serve_router(router, listener.incoming, ingest_tls.as_ref(), server_stop)
+            .await
+    });
     health.serving().await;
     tracing::info!(
         pool = %identity.pool,

@@ -21,7 +21,13 @@ fn main() -> ExitCode {
                 Err(e) => {
                     tracing::error!(error = format!("{e:#}"), "producer failed to start");
                     eprintln!("ckf-producer: {e:#}");
-                    return ExitCode::from(1);
+                    // Unusable configured files are a configuration error, like a bad value.
+                    return match e {
+                        producer_svc::ServeError::Config(_) | producer_svc::ServeError::Tls(_) => {
+                            ExitCode::from(2)
+                        }
+                        _ => ExitCode::from(1),
+                    };
                 }
             };
             match producer.wait().await {

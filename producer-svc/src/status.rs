@@ -1,5 +1,6 @@
 //! The one place where the producer's errors become gRPC statuses.
 
+use ckf_core::access::AccessError;
 use tonic::{Code, Status};
 
 use crate::error::RequestError;
@@ -12,6 +13,8 @@ impl From<RequestError> for Status {
             | RequestError::MissingMember => Code::InvalidArgument,
             RequestError::Quota(_) => Code::ResourceExhausted,
             RequestError::ShuttingDown => Code::Unavailable,
+            RequestError::Access(AccessError::Unauthenticated(_)) => Code::Unauthenticated,
+            RequestError::Access(AccessError::PermissionDenied(_)) => Code::PermissionDenied,
         };
         Status::new(code, e.to_string())
     }

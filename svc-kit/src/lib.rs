@@ -6,6 +6,7 @@
 //!
 //! | module | owns |
 //! | --- | --- |
+//! | [`access`] | token files, a request's credentials (bearer token, client certificate names), `authorization: Bearer` for clients, SIGHUP reload |
 //! | [`config`] | layered configuration: defaults < TOML file < `CKF_*` environment < flags (figment); key aliases; rule helpers; validation errors naming key, value, rule, source |
 //! | [`table`] | the `[table]` section both services share: keys of `ckf_core::addressing::TableSizing` |
 //! | [`logging`] | `tracing` subscriber: human or JSON, `RUST_LOG`-style filter |
@@ -13,8 +14,10 @@
 //! | [`scrape`] | reading a `/metrics` endpoint: HTTP GET (`ureq`) and text parse (`prometheus-parse`) |
 //! | [`shutdown`] | SIGTERM/SIGINT -> one cancellable [`shutdown::Shutdown`] token |
 //! | [`grpc`] | listener binding, `grpc.health.v1` and server reflection helpers |
+//! | [`tls`] | TLS (rustls, ring): the `[tls]` / client sections and their rules, certificate loading and reload (SIGHUP, file change), the TLS acceptor, client endpoints, the verified peer's names |
 //! | [`serve`] | what both services do to start and stop: bind both listeners, health + reflection in front, a binary's `main` |
 
+pub mod access;
 pub mod config;
 pub mod grpc;
 pub mod logging;
@@ -23,6 +26,7 @@ pub mod scrape;
 pub mod serve;
 pub mod shutdown;
 pub mod table;
+pub mod tls;
 
 pub use config::{ConfigError, Invalid, KeyAlias, Layers, Overrides, Validate};
 pub use logging::LogFormat;

@@ -7,6 +7,7 @@ use ckf_core::bucket;
 use ckf_proto::v1::{self, relay_client::RelayClient, relay_frame::Frame, relay_reply::Reply};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
+use tonic::metadata::MetadataMap;
 use tonic::transport::Channel;
 use tonic::{Code, Status, Streaming};
 
@@ -46,12 +47,49 @@ impl RawStream {
     /// # Panics
     /// When the first reply is not `LeaseGranted`.
     pub async fn open(channel: Channel, attach: v1::Attach) -> Result<Self, Status> {
+        Self::open_with(channel, attach, MetadataMap::new()).await
+    }
+
+    /// As [`RawStream::open`], sending `authorization: Bearer <token>` when `token` is given.
+    ///
+    /// # Errors
+    /// The indexer's status when it refuses the attachment.
+    ///
+    /// # Panics
+    /// When the first reply is not `LeaseGranted`, or `token` is not a valid header value.
+    pub async fn open_with_token(
+        channel: Channel,
+        attach: v1::Attach,
+        token: Option<&str>,
+    ) -> Result<Self, Status> {
+        let mut metadata = MetadataMap::new();
+        if let Some(token) = token {
+            let value = format!("Bearer {token}").parse().expect("a header value");
+            metadata.insert("authorization", value);
+        }
+        Self::open_with(channel, attach, metadata).await
+    }
+
+    /// As [`RawStream::open`], with `metadata` on the stream's request.
+    ///
+    /// # Errors
+    /// The indexer's status when it refuses the attachment.
+    ///
+    /// # Panics
+    /// When the first reply is not `LeaseGranted`.
+    pub async fn open_with(
+        channel: Channel,
+        attach: v1::Attach,
+        metadata: MetadataMap,
+    ) -> Result<Self, Status> {
         let mut client = RelayClient::new(channel).max_encoding_message_size(MAX_ENCODING_BYTES);
         let (tx, rx) = mpsc::channel(64);
         tx.send(Frame::Attach(attach).into())
             .await
             .expect("fresh channel has room");
-        let mut replies = client.publish(ReceiverStream::new(rx)).await?.into_inner();
+        let mut request = tonic::Request::new(ReceiverStream::new(rx));
+        *request.metadata_mut() = metadata;
+        let mut replies = client.publish(request).await?.into_inner();
         match replies.message().await?.and_then(|r| r.reply) {
             Some(Reply::LeaseGranted(granted)) => Ok(Self {
                 tx,

@@ -154,6 +154,9 @@ pub struct IndexerSpec {
     pub max_images_per_delta: u32,
     /// Top-level `block_size` (tokens per KV block of token queries); `None`: the default.
     pub block_size: Option<u32>,
+    /// TOML inserted after the top-level keys, before `[manifest]`: top-level keys first, then
+    /// whole sections of its own (e.g. `query_listen = ...` and `[auth]`).
+    pub extra_toml: String,
 }
 
 impl Default for IndexerSpec {
@@ -165,6 +168,7 @@ impl Default for IndexerSpec {
             max_message_bytes: 64 << 10,
             max_images_per_delta: 65_536,
             block_size: None,
+            extra_toml: String::new(),
         }
     }
 }
@@ -174,6 +178,10 @@ pub struct Indexer {
     svc: Option<Service>,
     /// gRPC address (Relay, Query, health).
     pub addr: SocketAddr,
+    /// Query address: `query_listen`'s when configured, else `addr`.
+    pub query_addr: SocketAddr,
+    /// Bearer token sent with the Query calls of these helpers (`auth.query_token_file`).
+    pub query_token: Option<String>,
     /// `/metrics` address.
     pub metrics_addr: SocketAddr,
     /// Lane order of the manifest.
@@ -204,29 +212,42 @@ impl Indexer {
         let lanes = toml_strings(&spec.lanes);
         // Port 0: the indexer binds free ports and logs them ("ckf-indexer serving").
         let toml = format!(
-            "listen = \"127.0.0.1:0\"\nmetrics_listen = \"127.0.0.1:0\"\nlog_format = \"json\"\n{}\
+            "listen = \"127.0.0.1:0\"\nmetrics_listen = \"127.0.0.1:0\"\nlog_format = \"json\"\n{}{}\n\
              [manifest]\ndomain = \"{DOMAIN}\"\nlanes = [{lanes}]\n\
              [table]\nbucket_count = {BUCKETS}\nseed = {SEED}\n\
              [lag]\nheartbeat_deadline_ms = {}\ndirty_to_applied_deadline_ms = 30000\n\
              [limits]\nmax_message_bytes = {}\nmax_images_per_delta = {}\n",
             block_size_line(spec.block_size),
+            spec.extra_toml,
             spec.heartbeat_deadline_ms,
             spec.max_message_bytes,
             spec.max_images_per_delta
         );
         let config = dir.path().join(format!("{name}.toml"));
         std::fs::write(&config, toml).expect("write indexer config");
-        let (svc, addr, metrics_addr) = spawn_indexer(name, &config, dir.path(), None);
+        let (svc, addr, metrics_addr, query_addr) = spawn_indexer(name, &config, dir.path(), None);
         Self {
             svc: Some(svc),
             addr,
+            query_addr,
+            query_token: None,
             metrics_addr,
             lanes: spec.lanes.clone(),
             config,
             name: name.into(),
             log_dir: dir.path().to_owned(),
-            grpc: ChannelCache::new(addr),
+            grpc: ChannelCache::new(query_addr),
         }
+    }
+
+    /// `request` with the helpers' bearer token, if any.
+    fn query_request<T>(&self, request: T) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(request);
+        if let Some(token) = &self.query_token {
+            let value = format!("Bearer {token}").parse().expect("a header value");
+            request.metadata_mut().insert("authorization", value);
+        }
+        request
     }
 
     /// SIGKILL (no shutdown path runs).
@@ -235,6 +256,13 @@ impl Indexer {
             svc.kill9();
         }
         self.grpc.forget();
+    }
+
+    /// Sends a signal to the process (e.g. `libc::SIGHUP`).
+    pub fn signal(&self, signal: i32) {
+        if let Some(svc) = &self.svc {
+            svc.signal(signal);
+        }
     }
 
     /// SIGTERM and wait for the exit (bounded).
@@ -251,10 +279,14 @@ impl Indexer {
     /// Starts the indexer again with the same config and ports (killing it first if it runs).
     pub fn restart(&mut self) {
         self.kill9();
-        let ports = Some((self.addr, self.metrics_addr));
-        let (svc, addr, metrics_addr) =
+        let query = (self.query_addr != self.addr).then_some(self.query_addr);
+        let ports = Some((self.addr, self.metrics_addr, query));
+        let (svc, addr, metrics_addr, query_addr) =
             spawn_indexer(&self.name, &self.config, &self.log_dir, ports);
-        assert_eq!((addr, metrics_addr), (self.addr, self.metrics_addr));
+        assert_eq!(
+            (addr, metrics_addr, query_addr),
+            (self.addr, self.metrics_addr, self.query_addr)
+        );
         self.svc = Some(svc);
     }
 
@@ -280,7 +312,9 @@ impl Indexer {
     /// The transport error or status, as text.
     pub async fn list_lanes(&self) -> Result<v1::ListLanesResponse, String> {
         let mut client = QueryClient::new(self.grpc.get().await?);
-        let result = client.list_lanes(v1::ListLanesRequest {}).await;
+        let result = client
+            .list_lanes(self.query_request(v1::ListLanesRequest {}))
+            .await;
         self.grpc
             .check(result)
             .map(tonic::Response::into_inner)
@@ -310,7 +344,7 @@ impl Indexer {
         let request = v1::FindMatchesRequest {
             block_hashes: hashes.to_vec(),
         };
-        let result = client.find_matches(request).await;
+        let result = client.find_matches(self.query_request(request)).await;
         self.grpc
             .check(result)
             .map(tonic::Response::into_inner)
@@ -372,7 +406,8 @@ impl Indexer {
 }
 
 /// Starts `ckf-indexer --config config` (plus `--listen`/`--metrics-listen` when `ports` pins
-/// them) and waits for its "serving" record; returns the bound gRPC and metrics addresses.
+/// them) and waits for its "serving" record; returns the bound gRPC, metrics and Query
+/// addresses.
 ///
 /// # Panics
 /// When it exits or does not serve within the deadline (its log is printed by [`TestDir`]).
@@ -380,12 +415,15 @@ fn spawn_indexer(
     name: &str,
     config: &Path,
     log_dir: &Path,
-    ports: Option<(SocketAddr, SocketAddr)>,
-) -> (Service, SocketAddr, SocketAddr) {
+    ports: Option<(SocketAddr, SocketAddr, Option<SocketAddr>)>,
+) -> (Service, SocketAddr, SocketAddr, SocketAddr) {
     let mut args = vec!["--config".to_owned(), config.display().to_string()];
-    if let Some((listen, metrics)) = ports {
+    if let Some((listen, metrics, query)) = ports {
         args.extend(["--listen".into(), listen.to_string()]);
         args.extend(["--metrics-listen".into(), metrics.to_string()]);
+        if let Some(query) = query {
+            args.extend(["--query-listen".into(), query.to_string()]);
+        }
     }
     let mut svc = Service::spawn(name, &binary("ckf-indexer"), &args, log_dir);
     let record = svc
@@ -393,7 +431,10 @@ fn spawn_indexer(
         .unwrap_or_else(|e| panic!("ckf-indexer: {e}"));
     let addr = record_addr(&record, "grpc_addr");
     let metrics_addr = record_addr(&record, "metrics_addr");
-    (svc, addr, metrics_addr)
+    let query_addr = record
+        .get("query_addr")
+        .map_or(addr, |_| record_addr(&record, "query_addr"));
+    (svc, addr, metrics_addr, query_addr)
 }
 
 /// The top-level `block_size = N` line of a config (empty for the default).
@@ -435,7 +476,8 @@ pub struct ProducerSpec {
     pub block_size: Option<u32>,
     /// Engine publishers, one `--engine` flag each (`worker_id=7,endpoint=tcp://...`).
     pub engines: Vec<String>,
-    /// More TOML appended to the config (whole sections, e.g. `"[quotas]\n..."`).
+    /// TOML inserted after the top-level keys, before `[pool]`: top-level keys first, then
+    /// whole sections of its own (e.g. `indexer_token_file = ...` and `[ingest_auth]`).
     pub extra_toml: String,
 }
 
@@ -508,20 +550,20 @@ impl Producer {
         let endpoints = toml_strings(indexers);
         let toml = format!(
             "listen = \"127.0.0.1:0\"\nmetrics_listen = \"127.0.0.1:0\"\nlog_format = \"json\"\n{}\
-             indexers = [{endpoints}]\n\
+             indexers = [{endpoints}]\n{}\n\
              [pool]\ndomain = \"{DOMAIN}\"\ndc = \"{}\"\n\
              [table]\nbucket_count = {}\nseed = {SEED}\n\
              [publication]\nbatch_threshold = {}\nmax_delay_ms = 5\nheartbeat_interval_ms = {}\n\
              [reconnect]\ninitial_backoff_ms = {}\nmax_backoff_ms = {}\nconnect_timeout_ms = 3000\n\
-             [shutdown]\ndrain_timeout_ms = 15000\n{}",
+             [shutdown]\ndrain_timeout_ms = 15000\n",
             block_size_line(spec.block_size),
+            spec.extra_toml,
             spec.dc,
             spec.bucket_count,
             spec.batch_threshold,
             spec.heartbeat_interval_ms,
             spec.initial_backoff_ms,
             spec.max_backoff_ms,
-            spec.extra_toml
         );
         let config = dir.path().join(format!("{name}.toml"));
         std::fs::write(&config, toml).expect("write producer config");

@@ -41,6 +41,8 @@ pub struct IngestService {
     quotas: Quotas,
     /// Counts size-quota refusals (`ckf_producer_quota_refusals_total`).
     metrics: Metrics,
+    /// Who may call, publish as which source and touch which workers (`[ingest_auth]`).
+    access: std::sync::Arc<crate::access::IngestAccess>,
 }
 
 impl IngestService {
@@ -61,7 +63,29 @@ impl IngestService {
             max_events_per_batch,
             quotas,
             metrics,
+            access: std::sync::Arc::new(crate::access::IngestAccess::off(
+                &prometheus::Registry::new(),
+            )),
         }
+    }
+
+    /// The same service checking every call against `access` (`[ingest_auth]`).
+    pub fn with_access(mut self, access: std::sync::Arc<crate::access::IngestAccess>) -> Self {
+        self.access = access;
+        self
+    }
+
+    /// [`IngestService::submit`] after `caller`'s grant allowed the batch (source id, workers).
+    ///
+    /// # Errors
+    /// [`RequestError::Access`] for a refused batch (nothing applied), else as `submit`.
+    pub(crate) async fn submit_as(
+        &self,
+        caller: &crate::access::Caller,
+        batch: v1::KvEventBatch,
+    ) -> Result<v1::KvEventBatchResult, RequestError> {
+        caller.authorize(&batch)?;
+        self.submit(batch).await
     }
 
     /// Decodes `batch`, applies it through the actor and returns the wire result.
@@ -104,9 +128,11 @@ impl Ingest for IngestService {
         &self,
         request: Request<Streaming<v1::KvEventBatch>>,
     ) -> Result<Response<Self::PublishStream>, Status> {
+        let caller = self.access.caller("publish", &request)?;
         let peer = request.remote_addr();
         Ok(Response::new(publish::handle(
             self.clone(),
+            caller,
             peer,
             request.into_inner(),
         )))
@@ -116,12 +142,13 @@ impl Ingest for IngestService {
         &self,
         request: Request<v1::KvEventBatch>,
     ) -> Result<Response<v1::KvEventBatchResult>, Status> {
+        let caller = self.access.caller("publish_batch", &request)?;
         let span = tracing::debug_span!(
             "publish_batch",
             peer = ?request.remote_addr(),
             source = %request.get_ref().source_id
         );
-        publish_batch::handle(self, request.into_inner())
+        publish_batch::handle(self, &caller, request.into_inner())
             .instrument(span)
             .await
             .map(Response::new)
@@ -132,6 +159,7 @@ impl Ingest for IngestService {
         &self,
         request: Request<v1::GetMemberBlocksRequest>,
     ) -> Result<Response<v1::MemberBlocks>, Status> {
+        self.access.caller("get_member_blocks", &request)?;
         get_member_blocks::handle(self, request.into_inner())
             .await
             .map(Response::new)
@@ -140,8 +168,9 @@ impl Ingest for IngestService {
 
     async fn get_stats(
         &self,
-        _request: Request<v1::GetStatsRequest>,
+        request: Request<v1::GetStatsRequest>,
     ) -> Result<Response<v1::ProducerStats>, Status> {
+        self.access.caller("get_stats", &request)?;
         get_stats::handle(self)
             .await
             .map(Response::new)

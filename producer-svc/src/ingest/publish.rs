@@ -33,6 +33,7 @@ const RESULT_BUFFER: usize = 4;
 /// stream.
 pub fn handle(
     service: IngestService,
+    caller: crate::access::Caller,
     peer: Option<SocketAddr>,
     mut batches: Streaming<v1::KvEventBatch>,
 ) -> ResultStream {
@@ -52,7 +53,7 @@ pub fn handle(
                         let source_id = ckf_core::identity::check_source_id(&batch.source_id)
                             .map_or_else(|_| String::new(), |()| batch.source_id.clone());
                         let sequence = batch.sequence;
-                        match service.submit(batch).await {
+                        match service.submit_as(&caller, batch).await {
                             Ok(result) => Ok(result),
                             Err(RequestError::ShuttingDown) => {
                                 Err(Status::from(RequestError::ShuttingDown))

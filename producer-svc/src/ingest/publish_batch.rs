@@ -12,7 +12,8 @@ use crate::error::RequestError;
 /// producer is shutting down.
 pub async fn handle(
     service: &IngestService,
+    caller: &crate::access::Caller,
     batch: v1::KvEventBatch,
 ) -> Result<v1::KvEventBatchResult, RequestError> {
-    service.submit(batch).await
+    service.submit_as(caller, batch).await
 }

@@ -23,7 +23,6 @@ use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep_until, timeout};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Streaming;
-use tonic::transport::Endpoint;
 
 use super::IndexerAttachment;
 use crate::actor::Command;
@@ -123,7 +122,8 @@ impl IndexerAttachment {
         let s = &self.settings;
         self.set_state(AttachmentState::Connecting);
         tracing::debug!("connecting");
-        let endpoint = Endpoint::from_shared(self.endpoint.clone())
+        let tls = s.tls.as_ref().map(ckf_svc_kit::tls::ClientTls::reloaded);
+        let endpoint = ckf_svc_kit::tls::endpoint(&self.endpoint, tls.as_ref(), false)
             .map_err(|e| SessionEnd::Failed(fail("connect_failed", error_chain(&e))))?
             .connect_timeout(s.connect_timeout)
             .tcp_nodelay(true)
@@ -150,8 +150,11 @@ impl IndexerAttachment {
         self.set_state(AttachmentState::AwaitingLease);
         tracing::debug!("attach sent; awaiting the lease");
         let deadline = Instant::now() + s.connect_timeout;
+        let token = s.indexer_token.get();
         let call = async {
-            let mut replies = client.publish(ReceiverStream::new(rx)).await?.into_inner();
+            let request = tonic::Request::new(ReceiverStream::new(rx));
+            let request = ckf_svc_kit::access::with_bearer(request, (*token).as_ref());
+            let mut replies = client.publish(request).await?.into_inner();
             let first = replies.message().await?;
             Ok::<_, tonic::Status>((replies, first))
         };

@@ -1,0 +1,414 @@
+//! Who may attach for which pool, and who may query: the `[auth]` section, the policies built
+//! from it (`ckf_core::access`, which owns every rule) and the checks the Relay and Query
+//! handlers call.
+//!
+//! ```toml
+//! [auth]
+//! required = false                 # true: every Attach must identify a producer principal
+//! query_token_file = "/run/secrets/ckf/query.token"   # optional: Query needs this bearer token
+//! [[auth.producers]]
+//! name = "dc-a"                    # in logs and refusals
+//! pools = ["dc-a"]                 # DC ids (lanes of this indexer) it may publish
+//! cert_names = ["producer.dc-a.ckf"]   # any name of its verified client certificate
+//! token_file = "/run/secrets/ckf/dc-a.token"   # and/or a bearer token (one line)
+//! ```
+//!
+//! The Relay check runs on the decoded `Attach` *before* `GlobalCkfIndexer::attach`, so a
+//! refused attachment never gets a lease and cannot supersede the lane's holder. Query is
+//! guarded by a tonic interceptor ([`IndexerAccess::query_interceptor`]). Refusals are
+//! `UNAUTHENTICATED` / `PERMISSION_DENIED` with the reason, counted in
+//! `ckf_indexer_auth_refused_total{service,code}` (`service` = `relay` | `query`). Token files
+//! are re-read on SIGHUP (`ckf_svc_kit::access::reload_on_sighup`).
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use ckf_core::access::{AccessError, Credentials, Policy, PoolGrant, Principal, TokenGate};
+use ckf_core::identity::{DcId, PoolId};
+use ckf_proto::{convert, v1};
+use ckf_svc_kit::access::{Reloadable, credentials, read_optional_token_file};
+use ckf_svc_kit::config::Invalid;
+use ckf_svc_kit::metrics::counter_vec;
+use prometheus::{IntCounterVec, Registry};
+use serde::{Deserialize, Serialize};
+use tonic::{Request, Status};
+
+use crate::status::RelayError;
+
+/// The `[auth]` section.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthConfig {
+    /// Every `Attach` must identify one of `producers` (else `UNAUTHENTICATED`).
+    pub required: bool,
+    /// Query RPCs need `authorization: Bearer <the token in this file>` (one line).
+    pub query_token_file: Option<PathBuf>,
+    /// Producer principals and the pools each may publish.
+    pub producers: Vec<ProducerAuth>,
+}
+
+/// One `[[auth.producers]]` entry.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ProducerAuth {
+    /// Name in logs and refusals (unique).
+    pub name: String,
+    /// DC ids of this indexer's lanes it may publish (at least one).
+    pub pools: Vec<String>,
+    /// Names of its client certificate (DNS / URI SAN or subject CN), any of which identifies it.
+    pub cert_names: Vec<String>,
+    /// File holding its bearer token (one line).
+    pub token_file: Option<PathBuf>,
+}
+
+/// The policies in force.
+#[derive(Debug)]
+struct Policies {
+    relay: Policy<PoolGrant>,
+    query: TokenGate,
+}
+
+/// Builds both policies from `auth`, reading every token file. `domain` and `lanes` are the
+/// manifest's (a granted DC must be a lane).
+fn build(auth: &AuthConfig, domain: &str, lanes: &[String]) -> Result<Policies, Invalid> {
+    let mut entries = Vec::with_capacity(auth.producers.len());
+    for (i, p) in auth.producers.iter().enumerate() {
+        let key = |field: &str| format!("auth.producers[{i}].{field}");
+        if p.pools.is_empty() {
+            return Err(Invalid::new(
+                key("pools"),
+                "[]",
+                "list at least one DC id this producer may publish",
+            ));
+        }
+        let mut pools = BTreeSet::new();
+        for (j, dc) in p.pools.iter().enumerate() {
+            let bad =
+                |rule: String| Invalid::new(format!("auth.producers[{i}].pools[{j}]"), dc, rule);
+            let dc_id = DcId::new(dc.clone()).map_err(|e| bad(e.to_string()))?;
+            if !lanes.contains(dc) {
+                return Err(bad(format!(
+                    "is not a lane of this indexer (manifest.lanes: {})",
+                    lanes.join(", ")
+                )));
+            }
+            let pool = PoolId {
+                domain: ckf_core::identity::IndexerDomainId::new(domain)
+                    .map_err(|e| bad(e.to_string()))?,
+                dc: dc_id,
+            };
+            pools.insert(pool);
+        }
+        let token = read_optional_token_file(&key("token_file"), p.token_file.as_deref())?;
+        entries.push((
+            Principal {
+                name: p.name.clone(),
+                cert_names: p.cert_names.clone(),
+                token,
+            },
+            PoolGrant { pools },
+        ));
+    }
+    let relay = Policy::new(auth.required, entries).map_err(|e| {
+        let (key, value) = match e {
+            ckf_core::access::PolicyError::RequiredWithoutPrincipals => ("auth.required", "true"),
+            _ => ("auth.producers", "[...]"),
+        };
+        Invalid::new(key, value, e.to_string())
+    })?;
+    let query = TokenGate::new(read_optional_token_file(
+        "auth.query_token_file",
+        auth.query_token_file.as_deref(),
+    )?);
+    Ok(Policies { relay, query })
+}
+
+/// Checks `auth` (and reads its token files) against the manifest's `domain` and `lanes`.
+///
+/// # Errors
+/// [`Invalid`] naming the key: an unreadable or empty token file (with its path), a pool that is
+/// not a lane, a principal without credentials, a shared name / certificate name / token,
+/// `required` without producers.
+pub fn validate(auth: &AuthConfig, domain: &str, lanes: &[String]) -> Result<(), Invalid> {
+    build(auth, domain, lanes).map(|_| ())
+}
+
+/// The access checks of one indexer (shared by the Relay and Query handlers).
+#[derive(Debug)]
+pub struct IndexerAccess {
+    config: AuthConfig,
+    domain: String,
+    lanes: Vec<String>,
+    policies: Reloadable<Policies>,
+    refused: IntCounterVec,
+}
+
+impl IndexerAccess {
+    /// Builds the policies (reading the token files) and registers
+    /// `ckf_indexer_auth_refused_total` in `registry`.
+    ///
+    /// # Errors
+    /// As [`validate`].
+    pub fn new(
+        auth: &AuthConfig,
+        domain: &str,
+        lanes: &[String],
+        registry: &Registry,
+    ) -> Result<Self, Invalid> {
+        let policies = build(auth, domain, lanes)?;
+        let refused = counter_vec(
+            registry,
+            "ckf_indexer_auth_refused_total",
+            "Requests refused by authorization, by service (relay, query) and gRPC code \
+             (unauthenticated, permission_denied).",
+            &["service", "code"],
+        );
+        for service in ["relay", "query"] {
+            for code in ["unauthenticated", "permission_denied"] {
+                refused.with_label_values(&[service, code]);
+            }
+        }
+        Ok(Self {
+            config: auth.clone(),
+            domain: domain.to_owned(),
+            lanes: lanes.to_vec(),
+            policies: Reloadable::new(policies),
+            refused,
+        })
+    }
+
+    /// Re-reads every token file; the previous tokens stay in force when one fails.
+    ///
+    /// # Errors
+    /// The refused key, path and reason, as text.
+    pub fn reload(&self) -> Result<String, String> {
+        let policies = build(&self.config, &self.domain, &self.lanes).map_err(|e| e.to_string())?;
+        let principals = policies.relay.entries().len();
+        self.policies.set(policies);
+        Ok(format!(
+            "{principals} producer principal(s), query token reloaded"
+        ))
+    }
+
+    /// A one-line summary for the start log.
+    pub fn summary(&self) -> String {
+        let p = self.policies.get();
+        format!(
+            "relay: {}; query: {}",
+            if p.relay.is_off() {
+                "open (no [auth] principals)".to_owned()
+            } else {
+                format!(
+                    "{} principal(s), {}",
+                    p.relay.entries().len(),
+                    if p.relay.required() {
+                        "required"
+                    } else {
+                        "anonymous allowed"
+                    }
+                )
+            },
+            if p.query.is_open() {
+                "open"
+            } else {
+                "bearer token"
+            }
+        )
+    }
+
+    fn count(&self, service: &str, error: &AccessError) {
+        self.refused
+            .with_label_values(&[service, error.code_label()])
+            .inc();
+    }
+
+    /// Whether the stream whose request presented `credentials` may attach as `attach` says;
+    /// returns the principal's name (`anonymous` when none is required). Runs before
+    /// `GlobalCkfIndexer::attach`.
+    ///
+    /// # Errors
+    /// [`RelayError::BadAttach`] for an undecodable pool, [`RelayError::Access`] for a refusal
+    /// (counted).
+    pub fn authorize_attach(
+        &self,
+        credentials: &Result<Credentials, AccessError>,
+        attach: &v1::Attach,
+    ) -> Result<String, RelayError> {
+        let pool = convert::attach_pool(attach).map_err(RelayError::BadAttach)?;
+        let policies = self.policies.get();
+        let decision = credentials.clone().and_then(|c| {
+            policies
+                .relay
+                .authorize_attach(&c, &pool)
+                .map(|i| i.name().to_owned())
+        });
+        decision.map_err(|error| {
+            self.count("relay", &error);
+            RelayError::Access(error)
+        })
+    }
+
+    /// The interceptor guarding Query: passes when no query token is configured or the request
+    /// carries it; else `UNAUTHENTICATED` (counted).
+    pub fn query_interceptor(
+        self: &Arc<Self>,
+    ) -> impl FnMut(Request<()>) -> Result<Request<()>, Status> + Clone + Send + Sync + 'static
+    {
+        let access = Arc::clone(self);
+        move |request: Request<()>| {
+            let checked = credentials(&request).and_then(|c| access.policies.get().query.check(&c));
+            match checked {
+                Ok(()) => Ok(request),
+                Err(error) => {
+                    access.count("query", &error);
+                    tracing::debug!(%error, "query refused");
+                    Err(Status::unauthenticated(format!("ckf.v1.Query: {error}")))
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lanes() -> Vec<String> {
+        vec!["dc-a".into(), "dc-b".into()]
+    }
+
+    #[test]
+    fn invalid_sections_name_the_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("a.token");
+        std::fs::write(&token, "tok-a\n").unwrap();
+        let producer = |pools: &[&str], token_file: Option<PathBuf>| ProducerAuth {
+            name: "dc-a".into(),
+            pools: pools.iter().map(|&p| p.to_owned()).collect(),
+            cert_names: vec![],
+            token_file,
+        };
+        let auth = |p: ProducerAuth| AuthConfig {
+            required: true,
+            query_token_file: None,
+            producers: vec![p],
+        };
+        validate(
+            &auth(producer(&["dc-a"], Some(token.clone()))),
+            "d",
+            &lanes(),
+        )
+        .unwrap();
+
+        let err = validate(
+            &auth(producer(&["dc-z"], Some(token.clone()))),
+            "d",
+            &lanes(),
+        )
+        .unwrap_err();
+        assert_eq!(err.key, "auth.producers[0].pools[0]");
+        assert!(err.rule.contains("not a lane"), "{err}");
+
+        let missing = dir.path().join("missing.token");
+        let err = validate(&auth(producer(&["dc-a"], Some(missing))), "d", &lanes()).unwrap_err();
+        assert_eq!(err.key, "auth.producers[0].token_file");
+        assert!(err.value.contains("missing.token"), "{err}");
+
+        let err = validate(&auth(producer(&["dc-a"], None)), "d", &lanes()).unwrap_err();
+        assert!(err.rule.contains("neither cert_names nor a token"), "{err}");
+
+        let err = validate(&auth(producer(&[], Some(token))), "d", &lanes()).unwrap_err();
+        assert_eq!(err.key, "auth.producers[0].pools");
+
+        let required_alone = AuthConfig {
+            required: true,
+            ..AuthConfig::default()
+        };
+        let err = validate(&required_alone, "d", &lanes()).unwrap_err();
+        assert_eq!(err.key, "auth.required");
+        validate(&AuthConfig::default(), "d", &lanes()).unwrap();
+    }
+
+    #[test]
+    fn the_section_loads_from_toml_and_flags() {
+        use clap::Parser;
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("a.token");
+        std::fs::write(&token, "tok-a\n").unwrap();
+        let file = dir.path().join("i.toml");
+        std::fs::write(
+            &file,
+            format!(
+                "[auth]\nrequired = true\n[[auth.producers]]\nname = \"dc-a\"\n\
+                 pools = [\"dc-a\"]\ncert_names = [\"producer.dc-a.ckf\"]\ntoken_file = {token:?}\n"
+            ),
+        )
+        .unwrap();
+        let config = crate::config::Cli::parse_from([
+            "ckf-indexer",
+            "--config",
+            file.to_str().unwrap(),
+            "--query-listen",
+            "127.0.0.1:7401",
+            "--query-token-file",
+            token.to_str().unwrap(),
+        ])
+        .load()
+        .unwrap();
+        assert!(config.auth.required);
+        assert_eq!(config.auth.producers[0].cert_names, ["producer.dc-a.ckf"]);
+        assert_eq!(
+            config.auth.query_token_file.as_deref(),
+            Some(token.as_path())
+        );
+        assert_eq!(config.query_listen, Some("127.0.0.1:7401".parse().unwrap()));
+        let text =
+            crate::config::Cli::parse_from(["ckf-indexer", "--query-listen", "127.0.0.1:7400"])
+                .load()
+                .unwrap_err()
+                .to_string();
+        assert!(text.contains("query_listen = 127.0.0.1:7400"), "{text}");
+        let text =
+            crate::config::Cli::parse_from(["ckf-indexer", "--query-token-file", "/nonexistent/q"])
+                .load()
+                .unwrap_err()
+                .to_string();
+        assert!(
+            text.contains("auth.query_token_file = /nonexistent/q"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn tokens_are_reloaded() {
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("q.token");
+        std::fs::write(&token, "old\n").unwrap();
+        let auth = AuthConfig {
+            query_token_file: Some(token.clone()),
+            ..AuthConfig::default()
+        };
+        let access = Arc::new(IndexerAccess::new(&auth, "d", &lanes(), &Registry::new()).unwrap());
+        let mut gate = access.query_interceptor();
+        let with = |t: &str| {
+            let mut r = Request::new(());
+            r.metadata_mut()
+                .insert("authorization", format!("Bearer {t}").parse().unwrap());
+            r
+        };
+        assert!(gate(with("old")).is_ok());
+        assert_eq!(
+            gate(Request::new(())).unwrap_err().code(),
+            tonic::Code::Unauthenticated
+        );
+        std::fs::write(&token, "new\n").unwrap();
+        access.reload().unwrap();
+        assert!(gate(with("old")).is_err());
+        assert!(gate(with("new")).is_ok());
+        // A broken file keeps the tokens in force.
+        std::fs::write(&token, "").unwrap();
+        assert!(access.reload().is_err());
+        assert!(gate(with("new")).is_ok());
+    }
+}

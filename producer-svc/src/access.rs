@@ -1,0 +1,505 @@
+//! Who may publish to this producer's Ingest, as which source and touching which workers (the
+//! `[ingest_auth]` section), and the bearer token this producer presents to its indexers
+//! (`indexer_token_file`). Every rule is `ckf_core::access`'s; this module builds the policy,
+//! reads the token files and gives the Ingest handlers one check each.
+//!
+//! ```toml
+//! indexer_token_file = "/run/secrets/ckf/dc-a.token"   # sent as `authorization: Bearer`
+//! [ingest_auth]
+//! required = false                 # true: every Ingest RPC must identify a source principal
+//! [[ingest_auth.sources]]
+//! name = "router-1"                # in logs and refusals
+//! cert_names = ["router-1.dc-a.ckf"]   # any name of its verified client certificate
+//! token_file = "/run/secrets/ckf/router-1.token"   # and/or a bearer token (one line)
+//! source_ids = ["router-1"]        # KvEventBatch.source_id values it may use; ["*"] = any
+//! workers = [7, 8]                 # worker ids its events may touch; [] = none, ["*"] = all
+//! ```
+//!
+//! `Publish` / `PublishBatch`: the caller is identified once per RPC ([`IngestAccess::caller`],
+//! `UNAUTHENTICATED` / `PERMISSION_DENIED` before anything is read), then every batch is
+//! checked whole before it reaches the state actor ([`Caller::authorize`]): a source id or a
+//! worker outside the grant refuses the batch with `PERMISSION_DENIED` naming the principal and
+//! the source or the first refused worker, and nothing of it is applied. `GetStats` and
+//! `GetMemberBlocks` need any identified principal when `required`. Engines subscribed over ZMQ
+//! (`[[engines]]`) are configured, not authenticated: this section does not apply to them.
+//! Refusals are counted in `ckf_producer_auth_refused_total{rpc,code}`. Token files are re-read
+//! on SIGHUP.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+
+use ckf_core::access::{
+    AccessError, Identity, Policy, PolicyError, Principal, Scope, Secret, SourceGrant,
+};
+use ckf_proto::v1;
+use ckf_svc_kit::access::{Reloadable, credentials, read_optional_token_file};
+use ckf_svc_kit::config::Invalid;
+use ckf_svc_kit::metrics::counter_vec;
+use prometheus::{IntCounterVec, Registry};
+use serde::{Deserialize, Serialize};
+use tonic::{Request, Status};
+
+use crate::error::{MAX_SOURCE_ID_BYTES, RequestError};
+
+/// The `[ingest_auth]` section.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct IngestAuthConfig {
+    /// Every Ingest RPC must identify one of `sources` (else `UNAUTHENTICATED`).
+    pub required: bool,
+    /// Source principals and what each may publish.
+    pub sources: Vec<SourceAuth>,
+}
+
+/// One `[[ingest_auth.sources]]` entry.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SourceAuth {
+    /// Name in logs and refusals (unique).
+    pub name: String,
+    /// Names of its client certificate (DNS / URI SAN or subject CN), any of which identifies it.
+    pub cert_names: Vec<String>,
+    /// File holding its bearer token (one line).
+    pub token_file: Option<PathBuf>,
+    /// `KvEventBatch.source_id` values it may use (`["*"]`: any).
+    pub source_ids: Vec<String>,
+    /// Worker ids its events may touch: integers or decimal strings; `["*"]`: all; empty: none.
+    pub workers: Vec<WorkerEntry>,
+}
+
+/// One `workers` entry: a worker id, or `"*"` (or a worker id written as a string, for ids
+/// beyond TOML's signed 64-bit integers).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum WorkerEntry {
+    /// A worker id.
+    Id(u64),
+    /// `"*"` or a decimal worker id.
+    Text(String),
+}
+
+fn scope<T: Ord>(
+    key: &str,
+    entries: impl IntoIterator<Item = Result<Option<T>, String>>,
+    shown: String,
+) -> Result<Scope<T>, Invalid> {
+    let mut set = BTreeSet::new();
+    let mut all = false;
+    for entry in entries {
+        match entry.map_err(|rule| Invalid::new(key, &shown, rule))? {
+            None => all = true,
+            Some(v) => {
+                set.insert(v);
+            }
+        }
+    }
+    match (all, set.is_empty()) {
+        (true, true) => Ok(Scope::All),
+        (true, false) => Err(Invalid::new(key, shown, "\"*\" must stand alone")),
+        (false, _) => Ok(Scope::Only(set)),
+    }
+}
+
+fn build(config: &IngestAuthConfig) -> Result<Policy<SourceGrant>, Invalid> {
+    let mut entries = Vec::with_capacity(config.sources.len());
+    for (i, s) in config.sources.iter().enumerate() {
+        let key = |field: &str| format!("ingest_auth.sources[{i}].{field}");
+        let source_ids = scope(
+            &key("source_ids"),
+            s.source_ids.iter().map(|id| match id.as_str() {
+                "*" => Ok(None),
+                "" => Err("a source id is 1..=128 bytes; \"\" is empty".to_owned()),
+                id if id.len() > MAX_SOURCE_ID_BYTES => Err(format!(
+                    "source id {id:?} is longer than {MAX_SOURCE_ID_BYTES} bytes"
+                )),
+                id => Ok(Some(id.to_owned())),
+            }),
+            format!("{:?}", s.source_ids),
+        )?;
+        let workers = scope(
+            &key("workers"),
+            s.workers.iter().map(|w| match w {
+                WorkerEntry::Id(id) => Ok(Some(*id)),
+                WorkerEntry::Text(t) if t == "*" => Ok(None),
+                WorkerEntry::Text(t) => t
+                    .parse::<u64>()
+                    .map(Some)
+                    .map_err(|_| format!("{t:?} is neither a worker id (u64) nor \"*\"")),
+            }),
+            format!("{:?}", s.workers),
+        )?;
+        let token = read_optional_token_file(&key("token_file"), s.token_file.as_deref())?;
+        entries.push((
+            Principal {
+                name: s.name.clone(),
+                cert_names: s.cert_names.clone(),
+                token,
+            },
+            SourceGrant {
+                source_ids,
+                workers,
+            },
+        ));
+    }
+    Policy::new(config.required, entries).map_err(|e| {
+        let (key, value) = match e {
+            PolicyError::RequiredWithoutPrincipals => ("ingest_auth.required", "true"),
+            _ => ("ingest_auth.sources", "[...]"),
+        };
+        Invalid::new(key, value, e.to_string())
+    })
+}
+
+/// Checks `[ingest_auth]` and `indexer_token_file` (reading every token file).
+///
+/// # Errors
+/// [`Invalid`] naming the key: an unreadable or empty token file (with its path), a bad
+/// source id or worker entry, a principal without credentials, a shared name / certificate
+/// name / token, `required` without sources.
+pub fn validate(
+    config: &IngestAuthConfig,
+    indexer_token_file: Option<&std::path::Path>,
+) -> Result<(), Invalid> {
+    build(config)?;
+    read_optional_token_file("indexer_token_file", indexer_token_file)?;
+    Ok(())
+}
+
+/// The token this producer sends to its indexers, re-read on SIGHUP.
+#[derive(Debug)]
+pub struct IndexerToken {
+    file: Option<PathBuf>,
+    token: Reloadable<Option<Secret>>,
+}
+
+impl IndexerToken {
+    /// Reads `indexer_token_file` (none: no token is sent).
+    ///
+    /// # Errors
+    /// [`Invalid`] naming `indexer_token_file` and the path.
+    pub fn load(file: Option<PathBuf>) -> Result<Self, Invalid> {
+        let token = read_optional_token_file("indexer_token_file", file.as_deref())?;
+        Ok(Self {
+            file,
+            token: Reloadable::new(token),
+        })
+    }
+
+    /// The token in force.
+    pub fn get(&self) -> std::sync::Arc<Option<Secret>> {
+        self.token.get()
+    }
+
+    /// Re-reads the file (the previous token stays when it fails).
+    ///
+    /// # Errors
+    /// The key, path and reason, as text.
+    pub fn reload(&self) -> Result<String, String> {
+        let token = read_optional_token_file("indexer_token_file", self.file.as_deref())
+            .map_err(|e| e.to_string())?;
+        let loaded = if token.is_some() {
+            "indexer token reloaded"
+        } else {
+            "no indexer token"
+        };
+        self.token.set(token);
+        Ok(loaded.into())
+    }
+}
+
+/// The Ingest access checks of one producer.
+#[derive(Debug)]
+pub struct IngestAccess {
+    config: IngestAuthConfig,
+    policy: Reloadable<Policy<SourceGrant>>,
+    refused: IntCounterVec,
+}
+
+/// The `rpc` label values.
+const RPCS: [&str; 4] = ["publish", "publish_batch", "get_stats", "get_member_blocks"];
+
+impl IngestAccess {
+    /// Builds the policy (reading the token files) and registers
+    /// `ckf_producer_auth_refused_total` in `registry`.
+    ///
+    /// # Errors
+    /// As [`validate`].
+    pub fn new(config: &IngestAuthConfig, registry: &Registry) -> Result<Self, Invalid> {
+        let policy = build(config)?;
+        let refused = counter_vec(
+            registry,
+            "ckf_producer_auth_refused_total",
+            "Ingest requests and batches refused by [ingest_auth], by RPC and gRPC code \
+             (unauthenticated, permission_denied).",
+            &["rpc", "code"],
+        );
+        for rpc in RPCS {
+            for code in ["unauthenticated", "permission_denied"] {
+                refused.with_label_values(&[rpc, code]);
+            }
+        }
+        Ok(Self {
+            config: config.clone(),
+            policy: Reloadable::new(policy),
+            refused,
+        })
+    }
+
+    /// A policy that checks nothing (tests, in-process use).
+    pub fn off(registry: &Registry) -> Self {
+        Self::new(&IngestAuthConfig::default(), registry).expect("the empty policy is valid")
+    }
+
+    /// Re-reads every token file; the previous tokens stay in force when one fails.
+    ///
+    /// # Errors
+    /// The refused key, path and reason, as text.
+    pub fn reload(&self) -> Result<String, String> {
+        let policy = build(&self.config).map_err(|e| e.to_string())?;
+        let n = policy.entries().len();
+        self.policy.set(policy);
+        Ok(format!("{n} ingest source principal(s) reloaded"))
+    }
+
+    /// Who called `rpc` (one of `publish`, `publish_batch`, `get_stats`, `get_member_blocks`).
+    ///
+    /// # Errors
+    /// `UNAUTHENTICATED` / `PERMISSION_DENIED` with the reason (counted).
+    pub fn caller<T>(&self, rpc: &'static str, request: &Request<T>) -> Result<Caller, Status> {
+        let policy = self.policy.get();
+        let identified = credentials(request).and_then(|c| {
+            policy.identify(&c).map(|identity| match identity {
+                Identity::Anonymous => None,
+                Identity::Known { principal, grant } => Some((principal.clone(), grant.clone())),
+            })
+        });
+        match identified {
+            Ok(known) => Ok(Caller {
+                rpc,
+                known,
+                refused: self.refused.clone(),
+            }),
+            Err(error) => {
+                self.refused
+                    .with_label_values(&[rpc, error.code_label()])
+                    .inc();
+                tracing::warn!(rpc, %error, "ingest request refused");
+                Err(Status::from(RequestError::Access(error)))
+            }
+        }
+    }
+}
+
+/// An authenticated (or, when not required, anonymous) Ingest caller.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    rpc: &'static str,
+    known: Option<(Principal, SourceGrant)>,
+    refused: IntCounterVec,
+}
+
+impl Caller {
+    /// The principal's name, or `anonymous`.
+    pub fn name(&self) -> &str {
+        self.known.as_ref().map_or("anonymous", |(p, _)| &p.name)
+    }
+
+    /// Whether the caller may publish `batch` (its source id and every event's worker).
+    ///
+    /// # Errors
+    /// [`RequestError::Access`] (`PERMISSION_DENIED`) naming the principal and the source id or
+    /// the first refused worker (counted).
+    pub fn authorize(&self, batch: &v1::KvEventBatch) -> Result<(), RequestError> {
+        let Some((principal, grant)) = &self.known else {
+            return Ok(());
+        };
+        let identity = Identity::Known { principal, grant };
+        // Events without a member are rejected by decoding; they touch nobody.
+        let workers = batch
+            .events
+            .iter()
+            .filter_map(|e| e.member.as_ref().map(|m| m.worker_id));
+        identity
+            .authorize_batch(&batch.source_id, workers)
+            .map_err(|error: AccessError| {
+                self.refused
+                    .with_label_values(&[self.rpc, error.code_label()])
+                    .inc();
+                tracing::warn!(rpc = self.rpc, %error, "ingest batch refused");
+                RequestError::Access(error)
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn source(source_ids: &[&str], workers: Vec<WorkerEntry>, token: PathBuf) -> SourceAuth {
+        SourceAuth {
+            name: "router-1".into(),
+            cert_names: vec![],
+            token_file: Some(token),
+            source_ids: source_ids.iter().map(|&s| s.to_owned()).collect(),
+            workers,
+        }
+    }
+
+    #[test]
+    fn sections_are_checked_naming_the_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("r.token");
+        std::fs::write(&token, "tok\n").unwrap();
+        let cfg = |s: SourceAuth| IngestAuthConfig {
+            required: true,
+            sources: vec![s],
+        };
+        let ok = cfg(source(
+            &["router-1"],
+            vec![WorkerEntry::Id(7), WorkerEntry::Text("8".into())],
+            token.clone(),
+        ));
+        validate(&ok, None).unwrap();
+        let err = validate(
+            &cfg(source(
+                &["r"],
+                vec![WorkerEntry::Text("seven".into())],
+                token.clone(),
+            )),
+            None,
+        )
+        .unwrap_err();
+        assert_eq!(err.key, "ingest_auth.sources[0].workers");
+        let err = validate(
+            &cfg(source(
+                &["r"],
+                vec![WorkerEntry::Text("*".into()), WorkerEntry::Id(1)],
+                token.clone(),
+            )),
+            None,
+        )
+        .unwrap_err();
+        assert!(err.rule.contains("stand alone"), "{err}");
+        let err = validate(&cfg(source(&[""], vec![], token.clone())), None).unwrap_err();
+        assert_eq!(err.key, "ingest_auth.sources[0].source_ids");
+        let missing = dir.path().join("nope.token");
+        let err = validate(&IngestAuthConfig::default(), Some(&missing)).unwrap_err();
+        assert_eq!(err.key, "indexer_token_file");
+        assert!(err.value.contains("nope.token"), "{err}");
+        let err = validate(
+            &IngestAuthConfig {
+                required: true,
+                sources: vec![],
+            },
+            None,
+        )
+        .unwrap_err();
+        assert_eq!(err.key, "ingest_auth.required");
+    }
+
+    #[test]
+    fn the_sections_load_from_toml_and_flags() {
+        use clap::Parser;
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("r.token");
+        std::fs::write(&token, "tok\n").unwrap();
+        let file = dir.path().join("p.toml");
+        std::fs::write(
+            &file,
+            format!(
+                "[ingest_auth]\nrequired = true\n[[ingest_auth.sources]]\nname = \"r\"\n\
+                 token_file = {token:?}\nsource_ids = [\"*\"]\nworkers = [7, \"18446744073709551615\"]\n"
+            ),
+        )
+        .unwrap();
+        let args = [
+            "ckf-producer",
+            "--config",
+            file.to_str().unwrap(),
+            "--dc",
+            "dc-a",
+            "--indexer",
+            "http://127.0.0.1:1",
+            "--indexer-token-file",
+            token.to_str().unwrap(),
+        ];
+        let config = crate::config::Cli::parse_from(args).load().unwrap();
+        assert!(config.ingest_auth.required);
+        assert_eq!(
+            config.ingest_auth.sources[0].workers,
+            vec![
+                WorkerEntry::Id(7),
+                WorkerEntry::Text("18446744073709551615".into())
+            ]
+        );
+        assert_eq!(config.indexer_token_file.as_deref(), Some(token.as_path()));
+        let policy = build(&config.ingest_auth).unwrap();
+        assert_eq!(
+            policy.entries()[0].1.workers,
+            Scope::Only([7, u64::MAX].into())
+        );
+        // An unreadable token file is refused at load (exit 2), naming the key and the path.
+        let missing = dir.path().join("missing.token");
+        let mut bad = args;
+        bad[8] = missing.to_str().unwrap();
+        let text = crate::config::Cli::parse_from(bad)
+            .load()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            text.contains("indexer_token_file") && text.contains("missing.token"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn callers_are_identified_and_held_to_their_grant() {
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("r.token");
+        std::fs::write(&token, "tok\n").unwrap();
+        let config = IngestAuthConfig {
+            required: true,
+            sources: vec![source(&["router-1"], vec![WorkerEntry::Id(7)], token)],
+        };
+        let registry = Registry::new();
+        let access = IngestAccess::new(&config, &registry).unwrap();
+        let status = access.caller("get_stats", &Request::new(())).unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Unauthenticated);
+        let mut request = Request::new(());
+        request
+            .metadata_mut()
+            .insert("authorization", "Bearer tok".parse().unwrap());
+        let caller = access.caller("publish_batch", &request).unwrap();
+        assert_eq!(caller.name(), "router-1");
+        let batch = |source: &str, worker: u64| v1::KvEventBatch {
+            source_id: source.into(),
+            sequence: 1,
+            events: vec![v1::KvEvent {
+                member: Some(v1::MemberId {
+                    worker_id: worker,
+                    dp_rank: 0,
+                }),
+                kind: None,
+            }],
+        };
+        caller.authorize(&batch("router-1", 7)).unwrap();
+        let err = caller.authorize(&batch("router-1", 8)).unwrap_err();
+        let status = Status::from(err);
+        assert_eq!(status.code(), tonic::Code::PermissionDenied);
+        assert!(
+            status.message().contains("worker 8"),
+            "{}",
+            status.message()
+        );
+        assert!(caller.authorize(&batch("router-2", 7)).is_err());
+        let text = prometheus::TextEncoder::new()
+            .encode_to_string(&registry.gather())
+            .unwrap();
+        assert!(
+            text.contains(
+                "ckf_producer_auth_refused_total{code=\"permission_denied\",rpc=\"publish_batch\"} 2"
+            ),
+            "{text}"
+        );
+    }
+}

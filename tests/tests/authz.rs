@@ -1,0 +1,610 @@
+//! E2E: per-pool authorization (`[auth]` on the indexer, `[ingest_auth]` on the producer) and
+//! separate Query / Relay listeners, against the real binaries.
+//!
+//! * The hijack of issue 10: a raw client attaching as `dc-a` while the real producer is
+//!   attached, without credentials (`UNAUTHENTICATED`), with an unknown token
+//!   (`UNAUTHENTICATED`) or with `dc-b`'s token (`PERMISSION_DENIED`). The real producer's lane
+//!   stays `ACTIVE` under the same lease, its blocks still match, it keeps publishing.
+//! * A poisoned snapshot is impossible without the credential: an attacker that pipelines
+//!   `Attach`, a barrier snapshot full of its own fingerprints and a drain marker in one request
+//!   is refused before any frame after `Attach` is read: its hashes stay at depth 0.
+//! * Query with `auth.query_token_file`: refused without / with another token, token rotated by
+//!   SIGHUP, health unaffected, `ckf lanes --token-file`.
+//! * Ingest: a source not allowed and a worker not allowed are refused with `PERMISSION_DENIED`
+//!   (nothing of the batch applied) while the allowed source proceeds to the indexer.
+//! * `query_listen`: Query served there and not on `listen`; Relay on `listen` and not there.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use ckf_e2e::binary;
+use ckf_e2e::check::wait_converged;
+use ckf_e2e::cluster::{
+    self, Indexer, IndexerSpec, Producer, ProducerSpec, TestDir, channel, event, format, is_active,
+};
+use ckf_e2e::hashes::HashPool;
+use ckf_e2e::metrics;
+use ckf_e2e::relay::{RawStream, RawTable, attach};
+use ckf_e2e::wait::{DEADLINE, eventually};
+use ckf_proto::v1::{
+    self, ingest_client::IngestClient, kv_event::Kind, query_client::QueryClient,
+    relay_client::RelayClient, relay_frame::Frame,
+};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Code, Request, Status};
+use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+
+/// Writes `token` (with a trailing newline, as `echo` would) to `<dir>/<name>.token`.
+fn token_file(dir: &TestDir, name: &str, token: &str) -> PathBuf {
+    let path = dir.path().join(format!("{name}.token"));
+    std::fs::write(&path, format!("{token}\n")).expect("write token file");
+    path
+}
+
+/// `request` with `authorization: Bearer <token>` when a token is given.
+fn bearer<T>(request: T, token: Option<&str>) -> Request<T> {
+    let mut request = Request::new(request);
+    if let Some(token) = token {
+        let value = format!("Bearer {token}").parse().expect("header value");
+        request.metadata_mut().insert("authorization", value);
+    }
+    request
+}
+
+/// An `[auth]` section requiring credentials: producers `dc-a` and `dc-b`, each with a token
+/// file and its own pool.
+fn relay_auth(a: &Path, b: &Path) -> String {
+    format!(
+        "[auth]\nrequired = true\n\
+         [[auth.producers]]\nname = \"dc-a\"\npools = [\"dc-a\"]\ntoken_file = {a:?}\n\
+         [[auth.producers]]\nname = \"dc-b\"\npools = [\"dc-b\"]\ntoken_file = {b:?}\n"
+    )
+}
+
+async fn raw_attach(indexer: &Indexer, dc: &str, token: Option<&str>) -> Result<RawStream, Status> {
+    let channel = channel(indexer.addr).await.map_err(Status::unavailable)?;
+    RawStream::open_with_token(channel, attach(dc, 0xbad, format()), token).await
+}
+
+fn counter(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    metrics::value(text, name, labels).unwrap_or(0.0)
+}
+
+/// Sends `Attach(dc-a)`, a whole barrier snapshot holding `poison` under the lease the attacker
+/// would get next, and a drain marker, all before reading any reply; returns the status.
+async fn pipelined_poison(indexer: &Indexer, token: Option<&str>, poison: &[u64]) -> Status {
+    let lanes = indexer.list_lanes().await.expect("ListLanes");
+    let lane = indexer.lane("dc-a").await.expect("ListLanes");
+    let lease = v1::LaneLease {
+        consumer_instance: lanes.consumer_instance,
+        lane: indexer.lane_index("dc-a"),
+        epoch: lane.lease_epoch + 1,
+    };
+    let mut table = RawTable::new(&format());
+    for &h in poison {
+        table.place(h);
+    }
+    let (tx, rx) = mpsc::channel(16);
+    tx.send(Frame::Attach(attach("dc-a", 0xbad, format())).into())
+        .await
+        .expect("room");
+    tx.send(
+        Frame::SnapshotChunk(v1::SnapshotChunk {
+            lease: Some(lease),
+            sequence: 1,
+            first_bucket: 0,
+            words: table.words.iter().flat_map(|w| w.to_le_bytes()).collect(),
+        })
+        .into(),
+    )
+    .await
+    .expect("room");
+    tx.send(
+        Frame::DrainMarker(v1::DrainMarker {
+            lease: Some(lease),
+            sequence: 1,
+        })
+        .into(),
+    )
+    .await
+    .expect("room");
+    let mut client = RelayClient::new(channel(indexer.addr).await.expect("channel"));
+    let answer = client.publish(bearer(ReceiverStream::new(rx), token)).await;
+    match answer {
+        Err(status) => status,
+        Ok(response) => {
+            let mut replies = response.into_inner();
+            match replies.message().await {
+                Err(status) => status,
+                Ok(reply) => panic!("the poisoned attachment was answered: {reply:?}"),
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hijack_and_poisoned_snapshot_are_refused_without_the_pools_credential() {
+    let dir = TestDir::new("authz-relay");
+    let a_token = token_file(&dir, "dc-a", "tok-a.0123456789");
+    let b_token = token_file(&dir, "dc-b", "tok-b.0123456789");
+    let spec = IndexerSpec {
+        extra_toml: relay_auth(&a_token, &b_token),
+        ..IndexerSpec::default()
+    };
+    let indexer = Indexer::start(&dir, &spec);
+    let a_spec = ProducerSpec {
+        extra_toml: format!("indexer_token_file = {a_token:?}\n"),
+        ..ProducerSpec::new("dc-a")
+    };
+    let mut a = Producer::start(&dir, "producer-a", &a_spec, &[indexer.url()]);
+    // A real producer without credentials: never gets its lane.
+    let b = Producer::start_dc(&dir, "dc-b", &[indexer.url()]);
+    let mut pool = HashPool::new(&format(), 11);
+    a.store(1, &pool.take(60)).await;
+    let before = wait_converged(&indexer, &a).await;
+
+    // The hijack: no credentials, an unknown token, dc-b's token.
+    let status = raw_attach(&indexer, "dc-a", None)
+        .await
+        .expect_err("refused");
+    assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+    assert!(status.message().contains("no credentials"), "{status:?}");
+    let status = raw_attach(&indexer, "dc-a", Some("guess"))
+        .await
+        .expect_err("refused");
+    assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+    assert!(
+        status.message().contains("matches no configured principal"),
+        "{status:?}"
+    );
+    let status = raw_attach(&indexer, "dc-a", Some("tok-b.0123456789"))
+        .await
+        .expect_err("refused");
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+    for needle in ["\"dc-b\"", "may not publish pool e2e/dc-a", "e2e/dc-b"] {
+        assert!(
+            status.message().contains(needle),
+            "{needle:?} not in {status:?}"
+        );
+    }
+
+    // The poisoned snapshot, pipelined behind the Attach, without and with the wrong token.
+    let poison = pool.take(400);
+    for token in [None, Some("tok-b.0123456789")] {
+        let status = pipelined_poison(&indexer, token, &poison).await;
+        assert!(
+            matches!(
+                status.code(),
+                Code::Unauthenticated | Code::PermissionDenied
+            ),
+            "{status:?}"
+        );
+    }
+    for &h in &poison {
+        let depths = indexer.depths(&[h]).await.expect("FindMatches");
+        assert_eq!(
+            depths.get("dc-a"),
+            Some(&0),
+            "poison {h:#x} reached dc-a: {depths:?}"
+        );
+    }
+
+    // The real producer is untouched and keeps publishing under the same lease.
+    a.store(2, &pool.take(40)).await;
+    let after = wait_converged(&indexer, &a).await;
+    assert!(is_active(&after), "{after:?}");
+    assert_eq!(
+        (after.lease_epoch, after.incarnation, after.retirements),
+        (before.lease_epoch, before.incarnation, 0),
+        "the real producer's lane moved: {before:?} -> {after:?}"
+    );
+    assert!(a.log_records("another producer attached").is_empty());
+
+    // The producer without credentials is refused (retrying) and dc-b stays unassigned.
+    eventually(
+        "producer-b refused as unauthenticated",
+        DEADLINE,
+        || async {
+            let refused = b
+                .log_records("attachment ended")
+                .into_iter()
+                .any(|r| r.to_string().contains("Unauthenticated"));
+            if refused { Ok(()) } else { Err(b.log()) }
+        },
+    )
+    .await;
+    let lane_b = indexer.lane("dc-b").await.expect("ListLanes");
+    assert_eq!(lane_b.state(), v1::LaneState::Unassigned, "{lane_b:?}");
+
+    let text = indexer.metrics().expect("metrics");
+    let refused = |code| {
+        counter(
+            &text,
+            "ckf_indexer_auth_refused_total",
+            &[("service", "relay"), ("code", code)],
+        )
+    };
+    assert_eq!(refused("permission_denied"), 2.0, "{text}");
+    // 3 raw attempts + producer-b's retries.
+    assert!(refused("unauthenticated") >= 4.0, "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn query_needs_the_configured_token_rotated_by_sighup() {
+    let dir = TestDir::new("authz-query");
+    let query_token = token_file(&dir, "query", "q-old");
+    let spec = IndexerSpec {
+        extra_toml: format!("[auth]\nquery_token_file = {query_token:?}\n"),
+        ..IndexerSpec::default()
+    };
+    let mut indexer = Indexer::start(&dir, &spec);
+    let mut client = QueryClient::new(channel(indexer.addr).await.expect("channel"));
+    let find = |token: Option<&'static str>| {
+        bearer(
+            v1::FindMatchesRequest {
+                block_hashes: vec![1, 2, 3],
+            },
+            token,
+        )
+    };
+
+    for token in [None, Some("q-wrong")] {
+        let status = client.find_matches(find(token)).await.expect_err("refused");
+        assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+        let status = client
+            .list_lanes(bearer(v1::ListLanesRequest {}, token))
+            .await
+            .expect_err("refused");
+        assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+        let tokens = v1::FindMatchesByTokensRequest {
+            token_ids: (0..32).collect(),
+            ..Default::default()
+        };
+        let status = client
+            .find_matches_by_tokens(bearer(tokens, token))
+            .await
+            .expect_err("refused");
+        assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+    }
+    client
+        .find_matches(find(Some("q-old")))
+        .await
+        .expect("token accepted");
+
+    // Health and the Relay are not behind the query token.
+    let mut health = HealthClient::new(channel(indexer.addr).await.expect("channel"));
+    let answer = health
+        .check(HealthCheckRequest::default())
+        .await
+        .expect("health")
+        .into_inner();
+    assert_eq!(answer.status, 1, "SERVING: {answer:?}");
+    raw_attach(&indexer, "dc-b", None)
+        .await
+        .expect("relay needs no query token");
+
+    // The CLI sends the token of --token-file.
+    let ckf = |args: &[&str]| {
+        Command::new(binary("ckf"))
+            .args(["lanes", "--indexer", &indexer.url()])
+            .args(args)
+            .output()
+            .expect("run ckf")
+    };
+    let out = ckf(&["--token-file", query_token.to_str().expect("utf-8")]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("dc-b"),
+        "{out:?}"
+    );
+    let out = ckf(&[]);
+    assert!(!out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("nauthenticated"),
+        "{out:?}"
+    );
+    let text = indexer.metrics().expect("metrics");
+    let refused = counter(
+        &text,
+        "ckf_indexer_auth_refused_total",
+        &[("service", "query"), ("code", "unauthenticated")],
+    );
+    assert_eq!(
+        refused, 7.0,
+        "6 refused calls and the CLI without token: {text}"
+    );
+
+    // Rotation: a new token in the file, SIGHUP; the old one is refused from then on.
+    std::fs::write(&query_token, "q-new\n").expect("rotate");
+    indexer.signal(libc::SIGHUP);
+    eventually("the new query token accepted", DEADLINE, || {
+        let mut client = client.clone();
+        async move {
+            client
+                .find_matches(find(Some("q-new")))
+                .await
+                .map_err(|s| format!("{s:?}"))
+        }
+    })
+    .await;
+    let status = client
+        .find_matches(find(Some("q-old")))
+        .await
+        .expect_err("old token");
+    assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+    // A broken file on reload keeps the tokens in force.
+    std::fs::write(&query_token, "\n").expect("empty");
+    indexer.signal(libc::SIGHUP);
+    eventually("the failed reload logged", DEADLINE, || async {
+        if indexer.log().contains("reload failed") {
+            Ok(())
+        } else {
+            Err(indexer.log())
+        }
+    })
+    .await;
+    client
+        .find_matches(find(Some("q-new")))
+        .await
+        .expect("still the new token");
+
+    indexer.query_token = Some("q-new".into());
+    indexer
+        .list_lanes()
+        .await
+        .expect("the helpers send the token");
+}
+
+/// One stored event of `worker`.
+fn stored(worker: u64, hashes: &[u64]) -> v1::KvEvent {
+    event(
+        worker,
+        Kind::Stored(v1::Stored {
+            block_hashes: hashes.to_vec(),
+            parent_hash: None,
+        }),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ingest_sources_and_workers_outside_their_grant_are_refused() {
+    let dir = TestDir::new("authz-ingest");
+    let router = token_file(&dir, "router-1", "r1-secret");
+    let ops = token_file(&dir, "ops", "ops-secret");
+    let indexer = Indexer::start(&dir, &IndexerSpec::default());
+    let spec = ProducerSpec {
+        extra_toml: format!(
+            "[ingest_auth]\nrequired = true\n\
+             [[ingest_auth.sources]]\nname = \"router-1\"\ntoken_file = {router:?}\n\
+             source_ids = [\"router-1\"]\nworkers = [1, 2]\n\
+             [[ingest_auth.sources]]\nname = \"ops\"\ntoken_file = {ops:?}\n"
+        ),
+        ..ProducerSpec::new("dc-a")
+    };
+    let producer = Producer::start(&dir, "producer-a", &spec, &[indexer.url()]);
+    let mut client = IngestClient::new(channel(producer.addr).await.expect("channel"));
+    let mut pool = HashPool::new(&format(), 12);
+    let (h1, h2, h3) = (pool.take(3), pool.take(3), pool.take(3));
+    let batch = |source: &str, sequence: u64, events: Vec<v1::KvEvent>| v1::KvEventBatch {
+        source_id: source.into(),
+        sequence,
+        events,
+    };
+    let member_blocks = |worker: u64| {
+        bearer(
+            v1::GetMemberBlocksRequest {
+                member: Some(v1::MemberId {
+                    worker_id: worker,
+                    dp_rank: 0,
+                }),
+            },
+            Some("ops-secret"),
+        )
+    };
+
+    // No credentials: nothing is read.
+    let status = client
+        .publish_batch(bearer(batch("router-1", 1, vec![stored(1, &h1)]), None))
+        .await
+        .expect_err("refused");
+    assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+    let status = client
+        .get_stats(bearer(v1::GetStatsRequest {}, None))
+        .await
+        .expect_err("refused");
+    assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+    client
+        .get_stats(bearer(v1::GetStatsRequest {}, Some("ops-secret")))
+        .await
+        .expect("any identified principal may read the stats");
+
+    // The allowed source proceeds.
+    let result = client
+        .publish_batch(bearer(
+            batch("router-1", 1, vec![stored(1, &h1)]),
+            Some("r1-secret"),
+        ))
+        .await
+        .expect("allowed")
+        .into_inner();
+    assert_eq!(
+        result.events[0].status(),
+        v1::EventStatus::Applied,
+        "{result:?}"
+    );
+
+    // Another source id; a worker outside the grant (the allowed event before it is not applied
+    // either); a principal without sources.
+    let refused = [
+        (
+            batch("router-9", 1, vec![stored(1, &h3)]),
+            "r1-secret",
+            vec!["\"router-1\"", "source \"router-9\""],
+        ),
+        (
+            batch(
+                "router-1",
+                2,
+                vec![
+                    stored(2, &h3),
+                    event(9, Kind::WorkerRemoved(v1::WorkerRemoved {})),
+                ],
+            ),
+            "r1-secret",
+            vec!["may not touch worker 9", "event 1"],
+        ),
+        (
+            batch("router-1", 2, vec![stored(1, &h3)]),
+            "ops-secret",
+            vec!["\"ops\""],
+        ),
+    ];
+    for (b, token, needles) in refused {
+        let status = client
+            .publish_batch(bearer(b, Some(token)))
+            .await
+            .expect_err("refused");
+        assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+        for needle in needles {
+            assert!(
+                status.message().contains(needle),
+                "{needle:?} not in {status:?}"
+            );
+        }
+    }
+    let held = client
+        .get_member_blocks(member_blocks(2))
+        .await
+        .expect("blocks")
+        .into_inner();
+    assert!(
+        held.block_hashes.is_empty(),
+        "a refused batch was applied: {held:?}"
+    );
+
+    // The Publish stream: refused without credentials, allowed batches go through.
+    let (tx, rx) = mpsc::channel(4);
+    tx.send(batch("router-1", 2, vec![stored(2, &h2)]))
+        .await
+        .expect("room");
+    let refused = async {
+        let mut replies = client
+            .publish(bearer(ReceiverStream::new(rx), None))
+            .await?
+            .into_inner();
+        replies.message().await
+    }
+    .await;
+    assert_eq!(refused.expect_err("refused").code(), Code::Unauthenticated);
+    let (tx, rx) = mpsc::channel(4);
+    tx.send(batch("router-1", 2, vec![stored(2, &h2)]))
+        .await
+        .expect("room");
+    let mut replies = client
+        .publish(bearer(ReceiverStream::new(rx), Some("r1-secret")))
+        .await
+        .expect("stream")
+        .into_inner();
+    let result = replies
+        .message()
+        .await
+        .expect("result")
+        .expect("one result");
+    assert_eq!(
+        result.events[0].status(),
+        v1::EventStatus::Applied,
+        "{result:?}"
+    );
+    drop(tx);
+
+    // The allowed source's blocks reach the indexer; the refused ones never did.
+    eventually("router-1's blocks at the indexer", DEADLINE, || async {
+        let d1 = indexer.depths(&h1).await?;
+        let d2 = indexer.depths(&h2).await?;
+        if d1.get("dc-a") == Some(&3) && d2.get("dc-a") == Some(&3) {
+            Ok(())
+        } else {
+            Err(format!("{d1:?} {d2:?}"))
+        }
+    })
+    .await;
+    for &h in &h3 {
+        let depths = indexer.depths(&[h]).await.expect("FindMatches");
+        assert_eq!(depths.get("dc-a"), Some(&0), "{depths:?}");
+    }
+
+    let text = producer.metrics().expect("metrics");
+    let refused = |rpc, code| {
+        counter(
+            &text,
+            "ckf_producer_auth_refused_total",
+            &[("rpc", rpc), ("code", code)],
+        )
+    };
+    assert_eq!(refused("publish_batch", "permission_denied"), 3.0, "{text}");
+    assert_eq!(refused("publish_batch", "unauthenticated"), 1.0, "{text}");
+    assert_eq!(refused("get_stats", "unauthenticated"), 1.0, "{text}");
+    assert_eq!(refused("publish", "unauthenticated"), 1.0, "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn query_listen_serves_query_only_and_listen_relay_only() {
+    let dir = TestDir::new("authz-listeners");
+    let spec = IndexerSpec {
+        extra_toml: "query_listen = \"127.0.0.1:0\"\n".into(),
+        ..IndexerSpec::default()
+    };
+    let indexer = Indexer::start(&dir, &spec);
+    assert_ne!(indexer.query_addr, indexer.addr);
+    let mut a = Producer::start_dc(&dir, "dc-a", &[indexer.url()]);
+    let mut pool = HashPool::new(&format(), 13);
+    a.store(1, &pool.take(30)).await;
+    // Relay on `listen` (the producer's endpoint), Query on `query_listen` (the helpers').
+    wait_converged(&indexer, &a).await;
+
+    let mut on_listen = QueryClient::new(channel(indexer.addr).await.expect("channel"));
+    let status = on_listen
+        .list_lanes(v1::ListLanesRequest {})
+        .await
+        .expect_err("no Query on listen");
+    assert_eq!(status.code(), Code::Unimplemented, "{status:?}");
+    let channel_q = channel(indexer.query_addr).await.expect("channel");
+    let status = RawStream::open(channel_q.clone(), attach("dc-b", 7, format()))
+        .await
+        .expect_err("no Relay on query_listen");
+    assert_eq!(status.code(), Code::Unimplemented, "{status:?}");
+
+    // Health (and reflection) on both, each naming its own service.
+    let check = |channel: tonic::transport::Channel, service: &'static str| async move {
+        HealthClient::new(channel)
+            .check(HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .map(|r| r.into_inner().status)
+    };
+    let channel_r = cluster::channel(indexer.addr).await.expect("channel");
+    assert_eq!(check(channel_r.clone(), "").await.expect("health"), 1);
+    assert_eq!(
+        check(channel_r.clone(), "ckf.v1.Relay")
+            .await
+            .expect("health"),
+        1
+    );
+    let status = check(channel_r, "ckf.v1.Query")
+        .await
+        .expect_err("not here");
+    assert_eq!(status.code(), Code::NotFound, "{status:?}");
+    assert_eq!(check(channel_q.clone(), "").await.expect("health"), 1);
+    assert_eq!(
+        check(channel_q.clone(), "ckf.v1.Query")
+            .await
+            .expect("health"),
+        1
+    );
+    let status = check(channel_q, "ckf.v1.Relay")
+        .await
+        .expect_err("not here");
+    assert_eq!(status.code(), Code::NotFound, "{status:?}");
+}
