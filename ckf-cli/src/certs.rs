@@ -22,8 +22,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose,
-    IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType, SerialNumber,
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose, SanType, SerialNumber,
 };
 
 /// Days every certificate is valid by default.
@@ -256,14 +256,22 @@ fn new_ca(args: &CertsArgs) -> Result<(Issuer<'static, KeyPair>, String, String)
 fn load_ca(dir: &Path) -> Result<Issuer<'static, KeyPair>> {
     let read = |name: &str| {
         let path = dir.join(name);
-        std::fs::read_to_string(&path)
-            .with_context(|| format!("--reissue needs the existing CA: cannot read {}", path.display()))
+        std::fs::read_to_string(&path).with_context(|| {
+            format!(
+                "--reissue needs the existing CA: cannot read {}",
+                path.display()
+            )
+        })
     };
     let (cert, key) = (read("ca.crt")?, read("ca.key")?);
     let key = KeyPair::from_pem(&key)
         .with_context(|| format!("{}: not a PEM private key", dir.join("ca.key").display()))?;
-    Issuer::from_ca_cert_pem(&cert, key)
-        .with_context(|| format!("{}: not a usable CA certificate", dir.join("ca.crt").display()))
+    Issuer::from_ca_cert_pem(&cert, key).with_context(|| {
+        format!(
+            "{}: not a usable CA certificate",
+            dir.join("ca.crt").display()
+        )
+    })
 }
 
 /// A leaf signed by `issuer`: certificate PEM and key PEM.
@@ -375,9 +383,15 @@ mod tests {
         let out = dir.path().join("certs");
         let out_arg = out.to_str().unwrap();
         run(&args(&["--out", out_arg, "--pools", "dc-a,dc-b"])).unwrap();
-        assert_eq!(names(&out.join("producer-dc-a.crt")), vec!["producer.dc-a.ckf"]);
+        assert_eq!(
+            names(&out.join("producer-dc-a.crt")),
+            vec!["producer.dc-a.ckf"]
+        );
         assert_eq!(names(&out.join("query.crt")), vec!["query.ckf"]);
-        assert_eq!(names(&out.join("indexer.crt")), vec!["indexer", "localhost"]);
+        assert_eq!(
+            names(&out.join("indexer.crt")),
+            vec!["indexer", "localhost"]
+        );
         assert_eq!(
             names(&out.join("producer-dc-b-ingest.crt")),
             vec!["producer-dc-b", "localhost", "producer.dc-b.ckf"]
@@ -385,14 +399,27 @@ mod tests {
         let token = std::fs::read_to_string(out.join("dc-a.token")).unwrap();
         assert_eq!(token.trim().len(), 64);
         assert!(token.trim().bytes().all(|b| b.is_ascii_hexdigit()));
-        assert_ne!(token, std::fs::read_to_string(out.join("dc-b.token")).unwrap());
+        assert_ne!(
+            token,
+            std::fs::read_to_string(out.join("dc-b.token")).unwrap()
+        );
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;
             let mode = |name: &str| {
-                std::fs::metadata(out.join(name)).unwrap().permissions().mode() & 0o777
+                std::fs::metadata(out.join(name))
+                    .unwrap()
+                    .permissions()
+                    .mode()
+                    & 0o777
             };
-            for secret in ["ca.key", "indexer.key", "producer-dc-a.key", "query.token", "dc-b.token"] {
+            for secret in [
+                "ca.key",
+                "indexer.key",
+                "producer-dc-a.key",
+                "query.token",
+                "dc-b.token",
+            ] {
                 assert_eq!(mode(secret), 0o600, "{secret}");
             }
             assert_eq!(mode("indexer.crt"), 0o644);
@@ -404,7 +431,11 @@ mod tests {
             client_ca_file: Some(out.join("ca.crt")),
             ..Default::default()
         };
-        assert!(ckf_svc_kit::tls::ServerTls::load(&tls, "tls").unwrap().is_some());
+        assert!(
+            ckf_svc_kit::tls::ServerTls::load(&tls, "tls")
+                .unwrap()
+                .is_some()
+        );
 
         let err = run(&args(&["--out", out_arg, "--pools", "dc-a,dc-b"])).unwrap_err();
         assert!(err.to_string().contains("refusing to overwrite"), "{err}");
@@ -412,9 +443,21 @@ mod tests {
         // Re-issue: same CA and tokens, new leaf serials.
         let ca = std::fs::read(out.join("ca.crt")).unwrap();
         let leaf = std::fs::read(out.join("indexer.crt")).unwrap();
-        run(&args(&["--out", out_arg, "--pools", "dc-a,dc-b", "--reissue", "--hosts", "indexer-2"])).unwrap();
+        run(&args(&[
+            "--out",
+            out_arg,
+            "--pools",
+            "dc-a,dc-b",
+            "--reissue",
+            "--hosts",
+            "indexer-2",
+        ]))
+        .unwrap();
         assert_eq!(std::fs::read(out.join("ca.crt")).unwrap(), ca);
-        assert_eq!(std::fs::read_to_string(out.join("dc-a.token")).unwrap(), token);
+        assert_eq!(
+            std::fs::read_to_string(out.join("dc-a.token")).unwrap(),
+            token
+        );
         assert_ne!(std::fs::read(out.join("indexer.crt")).unwrap(), leaf);
         assert_eq!(names(&out.join("indexer.crt")), vec!["indexer-2"]);
         let tls = ckf_svc_kit::tls::ServerTlsConfig {
@@ -422,7 +465,11 @@ mod tests {
             key_file: Some(out.join("indexer.key")),
             ..Default::default()
         };
-        assert!(ckf_svc_kit::tls::ServerTls::load(&tls, "tls").unwrap().is_some());
+        assert!(
+            ckf_svc_kit::tls::ServerTls::load(&tls, "tls")
+                .unwrap()
+                .is_some()
+        );
 
         // --force replaces everything, the CA too.
         run(&args(&["--out", out_arg, "--pools", "dc-a", "--force"])).unwrap();
@@ -439,7 +486,10 @@ mod tests {
         let err = run(&args(&["--out", out_arg, "--pools", "a,a"])).unwrap_err();
         assert!(err.to_string().contains("listed twice"), "{err}");
         let err = run(&args(&["--out", out_arg, "--pools", "a", "--reissue"])).unwrap_err();
-        assert!(err.to_string().contains("--reissue needs the existing CA"), "{err}");
+        assert!(
+            err.to_string().contains("--reissue needs the existing CA"),
+            "{err}"
+        );
         assert!(!out.join("ca.crt").exists());
     }
 }

@@ -11,8 +11,8 @@ use ckf_proto::v1::{
     FindMatchesByTokensRequest, LaneState, ListLanesRequest, MultimodalItem, RetireReason,
 };
 use ckf_svc_kit::access::{read_token_file, with_bearer};
-use serde_json::json;
 use ckf_svc_kit::tls::{ClientTls, ClientTlsConfig, warn_if_plaintext_remote};
+use serde_json::json;
 use tonic::Request;
 use tonic::transport::Channel;
 use tonic_health::pb::HealthCheckRequest;

@@ -21,12 +21,29 @@ use tonic::transport::Channel;
 
 /// Runs `ckf certs --out dir --pools dc-a,dc-b` plus `extra`; panics unless it succeeds.
 fn ckf_certs(dir: &Path, extra: &[&str]) {
-    let out = ckf(&[&["certs", "--out", dir.to_str().unwrap(), "--pools", "dc-a,dc-b"], extra].concat());
-    assert!(out.status.success(), "ckf certs: {}", String::from_utf8_lossy(&out.stderr));
+    let out = ckf(&[
+        &[
+            "certs",
+            "--out",
+            dir.to_str().unwrap(),
+            "--pools",
+            "dc-a,dc-b",
+        ],
+        extra,
+    ]
+    .concat());
+    assert!(
+        out.status.success(),
+        "ckf certs: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 fn ckf(args: &[&str]) -> Output {
-    Command::new(binary("ckf")).args(args).output().expect("run ckf")
+    Command::new(binary("ckf"))
+        .args(args)
+        .output()
+        .expect("run ckf")
 }
 
 /// A started service and the addresses it logged.
@@ -172,7 +189,9 @@ async fn served_leaf(addr: SocketAddr, ca: &Path, client: Option<(&Path, &Path)>
     let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
     let stream = connector.connect(name, tcp).await.expect("TLS handshake");
     let (_, session) = stream.get_ref();
-    session.peer_certificates().expect("server certificate")[0].as_ref().to_vec()
+    session.peer_certificates().expect("server certificate")[0]
+        .as_ref()
+        .to_vec()
 }
 
 fn serial(der: &[u8]) -> String {
@@ -195,7 +214,11 @@ async fn publish(ingest: SocketAddr, tls: &ClientTls, sequence: u64, hashes: &[u
         .await
         .expect("PublishBatch over TLS")
         .into_inner();
-    assert_eq!(result.events[0].status(), v1::EventStatus::Applied, "{result:?}");
+    assert_eq!(
+        result.events[0].status(),
+        v1::EventStatus::Applied,
+        "{result:?}"
+    );
 }
 
 fn metric(addr: SocketAddr, name: &str, labels: &[(&str, &str)]) -> f64 {
@@ -237,7 +260,11 @@ async fn mutual_tls_end_to_end_and_refused_clients() {
     // The producer attaches over mutual TLS; events sent to its TLS Ingest reach the lane.
     eventually("lane dc-a active over mTLS", DEADLINE, || async {
         let lane = lane(indexer.grpc, &query, 0).await?;
-        if is_active(&lane) { Ok(()) } else { Err(format!("{lane:?}")) }
+        if is_active(&lane) {
+            Ok(())
+        } else {
+            Err(format!("{lane:?}"))
+        }
     })
     .await;
     let ingest_tls = client_tls(&certs, None);
@@ -245,12 +272,18 @@ async fn mutual_tls_end_to_end_and_refused_clients() {
     eventually("FindMatches over TLS sees the blocks", DEADLINE, || async {
         let channel = tls_channel(indexer.grpc, &query).await?;
         let answer = QueryClient::new(channel)
-            .find_matches(v1::FindMatchesRequest { block_hashes: vec![11, 12, 13] })
+            .find_matches(v1::FindMatchesRequest {
+                block_hashes: vec![11, 12, 13],
+            })
             .await
             .map_err(|s| format!("{s:?}"))?
             .into_inner();
         let depth = answer.matches.iter().find(|m| m.lane == 0).map(|m| m.depth);
-        if depth == Some(3) { Ok(()) } else { Err(format!("{answer:?}")) }
+        if depth == Some(3) {
+            Ok(())
+        } else {
+            Err(format!("{answer:?}"))
+        }
     })
     .await;
     // `ckf lanes` over mutual TLS.
@@ -267,7 +300,11 @@ async fn mutual_tls_end_to_end_and_refused_clients() {
         "--server-name",
         "localhost",
     ]);
-    assert!(out.status.success(), "ckf lanes: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "ckf lanes: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(String::from_utf8_lossy(&out.stdout).contains("active"));
 
     // A plaintext client gets nothing from the TLS listener.
@@ -308,7 +345,11 @@ async fn mutual_tls_end_to_end_and_refused_clients() {
     let impostor = start_producer(&dir, "impostor-b", "dc-b", &url, &impostor_toml);
     eventually("the impostor's attempts fail", DEADLINE, || async {
         let failures = metric(impostor.metrics, "ckf_producer_reconnects_total", &[]);
-        if failures >= 3.0 { Ok(()) } else { Err(format!("{failures} reconnects")) }
+        if failures >= 3.0 {
+            Ok(())
+        } else {
+            Err(format!("{failures} reconnects"))
+        }
     })
     .await;
     let lane_b = lane(indexer.grpc, &query, 1).await.unwrap();
@@ -326,7 +367,10 @@ fn refused_start(binary_name: &str, args: &[&str]) -> (Option<i32>, String) {
         .env("RUST_LOG", "error")
         .output()
         .expect("run service");
-    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 #[test]
@@ -334,10 +378,22 @@ fn unsafe_configurations_are_refused_at_start_with_exit_2() {
     // https:// without trust roots: the producer fails closed.
     let (code, stderr) = refused_start(
         "ckf-producer",
-        &["--dc", "dc-a", "--indexer", "https://127.0.0.1:1", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"],
+        &[
+            "--dc",
+            "dc-a",
+            "--indexer",
+            "https://127.0.0.1:1",
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ],
     );
     assert_eq!(code, Some(2), "{stderr}");
-    assert!(stderr.contains("https:// needs trust roots: set indexer_tls.ca_file"), "{stderr}");
+    assert!(
+        stderr.contains("https:// needs trust roots: set indexer_tls.ca_file"),
+        "{stderr}"
+    );
 
     // A non-loopback listen address with neither a certificate nor plaintext = true.
     let (code, stderr) = refused_start(
@@ -345,11 +401,23 @@ fn unsafe_configurations_are_refused_at_start_with_exit_2() {
         &["--listen", "0.0.0.0:0", "--metrics-listen", "127.0.0.1:0"],
     );
     assert_eq!(code, Some(2), "{stderr}");
-    assert!(stderr.contains("listen = 0.0.0.0:0: is not a loopback address"), "{stderr}");
+    assert!(
+        stderr.contains("listen = 0.0.0.0:0: is not a loopback address"),
+        "{stderr}"
+    );
     assert!(stderr.contains("tls.cert_file"), "{stderr}");
     let (code, stderr) = refused_start(
         "ckf-producer",
-        &["--dc", "dc-a", "--indexer", "http://127.0.0.1:1", "--listen", "0.0.0.0:0", "--metrics-listen", "127.0.0.1:0"],
+        &[
+            "--dc",
+            "dc-a",
+            "--indexer",
+            "http://127.0.0.1:1",
+            "--listen",
+            "0.0.0.0:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ],
     );
     assert_eq!(code, Some(2), "{stderr}");
     assert!(stderr.contains("is not a loopback address"), "{stderr}");
@@ -360,13 +428,22 @@ fn unsafe_configurations_are_refused_at_start_with_exit_2() {
     let (code, stderr) = refused_start(
         "ckf-indexer",
         &[
-            "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
-            "--tls-cert", missing.to_str().unwrap(), "--tls-key", missing.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--tls-cert",
+            missing.to_str().unwrap(),
+            "--tls-key",
+            missing.to_str().unwrap(),
         ],
     );
     assert_eq!(code, Some(2), "{stderr}");
     assert!(
-        stderr.contains(&format!("tls.cert_file = {}: cannot read the file", missing.display())),
+        stderr.contains(&format!(
+            "tls.cert_file = {}: cannot read the file",
+            missing.display()
+        )),
         "{stderr}"
     );
 }
@@ -388,7 +465,11 @@ async fn sighup_reloads_the_certificate_for_new_connections_and_keeps_open_strea
     let query = client_tls(&certs, Some((&certs, "query")));
     let attached = eventually("lane dc-a active", DEADLINE, || async {
         let lane = lane(indexer.grpc, &query, 0).await?;
-        if is_active(&lane) { Ok(lane) } else { Err(format!("{lane:?}")) }
+        if is_active(&lane) {
+            Ok(lane)
+        } else {
+            Err(format!("{lane:?}"))
+        }
     })
     .await;
     let client = Some((certs.join("query.crt"), certs.join("query.key")));
@@ -397,7 +478,10 @@ async fn sighup_reloads_the_certificate_for_new_connections_and_keeps_open_strea
     assert_eq!(cert_names(&before), vec!["indexer", "localhost"]);
 
     // Re-issue from the same CA under another name; SIGHUP.
-    ckf_certs(&certs, &["--reissue", "--hosts", "indexer-2,localhost,127.0.0.1"]);
+    ckf_certs(
+        &certs,
+        &["--reissue", "--hosts", "indexer-2,localhost,127.0.0.1"],
+    );
     indexer.svc.signal(libc::SIGHUP);
     let after = eventually("the re-issued certificate is served", DEADLINE, || async {
         let leaf = served_leaf(indexer.grpc, &certs.join("ca.crt"), client).await;
@@ -409,20 +493,38 @@ async fn sighup_reloads_the_certificate_for_new_connections_and_keeps_open_strea
     })
     .await;
     assert_ne!(serial(&before), serial(&after));
-    assert_eq!(metric(indexer.metrics, "ckf_indexer_tls_reload_total", &[("result", "ok")]), 1.0);
+    assert_eq!(
+        metric(
+            indexer.metrics,
+            "ckf_indexer_tls_reload_total",
+            &[("result", "ok")]
+        ),
+        1.0
+    );
     // The relay stream opened before the reload is the same one: same lease, still active,
     // one lease granted in all.
     let lane_now = lane(indexer.grpc, &query, 0).await.unwrap();
     assert!(is_active(&lane_now), "{lane_now:?}");
     assert_eq!(lane_now.lease_epoch, attached.lease_epoch, "{lane_now:?}");
-    assert_eq!(metric(indexer.metrics, "ckf_indexer_leases_granted_total", &[]), 1.0);
+    assert_eq!(
+        metric(indexer.metrics, "ckf_indexer_leases_granted_total", &[]),
+        1.0
+    );
 
     // A broken certificate file: the reload fails, is counted, and the served certificate stays.
     std::fs::write(certs.join("indexer.crt"), "not a certificate\n").unwrap();
     indexer.svc.signal(libc::SIGHUP);
     eventually("the failed reload is counted", DEADLINE, || async {
-        let errors = metric(indexer.metrics, "ckf_indexer_tls_reload_total", &[("result", "error")]);
-        if errors == 1.0 { Ok(()) } else { Err(format!("{errors} errors")) }
+        let errors = metric(
+            indexer.metrics,
+            "ckf_indexer_tls_reload_total",
+            &[("result", "error")],
+        );
+        if errors == 1.0 {
+            Ok(())
+        } else {
+            Err(format!("{errors} errors"))
+        }
     })
     .await;
     let still = served_leaf(indexer.grpc, &certs.join("ca.crt"), client).await;
