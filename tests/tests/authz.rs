@@ -608,3 +608,149 @@ async fn query_listen_serves_query_only_and_listen_relay_only() {
         .expect_err("not here");
     assert_eq!(status.code(), Code::NotFound, "{status:?}");
 }
+
+/// Client TLS trusting `certs/ca.crt` and presenting `certs/<stem>.crt` (from `ckf certs`).
+fn mtls(certs: &Path, stem: &str) -> ckf_svc_kit::tls::ClientTls {
+    ckf_svc_kit::tls::ClientTlsConfig {
+        ca_file: Some(certs.join("ca.crt")),
+        cert_file: Some(certs.join(format!("{stem}.crt"))),
+        key_file: Some(certs.join(format!("{stem}.key"))),
+        server_name: Some("localhost".into()),
+    }
+    .load("test")
+    .expect("client TLS files")
+    .expect("client TLS configured")
+}
+
+async fn mtls_channel(
+    addr: std::net::SocketAddr,
+    tls: &ckf_svc_kit::tls::ClientTls,
+) -> tonic::transport::Channel {
+    ckf_svc_kit::tls::endpoint(&format!("https://{addr}"), Some(tls), true)
+        .expect("endpoint")
+        .connect_timeout(std::time::Duration::from_secs(3))
+        .connect()
+        .await
+        .expect("TLS connect")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_certificate_names_map_to_pools() {
+    let dir = TestDir::new("authz-mtls");
+    let certs = dir.path().join("certs");
+    let out = Command::new(binary("ckf"))
+        .args([
+            "certs",
+            "--out",
+            certs.to_str().expect("utf-8"),
+            "--pools",
+            "dc-a,dc-b",
+        ])
+        .output()
+        .expect("run ckf certs");
+    assert!(out.status.success(), "{out:?}");
+    let file = |name: &str| certs.join(name);
+    let spec = IndexerSpec {
+        extra_toml: format!(
+            "[tls]\ncert_file = {:?}\nkey_file = {:?}\nclient_ca_file = {:?}\nreload_interval_ms = 0\n\
+             [auth]\nrequired = true\n\
+             [[auth.producers]]\nname = \"dc-a\"\npools = [\"dc-a\"]\ncert_names = [\"producer.dc-a.ckf\"]\n\
+             [[auth.producers]]\nname = \"dc-b\"\npools = [\"dc-b\"]\ncert_names = [\"producer.dc-b.ckf\"]\n",
+            file("indexer.crt"),
+            file("indexer.key"),
+            file("ca.crt"),
+        ),
+        ..IndexerSpec::default()
+    };
+    let indexer = Indexer::start(&dir, &spec);
+    let a_spec = ProducerSpec {
+        extra_toml: format!(
+            "[indexer_tls]\nca_file = {:?}\ncert_file = {:?}\nkey_file = {:?}\nserver_name = \"localhost\"\n",
+            file("ca.crt"),
+            file("producer-dc-a.crt"),
+            file("producer-dc-a.key"),
+        ),
+        ..ProducerSpec::new("dc-a")
+    };
+    let https = format!("https://{}", indexer.addr);
+    let mut a = Producer::start(&dir, "producer-a", &a_spec, &[https]);
+    let mut pool = HashPool::new(&format(), 14);
+    let held = pool.take(20);
+    a.store(1, &held).await;
+
+    // The producer's certificate names its pool: it attaches and its blocks arrive.
+    let query_tls = mtls(&certs, "query");
+    let mut query = QueryClient::new(mtls_channel(indexer.addr, &query_tls).await);
+    let lane = eventually("dc-a active with its blocks", DEADLINE, || {
+        let mut query = query.clone();
+        let held = held.clone();
+        async move {
+            let lanes = query
+                .list_lanes(v1::ListLanesRequest {})
+                .await
+                .map_err(|s| format!("{s:?}"))?
+                .into_inner();
+            let lane = lanes.lanes[0].clone();
+            let found = query
+                .find_matches(v1::FindMatchesRequest { block_hashes: held })
+                .await
+                .map_err(|s| format!("{s:?}"))?
+                .into_inner();
+            let depth = found.matches.iter().find(|m| m.lane == 0).map(|m| m.depth);
+            if is_active(&lane) && depth == Some(20) {
+                Ok(lane)
+            } else {
+                Err(format!("{lane:?} depth {depth:?}"))
+            }
+        }
+    })
+    .await;
+
+    // dc-b's certificate attaching as dc-a, an authentic certificate of no producer.
+    let b_tls = mtls(&certs, "producer-dc-b");
+    let status = RawStream::open(
+        mtls_channel(indexer.addr, &b_tls).await,
+        attach("dc-a", 9, format()),
+    )
+    .await
+    .expect_err("another pool's certificate");
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+    for needle in ["\"dc-b\"", "may not publish pool e2e/dc-a"] {
+        assert!(
+            status.message().contains(needle),
+            "{needle:?} not in {status:?}"
+        );
+    }
+    let status = RawStream::open(
+        mtls_channel(indexer.addr, &query_tls).await,
+        attach("dc-a", 9, format()),
+    )
+    .await
+    .expect_err("a certificate of no producer");
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+    assert!(
+        status.message().contains("map to no configured principal"),
+        "{status:?}"
+    );
+    // The same certificate for its own pool is granted.
+    RawStream::open(
+        mtls_channel(indexer.addr, &b_tls).await,
+        attach("dc-b", 9, format()),
+    )
+    .await
+    .expect("dc-b's certificate may publish dc-b");
+
+    let after = query
+        .list_lanes(v1::ListLanesRequest {})
+        .await
+        .expect("ListLanes")
+        .into_inner()
+        .lanes[0]
+        .clone();
+    assert!(is_active(&after), "{after:?}");
+    assert_eq!(
+        (after.lease_epoch, after.incarnation, after.retirements),
+        (lane.lease_epoch, lane.incarnation, 0),
+        "{lane:?} -> {after:?}"
+    );
+}
