@@ -62,11 +62,15 @@ impl Disposed for RetireReason {
             | RetireReason::MalformedSnapshot(_)
             | RetireReason::NotActive { .. }
             | RetireReason::LostFinalDelta { .. }
+            | RetireReason::HeartbeatGap { .. }
             | RetireReason::HeartbeatTimeout { .. }
             | RetireReason::LagExceeded { .. }
             | RetireReason::Saturated { .. }
             | RetireReason::ApplyFailed { .. }
             | RetireReason::StreamLost { .. } => Disposition::RetireLane,
+            // The stream ended cleanly and the content was exact: only the lane's readiness
+            // ends, and a producer that comes back needs a new lease and snapshot anyway.
+            RetireReason::DrainGraceExpired { .. } => Disposition::RetireLane,
         }
     }
 }
@@ -94,8 +98,9 @@ impl Disposed for StrayFrame {
 }
 
 impl Disposed for AttachError {
-    /// A refused attach commits nothing on either side: [`Disposition::Omission`] (it is a
-    /// configuration error to fix, not state to recover).
+    /// A refused attach commits nothing on either side: [`Disposition::Omission`] (a
+    /// configuration error to fix, or for [`AttachError::Occupied`] a live holder to wait out:
+    /// the refused producer retries `IF_VACANT` later, not state to recover).
     fn disposition(&self) -> Disposition {
         Disposition::Omission
     }

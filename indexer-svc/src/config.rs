@@ -65,13 +65,22 @@ pub struct LagConfig {
     /// (producer-side age at send + time queued here) is not applied and its lane is retired
     /// (`LAG_EXCEEDED`).
     pub dirty_to_applied_deadline_ms: u64,
+    /// A lane whose producer drained (exact drain marker) stays ready this many milliseconds
+    /// (a rolling producer restart keeps its DC warm), then leaves the ready set
+    /// (`DRAIN_GRACE_EXPIRED`) unless a new lease arrived. 0 = it leaves at the first deadline
+    /// check after the drain (within 100 ms). At most [`MAX_DRAIN_GRACE_MS`].
+    pub drain_grace_ms: u64,
 }
+
+/// Largest `lag.drain_grace_ms` (one day).
+pub const MAX_DRAIN_GRACE_MS: u64 = 86_400_000;
 
 impl Default for LagConfig {
     fn default() -> Self {
         Self {
             heartbeat_deadline_ms: 10_000,
             dirty_to_applied_deadline_ms: 10_000,
+            drain_grace_ms: 30_000,
         }
     }
 }
@@ -233,6 +242,8 @@ impl IndexerConfig {
         LagPolicy {
             heartbeat_deadline: ms(self.lag.heartbeat_deadline_ms),
             apply_deadline: ms(self.lag.dirty_to_applied_deadline_ms),
+            // 0 is a real grace of nothing, not "disabled": a drained lane must end.
+            drain_grace: Some(Duration::from_millis(self.lag.drain_grace_ms)),
         }
     }
 }
@@ -241,6 +252,12 @@ impl Validate for IndexerConfig {
     fn validate(&self) -> Result<(), Invalid> {
         self.manifest()?;
         in_range("block_size", self.block_size, 1..=MAX_BLOCK_SIZE, "tokens")?;
+        in_range(
+            "lag.drain_grace_ms",
+            self.lag.drain_grace_ms,
+            0..=MAX_DRAIN_GRACE_MS,
+            "ms",
+        )?;
         let l = &self.limits;
         in_range(
             "limits.max_message_bytes",
@@ -318,6 +335,10 @@ pub struct Cli {
     /// [default: 10000; key: lag.dirty_to_applied_deadline_ms].
     #[arg(long, value_name = "MS")]
     pub dirty_to_applied_deadline_ms: Option<u64>,
+    /// Keep a drained lane ready this many milliseconds, then retire it unless a new lease
+    /// arrived; 0 = retire at once [default: 30000; key: lag.drain_grace_ms].
+    #[arg(long, value_name = "MS")]
+    pub drain_grace_ms: Option<u64>,
     /// Largest gRPC message accepted, in bytes, 4096..=268435456
     /// [default: 4194304; key: limits.max_message_bytes].
     #[arg(long, value_name = "BYTES")]
@@ -359,6 +380,7 @@ impl Cli {
                 "lag.dirty_to_applied_deadline_ms",
                 self.dirty_to_applied_deadline_ms,
             )
+            .set("lag.drain_grace_ms", self.drain_grace_ms)
             .set("limits.max_message_bytes", self.max_message_bytes)
             .set("limits.max_images_per_delta", self.max_images_per_delta)
             .set("limits.max_relay_streams", self.max_relay_streams)
