@@ -195,6 +195,14 @@ mod tests {
                 marker: 2,
             },
             RetireReason::Saturated { capacity: 1 },
+            RetireReason::HeartbeatGap {
+                installed: 3,
+                heartbeat: 9,
+            },
+            RetireReason::DrainGraceExpired {
+                drained_ms: 30_001,
+                grace_ms: 30_000,
+            },
             RetireReason::ApplyFailed {
                 detail: String::new(),
             },
@@ -203,6 +211,15 @@ mod tests {
             assert_eq!(r.disposition(), Disposition::RetireLane, "{r}");
             assert!(r.disposition().unreadies_lane());
         }
+        let occupied = AttachError::Occupied {
+            pool: crate::identity::PoolId::new("d", "dc-a").unwrap(),
+            lane: 0,
+            holder: crate::identity::ProducerIncarnation(9),
+            epoch: 2,
+            state: crate::lane::LaneState::Active,
+        };
+        assert_eq!(occupied.disposition(), Disposition::Omission);
+        assert!(!occupied.disposition().unreadies_lane());
         let omission = BlockError::CapacityExhausted {
             block_hash: 1,
             kicks: 500,

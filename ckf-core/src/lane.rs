@@ -154,7 +154,8 @@ impl LaneIngestor {
             last_update: self.last_update,
             retirements: self.retirements,
             last_retirement: self.last_retirement.clone(),
-            drained: self.drained_at.is_some(),
+            // Drained and still serving; a retired lane is not "drained" any more.
+            drained: self.drained_at.is_some() && self.state == LaneState::Active,
             drain_grace_deadline: self.drain_grace_deadline(sh),
             contention: self.contention,
         }

@@ -229,7 +229,9 @@ fn a_newer_attachment_supersedes_by_event_and_by_stale_outcome() {
     assert_eq!(want.disposition(), Disposition::NewLeaseAndSnapshot);
     // A frame of the old stream that raced the grant is ignored as stale: the same verdict,
     // without the holder (a stale lease does not name it).
-    let StreamEnd::Superseded { pool, held, by, .. } = want;
+    let StreamEnd::Superseded { pool, held, by, .. } = want else {
+        unreachable!("built above")
+    };
     assert_eq!(
         old.outcome(ix.ingest_now(&s.delta(0, 1, &[(0, 1)]))),
         StreamVerdict::End(StreamEnd::Superseded {

@@ -287,6 +287,14 @@ fn new_lease_while_active_supersedes_and_unreadies_first() {
         ix.lane_status(0).unwrap().state,
         LaneState::AwaitingSnapshot
     );
+    // Taking over a live holder is contention, announced first.
+    assert_eq!(
+        events.try_recv().unwrap().kind,
+        LaneEventKind::Contended {
+            kind: ckf_core::lane::ContentionKind::Takeover,
+            contender: new.tag.incarnation,
+        }
+    );
     assert_eq!(
         events.try_recv().unwrap(),
         ckf_core::lane::LaneEvent {
@@ -829,7 +837,7 @@ fn exact_drain_keeps_lane_ready_and_marks_it_drained() {
 fn heartbeat_of_current_stream_is_alive() {
     let (ix, a, _) = two_active();
     let before = ix.lane_status(0).unwrap().last_update.unwrap();
-    assert_eq!(ix.ingest_now(&a.heartbeat(0)), IngestOutcome::Alive);
+    assert_eq!(ix.ingest_now(&a.heartbeat(7)), IngestOutcome::Alive);
     assert!(ix.lane_status(0).unwrap().last_update.unwrap() >= before);
 }
 

@@ -626,6 +626,19 @@ mod tests {
     }
 
     #[test]
+    fn drain_grace_defaults_to_30_s_zero_is_a_real_zero_and_too_long_is_refused() {
+        let policy = cli(&[]).load().unwrap().lag_policy();
+        assert_eq!(policy.drain_grace, Some(Duration::from_secs(30)));
+        let policy = cli(&["--drain-grace-ms", "0"]).load().unwrap().lag_policy();
+        assert_eq!(policy.drain_grace, Some(Duration::ZERO));
+        let text = cli(&["--drain-grace-ms", "86400001"])
+            .load()
+            .unwrap_err()
+            .to_string();
+        assert!(text.contains("lag.drain_grace_ms = 86400001"), "{text}");
+    }
+
+    #[test]
     fn example_file_in_deploy_is_valid() {
         let path = concat!(
             env!("CARGO_MANIFEST_DIR"),

@@ -417,7 +417,8 @@ pub struct LaneStatus {
     pub retirements: u64,
     /// Reason of the latest retirement.
     pub last_retirement: Option<RetireReason>,
-    /// An exact drain marker was accepted under the current lease.
+    /// An exact drain marker was accepted under the current lease and the lane is still
+    /// active (ready, inside its drain grace).
     pub drained: bool,
     /// When a drained lane retires as [`RetireReason::DrainGraceExpired`] unless a new lease
     /// arrives first (None: not drained, or no grace configured).
