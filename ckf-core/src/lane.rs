@@ -26,8 +26,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::bucket::TransposedTable;
-use crate::frames::{DcCkfDelta, DcCkfSnapshot, DrainMarker, SnapshotChunk};
 use crate::frames::Heartbeat;
+use crate::frames::{DcCkfDelta, DcCkfSnapshot, DrainMarker, SnapshotChunk};
 use crate::global::AttachMode;
 use crate::identity::{LaneIndex, LaneLease, ProducerIncarnation, StreamTag};
 
@@ -172,10 +172,8 @@ impl LaneIngestor {
     /// Whether the lane has a live attachment: a lease whose stream awaits its snapshot or is
     /// active and not drained. (Deadlines are enforced by the caller first.)
     fn is_live(&self) -> bool {
-        matches!(
-            self.state,
-            LaneState::AwaitingSnapshot | LaneState::Active
-        ) && self.drained_at.is_none()
+        matches!(self.state, LaneState::AwaitingSnapshot | LaneState::Active)
+            && self.drained_at.is_none()
     }
 
     fn contend(&mut self, kind: ContentionKind, contender: ProducerIncarnation, now: Instant) {

@@ -199,7 +199,11 @@ fn a_holder_silent_past_the_heartbeat_deadline_is_not_live() {
         Some(RetireReason::HeartbeatTimeout { .. })
     ));
     assert_eq!(status.lease, Some(s.tag.lease));
-    assert_eq!(status.contention.map(|c| c.count), Some(1), "the earlier refusal");
+    assert_eq!(
+        status.contention.map(|c| c.count),
+        Some(1),
+        "the earlier refusal"
+    );
 }
 
 #[test]
@@ -230,12 +234,7 @@ fn takeover_of_a_live_holder_is_counted_and_announced() {
     // Not contention: the same incarnation again, or a lane that is not live.
     attach(&ix, "dc-a", 2, AttachMode::Takeover).unwrap();
     let s = attach(&ix, "dc-b", 3, AttachMode::Takeover).unwrap();
-    ix.retire_lease(
-        s.tag.lease,
-        RetireReason::StreamLost {
-            detail: "x".into(),
-        },
-    );
+    ix.retire_lease(s.tag.lease, RetireReason::StreamLost { detail: "x".into() });
     attach(&ix, "dc-b", 4, AttachMode::Takeover).unwrap();
     let st = ix.lane_statuses();
     assert_eq!(st[0].contention.map(|c| c.count), Some(1));
@@ -257,11 +256,17 @@ fn a_drained_lane_stays_ready_for_its_grace_then_retires() {
     let deadline = st.drain_grace_deadline.expect("a grace deadline");
     assert!(deadline >= drained_at + grace && deadline <= Instant::now() + grace);
     // Silence past the heartbeat deadline is fine for a drained lane; the grace is not over.
-    assert_eq!(ix.check_deadlines(0, deadline - Duration::from_millis(1)), None);
+    assert_eq!(
+        ix.check_deadlines(0, deadline - Duration::from_millis(1)),
+        None
+    );
     assert!(ix.lane_status(0).unwrap().ready);
     let reason = ix.check_deadlines(0, deadline).expect("grace over");
     assert!(
-        matches!(reason, RetireReason::DrainGraceExpired { grace_ms: 5000, .. }),
+        matches!(
+            reason,
+            RetireReason::DrainGraceExpired { grace_ms: 5000, .. }
+        ),
         "{reason:?}"
     );
     assert_eq!(reason.label(), "drain_grace_expired");
@@ -279,17 +284,30 @@ fn a_new_lease_inside_the_grace_keeps_the_lane() {
     let old = active(&ix, "dc-a", 1, 4);
     ix.ingest_now(&old.drain(4));
     let new = attach(&ix, "dc-a", 2, AttachMode::Takeover).unwrap();
-    assert_eq!(ix.lane_status(0).unwrap().contention, None, "drained is vacant");
-    assert_eq!(ix.check_deadlines(0, Instant::now() + Duration::from_secs(60)), None);
+    assert_eq!(
+        ix.lane_status(0).unwrap().contention,
+        None,
+        "drained is vacant"
+    );
+    assert_eq!(
+        ix.check_deadlines(0, Instant::now() + Duration::from_secs(60)),
+        None
+    );
     assert_eq!(
         ix.ingest_now(&new.snapshot(0, vec![0; BUCKETS as usize])),
         IngestOutcome::Activated {
             installed_sequence: 0
         }
     );
-    assert_eq!(ix.check_deadlines(0, Instant::now() + Duration::from_secs(60)), None);
+    assert_eq!(
+        ix.check_deadlines(0, Instant::now() + Duration::from_secs(60)),
+        None
+    );
     let st = ix.lane_status(0).unwrap();
-    assert_eq!((st.state, st.ready, st.retirements), (LaneState::Active, true, 0));
+    assert_eq!(
+        (st.state, st.ready, st.retirements),
+        (LaneState::Active, true, 0)
+    );
 }
 
 #[test]
@@ -304,7 +322,10 @@ fn zero_grace_retires_at_the_first_check_and_none_never() {
     let ix = indexer(LagPolicy::DISABLED);
     let s = active(&ix, "dc-a", 1, 0);
     ix.ingest_now(&s.drain(0));
-    assert_eq!(ix.check_deadlines(0, Instant::now() + Duration::from_secs(86_400)), None);
+    assert_eq!(
+        ix.check_deadlines(0, Instant::now() + Duration::from_secs(86_400)),
+        None
+    );
     assert!(ix.lane_status(0).unwrap().ready);
 }
 

@@ -160,11 +160,7 @@ impl RelayError {
                     ATTACH_REFUSED_KEY,
                     MetadataValue::from_static(ATTACH_REFUSED_OCCUPIED),
                 );
-                return Status::with_metadata(
-                    Code::FailedPrecondition,
-                    self.to_string(),
-                    metadata,
-                );
+                return Status::with_metadata(Code::FailedPrecondition, self.to_string(), metadata);
             }
             RelayError::Frame(FrameError::Transport(s)) if s.code() == Code::OutOfRange => {
                 // tonic reports a message over the decoding limit as OUT_OF_RANGE; gRPC servers

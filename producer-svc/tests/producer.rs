@@ -613,16 +613,24 @@ async fn a_superseded_producer_stands_by_and_recovers_its_lane_when_vacant() {
     })
     .await;
     // It keeps asking IF_VACANT under the backoff; each refusal changes nothing.
-    a.wait_for("two IF_VACANT refusals", |s| s.refused >= 2).await;
+    a.wait_for("two IF_VACANT refusals", |s| s.refused >= 2)
+        .await;
     let needle = format!(
         "ckf_producer_attachment_state{{indexer=\"{}\",state=\"standby\"}} 1",
         a.url()
     );
     eventually_in_metrics(&producer, &needle).await;
     let text = metrics_text(&producer).await;
-    let counted = format!("ckf_producer_standby_refusals_total{{indexer=\"{}\"}}", a.url());
+    let counted = format!(
+        "ckf_producer_standby_refusals_total{{indexer=\"{}\"}}",
+        a.url()
+    );
     assert!(text.contains(&counted), "{text}");
-    assert_eq!(a.with(|s| s.attachments.len()), 1, "refusals are not attachments");
+    assert_eq!(
+        a.with(|s| s.attachments.len()),
+        1,
+        "refusals are not attachments"
+    );
     // Ingest and the other indexer carry on while it stands by.
     let mut client = ingest_client(&producer).await;
     store_one(&mut client, "s", 0, &chain(1, 0..30)).await;
@@ -649,8 +657,12 @@ async fn a_producer_standing_by_at_shutdown_reports_it_superseded() {
     let producer = start_producer(vec![a.url()]).await;
     a.wait_installed(0, "snapshot installed").await;
     a.set_occupied(true);
-    a.retire(0, v1::RetireReason::Superseded, "lease epoch 2 replaced epoch 1")
-        .await;
+    a.retire(
+        0,
+        v1::RetireReason::Superseded,
+        "lease epoch 2 replaced epoch 1",
+    )
+    .await;
     a.wait_for("a refusal", |s| s.refused >= 1).await;
     producer.shutdown();
     let report = producer.wait().await.unwrap();

@@ -10,10 +10,10 @@
 
 use ckf_core::addressing::{FormatError, TableFormat};
 use ckf_core::frames::{BucketImage, DcCkfDelta, DcCkfSnapshot, DrainMarker, SnapshotChunk};
+use ckf_core::global::AttachMode;
 use ckf_core::identity::{
     LaneLease, NameError, PoolId, ProducerIdentity, ProducerIncarnation, StreamTag,
 };
-use ckf_core::global::AttachMode;
 use ckf_core::lane::{ContentionKind, LaneState, RetireReason};
 use thiserror::Error;
 

@@ -63,18 +63,14 @@ async fn newer_attachment_for_the_same_pool_fences_the_older_one() {
 
     // The older producer was told it was superseded, and says so; then it stands by.
     let url = indexer.url();
-    eventually(
-        "the older producer's standby state",
-        DEADLINE,
-        || async {
-            let text = old.metrics()?;
-            let labels = [("indexer", url.as_str()), ("state", "standby")];
-            match metrics::value(&text, "ckf_producer_attachment_state", &labels) {
-                Some(1.0) => Ok(text),
-                other => Err(format!("attachment_state{{state=standby}} = {other:?}")),
-            }
-        },
-    )
+    eventually("the older producer's standby state", DEADLINE, || async {
+        let text = old.metrics()?;
+        let labels = [("indexer", url.as_str()), ("state", "standby")];
+        match metrics::value(&text, "ckf_producer_attachment_state", &labels) {
+            Some(1.0) => Ok(text),
+            other => Err(format!("attachment_state{{state=standby}} = {other:?}")),
+        }
+    })
     .await;
     let text = old.metrics().expect("metrics");
     let labels = [("indexer", url.as_str()), ("reason", "retired_superseded")];
@@ -109,7 +105,11 @@ async fn newer_attachment_for_the_same_pool_fences_the_older_one() {
     );
     assert!(refusals.unwrap_or(0.0) >= 1.0, "{text}");
     let superseded = metrics::value(&text, "ckf_producer_detachments_total", &labels);
-    assert_eq!(superseded, Some(1.0), "refusals are not detachments: {text}");
+    assert_eq!(
+        superseded,
+        Some(1.0),
+        "refusals are not detachments: {text}"
+    );
 
     // The superseded producer's shutdown is clean and leaves the newer producer's lane alone.
     let status = old.terminate();

@@ -120,7 +120,10 @@ async fn two_live_producers_for_one_pool_do_not_flap() {
     assert_eq!(contention(&indexer, "dc-b", "takeover"), 0.0);
     assert!(lane.contention_count >= 3, "{lane:?}");
     assert_eq!(lane.last_contender_incarnation, old_lane.incarnation);
-    assert_eq!(lane.last_contention_holder_incarnation, new_lane.incarnation);
+    assert_eq!(
+        lane.last_contention_holder_incarnation,
+        new_lane.incarnation
+    );
     assert_eq!(
         lane.last_contention_kind(),
         ContentionKind::IfVacantRefused,
@@ -173,7 +176,8 @@ async fn a_superseded_producer_recovers_its_lane_after_the_newer_holder_is_kille
     assert!(lane.lease_epoch > new_lane.lease_epoch, "{lane:?}");
     wait_state(&old, &indexer, &["streaming"]).await;
     assert_eq!(
-        old.log_records("the lane is vacant: attached IF_VACANT").len(),
+        old.log_records("the lane is vacant: attached IF_VACANT")
+            .len(),
         1,
         "{}",
         old.log()
@@ -192,7 +196,11 @@ async fn a_superseded_producer_recovers_its_lane_after_the_newer_holder_drains()
     let (old, mut new, old_lane, new_lane) = superseded_setup(&dir, &indexer, &mut pool).await;
     let status = new.terminate();
     assert!(status.success(), "{status:?}");
-    assert!(!new.log_records("drain marker sent").is_empty(), "{}", new.log());
+    assert!(
+        !new.log_records("drain marker sent").is_empty(),
+        "{}",
+        new.log()
+    );
     // A drained lane inside its grace is vacant: the standby producer takes it back.
     let lane = wait_converged(&indexer, &old).await;
     assert_eq!(lane.incarnation, old_lane.incarnation, "{lane:?}");
@@ -270,7 +278,10 @@ async fn a_new_lease_within_the_grace_keeps_the_lane() {
     let later = wait_converged(&indexer, &second).await;
     assert_eq!(later.lease_epoch, lane.lease_epoch, "{later:?}");
     assert_eq!(later.retirements, 0, "{later:?}");
-    assert_eq!(later.contention_count, 0, "a drained lane is vacant: {later:?}");
+    assert_eq!(
+        later.contention_count, 0,
+        "a drained lane is vacant: {later:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -290,7 +301,9 @@ async fn a_heartbeat_claiming_another_sequence_retires_the_lane_as_a_gap() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(is_active(&indexer.lane("dc-b").await.unwrap()));
     s.send(s.heartbeat_claiming(9)).await;
-    let status = s.expect_retired_as(RetireReason::Gap, Code::FailedPrecondition).await;
+    let status = s
+        .expect_retired_as(RetireReason::Gap, Code::FailedPrecondition)
+        .await;
     assert!(
         status
             .message()
@@ -323,10 +336,12 @@ async fn an_if_vacant_attach_is_refused_naming_the_live_holder() {
     assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
     let named = format!(
         "incarnation {:#018x}, lease epoch {}",
-        41,
-        holder.lease.epoch
+        41, holder.lease.epoch
     );
-    assert!(status.message().contains(&named), "{named} not in {status:?}");
+    assert!(
+        status.message().contains(&named),
+        "{named} not in {status:?}"
+    );
     assert_eq!(
         status
             .metadata()
@@ -337,7 +352,10 @@ async fn an_if_vacant_attach_is_refused_naming_the_live_holder() {
     );
     // Nothing changed: the holder's lease and content answer, its stream goes on.
     let lane = indexer.lane("dc-b").await.unwrap();
-    assert_eq!((lane.incarnation, lane.lease_epoch), (41, holder.lease.epoch));
+    assert_eq!(
+        (lane.incarnation, lane.lease_epoch),
+        (41, holder.lease.epoch)
+    );
     assert!(is_active(&lane), "{lane:?}");
     assert_eq!(lane.contention_count, 1, "{lane:?}");
     assert_eq!(lane.last_contender_incarnation, 42, "{lane:?}");

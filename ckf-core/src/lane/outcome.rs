@@ -359,7 +359,8 @@ pub enum ContentionKind {
 
 impl ContentionKind {
     /// Every kind, in label order.
-    pub const ALL: [ContentionKind; 2] = [ContentionKind::IfVacantRefused, ContentionKind::Takeover];
+    pub const ALL: [ContentionKind; 2] =
+        [ContentionKind::IfVacantRefused, ContentionKind::Takeover];
 
     /// Stable snake-case label for metrics (`lane_contention_total{kind=...}`) and logs.
     pub fn as_str(&self) -> &'static str {
