@@ -345,6 +345,12 @@ pub async fn lanes(args: LanesArgs) -> Result<()> {
                     "last_update_age_ms": l.last_update_age_ms, "load_factor": l.load_factor,
                     "retirements": l.retirements, "last_retire_reason": reason_name(l.last_retire_reason),
                     "last_retire_detail": l.last_retire_detail, "drained": l.drained,
+                    "drain_grace_remaining_ms": l.drain_grace_remaining_ms,
+                    "contention_count": l.contention_count,
+                    "last_contender_incarnation": l.last_contender_incarnation,
+                    "last_contention_holder_incarnation": l.last_contention_holder_incarnation,
+                    "last_contention_age_ms": l.last_contention_age_ms,
+                    "last_contention_kind": contention_name(l.last_contention_kind),
                 })
             })
             .collect();
@@ -385,10 +391,34 @@ pub async fn lanes(args: LanesArgs) -> Result<()> {
             l.load_factor * 100.0,
             l.retirements,
             reason,
-            if l.drained { " (drained)" } else { "" }
+            match (l.drained, l.drain_grace_remaining_ms) {
+                (true, Some(ms)) => format!(" (drained, leaves the ready set in {ms} ms)"),
+                (true, None) => " (drained)".to_owned(),
+                _ => String::new(),
+            }
         );
+        if l.contention_count > 0 {
+            println!(
+                "      contention: {} (last {} by incarnation {:#018x} against {:#018x}, {} ms ago)",
+                l.contention_count,
+                contention_name(l.last_contention_kind),
+                l.last_contender_incarnation,
+                l.last_contention_holder_incarnation,
+                l.last_contention_age_ms
+                    .map_or_else(|| "-".to_string(), |a| a.to_string()),
+            );
+        }
     }
     Ok(())
+}
+
+/// The lower-case name of a wire contention kind.
+fn contention_name(kind: i32) -> &'static str {
+    match ckf_proto::v1::ContentionKind::try_from(kind) {
+        Ok(ckf_proto::v1::ContentionKind::IfVacantRefused) => "if_vacant_refused",
+        Ok(ckf_proto::v1::ContentionKind::Takeover) => "takeover",
+        _ => "none",
+    }
 }
 
 /// `ckf health`: returns the process exit code (0 SERVING, 1 other status, 2 unreachable).

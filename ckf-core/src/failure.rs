@@ -62,11 +62,15 @@ impl Disposed for RetireReason {
             | RetireReason::MalformedSnapshot(_)
             | RetireReason::NotActive { .. }
             | RetireReason::LostFinalDelta { .. }
+            | RetireReason::HeartbeatGap { .. }
             | RetireReason::HeartbeatTimeout { .. }
             | RetireReason::LagExceeded { .. }
             | RetireReason::Saturated { .. }
             | RetireReason::ApplyFailed { .. }
             | RetireReason::StreamLost { .. } => Disposition::RetireLane,
+            // The stream ended cleanly and the content was exact: only the lane's readiness
+            // ends, and a producer that comes back needs a new lease and snapshot anyway.
+            RetireReason::DrainGraceExpired { .. } => Disposition::RetireLane,
         }
     }
 }
@@ -94,8 +98,9 @@ impl Disposed for StrayFrame {
 }
 
 impl Disposed for AttachError {
-    /// A refused attach commits nothing on either side: [`Disposition::Omission`] (it is a
-    /// configuration error to fix, not state to recover).
+    /// A refused attach commits nothing on either side: [`Disposition::Omission`] (a
+    /// configuration error to fix, or for [`AttachError::Occupied`] a live holder to wait out:
+    /// the refused producer retries `IF_VACANT` later, not state to recover).
     fn disposition(&self) -> Disposition {
         Disposition::Omission
     }
@@ -190,6 +195,14 @@ mod tests {
                 marker: 2,
             },
             RetireReason::Saturated { capacity: 1 },
+            RetireReason::HeartbeatGap {
+                installed: 3,
+                heartbeat: 9,
+            },
+            RetireReason::DrainGraceExpired {
+                drained_ms: 30_001,
+                grace_ms: 30_000,
+            },
             RetireReason::ApplyFailed {
                 detail: String::new(),
             },
@@ -198,6 +211,15 @@ mod tests {
             assert_eq!(r.disposition(), Disposition::RetireLane, "{r}");
             assert!(r.disposition().unreadies_lane());
         }
+        let occupied = AttachError::Occupied {
+            pool: crate::identity::PoolId::new("d", "dc-a").unwrap(),
+            lane: 0,
+            holder: crate::identity::ProducerIncarnation(9),
+            epoch: 2,
+            state: crate::lane::LaneState::Active,
+        };
+        assert_eq!(occupied.disposition(), Disposition::Omission);
+        assert!(!occupied.disposition().unreadies_lane());
         let omission = BlockError::CapacityExhausted {
             block_hash: 1,
             kicks: 500,

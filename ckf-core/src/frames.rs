@@ -5,7 +5,7 @@
 //! DcCkfSnapshot { tag, sequence, buckets }                       barrier snapshot tagged N
 //! DcCkfDelta    { tag, base_sequence, sequence, images }          N -> N+1, absolute bucket images
 //! DrainMarker   { tag, sequence }                                 exact final sequence N
-//! Heartbeat     { tag }                                           liveness, no content
+//! Heartbeat     { tag, sequence }                                 liveness + last sent sequence
 //! ```
 //! A snapshot travels as [`SnapshotChunk`]s so that every transport message stays bounded. A
 //! chunk carries whole bucket words as little-endian bytes; [`decode_chunk_words`] rejects
@@ -16,11 +16,17 @@ use thiserror::Error;
 
 use crate::identity::StreamTag;
 
-/// Liveness frame: "the stream of this lease is alive" (no content).
+/// Liveness frame: "the stream of this lease is alive", with the last sequence the producer
+/// sent under it (no content).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Heartbeat {
     /// Sender and lease.
     pub tag: StreamTag,
+    /// The last sequence sent under the lease: the last delta's, or the barrier snapshot's
+    /// while no delta followed it (0 before any snapshot was sent). An active lane retires when
+    /// it differs from the installed sequence ([`crate::lane::RetireReason::HeartbeatGap`]);
+    /// a lane still awaiting its snapshot does not check it.
+    pub sequence: u64,
 }
 
 /// The absolute image of one bucket after a batch: the consumer stores `image` as the bucket's

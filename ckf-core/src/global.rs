@@ -38,13 +38,17 @@ use thiserror::Error;
 mod attachment;
 mod huge_pages;
 
-pub use attachment::{AttachRequest, Attachment, ClaimedFormat, StreamEnd, StreamVerdict};
+pub use attachment::{
+    AttachMode, AttachRequest, Attachment, ClaimedFormat, StreamEnd, StreamVerdict,
+};
 
 use crate::addressing::{Addressing, FormatError, TableFormat};
 use crate::bucket::{MAX_LANES, TableError, TransposedTable};
-use crate::identity::{IndexerDomainId, LaneIndex, LaneLease, PoolId, ProducerIdentity};
+use crate::identity::{
+    IndexerDomainId, LaneIndex, LaneLease, PoolId, ProducerIdentity, ProducerIncarnation,
+};
 use crate::lane::{
-    Frame, IngestOutcome, LagPolicy, LaneContext, LaneEvent, LaneIngestor, LaneStatus,
+    Frame, IngestOutcome, LagPolicy, LaneContext, LaneEvent, LaneIngestor, LaneState, LaneStatus,
     RetireReason, StrayFrame,
 };
 
@@ -126,6 +130,25 @@ pub enum AttachError {
         expected: TableFormat,
         /// The producer's format as claimed.
         got: ClaimedFormat,
+    },
+    /// An [`AttachMode::IfVacant`] attach found the lane held by a live attachment of another
+    /// incarnation; nothing was superseded or leased.
+    #[error(
+        "pool {pool} (lane {lane}) is held by a live attachment: incarnation {holder}, lease \
+         epoch {epoch}, {}; an IF_VACANT attach does not supersede it",
+        state.as_str()
+    )]
+    Occupied {
+        /// The pool.
+        pool: PoolId,
+        /// Its lane.
+        lane: LaneIndex,
+        /// The live holder's incarnation.
+        holder: ProducerIncarnation,
+        /// The live holder's lease epoch.
+        epoch: u64,
+        /// The lane's state (awaiting its snapshot, or active).
+        state: LaneState,
     },
 }
 
@@ -314,6 +337,8 @@ impl GlobalCkfIndexer {
     /// ignored from now on. The lane awaits a barrier snapshot under the new lease. Services that
     /// stream frames under the lease use [`GlobalCkfIndexer::attach`] instead.
     ///
+    /// Always [`AttachMode::Takeover`].
+    ///
     /// # Errors
     /// [`AttachError::UnknownPool`] (naming the configured pools) or
     /// [`AttachError::FormatMismatch`] (naming both formats).
@@ -344,7 +369,20 @@ impl GlobalCkfIndexer {
             });
         }
         let mut ingestor = self.lane(lane).expect("lane_of returns manifest lanes");
-        let lease = ingestor.grant(self.shared(), request.incarnation, Instant::now());
+        let lease = ingestor
+            .grant(
+                self.shared(),
+                request.incarnation,
+                request.mode,
+                Instant::now(),
+            )
+            .map_err(|holder| AttachError::Occupied {
+                pool: request.pool.clone(),
+                lane,
+                holder: holder.incarnation,
+                epoch: holder.lease.epoch,
+                state: holder.state,
+            })?;
         let events = subscribe.then(|| ingestor.subscribe());
         Ok((lease, events))
     }
@@ -391,7 +429,8 @@ impl GlobalCkfIndexer {
         }
     }
 
-    /// Enforces the heartbeat deadline of `lane` at `now`; returns the reason if it retired it.
+    /// Enforces the heartbeat deadline and the drain grace of `lane` at `now`; returns the
+    /// reason if it retired it.
     pub fn check_deadlines(&self, lane: LaneIndex, now: Instant) -> Option<RetireReason> {
         self.lane(lane).ok()?.check_deadline(self.shared(), now)
     }

@@ -7,7 +7,14 @@
 //!                              ^    ^                        |  |                              |
 //!                              |    +------- new lease ------+  +-- re-barrier chunk 0 --+     |
 //!                              +-------------------------------- new lease --------------+-----+
+//!   Active --exact drain--> Active (drained) --drain grace over--> Retired (DrainGraceExpired)
 //! ```
+//! A lane has a *live attachment* while it is awaiting its snapshot or active, not drained
+//! (and not silent past the heartbeat deadline: the deadline is enforced before deciding).
+//! A drained lane inside its grace is vacant: a new producer may attach `IF_VACANT` (a rolling
+//! restart). A grant in [`AttachMode::IfVacant`] to another incarnation than a live holder is
+//! refused and changes nothing; a [`AttachMode::Takeover`] of a live holder proceeds. Both are
+//! counted as [`Contention`].
 //! Everything here is ingestion-worker-local (the owning [`crate::global::GlobalCkfIndexer`]
 //! keeps each `LaneIngestor` behind its own mutex, which queries never touch). Only the bucket
 //! words and the ready bit are shared with queries.
@@ -19,7 +26,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::bucket::TransposedTable;
+use crate::frames::Heartbeat;
 use crate::frames::{DcCkfDelta, DcCkfSnapshot, DrainMarker, SnapshotChunk};
+use crate::global::AttachMode;
 use crate::identity::{LaneIndex, LaneLease, ProducerIncarnation, StreamTag};
 
 mod frame;
@@ -29,9 +38,17 @@ mod outcome;
 pub use frame::Frame;
 pub use lag::LagPolicy;
 pub use outcome::{
-    DeltaError, IgnoreReason, IngestOutcome, LaneEvent, LaneEventKind, LaneState, LaneStatus,
-    RetireReason, SnapshotError, StrayFrame,
+    Contention, ContentionKind, DeltaError, IgnoreReason, IngestOutcome, LaneEvent, LaneEventKind,
+    LaneState, LaneStatus, RetireReason, SnapshotError, StrayFrame,
 };
+
+/// A live attachment that refused an [`AttachMode::IfVacant`] grant: who holds the lane.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LiveHolder {
+    pub incarnation: ProducerIncarnation,
+    pub lease: LaneLease,
+    pub state: LaneState,
+}
 
 /// The shared pieces a lane ingestor writes: the table (its own lane column) and the ready mask.
 #[derive(Clone, Copy)]
@@ -58,8 +75,10 @@ pub(crate) struct LaneIngestor {
     incarnation: Option<ProducerIncarnation>,
     installed: Option<u64>,
     receiving: Option<Receiving>,
-    drained: bool,
+    /// When the exact drain marker of the current lease was accepted.
+    drained_at: Option<Instant>,
     last_update: Option<Instant>,
+    contention: Option<Contention>,
     retirements: u64,
     last_retirement: Option<RetireReason>,
     subscribers: Vec<flume::Sender<LaneEvent>>,
@@ -80,8 +99,9 @@ impl LaneIngestor {
             incarnation: None,
             installed: None,
             receiving: None,
-            drained: false,
+            drained_at: None,
             last_update: None,
+            contention: None,
             retirements: 0,
             last_retirement: None,
             subscribers: Vec::new(),
@@ -134,17 +154,69 @@ impl LaneIngestor {
             last_update: self.last_update,
             retirements: self.retirements,
             last_retirement: self.last_retirement.clone(),
-            drained: self.drained,
+            // Drained and still serving; a retired lane is not "drained" any more.
+            drained: self.drained_at.is_some() && self.state == LaneState::Active,
+            drain_grace_deadline: self.drain_grace_deadline(sh),
+            contention: self.contention,
         }
     }
 
+    /// When the drained, still active lane retires for its drain grace.
+    fn drain_grace_deadline(&self, sh: LaneContext<'_>) -> Option<Instant> {
+        match (self.state, self.drained_at, sh.policy.drain_grace) {
+            (LaneState::Active, Some(at), Some(grace)) => Some(at + grace),
+            _ => None,
+        }
+    }
+
+    /// Whether the lane has a live attachment: a lease whose stream awaits its snapshot or is
+    /// active and not drained. (Deadlines are enforced by the caller first.)
+    fn is_live(&self) -> bool {
+        matches!(self.state, LaneState::AwaitingSnapshot | LaneState::Active)
+            && self.drained_at.is_none()
+    }
+
+    fn contend(&mut self, kind: ContentionKind, contender: ProducerIncarnation, now: Instant) {
+        let holder = self.incarnation.expect("a live lane has a holder");
+        let count = self.contention.map_or(0, |c| c.count) + 1;
+        self.contention = Some(Contention {
+            count,
+            last_kind: kind,
+            last_contender: contender,
+            last_holder: holder,
+            last_at: now,
+        });
+        self.emit(LaneEventKind::Contended { kind, contender });
+    }
+
     /// Grants the next lease to `incarnation`, fencing any older stream (ready bit first).
+    ///
+    /// The deadlines are enforced at `now` first, so "live" is exact. When another incarnation
+    /// holds a live attachment, [`AttachMode::IfVacant`] is refused with that holder (nothing
+    /// changes but the contention count) and [`AttachMode::Takeover`] proceeds (counted too).
+    /// The holder's own incarnation is never refused: its older stream is dead to it.
     pub(crate) fn grant(
         &mut self,
         sh: LaneContext<'_>,
         incarnation: ProducerIncarnation,
+        mode: AttachMode,
         now: Instant,
-    ) -> LaneLease {
+    ) -> Result<LaneLease, LiveHolder> {
+        self.check_deadline(sh, now);
+        if self.is_live() && self.incarnation != Some(incarnation) {
+            let holder = LiveHolder {
+                incarnation: self.incarnation.expect("a live lane has a holder"),
+                lease: self.lease.expect("a live lane has a lease"),
+                state: self.state,
+            };
+            match mode {
+                AttachMode::IfVacant => {
+                    self.contend(ContentionKind::IfVacantRefused, incarnation, now);
+                    return Err(holder);
+                }
+                AttachMode::Takeover => self.contend(ContentionKind::Takeover, incarnation, now),
+            }
+        }
         self.clear_ready(sh);
         let epoch = self.lease.map_or(1, |l| l.epoch + 1);
         let lease = LaneLease {
@@ -153,16 +225,19 @@ impl LaneIngestor {
             epoch,
         };
         if self.lease.is_some() && self.state != LaneState::Retired {
-            self.emit(LaneEventKind::Superseded { by: lease });
+            self.emit(LaneEventKind::Superseded {
+                by: lease,
+                incarnation,
+            });
         }
         self.lease = Some(lease);
         self.incarnation = Some(incarnation);
         self.state = LaneState::AwaitingSnapshot;
         self.installed = None;
         self.receiving = None;
-        self.drained = false;
+        self.drained_at = None;
         self.last_update = Some(now);
-        lease
+        Ok(lease)
     }
 
     /// Retires the current stream with `reason` (ready bit cleared first). No-op (returns false)
@@ -195,20 +270,31 @@ impl LaneIngestor {
         IngestOutcome::Retired(reason)
     }
 
-    /// Heartbeat deadline check; returns the reason when it retired the lane.
+    /// Heartbeat deadline and drain grace check; returns the reason when it retired the lane.
     pub(crate) fn check_deadline(
         &mut self,
         sh: LaneContext<'_>,
         now: Instant,
     ) -> Option<RetireReason> {
-        let deadline = sh.policy.heartbeat_deadline?;
-        let live = match self.state {
-            LaneState::AwaitingSnapshot => true,
+        if let Some(at) = self.drained_at {
             // A drained stream ended cleanly: its content is exact as of the drain, so silence
-            // afterwards is expected, not a failure.
-            LaneState::Active => !self.drained,
-            _ => false,
-        };
+            // afterwards is expected, not a failure; only the drain grace ends it.
+            let (Some(grace), LaneState::Active) = (sh.policy.drain_grace, self.state) else {
+                return None;
+            };
+            let drained = now.saturating_duration_since(at);
+            if drained < grace {
+                return None;
+            }
+            let reason = RetireReason::DrainGraceExpired {
+                drained_ms: drained.as_millis() as u64,
+                grace_ms: grace.as_millis() as u64,
+            };
+            self.retire(sh, reason.clone());
+            return Some(reason);
+        }
+        let deadline = sh.policy.heartbeat_deadline?;
+        let live = self.is_live();
         let silent = now.saturating_duration_since(self.last_update?);
         if live && silent > deadline {
             let reason = RetireReason::HeartbeatTimeout {
@@ -278,8 +364,28 @@ impl LaneIngestor {
             Frame::Snapshot(s) => self.whole_snapshot(sh, s),
             Frame::Delta(d) => self.delta(sh, d, now.saturating_duration_since(received_at)),
             Frame::Drain(m) => self.drain(sh, m),
-            Frame::Heartbeat(_) => IngestOutcome::Alive,
+            Frame::Heartbeat(h) => self.heartbeat(sh, h),
         }
+    }
+
+    /// A heartbeat of an active lane must claim the installed sequence; a lane awaiting its
+    /// snapshot has nothing to compare (the producer claims the snapshot it is sending, or 0).
+    fn heartbeat(&mut self, sh: LaneContext<'_>, h: &Heartbeat) -> IngestOutcome {
+        if self.state == LaneState::Active {
+            let installed = self
+                .installed
+                .expect("active lanes have an installed sequence");
+            if h.sequence != installed {
+                return self.fail(
+                    sh,
+                    RetireReason::HeartbeatGap {
+                        installed,
+                        heartbeat: h.sequence,
+                    },
+                );
+            }
+        }
+        IngestOutcome::Alive
     }
 
     /// Starts or continues a snapshot at `first_bucket` with terminal `sequence`; returns the
@@ -327,7 +433,7 @@ impl LaneIngestor {
         if self.receiving.is_none() {
             self.clear_ready(sh);
             self.state = LaneState::AwaitingSnapshot;
-            self.drained = false;
+            self.drained_at = None;
             self.receiving = Some(Receiving {
                 sequence,
                 next_bucket: 0,
@@ -477,7 +583,7 @@ impl LaneIngestor {
             sh.table.store(img.bucket as usize, lane, img.image);
         }
         self.installed = Some(d.sequence);
-        self.drained = false;
+        self.drained_at = None;
         IngestOutcome::Applied {
             installed_sequence: d.sequence,
         }
@@ -499,7 +605,7 @@ impl LaneIngestor {
                 },
             );
         }
-        self.drained = true;
+        self.drained_at = Some(Instant::now());
         self.emit(LaneEventKind::Drained {
             installed_sequence: installed,
         });

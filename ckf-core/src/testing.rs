@@ -144,9 +144,12 @@ impl TestStream {
         })
     }
 
-    /// A heartbeat.
-    pub fn heartbeat(&self) -> Frame {
-        Frame::Heartbeat(Heartbeat { tag: self.tag })
+    /// A heartbeat claiming `sequence` as the last one sent.
+    pub fn heartbeat(&self, sequence: u64) -> Frame {
+        Frame::Heartbeat(Heartbeat {
+            tag: self.tag,
+            sequence,
+        })
     }
 }
 

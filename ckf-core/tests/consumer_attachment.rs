@@ -8,7 +8,8 @@ use std::time::Duration;
 use ckf_core::addressing::TableFormat;
 use ckf_core::failure::{Disposed, Disposition};
 use ckf_core::global::{
-    AttachError, AttachRequest, ClaimedFormat, GlobalCkfIndexer, Manifest, StreamEnd, StreamVerdict,
+    AttachError, AttachMode, AttachRequest, ClaimedFormat, GlobalCkfIndexer, Manifest, StreamEnd,
+    StreamVerdict,
 };
 use ckf_core::identity::{IndexerDomainId, LaneLease, PoolId, ProducerIncarnation};
 use ckf_core::ingestion::{IngestionWorkers, IngestionWorkersConfig, SubmitError};
@@ -39,6 +40,7 @@ fn request(dc: &str, incarnation: u64) -> AttachRequest {
         pool: pool(dc),
         incarnation: ProducerIncarnation(incarnation),
         format: ClaimedFormat::Valid(format()),
+        mode: AttachMode::Takeover,
     }
 }
 
@@ -141,7 +143,7 @@ fn an_attachment_holds_its_lease_and_answers_its_frames() {
         }
     );
     assert_eq!(
-        at.outcome(ix.ingest_now(&s.heartbeat())),
+        at.outcome(ix.ingest_now(&s.heartbeat(1))),
         StreamVerdict::Continue
     );
     assert_eq!(
@@ -160,7 +162,7 @@ fn a_frame_under_another_lease_is_refused_before_submission() {
     let (at, s) = attached_and_ready(&ix);
     let mut forged = s;
     forged.tag.lease.epoch += 5;
-    let err = at.check(&forged.heartbeat()).unwrap_err();
+    let err = at.check(&forged.heartbeat(0)).unwrap_err();
     assert_eq!(
         err,
         StrayFrame::ForeignLease {
@@ -212,21 +214,32 @@ fn a_newer_attachment_supersedes_by_event_and_by_stale_outcome() {
         pool: pool("dc-a"),
         held: old.lease(),
         by: new.lease(),
+        by_incarnation: Some(ProducerIncarnation(6)),
     };
     assert_eq!(ending_events(&old), vec![StreamVerdict::End(want.clone())]);
     assert_eq!(
         want.to_string(),
         format!(
-            "superseded by a newer attachment for pool prod/dc-a: lease epoch {} replaced epoch {}",
+            "superseded by a newer attachment for pool prod/dc-a: lease epoch {} replaced epoch {} \
+             (held by incarnation 0x0000000000000006)",
             new.lease().epoch,
             old.lease().epoch
         )
     );
     assert_eq!(want.disposition(), Disposition::NewLeaseAndSnapshot);
-    // A frame of the old stream that raced the grant is ignored as stale: the same verdict.
+    // A frame of the old stream that raced the grant is ignored as stale: the same verdict,
+    // without the holder (a stale lease does not name it).
+    let StreamEnd::Superseded { pool, held, by, .. } = want else {
+        unreachable!("built above")
+    };
     assert_eq!(
         old.outcome(ix.ingest_now(&s.delta(0, 1, &[(0, 1)]))),
-        StreamVerdict::End(want)
+        StreamVerdict::End(StreamEnd::Superseded {
+            pool,
+            held,
+            by,
+            by_incarnation: None
+        })
     );
     // The new attachment ignores the old lease's events.
     assert_eq!(ending_events(&new), []);
@@ -252,7 +265,7 @@ fn retirements_end_the_stream_with_their_reason() {
     // The retirement event says the same; later frames find the lane retired.
     assert_eq!(ending_events(&at), vec![StreamVerdict::End(end.clone())]);
     assert_eq!(
-        at.outcome(ix.ingest_now(&s.heartbeat())),
+        at.outcome(ix.ingest_now(&s.heartbeat(0))),
         StreamVerdict::End(end)
     );
 }
@@ -312,7 +325,7 @@ fn queue_refusals_become_stream_ends() {
         lane: 7,
         ..s.tag.lease
     };
-    let err = pool.submit(nowhere.heartbeat(), None).unwrap_err();
+    let err = pool.submit(nowhere.heartbeat(0), None).unwrap_err();
     assert_eq!(
         at.submit_failed(err),
         StreamEnd::Refused(StrayFrame::UnknownLane { lane: 7, lanes: 2 })

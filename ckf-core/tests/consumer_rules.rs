@@ -287,11 +287,22 @@ fn new_lease_while_active_supersedes_and_unreadies_first() {
         ix.lane_status(0).unwrap().state,
         LaneState::AwaitingSnapshot
     );
+    // Taking over a live holder is contention, announced first.
+    assert_eq!(
+        events.try_recv().unwrap().kind,
+        LaneEventKind::Contended {
+            kind: ckf_core::lane::ContentionKind::Takeover,
+            contender: new.tag.incarnation,
+        }
+    );
     assert_eq!(
         events.try_recv().unwrap(),
         ckf_core::lane::LaneEvent {
             lease: old.tag.lease,
-            kind: LaneEventKind::Superseded { by: new.tag.lease }
+            kind: LaneEventKind::Superseded {
+                by: new.tag.lease,
+                incarnation: new.tag.incarnation,
+            }
         }
     );
     // The old stream is now stale and ignored.
@@ -317,7 +328,7 @@ fn stale_lease_is_ignored_without_harming_its_replacement() {
         old.delta(3, 4, &[]),
         old.drain(99),
         old.snapshot(8, table_words(1)),
-        old.heartbeat(),
+        old.heartbeat(0),
     ] {
         assert!(
             matches!(
@@ -375,7 +386,7 @@ fn never_granted_lease_and_unknown_lane_are_rejected() {
     let mut future = cur;
     future.tag.lease.epoch = 9;
     assert_eq!(
-        ix.ingest_now(&future.heartbeat()),
+        ix.ingest_now(&future.heartbeat(0)),
         IngestOutcome::Rejected(StrayFrame::UnknownLease {
             lane: 0,
             epoch: 9,
@@ -388,7 +399,7 @@ fn never_granted_lease_and_unknown_lane_are_rejected() {
         ..cur.tag.lease
     };
     assert_eq!(
-        ix.ingest_now(&nowhere.heartbeat()),
+        ix.ingest_now(&nowhere.heartbeat(0)),
         IngestOutcome::Rejected(StrayFrame::UnknownLane { lane: 5, lanes: 2 })
     );
     assert_eq!(ix.lane_status(0).unwrap().state, LaneState::Active);
@@ -826,7 +837,7 @@ fn exact_drain_keeps_lane_ready_and_marks_it_drained() {
 fn heartbeat_of_current_stream_is_alive() {
     let (ix, a, _) = two_active();
     let before = ix.lane_status(0).unwrap().last_update.unwrap();
-    assert_eq!(ix.ingest_now(&a.heartbeat()), IngestOutcome::Alive);
+    assert_eq!(ix.ingest_now(&a.heartbeat(7)), IngestOutcome::Alive);
     assert!(ix.lane_status(0).unwrap().last_update.unwrap() >= before);
 }
 
@@ -864,6 +875,7 @@ fn lag_deadline_retires_only_that_lane() {
     let policy = LagPolicy {
         heartbeat_deadline: None,
         apply_deadline: Some(Duration::from_millis(500)),
+        drain_grace: None,
     };
     let ix = GlobalCkfIndexer::with_policy(manifest(2), INSTANCE, policy).unwrap();
     let a = activate(&ix, "dc-0", 1, 0, table_words(1));
@@ -892,6 +904,7 @@ fn heartbeat_deadline_retires_silent_lane_only() {
     let policy = LagPolicy {
         heartbeat_deadline: Some(Duration::from_secs(5)),
         apply_deadline: None,
+        drain_grace: None,
     };
     let ix = GlobalCkfIndexer::with_policy(manifest(3), INSTANCE, policy).unwrap();
     let _a = activate(&ix, "dc-0", 1, 0, table_words(1));
@@ -924,6 +937,7 @@ fn pool_heartbeat_deadline_emits_retirement_event() {
     let policy = LagPolicy {
         heartbeat_deadline: Some(Duration::from_millis(50)),
         apply_deadline: None,
+        drain_grace: None,
     };
     let ix =
         std::sync::Arc::new(GlobalCkfIndexer::with_policy(manifest(2), INSTANCE, policy).unwrap());

@@ -66,13 +66,22 @@ pub struct LagConfig {
     /// (producer-side age at send + time queued here) is not applied and its lane is retired
     /// (`LAG_EXCEEDED`).
     pub dirty_to_applied_deadline_ms: u64,
+    /// A lane whose producer drained (exact drain marker) stays ready this many milliseconds
+    /// (a rolling producer restart keeps its DC warm), then leaves the ready set
+    /// (`DRAIN_GRACE_EXPIRED`) unless a new lease arrived. 0 = it leaves at the first deadline
+    /// check after the drain (within 100 ms). At most [`MAX_DRAIN_GRACE_MS`].
+    pub drain_grace_ms: u64,
 }
+
+/// Largest `lag.drain_grace_ms` (one day).
+pub const MAX_DRAIN_GRACE_MS: u64 = 86_400_000;
 
 impl Default for LagConfig {
     fn default() -> Self {
         Self {
             heartbeat_deadline_ms: 10_000,
             dirty_to_applied_deadline_ms: 10_000,
+            drain_grace_ms: 30_000,
         }
     }
 }
@@ -244,6 +253,8 @@ impl IndexerConfig {
         LagPolicy {
             heartbeat_deadline: ms(self.lag.heartbeat_deadline_ms),
             apply_deadline: ms(self.lag.dirty_to_applied_deadline_ms),
+            // 0 is a real grace of nothing, not "disabled": a drained lane must end.
+            drain_grace: Some(Duration::from_millis(self.lag.drain_grace_ms)),
         }
     }
 }
@@ -255,6 +266,12 @@ impl Validate for IndexerConfig {
         listens.extend(self.query_listen.map(|addr| ("query_listen", addr)));
         self.tls.check("tls", &listens)?;
         in_range("block_size", self.block_size, 1..=MAX_BLOCK_SIZE, "tokens")?;
+        in_range(
+            "lag.drain_grace_ms",
+            self.lag.drain_grace_ms,
+            0..=MAX_DRAIN_GRACE_MS,
+            "ms",
+        )?;
         let l = &self.limits;
         in_range(
             "limits.max_message_bytes",
@@ -355,6 +372,10 @@ pub struct Cli {
     /// [default: 10000; key: lag.dirty_to_applied_deadline_ms].
     #[arg(long, value_name = "MS")]
     pub dirty_to_applied_deadline_ms: Option<u64>,
+    /// Keep a drained lane ready this many milliseconds, then retire it unless a new lease
+    /// arrived; 0 = retire at once [default: 30000; key: lag.drain_grace_ms].
+    #[arg(long, value_name = "MS")]
+    pub drain_grace_ms: Option<u64>,
     /// Largest gRPC message accepted, in bytes, 4096..=268435456
     /// [default: 4194304; key: limits.max_message_bytes].
     #[arg(long, value_name = "BYTES")]
@@ -402,6 +423,7 @@ impl Cli {
                 "lag.dirty_to_applied_deadline_ms",
                 self.dirty_to_applied_deadline_ms,
             )
+            .set("lag.drain_grace_ms", self.drain_grace_ms)
             .set("limits.max_message_bytes", self.max_message_bytes)
             .set("limits.max_images_per_delta", self.max_images_per_delta)
             .set("limits.max_relay_streams", self.max_relay_streams)
@@ -645,6 +667,19 @@ mod tests {
         let policy = config.lag_policy();
         assert_eq!(policy.heartbeat_deadline, None);
         assert_eq!(policy.apply_deadline, Some(Duration::from_secs(10)));
+    }
+
+    #[test]
+    fn drain_grace_defaults_to_30_s_zero_is_a_real_zero_and_too_long_is_refused() {
+        let policy = cli(&[]).load().unwrap().lag_policy();
+        assert_eq!(policy.drain_grace, Some(Duration::from_secs(30)));
+        let policy = cli(&["--drain-grace-ms", "0"]).load().unwrap().lag_policy();
+        assert_eq!(policy.drain_grace, Some(Duration::ZERO));
+        let text = cli(&["--drain-grace-ms", "86400001"])
+            .load()
+            .unwrap_err()
+            .to_string();
+        assert!(text.contains("lag.drain_grace_ms = 86400001"), "{text}");
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! carry `lane` (index) and `dc` labels; see the crate README for the full reference.
 
 use ckf_core::global::GlobalCkfIndexer;
-use ckf_core::lane::{LaneState, LaneStatus, RetireReason};
+use ckf_core::lane::{ContentionKind, LaneState, LaneStatus, RetireReason};
 use ckf_svc_kit::metrics::{
     counter, counter_vec, histogram, histogram_vec, int_gauge, int_gauge_vec, lag_buckets_seconds,
     latency_buckets_seconds,
@@ -79,6 +79,9 @@ pub struct IndexerMetrics {
     pub attach_refused: IntCounterVec,
     /// Leases granted, by lane.
     pub leases_granted: IntCounterVec,
+    /// Lane contention (another incarnation attaching while the lane had a live attachment),
+    /// by `dc` and `kind` (`if_vacant_refused`, `takeover`).
+    pub lane_contention: IntCounterVec,
     /// Relay streams open now.
     pub relay_streams: IntGauge,
     /// One-hot lane state (`lane`, `dc`, `state`).
@@ -181,6 +184,12 @@ impl IndexerMetrics {
                 "Lane leases granted.",
                 &["lane", "dc"],
             ),
+            lane_contention: counter_vec(
+                &r,
+                "ckf_indexer_lane_contention_total",
+                "Attaches by another producer incarnation while the lane had a live attachment, by kind (if_vacant_refused, takeover).",
+                &["dc", "kind"],
+            ),
             relay_streams,
             lane_state: int_gauge_vec(
                 &r,
@@ -269,6 +278,13 @@ impl IndexerMetrics {
     pub fn retired(&self, lane: &LaneLabels, reason: &RetireReason) {
         self.retirements
             .with_label_values(&[&lane.lane, &lane.dc, reason.label()])
+            .inc();
+    }
+
+    /// Counts one contention on `lane`.
+    pub fn contended(&self, lane: &LaneLabels, kind: ContentionKind) {
+        self.lane_contention
+            .with_label_values(&[&lane.dc, kind.as_str()])
             .inc();
     }
 

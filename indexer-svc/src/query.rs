@@ -160,5 +160,19 @@ fn lane_info(indexer: &GlobalCkfIndexer, status: &LaneStatus, load_factor: f64) 
             .map(ToString::to_string)
             .unwrap_or_default(),
         drained: status.drained,
+        drain_grace_remaining_ms: status.drain_grace_deadline.map(|at| {
+            let left = at.saturating_duration_since(std::time::Instant::now());
+            u64::try_from(left.as_millis()).unwrap_or(u64::MAX)
+        }),
+        contention_count: status.contention.map_or(0, |c| c.count),
+        last_contender_incarnation: status.contention.map_or(0, |c| c.last_contender.0),
+        last_contention_age_ms: status
+            .contention
+            .map(|c| u64::try_from(c.last_at.elapsed().as_millis()).unwrap_or(u64::MAX)),
+        last_contention_kind: status
+            .contention
+            .map_or(v1::ContentionKind::Unspecified, |c| c.last_kind.into())
+            as i32,
+        last_contention_holder_incarnation: status.contention.map_or(0, |c| c.last_holder.0),
     }
 }

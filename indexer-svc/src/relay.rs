@@ -159,6 +159,7 @@ async fn first_attach(
 /// is still a claim: ckf-core refuses it as a format mismatch naming both formats.
 fn attach_request(attach: v1::Attach) -> Result<AttachRequest, RelayError> {
     let pool = convert::attach_pool(&attach).map_err(RelayError::BadAttach)?;
+    let mode = convert::attach_mode(&attach).map_err(RelayError::BadAttach)?;
     let wire_format = attach.format.unwrap_or_default();
     let format = match TableFormat::try_from(wire_format) {
         Ok(format) => ClaimedFormat::Valid(format),
@@ -171,6 +172,7 @@ fn attach_request(attach: v1::Attach) -> Result<AttachRequest, RelayError> {
         pool,
         incarnation: ProducerIncarnation(attach.incarnation),
         format,
+        mode,
     })
 }
 
@@ -380,9 +382,9 @@ impl Session {
                 Frame::Delta(convert::delta_from_wire(d, inc).map_err(decode_error("delta"))?)
             }
             WireFrame::Heartbeat(h) => {
-                let (tag, _sequence) =
+                let (tag, sequence) =
                     convert::heartbeat_from_wire(h, inc).map_err(decode_error("heartbeat"))?;
-                Frame::Heartbeat(Heartbeat { tag })
+                Frame::Heartbeat(Heartbeat { tag, sequence })
             }
             WireFrame::DrainMarker(m) => Frame::Drain(
                 convert::drain_marker_from_wire(m, inc).map_err(decode_error("drain_marker"))?,

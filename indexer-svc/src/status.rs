@@ -7,9 +7,10 @@
 //! | first frame not `Attach`, undecodable `Attach` | `INVALID_ARGUMENT` | - |
 //! | unknown pool | `NOT_FOUND` (names the pool and the configured ones) | - |
 //! | table format mismatch | `FAILED_PRECONDITION` (names both formats) | - |
+//! | `IF_VACANT` attach, lane held by a live attachment | `FAILED_PRECONDITION` (names the holder's incarnation and lease epoch; metadata `ckf-attach-refused: occupied`) | - |
 //! | undecodable / empty / foreign-lease / oversized frame, second `Attach` | `INVALID_ARGUMENT`, `RESOURCE_EXHAUSTED` (too large) | `STREAM_LOST` |
 //! | stream ended without a drain marker | `FAILED_PRECONDITION` | `STREAM_LOST` |
-//! | gap (base != installed) | `FAILED_PRECONDITION` | `GAP` |
+//! | gap (base != installed), heartbeat sequence != installed | `FAILED_PRECONDITION` | `GAP` |
 //! | non-contiguous delta, malformed delta or snapshot | `INVALID_ARGUMENT` | `GAP` / `MALFORMED_FRAME` |
 //! | delta or drain before the snapshot completed | `FAILED_PRECONDITION` | `MALFORMED_FRAME` |
 //! | drain marker != installed sequence | `FAILED_PRECONDITION` | `LOST_FINAL_DELTA` |
@@ -31,7 +32,15 @@ use ckf_core::global::{AttachError, StreamEnd};
 use ckf_core::lane::{RetireReason, StrayFrame};
 use ckf_core::tokens::TokenQueryError;
 use ckf_proto::{WireError, v1};
+use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::{Code, Status};
+
+/// Response metadata key on an `IF_VACANT` refusal (value [`ATTACH_REFUSED_OCCUPIED`]), so a
+/// producer tells "the lane is held" from other `FAILED_PRECONDITION` refusals without parsing
+/// the message.
+pub const ATTACH_REFUSED_KEY: &str = "ckf-attach-refused";
+/// The [`ATTACH_REFUSED_KEY`] value of an `IF_VACANT` refusal.
+pub const ATTACH_REFUSED_OCCUPIED: &str = "occupied";
 
 /// Why a relay stream was refused or ended (every variant is terminal for the stream).
 #[derive(Debug, thiserror::Error)]
@@ -119,6 +128,8 @@ pub fn wire_reason(reason: &RetireReason) -> v1::RetireReason {
 fn reason_code(reason: &RetireReason) -> Code {
     match reason {
         RetireReason::Gap { .. }
+        | RetireReason::HeartbeatGap { .. }
+        | RetireReason::DrainGraceExpired { .. }
         | RetireReason::NotActive { .. }
         | RetireReason::LostFinalDelta { .. } => Code::FailedPrecondition,
         RetireReason::NonContiguous { .. }
@@ -152,6 +163,14 @@ impl RelayError {
             RelayError::Access(AccessError::PermissionDenied(_)) => Code::PermissionDenied,
             RelayError::Attach(AttachError::UnknownPool { .. }) => Code::NotFound,
             RelayError::Attach(AttachError::FormatMismatch { .. }) => Code::FailedPrecondition,
+            RelayError::Attach(AttachError::Occupied { .. }) => {
+                let mut metadata = MetadataMap::new();
+                metadata.insert(
+                    ATTACH_REFUSED_KEY,
+                    MetadataValue::from_static(ATTACH_REFUSED_OCCUPIED),
+                );
+                return Status::with_metadata(Code::FailedPrecondition, self.to_string(), metadata);
+            }
             RelayError::Frame(FrameError::Transport(s)) if s.code() == Code::OutOfRange => {
                 // tonic reports a message over the decoding limit as OUT_OF_RANGE; gRPC servers
                 // conventionally answer RESOURCE_EXHAUSTED for "message larger than max".

@@ -30,13 +30,17 @@ pub enum AttachmentState {
     Drained,
     /// Waiting out the reconnect backoff after a failure.
     Backoff,
-    /// Another producer attached for the same pool; this one stopped publishing there.
+    /// Another producer attached for the same pool and superseded this one (set once, when
+    /// told); it then stands by.
     Superseded,
+    /// Superseded: retrying `IF_VACANT` under the backoff until the lane is vacant (the other
+    /// producer drained, died or was retired); refusals keep it here.
+    Standby,
 }
 
 impl AttachmentState {
     /// Every state, in label order.
-    pub const ALL: [AttachmentState; 8] = [
+    pub const ALL: [AttachmentState; 9] = [
         Self::Connecting,
         Self::AwaitingLease,
         Self::Snapshotting,
@@ -45,6 +49,7 @@ impl AttachmentState {
         Self::Drained,
         Self::Backoff,
         Self::Superseded,
+        Self::Standby,
     ];
 
     /// The `state` label value.
@@ -58,6 +63,7 @@ impl AttachmentState {
             Self::Drained => "drained",
             Self::Backoff => "backoff",
             Self::Superseded => "superseded",
+            Self::Standby => "standby",
         }
     }
 }
@@ -125,6 +131,9 @@ pub struct Metrics {
     pub reconnects: IntCounterVec,
     /// Attachments ended by the indexer or the transport, by `indexer` and `reason`.
     pub detachments: IntCounterVec,
+    /// `IF_VACANT` attaches refused while standing by (the lane held by another live producer),
+    /// by `indexer`.
+    pub standby_refusals: IntCounterVec,
     /// Last sequence the indexer acknowledged as installed, by `indexer`.
     pub acked_sequence: IntGaugeVec,
     /// Seconds from a batch's oldest change to the indexer's acknowledgement of it.
@@ -304,6 +313,12 @@ impl Metrics {
                 "ckf_producer_detachments_total",
                 "Attachments ended other than by a graceful drain, by indexer and reason.",
                 &["indexer", "reason"],
+            ),
+            standby_refusals: counter_vec(
+                &r,
+                "ckf_producer_standby_refusals_total",
+                "IF_VACANT attaches refused while standing by after a supersession (the lane is held by another live producer), by indexer.",
+                &["indexer"],
             ),
             acked_sequence: int_gauge_vec(
                 &r,

@@ -602,44 +602,86 @@ async fn a_stalled_indexer_is_fenced_and_reattached_with_a_snapshot() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_superseded_producer_stops_publishing_to_that_indexer() {
+async fn a_superseded_producer_stands_by_and_recovers_its_lane_when_vacant() {
     let a = FakeRelay::start(GrantConfig::default(), 1).await;
     let b = FakeRelay::start(GrantConfig::default(), 2).await;
     let producer = start_producer(vec![a.url(), b.url()]).await;
     for fake in [&a, &b] {
         fake.wait_installed(0, "snapshot installed").await;
     }
+    // The first attach is a fresh start: TAKEOVER.
+    let mode = a.with(|s| s.attachments[0].attach.as_ref().unwrap().mode);
+    assert_eq!(mode, v1::AttachMode::Takeover as i32);
+    a.set_occupied(true);
     a.retire(
         0,
         v1::RetireReason::Superseded,
-        "lease epoch 2 replaced epoch 1",
+        "lease epoch 2 replaced epoch 1 (held by incarnation 0x0000000000000009)",
     )
     .await;
     a.wait_for("the superseded stream ended", |s| {
         s.attachments.first().is_some_and(|a| a.ended)
     })
     .await;
-    // Ingest and the other indexer carry on.
+    // It keeps asking IF_VACANT under the backoff; each refusal changes nothing.
+    a.wait_for("two IF_VACANT refusals", |s| s.refused >= 2)
+        .await;
+    let needle = format!(
+        "ckf_producer_attachment_state{{indexer=\"{}\",state=\"standby\"}} 1",
+        a.url()
+    );
+    eventually_in_metrics(&producer, &needle).await;
+    let text = metrics_text(&producer).await;
+    let counted = format!(
+        "ckf_producer_standby_refusals_total{{indexer=\"{}\"}}",
+        a.url()
+    );
+    assert!(text.contains(&counted), "{text}");
+    assert_eq!(
+        a.with(|s| s.attachments.len()),
+        1,
+        "refusals are not attachments"
+    );
+    // Ingest and the other indexer carry on while it stands by.
     let mut client = ingest_client(&producer).await;
     store_one(&mut client, "s", 0, &chain(1, 0..30)).await;
     let table = producer.table().await.unwrap();
     b.wait_converged(0, &table, "B converged").await;
-    let needle = format!(
-        "ckf_producer_attachment_state{{indexer=\"{}\",state=\"superseded\"}} 1",
-        a.url()
-    );
-    eventually_in_metrics(&producer, &needle).await;
+
+    // The other producer is gone: the next IF_VACANT attach is granted and the lane rebuilt.
+    a.set_occupied(false);
+    a.wait_installed(1, "re-attached").await;
+    let mode = a.with(|s| s.attachments[1].attach.as_ref().unwrap().mode);
+    assert_eq!(mode, v1::AttachMode::IfVacant as i32);
+    a.wait_converged(1, &table, "A converged again").await;
+    assert!(a.errors().is_empty(), "{:?}", a.errors());
 
     producer.shutdown();
     let report = producer.wait().await.unwrap();
-    // A was never re-attached: taking the lane back would fight the newer producer.
-    assert_eq!(a.with(|s| s.attachments.len()), 1);
+    assert!(report.all_drained(), "{:?}", report.drains);
+    assert_eq!(report.exit_code(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_producer_standing_by_at_shutdown_reports_it_superseded() {
+    let a = FakeRelay::start(GrantConfig::default(), 1).await;
+    let producer = start_producer(vec![a.url()]).await;
+    a.wait_installed(0, "snapshot installed").await;
+    a.set_occupied(true);
+    a.retire(
+        0,
+        v1::RetireReason::Superseded,
+        "lease epoch 2 replaced epoch 1",
+    )
+    .await;
+    a.wait_for("a refusal", |s| s.refused >= 1).await;
+    producer.shutdown();
+    let report = producer.wait().await.unwrap();
     assert!(
         matches!(&report.drains[0].1, DrainOutcome::Superseded { detail } if detail.contains("epoch 2")),
         "{:?}",
         report.drains
     );
-    assert!(matches!(report.drains[1].1, DrainOutcome::Drained { .. }));
     assert_eq!(report.exit_code(), 0);
 }
 

@@ -10,10 +10,11 @@
 
 use ckf_core::addressing::{FormatError, TableFormat};
 use ckf_core::frames::{BucketImage, DcCkfDelta, DcCkfSnapshot, DrainMarker, SnapshotChunk};
+use ckf_core::global::AttachMode;
 use ckf_core::identity::{
     LaneLease, NameError, PoolId, ProducerIdentity, ProducerIncarnation, StreamTag,
 };
-use ckf_core::lane::{LaneState, RetireReason};
+use ckf_core::lane::{ContentionKind, LaneState, RetireReason};
 use thiserror::Error;
 
 use crate::v1;
@@ -196,6 +197,41 @@ impl From<&ProducerIdentity> for v1::Attach {
             pool: Some((&id.pool).into()),
             incarnation: id.incarnation.0,
             format: Some(id.format.into()),
+            mode: v1::AttachMode::Takeover as i32,
+        }
+    }
+}
+
+impl From<AttachMode> for v1::AttachMode {
+    fn from(mode: AttachMode) -> Self {
+        match mode {
+            AttachMode::Takeover => Self::Takeover,
+            AttachMode::IfVacant => Self::IfVacant,
+        }
+    }
+}
+
+/// The attach mode of a wire `Attach` (absent = `TAKEOVER`, proto3's default).
+///
+/// # Errors
+/// [`WireError::OutOfRange`] for a value this build does not define.
+pub fn attach_mode(w: &v1::Attach) -> Result<AttachMode, WireError> {
+    match v1::AttachMode::try_from(w.mode) {
+        Ok(v1::AttachMode::Takeover) => Ok(AttachMode::Takeover),
+        Ok(v1::AttachMode::IfVacant) => Ok(AttachMode::IfVacant),
+        Err(_) => Err(WireError::OutOfRange {
+            field: "Attach.mode",
+            value: u64::from(w.mode as u32),
+            max: v1::AttachMode::IfVacant as u64,
+        }),
+    }
+}
+
+impl From<ContentionKind> for v1::ContentionKind {
+    fn from(kind: ContentionKind) -> Self {
+        match kind {
+            ContentionKind::IfVacantRefused => Self::IfVacantRefused,
+            ContentionKind::Takeover => Self::Takeover,
         }
     }
 }
@@ -383,7 +419,9 @@ impl From<LaneState> for v1::LaneState {
 impl From<&RetireReason> for v1::RetireReason {
     fn from(reason: &RetireReason) -> Self {
         match reason {
-            RetireReason::Gap { .. } | RetireReason::NonContiguous { .. } => Self::Gap,
+            RetireReason::Gap { .. }
+            | RetireReason::NonContiguous { .. }
+            | RetireReason::HeartbeatGap { .. } => Self::Gap,
             RetireReason::MalformedDelta(_)
             | RetireReason::MalformedSnapshot(_)
             | RetireReason::NotActive { .. } => Self::MalformedFrame,
@@ -393,6 +431,7 @@ impl From<&RetireReason> for v1::RetireReason {
             RetireReason::Saturated { .. } => Self::Saturated,
             RetireReason::ApplyFailed { .. } => Self::ApplyFailure,
             RetireReason::StreamLost { .. } => Self::StreamLost,
+            RetireReason::DrainGraceExpired { .. } => Self::DrainGraceExpired,
         }
     }
 }
@@ -416,6 +455,7 @@ impl From<v1::RetireReason> for ckf_core::publication::FenceReason {
             | v1::RetireReason::LostFinalDelta
             | v1::RetireReason::ApplyFailure
             | v1::RetireReason::StreamLost
+            | v1::RetireReason::DrainGraceExpired
             | v1::RetireReason::Shutdown => Self::UncertainDelivery,
         }
     }
@@ -655,7 +695,7 @@ mod tests {
     #[test]
     fn only_a_superseded_retirement_fences_as_superseded() {
         use ckf_core::publication::FenceReason;
-        for raw in 0..=10 {
+        for raw in 0..=11 {
             let reason = v1::RetireReason::try_from(raw).expect("a defined reason");
             let expected = if reason == v1::RetireReason::Superseded {
                 FenceReason::Superseded

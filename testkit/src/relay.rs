@@ -24,6 +24,7 @@ pub fn attach(domain: &str, dc: &str, incarnation: u64, format: TableFormat) -> 
         }),
         incarnation,
         format: Some(format.into()),
+        mode: v1::AttachMode::Takeover as i32,
     }
 }
 
@@ -209,7 +210,16 @@ impl RawStream {
         })
     }
 
-    /// A heartbeat under this stream's lease.
+    /// A heartbeat under this stream's lease claiming `sequence` as the last one sent (an
+    /// active lane retires when it differs from the installed sequence).
+    pub fn heartbeat_claiming(&self, sequence: u64) -> Frame {
+        Frame::Heartbeat(v1::Heartbeat {
+            lease: Some(self.lease),
+            sequence,
+        })
+    }
+
+    /// A heartbeat under this stream's lease claiming sequence 0.
     pub fn heartbeat(&self) -> Frame {
         Frame::Heartbeat(v1::Heartbeat {
             lease: Some(self.lease),

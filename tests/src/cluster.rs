@@ -157,14 +157,17 @@ pub struct IndexerSpec {
     /// TOML inserted after the top-level keys, before `[manifest]`: top-level keys first, then
     /// whole sections of its own (e.g. `query_listen = ...` and `[auth]`).
     pub extra_toml: String,
+    /// `lag.drain_grace_ms`.
+    pub drain_grace_ms: u64,
 }
 
 impl Default for IndexerSpec {
-    /// Lanes `dc-a`, `dc-b`; a 5 s heartbeat deadline; 64 KiB messages.
+    /// Lanes `dc-a`, `dc-b`; a 5 s heartbeat deadline; 64 KiB messages; 30 s drain grace.
     fn default() -> Self {
         Self {
             lanes: vec!["dc-a".into(), "dc-b".into()],
             heartbeat_deadline_ms: 5_000,
+            drain_grace_ms: 30_000,
             max_message_bytes: 64 << 10,
             max_images_per_delta: 65_536,
             block_size: None,
@@ -216,10 +219,12 @@ impl Indexer {
              [manifest]\ndomain = \"{DOMAIN}\"\nlanes = [{lanes}]\n\
              [table]\nbucket_count = {BUCKETS}\nseed = {SEED}\n\
              [lag]\nheartbeat_deadline_ms = {}\ndirty_to_applied_deadline_ms = 30000\n\
+             drain_grace_ms = {}\n\
              [limits]\nmax_message_bytes = {}\nmax_images_per_delta = {}\n",
             block_size_line(spec.block_size),
             spec.extra_toml,
             spec.heartbeat_deadline_ms,
+            spec.drain_grace_ms,
             spec.max_message_bytes,
             spec.max_images_per_delta
         );

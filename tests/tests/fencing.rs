@@ -3,9 +3,9 @@
 //! producer's content, and the older producer is told why (`Retired(SUPERSEDED)`, visible in its
 //! log and its detachment metric).
 //!
-//! The older producer is configured with a long reconnect backoff so it does not fence the
-//! newer one back while the test looks (two live producers for one pool would keep fencing each
-//! other, each time with a new lease and a full barrier snapshot).
+//! The older producer then stands by: it retries `IF_VACANT` (refused while the newer one is
+//! live), so it never fences the newer one back. Its recovery once the newer one is gone is in
+//! `supersession.rs`.
 
 use ckf_e2e::check::wait_converged;
 use ckf_e2e::cluster::{Indexer, IndexerSpec, Producer, ProducerSpec, TestDir, format};
@@ -61,26 +61,22 @@ async fn newer_attachment_for_the_same_pool_fences_the_older_one() {
         "{depths:?}"
     );
 
-    // The older producer was told it was superseded, and says so.
+    // The older producer was told it was superseded, and says so; then it stands by.
     let url = indexer.url();
-    eventually(
-        "the older producer's superseded state",
-        DEADLINE,
-        || async {
-            let text = old.metrics()?;
-            let labels = [("indexer", url.as_str()), ("state", "superseded")];
-            match metrics::value(&text, "ckf_producer_attachment_state", &labels) {
-                Some(1.0) => Ok(text),
-                other => Err(format!("attachment_state{{state=superseded}} = {other:?}")),
-            }
-        },
-    )
+    eventually("the older producer's standby state", DEADLINE, || async {
+        let text = old.metrics()?;
+        let labels = [("indexer", url.as_str()), ("state", "standby")];
+        match metrics::value(&text, "ckf_producer_attachment_state", &labels) {
+            Some(1.0) => Ok(text),
+            other => Err(format!("attachment_state{{state=standby}} = {other:?}")),
+        }
+    })
     .await;
     let text = old.metrics().expect("metrics");
     let labels = [("indexer", url.as_str()), ("reason", "retired_superseded")];
     let superseded = metrics::value(&text, "ckf_producer_detachments_total", &labels);
     assert_eq!(superseded, Some(1.0), "{text}");
-    let records = old.log_records("another producer attached for this pool");
+    let records = old.log_records("another producer holds this pool");
     assert_eq!(records.len(), 1, "older producer's log: {}", old.log());
     let detail = records[0]["detail"].as_str().unwrap_or_default();
     assert!(
@@ -100,9 +96,20 @@ async fn newer_attachment_for_the_same_pool_fences_the_older_one() {
         &[("indexer", &url)],
     );
     assert_eq!(fenced.unwrap_or(0.0), 0.0, "{text}");
+    // The older producer keeps asking (IF_VACANT) and is refused, which changes nothing.
     let text = old.metrics().expect("metrics");
-    let reconnects = metrics::value(&text, "ckf_producer_reconnects_total", &[("indexer", &url)]);
-    assert_eq!(reconnects.unwrap_or(0.0), 0.0, "{text}");
+    let refusals = metrics::value(
+        &text,
+        "ckf_producer_standby_refusals_total",
+        &[("indexer", &url)],
+    );
+    assert!(refusals.unwrap_or(0.0) >= 1.0, "{text}");
+    let superseded = metrics::value(&text, "ckf_producer_detachments_total", &labels);
+    assert_eq!(
+        superseded,
+        Some(1.0),
+        "refusals are not detachments: {text}"
+    );
 
     // The superseded producer's shutdown is clean and leaves the newer producer's lane alone.
     let status = old.terminate();

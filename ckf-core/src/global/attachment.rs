@@ -58,7 +58,32 @@ impl ClaimedFormat {
     }
 }
 
-/// What a producer presents to attach: its pool, its incarnation and its claimed table format.
+/// How an attach treats a lane that another incarnation holds with a live attachment (see
+/// [`crate::lane`] for what "live" means exactly).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum AttachMode {
+    /// Supersede the holder (a freshly started producer: the newest one wins). Taking over a
+    /// live holder is counted as contention.
+    #[default]
+    Takeover,
+    /// Only if the lane has no live attachment of another incarnation; otherwise refused with
+    /// [`AttachError::Occupied`] and nothing changes (a superseded producer waiting for its lane
+    /// back, so two live producers never take the lane from each other in turn).
+    IfVacant,
+}
+
+impl AttachMode {
+    /// Lower-case name for logs.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            AttachMode::Takeover => "takeover",
+            AttachMode::IfVacant => "if_vacant",
+        }
+    }
+}
+
+/// What a producer presents to attach: its pool, its incarnation, its claimed table format and
+/// the attach mode.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AttachRequest {
     /// The pool the producer publishes.
@@ -67,14 +92,18 @@ pub struct AttachRequest {
     pub incarnation: ProducerIncarnation,
     /// The producer's table format as claimed; must be valid and equal the manifest's.
     pub format: ClaimedFormat,
+    /// Whether a live holder is superseded or refuses the attach.
+    pub mode: AttachMode,
 }
 
 impl From<&ProducerIdentity> for AttachRequest {
+    /// A [`AttachMode::Takeover`] request.
     fn from(id: &ProducerIdentity) -> Self {
         Self {
             pool: id.pool.clone(),
             incarnation: id.incarnation,
             format: ClaimedFormat::Valid(id.format),
+            mode: AttachMode::Takeover,
         }
     }
 }
@@ -110,9 +139,10 @@ pub enum StreamVerdict {
 pub enum StreamEnd {
     /// A newer attachment for the same pool holds the lane now (not a retirement).
     #[error(
-        "superseded by a newer attachment for pool {pool}: lease epoch {} replaced epoch {}",
+        "superseded by a newer attachment for pool {pool}: lease epoch {} replaced epoch {}{}",
         .by.epoch,
-        .held.epoch
+        .held.epoch,
+        .by_incarnation.map(|i| format!(" (held by incarnation {i})")).unwrap_or_default()
     )]
     Superseded {
         /// The pool.
@@ -121,6 +151,9 @@ pub enum StreamEnd {
         held: LaneLease,
         /// The newer lease.
         by: LaneLease,
+        /// The incarnation holding the newer lease, when known (the lane event names it; a
+        /// stale-lease outcome does not).
+        by_incarnation: Option<ProducerIncarnation>,
     },
     /// The lane was retired under this stream's lease (an acceptance rule, a deadline,
     /// saturation, an apply failure, or a loss seen by another caller).
@@ -171,14 +204,16 @@ pub struct Attachment {
 
 impl GlobalCkfIndexer {
     /// Attaches a producer stream: checks the pool (it must be a manifest lane) and the claimed
-    /// format (valid and equal to the manifest's), grants the lane's next lease (fencing any
-    /// older stream, exactly as [`GlobalCkfIndexer::grant_lease`]) and subscribes to the lane's
-    /// events under the same lane lock, so no transition of the new lease is missed.
+    /// format (valid and equal to the manifest's), applies the request's [`AttachMode`], grants
+    /// the lane's next lease (fencing any older stream, exactly as
+    /// [`GlobalCkfIndexer::grant_lease`]) and subscribes to the lane's events under the same
+    /// lane lock, so no transition of the new lease is missed.
     ///
     /// # Errors
-    /// [`AttachError::UnknownPool`] (with the configured pools) or
+    /// [`AttachError::UnknownPool`] (with the configured pools),
     /// [`AttachError::FormatMismatch`] (both formats, and why the producer's is unusable when it
-    /// is). Nothing is leased then.
+    /// is) or, for [`AttachMode::IfVacant`], [`AttachError::Occupied`] (the live holder's
+    /// incarnation and lease epoch). Nothing is leased then.
     pub fn attach(&self, request: &AttachRequest) -> Result<Attachment, AttachError> {
         let (lease, events) = self.grant(request, true)?;
         Ok(Attachment {
@@ -253,10 +288,13 @@ impl Attachment {
             }
             IngestOutcome::ChunkAccepted { .. } | IngestOutcome::Alive => StreamVerdict::Continue,
             IngestOutcome::Ignored(IgnoreReason::StaleLease { current, .. }) => {
-                StreamVerdict::End(self.superseded(LaneLease {
-                    epoch: current,
-                    ..self.lease
-                }))
+                StreamVerdict::End(self.superseded(
+                    LaneLease {
+                        epoch: current,
+                        ..self.lease
+                    },
+                    None,
+                ))
             }
             IngestOutcome::Ignored(IgnoreReason::LaneRetired(reason)) => {
                 StreamVerdict::End(self.retired(reason))
@@ -276,10 +314,12 @@ impl Attachment {
         }
         match event.kind {
             LaneEventKind::Retired(reason) => StreamVerdict::End(self.retired(reason)),
-            LaneEventKind::Superseded { by } => StreamVerdict::End(self.superseded(by)),
-            LaneEventKind::Activated { .. } | LaneEventKind::Drained { .. } => {
-                StreamVerdict::Continue
+            LaneEventKind::Superseded { by, incarnation } => {
+                StreamVerdict::End(self.superseded(by, Some(incarnation)))
             }
+            LaneEventKind::Activated { .. }
+            | LaneEventKind::Drained { .. }
+            | LaneEventKind::Contended { .. } => StreamVerdict::Continue,
         }
     }
 
@@ -309,11 +349,12 @@ impl Attachment {
         indexer.retire_lease(self.lease, reason)
     }
 
-    fn superseded(&self, by: LaneLease) -> StreamEnd {
+    fn superseded(&self, by: LaneLease, by_incarnation: Option<ProducerIncarnation>) -> StreamEnd {
         StreamEnd::Superseded {
             pool: self.pool.clone(),
             held: self.lease,
             by,
+            by_incarnation,
         }
     }
 

@@ -18,14 +18,22 @@ pub struct LagPolicy {
     /// the consumer exceeds this is not applied and the lane is retired with
     /// [`RetireReason::LagExceeded`](super::RetireReason::LagExceeded). `None` disables the check.
     pub apply_deadline: Option<Duration>,
+    /// Drain grace: an active lane whose stream ended with an exact drain marker stays ready
+    /// for this long (so a rolling producer restart keeps its DC warm), then is retired with
+    /// [`RetireReason::DrainGraceExpired`](super::RetireReason::DrainGraceExpired) unless a new
+    /// lease arrived. `Some(ZERO)` retires it at the first deadline check after the drain;
+    /// `None` keeps drained lanes ready forever (tests and offline tools only). Enforced with
+    /// the heartbeat deadline.
+    pub drain_grace: Option<Duration>,
 }
 
 impl Default for LagPolicy {
-    /// Heartbeat deadline 10 s, dirty-to-applied deadline 10 s.
+    /// Heartbeat deadline 10 s, dirty-to-applied deadline 10 s, drain grace 30 s.
     fn default() -> Self {
         Self {
             heartbeat_deadline: Some(Duration::from_secs(10)),
             apply_deadline: Some(Duration::from_secs(10)),
+            drain_grace: Some(Duration::from_secs(30)),
         }
     }
 }
@@ -35,5 +43,6 @@ impl LagPolicy {
     pub const DISABLED: Self = Self {
         heartbeat_deadline: None,
         apply_deadline: None,
+        drain_grace: None,
     };
 }

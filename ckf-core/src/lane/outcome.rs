@@ -135,6 +135,25 @@ pub enum RetireReason {
         /// The marker's sequence.
         marker: u64,
     },
+    /// A heartbeat of an active lane claims another last sequence than the installed one: the
+    /// producer sent deltas the lane never applied (or claims ones it never sent). Reported as a
+    /// gap (wire reason `GAP`).
+    #[error("gap: heartbeat claims sequence {heartbeat} but installed sequence is {installed}")]
+    HeartbeatGap {
+        /// Installed sequence.
+        installed: u64,
+        /// The heartbeat's last sent sequence.
+        heartbeat: u64,
+    },
+    /// A drained lane's grace period ([`super::LagPolicy::drain_grace`]) ended without a new
+    /// lease: its content was exact as of the drain but nobody keeps it current any more.
+    #[error("drained {drained_ms} ms ago without a new lease (drain grace {grace_ms} ms)")]
+    DrainGraceExpired {
+        /// Milliseconds since the drain marker was accepted.
+        drained_ms: u64,
+        /// The configured grace.
+        grace_ms: u64,
+    },
     /// No frame of the current lease arrived within the heartbeat deadline.
     #[error("no frame for {silent_ms} ms (heartbeat deadline {deadline_ms} ms)")]
     HeartbeatTimeout {
@@ -184,6 +203,8 @@ impl RetireReason {
             RetireReason::MalformedSnapshot(_) => "malformed_snapshot",
             RetireReason::NotActive { .. } => "not_active",
             RetireReason::LostFinalDelta { .. } => "lost_final_delta",
+            RetireReason::HeartbeatGap { .. } => "heartbeat_gap",
+            RetireReason::DrainGraceExpired { .. } => "drain_grace_expired",
             RetireReason::HeartbeatTimeout { .. } => "heartbeat_timeout",
             RetireReason::LagExceeded { .. } => "lag_exceeded",
             RetireReason::Saturated { .. } => "saturated",
@@ -314,7 +335,57 @@ pub enum LaneEventKind {
     Superseded {
         /// The new lease.
         by: LaneLease,
+        /// The incarnation holding the new lease.
+        incarnation: ProducerIncarnation,
     },
+    /// Another producer incarnation asked for the lane while this lease's attachment was live
+    /// (see [`Contention`]); the event's lease is the live holder's.
+    Contended {
+        /// What the contender did.
+        kind: ContentionKind,
+        /// The contender's incarnation.
+        contender: ProducerIncarnation,
+    },
+}
+
+/// How another producer incarnation contended for a lane held by a live attachment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ContentionKind {
+    /// An `IF_VACANT` attach was refused (nothing changed).
+    IfVacantRefused,
+    /// A `TAKEOVER` attach superseded the live holder.
+    Takeover,
+}
+
+impl ContentionKind {
+    /// Every kind, in label order.
+    pub const ALL: [ContentionKind; 2] =
+        [ContentionKind::IfVacantRefused, ContentionKind::Takeover];
+
+    /// Stable snake-case label for metrics (`lane_contention_total{kind=...}`) and logs.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            ContentionKind::IfVacantRefused => "if_vacant_refused",
+            ContentionKind::Takeover => "takeover",
+        }
+    }
+}
+
+/// Lane contention since the consumer started: attaches by another incarnation while the lane
+/// had a live attachment (an `IF_VACANT` refusal, or a `TAKEOVER` of a live holder). Two live
+/// producers for one pool show up here (and in `ckf_indexer_lane_contention_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Contention {
+    /// Contentions counted on this lane.
+    pub count: u64,
+    /// The latest one's kind.
+    pub last_kind: ContentionKind,
+    /// The latest contender's incarnation.
+    pub last_contender: ProducerIncarnation,
+    /// The live holder's incarnation at the latest contention.
+    pub last_holder: ProducerIncarnation,
+    /// When the latest one happened.
+    pub last_at: Instant,
 }
 
 /// One lane transition, tagged with the lease it concerns.
@@ -347,8 +418,14 @@ pub struct LaneStatus {
     pub retirements: u64,
     /// Reason of the latest retirement.
     pub last_retirement: Option<RetireReason>,
-    /// An exact drain marker was accepted under the current lease.
+    /// An exact drain marker was accepted under the current lease and the lane is still
+    /// active (ready, inside its drain grace).
     pub drained: bool,
+    /// When a drained lane retires as [`RetireReason::DrainGraceExpired`] unless a new lease
+    /// arrives first (None: not drained, or no grace configured).
+    pub drain_grace_deadline: Option<Instant>,
+    /// Contention on this lane (None: never contended).
+    pub contention: Option<Contention>,
 }
 
 impl LaneStatus {

@@ -14,12 +14,23 @@
 //! a `session` span whose `lease` is recorded once granted, so the events themselves carry only
 //! what is new (the end-to-end-matched events keep their fields unchanged).
 //!
-//! One failure is terminal: `Retired(SUPERSEDED)` on the current stream means *another*
-//! attachment for this pool got a newer lease (a second producer process for the pool, or the
-//! same indexer listed twice), because this task never runs two sessions at once. Re-attaching
-//! would supersede the other producer in turn and the two would take the lane from each other
-//! forever, so the task stops publishing to that endpoint, logs an error and waits for shutdown
-//! (`DrainOutcome::Superseded`). A pool has exactly one producer.
+//! Supersession is recovered without fighting: `Retired(SUPERSEDED)` on the current stream
+//! means *another* attachment for this pool got a newer lease (a second producer process for
+//! the pool, or the same indexer listed twice), because this task never runs two sessions at
+//! once. Re-attaching as a fresh producer does (`ATTACH_MODE_TAKEOVER`) would supersede the
+//! other producer in turn and the two would take the lane from each other forever. Instead the
+//! task logs an ERROR naming the pool and the new holder, exports `superseded` and then
+//! `standby`, and from then on attaches to that endpoint with `ATTACH_MODE_IF_VACANT` under the
+//! same bounded backoff (at most `max_backoff` apart). The indexer refuses such an attach
+//! (`FAILED_PRECONDITION`, metadata `ckf-attach-refused: occupied`) while the other producer's
+//! attachment is live, changing nothing; each refusal is counted
+//! (`ckf_producer_standby_refusals_total`) and logged at most once per [`STANDBY_LOG_EVERY`].
+//! Once the lane is vacant (the other producer drained, was killed and missed the heartbeat
+//! deadline, or was retired) the attach is granted and the task publishes a barrier snapshot
+//! as usual. A fresh producer start always uses `TAKEOVER`: the newest producer wins, and the
+//! older one stands by. The producer stays `SERVING` on health and keeps answering Ingest while
+//! it stands by: it holds its exact state and is ready to publish it the moment the lane is
+//! vacant.
 //!
 //! | file | owns |
 //! | --- | --- |
@@ -31,14 +42,20 @@ pub mod session;
 
 use std::time::Duration;
 
+use std::time::Instant;
+
 use ckf_core::failure::{Disposed, Disposition};
+use ckf_core::global::AttachMode;
 use ckf_core::identity::ProducerIdentity;
 use ckf_core::publication::FenceReason;
 use ckf_svc_kit::Shutdown;
 use tracing::Instrument;
 
 pub use backoff::Backoff;
-use session::{Failure, SessionEnd};
+use session::{Failure, LANE_OCCUPIED, SessionEnd};
+
+/// Most one standby refusal log line per endpoint this often (every refusal is counted).
+pub const STANDBY_LOG_EVERY: Duration = Duration::from_secs(60);
 
 use crate::actor::{ActorHandle, Command};
 use crate::metrics::{AttachmentState, Metrics};
@@ -86,11 +103,33 @@ pub enum DrainOutcome {
     },
     /// Not streaming at shutdown: no drain marker was sent.
     NotAttached,
-    /// Another producer took over the pool at this indexer; publication there stopped.
+    /// Another producer took over the pool at this indexer and still held it at shutdown
+    /// (this endpoint was standing by).
     Superseded {
         /// The indexer's explanation.
         detail: String,
     },
+}
+
+/// An endpoint superseded by another producer, waiting for its lane to be vacant.
+#[derive(Debug)]
+struct Standby {
+    /// How the supersession (or the first refusal) was explained.
+    superseded: String,
+    /// Refusals since standing by.
+    refusals: u64,
+    /// When a refusal was last logged.
+    logged: Option<Instant>,
+}
+
+impl Standby {
+    fn new(superseded: String) -> Self {
+        Self {
+            superseded,
+            refusals: 0,
+            logged: None,
+        }
+    }
 }
 
 /// The publisher task of one configured indexer endpoint: its attachment loop (attach, stream,
@@ -143,13 +182,19 @@ impl IndexerAttachment {
 
     async fn sessions(&self) -> DrainOutcome {
         let mut backoff = Backoff::new(self.settings.initial_backoff, self.settings.max_backoff);
+        // A fresh start takes the lane over; after a supersession, only a vacant lane is taken.
+        let mut mode = AttachMode::Takeover;
+        let mut standby: Option<Standby> = None;
         loop {
             if self.shutdown.is_triggered() {
-                self.set_state(AttachmentState::Drained);
-                return DrainOutcome::NotAttached;
+                return self.ended_not_attached(standby.as_ref());
             }
             let session = tracing::error_span!("session", lease = tracing::field::Empty);
-            let f = match self.session().instrument(session).await {
+            let f = match self
+                .session(mode, standby.is_some())
+                .instrument(session)
+                .await
+            {
                 SessionEnd::Drained { sequence } => {
                     // The message is matched by the e2e tests (tests/): keep it stable.
                     tracing::info!(indexer = %self.endpoint, sequence, "drained: the indexer acknowledged the final sequence");
@@ -161,31 +206,41 @@ impl IndexerAttachment {
                     self.set_state(AttachmentState::Drained);
                     return DrainOutcome::Unacknowledged { sequence, why };
                 }
-                SessionEnd::Shutdown => {
-                    tracing::info!("shutdown while not streaming; no drain marker");
-                    self.set_state(AttachmentState::Drained);
-                    return DrainOutcome::NotAttached;
-                }
+                SessionEnd::Shutdown => return self.ended_not_attached(standby.as_ref()),
                 SessionEnd::Failed(f) => f,
             };
+            if f.label == LANE_OCCUPIED {
+                // Still held by the other live producer: nothing changed at the indexer.
+                let st = standby.get_or_insert_with(|| Standby::new(f.detail.clone()));
+                self.standby_refused(st, &f.detail);
+                self.retry_after(backoff.next_delay()).await;
+                continue;
+            }
+            if f.lease.is_some() {
+                // A lease was granted: whatever held the lane before is gone.
+                standby = None;
+            }
             self.metrics
                 .detachments
                 .with_label_values(&[&self.endpoint, f.label])
                 .inc();
             self.fence(&f).await;
             if f.fence == FenceReason::Superseded {
-                // Supersession is the one fence not recovered by its disposition (a new lease
-                // would supersede the other producer in turn): see the module docs.
                 // The message is matched by the e2e tests (tests/): keep it stable.
                 tracing::error!(
                     indexer = %self.endpoint,
                     pool = %self.identity.pool,
                     detail = %f.detail,
-                    "another producer attached for this pool; this producer stops publishing to this indexer (a pool has exactly one producer)"
+                    "another producer holds this pool at this indexer; standing by, retrying IF_VACANT until the lane is vacant"
                 );
                 self.set_state(AttachmentState::Superseded);
-                self.shutdown.wait().await;
-                return DrainOutcome::Superseded { detail: f.detail };
+                mode = AttachMode::IfVacant;
+                standby = Some(Standby::new(f.detail.clone()));
+                backoff.reset();
+                // `superseded` stays exported until the first refusal confirms the other
+                // producer is live (`standby`) or a lease is granted.
+                self.retry_after(backoff.next_delay()).await;
+                continue;
             }
             match f.fence.disposition() {
                 Disposition::Omission => {
@@ -212,16 +267,59 @@ impl IndexerAttachment {
                 "attachment ended; publisher fenced, re-attaching after the backoff"
             );
             self.set_state(AttachmentState::Backoff);
-            tokio::select! {
-                () = tokio::time::sleep(delay) => {}
-                () = self.shutdown.wait() => {}
+            self.retry_after(delay).await;
+        }
+    }
+
+    /// The end of the task when shutdown finds it not attached.
+    fn ended_not_attached(&self, standby: Option<&Standby>) -> DrainOutcome {
+        match standby {
+            Some(st) => {
+                tracing::info!("shutdown while standing by; no drain marker");
+                self.set_state(AttachmentState::Standby);
+                DrainOutcome::Superseded {
+                    detail: st.superseded.clone(),
+                }
             }
-            if !self.shutdown.is_triggered() {
-                self.metrics
-                    .reconnects
-                    .with_label_values(&[&self.endpoint])
-                    .inc();
+            None => {
+                tracing::info!("shutdown while not streaming; no drain marker");
+                self.set_state(AttachmentState::Drained);
+                DrainOutcome::NotAttached
             }
+        }
+    }
+
+    /// Counts one standby refusal and logs it at most once per [`STANDBY_LOG_EVERY`].
+    fn standby_refused(&self, st: &mut Standby, detail: &str) {
+        self.set_state(AttachmentState::Standby);
+        self.metrics
+            .standby_refusals
+            .with_label_values(&[&self.endpoint])
+            .inc();
+        st.refusals += 1;
+        if st.logged.is_none_or(|at| at.elapsed() >= STANDBY_LOG_EVERY) {
+            st.logged = Some(Instant::now());
+            // The message is matched by the e2e tests (tests/): keep it stable.
+            tracing::warn!(
+                indexer = %self.endpoint,
+                refusals = st.refusals,
+                detail,
+                "standing by: the lane is held by another live producer (IF_VACANT refused)"
+            );
+        }
+    }
+
+    /// Waits `delay` (or until shutdown), counting the reconnect that follows.
+    async fn retry_after(&self, delay: Duration) {
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            () = self.shutdown.wait() => {}
+        }
+        if !self.shutdown.is_triggered() {
+            self.metrics
+                .reconnects
+                .with_label_values(&[&self.endpoint])
+                .inc();
         }
     }
 

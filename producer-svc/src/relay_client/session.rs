@@ -11,6 +11,7 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use ckf_core::fanout::{AttachRefused, FrameLimits, Outbound};
+use ckf_core::global::AttachMode;
 use ckf_core::identity::LaneLease;
 use ckf_core::publication::FenceReason;
 use ckf_proto::convert::WIRE_BYTES_PER_IMAGE;
@@ -32,6 +33,12 @@ use crate::metrics::AttachmentState;
 const REQUEST_BUFFER: usize = 16;
 /// Bytes reserved in every frame for the envelope (lease, sequences, field tags).
 const FRAME_OVERHEAD_BYTES: usize = 256;
+
+/// [`Failure::label`] of an `IF_VACANT` attach refused because another live producer holds
+/// the lane (`FAILED_PRECONDITION` with metadata `ckf-attach-refused: occupied`).
+pub const LANE_OCCUPIED: &str = "lane_occupied";
+/// Response metadata key and value the indexer sets on an `IF_VACANT` refusal.
+const ATTACH_REFUSED: (&str, &str) = ("ckf-attach-refused", "occupied");
 
 /// Unacknowledged batches remembered for the change-to-ack histogram.
 const MAX_UNACKED_SAMPLES: usize = 4_096;
@@ -110,17 +117,33 @@ struct Stream {
 }
 
 impl IndexerAttachment {
-    /// Runs one attachment until it ends.
-    pub(super) async fn session(&self) -> SessionEnd {
-        match self.connect_and_attach().await {
-            Ok((stream, grant)) => self.attached(stream, grant).await,
+    /// Runs one attachment in `mode` until it ends. A standby attempt leaves the exported
+    /// state at `standby` until a lease is granted.
+    pub(super) async fn session(&self, mode: AttachMode, standby: bool) -> SessionEnd {
+        match self.connect_and_attach(mode, standby).await {
+            Ok((stream, grant)) => {
+                if mode == AttachMode::IfVacant {
+                    tracing::info!("the lane is vacant: attached IF_VACANT");
+                }
+                self.attached(stream, grant).await
+            }
             Err(end) => end,
         }
     }
 
-    async fn connect_and_attach(&self) -> Result<(Stream, Grant), SessionEnd> {
+    fn set_state_unless(&self, standby: bool, state: AttachmentState) {
+        if !standby {
+            self.set_state(state);
+        }
+    }
+
+    async fn connect_and_attach(
+        &self,
+        mode: AttachMode,
+        standby: bool,
+    ) -> Result<(Stream, Grant), SessionEnd> {
         let s = &self.settings;
-        self.set_state(AttachmentState::Connecting);
+        self.set_state_unless(standby, AttachmentState::Connecting);
         tracing::debug!("connecting");
         let tls = s.tls.as_ref().map(ckf_svc_kit::tls::ClientTls::reloaded);
         let endpoint = ckf_svc_kit::tls::endpoint(&self.endpoint, tls.as_ref(), false)
@@ -142,13 +165,15 @@ impl IndexerAttachment {
             .max_decoding_message_size(s.max_message_bytes)
             .max_encoding_message_size(s.max_message_bytes);
         let (requests, rx) = mpsc::channel(REQUEST_BUFFER);
-        let attach = v1::RelayFrame::from(Frame::Attach((&self.identity).into()));
+        let mut attach: v1::Attach = (&self.identity).into();
+        attach.mode = v1::AttachMode::from(mode) as i32;
+        let attach = v1::RelayFrame::from(Frame::Attach(attach));
         requests
             .send(attach)
             .await
             .map_err(|_| SessionEnd::Failed(fail("stream_error", "request stream closed")))?;
-        self.set_state(AttachmentState::AwaitingLease);
-        tracing::debug!("attach sent; awaiting the lease");
+        self.set_state_unless(standby, AttachmentState::AwaitingLease);
+        tracing::debug!(mode = mode.as_str(), "attach sent; awaiting the lease");
         let deadline = Instant::now() + s.connect_timeout;
         let token = s.indexer_token.get();
         let call = async {
@@ -162,6 +187,10 @@ impl IndexerAttachment {
             () = self.shutdown.wait() => return Err(SessionEnd::Shutdown),
             r = tokio::time::timeout_at(deadline, call) => match r {
                 Err(_) => return Err(SessionEnd::Failed(fail("lease_timeout", "no LeaseGranted within the connect timeout"))),
+                Ok(Err(status)) if is_occupied(&status) => return Err(SessionEnd::Failed(fail(
+                    LANE_OCCUPIED,
+                    status.message(),
+                ))),
                 Ok(Err(status)) => return Err(SessionEnd::Failed(fail(
                     "attach_refused",
                     format!("indexer refused the attachment: {:?}: {}", status.code(), status.message()),
@@ -417,6 +446,15 @@ impl IndexerAttachment {
     }
 }
 
+/// Whether `status` is an `IF_VACANT` refusal: the lane is held by another live producer.
+fn is_occupied(status: &tonic::Status) -> bool {
+    status.code() == tonic::Code::FailedPrecondition
+        && status
+            .metadata()
+            .get(ATTACH_REFUSED.0)
+            .is_some_and(|v| v.as_bytes() == ATTACH_REFUSED.1.as_bytes())
+}
+
 /// A `Retired` reply as a failure.
 fn retired(r: &v1::Retired, lease: Option<LaneLease>, was_streaming: bool) -> Failure {
     let reason = v1::RetireReason::try_from(r.reason).unwrap_or(v1::RetireReason::Unspecified);
@@ -432,6 +470,7 @@ fn retired(r: &v1::Retired, lease: Option<LaneLease>, was_streaming: bool) -> Fa
         v1::RetireReason::ApplyFailure => "retired_apply_failure",
         v1::RetireReason::StreamLost => "retired_stream_lost",
         v1::RetireReason::Shutdown => "retired_shutdown",
+        v1::RetireReason::DrainGraceExpired => "retired_drain_grace_expired",
     };
     Failure {
         label,

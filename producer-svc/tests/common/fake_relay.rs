@@ -67,6 +67,10 @@ pub struct FakeState {
     pub consumer_instance: u64,
     next_epoch: u64,
     pub attachments: Vec<Attachment>,
+    /// Refuse `IF_VACANT` attaches as the indexer does while another producer holds the lane.
+    pub occupied: bool,
+    /// `IF_VACANT` attaches refused so far.
+    pub refused: usize,
 }
 
 /// A running fake indexer.
@@ -99,6 +103,8 @@ impl FakeRelay {
             consumer_instance,
             next_epoch: 1,
             attachments: Vec::new(),
+            occupied: false,
+            refused: 0,
         }));
         let (tx, version) = watch::channel(0);
         let service = Service {
@@ -124,6 +130,14 @@ impl FakeRelay {
             version,
             _stop: stop,
         }
+    }
+
+    /// Whether `IF_VACANT` attaches are refused (another producer "holds" the lane).
+    pub fn set_occupied(&self, occupied: bool) {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .occupied = occupied;
     }
 
     pub fn url(&self) -> String {
@@ -253,6 +267,18 @@ impl Relay for Service {
                 .state
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if s.occupied && attach.mode == v1::AttachMode::IfVacant as i32 {
+                s.refused += 1;
+                drop(s);
+                self.bump();
+                let mut metadata = tonic::metadata::MetadataMap::new();
+                metadata.insert("ckf-attach-refused", "occupied".parse().unwrap());
+                return Err(Status::with_metadata(
+                    tonic::Code::FailedPrecondition,
+                    "pool prod/dc-a (lane 0) is held by a live attachment: incarnation 0x0000000000000009, lease epoch 2, active",
+                    metadata,
+                ));
+            }
             let lease = v1::LaneLease {
                 consumer_instance: s.consumer_instance,
                 lane: 0,
