@@ -17,6 +17,7 @@ use ckf_proto::convert::WIRE_BYTES_PER_IMAGE;
 use ckf_svc_kit::LogFormat;
 use ckf_svc_kit::config::{ConfigError, Invalid, Layers, Overrides, Validate, at_least, in_range};
 use ckf_svc_kit::table::{EXPECTED_BLOCKS_PER_LANE_ALIAS, TableConfig};
+use ckf_svc_kit::transport::{TransportConfig, TransportFlags};
 use clap::Parser;
 use serde::{Deserialize, Serialize};
 
@@ -119,6 +120,8 @@ pub struct IndexerConfig {
     pub lag: LagConfig,
     /// Resource limits.
     pub limits: LimitsConfig,
+    /// Connection and request limits of the gRPC listener (`ckf_svc_kit::transport`).
+    pub transport: TransportConfig,
     /// Tokens per KV block, `1..=65536`: how `FindMatchesByTokens` cuts a request's token ids
     /// into blocks. Must equal the producers' `block_size` (and the engines'), or the hashes
     /// of a query name other blocks than those the producers stored.
@@ -138,6 +141,7 @@ impl Default for IndexerConfig {
             table: TableConfig::default(),
             lag: LagConfig::default(),
             limits: LimitsConfig::default(),
+            transport: TransportConfig::default(),
             block_size: DEFAULT_BLOCK_SIZE,
             listen: DEFAULT_LISTEN.parse().expect("valid default"),
             metrics_listen: DEFAULT_METRICS_LISTEN.parse().expect("valid default"),
@@ -256,6 +260,7 @@ impl Validate for IndexerConfig {
         ] {
             at_least(key, value, 1, "")?;
         }
+        self.transport.validate()?;
         Ok(())
     }
 }
@@ -335,6 +340,9 @@ pub struct Cli {
     /// [default: 1024; key: limits.lane_queue_capacity].
     #[arg(long, value_name = "FRAMES")]
     pub lane_queue_capacity: Option<u32>,
+    /// `[transport]` flags.
+    #[command(flatten)]
+    pub transport: TransportFlags,
 }
 
 impl Cli {
@@ -364,6 +372,7 @@ impl Cli {
             .set("limits.max_relay_streams", self.max_relay_streams)
             .set("limits.max_query_blocks", self.max_query_blocks)
             .set("limits.lane_queue_capacity", self.lane_queue_capacity);
+        let overrides = self.transport.overrides(overrides);
         Layers {
             env_prefix: ENV_PREFIX,
             file: self.config.clone(),

@@ -17,6 +17,7 @@ use ckf_core::global::{GlobalCkfIndexer, ManifestError};
 use ckf_core::ingestion::{IngestionWorkers, IngestionWorkersConfig};
 use ckf_proto::v1::{query_server::QueryServer, relay_server::RelayServer};
 use ckf_svc_kit::Shutdown;
+use ckf_svc_kit::Transport;
 use ckf_svc_kit::config::{Invalid, Validate};
 use ckf_svc_kit::serve::{BindError, Listeners, front};
 use tokio::sync::Semaphore;
@@ -166,16 +167,31 @@ pub async fn serve(
     let grpc_addr = listener.addr;
 
     let max_message = usize::try_from(config.limits.max_message_bytes).unwrap_or(usize::MAX);
-    let relay = RelayServer::new(RelayService::new(Arc::clone(&shared)))
-        .max_decoding_message_size(max_message)
-        .max_encoding_message_size(max_message);
-    let query = QueryServer::new(QueryService::new(Arc::clone(&shared)))
-        .max_decoding_message_size(max_message)
-        .max_encoding_message_size(max_message);
+    // `[transport]`: connection limit + handshake deadline on the listener, per-service
+    // shedding and unary timeout, HTTP/2 limits (ckf_svc_kit::transport).
+    let transport = Transport::new(
+        &config.transport,
+        metrics.registry(),
+        "ckf_indexer",
+        &[ckf_proto::FILE_DESCRIPTOR_SET],
+    )
+    .expect("ckf-proto's own descriptor set decodes");
+    let relay = transport.limit(
+        RelayServer::new(RelayService::new(Arc::clone(&shared)))
+            .max_decoding_message_size(max_message)
+            .max_encoding_message_size(max_message),
+    );
+    let query = transport.limit(
+        QueryServer::new(QueryService::new(Arc::clone(&shared)))
+            .max_decoding_message_size(max_message)
+            .max_encoding_message_size(max_message),
+    );
     let (health, router) = front(
-        tonic::transport::Server::builder()
-            .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
-            .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT)),
+        transport.server(
+            tonic::transport::Server::builder()
+                .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+                .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT)),
+        ),
         &SERVICES,
         &[ckf_proto::FILE_DESCRIPTOR_SET],
     )
@@ -203,7 +219,8 @@ pub async fn serve(
             tracing::info!("shutting down: refusing new streams, retiring open ones");
             health.not_serving().await;
         };
-        let server = router.serve_with_incoming_shutdown(listener.incoming, on_shutdown);
+        let incoming = transport.incoming(listener.incoming);
+        let server = router.serve_with_incoming_shutdown(incoming, on_shutdown);
         // Streams end themselves on shutdown; a peer that keeps its connection open past the
         // grace period does not hold the process.
         let grace_stop = stop.clone();

@@ -13,6 +13,7 @@ use crate::engines::config::{EngineSection, EngineSpec, PublisherSpec};
 use ckf_core::identity::PoolId;
 use ckf_svc_kit::LogFormat;
 use ckf_svc_kit::TableConfig;
+use ckf_svc_kit::transport::{TransportConfig, TransportFlags};
 use ckf_svc_kit::config::{
     ConfigError, Invalid, Layers, Overrides, Validate, at_least, at_most, in_range,
 };
@@ -162,6 +163,8 @@ pub struct ProducerConfig {
     pub reconnect: ReconnectConfig,
     /// Resource limits.
     pub limits: LimitsConfig,
+    /// Connection and request limits of the ingest listener (`ckf_svc_kit::transport`).
+    pub transport: TransportConfig,
     /// Graceful shutdown.
     pub shutdown: ShutdownConfig,
     /// Ingest gRPC listen address (port 0 = ephemeral).
@@ -191,6 +194,7 @@ impl Default for ProducerConfig {
             indexers: Vec::new(),
             reconnect: ReconnectConfig::default(),
             limits: LimitsConfig::default(),
+            transport: TransportConfig::default(),
             shutdown: ShutdownConfig::default(),
             listen: DEFAULT_LISTEN.parse().expect("valid default"),
             metrics_listen: DEFAULT_METRICS_LISTEN.parse().expect("valid default"),
@@ -342,6 +346,7 @@ impl ProducerConfig {
             1,
             "millisecond",
         )?;
+        self.transport.validate()?;
         self.publishers()?;
         Ok((PoolId { domain, dc }, format))
     }
@@ -470,6 +475,9 @@ pub struct Cli {
     /// shutdown.drain_timeout_ms: wait for drained acks on shutdown, ms [default: 5000].
     #[arg(long, value_name = "MS")]
     pub drain_timeout_ms: Option<u64>,
+    /// `[transport]` flags.
+    #[command(flatten)]
+    pub transport: TransportFlags,
     /// listen: ingest gRPC address [default: 127.0.0.1:7500].
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<SocketAddr>,
@@ -516,7 +524,7 @@ impl Validate for ProducerConfig {
 impl Cli {
     /// The flags that were given, keyed by dotted config paths.
     pub fn overrides(&self) -> Overrides {
-        Overrides::new()
+        let flags = Overrides::new()
             .set("pool.domain", self.domain.as_ref())
             .set("pool.dc", self.dc.as_ref())
             .set("table.expected_blocks", self.expected_blocks)
@@ -560,7 +568,8 @@ impl Cli {
             .set(
                 "engines",
                 (!self.engines.is_empty()).then_some(&self.engines),
-            )
+            );
+        self.transport.overrides(flags)
     }
 
     /// The configuration layers of this command line (environment prefix [`ENV_PREFIX`]).

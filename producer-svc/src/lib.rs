@@ -211,8 +211,19 @@ pub async fn serve(
 
     let stop = Shutdown::new();
     let metrics = Metrics::new();
+    // `[transport]`: connection limit + handshake deadline on the listener, shedding and unary
+    // timeout for Ingest, HTTP/2 limits (ckf_svc_kit::transport).
+    let transport = ckf_svc_kit::Transport::new(
+        &config.transport,
+        metrics.registry(),
+        "ckf_producer",
+        &[ckf_proto::FILE_DESCRIPTOR_SET],
+    )
+    .expect("ckf-proto's own descriptor set decodes");
     let (health, router) = front(
-        tonic::transport::Server::builder().http2_keepalive_interval(Some(KEEPALIVE)),
+        transport.server(
+            tonic::transport::Server::builder().http2_keepalive_interval(Some(KEEPALIVE)),
+        ),
         &SERVICES,
         &[ckf_proto::FILE_DESCRIPTOR_SET],
     )
@@ -307,19 +318,19 @@ pub async fn serve(
         .collect();
 
     // The gRPC server.
-    let ingest = IngestServer::new(IngestService::new(
+    let ingest = transport.limit(IngestServer::new(IngestService::new(
         handle.clone(),
         identity.clone(),
         stop.clone(),
         config.limits.max_events_per_batch as usize,
     ))
     .max_decoding_message_size(max_message_bytes)
-    .max_encoding_message_size(max_message_bytes);
+    .max_encoding_message_size(max_message_bytes));
     let ingest_addr = listener.addr;
     let server = tokio::spawn(
         router
             .add_service(ingest)
-            .serve_with_incoming_shutdown(listener.incoming, stop.wait()),
+            .serve_with_incoming_shutdown(transport.incoming(listener.incoming), stop.wait()),
     );
     health.serving().await;
     tracing::info!(

@@ -13,6 +13,7 @@
 //! | [`scrape`] | reading a `/metrics` endpoint: HTTP GET (`ureq`) and text parse (`prometheus-parse`) |
 //! | [`shutdown`] | SIGTERM/SIGINT -> one cancellable [`shutdown::Shutdown`] token |
 //! | [`grpc`] | listener binding, `grpc.health.v1` and server reflection helpers |
+//! | [`transport`] | the `[transport]` section: connection limit and HTTP/2 handshake deadline on accepted connections, per-service concurrency limit / load shedding (tower) and unary request timeout, HTTP/2 settings |
 //! | [`serve`] | what both services do to start and stop: bind both listeners, health + reflection in front, a binary's `main` |
 
 pub mod config;
@@ -23,8 +24,10 @@ pub mod scrape;
 pub mod serve;
 pub mod shutdown;
 pub mod table;
+pub mod transport;
 
 pub use config::{ConfigError, Invalid, KeyAlias, Layers, Overrides, Validate};
 pub use logging::LogFormat;
 pub use shutdown::Shutdown;
 pub use table::TableConfig;
+pub use transport::{Transport, TransportConfig};
