@@ -43,13 +43,16 @@ fn indexer(dir: &TestDir, name: &str, transport: &str) -> (Service, SocketAddr, 
     (svc, addr("grpc_addr"), addr("metrics_addr"))
 }
 
-async fn query_client(addr: SocketAddr) -> QueryClient<Channel> {
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+async fn connect(addr: SocketAddr) -> Channel {
+    tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
         .unwrap()
         .connect()
         .await
-        .unwrap();
-    QueryClient::new(channel)
+        .unwrap()
+}
+
+async fn query_client(addr: SocketAddr) -> QueryClient<Channel> {
+    QueryClient::new(connect(addr).await)
 }
 
 async fn list_lanes(client: &mut QueryClient<Channel>) -> Result<usize, tonic::Status> {
@@ -231,10 +234,11 @@ async fn requests_over_the_limit_are_shed_at_once_and_a_stuck_one_times_out() {
         "indexer",
         "max_concurrent_requests = 1\nrequest_timeout_ms = 4000",
     );
-    let mut client = query_client(addr).await;
+    let channel = connect(addr).await;
+    let mut client = QueryClient::new(channel.clone());
     assert_eq!(list_lanes(&mut client).await.unwrap(), 1);
 
-    let hanging = tokio::spawn(hanging_list_lanes(client.clone().into_inner()));
+    let hanging = tokio::spawn(hanging_list_lanes(channel));
     // once the stuck request holds the only permit, the next one is shed
     let mut shed = None;
     for _ in 0..1000 {
