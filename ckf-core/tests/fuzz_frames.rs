@@ -39,9 +39,20 @@ enum Envelope {
 
 #[derive(Debug, Clone)]
 enum Kind {
-    Chunk { sequence: u64, first_bucket: u64, bytes: Vec<u8> },
-    Snapshot { sequence: u64, buckets: Vec<u64> },
-    Delta { base: u64, sequence: u64, images: Vec<(u32, u64)> },
+    Chunk {
+        sequence: u64,
+        first_bucket: u64,
+        bytes: Vec<u8>,
+    },
+    Snapshot {
+        sequence: u64,
+        buckets: Vec<u64>,
+    },
+    Delta {
+        base: u64,
+        sequence: u64,
+        images: Vec<(u32, u64)>,
+    },
     Drain(u64),
     Heartbeat,
 }
@@ -68,7 +79,11 @@ fn kind() -> impl Strategy<Value = Kind> {
             prop_oneof![Just(0u64), 0..BUCKETS + 2, any::<u64>()],
             prop::collection::vec(any::<u8>(), 0..(8 * BUCKETS as usize + 16)),
         )
-            .prop_map(|(sequence, first_bucket, bytes)| Kind::Chunk { sequence, first_bucket, bytes }),
+            .prop_map(|(sequence, first_bucket, bytes)| Kind::Chunk {
+                sequence,
+                first_bucket,
+                bytes
+            }),
         (
             sequence(),
             prop_oneof![
@@ -77,8 +92,16 @@ fn kind() -> impl Strategy<Value = Kind> {
             ],
         )
             .prop_map(|(sequence, buckets)| Kind::Snapshot { sequence, buckets }),
-        (sequence(), sequence(), prop::collection::vec((bucket, any::<u64>()), 0..10))
-            .prop_map(|(base, sequence, images)| Kind::Delta { base, sequence, images }),
+        (
+            sequence(),
+            sequence(),
+            prop::collection::vec((bucket, any::<u64>()), 0..10)
+        )
+            .prop_map(|(base, sequence, images)| Kind::Delta {
+                base,
+                sequence,
+                images
+            }),
         sequence().prop_map(Kind::Drain),
         Just(Kind::Heartbeat),
     ]
@@ -101,11 +124,17 @@ fn frame(stream: &TestStream, lane1: &LaneLease, envelope: &Envelope, kind: &Kin
     }
     let forged = TestStream { tag };
     match kind {
-        Kind::Chunk { sequence, first_bucket, bytes } => {
-            forged.chunk_bytes(*sequence, *first_bucket, bytes.clone())
-        }
+        Kind::Chunk {
+            sequence,
+            first_bucket,
+            bytes,
+        } => forged.chunk_bytes(*sequence, *first_bucket, bytes.clone()),
         Kind::Snapshot { sequence, buckets } => forged.snapshot(*sequence, buckets.clone()),
-        Kind::Delta { base, sequence, images } => forged.delta(*base, *sequence, images),
+        Kind::Delta {
+            base,
+            sequence,
+            images,
+        } => forged.delta(*base, *sequence, images),
         Kind::Drain(sequence) => forged.drain(*sequence),
         Kind::Heartbeat => forged.heartbeat(),
     }

@@ -30,17 +30,24 @@ fn decode_checked(payload: &[u8]) {
 
 /// msgpack headers claiming up to 4 Gi elements or bytes.
 fn bomb_header() -> impl Strategy<Value = Vec<u8>> {
-    let big = prop_oneof![Just(u32::MAX), Just(1u32 << 31), 1u32 << 16..1u32 << 24, 0..64u32];
-    (prop::sample::select(vec![0xdbu8, 0xc6, 0xdd, 0xdf, 0xda, 0xc5, 0xdc, 0xde]), big).prop_map(
-        |(marker, n)| {
+    let big = prop_oneof![
+        Just(u32::MAX),
+        Just(1u32 << 31),
+        1u32 << 16..1u32 << 24,
+        0..64u32
+    ];
+    (
+        prop::sample::select(vec![0xdbu8, 0xc6, 0xdd, 0xdf, 0xda, 0xc5, 0xdc, 0xde]),
+        big,
+    )
+        .prop_map(|(marker, n)| {
             let mut bytes = vec![marker];
             match marker {
                 0xda | 0xc5 | 0xdc | 0xde => bytes.extend((n as u16).to_be_bytes()),
                 _ => bytes.extend(n.to_be_bytes()),
             }
             bytes
-        },
-    )
+        })
 }
 
 #[test]
@@ -50,7 +57,10 @@ fn deep_nesting_is_a_limit_not_a_stack_overflow() {
         let mut payload = vec![marker; 100_000];
         payload.push(0xc0);
         let err = decode_batch(&payload, &DecodeLimits::default()).unwrap_err();
-        assert!(["limit", "truncated", "type"].contains(&err.kind_label()), "{err}");
+        assert!(
+            ["limit", "truncated", "type"].contains(&err.kind_label()),
+            "{err}"
+        );
     }
     // inside a valid envelope: [ts, [[[[...]]]]]
     let mut payload = vec![0x92, 0x00];

@@ -13,10 +13,10 @@ use crate::engines::config::{EngineSection, EngineSpec, PublisherSpec};
 use ckf_core::identity::PoolId;
 use ckf_svc_kit::LogFormat;
 use ckf_svc_kit::TableConfig;
-use ckf_svc_kit::transport::{TransportConfig, TransportFlags};
 use ckf_svc_kit::config::{
     ConfigError, Invalid, Layers, Overrides, Validate, at_least, at_most, in_range,
 };
+use ckf_svc_kit::transport::{TransportConfig, TransportFlags};
 use clap::Parser;
 use serde::{Deserialize, Serialize};
 

@@ -221,9 +221,8 @@ pub async fn serve(
     )
     .expect("ckf-proto's own descriptor set decodes");
     let (health, router) = front(
-        transport.server(
-            tonic::transport::Server::builder().http2_keepalive_interval(Some(KEEPALIVE)),
-        ),
+        transport
+            .server(tonic::transport::Server::builder().http2_keepalive_interval(Some(KEEPALIVE))),
         &SERVICES,
         &[ckf_proto::FILE_DESCRIPTOR_SET],
     )
@@ -318,14 +317,16 @@ pub async fn serve(
         .collect();
 
     // The gRPC server.
-    let ingest = transport.limit(IngestServer::new(IngestService::new(
-        handle.clone(),
-        identity.clone(),
-        stop.clone(),
-        config.limits.max_events_per_batch as usize,
-    ))
-    .max_decoding_message_size(max_message_bytes)
-    .max_encoding_message_size(max_message_bytes));
+    let ingest = transport.limit(
+        IngestServer::new(IngestService::new(
+            handle.clone(),
+            identity.clone(),
+            stop.clone(),
+            config.limits.max_events_per_batch as usize,
+        ))
+        .max_decoding_message_size(max_message_bytes)
+        .max_encoding_message_size(max_message_bytes),
+    );
     let ingest_addr = listener.addr;
     let server = tokio::spawn(
         router

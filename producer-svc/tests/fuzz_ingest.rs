@@ -6,11 +6,11 @@
 
 use ckf_proto::v1;
 use ckf_proto::v1::kv_event::Kind;
-use prost::Message;
 use producer_svc::error::{MAX_SOURCE_ID_BYTES, RequestError};
 use producer_svc::events::EventError;
 use producer_svc::ingest::convert::batch_from_wire;
 use proptest::prelude::*;
+use prost::Message;
 
 /// `batch_from_wire` under a small and the default event limit, checked against its rules.
 fn exercise(batch: &v1::KvEventBatch) {

@@ -10,8 +10,8 @@
 use ckf_core::identity::{ProducerIdentity, ProducerIncarnation};
 use ckf_proto::convert::{self, WireError};
 use ckf_proto::v1::{self, relay_frame::Frame, relay_reply::Reply};
-use prost::Message;
 use proptest::prelude::*;
+use prost::Message;
 
 const INCARNATION: ProducerIncarnation = ProducerIncarnation(7);
 
@@ -30,7 +30,10 @@ fn convert_frame(frame: v1::RelayFrame) -> &'static str {
                 Err(e) => {
                     if missing {
                         // the pool is checked first
-                        assert!(matches!(e, WireError::MissingField { field: "pool", .. }), "{e}");
+                        assert!(
+                            matches!(e, WireError::MissingField { field: "pool", .. }),
+                            "{e}"
+                        );
                     }
                     typed(&e);
                 }
@@ -83,7 +86,13 @@ fn lease_refused(lease: Option<v1::LaneLease>, error: &WireError) {
         Some(l) => {
             assert!(l.lane > 15, "lane {} refused: {error}", l.lane);
             assert!(
-                matches!(error, WireError::OutOfRange { field: "LaneLease.lane", .. }),
+                matches!(
+                    error,
+                    WireError::OutOfRange {
+                        field: "LaneLease.lane",
+                        ..
+                    }
+                ),
                 "{error}"
             );
         }
@@ -135,25 +144,43 @@ fn decode_all(bytes: &[u8]) {
 fn lease() -> impl Strategy<Value = Option<v1::LaneLease>> {
     prop::option::weighted(
         0.9,
-        (any::<u64>(), prop_oneof![0..16u32, any::<u32>()], any::<u64>()).prop_map(
-            |(consumer_instance, lane, epoch)| v1::LaneLease {
+        (
+            any::<u64>(),
+            prop_oneof![0..16u32, any::<u32>()],
+            any::<u64>(),
+        )
+            .prop_map(|(consumer_instance, lane, epoch)| v1::LaneLease {
                 consumer_instance,
                 lane,
                 epoch,
-            },
-        ),
+            }),
     )
 }
 
 fn name() -> impl Strategy<Value = String> {
-    prop_oneof!["[A-Za-z0-9._-]{1,64}", "[A-Za-z0-9._-]{65,70}", ".{0,8}", Just(String::new())]
+    prop_oneof![
+        "[A-Za-z0-9._-]{1,64}",
+        "[A-Za-z0-9._-]{65,70}",
+        ".{0,8}",
+        Just(String::new())
+    ]
 }
 
 fn format() -> impl Strategy<Value = v1::TableFormat> {
     (
         0..3u32,
         any::<u64>(),
-        prop::sample::select(vec![0u64, 1, 2, 3, 1024, 1 << 20, 1 << 32, 1 << 33, u64::MAX]),
+        prop::sample::select(vec![
+            0u64,
+            1,
+            2,
+            3,
+            1024,
+            1 << 20,
+            1 << 32,
+            1 << 33,
+            u64::MAX,
+        ]),
         prop_oneof![Just(16u32), any::<u32>()],
         prop_oneof![Just(4u32), any::<u32>()],
     )

@@ -212,7 +212,10 @@ impl TransportFlags {
                 "transport.max_concurrent_streams",
                 self.max_concurrent_streams,
             )
-            .set("transport.max_header_list_bytes", self.max_header_list_bytes)
+            .set(
+                "transport.max_header_list_bytes",
+                self.max_header_list_bytes,
+            )
     }
 }
 
@@ -514,7 +517,9 @@ impl<IO> Guarded<IO> {
                 self.refused
                     .with_label_values(&[REFUSED_HANDSHAKE_TIMEOUT])
                     .inc();
-                tracing::debug!("connection closed: no HTTP/2 preface within the handshake timeout");
+                tracing::debug!(
+                    "connection closed: no HTTP/2 preface within the handshake timeout"
+                );
                 return Err(handshake_timed_out());
             }
         }
@@ -985,8 +990,11 @@ mod tests {
     #[test]
     fn every_key_is_validated_with_its_name() {
         TransportConfig::default().validate().unwrap();
-        let cases: [(&str, fn(&mut TransportConfig)); 6] = [
-            ("transport.request_timeout_ms = 0", |c| c.request_timeout_ms = 0),
+        type Breaker = fn(&mut TransportConfig);
+        let cases: [(&str, Breaker); 6] = [
+            ("transport.request_timeout_ms = 0", |c| {
+                c.request_timeout_ms = 0
+            }),
             ("transport.handshake_timeout_ms = 10", |c| {
                 c.handshake_timeout_ms = 10
             }),
@@ -1277,7 +1285,10 @@ mod tests {
             message.contains("grpc.health.v1.Health has transport.max_concurrent_requests = 2"),
             "{message}"
         );
-        assert_eq!(limits.metrics.shed.with_label_values(&[Slow::NAME]).get(), 1);
+        assert_eq!(
+            limits.metrics.shed.with_label_values(&[Slow::NAME]).get(),
+            1
+        );
         release.add_permits(2);
         for pending in [first, second] {
             let response = pending.await.unwrap();
@@ -1304,7 +1315,11 @@ mod tests {
             "{message}"
         );
         assert_eq!(
-            limits.metrics.timed_out.with_label_values(&[Slow::NAME]).get(),
+            limits
+                .metrics
+                .timed_out
+                .with_label_values(&[Slow::NAME])
+                .get(),
             1
         );
 

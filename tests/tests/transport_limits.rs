@@ -263,11 +263,13 @@ async fn requests_over_the_limit_are_shed_at_once_and_a_stuck_one_times_out() {
         !hanging.is_finished(),
         "the shed reply came while the stuck request still held the permit"
     );
-    assert!(metric(
-        metrics_addr,
-        "ckf_indexer_requests_shed_total",
-        &[("service", "ckf.v1.Query")]
-    ) >= 1.0);
+    assert!(
+        metric(
+            metrics_addr,
+            "ckf_indexer_requests_shed_total",
+            &[("service", "ckf.v1.Query")]
+        ) >= 1.0
+    );
 
     // the stuck unary request is cut by the request timeout, which frees the permit
     let stuck = tokio::time::timeout(BOUND, hanging)
