@@ -3,8 +3,8 @@
 
 use ckf_proto::v1;
 use libfuzzer_sys::fuzz_target;
-use prost::Message;
 use producer_svc::ingest::convert::batch_from_wire;
+use prost::Message;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(batch) = v1::KvEventBatch::decode(data) {
