@@ -88,18 +88,17 @@ pub fn run(args: &CertsArgs) -> Result<()> {
     let outputs = plan(args)?;
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("cannot create {}", args.out.display()))?;
-    if !(args.force || args.reissue) {
-        if let Some(existing) = outputs
+    if !(args.force || args.reissue)
+        && let Some(existing) = outputs
             .iter()
             .map(|o| args.out.join(&o.name))
             .find(|p| p.exists())
-        {
-            bail!(
-                "{} exists: refusing to overwrite (--force replaces everything, --reissue \
+    {
+        bail!(
+            "{} exists: refusing to overwrite (--force replaces everything, --reissue \
                  re-issues the certificates from the existing CA)",
-                existing.display()
-            );
-        }
+            existing.display()
+        );
     }
     for output in &outputs {
         let path = args.out.join(&output.name);

@@ -18,6 +18,7 @@ use ckf_svc_kit::LogFormat;
 use ckf_svc_kit::config::{ConfigError, Invalid, Layers, Overrides, Validate, at_least, in_range};
 use ckf_svc_kit::table::{EXPECTED_BLOCKS_PER_LANE_ALIAS, TableConfig};
 use ckf_svc_kit::tls::{ServerTlsConfig, ServerTlsFlags};
+use ckf_svc_kit::transport::{TransportConfig, TransportFlags};
 use clap::Parser;
 use serde::{Deserialize, Serialize};
 
@@ -129,6 +130,8 @@ pub struct IndexerConfig {
     pub lag: LagConfig,
     /// Resource limits.
     pub limits: LimitsConfig,
+    /// Connection and request limits of the gRPC listener (`ckf_svc_kit::transport`).
+    pub transport: TransportConfig,
     /// Tokens per KV block, `1..=65536`: how `FindMatchesByTokens` cuts a request's token ids
     /// into blocks. Must equal the producers' `block_size` (and the engines'), or the hashes
     /// of a query name other blocks than those the producers stored.
@@ -155,6 +158,7 @@ impl Default for IndexerConfig {
             table: TableConfig::default(),
             lag: LagConfig::default(),
             limits: LimitsConfig::default(),
+            transport: TransportConfig::default(),
             block_size: DEFAULT_BLOCK_SIZE,
             listen: DEFAULT_LISTEN.parse().expect("valid default"),
             query_listen: None,
@@ -298,6 +302,7 @@ impl Validate for IndexerConfig {
             ));
         }
         crate::access::validate(&self.auth, &self.manifest.domain, &self.manifest.lanes)?;
+        self.transport.validate()?;
         Ok(())
     }
 }
@@ -396,6 +401,9 @@ pub struct Cli {
     /// TLS of the gRPC listener.
     #[command(flatten)]
     pub tls: ServerTlsFlags,
+    /// `[transport]` flags.
+    #[command(flatten)]
+    pub transport: TransportFlags,
 }
 
 impl Cli {
@@ -430,6 +438,7 @@ impl Cli {
             .set("limits.max_query_blocks", self.max_query_blocks)
             .set("limits.lane_queue_capacity", self.lane_queue_capacity);
         let overrides = self.tls.overrides(overrides);
+        let overrides = self.transport.overrides(overrides);
         Layers {
             env_prefix: ENV_PREFIX,
             file: self.config.clone(),

@@ -17,6 +17,7 @@ use ckf_core::global::{GlobalCkfIndexer, ManifestError};
 use ckf_core::ingestion::{IngestionWorkers, IngestionWorkersConfig};
 use ckf_proto::v1::{query_server::QueryServer, relay_server::RelayServer};
 use ckf_svc_kit::Shutdown;
+use ckf_svc_kit::Transport;
 use ckf_svc_kit::config::{Invalid, Validate};
 use ckf_svc_kit::serve::{BindError, Listeners, front};
 use ckf_svc_kit::tls::{ServerTls, TlsError};
@@ -217,19 +218,35 @@ pub async fn serve(
     }
 
     let max_message = usize::try_from(config.limits.max_message_bytes).unwrap_or(usize::MAX);
-    let relay = RelayServer::new(RelayService::new(Arc::clone(&shared)))
-        .max_decoding_message_size(max_message)
-        .max_encoding_message_size(max_message);
-    let query = InterceptedService::new(
-        QueryServer::new(QueryService::new(Arc::clone(&shared)))
+    // `[transport]`: connection limit + handshake deadline on every listener (one permit pool
+    // for the process), per-service shedding and unary timeout, HTTP/2 limits
+    // (ckf_svc_kit::transport).
+    let transport = Transport::new(
+        &config.transport,
+        metrics.registry(),
+        "ckf_indexer",
+        &[ckf_proto::FILE_DESCRIPTOR_SET],
+    )
+    .expect("ckf-proto's own descriptor set decodes");
+    let relay = transport.limit(
+        RelayServer::new(RelayService::new(Arc::clone(&shared)))
             .max_decoding_message_size(max_message)
             .max_encoding_message_size(max_message),
+    );
+    let query = InterceptedService::new(
+        transport.limit(
+            QueryServer::new(QueryService::new(Arc::clone(&shared)))
+                .max_decoding_message_size(max_message)
+                .max_encoding_message_size(max_message),
+        ),
         access.query_interceptor(),
     );
     let builder = || {
-        tonic::transport::Server::builder()
-            .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
-            .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+        transport.server(
+            tonic::transport::Server::builder()
+                .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+                .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT)),
+        )
     };
     let descriptors = [ckf_proto::FILE_DESCRIPTOR_SET];
     let services: &'static [&'static str] = match query_listener {
@@ -269,6 +286,7 @@ pub async fn serve(
     let handle = stop.clone();
     let serve_stop = stop.clone();
     let query_tls = tls.clone();
+    let query_transport = transport.clone();
     let task = tokio::spawn(async move {
         let query_stop = serve_stop.clone();
         let on_shutdown = async move {
@@ -276,8 +294,12 @@ pub async fn serve(
             tracing::info!("shutting down: refusing new streams, retiring open ones");
             health.not_serving().await;
         };
-        let relay_server =
-            ckf_svc_kit::tls::serve_router(router, listener.incoming, tls.as_ref(), on_shutdown);
+        let relay_server = ckf_svc_kit::tls::serve_router(
+            router,
+            transport.incoming(listener.incoming),
+            tls.as_ref(),
+            on_shutdown,
+        );
         let query_server = async move {
             let Some((query_health, query_router, query_listener)) = query_server else {
                 return Ok(());
@@ -288,7 +310,7 @@ pub async fn serve(
             };
             ckf_svc_kit::tls::serve_router(
                 query_router,
-                query_listener.incoming,
+                query_transport.incoming(query_listener.incoming),
                 query_tls.as_ref(),
                 on_shutdown,
             )

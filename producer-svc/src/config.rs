@@ -17,6 +17,7 @@ use ckf_svc_kit::config::{
     ConfigError, Invalid, Layers, Overrides, Validate, at_least, at_most, in_range,
 };
 use ckf_svc_kit::tls::{ClientTlsConfig, ServerTlsConfig, ServerTlsFlags};
+use ckf_svc_kit::transport::{TransportConfig, TransportFlags};
 use clap::Parser;
 use serde::{Deserialize, Serialize};
 
@@ -222,6 +223,8 @@ pub struct ProducerConfig {
     pub limits: LimitsConfig,
     /// Ingest quotas.
     pub quotas: QuotasConfig,
+    /// Connection and request limits of the ingest listener (`ckf_svc_kit::transport`).
+    pub transport: TransportConfig,
     /// Graceful shutdown.
     pub shutdown: ShutdownConfig,
     /// Ingest gRPC listen address (port 0 = ephemeral).
@@ -261,6 +264,7 @@ impl Default for ProducerConfig {
             reconnect: ReconnectConfig::default(),
             limits: LimitsConfig::default(),
             quotas: QuotasConfig::default(),
+            transport: TransportConfig::default(),
             shutdown: ShutdownConfig::default(),
             listen: DEFAULT_LISTEN.parse().expect("valid default"),
             metrics_listen: DEFAULT_METRICS_LISTEN.parse().expect("valid default"),
@@ -424,6 +428,7 @@ impl ProducerConfig {
             1,
             "millisecond",
         )?;
+        self.transport.validate()?;
         self.publishers()?;
         crate::access::validate(&self.ingest_auth, self.indexer_token_file.as_deref())?;
         Ok((PoolId { domain, dc }, format))
@@ -568,6 +573,9 @@ pub struct Cli {
     /// shutdown.drain_timeout_ms: wait for drained acks on shutdown, ms [default: 5000].
     #[arg(long, value_name = "MS")]
     pub drain_timeout_ms: Option<u64>,
+    /// `[transport]` flags.
+    #[command(flatten)]
+    pub transport: TransportFlags,
     /// listen: ingest gRPC address [default: 127.0.0.1:7500].
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<SocketAddr>,
@@ -679,6 +687,7 @@ impl Cli {
                 "engines",
                 (!self.engines.is_empty()).then_some(&self.engines),
             );
+        let overrides = self.transport.overrides(overrides);
         self.tls
             .overrides(overrides)
             .set("indexer_tls.ca_file", self.indexer_ca.as_ref())

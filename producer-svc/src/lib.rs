@@ -227,8 +227,18 @@ pub async fn serve(
 
     let stop = Shutdown::new();
     let metrics = Metrics::new();
+    // `[transport]`: connection limit + handshake deadline on the listener, shedding and unary
+    // timeout for Ingest, HTTP/2 limits (ckf_svc_kit::transport).
+    let transport = ckf_svc_kit::Transport::new(
+        &config.transport,
+        metrics.registry(),
+        "ckf_producer",
+        &[ckf_proto::FILE_DESCRIPTOR_SET],
+    )
+    .expect("ckf-proto's own descriptor set decodes");
     let (health, router) = front(
-        tonic::transport::Server::builder().http2_keepalive_interval(Some(KEEPALIVE)),
+        transport
+            .server(tonic::transport::Server::builder().http2_keepalive_interval(Some(KEEPALIVE))),
         &SERVICES,
         &[ckf_proto::FILE_DESCRIPTOR_SET],
     )
@@ -339,19 +349,21 @@ pub async fn serve(
         .collect();
 
     // The gRPC server.
-    let ingest = IngestServer::new(
-        IngestService::new(
-            handle.clone(),
-            identity.clone(),
-            stop.clone(),
-            config.limits.max_events_per_batch as usize,
-            quotas,
-            metrics.clone(),
+    let ingest = transport.limit(
+        IngestServer::new(
+            IngestService::new(
+                handle.clone(),
+                identity.clone(),
+                stop.clone(),
+                config.limits.max_events_per_batch as usize,
+                quotas,
+                metrics.clone(),
+            )
+            .with_access(ingest_access),
         )
-        .with_access(ingest_access),
-    )
-    .max_decoding_message_size(max_message_bytes)
-    .max_encoding_message_size(max_message_bytes);
+        .max_decoding_message_size(max_message_bytes)
+        .max_encoding_message_size(max_message_bytes),
+    );
     let ingest_addr = listener.addr;
     config.tls.log_transport("ingest", ingest_addr);
     if let Some(tls) = &ingest_tls {
@@ -367,8 +379,13 @@ pub async fn serve(
     let router = router.add_service(ingest);
     let server_stop = stop.wait();
     let server = tokio::spawn(async move {
-        ckf_svc_kit::tls::serve_router(router, listener.incoming, ingest_tls.as_ref(), server_stop)
-            .await
+        ckf_svc_kit::tls::serve_router(
+            router,
+            transport.incoming(listener.incoming),
+            ingest_tls.as_ref(),
+            server_stop,
+        )
+        .await
     });
     health.serving().await;
     tracing::info!(

@@ -15,6 +15,7 @@
 //! | [`shutdown`] | SIGTERM/SIGINT -> one cancellable [`shutdown::Shutdown`] token |
 //! | [`grpc`] | listener binding, `grpc.health.v1` and server reflection helpers |
 //! | [`tls`] | TLS (rustls, ring): the `[tls]` / client sections and their rules, certificate loading and reload (SIGHUP, file change), the TLS acceptor, client endpoints, the verified peer's names |
+//! | [`transport`] | the `[transport]` section: connection limit and HTTP/2 handshake deadline on accepted connections, per-service concurrency limit / load shedding (tower) and unary request timeout, HTTP/2 settings |
 //! | [`serve`] | what both services do to start and stop: bind both listeners, health + reflection in front, a binary's `main` |
 
 pub mod access;
@@ -27,8 +28,10 @@ pub mod serve;
 pub mod shutdown;
 pub mod table;
 pub mod tls;
+pub mod transport;
 
 pub use config::{ConfigError, Invalid, KeyAlias, Layers, Overrides, Validate};
 pub use logging::LogFormat;
 pub use shutdown::Shutdown;
 pub use table::TableConfig;
+pub use transport::{Transport, TransportConfig};

@@ -50,6 +50,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 use crate::config::Invalid;
 use crate::shutdown::Shutdown;
+use crate::transport::{PrefaceWatch, WatchAbove};
 
 /// Default `reload_interval_ms`: how often the certificate files are checked for a change.
 pub const DEFAULT_RELOAD_INTERVAL_MS: u64 = 10_000;
@@ -193,20 +194,21 @@ impl ServerTlsConfig {
                 ),
             ));
         }
-        if self.cert_file.is_none() && !self.plaintext {
-            if let Some((listen_key, addr)) = listens.iter().find(|(_, a)| !a.ip().is_loopback()) {
-                return Err(Invalid::new(
-                    *listen_key,
-                    addr,
-                    format!(
-                        "is not a loopback address and no TLS certificate is configured: set \
+        if self.cert_file.is_none()
+            && !self.plaintext
+            && let Some((listen_key, addr)) = listens.iter().find(|(_, a)| !a.ip().is_loopback())
+        {
+            return Err(Invalid::new(
+                *listen_key,
+                addr,
+                format!(
+                    "is not a loopback address and no TLS certificate is configured: set \
                          {} and {} (or {} = true to serve plaintext on purpose)",
-                        key("cert_file"),
-                        key("key_file"),
-                        key("plaintext")
-                    ),
-                ));
-            }
+                    key("cert_file"),
+                    key("key_file"),
+                    key("plaintext")
+                ),
+            ));
         }
         Ok(())
     }
@@ -651,10 +653,13 @@ impl ServerTls {
     /// The connection info tonic attaches to each request is `TlsConnectInfo<IO::ConnectInfo>`:
     /// `tonic::Request::peer_certs` (and so [`peer_names`]) needs `IO::ConnectInfo` to be
     /// `TcpConnectInfo`, which holds for `TcpStream` and for wrappers that report it.
-    pub fn accept<S, IO, IE>(&self, incoming: S) -> ReceiverStream<io::Result<TlsStream<IO>>>
+    pub fn accept<S, IO, IE>(
+        &self,
+        incoming: S,
+    ) -> ReceiverStream<io::Result<PrefaceWatch<TlsStream<IO>>>>
     where
         S: Stream<Item = Result<IO, IE>> + Send + 'static,
-        IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+        IO: AsyncRead + AsyncWrite + WatchAbove + Unpin + Send + 'static,
         IE: Into<tonic::codegen::StdError> + Send + 'static,
     {
         let (tx, rx) = mpsc::channel(ACCEPTED_BUFFER);
@@ -666,7 +671,7 @@ impl ServerTls {
                     () = tx.closed() => return,
                     next = incoming.next() => next,
                 };
-                let io = match next {
+                let mut io = match next {
                     None => return,
                     Some(Ok(io)) => io,
                     Some(Err(error)) => {
@@ -679,10 +684,13 @@ impl ServerTls {
                 };
                 let acceptor = tokio_rustls::TlsAcceptor::from(tls.current());
                 let tx = tx.clone();
+                // The transport's handshake deadline (`[transport]`) covers the TLS handshake
+                // and ends when the decrypted stream shows the HTTP/2 preface.
+                let marker = io.watch_above();
                 tokio::spawn(async move {
                     match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(io)).await {
                         Ok(Ok(stream)) => {
-                            let _ = tx.send(Ok(stream)).await;
+                            let _ = tx.send(Ok(PrefaceWatch::over(stream, marker))).await;
                         }
                         Ok(Err(error)) => tracing::debug!(%error, "TLS handshake failed"),
                         Err(_) => tracing::debug!(
@@ -741,10 +749,10 @@ fn hangup_signal() -> Hangup {
 
 async fn recv_hangup(hangup: &mut Hangup) {
     #[cfg(unix)]
-    if let Some(signal) = hangup {
-        if signal.recv().await.is_some() {
-            return;
-        }
+    if let Some(signal) = hangup
+        && signal.recv().await.is_some()
+    {
+        return;
     }
     let _ = hangup;
     std::future::pending::<()>().await;
@@ -771,7 +779,7 @@ pub async fn serve_router<L, ResBody, S, IO, IE, F>(
 ) -> Result<(), tonic::transport::Error>
 where
     S: Stream<Item = Result<IO, IE>> + Send + 'static,
-    IO: AsyncRead + AsyncWrite + Connected + Unpin + Send + 'static,
+    IO: AsyncRead + AsyncWrite + Connected + WatchAbove + Unpin + Send + 'static,
     IE: Into<tonic::codegen::StdError> + Send + 'static,
     F: Future<Output = ()>,
     L: Layer<Routes>,
@@ -885,23 +893,23 @@ impl ClientTlsConfig {
             }
             _ => {}
         }
-        if let Some(name) = &self.server_name {
-            if name.is_empty() {
-                return Err(Invalid::new(
-                    key("server_name"),
-                    "\"\"",
-                    "must not be empty (unset it to check the URL's host)",
-                ));
-            }
+        if let Some(name) = &self.server_name
+            && name.is_empty()
+        {
+            return Err(Invalid::new(
+                key("server_name"),
+                "\"\"",
+                "must not be empty (unset it to check the URL's host)",
+            ));
         }
-        if self.ca_file.is_none() {
-            if let Some(path) = &self.cert_file {
-                return Err(Invalid::new(
-                    key("cert_file"),
-                    path.display(),
-                    format!("needs {} (TLS trust roots)", key("ca_file")),
-                ));
-            }
+        if self.ca_file.is_none()
+            && let Some(path) = &self.cert_file
+        {
+            return Err(Invalid::new(
+                key("cert_file"),
+                path.display(),
+                format!("needs {} (TLS trust roots)", key("ca_file")),
+            ));
         }
         for (endpoint_key, url) in endpoints {
             if is_https(url) && self.ca_file.is_none() {

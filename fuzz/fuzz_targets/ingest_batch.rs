@@ -1,0 +1,15 @@
+//! Raw bytes -> `ckf.v1.KvEventBatch` (prost) -> the producer's `batch_from_wire`.
+#![no_main]
+
+use ckf_proto::v1;
+use libfuzzer_sys::fuzz_target;
+use producer_svc::ingest::convert::batch_from_wire;
+use prost::Message;
+
+fuzz_target!(|data: &[u8]| {
+    if let Ok(batch) = v1::KvEventBatch::decode(data) {
+        let _ = batch_from_wire(batch.clone(), 4);
+        let _ = batch_from_wire(batch, 65_536);
+    }
+    let _ = v1::GetMemberBlocksRequest::decode(data);
+});
