@@ -614,16 +614,16 @@ pub struct Cli {
     /// TLS of the Ingest listener.
     #[command(flatten)]
     pub tls: ServerTlsFlags,
-    /// indexer_tls.ca_file: CA bundle (PEM) the indexers' certificates are verified against; required for https:// endpoints.
+    /// indexer_tls.ca_file: CA bundle (PEM) the indexers' certificates are verified against; required for https:// endpoints [default: none].
     #[arg(long, value_name = "FILE")]
     pub indexer_ca: Option<PathBuf>,
-    /// indexer_tls.cert_file: client certificate (PEM) presented to the indexers (mutual TLS).
+    /// indexer_tls.cert_file: client certificate (PEM) presented to the indexers (mutual TLS) [default: none].
     #[arg(long, value_name = "FILE")]
     pub indexer_cert: Option<PathBuf>,
-    /// indexer_tls.key_file: private key (PEM) of --indexer-cert.
+    /// indexer_tls.key_file: private key (PEM) of --indexer-cert [default: none].
     #[arg(long, value_name = "FILE")]
     pub indexer_key: Option<PathBuf>,
-    /// indexer_tls.server_name: name checked in the indexers' certificates instead of the URL host.
+    /// indexer_tls.server_name: name checked in the indexers' certificates instead of the URL host [default: none].
     #[arg(long, value_name = "NAME")]
     pub indexer_server_name: Option<String>,
 }

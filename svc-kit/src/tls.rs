@@ -1125,20 +1125,20 @@ pub fn warn_if_plaintext_remote(url: &str) -> bool {
 /// Clap flags of a server's `[tls]` section (flattened into each service's command line).
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct ServerTlsFlags {
-    /// TLS certificate chain, PEM [key: tls.cert_file].
+    /// tls.cert_file: TLS certificate chain, PEM [default: none].
     #[arg(long, value_name = "FILE")]
     pub tls_cert: Option<PathBuf>,
-    /// TLS private key, PEM [key: tls.key_file].
+    /// tls.key_file: TLS private key, PEM [default: none].
     #[arg(long, value_name = "FILE")]
     pub tls_key: Option<PathBuf>,
-    /// CA bundle client certificates are verified against, PEM [key: tls.client_ca_file].
+    /// tls.client_ca_file: CA bundle client certificates are verified against, PEM [default: none].
     #[arg(long, value_name = "FILE")]
     pub tls_client_ca: Option<PathBuf>,
-    /// Whether a client certificate is required with --tls-client-ca
-    /// [default: required; key: tls.client_auth].
+    /// tls.client_auth: whether a client certificate is required with --tls-client-ca
+    /// [default: required].
     #[arg(long, value_enum, value_name = "MODE")]
     pub tls_client_auth: Option<ClientAuth>,
-    /// Serve plaintext on a non-loopback address on purpose [key: tls.plaintext].
+    /// tls.plaintext: serve plaintext on a non-loopback address on purpose [default: false].
     #[arg(long)]
     pub plaintext: bool,
 }
