@@ -7,6 +7,14 @@ lane table. Stubs are generated on the fly from proto/ckf/v1/*.proto with grpcio
 
     pip install grpcio grpcio-tools
     python3 examples/grpc_client.py --producer 127.0.0.1:7500 --indexer 127.0.0.1:7400
+
+Against TLS services (compose, Kubernetes: see the README's Security section), give the CA and,
+where the server requires one, a client certificate; bearer tokens go in the authorization
+metadata:
+
+    python3 examples/grpc_client.py --producer localhost:7501 --indexer localhost:7400 \
+        --ca deploy/compose/certs/ca.crt --cert deploy/compose/certs/query.crt \
+        --key deploy/compose/certs/query.key --query-token-file deploy/compose/certs/query.token
 """
 import argparse
 import importlib
@@ -34,36 +42,64 @@ def load_stubs():
         {name: importlib.import_module(f"ckf.v1.{name}_pb2_grpc") for name in ("ingest", "query")}
 
 
+def channel(target, opts):
+    """A plaintext channel, or TLS when --ca is given (with a client certificate if --cert)."""
+    if not opts.ca:
+        return grpc.insecure_channel(target)
+    read = lambda path: pathlib.Path(path).read_bytes() if path else None
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=read(opts.ca), private_key=read(opts.key),
+        certificate_chain=read(opts.cert))
+    options = [("grpc.ssl_target_name_override", opts.server_name)] if opts.server_name else []
+    return grpc.secure_channel(target, creds, options=options)
+
+
+def bearer(path):
+    """gRPC call metadata carrying the token of `path` (one line), or none."""
+    if not path:
+        return None
+    return (("authorization", "Bearer " + pathlib.Path(path).read_text().strip()),)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--producer", default="127.0.0.1:7500", help="producer gRPC host:port")
     ap.add_argument("--indexer", default="127.0.0.1:7400", help="indexer gRPC host:port")
+    ap.add_argument("--ca", help="CA bundle (PEM): connect over TLS and verify the servers")
+    ap.add_argument("--cert", help="client certificate (PEM) for servers requiring mutual TLS")
+    ap.add_argument("--key", help="private key (PEM) of --cert")
+    ap.add_argument("--server-name", help="name checked in the server certificates")
+    ap.add_argument("--query-token-file", help="the indexer's auth.query_token_file")
+    ap.add_argument("--ingest-token-file", help="an [[ingest_auth.sources]] token_file")
     opts = ap.parse_args()
+    if bool(opts.cert) != bool(opts.key):
+        ap.error("--cert and --key go together")
     pb, rpc = load_stubs()
 
-    ingest = rpc["ingest"].IngestStub(grpc.insecure_channel(opts.producer))
-    query = rpc["query"].QueryStub(grpc.insecure_channel(opts.indexer))
+    ingest = rpc["ingest"].IngestStub(channel(opts.producer, opts))
+    query = rpc["query"].QueryStub(channel(opts.indexer, opts))
+    ingest_md, query_md = bearer(opts.ingest_token_file), bearer(opts.query_token_file)
 
     blocks = [0x1111, 0x2222, 0x3333]  # 64-bit sequence block hashes, in prefix order
     member = pb["ingest"].MemberId(worker_id=7, dp_rank=0)
     batch = pb["ingest"].KvEventBatch(
         source_id=f"example-{int(time.time())}", sequence=1,
         events=[pb["ingest"].KvEvent(member=member, stored=pb["ingest"].Stored(block_hashes=blocks))])
-    result = ingest.PublishBatch(batch)
+    result = ingest.PublishBatch(batch, metadata=ingest_md)
     print("ingest:", result.events[0].status and pb["ingest"].EventStatus.Name(result.events[0].status),
           "applied", result.events[0].applied_blocks)
 
     request = pb["query"].FindMatchesRequest(block_hashes=blocks + [0x4444])
     deadline = time.time() + 10
     while True:
-        answer = query.FindMatches(request)
+        answer = query.FindMatches(request, metadata=query_md)
         if any(m.depth == len(blocks) for m in answer.matches) or time.time() > deadline:
             break
         time.sleep(0.05)
     for m in answer.matches:
         print(f"lane {m.lane} {m.pool.domain}/{m.pool.dc}: prefix depth {m.depth}")
 
-    lanes = query.ListLanes(pb["query"].ListLanesRequest())
+    lanes = query.ListLanes(pb["query"].ListLanesRequest(), metadata=query_md)
     for lane in lanes.lanes:
         print(f"lane {lane.lane} {lane.pool.dc}: {pb['query'].LaneState.Name(lane.state)} "
               f"epoch {lane.lease_epoch} seq {lane.installed_sequence}")
@@ -71,7 +107,8 @@ def main():
     # Clean up: the worker leaves (all its ranks are cleared).
     ingest.PublishBatch(pb["ingest"].KvEventBatch(
         source_id=batch.source_id, sequence=2,
-        events=[pb["ingest"].KvEvent(member=member, worker_removed=pb["ingest"].WorkerRemoved())]))
+        events=[pb["ingest"].KvEvent(member=member, worker_removed=pb["ingest"].WorkerRemoved())]),
+        metadata=ingest_md)
 
 
 if __name__ == "__main__":

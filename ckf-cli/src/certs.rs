@@ -199,10 +199,44 @@ fn check_args(args: &CertsArgs) -> Result<()> {
             && !s.ends_with(['-', '.']);
         if ok {
             Ok(())
+        } else if s.contains('_') {
+            // A valid DC id, but not a DNS name: webpki refuses `_` in the names it matches.
+            Err(anyhow::anyhow!(
+                "{what} `{s}`: '_' is allowed in a DC id but not in the certificate DNS name \
+                 it becomes (producer.{s}.<domain>); use '-' (e.g. `{}`), or issue this pool's \
+                 certificate with your own CA and list its names in \
+                 [[auth.producers]].cert_names",
+                s.replace('_', "-")
+            ))
         } else {
             Err(anyhow::anyhow!(
                 "{what} `{s}`: must be 1..=63 characters of [A-Za-z0-9.-], not starting or \
                  ending with '-' or '.'"
+            ))
+        }
+    };
+    // A host is an IP address or a DNS name (a leading `*.` wildcard allowed): nothing else
+    // may reach a certificate's SANs (a newline or space would make a name no client matches).
+    let host = |what: &str, h: &str| -> Result<()> {
+        if h.parse::<std::net::IpAddr>().is_ok() {
+            return Ok(());
+        }
+        let name = h.strip_prefix("*.").unwrap_or(h).replace("{dc}", "dc");
+        let ok = !name.is_empty()
+            && name.len() <= 253
+            && name.split('.').all(|l| {
+                !l.is_empty()
+                    && l.len() <= 63
+                    && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                    && !l.starts_with('-')
+                    && !l.ends_with('-')
+            });
+        if ok {
+            Ok(())
+        } else {
+            Err(anyhow::anyhow!(
+                "{what} {h:?}: not an IP address or DNS name (labels of [A-Za-z0-9-], \
+                 separated by '.', an optional leading '*.')"
             ))
         }
     };
@@ -221,6 +255,12 @@ fn check_args(args: &CertsArgs) -> Result<()> {
     }
     if args.producer_hosts.iter().any(String::is_empty) {
         bail!("--producer-hosts: names must be non-empty");
+    }
+    for h in &args.hosts {
+        host("--hosts entry", h)?;
+    }
+    for h in &args.producer_hosts {
+        host("--producer-hosts entry", h)?;
     }
     if args.days == 0 {
         bail!("--days must be at least 1");
@@ -482,6 +522,33 @@ mod tests {
         let out_arg = out.to_str().unwrap();
         let err = run(&args(&["--out", out_arg, "--pools", "dc a"])).unwrap_err();
         assert!(err.to_string().contains("--pools entry `dc a`"), "{err}");
+        let err = run(&args(&["--out", out_arg, "--pools", "dc_a"])).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("'_' is allowed in a DC id but not in the certificate DNS name")
+                && text.contains("`dc-a`"),
+            "{err}"
+        );
+        for bad in ["ckf\nindexer", "a b", "-x.ckf", "x..ckf"] {
+            let hosts = format!("--hosts={bad}");
+            let err = run(&args(&["--out", out_arg, "--pools", "a", &hosts])).unwrap_err();
+            assert!(
+                err.to_string().starts_with(&format!(
+                    "--hosts entry {bad:?}: not an IP address or DNS name"
+                )),
+                "{err}"
+            );
+        }
+        let err = run(&args(&[
+            "--out",
+            out_arg,
+            "--pools",
+            "a",
+            "--producer-hosts",
+            "producer-{dc}\tx",
+        ]))
+        .unwrap_err();
+        assert!(err.to_string().contains("--producer-hosts entry"), "{err}");
         let err = run(&args(&["--out", out_arg, "--pools", "a,a"])).unwrap_err();
         assert!(err.to_string().contains("listed twice"), "{err}");
         let err = run(&args(&["--out", out_arg, "--pools", "a", "--reissue"])).unwrap_err();

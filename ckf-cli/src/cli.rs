@@ -160,9 +160,20 @@ pub struct ReplayArgs {
     /// for every DC the report adds the relay (producer -> indexer) bytes per event.
     #[arg(long = "producer-metrics", value_name = "DC=HOST:PORT", value_parser = parse_producer)]
     pub producer_metrics: Vec<(String, String)>,
-    /// TLS toward the indexer and the producers.
+    /// TLS toward the https:// URLs among --indexer and --producer (http:// ones stay
+    /// plaintext; at least one must be https:// when these flags are given).
     #[command(flatten)]
     pub tls: TlsArgs,
+    /// Send `authorization: Bearer <token>` with the token in FILE on every Query call: the
+    /// indexer's `auth.query_token_file`.
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Send `authorization: Bearer <token>` with the token in FILE on every Ingest call: the
+    /// token of an `[[ingest_auth.sources]]` entry of every producer whose `source_ids` and
+    /// `workers` admit all (the replay names its sources `ckf-replay-<run>/<worker>` afresh
+    /// on every run).
+    #[arg(long, value_name = "FILE")]
+    pub ingest_token_file: Option<PathBuf>,
     /// Fleet, policy and output.
     #[command(flatten)]
     pub fleet: FleetArgs,

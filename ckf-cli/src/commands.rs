@@ -10,7 +10,7 @@ use ckf_proto::v1::query_client::QueryClient;
 use ckf_proto::v1::{
     FindMatchesByTokensRequest, LaneState, ListLanesRequest, MultimodalItem, RetireReason,
 };
-use ckf_svc_kit::access::{read_token_file, with_bearer};
+use ckf_svc_kit::access::{authed, read_token_file, with_bearer};
 use ckf_svc_kit::tls::{ClientTls, ClientTlsConfig, warn_if_plaintext_remote};
 use serde_json::json;
 use tonic::Request;
@@ -134,7 +134,27 @@ pub fn token_of(file: Option<&Path>) -> Result<Option<Secret>> {
 pub async fn replay(args: ReplayArgs) -> Result<()> {
     let workload = load_workload(Some(&args.trace), args.fleet.limit, args.fleet.seed)?;
     let tls = client_tls(&args.tls)?;
-    let indexer = connect_with(&args.indexer, tls.as_ref()).await?;
+    // The TLS flags are for the https:// URLs: producers' Ingest is often plaintext on the
+    // pool's own network while the indexer is reached over TLS.
+    let urls = std::iter::once(&args.indexer).chain(args.producers.iter().map(|(_, u)| u));
+    let any_https = urls.clone().any(|u| ckf_svc_kit::tls::is_https(u));
+    if tls.is_some() && !any_https {
+        anyhow::bail!(
+            "--ca/--cert/--key are given but no URL is https://: use https:// URLs for the TLS endpoints"
+        );
+    }
+    let tls_for = |url: &str| tls.as_ref().filter(|_| ckf_svc_kit::tls::is_https(url));
+    let query_token = token_of(args.token_file.as_deref())?;
+    let ingest_token = token_of(args.ingest_token_file.as_deref()).map_err(|e| {
+        anyhow!(
+            "{}",
+            e.to_string().replace("--token-file", "--ingest-token-file")
+        )
+    })?;
+    let indexer = authed(
+        connect_with(&args.indexer, tls_for(&args.indexer)).await?,
+        query_token,
+    );
     let mut targets = Vec::new();
     for (dc, url) in &args.producers {
         let metrics = args
@@ -144,7 +164,7 @@ pub async fn replay(args: ReplayArgs) -> Result<()> {
             .map(|(_, addr)| addr.clone());
         targets.push(DcTarget {
             dc: dc.clone(),
-            producer: connect_with(url, tls.as_ref()).await?,
+            producer: authed(connect_with(url, tls_for(url)).await?, ingest_token.clone()),
             metrics,
         });
     }
@@ -421,6 +441,47 @@ fn contention_name(kind: i32) -> &'static str {
     }
 }
 
+/// A hint for the usual causes of a connection error whose text is `chain` (an error with its
+/// sources, lower-cased or not): the TLS failures a first deployment meets, which the error
+/// alone names only in rustls' or h2's terms.
+pub fn hint(chain: &str) -> Option<&'static str> {
+    let text = chain.to_ascii_lowercase();
+    let has = |needles: &[&str]| needles.iter().any(|n| text.contains(n));
+    if has(&["certificaterequired", "certificate required"]) {
+        Some(
+            "the server requires a client certificate (mutual TLS): pass --cert and --key \
+             (e.g. a pool's producer-<dc>.crt / .key from `ckf certs`)",
+        )
+    } else if has(&["unknownissuer", "unknown issuer", "badsignature"]) {
+        Some("the server's certificate is not signed by the CA of --ca: pass the CA that issued it")
+    } else if has(&["notvalidforname", "not valid for name"]) {
+        Some(
+            "the server's certificate does not name the host of the URL: use a name it has, or \
+             --server-name",
+        )
+    } else if has(&["expired", "notvalidyet"]) {
+        Some("a certificate is outside its validity period: re-issue it (`ckf certs --reissue`)")
+    } else if has(&[
+        "corrupt message",
+        "invalidcontenttype",
+        "wrong version number",
+    ]) {
+        Some("the server does not speak TLS: use an http:// URL (and no --ca)")
+    } else if has(&[
+        "connection reset",
+        "frame with invalid size",
+        "broken pipe",
+        "unexpected eof",
+    ]) {
+        Some(
+            "the connection was cut during the handshake: if the server serves TLS, use an \
+             https:// URL with --ca (and --cert/--key when it requires client certificates)",
+        )
+    } else {
+        None
+    }
+}
+
 /// `ckf health`: returns the process exit code (0 SERVING, 1 other status, 2 unreachable).
 pub async fn health(args: HealthArgs) -> i32 {
     let check = async {
@@ -450,6 +511,9 @@ pub async fn health(args: HealthArgs) -> i32 {
         }
         Ok(Err(e)) => {
             eprintln!("{}: unhealthy: {e:#}", args.endpoint);
+            if let Some(hint) = hint(&format!("{e:#}")) {
+                eprintln!("hint: {hint}");
+            }
             2
         }
         Err(_) => {

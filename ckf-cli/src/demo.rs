@@ -17,6 +17,7 @@ use crate::fleet::FleetShape;
 use crate::live::{self, DcTarget, Feed, ZmqFeed};
 use crate::publisher::{DEFAULT_BUFFER_STEPS, EnginePublisher, bind_ranks};
 use ckf_engine::encode::Layout;
+use ckf_svc_kit::access::authed;
 use producer_svc::engines::config::EngineSpec;
 
 /// The indexer domain of the demo services.
@@ -106,7 +107,7 @@ impl Services {
         for (dc, url, metrics) in &self.producers {
             targets.push(DcTarget {
                 dc: dc.clone(),
-                producer: connect(url).await?,
+                producer: authed(connect(url).await?, None),
                 metrics: Some(metrics.clone()),
             });
         }
@@ -203,7 +204,7 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     let (services, mut feed) = start_feed(shape, args.feed).await?;
     let config = live_config(&args.fleet, &args.timeouts, shape);
     let outcome = async {
-        let indexer = connect(&services.indexer_url).await?;
+        let indexer = authed(connect(&services.indexer_url).await?, None);
         live::replay(
             &workload,
             indexer,

@@ -20,9 +20,9 @@ use ckf_proto::v1::{
     GetStatsRequest, KvEventBatch, LaneState, ListLanesRequest, ingest_client::IngestClient,
     kv_event::Kind, query_client::QueryClient,
 };
+use ckf_svc_kit::access::AuthedChannel;
 use indicatif::{ProgressBar, ProgressStyle};
 use prost::Message;
-use tonic::transport::Channel;
 
 use crate::accuracy::Accuracy;
 use crate::events::{Sources, event_blocks, serve_events};
@@ -111,8 +111,8 @@ impl ZmqFeed {
 pub struct DcTarget {
     /// The DC id, as in the indexer's manifest (`PoolId.dc`).
     pub dc: String,
-    /// The DC's producer.
-    pub producer: Channel,
+    /// The DC's producer (with the Ingest bearer token, if any).
+    pub producer: AuthedChannel,
     /// The producer's Prometheus endpoint (`host:port`), for the relay wire cost; optional.
     pub metrics: Option<String>,
 }
@@ -120,7 +120,7 @@ pub struct DcTarget {
 struct Dc {
     name: String,
     lane: u32,
-    ingest: IngestClient<Channel>,
+    ingest: IngestClient<AuthedChannel>,
     metrics: Option<String>,
 }
 
@@ -132,7 +132,8 @@ struct Dc {
 /// well-formed).
 pub async fn replay(
     workload: &Workload,
-    indexer: Channel,
+    // With the Query bearer token, if any.
+    indexer: AuthedChannel,
     targets: Vec<DcTarget>,
     config: &LiveConfig,
     feed: &mut Feed,
@@ -391,7 +392,10 @@ async fn relay_bytes(dcs: &[Dc]) -> Option<u64> {
 }
 
 /// Maps each DC to its lane in the indexer's manifest.
-async fn map_lanes(query: &mut QueryClient<Channel>, targets: Vec<DcTarget>) -> Result<Vec<Dc>> {
+async fn map_lanes(
+    query: &mut QueryClient<AuthedChannel>,
+    targets: Vec<DcTarget>,
+) -> Result<Vec<Dc>> {
     let lanes = query
         .list_lanes(ListLanesRequest {})
         .await
@@ -427,7 +431,11 @@ async fn map_lanes(query: &mut QueryClient<Channel>, targets: Vec<DcTarget>) -> 
 }
 
 /// Waits until every DC's lane is active.
-async fn wait_ready(query: &mut QueryClient<Channel>, dcs: &[Dc], timeout: Duration) -> Result<()> {
+async fn wait_ready(
+    query: &mut QueryClient<AuthedChannel>,
+    dcs: &[Dc],
+    timeout: Duration,
+) -> Result<()> {
     let deadline = Instant::now() + timeout;
     loop {
         let lanes = query.list_lanes(ListLanesRequest {}).await?.into_inner();
@@ -538,7 +546,7 @@ fn engine_event_blocks(event: &ckf_engine::encode::Event) -> usize {
 async fn zmq_settle(
     z: &mut ZmqFeed,
     dcs: &[Dc],
-    query: &mut QueryClient<Channel>,
+    query: &mut QueryClient<AuthedChannel>,
     ranks: usize,
     timeout: Duration,
 ) -> Result<()> {
@@ -607,7 +615,7 @@ impl Sentinel {
     async fn settle(
         &mut self,
         dcs: &mut [Dc],
-        query: &mut QueryClient<Channel>,
+        query: &mut QueryClient<AuthedChannel>,
         sources: &mut Sources,
         timeout: Duration,
     ) -> Result<()> {
@@ -645,7 +653,7 @@ impl Sentinel {
 
 /// Re-queries every distinct request against the final oracle.
 async fn final_check(
-    query: &mut QueryClient<Channel>,
+    query: &mut QueryClient<AuthedChannel>,
     hashes: &[Vec<u64>],
     tokens: &[Vec<u32>],
     fleet: &Fleet,
@@ -691,7 +699,7 @@ fn progress_bar(len: u64, show: bool) -> ProgressBar {
 /// # Errors
 /// The failed call's status, with `what` as context.
 async fn ask(
-    query: &mut QueryClient<Channel>,
+    query: &mut QueryClient<AuthedChannel>,
     request: &[u64],
     tokens: Option<&Vec<u32>>,
     what: &'static str,
@@ -715,7 +723,7 @@ async fn ask(
 /// # Errors
 /// The failed call's status, with `what` as context.
 pub async fn find_matches(
-    query: &mut QueryClient<Channel>,
+    query: &mut QueryClient<AuthedChannel>,
     request: &[u64],
     what: &'static str,
 ) -> Result<FindMatchesResponse> {
@@ -735,7 +743,7 @@ pub async fn find_matches(
 /// The failed call's status (e.g. `INVALID_ARGUMENT` naming a block-size mismatch), with
 /// `what` as context.
 pub async fn find_matches_by_tokens(
-    query: &mut QueryClient<Channel>,
+    query: &mut QueryClient<AuthedChannel>,
     request: FindMatchesByTokensRequest,
     what: &'static str,
 ) -> Result<FindMatchesResponse> {

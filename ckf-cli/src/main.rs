@@ -36,6 +36,9 @@ fn main() -> std::process::ExitCode {
         Ok(code) => std::process::ExitCode::from(code),
         Err(e) => {
             eprintln!("error: {e:#}");
+            if let Some(hint) = commands::hint(&format!("{e:#}")) {
+                eprintln!("hint: {hint}");
+            }
             std::process::ExitCode::from(1)
         }
     }

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use ckf_proto::v1::FindMatchesRequest;
 use ckf_proto::v1::query_client::QueryClient;
-use tonic::transport::Channel;
+use ckf_svc_kit::access::AuthedChannel;
 
 /// How often a probe re-queries.
 pub const POLL_INTERVAL: Duration = Duration::from_micros(250);
@@ -24,7 +24,7 @@ pub const POLL_INTERVAL: Duration = Duration::from_micros(250);
 /// # Errors
 /// The gRPC status of a failed query.
 pub async fn wait_visible(
-    client: &mut QueryClient<Channel>,
+    client: &mut QueryClient<AuthedChannel>,
     lane: u32,
     hash: u64,
     deadline: Instant,

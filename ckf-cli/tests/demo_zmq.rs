@@ -32,7 +32,7 @@ async fn zmq_feed_has_no_false_negatives_against_the_exact_model() {
         probe_timeout: Duration::from_secs(5),
         settle_timeout: Duration::from_secs(60),
     };
-    let indexer = connect(&services.indexer_url).await.unwrap();
+    let indexer = ckf_svc_kit::access::authed(connect(&services.indexer_url).await.unwrap(), None);
     let targets = services.targets().await.unwrap();
     let report = replay(&workload, indexer, targets, &config, &mut feed).await;
     services.shutdown().await.expect("graceful shutdown");

@@ -35,7 +35,7 @@ async fn mooncake_first_2000_requests_through_three_dcs() {
         probe_timeout: Duration::from_secs(5),
         settle_timeout: Duration::from_secs(60),
     };
-    let indexer = connect(&services.indexer_url).await.unwrap();
+    let indexer = ckf_svc_kit::access::authed(connect(&services.indexer_url).await.unwrap(), None);
     let targets = services.targets().await.unwrap();
     let report = replay(&workload, indexer, targets, &config, &mut Feed::Grpc).await;
     services.shutdown().await.expect("graceful shutdown");

@@ -529,14 +529,15 @@ impl TokenGate {
     /// Whether `credentials` pass.
     ///
     /// # Errors
-    /// [`Unauthenticated::NoCredentials`] without a bearer token, [`Unauthenticated::UnknownToken`]
+    /// [`Unauthenticated::NoBearerToken`] without a bearer token (a client certificate does not
+    /// count here), [`Unauthenticated::UnknownToken`]
     /// for another token.
     pub fn check(&self, credentials: &Credentials) -> Result<(), AccessError> {
         let Some(token) = &self.token else {
             return Ok(());
         };
         match &credentials.bearer {
-            None => Err(AccessError::Unauthenticated(Unauthenticated::NoCredentials)),
+            None => Err(AccessError::Unauthenticated(Unauthenticated::NoBearerToken)),
             Some(b) if token.matches(b.expose()) => Ok(()),
             Some(_) => Err(AccessError::Unauthenticated(Unauthenticated::UnknownToken)),
         }
@@ -549,6 +550,11 @@ pub enum Unauthenticated {
     /// No certificate and no bearer token, where one is required.
     #[error("no credentials: present a client certificate or `authorization: Bearer <token>`")]
     NoCredentials,
+    /// No bearer token where only a token is accepted (the Query token gate).
+    #[error(
+        "no credentials: present `authorization: Bearer <token>` (this service accepts only its token; a client certificate does not identify the caller here)"
+    )]
+    NoBearerToken,
     /// The `authorization` value is not `Bearer <token>`.
     #[error("the authorization metadata is not `Bearer <token>` with a printable ASCII token")]
     MalformedAuthorization,
@@ -887,8 +893,13 @@ mod tests {
         let gate = TokenGate::new(Some(secret("q")));
         gate.check(&creds(&[], Some("q"))).unwrap();
         assert_eq!(
-            gate.check(&creds(&[], None)).unwrap_err(),
-            AccessError::Unauthenticated(Unauthenticated::NoCredentials)
+            gate.check(&creds(&["cert"], None)).unwrap_err(),
+            AccessError::Unauthenticated(Unauthenticated::NoBearerToken)
+        );
+        assert!(
+            !Unauthenticated::NoBearerToken
+                .to_string()
+                .contains("present a client certificate")
         );
         assert_eq!(
             gate.check(&creds(&["cert"], Some("qq"))).unwrap_err(),

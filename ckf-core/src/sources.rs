@@ -12,7 +12,11 @@
 //! | `s > l + 1` | `Gap { expected: l + 1, received: s }` (batches in between never arrived) | yes: its events are newer than what was lost |
 //! | `s <= l` | `Duplicate { last: l }` (a replay, e.g. a retry after a lost response) | no, refused whole |
 //!
-//! A refused duplicate never moves a source backwards.
+//! A refused duplicate never moves a source backwards. So a source's numbering only ever moves
+//! forward: after a source has sent sequence `s`, nothing at or below `s` applies again under
+//! its id, and a source that sent `u64::MAX` can send nothing more. A source that restarts its
+//! numbering (a restarted publisher process) must use a new source id, which names the new
+//! incarnation; the old id ages out of the LRU below.
 //!
 //! # Bounded memory
 //! Sources come and go (a source id names one source *incarnation*), so the tracker keeps at

@@ -20,6 +20,7 @@
 //! `ckf_indexer_auth_refused_total{service,code}` (`service` = `relay` | `query`). Token files
 //! are re-read on SIGHUP (`ckf_svc_kit::access::reload_on_sighup`).
 
+use ckf_svc_kit::throttle::{LogThrottle, REFUSAL_LOG_INTERVAL, peer_addr};
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -262,13 +263,19 @@ impl IndexerAccess {
                 Ok(()) => Ok(request),
                 Err(error) => {
                     access.count("query", &error);
-                    tracing::debug!(%error, "query refused");
+                    if let Some(suppressed) = QUERY_REFUSAL_LOG.admit() {
+                        let peer = peer_addr(&request);
+                        tracing::warn!(%error, %peer, suppressed, "query refused");
+                    }
                     Err(Status::unauthenticated(format!("ckf.v1.Query: {error}")))
                 }
             }
         }
     }
 }
+
+/// The rate limit of "query refused" lines (any router can trigger them).
+static QUERY_REFUSAL_LOG: LogThrottle = LogThrottle::new(REFUSAL_LOG_INTERVAL);
 
 #[cfg(test)]
 mod tests {
@@ -282,7 +289,7 @@ mod tests {
     fn invalid_sections_name_the_key() {
         let dir = tempfile::tempdir().unwrap();
         let token = dir.path().join("a.token");
-        std::fs::write(&token, "tok-a\n").unwrap();
+        std::fs::write(&token, "tok-a.0123456789\n").unwrap();
         let producer = |pools: &[&str], token_file: Option<PathBuf>| ProducerAuth {
             name: "dc-a".into(),
             pools: pools.iter().map(|&p| p.to_owned()).collect(),
@@ -335,7 +342,7 @@ mod tests {
         use clap::Parser;
         let dir = tempfile::tempdir().unwrap();
         let token = dir.path().join("a.token");
-        std::fs::write(&token, "tok-a\n").unwrap();
+        std::fs::write(&token, "tok-a.0123456789\n").unwrap();
         let file = dir.path().join("i.toml");
         std::fs::write(
             &file,
@@ -384,7 +391,7 @@ mod tests {
     fn tokens_are_reloaded() {
         let dir = tempfile::tempdir().unwrap();
         let token = dir.path().join("q.token");
-        std::fs::write(&token, "old\n").unwrap();
+        std::fs::write(&token, "old.0123456789abc\n").unwrap();
         let auth = AuthConfig {
             query_token_file: Some(token.clone()),
             ..AuthConfig::default()
@@ -397,18 +404,18 @@ mod tests {
                 .insert("authorization", format!("Bearer {t}").parse().unwrap());
             r
         };
-        assert!(gate(with("old")).is_ok());
+        assert!(gate(with("old.0123456789abc")).is_ok());
         assert_eq!(
             gate(Request::new(())).unwrap_err().code(),
             tonic::Code::Unauthenticated
         );
-        std::fs::write(&token, "new\n").unwrap();
+        std::fs::write(&token, "new.0123456789abc\n").unwrap();
         access.reload().unwrap();
-        assert!(gate(with("old")).is_err());
-        assert!(gate(with("new")).is_ok());
+        assert!(gate(with("old.0123456789abc")).is_err());
+        assert!(gate(with("new.0123456789abc")).is_ok());
         // A broken file keeps the tokens in force.
         std::fs::write(&token, "").unwrap();
         assert!(access.reload().is_err());
-        assert!(gate(with("new")).is_ok());
+        assert!(gate(with("new.0123456789abc")).is_ok());
     }
 }

@@ -19,6 +19,7 @@
 //! was already superseded or retired. Failures become statuses in [`crate::status`] only.
 //! Each session logs inside a `relay` span carrying its pool, lease and incarnation.
 
+use ckf_svc_kit::throttle::{LogThrottle, REFUSAL_LOG_INTERVAL, peer_addr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -73,13 +74,18 @@ impl Relay for RelayService {
         request: Request<Streaming<v1::RelayFrame>>,
     ) -> Result<Response<Self::PublishStream>, Status> {
         let shared = Arc::clone(&self.shared);
+        let peer = peer_addr(&request);
         let refuse = |error: RelayError| {
             shared
                 .metrics
                 .attach_refused
                 .with_label_values(&[error.code_label()])
                 .inc();
-            tracing::warn!(%error, "relay attachment refused");
+            // Anyone who reaches the listener can trigger this line: at most one per interval,
+            // with the count of those suppressed (the metric counts every one).
+            if let Some(suppressed) = REFUSAL_LOG.admit() {
+                tracing::warn!(%error, %peer, suppressed, "relay attachment refused");
+            }
             error.status()
         };
         let credentials = ckf_svc_kit::access::credentials(&request);
@@ -118,6 +124,9 @@ impl Relay for RelayService {
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 }
+
+/// The rate limit of "relay attachment refused" lines.
+static REFUSAL_LOG: LogThrottle = LogThrottle::new(REFUSAL_LOG_INTERVAL);
 
 /// Reads the first frame, which must be `Attach`, within the heartbeat deadline.
 async fn first_attach(

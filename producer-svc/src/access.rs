@@ -283,7 +283,10 @@ impl IngestAccess {
                 self.refused
                     .with_label_values(&[rpc, error.code_label()])
                     .inc();
-                tracing::warn!(rpc, %error, "ingest request refused");
+                if let Some(suppressed) = REFUSAL_LOG.admit() {
+                    let peer = ckf_svc_kit::throttle::peer_addr(request);
+                    tracing::warn!(rpc, %error, %peer, suppressed, "ingest request refused");
+                }
                 Err(Status::from(RequestError::Access(error)))
             }
         }
@@ -325,11 +328,18 @@ impl Caller {
                 self.refused
                     .with_label_values(&[self.rpc, error.code_label()])
                     .inc();
-                tracing::warn!(rpc = self.rpc, %error, "ingest batch refused");
+                if let Some(suppressed) = REFUSAL_LOG.admit() {
+                    tracing::warn!(rpc = self.rpc, principal = %principal.name, %error, suppressed, "ingest batch refused");
+                }
                 RequestError::Access(error)
             })
     }
 }
+
+/// The rate limit of the refusal lines: anyone who reaches Ingest can trigger them (the
+/// metric counts every refusal).
+static REFUSAL_LOG: ckf_svc_kit::throttle::LogThrottle =
+    ckf_svc_kit::throttle::LogThrottle::new(ckf_svc_kit::throttle::REFUSAL_LOG_INTERVAL);
 
 #[cfg(test)]
 mod tests {
@@ -349,7 +359,7 @@ mod tests {
     fn sections_are_checked_naming_the_key() {
         let dir = tempfile::tempdir().unwrap();
         let token = dir.path().join("r.token");
-        std::fs::write(&token, "tok\n").unwrap();
+        std::fs::write(&token, "tok.0123456789abc\n").unwrap();
         let cfg = |s: SourceAuth| IngestAuthConfig {
             required: true,
             sources: vec![s],
@@ -402,7 +412,7 @@ mod tests {
         use clap::Parser;
         let dir = tempfile::tempdir().unwrap();
         let token = dir.path().join("r.token");
-        std::fs::write(&token, "tok\n").unwrap();
+        std::fs::write(&token, "tok.0123456789abc\n").unwrap();
         let file = dir.path().join("p.toml");
         std::fs::write(
             &file,
@@ -456,7 +466,7 @@ mod tests {
     fn callers_are_identified_and_held_to_their_grant() {
         let dir = tempfile::tempdir().unwrap();
         let token = dir.path().join("r.token");
-        std::fs::write(&token, "tok\n").unwrap();
+        std::fs::write(&token, "tok.0123456789abc\n").unwrap();
         let config = IngestAuthConfig {
             required: true,
             sources: vec![source(&["router-1"], vec![WorkerEntry::Id(7)], token)],
@@ -468,7 +478,7 @@ mod tests {
         let mut request = Request::new(());
         request
             .metadata_mut()
-            .insert("authorization", "Bearer tok".parse().unwrap());
+            .insert("authorization", "Bearer tok.0123456789abc".parse().unwrap());
         let caller = access.caller("publish_batch", &request).unwrap();
         assert_eq!(caller.name(), "router-1");
         let batch = |source: &str, worker: u64| v1::KvEventBatch {

@@ -283,6 +283,26 @@ async fn malformed_events_are_rejected_precisely() {
     assert_eq!(stats.unique_blocks, 1);
     assert_eq!(producer.metrics.events_rejected.get(), 2);
 
+    // A hash repeated within one store event is one block: the repeats are applied no-ops,
+    // reported as redundant, and the block's refcount stays 1 (one remove frees it).
+    let r = client
+        .publish_batch(batch("s", 2, vec![stored(1, 0, &[c, c, c])]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (r.events[0].applied_blocks, r.events[0].redundant_blocks),
+        (3, 2)
+    );
+    assert_eq!(producer.stats().await.unwrap().unique_blocks, 2);
+    let r = client
+        .publish_batch(batch("s", 3, vec![removed(1, 0, &[c])]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.events[0].redundant_blocks, 0);
+    assert_eq!(producer.stats().await.unwrap().unique_blocks, 1);
+
     // A batch without a source is refused whole with a precise status.
     let status = client
         .publish_batch(batch("", 2, vec![stored(2, 0, &[c])]))

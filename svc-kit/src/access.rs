@@ -34,8 +34,47 @@ pub fn read_token_file(key: &str, path: &Path) -> Result<Secret, Invalid> {
             format!("cannot read the token file: {e}"),
         )
     })?;
-    Secret::from_file_text(&text)
-        .map_err(|e| Invalid::new(key, path.display(), format!("not a usable token file: {e}")))
+    let secret = Secret::from_file_text(&text)
+        .map_err(|e| Invalid::new(key, path.display(), format!("not a usable token file: {e}")))?;
+    if secret.expose().len() < MIN_TOKEN_BYTES {
+        return Err(Invalid::new(
+            key,
+            path.display(),
+            format!(
+                "the token is {} byte(s), too short to resist guessing: use at least {MIN_TOKEN_BYTES} \
+                 (`ckf certs` writes 64 hex characters; or `openssl rand -hex 32`)",
+                secret.expose().len()
+            ),
+        ));
+    }
+    warn_if_others_can_read(key, path);
+    Ok(secret)
+}
+
+/// The shortest token a token file may hold, in bytes: 16 printable characters (a random hex
+/// token of 64 bits); `ckf certs` writes 64 hex characters (256 bits).
+pub const MIN_TOKEN_BYTES: usize = 16;
+
+/// Logs a WARN when every user may read the token file, or anyone but its owner may write it
+/// (mode `& 0o026`). Group read is not warned about: Kubernetes Secret volumes are mode 0440
+/// with an `fsGroup`, the usual way to give a non-root container its keys. Not refused: the
+/// mode a bind mount or volume shows is not always the operator's to choose.
+fn warn_if_others_can_read(key: &str, path: &Path) {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        if let Ok(meta) = std::fs::metadata(path) {
+            let mode = meta.permissions().mode() & 0o777;
+            if mode & 0o026 != 0 {
+                tracing::warn!(
+                    key,
+                    path = %path.display(),
+                    mode = format!("{mode:04o}"),
+                    "token file readable by every user or writable by others: chmod 600 it (or mount it with mode 0400 / 0440)"
+                );
+            }
+        }
+    }
 }
 
 /// Reads the optional token file of `key`.
@@ -93,6 +132,33 @@ pub fn with_bearer<T>(mut request: tonic::Request<T>, token: Option<&Secret>) ->
             .insert(AUTHORIZATION, bearer_value(token));
     }
     request
+}
+
+/// A tonic interceptor that adds `authorization: Bearer <token>` to every request of a client
+/// (none when no token is given), for clients whose calls are spread over many functions.
+#[derive(Clone, Default)]
+pub struct Bearer(Option<Secret>);
+
+impl std::fmt::Debug for Bearer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the token itself.
+        f.debug_tuple("Bearer").field(&self.0.is_some()).finish()
+    }
+}
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        Ok(with_bearer(request, self.0.as_ref()))
+    }
+}
+
+/// A channel whose every request carries a bearer token (or none): what [`authed`] returns.
+pub type AuthedChannel =
+    tonic::service::interceptor::InterceptedService<tonic::transport::Channel, Bearer>;
+
+/// `channel` with `token` sent on every request (`None`: requests go out as they are).
+pub fn authed(channel: tonic::transport::Channel, token: Option<Secret>) -> AuthedChannel {
+    tonic::service::interceptor::InterceptedService::new(channel, Bearer(token))
 }
 
 /// A value shared by handlers that a reload can replace (readers take a cheap `Arc` clone).
@@ -174,7 +240,13 @@ mod tests {
         let err = read_token_file("k", &path).unwrap_err();
         assert!(err.rule.contains("empty"), "{err}");
         std::fs::write(&path, "s3cret\n").unwrap();
-        assert_eq!(read_token_file("k", &path).unwrap().expose(), b"s3cret");
+        let err = read_token_file("k", &path).unwrap_err();
+        assert!(err.rule.contains("6 byte(s), too short"), "{err}");
+        std::fs::write(&path, "s3cret.0123456789\n").unwrap();
+        assert_eq!(
+            read_token_file("k", &path).unwrap().expose(),
+            b"s3cret.0123456789"
+        );
         assert!(read_optional_token_file("k", None).unwrap().is_none());
     }
 

@@ -14,6 +14,7 @@
 //! | [`scrape`] | reading a `/metrics` endpoint: HTTP GET (`ureq`) and text parse (`prometheus-parse`) |
 //! | [`shutdown`] | SIGTERM/SIGINT -> one cancellable [`shutdown::Shutdown`] token |
 //! | [`grpc`] | listener binding, `grpc.health.v1` and server reflection helpers |
+//! | [`throttle`] | rate-limited log lines for what untrusted peers trigger (refusals), a request's peer address |
 //! | [`tls`] | TLS (rustls, ring): the `[tls]` / client sections and their rules, certificate loading and reload (SIGHUP, file change), the TLS acceptor, client endpoints, the verified peer's names |
 //! | [`transport`] | the `[transport]` section: connection limit and HTTP/2 handshake deadline on accepted connections, per-service concurrency limit / load shedding (tower) and unary request timeout, HTTP/2 settings |
 //! | [`serve`] | what both services do to start and stop: bind both listeners, health + reflection in front, a binary's `main` |
@@ -27,6 +28,7 @@ pub mod scrape;
 pub mod serve;
 pub mod shutdown;
 pub mod table;
+pub mod throttle;
 pub mod tls;
 pub mod transport;
 

@@ -132,7 +132,8 @@ pub struct MetricsServer {
     pub task: JoinHandle<io::Result<()>>,
 }
 
-/// Binds `addr` and serves `registry` at `GET /metrics` until `shutdown` resolves.
+/// Binds `addr` and serves `registry` at `GET /metrics` until `shutdown` resolves. A
+/// non-loopback `addr` is logged at WARN: the endpoint is plaintext and unauthenticated.
 ///
 /// # Errors
 /// The bind error (address in use, permission denied, ...).
@@ -151,7 +152,16 @@ pub async fn serve_metrics(
             .with_graceful_shutdown(shutdown)
             .await
     });
-    tracing::info!(%addr, "metrics endpoint listening");
+    if addr.ip().is_loopback() {
+        tracing::info!(%addr, "metrics endpoint listening");
+    } else {
+        // The endpoint has no TLS and no authentication (Prometheus' usual setup): what it
+        // shows (pools, lanes, peers' refusal counts) is for the scraper's network only.
+        tracing::warn!(
+            %addr,
+            "metrics endpoint listening on a non-loopback address over plaintext HTTP without authentication: keep it on a network only the scraper reaches (network policy, firewall)"
+        );
+    }
     Ok(MetricsServer { addr, task })
 }
 

@@ -314,6 +314,26 @@ pub enum TlsError {
         /// The key path.
         key_path: PathBuf,
     },
+    /// The certificate is outside its validity period now (expired, or not yet valid): a peer
+    /// would refuse every handshake with it, so it is refused like any other bad file (at
+    /// start, exit 2; on reload, the old certificate is kept and the reload counted `error`).
+    /// For a CA file: every certificate in it is outside its validity period.
+    #[error(
+        "{key} = {}: the certificate is not valid now ({now}): valid from {not_before} until {not_after}",
+        path.display()
+    )]
+    OutsideValidity {
+        /// The configuration key.
+        key: String,
+        /// The path.
+        path: PathBuf,
+        /// The certificate's `notBefore` (UTC).
+        not_before: String,
+        /// The certificate's `notAfter` (UTC).
+        not_after: String,
+        /// The time of the check (UTC).
+        now: String,
+    },
     /// rustls refused the material (unsupported key type, a CA certificate it cannot use...).
     #[error("{key} = {}: {detail}", path.display())]
     Rejected {
@@ -361,6 +381,50 @@ pub fn read_certificates(key: &str, path: &Path) -> Result<Vec<CertificateDer<'s
     Ok(certs)
 }
 
+/// [`TlsError::OutsideValidity`] unless `cert` is within its validity period now. A
+/// certificate that does not parse as X.509 is left to rustls, which refuses it with its own
+/// reason.
+fn check_validity(key: &str, path: &Path, cert: &CertificateDer<'_>) -> Result<(), TlsError> {
+    let Ok((_, parsed)) = x509_parser::parse_x509_certificate(cert.as_ref()) else {
+        return Ok(());
+    };
+    let validity = parsed.validity();
+    if validity.is_valid() {
+        return Ok(());
+    }
+    Err(TlsError::OutsideValidity {
+        key: key.to_owned(),
+        path: path.to_owned(),
+        not_before: validity.not_before.to_string(),
+        not_after: validity.not_after.to_string(),
+        now: x509_parser::time::ASN1Time::now().to_string(),
+    })
+}
+
+/// The certificates of the CA (trust root) file `path`, refused with
+/// [`TlsError::OutsideValidity`] (naming the first) when none of them is valid now: such a file
+/// would fail every handshake. Expired certificates beside a valid one are kept (bundles
+/// carry old roots during a rotation).
+///
+/// # Errors
+/// As [`read_certificates`], and [`TlsError::OutsideValidity`].
+pub fn read_ca_certificates(
+    key: &str,
+    path: &Path,
+) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let certs = read_certificates(key, path)?;
+    let mut first_error = None;
+    for cert in &certs {
+        match check_validity(key, path, cert) {
+            Ok(()) => return Ok(certs),
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    Err(first_error.expect("read_certificates returns at least one"))
+}
+
 /// The first private key of the PEM file `path` (PKCS#8, PKCS#1 or SEC1).
 ///
 /// # Errors
@@ -381,7 +445,8 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-/// A certificate chain and its key checked against each other: [`TlsError::KeyMismatch`]
+/// A certificate chain and its key checked against each other: [`TlsError::OutsideValidity`]
+/// when the leaf is expired or not yet valid, [`TlsError::KeyMismatch`]
 /// when the key is not the leaf's.
 fn certified_key(
     cert_key: &str,
@@ -390,6 +455,8 @@ fn certified_key(
     key_path: &Path,
 ) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), TlsError> {
     let certs = read_certificates(cert_key, cert_path)?;
+    // The leaf only: it is what this side presents; the chain above it is the peer's to judge.
+    check_validity(cert_key, cert_path, &certs[0])?;
     let key = read_private_key(key_key, key_path)?;
     let rejected = |detail: String| TlsError::Rejected {
         key: key_key.to_owned(),
@@ -456,7 +523,7 @@ impl ServerFiles {
                     detail,
                 };
                 let mut roots = rustls::RootCertStore::empty();
-                for cert in read_certificates(&ca_key, ca_path)? {
+                for cert in read_ca_certificates(&ca_key, ca_path)? {
                     roots
                         .add(cert)
                         .map_err(|e| rejected(format!("not a usable CA certificate: {e}")))?;
@@ -948,7 +1015,7 @@ impl ClientTlsConfig {
         let [ca_key, cert_key, key_key] = &keys;
         // Parse everything now so a bad file is reported at start, with its key; tonic takes
         // the PEM bytes themselves.
-        read_certificates(ca_key, ca_file)?;
+        read_ca_certificates(ca_key, ca_file)?;
         let ca_pem = read(ca_key, ca_file)?;
         let identity = match (&self.cert_file, &self.key_file) {
             (Some(cert), Some(key_path)) => {

@@ -233,7 +233,7 @@ async fn hijack_and_poisoned_snapshot_are_refused_without_the_pools_credential()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn query_needs_the_configured_token_rotated_by_sighup() {
     let dir = TestDir::new("authz-query");
-    let query_token = token_file(&dir, "query", "q-old");
+    let query_token = token_file(&dir, "query", "q-old.0123456789");
     let spec = IndexerSpec {
         extra_toml: format!("[auth]\nquery_token_file = {query_token:?}\n"),
         ..IndexerSpec::default()
@@ -268,7 +268,7 @@ async fn query_needs_the_configured_token_rotated_by_sighup() {
         assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
     }
     client
-        .find_matches(find(Some("q-old")))
+        .find_matches(find(Some("q-old.0123456789")))
         .await
         .expect("token accepted");
 
@@ -316,20 +316,20 @@ async fn query_needs_the_configured_token_rotated_by_sighup() {
     );
 
     // Rotation: a new token in the file, SIGHUP; the old one is refused from then on.
-    std::fs::write(&query_token, "q-new\n").expect("rotate");
+    std::fs::write(&query_token, "q-new.0123456789\n").expect("rotate");
     indexer.signal(libc::SIGHUP);
     eventually("the new query token accepted", DEADLINE, || {
         let mut client = client.clone();
         async move {
             client
-                .find_matches(find(Some("q-new")))
+                .find_matches(find(Some("q-new.0123456789")))
                 .await
                 .map_err(|s| format!("{s:?}"))
         }
     })
     .await;
     let status = client
-        .find_matches(find(Some("q-old")))
+        .find_matches(find(Some("q-old.0123456789")))
         .await
         .expect_err("old token");
     assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
@@ -345,11 +345,11 @@ async fn query_needs_the_configured_token_rotated_by_sighup() {
     })
     .await;
     client
-        .find_matches(find(Some("q-new")))
+        .find_matches(find(Some("q-new.0123456789")))
         .await
         .expect("still the new token");
 
-    indexer.query_token = Some("q-new".into());
+    indexer.query_token = Some("q-new.0123456789".into());
     indexer
         .list_lanes()
         .await

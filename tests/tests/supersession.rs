@@ -5,6 +5,8 @@
 //!   (SIGKILL) or drains (SIGTERM);
 //! * two live producers for one pool do not take the lane from each other: the lease epoch
 //!   moves once, and the contention is counted (metric, `ListLanes`);
+//! * a holder that stalled (SIGSTOP) past the heartbeat deadline, while the standby recovered
+//!   the lane, comes back as the standby (`IF_VACANT`), not as a second takeover;
 //! * a drained lane leaves the ready set after `lag.drain_grace_ms`, unless a new lease arrives
 //!   within it;
 //! * a heartbeat claiming another sequence than the installed one retires the lane as a gap,
@@ -206,6 +208,49 @@ async fn a_superseded_producer_recovers_its_lane_after_the_newer_holder_drains()
     assert_eq!(lane.incarnation, old_lane.incarnation, "{lane:?}");
     assert!(lane.lease_epoch > new_lane.lease_epoch, "{lane:?}");
     assert!(!lane.drained, "{lane:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_that_stalled_past_the_heartbeat_deadline_does_not_take_the_lane_back() {
+    let dir = TestDir::new("supersession-stall");
+    let spec = IndexerSpec {
+        heartbeat_deadline_ms: 1_500,
+        ..IndexerSpec::default()
+    };
+    let indexer = Indexer::start(&dir, &spec);
+    let mut pool = HashPool::new(&format(), 27);
+    let (old, new, old_lane, new_lane) = superseded_setup(&dir, &indexer, &mut pool).await;
+    // The holder stalls (SIGSTOP) past the heartbeat deadline: the indexer retires its
+    // attachment and the standby producer recovers the lane.
+    new.signal(libc::SIGSTOP);
+    let recovered = wait_converged(&indexer, &old).await;
+    assert_eq!(recovered.incarnation, old_lane.incarnation, "{recovered:?}");
+    assert!(
+        recovered.lease_epoch > new_lane.lease_epoch,
+        "{recovered:?}"
+    );
+    new.signal(libc::SIGCONT);
+    // Back, it learns it was retired for silence and re-attaches IF_VACANT: refused while the
+    // recovered holder is live, so it stands by instead of swapping the lane a second time.
+    wait_state(&new, &indexer, &["standby"]).await;
+    assert_eq!(
+        new.log_records("silent past the indexer's heartbeat deadline")
+            .len(),
+        1,
+        "{}",
+        new.log()
+    );
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let lane = indexer.lane("dc-a").await.expect("ListLanes");
+        assert_eq!(
+            (lane.lease_epoch, lane.incarnation),
+            (recovered.lease_epoch, recovered.incarnation),
+            "the stalled producer took the lane back: {lane:?}"
+        );
+        assert!(is_active(&lane), "{lane:?}");
+    }
+    wait_state(&old, &indexer, &["streaming"]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -319,6 +319,33 @@ async fn mutual_tls_end_to_end_and_refused_clients() {
     assert!(refused, "a plaintext client was served by the TLS indexer");
     let out = ckf(&["lanes", "--indexer", &format!("http://{}", indexer.grpc)]);
     assert!(!out.status.success(), "ckf lanes in plaintext succeeded");
+    // The CLI says why, in an operator's terms.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(
+            "hint: the connection was cut during the handshake: if the server serves TLS"
+        ),
+        "{stderr}"
+    );
+    let out = ckf(&[
+        "health",
+        "--endpoint",
+        &format!("https://{}", indexer.grpc),
+        "--ca",
+        certs.join("ca.crt").to_str().unwrap(),
+        "--server-name",
+        "localhost",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "health without a client certificate"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("hint: the server requires a client certificate (mutual TLS)"),
+        "{stderr}"
+    );
 
     // No client certificate, or one from another CA (even with the right names): refused.
     let anonymous = client_tls(&certs, None);

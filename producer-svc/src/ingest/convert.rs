@@ -111,6 +111,7 @@ fn applied_result(o: &EventOutcome) -> v1::EventResult {
             .saturating_add(o.redundant),
         omitted_blocks: o.omitted,
         unknown_blocks: o.unknown,
+        redundant_blocks: o.redundant,
         error: o.first_error.map(|e| e.to_string()).unwrap_or_default(),
         code: 0,
     }

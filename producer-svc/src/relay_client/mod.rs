@@ -28,7 +28,10 @@
 //! Once the lane is vacant (the other producer drained, was killed and missed the heartbeat
 //! deadline, or was retired) the attach is granted and the task publishes a barrier snapshot
 //! as usual. A fresh producer start always uses `TAKEOVER`: the newest producer wins, and the
-//! older one stands by. The producer stays `SERVING` on health and keeps answering Ingest while
+//! older one stands by. The same holds after this producer stalled (SIGSTOP, a frozen VM)
+//! past the indexer's heartbeat deadline, told by `Retired(HEARTBEAT_TIMEOUT)` or measured as
+//! the longest gap between its own sends: it re-attaches `IF_VACANT`, so a standby that
+//! recovered the lane meanwhile keeps it (one lane swap per stall, not two). The producer stays `SERVING` on health and keeps answering Ingest while
 //! it stands by: it holds its exact state and is ready to publish it the moment the lane is
 //! vacant.
 //!
@@ -219,6 +222,18 @@ impl IndexerAttachment {
             if f.lease.is_some() {
                 // A lease was granted: whatever held the lane before is gone.
                 standby = None;
+            }
+            if f.outlived_deadline && mode == AttachMode::Takeover {
+                // The indexer retired this attachment for silence (this process stalled past the
+                // heartbeat deadline): a standby producer may have recovered the lane since.
+                // Taking it back would swap the lane twice per stall; a vacant lane is granted
+                // to IF_VACANT at once, so nothing is lost when no one took it.
+                tracing::warn!(
+                    indexer = %self.endpoint,
+                    detail = %f.detail,
+                    "silent past the indexer's heartbeat deadline; re-attaching IF_VACANT so a producer that took the lane meanwhile keeps it"
+                );
+                mode = AttachMode::IfVacant;
             }
             self.metrics
                 .detachments

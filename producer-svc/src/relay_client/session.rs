@@ -78,6 +78,11 @@ pub struct Failure {
     pub fence: FenceReason,
     /// Whether the snapshot was installed before the failure (resets the backoff).
     pub was_streaming: bool,
+    /// Whether the indexer must have retired this attachment for silence: it said so
+    /// (`Retired(HEARTBEAT_TIMEOUT)`), or this side sent nothing for at least the indexer's
+    /// heartbeat deadline (the process was stalled: SIGSTOP, a long GC-like pause, a frozen VM).
+    /// Another producer may hold the lane since, so the next attach must not take it over.
+    pub outlived_deadline: bool,
 }
 
 fn fail(label: &'static str, detail: impl Into<String>) -> Failure {
@@ -87,6 +92,7 @@ fn fail(label: &'static str, detail: impl Into<String>) -> Failure {
         lease: None,
         fence: FenceReason::UncertainDelivery,
         was_streaming: false,
+        outlived_deadline: false,
     }
 }
 
@@ -108,6 +114,8 @@ struct Grant {
     limits: FrameLimits,
     chunk_bytes: usize,
     heartbeat: Duration,
+    /// The indexer's heartbeat deadline (`None`: it has none).
+    deadline: Option<Duration>,
 }
 
 /// An open stream: the request sender and the reply stream.
@@ -191,6 +199,14 @@ impl IndexerAttachment {
                     LANE_OCCUPIED,
                     status.message(),
                 ))),
+                Ok(Err(status)) if is_transport_failure(&status) => return Err(SessionEnd::Failed(fail(
+                    "transport_error",
+                    format!(
+                        "the connection failed before any gRPC reply: {}{}",
+                        error_chain(&status),
+                        plaintext_hint(&self.endpoint),
+                    ),
+                ))),
                 Ok(Err(status)) => return Err(SessionEnd::Failed(fail(
                     "attach_refused",
                     format!("indexer refused the attachment: {:?}: {}", status.code(), status.message()),
@@ -252,6 +268,10 @@ impl IndexerAttachment {
             },
             chunk_bytes: budget,
             heartbeat,
+            deadline: match g.heartbeat_deadline_ms {
+                0 => None,
+                ms => Some(Duration::from_millis(ms)),
+            },
         })
     }
 
@@ -294,6 +314,9 @@ impl IndexerAttachment {
         let mut in_flight: VecDeque<(u64, std::time::Instant)> = VecDeque::new();
         let mut draining: Option<(u64, Instant)> = None;
         let mut idle_since = Instant::now();
+        // The longest time this side sent nothing, measured when it next sent: a stall longer
+        // than the indexer's heartbeat deadline means the indexer retired the attachment.
+        let mut longest_silence = Duration::ZERO;
         let end = loop {
             let heartbeat_at = idle_since + grant.heartbeat;
             let drain_deadline = draining.map(|(_, at)| at);
@@ -348,6 +371,7 @@ impl IndexerAttachment {
                             "the producer fenced this attachment (its frame queue overflowed or a delta was refused)",
                         )),
                     };
+                    longest_silence = longest_silence.max(idle_since.elapsed());
                     if let Err(f) = result {
                         break SessionEnd::Failed(f);
                     }
@@ -401,6 +425,7 @@ impl IndexerAttachment {
                     }
                 }
                 () = sleep_until(heartbeat_at), if draining.is_none() => {
+                    longest_silence = longest_silence.max(idle_since.elapsed());
                     let beat = Frame::Heartbeat(v1::Heartbeat { lease: Some(lease.into()), sequence: last_sequence });
                     if let Err(f) = self.send(&stream, beat).await {
                         break SessionEnd::Failed(f);
@@ -418,6 +443,8 @@ impl IndexerAttachment {
             SessionEnd::Failed(mut f) => {
                 f.lease = Some(lease);
                 f.was_streaming |= streaming;
+                let silence = longest_silence.max(idle_since.elapsed());
+                f.outlived_deadline |= grant.deadline.is_some_and(|d| silence >= d);
                 SessionEnd::Failed(f)
             }
             other => other,
@@ -443,6 +470,23 @@ impl IndexerAttachment {
                 "a frame could not be sent within the timeout",
             )),
         }
+    }
+}
+
+/// Whether `status` did not come from the indexer but from the transport under the call
+/// (connection reset, HTTP/2 or TLS failure): tonic keeps the transport error as its source.
+fn is_transport_failure(status: &tonic::Status) -> bool {
+    std::error::Error::source(status).is_some()
+}
+
+/// What to add to a transport failure of a plaintext `endpoint`: the usual cause is an indexer
+/// that serves TLS, which a plaintext HTTP/2 client sees only as a reset connection.
+fn plaintext_hint(endpoint: &str) -> &'static str {
+    if ckf_svc_kit::tls::is_https(endpoint) {
+        ""
+    } else {
+        " (this endpoint is plaintext http://: an indexer serving TLS looks like this; use an \
+         https:// URL and [indexer_tls] ca_file)"
     }
 }
 
@@ -482,5 +526,35 @@ fn retired(r: &v1::Retired, lease: Option<LaneLease>, was_streaming: bool) -> Fa
         lease,
         fence: FenceReason::from(reason),
         was_streaming,
+        outlived_deadline: reason == v1::RetireReason::HeartbeatTimeout,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transport_failures_are_told_apart_from_indexer_refusals() {
+        // A status the indexer sent (grpc-status in the reply) has no source.
+        assert!(!is_transport_failure(&tonic::Status::failed_precondition(
+            "format mismatch"
+        )));
+        let reset = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset by peer");
+        let transport = tonic::Status::from_error(Box::new(reset));
+        assert!(is_transport_failure(&transport));
+        assert!(plaintext_hint("http://indexer:50051").contains("use an https:// URL"));
+        assert_eq!(plaintext_hint("https://indexer:50051"), "");
+    }
+
+    #[test]
+    fn a_heartbeat_timeout_retirement_outlived_the_deadline() {
+        let r = |reason: v1::RetireReason| v1::Retired {
+            reason: reason as i32,
+            detail: String::new(),
+        };
+        assert!(retired(&r(v1::RetireReason::HeartbeatTimeout), None, true).outlived_deadline);
+        assert!(!retired(&r(v1::RetireReason::Gap), None, true).outlived_deadline);
+        assert!(!retired(&r(v1::RetireReason::Superseded), None, true).outlived_deadline);
     }
 }

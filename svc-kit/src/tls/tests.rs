@@ -29,11 +29,20 @@ impl Ca {
 
     /// (certificate PEM, key PEM) of a leaf with DNS SANs `sans` and common name `cn`.
     fn leaf(&self, sans: &[&str], cn: &str) -> (String, String) {
+        self.leaf_valid(sans, cn, None)
+    }
+
+    /// As [`Ca::leaf`], valid from `years.0` to `years.1` (January 1st) when given.
+    fn leaf_valid(&self, sans: &[&str], cn: &str, years: Option<(i32, i32)>) -> (String, String) {
         let key = KeyPair::generate().unwrap();
         let mut params =
             CertificateParams::new(sans.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>())
                 .unwrap();
         params.distinguished_name.push(DnType::CommonName, cn);
+        if let Some((from, until)) = years {
+            params.not_before = rcgen::date_time_ymd(from, 1, 1);
+            params.not_after = rcgen::date_time_ymd(until, 1, 1);
+        }
         let cert = params.signed_by(&key, &self.issuer).unwrap();
         (cert.pem(), key.serialize_pem())
     }
@@ -176,6 +185,92 @@ fn a_key_of_another_certificate_is_a_mismatch() {
         )),
         "{text}"
     );
+}
+
+#[test]
+fn certificates_outside_their_validity_are_refused_at_start_and_on_reload() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("ca");
+    let (expired_pem, expired_key_pem) = ca.leaf_valid(&["localhost"], "old", Some((2000, 2001)));
+    let expired = write(dir.path(), "expired.crt", &expired_pem);
+    let expired_key = write(dir.path(), "expired.key", &expired_key_pem);
+    let text = load_error(&server_config(&expired, &expired_key, None));
+    assert!(
+        text.starts_with(&format!(
+            "tls.cert_file = {}: the certificate is not valid now (",
+            expired.display()
+        )) && text.contains("valid from Jan  1 00:00:00 2000 +00:00 until Jan  1 00:00:00 2001"),
+        "{text}"
+    );
+    let (future_pem, future_key_pem) = ca.leaf_valid(&["localhost"], "new", Some((2990, 2999)));
+    let future = write(dir.path(), "future.crt", &future_pem);
+    let future_key = write(dir.path(), "future.key", &future_key_pem);
+    let err = ServerTls::load(&server_config(&future, &future_key, None), "tls").unwrap_err();
+    assert!(matches!(err, TlsError::OutsideValidity { .. }), "{err}");
+
+    // The client side: its own certificate, and a CA file whose only root has expired.
+    let ca_file = write(dir.path(), "ca.crt", &ca.pem);
+    let client = |ca_file: &Path, cert: Option<(&Path, &Path)>| ClientTlsConfig {
+        ca_file: Some(ca_file.to_owned()),
+        cert_file: cert.map(|c| c.0.to_owned()),
+        key_file: cert.map(|c| c.1.to_owned()),
+        server_name: None,
+    };
+    let text = client(&ca_file, Some((&expired, &expired_key)))
+        .load("indexer_tls")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        text.starts_with(&format!(
+            "indexer_tls.cert_file = {}: the certificate is not valid now",
+            expired.display()
+        )),
+        "{text}"
+    );
+    let old_root = {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.not_before = rcgen::date_time_ymd(2000, 1, 1);
+        params.not_after = rcgen::date_time_ymd(2001, 1, 1);
+        params.self_signed(&key).unwrap().pem()
+    };
+    let old_ca_file = write(dir.path(), "old-ca.crt", &old_root);
+    let text = client(&old_ca_file, None)
+        .load("indexer_tls")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        text.starts_with(&format!(
+            "indexer_tls.ca_file = {}: the certificate is not valid now",
+            old_ca_file.display()
+        )),
+        "{text}"
+    );
+    // A bundle with the expired root beside a valid one is accepted (a rotation in progress).
+    let bundle = write(dir.path(), "bundle.crt", &format!("{old_root}{}", ca.pem));
+    client(&bundle, None).load("indexer_tls").unwrap().unwrap();
+    let (leaf_pem, leaf_key_pem) = ca.leaf(&["localhost"], "server");
+    let leaf = write(dir.path(), "leaf.crt", &leaf_pem);
+    let leaf_key = write(dir.path(), "leaf.key", &leaf_key_pem);
+    let err =
+        ServerTls::load(&server_config(&leaf, &leaf_key, Some(&old_ca_file)), "tls").unwrap_err();
+    assert!(
+        err.to_string().starts_with("tls.client_ca_file = ")
+            && matches!(err, TlsError::OutsideValidity { .. }),
+        "{err}"
+    );
+
+    // On reload an expired replacement is refused and the served certificate stays.
+    let tls = ServerTls::load(&server_config(&leaf, &leaf_key, None), "tls")
+        .unwrap()
+        .unwrap();
+    let served = tls.current();
+    std::fs::copy(&expired, &leaf).unwrap();
+    std::fs::copy(&expired_key, &leaf_key).unwrap();
+    let err = tls.reload().unwrap_err();
+    assert!(matches!(err, TlsError::OutsideValidity { .. }), "{err}");
+    assert!(Arc::ptr_eq(&served, &tls.current()));
 }
 
 #[test]
