@@ -370,8 +370,8 @@ fn stored(worker: u64, hashes: &[u64]) -> v1::KvEvent {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ingest_sources_and_workers_outside_their_grant_are_refused() {
     let dir = TestDir::new("authz-ingest");
-    let router = token_file(&dir, "router-1", "r1-secret");
-    let ops = token_file(&dir, "ops", "ops-secret");
+    let router = token_file(&dir, "router-1", "r1-secret.0123456789");
+    let ops = token_file(&dir, "ops", "ops-secret.0123456789");
     let indexer = Indexer::start(&dir, &IndexerSpec::default());
     let spec = ProducerSpec {
         extra_toml: format!(
@@ -399,7 +399,7 @@ async fn ingest_sources_and_workers_outside_their_grant_are_refused() {
                     dp_rank: 0,
                 }),
             },
-            Some("ops-secret"),
+            Some("ops-secret.0123456789"),
         )
     };
 
@@ -415,7 +415,7 @@ async fn ingest_sources_and_workers_outside_their_grant_are_refused() {
         .expect_err("refused");
     assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
     client
-        .get_stats(bearer(v1::GetStatsRequest {}, Some("ops-secret")))
+        .get_stats(bearer(v1::GetStatsRequest {}, Some("ops-secret.0123456789")))
         .await
         .expect("any identified principal may read the stats");
 
@@ -423,7 +423,7 @@ async fn ingest_sources_and_workers_outside_their_grant_are_refused() {
     let result = client
         .publish_batch(bearer(
             batch("router-1", 1, vec![stored(1, &h1)]),
-            Some("r1-secret"),
+            Some("r1-secret.0123456789"),
         ))
         .await
         .expect("allowed")
@@ -439,7 +439,7 @@ async fn ingest_sources_and_workers_outside_their_grant_are_refused() {
     let refused = [
         (
             batch("router-9", 1, vec![stored(1, &h3)]),
-            "r1-secret",
+            "r1-secret.0123456789",
             vec!["\"router-1\"", "source \"router-9\""],
         ),
         (
@@ -451,12 +451,12 @@ async fn ingest_sources_and_workers_outside_their_grant_are_refused() {
                     event(9, Kind::WorkerRemoved(v1::WorkerRemoved {})),
                 ],
             ),
-            "r1-secret",
+            "r1-secret.0123456789",
             vec!["may not touch worker 9", "event 1"],
         ),
         (
             batch("router-1", 2, vec![stored(1, &h3)]),
-            "ops-secret",
+            "ops-secret.0123456789",
             vec!["\"ops\""],
         ),
     ];
@@ -502,7 +502,7 @@ async fn ingest_sources_and_workers_outside_their_grant_are_refused() {
         .await
         .expect("room");
     let mut replies = client
-        .publish(bearer(ReceiverStream::new(rx), Some("r1-secret")))
+        .publish(bearer(ReceiverStream::new(rx), Some("r1-secret.0123456789")))
         .await
         .expect("stream")
         .into_inner();
