@@ -442,15 +442,27 @@ fn contention_name(kind: i32) -> &'static str {
 }
 
 /// A hint for the usual causes of a connection error whose text is `chain` (an error with its
-/// sources, lower-cased or not): the TLS failures a first deployment meets, which the error
-/// alone names only in rustls' or h2's terms.
-pub fn hint(chain: &str) -> Option<&'static str> {
+/// sources) on a connection to `url`, made with or without a client certificate: the TLS
+/// failures a first deployment meets, which the error names only in rustls' or h2's terms (or,
+/// for a refused client certificate under TLS 1.3, only as a broken pipe: the server's alert
+/// comes after the client considers the handshake done).
+pub fn hint(chain: &str, url: &str, client_certificate: bool) -> Option<&'static str> {
     let text = chain.to_ascii_lowercase();
     let has = |needles: &[&str]| needles.iter().any(|n| text.contains(n));
-    if has(&["certificaterequired", "certificate required"]) {
+    let cut = has(&[
+        "connection reset",
+        "frame with invalid size",
+        "broken pipe",
+        "unexpected eof",
+        "connection closed",
+    ]);
+    let https = ckf_svc_kit::tls::is_https(url);
+    if has(&["certificaterequired", "certificate required"])
+        || (https && cut && !client_certificate)
+    {
         Some(
-            "the server requires a client certificate (mutual TLS): pass --cert and --key \
-             (e.g. a pool's producer-<dc>.crt / .key from `ckf certs`)",
+            "the server may require a client certificate (mutual TLS): pass --cert and --key \
+             (e.g. query.crt / query.key from `ckf certs`)",
         )
     } else if has(&["unknownissuer", "unknown issuer", "badsignature"]) {
         Some("the server's certificate is not signed by the CA of --ca: pass the CA that issued it")
@@ -467,15 +479,15 @@ pub fn hint(chain: &str) -> Option<&'static str> {
         "wrong version number",
     ]) {
         Some("the server does not speak TLS: use an http:// URL (and no --ca)")
-    } else if has(&[
-        "connection reset",
-        "frame with invalid size",
-        "broken pipe",
-        "unexpected eof",
-    ]) {
+    } else if cut && !https {
         Some(
             "the connection was cut during the handshake: if the server serves TLS, use an \
              https:// URL with --ca (and --cert/--key when it requires client certificates)",
+        )
+    } else if cut {
+        Some(
+            "the server cut the connection: its log says why (a client certificate from another \
+             CA or mapping to no principal, a connection limit)",
         )
     } else {
         None
@@ -511,7 +523,7 @@ pub async fn health(args: HealthArgs) -> i32 {
         }
         Ok(Err(e)) => {
             eprintln!("{}: unhealthy: {e:#}", args.endpoint);
-            if let Some(hint) = hint(&format!("{e:#}")) {
+            if let Some(hint) = hint(&format!("{e:#}"), &args.endpoint, args.tls.cert.is_some()) {
                 eprintln!("hint: {hint}");
             }
             2

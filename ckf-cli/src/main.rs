@@ -17,6 +17,14 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(1);
         }
     };
+    // What a connection-error hint needs: the URL the command connects to first, and whether a
+    // client certificate was given.
+    let target = match &cli.command {
+        Command::Replay(a) => Some((a.indexer.clone(), a.tls.cert.is_some())),
+        Command::Query(a) => Some((a.indexer.clone(), a.tls.cert.is_some())),
+        Command::Lanes(a) => Some((a.indexer.clone(), a.tls.cert.is_some())),
+        _ => None,
+    };
     let result = runtime.block_on(async move {
         match cli.command {
             Command::Demo(args) => ckf_cli::demo::run(args).await,
@@ -36,7 +44,10 @@ fn main() -> std::process::ExitCode {
         Ok(code) => std::process::ExitCode::from(code),
         Err(e) => {
             eprintln!("error: {e:#}");
-            if let Some(hint) = commands::hint(&format!("{e:#}")) {
+            let hint = target
+                .as_ref()
+                .and_then(|(url, cert)| commands::hint(&format!("{e:#}"), url, *cert));
+            if let Some(hint) = hint {
                 eprintln!("hint: {hint}");
             }
             std::process::ExitCode::from(1)

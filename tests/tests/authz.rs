@@ -415,7 +415,10 @@ async fn ingest_sources_and_workers_outside_their_grant_are_refused() {
         .expect_err("refused");
     assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
     client
-        .get_stats(bearer(v1::GetStatsRequest {}, Some("ops-secret.0123456789")))
+        .get_stats(bearer(
+            v1::GetStatsRequest {},
+            Some("ops-secret.0123456789"),
+        ))
         .await
         .expect("any identified principal may read the stats");
 
@@ -502,7 +505,10 @@ async fn ingest_sources_and_workers_outside_their_grant_are_refused() {
         .await
         .expect("room");
     let mut replies = client
-        .publish(bearer(ReceiverStream::new(rx), Some("r1-secret.0123456789")))
+        .publish(bearer(
+            ReceiverStream::new(rx),
+            Some("r1-secret.0123456789"),
+        ))
         .await
         .expect("stream")
         .into_inner();

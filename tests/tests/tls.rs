@@ -343,7 +343,7 @@ async fn mutual_tls_end_to_end_and_refused_clients() {
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("hint: the server requires a client certificate (mutual TLS)"),
+        stderr.contains("hint: the server may require a client certificate (mutual TLS)"),
         "{stderr}"
     );
 
