@@ -116,8 +116,8 @@ enum State {
     Flags,
     /// Reading a size field: `need` more bytes, value so far `acc`.
     Size { flags: u8, need: u8, acc: u64 },
-    /// Skipping a body: `left` bytes to go.
-    Body { left: u64 },
+    /// Skipping a body: `left` bytes to go; `command` when it is a command frame's.
+    Body { left: u64, command: bool },
 }
 
 /// A stream checker for the bytes one peer sends (see the module docs).
@@ -132,6 +132,8 @@ pub struct ZmtpGuard {
     message_frames: u32,
     /// Set once a violation was reported: every later call reports it again.
     failed: Option<ZmtpViolation>,
+    /// Set once the greeting and one whole command frame have passed.
+    handshaken: bool,
 }
 
 const FLAG_MORE: u8 = 0b001;
@@ -148,7 +150,23 @@ impl ZmtpGuard {
             message_bytes: 0,
             message_frames: 0,
             failed: None,
+            handshaken: false,
         }
+    }
+
+    /// True once the whole 64-byte greeting has passed.
+    pub fn greeting_done(&self) -> bool {
+        !matches!(self.state, State::Greeting { .. })
+    }
+
+    /// True once the greeting and the peer's first whole command frame (the NULL mechanism's
+    /// READY, which ends its handshake) have passed without a violation.
+    ///
+    /// Why: a relay gives a new connection a deadline to get here, so a peer that connects and
+    /// then stays silent (or stops mid-greeting) cannot hold a connection slot for ever; after
+    /// this point the peer has proven it speaks ZMTP and only the connection limit applies.
+    pub fn handshake_done(&self) -> bool {
+        self.handshaken && self.failed.is_none()
     }
 
     /// Checks the next `bytes` the peer sent (any split of the stream gives the same verdict).
@@ -214,13 +232,17 @@ impl ZmtpGuard {
                         self.frame(flags, acc)?
                     };
                 }
-                State::Body { left } => {
+                State::Body { left, command } => {
                     let take = left.min(bytes.len() as u64);
                     bytes = &bytes[take as usize..];
                     self.state = if left == take {
+                        self.handshaken |= command;
                         State::Flags
                     } else {
-                        State::Body { left: left - take }
+                        State::Body {
+                            left: left - take,
+                            command,
+                        }
                     };
                 }
             }
@@ -246,7 +268,8 @@ impl ZmtpGuard {
     /// A complete frame header: checks it and returns the state for its body.
     fn frame(&mut self, flags: u8, size: u64) -> Result<State, ZmtpViolation> {
         let l = &self.limits;
-        if flags & FLAG_COMMAND != 0 {
+        let command = flags & FLAG_COMMAND != 0;
+        if command {
             if size > l.max_command_bytes {
                 return Err(ZmtpViolation::CommandTooLarge {
                     claimed: size,
@@ -279,9 +302,13 @@ impl ZmtpGuard {
             }
         }
         Ok(if size == 0 {
+            self.handshaken |= command;
             State::Flags
         } else {
-            State::Body { left: size }
+            State::Body {
+                left: size,
+                command,
+            }
         })
     }
 }
@@ -424,6 +451,33 @@ mod tests {
             check(&s),
             Err(ZmtpViolation::BadFlags(FLAG_COMMAND | FLAG_MORE))
         );
+    }
+
+    #[test]
+    fn the_handshake_is_done_after_the_greeting_and_one_whole_command() {
+        let mut guard = ZmtpGuard::new(LIMITS);
+        let g = greeting();
+        guard.inspect(&g[..63]).unwrap();
+        assert!(!guard.greeting_done());
+        guard.inspect(&g[63..]).unwrap();
+        assert!(guard.greeting_done());
+        assert!(!guard.handshake_done());
+        // A message frame is no handshake.
+        guard.inspect(&frame(0, b"x", false)).unwrap();
+        assert!(!guard.handshake_done());
+        let ready = frame(FLAG_COMMAND, b"\x05READY", false);
+        guard.inspect(&ready[..ready.len() - 1]).unwrap();
+        assert!(!guard.handshake_done(), "the command is not whole yet");
+        guard.inspect(&ready[ready.len() - 1..]).unwrap();
+        assert!(guard.handshake_done());
+        // An empty command body counts too; a violation undoes it.
+        let mut guard = ZmtpGuard::new(LIMITS);
+        guard
+            .inspect(&[greeting(), frame(FLAG_COMMAND, b"", false)].concat())
+            .unwrap();
+        assert!(guard.handshake_done());
+        assert!(guard.inspect(&[0xff]).is_err());
+        assert!(!guard.handshake_done());
     }
 
     #[test]

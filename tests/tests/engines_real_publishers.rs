@@ -8,6 +8,9 @@
 use ckf_e2e::cluster::{Indexer, IndexerSpec, Producer, ProducerSpec, TestDir, is_active};
 use ckf_e2e::engines::{Driver, EngineSpec, engine_python, run_steps};
 use ckf_e2e::metrics;
+use ckf_e2e::wait::{DEADLINE, eventually};
+use std::collections::{BTreeSet, HashSet};
+use std::time::Duration;
 
 /// Tokens per KV block in every scenario (not the default 16, so the setting is exercised).
 const BLOCK_SIZE: u32 = 4;
@@ -22,6 +25,7 @@ const GAPS: &str = "ckf_producer_engine_gaps_total";
 const REPLAYS: &str = "ckf_producer_engine_replays_total";
 const CLEARED: &str = "ckf_producer_engine_members_cleared_total";
 const SKIPPED: &str = "ckf_producer_engine_skipped_events_total";
+const DROPPED: &str = "ckf_producer_engine_connections_dropped_total";
 
 /// One scenario of `drive.py` against an indexer (lane `dc-a`) and a producer configured with
 /// the engine (`--engine`, `--block-size`); then the producer's counters in `counted`.
@@ -84,6 +88,142 @@ async fn vllm_connecting_to_a_binding_producer() {
         ..EngineSpec::new(WORKER, 1)
     };
     scenario_with("connect", engine, &[]).await;
+}
+
+/// Local ports of the TCP sockets process `pid` listens on (Linux `/proc`).
+fn tcp_listen_ports(pid: u32) -> BTreeSet<u16> {
+    let inodes: HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("the producer's fds")
+        .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+        .filter_map(|link| {
+            let link = link.to_string_lossy().into_owned();
+            Some(link.strip_prefix("socket:[")?.strip_suffix(']')?.to_owned())
+        })
+        .collect();
+    let mut ports = BTreeSet::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            // sl local_address rem_address st ... inode (field 9); st 0A = LISTEN.
+            if f.len() > 9 && f[3] == "0A" && inodes.contains(f[9]) {
+                let port = f[1].rsplit(':').next().expect("addr:port");
+                ports.insert(u16::from_str_radix(port, 16).expect("hex port"));
+            }
+        }
+    }
+    ports
+}
+
+/// Issue 10 (engine guard): in bind mode the producer opens no TCP port for zeromq (its
+/// listener is a private Unix socket behind the guard), so its TCP listeners are exactly its
+/// Ingest, metrics and engine ports; a flood of silent connections on the engine port is capped
+/// (`connection_limit`) and timed out (`handshake_timeout`), and vLLM's publisher then works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_binding_producer_opens_no_tcp_port_for_zeromq_and_sheds_a_connection_flood() {
+    let Some(python) = engine_python() else {
+        return;
+    };
+    let engine = EngineSpec {
+        producer_binds: true,
+        // No replay socket: its relay's loopback listener would be one more TCP port.
+        replay_port: None,
+        ..EngineSpec::new(WORKER, 1)
+    };
+    let dir = TestDir::new("engines-bind-guard");
+    let indexer = Indexer::start(
+        &dir,
+        &IndexerSpec {
+            lanes: vec!["dc-a".into()],
+            block_size: Some(BLOCK_SIZE),
+            ..IndexerSpec::default()
+        },
+    );
+    let spec = ProducerSpec {
+        block_size: Some(BLOCK_SIZE),
+        engines: vec![engine.flag()],
+        ..ProducerSpec::new("dc-a")
+    };
+    let producer = Producer::start(&dir, "producer-a", &spec, &[indexer.url()]);
+    indexer.wait_lane("dc-a", "active", is_active).await;
+    let expected: BTreeSet<u16> = [
+        producer.addr.port(),
+        producer.metrics_addr.port(),
+        engine.port,
+    ]
+    .into();
+    let pid = producer.pid();
+    eventually("the producer's TCP listeners", DEADLINE, || {
+        let expected = expected.clone();
+        async move {
+            let got = tcp_listen_ports(pid);
+            if got == expected {
+                Ok(())
+            } else {
+                Err(format!(
+                    "listening on {got:?}, expected exactly {expected:?}"
+                ))
+            }
+        }
+    })
+    .await;
+
+    // 80 silent connections: 64 held, 16 closed at accept; the 64 closed at the deadline.
+    let mut flood = Vec::new();
+    for _ in 0..80 {
+        flood.push(
+            tokio::net::TcpStream::connect(("127.0.0.1", engine.port))
+                .await
+                .expect("connect to the engine endpoint"),
+        );
+    }
+    let publisher = format!("{WORKER}/0");
+    let endpoint = engine.endpoint();
+    let dropped = |reason: &'static str| {
+        let labels = [
+            ("publisher", publisher.clone()),
+            ("endpoint", endpoint.clone()),
+            ("reason", reason.to_owned()),
+        ];
+        let text = producer.metrics().unwrap_or_default();
+        let labels: Vec<(&str, &str)> = labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        metrics::value(&text, DROPPED, &labels).unwrap_or(0.0)
+    };
+    eventually("connections over the limit closed", DEADLINE, || {
+        let n = dropped("connection_limit");
+        async move {
+            if n >= 16.0 {
+                Ok(())
+            } else {
+                Err(format!("connection_limit = {n}"))
+            }
+        }
+    })
+    .await;
+    assert_eq!(dropped("connection_limit"), 16.0, "exactly those over 64");
+    eventually(
+        "silent connections closed at the deadline",
+        Duration::from_secs(30),
+        || {
+            let n = dropped("handshake_timeout");
+            async move {
+                if n >= 64.0 {
+                    Ok(())
+                } else {
+                    Err(format!("handshake_timeout = {n}"))
+                }
+            }
+        },
+    )
+    .await;
+    drop(flood);
+
+    // The engine itself is served as before.
+    let mut driver = Driver::spawn(&python, &dir, "connect", &engine, BLOCK_SIZE);
+    let model = run_steps(&mut driver, producer.addr, indexer.addr, "dc-a").await;
+    assert!(!model.queries.is_empty());
 }
 
 /// vLLM with two data-parallel ranks: a publisher per rank on port + r, members (7, 0) and

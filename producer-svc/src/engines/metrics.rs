@@ -17,6 +17,11 @@ pub struct EngineMetrics {
     /// Frames or payloads refused, by `publisher`, `endpoint`, `kind` (oversize, parts,
     /// sequence, truncated, syntax, trailing, type, limit, malformed_event).
     pub decode_errors: IntCounterVec,
+    /// Engine connections a guard relay closed without a ZMTP violation, by `publisher`,
+    /// `endpoint`, `reason` (`connection_limit`: over the relay's limit, closed at accept;
+    /// `handshake_timeout`: no greeting and first command in time). See
+    /// [`super::guard::Dropped`].
+    pub connections_dropped: IntCounterVec,
     /// Blocks (1 per event without blocks) not applied, by `publisher`, `endpoint`, `reason`
     /// (medium, group, sliding_window, block_size, orphan, unknown_removal, conflict,
     /// unknown_event).
@@ -62,6 +67,12 @@ impl EngineMetrics {
                 "ckf_producer_engine_decode_errors_total",
                 "Engine frames, payloads or events refused as malformed, by kind.",
                 &["publisher", "endpoint", "kind"],
+            ),
+            connections_dropped: counter_vec(
+                r,
+                "ckf_producer_engine_connections_dropped_total",
+                "Engine connections closed by the ZMTP guard relay without a protocol violation, by reason (connection_limit, handshake_timeout).",
+                &["publisher", "endpoint", "reason"],
             ),
             skipped_events: counter_vec(
                 r,

@@ -24,7 +24,7 @@ use tokio::time::{Instant, sleep, sleep_until};
 use tokio_stream::StreamExt;
 use zeromq::{Socket, SocketEvent, SocketRecv, SocketSend, ZmqMessage};
 
-use super::config::{Endpoint, PublisherSpec, SocketMode};
+use super::config::{PublisherSpec, SocketMode};
 use super::guard;
 use super::metrics::EngineMetrics;
 use super::{EngineSettings, EngineStep, PublisherId};
@@ -226,12 +226,15 @@ impl PublisherTask {
     async fn run_inner(self) {
         let stopped = self.stop.wait();
         tokio::pin!(stopped);
+        // Declared before `sub` so it is dropped after it: zeromq stops listening on the
+        // socket inside before the directory is removed.
+        let mut internal: Option<guard::PrivateIpc> = None;
         let mut sub = zeromq::SubSocket::new();
         self.watch_connection(sub.monitor());
         // Held for the task's life: zeromq only ever talks to the engine through the relays.
         let mut relays = Vec::new();
         loop {
-            let attempt = self.open(&mut sub, &mut relays);
+            let attempt = self.open(&mut sub, &mut relays, &mut internal);
             tokio::select! {
                 () = &mut stopped => return,
                 r = attempt => match r {
@@ -249,13 +252,7 @@ impl PublisherTask {
         let replay_address = match &self.spec.replay_endpoint {
             None => None,
             Some(endpoint) => {
-                match guard::connect_relay(
-                    endpoint.clone(),
-                    self.zmtp_limits(),
-                    self.on_violation(),
-                )
-                .await
-                {
+                match guard::connect_relay(endpoint.clone(), self.relay_options()).await {
                     Ok(relay) => {
                         let local = relay.local.clone();
                         relays.push(relay);
@@ -330,21 +327,21 @@ impl PublisherTask {
     }
 
     /// Connects or binds the SUB socket behind a [`guard`] relay (see that module for why).
+    /// In bind mode zeromq listens on a [`guard::PrivateIpc`] socket, made once into
+    /// `internal` (a retry after the public endpoint failed to bind reuses it).
     async fn open(
         &self,
         sub: &mut zeromq::SubSocket,
         relays: &mut Vec<guard::Relay>,
+        internal: &mut Option<guard::PrivateIpc>,
     ) -> Result<(), String> {
         match self.spec.mode {
             SocketMode::Connect => {
                 if relays.is_empty() {
-                    let relay = guard::connect_relay(
-                        self.spec.endpoint.clone(),
-                        self.zmtp_limits(),
-                        self.on_violation(),
-                    )
-                    .await
-                    .map_err(|e| format!("loopback relay: {e}"))?;
+                    let relay =
+                        guard::connect_relay(self.spec.endpoint.clone(), self.relay_options())
+                            .await
+                            .map_err(|e| format!("loopback relay: {e}"))?;
                     relays.push(relay);
                 }
                 sub.connect(&relays[0].local)
@@ -352,16 +349,14 @@ impl PublisherTask {
                     .map_err(|e| e.to_string())
             }
             SocketMode::Bind => {
-                let internal = sub
-                    .bind("tcp://127.0.0.1:0")
-                    .await
-                    .map_err(|e| format!("loopback listener: {e}"))?;
-                let internal = Endpoint::parse(&internal.to_string())?;
+                let internal = match internal {
+                    Some(ipc) => ipc,
+                    None => internal.insert(bind_internal(sub).await?),
+                };
                 let relay = guard::bind_relay(
                     &self.spec.endpoint,
-                    internal,
-                    self.zmtp_limits(),
-                    self.on_violation(),
+                    internal.endpoint().clone(),
+                    self.relay_options(),
                 )
                 .await
                 .map_err(|e| format!("bind {}: {e}", self.spec.endpoint))?;
@@ -379,16 +374,36 @@ impl PublisherTask {
         ZmtpLimits::for_engine(max.saturating_mul(2))
     }
 
-    /// Counts a relay's violation as a decode error of its kind and logs it (rate-limited).
-    fn on_violation(&self) -> guard::OnViolation {
-        let decoder = self.decoder.clone();
+    /// A relay's options: [`Self::zmtp_limits`], the default connection limit and handshake
+    /// deadline; a violation is counted as a decode error of its kind, a dropped connection in
+    /// `connections_dropped{reason}`; both are logged (one rate limit per relay).
+    fn relay_options(&self) -> guard::RelayOptions {
         let log = Arc::new(std::sync::Mutex::new(LogLimit::default()));
-        Arc::new(move |v: &ZmtpViolation| {
-            let mut log = log
+        let decoder = self.decoder.clone();
+        let violation_log = Arc::clone(&log);
+        let on_violation = Arc::new(move |v: &ZmtpViolation| {
+            let mut log = violation_log
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             decoder.error(v.kind(), &format_args!("{v}; connection closed"), &mut log);
-        })
+        });
+        let decoder = self.decoder.clone();
+        let on_dropped = Arc::new(move |d: guard::Dropped| {
+            let [p, e] = decoder.id.labels();
+            let reason = d.reason();
+            decoder
+                .metrics
+                .connections_dropped
+                .with_label_values(&[p, e, reason])
+                .inc();
+            let mut log = log
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some(suppressed) = log.allow() {
+                tracing::warn!(publisher = p, endpoint = e, reason, detail = %d, suppressed, "engine connection closed");
+            }
+        });
+        guard::RelayOptions::new(self.zmtp_limits(), on_violation, on_dropped)
     }
 
     fn watch_connection<S>(&self, mut monitor: S)
@@ -517,6 +532,20 @@ impl Run {
     }
 }
 
+/// Binds `sub` to a new [`guard::PrivateIpc`] socket, so no TCP port is opened for zeromq.
+///
+/// # Errors
+/// The directory cannot be made (or its path is too long), or zeromq cannot bind; the text
+/// names the path.
+async fn bind_internal(sub: &mut zeromq::SubSocket) -> Result<guard::PrivateIpc, String> {
+    let ipc = guard::PrivateIpc::create().map_err(|e| e.to_string())?;
+    let endpoint = ipc.endpoint().to_string();
+    sub.bind(&endpoint)
+        .await
+        .map_err(|e| format!("zeromq's internal listener {endpoint}: {e}"))?;
+    Ok(ipc)
+}
+
 /// One replay: DEALER connect, request `[b"", from as 8 bytes BE]`, forward every reply until
 /// the end marker. The ROUTER prefixes each reply with an empty delimiter part.
 async fn replay(
@@ -562,5 +591,45 @@ async fn replay(
     .await;
     if let Err(why) = result {
         let _ = tx.send((generation, ReplayMsg::Failed(why))).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engines::config::Endpoint;
+
+    #[tokio::test]
+    async fn bind_mode_gives_zeromq_a_private_ipc_socket_and_no_tcp_port() {
+        use std::os::unix::fs::PermissionsExt;
+        let mut sub = zeromq::SubSocket::new();
+        let ipc = bind_internal(&mut sub).await.unwrap();
+        let Endpoint::Ipc(path) = ipc.endpoint().clone() else {
+            panic!("zeromq's internal endpoint is not ipc: {}", ipc.endpoint());
+        };
+        let dir = ipc.dir().to_owned();
+        assert!(std::path::Path::new(&path).starts_with(&dir));
+        let mode = std::fs::metadata(&dir).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700, "mode {mode:o}");
+        // zeromq listens there and answers with its ZMTP greeting.
+        let mut s = tokio::net::UnixStream::connect(&path).await.unwrap();
+        let mut first = [0u8; 1];
+        tokio::io::AsyncReadExt::read_exact(&mut s, &mut first)
+            .await
+            .unwrap();
+        assert_eq!(first[0], 0xff, "a ZMTP signature");
+        // zeromq has no other listener (so no TCP one).
+        assert_eq!(sub.binds().len(), 1);
+        assert!(
+            sub.binds()
+                .keys()
+                .all(|e| matches!(e, zeromq::Endpoint::Ipc(_))),
+            "{:?}",
+            sub.binds().keys().collect::<Vec<_>>()
+        );
+        drop(s);
+        drop(sub);
+        drop(ipc);
+        assert!(!dir.exists(), "the private directory is removed");
     }
 }
