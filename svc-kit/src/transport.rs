@@ -46,8 +46,8 @@ use std::future::Future;
 use std::io;
 use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
@@ -565,9 +565,11 @@ impl ConnectionState {
     fn tracker(&self) -> Option<std::sync::MutexGuard<'_, StreamTracker>> {
         // Only this connection's task locks it; a panic while held cannot leave it half-updated
         // in a way that matters more than closing one connection early or late.
-        self.streams
-            .as_ref()
-            .map(|streams| streams.lock().unwrap_or_else(std::sync::PoisonError::into_inner))
+        self.streams.as_ref().map(|streams| {
+            streams
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        })
     }
 
     /// Plaintext bytes read from the client.
@@ -746,9 +748,7 @@ impl ConnectionLimits {
             state: Arc::new(ConnectionState {
                 established: AtomicBool::new(false),
                 gauge: self.metrics.connections.clone(),
-                streams: self
-                    .idle_timeout
-                    .map(|_| Mutex::new(StreamTracker::new())),
+                streams: self.idle_timeout.map(|_| Mutex::new(StreamTracker::new())),
             }),
             parser: Some(PrefaceParser::default()),
             plaintext: true,
@@ -1504,7 +1504,11 @@ mod tests {
         server.extend(frame(HEADERS_FRAME, 0x4, 1, 10)); // response headers
         server.extend(frame(DATA_FRAME, 0, 1, 100));
         tracker.wrote(&server);
-        assert_eq!(tracker.open.len(), 2, "a response without END_STREAM is not the end");
+        assert_eq!(
+            tracker.open.len(),
+            2,
+            "a response without END_STREAM is not the end"
+        );
         tracker.wrote(&frame(HEADERS_FRAME, END_STREAM | 0x4, 1, 10)); // trailers
         assert_eq!(tracker.open, HashSet::from([3]));
         let busy = tracker.idle_since;
@@ -1729,7 +1733,11 @@ mod tests {
             .expect("the peer's connection over the limit is closed at once");
         assert_eq!(server.refused(REFUSED_MAX_CONNECTIONS_PER_PEER), 1);
         assert_eq!(server.refused(REFUSED_MAX_CONNECTIONS), 0);
-        assert_eq!(server.limits.held_by(one), 2, "the refused one held nothing");
+        assert_eq!(
+            server.limits.held_by(one),
+            2,
+            "the refused one held nothing"
+        );
 
         // another address is admitted and served
         let other = established_from("127.0.0.2", server.addr).await;
@@ -1759,8 +1767,7 @@ mod tests {
     #[tokio::test]
     async fn two_listeners_of_one_transport_do_not_share_permits() {
         let registry = Registry::new();
-        let transport =
-            Transport::new(&config(1, 10_000), &registry, "ckf_test", &[]).unwrap();
+        let transport = Transport::new(&config(1, 10_000), &registry, "ckf_test", &[]).unwrap();
         let a = TestServer::serve(&transport).await;
         let b = TestServer::serve(&transport).await;
         let held = established_from("127.0.0.1", a.addr).await;
@@ -1775,7 +1782,11 @@ mod tests {
         let mut client = b.client().await;
         check(&mut client).await;
         assert_eq!((a.limits.held(), b.limits.held()), (1, 1));
-        assert_eq!(b.refused(REFUSED_MAX_CONNECTIONS), 1, "metrics are shared: only a's");
+        assert_eq!(
+            b.refused(REFUSED_MAX_CONNECTIONS),
+            1,
+            "metrics are shared: only a's"
+        );
         drop((held, client));
         a.stop().await;
         b.stop().await;
