@@ -218,8 +218,10 @@ pub async fn serve(
     }
 
     let max_message = usize::try_from(config.limits.max_message_bytes).unwrap_or(usize::MAX);
-    // `[transport]`: connection limit + handshake deadline on every listener (one permit pool
-    // for the process), per-service shedding and unary timeout, HTTP/2 limits
+    // `[transport]`: connection limits (max_connections, max_connections_per_peer) and the
+    // handshake and idle deadlines on every listener, each listener with permits of its own
+    // (`Transport::incoming` per listener: idle Query clients cannot lock producers off
+    // `listen`), per-service shedding and unary timeout, HTTP/2 limits
     // (ckf_svc_kit::transport).
     let transport = Transport::new(
         &config.transport,

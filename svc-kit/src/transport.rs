@@ -5,17 +5,20 @@
 //! | --- | --- | --- |
 //! | `request_timeout_ms` | 30000 | a unary RPC still unanswered after it gets `DEADLINE_EXCEEDED`; streaming RPCs (Relay `Publish`, Ingest `Publish`) are exempt |
 //! | `max_concurrent_requests` | 1024 | per gRPC service: requests in flight at once; one more is shed at once with `UNAVAILABLE` (tower `LoadShed` over `ConcurrencyLimit`) |
-//! | `max_connections` | 4096 | per process: accepted TCP connections held at once; one more is closed at accept |
+//! | `max_connections` | 4096 | per listener: accepted TCP connections held at once; one more is closed at accept |
+//! | `max_connections_per_peer` | 256 | per listener and remote IP address: connections held at once; one more is closed at accept (0: unlimited) |
 //! | `handshake_timeout_ms` | 10000 | a connection that has not sent the whole HTTP/2 client preface (magic + first `SETTINGS` frame; after the TLS handshake when TLS is on) by then is closed |
+//! | `idle_timeout_ms` | 300000 | a connection with no open HTTP/2 stream for this long is closed (0: never) |
 //! | `max_concurrent_streams` | 256 | per connection: HTTP/2 `SETTINGS_MAX_CONCURRENT_STREAMS` |
 //! | `max_header_list_bytes` | 16384 | per request: HTTP/2 `SETTINGS_MAX_HEADER_LIST_SIZE` |
 //!
 //! Pieces, each usable alone:
-//! * [`ConnectionLimits`] + [`GuardedIncoming`]: wraps the accepted TCP connections (e.g.
-//!   [`crate::grpc::BoundListener::incoming`]) so each holds a permit of `max_connections`
-//!   and a handshake deadline. A TLS acceptor wraps the [`Guarded`] stream (so the deadline
+//! * [`ConnectionLimits`] + [`GuardedIncoming`]: wraps the accepted TCP connections of one
+//!   listener (e.g. [`crate::grpc::BoundListener::incoming`]) so each holds a permit of that
+//!   listener's `max_connections` and of its peer's `max_connections_per_peer`, a handshake
+//!   deadline and an idle deadline. A TLS acceptor wraps the [`Guarded`] stream (so the deadline
 //!   also bounds the TLS handshake) and then calls [`Guarded::watch_above`] and wraps the
-//!   decrypted stream in [`PrefaceWatch`], which sees the plaintext preface.
+//!   decrypted stream in [`PrefaceWatch`], which sees the plaintext preface and frames.
 //! * [`RequestLimits::limit`]: wraps one tonic service (`QueryServer<..>`) in tower's
 //!   `LoadShed` and `ConcurrencyLimit` and a per-method timeout for unary methods (which
 //!   methods stream is read from the services' encoded descriptor sets).
@@ -24,16 +27,27 @@
 //!
 //! Metrics (`PREFIX` is the service's, e.g. `ckf_indexer`):
 //! `PREFIX_connections{state="handshake"|"established"}` (gauge),
-//! `PREFIX_connections_refused_total{reason="max_connections"|"handshake_timeout"}`,
-//! `PREFIX_requests_shed_total{service}`, `PREFIX_requests_timed_out_total{service}`.
+//! `PREFIX_connections_refused_total{reason="max_connections"|"max_connections_per_peer"|
+//! "handshake_timeout"|"idle_timeout"}`, `PREFIX_requests_shed_total{service}`,
+//! `PREFIX_requests_timed_out_total{service}`. The connection metrics sum over the service's
+//! listeners (the indexer's `listen` and `query_listen`), whose limits are separate.
+//!
+//! Idle: a connection is idle while it has no open HTTP/2 stream (the wrappers read the frame
+//! headers going both ways: a client `HEADERS` opens a stream, the server's `END_STREAM` or a
+//! `RST_STREAM` either way ends it). PINGs, `SETTINGS` and `WINDOW_UPDATE`s are not activity,
+//! so a peer that only answers keepalive pings is still closed; an open stream, however quiet
+//! (a Relay stream between heartbeats, a health `Watch`), keeps its connection. The close is
+//! abrupt (no `GOAWAY`): no RPC is in flight at that moment, and a gRPC client reconnects on
+//! its next call; one sent at the very instant of the close fails with `UNAVAILABLE`.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::convert::Infallible;
 use std::future::Future;
 use std::io;
+use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
@@ -41,7 +55,7 @@ use prometheus::{IntCounterVec, IntGaugeVec, Registry};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio::time::Sleep;
+use tokio::time::{Instant, Sleep};
 use tokio_stream::Stream;
 use tonic::Status;
 use tonic::body::Body;
@@ -61,10 +75,14 @@ use crate::metrics::{counter_vec, int_gauge_vec};
 pub const DEFAULT_REQUEST_TIMEOUT_MS: u64 = 30_000;
 /// Default `transport.max_concurrent_requests` (per gRPC service).
 pub const DEFAULT_MAX_CONCURRENT_REQUESTS: u32 = 1_024;
-/// Default `transport.max_connections` (per process).
+/// Default `transport.max_connections` (per listener).
 pub const DEFAULT_MAX_CONNECTIONS: u32 = 4_096;
+/// Default `transport.max_connections_per_peer` (per listener and remote IP address).
+pub const DEFAULT_MAX_CONNECTIONS_PER_PEER: u32 = 256;
 /// Default `transport.handshake_timeout_ms`.
 pub const DEFAULT_HANDSHAKE_TIMEOUT_MS: u64 = 10_000;
+/// Default `transport.idle_timeout_ms` (5 minutes).
+pub const DEFAULT_IDLE_TIMEOUT_MS: u64 = 300_000;
 /// Default `transport.max_concurrent_streams` (per connection).
 pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = 256;
 /// Default `transport.max_header_list_bytes` (hyper's own default).
@@ -84,12 +102,21 @@ pub struct TransportConfig {
     /// response starts (its stream is bounded by the service's own limit, e.g. the indexer's
     /// `limits.max_relay_streams`).
     pub max_concurrent_requests: u32,
-    /// TCP connections held at once by the process (`1..=1000000`); one more is closed as soon
-    /// as it is accepted.
+    /// TCP connections held at once per listener (`1..=1000000`); one more is closed as soon
+    /// as it is accepted. Each listener has its own (the indexer's `listen` and `query_listen`
+    /// do not share), so clients of one cannot lock the other's out.
     pub max_connections: u32,
+    /// TCP connections held at once per listener by one remote IP address (`0..=1000000`, 0:
+    /// unlimited); one more is closed as soon as it is accepted. Behind a proxy or sidecar
+    /// every connection has the proxy's address: raise it or set 0 there.
+    pub max_connections_per_peer: u32,
     /// Milliseconds a new connection has to send the HTTP/2 client preface (and finish its TLS
     /// handshake first, when TLS is on) before it is closed (`100..=600000`).
     pub handshake_timeout_ms: u64,
+    /// Milliseconds a connection may go without an open HTTP/2 stream before it is closed
+    /// (`0` never, else `100..=86400000`). Keepalive pings do not count as activity; an open
+    /// stream does however quiet it is.
+    pub idle_timeout_ms: u64,
     /// HTTP/2 streams (concurrent RPCs) one connection may open (`1..=65536`).
     pub max_concurrent_streams: u32,
     /// Largest header list (decoded, bytes) of one request (`1024..=1048576`).
@@ -102,7 +129,9 @@ impl Default for TransportConfig {
             request_timeout_ms: DEFAULT_REQUEST_TIMEOUT_MS,
             max_concurrent_requests: DEFAULT_MAX_CONCURRENT_REQUESTS,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_connections_per_peer: DEFAULT_MAX_CONNECTIONS_PER_PEER,
             handshake_timeout_ms: DEFAULT_HANDSHAKE_TIMEOUT_MS,
+            idle_timeout_ms: DEFAULT_IDLE_TIMEOUT_MS,
             max_concurrent_streams: DEFAULT_MAX_CONCURRENT_STREAMS,
             max_header_list_bytes: DEFAULT_MAX_HEADER_LIST_BYTES,
         }
@@ -124,6 +153,14 @@ impl Validate for TransportConfig {
             100..=600_000,
             ms,
         )?;
+        if self.idle_timeout_ms != 0 {
+            in_range(
+                "transport.idle_timeout_ms",
+                self.idle_timeout_ms,
+                100..=86_400_000,
+                "milliseconds (0: never)",
+            )?;
+        }
         in_range(
             "transport.max_concurrent_requests",
             self.max_concurrent_requests,
@@ -135,6 +172,12 @@ impl Validate for TransportConfig {
             self.max_connections,
             1..=1_000_000,
             "connections",
+        )?;
+        in_range(
+            "transport.max_connections_per_peer",
+            self.max_connections_per_peer,
+            0..=1_000_000,
+            "connections (0: unlimited)",
         )?;
         in_range(
             "transport.max_concurrent_streams",
@@ -171,6 +214,11 @@ impl TransportConfig {
     pub fn handshake_timeout(&self) -> Duration {
         Duration::from_millis(self.handshake_timeout_ms)
     }
+
+    /// `idle_timeout_ms` as a duration; `None` when it is 0 (never).
+    pub fn idle_timeout(&self) -> Option<Duration> {
+        (self.idle_timeout_ms != 0).then(|| Duration::from_millis(self.idle_timeout_ms))
+    }
 }
 
 /// The `[transport]` flags, for a service's `clap` command line (`#[command(flatten)]`); each
@@ -183,12 +231,18 @@ pub struct TransportFlags {
     /// transport.max_concurrent_requests: requests in flight per gRPC service; more are shed with UNAVAILABLE [default: 1024].
     #[arg(long, value_name = "REQUESTS")]
     pub max_concurrent_requests: Option<u32>,
-    /// transport.max_connections: TCP connections held at once; more are closed at accept [default: 4096].
+    /// transport.max_connections: TCP connections held at once per listener; more are closed at accept [default: 4096].
     #[arg(long, value_name = "CONNECTIONS")]
     pub max_connections: Option<u32>,
+    /// transport.max_connections_per_peer: TCP connections held at once per listener by one remote IP; more are closed at accept, 0 = unlimited [default: 256].
+    #[arg(long, value_name = "CONNECTIONS")]
+    pub max_connections_per_peer: Option<u32>,
     /// transport.handshake_timeout_ms: time to send the HTTP/2 preface (after TLS) before the connection is closed, ms [default: 10000].
     #[arg(long, value_name = "MS")]
     pub handshake_timeout_ms: Option<u64>,
+    /// transport.idle_timeout_ms: a connection with no open HTTP/2 stream this long is closed (pings do not count), ms, 0 = never [default: 300000].
+    #[arg(long, value_name = "MS")]
+    pub idle_timeout_ms: Option<u64>,
     /// transport.max_concurrent_streams: HTTP/2 streams per connection [default: 256].
     #[arg(long, value_name = "STREAMS")]
     pub max_concurrent_streams: Option<u32>,
@@ -207,7 +261,12 @@ impl TransportFlags {
                 self.max_concurrent_requests,
             )
             .set("transport.max_connections", self.max_connections)
+            .set(
+                "transport.max_connections_per_peer",
+                self.max_connections_per_peer,
+            )
             .set("transport.handshake_timeout_ms", self.handshake_timeout_ms)
+            .set("transport.idle_timeout_ms", self.idle_timeout_ms)
             .set(
                 "transport.max_concurrent_streams",
                 self.max_concurrent_streams,
@@ -225,8 +284,19 @@ impl TransportFlags {
 const STATES: [&str; 2] = ["handshake", "established"];
 /// `reason` label: refused at accept because `max_connections` are held.
 pub const REFUSED_MAX_CONNECTIONS: &str = "max_connections";
+/// `reason` label: refused at accept because its peer holds `max_connections_per_peer`.
+pub const REFUSED_MAX_CONNECTIONS_PER_PEER: &str = "max_connections_per_peer";
 /// `reason` label: closed because the preface did not arrive within `handshake_timeout_ms`.
 pub const REFUSED_HANDSHAKE_TIMEOUT: &str = "handshake_timeout";
+/// `reason` label: closed after `idle_timeout_ms` without an open HTTP/2 stream.
+pub const REFUSED_IDLE_TIMEOUT: &str = "idle_timeout";
+/// Every `reason` label, present from the start.
+const REASONS: [&str; 4] = [
+    REFUSED_MAX_CONNECTIONS,
+    REFUSED_MAX_CONNECTIONS_PER_PEER,
+    REFUSED_HANDSHAKE_TIMEOUT,
+    REFUSED_IDLE_TIMEOUT,
+];
 
 /// The transport metrics of one service (cheap shared handles).
 #[derive(Debug, Clone)]
@@ -252,14 +322,15 @@ impl TransportMetrics {
             connections: int_gauge_vec(
                 registry,
                 &format!("{prefix}_connections"),
-                "gRPC connections held, by state (handshake: HTTP/2 preface not yet received)",
+                "gRPC connections held, by state (handshake: HTTP/2 preface not yet received; \
+                 summed over listeners)",
                 &["state"],
             ),
             refused: counter_vec(
                 registry,
                 &format!("{prefix}_connections_refused_total"),
-                "gRPC connections closed by a transport limit, by reason \
-                 (max_connections, handshake_timeout)",
+                "gRPC connections closed by a transport limit, by reason (max_connections, \
+                 max_connections_per_peer, handshake_timeout, idle_timeout; summed over listeners)",
                 &["reason"],
             ),
             shed: counter_vec(
@@ -279,7 +350,7 @@ impl TransportMetrics {
         for state in STATES {
             metrics.connections.with_label_values(&[state]);
         }
-        for reason in [REFUSED_MAX_CONNECTIONS, REFUSED_HANDSHAKE_TIMEOUT] {
+        for reason in REASONS {
             metrics.refused.with_label_values(&[reason]);
         }
         metrics
@@ -334,11 +405,143 @@ impl PrefaceParser {
     }
 }
 
-/// What a connection's wrappers share: whether the preface arrived, and the gauge to move.
+/// HTTP/2 `DATA` frame type.
+const DATA_FRAME: u8 = 0x0;
+/// HTTP/2 `HEADERS` frame type.
+const HEADERS_FRAME: u8 = 0x1;
+/// HTTP/2 `RST_STREAM` frame type.
+const RST_STREAM_FRAME: u8 = 0x3;
+/// HTTP/2 `END_STREAM` flag (on `DATA` and `HEADERS`).
+const END_STREAM: u8 = 0x1;
+
+/// Walks the frame headers of one direction of an HTTP/2 connection, skipping the payloads
+/// (only type, flags and stream id matter to the idle tracking; nothing is buffered).
+#[derive(Debug)]
+struct FrameWalker {
+    /// Bytes to skip before the next frame header: the client magic first, then each payload.
+    skip: usize,
+    header: [u8; FRAME_HEADER],
+    filled: usize,
+}
+
+impl FrameWalker {
+    fn new(skip: usize) -> Self {
+        Self {
+            skip,
+            header: [0; FRAME_HEADER],
+            filled: 0,
+        }
+    }
+
+    /// Feeds the next bytes of the direction; `frame(type, flags, stream id)` for each frame
+    /// header completed by them.
+    fn feed(&mut self, mut bytes: &[u8], mut frame: impl FnMut(u8, u8, u32)) {
+        while !bytes.is_empty() {
+            if self.skip > 0 {
+                let n = self.skip.min(bytes.len());
+                self.skip -= n;
+                bytes = &bytes[n..];
+                continue;
+            }
+            let n = (FRAME_HEADER - self.filled).min(bytes.len());
+            self.header[self.filled..self.filled + n].copy_from_slice(&bytes[..n]);
+            self.filled += n;
+            bytes = &bytes[n..];
+            if self.filled == FRAME_HEADER {
+                self.filled = 0;
+                let h = self.header;
+                self.skip = u32::from_be_bytes([0, h[0], h[1], h[2]]) as usize;
+                let stream = u32::from_be_bytes([h[5], h[6], h[7], h[8]]) & 0x7fff_ffff;
+                frame(h[3], h[4], stream);
+            }
+        }
+    }
+}
+
+/// The open HTTP/2 streams of one connection, read from its frame headers going both ways: a
+/// client `HEADERS` on a new (higher) stream id opens one; the server's `END_STREAM` (its
+/// trailers end every gRPC response) or a `RST_STREAM` either way ends it. The set is bounded
+/// by the server's own stream accounting: a stream over `max_concurrent_streams` is reset by it.
+#[derive(Debug)]
+struct StreamTracker {
+    client: FrameWalker,
+    server: FrameWalker,
+    open: HashSet<u32>,
+    highest: u32,
+    /// When the last open stream ended (the connection's accept time before the first).
+    idle_since: Instant,
+}
+
+impl StreamTracker {
+    fn new() -> Self {
+        Self {
+            client: FrameWalker::new(PREFACE_MAGIC.len()),
+            server: FrameWalker::new(0),
+            open: HashSet::new(),
+            highest: 0,
+            idle_since: Instant::now(),
+        }
+    }
+
+    /// Bytes read from the client.
+    fn read(&mut self, bytes: &[u8]) {
+        let Self {
+            client,
+            open,
+            highest,
+            ..
+        } = self;
+        let mut ended = false;
+        client.feed(bytes, |kind, _, stream| match kind {
+            HEADERS_FRAME if stream > *highest => {
+                *highest = stream;
+                open.insert(stream);
+            }
+            RST_STREAM_FRAME => ended |= open.remove(&stream),
+            _ => {}
+        });
+        self.ended(ended);
+    }
+
+    /// Bytes written to the client.
+    fn wrote(&mut self, bytes: &[u8]) {
+        let Self { server, open, .. } = self;
+        let mut ended = false;
+        server.feed(bytes, |kind, flags, stream| match kind {
+            DATA_FRAME | HEADERS_FRAME if flags & END_STREAM != 0 => {
+                ended |= open.remove(&stream);
+            }
+            RST_STREAM_FRAME => ended |= open.remove(&stream),
+            _ => {}
+        });
+        self.ended(ended);
+    }
+
+    fn ended(&mut self, ended: bool) {
+        if ended && self.open.is_empty() {
+            self.idle_since = Instant::now();
+        }
+    }
+
+    /// When the connection is due to close as idle: `idle` after its last stream ended, or
+    /// `idle` from now while a stream is open (checked again then).
+    fn idle_deadline(&self, idle: Duration) -> Instant {
+        if self.open.is_empty() {
+            self.idle_since + idle
+        } else {
+            Instant::now() + idle
+        }
+    }
+}
+
+/// What a connection's wrappers share: whether the preface arrived, the gauge to move, and
+/// (when `idle_timeout_ms` is on) its open streams.
 #[derive(Debug)]
 struct ConnectionState {
     established: AtomicBool,
     gauge: IntGaugeVec,
+    /// `None` when `idle_timeout_ms` is 0: no frame is read then.
+    streams: Option<Mutex<StreamTracker>>,
 }
 
 impl ConnectionState {
@@ -346,11 +549,60 @@ impl ConnectionState {
         if !self.established.swap(true, Ordering::AcqRel) {
             self.gauge.with_label_values(&["handshake"]).dec();
             self.gauge.with_label_values(&["established"]).inc();
+            // idle from here: the handshake has its own deadline
+            if let Some(mut tracker) = self.tracker()
+                && tracker.open.is_empty()
+            {
+                tracker.idle_since = Instant::now();
+            }
         }
     }
 
     fn is_established(&self) -> bool {
         self.established.load(Ordering::Acquire)
+    }
+
+    fn tracker(&self) -> Option<std::sync::MutexGuard<'_, StreamTracker>> {
+        // Only this connection's task locks it; a panic while held cannot leave it half-updated
+        // in a way that matters more than closing one connection early or late.
+        self.streams.as_ref().map(|streams| {
+            streams
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        })
+    }
+
+    /// Plaintext bytes read from the client.
+    fn read(&self, bytes: &[u8]) {
+        if let Some(mut tracker) = self.tracker() {
+            tracker.read(bytes);
+        }
+    }
+
+    /// Plaintext bytes written to the client.
+    fn wrote(&self, bytes: &[u8]) {
+        if let Some(mut tracker) = self.tracker() {
+            tracker.wrote(bytes);
+        }
+    }
+
+    /// Bytes of `bufs` that a vectored write of `n` bytes took.
+    fn wrote_vectored(&self, bufs: &[io::IoSlice<'_>], mut n: usize) {
+        if let Some(mut tracker) = self.tracker() {
+            for buf in bufs {
+                if n == 0 {
+                    break;
+                }
+                let take = n.min(buf.len());
+                tracker.wrote(&buf[..take]);
+                n -= take;
+            }
+        }
+    }
+
+    fn idle_deadline(&self, idle: Duration) -> Instant {
+        self.tracker()
+            .map_or_else(|| Instant::now() + idle, |t| t.idle_deadline(idle))
     }
 }
 
@@ -365,33 +617,86 @@ impl Drop for ConnectionState {
     }
 }
 
-/// Marks a connection's preface as received; given to a [`PrefaceWatch`] above TLS.
+/// Marks a connection's preface as received and passes it the plaintext bytes; given to a
+/// [`PrefaceWatch`] above TLS.
 #[derive(Debug, Clone)]
 pub struct PrefaceMarker(Arc<ConnectionState>);
 
-/// The per-process connection limits: `max_connections` permits and the handshake deadline.
+/// The remote IP address of an accepted connection, which `max_connections_per_peer` counts.
+pub trait PeerAddr {
+    /// The peer's IP address (IPv4-mapped IPv6 as IPv4); `None` when unknown (such a
+    /// connection is bounded by `max_connections` only).
+    fn peer_ip(&self) -> Option<IpAddr>;
+}
+
+impl PeerAddr for tokio::net::TcpStream {
+    fn peer_ip(&self) -> Option<IpAddr> {
+        self.peer_addr().ok().map(|addr| addr.ip().to_canonical())
+    }
+}
+
+/// Connections held per remote IP address; an entry is removed when its count reaches 0, so
+/// the map holds at most one entry per held connection.
+type PeerCounts = Arc<Mutex<HashMap<IpAddr, u32>>>;
+
+fn lock_peers(peers: &PeerCounts) -> std::sync::MutexGuard<'_, HashMap<IpAddr, u32>> {
+    // The map is only incremented or decremented under the lock, never left half-changed.
+    peers
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// One connection's share of its peer's `max_connections_per_peer`; given back on drop.
+#[derive(Debug)]
+struct PeerSlot {
+    peers: PeerCounts,
+    ip: IpAddr,
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut peers = lock_peers(&self.peers);
+        if let Some(count) = peers.get_mut(&self.ip) {
+            *count -= 1;
+            if *count == 0 {
+                peers.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// One listener's connection limits: its own `max_connections` permits, its own
+/// `max_connections_per_peer` counts, and the handshake and idle deadlines. Clones share the
+/// permits; build one per listener ([`Transport::incoming`] does) so no listener's clients can
+/// take another's.
 #[derive(Debug, Clone)]
 pub struct ConnectionLimits {
     permits: Arc<Semaphore>,
     max: usize,
+    per_peer: u32,
+    peers: PeerCounts,
     handshake_timeout: Duration,
+    idle_timeout: Option<Duration>,
     metrics: TransportMetrics,
 }
 
 impl ConnectionLimits {
-    /// `max_connections` permits (shared by every listener guarded with this value and its
-    /// clones) and `handshake_timeout_ms`, counted in `metrics`.
+    /// Fresh `max_connections` permits and per-peer counts (shared by this value's clones
+    /// only), `handshake_timeout_ms` and `idle_timeout_ms`, counted in `metrics`.
     pub fn new(config: &TransportConfig, metrics: &TransportMetrics) -> Self {
         Self {
             permits: Arc::new(Semaphore::new(config.max_connections as usize)),
             max: config.max_connections as usize,
+            per_peer: config.max_connections_per_peer,
+            peers: PeerCounts::default(),
             handshake_timeout: config.handshake_timeout(),
+            idle_timeout: config.idle_timeout(),
             metrics: metrics.clone(),
         }
     }
 
     /// Wraps a stream of accepted connections: each admitted one is a [`Guarded`] stream, each
-    /// over the limit is dropped (closed) at once and counted.
+    /// over a limit is dropped (closed) at once and counted.
     pub fn guard<S>(&self, incoming: S) -> GuardedIncoming<S> {
         GuardedIncoming {
             inner: incoming,
@@ -400,15 +705,39 @@ impl ConnectionLimits {
     }
 
     /// Admits one accepted connection: `None` (and counted as refused) when `max_connections`
-    /// are already held; the caller drops `io`, which closes it.
-    pub fn admit<IO>(&self, io: IO) -> Option<Guarded<IO>> {
+    /// are already held, or `max_connections_per_peer` by its peer; the caller drops `io`,
+    /// which closes it.
+    pub fn admit<IO: PeerAddr>(&self, io: IO) -> Option<Guarded<IO>> {
         let Ok(permit) = Arc::clone(&self.permits).try_acquire_owned() else {
-            self.metrics
-                .refused
-                .with_label_values(&[REFUSED_MAX_CONNECTIONS])
-                .inc();
-            tracing::debug!("connection refused: transport.max_connections held");
+            self.refuse(REFUSED_MAX_CONNECTIONS);
+            tracing::debug!(
+                peer = ?io.peer_ip(),
+                limit = self.max,
+                "connection refused: transport.max_connections held on this listener"
+            );
             return None;
+        };
+        let peer = match io.peer_ip() {
+            Some(ip) if self.per_peer > 0 => {
+                let mut peers = lock_peers(&self.peers);
+                let count = peers.entry(ip).or_insert(0);
+                if *count >= self.per_peer {
+                    drop(peers);
+                    self.refuse(REFUSED_MAX_CONNECTIONS_PER_PEER);
+                    tracing::debug!(
+                        peer = %ip,
+                        limit = self.per_peer,
+                        "connection refused: transport.max_connections_per_peer held by this peer"
+                    );
+                    return None;
+                }
+                *count += 1;
+                Some(PeerSlot {
+                    peers: Arc::clone(&self.peers),
+                    ip,
+                })
+            }
+            _ => None,
         };
         self.metrics
             .connections
@@ -419,18 +748,38 @@ impl ConnectionLimits {
             state: Arc::new(ConnectionState {
                 established: AtomicBool::new(false),
                 gauge: self.metrics.connections.clone(),
+                streams: self.idle_timeout.map(|_| Mutex::new(StreamTracker::new())),
             }),
             parser: Some(PrefaceParser::default()),
+            plaintext: true,
             deadline: Some(Box::pin(tokio::time::sleep(self.handshake_timeout))),
-            timed_out: false,
+            idle_timeout: self.idle_timeout,
+            idle: None,
+            closed: None,
             refused: self.metrics.refused.clone(),
             _permit: permit,
+            _peer: peer,
         })
     }
 
-    /// Connections currently held (admitted and not yet closed).
+    fn refuse(&self, reason: &str) {
+        self.metrics.refused.with_label_values(&[reason]).inc();
+    }
+
+    /// Connections currently held on this listener (admitted and not yet closed).
     pub fn held(&self) -> usize {
         self.max - self.permits.available_permits()
+    }
+
+    /// Connections currently held on this listener by `ip`.
+    pub fn held_by(&self, ip: IpAddr) -> u32 {
+        lock_peers(&self.peers).get(&ip).copied().unwrap_or(0)
+    }
+
+    /// Remote addresses with a connection held (entries of the per-peer map; 0 when
+    /// `max_connections_per_peer` is 0, which keeps no map).
+    pub fn peers(&self) -> usize {
+        lock_peers(&self.peers).len()
     }
 }
 
@@ -442,9 +791,17 @@ pub struct GuardedIncoming<S> {
     limits: ConnectionLimits,
 }
 
+impl<S> GuardedIncoming<S> {
+    /// The limits applied (this listener's).
+    pub fn limits(&self) -> &ConnectionLimits {
+        &self.limits
+    }
+}
+
 impl<S, IO> Stream for GuardedIncoming<S>
 where
     S: Stream<Item = io::Result<IO>> + Unpin,
+    IO: PeerAddr,
 {
     type Item = io::Result<Guarded<IO>>;
 
@@ -464,31 +821,43 @@ where
     }
 }
 
-/// One admitted connection: holds its `max_connections` permit until dropped, and fails every
-/// read and write with `TimedOut` (so hyper or the TLS acceptor closes it) once the handshake
-/// deadline passes before the HTTP/2 preface was read, counted as
-/// `refused{reason="handshake_timeout"}`.
+/// One admitted connection: holds its `max_connections` permit (and its peer's share of
+/// `max_connections_per_peer`) until dropped, and fails every read and write with `TimedOut`
+/// (so hyper or the TLS acceptor closes it) once
+/// * the handshake deadline passes before the HTTP/2 preface was read, counted as
+///   `refused{reason="handshake_timeout"}`, or
+/// * the connection had no open HTTP/2 stream for `idle_timeout_ms`, counted as
+///   `refused{reason="idle_timeout"}`.
 ///
-/// On a plaintext connection it reads the preface itself. Under TLS its bytes are ciphertext:
-/// the TLS acceptor wraps this stream, calls [`Guarded::watch_above`] and wraps the decrypted
-/// stream in [`PrefaceWatch`]. `ConnectInfo` is the inner stream's (`remote_addr()` works).
+/// On a plaintext connection it reads the preface and frame headers itself. Under TLS its
+/// bytes are ciphertext: the TLS acceptor wraps this stream, calls [`Guarded::watch_above`] and
+/// wraps the decrypted stream in [`PrefaceWatch`], which sees the plaintext. The deadlines
+/// stay here. `ConnectInfo` is the inner stream's (`remote_addr()` works).
 #[derive(Debug)]
 pub struct Guarded<IO> {
     io: IO,
     state: Arc<ConnectionState>,
     parser: Option<PrefaceParser>,
+    /// Whether this layer's bytes are the HTTP/2 ones (no TLS above): then it tracks streams.
+    plaintext: bool,
     deadline: Option<Pin<Box<Sleep>>>,
-    timed_out: bool,
+    idle_timeout: Option<Duration>,
+    /// Armed once established; fires at the idle deadline or earlier (then re-armed).
+    idle: Option<Pin<Box<Sleep>>>,
+    /// The deadline that closed it (`reason` label), once one did.
+    closed: Option<&'static str>,
     refused: IntCounterVec,
     _permit: OwnedSemaphorePermit,
+    _peer: Option<PeerSlot>,
 }
 
 impl<IO> Guarded<IO> {
-    /// Stops reading the preface here (the bytes here are TLS records) and returns the marker
-    /// for a [`PrefaceWatch`] over the decrypted stream. The deadline stays here, so it
-    /// covers the TLS handshake too.
+    /// Stops reading the preface and frames here (the bytes here are TLS records) and returns
+    /// the marker for a [`PrefaceWatch`] over the decrypted stream. The deadlines stay here,
+    /// so the handshake one covers the TLS handshake too.
     pub fn watch_above(&mut self) -> PrefaceMarker {
         self.parser = None;
+        self.plaintext = false;
         PrefaceMarker(Arc::clone(&self.state))
     }
 
@@ -502,36 +871,54 @@ impl<IO> Guarded<IO> {
         &self.io
     }
 
-    /// `Err(TimedOut)` once the deadline passed before the preface; registers the waker so an
-    /// idle connection is woken (and closed) at the deadline.
+    /// `Err(TimedOut)` once a deadline passed (see [`Guarded`]); registers the waker so an idle
+    /// connection is woken (and closed) at the deadline.
     fn check_deadline(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
-        if self.timed_out {
-            return Err(handshake_timed_out());
+        if let Some(reason) = self.closed {
+            return Err(timed_out(reason));
         }
         if let Some(deadline) = &mut self.deadline {
             if self.state.is_established() {
                 self.deadline = None;
             } else if deadline.as_mut().poll(cx).is_ready() {
                 self.deadline = None;
-                self.timed_out = true;
-                self.refused
-                    .with_label_values(&[REFUSED_HANDSHAKE_TIMEOUT])
-                    .inc();
-                tracing::debug!(
-                    "connection closed: no HTTP/2 preface within the handshake timeout"
-                );
-                return Err(handshake_timed_out());
+                return Err(self.close(REFUSED_HANDSHAKE_TIMEOUT));
+            }
+        }
+        if let Some(idle) = self.idle_timeout
+            && self.state.is_established()
+        {
+            let sleep = self
+                .idle
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));
+            while sleep.as_mut().poll(cx).is_ready() {
+                let due = self.state.idle_deadline(idle);
+                if due <= Instant::now() {
+                    self.idle = None;
+                    return Err(self.close(REFUSED_IDLE_TIMEOUT));
+                }
+                sleep.as_mut().reset(due);
             }
         }
         Ok(())
     }
+
+    fn close(&mut self, reason: &'static str) -> io::Error {
+        self.closed = Some(reason);
+        self.refused.with_label_values(&[reason]).inc();
+        let peer = self.state.tracker().map(|t| t.open.len());
+        tracing::debug!(reason, open_streams = ?peer, "connection closed by a transport deadline");
+        timed_out(reason)
+    }
 }
 
-fn handshake_timed_out() -> io::Error {
-    io::Error::new(
-        io::ErrorKind::TimedOut,
-        "no HTTP/2 preface within transport.handshake_timeout_ms",
-    )
+fn timed_out(reason: &'static str) -> io::Error {
+    let text = if reason == REFUSED_IDLE_TIMEOUT {
+        "no open HTTP/2 stream within transport.idle_timeout_ms"
+    } else {
+        "no HTTP/2 preface within transport.handshake_timeout_ms"
+    };
+    io::Error::new(io::ErrorKind::TimedOut, text)
 }
 
 impl<IO: AsyncRead + Unpin> AsyncRead for Guarded<IO> {
@@ -544,12 +931,21 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Guarded<IO> {
         this.check_deadline(cx)?;
         let before = buf.filled().len();
         let result = Pin::new(&mut this.io).poll_read(cx, buf);
-        if let (Poll::Ready(Ok(())), Some(parser)) = (&result, &mut this.parser)
-            && parser.feed(&buf.filled()[before..])
-        {
-            this.parser = None;
-            this.deadline = None;
-            this.state.mark_established();
+        if let Poll::Ready(Ok(())) = &result {
+            let bytes = &buf.filled()[before..];
+            if this.plaintext {
+                this.state.read(bytes);
+            }
+            if let Some(parser) = &mut this.parser
+                && parser.feed(bytes)
+            {
+                this.parser = None;
+                this.deadline = None;
+                this.state.mark_established();
+                // arms the idle deadline now, not at the next read (it cannot be due yet;
+                // were it, the next poll would report it)
+                let _ = this.check_deadline(cx);
+            }
         }
         result
     }
@@ -563,7 +959,11 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Guarded<IO> {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         this.check_deadline(cx)?;
-        Pin::new(&mut this.io).poll_write(cx, buf)
+        let result = Pin::new(&mut this.io).poll_write(cx, buf);
+        if let (Poll::Ready(Ok(n)), true) = (&result, this.plaintext) {
+            this.state.wrote(&buf[..*n]);
+        }
+        result
     }
 
     fn poll_write_vectored(
@@ -573,7 +973,11 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Guarded<IO> {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         this.check_deadline(cx)?;
-        Pin::new(&mut this.io).poll_write_vectored(cx, bufs)
+        let result = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
+        if let (Poll::Ready(Ok(n)), true) = (&result, this.plaintext) {
+            this.state.wrote_vectored(bufs, *n);
+        }
+        result
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -600,7 +1004,8 @@ impl<IO: Connected> Connected for Guarded<IO> {
 }
 
 /// A connection a TLS acceptor wraps: it hands the HTTP/2-preface watch (and with it the end of
-/// the handshake deadline) to the decrypted stream above, since its own bytes are TLS records.
+/// the handshake deadline) and the stream tracking to the decrypted stream above, since its own
+/// bytes are TLS records.
 pub trait WatchAbove {
     /// Stops watching for the preface here; the marker for a [`PrefaceWatch`] over the decrypted
     /// stream, `None` when this connection has no deadline to end (not [`Guarded`]).
@@ -620,7 +1025,8 @@ impl<IO> WatchAbove for Guarded<IO> {
 }
 
 /// A decrypted stream (e.g. TLS over a [`Guarded`] connection) that reads the HTTP/2 preface
-/// and marks its connection established (which clears the [`Guarded`] deadline below).
+/// and marks its connection established (which clears the [`Guarded`] deadline below), and
+/// passes the frames going both ways to the idle tracking of the connection below.
 #[derive(Debug)]
 pub struct PrefaceWatch<IO> {
     io: IO,
@@ -660,11 +1066,13 @@ impl<IO: AsyncRead + Unpin> AsyncRead for PrefaceWatch<IO> {
         let this = self.get_mut();
         let before = buf.filled().len();
         let result = Pin::new(&mut this.io).poll_read(cx, buf);
-        if let (Poll::Ready(Ok(())), Some(parser)) = (&result, &mut this.parser)
-            && parser.feed(&buf.filled()[before..])
-        {
-            this.parser = None;
-            if let Some(marker) = &this.marker {
+        if let (Poll::Ready(Ok(())), Some(marker)) = (&result, &this.marker) {
+            let bytes = &buf.filled()[before..];
+            marker.0.read(bytes);
+            if let Some(parser) = &mut this.parser
+                && parser.feed(bytes)
+            {
+                this.parser = None;
                 marker.0.mark_established();
             }
         }
@@ -678,7 +1086,12 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for PrefaceWatch<IO> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+        let this = self.get_mut();
+        let result = Pin::new(&mut this.io).poll_write(cx, buf);
+        if let (Poll::Ready(Ok(n)), Some(marker)) = (&result, &this.marker) {
+            marker.0.wrote(&buf[..*n]);
+        }
+        result
     }
 
     fn poll_write_vectored(
@@ -686,7 +1099,12 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for PrefaceWatch<IO> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        let result = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
+        if let (Poll::Ready(Ok(n)), Some(marker)) = (&result, &this.marker) {
+            marker.0.wrote_vectored(bufs, *n);
+        }
+        result
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -918,15 +1336,13 @@ where
 
 // ---- all together -------------------------------------------------------------------------
 
-/// A service's transport limits from one `[transport]` section: connection limits for its
-/// listeners, request limits for its gRPC services, HTTP/2 settings for its server builder.
+/// A service's transport limits from one `[transport]` section: connection limits for each of
+/// its listeners, request limits for its gRPC services, HTTP/2 settings for its server builder.
 #[derive(Debug, Clone)]
 pub struct Transport {
     config: TransportConfig,
     /// The metrics (registered under the service's prefix).
     pub metrics: TransportMetrics,
-    /// Connection limits (clone-shared by every listener guarded with them).
-    pub connections: ConnectionLimits,
     /// Request limits.
     pub requests: RequestLimits,
 }
@@ -949,7 +1365,6 @@ impl Transport {
         let metrics = TransportMetrics::new(registry, prefix);
         Ok(Self {
             config: config.clone(),
-            connections: ConnectionLimits::new(config, &metrics),
             requests: RequestLimits::new(config, &metrics, descriptor_sets)?,
             metrics,
         })
@@ -960,9 +1375,11 @@ impl Transport {
         self.config.server(builder)
     }
 
-    /// `incoming` with the connection limits ([`ConnectionLimits::guard`]).
+    /// `incoming` (one listener's accepted connections) with connection limits of its own
+    /// ([`ConnectionLimits::guard`] over a fresh [`ConnectionLimits`]): call it once per
+    /// listener, and no listener's clients can hold another's `max_connections`.
     pub fn incoming<S>(&self, incoming: S) -> GuardedIncoming<S> {
-        self.connections.guard(incoming)
+        ConnectionLimits::new(&self.config, &self.metrics).guard(incoming)
     }
 
     /// `service` with the request limits ([`RequestLimits::limit`]).
@@ -1019,9 +1436,13 @@ mod tests {
     fn every_key_is_validated_with_its_name() {
         TransportConfig::default().validate().unwrap();
         type Breaker = fn(&mut TransportConfig);
-        let cases: [(&str, Breaker); 6] = [
+        let cases: [(&str, Breaker); 8] = [
             ("transport.request_timeout_ms = 0", |c| {
                 c.request_timeout_ms = 0
+            }),
+            ("transport.idle_timeout_ms = 99", |c| c.idle_timeout_ms = 99),
+            ("transport.max_connections_per_peer = 1000001", |c| {
+                c.max_connections_per_peer = 1_000_001
             }),
             ("transport.handshake_timeout_ms = 10", |c| {
                 c.handshake_timeout_ms = 10
@@ -1044,6 +1465,60 @@ mod tests {
             assert!(text.starts_with(prefix), "{text}");
             assert!(text.contains("must be in"), "{text}");
         }
+        // 0 turns both off
+        let off = TransportConfig {
+            idle_timeout_ms: 0,
+            max_connections_per_peer: 0,
+            ..TransportConfig::default()
+        };
+        off.validate().unwrap();
+        assert_eq!(off.idle_timeout(), None);
+    }
+
+    #[test]
+    fn the_stream_tracker_opens_on_client_headers_and_ends_on_server_end_stream_or_reset() {
+        fn frame(kind: u8, flags: u8, stream: u32, payload: usize) -> Vec<u8> {
+            let mut bytes = (payload as u32).to_be_bytes()[1..].to_vec();
+            bytes.extend([kind, flags]);
+            bytes.extend(stream.to_be_bytes());
+            bytes.extend(std::iter::repeat_n(0xAB, payload));
+            bytes
+        }
+        let mut client = PREFACE_MAGIC.to_vec();
+        client.extend(EMPTY_SETTINGS);
+        client.extend(frame(HEADERS_FRAME, 0x4, 1, 30)); // opens 1
+        client.extend(frame(DATA_FRAME, END_STREAM, 1, 5)); // request done: still open
+        client.extend(frame(HEADERS_FRAME, 0x4, 3, 30)); // opens 3
+        client.extend(frame(0x6, 0, 0, 8)); // PING: nothing
+        let mut tracker = StreamTracker::new();
+        // byte by byte: frame headers split anywhere are still read
+        for byte in &client {
+            tracker.read(std::slice::from_ref(byte));
+        }
+        assert_eq!(tracker.open, HashSet::from([1, 3]));
+        // client trailers on an old id do not reopen anything
+        tracker.read(&frame(HEADERS_FRAME, END_STREAM | 0x4, 1, 3));
+        assert_eq!(tracker.open.len(), 2);
+
+        let mut server = EMPTY_SETTINGS.to_vec();
+        server.extend(frame(HEADERS_FRAME, 0x4, 1, 10)); // response headers
+        server.extend(frame(DATA_FRAME, 0, 1, 100));
+        tracker.wrote(&server);
+        assert_eq!(
+            tracker.open.len(),
+            2,
+            "a response without END_STREAM is not the end"
+        );
+        tracker.wrote(&frame(HEADERS_FRAME, END_STREAM | 0x4, 1, 10)); // trailers
+        assert_eq!(tracker.open, HashSet::from([3]));
+        let busy = tracker.idle_since;
+        tracker.read(&frame(RST_STREAM_FRAME, 0, 3, 4)); // the client cancels 3
+        assert!(tracker.open.is_empty());
+        assert!(tracker.idle_since >= busy);
+        // a server reset ends a stream too
+        tracker.read(&frame(HEADERS_FRAME, 0x4, 5, 1));
+        tracker.wrote(&frame(RST_STREAM_FRAME, 0, 5, 4));
+        assert!(tracker.open.is_empty());
     }
 
     struct TestServer {
@@ -1056,25 +1531,30 @@ mod tests {
 
     impl TestServer {
         async fn start(config: TransportConfig) -> Self {
-            let registry = Registry::new();
-            let metrics = TransportMetrics::new(&registry, "ckf_test");
-            let limits = ConnectionLimits::new(&config, &metrics);
+            let transport = Transport::new(&config, &Registry::new(), "ckf_test", &[]).unwrap();
+            Self::serve(&transport).await
+        }
+
+        /// A health server on a new listener guarded by `transport.incoming` (limits of its own).
+        async fn serve(transport: &Transport) -> Self {
             let (reporter, health) = grpc::health(&[]).await;
             grpc::set_all(&reporter, &[], tonic_health::ServingStatus::Serving).await;
             let listener = grpc::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
             let addr = listener.addr;
+            let incoming = transport.incoming(listener.incoming);
+            let limits = incoming.limits().clone();
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
             let task = tokio::spawn(
-                config
+                transport
                     .server(tonic::transport::Server::builder())
                     .add_service(health)
-                    .serve_with_incoming_shutdown(limits.guard(listener.incoming), async {
+                    .serve_with_incoming_shutdown(incoming, async {
                         let _ = stopped.await;
                     }),
             );
             Self {
                 addr,
-                metrics,
+                metrics: transport.metrics.clone(),
                 limits,
                 stop,
                 task,
@@ -1214,6 +1694,177 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(600)).await;
         assert_eq!(server.refused(REFUSED_HANDSHAKE_TIMEOUT), 0);
         drop((raw, client));
+        server.stop().await;
+    }
+
+    /// A raw connection from `local` (e.g. `127.0.0.2`) to `server`.
+    async fn connect_from(local: &str, server: std::net::SocketAddr) -> TcpStream {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(format!("{local}:0").parse().unwrap()).unwrap();
+        socket.connect(server).await.unwrap()
+    }
+
+    /// A raw connection that sent the whole client preface.
+    async fn established_from(local: &str, server: std::net::SocketAddr) -> TcpStream {
+        let mut stream = connect_from(local, server).await;
+        stream.write_all(PREFACE_MAGIC).await.unwrap();
+        stream.write_all(&EMPTY_SETTINGS).await.unwrap();
+        stream
+    }
+
+    #[tokio::test]
+    async fn one_peer_over_max_connections_per_peer_is_refused_while_another_peer_connects() {
+        let server = TestServer::start(TransportConfig {
+            max_connections_per_peer: 2,
+            ..config(16, 10_000)
+        })
+        .await;
+        let one: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+        let two: std::net::IpAddr = "127.0.0.2".parse().unwrap();
+        let held = [
+            established_from("127.0.0.1", server.addr).await,
+            established_from("127.0.0.1", server.addr).await,
+        ];
+        wait_until("two held", || server.limits.held_by(one) == 2).await;
+
+        let mut third = connect_from("127.0.0.1", server.addr).await;
+        closed_by_server(&mut third, Duration::from_secs(5))
+            .await
+            .expect("the peer's connection over the limit is closed at once");
+        assert_eq!(server.refused(REFUSED_MAX_CONNECTIONS_PER_PEER), 1);
+        assert_eq!(server.refused(REFUSED_MAX_CONNECTIONS), 0);
+        assert_eq!(
+            server.limits.held_by(one),
+            2,
+            "the refused one held nothing"
+        );
+
+        // another address is admitted and served
+        let other = established_from("127.0.0.2", server.addr).await;
+        wait_until("other peer held", || server.limits.held_by(two) == 1).await;
+        assert_eq!(server.limits.peers(), 2);
+        let mut client = server.client().await; // from 127.0.0.1: full
+        assert!(
+            client
+                .check(HealthCheckRequest {
+                    service: String::new()
+                })
+                .await
+                .is_err(),
+            "a third connection from 127.0.0.1 is refused"
+        );
+
+        // entries leave the map when their peer holds nothing
+        drop(held);
+        wait_until("127.0.0.1 released", || server.limits.held_by(one) == 0).await;
+        assert_eq!(server.limits.peers(), 1);
+        check(&mut server.client().await).await;
+        drop(other);
+        wait_until("map empty", || server.limits.peers() == 0).await;
+        server.stop().await;
+    }
+
+    #[tokio::test]
+    async fn two_listeners_of_one_transport_do_not_share_permits() {
+        let registry = Registry::new();
+        let transport = Transport::new(&config(1, 10_000), &registry, "ckf_test", &[]).unwrap();
+        let a = TestServer::serve(&transport).await;
+        let b = TestServer::serve(&transport).await;
+        let held = established_from("127.0.0.1", a.addr).await;
+        wait_until("a full", || a.limits.held() == 1).await;
+
+        let mut extra = TcpStream::connect(a.addr).await.unwrap();
+        closed_by_server(&mut extra, Duration::from_secs(5))
+            .await
+            .expect("a is full");
+        assert_eq!(a.refused(REFUSED_MAX_CONNECTIONS), 1);
+        // b still has its own permit
+        let mut client = b.client().await;
+        check(&mut client).await;
+        assert_eq!((a.limits.held(), b.limits.held()), (1, 1));
+        assert_eq!(
+            b.refused(REFUSED_MAX_CONNECTIONS),
+            1,
+            "metrics are shared: only a's"
+        );
+        drop((held, client));
+        a.stop().await;
+        b.stop().await;
+    }
+
+    #[tokio::test]
+    async fn a_connection_without_an_open_stream_is_closed_after_the_idle_timeout_pings_or_not() {
+        let server = TestServer::start(TransportConfig {
+            idle_timeout_ms: 300,
+            ..config(16, 10_000)
+        })
+        .await;
+        let mut silent = established_from("127.0.0.1", server.addr).await;
+        // a peer that keeps sending PINGs (what answering keepalives looks like) is idle too
+        let mut pinging = established_from("127.0.0.1", server.addr).await;
+        let (mut read_half, mut write_half) = pinging.split();
+        let pings = async {
+            let mut ping = vec![0, 0, 8, 0x6, 0, 0, 0, 0, 0];
+            ping.extend([7; 8]);
+            while write_half.write_all(&ping).await.is_ok() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        let mut buf = [0u8; 1024];
+        let drained = async {
+            tokio::time::timeout(Duration::from_secs(10), async {
+                loop {
+                    match read_half.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(_) => {}
+                    }
+                }
+            })
+            .await
+        };
+        tokio::select! {
+            () = pings => panic!("pings stop only when the connection is closed"),
+            closed = drained => closed.expect("a pinging connection without streams is closed"),
+        }
+        closed_by_server(&mut silent, Duration::from_secs(10))
+            .await
+            .expect("a silent established connection is closed");
+        wait_until("both counted", || server.refused(REFUSED_IDLE_TIMEOUT) == 2).await;
+        assert_eq!(server.refused(REFUSED_HANDSHAKE_TIMEOUT), 0);
+        wait_until("permits back", || server.limits.held() == 0).await;
+        server.stop().await;
+    }
+
+    #[tokio::test]
+    async fn an_open_stream_keeps_its_quiet_connection_past_the_idle_timeout() {
+        let server = TestServer::start(TransportConfig {
+            idle_timeout_ms: 300,
+            ..config(16, 10_000)
+        })
+        .await;
+        let mut client = server.client().await;
+        // a health Watch: the client sends nothing after its request, the stream stays open
+        let mut watch = client
+            .watch(HealthCheckRequest {
+                service: String::new(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        watch.message().await.unwrap().expect("the first status");
+        tokio::time::sleep(Duration::from_millis(1_200)).await; // four idle timeouts
+        assert_eq!(server.refused(REFUSED_IDLE_TIMEOUT), 0);
+        assert_eq!(server.connections("established"), 1);
+        check(&mut client).await;
+
+        // once the last stream ends, the connection is idle and closed
+        drop(watch);
+        wait_until("closed as idle", || {
+            server.refused(REFUSED_IDLE_TIMEOUT) == 1
+        })
+        .await;
+        wait_until("gauge back to 0", || server.connections("established") == 0).await;
+        drop(client);
         server.stop().await;
     }
 

@@ -4,15 +4,25 @@
 //! `max_connections` is closed at accept while the held ones keep working; a request over
 //! `max_concurrent_requests` is shed at once with `UNAVAILABLE`; a unary request still open
 //! after `request_timeout_ms` gets `DEADLINE_EXCEEDED`. Every refusal is counted.
+//!
+//! Listener isolation and idleness: established idle connections filling `query_listen`'s
+//! `max_connections` do not stop a producer attaching on `listen` (each listener has its own
+//! permits); connections without an open stream are closed after `idle_timeout_ms` while a
+//! producer's Relay stream is kept; Relay streams that never send `Attach` end with
+//! `INVALID_ARGUMENT` after the heartbeat deadline, give their `max_concurrent_requests` slot
+//! back, and never stop a real producer attaching.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use ckf_e2e::cluster::TestDir;
+use ckf_e2e::check::wait_converged;
+use ckf_e2e::cluster::{Indexer, IndexerSpec, Producer, TestDir, format};
+use ckf_e2e::hashes::HashPool;
 use ckf_e2e::metrics;
 use ckf_e2e::{Service, binary, wait_until};
 use ckf_proto::v1;
 use ckf_proto::v1::query_client::QueryClient;
+use ckf_proto::v1::relay_client::RelayClient;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tonic::Code;
@@ -331,4 +341,198 @@ async fn the_producer_closes_silent_ingest_connections_too() {
         .unwrap();
     let mut ingest = v1::ingest_client::IngestClient::new(channel);
     ingest.get_stats(v1::GetStatsRequest {}).await.unwrap();
+}
+
+/// Raw connections to `addr` that each sent a complete preface and then nothing.
+async fn idle_connections(addr: SocketAddr, n: usize) -> Vec<TcpStream> {
+    let mut held = Vec::new();
+    for _ in 0..n {
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        stream.write_all(PREFACE).await.unwrap();
+        held.push(stream);
+    }
+    held
+}
+
+/// Log lines of `indexer` whose message is `needle` (its log is JSON, one record a line).
+fn log_count(indexer: &Indexer, needle: &str) -> usize {
+    indexer
+        .log()
+        .lines()
+        .filter(|line| line.contains(&format!("\"message\":\"{needle}")))
+        .count()
+}
+
+fn indexer_metric(indexer: &Indexer, name: &str, labels: &[(&str, &str)]) -> f64 {
+    metric(indexer.metrics_addr, name, labels)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_filling_query_listen_do_not_stop_a_producer_attaching_on_listen() {
+    let dir = TestDir::new("transport_listeners");
+    let spec = IndexerSpec {
+        extra_toml: "query_listen = \"127.0.0.1:0\"\n[transport]\nmax_connections = 4\n".into(),
+        ..IndexerSpec::default()
+    };
+    let indexer = Indexer::start(&dir, &spec);
+    let held = idle_connections(indexer.query_addr, 4).await;
+    wait_metric(
+        indexer.metrics_addr,
+        "ckf_indexer_connections",
+        &[("state", "established")],
+        4.0,
+    );
+    // query_listen is full ...
+    let mut extra = TcpStream::connect(indexer.query_addr).await.unwrap();
+    assert!(
+        closed_by_server(&mut extra, BOUND).await,
+        "query_listen over max_connections"
+    );
+    assert_eq!(
+        indexer_metric(
+            &indexer,
+            "ckf_indexer_connections_refused_total",
+            &[("reason", "max_connections")]
+        ),
+        1.0
+    );
+
+    // ... and a producer still connects and attaches on listen
+    let mut producer = Producer::start_dc(&dir, "dc-a", &[indexer.url()]);
+    wait_until("the producer attached on listen", BOUND, || {
+        (log_count(&indexer, "attachment authorized") == 1).then_some(())
+    })
+    .unwrap();
+    assert_eq!(
+        indexer_metric(
+            &indexer,
+            "ckf_indexer_connections_refused_total",
+            &[("reason", "max_connections")]
+        ),
+        1.0,
+        "the producer's connection was not refused"
+    );
+    // once the idle ones go, Query serves what the producer published
+    drop(held);
+    let mut pool = HashPool::new(&format(), 21);
+    producer.store(1, &pool.take(20)).await;
+    wait_converged(&indexer, &producer).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_without_streams_are_closed_as_idle_while_a_relay_stream_is_kept() {
+    let dir = TestDir::new("transport_idle");
+    let spec = IndexerSpec {
+        extra_toml: "[transport]\nidle_timeout_ms = 1000\n".into(),
+        ..IndexerSpec::default()
+    };
+    let indexer = Indexer::start(&dir, &spec);
+    let mut producer = Producer::start_dc(&dir, "dc-a", &[indexer.url()]);
+    wait_until("the producer attached", BOUND, || {
+        (log_count(&indexer, "attachment authorized") == 1).then_some(())
+    })
+    .unwrap();
+
+    let mut idle = idle_connections(indexer.addr, 3).await;
+    for (i, stream) in idle.iter_mut().enumerate() {
+        assert!(
+            closed_by_server(stream, BOUND).await,
+            "idle connection {i} still open after {BOUND:?}"
+        );
+    }
+    assert!(
+        indexer_metric(
+            &indexer,
+            "ckf_indexer_connections_refused_total",
+            &[("reason", "idle_timeout")]
+        ) >= 3.0
+    );
+    // several idle timeouts later the producer's stream (heartbeats every 200 ms, and open
+    // all along) was never cut: one attachment, and its data arrives
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut pool = HashPool::new(&format(), 22);
+    producer.store(1, &pool.take(20)).await;
+    wait_converged(&indexer, &producer).await;
+    assert_eq!(
+        log_count(&indexer, "attachment authorized"),
+        1,
+        "the producer reattached: its connection was cut"
+    );
+}
+
+/// A Relay `Publish` whose request stream never sends a frame (no `Attach`).
+async fn attachless_publish(addr: SocketAddr) -> tonic::Status {
+    let mut client = RelayClient::new(connect(addr).await);
+    match client
+        .publish(tokio_stream::pending::<v1::RelayFrame>())
+        .await
+    {
+        Ok(_) => panic!("an Attach-less stream was accepted"),
+        Err(status) => status,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attachless_relay_streams_end_after_the_deadline_give_back_their_slots_and_a_producer_attaches()
+ {
+    let dir = TestDir::new("transport_attachless");
+    // 8 Attach-less streams and one producer fit max_concurrent_requests = 9; the stream
+    // limit (limits.max_relay_streams = 64) counts attached streams only.
+    let spec = IndexerSpec {
+        heartbeat_deadline_ms: 6_000,
+        extra_toml: "[transport]\nmax_concurrent_requests = 9\n".into(),
+        ..IndexerSpec::default()
+    };
+    let indexer = Indexer::start(&dir, &spec);
+    let attachless: Vec<_> = (0..8)
+        .map(|_| tokio::spawn(attachless_publish(indexer.addr)))
+        .collect();
+    // while they are open, a producer attaches
+    let mut producer = Producer::start_dc(&dir, "dc-a", &[indexer.url()]);
+    wait_until("the producer attached", BOUND, || {
+        (log_count(&indexer, "attachment authorized") == 1).then_some(())
+    })
+    .unwrap();
+    assert!(
+        attachless.iter().all(|task| !task.is_finished()),
+        "the producer attached only after the Attach-less streams ended"
+    );
+    for task in attachless {
+        let status = tokio::time::timeout(BOUND, task).await.unwrap().unwrap();
+        assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+        assert!(
+            status
+                .message()
+                .contains("nothing within the heartbeat deadline"),
+            "{status:?}"
+        );
+    }
+    assert_eq!(
+        indexer_metric(
+            &indexer,
+            "ckf_indexer_attach_refused_total",
+            &[("code", "invalid_argument")]
+        ),
+        8.0
+    );
+    // their slots came back: 9 more (the attached producer holds none) are all answered by the
+    // handler, none shed with UNAVAILABLE
+    let again: Vec<_> = (0..9)
+        .map(|_| tokio::spawn(attachless_publish(indexer.addr)))
+        .collect();
+    for task in again {
+        let status = tokio::time::timeout(BOUND, task).await.unwrap().unwrap();
+        assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    }
+    assert_eq!(
+        indexer_metric(
+            &indexer,
+            "ckf_indexer_requests_shed_total",
+            &[("service", "ckf.v1.Relay")]
+        ),
+        0.0
+    );
+    let mut pool = HashPool::new(&format(), 23);
+    producer.store(1, &pool.take(20)).await;
+    wait_converged(&indexer, &producer).await;
 }

@@ -634,3 +634,92 @@ async fn a_file_change_is_picked_up_by_the_reloader_and_counted() {
     check(server.addr, Some(&new_client)).await.unwrap();
     server.stop.trigger();
 }
+
+/// The idle deadline under TLS: the stream tracking reads the decrypted frames (the
+/// [`crate::transport::PrefaceWatch`] above TLS), not the TLS records below. A health `Watch`
+/// keeps its connection past several idle timeouts; once it ends, the connection is closed.
+#[tokio::test]
+async fn under_tls_an_open_stream_keeps_its_connection_and_an_idle_one_is_closed() {
+    use crate::transport::{REFUSED_HANDSHAKE_TIMEOUT, REFUSED_IDLE_TIMEOUT, TransportConfig};
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("ckf test CA");
+    let (cert, key) = ca.leaf(&["localhost"], "indexer");
+    let ca_file = write(dir.path(), "ca.crt", &ca.pem);
+    let cert = write(dir.path(), "server.crt", &cert);
+    let key = write(dir.path(), "server.key", &key);
+    let config = ServerTlsConfig {
+        client_auth: ClientAuth::Optional,
+        ..server_config(&cert, &key, Some(&ca_file))
+    };
+    let tls = ServerTls::load(&config, "tls").unwrap().unwrap();
+    let transport = crate::Transport::new(
+        &TransportConfig {
+            idle_timeout_ms: 300,
+            ..TransportConfig::default()
+        },
+        &prometheus::Registry::new(),
+        "ckf_test",
+        &[],
+    )
+    .unwrap();
+    let listener = crate::grpc::bind("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let addr = listener.addr;
+    let (_reporter, health) = crate::grpc::health(&[]).await;
+    let router = tonic::transport::Server::builder().add_service(health);
+    let stop = Shutdown::new();
+    let wait = stop.wait();
+    let incoming = transport.incoming(listener.incoming);
+    tokio::spawn(async move {
+        serve_router(router, incoming, Some(&tls), wait)
+            .await
+            .unwrap();
+    });
+    let refused = |reason: &str| transport.metrics.refused.with_label_values(&[reason]).get();
+    let established = || {
+        transport
+            .metrics
+            .connections
+            .with_label_values(&["established"])
+            .get()
+    };
+
+    let channel = endpoint(
+        &format!("https://{addr}"),
+        Some(&client(&ca_file, None)),
+        true,
+    )
+    .unwrap()
+    .connect()
+    .await
+    .unwrap();
+    let mut health = HealthClient::new(channel);
+    let mut watch = health
+        .watch(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    watch.message().await.unwrap().expect("the first status");
+    tokio::time::sleep(Duration::from_millis(1_200)).await; // four idle timeouts
+    assert_eq!(refused(REFUSED_IDLE_TIMEOUT), 0, "an open stream was cut");
+    assert_eq!(established(), 1);
+
+    drop(watch);
+    for _ in 0..500 {
+        if refused(REFUSED_IDLE_TIMEOUT) == 1 && established() == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        refused(REFUSED_IDLE_TIMEOUT),
+        1,
+        "the idle connection was not closed"
+    );
+    assert_eq!(established(), 0);
+    assert_eq!(refused(REFUSED_HANDSHAKE_TIMEOUT), 0);
+    stop.trigger();
+}
