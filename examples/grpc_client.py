@@ -19,6 +19,8 @@ metadata:
 import argparse
 import importlib
 import pathlib
+import secrets
+import shutil
 import sys
 import tempfile
 import time
@@ -31,6 +33,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 def load_stubs():
     out = pathlib.Path(tempfile.mkdtemp(prefix="ckf-stubs-"))
+    import atexit
+    atexit.register(shutil.rmtree, out, ignore_errors=True)
     protos = [f"ckf/v1/{name}.proto" for name in ("common", "ingest", "relay", "query")]
     include = str(pathlib.Path(protoc.__file__).parent / "_proto")
     args = ["protoc", f"-I{ROOT / 'proto'}", f"-I{include}",
@@ -62,6 +66,20 @@ def bearer(path):
 
 
 def main():
+    try:
+        run()
+    except grpc.RpcError as e:
+        hint = ""
+        text = (e.details() or "").lower()
+        if "wrong_version_number" in text or "handshake" in text:
+            hint = ("\nhint: TLS mismatch: --ca makes both channels TLS; is each server serving "
+                    "TLS (producer: --tls-cert/--tls-key)? Without --ca both are plaintext.")
+        elif e.code() == grpc.StatusCode.UNAUTHENTICATED:
+            hint = "\nhint: pass --query-token-file / --ingest-token-file (see the README's Security)"
+        sys.exit(f"error: {e.code().name}: {e.details()}{hint}")
+
+
+def run():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--producer", default="127.0.0.1:7500", help="producer gRPC host:port")
     ap.add_argument("--indexer", default="127.0.0.1:7400", help="indexer gRPC host:port")
@@ -83,9 +101,12 @@ def main():
     blocks = [0x1111, 0x2222, 0x3333]  # 64-bit sequence block hashes, in prefix order
     member = pb["ingest"].MemberId(worker_id=7, dp_rank=0)
     batch = pb["ingest"].KvEventBatch(
-        source_id=f"example-{int(time.time())}", sequence=1,
+        # A fresh source id per run: a source's sequence only moves forward.
+        source_id=f"example-{secrets.token_hex(8)}", sequence=1,
         events=[pb["ingest"].KvEvent(member=member, stored=pb["ingest"].Stored(block_hashes=blocks))])
     result = ingest.PublishBatch(batch, metadata=ingest_md)
+    if result.duplicate or not result.events:
+        sys.exit(f"error: the batch was not applied: {result}")
     print("ingest:", result.events[0].status and pb["ingest"].EventStatus.Name(result.events[0].status),
           "applied", result.events[0].applied_blocks)
 

@@ -169,9 +169,9 @@ pub struct ReplayArgs {
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
     /// Send `authorization: Bearer <token>` with the token in FILE on every Ingest call: the
-    /// token of an `[[ingest_auth.sources]]` entry of every producer whose `source_ids` and
-    /// `workers` admit all (the replay names its sources `ckf-replay-<run>/<worker>` afresh
-    /// on every run).
+    /// token of an `[[ingest_auth.sources]]` entry of every producer with `source_ids = ["*"]`
+    /// and `workers = ["*"]` (the replay names its sources afresh on every run,
+    /// `ckf-replay-<run>/<dc>/...`, and touches every worker of the fleet).
     #[arg(long, value_name = "FILE")]
     pub ingest_token_file: Option<PathBuf>,
     /// Fleet, policy and output.

@@ -457,6 +457,22 @@ pub fn hint(chain: &str, url: &str, client_certificate: bool) -> Option<&'static
         "connection closed",
     ]);
     let https = ckf_svc_kit::tls::is_https(url);
+    if has(&[
+        "ckf.v1.query: unauthenticated",
+        "ckf.v1.query: no credentials",
+    ]) || (has(&["query"]) && has(&["no credentials", "bearer token matches no"]))
+    {
+        return Some(
+            "the indexer's Query needs its bearer token: pass --token-file FILE (the file of \
+             its auth.query_token_file)",
+        );
+    }
+    if has(&["ingest"]) && has(&["no credentials", "bearer token matches no"]) {
+        return Some(
+            "the producers' Ingest needs a source's bearer token: pass --ingest-token-file FILE \
+             (an [[ingest_auth.sources]] token_file)",
+        );
+    }
     if has(&["certificaterequired", "certificate required"])
         || (https && cut && !client_certificate)
     {

@@ -232,7 +232,11 @@ impl ServerTlsConfig {
                 listener = what,
                 %addr,
                 client_ca = self.client_ca_file.as_ref().map(|p| p.display().to_string()),
-                client_auth = %self.client_auth,
+                // Without a client CA no client certificate is asked for or verified.
+                client_auth = %self
+                    .client_ca_file
+                    .as_ref()
+                    .map_or_else(|| "none".to_owned(), |_| self.client_auth.to_string()),
                 "serving TLS"
             ),
             Transport::PlaintextLoopback => tracing::info!(

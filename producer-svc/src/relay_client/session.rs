@@ -204,7 +204,7 @@ impl IndexerAttachment {
                     format!(
                         "the connection failed before any gRPC reply: {}{}",
                         error_chain(&status),
-                        plaintext_hint(&self.endpoint),
+                        transport_hint(&self.endpoint, tls.as_ref().is_some_and(ckf_svc_kit::tls::ClientTls::has_client_certificate)),
                     ),
                 ))),
                 Ok(Err(status)) => return Err(SessionEnd::Failed(fail(
@@ -479,14 +479,20 @@ fn is_transport_failure(status: &tonic::Status) -> bool {
     std::error::Error::source(status).is_some()
 }
 
-/// What to add to a transport failure of a plaintext `endpoint`: the usual cause is an indexer
-/// that serves TLS, which a plaintext HTTP/2 client sees only as a reset connection.
-fn plaintext_hint(endpoint: &str) -> &'static str {
-    if ckf_svc_kit::tls::is_https(endpoint) {
-        ""
-    } else {
+/// What to add to a transport failure on `endpoint`: a plaintext indexer URL against an
+/// indexer serving TLS, or a TLS connection without a client certificate to an indexer that
+/// requires one, both look like a connection the server cut (under TLS 1.3 a refused client
+/// certificate shows only as a broken pipe).
+fn transport_hint(endpoint: &str, client_certificate: bool) -> &'static str {
+    if !ckf_svc_kit::tls::is_https(endpoint) {
         " (this endpoint is plaintext http://: an indexer serving TLS looks like this; use an \
          https:// URL and [indexer_tls] ca_file)"
+    } else if !client_certificate {
+        " (no client certificate is configured: an indexer requiring one (tls.client_auth = \
+         \"required\") looks like this; set [indexer_tls] cert_file and key_file, or have the \
+         indexer use client_auth = \"optional\" for token-only producers)"
+    } else {
+        ""
     }
 }
 
@@ -543,8 +549,12 @@ mod tests {
         let reset = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset by peer");
         let transport = tonic::Status::from_error(Box::new(reset));
         assert!(is_transport_failure(&transport));
-        assert!(plaintext_hint("http://indexer:50051").contains("use an https:// URL"));
-        assert_eq!(plaintext_hint("https://indexer:50051"), "");
+        assert!(transport_hint("http://indexer:50051", false).contains("use an https:// URL"));
+        assert!(
+            transport_hint("https://indexer:50051", false)
+                .contains("no client certificate is configured")
+        );
+        assert_eq!(transport_hint("https://indexer:50051", true), "");
     }
 
     #[test]

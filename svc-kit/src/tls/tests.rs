@@ -64,6 +64,21 @@ fn server_config(cert: &Path, key: &Path, ca: Option<&Path>) -> ServerTlsConfig 
     }
 }
 
+/// A test CA (written to `dir/ca.crt`) and a `localhost` server config verifying client
+/// certificates against it, `client_auth = optional`.
+fn optional_mtls_server(dir: &Path) -> (PathBuf, ServerTlsConfig) {
+    let ca = Ca::new("ckf test CA");
+    let (cert, key) = ca.leaf(&["localhost"], "indexer");
+    let ca_file = write(dir, "ca.crt", &ca.pem);
+    let cert = write(dir, "server.crt", &cert);
+    let key = write(dir, "server.key", &key);
+    let config = ServerTlsConfig {
+        client_auth: ClientAuth::Optional,
+        ..server_config(&cert, &key, Some(&ca_file))
+    };
+    (ca_file, config)
+}
+
 fn load_error(config: &ServerTlsConfig) -> String {
     ServerTls::load(config, "tls").unwrap_err().to_string()
 }
@@ -523,15 +538,7 @@ async fn mutual_tls_verifies_the_client_and_names_it() {
 #[tokio::test]
 async fn optional_client_auth_admits_anonymous_clients_with_no_names() {
     let dir = tempfile::tempdir().unwrap();
-    let ca = Ca::new("ckf test CA");
-    let (cert, key) = ca.leaf(&["localhost"], "indexer");
-    let ca_file = write(dir.path(), "ca.crt", &ca.pem);
-    let cert = write(dir.path(), "server.crt", &cert);
-    let key = write(dir.path(), "server.key", &key);
-    let config = ServerTlsConfig {
-        client_auth: ClientAuth::Optional,
-        ..server_config(&cert, &key, Some(&ca_file))
-    };
+    let (ca_file, config) = optional_mtls_server(dir.path());
     let server = start_server(&config).await;
     check(server.addr, Some(&client(&ca_file, None)))
         .await
@@ -642,15 +649,7 @@ async fn a_file_change_is_picked_up_by_the_reloader_and_counted() {
 async fn under_tls_an_open_stream_keeps_its_connection_and_an_idle_one_is_closed() {
     use crate::transport::{REFUSED_HANDSHAKE_TIMEOUT, REFUSED_IDLE_TIMEOUT, TransportConfig};
     let dir = tempfile::tempdir().unwrap();
-    let ca = Ca::new("ckf test CA");
-    let (cert, key) = ca.leaf(&["localhost"], "indexer");
-    let ca_file = write(dir.path(), "ca.crt", &ca.pem);
-    let cert = write(dir.path(), "server.crt", &cert);
-    let key = write(dir.path(), "server.key", &key);
-    let config = ServerTlsConfig {
-        client_auth: ClientAuth::Optional,
-        ..server_config(&cert, &key, Some(&ca_file))
-    };
+    let (ca_file, config) = optional_mtls_server(dir.path());
     let tls = ServerTls::load(&config, "tls").unwrap().unwrap();
     let transport = crate::Transport::new(
         &TransportConfig {
