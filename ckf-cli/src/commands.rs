@@ -482,6 +482,16 @@ pub fn hint(chain: &str, url: &str, client_certificate: bool) -> Option<&'static
         )
     } else if has(&["unknownissuer", "unknown issuer", "badsignature"]) {
         Some("the server's certificate is not signed by the CA of --ca: pass the CA that issued it")
+    } else if has(&[
+        "decrypterror",
+        "decrypt error",
+        "badcertificate",
+        "bad certificate",
+    ]) {
+        Some(
+            "the TLS handshake failed on a certificate: the server may not trust the CA of \
+             --cert, or the server's certificate is not from the CA of --ca",
+        )
     } else if has(&["notvalidforname", "not valid for name"]) {
         Some(
             "the server's certificate does not name the host of the URL: use a name it has, or \

@@ -83,7 +83,14 @@ impl Relay for RelayService {
                 .inc();
             // Anyone who reaches the listener can trigger this line: at most one per interval,
             // with the count of those suppressed (the metric counts every one).
-            if let Some(suppressed) = REFUSAL_LOG.admit() {
+            // One limit per code: a flood of anonymous attempts must not hide the
+            // PERMISSION_DENIED line of a real principal asking for another pool.
+            let throttle = match error.code_label() {
+                "unauthenticated" => &UNAUTHENTICATED_LOG,
+                "permission_denied" => &DENIED_LOG,
+                _ => &REFUSAL_LOG,
+            };
+            if let Some(suppressed) = throttle.admit() {
                 tracing::warn!(%error, %peer, suppressed, "relay attachment refused");
             }
             error.status()
@@ -125,7 +132,10 @@ impl Relay for RelayService {
     }
 }
 
-/// The rate limit of "relay attachment refused" lines.
+/// The rate limits of "relay attachment refused" lines: `UNAUTHENTICATED`, `PERMISSION_DENIED`,
+/// and every other refusal, each its own.
+static UNAUTHENTICATED_LOG: LogThrottle = LogThrottle::new(REFUSAL_LOG_INTERVAL);
+static DENIED_LOG: LogThrottle = LogThrottle::new(REFUSAL_LOG_INTERVAL);
 static REFUSAL_LOG: LogThrottle = LogThrottle::new(REFUSAL_LOG_INTERVAL);
 
 /// Reads the first frame, which must be `Attach`, within the heartbeat deadline.

@@ -283,7 +283,7 @@ impl IngestAccess {
                 self.refused
                     .with_label_values(&[rpc, error.code_label()])
                     .inc();
-                if let Some(suppressed) = REFUSAL_LOG.admit() {
+                if let Some(suppressed) = throttle(&error).admit() {
                     let peer = ckf_svc_kit::throttle::peer_addr(request);
                     tracing::warn!(rpc, %error, %peer, suppressed, "ingest request refused");
                 }
@@ -328,7 +328,7 @@ impl Caller {
                 self.refused
                     .with_label_values(&[self.rpc, error.code_label()])
                     .inc();
-                if let Some(suppressed) = REFUSAL_LOG.admit() {
+                if let Some(suppressed) = throttle(&error).admit() {
                     tracing::warn!(rpc = self.rpc, principal = %principal.name, %error, suppressed, "ingest batch refused");
                 }
                 RequestError::Access(error)
@@ -336,10 +336,20 @@ impl Caller {
     }
 }
 
-/// The rate limit of the refusal lines: anyone who reaches Ingest can trigger them (the
-/// metric counts every refusal).
-static REFUSAL_LOG: ckf_svc_kit::throttle::LogThrottle =
+/// The rate limits of the refusal lines, one per code: anyone who reaches Ingest can trigger
+/// them (the metric counts every refusal), and a flood of anonymous calls must not hide a known
+/// principal's `PERMISSION_DENIED`.
+static UNAUTHENTICATED_LOG: ckf_svc_kit::throttle::LogThrottle =
     ckf_svc_kit::throttle::LogThrottle::new(ckf_svc_kit::throttle::REFUSAL_LOG_INTERVAL);
+static DENIED_LOG: ckf_svc_kit::throttle::LogThrottle =
+    ckf_svc_kit::throttle::LogThrottle::new(ckf_svc_kit::throttle::REFUSAL_LOG_INTERVAL);
+
+fn throttle(error: &AccessError) -> &'static ckf_svc_kit::throttle::LogThrottle {
+    match error {
+        AccessError::Unauthenticated(_) => &UNAUTHENTICATED_LOG,
+        AccessError::PermissionDenied(_) => &DENIED_LOG,
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -91,6 +91,20 @@ async fn vllm_connecting_to_a_binding_producer() {
 }
 
 /// Local ports of the TCP sockets process `pid` listens on (Linux `/proc`).
+/// A ZMTP 3.0 NULL-mechanism greeting and the PUB socket's `READY` command: what an engine's
+/// publisher sends first.
+fn zmtp_pub_handshake() -> Vec<u8> {
+    let mut bytes = vec![0u8; 64];
+    bytes[0] = 0xff;
+    bytes[9] = 0x7f;
+    bytes[10] = 3;
+    bytes[12..16].copy_from_slice(b"NULL");
+    let ready = b"\x05READY\x0bSocket-Type\0\0\0\x03PUB";
+    bytes.extend_from_slice(&[0x04, u8::try_from(ready.len()).expect("short")]);
+    bytes.extend_from_slice(ready);
+    bytes
+}
+
 fn tcp_listen_ports(pid: u32) -> BTreeSet<u16> {
     let inodes: HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
         .expect("the producer's fds")
@@ -219,6 +233,57 @@ async fn a_binding_producer_opens_no_tcp_port_for_zeromq_and_sheds_a_connection_
     )
     .await;
     drop(flood);
+
+    // 200 peers, one after the other, that complete the handshake and break off in the middle
+    // of a frame: zeromq drops each at once and the receive loop goes on without pausing (it
+    // used to sleep 500 ms per broken peer, holding their descriptors and stalling the engine's
+    // events behind them for minutes).
+    let fds = || std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count());
+    let baseline = fds();
+    for _ in 0..200 {
+        use tokio::io::AsyncWriteExt;
+        let mut peer = tokio::net::TcpStream::connect(("127.0.0.1", engine.port))
+            .await
+            .expect("connect to the engine endpoint");
+        use tokio::io::AsyncReadExt;
+        peer.write_all(&zmtp_pub_handshake()).await.expect("send");
+        // zeromq's own greeting and READY back: the peer is in its receive queue now.
+        let mut got = Vec::new();
+        let mut buf = [0u8; 256];
+        while got.len() < 64 + 2 + 10 {
+            match tokio::time::timeout(Duration::from_secs(5), peer.read(&mut buf)).await {
+                Ok(Ok(n)) if n > 0 => got.extend_from_slice(&buf[..n]),
+                other => panic!("no ZMTP handshake from the producer: {other:?}"),
+            }
+        }
+        let mut frame = vec![0x02]; // a long message frame, the last of its message
+        frame.extend_from_slice(&(1u64 << 20).to_be_bytes());
+        frame.extend_from_slice(&[0u8; 100]);
+        peer.write_all(&frame).await.expect("send");
+        drop(peer);
+    }
+    let decode_errors = || {
+        let text = producer.metrics().unwrap_or_default();
+        let labels = [
+            ("publisher", publisher.as_str()),
+            ("endpoint", endpoint.as_str()),
+            ("kind", "zmtp_peer_error"),
+        ];
+        metrics::value(&text, "ckf_producer_engine_decode_errors_total", &labels).unwrap_or(0.0)
+    };
+    eventually("broken peers dropped and counted", DEADLINE, || {
+        let (n, open) = (decode_errors(), fds());
+        async move {
+            if n >= 150.0 && open <= baseline + 8 {
+                Ok(())
+            } else {
+                Err(format!(
+                    "zmtp_peer_error = {n}, {open} fds open (baseline {baseline})"
+                ))
+            }
+        }
+    })
+    .await;
 
     // The engine itself is served as before.
     let mut driver = Driver::spawn(&python, &dir, "connect", &engine, BLOCK_SIZE);

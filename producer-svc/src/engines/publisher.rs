@@ -306,9 +306,18 @@ impl PublisherTask {
                 }
                 msg = sub.recv() => match msg {
                     Ok(msg) => self.live(msg, &mut state),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "engine socket receive failed");
+                    // No peer at all (zeromq's queue is empty): wait instead of spinning.
+                    Err(zeromq::ZmqError::NoMessage) => {
                         sleep(RETRY).await;
+                        continue;
+                    }
+                    // One peer's stream failed (closed in the middle of a frame, a codec
+                    // error): zeromq has already dropped that peer, the socket and its other
+                    // peers are fine. Counted and logged (rate-limited) as malformed input and
+                    // the loop goes on at once: sleeping here let a peer that keeps breaking
+                    // off mid-frame stall ingestion and pile up zeromq's dead connections.
+                    Err(e) => {
+                        self.decoder.error("zmtp_peer_error", &format_args!("{e}; that connection was dropped"), &mut state.log);
                         continue;
                     }
                 },
