@@ -386,7 +386,11 @@ lanes_are dc-a=active dc-b=active dc-c=active || { show_lanes; fail "a lane left
 [[ "$(lane_field "$WORK/lanes.json" dc-a lease_epoch)" == "$epoch_before" ]] \
     || fail "dc-a's lease changed (epoch $epoch_before -> $(lane_field "$WORK/lanes.json" dc-a lease_epoch)): the impostor superseded it"
 port="$(compose port indexer 9400 | tail -n1 | sed 's/.*://')"
-curl -fsS --max-time 5 "http://127.0.0.1:$port/metrics" | grep -Eq '^ckf_indexer_auth_refused_total\{[^}]*permission_denied[^}]*\} [1-9]' \
+# Read the whole page first: `curl | grep -q` fails under pipefail once grep exits at its match
+# before curl has written everything (curl: (23) Failed writing body).
+metrics_text="$(curl -fsS --max-time 5 "http://127.0.0.1:$port/metrics")" \
+    || fail "the indexer's /metrics did not answer"
+grep -Eq '^ckf_indexer_auth_refused_total\{[^}]*permission_denied[^}]*\} [1-9]' <<<"$metrics_text" \
     || fail "ckf_indexer_auth_refused_total counted no PERMISSION_DENIED"
 query_probes "$WORK/after-impostor.jsonl"
 compare_probes "$WORK/base.jsonl" "$WORK/after-impostor.jsonl" same \
