@@ -8,6 +8,7 @@
 //! and logged at most once per [`LOG_INTERVAL`] per publisher (with the suppressed count); it
 //! never reaches the actor, so it cannot touch any member.
 
+use ckf_svc_kit::throttle::LogThrottle;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -41,27 +42,9 @@ const MAX_BATCH_RANK: u32 = super::config::MAX_DP_SIZE;
 /// its sequence number, so it is not mistaken for a gap).
 type Batch = Option<EngineBatch>;
 
-/// Rate limit of one publisher's malformed-input logs.
-#[derive(Debug, Default)]
-struct LogLimit {
-    last: Option<Instant>,
-    suppressed: u64,
-}
-
-impl LogLimit {
-    /// `Some(suppressed since the last line)` when a line may be logged now.
-    fn allow(&mut self) -> Option<u64> {
-        let now = Instant::now();
-        if self
-            .last
-            .is_some_and(|t| now.duration_since(t) < LOG_INTERVAL)
-        {
-            self.suppressed += 1;
-            return None;
-        }
-        self.last = Some(now);
-        Some(std::mem::take(&mut self.suppressed))
-    }
+/// Rate limit of one publisher's malformed-input logs: one line per [`LOG_INTERVAL`].
+fn log_limit() -> LogThrottle {
+    LogThrottle::new(LOG_INTERVAL)
 }
 
 /// Decoding shared by the live and replay paths.
@@ -73,13 +56,13 @@ struct Decoder {
 }
 
 impl Decoder {
-    fn error(&self, kind: &str, detail: &dyn std::fmt::Display, log: &mut LogLimit) {
+    fn error(&self, kind: &str, detail: &dyn std::fmt::Display, log: &LogThrottle) {
         let [p, e] = self.id.labels();
         self.metrics
             .decode_errors
             .with_label_values(&[p, e, kind])
             .inc();
-        if let Some(suppressed) = log.allow() {
+        if let Some(suppressed) = log.admit() {
             tracing::warn!(publisher = p, endpoint = e, kind, %detail, suppressed, "malformed engine input dropped");
         }
     }
@@ -92,7 +75,7 @@ impl Decoder {
         &self,
         parts: &[Bytes],
         replay: bool,
-        log: &mut LogLimit,
+        log: &LogThrottle,
     ) -> Option<(i64, Batch, bool)> {
         let size: usize = parts.iter().map(Bytes::len).sum();
         if size > self.settings.max_frame_bytes {
@@ -124,7 +107,7 @@ impl Decoder {
         Some((frame.sequence, self.payload(&frame.payload, log), end))
     }
 
-    fn payload(&self, payload: &[u8], log: &mut LogLimit) -> Batch {
+    fn payload(&self, payload: &[u8], log: &LogThrottle) -> Batch {
         let [p, e] = self.id.labels();
         match decode_batch(payload, &self.settings.limits) {
             Ok(batch) => {
@@ -151,7 +134,7 @@ impl Decoder {
                         .decode_errors
                         .with_label_values(&[p, e, "malformed_event"])
                         .inc_by(u64::from(notes.malformed_events));
-                    if let Some(suppressed) = log.allow() {
+                    if let Some(suppressed) = log.admit() {
                         tracing::warn!(
                             publisher = p,
                             endpoint = e,
@@ -280,7 +263,7 @@ impl PublisherTask {
             generation: 0,
             replay: None,
             deadline: None,
-            log: LogLimit::default(),
+            log: log_limit(),
         };
         let (replay_tx, mut replay_rx) = mpsc::channel::<(u64, ReplayMsg)>(1024);
         loop {
@@ -317,7 +300,7 @@ impl PublisherTask {
                     // the loop goes on at once: sleeping here let a peer that keeps breaking
                     // off mid-frame stall ingestion and pile up zeromq's dead connections.
                     Err(e) => {
-                        self.decoder.error("zmtp_peer_error", &format_args!("{e}; that connection was dropped"), &mut state.log);
+                        self.decoder.error("zmtp_peer_error", &format_args!("{e}; that connection was dropped"), &state.log);
                         continue;
                     }
                 },
@@ -387,14 +370,15 @@ impl PublisherTask {
     /// deadline; a violation is counted as a decode error of its kind, a dropped connection in
     /// `connections_dropped{reason}`; both are logged (one rate limit per relay).
     fn relay_options(&self) -> guard::RelayOptions {
-        let log = Arc::new(std::sync::Mutex::new(LogLimit::default()));
+        let log = Arc::new(log_limit());
         let decoder = self.decoder.clone();
         let violation_log = Arc::clone(&log);
         let on_violation = Arc::new(move |v: &ZmtpViolation| {
-            let mut log = violation_log
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            decoder.error(v.kind(), &format_args!("{v}; connection closed"), &mut log);
+            decoder.error(
+                v.kind(),
+                &format_args!("{v}; connection closed"),
+                &violation_log,
+            );
         });
         let decoder = self.decoder.clone();
         let on_dropped = Arc::new(move |d: guard::Dropped| {
@@ -405,10 +389,7 @@ impl PublisherTask {
                 .connections_dropped
                 .with_label_values(&[p, e, reason])
                 .inc();
-            let mut log = log
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if let Some(suppressed) = log.allow() {
+            if let Some(suppressed) = log.admit() {
                 tracing::warn!(publisher = p, endpoint = e, reason, detail = %d, suppressed, "engine connection closed");
             }
         });
@@ -445,7 +426,7 @@ impl PublisherTask {
             .with_label_values(&[p, e])
             .set(i64::try_from(now).unwrap_or(i64::MAX));
         let parts = msg.into_vec();
-        match self.decoder.frame(&parts, false, &mut state.log) {
+        match self.decoder.frame(&parts, false, &state.log) {
             Some((seq, batch, _)) => state.sequence.live(seq, batch),
             None => Vec::new(),
         }
@@ -528,7 +509,7 @@ struct Run {
     generation: u64,
     replay: Option<JoinHandle<()>>,
     deadline: Option<Instant>,
-    log: LogLimit,
+    log: LogThrottle,
 }
 
 impl Run {
@@ -564,7 +545,7 @@ async fn replay(
     decoder: Decoder,
     tx: mpsc::Sender<(u64, ReplayMsg)>,
 ) {
-    let mut log = LogLimit::default();
+    let log = log_limit();
     let result: Result<(), String> = async {
         let mut dealer = zeromq::DealerSocket::new();
         dealer
@@ -583,7 +564,7 @@ async fn replay(
             if parts.len() >= 3 && parts[0].is_empty() {
                 parts.remove(0);
             }
-            let Some((seq, batch, end)) = decoder.frame(&parts, true, &mut log) else {
+            let Some((seq, batch, end)) = decoder.frame(&parts, true, &log) else {
                 return Err("a reply is not a frame".into());
             };
             let msg = if end {
