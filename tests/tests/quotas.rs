@@ -181,7 +181,22 @@ async fn per_source_quota_refuses_with_resource_exhausted_while_another_source_p
     assert_eq!(limit("max_blocks_per_source"), 1.0);
     assert_eq!(limit("max_blocks_per_member"), 1.0);
     assert_eq!(limit("max_blocks_per_event"), 1.0);
-    assert_eq!(metric(&p, "ckf_producer_charged_sources", &[]), 2.0);
+    // A gauge the state actor refreshes on a timer: wait for the refresh.
+    eventually(
+        "ckf_producer_charged_sources = 2",
+        Duration::from_secs(10),
+        || {
+            let n = metric(&p, "ckf_producer_charged_sources", &[]);
+            async move {
+                if n == 2.0 {
+                    Ok(())
+                } else {
+                    Err(format!("{n}"))
+                }
+            }
+        },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
