@@ -1,0 +1,334 @@
+//! Reading a journal back: the newest checkpoint, then every later segment in order.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{BufReader, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::error::JournalError;
+use crate::files::{self, Listing};
+use crate::frame::{self, Frame, FrameFault};
+use crate::header::{self, FileKind, Header, StateIdentity};
+
+/// A torn tail cut off the newest segment: what a `kill -9` or power loss during a write
+/// leaves. Everything before `offset` was recovered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TornTail {
+    /// The segment.
+    pub path: PathBuf,
+    /// Where the first damaged record starts (bytes from the start of the file).
+    pub offset: u64,
+    /// Bytes cut off.
+    pub dropped_bytes: u64,
+    /// What was wrong with the record at `offset`.
+    pub fault: String,
+}
+
+/// What [`crate::Journal::open`] read back, in the order to apply it.
+#[derive(Debug, Default)]
+pub struct Recovered {
+    /// The newest checkpoint's records (empty when the journal had none: start from empty).
+    pub checkpoint: Vec<Vec<u8>>,
+    /// The checkpoint's number, if there was one.
+    pub checkpoint_number: Option<u64>,
+    /// The log records appended after the checkpoint, oldest first.
+    pub records: Vec<Vec<u8>>,
+    /// Bytes read (checkpoint and segments).
+    pub bytes_read: u64,
+    /// The torn tail cut off the newest segment, if any.
+    pub torn: Option<TornTail>,
+    /// How long reading took.
+    pub took: Duration,
+}
+
+/// Where appending resumes after recovery.
+pub(crate) struct Resume {
+    /// The segment to append to (created if absent).
+    pub segment: u64,
+    /// Its length after the torn tail was cut (0 when it must be created).
+    pub valid_len: u64,
+}
+
+fn check_identity(
+    path: &Path,
+    found: &Header,
+    expected: &StateIdentity,
+) -> Result<(), JournalError> {
+    if found.identity.pool != expected.pool {
+        return Err(JournalError::ForeignPool {
+            path: path.to_owned(),
+            found: found.identity.pool.clone(),
+            expected: expected.pool.clone(),
+        });
+    }
+    if found.identity.format != expected.format {
+        return Err(JournalError::ForeignFormat {
+            path: path.to_owned(),
+            found: found.identity.format.clone(),
+            expected: expected.format.clone(),
+        });
+    }
+    Ok(())
+}
+
+/// Opens `path` and checks its header; returns the reader positioned after it and its offset.
+fn open_checked(
+    path: &Path,
+    kind: FileKind,
+    number: u64,
+    identity: &StateIdentity,
+) -> Result<(BufReader<File>, u64), JournalError> {
+    let file = File::open(path).map_err(JournalError::io("open", path))?;
+    let mut reader = BufReader::with_capacity(1 << 20, file);
+    let header = header::decode(kind, &mut reader)
+        .map_err(JournalError::io("read", path))?
+        .map_err(|fault| JournalError::Header {
+            path: path.to_owned(),
+            fault,
+        })?;
+    if header.number != number {
+        return Err(JournalError::Misnumbered {
+            path: path.to_owned(),
+            found: header.number,
+        });
+    }
+    check_identity(path, &header, identity)?;
+    let offset = reader
+        .stream_position()
+        .map_err(JournalError::io("read", path))?;
+    Ok((reader, offset))
+}
+
+fn read_checkpoint(
+    dir: &Path,
+    number: u64,
+    identity: &StateIdentity,
+    out: &mut Recovered,
+) -> Result<(), JournalError> {
+    let path = files::checkpoint(dir, number);
+    let (mut reader, mut offset) = open_checked(&path, FileKind::Checkpoint, number, identity)?;
+    loop {
+        let at = offset;
+        match frame::decode(&mut reader).map_err(JournalError::io("read", &path))? {
+            Ok(Frame::Record(payload)) => {
+                offset += (frame::FRAME_OVERHEAD + payload.len()) as u64;
+                out.checkpoint.push(payload);
+            }
+            Ok(Frame::End(count)) => {
+                if count != out.checkpoint.len() as u64 {
+                    return Err(JournalError::IncompleteCheckpoint {
+                        path,
+                        why: format!(
+                            "its end frame counts {count} records, {} were read",
+                            out.checkpoint.len()
+                        ),
+                    });
+                }
+                out.bytes_read += offset + 16;
+                out.checkpoint_number = Some(number);
+                return Ok(());
+            }
+            Ok(Frame::Eof) | Err(FrameFault::Truncated) => {
+                return Err(JournalError::IncompleteCheckpoint {
+                    path,
+                    why: "it has no end frame".into(),
+                });
+            }
+            Err(fault) => {
+                return Err(JournalError::Corrupt {
+                    path,
+                    offset: at,
+                    fault: fault.to_string(),
+                });
+            }
+        }
+    }
+}
+
+/// Reads segment `number`; a damaged record ends it. Returns the valid length and the fault.
+fn read_segment(
+    path: &Path,
+    number: u64,
+    identity: &StateIdentity,
+    out: &mut Recovered,
+) -> Result<(u64, Option<(u64, FrameFault)>), JournalError> {
+    let (mut reader, mut offset) = open_checked(path, FileKind::Segment, number, identity)?;
+    loop {
+        match frame::decode(&mut reader).map_err(JournalError::io("read", path))? {
+            Ok(Frame::Record(payload)) => {
+                offset += (frame::FRAME_OVERHEAD + payload.len()) as u64;
+                out.records.push(payload);
+            }
+            Ok(Frame::Eof) => return Ok((offset, None)),
+            Ok(Frame::End(_)) => return Ok((offset, Some((offset, FrameFault::Checksum)))),
+            Err(fault) => return Ok((offset, Some((offset, fault)))),
+        }
+    }
+}
+
+/// Whether every byte of `path` from `offset` on is zero.
+fn zeros_from(path: &Path, offset: u64) -> Result<bool, JournalError> {
+    use std::io::Read;
+    let mut file = File::open(path).map_err(JournalError::io("open", path))?;
+    file.seek(SeekFrom::Start(offset))
+        .map_err(JournalError::io("seek", path))?;
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        match file
+            .read(&mut buf)
+            .map_err(JournalError::io("read", path))?
+        {
+            0 => return Ok(true),
+            n if buf[..n].iter().any(|&b| b != 0) => return Ok(false),
+            _ => {}
+        }
+    }
+}
+
+/// Recovers `dir`: see the crate docs for the rules. Removes leftovers (temporary
+/// checkpoints, files older than the newest checkpoint) and cuts a torn tail.
+pub(crate) fn recover(
+    dir: &Path,
+    identity: &StateIdentity,
+) -> Result<(Recovered, Resume), JournalError> {
+    let started = Instant::now();
+    let Listing {
+        segments,
+        checkpoints,
+        temporaries,
+    } = files::list(dir)?;
+    for tmp in temporaries {
+        fs::remove_file(&tmp).map_err(JournalError::io("remove", &tmp))?;
+    }
+    let mut out = Recovered::default();
+    let base = checkpoints.last().copied();
+    if let Some(n) = base {
+        read_checkpoint(dir, n, identity, &mut out)?;
+    }
+    let start = base.unwrap_or(0);
+    // Leftovers of an interrupted clean-up after checkpoint `start`.
+    for &old in checkpoints.iter().filter(|&&c| c < start) {
+        let p = files::checkpoint(dir, old);
+        fs::remove_file(&p).map_err(JournalError::io("remove", &p))?;
+    }
+    for &old in segments.iter().filter(|&&s| s < start) {
+        let p = files::segment(dir, old);
+        fs::remove_file(&p).map_err(JournalError::io("remove", &p))?;
+    }
+    let live: Vec<u64> = segments.into_iter().filter(|&s| s >= start).collect();
+    let newest = live.last().copied();
+    for (i, &n) in live.iter().enumerate() {
+        let expected = start + i as u64;
+        if n != expected {
+            return Err(JournalError::MissingSegment {
+                path: files::segment(dir, expected),
+                checkpoint: start,
+                newest: newest.unwrap_or(start),
+            });
+        }
+    }
+    let mut resume = Resume {
+        segment: start,
+        valid_len: 0,
+    };
+    for &n in &live {
+        let path = files::segment(dir, n);
+        let (valid, fault) = match read_segment(&path, n, identity, &mut out) {
+            // A segment cut inside its header can only be the newest one, created just before
+            // a crash: nothing was appended to it yet.
+            Err(JournalError::Header {
+                fault: crate::header::HeaderFault::Truncated,
+                ..
+            }) if Some(n) == newest => (0, None),
+            other => other?,
+        };
+        out.bytes_read += valid;
+        if let Some((offset, fault)) = fault {
+            // Torn: cut inside the last record (kill -9 mid-write), or only zeros from there
+            // on (blocks a power loss left unwritten). Anything else is damage.
+            let torn =
+                Some(n) == newest && (fault == FrameFault::Truncated || zeros_from(&path, offset)?);
+            if !torn {
+                return Err(JournalError::Corrupt {
+                    path,
+                    offset,
+                    fault: fault.to_string(),
+                });
+            }
+            let len = fs::metadata(&path)
+                .map_err(JournalError::io("stat", &path))?
+                .len();
+            out.torn = Some(TornTail {
+                path: path.clone(),
+                offset,
+                dropped_bytes: len - offset,
+                fault: fault.to_string(),
+            });
+        }
+        resume = Resume {
+            segment: n,
+            valid_len: valid,
+        };
+    }
+    if let Some(torn) = &out.torn {
+        let file = OpenOptions::new()
+            .write(true)
+            .open(&torn.path)
+            .map_err(JournalError::io("open", &torn.path))?;
+        file.set_len(torn.offset)
+            .and_then(|()| file.sync_all())
+            .map_err(JournalError::io("truncate", &torn.path))?;
+    }
+    out.took = started.elapsed();
+    Ok((out, resume))
+}
+
+/// Opens segment `resume.segment` for appending, creating it with a header when new.
+pub(crate) fn open_for_append(
+    dir: &Path,
+    resume: &Resume,
+    identity: &StateIdentity,
+) -> Result<(File, u64), JournalError> {
+    let path = files::segment(dir, resume.segment);
+    if resume.valid_len == 0 {
+        return create_segment(dir, resume.segment, identity);
+    }
+    let mut file = OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .map_err(JournalError::io("open", &path))?;
+    file.seek(SeekFrom::Start(resume.valid_len))
+        .map_err(JournalError::io("seek", &path))?;
+    Ok((file, resume.valid_len))
+}
+
+/// Creates (or replaces) segment `n` holding only its header, durably.
+pub(crate) fn create_segment(
+    dir: &Path,
+    n: u64,
+    identity: &StateIdentity,
+) -> Result<(File, u64), JournalError> {
+    let path = files::segment(dir, n);
+    let mut file = OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(true)
+        .open(&path)
+        .map_err(JournalError::io("create", &path))?;
+    let mut bytes = Vec::new();
+    header::encode(
+        &Header {
+            kind: FileKind::Segment,
+            number: n,
+            identity: identity.clone(),
+        },
+        &mut bytes,
+    )
+    .expect("writing to a Vec");
+    use std::io::Write;
+    file.write_all(&bytes)
+        .and_then(|()| file.sync_all())
+        .map_err(JournalError::io("write", &path))?;
+    files::sync_dir(dir)?;
+    Ok((file, bytes.len() as u64))
+}

@@ -1,0 +1,252 @@
+//! The writer thread: appends records, commits them in groups, writes checkpoints.
+//!
+//! Group commit: the first record written after a commit opens a window; when it closes
+//! (`commit_interval` later) every record written in it is flushed to the kernel and
+//! `fdatasync`ed in one go. A record is therefore on disk at most `commit_interval` after it
+//! was appended, which bounds what a `kill -9` (flushed to the kernel) or a power loss
+//! (fdatasync'ed) can lose to one window.
+//!
+//! Failure: the first failed write, flush, sync or checkpoint puts the journal in the *failed*
+//! state. From then on records are dropped (counted) until a checkpoint succeeds: the
+//! checkpoint holds the whole state, so the log is whole again from it on. A record the caller
+//! could not queue (backlog above its limit) becomes a *hole* at its exact place in the stream,
+//! which fails the journal the same way; nothing after a hole is ever written before the next
+//! checkpoint, so the log never skips a record.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{BufWriter, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use crate::files;
+use crate::frame;
+use crate::header::{self, FileKind, Header, StateIdentity};
+use crate::recovery;
+use crate::{JournalConfig, JournalObserver, Shared};
+
+pub(crate) enum Msg {
+    Append(Vec<u8>),
+    /// A record that could not be queued: the log must not go on past it.
+    Hole,
+    Checkpoint(Vec<Vec<u8>>),
+    /// Commit now, then answer.
+    Sync(flume::Sender<Result<(), String>>),
+}
+
+pub(crate) struct Writer {
+    pub dir: PathBuf,
+    pub identity: StateIdentity,
+    pub config: JournalConfig,
+    pub shared: Arc<Shared>,
+    pub observer: Arc<dyn JournalObserver>,
+    pub file: BufWriter<File>,
+    pub segment: u64,
+    /// When the open window closes (`None`: nothing written since the last commit).
+    pub window_end: Option<Instant>,
+    /// Bytes written since the last commit.
+    pub pending_bytes: u64,
+    /// Why the journal is failed, if it is.
+    pub failed: Option<String>,
+}
+
+impl Writer {
+    pub fn run(mut self, rx: flume::Receiver<Msg>) {
+        loop {
+            let msg = match self.window_end {
+                Some(end) => match rx.recv_deadline(end) {
+                    Ok(msg) => Some(msg),
+                    Err(flume::RecvTimeoutError::Timeout) => None,
+                    Err(flume::RecvTimeoutError::Disconnected) => break,
+                },
+                None => match rx.recv() {
+                    Ok(msg) => Some(msg),
+                    Err(flume::RecvError::Disconnected) => break,
+                },
+            };
+            match msg {
+                None => self.commit(),
+                Some(Msg::Append(record)) => self.append(record),
+                Some(Msg::Hole) => {
+                    if self.failed.is_none() {
+                        self.fail(format!(
+                            "the writer fell more than {} bytes behind; records are dropped until the next checkpoint",
+                            self.config.max_backlog_bytes
+                        ));
+                    }
+                    self.shared.dropped_records.fetch_add(1, Ordering::Relaxed);
+                }
+                Some(Msg::Checkpoint(records)) => self.checkpoint(records),
+                Some(Msg::Sync(reply)) => {
+                    self.commit();
+                    let _ = reply.send(match &self.failed {
+                        None => Ok(()),
+                        Some(why) => Err(why.clone()),
+                    });
+                }
+            }
+        }
+        self.commit();
+    }
+
+    fn append(&mut self, record: Vec<u8>) {
+        self.shared
+            .queued_bytes
+            .fetch_sub(record.len() as u64, Ordering::Relaxed);
+        if self.failed.is_some() {
+            self.shared.dropped_records.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        if let Err(e) = frame::encode(&record, &mut self.file) {
+            self.fail(format!("write {}: {e}", self.segment_path().display()));
+            return;
+        }
+        let bytes = (frame::FRAME_OVERHEAD + record.len()) as u64;
+        self.pending_bytes += bytes;
+        self.shared
+            .log_bytes_since_checkpoint
+            .fetch_add(bytes, Ordering::Relaxed);
+        self.window_end
+            .get_or_insert_with(|| Instant::now() + self.config.commit_interval);
+    }
+
+    fn segment_path(&self) -> PathBuf {
+        files::segment(&self.dir, self.segment)
+    }
+
+    /// Flushes and fdatasyncs the open window, if any.
+    fn commit(&mut self) {
+        if self.window_end.take().is_none() || self.failed.is_some() {
+            return;
+        }
+        let started = Instant::now();
+        let result = self
+            .file
+            .flush()
+            .and_then(|()| self.file.get_ref().sync_data());
+        match result {
+            Ok(()) => {
+                let bytes = std::mem::take(&mut self.pending_bytes);
+                self.shared
+                    .bytes_on_disk
+                    .fetch_add(bytes, Ordering::Relaxed);
+                self.shared.mark_commit();
+                self.observer.committed(started.elapsed(), bytes);
+            }
+            Err(e) => self.fail(format!("commit {}: {e}", self.segment_path().display())),
+        }
+    }
+
+    fn fail(&mut self, why: String) {
+        tracing::error!(error = %why, "journal failed: serving from memory; the next checkpoint restores durability");
+        self.shared.healthy.store(false, Ordering::Relaxed);
+        self.observer.failed(&why);
+        self.window_end = None;
+        self.pending_bytes = 0;
+        self.failed = Some(why);
+    }
+
+    /// Writes checkpoint `segment + 1` holding `records` (the whole state after every record
+    /// written so far), starts segment `segment + 1`, and removes the older files.
+    fn checkpoint(&mut self, records: Vec<Vec<u8>>) {
+        self.commit();
+        let started = Instant::now();
+        let n = self.segment + 1;
+        let result = self.write_checkpoint(n, &records).and_then(|bytes| {
+            let (file, _) = recovery::create_segment(&self.dir, n, &self.identity)
+                .map_err(|e| e.to_string())?;
+            Ok((bytes, file))
+        });
+        self.shared
+            .checkpoint_in_flight
+            .store(false, Ordering::Relaxed);
+        let (bytes, file) = match result {
+            Ok(done) => done,
+            Err(why) => {
+                let _ = fs::remove_file(files::checkpoint_tmp(&self.dir, n));
+                self.shared.mark_checkpoint_attempt();
+                if self.failed.is_none() {
+                    self.fail(why);
+                } else {
+                    tracing::warn!(error = %why, "journal checkpoint retry failed");
+                }
+                return;
+            }
+        };
+        let old = std::mem::replace(&mut self.file, BufWriter::with_capacity(1 << 20, file));
+        drop(old.into_parts());
+        self.segment = n;
+        self.remove_older_than(n);
+        if let Some(why) = self.failed.take() {
+            tracing::info!(previous_failure = %why, "journal healthy again after a checkpoint");
+        }
+        self.shared.healthy.store(true, Ordering::Relaxed);
+        self.shared
+            .log_bytes_since_checkpoint
+            .store(0, Ordering::Relaxed);
+        self.shared
+            .last_checkpoint_bytes
+            .store(bytes, Ordering::Relaxed);
+        self.shared
+            .bytes_on_disk
+            .store(files::bytes_on_disk(&self.dir), Ordering::Relaxed);
+        self.shared.mark_commit();
+        self.observer.checkpointed(started.elapsed(), bytes);
+    }
+
+    fn write_checkpoint(&self, n: u64, records: &[Vec<u8>]) -> Result<u64, String> {
+        let tmp = files::checkpoint_tmp(&self.dir, n);
+        let path = files::checkpoint(&self.dir, n);
+        let file = OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(true)
+            .open(&tmp)
+            .map_err(|e| format!("create {}: {e}", tmp.display()))?;
+        let mut out = BufWriter::with_capacity(1 << 20, file);
+        let header = Header {
+            kind: FileKind::Checkpoint,
+            number: n,
+            identity: self.identity.clone(),
+        };
+        let written = (|| {
+            header::encode(&header, &mut out)?;
+            for record in records {
+                frame::encode(record, &mut out)?;
+            }
+            frame::encode_end(records.len() as u64, &mut out)?;
+            let file = out.into_inner().map_err(|e| e.into_error())?;
+            file.sync_all()?;
+            file.metadata().map(|m| m.len())
+        })()
+        .map_err(|e| format!("write {}: {e}", tmp.display()))?;
+        fs::rename(&tmp, &path).map_err(|e| format!("rename {}: {e}", tmp.display()))?;
+        files::sync_dir(&self.dir).map_err(|e| e.to_string())?;
+        Ok(written)
+    }
+
+    fn remove_older_than(&self, n: u64) {
+        let Ok(listing) = files::list(&self.dir) else {
+            return;
+        };
+        let old = listing
+            .segments
+            .iter()
+            .filter(|&&s| s < n)
+            .map(|&s| files::segment(&self.dir, s))
+            .chain(
+                listing
+                    .checkpoints
+                    .iter()
+                    .filter(|&&c| c < n)
+                    .map(|&c| files::checkpoint(&self.dir, c)),
+            );
+        for path in old {
+            // Recovery removes what is left over, so a failure here costs only disk.
+            if let Err(e) = fs::remove_file(&path) {
+                tracing::warn!(path = %path.display(), error = %e, "cannot remove an old journal file");
+            }
+        }
+    }
+}

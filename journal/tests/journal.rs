@@ -1,0 +1,314 @@
+//! The journal against its contract, on real files: round trips, checkpoints, torn tails,
+//! damage, foreign state, the lock, set-aside, and failure.
+
+use std::fs::{self, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ckf_journal::{Journal, JournalConfig, JournalError, NoObserver, Recovered, StateIdentity};
+
+fn identity() -> StateIdentity {
+    StateIdentity {
+        pool: "global/dc-a".into(),
+        format: "v1 buckets=1024".into(),
+    }
+}
+
+fn config() -> JournalConfig {
+    JournalConfig {
+        commit_interval: Duration::from_millis(5),
+        ..JournalConfig::default()
+    }
+}
+
+fn open(dir: &Path) -> Result<(Journal, Recovered), JournalError> {
+    Journal::open(dir, identity(), config(), Arc::new(NoObserver))
+}
+
+fn rec(i: u32) -> Vec<u8> {
+    format!("record {i}").into_bytes()
+}
+
+fn files(dir: &Path, prefix: &str) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_str().unwrap().starts_with(prefix))
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn records_and_checkpoints_come_back_in_order_and_old_files_go() {
+    let dir = tempfile::tempdir().unwrap();
+    let (j, r) = open(dir.path()).unwrap();
+    assert!(r.checkpoint.is_empty() && r.records.is_empty() && r.torn.is_none());
+    for i in 0..10 {
+        j.append(rec(i));
+    }
+    j.close().unwrap();
+
+    let (j, r) = open(dir.path()).unwrap();
+    assert_eq!(r.records, (0..10).map(rec).collect::<Vec<_>>());
+    assert_eq!(r.checkpoint_number, None);
+    // The checkpoint replaces the log before it.
+    j.checkpoint(vec![b"image a".to_vec(), b"image b".to_vec()]);
+    j.append(rec(10));
+    j.append(rec(11));
+    j.close().unwrap();
+    assert_eq!(files(dir.path(), "wal-").len(), 1);
+    assert_eq!(files(dir.path(), "checkpoint-").len(), 1);
+
+    let (j, r) = open(dir.path()).unwrap();
+    assert_eq!(r.checkpoint, vec![b"image a".to_vec(), b"image b".to_vec()]);
+    assert_eq!(r.records, vec![rec(10), rec(11)]);
+    // Appending resumes the same segment after recovery.
+    j.append(rec(12));
+    j.close().unwrap();
+    let (_j, r) = open(dir.path()).unwrap();
+    assert_eq!(r.records, vec![rec(10), rec(11), rec(12)]);
+}
+
+#[test]
+fn a_dropped_journal_still_commits_its_queue() {
+    let dir = tempfile::tempdir().unwrap();
+    let (j, _) = open(dir.path()).unwrap();
+    for i in 0..1000 {
+        j.append(rec(i));
+    }
+    drop(j);
+    let (_j, r) = open(dir.path()).unwrap();
+    assert_eq!(r.records.len(), 1000);
+}
+
+#[test]
+fn records_reach_the_file_within_one_commit_window_without_close() {
+    let dir = tempfile::tempdir().unwrap();
+    let (j, _) = open(dir.path()).unwrap();
+    j.append(rec(1));
+    let segment = files(dir.path(), "wal-").pop().unwrap();
+    let before = fs::metadata(&segment).unwrap().len();
+    // What a kill -9 leaves is what reached the kernel; poll the file, not the handle.
+    let mut grown = false;
+    for _ in 0..200 {
+        if fs::metadata(&segment).unwrap().len() > before {
+            grown = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(
+        grown,
+        "the record was not written within a second of a 5 ms window"
+    );
+    assert!(j.stats().last_commit_age.is_some());
+    std::mem::forget(j); // no close, no drop: like a killed process (the lock dies with the fd)
+}
+
+fn append_raw(path: &Path, bytes: &[u8]) {
+    OpenOptions::new()
+        .append(true)
+        .open(path)
+        .unwrap()
+        .write_all(bytes)
+        .unwrap();
+}
+
+#[test]
+fn a_torn_tail_is_cut_and_appending_goes_on_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (j, _) = open(dir.path()).unwrap();
+    j.append(rec(1));
+    j.append(rec(2));
+    j.close().unwrap();
+    let segment = files(dir.path(), "wal-").pop().unwrap();
+    let valid = fs::metadata(&segment).unwrap().len();
+    // Half a record: a length and part of a payload.
+    append_raw(&segment, &[40, 0, 0, 0, 1, 2, 3, 4, b'x', b'y']);
+
+    let (j, r) = open(dir.path()).unwrap();
+    assert_eq!(r.records, vec![rec(1), rec(2)]);
+    let torn = r.torn.expect("torn tail reported");
+    assert_eq!((torn.offset, torn.dropped_bytes), (valid, 10));
+    assert_eq!(fs::metadata(&segment).unwrap().len(), valid, "tail cut");
+    j.append(rec(3));
+    j.close().unwrap();
+    let (_j, r) = open(dir.path()).unwrap();
+    assert_eq!(r.records, vec![rec(1), rec(2), rec(3)]);
+    assert!(r.torn.is_none());
+}
+
+#[test]
+fn a_zero_filled_tail_is_torn_but_a_damaged_record_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (j, _) = open(dir.path()).unwrap();
+    j.append(rec(1));
+    j.append(rec(2));
+    j.close().unwrap();
+    let segment = files(dir.path(), "wal-").pop().unwrap();
+    append_raw(&segment, &[0u8; 4096]);
+    let (j, r) = open(dir.path()).unwrap();
+    assert_eq!(r.records.len(), 2);
+    assert_eq!(r.torn.unwrap().dropped_bytes, 4096);
+    drop(j);
+
+    // Flip one payload byte of the first record: a checksum mismatch followed by data.
+    let mut bytes = fs::read(&segment).unwrap();
+    let at = bytes.len() - (8 + rec(2).len()) - 2;
+    bytes[at] ^= 0x40;
+    fs::write(&segment, &bytes).unwrap();
+    let err = open(dir.path()).unwrap_err();
+    assert!(
+        matches!(err, JournalError::Corrupt { .. }) && err.is_invalid_state(),
+        "{err}"
+    );
+    assert!(err.to_string().contains("checksum"), "{err}");
+    // Refusing changed nothing.
+    assert_eq!(fs::read(&segment).unwrap(), bytes);
+}
+
+#[test]
+fn a_damaged_or_incomplete_checkpoint_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (j, _) = open(dir.path()).unwrap();
+    j.checkpoint(vec![vec![7u8; 1000]]);
+    j.close().unwrap();
+    let ckpt = files(dir.path(), "checkpoint-").pop().unwrap();
+    let good = fs::read(&ckpt).unwrap();
+
+    let mut flipped = good.clone();
+    flipped[good.len() / 2] ^= 1;
+    fs::write(&ckpt, &flipped).unwrap();
+    let err = open(dir.path()).unwrap_err();
+    assert!(matches!(err, JournalError::Corrupt { .. }), "{err}");
+
+    fs::write(&ckpt, &good[..good.len() - 16]).unwrap();
+    let err = open(dir.path()).unwrap_err();
+    assert!(
+        matches!(err, JournalError::IncompleteCheckpoint { .. }),
+        "{err}"
+    );
+    fs::write(&ckpt, &good).unwrap();
+    let (_j, r) = open(dir.path()).unwrap();
+    assert_eq!(r.checkpoint, vec![vec![7u8; 1000]]);
+}
+
+#[test]
+fn another_pools_or_formats_state_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let (j, _) = open(dir.path()).unwrap();
+    j.append(rec(1));
+    j.close().unwrap();
+    let other = StateIdentity {
+        pool: "global/dc-b".into(),
+        ..identity()
+    };
+    let err = Journal::open(dir.path(), other, config(), Arc::new(NoObserver)).unwrap_err();
+    assert!(matches!(err, JournalError::ForeignPool { .. }), "{err}");
+    assert!(err.to_string().contains("\"global/dc-a\""), "{err}");
+    let resized = StateIdentity {
+        format: "v1 buckets=2048".into(),
+        ..identity()
+    };
+    let err = Journal::open(dir.path(), resized, config(), Arc::new(NoObserver)).unwrap_err();
+    assert!(matches!(err, JournalError::ForeignFormat { .. }), "{err}");
+}
+
+#[test]
+fn a_second_opener_is_locked_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let (j, _) = open(dir.path()).unwrap();
+    let err = open(dir.path()).unwrap_err();
+    assert!(matches!(err, JournalError::Locked { .. }), "{err}");
+    assert!(!err.is_invalid_state());
+    j.close().unwrap();
+    open(dir.path()).unwrap();
+}
+
+#[test]
+fn set_aside_keeps_the_evidence_and_leaves_an_empty_journal() {
+    let dir = tempfile::tempdir().unwrap();
+    let (j, _) = open(dir.path()).unwrap();
+    j.checkpoint(vec![b"state".to_vec()]);
+    j.append(rec(1));
+    j.close().unwrap();
+    let moved = Journal::set_aside(dir.path()).unwrap();
+    assert_eq!(fs::read_dir(&moved).unwrap().count(), 2);
+    let (_j, r) = open(dir.path()).unwrap();
+    assert!(r.checkpoint.is_empty() && r.records.is_empty());
+}
+
+#[test]
+fn a_missing_segment_after_the_checkpoint_is_a_hole() {
+    let dir = tempfile::tempdir().unwrap();
+    let (j, _) = open(dir.path()).unwrap();
+    j.checkpoint(vec![b"state".to_vec()]);
+    j.append(rec(1));
+    j.close().unwrap();
+    // Fake a later segment with the one in between gone.
+    let segment = files(dir.path(), "wal-").pop().unwrap();
+    let name = segment.file_name().unwrap().to_str().unwrap().to_owned();
+    let n: u64 = name[4..24].parse().unwrap();
+    let later = dir.path().join(format!("wal-{:020}.log", n + 1));
+    fs::rename(&segment, &later).unwrap();
+    let err = open(dir.path()).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            JournalError::Misnumbered { .. } | JournalError::MissingSegment { .. }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn over_the_backlog_the_journal_fails_and_a_checkpoint_heals_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = JournalConfig {
+        max_backlog_bytes: 0,
+        retry_interval: Duration::ZERO,
+        ..config()
+    };
+    let (j, _) = Journal::open(dir.path(), identity(), cfg, Arc::new(NoObserver)).unwrap();
+    j.append(rec(1)); // above a zero backlog: a hole
+    assert!(j.sync().is_err());
+    let stats = j.stats();
+    assert!(!stats.healthy && stats.dropped_records == 1, "{stats:?}");
+    assert!(j.wants_checkpoint());
+    j.checkpoint(vec![b"whole state".to_vec()]);
+    j.sync().unwrap();
+    assert!(j.stats().healthy);
+    j.close().unwrap();
+    let (_j, r) = Journal::open(dir.path(), identity(), cfg, Arc::new(NoObserver)).unwrap();
+    assert_eq!(r.checkpoint, vec![b"whole state".to_vec()]);
+    assert!(r.records.is_empty());
+}
+
+#[test]
+fn a_checkpoint_is_wanted_once_the_log_outgrows_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = JournalConfig {
+        min_checkpoint_bytes: 1000,
+        ..config()
+    };
+    let (j, _) = Journal::open(dir.path(), identity(), cfg, Arc::new(NoObserver)).unwrap();
+    j.checkpoint(vec![vec![1u8; 3000]]);
+    j.sync().unwrap();
+    assert!(!j.wants_checkpoint());
+    for _ in 0..20 {
+        j.append(vec![2u8; 100]);
+    }
+    j.sync().unwrap();
+    assert!(
+        !j.wants_checkpoint(),
+        "2160 log bytes < the 3008-byte checkpoint"
+    );
+    for _ in 0..10 {
+        j.append(vec![2u8; 100]);
+    }
+    j.sync().unwrap();
+    assert!(j.wants_checkpoint());
+}
