@@ -15,6 +15,10 @@
 //! the commands already queued, cuts the pending tail, and queues the exact drain marker on
 //! every attachment ([`Fanout::drain`](ckf_core::fanout::Fanout::drain)).
 
+mod durability;
+
+pub use durability::{RECORD_VERSION, RestoreReport, UndecodableRecord};
+
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
@@ -182,6 +186,8 @@ pub struct Actor {
     fed: HashMap<(u64, u32), BTreeSet<MemberId>>,
     /// When to hand freed memory back to the OS.
     trim: crate::trim::Trim,
+    /// Where applied inputs are journaled (`[durability]`); `None` = memory only.
+    journal: Option<ckf_journal::Journal>,
 }
 
 impl Actor {
@@ -208,7 +214,19 @@ impl Actor {
             cadence,
             deadline: None,
             trim: crate::trim::Trim::default(),
+            journal: None,
         }
+    }
+
+    /// The state's statistics (as `GetStats` reports them).
+    pub fn state_stats(&self) -> DcCkfStats {
+        self.stats()
+    }
+
+    /// From now on every applied input is journaled to `journal`, and checkpoints are
+    /// written when it asks for them and on shutdown. Attach after [`Actor::restore`].
+    pub fn attach_journal(&mut self, journal: ckf_journal::Journal) {
+        self.journal = Some(journal);
     }
 
     /// Runs until `shutdown` fires (or every sender is gone), then drains: see the module docs.
@@ -256,6 +274,16 @@ impl Actor {
             }
         }
         let drain_markers = drained.queued;
+        // A final checkpoint: the next start reads it alone, whatever the log held.
+        if self.journal.is_some() {
+            self.write_checkpoint();
+            if let Some(journal) = self.journal.take() {
+                match journal.close() {
+                    Ok(()) => tracing::info!("journal closed after a final checkpoint"),
+                    Err(e) => tracing::error!(error = %e, "journal failed; the last checkpoint and log stand"),
+                }
+            }
+        }
         self.refresh_gauges();
         tracing::info!(drain_markers, "state actor stopped; drain markers queued");
         ActorReport {
@@ -267,7 +295,16 @@ impl Actor {
     fn handle(&mut self, cmd: Command) {
         match cmd {
             Command::Ingest { batch, reply } => {
-                let report = self.ingest(batch);
+                // Journaling needs the batch after it was applied; the report says what was.
+                let report = self.ingest(&batch);
+                if self.journal.is_some() {
+                    let applied: Vec<bool> = report
+                        .events
+                        .iter()
+                        .map(|e| matches!(e, EventReport::Applied(_)))
+                        .collect();
+                    self.log_ingest(&batch, &applied);
+                }
                 let _ = reply.send(report);
             }
             Command::Stats { reply } => {
@@ -279,10 +316,13 @@ impl Actor {
             Command::Table { reply } => {
                 let _ = reply.send(self.state.buckets().to_vec());
             }
-            Command::Engine { publisher, step } => match step {
-                EngineStep::Apply(batch) => self.engine_batch(&publisher, &batch),
-                EngineStep::Clear(reason) => self.engine_clear(&publisher, reason),
-            },
+            Command::Engine { publisher, step } => {
+                self.log_engine(&publisher, &step);
+                match step {
+                    EngineStep::Apply(batch) => self.engine_batch(&publisher, &batch),
+                    EngineStep::Clear(reason) => self.engine_clear(&publisher, reason),
+                }
+            }
             Command::MemberBlocks { member, reply } => {
                 let mut blocks = self.state.member_blocks(member);
                 blocks.sort_unstable();
@@ -319,7 +359,7 @@ impl Actor {
         }
     }
 
-    fn ingest(&mut self, batch: IngestBatch) -> BatchReport {
+    fn ingest(&mut self, batch: &IngestBatch) -> BatchReport {
         let evictions = self.sources.evictions();
         let check = self.sources.admit(batch.source_id.as_str(), batch.sequence);
         self.metrics
@@ -357,7 +397,7 @@ impl Actor {
             self.metrics.duplicate_batches.inc();
         }
         BatchReport {
-            source_id: batch.source_id.into_string(),
+            source_id: batch.source_id.as_str().to_owned(),
             sequence: batch.sequence,
             check,
             events,
@@ -461,7 +501,11 @@ impl Actor {
     }
 
     /// Cuts a batch when the threshold is reached; otherwise arms the max-delay deadline.
+    /// Writes a checkpoint when the journal asks for one.
     fn after_command(&mut self) {
+        if self.journal.as_ref().is_some_and(|j| j.wants_checkpoint()) {
+            self.write_checkpoint();
+        }
         let pending = self.state.pending_dirty();
         if pending == 0 {
             self.deadline = None;
@@ -510,6 +554,9 @@ impl Actor {
     }
 
     fn refresh_gauges(&mut self) {
+        if let Some(journal) = &self.journal {
+            self.metrics.journal.observe(&journal.stats());
+        }
         self.metrics
             .engine
             .lineage_bytes

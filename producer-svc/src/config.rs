@@ -204,6 +204,100 @@ impl Default for ShutdownConfig {
     }
 }
 
+/// What to do with a state directory whose content cannot be used (damaged, another pool's or
+/// another table format's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnInvalidState {
+    /// Refuse to start (exit 2) and name the file and the fault: an operator decides.
+    #[default]
+    Refuse,
+    /// Move the files to `data_dir/invalid-<unix seconds>/`, log it, and start empty.
+    SetAside,
+}
+
+/// `[durability]`: the exact state on disk (`ckf-journal`), so a restart does not blind the
+/// DC. Off (no `data_dir`) the state lives in memory only, as before: a restart starts empty.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DurabilityConfig {
+    /// Directory of the journal (created 0700 if absent); `None` = durability off.
+    pub data_dir: Option<PathBuf>,
+    /// Group-commit window in milliseconds, `1..=1000`: at most this much of the newest
+    /// changes is lost on `kill -9` or power loss. Default 50.
+    pub commit_interval_ms: u64,
+    /// A checkpoint is written once the log since the last one exceeds this many MiB and the
+    /// last checkpoint's size. Default 64.
+    pub min_checkpoint_mib: u64,
+    /// What to do with unusable state: `refuse` (default) or `set-aside`.
+    pub on_invalid_state: OnInvalidState,
+    /// While the journal is failed (disk full, I/O error), a checkpoint is retried this often,
+    /// milliseconds, `100..=3_600_000`. Default 10000.
+    pub checkpoint_retry_ms: u64,
+}
+
+impl Default for DurabilityConfig {
+    fn default() -> Self {
+        Self {
+            data_dir: None,
+            commit_interval_ms: ckf_journal::DEFAULT_COMMIT_INTERVAL.as_millis() as u64,
+            min_checkpoint_mib: ckf_journal::DEFAULT_MIN_CHECKPOINT_BYTES >> 20,
+            on_invalid_state: OnInvalidState::Refuse,
+            checkpoint_retry_ms: ckf_journal::DEFAULT_RETRY_INTERVAL.as_millis() as u64,
+        }
+    }
+}
+
+impl DurabilityConfig {
+    fn validate(&self) -> Result<(), Invalid> {
+        in_range(
+            "durability.commit_interval_ms",
+            self.commit_interval_ms,
+            1..=ckf_journal::MAX_COMMIT_INTERVAL.as_millis() as u64,
+            "milliseconds",
+        )?;
+        in_range(
+            "durability.checkpoint_retry_ms",
+            self.checkpoint_retry_ms,
+            100..=3_600_000,
+            "milliseconds",
+        )?;
+        in_range(
+            "durability.min_checkpoint_mib",
+            self.min_checkpoint_mib,
+            1..=1 << 20,
+            "MiB",
+        )?;
+        if let Some(dir) = &self.data_dir {
+            if dir.as_os_str().is_empty() {
+                return Err(Invalid::new(
+                    "durability.data_dir",
+                    "\"\"",
+                    "must be a directory path (omit the key to turn durability off)",
+                ));
+            }
+            if dir.exists() && !dir.is_dir() {
+                return Err(Invalid::new(
+                    "durability.data_dir",
+                    dir.display(),
+                    "exists and is not a directory",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The journal settings these values stand for.
+    pub fn journal(&self) -> ckf_journal::JournalConfig {
+        ckf_journal::JournalConfig {
+            commit_interval: Duration::from_millis(self.commit_interval_ms),
+            min_checkpoint_bytes: self.min_checkpoint_mib << 20,
+            retry_interval: Duration::from_millis(self.checkpoint_retry_ms),
+            ..ckf_journal::JournalConfig::default()
+        }
+    }
+}
+
 /// The whole producer configuration (TOML layout; see `deploy/producer.example.toml`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -249,6 +343,8 @@ pub struct ProducerConfig {
     pub indexer_token_file: Option<PathBuf>,
     /// Who may publish to Ingest, as which source, touching which workers (`crate::access`).
     pub ingest_auth: crate::access::IngestAuthConfig,
+    /// The exact state on disk (`[durability]`; off by default).
+    pub durability: DurabilityConfig,
 }
 
 impl Default for ProducerConfig {
@@ -276,6 +372,7 @@ impl Default for ProducerConfig {
             indexer_tls: ClientTlsConfig::default(),
             indexer_token_file: None,
             ingest_auth: crate::access::IngestAuthConfig::default(),
+            durability: DurabilityConfig::default(),
         }
     }
 }
@@ -429,6 +526,7 @@ impl ProducerConfig {
             "millisecond",
         )?;
         self.transport.validate()?;
+        self.durability.validate()?;
         self.publishers()?;
         crate::access::validate(&self.ingest_auth, self.indexer_token_file.as_deref())?;
         Ok((PoolId { domain, dc }, format))
@@ -626,6 +724,15 @@ pub struct Cli {
     /// indexer_tls.server_name: name checked in the indexers' certificates instead of the URL host [default: none].
     #[arg(long, value_name = "NAME")]
     pub indexer_server_name: Option<String>,
+    /// durability.data_dir: keep the exact state in this directory so a restart recovers it [default: none, state in memory only].
+    #[arg(long, value_name = "DIR", env = "CKF_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// durability.commit_interval_ms: group-commit window, at most this much is lost on kill -9, ms [default: 50].
+    #[arg(long, value_name = "MS")]
+    pub commit_interval_ms: Option<u64>,
+    /// durability.on_invalid_state: refuse to start on damaged or foreign state, or set it aside and start empty [default: refuse].
+    #[arg(long, value_name = "WHAT")]
+    pub on_invalid_state: Option<OnInvalidState>,
 }
 
 impl Validate for ProducerConfig {
@@ -694,6 +801,9 @@ impl Cli {
             .set("indexer_tls.cert_file", self.indexer_cert.as_ref())
             .set("indexer_tls.key_file", self.indexer_key.as_ref())
             .set("indexer_tls.server_name", self.indexer_server_name.as_ref())
+            .set("durability.data_dir", self.data_dir.as_ref())
+            .set("durability.commit_interval_ms", self.commit_interval_ms)
+            .set("durability.on_invalid_state", self.on_invalid_state)
     }
 
     /// The configuration layers of this command line (environment prefix [`ENV_PREFIX`]).

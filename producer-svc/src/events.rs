@@ -10,8 +10,8 @@ use ckf_core::identity::SourceId;
 
 use ckf_core::sources::SequenceCheck;
 
-/// One decoded event.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One decoded event (journaled as is: `actor::durability`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum IngestEvent {
     /// A store, remove or clear of one member (`DcCkfState::apply`).
     Kv(KvEvent),

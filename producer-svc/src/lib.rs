@@ -20,6 +20,7 @@
 //! | [`events`] | decoded batches and per-event reports (handler <-> actor) |
 //! | [`actor`] | the one task owning `DcCkfState`, source sequences and the fan-out; cadence; shutdown drain; `ActorHandle::ask` |
 //! | [`fanout`] | each attachment's bounded frame queue as `ckf_core::fanout::FrameSink` |
+//! | [`durability`] | `[durability]`: the journal (`ckf-journal`) opened and recovered at start, unusable state refused or set aside, journal metrics (the records are `actor`'s) |
 //! | [`relay_client`] | one task per indexer: attach, stream, heartbeat, reconnect |
 //! | [`metrics`] | `ckf_producer_*` Prometheus metrics |
 //! | [`error`], [`status`] | ingest errors and their one mapping to gRPC statuses |
@@ -30,6 +31,7 @@
 pub mod access;
 pub mod actor;
 pub mod config;
+pub mod durability;
 pub mod engines;
 pub mod error;
 pub mod events;
@@ -83,6 +85,10 @@ pub enum ServeError {
     /// A listener could not be bound (`what`: `"ingest"` or `"metrics"`).
     #[error("binding the {} listener on {}: {}", .0.what, .0.addr, .0.source)]
     Bind(#[from] BindError),
+    /// The state directory (`[durability]`) could not be used: I/O, a second producer on it,
+    /// or damaged or foreign state (names the file and the fault).
+    #[error(transparent)]
+    Durability(#[from] durability::DurabilityError),
     /// The reflection descriptors could not be loaded.
     #[error("building the reflection service: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
@@ -210,6 +216,7 @@ pub async fn serve(
         .map_err(|e| invalid(Invalid::new("table", format, e.to_string())))?;
     let quotas = config.quotas.to_core();
     state.set_quotas(quotas);
+
     let tracked_sources = NonZeroUsize::new(config.limits.max_tracked_sources as usize)
         .ok_or_else(|| {
             invalid(Invalid::new(
@@ -246,6 +253,61 @@ pub async fn serve(
     // Validated to at most 256 MiB, which fits every `usize` this crate builds for.
     let max_message_bytes = usize::try_from(config.limits.max_message_bytes).unwrap_or(usize::MAX);
 
+    // The state actor's state: empty, or (durability on) rebuilt from the journal before any
+    // listener binds, so nothing is served or attached from a half-recovered state.
+    let build_actor = {
+        let mut first = Some(state);
+        let (identity, indexers, metrics) =
+            (identity.clone(), config.indexers.clone(), metrics.clone());
+        let cadence = Cadence {
+            batch_threshold: config.publication.batch_threshold as usize,
+            max_delay: config.max_delay(),
+        };
+        let filters = ckf_engine::filters::EngineFilters {
+            block_size: config.block_size,
+            media: config.engine.media.clone(),
+            main_group: config.engine.main_group,
+        };
+        move || {
+            let state = first.take().unwrap_or_else(|| {
+                // Only after unusable state was set aside; the first state was dropped.
+                let mut s = DcCkfState::new(dc_config).expect("the same table was built above");
+                s.set_quotas(quotas);
+                s
+            });
+            Actor::new(
+                state,
+                &identity,
+                indexers.clone(),
+                SourceSequences::new(tracked_sources),
+                metrics.clone(),
+                cadence,
+                filters.clone(),
+            )
+        }
+    };
+    let actor = match config.durability.data_dir.clone() {
+        None => {
+            let mut build_actor = build_actor;
+            build_actor()
+        }
+        Some(dir) => {
+            let (durability, id, journal_metrics) = (
+                config.durability.clone(),
+                identity.clone(),
+                metrics.journal.clone(),
+            );
+            tokio::task::spawn_blocking(move || {
+                durability::recover(&dir, &durability, &id, &journal_metrics, build_actor)
+            })
+            .await
+            .map_err(|source| ServeError::Join {
+                what: "state recovery",
+                source,
+            })??
+        }
+    };
+
     let Listeners {
         grpc: listener,
         metrics: metrics_server,
@@ -261,22 +323,6 @@ pub async fn serve(
     // The state actor.
     let (commands, actor_rx) = mpsc::channel(config.limits.ingest_channel_capacity as usize);
     let handle = ActorHandle::new(commands);
-    let actor = Actor::new(
-        state,
-        &identity,
-        config.indexers.clone(),
-        SourceSequences::new(tracked_sources),
-        metrics.clone(),
-        Cadence {
-            batch_threshold: config.publication.batch_threshold as usize,
-            max_delay: config.max_delay(),
-        },
-        ckf_engine::filters::EngineFilters {
-            block_size: config.block_size,
-            media: config.engine.media.clone(),
-            main_group: config.engine.main_group,
-        },
-    );
     // The actor does CPU-bound filter work (cuckoo kicks, omissions at 500 kicks each, clears of
     // large members): it gets a thread of its own so a long command can never starve the relay
     // sessions' heartbeats on the runtime's worker threads.

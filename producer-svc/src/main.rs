@@ -23,9 +23,9 @@ fn main() -> ExitCode {
                     eprintln!("ckf-producer: {e:#}");
                     // Unusable configured files are a configuration error, like a bad value.
                     return match e {
-                        producer_svc::ServeError::Config(_) | producer_svc::ServeError::Tls(_) => {
-                            ExitCode::from(2)
-                        }
+                        producer_svc::ServeError::Config(_)
+                        | producer_svc::ServeError::Tls(_)
+                        | producer_svc::ServeError::Durability(_) => ExitCode::from(2),
                         _ => ExitCode::from(1),
                     };
                 }

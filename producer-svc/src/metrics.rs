@@ -140,6 +140,8 @@ pub struct Metrics {
     pub change_to_ack_seconds: HistogramVec,
     /// Engine publishers (ZMQ ingest), per publisher socket.
     pub engine: crate::engines::metrics::EngineMetrics,
+    /// The journal (`[durability]`) and the last start's recovery.
+    pub journal: crate::durability::JournalMetrics,
 }
 
 impl Metrics {
@@ -328,6 +330,7 @@ impl Metrics {
             ),
             change_to_ack_seconds,
             engine: crate::engines::metrics::EngineMetrics::new(&r),
+            journal: crate::durability::JournalMetrics::new(&r),
             registry: r,
         }
     }

@@ -520,6 +520,8 @@ pub struct Producer {
     /// Which member owns which blocks, per the events sent and applied.
     pub model: DcModel,
     log: PathBuf,
+    log_dir: PathBuf,
+    args: Vec<String>,
     next_sequence: u64,
     grpc: ChannelCache,
 }
@@ -576,13 +578,7 @@ impl Producer {
         for engine in &spec.engines {
             args.extend(["--engine".to_owned(), engine.clone()]);
         }
-        let mut svc = Service::spawn(name, &binary("ckf-producer"), &args, dir.path());
-        // Port 0: the producer binds free ports and logs them ("producer started").
-        let record = svc
-            .wait_for_record("producer started", DEADLINE)
-            .unwrap_or_else(|e| panic!("ckf-producer: {e}"));
-        let addr = record_addr(&record, "ingest_addr");
-        let metrics_addr = record_addr(&record, "metrics_addr");
+        let (svc, addr, metrics_addr) = spawn_producer(name, &args, dir.path());
         Self {
             svc: Some(svc),
             name: name.into(),
@@ -592,9 +588,82 @@ impl Producer {
             indexers: indexers.to_vec(),
             model: DcModel::default(),
             log: dir.path().join(format!("{name}.log")),
+            log_dir: dir.path().to_owned(),
+            args,
             next_sequence: 1,
             grpc: ChannelCache::new(addr),
         }
+    }
+
+    /// Starts the producer again with the same configuration (on new ports), keeping the
+    /// model and the source sequence: what a restarted producer that kept its state must
+    /// continue from. Kills it first if it runs.
+    ///
+    /// # Panics
+    /// When it exits or does not start within the deadline.
+    pub fn restart(&mut self) {
+        self.kill9();
+        let (svc, addr, metrics_addr) = spawn_producer(&self.name, &self.args, &self.log_dir);
+        self.svc = Some(svc);
+        self.addr = addr;
+        self.metrics_addr = metrics_addr;
+        self.grpc = ChannelCache::new(addr);
+    }
+
+    /// As [`Producer::restart`], with `extra` flags after the configuration's.
+    ///
+    /// # Panics
+    /// As [`Producer::restart`].
+    pub fn restart_with(&mut self, extra: &[&str]) {
+        self.kill9();
+        let mut args = self.args.clone();
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
+        let (svc, addr, metrics_addr) = spawn_producer(&self.name, &args, &self.log_dir);
+        self.svc = Some(svc);
+        self.addr = addr;
+        self.metrics_addr = metrics_addr;
+        self.grpc = ChannelCache::new(addr);
+    }
+
+    /// The next batch sequence of the helpers' source `e2e`.
+    pub fn next_sequence(&self) -> u64 {
+        self.next_sequence
+    }
+
+    /// `GetMemberBlocks` of `worker` (dp rank 0): its exact blocks, ascending.
+    ///
+    /// # Errors
+    /// The transport error or status, as text.
+    pub async fn member_blocks(&self, worker: u64) -> Result<Vec<u64>, String> {
+        let mut client = IngestClient::new(self.grpc.get().await?);
+        let result = client
+            .get_member_blocks(v1::GetMemberBlocksRequest {
+                member: Some(v1::MemberId {
+                    worker_id: worker,
+                    dp_rank: 0,
+                }),
+            })
+            .await;
+        self.grpc
+            .check(result)
+            .map(|r| r.into_inner().block_hashes)
+            .map_err(|s| format!("GetMemberBlocks: {s:?}"))
+    }
+
+    /// Sends `batch` through `PublishBatch` as is (any source and sequence), checking nothing.
+    ///
+    /// # Errors
+    /// The transport error or status, as text.
+    pub async fn publish_batch(
+        &self,
+        batch: v1::KvEventBatch,
+    ) -> Result<v1::KvEventBatchResult, String> {
+        let mut client = IngestClient::new(self.grpc.get().await?);
+        let result = client.publish_batch(batch).await;
+        self.grpc
+            .check(result)
+            .map(tonic::Response::into_inner)
+            .map_err(|s| format!("PublishBatch: {s:?}"))
     }
 
     /// `GetStats`.
@@ -722,6 +791,19 @@ impl Producer {
         svc.terminate(DEADLINE)
             .unwrap_or_else(|e| panic!("SIGTERM {}: {e}", self.name))
     }
+}
+
+/// Spawns `ckf-producer` with `args` and waits for its "producer started" record: the
+/// process and the ingest and metrics addresses it bound.
+fn spawn_producer(name: &str, args: &[String], log_dir: &Path) -> (Service, SocketAddr, SocketAddr) {
+    let mut svc = Service::spawn(name, &binary("ckf-producer"), args, log_dir);
+    // Port 0: the producer binds free ports and logs them ("producer started").
+    let record = svc
+        .wait_for_record("producer started", DEADLINE)
+        .unwrap_or_else(|e| panic!("ckf-producer: {e}"));
+    let addr = record_addr(&record, "ingest_addr");
+    let metrics_addr = record_addr(&record, "metrics_addr");
+    (svc, addr, metrics_addr)
 }
 
 /// One event of `worker` (dp rank 0).

@@ -37,6 +37,11 @@ impl DcModel {
         self.ever.extend(hashes);
     }
 
+    /// Each worker's owned hashes.
+    pub fn owned(&self) -> &BTreeMap<u64, BTreeSet<u64>> {
+        &self.owned
+    }
+
     /// Hashes owned by at least one member (refcount > 0), ascending.
     pub fn tracked(&self) -> Vec<u64> {
         let set: BTreeSet<u64> = self.owned.values().flatten().copied().collect();

@@ -1,0 +1,366 @@
+//! The state actor's durability: what it writes to its journal (`ckf-journal`) and how a
+//! restart rebuilds its state from what the journal kept (design source, "Lane recovery and
+//! failure boundaries": the producer-generation rebuild).
+//!
+//! * **Log records** are the actor's *inputs* that changed something, in the order it applied
+//!   them: an ingest batch's applied events (with its source and sequence) and an engine
+//!   publisher's step (a decoded batch, or a clear). The actor is deterministic, so replaying
+//!   them through the same code rebuilds the same exact state, lineage, source sequences and
+//!   charges. Quotas are off during replay: what was applied once is never refused on restart
+//!   because a limit was lowered.
+//! * **Checkpoint records** hold the whole logical state: every member's blocks and charge
+//!   ([`MemberImage`]), engine lineage, which members each engine publisher fed, and the
+//!   source sequences. The filter table is *not* stored: it is rebuilt from the ownership,
+//!   like a new producer generation, and published with a new incarnation and a barrier
+//!   snapshot.
+//!
+//! Both are encoded with postcard (serde); a record that passes its CRC but does not decode
+//! is refused like a damaged file.
+
+use ckf_core::dc::{MemberId, MemberImage};
+use ckf_engine::event::EngineBatch;
+use ckf_engine::lineage::MemberLineageImage;
+use ckf_engine::sequence::ClearReason;
+use serde::{Deserialize, Serialize};
+
+use super::Actor;
+use crate::engines::{EngineStep, PublisherId};
+use crate::events::{IngestBatch, IngestEvent};
+
+/// Version of the record encoding below; bumped on any change to the enums' shapes (the
+/// journal's table-format identity carries it, so an old journal is refused, not misread).
+pub const RECORD_VERSION: u32 = 1;
+
+/// Blocks per checkpoint record at most (~9 bytes each encoded): records stay far below
+/// `ckf_journal::frame::MAX_RECORD_BYTES`, and a checkpoint is written in pieces of a few MiB.
+const BLOCKS_PER_RECORD: usize = 1 << 20;
+
+/// One engine publisher socket, as journaled.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+struct PublisherRecord {
+    worker_id: u64,
+    rank: u32,
+    label: String,
+    endpoint: String,
+}
+
+impl From<&PublisherId> for PublisherRecord {
+    fn from(p: &PublisherId) -> Self {
+        Self {
+            worker_id: p.worker_id,
+            rank: p.rank,
+            label: p.label.clone(),
+            endpoint: p.endpoint.clone(),
+        }
+    }
+}
+
+impl From<PublisherRecord> for PublisherId {
+    fn from(p: PublisherRecord) -> Self {
+        Self {
+            worker_id: p.worker_id,
+            rank: p.rank,
+            label: p.label,
+            endpoint: p.endpoint,
+        }
+    }
+}
+
+/// How an engine step is journaled.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+enum ClearRecord {
+    Gap,
+    Restart,
+}
+
+impl From<ClearReason> for ClearRecord {
+    fn from(r: ClearReason) -> Self {
+        match r {
+            ClearReason::Gap => Self::Gap,
+            ClearReason::Restart => Self::Restart,
+        }
+    }
+}
+
+impl From<ClearRecord> for ClearReason {
+    fn from(r: ClearRecord) -> Self {
+        match r {
+            ClearRecord::Gap => Self::Gap,
+            ClearRecord::Restart => Self::Restart,
+        }
+    }
+}
+
+/// A log record as written (borrowing the actor's input). Same shape as [`LogRecord`].
+#[derive(Serialize)]
+enum LogRecordRef<'a> {
+    Ingest {
+        source: &'a str,
+        sequence: u64,
+        events: Vec<&'a IngestEvent>,
+    },
+    EngineApply {
+        publisher: PublisherRecord,
+        batch: &'a EngineBatch,
+    },
+    EngineClear {
+        publisher: PublisherRecord,
+        reason: ClearRecord,
+    },
+}
+
+/// A log record as read back.
+#[derive(Debug, Deserialize, PartialEq)]
+enum LogRecord {
+    Ingest {
+        source: String,
+        sequence: u64,
+        events: Vec<IngestEvent>,
+    },
+    EngineApply {
+        publisher: PublisherRecord,
+        batch: EngineBatch,
+    },
+    EngineClear {
+        publisher: PublisherRecord,
+        reason: ClearRecord,
+    },
+}
+
+/// One piece of a checkpoint.
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+enum CheckpointRecord {
+    /// Members' blocks and charges (a member of more than `BLOCKS_PER_RECORD` blocks spans
+    /// several records).
+    Members(Vec<MemberImage>),
+    /// Engine lineage of some members.
+    Lineage(Vec<MemberLineageImage>),
+    /// Per engine publisher socket `(worker_id, rank)`: the members it fed.
+    Fed(Vec<(u64, u32, Vec<MemberId>)>),
+    /// Source sequences, least recently used first.
+    Sources(Vec<(String, u64)>),
+}
+
+/// A record that passed its checksum but does not decode: a bug or a version skew, treated
+/// like damage (`durability.on_invalid_state` decides).
+#[derive(Debug, thiserror::Error)]
+#[error("{what} record {index} does not decode: {why}")]
+pub struct UndecodableRecord {
+    what: &'static str,
+    index: usize,
+    why: String,
+}
+
+/// What a restore rebuilt (for the start-up log line and the recovery metrics).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RestoreReport {
+    /// Members restored from the checkpoint.
+    pub members: u64,
+    /// Ownership edges restored from the checkpoint.
+    pub edges: u64,
+    /// Blocks of the checkpoint the rebuilt filter could not place (capacity omissions).
+    pub omitted: u64,
+    /// Log records replayed after the checkpoint.
+    pub replayed: u64,
+}
+
+fn encode<T: Serialize>(value: &T) -> Vec<u8> {
+    postcard::to_allocvec(value).expect("postcard encodes every record type into a Vec")
+}
+
+impl Actor {
+    fn log(&self, record: &LogRecordRef<'_>) {
+        if let Some(journal) = &self.journal {
+            journal.append(encode(record));
+        }
+    }
+
+    /// Journals an ingest batch's applied events (nothing when none applied).
+    pub(super) fn log_ingest(&self, batch: &IngestBatch, applied: &[bool]) {
+        if self.journal.is_none() {
+            return;
+        }
+        let events: Vec<&IngestEvent> = batch
+            .events
+            .iter()
+            .zip(applied)
+            .filter_map(|(e, &ok)| if ok { e.as_ref().ok() } else { None })
+            .collect();
+        if events.is_empty() {
+            return;
+        }
+        self.log(&LogRecordRef::Ingest {
+            source: batch.source_id.as_str(),
+            sequence: batch.sequence,
+            events,
+        });
+    }
+
+    /// Journals an engine publisher's step.
+    pub(super) fn log_engine(&self, publisher: &PublisherId, step: &EngineStep) {
+        if self.journal.is_none() {
+            return;
+        }
+        let publisher = PublisherRecord::from(publisher);
+        self.log(&match step {
+            EngineStep::Apply(batch) => LogRecordRef::EngineApply { publisher, batch },
+            EngineStep::Clear(reason) => LogRecordRef::EngineClear {
+                publisher,
+                reason: (*reason).into(),
+            },
+        });
+    }
+
+    /// The whole logical state as checkpoint records.
+    pub(super) fn checkpoint_records(&self) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        let mut chunk: Vec<MemberImage> = Vec::new();
+        let mut chunk_blocks = 0;
+        for image in self.state.ownership_image() {
+            for blocks in image.blocks.chunks(BLOCKS_PER_RECORD) {
+                if chunk_blocks + blocks.len() > BLOCKS_PER_RECORD && !chunk.is_empty() {
+                    out.push(encode(&CheckpointRecord::Members(std::mem::take(&mut chunk))));
+                    chunk_blocks = 0;
+                }
+                chunk_blocks += blocks.len();
+                chunk.push(MemberImage {
+                    member: image.member,
+                    charged_to: image.charged_to.clone(),
+                    blocks: blocks.to_vec(),
+                });
+            }
+        }
+        if !chunk.is_empty() {
+            out.push(encode(&CheckpointRecord::Members(chunk)));
+        }
+        let mut lineage: Vec<MemberLineageImage> = Vec::new();
+        let mut lineage_blocks = 0;
+        for image in self.lineage.export() {
+            lineage_blocks += image.blocks.len();
+            lineage.push(image);
+            if lineage_blocks >= BLOCKS_PER_RECORD / 2 {
+                out.push(encode(&CheckpointRecord::Lineage(std::mem::take(&mut lineage))));
+                lineage_blocks = 0;
+            }
+        }
+        if !lineage.is_empty() {
+            out.push(encode(&CheckpointRecord::Lineage(lineage)));
+        }
+        let fed: Vec<(u64, u32, Vec<MemberId>)> = self
+            .fed
+            .iter()
+            .map(|(&(w, r), members)| (w, r, members.iter().copied().collect()))
+            .collect();
+        if !fed.is_empty() {
+            out.push(encode(&CheckpointRecord::Fed(fed)));
+        }
+        let sources = self.sources.export();
+        for piece in sources.chunks(1 << 16) {
+            out.push(encode(&CheckpointRecord::Sources(piece.to_vec())));
+        }
+        out
+    }
+
+    /// Queues a checkpoint of the current state, if a journal is open.
+    pub(super) fn write_checkpoint(&mut self) {
+        let Some(journal) = &self.journal else {
+            return;
+        };
+        let started = std::time::Instant::now();
+        let records = self.checkpoint_records();
+        // The actor stops for this long: one pass over the block map plus the encoding.
+        self.metrics
+            .journal
+            .checkpoint_image_seconds
+            .observe(started.elapsed().as_secs_f64());
+        journal.checkpoint(records);
+    }
+
+    /// Rebuilds the state from a recovered journal: the checkpoint, then the log replayed
+    /// through the same code as live input. Call on a fresh actor, before [`Actor::run`] and
+    /// before a journal is attached (nothing replayed is journaled again).
+    ///
+    /// # Errors
+    /// [`UndecodableRecord`]; the actor is then half-built and must be discarded.
+    pub fn restore(
+        &mut self,
+        checkpoint: &[Vec<u8>],
+        log: &[Vec<u8>],
+    ) -> Result<RestoreReport, UndecodableRecord> {
+        debug_assert!(self.journal.is_none(), "restore before attaching the journal");
+        let mut report = RestoreReport::default();
+        let mut sources = Vec::new();
+        for (index, bytes) in checkpoint.iter().enumerate() {
+            let record: CheckpointRecord =
+                postcard::from_bytes(bytes).map_err(|e| UndecodableRecord {
+                    what: "checkpoint",
+                    index,
+                    why: e.to_string(),
+                })?;
+            match record {
+                CheckpointRecord::Members(images) => {
+                    for image in images {
+                        let outcome = self.state.restore_member(&image);
+                        report.members += 1;
+                        report.edges += u64::from(outcome.applied);
+                        report.omitted += u64::from(outcome.omitted);
+                    }
+                }
+                CheckpointRecord::Lineage(images) => self.lineage.restore(images),
+                CheckpointRecord::Fed(fed) => {
+                    for (w, r, members) in fed {
+                        self.fed.entry((w, r)).or_default().extend(members);
+                    }
+                }
+                CheckpointRecord::Sources(entries) => sources.extend(entries),
+            }
+        }
+        self.sources.restore(sources);
+        // Replay with the quotas off (see the module docs), metrics into a scratch registry.
+        let quotas = self.state.quotas();
+        self.state.set_quotas(ckf_core::dc::Quotas::UNLIMITED);
+        let live_metrics = std::mem::replace(&mut self.metrics, crate::metrics::Metrics::new());
+        let result = self.replay(log, &mut report);
+        self.metrics = live_metrics;
+        self.state.set_quotas(quotas);
+        result?;
+        // The restored members were counted per record; a member spanning records once.
+        report.members = self.state.members().count() as u64;
+        Ok(report)
+    }
+
+    fn replay(&mut self, log: &[Vec<u8>], report: &mut RestoreReport) -> Result<(), UndecodableRecord> {
+        for (index, bytes) in log.iter().enumerate() {
+            let undecodable = |why: String| UndecodableRecord {
+                what: "log",
+                index,
+                why,
+            };
+            let record: LogRecord =
+                postcard::from_bytes(bytes).map_err(|e| undecodable(e.to_string()))?;
+            match record {
+                LogRecord::Ingest {
+                    source,
+                    sequence,
+                    events,
+                } => {
+                    let source_id = ckf_core::identity::SourceId::new(source)
+                        .map_err(|e| undecodable(format!("source id: {e}")))?;
+                    self.ingest(&IngestBatch {
+                        source_id,
+                        sequence,
+                        events: events.into_iter().map(Ok).collect(),
+                    });
+                }
+                LogRecord::EngineApply { publisher, batch } => {
+                    self.engine_batch(&PublisherId::from(publisher), &batch)
+                }
+                LogRecord::EngineClear { publisher, reason } => {
+                    self.engine_clear(&PublisherId::from(publisher), reason.into())
+                }
+            }
+            report.replayed += 1;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,345 @@
+//! Issue 11: a producer restart does not blind its DC. With `[durability] data_dir`, the exact
+//! state survives `kill -9` (up to the last group-commit window), SIGTERM (nothing lost), and
+//! a full disk (the producer keeps serving from memory and heals with a checkpoint); damaged
+//! or foreign state is refused by name, or set aside on request.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ckf_e2e::check::wait_converged;
+use ckf_e2e::cluster::{Indexer, IndexerSpec, Producer, ProducerSpec, TestDir, channel, event, format};
+use ckf_e2e::hashes::HashPool;
+use ckf_e2e::metrics;
+use ckf_e2e::wait::{DEADLINE, eventually};
+use ckf_proto::v1;
+use ckf_proto::v1::ingest_client::IngestClient;
+use ckf_proto::v1::kv_event::Kind;
+
+/// The group-commit window the tests run with; what `kill -9` may lose.
+const COMMIT_MS: u64 = 50;
+
+fn durable_spec(dc: &str, data_dir: &Path, extra: &str) -> ProducerSpec {
+    ProducerSpec {
+        extra_toml: format!(
+            "[durability]\ndata_dir = \"{}\"\ncommit_interval_ms = {COMMIT_MS}\n{extra}",
+            data_dir.display()
+        ),
+        ..ProducerSpec::new(dc)
+    }
+}
+
+fn stored(hashes: &[u64]) -> Kind {
+    Kind::Stored(v1::Stored {
+        block_hashes: hashes.to_vec(),
+        parent_hash: None,
+    })
+}
+
+fn removed(hashes: &[u64]) -> Kind {
+    Kind::Removed(v1::Removed {
+        block_hashes: hashes.to_vec(),
+    })
+}
+
+/// Every worker of the model has exactly its modelled blocks in the producer's exact state.
+async fn exact_state_matches(producer: &Producer) -> Result<(), String> {
+    for (&worker, blocks) in producer.model.owned() {
+        let found = producer.member_blocks(worker).await?;
+        let expected: Vec<u64> = blocks.iter().copied().collect();
+        if found != expected {
+            return Err(format!(
+                "worker {worker}: {} blocks recovered, {} expected",
+                found.len(),
+                expected.len()
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn metric(producer: &Producer, name: &str) -> Option<f64> {
+    metrics::value(&producer.metrics().ok()?, name, &[])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_and_restart_lose_nothing_and_the_source_sequence_resumes() {
+    let dir = TestDir::new("durability-sigterm");
+    let indexer = Indexer::start(&dir, &IndexerSpec::default());
+    let endpoints = [indexer.url()];
+    let state = dir.path().join("state-a");
+    let mut a = Producer::start(&dir, "producer-a", &durable_spec("dc-a", &state, ""), &endpoints);
+    let mut pool = HashPool::new(&format(), 11);
+    let (w1, w2, w3) = (pool.take(400), pool.take(300), pool.take(200));
+    a.store(1, &w1).await;
+    a.store(2, &w2).await;
+    a.store(3, &w3).await;
+    a.remove(1, &w1[..100]).await;
+    a.clear(3).await;
+    a.store(2, &w1[100..150]).await; // shared with worker 1: refcount 2
+    let before = wait_converged(&indexer, &a).await;
+
+    assert!(a.terminate().success());
+    a.restart();
+    let after = wait_converged(&indexer, &a).await;
+    assert_ne!(after.incarnation, before.incarnation, "a restart is a new incarnation");
+    exact_state_matches(&a).await.unwrap();
+    assert_eq!(metric(&a, "ckf_producer_recovered_edges"), Some(650.0));
+
+    // The source sequence was restored: the next batch is in order, an old one a duplicate.
+    let more = pool.take(50);
+    a.store(4, &more).await; // publish() asserts no gap and no duplicate
+    let old = a
+        .publish_batch(v1::KvEventBatch {
+            source_id: "e2e".into(),
+            sequence: 3,
+            events: vec![event(9, stored(&pool.take(5)))],
+        })
+        .await
+        .unwrap();
+    assert!(old.duplicate, "sequence 3 replayed after the restart: {old:?}");
+    wait_converged(&indexer, &a).await;
+    // A second clean restart reads the final checkpoint alone.
+    assert!(a.terminate().success());
+    a.restart();
+    wait_converged(&indexer, &a).await;
+    exact_state_matches(&a).await.unwrap();
+    assert_eq!(metric(&a, "ckf_producer_recovered_records"), Some(0.0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill9_under_load_loses_at_most_the_last_commit_window() {
+    let dir = TestDir::new("durability-kill9");
+    let indexer = Indexer::start(&dir, &IndexerSpec::default());
+    let endpoints = [indexer.url()];
+    let state = dir.path().join("state-a");
+    let mut a = Producer::start(&dir, "producer-a", &durable_spec("dc-a", &state, ""), &endpoints);
+    let mut pool = HashPool::new(&format(), 12);
+    let base = pool.take(1500);
+    for chunk in base.chunks(100) {
+        a.store(1, chunk).await;
+    }
+    // Churn on worker 2, one batch after another: batch i stores sets[i] and removes
+    // sets[i - 1], so after batch k worker 2 owns exactly sets[k].
+    let sets: Vec<Vec<u64>> = (0..4000).map(|_| pool.take(10)).collect();
+    let acks: Arc<Mutex<Vec<Instant>>> = Arc::default();
+    let flood = {
+        let (addr, sets, acks) = (a.addr, sets.clone(), Arc::clone(&acks));
+        let first_sequence = a.next_sequence();
+        tokio::spawn(async move {
+            let mut client = IngestClient::new(channel(addr).await.expect("channel"));
+            for (i, set) in sets.iter().enumerate() {
+                let mut events = vec![event(2, stored(set))];
+                if i > 0 {
+                    events.push(event(2, removed(&sets[i - 1])));
+                }
+                let batch = v1::KvEventBatch {
+                    source_id: "e2e".into(),
+                    sequence: first_sequence + i as u64,
+                    events,
+                };
+                if client.publish_batch(batch).await.is_err() {
+                    return; // killed
+                }
+                acks.lock().unwrap().push(Instant::now());
+            }
+        })
+    };
+    // Let the flood run, then kill the producer in the middle of it.
+    eventually("the flood to get going", DEADLINE, || async {
+        let n = acks.lock().unwrap().len();
+        if n >= 300 { Ok(()) } else { Err(format!("{n} batches acknowledged")) }
+    })
+    .await;
+    a.kill9();
+    let killed_at = Instant::now();
+    flood.await.unwrap();
+    let acked: Vec<Instant> = acks.lock().unwrap().clone();
+    assert!(acked.len() < sets.len(), "the flood ended before the kill");
+    // Every batch acknowledged more than ten commit windows before the kill must be back.
+    let margin = Duration::from_millis(10 * COMMIT_MS);
+    let must_have = acked.iter().filter(|&&t| t + margin < killed_at).count();
+    assert!(must_have > 0, "no batch was acknowledged early enough to count");
+
+    a.restart();
+    let recovered = a.member_blocks(2).await.unwrap();
+    let k = (1..=acked.len())
+        .find(|&k| {
+            let mut expected = sets[k - 1].clone();
+            expected.sort_unstable();
+            expected == recovered
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "worker 2's {} recovered blocks are not the state after any acknowledged batch",
+                recovered.len()
+            )
+        });
+    assert!(
+        k >= must_have,
+        "recovered up to batch {k}, but {must_have} were acknowledged >{margin:?} before the kill"
+    );
+    // The rebuilt lane: worker 1 whole, worker 2 as of batch k, nothing else.
+    a.model.store(1, &base);
+    a.model.store(2, &sets[k - 1]);
+    for set in &sets[..k - 1] {
+        a.model.expect_absent(set);
+    }
+    wait_converged(&indexer, &a).await;
+    exact_state_matches(&a).await.unwrap();
+    let log = a.log();
+    assert!(log.contains("state recovered from the journal"), "{log}");
+}
+
+/// Runs `ckf-producer --config <config> <args>` to its exit (it must not start): status code
+/// and stderr.
+fn run_to_exit(config: &Path, args: &[&str]) -> (Option<i32>, String) {
+    let out = Command::new(ckf_e2e::binary("ckf-producer"))
+        .arg("--config")
+        .arg(config)
+        .args(args)
+        .output()
+        .expect("run ckf-producer");
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+fn checkpoint_file(state: &Path) -> PathBuf {
+    std::fs::read_dir(state)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "ckpt"))
+        .expect("a checkpoint after a clean stop")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn damaged_or_foreign_state_is_refused_by_name_or_set_aside_on_request() {
+    let dir = TestDir::new("durability-invalid");
+    let indexer = Indexer::start(&dir, &IndexerSpec::default());
+    let endpoints = [indexer.url()];
+    let state = dir.path().join("state-a");
+    let mut a = Producer::start(&dir, "producer-a", &durable_spec("dc-a", &state, ""), &endpoints);
+    let mut pool = HashPool::new(&format(), 13);
+    a.store(1, &pool.take(500)).await;
+    wait_converged(&indexer, &a).await;
+    assert!(a.terminate().success());
+    let config = dir.path().join("producer-a.toml");
+    let ckpt = checkpoint_file(&state);
+    let good = std::fs::read(&ckpt).unwrap();
+
+    // One flipped bit in the middle of the checkpoint.
+    let mut bad = good.clone();
+    bad[good.len() / 2] ^= 0x10;
+    std::fs::write(&ckpt, &bad).unwrap();
+    let (code, stderr) = run_to_exit(&config, &[]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&ckpt.display().to_string()) && stderr.contains("checksum"),
+        "the refusal names the file and the fault: {stderr}"
+    );
+    assert!(stderr.contains("set-aside"), "and the way out: {stderr}");
+    assert_eq!(std::fs::read(&ckpt).unwrap(), bad, "a refusal changes nothing");
+
+    // Intact, but another pool's state.
+    std::fs::write(&ckpt, &good).unwrap();
+    let (code, stderr) = run_to_exit(&config, &["--dc", "dc-b"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("holds the state of pool"), "{stderr}");
+    // Another table format (bucket count).
+    let (code, stderr) = run_to_exit(&config, &["--bucket-count", "2048"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("was written for table format"), "{stderr}");
+
+    // Damaged again, and set aside on request: the producer starts empty, the files are kept.
+    std::fs::write(&ckpt, &bad).unwrap();
+    a.restart_with(&["--on-invalid-state", "set-aside"]);
+    let stats = a.stats().await.unwrap();
+    assert_eq!(stats.unique_blocks, 0, "{stats:?}");
+    let aside: Vec<PathBuf> = std::fs::read_dir(&state)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_str().unwrap().starts_with("invalid-"))
+        .collect();
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    let kept = aside[0].join(ckpt.file_name().unwrap());
+    assert_eq!(std::fs::read(kept).unwrap(), bad);
+}
+
+/// A tmpfs of `bytes` mounted at `at`, unmounted on drop; `None` when this process may not
+/// mount (not root).
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(at: &Path, bytes: u64) -> Option<Self> {
+        std::fs::create_dir_all(at).unwrap();
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
+            .arg(at)
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then(|| Self(at.to_owned()))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_fails_the_journal_not_the_producer_and_a_checkpoint_heals_it() {
+    let dir = TestDir::new("durability-disk-full");
+    let Some(disk) = Tmpfs::mount(&dir.path().join("disk"), 4 << 20) else {
+        eprintln!("SKIPPED: cannot mount a tmpfs here (needs root); the disk-full path is untested");
+        return;
+    };
+    let indexer = Indexer::start(&dir, &IndexerSpec::default());
+    let endpoints = [indexer.url()];
+    let state = disk.0.join("state-a");
+    let spec = durable_spec("dc-a", &state, "min_checkpoint_mib = 1\ncheckpoint_retry_ms = 200\n");
+    let mut a = Producer::start(&dir, "producer-a", &spec, &endpoints);
+    let mut pool = HashPool::new(&format(), 14);
+    let base = pool.take(300);
+    a.store(1, &base).await;
+    // Leave about 64 KiB free.
+    let filler = disk.0.join("filler");
+    let free = {
+        let out = Command::new("df").args(["-B1", "--output=avail"]).arg(&disk.0).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).lines().nth(1).unwrap().trim().parse::<u64>().unwrap()
+    };
+    std::fs::write(&filler, vec![1u8; (free - (64 << 10)) as usize]).unwrap();
+    // Churn until the journal runs out of space.
+    let churn = pool.take(200);
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        a.store(2, &churn).await;
+        a.remove(2, &churn).await;
+        if metric(&a, "ckf_producer_journal_healthy") == Some(0.0) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the journal never failed on the full disk");
+    }
+    assert!(a.log().contains("journal failed"), "the failure is logged");
+    // The producer goes on serving from memory.
+    let during = pool.take(100);
+    a.store(3, &during).await;
+    wait_converged(&indexer, &a).await;
+    assert!(metric(&a, "ckf_producer_journal_dropped_records").unwrap_or(0.0) > 0.0);
+
+    // Space again: the next checkpoint retry heals the journal, holding all of the state.
+    std::fs::remove_file(&filler).unwrap();
+    eventually("the journal to heal", DEADLINE, || async {
+        match metric(&a, "ckf_producer_journal_healthy") {
+            Some(h) if h == 1.0 => Ok(()),
+            other => Err(format!("healthy = {other:?}")),
+        }
+    })
+    .await;
+    a.kill9();
+    a.restart();
+    wait_converged(&indexer, &a).await;
+    exact_state_matches(&a).await.unwrap();
+    drop(a);
+    drop(indexer);
+}
