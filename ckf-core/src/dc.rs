@@ -25,6 +25,7 @@
 
 mod events;
 mod hasher;
+mod image;
 mod ownership;
 pub mod quota;
 mod stats;
@@ -43,6 +44,7 @@ use ownership::{BlockOwners, Members, Owners, Tag};
 
 pub use events::{BlockError, EventOutcome, KvEvent, KvEventKind, MemberId};
 pub use hasher::FoldHashBuilder;
+pub use image::MemberImage;
 pub use quota::{QuotaError, Quotas};
 pub use stats::DcCkfStats;
 
@@ -363,12 +365,18 @@ impl DcCkfState {
         };
         self.check_store(source, event.member, block_hashes)?;
         let outcome = self.store(event.member, block_hashes);
-        if let Some(tag) = self.members.tag(event.member)
+        self.charge_if_uncharged(event.member, source);
+        Ok(outcome)
+    }
+
+    /// Charges `member` to `source` if it owns blocks and is charged to nobody yet (see
+    /// [`quota`]'s docs: the first stored event that reaches an uncharged member charges it).
+    fn charge_if_uncharged(&mut self, member: MemberId, source: &str) {
+        if let Some(tag) = self.members.tag(member)
             && self.members.record(tag).charge == 0
         {
             self.members.charge(tag, source);
         }
-        Ok(outcome)
     }
 
     /// The quota check of a stored event (see [`quota`]'s docs).

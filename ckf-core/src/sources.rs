@@ -143,6 +143,47 @@ impl SourceSequences {
         check
     }
 
+    /// Every tracked `(source, last applied sequence)`, least recently used first: what a
+    /// durability checkpoint records so that a restarted producer still refuses replays
+    /// ([`restore`](Self::restore) rebuilds the same order). O(tracked sources); not a use.
+    pub fn export(&self) -> Vec<(String, u64)> {
+        self.last
+            .iter()
+            .rev()
+            .map(|(source, &last)| (source.clone(), last))
+            .collect()
+    }
+
+    /// Replaces the tracked sources with `entries`, given least recently used first (as
+    /// [`export`](Self::export) returns them): afterwards [`admit`](Self::admit) answers as it
+    /// did in the exported tracker, and evicts in the same order. The capacity stays this
+    /// tracker's: when `entries` holds more sources, the oldest are dropped first and counted
+    /// in [`evictions`](Self::evictions) (they are forgotten, as any evicted source is). A source
+    /// named twice keeps the larger sequence (a source never moves backwards) at the later
+    /// position. The previous contents are dropped without counting; the eviction count is
+    /// kept.
+    pub fn restore(&mut self, entries: impl IntoIterator<Item = (String, u64)>) {
+        self.last.clear();
+        self.id_bytes = 0;
+        for (source, sequence) in entries {
+            let sequence = match self.last.pop(&source) {
+                Some(earlier) => {
+                    self.id_bytes -= heap_block(source.len());
+                    earlier.max(sequence)
+                }
+                None => sequence,
+            };
+            if self.last.len() >= self.capacity.get()
+                && let Some((evicted, _)) = self.last.pop_lru()
+            {
+                self.id_bytes -= heap_block(evicted.len());
+                self.evictions += 1;
+            }
+            self.id_bytes += heap_block(source.len());
+            self.last.push(source, sequence);
+        }
+    }
+
     /// The last applied sequence of `source`, if it is tracked (does not count as a use).
     pub fn last(&self, source: &str) -> Option<u64> {
         self.last.peek(source).copied()
@@ -277,6 +318,41 @@ mod tests {
         let bound = 4096 * per_source + 8192 * SLOT_BYTES;
         assert_eq!(s.bytes_used(), bound);
         assert!(bound < 1 << 20, "{bound}");
+    }
+
+    #[test]
+    fn restore_keeps_the_order_and_drops_the_oldest_beyond_capacity() {
+        let mut s = SourceSequences::new(cap(3));
+        s.admit("a", 1);
+        s.admit("b", 5);
+        s.admit("c", 9);
+        s.admit("a", 2);
+        let image = s.export();
+        let owned = |v: &[(&str, u64)]| -> Vec<(String, u64)> {
+            v.iter().map(|&(id, n)| (id.to_owned(), n)).collect()
+        };
+        assert_eq!(image, owned(&[("b", 5), ("c", 9), ("a", 2)]));
+
+        let mut small = SourceSequences::new(cap(2));
+        small.admit("stale", 100);
+        small.restore(image.clone());
+        assert_eq!(small.export(), owned(&[("c", 9), ("a", 2)]));
+        assert_eq!((small.evictions(), small.last("stale")), (1, None));
+        assert_eq!(
+            small.bytes_used(),
+            2 * 32 + 2 * ENTRY_OVERHEAD_BYTES + 2 * SLOT_BYTES
+        );
+
+        // A repeated source keeps its larger sequence at its later position.
+        let mut twice = SourceSequences::new(cap(3));
+        twice.restore(owned(&[("a", 7), ("b", 1), ("a", 3)]));
+        assert_eq!(twice.export(), owned(&[("b", 1), ("a", 7)]));
+        assert_eq!(twice.admit("a", 7), SequenceCheck::Duplicate { last: 7 });
+        assert_eq!(
+            twice.bytes_used(),
+            2 * 32 + 2 * ENTRY_OVERHEAD_BYTES + 2 * SLOT_BYTES
+        );
+        assert_eq!(twice.evictions(), 0);
     }
 
     #[test]

@@ -40,6 +40,7 @@ pub const CHAIN_SEED: u64 = 1337;
 /// The request-wide seed of every block hash of one request: `1337` mixed with the LoRA name
 /// and the cache salt (see the module docs). Empty strings count as absent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct BlockSeed(pub u64);
 
 impl BlockSeed {

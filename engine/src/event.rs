@@ -7,6 +7,7 @@
 
 /// One decoded `EventBatch`: a publisher's payload for one sequence number.
 #[derive(Debug, Clone, PartialEq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct EngineBatch {
     /// The batch timestamp, seconds since the Unix epoch (as the engine sent it; 0 when the
     /// engine sent an integer 0).
@@ -23,6 +24,7 @@ pub struct EngineBatch {
 
 /// One engine event.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum EngineEvent {
     /// `BlockStored`: the engine now holds these blocks.
     Stored(StoredBlocks),
@@ -40,6 +42,7 @@ pub enum EngineEvent {
 
 /// A `BlockStored` event.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct StoredBlocks {
     /// Engine hashes of the stored blocks, in chain order (block k's parent is block k-1).
     pub block_hashes: Vec<u64>,
@@ -69,6 +72,7 @@ pub struct StoredBlocks {
 
 /// The extra keys of one stored block (vLLM `extra_keys[k]`), sorted into what they mean.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct BlockExtras {
     /// Multimodal identifier hashes ([`ckf_core::tokens::mm_identifier_hash`] of each
     /// `[identifier, offset]` entry), in the order sent.
@@ -84,6 +88,7 @@ pub struct BlockExtras {
 
 /// A `BlockRemoved` event.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct RemovedBlocks {
     /// Engine hashes of the evicted blocks.
     pub block_hashes: Vec<u64>,
@@ -95,6 +100,7 @@ pub struct RemovedBlocks {
 
 /// What the decoder tolerated in one batch. None of it is fatal.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct DecodeNotes {
     /// Map keys of events or of the batch that this crate does not know (ignored), plus extra
     /// trailing elements of positional events beyond the known fields.

@@ -72,6 +72,29 @@ impl Translation {
     }
 }
 
+/// One engine block of a member's lineage, as a durability checkpoint records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct LineageEntry {
+    /// The engine's block hash (reduced to 64 bits, see [`crate::wire`]).
+    pub engine_hash: u64,
+    /// The canonical block hash it maps to (`ckf_core::tokens`).
+    pub canonical: u64,
+    /// The [`BlockSeed`] of its chain (`BlockSeed.0`): a child store naming this block as
+    /// parent inherits it.
+    pub seed: u64,
+}
+
+/// One member's whole lineage ([`Lineage::export`], [`Lineage::restore`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct MemberLineageImage {
+    /// The member.
+    pub member: MemberId,
+    /// Its engine blocks, by ascending engine hash (from [`Lineage::export`]).
+    pub blocks: Vec<LineageEntry>,
+}
+
 /// One known engine block of a member.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Block {
@@ -257,6 +280,55 @@ impl Lineage {
     /// Returns whether it had one.
     pub fn clear_member(&mut self, member: MemberId) -> bool {
         self.members.remove(&member).is_some()
+    }
+
+    /// Every member's lineage as plain values, sorted by member, each one's blocks by engine
+    /// hash: what a durability checkpoint of the producer records, so that a restarted
+    /// producer translates later events (children of known parents, removals) exactly as
+    /// before ([`restore`](Self::restore)). O(engine blocks); the per-member canonical
+    /// refcounts are not exported, they follow from the blocks.
+    pub fn export(&self) -> Vec<MemberLineageImage> {
+        self.members
+            .iter()
+            .map(|(&member, lineage)| {
+                let mut blocks: Vec<LineageEntry> = lineage
+                    .blocks
+                    .iter()
+                    .map(|(&engine_hash, b)| LineageEntry {
+                        engine_hash,
+                        canonical: b.canonical,
+                        seed: b.seed.0,
+                    })
+                    .collect();
+                blocks.sort_unstable_by_key(|e| e.engine_hash);
+                MemberLineageImage { member, blocks }
+            })
+            .collect()
+    }
+
+    /// Adds `images` to the lineage (into an empty one: rebuilds what
+    /// [`export`](Self::export) recorded). Each entry maps its member's engine hash as a store
+    /// would, and the member's canonical refcount (engine hashes per canonical hash) is
+    /// rebuilt from the entries, so a later removal leaves the state only with the last engine
+    /// hash of a canonical block. An engine hash the member already maps keeps its first
+    /// mapping (the store rule for a conflict); an image without blocks adds nothing.
+    pub fn restore(&mut self, images: impl IntoIterator<Item = MemberLineageImage>) {
+        for image in images {
+            if image.blocks.is_empty() {
+                continue;
+            }
+            let lineage = self.members.entry(image.member).or_default();
+            lineage.blocks.reserve(image.blocks.len());
+            for e in image.blocks {
+                if let Entry::Vacant(v) = lineage.blocks.entry(e.engine_hash) {
+                    v.insert(Block {
+                        canonical: e.canonical,
+                        seed: BlockSeed(e.seed),
+                    });
+                    *lineage.refs.entry(e.canonical).or_insert(0) += 1;
+                }
+            }
+        }
     }
 
     /// Members with a (non-empty) lineage, sorted.

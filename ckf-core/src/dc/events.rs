@@ -6,6 +6,7 @@ use thiserror::Error;
 
 /// One data-parallel rank of one inference worker: the unit that owns KV blocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct MemberId {
     /// Worker id, unique within the pool.
     pub worker_id: u64,
@@ -28,6 +29,7 @@ impl fmt::Display for MemberId {
 
 /// What happened to a member's cache.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum KvEventKind {
     /// The member now holds these blocks (block hashes in sequence order).
     Stored {
@@ -48,6 +50,7 @@ pub enum KvEventKind {
 
 /// One KV event of one member.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct KvEvent {
     /// The member whose cache changed.
     pub member: MemberId,

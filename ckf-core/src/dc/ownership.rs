@@ -84,6 +84,19 @@ impl BlockOwners {
         true
     }
 
+    /// Calls `f(hash, tag)` once per ownership edge, in no order: the inline owners in one pass
+    /// over the map, then the spilled ones (an edge lives in exactly one of the two). O(edges).
+    pub fn for_each_edge(&self, mut f: impl FnMut(u64, Tag)) {
+        for (&hash, o) in &self.map {
+            for &tag in o.inline.iter().filter(|&&t| t != 0) {
+                f(hash, tag);
+            }
+        }
+        for &(hash, tag) in &self.spill {
+            f(hash, tag);
+        }
+    }
+
     /// The map and the spill set, borrowed apart (for the entry API).
     #[inline]
     pub fn parts(&mut self) -> (&mut HashMap<u64, Owners, FoldHashBuilder>, &mut Spill) {
@@ -143,6 +156,12 @@ impl Members {
         self.records[t as usize - 1].id = Some(member);
         self.index.insert(member, t);
         t
+    }
+
+    /// One past the largest tag ever handed out and not shrunk away: every live tag is below
+    /// it (for tables indexed by `tag - 1`).
+    pub fn tag_bound(&self) -> usize {
+        self.records.len()
     }
 
     /// The bookkeeping record of a tag.
