@@ -280,7 +280,9 @@ impl Actor {
             if let Some(journal) = self.journal.take() {
                 match journal.close() {
                     Ok(()) => tracing::info!("journal closed after a final checkpoint"),
-                    Err(e) => tracing::error!(error = %e, "journal failed; the last checkpoint and log stand"),
+                    Err(e) => {
+                        tracing::error!(error = %e, "journal failed; the last checkpoint and log stand")
+                    }
                 }
             }
         }

@@ -156,7 +156,8 @@ impl JournalMetrics {
     /// Sets the gauges from `stats`.
     pub fn observe(&self, stats: &JournalStats) {
         self.healthy.set(i64::from(stats.healthy));
-        self.bytes.set(i64::try_from(stats.bytes_on_disk).unwrap_or(i64::MAX));
+        self.bytes
+            .set(i64::try_from(stats.bytes_on_disk).unwrap_or(i64::MAX));
         self.log_bytes
             .set(i64::try_from(stats.log_bytes_since_checkpoint).unwrap_or(i64::MAX));
         self.dropped_records

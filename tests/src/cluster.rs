@@ -795,7 +795,11 @@ impl Producer {
 
 /// Spawns `ckf-producer` with `args` and waits for its "producer started" record: the
 /// process and the ingest and metrics addresses it bound.
-fn spawn_producer(name: &str, args: &[String], log_dir: &Path) -> (Service, SocketAddr, SocketAddr) {
+fn spawn_producer(
+    name: &str,
+    args: &[String],
+    log_dir: &Path,
+) -> (Service, SocketAddr, SocketAddr) {
     let mut svc = Service::spawn(name, &binary("ckf-producer"), args, log_dir);
     // Port 0: the producer binds free ports and logs them ("producer started").
     let record = svc

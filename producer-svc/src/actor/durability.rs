@@ -219,7 +219,9 @@ impl Actor {
         for image in self.state.ownership_image() {
             for blocks in image.blocks.chunks(BLOCKS_PER_RECORD) {
                 if chunk_blocks + blocks.len() > BLOCKS_PER_RECORD && !chunk.is_empty() {
-                    out.push(encode(&CheckpointRecord::Members(std::mem::take(&mut chunk))));
+                    out.push(encode(&CheckpointRecord::Members(std::mem::take(
+                        &mut chunk,
+                    ))));
                     chunk_blocks = 0;
                 }
                 chunk_blocks += blocks.len();
@@ -239,7 +241,9 @@ impl Actor {
             lineage_blocks += image.blocks.len();
             lineage.push(image);
             if lineage_blocks >= BLOCKS_PER_RECORD / 2 {
-                out.push(encode(&CheckpointRecord::Lineage(std::mem::take(&mut lineage))));
+                out.push(encode(&CheckpointRecord::Lineage(std::mem::take(
+                    &mut lineage,
+                ))));
                 lineage_blocks = 0;
             }
         }
@@ -287,7 +291,10 @@ impl Actor {
         checkpoint: &[Vec<u8>],
         log: &[Vec<u8>],
     ) -> Result<RestoreReport, UndecodableRecord> {
-        debug_assert!(self.journal.is_none(), "restore before attaching the journal");
+        debug_assert!(
+            self.journal.is_none(),
+            "restore before attaching the journal"
+        );
         let mut report = RestoreReport::default();
         let mut sources = Vec::new();
         for (index, bytes) in checkpoint.iter().enumerate() {
@@ -329,7 +336,11 @@ impl Actor {
         Ok(report)
     }
 
-    fn replay(&mut self, log: &[Vec<u8>], report: &mut RestoreReport) -> Result<(), UndecodableRecord> {
+    fn replay(
+        &mut self,
+        log: &[Vec<u8>],
+        report: &mut RestoreReport,
+    ) -> Result<(), UndecodableRecord> {
         for (index, bytes) in log.iter().enumerate() {
             let undecodable = |why: String| UndecodableRecord {
                 what: "log",
@@ -362,5 +373,98 @@ impl Actor {
             report.replayed += 1;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ckf_core::dc::{KvEvent, KvEventKind};
+    use ckf_engine::event::{EngineEvent, StoredBlocks};
+
+    #[test]
+    fn borrowed_log_records_decode_as_owned_ones() {
+        let source = ckf_core::identity::SourceId::new("router-1").unwrap();
+        let kv = IngestEvent::Kv(KvEvent {
+            member: MemberId::new(7, 1),
+            kind: KvEventKind::Stored {
+                block_hashes: vec![1, u64::MAX, 3],
+                parent_hash: Some(9),
+            },
+        });
+        let gone = IngestEvent::WorkerRemoved { worker_id: 4 };
+        let batch = IngestBatch {
+            source_id: source,
+            sequence: 42,
+            events: vec![
+                Ok(kv.clone()),
+                Err(crate::events::EventError::MissingKind { index: 1 }),
+                Ok(gone.clone()),
+                Ok(kv.clone()),
+            ],
+        };
+        // Event 3 was refused (say by a quota): neither it nor the malformed one is journaled.
+        let applied = [true, false, true, false];
+        let events: Vec<&IngestEvent> = batch
+            .events
+            .iter()
+            .zip(applied)
+            .filter_map(|(e, ok)| if ok { e.as_ref().ok() } else { None })
+            .collect();
+        let bytes = encode(&LogRecordRef::Ingest {
+            source: batch.source_id.as_str(),
+            sequence: 42,
+            events,
+        });
+        assert_eq!(
+            postcard::from_bytes::<LogRecord>(&bytes).unwrap(),
+            LogRecord::Ingest {
+                source: "router-1".into(),
+                sequence: 42,
+                events: vec![kv, gone],
+            }
+        );
+
+        let publisher = PublisherRecord {
+            worker_id: 3,
+            rank: 2,
+            label: "3/2".into(),
+            endpoint: "tcp://e:5557".into(),
+        };
+        let engine = EngineBatch {
+            ts: 1.5,
+            dp_rank: Some(2),
+            events: vec![EngineEvent::Stored(StoredBlocks {
+                block_hashes: vec![10, 11],
+                token_ids: (0..32).collect(),
+                block_size: 16,
+                ..StoredBlocks::default()
+            })],
+            ..EngineBatch::default()
+        };
+        let bytes = encode(&LogRecordRef::EngineApply {
+            publisher: publisher.clone(),
+            batch: &engine,
+        });
+        assert_eq!(
+            postcard::from_bytes::<LogRecord>(&bytes).unwrap(),
+            LogRecord::EngineApply {
+                publisher: publisher.clone(),
+                batch: engine,
+            }
+        );
+        let bytes = encode(&LogRecordRef::EngineClear {
+            publisher: publisher.clone(),
+            reason: ClearRecord::Restart,
+        });
+        assert_eq!(
+            postcard::from_bytes::<LogRecord>(&bytes).unwrap(),
+            LogRecord::EngineClear {
+                publisher,
+                reason: ClearRecord::Restart,
+            }
+        );
+        // A truncated record does not decode (it is refused, never half-applied).
+        assert!(postcard::from_bytes::<LogRecord>(&bytes[..bytes.len() - 1]).is_err());
     }
 }
