@@ -85,6 +85,13 @@ if [[ "$BASE" == scratch ]]; then
     printf 'passwd: files\ngroup: files\nhosts: files dns\n' >"$rootfs/etc/nsswitch.conf"
 fi
 
+# The producer's state directory (durability.data_dir in compose and Kubernetes): owned by the
+# service user through the Dockerfile's COPY --chown, so a fresh named volume mounted there
+# starts writable.
+mkdir -p "$ctx/state"
+printf 'ckf-producer state: the journal of [durability] data_dir (README "Operations").\n' \
+    >"$ctx/state/README"
+
 old_id="$(docker image inspect -f '{{.Id}}' "$IMAGE" 2>/dev/null || true)"
 log "docker build -t $IMAGE (BASE=$BASE)"
 # Plain `docker build`: works with BuildKit and with the legacy builder (no buildx here).

@@ -14,6 +14,8 @@
 #      indexer's heartbeat deadline while dc-a and dc-c keep answering unchanged; reconnect:
 #      the lane is ready again with the same content, plus what dc-b ingested meanwhile;
 #   4. restart the indexer container: all lanes recover, content intact, no manual step;
+#   4b. kill -9 producer-dc-a's container and start it again: its durable state (the named
+#      volume at durability.data_dir) comes back, so every probe answers as before;
 #   5. `down -v` leaves no container, network or volume of the project.
 # The stack is always torn down (trap). An unreachable Docker engine is a failure, never a skip.
 #
@@ -443,6 +445,19 @@ query_probes "$WORK/restarted.jsonl"
 compare_probes "$WORK/base.jsonl" "$WORK/restarted.jsonl" same \
     || fail "after the indexer restart the answers differ from before"
 log "ok: after the indexer restart all lanes recovered with the same content, no manual step"
+
+# --- 4b. kill -9 a producer: its durable state comes back -------------------------------------
+log "docker kill -s KILL producer-dc-a, then docker start"
+docker kill -s KILL "$(cid producer-dc-a)" >/dev/null
+docker start "$(cid producer-dc-a)" >/dev/null
+wait_until 60 "producer-dc-a healthy again" healthy producer-dc-a
+wait_until 60 "dc-a active again after its producer's kill -9" lanes_are dc-a=active dc-b=active dc-c=active
+docker logs "$(cid producer-dc-a)" 2>&1 | grep -q "state recovered from the journal" \
+    || fail "producer-dc-a did not log a recovery from its journal"
+query_probes "$WORK/producer-restarted.jsonl"
+compare_probes "$WORK/base.jsonl" "$WORK/producer-restarted.jsonl" same \
+    || fail "after producer-dc-a's kill -9 and restart the answers differ: its state was not recovered"
+log "ok: after kill -9 and restart producer-dc-a recovered its exact state from its volume"
 
 # --- 5. down -v leaves nothing ------------------------------------------------------------------
 compose --profile prometheus down -v --remove-orphans -t 10 >/dev/null 2>&1 || fail "compose down -v failed"

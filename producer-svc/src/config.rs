@@ -61,6 +61,22 @@ pub struct PublicationConfig {
     /// Publication batches (queue entries: a batch's deltas, a snapshot, a drain marker) one
     /// attachment may have queued before it is fenced and re-attached.
     pub attachment_queue: u32,
+    /// How the producer attaches when it starts: `takeover` (default: a new producer fences
+    /// the pool's current holder) or `if-vacant` (a hot standby: it takes the lane only while
+    /// no other producer holds it live, and keeps retrying until then).
+    pub start_mode: StartMode,
+}
+
+/// `publication.start_mode`: how a freshly started producer attaches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum StartMode {
+    /// Attach `TAKEOVER`: the newest producer holds the pool (rolling replacement).
+    #[default]
+    Takeover,
+    /// Attach `IF_VACANT`: stand by while another producer holds the pool live (hot standby;
+    /// README "Operations").
+    IfVacant,
 }
 
 impl Default for PublicationConfig {
@@ -70,6 +86,7 @@ impl Default for PublicationConfig {
             max_delay_ms: 10,
             heartbeat_interval_ms: 1_000,
             attachment_queue: 1_024,
+            start_mode: StartMode::Takeover,
         }
     }
 }
@@ -724,6 +741,9 @@ pub struct Cli {
     /// indexer_tls.server_name: name checked in the indexers' certificates instead of the URL host [default: none].
     #[arg(long, value_name = "NAME")]
     pub indexer_server_name: Option<String>,
+    /// publication.start_mode: takeover (a new producer fences the pool's holder) or if-vacant (hot standby: take the lane only while no other producer holds it) [default: takeover].
+    #[arg(long, value_name = "MODE")]
+    pub start_mode: Option<StartMode>,
     /// durability.data_dir: keep the exact state in this directory so a restart recovers it [default: none, state in memory only].
     #[arg(long, value_name = "DIR", env = "CKF_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
@@ -801,6 +821,7 @@ impl Cli {
             .set("indexer_tls.cert_file", self.indexer_cert.as_ref())
             .set("indexer_tls.key_file", self.indexer_key.as_ref())
             .set("indexer_tls.server_name", self.indexer_server_name.as_ref())
+            .set("publication.start_mode", self.start_mode)
             .set("durability.data_dir", self.data_dir.as_ref())
             .set("durability.commit_interval_ms", self.commit_interval_ms)
             .set("durability.on_invalid_state", self.on_invalid_state)

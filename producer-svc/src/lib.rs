@@ -375,6 +375,7 @@ pub async fn serve(
         max_message_bytes,
         attachment_queue: config.publication.attachment_queue as usize,
         tls: indexer_tls,
+        start_mode: config.publication.start_mode,
     };
     let relays: Vec<(String, JoinHandle<DrainOutcome>)> = config
         .indexers

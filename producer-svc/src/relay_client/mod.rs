@@ -87,6 +87,8 @@ pub struct RelaySettings {
     pub tls: Option<ckf_svc_kit::tls::ClientTls>,
     /// The bearer token presented on every Relay stream (`indexer_token_file`), if any.
     pub indexer_token: std::sync::Arc<crate::access::IndexerToken>,
+    /// How the first attach is made (`publication.start_mode`).
+    pub start_mode: crate::config::StartMode,
 }
 
 /// How one endpoint's publication ended at shutdown.
@@ -185,8 +187,12 @@ impl IndexerAttachment {
 
     async fn sessions(&self) -> DrainOutcome {
         let mut backoff = Backoff::new(self.settings.initial_backoff, self.settings.max_backoff);
-        // A fresh start takes the lane over; after a supersession, only a vacant lane is taken.
-        let mut mode = AttachMode::Takeover;
+        // A fresh start takes the lane over (unless configured as a hot standby); after a
+        // supersession, only a vacant lane is taken.
+        let mut mode = match self.settings.start_mode {
+            crate::config::StartMode::Takeover => AttachMode::Takeover,
+            crate::config::StartMode::IfVacant => AttachMode::IfVacant,
+        };
         let mut standby: Option<Standby> = None;
         loop {
             if self.shutdown.is_triggered() {
