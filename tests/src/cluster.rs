@@ -484,6 +484,8 @@ pub struct ProducerSpec {
     /// TOML inserted after the top-level keys, before `[pool]`: top-level keys first, then
     /// whole sections of its own (e.g. `indexer_token_file = ...` and `[ingest_auth]`).
     pub extra_toml: String,
+    /// Further command-line flags (e.g. `--start-mode if-vacant`), after `--config`.
+    pub args: Vec<String>,
 }
 
 impl ProducerSpec {
@@ -500,6 +502,7 @@ impl ProducerSpec {
             block_size: None,
             engines: Vec::new(),
             extra_toml: String::new(),
+            args: Vec::new(),
         }
     }
 }
@@ -578,6 +581,7 @@ impl Producer {
         for engine in &spec.engines {
             args.extend(["--engine".to_owned(), engine.clone()]);
         }
+        args.extend(spec.args.iter().cloned());
         let (svc, addr, metrics_addr) = spawn_producer(name, &args, dir.path());
         Self {
             svc: Some(svc),
