@@ -744,7 +744,7 @@ pub struct Cli {
     /// publication.start_mode: takeover (a new producer fences the pool's holder) or if-vacant (hot standby: take the lane only while no other producer holds it) [default: takeover].
     #[arg(long, value_name = "MODE")]
     pub start_mode: Option<StartMode>,
-    /// durability.data_dir: keep the exact state in this directory so a restart recovers it [default: none, state in memory only].
+    /// durability.data_dir: keep the exact state in this directory so a restart recovers it; without it the state lives in memory only [default: none].
     #[arg(long, value_name = "DIR", env = "CKF_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
     /// durability.commit_interval_ms: group-commit window, at most this much is lost on kill -9, ms [default: 50].
@@ -753,6 +753,12 @@ pub struct Cli {
     /// durability.on_invalid_state: refuse to start on damaged or foreign state, or set it aside and start empty [default: refuse].
     #[arg(long, value_name = "WHAT")]
     pub on_invalid_state: Option<OnInvalidState>,
+    /// durability.min_checkpoint_mib: checkpoint once the log since the last one exceeds this and the last checkpoint, MiB [default: 64].
+    #[arg(long, value_name = "MIB")]
+    pub min_checkpoint_mib: Option<u64>,
+    /// durability.checkpoint_retry_ms: while the journal is failed (disk full), retry a checkpoint this often, ms [default: 10000].
+    #[arg(long, value_name = "MS")]
+    pub checkpoint_retry_ms: Option<u64>,
 }
 
 impl Validate for ProducerConfig {
@@ -825,6 +831,8 @@ impl Cli {
             .set("durability.data_dir", self.data_dir.as_ref())
             .set("durability.commit_interval_ms", self.commit_interval_ms)
             .set("durability.on_invalid_state", self.on_invalid_state)
+            .set("durability.min_checkpoint_mib", self.min_checkpoint_mib)
+            .set("durability.checkpoint_retry_ms", self.checkpoint_retry_ms)
     }
 
     /// The configuration layers of this command line (environment prefix [`ENV_PREFIX`]).

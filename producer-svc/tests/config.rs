@@ -180,6 +180,26 @@ const REFUSED: &[Refused] = &[
         ],
         &["listed twice"],
     ),
+    refused(
+        &["--commit-interval-ms", "0"],
+        &["durability.commit_interval_ms", "1..=1000"],
+    ),
+    refused(
+        &["--commit-interval-ms", "5000"],
+        &["durability.commit_interval_ms", "5000"],
+    ),
+    refused(
+        &["--checkpoint-retry-ms", "10"],
+        &["durability.checkpoint_retry_ms", "10"],
+    ),
+    refused(
+        &["--min-checkpoint-mib", "0"],
+        &["durability.min_checkpoint_mib"],
+    ),
+    refused(
+        &["--data-dir", "/dev/null"],
+        &["durability.data_dir", "not a directory"],
+    ),
 ];
 
 #[test]

@@ -326,7 +326,7 @@ impl Actor {
         // Replay with the quotas off (see the module docs), metrics into a scratch registry.
         let quotas = self.state.quotas();
         self.state.set_quotas(ckf_core::dc::Quotas::UNLIMITED);
-        let live_metrics = std::mem::replace(&mut self.metrics, crate::metrics::Metrics::new());
+        let live_metrics = std::mem::take(&mut self.metrics);
         let result = self.replay(log, &mut report);
         self.metrics = live_metrics;
         self.state.set_quotas(quotas);
