@@ -279,9 +279,13 @@ impl Journal {
     }
 
     /// Queues one record (non-blocking). It is on disk within one commit window; while the
-    /// journal is failed it is dropped, and above `max_backlog_bytes` of queued bytes it
-    /// becomes a hole (see [`writer`]).
+    /// journal is failed it is dropped, and above `max_backlog_bytes` of queued bytes, or above
+    /// [`frame::MAX_RECORD_BYTES`] itself, it becomes a hole (see [`writer`]).
     pub fn append(&self, record: Vec<u8>) {
+        if record.len() > frame::MAX_RECORD_BYTES {
+            self.send(writer::Msg::Oversized(record.len()));
+            return;
+        }
         let len = record.len() as u64;
         let queued = self.shared.queued_bytes.load(Ordering::Relaxed);
         if queued + len > self.config.max_backlog_bytes {

@@ -30,6 +30,8 @@ pub(crate) enum Msg {
     Append(Vec<u8>),
     /// A record that could not be queued: the log must not go on past it.
     Hole,
+    /// A record above `frame::MAX_RECORD_BYTES` (its length): a hole too.
+    Oversized(usize),
     Checkpoint(Vec<Vec<u8>>),
     /// Commit now, then answer.
     Sync(flume::Sender<Result<(), String>>),
@@ -73,6 +75,15 @@ impl Writer {
                         self.fail(format!(
                             "the writer fell more than {} bytes behind; records are dropped until the next checkpoint",
                             self.config.max_backlog_bytes
+                        ));
+                    }
+                    self.shared.dropped_records.fetch_add(1, Ordering::Relaxed);
+                }
+                Some(Msg::Oversized(len)) => {
+                    if self.failed.is_none() {
+                        self.fail(format!(
+                            "a record of {len} bytes exceeds the {}-byte record limit; records are dropped until the next checkpoint",
+                            frame::MAX_RECORD_BYTES
                         ));
                     }
                     self.shared.dropped_records.fetch_add(1, Ordering::Relaxed);

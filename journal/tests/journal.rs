@@ -312,3 +312,20 @@ fn a_checkpoint_is_wanted_once_the_log_outgrows_it() {
     j.sync().unwrap();
     assert!(j.wants_checkpoint());
 }
+
+#[test]
+fn an_oversized_record_fails_the_journal_instead_of_the_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let (j, _) = open(dir.path()).unwrap();
+    j.append(rec(1));
+    j.append(vec![0u8; ckf_journal::frame::MAX_RECORD_BYTES + 1]);
+    j.append(rec(2)); // after the hole: dropped, never written past it
+    let err = j.sync().unwrap_err();
+    assert!(err.contains("exceeds"), "{err}");
+    assert_eq!(j.stats().dropped_records, 2);
+    j.checkpoint(vec![b"state".to_vec()]);
+    j.sync().unwrap();
+    j.close().unwrap();
+    let (_j, r) = open(dir.path()).unwrap();
+    assert_eq!(r.checkpoint, vec![b"state".to_vec()]);
+}

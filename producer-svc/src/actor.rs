@@ -299,7 +299,7 @@ impl Actor {
             Command::Ingest { batch, reply } => {
                 // Journaling needs the batch after it was applied; the report says what was.
                 let report = self.ingest(&batch);
-                if self.journal.is_some() {
+                if self.journal.is_some() && report.check.applies() {
                     let applied: Vec<bool> = report
                         .events
                         .iter()

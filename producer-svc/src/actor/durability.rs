@@ -175,7 +175,9 @@ impl Actor {
         }
     }
 
-    /// Journals an ingest batch's applied events (nothing when none applied).
+    /// Journals an ingest batch's applied events; with none applied, still its source and
+    /// sequence (the source's sequence moved on). Call only for batches whose sequence was
+    /// admitted (not duplicates).
     pub(super) fn log_ingest(&self, batch: &IngestBatch, applied: &[bool]) {
         if self.journal.is_none() {
             return;
@@ -186,9 +188,6 @@ impl Actor {
             .zip(applied)
             .filter_map(|(e, &ok)| if ok { e.as_ref().ok() } else { None })
             .collect();
-        if events.is_empty() {
-            return;
-        }
         self.log(&LogRecordRef::Ingest {
             source: batch.source_id.as_str(),
             sequence: batch.sequence,
