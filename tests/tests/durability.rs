@@ -389,7 +389,15 @@ async fn a_full_disk_fails_the_journal_not_the_producer_and_a_checkpoint_heals_i
     let during = pool.take(100);
     a.store(3, &during).await;
     wait_converged(&indexer, &a).await;
-    assert!(metric(&a, "ckf_producer_journal_dropped_records").unwrap_or(0.0) > 0.0);
+    // The gauges are refreshed once a second.
+    eventually("the dropped records to be counted", DEADLINE, || async {
+        match metric(&a, "ckf_producer_journal_dropped_records") {
+            Some(n) if n > 0.0 => Ok(()),
+            other => Err(format!("dropped records = {other:?}")),
+        }
+    })
+    .await;
+    assert_eq!(metric(&a, "ckf_producer_journal_healthy"), Some(0.0), "still failed");
 
     // Space again: the next checkpoint retry heals the journal, holding all of the state.
     std::fs::remove_file(&filler).unwrap();
