@@ -395,7 +395,7 @@ async fn a_full_disk_fails_the_journal_not_the_producer_and_a_checkpoint_heals_i
     std::fs::remove_file(&filler).unwrap();
     eventually("the journal to heal", DEADLINE, || async {
         match metric(&a, "ckf_producer_journal_healthy") {
-            Some(h) if h == 1.0 => Ok(()),
+            Some(1.0) => Ok(()),
             other => Err(format!("healthy = {other:?}")),
         }
     })
