@@ -20,6 +20,10 @@
 //!   they are cleared ([`ClearReason::Gap`]); a later store re-adds what is really cached.
 //!   Then the live stream resumes at the oldest buffered batch as if it were a first batch.
 //!
+//! - [`PublisherSequence::resume`] starts from a sequence applied by an earlier run of the
+//!   caller (restored after a restart), so the batches published meanwhile are a gap the
+//!   replay fills, and an engine that restarted meanwhile is seen going backwards.
+//!
 //! Ambiguity the rule accepts: a restarted engine whose first batch the socket sees carries
 //! exactly `last` (or `last + 1`) looks like a duplicate (or the next batch); only a sequence
 //! below `last` proves a restart. Empty batches (heartbeats) take part like any other batch.
@@ -163,6 +167,20 @@ impl<T> PublisherSequence<T> {
         Self {
             config,
             last: None,
+            replay: None,
+        }
+    }
+
+    /// A publisher whose batches up to `last` were applied before, by an earlier run of the
+    /// caller (a producer restored from its journal): the rule goes on as if `last` had just
+    /// been applied. The next live batch decides what happened meanwhile: `last + 1` applies,
+    /// `last` is a duplicate, above `last + 1` is a gap (a replay from `last + 1` fills it
+    /// from the engine's buffer, or the members are cleared without one), below `last` is an
+    /// engine restart (cleared).
+    pub fn resume(config: SequenceConfig, last: i64) -> Self {
+        Self {
+            config,
+            last: Some(last),
             replay: None,
         }
     }
@@ -639,6 +657,83 @@ mod tests {
         assert_eq!(p.replay_end(), vec![]);
         assert_eq!(p.replay_failed(ReplayFailure::Timeout), vec![]);
         assert_eq!(live(&mut p, 1), vec![apply(1)]);
+    }
+
+    #[test]
+    fn resume_goes_on_after_the_restored_sequence() {
+        // In order and duplicate.
+        let mut p = PublisherSequence::resume(REPLAY, 41);
+        assert_eq!(p.last_applied(), Some(41));
+        assert_eq!(live(&mut p, 41), vec![Action::Duplicate { sequence: 41 }]);
+        assert_eq!(live(&mut p, 42), vec![apply(42)]);
+        // Below the restored sequence: the engine restarted while the caller was down.
+        let mut p = PublisherSequence::resume(REPLAY, 41);
+        assert_eq!(live(&mut p, 3), vec![clear(ClearReason::Restart), apply(3)]);
+        // No replay socket: what was published meanwhile is lost, the members are cleared.
+        let mut p = PublisherSequence::resume(NO_REPLAY, 41);
+        assert_eq!(
+            live(&mut p, 45),
+            vec![
+                Action::Gap {
+                    expected: 42,
+                    received: 45
+                },
+                clear(ClearReason::Gap),
+                apply(45)
+            ]
+        );
+    }
+
+    #[test]
+    fn resume_fills_the_downtime_from_the_replay() {
+        let mut p = PublisherSequence::resume(REPLAY, 41);
+        assert_eq!(
+            live(&mut p, 44),
+            vec![
+                Action::Gap {
+                    expected: 42,
+                    received: 44
+                },
+                Action::RequestReplay { from: 42 }
+            ]
+        );
+        assert_eq!(p.replayed(42, 42), vec![replayed(42)]);
+        assert_eq!(p.replayed(43, 43), vec![replayed(43)]);
+        assert_eq!(p.replayed(44, 44), vec![replayed(44)]);
+        assert_eq!(
+            p.replay_end(),
+            vec![
+                Action::ReplayFilled { from: 42 },
+                Action::Duplicate { sequence: 44 }
+            ]
+        );
+        assert_eq!(live(&mut p, 45), vec![apply(45)]);
+        // The engine restarted meanwhile and its new buffer has nothing from 42 on: the
+        // replay ends empty, which does not fill the gap.
+        let mut p = PublisherSequence::resume(REPLAY, 41);
+        live(&mut p, 50);
+        assert_eq!(
+            p.replay_end()[..2],
+            [
+                Action::ReplayFailed {
+                    from: 42,
+                    reason: ReplayFailure::Incomplete { missing: 42 }
+                },
+                clear(ClearReason::Gap)
+            ]
+        );
+    }
+
+    #[test]
+    fn resume_at_the_extremes() {
+        let mut p = PublisherSequence::resume(REPLAY, i64::MAX);
+        assert_eq!(
+            live(&mut p, i64::MAX),
+            vec![Action::Duplicate { sequence: i64::MAX }]
+        );
+        assert_eq!(live(&mut p, 0), vec![clear(ClearReason::Restart), apply(0)]);
+        let mut p = PublisherSequence::resume(REPLAY, i64::MIN);
+        assert_eq!(live(&mut p, i64::MIN + 1), vec![apply(i64::MIN + 1)]);
     }
 
     #[test]

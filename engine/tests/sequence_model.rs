@@ -1,6 +1,8 @@
 //! `PublisherSequence` against a simulated publisher: random drops, duplicates, restarts and
-//! replays that are full, truncated or time out. The model is the publisher's own history:
-//! what was published per epoch (restart), and what the socket delivered.
+//! replays that are full, truncated or time out, and restarts of the consumer itself (resumed
+//! with [`PublisherSequence::resume`] after the last sequence its journal kept). The model is
+//! the publisher's own history: what was published per epoch (restart), and what the socket
+//! delivered.
 
 use ckf_engine::sequence::{Action, ClearReason, PublisherSequence, ReplayFailure, SequenceConfig};
 use proptest::prelude::*;
@@ -16,6 +18,14 @@ enum Step {
     Restart,
     /// The replay socket answers the pending request, if any.
     Answer(Reply),
+    /// The consumer restarts: a replay in flight and the live batches buffered behind it are
+    /// lost, and so are up to `lost` of its last applied batches since its last clear, of the
+    /// engine's current epoch (a journal that had not committed them); it resumes after the
+    /// last applied batch it kept.
+    ConsumerRestart {
+        /// Applied batches the journal lost.
+        lost: usize,
+    },
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -29,6 +39,9 @@ enum Reply {
 }
 
 fn step(failures: bool) -> impl Strategy<Value = Step> {
+    // Losing applied batches at a restart needs replays to recover them; only the soundness
+    // property (with failures) allows it.
+    let lost = if failures { 0usize..3 } else { 0usize..1 };
     let reply = if failures {
         prop_oneof![
             3 => Just(Reply::Full),
@@ -44,6 +57,7 @@ fn step(failures: bool) -> impl Strategy<Value = Step> {
             .prop_map(|(drop, dup)| Step::Publish { drop, dup }),
         1 => Just(Step::Restart),
         3 => reply.prop_map(Step::Answer),
+        1 => lost.prop_map(|lost| Step::ConsumerRestart { lost }),
     ]
 }
 
@@ -55,6 +69,7 @@ enum Log {
 }
 
 struct Sim {
+    config: SequenceConfig,
     machine: PublisherSequence<Id>,
     epoch: u32,
     next: i64,
@@ -71,6 +86,7 @@ struct Sim {
 impl Sim {
     fn new(base: i64, config: SequenceConfig) -> Self {
         Self {
+            config,
             machine: PublisherSequence::new(config),
             epoch: 0,
             next: base,
@@ -178,6 +194,39 @@ impl Sim {
         self.force_delivery = true;
     }
 
+    fn consumer_restart(&mut self, lost: usize) {
+        // What the journal kept: the log without its last `lost` applies after the last clear
+        // (a clear is always followed by an apply in the same step, so the cut never leaves a
+        // log that ends in a clear).
+        let floor = self
+            .log
+            .iter()
+            .rposition(|l| matches!(l, Log::Cleared(_)))
+            .map_or(0, |i| i + 2);
+        // Only batches of the engine's current epoch: once the engine restarted, a consumer
+        // that forgot its last batches of the old epoch could take the new epoch's numbers for
+        // their continuation (the ambiguity the rule accepts, see `ckf_engine::sequence`).
+        for _ in 0..lost {
+            match self.log.last() {
+                Some(Log::Applied(id)) if self.log.len() > floor && id.0 == self.epoch => {
+                    self.log.pop();
+                }
+                _ => break,
+            }
+        }
+        let last = self.log.iter().rev().find_map(|l| match l {
+            Log::Applied(id) => Some(*id),
+            Log::Cleared(_) => None,
+        });
+        self.machine = match last {
+            Some(id) => PublisherSequence::resume(self.config, id.1),
+            None => PublisherSequence::new(self.config),
+        };
+        self.pending = None;
+        // What the dead consumer had received beyond that is as good as never delivered.
+        self.history[self.epoch as usize].1 = last.filter(|id| id.0 == self.epoch).map(|id| id.1);
+    }
+
     fn finish(&mut self) {
         while self.pending.is_some() {
             self.answer(Reply::Full);
@@ -198,6 +247,7 @@ fn simulate(base: i64, steps: &[Step], failures: bool, buffer: usize) -> Sim {
             Step::Publish { drop, dup } => sim.publish(*drop, *dup),
             Step::Restart => sim.restart(failures),
             Step::Answer(reply) => sim.answer(*reply),
+            Step::ConsumerRestart { lost } => sim.consumer_restart(*lost),
         }
     }
     sim.finish();

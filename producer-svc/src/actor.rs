@@ -184,6 +184,9 @@ pub struct Actor {
     filters: EngineFilters,
     /// Per publisher socket `(worker_id, rank)`: the members it fed (what a clear clears).
     fed: HashMap<(u64, u32), BTreeSet<MemberId>>,
+    /// Per publisher socket `(worker_id, rank)`: the sequence of the last batch applied
+    /// (journaled and checkpointed; a restarted producer resumes after it).
+    engine_sequences: HashMap<(u64, u32), i64>,
     /// When to hand freed memory back to the OS.
     trim: crate::trim::Trim,
     /// Where applied inputs are journaled (`[durability]`); `None` = memory only.
@@ -206,6 +209,7 @@ impl Actor {
             lineage: Lineage::new(),
             filters,
             fed: HashMap::new(),
+            engine_sequences: HashMap::new(),
             state,
             fanout: Fanout::new(identity, endpoints.len()),
             endpoints,
@@ -221,6 +225,16 @@ impl Actor {
     /// The state's statistics (as `GetStats` reports them).
     pub fn state_stats(&self) -> DcCkfStats {
         self.stats()
+    }
+
+    /// Per engine publisher socket `(worker_id, rank)`: the sequence of the last batch it
+    /// applied, as restored by [`Actor::restore`] (empty for a fresh actor). A clear keeps the
+    /// entry: the batch after a clear is applied right after it, and a sequence that outlived
+    /// its clear (the journal lost the apply) is still a valid point to resume after: a
+    /// restarted engine goes backwards from it again, a gap is replayed onto the cleared
+    /// members.
+    pub fn engine_sequences(&self) -> HashMap<(u64, u32), i64> {
+        self.engine_sequences.clone()
     }
 
     /// From now on every applied input is journaled to `journal`, and checkpoints are
@@ -321,7 +335,9 @@ impl Actor {
             Command::Engine { publisher, step } => {
                 self.log_engine(&publisher, &step);
                 match step {
-                    EngineStep::Apply(batch) => self.engine_batch(&publisher, &batch),
+                    EngineStep::Apply { sequence, batch } => {
+                        self.engine_batch(&publisher, sequence, &batch)
+                    }
                     EngineStep::Clear(reason) => self.engine_clear(&publisher, reason),
                 }
             }
@@ -407,13 +423,17 @@ impl Actor {
     }
 
     /// Translates an engine batch's events through the member's lineage, in order, and applies
-    /// each translated event like an ingest event.
-    fn engine_batch(&mut self, publisher: &PublisherId, batch: &ckf_engine::event::EngineBatch) {
+    /// each translated event like an ingest event; `sequence` becomes the publisher's last.
+    fn engine_batch(
+        &mut self,
+        publisher: &PublisherId,
+        sequence: i64,
+        batch: &ckf_engine::event::EngineBatch,
+    ) {
         let member = publisher.member(batch);
-        self.fed
-            .entry((publisher.worker_id, publisher.rank))
-            .or_default()
-            .insert(member);
+        let socket = (publisher.worker_id, publisher.rank);
+        self.engine_sequences.insert(socket, sequence);
+        self.fed.entry(socket).or_default().insert(member);
         let [p, e] = publisher.labels();
         for event in &batch.events {
             let translation = self.lineage.translate(member, event, &self.filters);

@@ -320,6 +320,10 @@ pub async fn serve(
     )
     .await?;
 
+    // Where each engine publisher socket's sequence resumes (empty without a journal); read
+    // before the actor moves into its thread.
+    let resumed = actor.engine_sequences();
+
     // The state actor.
     let (commands, actor_rx) = mpsc::channel(config.limits.ingest_channel_capacity as usize);
     let handle = ActorHandle::new(commands);
@@ -339,13 +343,17 @@ pub async fn serve(
         max_buffered_batches: config.engine.max_buffered_batches as usize,
     };
     for spec in publishers {
-        let task = engines::publisher::PublisherTask::new(
+        let socket = (spec.worker_id, spec.rank);
+        let mut task = engines::publisher::PublisherTask::new(
             spec,
             engine_settings.clone(),
             handle.clone(),
             metrics.engine.clone(),
             stop.clone(),
         );
+        if let Some(&last) = resumed.get(&socket) {
+            task = task.resume_after(last);
+        }
         tokio::spawn(task.run());
     }
 

@@ -955,3 +955,132 @@ async fn a_frame_header_claiming_a_petabyte_closes_only_that_connection() {
     assert!(p.stats().await.is_ok());
     bomb.abort();
 }
+
+/// A fresh directory under the system's temp dir for one test's journal.
+fn state_dir(test: &str) -> std::path::PathBuf {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let dir = std::env::temp_dir().join(format!("ckf-{test}-{}-{nanos}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("create the state dir");
+    dir
+}
+
+/// Publishes heartbeats until `done` holds for the producer (bounded).
+async fn heartbeats_until(
+    p: &RunningProducer,
+    engine: &mut FakeEngine,
+    what: &str,
+    done: impl Fn(&RunningProducer) -> bool,
+) {
+    for _ in 0..200 {
+        if done(p) {
+            return;
+        }
+        engine.publish(0, heartbeat()).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+/// Durability: a restarted producer resumes each engine publisher after the last sequence its
+/// journal kept. What the engine published while the producer was down comes from its replay
+/// socket; an engine that restarted meanwhile has the restored members cleared.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_producer_resumes_after_the_journaled_sequence() {
+    let dir = state_dir("engines-resume");
+    let mut engine = FakeEngine::start(1).await;
+    let spec = engine.spec(5, 1, true);
+    let start = || {
+        let (spec, dir) = (spec.clone(), dir.clone());
+        producer(vec![spec], move |c| {
+            c.durability.data_dir = Some(dir);
+            c.durability.commit_interval_ms = 5;
+        })
+    };
+    let a: Vec<u32> = (0..4).collect();
+    let b: Vec<u32> = (4..8).collect();
+    let mut ab = a.clone();
+    ab.extend(&b);
+    let c = c_tokens();
+
+    let p = start().await;
+    prime(&p, &mut engine, 5).await;
+    engine
+        .publish(0, batch(vec![stored(&[1], None, &a, "GPU")], None))
+        .await;
+    wait_blocks(&p, 5, 0, &canonical(&a)).await;
+    p.shutdown();
+    p.wait().await.expect("a clean shutdown");
+
+    // While the producer is down: B (chained on A) reaches nobody, only the replay buffer.
+    engine
+        .publish(0, batch(vec![stored(&[2], Some(1), &b, "GPU")], None))
+        .await;
+    let p = start().await;
+    // Restored before anything arrives.
+    assert_eq!(blocks(&p, 5, 0).await, sorted(canonical(&a)));
+    let replayed = |p: &RunningProducer| {
+        metric(
+            p,
+            "ckf_producer_engine_replayed_batches_total",
+            &[("publisher", "5/0")],
+        )
+    };
+    heartbeats_until(&p, &mut engine, "the downtime replayed", |p| {
+        replayed(p) >= 1.0
+    })
+    .await;
+    engine
+        .publish(0, batch(vec![stored(&[3], None, &c, "GPU")], None))
+        .await;
+    let mut abc = canonical(&ab);
+    abc.extend(canonical(&c));
+    wait_blocks(&p, 5, 0, &abc).await;
+    let filled = metric(
+        &p,
+        "ckf_producer_engine_replays_total",
+        &[("outcome", "filled")],
+    );
+    assert_eq!(filled, 1.0);
+    assert_eq!(
+        metric(&p, "ckf_producer_engine_members_cleared_total", &[]),
+        0.0
+    );
+    // Old enough that the restarted engine's numbers stay below it.
+    for _ in 0..300 {
+        engine.publish(0, heartbeat()).await;
+    }
+    eventually("300 heartbeats received", || async {
+        metric(
+            &p,
+            "ckf_producer_engine_batches_total",
+            &[("publisher", "5/0")],
+        ) >= 300.0
+    })
+    .await;
+    p.shutdown();
+    p.wait().await.expect("a clean shutdown");
+
+    // The engine restarts while the producer is down: its numbers start over.
+    engine.restart(0);
+    let p = start().await;
+    assert_eq!(blocks(&p, 5, 0).await, sorted(abc.clone()));
+    heartbeats_until(&p, &mut engine, "the restart seen", |p| {
+        metric(
+            p,
+            "ckf_producer_engine_members_cleared_total",
+            &[("publisher", "5/0"), ("reason", "restart")],
+        ) >= 1.0
+    })
+    .await;
+    wait_blocks(&p, 5, 0, &[]).await;
+    engine
+        .publish(0, batch(vec![stored(&[1], None, &c, "GPU")], None))
+        .await;
+    wait_blocks(&p, 5, 0, &canonical(&c)).await;
+    assert_eq!(replayed(&p), 0.0);
+    p.shutdown();
+    p.wait().await.expect("a clean shutdown");
+    let _ = std::fs::remove_dir_all(&dir);
+}

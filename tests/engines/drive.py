@@ -22,6 +22,11 @@ Talking to the test (one JSON line on stdout per step; the test answers `go` on 
   CHECK {members: [...], queries: [...]}  the producer must now hold exactly this (polled).
   EMPTIED {members: [...]}  heartbeats every 50 ms until `go`: the producer must have cleared
       these members on its own (engine restart, replay that could not fill a gap).
+  CATCHUP {members: [...], queries: [...]}  as CHECK, with heartbeats every 50 ms until `go`:
+      a producer that was down learns from a live batch what it missed (a batch sent before
+      its SUB socket reconnected is lost, the next one shows the gap).
+  PAUSE {name}  the driver waits for `go` while the test acts on the producer (`kill`: kill -9
+      it; `restart`: start it again on the same state).
   DONE  the final model is in --out (same shape as CHECK); the publishers stay up until `go`.
 """
 
@@ -526,6 +531,14 @@ class Engine:
         )
         wait_answer(lambda: [self.heartbeat(r) for r in ranks])
 
+    def catchup(self):
+        say("CATCHUP", self.model())
+        wait_answer(lambda: [self.heartbeat(r) for r in self.ranks])
+
+    def pause(self, name):
+        say("PAUSE", {"name": name})
+        wait_answer()
+
     def finish(self):
         model = self.model()
         pathlib.Path(self.args.out).write_text(json.dumps(model, indent=1, sort_keys=True) + "\n")
@@ -769,6 +782,43 @@ def scenario_sglang(e):
     e.publish(0, [e.clear(0), e.store(0, lora, 0, 2)])
 
 
+def scenario_resume_replay(e):
+    """The producer is killed after A; the engine stores B and evicts one of A's blocks while
+    it is down (only its replay buffer has them); the restarted producer resumes after its
+    journaled sequence and gets them from the replay socket, then C live."""
+    a, b, c = common_requests(e.block_size)
+    expect_common(e, a, b, c)
+    e.ready()
+    e.publish(0, [e.store(0, a)])
+    e.check()
+    e.pause("kill")
+    e.publish(0, [e.store(0, b, 2, 5)])
+    e.publish(0, [e.remove(0, a, [5])])
+    e.pause("restart")
+    e.publish(0, [e.store(0, c)])
+    e.catchup()
+
+
+def scenario_resume_engine_restart(e):
+    """The engine restarts while the producer is down (its sequence starts over, its cache is
+    empty): the restarted producer restores A and B, then clears them on the new engine's first
+    batch, and tracks only what the new engine stores."""
+    a, b, c = common_requests(e.block_size)
+    expect_common(e, a, b, c)
+    e.ready()
+    e.publish(0, [e.store(0, a), e.store(0, b, 2, 5)])
+    # Enough batches that the new publisher's sequence (from 0) is surely behind the old one's.
+    for _ in range(300):
+        e.heartbeat(0)
+    e.check()
+    e.pause("kill")
+    e.restart(0)
+    e.pause("restart")
+    e.emptied([0])
+    e.publish(0, [e.store(0, c)])
+    e.check()
+
+
 class RawPublisher:
     """A bare pyzmq PUB, no engine code: sends whatever payload it is given as
     `[topic, sequence, payload]`, sequences in order from 0. Nothing is ever dropped on the
@@ -868,6 +918,9 @@ SCENARIOS = {
     "positional": (Vllm, scenario_positional, {}),
     "sglang": (Sglang, scenario_sglang, {}),
     "malformed": (Vllm, scenario_malformed, {}),
+    "resume_replay": (Vllm, scenario_resume_replay, {}),
+    "resume_engine_restart": (Vllm, scenario_resume_engine_restart, {}),
+    "sglang_resume_replay": (Sglang, scenario_resume_replay, {}),
 }
 
 

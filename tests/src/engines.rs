@@ -7,8 +7,10 @@
 //! The step protocol (one line per step on the driver's stdout, `go` back on its stdin once the
 //! test is satisfied): `READY {..}` (warm-up: each member holds exactly its probe block),
 //! `CHECK {..}` (the producer holds exactly this; the token queries answer these depths),
-//! `EMPTIED {..}` (the producer cleared these members on its own), `DONE` (the final model is
-//! in the `--out` file; the publishers stay up until the test has checked it).
+//! `EMPTIED {..}` (the producer cleared these members on its own), `CATCHUP {..}` (as `CHECK`,
+//! with the driver sending heartbeats meanwhile), `PAUSE {name}` (the test acts on the
+//! producer: `kill`, `restart`), `DONE` (the final model is in the `--out` file; the publishers
+//! stay up until the test has checked it).
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener};
@@ -209,6 +211,11 @@ pub enum Step {
     Check(Expect),
     /// The producer cleared these members on its own (restart, unfilled gap).
     Emptied(Expect),
+    /// As [`Step::Check`], while the driver sends heartbeats: a producer that was down
+    /// learns from a live batch what it missed.
+    Catchup(Expect),
+    /// The driver waits while the test acts on the producer (`kill`, `restart`).
+    Pause(String),
     /// Finished; the final model is in the out file (publishers up until `go`).
     Done,
 }
@@ -329,6 +336,15 @@ impl Driver {
             "READY" => Step::Ready(parse()),
             "CHECK" => Step::Check(parse()),
             "EMPTIED" => Step::Emptied(parse()),
+            "CATCHUP" => Step::Catchup(parse()),
+            "PAUSE" => {
+                let body: serde_json::Value = serde_json::from_str(body)
+                    .unwrap_or_else(|e| panic!("drive.py PAUSE: {e}: {body}"));
+                let name = body["name"]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("drive.py PAUSE: no name: {body}"));
+                Step::Pause(name.to_owned())
+            }
             "DONE" => Step::Done,
             _ => panic!("drive.py printed {line:?}"),
         }
@@ -501,10 +517,13 @@ pub async fn run_steps(
         index += 1;
         match driver.next_step().await {
             Step::Ready(expect) => wait_members(producer, "warm-up", &expect).await,
-            Step::Check(expect) => {
+            Step::Check(expect) | Step::Catchup(expect) => {
                 let what = format!("step {index}");
                 wait_members(producer, &what, &expect).await;
                 wait_queries(indexer, dc, &what, &expect).await;
+            }
+            Step::Pause(name) => {
+                panic!("step {index}: PAUSE {name:?} needs a test that controls the producer")
             }
             Step::Emptied(expect) => {
                 wait_members(

@@ -4,13 +4,13 @@
 //!
 //! * **Log records** are the actor's *inputs* that changed something, in the order it applied
 //!   them: an ingest batch's applied events (with its source and sequence) and an engine
-//!   publisher's step (a decoded batch, or a clear). The actor is deterministic, so replaying
+//!   publisher's step (a decoded batch with its sequence, or a clear). The actor is deterministic, so replaying
 //!   them through the same code rebuilds the same exact state, lineage, source sequences and
 //!   charges. Quotas are off during replay: what was applied once is never refused on restart
 //!   because a limit was lowered.
 //! * **Checkpoint records** hold the whole logical state: every member's blocks and charge
-//!   ([`MemberImage`]), engine lineage, which members each engine publisher fed, and the
-//!   source sequences. The filter table is *not* stored: it is rebuilt from the ownership,
+//!   ([`MemberImage`]), engine lineage, which members each engine publisher fed and the
+//!   sequence of its last applied batch, and the source sequences. The filter table is *not* stored: it is rebuilt from the ownership,
 //!   like a new producer generation, and published with a new incarnation and a barrier
 //!   snapshot.
 //!
@@ -29,7 +29,9 @@ use crate::events::{IngestBatch, IngestEvent};
 
 /// Version of the record encoding below; bumped on any change to the enums' shapes (the
 /// journal's table-format identity carries it, so an old journal is refused, not misread).
-pub const RECORD_VERSION: u32 = 1;
+///
+/// v2: `EngineApply` carries the batch's sequence; checkpoints have `EngineSequences`.
+pub const RECORD_VERSION: u32 = 2;
 
 /// Blocks per checkpoint record at most (~9 bytes each encoded): records stay far below
 /// `ckf_journal::frame::MAX_RECORD_BYTES`, and a checkpoint is written in pieces of a few MiB.
@@ -101,6 +103,7 @@ enum LogRecordRef<'a> {
     },
     EngineApply {
         publisher: PublisherRecord,
+        sequence: i64,
         batch: &'a EngineBatch,
     },
     EngineClear {
@@ -119,6 +122,7 @@ enum LogRecord {
     },
     EngineApply {
         publisher: PublisherRecord,
+        sequence: i64,
         batch: EngineBatch,
     },
     EngineClear {
@@ -139,6 +143,9 @@ enum CheckpointRecord {
     Fed(Vec<(u64, u32, Vec<MemberId>)>),
     /// Source sequences, least recently used first.
     Sources(Vec<(String, u64)>),
+    /// Per engine publisher socket `(worker_id, rank)`: the sequence of its last applied
+    /// batch.
+    EngineSequences(Vec<(u64, u32, i64)>),
 }
 
 /// A record that passed its checksum but does not decode: a bug or a version skew, treated
@@ -202,7 +209,11 @@ impl Actor {
         }
         let publisher = PublisherRecord::from(publisher);
         self.log(&match step {
-            EngineStep::Apply(batch) => LogRecordRef::EngineApply { publisher, batch },
+            EngineStep::Apply { sequence, batch } => LogRecordRef::EngineApply {
+                publisher,
+                sequence: *sequence,
+                batch,
+            },
             EngineStep::Clear(reason) => LogRecordRef::EngineClear {
                 publisher,
                 reason: (*reason).into(),
@@ -256,6 +267,14 @@ impl Actor {
             .collect();
         if !fed.is_empty() {
             out.push(encode(&CheckpointRecord::Fed(fed)));
+        }
+        let sequences: Vec<(u64, u32, i64)> = self
+            .engine_sequences
+            .iter()
+            .map(|(&(w, r), &s)| (w, r, s))
+            .collect();
+        if !sequences.is_empty() {
+            out.push(encode(&CheckpointRecord::EngineSequences(sequences)));
         }
         let sources = self.sources.export();
         for piece in sources.chunks(1 << 16) {
@@ -319,6 +338,11 @@ impl Actor {
                     }
                 }
                 CheckpointRecord::Sources(entries) => sources.extend(entries),
+                CheckpointRecord::EngineSequences(entries) => {
+                    for (w, r, s) in entries {
+                        self.engine_sequences.insert((w, r), s);
+                    }
+                }
             }
         }
         self.sources.restore(sources);
@@ -362,9 +386,11 @@ impl Actor {
                         events: events.into_iter().map(Ok).collect(),
                     });
                 }
-                LogRecord::EngineApply { publisher, batch } => {
-                    self.engine_batch(&PublisherId::from(publisher), &batch)
-                }
+                LogRecord::EngineApply {
+                    publisher,
+                    sequence,
+                    batch,
+                } => self.engine_batch(&PublisherId::from(publisher), sequence, &batch),
                 LogRecord::EngineClear { publisher, reason } => {
                     self.engine_clear(&PublisherId::from(publisher), reason.into())
                 }
@@ -443,12 +469,14 @@ mod tests {
         };
         let bytes = encode(&LogRecordRef::EngineApply {
             publisher: publisher.clone(),
+            sequence: -3,
             batch: &engine,
         });
         assert_eq!(
             postcard::from_bytes::<LogRecord>(&bytes).unwrap(),
             LogRecord::EngineApply {
                 publisher: publisher.clone(),
+                sequence: -3,
                 batch: engine,
             }
         );
@@ -465,5 +493,136 @@ mod tests {
         );
         // A truncated record does not decode (it is refused, never half-applied).
         assert!(postcard::from_bytes::<LogRecord>(&bytes[..bytes.len() - 1]).is_err());
+    }
+}
+
+#[cfg(test)]
+mod engine_sequence_tests {
+    use std::collections::HashMap;
+    use std::num::NonZeroUsize;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use ckf_core::dc::{DcCkfConfig, DcCkfState, MemberId};
+    use ckf_core::identity::{ProducerIdentity, ProducerIncarnation};
+    use ckf_core::sources::SourceSequences;
+    use ckf_engine::event::{EngineBatch, EngineEvent, StoredBlocks};
+    use ckf_engine::filters::EngineFilters;
+    use ckf_engine::sequence::ClearReason;
+
+    use super::{LogRecordRef, PublisherRecord, encode};
+    use crate::actor::{Actor, Cadence, Command};
+    use crate::engines::{EngineStep, PublisherId};
+
+    fn fresh() -> Actor {
+        let config = crate::config::ProducerConfig::for_pool(
+            "test",
+            "dc-a",
+            vec!["http://127.0.0.1:1".into()],
+        );
+        let (pool, format) = config.pool_and_format().expect("the default table");
+        let identity = ProducerIdentity {
+            pool,
+            incarnation: ProducerIncarnation(1),
+            format,
+        };
+        Actor::new(
+            DcCkfState::new(DcCkfConfig::new(format)).expect("the default table"),
+            &identity,
+            Vec::new(),
+            SourceSequences::new(NonZeroUsize::new(16).expect("nonzero")),
+            crate::metrics::Metrics::new(),
+            Cadence {
+                batch_threshold: 64,
+                max_delay: Duration::from_millis(5),
+            },
+            EngineFilters::default(),
+        )
+    }
+
+    fn publisher(worker_id: u64, rank: u32) -> Arc<PublisherId> {
+        Arc::new(PublisherId {
+            worker_id,
+            rank,
+            label: format!("{worker_id}/{rank}"),
+            endpoint: format!("tcp://127.0.0.1:{}", 5557 + rank),
+        })
+    }
+
+    /// Two GPU blocks of 16 tokens (the default block size) under engine hashes 10, 11.
+    fn store() -> EngineBatch {
+        EngineBatch {
+            events: vec![EngineEvent::Stored(StoredBlocks {
+                block_hashes: vec![10, 11],
+                token_ids: (0..32).collect(),
+                block_size: 16,
+                ..StoredBlocks::default()
+            })],
+            ..EngineBatch::default()
+        }
+    }
+
+    fn step(actor: &mut Actor, p: &Arc<PublisherId>, step: EngineStep) {
+        actor.handle(Command::Engine {
+            publisher: Arc::clone(p),
+            step,
+        });
+    }
+
+    #[test]
+    fn the_last_applied_sequences_survive_a_checkpoint_and_the_log() {
+        let (a, b) = (publisher(7, 0), publisher(8, 1));
+        let mut live = fresh();
+        step(
+            &mut live,
+            &a,
+            EngineStep::Apply {
+                sequence: 5,
+                batch: store(),
+            },
+        );
+        step(
+            &mut live,
+            &b,
+            EngineStep::Apply {
+                sequence: -2,
+                batch: EngineBatch::default(),
+            },
+        );
+        assert_eq!(live.state.member_blocks(MemberId::new(7, 0)).len(), 2);
+        // A clear keeps the sequence: the next batch after it will move it on.
+        step(&mut live, &a, EngineStep::Clear(ClearReason::Gap));
+        assert!(live.state.member_blocks(MemberId::new(7, 0)).is_empty());
+        let expected = HashMap::from([((7, 0), 5), ((8, 1), -2)]);
+        assert_eq!(live.engine_sequences(), expected);
+
+        // From the checkpoint alone.
+        let checkpoint = live.checkpoint_records();
+        let mut restored = fresh();
+        restored.restore(&checkpoint, &[]).expect("restores");
+        assert_eq!(restored.engine_sequences(), expected);
+
+        // Checkpoint then log: the log's applies move the sequences on, in order.
+        let log: Vec<Vec<u8>> = [(&a, 6), (&a, 7), (&publisher(9, 0), 100)]
+            .into_iter()
+            .map(|(p, sequence)| {
+                encode(&LogRecordRef::EngineApply {
+                    publisher: PublisherRecord::from(p.as_ref()),
+                    sequence,
+                    batch: &store(),
+                })
+            })
+            .collect();
+        let mut restored = fresh();
+        let report = restored.restore(&checkpoint, &log).expect("restores");
+        assert_eq!(report.replayed, 3);
+        assert_eq!(
+            restored.engine_sequences(),
+            HashMap::from([((7, 0), 7), ((8, 1), -2), ((9, 0), 100)])
+        );
+        assert_eq!(restored.state.member_blocks(MemberId::new(7, 0)).len(), 2);
+
+        // A fresh actor resumes nothing.
+        assert!(fresh().engine_sequences().is_empty());
     }
 }

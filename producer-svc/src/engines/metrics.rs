@@ -30,6 +30,9 @@ pub struct EngineMetrics {
     pub gaps: IntCounterVec,
     /// Replays by `publisher`, `endpoint`, `outcome` (requested, filled, failed).
     pub replays: IntCounterVec,
+    /// Batches applied from the replay socket (decodable or not), by `publisher`,
+    /// `endpoint`: what a gap, or a producer restart, was filled with.
+    pub replayed_batches: IntCounterVec,
     /// Members cleared, by `publisher`, `endpoint`, `reason` (gap, restart).
     pub members_cleared: IntCounterVec,
     /// Unix time (seconds) of the last batch received, by `publisher`, `endpoint`; the age is
@@ -91,6 +94,12 @@ impl EngineMetrics {
                 "ckf_producer_engine_replays_total",
                 "Engine replays, by outcome (requested, filled, failed).",
                 &["publisher", "endpoint", "outcome"],
+            ),
+            replayed_batches: counter_vec(
+                r,
+                "ckf_producer_engine_replayed_batches_total",
+                "Engine batches applied from the replay socket (filling a gap or a producer restart's downtime).",
+                pe,
             ),
             members_cleared: counter_vec(
                 r,

@@ -51,8 +51,15 @@ impl PublisherId {
 /// What a publisher task asks the state actor to do.
 #[derive(Debug)]
 pub enum EngineStep {
-    /// Translate (lineage) and apply one decoded batch, in order.
-    Apply(EngineBatch),
+    /// Translate (lineage) and apply one decoded batch, in order; `sequence` becomes the
+    /// publisher's last applied sequence, which a restarted producer resumes after
+    /// ([`ckf_engine::sequence::PublisherSequence::resume`]).
+    Apply {
+        /// The batch's sequence number (the engine's, per PUB socket).
+        sequence: i64,
+        /// The decoded batch.
+        batch: EngineBatch,
+    },
     /// Clear every member this publisher fed, in the state and the lineage.
     Clear(ClearReason),
 }

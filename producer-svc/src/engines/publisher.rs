@@ -4,7 +4,10 @@
 //! The task decodes each frame, feeds [`PublisherSequence`] and executes its actions: apply
 //! and clear go to the state actor through its bounded channel (a slow actor slows the
 //! socket reads down; ZMQ then drops at the engine's high-water mark, which the sequence rule
-//! sees as a gap), replay requests open a DEALER in a child task. Malformed input is counted
+//! sees as a gap), replay requests open a DEALER in a child task. After a producer restart the
+//! rule resumes after the publisher's last applied sequence the journal kept
+//! ([`PublisherTask::resume_after`]), so the first live batch reveals what the engine published
+//! while the producer was down and the replay socket fills it. Malformed input is counted
 //! and logged at most once per [`LOG_INTERVAL`] per publisher (with the suppressed count); it
 //! never reaches the actor, so it cannot touch any member.
 
@@ -169,6 +172,9 @@ pub struct PublisherTask {
     decoder: Decoder,
     actor: ActorHandle,
     stop: Shutdown,
+    /// The last sequence applied by an earlier run of the producer (restored from its
+    /// journal), if any.
+    resume: Option<i64>,
 }
 
 impl PublisherTask {
@@ -195,7 +201,18 @@ impl PublisherTask {
             },
             actor,
             stop,
+            resume: None,
         }
+    }
+
+    /// Starts the sequence rule after `last`, the last sequence this publisher socket applied
+    /// before the producer restarted ([`PublisherSequence::resume`]): batches the engine
+    /// published meanwhile are a gap its replay socket fills (without one, or when its buffer
+    /// no longer has them, the members are cleared), and an engine that restarted meanwhile
+    /// goes backwards and has its restored members cleared.
+    pub fn resume_after(mut self, last: i64) -> Self {
+        self.resume = Some(last);
+        self
     }
 
     /// Runs until shutdown (or the actor stops), in an `engine` span (`publisher`, `endpoint`).
@@ -255,11 +272,22 @@ impl PublisherTask {
         tracing::info!(mode = ?self.spec.mode, "engine publisher subscribed");
 
         let s = &self.decoder.settings;
+        let config = SequenceConfig {
+            max_buffered_batches: s.max_buffered_batches,
+            replay_available: self.spec.replay_endpoint.is_some(),
+        };
+        let sequence = match self.resume {
+            Some(last) => {
+                tracing::info!(
+                    sequence = last,
+                    "resuming engine publisher after restored sequence {last}"
+                );
+                PublisherSequence::resume(config, last)
+            }
+            None => PublisherSequence::new(config),
+        };
         let mut state = Run {
-            sequence: PublisherSequence::new(SequenceConfig {
-                max_buffered_batches: s.max_buffered_batches,
-                replay_available: self.spec.replay_endpoint.is_some(),
-            }),
+            sequence,
             generation: 0,
             replay: None,
             deadline: None,
@@ -445,16 +473,25 @@ impl PublisherTask {
         for action in actions {
             match action {
                 Action::Apply {
-                    batch: Some(batch), ..
+                    sequence,
+                    batch,
+                    replayed,
                 } => {
-                    self.actor
-                        .tell(Command::Engine {
-                            publisher: id.clone(),
-                            step: EngineStep::Apply(batch),
-                        })
-                        .await?;
+                    if replayed {
+                        m.replayed_batches.with_label_values(&[p, e]).inc();
+                    }
+                    // An undecodable batch only took its sequence number; it never reaches
+                    // the actor (a restarted producer may ask for it again: no harm).
+                    if let Some(batch) = batch {
+                        self.actor
+                            .tell(Command::Engine {
+                                publisher: id.clone(),
+                                step: EngineStep::Apply { sequence, batch },
+                            })
+                            .await?;
+                    }
                 }
-                Action::Apply { batch: None, .. } | Action::Duplicate { .. } => {}
+                Action::Duplicate { .. } => {}
                 Action::Gap { expected, received } => {
                     m.gaps.with_label_values(&[p, e]).inc();
                     tracing::info!(expected, received, "engine sequence gap");

@@ -1,0 +1,231 @@
+//! Issue 11, part 3: a producer restart does not blind its DC to its engines. The journal keeps,
+//! per engine publisher socket, the sequence of the last batch applied; a restarted producer
+//! resumes the sequence rule after it, so the first live batch shows what the engine published
+//! while the producer was down and the engine's own replay socket fills it. An engine that
+//! restarted meanwhile goes backwards from there: the restored members are cleared.
+//!
+//! The engines are the real vLLM 0.33.0 and SGLang 0.5.23 publishers driven by
+//! `tests/engines/drive.py` (see `engines_real_publishers.rs`); the producer is a real
+//! `ckf-producer` with `[durability] data_dir`, killed with SIGKILL and started again on the
+//! same directory when the driver pauses for it.
+
+use std::time::Duration;
+
+use ckf_e2e::cluster::{Indexer, IndexerSpec, Producer, ProducerSpec, TestDir, is_active};
+use ckf_e2e::engines::{
+    Driver, EngineSpec, Expect, Step, engine_python, member_blocks, wait_members, wait_queries,
+};
+use ckf_e2e::metrics;
+use ckf_e2e::wait::{DEADLINE, eventually};
+
+/// Tokens per KV block.
+const BLOCK_SIZE: u32 = 4;
+/// The engine's worker id.
+const WORKER: u64 = 7;
+/// The producer's group-commit window; a kill waits ten of them first.
+const COMMIT_MS: u64 = 20;
+/// The lane of the producer's DC.
+const DC: &str = "dc-a";
+
+const BATCHES: &str = "ckf_producer_engine_batches_total";
+const REPLAYED: &str = "ckf_producer_engine_replayed_batches_total";
+const REPLAYS: &str = "ckf_producer_engine_replays_total";
+const CLEARED: &str = "ckf_producer_engine_members_cleared_total";
+const RESUMING: &str = "resuming engine publisher after restored sequence";
+
+/// A finished scenario: the producer (still running) and the final model.
+struct Outcome {
+    producer: Producer,
+    model: Expect,
+    _indexer: Indexer,
+    _dir: TestDir,
+}
+
+/// A counter of the engine's rank-0 publisher with extra `labels` (0 when absent).
+fn counter(producer: &Producer, name: &str, labels: &[(&str, &str)]) -> f64 {
+    let text = producer.metrics().unwrap_or_default();
+    let publisher = format!("{WORKER}/0");
+    let mut all = vec![("publisher", publisher.as_str())];
+    all.extend_from_slice(labels);
+    metrics::value(&text, name, &all).unwrap_or(0.0)
+}
+
+/// Runs `scenario` of `drive.py` against an indexer and a durable producer, checking every
+/// step like `run_steps`; on `PAUSE kill` it waits until the producer has received
+/// `batches_before_kill` live batches and ten commit windows, then kills it with SIGKILL; on
+/// `PAUSE restart` it starts it again on the same data directory and checks, before any engine
+/// batch can arrive, that it restored exactly the last model checked and logged its resumed
+/// sequence. `None` when the real-engine tests are skipped.
+async fn run(scenario: &str, batches_before_kill: f64) -> Option<Outcome> {
+    let python = engine_python()?;
+    let dir = TestDir::new(&format!("engines-durability-{scenario}"));
+    let indexer = Indexer::start(
+        &dir,
+        &IndexerSpec {
+            lanes: vec![DC.into()],
+            block_size: Some(BLOCK_SIZE),
+            ..IndexerSpec::default()
+        },
+    );
+    let engine = EngineSpec::new(WORKER, 1);
+    let state = dir.path().join("producer-state");
+    let spec = ProducerSpec {
+        block_size: Some(BLOCK_SIZE),
+        engines: vec![engine.flag()],
+        extra_toml: format!(
+            "[durability]\ndata_dir = \"{}\"\ncommit_interval_ms = {COMMIT_MS}\n",
+            state.display()
+        ),
+        ..ProducerSpec::new(DC)
+    };
+    let mut producer = Producer::start(&dir, "producer-a", &spec, &[indexer.url()]);
+    indexer.wait_lane(DC, "active", is_active).await;
+    let mut driver = Driver::spawn(&python, &dir, scenario, &engine, BLOCK_SIZE);
+    let mut checked: Option<Expect> = None;
+    let mut index = 0;
+    loop {
+        index += 1;
+        let what = format!("{scenario} step {index}");
+        match driver.next_step().await {
+            Step::Ready(expect) => wait_members(producer.addr, &what, &expect).await,
+            Step::Check(expect) | Step::Catchup(expect) => {
+                wait_members(producer.addr, &what, &expect).await;
+                wait_queries(indexer.addr, DC, &what, &expect).await;
+                checked = Some(expect);
+            }
+            Step::Emptied(expect) => wait_members(producer.addr, &what, &expect).await,
+            Step::Pause(name) if name == "kill" => {
+                eventually(&format!("{what}: batches received"), DEADLINE, || {
+                    let n = counter(&producer, BATCHES, &[]);
+                    async move {
+                        if n >= batches_before_kill {
+                            Ok(())
+                        } else {
+                            Err(format!("{n} < {batches_before_kill}"))
+                        }
+                    }
+                })
+                .await;
+                // What it applied is committed to the journal by then.
+                tokio::time::sleep(Duration::from_millis(10 * COMMIT_MS)).await;
+                producer.kill9();
+            }
+            Step::Pause(name) if name == "restart" => {
+                assert!(
+                    producer.log_records(RESUMING).is_empty(),
+                    "{what}: the first start resumed nothing"
+                );
+                producer.restart();
+                // The state is rebuilt before the listeners bind: the first answer is the
+                // restored state, before any engine batch can have been applied.
+                let expect = checked.as_ref().expect("a CHECK before the restart");
+                for member in &expect.members {
+                    let held = member_blocks(producer.addr, member.worker_id, member.dp_rank)
+                        .await
+                        .unwrap_or_else(|e| panic!("{what}: {e}"));
+                    let mut want = member.canonical.clone();
+                    want.sort_unstable();
+                    assert_eq!(
+                        held, want,
+                        "{what}: member ({}, {}) restored from the journal",
+                        member.worker_id, member.dp_rank
+                    );
+                }
+                eventually(&format!("{what}: resumed log line"), DEADLINE, || {
+                    let n = producer.log_records(RESUMING).len();
+                    async move {
+                        if n == 1 {
+                            Ok(())
+                        } else {
+                            Err(format!("{n} {RESUMING:?} records"))
+                        }
+                    }
+                })
+                .await;
+            }
+            Step::Pause(name) => panic!("{what}: unknown PAUSE {name:?}"),
+            Step::Done => break,
+        }
+        driver.go();
+    }
+    let model = driver.model();
+    wait_members(producer.addr, &format!("{scenario} final"), &model).await;
+    wait_queries(indexer.addr, DC, &format!("{scenario} final"), &model).await;
+    driver.go();
+    driver.wait_success();
+    Some(Outcome {
+        producer,
+        model,
+        _indexer: indexer,
+        _dir: dir,
+    })
+}
+
+/// The engine stores A; the producer is killed; the engine stores B and evicts one of A's
+/// blocks (kept only in its replay buffer); the restarted producer holds A at once, then A
+/// without that block, B and C once the engine stores C: the downtime came from the replay
+/// socket (batches counted as replayed, one replay filled, nothing cleared), and the indexer
+/// lane answers for all of it.
+async fn downtime_filled_by_the_replay(scenario: &str) {
+    let Some(out) = run(scenario, 2.0).await else {
+        return;
+    };
+    let p = &out.producer;
+    let member = &out.model.members[0];
+    assert_eq!(
+        member.canonical.len(),
+        5 + 3 + 3,
+        "A - 1 + B + C: {:?}",
+        member.canonical
+    );
+    let replayed = counter(p, REPLAYED, &[]);
+    assert!(
+        replayed >= 2.0,
+        "{scenario}: B and the eviction come from the replay socket, {replayed} replayed"
+    );
+    assert_eq!(
+        counter(p, REPLAYS, &[("outcome", "filled")]),
+        1.0,
+        "{scenario}"
+    );
+    assert_eq!(
+        counter(p, REPLAYS, &[("outcome", "failed")]),
+        0.0,
+        "{scenario}"
+    );
+    assert_eq!(counter(p, CLEARED, &[]), 0.0, "{scenario}: nothing cleared");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_downtime_is_filled_from_the_replay_socket() {
+    downtime_filled_by_the_replay("resume_replay").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sglang_downtime_is_filled_from_the_replay_socket() {
+    downtime_filled_by_the_replay("sglang_resume_replay").await;
+}
+
+/// The engine stores A and B and sends 300 heartbeats; the producer is killed; the engine
+/// restarts (a new publisher, sequence from 0, empty cache); the restarted producer restores A
+/// and B, clears them on the new engine's first batches (`reason="restart"`), and then holds
+/// only C, which the new engine stores.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_engine_restarted_while_the_producer_was_down_is_cleared() {
+    let Some(out) = run("resume_engine_restart", 300.0).await else {
+        return;
+    };
+    let p = &out.producer;
+    assert_eq!(
+        counter(p, CLEARED, &[("reason", "restart")]),
+        1.0,
+        "the restored members cleared once"
+    );
+    assert_eq!(counter(p, CLEARED, &[("reason", "gap")]), 0.0);
+    assert_eq!(
+        counter(p, REPLAYED, &[]),
+        0.0,
+        "nothing replayed: the engine went backwards"
+    );
+    assert_eq!(out.model.members[0].canonical.len(), 3, "C only");
+}
