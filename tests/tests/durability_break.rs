@@ -149,9 +149,16 @@ async fn batches_held(producer: &Producer, source: &str) -> usize {
 /// Checks that `recovered` (worker's blocks, ascending) is the state after `k` batches and
 /// that `k` lies in `from..=to`; panics naming `what` otherwise.
 fn check_batch(recovered: &[u64], sets: &[Vec<u64>], k: usize, from: usize, to: usize, what: &str) {
+    let owned = sets.iter().position(|set| {
+        let mut set = set.clone();
+        set.sort_unstable();
+        set == recovered
+    });
     assert!(
         (from..=to).contains(&k),
-        "{what}: the restored source sequence says {k} batches, but {from}..={to} are allowed"
+        "{what}: the restored source sequence says {k} batches, but {from}..={to} are allowed \
+         (the {} recovered blocks are set {owned:?}; batch k leaves set (k - 1) % {SETS})",
+        recovered.len()
     );
     let mut expected = if k == 0 {
         Vec::new()
@@ -274,7 +281,8 @@ async fn many_kills_at_random_moments_always_recover_a_prefix_of_what_was_acknow
         let recovered = a.member_blocks(worker).await.unwrap();
         let what = format!("round {round} (mode {mode}, worker {worker})");
         let k = batches_held(&a, &format!("break-{round}")).await;
-        check_batch(&recovered, &sets, k, must_have, acked.len() + 1, &what);
+        let context = format!("{what}; group commits before the kill: {commits}");
+        check_batch(&recovered, &sets, k, must_have, acked.len() + 1, &context);
         eprintln!(
             "{what}: {} acknowledged, {must_have} required, recovered after batch {k}; \
              group commits before the kill: {commits}",
@@ -326,8 +334,9 @@ async fn kill9_during_the_recovery_of_a_long_log_is_harmless() {
         Arc::clone(&acks),
     );
     run_for(&acks, Duration::from_millis(1500)).await;
-    a.kill9();
+    let commits = commit_latency(&a);
     let killed_at = Instant::now();
+    a.kill9();
     task.await.unwrap();
     let acked: Vec<Instant> = acks.lock().unwrap().clone();
     let margin = Duration::from_millis(10 * COMMIT_MS);
@@ -352,7 +361,7 @@ async fn kill9_during_the_recovery_of_a_long_log_is_harmless() {
         k,
         must_have,
         acked.len() + 1,
-        "first recovery",
+        &format!("first recovery; group commits before the kill: {commits}"),
     );
     a.kill9();
     for i in 0..6 {
