@@ -56,6 +56,11 @@ pub(crate) struct Writer {
 impl Writer {
     pub fn run(mut self, rx: flume::Receiver<Msg>) {
         loop {
+            // A receive returns a queued message even after the deadline, so a queue that
+            // never empties (sustained load) would keep the window open forever: close it here.
+            if self.window_end.is_some_and(|end| Instant::now() >= end) {
+                self.commit();
+            }
             let msg = match self.window_end {
                 Some(end) => match rx.recv_deadline(end) {
                     Ok(msg) => Some(msg),
