@@ -76,8 +76,9 @@ pub enum JournalError {
         /// What is missing.
         why: String,
     },
-    /// A log segment between the checkpoint and the newest segment is missing.
-    #[error("{} is missing: the log between checkpoint {checkpoint} and segment {newest} has a hole", path.display())]
+    /// A log segment after the checkpoint is missing (the checkpoint's own first segment, or
+    /// one between it and the newest): records after the checkpoint were lost.
+    #[error("{} is missing: the log after checkpoint {checkpoint} (newest segment {newest}) has a hole; records after the checkpoint were lost", path.display())]
     MissingSegment {
         /// The expected segment file.
         path: PathBuf,

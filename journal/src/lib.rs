@@ -10,7 +10,7 @@
 //! | --- | --- |
 //! | integrity | every record and header carries a CRC-32C ([`frame`], [`header`]) |
 //! | identity | every file names its pool and table format; another's is refused ([`StateIdentity`]) |
-//! | durability | group commit: one flush + `fdatasync` per `commit_interval` window ([`writer`]) |
+//! | durability | records reach the kernel at once (a `kill -9` loses only what is still queued); group commit: one `fdatasync` per `commit_interval` window, on a sync thread ([`writer`]) |
 //! | recovery | newest checkpoint, then its segments in order; a torn tail of the newest segment (cut inside a record, or zero-filled) is cut off; any other damage is an error ([`recovery`]) |
 //! | bounded recovery | [`Journal::wants_checkpoint`] asks for a checkpoint once the log since the last one outgrows it (and `min_checkpoint_bytes`) |
 //! | failure | a failed write fails the journal, not the producer: records are dropped and counted until a checkpoint succeeds ([`writer`]) |
@@ -42,7 +42,8 @@ pub use error::JournalError;
 pub use header::{FILE_FORMAT_VERSION, FileKind, HeaderFault, StateIdentity};
 pub use recovery::{Recovered, TornTail};
 
-/// Default group-commit window: at most this much of the newest changes is lost on `kill -9`.
+/// Default group-commit window: at most this much of the newest changes (plus one `fdatasync`)
+/// is lost on power loss; a `kill -9` loses only what the writer had not taken yet.
 pub const DEFAULT_COMMIT_INTERVAL: Duration = Duration::from_millis(50);
 /// Longest accepted group-commit window (issue 11: a window of at most 100 ms by default; up
 /// to a second may be configured for slow disks).
@@ -57,7 +58,9 @@ pub const DEFAULT_RETRY_INTERVAL: Duration = Duration::from_secs(10);
 /// Journal settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct JournalConfig {
-    /// Group-commit window, `1 ms..=MAX_COMMIT_INTERVAL`. Default [`DEFAULT_COMMIT_INTERVAL`].
+    /// Group-commit window, `1 ms..=MAX_COMMIT_INTERVAL`: how often what was written is
+    /// `fdatasync`ed (what a power loss can lose, plus one sync's duration). Default
+    /// [`DEFAULT_COMMIT_INTERVAL`].
     pub commit_interval: Duration,
     /// A checkpoint is wanted once the log since the last one exceeds this many bytes and the
     /// last checkpoint's size (recovery then reads at most about twice the state). Default
@@ -117,6 +120,8 @@ pub(crate) struct Shared {
     /// Milliseconds since `opened` of the last commit; `u64::MAX` = never.
     last_commit_ms: AtomicU64,
     last_attempt: Mutex<Option<Instant>>,
+    /// The sync thread's last failure, for the writer to act on.
+    pub sync_error: Mutex<Option<String>>,
 }
 
 impl Shared {
@@ -194,26 +199,7 @@ impl Journal {
             "commit_interval out of range"
         );
         create_private_dir(dir)?;
-        let lock_path = dir.join(files::LOCK);
-        let lock = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .map_err(JournalError::io("open", &lock_path))?;
-        match lock.try_lock() {
-            Ok(()) => {}
-            Err(fs::TryLockError::WouldBlock) => {
-                return Err(JournalError::Locked { path: lock_path });
-            }
-            Err(fs::TryLockError::Error(e)) => {
-                return Err(JournalError::Io {
-                    op: "lock",
-                    path: lock_path,
-                    source: e,
-                });
-            }
-        }
+        let lock = lock(dir)?;
         let (recovered, resume) = recovery::recover(dir, &identity)?;
         let (file, _) = recovery::open_for_append(dir, &resume, &identity)?;
         let shared = Arc::new(Shared {
@@ -235,15 +221,24 @@ impl Journal {
             checkpoint_in_flight: AtomicBool::new(false),
             last_commit_ms: AtomicU64::new(u64::MAX),
             last_attempt: Mutex::new(None),
+            sync_error: Mutex::new(None),
         });
         let (tx, rx) = flume::unbounded();
+        let sync_file = file
+            .try_clone()
+            .map(Arc::new)
+            .map_err(JournalError::io("clone the handle of", dir))?;
+        let syncer = writer::Syncer::spawn(Arc::clone(&shared), Arc::clone(&observer))
+            .map_err(JournalError::io("spawn the sync thread for", dir))?;
         let w = writer::Writer {
             dir: dir.to_owned(),
             identity,
             config,
             shared: Arc::clone(&shared),
             observer,
-            file: BufWriter::with_capacity(1 << 20, file),
+            file: BufWriter::with_capacity(writer::WRITE_BUFFER_BYTES, file),
+            sync_file,
+            syncer,
             segment: resume.segment,
             window_end: None,
             pending_bytes: 0,
@@ -374,6 +369,8 @@ impl Journal {
     /// # Errors
     /// [`JournalError::Io`].
     pub fn set_aside(dir: &Path) -> Result<PathBuf, JournalError> {
+        // Held while moving: a producer that opened the directory meanwhile is not robbed.
+        let _lock = lock(dir)?;
         let secs = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
@@ -413,6 +410,26 @@ impl Drop for Journal {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+/// Takes the directory's exclusive lock (released when the file is dropped).
+fn lock(dir: &Path) -> Result<File, JournalError> {
+    let lock_path = dir.join(files::LOCK);
+    let lock = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(JournalError::io("open", &lock_path))?;
+    match lock.try_lock() {
+        Ok(()) => Ok(lock),
+        Err(fs::TryLockError::WouldBlock) => Err(JournalError::Locked { path: lock_path }),
+        Err(fs::TryLockError::Error(e)) => Err(JournalError::Io {
+            op: "lock",
+            path: lock_path,
+            source: e,
+        }),
     }
 }
 

@@ -217,6 +217,17 @@ pub(crate) fn recover(
     }
     let live: Vec<u64> = segments.into_iter().filter(|&s| s >= start).collect();
     let newest = live.last().copied();
+    if let Some(c) = base
+        && live.first() != Some(&c)
+    {
+        // Segment c is created before checkpoint c is renamed into place, so its absence is a
+        // deleted or lost log, not a crash: the records after the checkpoint are gone.
+        return Err(JournalError::MissingSegment {
+            path: files::segment(dir, c),
+            checkpoint: c,
+            newest: newest.unwrap_or(c),
+        });
+    }
     for (i, &n) in live.iter().enumerate() {
         let expected = start + i as u64;
         if n != expected {

@@ -1,10 +1,12 @@
 //! The writer thread: appends records, commits them in groups, writes checkpoints.
 //!
-//! Group commit: the first record written after a commit opens a window; when it closes
-//! (`commit_interval` later) every record written in it is flushed to the kernel and
-//! `fdatasync`ed in one go. A record is therefore on disk at most `commit_interval` after it
-//! was appended, which bounds what a `kill -9` (flushed to the kernel) or a power loss
-//! (fdatasync'ed) can lose to one window.
+//! Records reach the kernel at once: the writer `write`s whenever its queue is empty (and
+//! every 64 KiB under load), so a `kill -9` loses only what was still queued in the process,
+//! never a commit window. Group commit is for power loss: the first record written after a
+//! commit opens a window; when it closes (`commit_interval` later) a separate sync thread
+//! `fdatasync`s everything written so far while the writer goes on writing. A slow disk
+//! therefore delays durability against power loss by its sync time, but never holds records
+//! back from the kernel.
 //!
 //! Failure: the first failed write, flush, sync or checkpoint puts the journal in the *failed*
 //! state. From then on records are dropped (counted) until a checkpoint succeeds: the
@@ -17,7 +19,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{BufWriter, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use crate::files;
@@ -37,6 +39,88 @@ pub(crate) enum Msg {
     Sync(flume::Sender<Result<(), String>>),
 }
 
+/// Bytes of records the writer buffers before a `write` even while its queue is not empty.
+pub(crate) const WRITE_BUFFER_BYTES: usize = 64 << 10;
+
+/// One `fdatasync` to run off the writer thread.
+struct SyncJob {
+    file: Arc<File>,
+    bytes: u64,
+}
+
+/// The sync thread: runs one [`SyncJob`] at a time; `busy` while one runs.
+pub(crate) struct Syncer {
+    tx: Option<flume::Sender<SyncJob>>,
+    busy: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Syncer {
+    pub(crate) fn spawn(
+        shared: Arc<Shared>,
+        observer: Arc<dyn JournalObserver>,
+    ) -> std::io::Result<Self> {
+        let (tx, rx) = flume::bounded::<SyncJob>(1);
+        let busy = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&busy);
+        let thread = std::thread::Builder::new()
+            .name("ckf-journal-sync".into())
+            .spawn(move || {
+                for job in rx {
+                    let started = Instant::now();
+                    match job.file.sync_data() {
+                        Ok(()) => {
+                            shared.bytes_on_disk.fetch_add(job.bytes, Ordering::Relaxed);
+                            shared.mark_commit();
+                            observer.committed(started.elapsed(), job.bytes);
+                        }
+                        Err(e) => {
+                            *shared.sync_error.lock().expect("journal lock") =
+                                Some(format!("fdatasync: {e}"));
+                        }
+                    }
+                    flag.store(false, Ordering::Release);
+                }
+            })?;
+        Ok(Self {
+            tx: Some(tx),
+            busy,
+            thread: Some(thread),
+        })
+    }
+
+    /// Starts a sync of `file` unless one runs; `false` when one runs.
+    fn try_start(&self, file: &Arc<File>, bytes: u64) -> bool {
+        if self.busy.swap(true, Ordering::AcqRel) {
+            return false;
+        }
+        let job = SyncJob {
+            file: Arc::clone(file),
+            bytes,
+        };
+        if self.tx.as_ref().is_none_or(|tx| tx.send(job).is_err()) {
+            self.busy.store(false, Ordering::Release);
+        }
+        true
+    }
+
+    /// Waits for the sync in flight, if any.
+    fn wait_idle(&self) {
+        while self.busy.load(Ordering::Acquire) {
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
+    }
+}
+
+impl Drop for Syncer {
+    fn drop(&mut self) {
+        self.tx = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 pub(crate) struct Writer {
     pub dir: PathBuf,
     pub identity: StateIdentity,
@@ -44,6 +128,9 @@ pub(crate) struct Writer {
     pub shared: Arc<Shared>,
     pub observer: Arc<dyn JournalObserver>,
     pub file: BufWriter<File>,
+    /// A second handle of the segment, for the sync thread.
+    pub sync_file: Arc<File>,
+    pub syncer: Syncer,
     pub segment: u64,
     /// When the open window closes (`None`: nothing written since the last commit).
     pub window_end: Option<Instant>,
@@ -56,10 +143,18 @@ pub(crate) struct Writer {
 impl Writer {
     pub fn run(mut self, rx: flume::Receiver<Msg>) {
         loop {
+            self.check_sync();
             // A receive returns a queued message even after the deadline, so a queue that
             // never empties (sustained load) would keep the window open forever: close it here.
             if self.window_end.is_some_and(|end| Instant::now() >= end) {
                 self.commit();
+            }
+            // Hand what is buffered to the kernel before waiting: a kill -9 then loses nothing
+            // the writer has taken from its queue.
+            if rx.is_empty() && !self.file.buffer().is_empty() && self.failed.is_none() {
+                if let Err(e) = self.file.flush() {
+                    self.fail(format!("write {}: {e}", self.segment_path().display()));
+                }
             }
             let msg = match self.window_end {
                 Some(end) => match rx.recv_deadline(end) {
@@ -95,7 +190,7 @@ impl Writer {
                 }
                 Some(Msg::Checkpoint(records)) => self.checkpoint(records),
                 Some(Msg::Sync(reply)) => {
-                    self.commit();
+                    self.commit_now();
                     let _ = reply.send(match &self.failed {
                         None => Ok(()),
                         Some(why) => Err(why.clone()),
@@ -103,7 +198,17 @@ impl Writer {
                 }
             }
         }
-        self.commit();
+        self.commit_now();
+    }
+
+    /// Fails the journal when the sync thread's last fdatasync failed.
+    fn check_sync(&mut self) {
+        let error = self.shared.sync_error.lock().expect("journal lock").take();
+        if let Some(why) = error
+            && self.failed.is_none()
+        {
+            self.fail(format!("{}: {why}", self.segment_path().display()));
+        }
     }
 
     fn append(&mut self, record: Vec<u8>) {
@@ -131,9 +236,35 @@ impl Writer {
         files::segment(&self.dir, self.segment)
     }
 
-    /// Flushes and fdatasyncs the open window, if any.
+    /// Closes the open window, if any: writes what is buffered to the kernel and starts an
+    /// fdatasync on the sync thread (or, while one still runs, retries in a millisecond).
     fn commit(&mut self) {
-        if self.window_end.take().is_none() || self.failed.is_some() {
+        if self.window_end.is_none() || self.failed.is_some() {
+            self.window_end = None;
+            return;
+        }
+        if let Err(e) = self.file.flush() {
+            self.fail(format!("write {}: {e}", self.segment_path().display()));
+            return;
+        }
+        if self.syncer.try_start(&self.sync_file, self.pending_bytes) {
+            self.pending_bytes = 0;
+            self.window_end = None;
+        } else {
+            self.window_end = Some(Instant::now() + std::time::Duration::from_millis(1));
+        }
+    }
+
+    /// Makes everything written so far durable before returning (sync requests, checkpoints,
+    /// the end): flush, wait for the sync thread, fdatasync on this thread.
+    fn commit_now(&mut self) {
+        self.window_end = None;
+        if self.failed.is_some() {
+            return;
+        }
+        self.syncer.wait_idle();
+        self.check_sync();
+        if self.failed.is_some() {
             return;
         }
         let started = Instant::now();
@@ -166,12 +297,18 @@ impl Writer {
     /// Writes checkpoint `segment + 1` holding `records` (the whole state after every record
     /// written so far), starts segment `segment + 1`, and removes the older files.
     fn checkpoint(&mut self, records: Vec<Vec<u8>>) {
-        self.commit();
+        self.commit_now();
         let started = Instant::now();
         let n = self.segment + 1;
-        let result = self.write_checkpoint(n, &records).and_then(|bytes| {
+        // Segment n exists before checkpoint n does: a checkpoint without its segment is then
+        // always damage (a deleted log), never a crash between the two.
+        let result = self.write_checkpoint_tmp(n, &records).and_then(|bytes| {
             let (file, _) = recovery::create_segment(&self.dir, n, &self.identity)
                 .map_err(|e| e.to_string())?;
+            let tmp = files::checkpoint_tmp(&self.dir, n);
+            fs::rename(&tmp, files::checkpoint(&self.dir, n))
+                .map_err(|e| format!("rename {}: {e}", tmp.display()))?;
+            files::sync_dir(&self.dir).map_err(|e| e.to_string())?;
             Ok((bytes, file))
         });
         self.shared
@@ -190,8 +327,19 @@ impl Writer {
                 return;
             }
         };
-        let old = std::mem::replace(&mut self.file, BufWriter::with_capacity(1 << 20, file));
+        let sync_file = match file.try_clone() {
+            Ok(f) => Arc::new(f),
+            Err(e) => {
+                self.fail(format!("clone the handle of segment {n}: {e}"));
+                return;
+            }
+        };
+        let old = std::mem::replace(
+            &mut self.file,
+            BufWriter::with_capacity(WRITE_BUFFER_BYTES, file),
+        );
         drop(old.into_parts());
+        self.sync_file = sync_file;
         self.segment = n;
         self.remove_older_than(n);
         if let Some(why) = self.failed.take() {
@@ -211,9 +359,9 @@ impl Writer {
         self.observer.checkpointed(started.elapsed(), bytes);
     }
 
-    fn write_checkpoint(&self, n: u64, records: &[Vec<u8>]) -> Result<u64, String> {
+    /// Writes and fsyncs `checkpoint-<n>.ckpt.tmp`; returns its size.
+    fn write_checkpoint_tmp(&self, n: u64, records: &[Vec<u8>]) -> Result<u64, String> {
         let tmp = files::checkpoint_tmp(&self.dir, n);
-        let path = files::checkpoint(&self.dir, n);
         let file = OpenOptions::new()
             .create(true)
             .write(true)
@@ -237,8 +385,6 @@ impl Writer {
             file.metadata().map(|m| m.len())
         })()
         .map_err(|e| format!("write {}: {e}", tmp.display()))?;
-        fs::rename(&tmp, &path).map_err(|e| format!("rename {}: {e}", tmp.display()))?;
-        files::sync_dir(&self.dir).map_err(|e| e.to_string())?;
         Ok(written)
     }
 

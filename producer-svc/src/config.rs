@@ -240,8 +240,9 @@ pub enum OnInvalidState {
 pub struct DurabilityConfig {
     /// Directory of the journal (created 0700 if absent); `None` = durability off.
     pub data_dir: Option<PathBuf>,
-    /// Group-commit window in milliseconds, `1..=1000`: at most this much of the newest
-    /// changes is lost on `kill -9` or power loss. Default 50.
+    /// Group-commit (fdatasync) window in milliseconds, `1..=1000`: at most this much of the
+    /// newest changes, plus one fdatasync, is lost on power loss (a `kill -9` loses only what
+    /// the journal's writer had not taken yet). Default 50.
     pub commit_interval_ms: u64,
     /// A checkpoint is written once the log since the last one exceeds this many MiB and the
     /// last checkpoint's size. Default 64.
@@ -747,7 +748,7 @@ pub struct Cli {
     /// durability.data_dir: keep the exact state in this directory so a restart recovers it; without it the state lives in memory only [default: none].
     #[arg(long, value_name = "DIR", env = "CKF_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
-    /// durability.commit_interval_ms: group-commit window, at most this much is lost on kill -9, ms [default: 50].
+    /// durability.commit_interval_ms: group-commit (fdatasync) window, what a power loss can lose, ms [default: 50].
     #[arg(long, value_name = "MS")]
     pub commit_interval_ms: Option<u64>,
     /// durability.on_invalid_state: refuse to start on damaged or foreign state, or set it aside and start empty [default: refuse].

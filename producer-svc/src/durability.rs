@@ -271,9 +271,10 @@ pub fn recover(
     metrics
         .recovered_records
         .set(i64::try_from(report.replayed).unwrap_or(i64::MAX));
+    let absolute = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_owned());
     tracing::info!(
-        data_dir = %dir.display(),
-        checkpoint_members = report.members,
+        data_dir = %absolute.display(),
+        members = report.members,
         checkpoint_edges = report.edges,
         omitted = report.omitted,
         log_records = report.replayed,

@@ -176,8 +176,9 @@ async fn kill9_under_load_loses_at_most_the_last_commit_window() {
         }
     })
     .await;
-    a.kill9();
+    // Before the kill: kill9() waits for the exit, which a slow disk can delay.
     let killed_at = Instant::now();
+    a.kill9();
     flood.await.unwrap();
     let acked: Vec<Instant> = acks.lock().unwrap().clone();
     // Every batch acknowledged more than ten commit windows before the kill must be back.
@@ -397,7 +398,11 @@ async fn a_full_disk_fails_the_journal_not_the_producer_and_a_checkpoint_heals_i
         }
     })
     .await;
-    assert_eq!(metric(&a, "ckf_producer_journal_healthy"), Some(0.0), "still failed");
+    assert_eq!(
+        metric(&a, "ckf_producer_journal_healthy"),
+        Some(0.0),
+        "still failed"
+    );
 
     // Space again: the next checkpoint retry heals the journal, holding all of the state.
     std::fs::remove_file(&filler).unwrap();

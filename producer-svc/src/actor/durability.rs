@@ -161,7 +161,7 @@ pub struct UndecodableRecord {
 /// What a restore rebuilt (for the start-up log line and the recovery metrics).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RestoreReport {
-    /// Members restored from the checkpoint.
+    /// Members owning blocks after the restore (checkpoint and log).
     pub members: u64,
     /// Ownership edges restored from the checkpoint.
     pub edges: u64,
