@@ -151,10 +151,12 @@ impl Writer {
             }
             // Hand what is buffered to the kernel before waiting: a kill -9 then loses nothing
             // the writer has taken from its queue.
-            if rx.is_empty() && !self.file.buffer().is_empty() && self.failed.is_none() {
-                if let Err(e) = self.file.flush() {
-                    self.fail(format!("write {}: {e}", self.segment_path().display()));
-                }
+            if rx.is_empty()
+                && !self.file.buffer().is_empty()
+                && self.failed.is_none()
+                && let Err(e) = self.file.flush()
+            {
+                self.fail(format!("write {}: {e}", self.segment_path().display()));
             }
             let msg = match self.window_end {
                 Some(end) => match rx.recv_deadline(end) {
