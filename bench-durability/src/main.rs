@@ -52,7 +52,7 @@ struct Args {
     #[arg(long, default_value_t = 15.0)]
     max_run_s: f64,
     /// Directory on the real disk for the stores (one sub-directory per measurement, removed after).
-    #[arg(long, default_value = "/work/bench-durability-data")]
+    #[arg(long, default_value = "target/bench-durability-data")]
     dir: PathBuf,
     /// Group-commit window in milliseconds.
     #[arg(long, default_value_t = 50)]
