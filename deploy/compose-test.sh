@@ -166,6 +166,9 @@ for path in glob.glob(os.path.join(sys.argv[1], "*.yaml")):
         if doc and doc.get("kind") == "ConfigMap":
             for key, text in doc["data"].items():
                 text = text.replace("/etc/ckf/tls/", sys.argv[3] + "/")
+                # Each producer's durability.data_dir (its PersistentVolumeClaim in the
+                # cluster): a directory of its own here, never the host's /var/lib/ckf.
+                text = text.replace("/var/lib/ckf/", os.path.join(sys.argv[2], doc["metadata"]["name"] + "-"))
                 open(os.path.join(sys.argv[2], f"{doc['metadata']['name']}--{key}"), "w").write(text)
 PY
 pids=() cfgs=()
