@@ -172,24 +172,18 @@ impl Writer {
             match msg {
                 None => self.commit(),
                 Some(Msg::Append(record)) => self.append(record),
-                Some(Msg::Hole) => {
-                    if self.failed.is_none() {
-                        self.fail(format!(
-                            "the writer fell more than {} bytes behind; records are dropped until the next checkpoint",
-                            self.config.max_backlog_bytes
-                        ));
-                    }
-                    self.shared.dropped_records.fetch_add(1, Ordering::Relaxed);
-                }
-                Some(Msg::Oversized(len)) => {
-                    if self.failed.is_none() {
-                        self.fail(format!(
-                            "a record of {len} bytes exceeds the {}-byte record limit; records are dropped until the next checkpoint",
-                            frame::MAX_RECORD_BYTES
-                        ));
-                    }
-                    self.shared.dropped_records.fetch_add(1, Ordering::Relaxed);
-                }
+                Some(Msg::Hole) => self.hole(|w| {
+                    format!(
+                        "the writer fell more than {} bytes behind",
+                        w.config.max_backlog_bytes
+                    )
+                }),
+                Some(Msg::Oversized(len)) => self.hole(|_| {
+                    format!(
+                        "a record of {len} bytes exceeds the {}-byte record limit",
+                        frame::MAX_RECORD_BYTES
+                    )
+                }),
                 Some(Msg::Checkpoint(records)) => self.checkpoint(records),
                 Some(Msg::Sync(reply)) => {
                     self.commit_now();
@@ -201,6 +195,18 @@ impl Writer {
             }
         }
         self.commit_now();
+    }
+
+    /// A record that never reached the writer: fails the journal (unless it already is) so
+    /// nothing after the hole is written before the next checkpoint, and counts the record.
+    fn hole(&mut self, why: impl FnOnce(&Self) -> String) {
+        if self.failed.is_none() {
+            let why = why(self);
+            self.fail(format!(
+                "{why}; records are dropped until the next checkpoint"
+            ));
+        }
+        self.shared.dropped_records.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Fails the journal when the sync thread's last fdatasync failed.

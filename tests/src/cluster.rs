@@ -606,12 +606,7 @@ impl Producer {
     /// # Panics
     /// When it exits or does not start within the deadline.
     pub fn restart(&mut self) {
-        self.kill9();
-        let (svc, addr, metrics_addr) = spawn_producer(&self.name, &self.args, &self.log_dir);
-        self.svc = Some(svc);
-        self.addr = addr;
-        self.metrics_addr = metrics_addr;
-        self.grpc = ChannelCache::new(addr);
+        self.restart_with(&[]);
     }
 
     /// As [`Producer::restart`], with `extra` flags after the configuration's.
