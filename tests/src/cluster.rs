@@ -489,6 +489,19 @@ pub struct ProducerSpec {
 }
 
 impl ProducerSpec {
+    /// [`ProducerSpec::new`] with `[durability]` on: the journal in `data_dir`, a group-commit
+    /// window of `commit_interval_ms`, then `extra` (more `[durability]` keys, e.g.
+    /// `min_checkpoint_mib = 1\n`).
+    pub fn durable(dc: &str, data_dir: &Path, commit_interval_ms: u64, extra: &str) -> Self {
+        Self {
+            extra_toml: format!(
+                "[durability]\ndata_dir = \"{}\"\ncommit_interval_ms = {commit_interval_ms}\n{extra}",
+                data_dir.display()
+            ),
+            ..Self::new(dc)
+        }
+    }
+
     /// A producer of `dc` with quick reconnects (50..=500 ms), 200 ms heartbeats and batches
     /// cut at 64 dirty buckets or 5 ms.
     pub fn new(dc: &str) -> Self {

@@ -23,13 +23,7 @@ use ckf_proto::v1::kv_event::Kind;
 const COMMIT_MS: u64 = 50;
 
 fn durable_spec(dc: &str, data_dir: &Path, extra: &str) -> ProducerSpec {
-    ProducerSpec {
-        extra_toml: format!(
-            "[durability]\ndata_dir = \"{}\"\ncommit_interval_ms = {COMMIT_MS}\n{extra}",
-            data_dir.display()
-        ),
-        ..ProducerSpec::new(dc)
-    }
+    ProducerSpec::durable(dc, data_dir, COMMIT_MS, extra)
 }
 
 fn stored(hashes: &[u64]) -> Kind {

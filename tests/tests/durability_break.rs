@@ -62,13 +62,7 @@ impl Rng {
 }
 
 fn durable_spec(dc: &str, data_dir: &Path, extra: &str) -> ProducerSpec {
-    ProducerSpec {
-        extra_toml: format!(
-            "[durability]\ndata_dir = \"{}\"\ncommit_interval_ms = {COMMIT_MS}\n{extra}",
-            data_dir.display()
-        ),
-        ..ProducerSpec::new(dc)
-    }
+    ProducerSpec::durable(dc, data_dir, COMMIT_MS, extra)
 }
 
 /// Sends batch `i` = (store `sets[i % SETS]`, remove `sets[(i - 1) % SETS]`) on `worker`,

@@ -14,13 +14,11 @@ use ckf_e2e::wait::{DEADLINE, eventually};
 const HEARTBEAT_DEADLINE_MS: u64 = 1_500;
 
 fn standby_spec(dir: &TestDir, name: &str) -> ProducerSpec {
+    let state = dir.path().join(format!("{name}-state"));
     ProducerSpec {
-        extra_toml: format!(
-            "[durability]\ndata_dir = \"{}\"\n",
-            dir.path().join(format!("{name}-state")).display()
-        ),
         args: vec!["--start-mode".into(), "if-vacant".into()],
-        ..ProducerSpec::new("dc-a")
+        // The producer's default group-commit window.
+        ..ProducerSpec::durable("dc-a", &state, 50, "")
     }
 }
 
