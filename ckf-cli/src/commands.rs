@@ -455,6 +455,9 @@ pub fn hint(chain: &str, url: &str, client_certificate: bool) -> Option<&'static
         "broken pipe",
         "unexpected eof",
         "connection closed",
+        // hyper cancels a request queued on a connection the server closed before it was
+        // ready (a TLS listener reading a plaintext preface): the same cut, seen earlier.
+        "connection was not ready",
     ]);
     let https = ckf_svc_kit::tls::is_https(url);
     if has(&[
@@ -558,5 +561,49 @@ pub async fn health(args: HealthArgs) -> i32 {
             eprintln!("{}: no answer within {} ms", args.endpoint, args.timeout_ms);
             2
         }
+    }
+}
+
+#[cfg(test)]
+mod hint_tests {
+    use super::hint;
+
+    /// The texts tonic and hyper gave for a plaintext client on a TLS listener, seen in CI
+    /// runs: each depends on when the server's close reaches the client.
+    #[test]
+    fn a_plaintext_client_cut_by_a_tls_listener_gets_the_https_hint() {
+        for chain in [
+            "ListLanes: transport error: connection reset by peer",
+            "ListLanes: transport error: broken pipe",
+            "ListLanes: code: 'The operation was cancelled', message: \"operation was canceled\", \
+             source: tonic::transport::Error(Transport, hyper::Error(Canceled, \"connection was \
+             not ready\")): transport error: operation was canceled: connection was not ready",
+        ] {
+            let got = hint(chain, "http://127.0.0.1:1", false).unwrap_or("");
+            assert!(
+                got.contains("use an https:// URL with --ca"),
+                "{chain}: {got}"
+            );
+        }
+    }
+
+    /// The same cut over https, without a client certificate, points at mutual TLS; an
+    /// unrelated error gets no hint.
+    #[test]
+    fn cuts_over_https_point_at_client_certificates_and_other_errors_get_none() {
+        let cut = "transport error: operation was canceled: connection was not ready";
+        assert!(
+            hint(cut, "https://h:1", false)
+                .unwrap()
+                .contains("client certificate")
+        );
+        assert_eq!(
+            hint(
+                "status: NotFound, message: \"no lane\"",
+                "http://h:1",
+                false
+            ),
+            None
+        );
     }
 }

@@ -319,6 +319,22 @@ pub(crate) fn create_segment(
     n: u64,
     identity: &StateIdentity,
 ) -> Result<(File, u64), JournalError> {
+    let (file, len) = start_segment(dir, n, identity)?;
+    let path = files::segment(dir, n);
+    file.sync_all().map_err(JournalError::io("sync", &path))?;
+    files::sync_dir(dir)?;
+    Ok((file, len))
+}
+
+/// Creates (or replaces) segment `n` holding only its header, without waiting for the disk:
+/// the header reaches the kernel in one `write`, so a `kill -9` leaves it whole or absent
+/// (a power loss may leave it cut, which recovery accepts in the newest segment). The caller
+/// syncs the file and the directory before anything depends on them.
+pub(crate) fn start_segment(
+    dir: &Path,
+    n: u64,
+    identity: &StateIdentity,
+) -> Result<(File, u64), JournalError> {
     let path = files::segment(dir, n);
     let mut file = OpenOptions::new()
         .create(true)
@@ -338,8 +354,6 @@ pub(crate) fn create_segment(
     .expect("writing to a Vec");
     use std::io::Write;
     file.write_all(&bytes)
-        .and_then(|()| file.sync_all())
         .map_err(JournalError::io("write", &path))?;
-    files::sync_dir(dir)?;
     Ok((file, bytes.len() as u64))
 }

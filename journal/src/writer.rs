@@ -1,4 +1,5 @@
-//! The writer thread: appends records, commits them in groups, writes checkpoints.
+//! The writer thread: appends records, commits them in groups, rotates segments for
+//! checkpoints.
 //!
 //! Records reach the kernel at once: the writer `write`s whenever its queue is empty (and
 //! every 64 KiB under load), so a `kill -9` loses only what was still queued in the process,
@@ -8,12 +9,25 @@
 //! therefore delays durability against power loss by its sync time, but never holds records
 //! back from the kernel.
 //!
-//! Failure: the first failed write, flush, sync or checkpoint puts the journal in the *failed*
-//! state. From then on records are dropped (counted) until a checkpoint succeeds: the
-//! checkpoint holds the whole state, so the log is whole again from it on. A record the caller
-//! could not queue (backlog above its limit) becomes a *hole* at its exact place in the stream,
-//! which fails the journal the same way; nothing after a hole is ever written before the next
-//! checkpoint, so the log never skips a record.
+//! Checkpoints never hold records back either. At a checkpoint request the writer only seals
+//! segment `n` (hands its buffer to the kernel), creates segment `n + 1` and goes on appending
+//! to it; a checkpoint thread then writes `checkpoint-<n+1>`, makes it and segment `n + 1`
+//! durable, renames it into place and removes what is older. Until the rename, recovery reads
+//! the previous checkpoint and segments `n` and `n + 1`, which hold every record; after it,
+//! checkpoint `n + 1` and segment `n + 1`. (The first version wrote checkpoints on this thread:
+//! records acknowledged during a checkpoint's five `fsync`s, up to a second on a loaded VM,
+//! waited in the process and a `kill -9` lost them.) A sealed segment is `fdatasync`ed before
+//! anything of a later one, so a power loss never leaves a hole in the middle of the log.
+//!
+//! Failure: the first failed write, flush or sync puts the journal in the *failed* state. From
+//! then on records are dropped (counted) until a checkpoint succeeds: the checkpoint holds the
+//! whole state, so the log is whole again from it on. That healing checkpoint is written on
+//! this thread (nothing may be appended after a hole before the checkpoint that covers it is
+//! durable). A record the caller could not queue (backlog above its limit) becomes a *hole* at
+//! its exact place in the stream, which fails the journal the same way; nothing after a hole is
+//! ever written before the next checkpoint, so the log never skips a record. A checkpoint that
+//! fails while the log is healthy fails nothing: the log still holds every record, and the
+//! next attempt waits `retry_interval`.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{BufWriter, Write};
@@ -42,9 +56,12 @@ pub(crate) enum Msg {
 /// Bytes of records the writer buffers before a `write` even while its queue is not empty.
 pub(crate) const WRITE_BUFFER_BYTES: usize = 64 << 10;
 
-/// One `fdatasync` to run off the writer thread.
+/// One group commit to run off the writer thread: `fdatasync` each file in order (sealed
+/// segments first, then the current one), then the directory when a segment is new since the
+/// last commit (its entry must outlive a power loss too).
 struct SyncJob {
-    file: Arc<File>,
+    files: Vec<Arc<File>>,
+    dir: Option<PathBuf>,
     bytes: u64,
 }
 
@@ -68,7 +85,16 @@ impl Syncer {
             .spawn(move || {
                 for job in rx {
                     let started = Instant::now();
-                    match job.file.sync_data() {
+                    let result = job
+                        .files
+                        .iter()
+                        .try_for_each(|f| f.sync_data())
+                        .and_then(|()| {
+                            job.dir
+                                .as_deref()
+                                .map_or(Ok(()), |d| File::open(d).and_then(|d| d.sync_all()))
+                        });
+                    match result {
                         Ok(()) => {
                             shared.bytes_on_disk.fetch_add(job.bytes, Ordering::Relaxed);
                             shared.mark_commit();
@@ -89,19 +115,15 @@ impl Syncer {
         })
     }
 
-    /// Starts a sync of `file` unless one runs; `false` when one runs.
-    fn try_start(&self, file: &Arc<File>, bytes: u64) -> bool {
+    /// Starts `job` unless a sync runs; gives it back when one runs.
+    fn try_start(&self, job: SyncJob) -> Result<(), SyncJob> {
         if self.busy.swap(true, Ordering::AcqRel) {
-            return false;
+            return Err(job);
         }
-        let job = SyncJob {
-            file: Arc::clone(file),
-            bytes,
-        };
         if self.tx.as_ref().is_none_or(|tx| tx.send(job).is_err()) {
             self.busy.store(false, Ordering::Release);
         }
-        true
+        Ok(())
     }
 
     /// Waits for the sync in flight, if any.
@@ -138,6 +160,14 @@ pub(crate) struct Writer {
     pub pending_bytes: u64,
     /// Why the journal is failed, if it is.
     pub failed: Option<String>,
+    /// Segments sealed by a checkpoint but not yet `fdatasync`ed: the next commit syncs them
+    /// before the current segment.
+    pub sealed: Vec<Arc<File>>,
+    /// Whether the current segment was created since the last commit (its directory entry
+    /// is synced with it).
+    pub new_segment: bool,
+    /// The checkpoint thread, while one runs (at most one at a time).
+    pub checkpointer: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Writer {
@@ -187,6 +217,7 @@ impl Writer {
                 Some(Msg::Checkpoint(records)) => self.checkpoint(records),
                 Some(Msg::Sync(reply)) => {
                     self.commit_now();
+                    self.join_checkpointer();
                     let _ = reply.send(match &self.failed {
                         None => Ok(()),
                         Some(why) => Err(why.clone()),
@@ -195,6 +226,7 @@ impl Writer {
             }
         }
         self.commit_now();
+        self.join_checkpointer();
     }
 
     /// A record that never reached the writer: fails the journal (unless it already is) so
@@ -244,6 +276,26 @@ impl Writer {
         files::segment(&self.dir, self.segment)
     }
 
+    /// The group commit of everything written so far: sealed segments, then the current one
+    /// (and the directory when the current segment is new).
+    fn sync_job(&self) -> SyncJob {
+        let mut files = self.sealed.clone();
+        files.push(Arc::clone(&self.sync_file));
+        SyncJob {
+            files,
+            dir: self.new_segment.then(|| self.dir.clone()),
+            bytes: self.pending_bytes,
+        }
+    }
+
+    /// The sync job started or run: what it covers is no longer pending.
+    fn synced(&mut self) {
+        self.pending_bytes = 0;
+        self.sealed.clear();
+        self.new_segment = false;
+        self.window_end = None;
+    }
+
     /// Closes the open window, if any: writes what is buffered to the kernel and starts an
     /// fdatasync on the sync thread (or, while one still runs, retries in a millisecond).
     fn commit(&mut self) {
@@ -255,16 +307,16 @@ impl Writer {
             self.fail(format!("write {}: {e}", self.segment_path().display()));
             return;
         }
-        if self.syncer.try_start(&self.sync_file, self.pending_bytes) {
-            self.pending_bytes = 0;
-            self.window_end = None;
-        } else {
-            self.window_end = Some(Instant::now() + std::time::Duration::from_millis(1));
+        match self.syncer.try_start(self.sync_job()) {
+            Ok(()) => self.synced(),
+            Err(_busy) => {
+                self.window_end = Some(Instant::now() + std::time::Duration::from_millis(1));
+            }
         }
     }
 
-    /// Makes everything written so far durable before returning (sync requests, checkpoints,
-    /// the end): flush, wait for the sync thread, fdatasync on this thread.
+    /// Makes everything written so far durable before returning (sync requests, the end):
+    /// flush, wait for the sync thread, fdatasync on this thread.
     fn commit_now(&mut self) {
         self.window_end = None;
         if self.failed.is_some() {
@@ -276,13 +328,17 @@ impl Writer {
             return;
         }
         let started = Instant::now();
-        let result = self
-            .file
-            .flush()
-            .and_then(|()| self.file.get_ref().sync_data());
+        let job = self.sync_job();
+        let result = self.file.flush().and_then(|()| {
+            job.files.iter().try_for_each(|f| f.sync_data())?;
+            job.dir
+                .as_deref()
+                .map_or(Ok(()), |d| File::open(d).and_then(|d| d.sync_all()))
+        });
         match result {
             Ok(()) => {
-                let bytes = std::mem::take(&mut self.pending_bytes);
+                let bytes = job.bytes;
+                self.synced();
                 self.shared
                     .bytes_on_disk
                     .fetch_add(bytes, Ordering::Relaxed);
@@ -302,73 +358,181 @@ impl Writer {
         self.failed = Some(why);
     }
 
-    /// Writes checkpoint `segment + 1` holding `records` (the whole state after every record
-    /// written so far), starts segment `segment + 1`, and removes the older files.
+    /// Waits for the checkpoint thread, if one runs.
+    fn join_checkpointer(&mut self) {
+        if let Some(thread) = self.checkpointer.take()
+            && thread.join().is_err()
+        {
+            tracing::error!("the journal checkpoint thread panicked");
+            self.shared
+                .checkpoint_in_flight
+                .store(false, Ordering::Relaxed);
+        }
+    }
+
+    /// Checkpoint `segment + 1` holding `records` (the whole state after every record written
+    /// so far). Healthy: seal the segment, append to segment `segment + 1` from now on, and
+    /// write the checkpoint on its own thread. Failed: write it here, and resume appending
+    /// only once it is durable (it covers the hole).
     fn checkpoint(&mut self, records: Vec<Vec<u8>>) {
-        self.commit_now();
+        self.join_checkpointer();
         let started = Instant::now();
+        if self.failed.is_none()
+            && let Err(e) = self.file.flush()
+        {
+            self.fail(format!("write {}: {e}", self.segment_path().display()));
+        }
         let n = self.segment + 1;
-        // Segment n exists before checkpoint n does: a checkpoint without its segment is then
-        // always damage (a deleted log), never a crash between the two.
-        let result = self.write_checkpoint_tmp(n, &records).and_then(|bytes| {
-            let (file, _) = recovery::create_segment(&self.dir, n, &self.identity)
-                .map_err(|e| e.to_string())?;
-            let tmp = files::checkpoint_tmp(&self.dir, n);
-            fs::rename(&tmp, files::checkpoint(&self.dir, n))
-                .map_err(|e| format!("rename {}: {e}", tmp.display()))?;
-            files::sync_dir(&self.dir).map_err(|e| e.to_string())?;
-            Ok((bytes, file))
-        });
-        self.shared
-            .checkpoint_in_flight
-            .store(false, Ordering::Relaxed);
-        let (bytes, file) = match result {
-            Ok(done) => done,
-            Err(why) => {
-                let _ = fs::remove_file(files::checkpoint_tmp(&self.dir, n));
-                self.shared.mark_checkpoint_attempt();
-                if self.failed.is_none() {
-                    self.fail(why);
-                } else {
-                    tracing::warn!(error = %why, "journal checkpoint retry failed");
-                }
-                return;
-            }
-        };
-        let sync_file = match file.try_clone() {
-            Ok(f) => Arc::new(f),
+        let segment = match recovery::start_segment(&self.dir, n, &self.identity) {
+            Ok((file, _)) => file,
             Err(e) => {
-                self.fail(format!("clone the handle of segment {n}: {e}"));
+                self.checkpoint_failed(e.to_string());
                 return;
             }
         };
+        let job = CheckpointJob {
+            dir: self.dir.clone(),
+            identity: self.identity.clone(),
+            number: n,
+            records,
+            sealed: Vec::new(),
+            segment: Arc::new(match segment.try_clone() {
+                Ok(f) => f,
+                Err(e) => {
+                    self.checkpoint_failed(format!("clone the handle of segment {n}: {e}"));
+                    return;
+                }
+            }),
+            shared: Arc::clone(&self.shared),
+            observer: Arc::clone(&self.observer),
+            started,
+        };
+        if self.failed.is_some() {
+            // Nothing is appended after the hole before this checkpoint is durable.
+            match job.write() {
+                Ok(bytes) => {
+                    self.switch_to(n, segment, Arc::clone(&job.segment));
+                    self.new_segment = false; // the job synced it and the directory
+                    self.sealed.clear(); // older than the checkpoint: removed by finish()
+                    if let Some(why) = self.failed.take() {
+                        tracing::info!(previous_failure = %why, "journal healthy again after a checkpoint");
+                    }
+                    self.shared.healthy.store(true, Ordering::Relaxed);
+                    job.finish(bytes);
+                }
+                Err(why) => {
+                    let _ = fs::remove_file(files::checkpoint_tmp(&self.dir, n));
+                    self.checkpoint_failed(why);
+                }
+            }
+            return;
+        }
+        // Healthy: seal segment n, go on in n + 1, write the checkpoint off this thread.
+        let previous = Arc::clone(&self.sync_file);
+        self.switch_to(n, segment, Arc::clone(&job.segment));
+        self.sealed.push(previous);
+        let mut job = job;
+        job.sealed = self.sealed.clone();
+        let carried = self
+            .shared
+            .log_bytes_since_checkpoint
+            .swap(0, Ordering::Relaxed);
+        let spawned = std::thread::Builder::new()
+            .name("ckf-journal-checkpoint".into())
+            .spawn(move || match job.write() {
+                Ok(bytes) => job.finish(bytes),
+                Err(why) => job.fail(why, carried),
+            });
+        match spawned {
+            Ok(thread) => self.checkpointer = Some(thread),
+            Err(e) => {
+                // The log goes on in segment n + 1; only this checkpoint is lost.
+                self.shared
+                    .log_bytes_since_checkpoint
+                    .fetch_add(carried, Ordering::Relaxed);
+                self.checkpoint_failed(format!("spawn the checkpoint thread: {e}"));
+            }
+        }
+    }
+
+    /// Appends to segment `n` (`file`, and `sync_file` for the sync thread) from now on.
+    fn switch_to(&mut self, n: u64, file: File, sync_file: Arc<File>) {
         let old = std::mem::replace(
             &mut self.file,
             BufWriter::with_capacity(WRITE_BUFFER_BYTES, file),
         );
+        // Flushed before (or failed, with nothing more to write): drop without a write.
         drop(old.into_parts());
         self.sync_file = sync_file;
         self.segment = n;
-        self.remove_older_than(n);
-        if let Some(why) = self.failed.take() {
-            tracing::info!(previous_failure = %why, "journal healthy again after a checkpoint");
-        }
-        self.shared.healthy.store(true, Ordering::Relaxed);
-        self.shared
-            .log_bytes_since_checkpoint
-            .store(0, Ordering::Relaxed);
-        self.shared
-            .last_checkpoint_bytes
-            .store(bytes, Ordering::Relaxed);
-        self.shared
-            .bytes_on_disk
-            .store(files::bytes_on_disk(&self.dir), Ordering::Relaxed);
-        self.shared.mark_commit();
-        self.observer.checkpointed(started.elapsed(), bytes);
+        self.new_segment = true;
+    }
+
+    /// A checkpoint that could not even start (its segment could not be created): the log
+    /// goes on where it was.
+    fn checkpoint_failed(&mut self, why: String) {
+        fail_checkpoint(
+            &self.shared,
+            self.observer.as_ref(),
+            &why,
+            self.failed.is_some(),
+        );
+    }
+}
+
+/// Records a failed checkpoint: the next attempt waits `retry_interval`.
+fn fail_checkpoint(shared: &Shared, observer: &dyn JournalObserver, why: &str, failed: bool) {
+    shared.mark_checkpoint_attempt();
+    shared.checkpoint_failed.store(true, Ordering::Relaxed);
+    shared.checkpoint_in_flight.store(false, Ordering::Relaxed);
+    observer.checkpoint_failed(why);
+    if failed {
+        tracing::warn!(error = %why, "journal checkpoint retry failed; still serving from memory");
+    } else {
+        tracing::warn!(error = %why, "journal checkpoint failed; the log still holds every record");
+    }
+}
+
+/// One checkpoint being written: `checkpoint-<number>` holding `records`, with segment
+/// `number` already created (`segment`) and `sealed` the older segments not yet synced.
+struct CheckpointJob {
+    dir: PathBuf,
+    identity: StateIdentity,
+    number: u64,
+    records: Vec<Vec<u8>>,
+    sealed: Vec<Arc<File>>,
+    segment: Arc<File>,
+    shared: Arc<Shared>,
+    observer: Arc<dyn JournalObserver>,
+    started: Instant,
+}
+
+impl CheckpointJob {
+    /// Writes and fsyncs `checkpoint-<n>.ckpt.tmp`, makes the sealed segments, segment `n`
+    /// and its directory entry durable, then renames the checkpoint into place (segment `n`
+    /// exists before checkpoint `n` does: a checkpoint without its segment is then always
+    /// damage, never a crash). Returns the checkpoint's size in bytes.
+    fn write(&self) -> Result<u64, String> {
+        let n = self.number;
+        self.observer.checkpoint_started(n);
+        let bytes = self.write_tmp()?;
+        let synced = self
+            .sealed
+            .iter()
+            .try_for_each(|f| f.sync_data())
+            .and_then(|()| self.segment.sync_all());
+        synced.map_err(|e| format!("sync {}: {e}", files::segment(&self.dir, n).display()))?;
+        files::sync_dir(&self.dir).map_err(|e| e.to_string())?;
+        let tmp = files::checkpoint_tmp(&self.dir, n);
+        fs::rename(&tmp, files::checkpoint(&self.dir, n))
+            .map_err(|e| format!("rename {}: {e}", tmp.display()))?;
+        files::sync_dir(&self.dir).map_err(|e| e.to_string())?;
+        Ok(bytes)
     }
 
     /// Writes and fsyncs `checkpoint-<n>.ckpt.tmp`; returns its size.
-    fn write_checkpoint_tmp(&self, n: u64, records: &[Vec<u8>]) -> Result<u64, String> {
+    fn write_tmp(&self) -> Result<u64, String> {
+        let n = self.number;
         let tmp = files::checkpoint_tmp(&self.dir, n);
         let file = OpenOptions::new()
             .create(true)
@@ -384,10 +548,10 @@ impl Writer {
         };
         let written = (|| {
             header::encode(&header, &mut out)?;
-            for record in records {
+            for record in &self.records {
                 frame::encode(record, &mut out)?;
             }
-            frame::encode_end(records.len() as u64, &mut out)?;
+            frame::encode_end(self.records.len() as u64, &mut out)?;
             let file = out.into_inner().map_err(|e| e.into_error())?;
             file.sync_all()?;
             file.metadata().map(|m| m.len())
@@ -396,27 +560,51 @@ impl Writer {
         Ok(written)
     }
 
-    fn remove_older_than(&self, n: u64) {
-        let Ok(listing) = files::list(&self.dir) else {
-            return;
-        };
-        let old = listing
-            .segments
-            .iter()
-            .filter(|&&s| s < n)
-            .map(|&s| files::segment(&self.dir, s))
-            .chain(
-                listing
-                    .checkpoints
-                    .iter()
-                    .filter(|&&c| c < n)
-                    .map(|&c| files::checkpoint(&self.dir, c)),
-            );
-        for path in old {
-            // Recovery removes what is left over, so a failure here costs only disk.
-            if let Err(e) = fs::remove_file(&path) {
-                tracing::warn!(path = %path.display(), error = %e, "cannot remove an old journal file");
-            }
+    /// The checkpoint is in place: remove what is older, update the counters.
+    fn finish(&self, bytes: u64) {
+        remove_older_than(&self.dir, self.number);
+        let s = &self.shared;
+        s.last_checkpoint_bytes.store(bytes, Ordering::Relaxed);
+        s.bytes_on_disk
+            .store(files::bytes_on_disk(&self.dir), Ordering::Relaxed);
+        s.checkpoint_failed.store(false, Ordering::Relaxed);
+        s.mark_commit();
+        s.checkpoint_in_flight.store(false, Ordering::Relaxed);
+        self.observer.checkpointed(self.started.elapsed(), bytes);
+    }
+
+    /// The checkpoint failed: the log since the previous one (`carried` bytes before the new
+    /// segment) still counts towards the next.
+    fn fail(&self, why: String, carried: u64) {
+        let _ = fs::remove_file(files::checkpoint_tmp(&self.dir, self.number));
+        self.shared
+            .log_bytes_since_checkpoint
+            .fetch_add(carried, Ordering::Relaxed);
+        fail_checkpoint(&self.shared, self.observer.as_ref(), &why, false);
+    }
+}
+
+/// Removes the segments and checkpoints older than checkpoint `n` (recovery removes what is
+/// left over, so a failure here costs only disk).
+fn remove_older_than(dir: &std::path::Path, n: u64) {
+    let Ok(listing) = files::list(dir) else {
+        return;
+    };
+    let old = listing
+        .segments
+        .iter()
+        .filter(|&&s| s < n)
+        .map(|&s| files::segment(dir, s))
+        .chain(
+            listing
+                .checkpoints
+                .iter()
+                .filter(|&&c| c < n)
+                .map(|&c| files::checkpoint(dir, c)),
+        );
+    for path in old {
+        if let Err(e) = fs::remove_file(&path) {
+            tracing::warn!(path = %path.display(), error = %e, "cannot remove an old journal file");
         }
     }
 }

@@ -378,3 +378,117 @@ fn records_reach_the_kernel_while_the_writer_is_idle_without_waiting_for_a_windo
     std::mem::forget(j); // like a kill -9: what reached the kernel stays
     // (the lock dies with the process in real life; here the test ends without reopening)
 }
+
+/// Holds every checkpoint at its start until released: the files can then be looked at in
+/// the middle of a checkpoint, as a `kill -9` at that moment would leave them.
+#[derive(Default)]
+struct Gate {
+    open: std::sync::Mutex<bool>,
+    opened: std::sync::Condvar,
+    failures: std::sync::Mutex<Vec<String>>,
+}
+
+impl Gate {
+    fn release(&self) {
+        *self.open.lock().unwrap() = true;
+        self.opened.notify_all();
+    }
+}
+
+impl ckf_journal::JournalObserver for Gate {
+    fn checkpoint_started(&self, _number: u64) {
+        let mut open = self.open.lock().unwrap();
+        while !*open {
+            open = self.opened.wait(open).unwrap();
+        }
+    }
+    fn checkpoint_failed(&self, why: &str) {
+        self.failures.lock().unwrap().push(why.to_owned());
+    }
+}
+
+/// What a `kill -9` would leave of `dir` now: its journal files copied to `to` and recovered.
+fn recover_copy(dir: &Path, to: &Path) -> Recovered {
+    let _ = fs::remove_dir_all(to);
+    fs::create_dir(to).unwrap();
+    for entry in fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_str().unwrap().to_owned();
+        if name.starts_with("wal-") || name.starts_with("checkpoint-") {
+            fs::copy(&path, to.join(name)).unwrap();
+        }
+    }
+    open(to).unwrap().1
+}
+
+#[test]
+fn records_appended_during_a_checkpoint_reach_the_kernel_before_it_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let copy = tempfile::tempdir().unwrap();
+    let gate = Arc::new(Gate::default());
+    let (j, _) = Journal::open(dir.path(), identity(), config(), gate.clone()).unwrap();
+    j.append(rec(1));
+    j.checkpoint(vec![b"state after record 1".to_vec()]);
+    j.append(rec(2));
+    // The checkpoint is held at its start; record 2 must still reach the kernel (the first
+    // version wrote checkpoints on the writer thread, so it waited in the process).
+    let mut seen = (0, Vec::new());
+    for _ in 0..500 {
+        let r = recover_copy(dir.path(), &copy.path().join("snap"));
+        seen = (r.checkpoint.len(), r.records);
+        if seen.1.len() == 2 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(4));
+    }
+    let healthy = j.stats().healthy;
+    gate.release(); // before asserting: a failed assertion must not leave the writer held
+    assert_eq!(
+        seen,
+        (0, vec![rec(1), rec(2)]),
+        "a kill -9 now loses records"
+    );
+    assert!(healthy);
+    j.close().unwrap();
+    assert_eq!(
+        files(dir.path(), "wal-").len(),
+        1,
+        "the sealed segment is removed"
+    );
+    let (_j, r) = open(dir.path()).unwrap();
+    assert_eq!(r.checkpoint, vec![b"state after record 1".to_vec()]);
+    assert_eq!(r.records, vec![rec(2)]);
+}
+
+#[test]
+fn a_failed_checkpoint_of_a_healthy_journal_loses_nothing_and_waits_to_retry() {
+    let dir = tempfile::tempdir().unwrap();
+    let gate = Arc::new(Gate::default());
+    gate.release();
+    let cfg = JournalConfig {
+        min_checkpoint_bytes: 1,
+        retry_interval: Duration::from_secs(3600),
+        ..config()
+    };
+    let (j, _) = Journal::open(dir.path(), identity(), cfg, gate.clone()).unwrap();
+    j.append(rec(1));
+    j.sync().unwrap();
+    // The checkpoint's temporary file cannot be created: a directory holds its name.
+    let blocker = dir.path().join(format!("checkpoint-{:020}.ckpt.tmp", 1));
+    fs::create_dir(&blocker).unwrap();
+    assert!(j.wants_checkpoint());
+    j.checkpoint(vec![b"never written".to_vec()]);
+    j.append(rec(2));
+    j.sync().unwrap();
+    let failures = gate.failures.lock().unwrap().clone();
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    assert!(failures[0].contains(".ckpt.tmp"), "{failures:?}");
+    assert!(j.stats().healthy, "the log is whole: nothing failed");
+    assert!(!j.wants_checkpoint(), "a retry waits retry_interval");
+    j.append(rec(3));
+    j.close().unwrap();
+    fs::remove_dir(&blocker).unwrap();
+    let (_j, r) = open(dir.path()).unwrap();
+    assert!(r.checkpoint.is_empty());
+    assert_eq!(r.records, vec![rec(1), rec(2), rec(3)]);
+}

@@ -60,12 +60,15 @@ pub struct JournalMetrics {
     pub commit_seconds: Histogram,
     /// Checkpoints written.
     pub checkpoints: IntCounter,
-    /// Seconds to write one checkpoint (writer thread).
+    /// Seconds to write one checkpoint (on its own thread: appends go on meanwhile).
     pub checkpoint_seconds: Histogram,
     /// Seconds the state actor spent building one checkpoint image (ingest waits that long).
     pub checkpoint_image_seconds: Histogram,
-    /// Journal failures (a write, sync or checkpoint failed).
+    /// Journal failures (a write or sync failed: records are dropped until a checkpoint).
     pub failures: IntCounter,
+    /// Failed checkpoints (while healthy, the log still holds every record; retried after
+    /// `checkpoint_retry_ms`).
+    pub checkpoint_failures: IntCounter,
     /// Seconds the last start spent recovering (reading and rebuilding).
     pub recovery_seconds: Gauge,
     /// Ownership edges (member, block) recovered at start: from the checkpoint plus replay.
@@ -119,7 +122,7 @@ impl JournalMetrics {
             checkpoint_seconds: histogram(
                 r,
                 "ckf_producer_journal_checkpoint_seconds",
-                "Duration of writing one checkpoint (writer thread), seconds.",
+                "Duration of writing one checkpoint (its own thread; appends go on meanwhile), seconds.",
                 seconds(),
             ),
             checkpoint_image_seconds: histogram(
@@ -131,7 +134,12 @@ impl JournalMetrics {
             failures: counter(
                 r,
                 "ckf_producer_journal_failures_total",
-                "Journal failures: a write, sync or checkpoint failed.",
+                "Journal failures: a write or sync failed (records are dropped until a checkpoint).",
+            ),
+            checkpoint_failures: counter(
+                r,
+                "ckf_producer_journal_checkpoint_failures_total",
+                "Checkpoints that failed; while the journal is healthy the log still holds every record.",
             ),
             recovery_seconds: gauge(
                 r,
@@ -179,6 +187,9 @@ impl JournalObserver for JournalMetrics {
     fn failed(&self, _why: &str) {
         self.failures.inc();
         self.healthy.set(0);
+    }
+    fn checkpoint_failed(&self, _why: &str) {
+        self.checkpoint_failures.inc();
     }
 }
 

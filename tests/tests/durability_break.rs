@@ -201,10 +201,11 @@ fn spawn_raw(dir: &TestDir, name: &str) -> Service {
     )
 }
 
-// An open bug, not a flaky test: about 1 run in 5 loses ~1 s of acknowledged input in mode 1
-// (SIGTERM, then kill -9 during the final checkpoint). Plain kill -9 rounds lose nothing.
-// Reproduce: CKF_BREAK_SEED=1796171681389675831 (round 7). Ignored until fixed (issue 11).
-#[ignore = "open bug: SIGTERM + kill -9 during the final checkpoint can lose acknowledged input (issue 11)"]
+// This test found the journal's first checkpoint design wanting: the writer thread wrote
+// checkpoints itself, so records acknowledged during a checkpoint's fsyncs (up to a second on
+// this VM) waited inside the process, and SIGTERM + kill -9 inside the final checkpoint lost
+// them in about 1 run of 5 (seed 1796171681389675831, round 7). Checkpoints now run on their
+// own thread while the log goes on in a new segment (journal/src/writer.rs).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_kills_at_random_moments_always_recover_a_prefix_of_what_was_acknowledged() {
     const ROUNDS: u64 = 8;
@@ -264,7 +265,9 @@ async fn many_kills_at_random_moments_always_recover_a_prefix_of_what_was_acknow
         let must_have = if graceful {
             acked.len()
         } else {
-            let margin = Duration::from_millis(10 * COMMIT_MS);
+            // A kill -9 loses only what was queued for the journal's writer: allow a few
+            // scheduling stalls of a loaded machine, far less than one checkpoint's fsyncs.
+            let margin = Duration::from_millis(4 * COMMIT_MS);
             acked.iter().filter(|&&t| t + margin < killed_at).count()
         };
         // Half of the rounds also kill the next start during its recovery, once or twice.
