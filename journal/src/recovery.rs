@@ -353,7 +353,12 @@ pub(crate) fn start_segment(
     )
     .expect("writing to a Vec");
     use std::io::Write;
-    file.write_all(&bytes)
-        .map_err(JournalError::io("write", &path))?;
+    if let Err(e) = file.write_all(&bytes) {
+        // No segment without its whole header: on a full disk, a cut header left here would
+        // make the next start create the segment again, and fail on the same full disk.
+        drop(file);
+        let _ = fs::remove_file(&path);
+        return Err(JournalError::io("write", &path)(e));
+    }
     Ok((file, bytes.len() as u64))
 }

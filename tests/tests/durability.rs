@@ -321,6 +321,27 @@ impl Tmpfs {
     }
 }
 
+impl Tmpfs {
+    /// Writes `filler` so that about `leave` bytes stay free; returns its path.
+    fn fill(&self, leave: u64) -> PathBuf {
+        let out = Command::new("df")
+            .args(["-B1", "--output=avail"])
+            .arg(&self.0)
+            .output()
+            .unwrap();
+        let free: u64 = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .nth(1)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let filler = self.0.join("filler");
+        std::fs::write(&filler, vec![1u8; free.saturating_sub(leave) as usize]).unwrap();
+        filler
+    }
+}
+
 impl Drop for Tmpfs {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg("-l").arg(&self.0).status();
@@ -349,22 +370,7 @@ async fn a_full_disk_fails_the_journal_not_the_producer_and_a_checkpoint_heals_i
     let base = pool.take(300);
     a.store(1, &base).await;
     // Leave about 64 KiB free.
-    let filler = disk.0.join("filler");
-    let free = {
-        let out = Command::new("df")
-            .args(["-B1", "--output=avail"])
-            .arg(&disk.0)
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .nth(1)
-            .unwrap()
-            .trim()
-            .parse::<u64>()
-            .unwrap()
-    };
-    std::fs::write(&filler, vec![1u8; (free - (64 << 10)) as usize]).unwrap();
+    let filler = disk.fill(64 << 10);
     // Churn until the journal runs out of space.
     let churn = pool.take(200);
     let deadline = Instant::now() + DEADLINE;
@@ -411,6 +417,89 @@ async fn a_full_disk_fails_the_journal_not_the_producer_and_a_checkpoint_heals_i
     a.restart();
     wait_converged(&indexer, &a).await;
     exact_state_matches(&a).await.unwrap();
+    drop(a);
+    drop(indexer);
+}
+
+/// A producer stopped while its disk is full (its final checkpoint fails too) starts again on
+/// the same full disk: from the state as of the failure, serving from memory, not refusing to
+/// start (the first version left a segment with a cut header behind, which the next start
+/// tried to create again, and exited 2 on the full disk).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_producer_restarted_on_a_full_disk_starts_and_serves_from_memory() {
+    let dir = TestDir::new("durability-restart-disk-full");
+    let Some(disk) = Tmpfs::mount(&dir.path().join("disk"), 4 << 20) else {
+        eprintln!("SKIPPED: cannot mount a tmpfs here (needs root)");
+        return;
+    };
+    let indexer = Indexer::start(&dir, &IndexerSpec::default());
+    let endpoints = [indexer.url()];
+    let state = disk.0.join("state-a");
+    let spec = durable_spec("dc-a", &state, "checkpoint_retry_ms = 200\n");
+    let mut a = Producer::start(&dir, "producer-a", &spec, &endpoints);
+    let mut pool = HashPool::new(&format(), 15);
+    let base = pool.take(300);
+    a.store(1, &base).await;
+    // Committed (written and fdatasynced) before the disk fills up.
+    eventually("a group commit", DEADLINE, || async {
+        match metric(&a, "ckf_producer_journal_commit_seconds_count") {
+            Some(n) if n >= 1.0 => Ok(()),
+            other => Err(format!("commits = {other:?}")),
+        }
+    })
+    .await;
+    let filler = disk.fill(0);
+    let churn = pool.take(200);
+    let deadline = Instant::now() + DEADLINE;
+    while metric(&a, "ckf_producer_journal_healthy") != Some(0.0) {
+        a.store(2, &churn).await;
+        a.remove(2, &churn).await;
+        assert!(
+            Instant::now() < deadline,
+            "the journal never failed on the full disk"
+        );
+    }
+    // SIGTERM: the final checkpoint fails on the full disk; the process still exits cleanly.
+    let status = a.terminate();
+    assert!(status.success(), "SIGTERM on a full disk: {status}");
+    assert!(a.log().contains("journal failed"), "the failure is logged");
+    // Start again on the still-full disk: it must come up with the state as of the failure.
+    a.restart();
+    let mut expected = base.clone();
+    expected.sort_unstable();
+    assert_eq!(a.member_blocks(1).await.unwrap(), expected);
+    let after = pool.take(50);
+    let mut client = IngestClient::new(ckf_e2e::cluster::channel(a.addr).await.unwrap());
+    let result = client
+        .publish_batch(v1::KvEventBatch {
+            source_id: "after-restart".into(),
+            sequence: 1,
+            events: vec![v1::KvEvent {
+                member: Some(v1::MemberId {
+                    worker_id: 3,
+                    dp_rank: 0,
+                }),
+                kind: Some(stored(&after)),
+            }],
+        })
+        .await
+        .expect("ingest is served on the full disk");
+    assert!(result.into_inner().gap.is_none());
+    let mut expected = after.clone();
+    expected.sort_unstable();
+    assert_eq!(a.member_blocks(3).await.unwrap(), expected);
+    // Space again: a checkpoint retry makes the journal whole, holding what came meanwhile.
+    std::fs::remove_file(&filler).unwrap();
+    eventually("the journal to be healthy", DEADLINE, || async {
+        match metric(&a, "ckf_producer_journal_healthy") {
+            Some(1.0) => Ok(()),
+            other => Err(format!("healthy = {other:?}")),
+        }
+    })
+    .await;
+    a.kill9();
+    a.restart();
+    assert_eq!(a.member_blocks(3).await.unwrap(), expected);
     drop(a);
     drop(indexer);
 }
