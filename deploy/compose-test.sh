@@ -159,17 +159,35 @@ log "ok: ckf certs wrote the stack's CA, certificates and tokens"
 # keeps serving until `timeout` stops it (exit 124). Loopback ephemeral ports, so nothing clashes;
 # the Secrets' mount point /etc/ckf/tls is this run's `ckf certs` output.
 mkdir -p "$WORK/k8s-config"
-"$VENV/bin/python" - "$DEPLOY/k8s" "$WORK/k8s-config" "$K8S_CERTS" <<'PY'
+"$VENV/bin/python" - "$DEPLOY/k8s" "$WORK/k8s-config" "$K8S_CERTS" <<'PY' >"$WORK/k8s-config.count" \
+    || fail "could not extract the Kubernetes ConfigMaps' configs"
 import glob, os, sys, yaml
-for path in glob.glob(os.path.join(sys.argv[1], "*.yaml")):
-    for doc in yaml.safe_load_all(open(path)):
-        if doc and doc.get("kind") == "ConfigMap":
-            for key, text in doc["data"].items():
-                text = text.replace("/etc/ckf/tls/", sys.argv[3] + "/")
+docs = []
+for path in glob.glob(os.path.join(sys.argv[1], "**", "*.yaml"), recursive=True):
+    if os.path.basename(path) != "kustomization.yaml":
+        docs += [d for d in yaml.safe_load_all(open(path)) if d]
+# A ConfigMap mounted by a StatefulSet of N replicas (the hot standby) is started N times, each
+# with a data_dir of its own, as each pod has its own PersistentVolumeClaim.
+replicas = {}
+for d in docs:
+    if d["kind"] == "StatefulSet":
+        for v in d["spec"]["template"]["spec"].get("volumes", []):
+            if "configMap" in v:
+                replicas[v["configMap"]["name"]] = d["spec"].get("replicas", 1)
+n = 0
+for doc in docs:
+    if doc.get("kind") == "ConfigMap":
+        name = doc["metadata"]["name"]
+        for key, text in doc["data"].items():
+            text = text.replace("/etc/ckf/tls/", sys.argv[3] + "/")
+            for i in range(replicas.get(name, 1)):
+                copy = name if name not in replicas else f"{name}-{i}"
                 # Each producer's durability.data_dir (its PersistentVolumeClaim in the
                 # cluster): a directory of its own here, never the host's /var/lib/ckf.
-                text = text.replace("/var/lib/ckf/", os.path.join(sys.argv[2], doc["metadata"]["name"] + "-"))
-                open(os.path.join(sys.argv[2], f"{doc['metadata']['name']}--{key}"), "w").write(text)
+                out = text.replace("/var/lib/ckf/", os.path.join(sys.argv[2], copy + "-"))
+                open(os.path.join(sys.argv[2], f"{copy}--{key}"), "w").write(out)
+                n += 1
+print(n)
 PY
 pids=() cfgs=()
 for cfg in "$WORK"/k8s-config/*.toml; do
@@ -183,7 +201,9 @@ for cfg in "$WORK"/k8s-config/*.toml; do
     pids+=($!) cfgs+=("$cfg")
 done
 n=${#pids[@]}
-[[ $n -ge 4 ]] || fail "expected the indexer's and 3 producers' ConfigMaps, found $n"
+# The indexer, dc-a, dc-b and dc-c, and the two replicas of the dc-a standby variant.
+[[ $n -ge 6 && $n -eq "$(cat "$WORK/k8s-config.count")" ]] \
+    || fail "expected the indexer's, 3 producers' and the standby pair's configs, started $n of $(cat "$WORK/k8s-config.count")"
 for i in "${!pids[@]}"; do
     rc=0
     wait "${pids[$i]}" || rc=$?

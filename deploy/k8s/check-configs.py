@@ -2,9 +2,12 @@
 """Checks that the shipped configurations agree with each other (run by compose-test.sh).
 
 The schema validator checks each Kubernetes object alone; this checks what only holds across
-files, for the Kubernetes manifests (ConfigMaps in deploy/k8s/*.yaml) and the compose stack
+files, for the Kubernetes manifests (ConfigMaps in deploy/k8s/**/*.yaml) and the compose stack
 (deploy/compose/*.toml + deploy/docker-compose.yml):
 
+- each deployable variant is checked whole: the default kustomization, and the default plus each
+  optional kustomize Component under deploy/k8s (e.g. standby-dc-a/, whose `$patch: delete`
+  patches remove the producer it replaces); every manifest file belongs to one;
 - one indexer manifest: every lane has exactly one producer, every producer's pool
   (domain, dc) is a lane of it;
 - every producer's table format (bucket_count, seed) equals the indexer's; bucket_count is
@@ -12,9 +15,16 @@ files, for the Kubernetes manifests (ConfigMaps in deploy/k8s/*.yaml) and the co
 - every producer's `indexers` endpoint names a Service (Kubernetes) or compose service that
   exists, on the indexer's gRPC port;
 - services listen on 0.0.0.0 at the ports the containers, probes and Services use;
-- every ConfigMap a Deployment mounts exists; every Deployment mounts a Secret made by
+- every ConfigMap a workload (Deployment, StatefulSet) mounts exists; each mounts a Secret made by
   kustomization.yaml's secretGenerator at /etc/ckf/tls holding every TLS file its config and
-  its probes (`ckf health` over TLS) name.
+  its probes (`ckf health` over TLS) name;
+- every producer's durability.data_dir lies on a PersistentVolumeClaim (or a StatefulSet's
+  volumeClaimTemplate); a single producer is a Recreate Deployment;
+- a producer with several replicas is a hot standby (README "Hot standby"): a StatefulSet,
+  every replica `start_mode = "if-vacant"`, fed by `[[engines]]`, `reconnect.max_backoff_ms`
+  lowered, Parallel pod management, a required anti-affinity on the node, a
+  PodDisruptionBudget with maxUnavailable 1, a headless governing Service, and no Service that
+  spreads connections over the replicas (one per pod, or headless without ports).
 
 Usage: check-configs.py DEPLOY_DIR   (needs PyYAML; Python >= 3.11 for tomllib)
 """
@@ -86,20 +96,130 @@ def port_of(addr):
     return int(str(addr).rsplit(":", 1)[1])
 
 
-def check_k8s(k8s_dir):
-    docs = []
-    for path in sorted(glob.glob(os.path.join(k8s_dir, "*.yaml"))):
-        if os.path.basename(path) == "kustomization.yaml":
+def load_kustomization(k8s_dir, path, docs, secrets):
+    """Adds the objects and generated Secrets of the kustomization (or Component) at `path` to
+    `docs` [(file, object)] and `secrets` {name: set of file names}: `resources` (files, or
+    directories holding a kustomization), `components`, `secretGenerator`, and `patches` of the
+    form `$patch: delete` (the only kind the shipped manifests use; any other is an error, so a
+    new one is not silently ignored). Returns the files it read."""
+    with open(os.path.join(path, "kustomization.yaml")) as f:
+        k = yaml.safe_load(f)
+    read = set()
+    for r in k.get("resources", []):
+        full = os.path.normpath(os.path.join(path, r))
+        if os.path.isdir(full):
+            read |= load_kustomization(k8s_dir, full, docs, secrets)
+        else:
+            with open(full) as f:
+                docs += [(os.path.relpath(full, k8s_dir), d) for d in yaml.safe_load_all(f) if d]
+            read.add(full)
+    for g in k.get("secretGenerator", []):
+        secrets[g["name"]] = {os.path.basename(x) for x in g.get("files", [])}
+    for c in k.get("components", []):
+        read |= load_kustomization(k8s_dir, os.path.normpath(os.path.join(path, c)), docs, secrets)
+    where = os.path.relpath(os.path.join(path, "kustomization.yaml"), k8s_dir)
+    for p in k.get("patches", []):
+        patch = yaml.safe_load(p.get("patch", "")) if "patch" in p else None
+        if not isinstance(patch, dict) or patch.get("$patch") != "delete":
+            err(f"k8s {where}", f"only inline `$patch: delete` patches are checked, not {p}")
             continue
-        with open(path) as f:
-            docs += [(os.path.basename(path), d) for d in yaml.safe_load_all(f) if d]
+        key = (patch["kind"], patch["metadata"]["name"])
+        kept = [(f, d) for f, d in docs if (d["kind"], d["metadata"]["name"]) != key]
+        if len(kept) == len(docs):
+            err(f"k8s {where}", f"deletes {key[0]}/{key[1]}, which is not in its resources")
+        docs[:] = kept
+    return read
+
+
+def selects(selector, labels):
+    """A Service / PodDisruptionBudget selector (a flat map) matches these pod labels."""
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def data_dir_volume(cfg, container, spec, claim_templates, pvcs):
+    """Checks that a producer's durability.data_dir lies on a persistent volume. Returns an
+    error message or None."""
+    data_dir = cfg.get("durability", {}).get("data_dir")
+    if not data_dir:
+        return "durability.data_dir is unset: a restart would start empty (README \"Operations\")"
+    mounts = [m for m in container.get("volumeMounts", [])
+              if data_dir == m["mountPath"] or data_dir.startswith(m["mountPath"].rstrip("/") + "/")]
+    if not mounts:
+        return f"durability.data_dir {data_dir} is on no volume mount (the root filesystem is read-only)"
+    name = max(mounts, key=lambda m: len(m["mountPath"]))["name"]
+    vol = next((v for v in spec.get("volumes", []) if v["name"] == name), None)
+    if vol is None and name in claim_templates:
+        return None
+    if vol is not None and "persistentVolumeClaim" in vol:
+        claim = vol["persistentVolumeClaim"]["claimName"]
+        return None if claim in pvcs else f"mounts missing PersistentVolumeClaim {claim}"
+    return f"durability.data_dir {data_dir} is on volume {name!r}, not a PersistentVolumeClaim"
+
+
+def check_standby(w, d, cfg, docs, indexer):
+    """A producer workload with more than one replica: a hot standby (README "Hot standby")."""
+    spec, pod = d["spec"], d["spec"]["template"]
+    labels = pod["metadata"]["labels"]
+    replicas = spec.get("replicas", 1)
+    name = d["metadata"]["name"]
+    if d["kind"] != "StatefulSet":
+        err(w, f"{replicas} replicas of one producer need a StatefulSet (one PVC and data_dir each)")
+        return
+    if cfg.get("publication", {}).get("start_mode") != "if-vacant":
+        err(w, "publication.start_mode must be \"if-vacant\" on every replica: a takeover replica fences "
+               "the live holder whenever it restarts")
+    backoff = cfg.get("reconnect", {}).get("max_backoff_ms", 5000)
+    deadline = indexer.get("lag", {}).get("heartbeat_deadline_ms", 10000)
+    if backoff >= 5000 or backoff >= deadline:
+        err(w, f"reconnect.max_backoff_ms {backoff} must be lowered below the default 5000 and the "
+               f"indexer's heartbeat deadline {deadline} (failover waits up to it once the lane is vacant)")
+    if not cfg.get("engines"):
+        err(w, "no [[engines]]: the replicas must be fed the same events by subscribing to the same "
+               "engine publishers")
+    if spec.get("podManagementPolicy") != "Parallel":
+        err(w, "podManagementPolicy must be Parallel: a replica holds only what it was fed since it started")
+    anti = pod["spec"].get("affinity", {}).get("podAntiAffinity", {})
+    if not any(t.get("topologyKey") == "kubernetes.io/hostname"
+               and selects(t.get("labelSelector", {}).get("matchLabels", {}), labels)
+               for t in anti.get("requiredDuringSchedulingIgnoredDuringExecution", [])):
+        err(w, "needs a required pod anti-affinity on kubernetes.io/hostname selecting its own pods")
+    pdbs = [p for _, p in docs if p["kind"] == "PodDisruptionBudget"
+            and selects(p["spec"]["selector"].get("matchLabels", {}), labels)]
+    if [p["spec"].get("maxUnavailable") for p in pdbs] != [1]:
+        found = [{k: v for k, v in p["spec"].items() if k != "selector"} for p in pdbs]
+        err(w, f"needs exactly one PodDisruptionBudget with maxUnavailable: 1 selecting its pods, found {found}")
+    pods = {f"{name}-{i}" for i in range(replicas)}
+    governing = None
+    for _, s in docs:
+        if s["kind"] != "Service" or not selects(
+                {k: v for k, v in s["spec"].get("selector", {}).items()
+                 if k != "statefulset.kubernetes.io/pod-name"}, labels):
+            continue
+        sname, sel = s["metadata"]["name"], s["spec"]["selector"]
+        if s["metadata"]["name"] == spec.get("serviceName"):
+            governing = s
+        pod_name = sel.get("statefulset.kubernetes.io/pod-name")
+        if s["spec"].get("clusterIP") == "None" and not s["spec"].get("ports"):
+            continue
+        if pod_name is None:
+            err(w, f"Service {sname} spreads connections over its {replicas} replicas: "
+                   "select one pod (statefulset.kubernetes.io/pod-name) per Service")
+        elif pod_name not in pods:
+            err(w, f"Service {sname} selects pod {pod_name}, not one of {sorted(pods)}")
+    if governing is None or governing["spec"].get("clusterIP") != "None":
+        err(w, f"serviceName {spec.get('serviceName')!r} must be a headless Service selecting its pods")
+
+
+def check_k8s(where, docs, secrets):
+    """docs: [(file, object)] of one deployable kustomization; secrets: its generated Secrets."""
     cms = {d["metadata"]["name"]: d for _, d in docs if d["kind"] == "ConfigMap"}
     services = {d["metadata"]["name"]: d for _, d in docs if d["kind"] == "Service"}
-    deployments = [(f, d) for f, d in docs if d["kind"] == "Deployment"]
+    pvcs = {d["metadata"]["name"] for _, d in docs if d["kind"] == "PersistentVolumeClaim"}
+    workloads = [(f, d) for f, d in docs if d["kind"] in ("Deployment", "StatefulSet")]
     indexers = [tomllib.loads(c["data"]["indexer.toml"]) for c in cms.values() if "indexer.toml" in c["data"]]
     producers = {n: tomllib.loads(c["data"]["producer.toml"]) for n, c in cms.items() if "producer.toml" in c["data"]}
     if len(indexers) != 1:
-        err("k8s", f"expected one indexer ConfigMap, found {len(indexers)}")
+        err(where, f"expected one indexer ConfigMap, found {len(indexers)}")
         return
     indexer = indexers[0]
     igrpc = port_of(indexer["listen"])
@@ -107,27 +227,34 @@ def check_k8s(k8s_dir):
     # producer must attach to each replica, not to the load-balanced query Service.
     svc_ports = {}
     for name, s in services.items():
-        sel = s["spec"]["selector"]
+        sel = s["spec"].get("selector", {})
         if sel.get("app.kubernetes.io/component") == "indexer" and "ckf-relay/replica" in sel:
             svc_ports[name] = {p["port"] for p in s["spec"]["ports"] if p.get("targetPort") in ("grpc", igrpc)}
-    check_set("k8s", indexer, producers, svc_ports)
-    with open(os.path.join(k8s_dir, "kustomization.yaml")) as f:
-        kustomization = yaml.safe_load(f)
-    secrets = {g["name"]: {os.path.basename(x) for x in g.get("files", [])}
-               for g in kustomization.get("secretGenerator", [])}
+    check_set(where, indexer, producers, svc_ports)
     tls_paths = []
-    for f, d in deployments:
+    for f, d in workloads:
         spec = d["spec"]["template"]["spec"]
-        w = f"k8s {f} deployment/{d['metadata']['name']}"
+        w = f"{where} {f} {d['kind'].lower()}/{d['metadata']['name']}"
         if spec.get("enableServiceLinks") is not False:
             err(w, "enableServiceLinks must be false (service env vars collide with CKF_* config)")
         for v in spec.get("volumes", []):
             if "configMap" in v and v["configMap"]["name"] not in cms:
                 err(w, f"mounts missing ConfigMap {v['configMap']['name']}")
+        claim_templates = {t["metadata"]["name"] for t in d["spec"].get("volumeClaimTemplates", [])}
         for c in spec["containers"]:
             cfg_name = next(v["configMap"]["name"] for v in spec["volumes"] if "configMap" in v)
             data = cms.get(cfg_name, {}).get("data", {})
             cfg = tomllib.loads(next(iter(data.values()), ""))
+            if "producer.toml" in data:
+                msg = data_dir_volume(cfg, c, spec, claim_templates, pvcs)
+                if msg:
+                    err(w, msg)
+                replicas = d["spec"].get("replicas", 1)
+                if replicas > 1:
+                    check_standby(w, d, cfg, docs, indexer)
+                elif d["kind"] == "Deployment" and d["spec"].get("strategy", {}).get("type") != "Recreate":
+                    err(w, "a single producer's Deployment must use strategy Recreate (two pods of one "
+                           "pool would fence each other, and share one ReadWriteOnce volume)")
             ports = {p["name"]: p["containerPort"] for p in c["ports"]}
             if ports.get("grpc") != port_of(cfg.get("listen", ":0")):
                 err(w, f"containerPort grpc {ports.get('grpc')} != config listen {cfg.get('listen')}")
@@ -152,10 +279,33 @@ def check_k8s(k8s_dir):
             if name not in secrets:
                 err(w, f"mounts Secret {name}, which kustomization.yaml's secretGenerator does not make")
                 continue
-            for where, key, path in tls_paths:
+            for at, key, path in tls_paths:
                 if path.startswith("/etc/ckf/tls/") and path[len("/etc/ckf/tls/"):] not in secrets[name]:
-                    err(where, f"{key} = {path}: not a file of Secret {name} {sorted(secrets[name])}")
+                    err(at, f"{key} = {path}: not a file of Secret {name} {sorted(secrets[name])}")
             tls_paths.clear()
+
+
+def check_k8s_variants(k8s_dir):
+    """Checks the default kustomization and the default plus each optional Component under it
+    (e.g. standby-dc-a/), each as one deployment; every manifest file must be part of one."""
+    variants = [("k8s", [])]
+    with open(os.path.join(k8s_dir, "kustomization.yaml")) as f:
+        enabled = {os.path.normpath(os.path.join(k8s_dir, c)) for c in yaml.safe_load(f).get("components", [])}
+    for path in sorted(glob.glob(os.path.join(k8s_dir, "*", "kustomization.yaml"))):
+        with open(path) as f:
+            # A Component the default already enables is checked as part of the default.
+            if yaml.safe_load(f).get("kind") == "Component" and os.path.dirname(path) not in enabled:
+                variants.append((f"k8s+{os.path.basename(os.path.dirname(path))}", [os.path.dirname(path)]))
+    used = set()
+    for where, components in variants:
+        docs, secrets = [], {}
+        used |= load_kustomization(k8s_dir, k8s_dir, docs, secrets)
+        for c in components:
+            used |= load_kustomization(k8s_dir, c, docs, secrets)
+        check_k8s(where, docs, secrets)
+    for path in glob.glob(os.path.join(k8s_dir, "**", "*.yaml"), recursive=True):
+        if os.path.basename(path) != "kustomization.yaml" and os.path.normpath(path) not in used:
+            err("k8s", f"{os.path.relpath(path, k8s_dir)} is in no kustomization or component (unchecked)")
 
 
 def check_compose(deploy_dir):
@@ -181,7 +331,7 @@ def check_compose(deploy_dir):
 
 def main():
     deploy_dir = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    check_k8s(os.path.join(deploy_dir, "k8s"))
+    check_k8s_variants(os.path.join(deploy_dir, "k8s"))
     check_compose(deploy_dir)
     for e in errors:
         print(f"check-configs: {e}", file=sys.stderr)
