@@ -23,6 +23,10 @@
 //! - [`PublisherSequence::resume`] starts from a sequence applied by an earlier run of the
 //!   caller (restored after a restart), so the batches published meanwhile are a gap the
 //!   replay fills, and an engine that restarted meanwhile is seen going backwards.
+//!   [`PublisherSequence::catch_up`] then asks the replay socket for them at once, instead of
+//!   waiting for the engine's next live batch to reveal the gap (an idle engine may publish
+//!   nothing for minutes). A catch-up that cannot reach the replay socket (timeout,
+//!   transport) clears nothing: the rule falls back to waiting for the next live batch.
 //!
 //! Ambiguity the rule accepts: a restarted engine whose first batch the socket sees carries
 //! exactly `last` (or `last + 1`) looks like a duplicate (or the next batch); only a sequence
@@ -149,6 +153,8 @@ struct Window<T> {
     from: i64,
     /// Live batches received since the request, in arrival order.
     buffered: VecDeque<(i64, T)>,
+    /// Whether it is a [`PublisherSequence::catch_up`] (no gap seen yet).
+    catch_up: bool,
 }
 
 /// The sequence state of one publisher socket (see the module docs). `T` is the caller's
@@ -183,6 +189,35 @@ impl<T> PublisherSequence<T> {
             last: Some(last),
             replay: None,
         }
+    }
+
+    /// After [`PublisherSequence::resume`]: asks for every batch after the restored sequence
+    /// now ([`Action::RequestReplay`] from `last + 1`), so what the engine published while the
+    /// caller was down arrives without waiting for a live batch. Live batches buffer behind it
+    /// as behind any replay; one below the restored sequence is an engine restart (cleared).
+    /// An empty replay fills it (nothing was missed, or an engine restart the next live batch
+    /// will show). When the replay socket cannot be reached ([`ReplayFailure::Timeout`],
+    /// [`ReplayFailure::Transport`]) nothing is cleared: the rule goes on as after `resume`,
+    /// and the next live batch's gap asks again. No action without a replay socket, with a
+    /// replay in flight, before any applied batch, or at `i64::MAX`.
+    pub fn catch_up(&mut self) -> Vec<Action<T>> {
+        let mut out = Vec::new();
+        if self.replay.is_some()
+            || !self.config.replay_available
+            || self.config.max_buffered_batches == 0
+        {
+            return out;
+        }
+        let Some(from) = self.last.and_then(|l| l.checked_add(1)) else {
+            return out;
+        };
+        out.push(Action::RequestReplay { from });
+        self.replay = Some(Window {
+            from,
+            buffered: VecDeque::new(),
+            catch_up: true,
+        });
+        out
     }
 
     /// The last sequence applied, if any.
@@ -275,7 +310,10 @@ impl<T> PublisherSequence<T> {
     fn push_live(&mut self, sequence: i64, batch: T, out: &mut Vec<Action<T>>) {
         if let Some(window) = &mut self.replay {
             let newest = window.buffered.back().map(|(s, _)| *s);
-            if newest.is_some_and(|n| sequence < n) {
+            // Below the sequence applied when the replay started (`from - 1`): only a
+            // restarted engine goes back there (a catch-up has no buffered batch to compare).
+            let below_start = window.from.checked_sub(1).is_some_and(|l| sequence < l);
+            if below_start || newest.is_some_and(|n| sequence < n) {
                 let from = window.from;
                 self.replay = None;
                 out.push(Action::ReplayFailed {
@@ -311,6 +349,7 @@ impl<T> PublisherSequence<T> {
                     self.replay = Some(Window {
                         from: next,
                         buffered: VecDeque::from([(sequence, batch)]),
+                        catch_up: false,
                     });
                 } else {
                     out.push(Action::ClearMembers {
@@ -351,6 +390,14 @@ impl<T> PublisherSequence<T> {
             from: window.from,
             reason,
         });
+        if window.catch_up && matches!(reason, ReplayFailure::Timeout | ReplayFailure::Transport) {
+            // No gap was seen: nothing is known to be missing. Go on as after `resume`; the
+            // buffered batches take the live rule, so a gap among them asks for a replay.
+            for (sequence, batch) in window.buffered {
+                self.push_live(sequence, batch, out);
+            }
+            return;
+        }
         out.push(Action::ClearMembers {
             reason: ClearReason::Gap,
         });
@@ -722,6 +769,119 @@ mod tests {
                 clear(ClearReason::Gap)
             ]
         );
+    }
+
+    #[test]
+    fn catch_up_asks_for_the_downtime_at_once() {
+        // The engine published 42..=43 while the caller was down, then went idle.
+        let mut p = PublisherSequence::resume(REPLAY, 41);
+        assert_eq!(p.catch_up(), vec![Action::RequestReplay { from: 42 }]);
+        assert_eq!(p.catch_up(), vec![], "one replay at a time");
+        assert_eq!(p.replayed(42, 42), vec![replayed(42)]);
+        assert_eq!(p.replayed(43, 43), vec![replayed(43)]);
+        assert_eq!(p.replay_end(), vec![Action::ReplayFilled { from: 42 }]);
+        assert_eq!(live(&mut p, 44), vec![apply(44)]);
+        // Nothing was published meanwhile: an empty replay fills it.
+        let mut p = PublisherSequence::resume(REPLAY, 41);
+        p.catch_up();
+        assert_eq!(p.replay_end(), vec![Action::ReplayFilled { from: 42 }]);
+        assert_eq!(live(&mut p, 42), vec![apply(42)]);
+        // Live batches during the catch-up buffer behind it; the overlap is ignored.
+        let mut p = PublisherSequence::resume(REPLAY, 41);
+        p.catch_up();
+        assert_eq!(live(&mut p, 43), vec![]);
+        assert_eq!(p.replayed(42, 42), vec![replayed(42)]);
+        assert_eq!(p.replayed(43, 43), vec![replayed(43)]);
+        assert_eq!(
+            p.replay_end(),
+            vec![
+                Action::ReplayFilled { from: 42 },
+                Action::Duplicate { sequence: 43 }
+            ]
+        );
+    }
+
+    #[test]
+    fn a_catch_up_sees_an_engine_restart_and_a_lost_downtime() {
+        // A live batch below the restored sequence: the engine restarted meanwhile.
+        let mut p = PublisherSequence::resume(REPLAY, 41);
+        p.catch_up();
+        assert_eq!(
+            live(&mut p, 2),
+            vec![
+                Action::ReplayFailed {
+                    from: 42,
+                    reason: ReplayFailure::Restart
+                },
+                clear(ClearReason::Restart),
+                apply(2)
+            ]
+        );
+        // The engine's buffer no longer reaches back to 42: the downtime is lost.
+        let mut p = PublisherSequence::resume(REPLAY, 41);
+        p.catch_up();
+        assert_eq!(
+            p.replayed(50, 50)[..2],
+            [
+                Action::ReplayFailed {
+                    from: 42,
+                    reason: ReplayFailure::Incomplete { missing: 42 }
+                },
+                clear(ClearReason::Gap)
+            ]
+        );
+    }
+
+    #[test]
+    fn an_unreachable_replay_socket_fails_a_catch_up_without_clearing() {
+        for reason in [ReplayFailure::Timeout, ReplayFailure::Transport] {
+            let mut p = PublisherSequence::resume(REPLAY, 41);
+            p.catch_up();
+            assert_eq!(live(&mut p, 42), vec![]);
+            assert_eq!(
+                p.replay_failed(reason),
+                vec![Action::ReplayFailed { from: 42, reason }, apply(42)],
+                "{reason:?}"
+            );
+            assert_eq!(p.last_applied(), Some(42));
+            // A later gap asks again, as without a catch-up.
+            assert_eq!(live(&mut p, 45)[1..], [Action::RequestReplay { from: 43 }]);
+        }
+        // Buffered batches with a gap behind a failed catch-up: a replay for the gap.
+        let mut p = PublisherSequence::resume(REPLAY, 41);
+        p.catch_up();
+        live(&mut p, 44);
+        assert_eq!(
+            p.replay_failed(ReplayFailure::Timeout),
+            vec![
+                Action::ReplayFailed {
+                    from: 42,
+                    reason: ReplayFailure::Timeout
+                },
+                Action::Gap {
+                    expected: 42,
+                    received: 44
+                },
+                Action::RequestReplay { from: 42 }
+            ]
+        );
+        // A gap-triggered replay that times out still clears: a gap was seen.
+        let mut p = PublisherSequence::resume(REPLAY, 41);
+        live(&mut p, 44);
+        assert!(
+            p.replay_failed(ReplayFailure::Timeout)
+                .contains(&clear(ClearReason::Gap))
+        );
+    }
+
+    #[test]
+    fn no_catch_up_without_a_replay_socket_or_a_restored_sequence() {
+        let mut p = PublisherSequence::<i64>::resume(NO_REPLAY, 41);
+        assert_eq!(p.catch_up(), vec![]);
+        let mut p = PublisherSequence::<i64>::new(REPLAY);
+        assert_eq!(p.catch_up(), vec![]);
+        let mut p = PublisherSequence::<i64>::resume(REPLAY, i64::MAX);
+        assert_eq!(p.catch_up(), vec![]);
     }
 
     #[test]

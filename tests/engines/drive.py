@@ -799,6 +799,21 @@ def scenario_resume_replay(e):
     e.catchup()
 
 
+def scenario_resume_idle(e):
+    """As resume_replay, but the engine publishes nothing after the producer's restart: the
+    producer must ask the replay socket for the downtime itself (a CHECK without heartbeats)."""
+    a, b, c = common_requests(e.block_size)
+    expect_common(e, a, b, c)
+    e.ready()
+    e.publish(0, [e.store(0, a)])
+    e.check()
+    e.pause("kill")
+    e.publish(0, [e.store(0, b, 2, 5)])
+    e.publish(0, [e.remove(0, a, [5])])
+    e.pause("restart")
+    e.check()
+
+
 def scenario_resume_engine_restart(e):
     """The engine restarts while the producer is down (its sequence starts over, its cache is
     empty): the restarted producer restores A and B, then clears them on the new engine's first
@@ -920,6 +935,8 @@ SCENARIOS = {
     "malformed": (Vllm, scenario_malformed, {}),
     "resume_replay": (Vllm, scenario_resume_replay, {}),
     "resume_engine_restart": (Vllm, scenario_resume_engine_restart, {}),
+    "resume_idle": (Vllm, scenario_resume_idle, {}),
+    "sglang_resume_idle": (Sglang, scenario_resume_idle, {}),
     "sglang_resume_replay": (Sglang, scenario_resume_replay, {}),
 }
 

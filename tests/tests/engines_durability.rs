@@ -206,6 +206,48 @@ async fn sglang_downtime_is_filled_from_the_replay_socket() {
     downtime_filled_by_the_replay("sglang_resume_replay").await;
 }
 
+/// The engine stores A; the producer is killed; the engine stores B and evicts one of A's
+/// blocks, then stays idle: the restarted producer asks the replay socket for the downtime at
+/// once and holds A without that block and B, with no live batch after its restart.
+async fn an_idle_engines_downtime_is_caught_up(scenario: &str) {
+    let Some(out) = run(scenario, 2.0).await else {
+        return;
+    };
+    let p = &out.producer;
+    assert_eq!(
+        out.model.members[0].canonical.len(),
+        5 + 3,
+        "A - 1 + B: {:?}",
+        out.model.members[0].canonical
+    );
+    assert!(
+        counter(p, REPLAYED, &[]) >= 2.0,
+        "{scenario}: B and the eviction come from the replay socket"
+    );
+    assert_eq!(
+        counter(p, REPLAYS, &[("outcome", "filled")]),
+        1.0,
+        "{scenario}"
+    );
+    assert_eq!(counter(p, CLEARED, &[]), 0.0, "{scenario}: nothing cleared");
+    assert_eq!(
+        p.log_records("catching up on the engine's replay socket")
+            .len(),
+        1,
+        "{scenario}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_idle_engine_downtime_is_caught_up_at_restart() {
+    an_idle_engines_downtime_is_caught_up("resume_idle").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sglang_idle_engine_downtime_is_caught_up_at_restart() {
+    an_idle_engines_downtime_is_caught_up("sglang_resume_idle").await;
+}
+
 /// The engine stores A and B and sends 300 heartbeats; the producer is killed; the engine
 /// restarts (a new publisher, sequence from 0, empty cache); the restarted producer restores A
 /// and B, clears them on the new engine's first batches (`reason="restart"`), and then holds

@@ -6,8 +6,9 @@
 //! socket reads down; ZMQ then drops at the engine's high-water mark, which the sequence rule
 //! sees as a gap), replay requests open a DEALER in a child task. After a producer restart the
 //! rule resumes after the publisher's last applied sequence the journal kept
-//! ([`PublisherTask::resume_after`]), so the first live batch reveals what the engine published
-//! while the producer was down and the replay socket fills it. Malformed input is counted
+//! ([`PublisherTask::resume_after`]) and asks the replay socket at once for everything after it
+//! ([`PublisherSequence::catch_up`]), so what the engine published while the producer was down
+//! is filled in without waiting for its next live batch. Malformed input is counted
 //! and logged at most once per [`LOG_INTERVAL`] per publisher (with the suppressed count); it
 //! never reaches the actor, so it cannot touch any member.
 
@@ -294,6 +295,22 @@ impl PublisherTask {
             log: log_limit(),
         };
         let (replay_tx, mut replay_rx) = mpsc::channel::<(u64, ReplayMsg)>(1024);
+        // Restored from the journal: ask the replay socket for what the engine published
+        // while the producer was down now, not when the engine next publishes.
+        let catch_up = state.sequence.catch_up();
+        if !catch_up.is_empty() {
+            tracing::info!(
+                from = self.resume.map_or(0, |l| l.saturating_add(1)),
+                "catching up on the engine's replay socket"
+            );
+        }
+        if self
+            .execute(catch_up, &mut state, &replay_tx, replay_address.as_deref())
+            .await
+            .is_err()
+        {
+            return;
+        }
         loop {
             let deadline = state.deadline;
             let actions = tokio::select! {
