@@ -313,10 +313,19 @@ impl Journal {
     /// Queues a checkpoint: `records` must hold the whole state after every record appended
     /// so far. Each record is at most [`frame::MAX_RECORD_BYTES`].
     pub fn checkpoint(&self, records: Vec<Vec<u8>>) {
+        self.checkpoint_with(move || records);
+    }
+
+    /// As [`Journal::checkpoint`], with the records made by `build` on the thread that writes
+    /// the checkpoint (its own; the writer's while the journal is failed), so the caller only
+    /// captures its state and the encoding costs it nothing. `build` must make the whole state
+    /// as of this call (capture it before calling; records appended after this call belong to
+    /// the next segment).
+    pub fn checkpoint_with(&self, build: impl FnOnce() -> Vec<Vec<u8>> + Send + 'static) {
         self.shared
             .checkpoint_in_flight
             .store(true, Ordering::Relaxed);
-        self.send(writer::Msg::Checkpoint(records));
+        self.send(writer::Msg::Checkpoint(Box::new(build)));
     }
 
     /// Whether the producer should send a checkpoint now: the log since the last one

@@ -48,10 +48,14 @@ pub(crate) enum Msg {
     Hole,
     /// A record above `frame::MAX_RECORD_BYTES` (its length): a hole too.
     Oversized(usize),
-    Checkpoint(Vec<Vec<u8>>),
+    /// A checkpoint; the function makes its records (on the thread that writes it).
+    Checkpoint(BuildRecords),
     /// Commit now, then answer.
     Sync(flume::Sender<Result<(), String>>),
 }
+
+/// Makes a checkpoint's records (see [`crate::Journal::checkpoint_with`]).
+pub(crate) type BuildRecords = Box<dyn FnOnce() -> Vec<Vec<u8>> + Send>;
 
 /// Bytes of records the writer buffers before a `write` even while its queue is not empty.
 pub(crate) const WRITE_BUFFER_BYTES: usize = 64 << 10;
@@ -374,7 +378,7 @@ impl Writer {
     /// so far). Healthy: seal the segment, append to segment `segment + 1` from now on, and
     /// write the checkpoint on its own thread. Failed: write it here, and resume appending
     /// only once it is durable (it covers the hole).
-    fn checkpoint(&mut self, records: Vec<Vec<u8>>) {
+    fn checkpoint(&mut self, build: BuildRecords) {
         self.join_checkpointer();
         let started = Instant::now();
         if self.failed.is_none()
@@ -390,11 +394,11 @@ impl Writer {
                 return;
             }
         };
-        let job = CheckpointJob {
+        let mut job = CheckpointJob {
             dir: self.dir.clone(),
             identity: self.identity.clone(),
             number: n,
-            records,
+            build: Some(build),
             sealed: Vec::new(),
             segment: Arc::new(match segment.try_clone() {
                 Ok(f) => f,
@@ -431,7 +435,6 @@ impl Writer {
         let previous = Arc::clone(&self.sync_file);
         self.switch_to(n, segment, Arc::clone(&job.segment));
         self.sealed.push(previous);
-        let mut job = job;
         job.sealed = self.sealed.clone();
         let carried = self
             .shared
@@ -493,13 +496,14 @@ fn fail_checkpoint(shared: &Shared, observer: &dyn JournalObserver, why: &str, f
     }
 }
 
-/// One checkpoint being written: `checkpoint-<number>` holding `records`, with segment
+/// One checkpoint being written: `checkpoint-<number>` holding what `build` makes, with segment
 /// `number` already created (`segment`) and `sealed` the older segments not yet synced.
 struct CheckpointJob {
     dir: PathBuf,
     identity: StateIdentity,
     number: u64,
-    records: Vec<Vec<u8>>,
+    /// Makes the records; taken by [`CheckpointJob::write`].
+    build: Option<BuildRecords>,
     sealed: Vec<Arc<File>>,
     segment: Arc<File>,
     shared: Arc<Shared>,
@@ -512,10 +516,12 @@ impl CheckpointJob {
     /// and its directory entry durable, then renames the checkpoint into place (segment `n`
     /// exists before checkpoint `n` does: a checkpoint without its segment is then always
     /// damage, never a crash). Returns the checkpoint's size in bytes.
-    fn write(&self) -> Result<u64, String> {
+    fn write(&mut self) -> Result<u64, String> {
         let n = self.number;
         self.observer.checkpoint_started(n);
-        let bytes = self.write_tmp()?;
+        let records = self.build.take().map_or_else(Vec::new, |build| build());
+        let bytes = self.write_tmp(&records)?;
+        drop(records);
         let synced = self
             .sealed
             .iter()
@@ -531,7 +537,7 @@ impl CheckpointJob {
     }
 
     /// Writes and fsyncs `checkpoint-<n>.ckpt.tmp`; returns its size.
-    fn write_tmp(&self) -> Result<u64, String> {
+    fn write_tmp(&self, records: &[Vec<u8>]) -> Result<u64, String> {
         let n = self.number;
         let tmp = files::checkpoint_tmp(&self.dir, n);
         let file = OpenOptions::new()
@@ -548,10 +554,10 @@ impl CheckpointJob {
         };
         let written = (|| {
             header::encode(&header, &mut out)?;
-            for record in &self.records {
+            for record in records {
                 frame::encode(record, &mut out)?;
             }
-            frame::encode_end(self.records.len() as u64, &mut out)?;
+            frame::encode_end(records.len() as u64, &mut out)?;
             let file = out.into_inner().map_err(|e| e.into_error())?;
             file.sync_all()?;
             file.metadata().map(|m| m.len())

@@ -24,7 +24,7 @@ pub enum DurabilityError {
     Journal(#[from] ckf_journal::JournalError),
     /// A record passed its checksum but does not decode (with `on_invalid_state = "refuse"`).
     #[error(
-        "durability.data_dir {dir}: {source}; set durability.on_invalid_state = \"set-aside\" to keep the files aside and start empty"
+        "durability.data_dir {dir}: {source}{SET_ASIDE_HINT}"
     )]
     Undecodable {
         /// The data directory.
@@ -35,9 +35,12 @@ pub enum DurabilityError {
     },
 }
 
+/// How to start anyway, in both spellings an operator may use (config file or flag).
+const SET_ASIDE_HINT: &str = "; to keep the files aside and start empty, set durability.on_invalid_state = \"set-aside\" (or pass --on-invalid-state set-aside) once";
+
 fn hint(e: &ckf_journal::JournalError) -> &'static str {
     if e.is_invalid_state() {
-        "; set durability.on_invalid_state = \"set-aside\" to keep the files aside and start empty"
+        SET_ASIDE_HINT
     } else {
         ""
     }
@@ -62,7 +65,8 @@ pub struct JournalMetrics {
     pub checkpoints: IntCounter,
     /// Seconds to write one checkpoint (on its own thread: appends go on meanwhile).
     pub checkpoint_seconds: Histogram,
-    /// Seconds the state actor spent building one checkpoint image (ingest waits that long).
+    /// Seconds the state actor spent capturing one checkpoint image (ingest waits that long;
+    /// the sorting and encoding run on the checkpoint thread).
     pub checkpoint_image_seconds: Histogram,
     /// Journal failures (a write or sync failed: records are dropped until a checkpoint).
     pub failures: IntCounter,
@@ -128,7 +132,7 @@ impl JournalMetrics {
             checkpoint_image_seconds: histogram(
                 r,
                 "ckf_producer_journal_checkpoint_image_seconds",
-                "Time the state actor spent building one checkpoint image, seconds.",
+                "Time the state actor (and so ingest) stopped to capture one checkpoint image, seconds (sorting and encoding happen on the checkpoint thread).",
                 seconds(),
             ),
             failures: counter(
@@ -293,7 +297,12 @@ pub fn recover(
         edges = stats.ownership_edges,
         bytes_read,
         took_ms = took.as_millis() as u64,
-        "state recovered from the journal"
+        "{}",
+        if report.edges == 0 && report.replayed == 0 {
+            "the journal holds no state yet (a new data_dir): starting empty"
+        } else {
+            "state recovered from the journal"
+        }
     );
     if report.omitted > 0 {
         tracing::warn!(

@@ -267,7 +267,11 @@ async fn damaged_or_foreign_state_is_refused_by_name_or_set_aside_on_request() {
         stderr.contains(&ckpt.display().to_string()) && stderr.contains("checksum"),
         "the refusal names the file and the fault: {stderr}"
     );
-    assert!(stderr.contains("set-aside"), "and the way out: {stderr}");
+    assert!(
+        stderr.contains("durability.on_invalid_state = \"set-aside\"")
+            && stderr.contains("--on-invalid-state set-aside"),
+        "and the way out, as a setting and as a flag: {stderr}"
+    );
     assert_eq!(
         std::fs::read(&ckpt).unwrap(),
         bad,

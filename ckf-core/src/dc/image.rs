@@ -40,10 +40,22 @@ pub struct MemberImage {
 impl DcCkfState {
     /// Every tracked member's [`MemberImage`], sorted by member, each one's blocks ascending.
     ///
-    /// One pass over the block map and the spill set (O(ownership edges)), then a sort per
-    /// member; memory: the images themselves (8 bytes per edge) plus one `Vec` header per
-    /// member tag. Not a hot-path call: meant for periodic checkpoints.
+    /// [`ownership_image_unsorted`](Self::ownership_image_unsorted), then a sort per member.
+    /// Not a hot-path call: meant for periodic checkpoints.
     pub fn ownership_image(&self) -> Vec<MemberImage> {
+        let mut images = self.ownership_image_unsorted();
+        for image in &mut images {
+            image.blocks.sort_unstable();
+        }
+        images
+    }
+
+    /// As [`ownership_image`](Self::ownership_image), but each member's blocks in table
+    /// order (no duplicates, not sorted): the part that needs the state, so a caller can
+    /// capture it while holding the state and sort elsewhere. One pass over the block map and
+    /// the spill set (O(ownership edges)); memory: the images (8 bytes per edge) plus one
+    /// `Vec` header per member tag.
+    pub fn ownership_image_unsorted(&self) -> Vec<MemberImage> {
         let members = &self.members;
         let mut per_tag: Vec<Vec<u64>> = vec![Vec::new(); members.tag_bound()];
         for &tag in members.index.values() {
@@ -57,8 +69,7 @@ impl DcCkfState {
             .iter()
             .map(|(&member, &tag)| {
                 let record = members.peek(tag);
-                let mut blocks = std::mem::take(&mut per_tag[tag as usize - 1]);
-                blocks.sort_unstable();
+                let blocks = std::mem::take(&mut per_tag[tag as usize - 1]);
                 debug_assert_eq!(blocks.len(), record.owned as usize, "{member}");
                 MemberImage {
                     member,

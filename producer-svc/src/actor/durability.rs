@@ -171,6 +171,71 @@ pub struct RestoreReport {
     pub replayed: u64,
 }
 
+/// A checkpoint's content as captured on the actor ([`Actor::capture`]): members' blocks in
+/// table order, the lineage, fed members, engine sequences and source sequences.
+struct Capture {
+    members: Vec<MemberImage>,
+    lineage: Vec<MemberLineageImage>,
+    fed: Vec<(u64, u32, Vec<MemberId>)>,
+    sequences: Vec<(u64, u32, i64)>,
+    sources: Vec<(String, u64)>,
+}
+
+impl Capture {
+    /// The checkpoint records: members (blocks sorted, at most [`BLOCKS_PER_RECORD`] per
+    /// record), lineage, fed members, engine sequences, sources.
+    fn encode(self) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        let mut chunk: Vec<MemberImage> = Vec::new();
+        let mut chunk_blocks = 0;
+        for mut image in self.members {
+            image.blocks.sort_unstable();
+            for blocks in image.blocks.chunks(BLOCKS_PER_RECORD) {
+                if chunk_blocks + blocks.len() > BLOCKS_PER_RECORD && !chunk.is_empty() {
+                    out.push(encode(&CheckpointRecord::Members(std::mem::take(
+                        &mut chunk,
+                    ))));
+                    chunk_blocks = 0;
+                }
+                chunk_blocks += blocks.len();
+                chunk.push(MemberImage {
+                    member: image.member,
+                    charged_to: image.charged_to.clone(),
+                    blocks: blocks.to_vec(),
+                });
+            }
+        }
+        if !chunk.is_empty() {
+            out.push(encode(&CheckpointRecord::Members(chunk)));
+        }
+        let mut lineage: Vec<MemberLineageImage> = Vec::new();
+        let mut lineage_blocks = 0;
+        for image in self.lineage {
+            lineage_blocks += image.blocks.len();
+            lineage.push(image);
+            if lineage_blocks >= BLOCKS_PER_RECORD / 2 {
+                out.push(encode(&CheckpointRecord::Lineage(std::mem::take(
+                    &mut lineage,
+                ))));
+                lineage_blocks = 0;
+            }
+        }
+        if !lineage.is_empty() {
+            out.push(encode(&CheckpointRecord::Lineage(lineage)));
+        }
+        if !self.fed.is_empty() {
+            out.push(encode(&CheckpointRecord::Fed(self.fed)));
+        }
+        if !self.sequences.is_empty() {
+            out.push(encode(&CheckpointRecord::EngineSequences(self.sequences)));
+        }
+        for piece in self.sources.chunks(1 << 16) {
+            out.push(encode(&CheckpointRecord::Sources(piece.to_vec())));
+        }
+        out
+    }
+}
+
 fn encode<T: Serialize>(value: &T) -> Vec<u8> {
     postcard::to_allocvec(value).expect("postcard encodes every record type into a Vec")
 }
@@ -221,66 +286,31 @@ impl Actor {
         });
     }
 
-    /// The whole logical state as checkpoint records.
+    /// The whole logical state as checkpoint records (what the checkpoint thread writes).
+    #[cfg(test)]
     pub(super) fn checkpoint_records(&self) -> Vec<Vec<u8>> {
-        let mut out = Vec::new();
-        let mut chunk: Vec<MemberImage> = Vec::new();
-        let mut chunk_blocks = 0;
-        for image in self.state.ownership_image() {
-            for blocks in image.blocks.chunks(BLOCKS_PER_RECORD) {
-                if chunk_blocks + blocks.len() > BLOCKS_PER_RECORD && !chunk.is_empty() {
-                    out.push(encode(&CheckpointRecord::Members(std::mem::take(
-                        &mut chunk,
-                    ))));
-                    chunk_blocks = 0;
-                }
-                chunk_blocks += blocks.len();
-                chunk.push(MemberImage {
-                    member: image.member,
-                    charged_to: image.charged_to.clone(),
-                    blocks: blocks.to_vec(),
-                });
-            }
+        self.capture().encode()
+    }
+
+    /// What a checkpoint holds, captured from the state: the part that needs the actor (one
+    /// pass over the block map, copies of the small tables); the rest is
+    /// [`Capture::encode`]'s, on the journal's checkpoint thread.
+    fn capture(&self) -> Capture {
+        Capture {
+            members: self.state.ownership_image_unsorted(),
+            lineage: self.lineage.export(),
+            fed: self
+                .fed
+                .iter()
+                .map(|(&(w, r), members)| (w, r, members.iter().copied().collect()))
+                .collect(),
+            sequences: self
+                .engine_sequences
+                .iter()
+                .map(|(&(w, r), &s)| (w, r, s))
+                .collect(),
+            sources: self.sources.export(),
         }
-        if !chunk.is_empty() {
-            out.push(encode(&CheckpointRecord::Members(chunk)));
-        }
-        let mut lineage: Vec<MemberLineageImage> = Vec::new();
-        let mut lineage_blocks = 0;
-        for image in self.lineage.export() {
-            lineage_blocks += image.blocks.len();
-            lineage.push(image);
-            if lineage_blocks >= BLOCKS_PER_RECORD / 2 {
-                out.push(encode(&CheckpointRecord::Lineage(std::mem::take(
-                    &mut lineage,
-                ))));
-                lineage_blocks = 0;
-            }
-        }
-        if !lineage.is_empty() {
-            out.push(encode(&CheckpointRecord::Lineage(lineage)));
-        }
-        let fed: Vec<(u64, u32, Vec<MemberId>)> = self
-            .fed
-            .iter()
-            .map(|(&(w, r), members)| (w, r, members.iter().copied().collect()))
-            .collect();
-        if !fed.is_empty() {
-            out.push(encode(&CheckpointRecord::Fed(fed)));
-        }
-        let sequences: Vec<(u64, u32, i64)> = self
-            .engine_sequences
-            .iter()
-            .map(|(&(w, r), &s)| (w, r, s))
-            .collect();
-        if !sequences.is_empty() {
-            out.push(encode(&CheckpointRecord::EngineSequences(sequences)));
-        }
-        let sources = self.sources.export();
-        for piece in sources.chunks(1 << 16) {
-            out.push(encode(&CheckpointRecord::Sources(piece.to_vec())));
-        }
-        out
     }
 
     /// Queues a checkpoint of the current state, if a journal is open.
@@ -289,13 +319,14 @@ impl Actor {
             return;
         };
         let started = std::time::Instant::now();
-        let records = self.checkpoint_records();
-        // The actor stops for this long: one pass over the block map plus the encoding.
+        let capture = self.capture();
+        // The actor (and so ingest) stops for this long: the capture; sorting and encoding
+        // happen on the checkpoint's thread.
         self.metrics
             .journal
             .checkpoint_image_seconds
             .observe(started.elapsed().as_secs_f64());
-        journal.checkpoint(records);
+        journal.checkpoint_with(move || capture.encode());
     }
 
     /// Rebuilds the state from a recovered journal: the checkpoint, then the log replayed
