@@ -22,8 +22,9 @@
 //! the source or the first refused worker, and nothing of it is applied. `GetStats` and
 //! `GetMemberBlocks` need any identified principal when `required`. `GetSourceSequence` reads
 //! one source's position: a principal may read only the source ids it may publish as
-//! ([`Caller::authorize_source_read`], `PERMISSION_DENIED` naming principal and source). Engines subscribed over ZMQ
-//! (`[[engines]]`) are configured, not authenticated: this section does not apply to them.
+//! ([`Caller::authorize_source_read`], `PERMISSION_DENIED` naming principal and source).
+//! Engines subscribed over ZMQ (`[[engines]]`) are configured, not authenticated: this section
+//! does not apply to them.
 //! Refusals are counted in `ckf_producer_auth_refused_total{rpc,code}`. Token files are re-read
 //! on SIGHUP.
 
