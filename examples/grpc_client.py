@@ -5,6 +5,11 @@ Stores a three-block prefix for one worker in DC "dc-a" through the producer's I
 waits until the indexer's Query service sees it, then prints the per-DC prefix depths and the
 lane table. Stubs are generated on the fly from proto/ckf/v1/*.proto with grpcio-tools.
 
+Before publishing, it asks the producer where its source stands (GetSourceSequence) and numbers
+its batches from there: a new source id (the default, fresh per run) starts at 1; an id given
+with --source-id that the producer already knows, restarted or not, resumes at the sequence the
+producer expects next.
+
     pip install grpcio grpcio-tools
     python3 examples/grpc_client.py --producer 127.0.0.1:7500 --indexer 127.0.0.1:7400
 
@@ -89,6 +94,8 @@ def run():
     ap.add_argument("--server-name", help="name checked in the server certificates")
     ap.add_argument("--query-token-file", help="the indexer's auth.query_token_file")
     ap.add_argument("--ingest-token-file", help="an [[ingest_auth.sources]] token_file")
+    ap.add_argument("--source-id", help="publish as this source id, resuming where the producer "
+                    "says it stands (default: a fresh id per run)")
     opts = ap.parse_args()
     if bool(opts.cert) != bool(opts.key):
         ap.error("--cert and --key go together")
@@ -98,11 +105,25 @@ def run():
     query = rpc["query"].QueryStub(channel(opts.indexer, opts))
     ingest_md, query_md = bearer(opts.ingest_token_file), bearer(opts.query_token_file)
 
+    # A source's sequence only moves forward: a fresh id per run unless one is given, and ask
+    # the producer which sequence it expects next (a known source resumes there).
+    source_id = opts.source_id or f"example-{secrets.token_hex(8)}"
+    position = ingest.GetSourceSequence(
+        pb["ingest"].GetSourceSequenceRequest(source_id=source_id), metadata=ingest_md)
+    if not position.known:
+        sequence = 1  # any sequence is accepted as a source's first batch; 1 by convention
+        print(f"source: new to the producer, starting at sequence {sequence}")
+    elif position.HasField("next_sequence"):
+        sequence = position.next_sequence
+        print(f"source: resuming at sequence {sequence} (last applied {position.last_applied}, "
+              f"producer incarnation {position.incarnation:#x})")
+    else:
+        sys.exit(f"error: source {source_id!r} has used its last sequence; give a new --source-id")
+
     blocks = [0x1111, 0x2222, 0x3333]  # 64-bit sequence block hashes, in prefix order
     member = pb["ingest"].MemberId(worker_id=7, dp_rank=0)
     batch = pb["ingest"].KvEventBatch(
-        # A fresh source id per run: a source's sequence only moves forward.
-        source_id=f"example-{secrets.token_hex(8)}", sequence=1,
+        source_id=source_id, sequence=sequence,
         events=[pb["ingest"].KvEvent(member=member, stored=pb["ingest"].Stored(block_hashes=blocks))])
     result = ingest.PublishBatch(batch, metadata=ingest_md)
     if result.duplicate or not result.events:
@@ -127,7 +148,7 @@ def run():
 
     # Clean up: the worker leaves (all its ranks are cleared).
     ingest.PublishBatch(pb["ingest"].KvEventBatch(
-        source_id=batch.source_id, sequence=2,
+        source_id=batch.source_id, sequence=sequence + 1,
         events=[pb["ingest"].KvEvent(member=member, worker_removed=pb["ingest"].WorkerRemoved())]),
         metadata=ingest_md)
 

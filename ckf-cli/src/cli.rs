@@ -39,6 +39,9 @@ pub enum Command {
     Lanes(LanesArgs),
     /// gRPC health check (grpc.health.v1): exit 0 when SERVING, 1 otherwise, 2 when unreachable.
     Health(HealthArgs),
+    /// Where an ingest source stands at a producer (Ingest.GetSourceSequence): the last batch
+    /// sequence applied and the next one expected, in one line.
+    SourceSequence(SourceSequenceArgs),
     /// Create a development CA, the indexer's and every pool's certificates, and bearer token
     /// files (for compose, Kubernetes and local TLS; not a production PKI).
     Certs(crate::certs::CertsArgs),
@@ -324,6 +327,27 @@ pub struct LanesArgs {
     pub json: bool,
 }
 
+/// `ckf source-sequence`.
+#[derive(Debug, Clone, Args)]
+pub struct SourceSequenceArgs {
+    /// The producer's Ingest gRPC endpoint, e.g. http://127.0.0.1:7501.
+    #[arg(long)]
+    pub producer: String,
+    /// The source id (`KvEventBatch.source_id`) to look up.
+    #[arg(long, value_name = "ID")]
+    pub source: String,
+    /// TLS toward the producer.
+    #[command(flatten)]
+    pub tls: TlsArgs,
+    /// Send `authorization: Bearer <token>` with the token in FILE (one line): the token of an
+    /// `[[ingest_auth.sources]]` entry whose `source_ids` hold the source.
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Print JSON (one line).
+    #[arg(long)]
+    pub json: bool,
+}
+
 /// `ckf health`.
 #[derive(Debug, Clone, Args)]
 pub struct HealthArgs {
@@ -397,6 +421,37 @@ mod tests {
         assert!(parse_producer("nourl").is_err());
         assert_eq!(parse_u64("0x10"), Ok(16));
         assert!(parse_u64("-1").is_err());
+    }
+
+    #[test]
+    fn source_sequence_needs_a_producer_and_a_source() {
+        let cli = Cli::try_parse_from([
+            "ckf",
+            "source-sequence",
+            "--producer",
+            "http://p:1",
+            "--source",
+            "router-1",
+            "--token-file",
+            "t",
+        ])
+        .unwrap();
+        let Command::SourceSequence(s) = cli.command else {
+            panic!("source-sequence")
+        };
+        assert_eq!(
+            (s.producer.as_str(), s.source.as_str()),
+            ("http://p:1", "router-1")
+        );
+        assert!(!s.json);
+        for bad in [
+            &["--producer", "http://p:1"][..],
+            &["--source", "s"],
+            &["--producer", "http://p:1", "--source", "s", "--cert", "c"],
+        ] {
+            let args = ["ckf", "source-sequence"].iter().chain(bad);
+            assert!(Cli::try_parse_from(args).is_err(), "{bad:?} accepted");
+        }
     }
 
     fn query(args: &[&str]) -> Result<QueryArgs, clap::Error> {

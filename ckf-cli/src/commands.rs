@@ -6,9 +6,11 @@ use std::time::Duration;
 use anyhow::{Context, Result, anyhow};
 use ckf_core::access::Secret;
 use ckf_proto::v1::FindMatchesRequest;
+use ckf_proto::v1::ingest_client::IngestClient;
 use ckf_proto::v1::query_client::QueryClient;
 use ckf_proto::v1::{
-    FindMatchesByTokensRequest, LaneState, ListLanesRequest, MultimodalItem, RetireReason,
+    FindMatchesByTokensRequest, GetSourceSequenceRequest, LaneState, ListLanesRequest,
+    MultimodalItem, RetireReason, SourceSequence,
 };
 use ckf_svc_kit::access::{authed, read_token_file, with_bearer};
 use ckf_svc_kit::tls::{ClientTls, ClientTlsConfig, warn_if_plaintext_remote};
@@ -21,7 +23,7 @@ use tonic_health::pb::health_client::HealthClient;
 
 use crate::cli::{
     DEFAULT_SYNTHETIC_REQUESTS, FleetArgs, HealthArgs, LanesArgs, QueryArgs, ReplayArgs,
-    SimulateArgs, TimeoutArgs, TlsArgs, parse_token_list,
+    SimulateArgs, SourceSequenceArgs, TimeoutArgs, TlsArgs, parse_token_list,
 };
 use crate::fleet::FleetShape;
 use crate::hashing::block_hashes;
@@ -432,6 +434,56 @@ pub async fn lanes(args: LanesArgs) -> Result<()> {
     Ok(())
 }
 
+/// `ckf source-sequence`: one line (or one JSON object) saying where the source stands.
+///
+/// # Errors
+/// An unreachable producer, or its refusal (`INVALID_ARGUMENT` for a bad source id,
+/// `UNAUTHENTICATED` / `PERMISSION_DENIED` under `[ingest_auth]`) with its message.
+pub async fn source_sequence(args: SourceSequenceArgs) -> Result<()> {
+    let token = token_of(args.token_file.as_deref())?;
+    let tls = client_tls(&args.tls)?;
+    let mut client = IngestClient::new(connect_with(&args.producer, tls.as_ref()).await?);
+    let answer = client
+        .get_source_sequence(with_bearer(
+            Request::new(GetSourceSequenceRequest {
+                source_id: args.source.clone(),
+            }),
+            token.as_ref(),
+        ))
+        .await
+        .context("GetSourceSequence")?
+        .into_inner();
+    if args.json {
+        let out = json!({
+            "source_id": answer.source_id, "known": answer.known,
+            "last_applied": answer.last_applied, "next_sequence": answer.next_sequence,
+            "incarnation": answer.incarnation,
+        });
+        println!("{out}");
+    } else {
+        println!("{}", source_sequence_line(&answer));
+    }
+    Ok(())
+}
+
+/// The text form of a `GetSourceSequence` answer: what to send next, then the incarnation.
+pub fn source_sequence_line(answer: &SourceSequence) -> String {
+    let position = match (answer.known, answer.next_sequence) {
+        (false, _) => "unknown to the producer (never seen, or forgotten): any sequence is \
+                       accepted as its first batch"
+            .to_owned(),
+        (true, Some(next)) => format!("last applied {}, next {next}", answer.last_applied),
+        (true, None) => format!(
+            "last applied {}, no next sequence (use a new source id)",
+            answer.last_applied
+        ),
+    };
+    format!(
+        "source {:?}: {position}; producer incarnation {:#018x}",
+        answer.source_id, answer.incarnation
+    )
+}
+
 /// The lower-case name of a wire contention kind.
 fn contention_name(kind: i32) -> &'static str {
     match ckf_proto::v1::ContentionKind::try_from(kind) {
@@ -604,6 +656,41 @@ mod hint_tests {
                 false
             ),
             None
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn source_sequence_lines_say_what_to_send_next() {
+        let mut answer = SourceSequence {
+            source_id: "router-1".into(),
+            known: true,
+            last_applied: 41,
+            next_sequence: Some(42),
+            incarnation: 0xab,
+        };
+        assert_eq!(
+            source_sequence_line(&answer),
+            "source \"router-1\": last applied 41, next 42; producer incarnation \
+             0x00000000000000ab"
+        );
+        answer.next_sequence = None;
+        answer.last_applied = u64::MAX;
+        assert!(
+            source_sequence_line(&answer).contains("no next sequence (use a new source id)"),
+            "{}",
+            source_sequence_line(&answer)
+        );
+        answer.known = false;
+        answer.last_applied = 0;
+        assert!(
+            source_sequence_line(&answer).contains("unknown to the producer"),
+            "{}",
+            source_sequence_line(&answer)
         );
     }
 }

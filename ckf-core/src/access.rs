@@ -507,6 +507,26 @@ impl Identity<'_, SourceGrant> {
         }
         Ok(())
     }
+
+    /// Whether this identity may read where `source_id` stands (`Ingest.GetSourceSequence`):
+    /// the source ids it may publish as, since a source's position tells what it sent (and
+    /// only the source itself needs it); anonymous identities may read any.
+    ///
+    /// # Errors
+    /// [`Denied::SourceRead`] for a source id outside the grant.
+    pub fn authorize_source_read(&self, source_id: &str) -> Result<(), AccessError> {
+        let Identity::Known { principal, grant } = self else {
+            return Ok(());
+        };
+        if grant.source_ids.allows(&source_id.to_owned()) {
+            Ok(())
+        } else {
+            Err(AccessError::PermissionDenied(Denied::SourceRead {
+                principal: principal.name.clone(),
+                source_id: source_id.to_owned(),
+            }))
+        }
+    }
 }
 
 /// The optional bearer token of a read-only API (the indexer's Query).
@@ -598,6 +618,16 @@ pub enum Denied {
         /// The principal.
         principal: String,
         /// The batch's source id.
+        source_id: String,
+    },
+    /// An Ingest principal asking where a source outside its grant stands.
+    #[error(
+        "principal {principal:?} may not read the sequence of source {source_id:?} (not among its source_ids)"
+    )]
+    SourceRead {
+        /// The principal.
+        principal: String,
+        /// The source id asked for.
         source_id: String,
     },
     /// An Ingest principal touching a worker outside its grant.
@@ -886,6 +916,19 @@ mod tests {
         );
         let admin = policy.identify(&creds(&[], Some("t2"))).unwrap();
         admin.authorize_batch("anything", [u64::MAX]).unwrap();
+        // Reading a source's sequence: the source ids it may publish as, workers aside.
+        r1.authorize_source_read("router-1").unwrap();
+        assert_eq!(
+            r1.authorize_source_read("router-2").unwrap_err(),
+            AccessError::PermissionDenied(Denied::SourceRead {
+                principal: "r1".into(),
+                source_id: "router-2".into(),
+            })
+        );
+        admin.authorize_source_read("anything").unwrap();
+        let open = Policy::<SourceGrant>::new(false, vec![]).unwrap();
+        let anonymous = open.identify(&creds(&[], None)).unwrap();
+        anonymous.authorize_source_read("any").unwrap();
     }
 
     #[test]

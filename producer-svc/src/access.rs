@@ -20,8 +20,11 @@
 //! checked whole before it reaches the state actor ([`Caller::authorize`]): a source id or a
 //! worker outside the grant refuses the batch with `PERMISSION_DENIED` naming the principal and
 //! the source or the first refused worker, and nothing of it is applied. `GetStats` and
-//! `GetMemberBlocks` need any identified principal when `required`. Engines subscribed over ZMQ
-//! (`[[engines]]`) are configured, not authenticated: this section does not apply to them.
+//! `GetMemberBlocks` need any identified principal when `required`. `GetSourceSequence` reads
+//! one source's position: a principal may read only the source ids it may publish as
+//! ([`Caller::authorize_source_read`], `PERMISSION_DENIED` naming principal and source).
+//! Engines subscribed over ZMQ (`[[engines]]`) are configured, not authenticated: this section
+//! does not apply to them.
 //! Refusals are counted in `ckf_producer_auth_refused_total{rpc,code}`. Token files are re-read
 //! on SIGHUP.
 
@@ -216,7 +219,13 @@ pub struct IngestAccess {
 }
 
 /// The `rpc` label values.
-const RPCS: [&str; 4] = ["publish", "publish_batch", "get_stats", "get_member_blocks"];
+const RPCS: [&str; 5] = [
+    "publish",
+    "publish_batch",
+    "get_stats",
+    "get_member_blocks",
+    "get_source_sequence",
+];
 
 impl IngestAccess {
     /// Builds the policy (reading the token files) and registers
@@ -261,7 +270,8 @@ impl IngestAccess {
         Ok(format!("{n} ingest source principal(s) reloaded"))
     }
 
-    /// Who called `rpc` (one of `publish`, `publish_batch`, `get_stats`, `get_member_blocks`).
+    /// Who called `rpc` (one of `publish`, `publish_batch`, `get_stats`, `get_member_blocks`,
+    /// `get_source_sequence`).
     ///
     /// # Errors
     /// `UNAUTHENTICATED` / `PERMISSION_DENIED` with the reason (counted).
@@ -330,6 +340,29 @@ impl Caller {
                     .inc();
                 if let Some(suppressed) = throttle(&error).admit() {
                     tracing::warn!(rpc = self.rpc, principal = %principal.name, %error, suppressed, "ingest batch refused");
+                }
+                RequestError::Access(error)
+            })
+    }
+
+    /// Whether the caller may read where `source_id` stands (`GetSourceSequence`): a known
+    /// principal only the source ids of its grant, an anonymous caller any.
+    ///
+    /// # Errors
+    /// [`RequestError::Access`] (`PERMISSION_DENIED`) naming the principal and the source id
+    /// (counted).
+    pub fn authorize_source_read(&self, source_id: &str) -> Result<(), RequestError> {
+        let Some((principal, grant)) = &self.known else {
+            return Ok(());
+        };
+        Identity::Known { principal, grant }
+            .authorize_source_read(source_id)
+            .map_err(|error| {
+                self.refused
+                    .with_label_values(&[self.rpc, error.code_label()])
+                    .inc();
+                if let Some(suppressed) = throttle(&error).admit() {
+                    tracing::warn!(rpc = self.rpc, principal = %principal.name, %error, suppressed, "source sequence read refused");
                 }
                 RequestError::Access(error)
             })
@@ -512,12 +545,27 @@ mod tests {
             status.message()
         );
         assert!(caller.authorize(&batch("router-2", 7)).is_err());
+        let reader = access.caller("get_source_sequence", &request).unwrap();
+        reader.authorize_source_read("router-1").unwrap();
+        let status = Status::from(reader.authorize_source_read("router-2").unwrap_err());
+        assert_eq!(status.code(), tonic::Code::PermissionDenied);
+        assert!(
+            status.message().contains("\"router-1\"") && status.message().contains("\"router-2\""),
+            "{}",
+            status.message()
+        );
         let text = prometheus::TextEncoder::new()
             .encode_to_string(&registry.gather())
             .unwrap();
         assert!(
             text.contains(
                 "ckf_producer_auth_refused_total{code=\"permission_denied\",rpc=\"publish_batch\"} 2"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "ckf_producer_auth_refused_total{code=\"permission_denied\",rpc=\"get_source_sequence\"} 1"
             ),
             "{text}"
         );

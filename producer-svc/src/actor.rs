@@ -135,6 +135,14 @@ pub enum Command {
         /// Where they go.
         reply: oneshot::Sender<Vec<u64>>,
     },
+    /// The last applied batch sequence of one ingest source, `None` when it is not tracked
+    /// (never seen or evicted). Not a use of the source: its eviction order is unchanged.
+    SourceSequence {
+        /// The (validated) source id.
+        source: ckf_core::identity::SourceId,
+        /// Where it goes.
+        reply: oneshot::Sender<Option<u64>>,
+    },
     /// Endpoint `endpoint`'s attachment under `lease` ended (failure or retirement).
     Detach {
         /// Index of the endpoint.
@@ -345,6 +353,9 @@ impl Actor {
                 let mut blocks = self.state.member_blocks(member);
                 blocks.sort_unstable();
                 let _ = reply.send(blocks);
+            }
+            Command::SourceSequence { source, reply } => {
+                let _ = reply.send(self.sources.last(source.as_str()));
             }
             Command::Attach {
                 endpoint,

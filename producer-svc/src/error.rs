@@ -27,6 +27,10 @@ pub enum RequestError {
         /// The configured limit.
         max: usize,
     },
+    /// `GetSourceSequenceRequest.source_id` is not a canonical source id (the rules of
+    /// `KvEventBatch.source_id`).
+    #[error("GetSourceSequenceRequest.source_id {0}")]
+    BadRequestedSourceId(SourceIdError),
     /// `GetMemberBlocksRequest.member` is absent.
     #[error("GetMemberBlocksRequest.member is required")]
     MissingMember,

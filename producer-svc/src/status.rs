@@ -9,6 +9,7 @@ impl From<RequestError> for Status {
     fn from(e: RequestError) -> Self {
         let code = match e {
             RequestError::BadSourceId(_)
+            | RequestError::BadRequestedSourceId(_)
             | RequestError::TooManyEvents { .. }
             | RequestError::MissingMember => Code::InvalidArgument,
             RequestError::Quota(_) => Code::ResourceExhausted,
@@ -32,6 +33,16 @@ mod tests {
         assert_eq!(s.code(), Code::InvalidArgument);
         assert!(
             s.message().contains("source_id is required"),
+            "{}",
+            s.message()
+        );
+        let s = Status::from(RequestError::BadRequestedSourceId(
+            ckf_core::identity::SourceIdError::Empty,
+        ));
+        assert_eq!(s.code(), Code::InvalidArgument);
+        assert!(
+            s.message()
+                .starts_with("GetSourceSequenceRequest.source_id is required"),
             "{}",
             s.message()
         );

@@ -691,6 +691,23 @@ impl Producer {
             .map_err(|s| format!("GetStats: {s:?}"))
     }
 
+    /// `GetSourceSequence` of `source` (no credentials).
+    ///
+    /// # Errors
+    /// The transport error or status, as text.
+    pub async fn source_sequence(&self, source: &str) -> Result<v1::SourceSequence, String> {
+        let mut client = IngestClient::new(self.grpc.get().await?);
+        let result = client
+            .get_source_sequence(v1::GetSourceSequenceRequest {
+                source_id: source.to_owned(),
+            })
+            .await;
+        self.grpc
+            .check(result)
+            .map(tonic::Response::into_inner)
+            .map_err(|s| format!("GetSourceSequence: {s:?}"))
+    }
+
     /// Sends one batch through `PublishBatch` (source `e2e`, next sequence) and checks that
     /// every event was applied with no gap, no replay and no omission.
     ///

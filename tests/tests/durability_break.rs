@@ -119,25 +119,27 @@ async fn run_for(acks: &Arc<Mutex<Vec<Instant>>>, span: Duration) {
     .await;
 }
 
-/// The number `k` of `source`'s batches the restarted producer holds (its restored source
-/// sequence), read with a probe batch far ahead of it: the gap report names the sequence it
-/// expected. The probe holds one no-op event (a removal of a hash nobody owns).
+/// The number `k` of `source`'s batches the restarted producer holds: its restored source
+/// sequence (`GetSourceSequence`; batch `i` carries sequence `i + 1`, so the last applied
+/// sequence counts the batches). A source the producer does not know holds none; a known one
+/// expects `k + 1` next.
 async fn batches_held(producer: &Producer, source: &str) -> usize {
-    let probe = v1::KvEventBatch {
-        source_id: source.to_owned(),
-        sequence: 1 << 40,
-        events: vec![event(
-            999,
-            Kind::Removed(v1::Removed {
-                block_hashes: vec![1],
-            }),
-        )],
-    };
-    let result = producer.publish_batch(probe).await.unwrap();
-    let gap = result
-        .gap
-        .unwrap_or_else(|| panic!("the probe must expose a gap: {result:?}"));
-    (gap.expected - 1) as usize
+    let answer = producer.source_sequence(source).await.unwrap();
+    assert_eq!(answer.source_id, source, "{answer:?}");
+    if !answer.known {
+        assert_eq!(
+            (answer.last_applied, answer.next_sequence),
+            (0, None),
+            "{answer:?}"
+        );
+        return 0;
+    }
+    assert_eq!(
+        answer.next_sequence,
+        Some(answer.last_applied + 1),
+        "{answer:?}"
+    );
+    answer.last_applied as usize
 }
 
 /// Checks that `recovered` (worker's blocks, ascending) is the state after `k` batches and

@@ -6,6 +6,7 @@
 //! | [`publish_batch`] | `PublishBatch`: one batch, one result |
 //! | [`get_stats`] | `GetStats`: exact-state and filter statistics |
 //! | [`get_member_blocks`] | `GetMemberBlocks`: one member's canonical block hashes, sorted |
+//! | [`get_source_sequence`] | `GetSourceSequence`: a source's last applied and next expected sequence |
 //! | [`convert`] | wire <-> [`crate::events`] |
 //!
 //! Handlers decode, hand the batch to the state actor through its bounded channel (waiting
@@ -13,6 +14,7 @@
 
 pub mod convert;
 pub mod get_member_blocks;
+pub mod get_source_sequence;
 pub mod get_stats;
 pub mod publish;
 pub mod publish_batch;
@@ -161,6 +163,17 @@ impl Ingest for IngestService {
     ) -> Result<Response<v1::MemberBlocks>, Status> {
         self.access.caller("get_member_blocks", &request)?;
         get_member_blocks::handle(self, request.into_inner())
+            .await
+            .map(Response::new)
+            .map_err(Status::from)
+    }
+
+    async fn get_source_sequence(
+        &self,
+        request: Request<v1::GetSourceSequenceRequest>,
+    ) -> Result<Response<v1::SourceSequence>, Status> {
+        let caller = self.access.caller("get_source_sequence", &request)?;
+        get_source_sequence::handle(self, &caller, request.into_inner())
             .await
             .map(Response::new)
             .map_err(Status::from)
