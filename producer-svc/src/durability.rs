@@ -23,9 +23,7 @@ pub enum DurabilityError {
     #[error("durability.data_dir: {0}{hint}", hint = hint(.0))]
     Journal(#[from] ckf_journal::JournalError),
     /// A record passed its checksum but does not decode (with `on_invalid_state = "refuse"`).
-    #[error(
-        "durability.data_dir {dir}: {source}{SET_ASIDE_HINT}"
-    )]
+    #[error("durability.data_dir {dir}: {source}{SET_ASIDE_HINT}")]
     Undecodable {
         /// The data directory.
         dir: String,

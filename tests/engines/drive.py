@@ -782,10 +782,10 @@ def scenario_sglang(e):
     e.publish(0, [e.clear(0), e.store(0, lora, 0, 2)])
 
 
-def scenario_resume_replay(e):
-    """The producer is killed after A; the engine stores B and evicts one of A's blocks while
-    it is down (only its replay buffer has them); the restarted producer resumes after its
-    journaled sequence and gets them from the replay socket, then C live."""
+def downtime_after_a(e):
+    """A stored and checked; the producer is killed; the engine stores B and evicts one of A's
+    blocks while it is down (only its replay buffer has them); the producer restarts. Returns C
+    (not stored yet)."""
     a, b, c = common_requests(e.block_size)
     expect_common(e, a, b, c)
     e.ready()
@@ -795,22 +795,21 @@ def scenario_resume_replay(e):
     e.publish(0, [e.store(0, b, 2, 5)])
     e.publish(0, [e.remove(0, a, [5])])
     e.pause("restart")
+    return c
+
+
+def scenario_resume_replay(e):
+    """downtime_after_a, then C live: the restarted producer resumes after its journaled
+    sequence and gets the downtime from the replay socket."""
+    c = downtime_after_a(e)
     e.publish(0, [e.store(0, c)])
     e.catchup()
 
 
 def scenario_resume_idle(e):
-    """As resume_replay, but the engine publishes nothing after the producer's restart: the
-    producer must ask the replay socket for the downtime itself (a CHECK without heartbeats)."""
-    a, b, c = common_requests(e.block_size)
-    expect_common(e, a, b, c)
-    e.ready()
-    e.publish(0, [e.store(0, a)])
-    e.check()
-    e.pause("kill")
-    e.publish(0, [e.store(0, b, 2, 5)])
-    e.publish(0, [e.remove(0, a, [5])])
-    e.pause("restart")
+    """downtime_after_a, then nothing: the engine is idle, so the producer must ask the replay
+    socket for the downtime itself (a CHECK without heartbeats)."""
+    downtime_after_a(e)
     e.check()
 
 

@@ -309,6 +309,17 @@ async fn damaged_or_foreign_state_is_refused_by_name_or_set_aside_on_request() {
     assert_eq!(std::fs::read(kept).unwrap(), bad);
 }
 
+/// Waits until `producer`'s journal reports healthy again (a checkpoint retry succeeded).
+async fn wait_journal_healthy(producer: &Producer) {
+    eventually("the journal to be healthy", DEADLINE, || async {
+        match metric(producer, "ckf_producer_journal_healthy") {
+            Some(1.0) => Ok(()),
+            other => Err(format!("healthy = {other:?}")),
+        }
+    })
+    .await;
+}
+
 /// A tmpfs of `bytes` mounted at `at`, unmounted on drop; `None` when this process may not
 /// mount (not root).
 struct Tmpfs(PathBuf);
@@ -410,13 +421,7 @@ async fn a_full_disk_fails_the_journal_not_the_producer_and_a_checkpoint_heals_i
 
     // Space again: the next checkpoint retry heals the journal, holding all of the state.
     std::fs::remove_file(&filler).unwrap();
-    eventually("the journal to heal", DEADLINE, || async {
-        match metric(&a, "ckf_producer_journal_healthy") {
-            Some(1.0) => Ok(()),
-            other => Err(format!("healthy = {other:?}")),
-        }
-    })
-    .await;
+    wait_journal_healthy(&a).await;
     a.kill9();
     a.restart();
     wait_converged(&indexer, &a).await;
@@ -494,13 +499,7 @@ async fn a_producer_restarted_on_a_full_disk_starts_and_serves_from_memory() {
     assert_eq!(a.member_blocks(3).await.unwrap(), expected);
     // Space again: a checkpoint retry makes the journal whole, holding what came meanwhile.
     std::fs::remove_file(&filler).unwrap();
-    eventually("the journal to be healthy", DEADLINE, || async {
-        match metric(&a, "ckf_producer_journal_healthy") {
-            Some(1.0) => Ok(()),
-            other => Err(format!("healthy = {other:?}")),
-        }
-    })
-    .await;
+    wait_journal_healthy(&a).await;
     a.kill9();
     a.restart();
     assert_eq!(a.member_blocks(3).await.unwrap(), expected);
