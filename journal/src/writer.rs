@@ -418,6 +418,9 @@ impl Writer {
                     self.switch_to(n, segment, Arc::clone(&job.segment));
                     self.new_segment = false; // the job synced it and the directory
                     self.sealed.clear(); // older than the checkpoint: removed by finish()
+                    self.shared
+                        .log_bytes_since_checkpoint
+                        .store(0, Ordering::Relaxed);
                     if let Some(why) = self.failed.take() {
                         tracing::info!(previous_failure = %why, "journal healthy again after a checkpoint");
                     }
