@@ -356,6 +356,7 @@ pub async fn replay(
             Feed::Grpc => "grpc",
             Feed::Zmq(_) => "zmq",
         },
+        source_prefix: matches!(feed, Feed::Grpc).then(|| run.clone()),
         policy: config.policy,
         seed: config.seed,
         throughput: Throughput {

@@ -21,6 +21,9 @@ pub struct Report {
     /// How events reached the producers: `zmq` (built-in vLLM publishers, token queries) or
     /// `grpc` (`Ingest/PublishBatch`, hash queries).
     pub feed: &'static str,
+    /// With the `grpc` feed: the prefix of the run's Ingest source ids, `<prefix>/<dc>/w<worker>`
+    /// (what `ckf source-sequence --source` takes).
+    pub source_prefix: Option<String>,
     /// The live run's routing policy.
     pub policy: Policy,
     /// Seed of the random policy (and of the synthetic workload).
@@ -253,6 +256,12 @@ impl fmt::Display for Report {
             self.policy.name(),
             self.seed
         )?;
+        if let Some(prefix) = &self.source_prefix {
+            writeln!(
+                out,
+                "ingest sources: {prefix}/<dc>/w<worker> (what `ckf source-sequence --source` takes)"
+            )?;
+        }
         writeln!(out, "\nthroughput ({:.2} s)", t.seconds)?;
         writeln!(
             out,
