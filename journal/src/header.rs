@@ -76,7 +76,7 @@ pub enum HeaderFault {
     },
     /// Written by a journal format this build does not read.
     #[error(
-        "written in journal format version {found}; this build reads version {FILE_FORMAT_VERSION}"
+        "written in journal format version {found}, or its header is damaged (versions so far: 1..={FILE_FORMAT_VERSION}); this build reads version {FILE_FORMAT_VERSION}"
     )]
     Version {
         /// The version found.

@@ -165,6 +165,9 @@ pub struct JournalStats {
     pub dropped_records: u64,
     /// Time since the last successful commit or checkpoint (`None`: none since open).
     pub last_commit_age: Option<Duration>,
+    /// Whether the last checkpoint attempt failed (while `healthy`, the log still holds
+    /// every record).
+    pub last_checkpoint_failed: bool,
 }
 
 /// An open journal; see the crate docs. Dropping it commits what was queued, like
@@ -370,6 +373,7 @@ impl Journal {
             log_bytes_since_checkpoint: s.log_bytes_since_checkpoint.load(Ordering::Relaxed),
             queued_bytes: s.queued_bytes.load(Ordering::Relaxed),
             dropped_records: s.dropped_records.load(Ordering::Relaxed),
+            last_checkpoint_failed: s.checkpoint_failed.load(Ordering::Relaxed),
             last_commit_age: (last != u64::MAX).then(|| {
                 s.opened
                     .elapsed()

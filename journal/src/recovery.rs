@@ -166,6 +166,26 @@ fn read_segment(
     }
 }
 
+/// Whether segments `later` hold no record (only a header, or a header cut short).
+fn later_hold_no_records(
+    dir: &Path,
+    later: &[u64],
+    identity: &StateIdentity,
+) -> Result<bool, JournalError> {
+    for &m in later {
+        let mut scratch = Recovered::default();
+        match read_segment(&files::segment(dir, m), m, identity, &mut scratch) {
+            Ok((_, None)) if scratch.records.is_empty() => {}
+            Err(JournalError::Header {
+                fault: crate::header::HeaderFault::Truncated,
+                ..
+            }) => {}
+            _ => return Ok(false),
+        }
+    }
+    Ok(true)
+}
+
 /// Whether every byte of `path` from `offset` on is zero.
 fn zeros_from(path: &Path, offset: u64) -> Result<bool, JournalError> {
     use std::io::Read;
@@ -197,24 +217,29 @@ pub(crate) fn recover(
         checkpoints,
         temporaries,
     } = files::list(dir)?;
-    for tmp in temporaries {
-        fs::remove_file(&tmp).map_err(JournalError::io("remove", &tmp))?;
-    }
     let mut out = Recovered::default();
     let base = checkpoints.last().copied();
     if let Some(n) = base {
         read_checkpoint(dir, n, identity, &mut out)?;
     }
     let start = base.unwrap_or(0);
-    // Leftovers of an interrupted clean-up after checkpoint `start`.
-    for &old in checkpoints.iter().filter(|&&c| c < start) {
-        let p = files::checkpoint(dir, old);
-        fs::remove_file(&p).map_err(JournalError::io("remove", &p))?;
-    }
-    for &old in segments.iter().filter(|&&s| s < start) {
-        let p = files::segment(dir, old);
-        fs::remove_file(&p).map_err(JournalError::io("remove", &p))?;
-    }
+    // Leftovers (temporaries, and files of an interrupted clean-up after checkpoint `start`)
+    // are removed only once everything read is known good: a refusal changes nothing.
+    let leftovers: Vec<PathBuf> = temporaries
+        .into_iter()
+        .chain(
+            checkpoints
+                .iter()
+                .filter(|&&c| c < start)
+                .map(|&c| files::checkpoint(dir, c)),
+        )
+        .chain(
+            segments
+                .iter()
+                .filter(|&&s| s < start)
+                .map(|&s| files::segment(dir, s)),
+        )
+        .collect();
     let live: Vec<u64> = segments.into_iter().filter(|&s| s >= start).collect();
     let newest = live.last().copied();
     if let Some(c) = base
@@ -242,23 +267,30 @@ pub(crate) fn recover(
         segment: start,
         valid_len: 0,
     };
-    for &n in &live {
+    for (i, &n) in live.iter().enumerate() {
         let path = files::segment(dir, n);
         let (valid, fault) = match read_segment(&path, n, identity, &mut out) {
-            // A segment cut inside its header can only be the newest one, created just before
-            // a crash: nothing was appended to it yet.
+            // A segment cut inside its header can only be the newest one, created (not yet
+            // synced) by a checkpoint that never completed: nothing was appended to it. The
+            // base checkpoint's own segment was synced before that checkpoint was renamed into
+            // place, so a cut header there is damage (a lost log), refused below.
             Err(JournalError::Header {
                 fault: crate::header::HeaderFault::Truncated,
                 ..
-            }) if Some(n) == newest => (0, None),
+            }) if Some(n) == newest && Some(n) != base => (0, None),
             other => other?,
         };
         out.bytes_read += valid;
         if let Some((offset, fault)) = fault {
             // Torn: cut inside the last record (kill -9 mid-write), or only zeros from there
-            // on (blocks a power loss left unwritten). Anything else is damage.
+            // on (blocks a power loss left unwritten), in the newest segment, or in one whose
+            // later segments hold no record yet: a power loss just after a checkpoint sealed it
+            // (every commit syncs a sealed segment before anything later, so nothing after a
+            // tear was ever synced). Anything else is damage.
+            let last_with_records =
+                Some(n) == newest || later_hold_no_records(dir, &live[i + 1..], identity)?;
             let torn =
-                Some(n) == newest && (fault == FrameFault::Truncated || zeros_from(&path, offset)?);
+                last_with_records && (fault == FrameFault::Truncated || zeros_from(&path, offset)?);
             if !torn {
                 return Err(JournalError::Corrupt {
                     path,
@@ -280,6 +312,9 @@ pub(crate) fn recover(
             segment: n,
             valid_len: valid,
         };
+    }
+    for path in &leftovers {
+        fs::remove_file(path).map_err(JournalError::io("remove", path))?;
     }
     if let Some(torn) = &out.torn {
         let file = OpenOptions::new()

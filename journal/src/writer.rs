@@ -429,6 +429,9 @@ impl Writer {
                 }
                 Err(why) => {
                     let _ = fs::remove_file(files::checkpoint_tmp(&self.dir, n));
+                    // Segment n + 1 never received a record; left behind, it would make the
+                    // tail a hole left in segment n by the failure look like mid-log damage.
+                    let _ = fs::remove_file(files::segment(&self.dir, n));
                     self.checkpoint_failed(why);
                 }
             }

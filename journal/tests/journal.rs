@@ -492,3 +492,113 @@ fn a_failed_checkpoint_of_a_healthy_journal_loses_nothing_and_waits_to_retry() {
     assert!(r.checkpoint.is_empty());
     assert_eq!(r.records, vec![rec(1), rec(2), rec(3)]);
 }
+
+/// The files a checkpoint held at its start leaves (segment 1 created, header only): copied to
+/// `to` as a power loss at that moment could leave them, before the checkpoint is released.
+fn state_in_the_middle_of_a_checkpoint(to: &Path, after: &[Vec<u8>]) {
+    let dir = tempfile::tempdir().unwrap();
+    let gate = Arc::new(Gate::default());
+    let (j, _) = Journal::open(dir.path(), identity(), config(), gate.clone()).unwrap();
+    j.append(rec(1));
+    j.append(rec(2));
+    j.sync().unwrap();
+    j.checkpoint(vec![b"held".to_vec()]);
+    for record in after {
+        j.append(record.clone());
+    }
+    let want = 2 + after.len();
+    let mut copied = 0;
+    for _ in 0..500 {
+        let _ = fs::remove_dir_all(to);
+        fs::create_dir(to).unwrap();
+        for path in files(dir.path(), "wal-") {
+            fs::copy(&path, to.join(path.file_name().unwrap())).unwrap();
+        }
+        let r = open(to).unwrap().1;
+        copied = r.records.len();
+        if files(to, "wal-").len() == 2 && copied == want {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(4));
+    }
+    gate.release();
+    j.close().unwrap();
+    assert_eq!(
+        copied, want,
+        "the copy holds both segments and every record"
+    );
+}
+
+#[test]
+fn a_power_loss_just_after_a_checkpoint_sealed_a_torn_segment_is_a_torn_tail() {
+    let root = tempfile::tempdir().unwrap();
+    let snap = root.path().join("snap");
+    state_in_the_middle_of_a_checkpoint(&snap, &[]);
+    // Segment 0's last record never reached the disk (it was not synced yet); segment 1 holds
+    // only its header: the tear is the end of the log.
+    let sealed = files(&snap, "wal-").remove(0);
+    let len = fs::metadata(&sealed).unwrap().len();
+    OpenOptions::new()
+        .write(true)
+        .open(&sealed)
+        .unwrap()
+        .set_len(len - 3)
+        .unwrap();
+    let (j, r) = open(&snap).unwrap();
+    assert_eq!(r.records, vec![rec(1)]);
+    assert_eq!(r.torn.as_ref().unwrap().path, sealed);
+    j.append(rec(3));
+    j.close().unwrap();
+    let (_j, r) = open(&snap).unwrap();
+    assert_eq!(r.records, vec![rec(1), rec(3)]);
+}
+
+#[test]
+fn a_torn_segment_followed_by_records_is_refused() {
+    let root = tempfile::tempdir().unwrap();
+    let snap = root.path().join("snap");
+    state_in_the_middle_of_a_checkpoint(&snap, &[rec(3)]);
+    let sealed = files(&snap, "wal-").remove(0);
+    let len = fs::metadata(&sealed).unwrap().len();
+    OpenOptions::new()
+        .write(true)
+        .open(&sealed)
+        .unwrap()
+        .set_len(len - 3)
+        .unwrap();
+    let err = open(&snap).unwrap_err();
+    assert!(
+        matches!(err, JournalError::Corrupt { .. }) && err.is_invalid_state(),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_checkpoints_own_segment_cut_inside_its_header_is_refused_and_nothing_is_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (j, _) = open(dir.path()).unwrap();
+    j.append(rec(1));
+    j.checkpoint(vec![b"state".to_vec()]);
+    j.append(rec(2));
+    j.close().unwrap();
+    let segment = files(dir.path(), "wal-").pop().unwrap();
+    // Leftovers a refusal must keep: a temporary and an older segment.
+    let stray = dir.path().join(format!("checkpoint-{:020}.ckpt.tmp", 9));
+    fs::write(&stray, b"partial").unwrap();
+    let older = dir.path().join(format!("wal-{:020}.log", 0));
+    fs::write(&older, b"old").unwrap();
+    for cut in [0u64, 5] {
+        OpenOptions::new()
+            .write(true)
+            .open(&segment)
+            .unwrap()
+            .set_len(cut)
+            .unwrap();
+        let err = open(dir.path()).unwrap_err();
+        assert!(
+            matches!(err, JournalError::Header { .. }) && err.is_invalid_state(),
+            "cut at {cut}: {err}"
+        );
+        assert!(stray.exists() && older.exists(), "a refusal removed files");
+    }
+}

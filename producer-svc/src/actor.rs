@@ -300,8 +300,16 @@ impl Actor {
         if self.journal.is_some() {
             self.write_checkpoint();
             if let Some(journal) = self.journal.take() {
-                match journal.close() {
-                    Ok(()) => tracing::info!("journal closed after a final checkpoint"),
+                // Waits for the final checkpoint: whether it was written is known after this.
+                let synced = journal.sync();
+                let checkpointed = !journal.stats().last_checkpoint_failed;
+                match synced.and_then(|()| journal.close()) {
+                    Ok(()) if checkpointed => {
+                        tracing::info!("journal closed after a final checkpoint")
+                    }
+                    Ok(()) => tracing::warn!(
+                        "journal closed; the final checkpoint failed (logged above), so the next start replays the log after the last checkpoint"
+                    ),
                     Err(e) => {
                         tracing::error!(error = %e, "journal failed; the last checkpoint and log stand")
                     }
