@@ -475,7 +475,11 @@ docker kill -s KILL "$(cid producer-dc-a)" >/dev/null
 docker start "$(cid producer-dc-a)" >/dev/null
 wait_until 60 "producer-dc-a healthy again" healthy producer-dc-a
 wait_until 60 "dc-a active again after its producer's kill -9" lanes_are dc-a=active dc-b=active dc-c=active
-docker logs "$(cid producer-dc-a)" 2>&1 | grep -q "state recovered from the journal" \
+# The log goes to a file first: `docker logs | grep -q` fails under pipefail when grep exits at
+# its match before docker has written the whole log (the CI failure of 2026-12-02).
+docker logs "$(cid producer-dc-a)" >"$WORK/producer-dc-a.log" 2>&1 \
+    || fail "docker logs producer-dc-a failed"
+grep -q "state recovered from the journal" "$WORK/producer-dc-a.log" \
     || fail "producer-dc-a did not log a recovery from its journal"
 query_probes "$WORK/producer-restarted.jsonl"
 compare_probes "$WORK/base.jsonl" "$WORK/producer-restarted.jsonl" same \
