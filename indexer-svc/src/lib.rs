@@ -9,6 +9,7 @@
 //!
 //! | module | owns |
 //! | --- | --- |
+//! | [`embedded`] | [`EmbeddedQuery`]: a router process as an indexer replica, queried in-process |
 //! | [`access`] | `[auth]`: producer principals -> pools (checked before `attach`), the Query token, SIGHUP reload |
 //! | [`config`] | `IndexerConfig` (manifest, table format, lag policy, limits, addresses) and the `ckf-indexer` flags |
 //! | [`relay`] | `Relay/Publish`: attach -> lease -> frames into the lane's ingestor -> Ack / Retired |
@@ -30,6 +31,7 @@
 
 pub mod access;
 pub mod config;
+pub mod embedded;
 pub mod lane_watch;
 pub mod metrics;
 pub mod query;
@@ -39,4 +41,5 @@ pub mod state;
 pub mod status;
 
 pub use config::{Cli, IndexerConfig};
+pub use embedded::EmbeddedQuery;
 pub use server::{RunningIndexer, ServeError, serve};

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use ckf_core::global::{GlobalCkfIndexer, ManifestError};
 use ckf_core::ingestion::{IngestionWorkers, IngestionWorkersConfig};
+use ckf_core::tokens::TokenQueryRules;
 use ckf_proto::v1::{query_server::QueryServer, relay_server::RelayServer};
 use ckf_svc_kit::Shutdown;
 use ckf_svc_kit::Transport;
@@ -26,6 +27,7 @@ use tokio::task::JoinHandle;
 use tonic::service::interceptor::InterceptedService;
 
 use crate::config::{IndexerConfig, LimitsConfig};
+use crate::embedded::EmbeddedQuery;
 use crate::lane_watch;
 use crate::metrics::{IndexerMetrics, LaneLabels};
 use crate::query::QueryService;
@@ -83,6 +85,7 @@ pub struct RunningIndexer {
     /// This process's consumer instance (carried in every lease it grants).
     pub consumer_instance: u64,
     indexer: Arc<GlobalCkfIndexer>,
+    token_rules: TokenQueryRules,
     shutdown: Shutdown,
     task: JoinHandle<Result<(), ServeError>>,
 }
@@ -91,6 +94,12 @@ impl RunningIndexer {
     /// The in-process consumer (tests and the demo compare its lanes with producers' tables).
     pub fn indexer(&self) -> &Arc<GlobalCkfIndexer> {
         &self.indexer
+    }
+
+    /// An in-process query handle (embedded mode, [`crate::embedded`]): the same answers as
+    /// the Query service's, without an RPC.
+    pub fn query_handle(&self) -> EmbeddedQuery {
+        EmbeddedQuery::new(Arc::clone(&self.indexer), self.token_rules)
     }
 
     /// Starts a graceful shutdown (idempotent).
@@ -344,6 +353,7 @@ pub async fn serve(
         metrics_addr,
         consumer_instance,
         indexer,
+        token_rules: config.token_rules(),
         shutdown: handle,
         task,
     })
