@@ -83,20 +83,45 @@ fn main() {
     });
     let passes = if a.quick { 2 } else { 6 };
     let scale = timing::ns_per_tick();
+    let m = timing::machine();
+    println!(
+        "machine: {} ({} CPUs), kernel {}, nice {}, load average {} at start",
+        m.cpu,
+        m.cpus,
+        m.kernel,
+        m.nice,
+        timing::loadavg()
+    );
+    println!(
+        "simd: {}; ckf-core search kernel: {}",
+        if m.simd.is_empty() {
+            "none detected".to_owned()
+        } else {
+            m.simd.join(" ")
+        },
+        m.ckf_kernel
+    );
+    let probe = timing::probe_timers(scale);
+    println!(
+        "timer (measured): rdtsc {:.3} ns/tick, smallest step {:.1} ns, read {:.1} ns; \
+         Instant::now() smallest step {:.1} ns, read {:.1} ns. Queries are timed one by one with \
+         rdtsc; each sample is quantised to its step and includes about one read",
+        scale, probe.tsc.step_ns, probe.tsc.read_ns, probe.instant.step_ns, probe.instant.read_ns
+    );
     let fill = fill_lanes(&trace);
     let entries: usize = fill.held.iter().map(|h| h.len()).sum();
     let events: usize = fill.events.iter().map(|e| e.len()).sum();
     println!(
         "trace: {} requests, {} blocks; lanes hold {} (block, lane) entries from {} store events; \
-         {:.3} ns/tick",
+         {passes} timed passes",
         trace.chained.len(),
         trace.chained.iter().map(Vec::len).sum::<usize>(),
         entries,
         events,
-        scale
     );
     let mut report = Report {
         entries,
+        resolution_ns: probe.tsc.step_ns.max(scale),
         ..Report::default()
     };
 
@@ -206,7 +231,15 @@ fn main() {
                     run: Box::new(|i| exact_sum(&exact, &trace.chained[i])),
                 },
             ];
-            time_report(&mut impls, &order, passes, scale, label, "")
+            time_report(
+                &mut impls,
+                &order,
+                passes,
+                scale,
+                label,
+                "",
+                report.resolution_ns,
+            )
         };
 
         // Concurrent writer on lane 0 of both CKFs.
@@ -235,7 +268,15 @@ fn main() {
                     run: Box::new(|i| dyn_sum(&dynamo, &trace.local[i])),
                 },
             ];
-            time_report(&mut impls, &order, passes, scale, label, " +writer")
+            time_report(
+                &mut impls,
+                &order,
+                passes,
+                scale,
+                label,
+                " +writer",
+                report.resolution_ns,
+            )
         };
         stop.store(true, Ordering::Relaxed);
         let (w, ing0) = writer.join().expect("writer");
@@ -289,7 +330,11 @@ fn main() {
     }
     println!();
     report.print();
-    println!("total {:.0} s", started.elapsed().as_secs_f64());
+    println!(
+        "total {:.0} s; load average {} at end",
+        started.elapsed().as_secs_f64(),
+        timing::loadavg()
+    );
 }
 
 fn time_report(
@@ -299,20 +344,26 @@ fn time_report(
     scale: f64,
     label: &str,
     suffix: &str,
+    resolution_ns: f64,
 ) -> Vec<query::Timings> {
     let lats = query::time_interleaved(impls, order, passes, scale);
     for (t, l) in impls.iter().zip(&lats) {
         println!(
-            "  {label}{suffix:<8} {:<18} best-of-passes p50 {:>6.0} p99 {:>6.0} mean {:>6.0} ns | \
-             all samples p50 {:>6.0} p99 {:>6.0} mean {:>6.0} ns",
-            t.name,
-            l.filtered.p50,
-            l.filtered.p99,
-            l.filtered.mean,
-            l.raw.p50,
-            l.raw.p99,
-            l.raw.mean
+            "  {label}{suffix:<8} {:<18} all {} samples: p50 {:>6.0} p99 {:>6.0} p99.9 {:>6.0} \
+             mean {:>6.0} ns | best-of-passes p50 {:>6.0} ns",
+            t.name, l.raw.samples, l.raw.p50, l.raw.p99, l.raw.p999, l.raw.mean, l.filtered.p50,
         );
+        // A per-query sample is only as exact as the clock's step; below ~10 steps the
+        // percentiles are visibly quantised, so say so instead of printing them as exact.
+        if l.raw.p50 < 10.0 * resolution_ns {
+            println!(
+                "  warning: {} p50 {:.0} ns is under 10 timer steps ({resolution_ns:.1} ns): \
+                 its percentiles are quantised by up to {:.0}%",
+                t.name,
+                l.raw.p50,
+                100.0 * resolution_ns / l.raw.p50
+            );
+        }
     }
     lats
 }

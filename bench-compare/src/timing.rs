@@ -1,4 +1,5 @@
-//! Clocks: `rdtsc` per query (calibrated against `Instant`) and on-CPU thread time for ingest.
+//! Clocks: `rdtsc` per query (calibrated against `Instant`), a measured probe of both clocks'
+//! resolution and read cost, and on-CPU thread time for ingest.
 
 use std::time::{Duration, Instant};
 
@@ -26,23 +27,188 @@ pub fn ns_per_tick() -> f64 {
     (t1 - t0).as_nanos() as f64 / (c1 - c0) as f64
 }
 
+/// What one clock can resolve on this machine, measured rather than assumed.
+#[derive(Clone, Copy, Debug)]
+pub struct ClockProbe {
+    /// Smallest non-zero difference between two consecutive readings, ns. The clock cannot
+    /// tell apart two intervals closer than this, so a timed sample is quantised to it.
+    pub step_ns: f64,
+    /// Mean cost of one reading, ns (consecutive readings over the probe). A per-query sample
+    /// contains about one reading's cost on top of the query.
+    pub read_ns: f64,
+}
+
+/// Both clocks the bench could time queries with.
+#[derive(Clone, Copy, Debug)]
+pub struct TimerProbe {
+    /// `Instant::now()` (the vDSO `clock_gettime(CLOCK_MONOTONIC)` on Linux).
+    pub instant: ClockProbe,
+    /// [`ticks`] (`rdtsc` on x86-64), scaled with [`ns_per_tick`].
+    pub tsc: ClockProbe,
+}
+
+/// Readings per clock in [`probe_timers`]: enough to see the smallest step many times, short
+/// enough (a few ms) to be noise in the run time.
+const PROBE_READS: usize = 200_000;
+
+/// Measures each clock's smallest non-zero step between consecutive readings and its mean read
+/// cost over [`PROBE_READS`] back-to-back readings. `scale` is [`ns_per_tick`].
+pub fn probe_timers(scale: f64) -> TimerProbe {
+    let instant = {
+        let start = Instant::now();
+        let mut prev = start;
+        let mut step = u128::MAX;
+        for _ in 0..PROBE_READS {
+            let now = Instant::now();
+            let d = (now - prev).as_nanos();
+            if d > 0 {
+                step = step.min(d);
+            }
+            prev = now;
+        }
+        ClockProbe {
+            step_ns: step as f64,
+            read_ns: (prev - start).as_nanos() as f64 / PROBE_READS as f64,
+        }
+    };
+    let tsc = {
+        let start = ticks();
+        let mut prev = start;
+        let mut step = u64::MAX;
+        for _ in 0..PROBE_READS {
+            let now = ticks();
+            let d = now.wrapping_sub(prev);
+            if d > 0 {
+                step = step.min(d);
+            }
+            prev = now;
+        }
+        ClockProbe {
+            step_ns: step as f64 * scale,
+            read_ns: (prev - start) as f64 * scale / PROBE_READS as f64,
+        }
+    };
+    TimerProbe { instant, tsc }
+}
+
 /// Latency summary in nanoseconds.
 #[derive(Clone, Copy, Debug)]
 pub struct Lat {
     pub p50: f64,
     pub p99: f64,
+    pub p999: f64,
     pub mean: f64,
+    /// Number of samples summarised.
+    pub samples: usize,
 }
 
-/// Percentiles and mean of tick samples, scaled to ns.
+/// Exact percentiles (nearest rank on the sorted samples, no histogram bucketing) and mean of
+/// tick samples, scaled to ns. `v` must not be empty.
 pub fn summarize(mut v: Vec<u64>, scale: f64) -> Lat {
     v.sort_unstable();
-    let pick = |q: f64| v[((v.len() as f64 - 1.0) * q) as usize] as f64 * scale;
+    let pick =
+        |q: f64| v[((v.len() as f64 * q).ceil() as usize).clamp(1, v.len()) - 1] as f64 * scale;
     Lat {
         p50: pick(0.50),
         p99: pick(0.99),
+        p999: pick(0.999),
         mean: v.iter().sum::<u64>() as f64 / v.len() as f64 * scale,
+        samples: v.len(),
     }
+}
+
+/// The machine the run is on, read from `/proc` and the CPU's feature flags (not hard-coded).
+pub struct Machine {
+    /// `model name` of the first CPU in `/proc/cpuinfo` (or `unknown`).
+    pub cpu: String,
+    /// Online CPUs as the standard library sees them.
+    pub cpus: usize,
+    /// SIMD features the CPU reports at run time (x86-64: SSE4.2 .. AVX-512 VBMI2).
+    pub simd: Vec<&'static str>,
+    /// Which ckf-core search kernel those features select (the rule of `ckf_core::search`:
+    /// AVX-512 F+DQ+BW and BMI2, else portable).
+    pub ckf_kernel: &'static str,
+    /// `/proc/sys/kernel/osrelease`.
+    pub kernel: String,
+    /// Nice value of this process (field 19 of `/proc/self/stat`), to record `nice -n 10` runs.
+    pub nice: String,
+}
+
+/// Reads [`Machine`] once at start.
+pub fn machine() -> Machine {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown".into());
+    #[allow(unused_mut)]
+    let mut simd = Vec::new();
+    #[allow(unused_mut)]
+    let mut ckf_kernel = "portable";
+    #[cfg(target_arch = "x86_64")]
+    {
+        macro_rules! probe {
+            ($($f:tt),*) => {
+                $(if std::arch::is_x86_feature_detected!($f) { simd.push($f); })*
+            };
+        }
+        probe!(
+            "sse4.2",
+            "popcnt",
+            "bmi2",
+            "avx2",
+            "avx512f",
+            "avx512dq",
+            "avx512bw",
+            "avx512vl",
+            "avx512vbmi",
+            "avx512vbmi2",
+            "avx512bitalg",
+            "avx512vpopcntdq"
+        );
+        if ["avx512f", "avx512dq", "avx512bw", "bmi2"]
+            .iter()
+            .all(|f| simd.contains(f))
+        {
+            ckf_kernel = "AVX-512";
+        }
+    }
+    #[cfg(target_arch = "aarch64")]
+    if std::arch::is_aarch64_feature_detected!("neon") {
+        simd.push("neon");
+    }
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_else(|_| "unknown".into());
+    let nice = std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| {
+            // Fields after the parenthesised command name (which may contain spaces); nice is
+            // field 19 overall, i.e. the 17th after the name.
+            let rest = s.rsplit_once(')')?.1;
+            rest.split_whitespace().nth(16).map(str::to_owned)
+        })
+        .unwrap_or_else(|| "unknown".into());
+    Machine {
+        cpu,
+        cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
+        simd,
+        ckf_kernel,
+        kernel,
+        nice,
+    }
+}
+
+/// `/proc/loadavg`'s three load averages, or `unknown`.
+pub fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|| "unknown".into())
 }
 
 /// Nanoseconds this thread has spent on a CPU (`/proc/thread-self/schedstat`), falling back to
@@ -53,4 +219,55 @@ pub fn cpu_ns() -> u64 {
         .ok()
         .and_then(|s| s.split_whitespace().next()?.parse().ok())
         .unwrap_or_else(|| ORIGIN.get_or_init(Instant::now).elapsed().as_nanos() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Nearest-rank percentile on a sorted copy: the textbook definition, as the model.
+    fn model(v: &[u64], q: f64) -> u64 {
+        let mut s = v.to_vec();
+        s.sort_unstable();
+        let rank = (q * s.len() as f64).ceil().max(1.0) as usize;
+        s[rank - 1]
+    }
+
+    #[test]
+    fn percentiles_are_exact_nearest_rank_over_all_samples() {
+        let mut x = 0x1234_5678_9ABC_DEF0u64;
+        for len in [1usize, 2, 3, 10, 999, 1000, 1001, 12_345] {
+            let v: Vec<u64> = (0..len)
+                .map(|_| {
+                    x = ckf_core::addressing::fmix64(x.wrapping_add(0x9E37_79B9_7F4A_7C15));
+                    x % 10_000
+                })
+                .collect();
+            let l = summarize(v.clone(), 1.0);
+            assert_eq!(l.samples, len);
+            assert_eq!(l.p50, model(&v, 0.50) as f64, "len {len}");
+            assert_eq!(l.p99, model(&v, 0.99) as f64, "len {len}");
+            assert_eq!(l.p999, model(&v, 0.999) as f64, "len {len}");
+            let mean = v.iter().sum::<u64>() as f64 / len as f64;
+            assert!((l.mean - mean).abs() < 1e-9);
+        }
+    }
+
+    #[test]
+    fn percentiles_of_one_to_a_thousand_scale_to_ns() {
+        let l = summarize((1..=1000).rev().collect(), 2.0);
+        assert_eq!((l.p50, l.p99, l.p999), (1000.0, 1980.0, 1998.0));
+    }
+
+    #[test]
+    fn machine_reads_proc() {
+        let m = machine();
+        assert!(m.cpus >= 1);
+        assert!(!m.cpu.is_empty());
+        // The nice value is a small signed integer when /proc is there.
+        if std::path::Path::new("/proc/self/stat").exists() {
+            let n: i32 = m.nice.parse().expect("nice is a number");
+            assert!((-20..=19).contains(&n));
+        }
+    }
 }
