@@ -218,14 +218,18 @@ impl Report {
         for r in &self.ingest {
             println!(
                 "ingest {} buckets: {} distinct blocks, load ours {:.3} dynamo {:.3}, omissions \
-                 ours {} dynamo {}; dynamo at its default publish_every_n_events = 1: {} M/s",
+                 ours {} dynamo {}; dynamo at its default publish_every_n_events = 1: {}",
                 r.buckets,
                 r.unique_blocks,
                 r.load_ours,
                 r.load_dyn,
                 r.omitted_ours,
                 r.omitted_dyn,
-                cell(Some(r.dyn_default / 1e6), 2)
+                if r.dyn_default.is_nan() {
+                    "not run".to_owned()
+                } else {
+                    format!("{:.2} M/s", r.dyn_default / 1e6)
+                }
             );
         }
     }

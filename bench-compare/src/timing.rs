@@ -30,9 +30,14 @@ pub fn ns_per_tick() -> f64 {
 /// What one clock can resolve on this machine, measured rather than assumed.
 #[derive(Clone, Copy, Debug)]
 pub struct ClockProbe {
-    /// Smallest non-zero difference between two consecutive readings, ns. The clock cannot
-    /// tell apart two intervals closer than this, so a timed sample is quantised to it.
+    /// The clock's step, ns: the smallest non-zero difference between two consecutive readings
+    /// that occurs in at least 1 of [`STEP_SUPPORT`] reading pairs. The clock cannot tell apart
+    /// two intervals closer than this, so a timed sample is quantised to it. (A one-off smaller
+    /// difference is not the step: on a KVM guest `rdtsc` advanced in multiples of 26 ticks,
+    /// ~10 ns, with a single 1-tick difference in a million pairs.)
     pub step_ns: f64,
+    /// The smallest non-zero difference seen at all, ns (for the record; usually the step).
+    pub min_ns: f64,
     /// Mean cost of one reading, ns (consecutive readings over the probe). A per-query sample
     /// contains about one reading's cost on top of the query.
     pub read_ns: f64,
@@ -47,47 +52,53 @@ pub struct TimerProbe {
     pub tsc: ClockProbe,
 }
 
-/// Readings per clock in [`probe_timers`]: enough to see the smallest step many times, short
-/// enough (a few ms) to be noise in the run time.
+/// Readings per clock in [`probe_timers`]: enough to see the step many times, short enough
+/// (a few ms) to be noise in the run time.
 const PROBE_READS: usize = 200_000;
 
-/// Measures each clock's smallest non-zero step between consecutive readings and its mean read
-/// cost over [`PROBE_READS`] back-to-back readings. `scale` is [`ns_per_tick`].
+/// A difference counts as the clock's step only if at least `PROBE_READS / STEP_SUPPORT`
+/// consecutive pairs show it.
+pub const STEP_SUPPORT: usize = 1000;
+
+/// Step, minimum and mean of the differences between consecutive readings of one clock, in the
+/// clock's own units. `diffs` must not be empty.
+fn clock_probe(mut diffs: Vec<u64>, scale: f64) -> ClockProbe {
+    let total: u64 = diffs.iter().sum();
+    let n = diffs.len();
+    diffs.retain(|&d| d > 0);
+    diffs.sort_unstable();
+    let support = (n / STEP_SUPPORT).max(1);
+    let min = diffs.first().copied().unwrap_or(0);
+    // Smallest value whose run in the sorted differences is at least `support` long.
+    let step = diffs
+        .chunk_by(|a, b| a == b)
+        .find(|run| run.len() >= support)
+        .map_or(min, |run| run[0]);
+    ClockProbe {
+        step_ns: step as f64 * scale,
+        min_ns: min as f64 * scale,
+        read_ns: total as f64 * scale / n as f64,
+    }
+}
+
+/// Measures each clock's step, smallest difference and mean read cost over [`PROBE_READS`]
+/// back-to-back readings. `scale` is [`ns_per_tick`].
 pub fn probe_timers(scale: f64) -> TimerProbe {
-    let instant = {
-        let start = Instant::now();
-        let mut prev = start;
-        let mut step = u128::MAX;
-        for _ in 0..PROBE_READS {
-            let now = Instant::now();
-            let d = (now - prev).as_nanos();
-            if d > 0 {
-                step = step.min(d);
-            }
-            prev = now;
-        }
-        ClockProbe {
-            step_ns: step as f64,
-            read_ns: (prev - start).as_nanos() as f64 / PROBE_READS as f64,
-        }
-    };
-    let tsc = {
-        let start = ticks();
-        let mut prev = start;
-        let mut step = u64::MAX;
-        for _ in 0..PROBE_READS {
-            let now = ticks();
-            let d = now.wrapping_sub(prev);
-            if d > 0 {
-                step = step.min(d);
-            }
-            prev = now;
-        }
-        ClockProbe {
-            step_ns: step as f64 * scale,
-            read_ns: (prev - start) as f64 * scale / PROBE_READS as f64,
-        }
-    };
+    let mut diffs = Vec::with_capacity(PROBE_READS);
+    let mut prev = Instant::now();
+    for _ in 0..PROBE_READS {
+        let now = Instant::now();
+        diffs.push((now - prev).as_nanos() as u64);
+        prev = now;
+    }
+    let instant = clock_probe(std::mem::take(&mut diffs), 1.0);
+    let mut prev = ticks();
+    for _ in 0..PROBE_READS {
+        let now = ticks();
+        diffs.push(now.wrapping_sub(prev));
+        prev = now;
+    }
+    let tsc = clock_probe(diffs, scale);
     TimerProbe { instant, tsc }
 }
 
@@ -257,6 +268,23 @@ mod tests {
     fn percentiles_of_one_to_a_thousand_scale_to_ns() {
         let l = summarize((1..=1000).rev().collect(), 2.0);
         assert_eq!((l.p50, l.p99, l.p999), (1000.0, 1980.0, 1998.0));
+    }
+
+    #[test]
+    fn clock_step_ignores_one_off_differences() {
+        // 26-tick steps with a single 1-tick and some zero differences, as on a KVM guest.
+        let mut d = vec![26u64; 5000];
+        d.extend([52; 1000]);
+        d.extend([0; 300]);
+        d.push(1);
+        let p = clock_probe(d.clone(), 0.5);
+        assert_eq!(p.step_ns, 13.0);
+        assert_eq!(p.min_ns, 0.5);
+        let mean = d.iter().sum::<u64>() as f64 * 0.5 / d.len() as f64;
+        assert!((p.read_ns - mean).abs() < 1e-9);
+        // With no difference common enough, the minimum is all there is.
+        let p = clock_probe(vec![0, 3, 7], 1.0);
+        assert_eq!((p.step_ns, p.min_ns), (3.0, 3.0));
     }
 
     #[test]
