@@ -30,11 +30,12 @@ pub fn ns_per_tick() -> f64 {
 /// What one clock can resolve on this machine, measured rather than assumed.
 #[derive(Clone, Copy, Debug)]
 pub struct ClockProbe {
-    /// The clock's step, ns: the smallest non-zero difference between two consecutive readings
-    /// that occurs in at least 1 of [`STEP_SUPPORT`] reading pairs. The clock cannot tell apart
-    /// two intervals closer than this, so a timed sample is quantised to it. (A one-off smaller
-    /// difference is not the step: on a KVM guest `rdtsc` advanced in multiples of 26 ticks,
-    /// ~10 ns, with a single 1-tick difference in a million pairs.)
+    /// The clock's step, ns: the smallest difference of at least [`JITTER_NS`] between two
+    /// consecutive readings that occurs in at least 1 of [`STEP_SUPPORT`] reading pairs. The
+    /// clock cannot tell apart two intervals closer than this, so a timed sample is quantised to
+    /// it. Smaller differences are not intervals: no reading costs under 1 ns, and on a KVM
+    /// guest `rdtsc` advanced in multiples of ~26 ticks (~10 ns, as 25/26, 51/52, 77/78) with
+    /// 1-tick differences in 0-5% of pairs (rounding of the scaled guest counter).
     pub step_ns: f64,
     /// The smallest non-zero difference seen at all, ns (for the record; usually the step).
     pub min_ns: f64,
@@ -61,6 +62,10 @@ const PROBE_READS: usize = 200_000;
 /// consecutive pairs show it.
 pub const STEP_SUPPORT: usize = 1000;
 
+/// Differences below this (ns) between consecutive readings are rounding jitter, not the step:
+/// no clock read costs under 1 ns.
+pub const JITTER_NS: f64 = 1.0;
+
 /// Step, minimum and median of the differences between consecutive readings of one clock, in the
 /// clock's own units. `diffs` must not be empty.
 fn clock_probe(mut diffs: Vec<u64>, scale: f64) -> ClockProbe {
@@ -70,10 +75,11 @@ fn clock_probe(mut diffs: Vec<u64>, scale: f64) -> ClockProbe {
     diffs.retain(|&d| d > 0);
     let support = (n / STEP_SUPPORT).max(1);
     let min = diffs.first().copied().unwrap_or(0);
-    // Smallest value whose run in the sorted differences is at least `support` long.
+    // Smallest value of at least JITTER_NS whose run in the sorted differences is at least
+    // `support` long.
     let step = diffs
         .chunk_by(|a, b| a == b)
-        .find(|run| run.len() >= support)
+        .find(|run| run.len() >= support && run[0] as f64 * scale >= JITTER_NS)
         .map_or(min, |run| run[0]);
     ClockProbe {
         step_ns: step as f64 * scale,
@@ -273,16 +279,20 @@ mod tests {
 
     #[test]
     fn clock_step_ignores_one_off_differences() {
-        // 26-tick steps with a single 1-tick and some zero differences, as on a KVM guest.
+        // 26-tick steps with frequent 1-tick jitter and some zero differences, as on a KVM
+        // guest (0.385 ns per tick there; 0.5 here).
         let mut d = vec![26u64; 5000];
         d.extend([52; 1000]);
         d.extend([0; 300]);
-        d.push(1);
+        d.extend([1; 250]);
         let p = clock_probe(d.clone(), 0.5);
         assert_eq!(p.step_ns, 13.0);
         assert_eq!(p.min_ns, 0.5);
-        // Median of 6301 differences: 300 zeros, one 1, 5000 x 26, ...: the 3151st is 26.
+        // Median of 6550 differences: 300 zeros, 250 ones, 5000 x 26, ...: the 3275th is 26.
         assert_eq!(p.read_ns, 13.0);
+        // A 3-tick difference in fewer than 1 of STEP_SUPPORT pairs is not the step either.
+        d.extend([3; 2]);
+        assert_eq!(clock_probe(d, 0.5).step_ns, 13.0);
         // With no difference common enough, the minimum is all there is.
         let p = clock_probe(vec![0, 3, 7], 1.0);
         assert_eq!((p.step_ns, p.min_ns), (3.0, 3.0));
