@@ -2,7 +2,7 @@
 //! vs exact `HashMap` baselines, in one run, on the same Mooncake tables and queries.
 //!
 //! Run (from `bench-compare/`):
-//! `CARGO_TARGET_DIR=/work/target-compare cargo run --release -- [--quick] [--no-big]
+//! `nice -n 10 cargo run --release -- [--quick] [--no-big]
 //! [--trace PATH] [--writer-rate DELTAS_PER_S]`
 //!
 //! Not part of the product workspace (own `[workspace]` and `Cargo.lock`; the root manifest
