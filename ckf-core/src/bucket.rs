@@ -87,6 +87,16 @@ pub fn holds_broadcast(word: u64, pattern: u64) -> bool {
     x.wrapping_sub(ONES) & !x & HIGH != 0
 }
 
+/// Whether any slot of `a` or of `b` equals the fingerprint repeated in `pattern`: the
+/// [`holds_broadcast`] test of both words with one final mask and compare (a lane's two
+/// candidate words are always tested together by the search).
+#[inline(always)]
+pub fn holds_either(a: u64, b: u64, pattern: u64) -> bool {
+    let x = a ^ pattern;
+    let y = b ^ pattern;
+    ((x.wrapping_sub(ONES) & !x) | (y.wrapping_sub(ONES) & !y)) & HIGH != 0
+}
+
 /// Whether any slot of `word` holds `fingerprint` (branch-free). `fingerprint` must be nonzero,
 /// otherwise empty slots would match.
 #[inline(always)]
@@ -276,6 +286,11 @@ impl TransposedTable {
     /// read order the search's relocation argument relies on (`crate::search`, module docs).
     /// This is the portable search's whole row check.
     ///
+    /// Two shapes, same answer: when every lane of the row is active, all lanes are tested in
+    /// one fixed-count loop (unrolled for the common lane counts, see `row_pair_hits_all`; no
+    /// branch per lane), and the two words of a lane share one has-zero-slot test
+    /// ([`holds_either`]); otherwise only the active lanes are loaded.
+    ///
     /// # Panics
     /// When `first` or `second` is out of range, or `active` selects a lane `>= lanes()`.
     #[inline(always)]
@@ -288,16 +303,24 @@ impl TransposedTable {
     ) -> u32 {
         let ra = self.row(first);
         let rb = self.row(second);
+        if active == (1u32 << self.lanes) - 1 {
+            return match self.lanes {
+                16 => row_pair_hits_all::<16>(ra, rb, pattern),
+                8 => row_pair_hits_all::<8>(ra, rb, pattern),
+                4 => row_pair_hits_all::<4>(ra, rb, pattern),
+                _ => row_pair_hits_dyn(ra, rb, pattern),
+            };
+        }
         let mut hits = 0u32;
         let mut m = active;
         while m != 0 {
             let l = m.trailing_zeros() as usize;
             m &= m - 1;
-            // Acquire: pairs with the Release stores of a delta (relocation order, see `store`).
+            // Acquire: pairs with the Release stores of a delta (relocation order, see
+            // `store`); the `first` row's word is loaded before the `second` row's.
             let a = ra[l].load(Ordering::Acquire);
             let b = rb[l].load(Ordering::Acquire);
-            // `|`, not `||`: both tests are a few ALU ops, a branch would cost more.
-            hits |= u32::from(holds_broadcast(a, pattern) | holds_broadcast(b, pattern)) << l;
+            hits |= u32::from(holds_either(a, b, pattern)) << l;
         }
         hits
     }
@@ -321,6 +344,37 @@ impl TransposedTable {
     pub fn lane_words(&self, lane: usize) -> Vec<u64> {
         (0..self.bucket_count).map(|b| self.load(b, lane)).collect()
     }
+}
+
+/// Every lane of two rows of `N` lanes (see [`TransposedTable::row_pair_hits`]); `N` known at
+/// compile time so the loop is unrolled and the row lengths checked once.
+#[inline(always)]
+fn row_pair_hits_all<const N: usize>(ra: &[AtomicU64], rb: &[AtomicU64], pattern: u64) -> u32 {
+    let (ra, rb): (&[AtomicU64; N], &[AtomicU64; N]) = (
+        ra.try_into().expect("row of N lanes"),
+        rb.try_into().expect("row of N lanes"),
+    );
+    let mut hits = 0u32;
+    for l in 0..N {
+        // Acquire, `ra` before `rb` per lane: see `row_pair_hits`.
+        let a = ra[l].load(Ordering::Acquire);
+        let b = rb[l].load(Ordering::Acquire);
+        hits |= u32::from(holds_either(a, b, pattern)) << l;
+    }
+    hits
+}
+
+/// [`row_pair_hits_all`] for any lane count.
+#[inline(always)]
+fn row_pair_hits_dyn(ra: &[AtomicU64], rb: &[AtomicU64], pattern: u64) -> u32 {
+    let mut hits = 0u32;
+    for (l, (a, b)) in ra.iter().zip(rb).enumerate() {
+        // Acquire, `ra` before `rb` per lane: see `row_pair_hits`.
+        let a = a.load(Ordering::Acquire);
+        let b = b.load(Ordering::Acquire);
+        hits |= u32::from(holds_either(a, b, pattern)) << l;
+    }
+    hits
 }
 
 /// Raw row addressing for the search hot loops: the table's base pointer, the row stride and
@@ -533,6 +587,15 @@ mod tests {
             let expect = model_contains(w, fp);
             proptest::prop_assert_eq!(holds_broadcast(w, broadcast(fp)), expect);
             proptest::prop_assert_eq!(contains(w, fp), expect);
+            let other = word.rotate_left(17);
+            proptest::prop_assert_eq!(
+                holds_either(w, other, broadcast(fp)),
+                expect || model_contains(other, fp)
+            );
+            proptest::prop_assert_eq!(
+                holds_either(other, w, broadcast(fp)),
+                expect || model_contains(other, fp)
+            );
             proptest::prop_assert_eq!(find(w, fp), slots(w).iter().position(|&x| x == fp));
             proptest::prop_assert_eq!(find_empty(w), slots(w).iter().position(|&x| x == EMPTY_SLOT));
             proptest::prop_assert_eq!(occupied(w), slots(w).iter().filter(|&&x| x != 0).count() as u32);

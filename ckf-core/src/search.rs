@@ -135,8 +135,17 @@ where
     let n = hashes.len();
     let mut active = u32::from(ready);
     let mut pos = 0usize;
-    // One step: probe position `pos` at `loc`; false once no lane still matches.
-    let mut step = |pos: usize, loc: Location, active: &mut u32| {
+    // One step: probe position `pos` at `loc`; false once no lane still matches. A function
+    // forced inline rather than a closure: the closure, called from both loops below, was
+    // compiled out of line (a call per position).
+    #[inline(always)]
+    fn step<F: FnMut(usize, usize, u16, u32) -> u32>(
+        row_hits: &mut F,
+        depths: &mut [u32; MAX_LANES],
+        pos: usize,
+        loc: Location,
+        active: &mut u32,
+    ) -> bool {
         let lo = loc.bucket_a.min(loc.bucket_b) as usize;
         let hi = loc.bucket_a.max(loc.bucket_b) as usize;
         let hits = row_hits(lo, hi, loc.fingerprint, *active) & *active;
@@ -148,9 +157,17 @@ where
         }
         *active = hits;
         hits != 0
-    };
+    }
     if table.bytes() < PREFETCH_MIN_BYTES {
-        while pos < n && step(pos, addressing.locate(hashes[pos]), &mut active) {
+        while pos < n
+            && step(
+                &mut row_hits,
+                &mut depths,
+                pos,
+                addressing.locate(hashes[pos]),
+                &mut active,
+            )
+        {
             pos += 1;
         }
     } else {
@@ -174,7 +191,13 @@ where
                 rows.prefetch(loc.bucket_b as usize);
                 ring[ahead % RING] = loc;
             }
-            if !step(pos, ring[pos % RING], &mut active) {
+            if !step(
+                &mut row_hits,
+                &mut depths,
+                pos,
+                ring[pos % RING],
+                &mut active,
+            ) {
                 break;
             }
             pos += 1;
