@@ -27,7 +27,10 @@ fn runnable() -> Vec<SearchKernel> {
         .filter(|k| {
             let ok = k.is_available();
             if !ok {
-                eprintln!("search kernel {k} skipped: this CPU lacks {}", k.requirement());
+                eprintln!(
+                    "search kernel {k} skipped: this CPU lacks {}",
+                    k.requirement()
+                );
             }
             ok
         })
@@ -257,7 +260,9 @@ fn fingerprint_collisions_are_reported_alike() {
         let want = if lane % 2 == 1 {
             12
         } else {
-            (0..12u32).find(|&i| (i as usize + lane as usize) % 3 == 1).unwrap()
+            (0..12u32)
+                .find(|&i| (i as usize + lane as usize) % 3 == 1)
+                .unwrap()
         };
         assert_eq!(m.depth(lane), Some(want), "lane {lane}");
     }
@@ -311,10 +316,17 @@ fn forced_kernels_really_run_and_auto_picks_the_best() {
         }
         for (i, &k) in KERNELS.iter().enumerate() {
             let ran = testing::kernel_runs(k) - before[i];
-            assert_eq!(ran, if k == kernel { 3 } else { 0 }, "forced {kernel}, ran {k}");
+            assert_eq!(
+                ran,
+                if k == kernel { 3 } else { 0 },
+                "forced {kernel}, ran {k}"
+            );
         }
     }
-    assert_eq!(ix.set_search_kernel(SearchKernel::Auto), Ok(SearchKernel::best()));
+    assert_eq!(
+        ix.set_search_kernel(SearchKernel::Auto),
+        Ok(SearchKernel::best())
+    );
     // On x86-64 with AVX2 (this project's machines), forcing AVX2 runs the AVX2 code even when
     // AVX-512 is there.
     if SearchKernel::Avx2.is_available() {
