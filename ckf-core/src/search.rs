@@ -465,7 +465,9 @@ impl GlobalCkfIndexer {
             },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as above, AVX2 detected.
-            SearchKernel::Avx2 => unsafe { avx2::search(table, addressing, hashes, ready) },
+            SearchKernel::Avx2 => unsafe {
+                avx2::search(table, self.manifest().format.seed, hashes, ready)
+            },
             _ => search_scalar(table, addressing, hashes, ready),
         };
         PrefixMatches { ready, depths }
