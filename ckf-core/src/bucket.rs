@@ -134,10 +134,14 @@ pub fn slots(word: u64) -> [u16; SLOTS] {
 /// vector compare of 16-bit elements produces it), the lowest bit of each word's group:
 /// `0x1111_1111_1111_1111`. Gathering these bits of [`fold_slot_hits`]'s result (`pext`) gives
 /// one bit per word.
+// Used by the AVX-512 kernel only (and this module's tests).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) const FIRST_SLOT_BITS: u64 = u64::MAX / ((1 << SLOTS) - 1);
 
 /// Folds a per-slot hit mask (see [`FIRST_SLOT_BITS`]) so that bit `SLOTS * w` is set when any
 /// slot of word `w` hit; bits between those are meaningless.
+// Used by the AVX-512 kernel only (and this module's tests).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 #[inline(always)]
 pub(crate) const fn fold_slot_hits(slot_hits: u64) -> u64 {
     const _: () = assert!(SLOTS == 4, "the fold below ORs 4 slot bits together");

@@ -52,6 +52,8 @@ use std::sync::atomic::Ordering;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "aarch64")]
+mod neon;
 
 /// How many positions ahead the rows are prefetched.
 const PREFETCH_AHEAD: usize = 4;
@@ -246,13 +248,17 @@ pub enum SearchKernel {
     /// x86-64 with AVX-512 F/DQ/BW and BMI2: 8-way vector locate, a 16-lane row in two 512-bit
     /// loads per bucket (`search/avx512.rs`).
     Avx512 = 3,
+    /// aarch64 NEON: a row in 128-bit loads of 2 lanes with a load barrier after each row
+    /// (`search/neon.rs`). Tested under emulation only, not yet measured on aarch64 hardware,
+    /// so `Auto` does not choose it: force it.
+    Neon = 4,
 }
 
 /// Errors choosing a [`SearchKernel`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SearchKernelError {
-    /// A name that is not one of `auto`, `portable`, `avx2`, `avx512`.
-    #[error("unknown search kernel {0:?}: expected one of auto, portable, avx2, avx512")]
+    /// A name that is not one of `auto`, `portable`, `avx2`, `avx512`, `neon`.
+    #[error("unknown search kernel {0:?}: expected one of auto, portable, avx2, avx512, neon")]
     Unknown(String),
     /// A kernel this CPU (or target) cannot run.
     #[error(
@@ -270,21 +276,23 @@ pub enum SearchKernelError {
 
 impl SearchKernel {
     /// Every kernel name, `Auto` first.
-    pub const ALL: [SearchKernel; 4] = [
+    pub const ALL: [SearchKernel; 5] = [
         SearchKernel::Auto,
         SearchKernel::Portable,
         SearchKernel::Avx2,
         SearchKernel::Avx512,
+        SearchKernel::Neon,
     ];
 
     /// The lower-case name used in configs, flags, logs and metric labels (`auto`, `portable`,
-    /// `avx2`, `avx512`).
+    /// `avx2`, `avx512`, `neon`).
     pub const fn name(self) -> &'static str {
         match self {
             SearchKernel::Auto => "auto",
             SearchKernel::Portable => "portable",
             SearchKernel::Avx2 => "avx2",
             SearchKernel::Avx512 => "avx512",
+            SearchKernel::Neon => "neon",
         }
     }
 
@@ -294,6 +302,7 @@ impl SearchKernel {
             SearchKernel::Auto | SearchKernel::Portable => "nothing",
             SearchKernel::Avx2 => "x86-64 with AVX2",
             SearchKernel::Avx512 => "x86-64 with AVX-512 F, DQ, BW and BMI2",
+            SearchKernel::Neon => "aarch64 (NEON)",
         }
     }
 
@@ -317,10 +326,13 @@ impl SearchKernel {
             }
             #[cfg(not(target_arch = "x86_64"))]
             SearchKernel::Avx2 | SearchKernel::Avx512 => false,
+            // NEON is part of the aarch64 base ISA.
+            SearchKernel::Neon => cfg!(target_arch = "aarch64"),
         }
     }
 
-    /// The fastest kernel this CPU runs: AVX-512 > AVX2 > portable (never `Auto`).
+    /// The fastest kernel this CPU runs: AVX-512 > AVX2 > portable (never `Auto`; never `Neon`
+    /// either until it is measured on aarch64 hardware).
     pub fn best() -> SearchKernel {
         [SearchKernel::Avx512, SearchKernel::Avx2]
             .into_iter()
@@ -328,12 +340,13 @@ impl SearchKernel {
             .unwrap_or(SearchKernel::Portable)
     }
 
-    /// The concrete kernels this CPU runs, best first (never `Auto`).
+    /// The concrete kernels this CPU runs, best first (never `Auto`; `Neon` last: unmeasured).
     pub fn available() -> Vec<SearchKernel> {
         [
             SearchKernel::Avx512,
             SearchKernel::Avx2,
             SearchKernel::Portable,
+            SearchKernel::Neon,
         ]
         .into_iter()
         .filter(|k| k.is_available())
@@ -366,6 +379,7 @@ impl SearchKernel {
             1 => SearchKernel::Portable,
             2 => SearchKernel::Avx2,
             3 => SearchKernel::Avx512,
+            4 => SearchKernel::Neon,
             _ => SearchKernel::Auto,
         }
     }
@@ -468,6 +482,8 @@ impl GlobalCkfIndexer {
             SearchKernel::Avx2 => unsafe {
                 avx2::search(table, self.manifest().format.seed, hashes, ready)
             },
+            #[cfg(target_arch = "aarch64")]
+            SearchKernel::Neon => neon::search(table, addressing, hashes, ready),
             _ => search_scalar(table, addressing, hashes, ready),
         };
         PrefixMatches { ready, depths }
@@ -482,7 +498,7 @@ pub(crate) mod test_hooks {
     use std::cell::Cell;
 
     thread_local! {
-        static RUNS: Cell<[u64; 4]> = const { Cell::new([0; 4]) };
+        static RUNS: Cell<[u64; 5]> = const { Cell::new([0; 5]) };
         static HIDDEN: Cell<u8> = const { Cell::new(0) };
     }
 

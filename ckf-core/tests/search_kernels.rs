@@ -14,10 +14,11 @@ use ckf_core::testing;
 use proptest::prelude::*;
 
 /// The concrete kernels, portable first.
-const KERNELS: [SearchKernel; 3] = [
+const KERNELS: [SearchKernel; 4] = [
     SearchKernel::Portable,
     SearchKernel::Avx2,
     SearchKernel::Avx512,
+    SearchKernel::Neon,
 ];
 
 /// The kernels this CPU runs; prints the ones skipped.
@@ -363,7 +364,8 @@ fn a_kernel_the_cpu_lacks_is_refused_and_auto_falls_back() {
         assert_ne!(best, SearchKernel::Avx512);
         assert_eq!(ix.set_search_kernel(SearchKernel::Auto), Ok(best));
     });
-    testing::without_kernels(&[SearchKernel::Avx512, SearchKernel::Avx2], || {
+    let vector = [SearchKernel::Avx512, SearchKernel::Avx2, SearchKernel::Neon];
+    testing::without_kernels(&vector, || {
         assert_eq!(SearchKernel::best(), SearchKernel::Portable);
         assert_eq!(SearchKernel::available(), vec![SearchKernel::Portable]);
         let before = ix.search_kernel();
@@ -392,7 +394,13 @@ fn kernel_names_parse_and_print() {
     );
     assert_eq!(
         "sse".parse::<SearchKernel>().unwrap_err().to_string(),
-        "unknown search kernel \"sse\": expected one of auto, portable, avx2, avx512"
+        "unknown search kernel \"sse\": expected one of auto, portable, avx2, avx512, neon"
     );
     assert_eq!(SearchKernel::default(), SearchKernel::Auto);
+    // NEON is only ever forced: `Auto` never picks an unmeasured kernel.
+    assert_ne!(SearchKernel::best(), SearchKernel::Neon);
+    assert_eq!(
+        SearchKernel::Neon.is_available(),
+        cfg!(target_arch = "aarch64")
+    );
 }

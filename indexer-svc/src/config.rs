@@ -123,7 +123,7 @@ impl Default for LimitsConfig {
 #[serde(default, deny_unknown_fields)]
 pub struct SearchConfig {
     /// Search kernel: `auto` (the best this CPU runs: AVX-512 > AVX2 > portable), or one of
-    /// `portable`, `avx2`, `avx512` forced (`ckf_core::search::SearchKernel`); a kernel the CPU
+    /// `portable`, `avx2`, `avx512`, `neon` forced (`ckf_core::search::SearchKernel`); a kernel the CPU
     /// lacks is refused at start. Every kernel gives the same answers.
     pub kernel: String,
 }
@@ -305,7 +305,7 @@ fn kernel_invalid(value: &str, error: SearchKernelError) -> Invalid {
         SearchKernelError::Unknown(_) => Invalid::new(
             "search.kernel",
             value,
-            "must be one of auto, portable, avx2, avx512",
+            "must be one of auto, portable, avx2, avx512, neon",
         ),
         SearchKernelError::Unavailable {
             needs, available, ..
@@ -455,7 +455,7 @@ pub struct Cli {
     /// [default: 1024; key: limits.lane_queue_capacity].
     #[arg(long, value_name = "FRAMES")]
     pub lane_queue_capacity: Option<u32>,
-    /// Prefix-search kernel: auto, portable, avx2 or avx512; a kernel this CPU lacks is
+    /// Prefix-search kernel: auto, portable, avx2, avx512 or neon; a kernel this CPU lacks is
     /// refused [default: auto; key: search.kernel].
     #[arg(long, value_name = "KERNEL")]
     pub search_kernel: Option<String>,
@@ -567,7 +567,9 @@ mod tests {
         // The flag forces one (portable runs everywhere).
         let config = cli(&["--search-kernel", "portable"]).load().unwrap();
         assert_eq!(config.search_kernel().unwrap(), SearchKernel::Portable);
-        for k in [SearchKernel::Avx2, SearchKernel::Avx512] {
+        // On every machine at least one of these is missing (NEON on x86-64, AVX on aarch64):
+        // the real refusal.
+        for k in [SearchKernel::Avx2, SearchKernel::Avx512, SearchKernel::Neon] {
             let result = cli(&["--search-kernel", k.name()]).load();
             if k.is_available() {
                 assert_eq!(result.unwrap().search_kernel().unwrap(), k);
@@ -598,7 +600,7 @@ mod tests {
             .to_string();
         assert!(text.contains("search.kernel = sse4"), "{text}");
         assert!(
-            text.contains("must be one of auto, portable, avx2, avx512"),
+            text.contains("must be one of auto, portable, avx2, avx512, neon"),
             "{text}"
         );
         // A kernel the CPU lacks (the refusal every CPU without it gets; built here from the

@@ -105,7 +105,7 @@ pub struct IndexerMetrics {
     /// Dirty-to-applied lag of applied deltas: the producer's `oldest_change_age_ms` plus the
     /// time from receipt to applied here (seconds).
     pub event_to_applied_lag: HistogramVec,
-    /// One-hot search kernel in use (`kernel`: `portable`, `avx2`, `avx512`); see
+    /// One-hot search kernel in use (`kernel`: `portable`, `avx2`, `avx512`, `neon`); see
     /// [`IndexerMetrics::observe_search_kernel`].
     pub search_kernel: IntGaugeVec,
 }
@@ -236,7 +236,7 @@ impl IndexerMetrics {
             search_kernel: int_gauge_vec(
                 &r,
                 "ckf_indexer_search_kernel",
-                "1 for the prefix-search kernel in use (portable, avx2, avx512; config search.kernel).",
+                "1 for the prefix-search kernel in use (portable, avx2, avx512, neon; config search.kernel).",
                 &["kernel"],
             ),
             registry: r,
@@ -285,12 +285,13 @@ impl IndexerMetrics {
     }
 
     /// Sets the one-hot `ckf_indexer_search_kernel` gauge: 1 for `kernel` (a resolved kernel),
-    /// 0 for every other concrete kernel, so a dashboard sees all three labels.
+    /// 0 for every other concrete kernel, so a dashboard sees every label.
     pub fn observe_search_kernel(&self, kernel: SearchKernel) {
         for k in [
             SearchKernel::Portable,
             SearchKernel::Avx2,
             SearchKernel::Avx512,
+            SearchKernel::Neon,
         ] {
             self.search_kernel
                 .with_label_values(&[k.name()])

@@ -71,21 +71,26 @@ async fn reflection_lists_the_ckf_services() {
 #[tokio::test]
 async fn search_kernel_is_configurable_and_exported() {
     let mut answers = Vec::new();
-    for kernel in ["auto", "portable", "avx2", "avx512"] {
+    for kernel in ["auto", "portable", "avx2", "avx512", "neon"] {
         let forced: ckf_core::search::SearchKernel = kernel.parse().unwrap();
+        let mut c = config(&["dc-a", "dc-b"]);
+        c.search.kernel = kernel.into();
         if !forced.is_available() {
-            eprintln!(
-                "search kernel {kernel} skipped: this CPU lacks {}",
-                forced.requirement()
+            // A kernel this CPU lacks refuses to start (NEON on x86-64, AVX on aarch64).
+            let Err(err) = indexer_svc::serve(c, std::future::pending()).await else {
+                panic!("{kernel} started on a CPU without it");
+            };
+            let text = err.to_string();
+            assert!(
+                text.contains(&format!("search.kernel = {kernel}: is not available")),
+                "{text}"
             );
             continue;
         }
-        let mut c = config(&["dc-a", "dc-b"]);
-        c.search.kernel = kernel.into();
         let indexer = Indexer::start(c).await;
         let in_use = forced.resolve().unwrap().name();
         let text = http_get(indexer.running.metrics_addr, "/metrics").await;
-        for k in ["portable", "avx2", "avx512"] {
+        for k in ["portable", "avx2", "avx512", "neon"] {
             let line = format!(
                 "ckf_indexer_search_kernel{{kernel=\"{k}\"}} {}",
                 i32::from(k == in_use)
