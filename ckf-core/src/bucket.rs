@@ -11,8 +11,9 @@
 //! * every word-level operation: read or write one slot, the "broadcast the fingerprint and test
 //!   all four slots at once" membership test ([`broadcast`], [`holds_broadcast`], [`contains`]),
 //!   first matching / first empty slot, occupancy; the mutator, the dirty tracker and the
-//!   portable search call these, and the AVX-512 kernel (`search/avx512.rs`) takes the slot
-//!   layout and the per-word fold of its slot-compare mask from here;
+//!   portable search call these, and the vector kernels (`search/avx512.rs`, `search/avx2.rs`,
+//!   `search/neon.rs`) take the slot layout (and AVX-512 the per-word fold of its slot-compare
+//!   mask) from here;
 //! * the consumer's [`TransposedTable`] of `AtomicU64` images with its orderings (`Release`
 //!   install, `Acquire` load), the portable row-pair check of the search, and the raw row view
 //!   (`Rows`) with the row prefetch that both search kernels use.
@@ -386,7 +387,8 @@ fn row_pair_hits_dyn(ra: &[AtomicU64], rb: &[AtomicU64], pattern: u64) -> u32 {
 /// branch. Borrowed from one [`TransposedTable`]; every address it gives is inside that table.
 ///
 /// The pointers are to `AtomicU64` words: read them only with atomic loads or with the
-/// single-access vector loads `search/avx512.rs` documents, never with plain loads.
+/// single-access vector loads `search/avx512.rs`, `search/avx2.rs` and `search/neon.rs`
+/// document, never with plain loads.
 #[derive(Clone, Copy)]
 pub(crate) struct Rows<'t> {
     base: *const u64,

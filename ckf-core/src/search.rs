@@ -23,8 +23,10 @@
 //! This module owns the query loop (capture, read order, early exit, prefetch distance, kernel
 //! choice). It never touches a bucket word itself: the slot test, the atomic row loads and the
 //! prefetch are [`crate::bucket`]'s ([`TransposedTable`]'s row-pair check and row view), the
-//! fingerprint and candidate buckets are [`crate::addressing`]'s. `search/avx512.rs` is the same
-//! loop with vector locate and row checks, built on those owners' constants.
+//! fingerprint and candidate buckets are [`crate::addressing`]'s. `search/avx512.rs` and
+//! `search/avx2.rs` are the same loop with vector locate and row checks, built on those owners'
+//! constants; `search/neon.rs` runs this module's loop with a NEON row check. Which one a query
+//! runs is [`SearchKernel`]'s choice (best available, or forced; never one the CPU lacks).
 //!
 //! # Read order and the relocation window (`cuckoo-cases.md` case 12)
 //! A delta relocating fingerprint `f` from bucket `s` to bucket `d` (the other candidate of `f`)
