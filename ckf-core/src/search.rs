@@ -230,7 +230,7 @@ fn search_scalar(
 
 /// A prefix-search kernel: the code that compares a query position's two candidate rows against
 /// its fingerprint across the lanes. Every kernel gives the same answers on every table and
-/// query (`tests/consumer_search.rs` checks each one the CPU has against the portable one and
+/// query (`tests/search_kernels.rs` checks each one the CPU has against the portable one and
 /// against an exact model) and keeps the same weak-read contract; they differ only in speed.
 ///
 /// Chosen once per indexer (best available at construction, see [`SearchKernel::best`]) and
