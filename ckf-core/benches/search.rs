@@ -513,14 +513,6 @@ fn run_trace(trace: &[Vec<u64>], big: bool, samples: usize, scale: f64, writer: 
 
 // ------------------------------------------------------------------ kernels
 
-#[inline(never)]
-fn kernel_query(ix: &GlobalCkfIndexer, kernel: SearchKernel, q: &[u64]) -> u32 {
-    let m = ix
-        .find_prefix_matches_with(kernel, q)
-        .expect("kernel checked available");
-    m.iter().map(|(_, d)| d).sum()
-}
-
 /// Every kernel this CPU runs on the same table and queries, in one run: the kernels take turns
 /// in `ROUNDS` interleaved rounds (so load changes on the shared machine hit them alike), every
 /// sample of every round is kept, and p50 / p99 are over all samples. Checks first that every
@@ -546,14 +538,16 @@ fn compare_kernels(
     let mut start = 0usize;
     for _ in 0..ROUNDS {
         for (i, &k) in kernels.iter().enumerate() {
+            // The production path: the indexer's kernel, one relaxed load per query.
+            ix.set_search_kernel(k).expect("kernel checked available");
             // Warm-up: the same queries of this round, untimed.
             for j in 0..per_round.min(1000) {
-                black_box(kernel_query(ix, k, &queries[(start + j) % queries.len()]));
+                black_box(ckf_query(ix, &queries[(start + j) % queries.len()]));
             }
             for j in 0..per_round {
                 let q = &queries[(start + j) % queries.len()];
                 let t0 = ticks();
-                let r = kernel_query(ix, k, black_box(q));
+                let r = ckf_query(ix, black_box(q));
                 let t1 = ticks();
                 black_box(r);
                 all[i].push(t1 - t0);
@@ -561,6 +555,8 @@ fn compare_kernels(
         }
         start += per_round;
     }
+    ix.set_search_kernel(SearchKernel::Auto)
+        .expect("auto always resolves");
     let lats: Vec<Lat> = all.into_iter().map(|v| summarize(v, scale)).collect();
     let base = &lats[0]; // `available()` is best first: AVX-512 where present.
     for (k, l) in kernels.iter().zip(&lats) {
