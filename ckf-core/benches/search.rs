@@ -4,7 +4,10 @@
 //! `FoldHashBuilder`) answering the same prefix-depth question.
 //!
 //! Run: `cargo bench -p ckf-core --bench search` (add `-- quick` for a shorter run, `-- no-big`
-//! to skip the >= 256 MiB tables, `-- trace PATH` to use another Mooncake-format trace).
+//! to skip the >= 256 MiB tables, `-- trace PATH` to use another Mooncake-format trace,
+//! `-- kernels` for the search-kernel comparison alone: portable, AVX2 and AVX-512 on the same
+//! tables and queries, with ratios to AVX-512 measured in the same run; `-- profile LANES LEN
+//! [BUCKETS] [kernel NAME]` for a tight loop).
 //!
 //! Tables are built through the real ingest path (lease + barrier snapshot). Lanes are filled to
 //! ~95% slot load: the query blocks' fingerprints are placed in one of their candidate buckets and
@@ -27,6 +30,7 @@ use ckf_core::identity::{
     IndexerDomainId, PoolId, ProducerIdentity, ProducerIncarnation, StreamTag,
 };
 use ckf_core::lane::{Frame, IngestOutcome, LagPolicy};
+use ckf_core::search::SearchKernel;
 
 type Exact = HashMap<u64, u16, FoldHashBuilder>;
 
@@ -431,8 +435,12 @@ fn run_synthetic(
 }
 
 /// Mooncake-like: lanes filled with different subsets of the trace (each request stored in each
-/// lane with probability 1/4), every request used as a query.
-fn run_trace(trace: &[Vec<u64>], big: bool, samples: usize, scale: f64, writer: bool) {
+/// lane with probability 1/4). Returns the indexer, its lanes' stream tags, the exact index and
+/// the mean number of blocks per lane.
+fn trace_indexer(
+    trace: &[Vec<u64>],
+    big: bool,
+) -> (Arc<GlobalCkfIndexer>, Vec<StreamTag>, Exact, usize) {
     let lanes = 16;
     let buckets: u64 = if big {
         (256u64 << 20) / 8 / lanes as u64
@@ -462,6 +470,13 @@ fn run_trace(trace: &[Vec<u64>], big: bool, samples: usize, scale: f64, writer: 
     let per_lane: usize = lane_blocks.iter().map(|l| l.len()).sum::<usize>() / lanes;
     let tags = fill(&ix, &mut lane_blocks, 0.95, 11);
     let exact = exact_index(&lane_blocks);
+    (ix, tags, exact, per_lane)
+}
+
+/// Every request used as a query against [`trace_indexer`]'s table, next to the exact index.
+fn run_trace(trace: &[Vec<u64>], big: bool, samples: usize, scale: f64, writer: bool) {
+    let lanes = 16;
+    let (ix, tags, exact, per_lane) = trace_indexer(trace, big);
     let over = verify(&ix, &exact, trace);
     let mean_depth: f64 = trace
         .iter()
@@ -494,6 +509,101 @@ fn run_trace(trace: &[Vec<u64>], big: bool, samples: usize, scale: f64, writer: 
         "    {} queries, ~{per_lane} blocks/lane, mean depth/lane {mean_depth:.1}, {over} FP over-reports in 5000 queries",
         trace.len()
     );
+}
+
+// ------------------------------------------------------------------ kernels
+
+/// Every kernel this CPU runs on the same table and queries, in one run: the kernels take turns
+/// in `ROUNDS` interleaved rounds (so load changes on the shared machine hit them alike), every
+/// sample of every round is kept, and p50 / p99 are over all samples. Checks first that every
+/// kernel gives the portable kernel's answer to every query. Prints each kernel's figures and
+/// its ratio to the AVX-512 kernel (or, without AVX-512, to the best kernel present).
+fn compare_kernels(
+    name: &str,
+    ix: &GlobalCkfIndexer,
+    queries: &[Vec<u64>],
+    samples: usize,
+    scale: f64,
+) {
+    const ROUNDS: usize = 10;
+    let kernels = SearchKernel::available();
+    for q in queries {
+        let want = ix.find_prefix_matches_portable(q);
+        for &k in &kernels {
+            assert_eq!(ix.find_prefix_matches_with(k, q).unwrap(), want, "{k}");
+        }
+    }
+    let mut all: Vec<Vec<u64>> = vec![Vec::with_capacity(samples); kernels.len()];
+    let per_round = samples / ROUNDS;
+    let mut start = 0usize;
+    for _ in 0..ROUNDS {
+        for (i, &k) in kernels.iter().enumerate() {
+            // The production path: the indexer's kernel, one relaxed load per query.
+            ix.set_search_kernel(k).expect("kernel checked available");
+            // Warm-up: the same queries of this round, untimed.
+            for j in 0..per_round.min(1000) {
+                black_box(ckf_query(ix, &queries[(start + j) % queries.len()]));
+            }
+            for j in 0..per_round {
+                let q = &queries[(start + j) % queries.len()];
+                let t0 = ticks();
+                let r = ckf_query(ix, black_box(q));
+                let t1 = ticks();
+                black_box(r);
+                all[i].push(t1 - t0);
+            }
+        }
+        start += per_round;
+    }
+    ix.set_search_kernel(SearchKernel::Auto)
+        .expect("auto always resolves");
+    let lats: Vec<Lat> = all.into_iter().map(|v| summarize(v, scale)).collect();
+    let base = &lats[0]; // `available()` is best first: AVX-512 where present.
+    for (k, l) in kernels.iter().zip(&lats) {
+        println!(
+            "{name:<36} {:<9} p50 {:>7.0} ns p99 {:>7.0} ns mean {:>7.0} | /{} p50 {:>5.2} p99 {:>5.2}",
+            k.name(),
+            l.p50,
+            l.p99,
+            l.mean,
+            kernels[0].name(),
+            l.p50 / base.p50,
+            l.p99 / base.p99
+        );
+    }
+}
+
+/// `-- kernels`: the kernel comparison alone (in-cache synthetic 16-lane queries without early
+/// exit, Mooncake on 2 MiB and, unless `no-big`, on 256 MiB).
+fn run_kernels(trace: Option<&[Vec<u64>]>, no_big: bool, samples: usize, scale: f64) {
+    for len in [32usize, 128] {
+        let ix = build_indexer(16 << 10, 16);
+        let qs = synthetic_queries(400, len, 1000 + len as u64);
+        let mut lane_blocks = vec![qs.iter().flatten().copied().collect::<Vec<u64>>(); 16];
+        fill(&ix, &mut lane_blocks, 0.95, 5);
+        compare_kernels(
+            &format!("in-cache 2 MiB 16 lanes {len:>3} blocks"),
+            &ix,
+            &qs,
+            samples,
+            scale,
+        );
+    }
+    let Some(trace) = trace else {
+        println!("trace not readable: Mooncake kernel figures skipped");
+        return;
+    };
+    for big in [false, true] {
+        if big && no_big {
+            continue;
+        }
+        let (ix, _, _, _) = trace_indexer(trace, big);
+        let name = format!(
+            "mooncake {} 16 lanes",
+            if big { "256 MiB" } else { "2 MiB" }
+        );
+        compare_kernels(&name, &ix, trace, samples, scale);
+    }
 }
 
 fn memory_figure() {
@@ -537,7 +647,15 @@ fn main() {
         let len: usize = args[i + 2].parse().unwrap();
         let buckets: u64 = args.get(i + 3).map_or(16 << 10, |b| b.parse().unwrap());
         let ix = build_indexer(buckets, lanes);
-        println!("huge pages: {}", ix.huge_pages());
+        if let Some(k) = args.iter().position(|a| a == "kernel") {
+            let kernel: SearchKernel = args[k + 1].parse().unwrap();
+            ix.set_search_kernel(kernel).unwrap();
+        }
+        println!(
+            "huge pages: {}, kernel {}",
+            ix.huge_pages(),
+            ix.search_kernel()
+        );
         let qs = synthetic_queries(if buckets > 1 << 20 { 20_000 } else { 200 }, len, 1);
         let mut lane_blocks = vec![qs.iter().flatten().copied().collect::<Vec<u64>>(); lanes];
         fill(&ix, &mut lane_blocks, 0.95, 5);
@@ -565,6 +683,11 @@ fn main() {
         "timer: {:.3} ns/tick, empty timed region p50 {:.0} ns",
         scale, overhead.p50
     );
+    if args.iter().any(|a| a == "kernels") {
+        let trace = load_trace(&trace_path);
+        run_kernels(trace.as_deref(), no_big, samples, scale);
+        return;
+    }
     memory_figure();
     let lens = [8usize, 32, 128, 512];
     for big in [false, true] {

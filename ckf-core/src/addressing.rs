@@ -2,7 +2,8 @@
 //! candidate buckets).
 //!
 //! Owns: the format-v1 derivation below ([`Addressing::locate`], [`Addressing::alternate`]),
-//! [`fmix64`] and its named constants (which `search/avx512.rs` reuses for its vector form),
+//! [`fmix64`] and its named constants (which `search/avx512.rs` and `search/avx2.rs` reuse for
+//! their vector forms),
 //! [`TableFormat`] and its validation, and table sizing. The slot layout itself (16-bit slots,
 //! 4 per bucket) is [`crate::bucket`]'s; the format's `fingerprint_bits` and `slots_per_bucket`
 //! are derived from it.
@@ -45,7 +46,8 @@ pub const FINGERPRINT_BITS: u8 = bucket::SLOT_BITS as u8;
 pub const SLOTS_PER_BUCKET: u8 = bucket::SLOTS as u8;
 /// The fingerprint is the top [`FINGERPRINT_BITS`] of the mixed hash: `h >> FINGERPRINT_SHIFT`.
 pub(crate) const FINGERPRINT_SHIFT: u32 = 64 - bucket::SLOT_BITS;
-/// `fmix64`'s first multiplier (MurmurHash3). Shared with the vector kernel in `search/avx512.rs`.
+/// `fmix64`'s first multiplier (MurmurHash3). Shared with the vector kernels in
+/// `search/avx512.rs` and `search/avx2.rs`.
 pub(crate) const FMIX_C1: u64 = 0xff51_afd7_ed55_8ccd;
 /// `fmix64`'s second multiplier (MurmurHash3).
 pub(crate) const FMIX_C2: u64 = 0xc4ce_b9fe_1a85_ec53;

@@ -11,8 +11,9 @@
 //! * every word-level operation: read or write one slot, the "broadcast the fingerprint and test
 //!   all four slots at once" membership test ([`broadcast`], [`holds_broadcast`], [`contains`]),
 //!   first matching / first empty slot, occupancy; the mutator, the dirty tracker and the
-//!   portable search call these, and the AVX-512 kernel (`search/avx512.rs`) takes the slot
-//!   layout and the per-word fold of its slot-compare mask from here;
+//!   portable search call these, and the vector kernels (`search/avx512.rs`, `search/avx2.rs`,
+//!   `search/neon.rs`) take the slot layout (and AVX-512 the per-word fold of its slot-compare
+//!   mask) from here;
 //! * the consumer's [`TransposedTable`] of `AtomicU64` images with its orderings (`Release`
 //!   install, `Acquire` load), the portable row-pair check of the search, and the raw row view
 //!   (`Rows`) with the row prefetch that both search kernels use.
@@ -87,6 +88,16 @@ pub fn holds_broadcast(word: u64, pattern: u64) -> bool {
     x.wrapping_sub(ONES) & !x & HIGH != 0
 }
 
+/// Whether any slot of `a` or of `b` equals the fingerprint repeated in `pattern`: the
+/// [`holds_broadcast`] test of both words with one final mask and compare (a lane's two
+/// candidate words are always tested together by the search).
+#[inline(always)]
+pub fn holds_either(a: u64, b: u64, pattern: u64) -> bool {
+    let x = a ^ pattern;
+    let y = b ^ pattern;
+    ((x.wrapping_sub(ONES) & !x) | (y.wrapping_sub(ONES) & !y)) & HIGH != 0
+}
+
 /// Whether any slot of `word` holds `fingerprint` (branch-free). `fingerprint` must be nonzero,
 /// otherwise empty slots would match.
 #[inline(always)]
@@ -124,10 +135,14 @@ pub fn slots(word: u64) -> [u16; SLOTS] {
 /// vector compare of 16-bit elements produces it), the lowest bit of each word's group:
 /// `0x1111_1111_1111_1111`. Gathering these bits of [`fold_slot_hits`]'s result (`pext`) gives
 /// one bit per word.
+// Used by the AVX-512 kernel only (and this module's tests).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) const FIRST_SLOT_BITS: u64 = u64::MAX / ((1 << SLOTS) - 1);
 
 /// Folds a per-slot hit mask (see [`FIRST_SLOT_BITS`]) so that bit `SLOTS * w` is set when any
 /// slot of word `w` hit; bits between those are meaningless.
+// Used by the AVX-512 kernel only (and this module's tests).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 #[inline(always)]
 pub(crate) const fn fold_slot_hits(slot_hits: u64) -> u64 {
     const _: () = assert!(SLOTS == 4, "the fold below ORs 4 slot bits together");
@@ -276,6 +291,11 @@ impl TransposedTable {
     /// read order the search's relocation argument relies on (`crate::search`, module docs).
     /// This is the portable search's whole row check.
     ///
+    /// Two shapes, same answer: when every lane of the row is active, all lanes are tested in
+    /// one fixed-count loop (unrolled for the common lane counts, see `row_pair_hits_all`; no
+    /// branch per lane), and the two words of a lane share one has-zero-slot test
+    /// ([`holds_either`]); otherwise only the active lanes are loaded.
+    ///
     /// # Panics
     /// When `first` or `second` is out of range, or `active` selects a lane `>= lanes()`.
     #[inline(always)]
@@ -288,16 +308,24 @@ impl TransposedTable {
     ) -> u32 {
         let ra = self.row(first);
         let rb = self.row(second);
+        if active == (1u32 << self.lanes) - 1 {
+            return match self.lanes {
+                16 => row_pair_hits_all::<16>(ra, rb, pattern),
+                8 => row_pair_hits_all::<8>(ra, rb, pattern),
+                4 => row_pair_hits_all::<4>(ra, rb, pattern),
+                _ => row_pair_hits_dyn(ra, rb, pattern),
+            };
+        }
         let mut hits = 0u32;
         let mut m = active;
         while m != 0 {
             let l = m.trailing_zeros() as usize;
             m &= m - 1;
-            // Acquire: pairs with the Release stores of a delta (relocation order, see `store`).
+            // Acquire: pairs with the Release stores of a delta (relocation order, see
+            // `store`); the `first` row's word is loaded before the `second` row's.
             let a = ra[l].load(Ordering::Acquire);
             let b = rb[l].load(Ordering::Acquire);
-            // `|`, not `||`: both tests are a few ALU ops, a branch would cost more.
-            hits |= u32::from(holds_broadcast(a, pattern) | holds_broadcast(b, pattern)) << l;
+            hits |= u32::from(holds_either(a, b, pattern)) << l;
         }
         hits
     }
@@ -323,12 +351,44 @@ impl TransposedTable {
     }
 }
 
+/// Every lane of two rows of `N` lanes (see [`TransposedTable::row_pair_hits`]); `N` known at
+/// compile time so the loop is unrolled and the row lengths checked once.
+#[inline(always)]
+fn row_pair_hits_all<const N: usize>(ra: &[AtomicU64], rb: &[AtomicU64], pattern: u64) -> u32 {
+    let (ra, rb): (&[AtomicU64; N], &[AtomicU64; N]) = (
+        ra.try_into().expect("row of N lanes"),
+        rb.try_into().expect("row of N lanes"),
+    );
+    let mut hits = 0u32;
+    for l in 0..N {
+        // Acquire, `ra` before `rb` per lane: see `row_pair_hits`.
+        let a = ra[l].load(Ordering::Acquire);
+        let b = rb[l].load(Ordering::Acquire);
+        hits |= u32::from(holds_either(a, b, pattern)) << l;
+    }
+    hits
+}
+
+/// [`row_pair_hits_all`] for any lane count.
+#[inline(always)]
+fn row_pair_hits_dyn(ra: &[AtomicU64], rb: &[AtomicU64], pattern: u64) -> u32 {
+    let mut hits = 0u32;
+    for (l, (a, b)) in ra.iter().zip(rb).enumerate() {
+        // Acquire, `ra` before `rb` per lane: see `row_pair_hits`.
+        let a = a.load(Ordering::Acquire);
+        let b = b.load(Ordering::Acquire);
+        hits |= u32::from(holds_either(a, b, pattern)) << l;
+    }
+    hits
+}
+
 /// Raw row addressing for the search hot loops: the table's base pointer, the row stride and
 /// the bucket mask, so a row address costs a mask, a multiply and an add, with no bounds-check
 /// branch. Borrowed from one [`TransposedTable`]; every address it gives is inside that table.
 ///
 /// The pointers are to `AtomicU64` words: read them only with atomic loads or with the
-/// single-access vector loads `search/avx512.rs` documents, never with plain loads.
+/// single-access vector loads `search/avx512.rs`, `search/avx2.rs` and `search/neon.rs`
+/// document, never with plain loads.
 #[derive(Clone, Copy)]
 pub(crate) struct Rows<'t> {
     base: *const u64,
@@ -533,6 +593,15 @@ mod tests {
             let expect = model_contains(w, fp);
             proptest::prop_assert_eq!(holds_broadcast(w, broadcast(fp)), expect);
             proptest::prop_assert_eq!(contains(w, fp), expect);
+            let other = word.rotate_left(17);
+            proptest::prop_assert_eq!(
+                holds_either(w, other, broadcast(fp)),
+                expect || model_contains(other, fp)
+            );
+            proptest::prop_assert_eq!(
+                holds_either(other, w, broadcast(fp)),
+                expect || model_contains(other, fp)
+            );
             proptest::prop_assert_eq!(find(w, fp), slots(w).iter().position(|&x| x == fp));
             proptest::prop_assert_eq!(find_empty(w), slots(w).iter().position(|&x| x == EMPTY_SLOT));
             proptest::prop_assert_eq!(occupied(w), slots(w).iter().filter(|&&x| x != 0).count() as u32);

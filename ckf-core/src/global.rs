@@ -29,7 +29,7 @@
 //! never touched by queries.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -173,6 +173,10 @@ pub struct GlobalCkfIndexer {
     ready: AtomicU32,
     lanes: Vec<Mutex<LaneIngestor>>,
     huge_pages: bool,
+    /// The search kernel queries run with, always a resolved one the CPU supports (see
+    /// [`crate::search::SearchKernel`]); set at construction to the best available and changed
+    /// only through `set_search_kernel`, which checks availability first.
+    pub(crate) search_kernel: AtomicU8,
 }
 
 impl Manifest {
@@ -246,6 +250,7 @@ impl GlobalCkfIndexer {
             ready: AtomicU32::new(0),
             lanes,
             huge_pages,
+            search_kernel: AtomicU8::new(crate::search::SearchKernel::best() as u8),
         })
     }
 

@@ -23,8 +23,10 @@
 //! This module owns the query loop (capture, read order, early exit, prefetch distance, kernel
 //! choice). It never touches a bucket word itself: the slot test, the atomic row loads and the
 //! prefetch are [`crate::bucket`]'s ([`TransposedTable`]'s row-pair check and row view), the
-//! fingerprint and candidate buckets are [`crate::addressing`]'s. `search/avx512.rs` is the same
-//! loop with vector locate and row checks, built on those owners' constants.
+//! fingerprint and candidate buckets are [`crate::addressing`]'s. `search/avx512.rs` and
+//! `search/avx2.rs` are the same loop with vector locate and row checks, built on those owners'
+//! constants; `search/neon.rs` runs this module's loop with a NEON row check. Which one a query
+//! runs is [`SearchKernel`]'s choice (best available, or forced; never one the CPU lacks).
 //!
 //! # Read order and the relocation window (`cuckoo-cases.md` case 12)
 //! A delta relocating fingerprint `f` from bucket `s` to bucket `d` (the other candidate of `f`)
@@ -46,9 +48,14 @@ use crate::addressing::{Addressing, Location};
 use crate::bucket::{self, MAX_LANES, TransposedTable};
 use crate::global::GlobalCkfIndexer;
 use crate::identity::LaneIndex;
+use std::sync::atomic::Ordering;
 
 #[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "aarch64")]
+mod neon;
 
 /// How many positions ahead the rows are prefetched.
 const PREFETCH_AHEAD: usize = 4;
@@ -132,8 +139,17 @@ where
     let n = hashes.len();
     let mut active = u32::from(ready);
     let mut pos = 0usize;
-    // One step: probe position `pos` at `loc`; false once no lane still matches.
-    let mut step = |pos: usize, loc: Location, active: &mut u32| {
+    // One step: probe position `pos` at `loc`; false once no lane still matches. A function
+    // forced inline rather than a closure: the closure, called from both loops below, was
+    // compiled out of line (a call per position).
+    #[inline(always)]
+    fn step<F: FnMut(usize, usize, u16, u32) -> u32>(
+        row_hits: &mut F,
+        depths: &mut [u32; MAX_LANES],
+        pos: usize,
+        loc: Location,
+        active: &mut u32,
+    ) -> bool {
         let lo = loc.bucket_a.min(loc.bucket_b) as usize;
         let hi = loc.bucket_a.max(loc.bucket_b) as usize;
         let hits = row_hits(lo, hi, loc.fingerprint, *active) & *active;
@@ -145,9 +161,17 @@ where
         }
         *active = hits;
         hits != 0
-    };
+    }
     if table.bytes() < PREFETCH_MIN_BYTES {
-        while pos < n && step(pos, addressing.locate(hashes[pos]), &mut active) {
+        while pos < n
+            && step(
+                &mut row_hits,
+                &mut depths,
+                pos,
+                addressing.locate(hashes[pos]),
+                &mut active,
+            )
+        {
             pos += 1;
         }
     } else {
@@ -171,7 +195,13 @@ where
                 rows.prefetch(loc.bucket_b as usize);
                 ring[ahead % RING] = loc;
             }
-            if !step(pos, ring[pos % RING], &mut active) {
+            if !step(
+                &mut row_hits,
+                &mut depths,
+                pos,
+                ring[pos % RING],
+                &mut active,
+            ) {
                 break;
             }
             pos += 1;
@@ -198,64 +228,311 @@ fn search_scalar(
     })
 }
 
+/// A prefix-search kernel: the code that compares a query position's two candidate rows against
+/// its fingerprint across the lanes. Every kernel gives the same answers on every table and
+/// query (`tests/search_kernels.rs` checks each one the CPU has against the portable one and
+/// against an exact model) and keeps the same weak-read contract; they differ only in speed.
+///
+/// Chosen once per indexer (best available at construction, see [`SearchKernel::best`]) and
+/// changeable with [`GlobalCkfIndexer::set_search_kernel`]; forcing a kernel the CPU lacks is
+/// refused with [`SearchKernelError::Unavailable`], never run. Names (for configs, flags, logs
+/// and metric labels) are the lower-case ones of [`SearchKernel::name`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[repr(u8)]
+pub enum SearchKernel {
+    /// The best kernel this CPU supports: AVX-512 > AVX2 > portable. Resolved when set.
+    #[default]
+    Auto = 0,
+    /// Portable Rust (any target): one SWAR membership test per lane word, branch-free lane mask.
+    Portable = 1,
+    /// x86-64 with AVX2: a 16-lane row in four 256-bit loads per bucket (`search/avx2.rs`).
+    Avx2 = 2,
+    /// x86-64 with AVX-512 F/DQ/BW and BMI2: 8-way vector locate, a 16-lane row in two 512-bit
+    /// loads per bucket (`search/avx512.rs`).
+    Avx512 = 3,
+    /// aarch64 NEON: a row in 128-bit loads of 2 lanes with a load barrier after each row
+    /// (`search/neon.rs`). Tested under emulation only, not yet measured on aarch64 hardware,
+    /// so `Auto` does not choose it: force it.
+    Neon = 4,
+}
+
+/// Errors choosing a [`SearchKernel`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SearchKernelError {
+    /// A name that is not one of `auto`, `portable`, `avx2`, `avx512`, `neon`.
+    #[error("unknown search kernel {0:?}: expected one of auto, portable, avx2, avx512, neon")]
+    Unknown(String),
+    /// A kernel this CPU (or target) cannot run.
+    #[error(
+        "search kernel {kernel} is not available on this CPU (it needs {needs}); available: {available}"
+    )]
+    Unavailable {
+        /// The kernel asked for.
+        kernel: SearchKernel,
+        /// The CPU features (or target) it needs.
+        needs: &'static str,
+        /// The kernels this CPU runs, comma-separated, best first.
+        available: String,
+    },
+}
+
+impl SearchKernel {
+    /// Every kernel name, `Auto` first.
+    pub const ALL: [SearchKernel; 5] = [
+        SearchKernel::Auto,
+        SearchKernel::Portable,
+        SearchKernel::Avx2,
+        SearchKernel::Avx512,
+        SearchKernel::Neon,
+    ];
+
+    /// The lower-case name used in configs, flags, logs and metric labels (`auto`, `portable`,
+    /// `avx2`, `avx512`, `neon`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            SearchKernel::Auto => "auto",
+            SearchKernel::Portable => "portable",
+            SearchKernel::Avx2 => "avx2",
+            SearchKernel::Avx512 => "avx512",
+            SearchKernel::Neon => "neon",
+        }
+    }
+
+    /// What the kernel needs from the CPU, for error messages.
+    pub const fn requirement(self) -> &'static str {
+        match self {
+            SearchKernel::Auto | SearchKernel::Portable => "nothing",
+            SearchKernel::Avx2 => "x86-64 with AVX2",
+            SearchKernel::Avx512 => "x86-64 with AVX-512 F, DQ, BW and BMI2",
+            SearchKernel::Neon => "aarch64 (NEON)",
+        }
+    }
+
+    /// Whether this CPU runs the kernel (run-time detection on x86-64; `Auto` and `Portable`
+    /// always).
+    pub fn is_available(self) -> bool {
+        #[cfg(feature = "testing")]
+        if test_hooks::hidden(self) {
+            return false;
+        }
+        match self {
+            SearchKernel::Auto | SearchKernel::Portable => true,
+            #[cfg(target_arch = "x86_64")]
+            SearchKernel::Avx2 => std::arch::is_x86_feature_detected!("avx2"),
+            #[cfg(target_arch = "x86_64")]
+            SearchKernel::Avx512 => {
+                std::arch::is_x86_feature_detected!("avx512f")
+                    && std::arch::is_x86_feature_detected!("avx512dq")
+                    && std::arch::is_x86_feature_detected!("avx512bw")
+                    && std::arch::is_x86_feature_detected!("bmi2")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            SearchKernel::Avx2 | SearchKernel::Avx512 => false,
+            // NEON is part of the aarch64 base ISA.
+            SearchKernel::Neon => cfg!(target_arch = "aarch64"),
+        }
+    }
+
+    /// The fastest kernel this CPU runs: AVX-512 > AVX2 > portable (never `Auto`; never `Neon`
+    /// either until it is measured on aarch64 hardware).
+    pub fn best() -> SearchKernel {
+        [SearchKernel::Avx512, SearchKernel::Avx2]
+            .into_iter()
+            .find(|k| k.is_available())
+            .unwrap_or(SearchKernel::Portable)
+    }
+
+    /// The concrete kernels this CPU runs, best first (never `Auto`; `Neon` last: unmeasured).
+    pub fn available() -> Vec<SearchKernel> {
+        [
+            SearchKernel::Avx512,
+            SearchKernel::Avx2,
+            SearchKernel::Portable,
+            SearchKernel::Neon,
+        ]
+        .into_iter()
+        .filter(|k| k.is_available())
+        .collect()
+    }
+
+    /// The concrete kernel this choice runs: `Auto` becomes [`SearchKernel::best`], any other
+    /// kernel itself when the CPU runs it.
+    ///
+    /// # Errors
+    /// [`SearchKernelError::Unavailable`] when the CPU lacks the kernel's features.
+    pub fn resolve(self) -> Result<SearchKernel, SearchKernelError> {
+        match self {
+            SearchKernel::Auto => Ok(SearchKernel::best()),
+            k if k.is_available() => Ok(k),
+            k => Err(SearchKernelError::Unavailable {
+                kernel: k,
+                needs: k.requirement(),
+                available: SearchKernel::available()
+                    .iter()
+                    .map(|k| k.name())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            }),
+        }
+    }
+
+    fn from_code(code: u8) -> SearchKernel {
+        match code {
+            1 => SearchKernel::Portable,
+            2 => SearchKernel::Avx2,
+            3 => SearchKernel::Avx512,
+            4 => SearchKernel::Neon,
+            _ => SearchKernel::Auto,
+        }
+    }
+}
+
+impl std::fmt::Display for SearchKernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for SearchKernel {
+    type Err = SearchKernelError;
+
+    /// Parses a name of [`SearchKernel::name`] (exact, lower case).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        SearchKernel::ALL
+            .into_iter()
+            .find(|k| k.name() == s)
+            .ok_or_else(|| SearchKernelError::Unknown(s.to_owned()))
+    }
+}
+
 impl GlobalCkfIndexer {
     /// Prefix depth of `block_hashes` in every lane ready at capture (see the module docs for
     /// the algorithm, the read order and the weak-read contract). Allocation-free.
     ///
     /// Depths are `u32`; a query longer than `u32::MAX` blocks is cut to its first `u32::MAX`.
-    /// On x86-64 CPUs with AVX-512 (F, BW) and BMI2 the rows are compared with vector loads
-    /// (detected at run time); elsewhere a portable SWAR loop gives the same answers.
+    /// Runs with this indexer's kernel ([`GlobalCkfIndexer::search_kernel`]: by default the best
+    /// the CPU has, AVX-512 > AVX2 > portable, detected at run time); every kernel gives the
+    /// same answers.
     pub fn find_prefix_matches(&self, block_hashes: &[u64]) -> PrefixMatches {
-        // Captured once, Acquire: the lane set of this query (weak-read contract).
-        let ready = self.ready_mask();
-        let hashes = &block_hashes[..block_hashes.len().min(u32::MAX as usize)];
-        let depths = self.search_with(hashes, ready, Kernel::detect());
-        PrefixMatches { ready, depths }
+        // Relaxed: the kernel is a configuration value, and every value ever stored is one the
+        // CPU runs (checked by `set_search_kernel`), so any value read is safe to run.
+        let kernel = SearchKernel::from_code(self.search_kernel.load(Ordering::Relaxed));
+        self.search_resolved(block_hashes, kernel)
     }
 
     /// Same as [`GlobalCkfIndexer::find_prefix_matches`] with the portable row check forced
-    /// (for differential tests and benchmarks of the two kernels).
+    /// (for differential tests and benchmarks of the kernels).
     pub fn find_prefix_matches_portable(&self, block_hashes: &[u64]) -> PrefixMatches {
+        self.search_resolved(block_hashes, SearchKernel::Portable)
+    }
+
+    /// Same as [`GlobalCkfIndexer::find_prefix_matches`] with `kernel` forced for this query
+    /// (`Auto`: the best available), for differential tests and benchmarks.
+    ///
+    /// # Errors
+    /// [`SearchKernelError::Unavailable`] when the CPU lacks `kernel`; nothing is searched.
+    pub fn find_prefix_matches_with(
+        &self,
+        kernel: SearchKernel,
+        block_hashes: &[u64],
+    ) -> Result<PrefixMatches, SearchKernelError> {
+        let kernel = kernel.resolve()?;
+        Ok(self.search_resolved(block_hashes, kernel))
+    }
+
+    /// The kernel [`GlobalCkfIndexer::find_prefix_matches`] runs (never `Auto`).
+    pub fn search_kernel(&self) -> SearchKernel {
+        SearchKernel::from_code(self.search_kernel.load(Ordering::Relaxed))
+    }
+
+    /// Makes every later query run with `kernel` (`Auto`: the best available) and returns the
+    /// concrete kernel now in use. Queries already running finish with the kernel they started
+    /// with; all kernels give the same answers, so callers see no difference but speed.
+    ///
+    /// # Errors
+    /// [`SearchKernelError::Unavailable`] when the CPU lacks `kernel`; the kernel in use is
+    /// unchanged.
+    pub fn set_search_kernel(
+        &self,
+        kernel: SearchKernel,
+    ) -> Result<SearchKernel, SearchKernelError> {
+        let kernel = kernel.resolve()?;
+        // Relaxed: see `find_prefix_matches`; the value was checked just above.
+        self.search_kernel.store(kernel as u8, Ordering::Relaxed);
+        Ok(kernel)
+    }
+
+    /// Runs one query with a resolved (available, never `Auto`) kernel.
+    #[inline]
+    fn search_resolved(&self, block_hashes: &[u64], kernel: SearchKernel) -> PrefixMatches {
+        // Captured once, Acquire: the lane set of this query (weak-read contract).
         let ready = self.ready_mask();
         let hashes = &block_hashes[..block_hashes.len().min(u32::MAX as usize)];
-        let depths = self.search_with(hashes, ready, Kernel::Portable);
-        PrefixMatches { ready, depths }
-    }
-
-    #[inline]
-    fn search_with(&self, hashes: &[u64], ready: u16, kernel: Kernel) -> [u32; MAX_LANES] {
         let table = self.table();
         let addressing = *self.addressing();
-        match kernel {
+        #[cfg(feature = "testing")]
+        test_hooks::count_run(kernel);
+        let depths = match kernel {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `Kernel::Avx512` is only produced after run-time feature detection.
-            Kernel::Avx512 => unsafe {
+            // SAFETY: `kernel` is resolved: `SearchKernel::Avx512` only after run-time detection
+            // of its features (`resolve`, `best`).
+            SearchKernel::Avx512 => unsafe {
                 avx512::search(table, self.manifest().format.seed, hashes, ready)
             },
-            Kernel::Portable => search_scalar(table, addressing, hashes, ready),
-        }
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above, AVX2 detected.
+            SearchKernel::Avx2 => unsafe {
+                avx2::search(table, self.manifest().format.seed, hashes, ready)
+            },
+            #[cfg(target_arch = "aarch64")]
+            SearchKernel::Neon => neon::search(table, addressing, hashes, ready),
+            _ => search_scalar(table, addressing, hashes, ready),
+        };
+        PrefixMatches { ready, depths }
     }
 }
 
-/// Which row check the CPU supports.
-#[derive(Clone, Copy)]
-enum Kernel {
-    #[cfg(target_arch = "x86_64")]
-    Avx512,
-    Portable,
-}
+/// Test hooks (feature `testing` only): which kernel a thread's queries really ran, and hiding
+/// kernels from detection to exercise the "CPU lacks it" refusals on any machine.
+#[cfg(feature = "testing")]
+pub(crate) mod test_hooks {
+    use super::SearchKernel;
+    use std::cell::Cell;
 
-impl Kernel {
-    #[inline]
-    fn detect() -> Self {
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512dq")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("bmi2")
-        {
-            return Kernel::Avx512;
+    thread_local! {
+        static RUNS: Cell<[u64; 5]> = const { Cell::new([0; 5]) };
+        static HIDDEN: Cell<u8> = const { Cell::new(0) };
+    }
+
+    pub(crate) fn count_run(kernel: SearchKernel) {
+        RUNS.with(|r| {
+            let mut v = r.get();
+            v[kernel as usize] += 1;
+            r.set(v);
+        });
+    }
+
+    pub(crate) fn runs(kernel: SearchKernel) -> u64 {
+        RUNS.with(|r| r.get()[kernel as usize])
+    }
+
+    pub(crate) fn hidden(kernel: SearchKernel) -> bool {
+        HIDDEN.with(|h| h.get() & (1 << kernel as u8) != 0)
+    }
+
+    pub(crate) fn with_hidden<R>(kernels: &[SearchKernel], f: impl FnOnce() -> R) -> R {
+        let before = HIDDEN.with(|h| h.get());
+        let mask = kernels.iter().fold(before, |m, &k| m | (1 << k as u8));
+        HIDDEN.with(|h| h.set(mask));
+        // Restored even when `f` panics (a failing assertion), so later tests on this thread
+        // see the real CPU.
+        struct Restore(u8);
+        impl Drop for Restore {
+            fn drop(&mut self) {
+                HIDDEN.with(|h| h.set(self.0));
+            }
         }
-        Kernel::Portable
+        let _restore = Restore(before);
+        f()
     }
 }

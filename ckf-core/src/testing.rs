@@ -9,6 +9,8 @@
 //!     .snapshot / .chunk / .delta / .drain / .heartbeat -> Frame under that tag
 //! activate(ix, lane, incarnation, sequence, words) -> lease + whole snapshot -> Activated
 //! install_snapshot(ix, publisher, state, chunk_bytes) -> lease + chunked barrier -> Activated
+//! kernel_runs(kernel) -> queries this thread ran with that search kernel
+//! without_kernels(&[kernels], f) -> f() with those kernels reported unavailable (this thread)
 //! ```
 //! The helpers panic (with the outcome) when the consumer does not answer as a healthy lane
 //! would: they are for setting up a test, not for checking the rule under test.
@@ -214,4 +216,17 @@ pub fn install_snapshot(
         }
     }
     snapshot.sequence
+}
+
+/// Number of prefix queries the calling thread has run with `kernel` (a resolved kernel; `Auto`
+/// is never counted): proves which kernel a forced or configured search really used.
+pub fn kernel_runs(kernel: crate::search::SearchKernel) -> u64 {
+    crate::search::test_hooks::runs(kernel)
+}
+
+/// Runs `f` with `kernels` reported unavailable by [`crate::search::SearchKernel::is_available`]
+/// on the calling thread (as on a CPU without them), so the refusals of a forced kernel can be
+/// tested on any machine. Restored afterwards, also when `f` panics.
+pub fn without_kernels<R>(kernels: &[crate::search::SearchKernel], f: impl FnOnce() -> R) -> R {
+    crate::search::test_hooks::with_hidden(kernels, f)
 }

@@ -18,6 +18,7 @@ use ckf_core::identity::{ProducerIdentity, StreamTag};
 use ckf_core::ingestion::{IngestionWorkers, IngestionWorkersConfig};
 use ckf_core::lane::{Frame, IngestOutcome};
 use ckf_core::publication::DcCkfPublisher;
+use ckf_core::search::SearchKernel;
 
 fn indexer(format: TableFormat, lanes: usize) -> GlobalCkfIndexer {
     testing::indexer("d", format, lanes, 5)
@@ -81,10 +82,13 @@ fn queries_never_report_lanes_that_were_not_ready() {
                 let mut seen = 0u16;
                 for i in 0..150_000usize {
                     let q = &queries[(i + r) % queries.len()];
-                    let m = if i % 2 == 0 {
-                        ix.find_prefix_matches(q)
-                    } else {
-                        ix.find_prefix_matches_portable(q)
+                    // Every kernel this CPU runs takes turns under the concurrent writer.
+                    let m = match i % 3 {
+                        0 => ix.find_prefix_matches(q),
+                        1 => ix.find_prefix_matches_portable(q),
+                        _ => ix
+                            .find_prefix_matches_with(SearchKernel::Avx2, q)
+                            .unwrap_or_else(|_| ix.find_prefix_matches(q)),
                     };
                     let ready = m.ready_mask();
                     assert_eq!(ready & 0b1100, 0, "lane 2 or 3 reported ready: {ready:#b}");

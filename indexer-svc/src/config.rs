@@ -12,6 +12,7 @@ use ckf_core::addressing::TableFormat;
 use ckf_core::global::Manifest;
 use ckf_core::identity::{DcId, IndexerDomainId, PoolId};
 use ckf_core::lane::LagPolicy;
+use ckf_core::search::{SearchKernel, SearchKernelError};
 use ckf_core::tokens::{MAX_BLOCK_SIZE, TokenQueryRules};
 use ckf_proto::convert::WIRE_BYTES_PER_IMAGE;
 use ckf_svc_kit::LogFormat;
@@ -117,6 +118,24 @@ impl Default for LimitsConfig {
     }
 }
 
+/// The prefix search (`[search]`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SearchConfig {
+    /// Search kernel: `auto` (the best this CPU runs: AVX-512 > AVX2 > portable), or one of
+    /// `portable`, `avx2`, `avx512`, `neon` forced (`ckf_core::search::SearchKernel`); a kernel the CPU
+    /// lacks is refused at start. Every kernel gives the same answers.
+    pub kernel: String,
+}
+
+impl Default for SearchConfig {
+    fn default() -> Self {
+        Self {
+            kernel: SearchKernel::Auto.name().to_owned(),
+        }
+    }
+}
+
 /// The whole indexer configuration (TOML layout: `deploy/indexer.example.toml`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -130,6 +149,8 @@ pub struct IndexerConfig {
     pub lag: LagConfig,
     /// Resource limits.
     pub limits: LimitsConfig,
+    /// Prefix search (kernel choice).
+    pub search: SearchConfig,
     /// Connection and request limits of the gRPC listener (`ckf_svc_kit::transport`).
     pub transport: TransportConfig,
     /// Tokens per KV block, `1..=65536`: how `FindMatchesByTokens` cuts a request's token ids
@@ -158,6 +179,7 @@ impl Default for IndexerConfig {
             table: TableConfig::default(),
             lag: LagConfig::default(),
             limits: LimitsConfig::default(),
+            search: SearchConfig::default(),
             transport: TransportConfig::default(),
             block_size: DEFAULT_BLOCK_SIZE,
             listen: DEFAULT_LISTEN.parse().expect("valid default"),
@@ -251,6 +273,20 @@ impl IndexerConfig {
         }
     }
 
+    /// The search kernel `search.kernel` names, resolved for this CPU (`auto` becomes the best
+    /// available; never `Auto`).
+    ///
+    /// # Errors
+    /// [`Invalid`] naming `search.kernel`: an unknown name, or a kernel this CPU lacks (the
+    /// message says what it needs and which kernels are available).
+    pub fn search_kernel(&self) -> Result<SearchKernel, Invalid> {
+        let value = &self.search.kernel;
+        value
+            .parse::<SearchKernel>()
+            .and_then(SearchKernel::resolve)
+            .map_err(|e| kernel_invalid(value, e))
+    }
+
     /// The consumer's lag policy (0 ms = that deadline disabled).
     pub fn lag_policy(&self) -> LagPolicy {
         let ms = |v: u64| (v != 0).then(|| Duration::from_millis(v));
@@ -263,6 +299,26 @@ impl IndexerConfig {
     }
 }
 
+/// The `search.kernel` refusal for `value`, in the style of the other keys' refusals.
+fn kernel_invalid(value: &str, error: SearchKernelError) -> Invalid {
+    match error {
+        SearchKernelError::Unknown(_) => Invalid::new(
+            "search.kernel",
+            value,
+            "must be one of auto, portable, avx2, avx512, neon",
+        ),
+        SearchKernelError::Unavailable {
+            needs, available, ..
+        } => Invalid::new(
+            "search.kernel",
+            value,
+            format!(
+                "is not available on this CPU (it needs {needs}); available: {available}, or auto"
+            ),
+        ),
+    }
+}
+
 impl Validate for IndexerConfig {
     fn validate(&self) -> Result<(), Invalid> {
         self.manifest()?;
@@ -270,6 +326,7 @@ impl Validate for IndexerConfig {
         listens.extend(self.query_listen.map(|addr| ("query_listen", addr)));
         self.tls.check("tls", &listens)?;
         in_range("block_size", self.block_size, 1..=MAX_BLOCK_SIZE, "tokens")?;
+        self.search_kernel()?;
         in_range(
             "lag.drain_grace_ms",
             self.lag.drain_grace_ms,
@@ -398,6 +455,10 @@ pub struct Cli {
     /// [default: 1024; key: limits.lane_queue_capacity].
     #[arg(long, value_name = "FRAMES")]
     pub lane_queue_capacity: Option<u32>,
+    /// Prefix-search kernel: auto, portable, avx2, avx512 or neon; a kernel this CPU lacks is
+    /// refused [default: auto; key: search.kernel].
+    #[arg(long, value_name = "KERNEL")]
+    pub search_kernel: Option<String>,
     /// TLS of the gRPC listener.
     #[command(flatten)]
     pub tls: ServerTlsFlags,
@@ -436,7 +497,8 @@ impl Cli {
             .set("limits.max_images_per_delta", self.max_images_per_delta)
             .set("limits.max_relay_streams", self.max_relay_streams)
             .set("limits.max_query_blocks", self.max_query_blocks)
-            .set("limits.lane_queue_capacity", self.lane_queue_capacity);
+            .set("limits.lane_queue_capacity", self.lane_queue_capacity)
+            .set("search.kernel", self.search_kernel.clone());
         let overrides = self.tls.overrides(overrides);
         let overrides = self.transport.overrides(overrides);
         Layers {
@@ -494,6 +556,65 @@ mod tests {
         assert_eq!(config.manifest.domain, "prod");
         assert_eq!(config.manifest.lanes, vec!["a", "b"]);
         assert_eq!(config.format().unwrap(), TableFormat::new(1024, 9).unwrap());
+    }
+
+    #[test]
+    fn search_kernel_is_chosen_by_key_flag_or_environment_and_checked() {
+        // Default: auto, resolved to the best kernel of this CPU.
+        let config = cli(&[]).load().unwrap();
+        assert_eq!(config.search.kernel, "auto");
+        assert_eq!(config.search_kernel().unwrap(), SearchKernel::best());
+        // The flag forces one (portable runs everywhere).
+        let config = cli(&["--search-kernel", "portable"]).load().unwrap();
+        assert_eq!(config.search_kernel().unwrap(), SearchKernel::Portable);
+        // On every machine at least one of these is missing (NEON on x86-64, AVX on aarch64):
+        // the real refusal.
+        for k in [SearchKernel::Avx2, SearchKernel::Avx512, SearchKernel::Neon] {
+            let result = cli(&["--search-kernel", k.name()]).load();
+            if k.is_available() {
+                assert_eq!(result.unwrap().search_kernel().unwrap(), k);
+            } else {
+                let text = result.unwrap_err().to_string();
+                assert!(
+                    text.contains(&format!("search.kernel = {}", k.name())),
+                    "{text}"
+                );
+                assert!(text.contains("not available on this CPU"), "{text}");
+            }
+        }
+        // The TOML key.
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("indexer.toml");
+        std::fs::write(&file, "[search]\nkernel = \"portable\"\n").unwrap();
+        let config = cli(&["--config", file.to_str().unwrap()]).load().unwrap();
+        assert_eq!(config.search_kernel().unwrap(), SearchKernel::Portable);
+        // The environment (`[search] kernel` -> CKF_INDEXER_SEARCH__KERNEL).
+        // SAFETY: this test's own variable prefix; no other thread reads it.
+        unsafe { std::env::set_var("CKF_IT3_SEARCH__KERNEL", "portable") };
+        let config = load_with_env(&cli(&[]), "CKF_IT3_").unwrap();
+        assert_eq!(config.search_kernel().unwrap(), SearchKernel::Portable);
+        // A bad name is refused like any other key.
+        let text = cli(&["--search-kernel", "sse4"])
+            .load()
+            .unwrap_err()
+            .to_string();
+        assert!(text.contains("search.kernel = sse4"), "{text}");
+        assert!(
+            text.contains("must be one of auto, portable, avx2, avx512, neon"),
+            "{text}"
+        );
+        // A kernel the CPU lacks (the refusal every CPU without it gets; built here from the
+        // core's error so the wording is checked on any machine).
+        let lacking = SearchKernelError::Unavailable {
+            kernel: SearchKernel::Avx512,
+            needs: SearchKernel::Avx512.requirement(),
+            available: "avx2, portable".into(),
+        };
+        assert_eq!(
+            kernel_invalid("avx512", lacking).to_string(),
+            "search.kernel = avx512: is not available on this CPU (it needs x86-64 with \
+             AVX-512 F, DQ, BW and BMI2); available: avx2, portable, or auto"
+        );
     }
 
     #[test]

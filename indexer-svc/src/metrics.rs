@@ -6,6 +6,7 @@
 
 use ckf_core::global::GlobalCkfIndexer;
 use ckf_core::lane::{ContentionKind, LaneState, LaneStatus, RetireReason};
+use ckf_core::search::SearchKernel;
 use ckf_svc_kit::metrics::{
     counter, counter_vec, histogram, histogram_vec, int_gauge, int_gauge_vec, lag_buckets_seconds,
     latency_buckets_seconds,
@@ -104,6 +105,9 @@ pub struct IndexerMetrics {
     /// Dirty-to-applied lag of applied deltas: the producer's `oldest_change_age_ms` plus the
     /// time from receipt to applied here (seconds).
     pub event_to_applied_lag: HistogramVec,
+    /// One-hot search kernel in use (`kernel`: `portable`, `avx2`, `avx512`, `neon`); see
+    /// [`IndexerMetrics::observe_search_kernel`].
+    pub search_kernel: IntGaugeVec,
 }
 
 impl IndexerMetrics {
@@ -229,6 +233,12 @@ impl IndexerMetrics {
             ),
             query_duration,
             event_to_applied_lag,
+            search_kernel: int_gauge_vec(
+                &r,
+                "ckf_indexer_search_kernel",
+                "1 for the prefix-search kernel in use (portable, avx2, avx512, neon; config search.kernel).",
+                &["kernel"],
+            ),
             registry: r,
             methods: Vec::new(),
         }
@@ -271,6 +281,21 @@ impl IndexerMetrics {
             images_applied: self.images_applied.with_label_values(&values),
             drains: self.drains.with_label_values(&values),
             event_to_applied_lag: self.event_to_applied_lag.with_label_values(&values),
+        }
+    }
+
+    /// Sets the one-hot `ckf_indexer_search_kernel` gauge: 1 for `kernel` (a resolved kernel),
+    /// 0 for every other concrete kernel, so a dashboard sees every label.
+    pub fn observe_search_kernel(&self, kernel: SearchKernel) {
+        for k in [
+            SearchKernel::Portable,
+            SearchKernel::Avx2,
+            SearchKernel::Avx512,
+            SearchKernel::Neon,
+        ] {
+            self.search_kernel
+                .with_label_values(&[k.name()])
+                .set(i64::from(k == kernel));
         }
     }
 

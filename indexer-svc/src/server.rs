@@ -143,6 +143,12 @@ pub async fn serve(
         consumer_instance,
         config.lag_policy(),
     )?);
+    // `validate` resolved it already; resolving again here cannot fail on the same CPU, but a
+    // refusal would still be a configuration error, never a kernel run without its features.
+    let requested_kernel = config.search_kernel()?;
+    let search_kernel = indexer
+        .set_search_kernel(requested_kernel)
+        .map_err(|e| Invalid::new("search.kernel", &config.search.kernel, e.to_string()))?;
     let tick = match config.lag.heartbeat_deadline_ms {
         0 => Duration::from_millis(100),
         ms => Duration::from_millis((ms / 10).clamp(1, 100)),
@@ -158,6 +164,7 @@ pub async fn serve(
     stop.trigger_on(shutdown);
 
     let metrics = IndexerMetrics::new();
+    metrics.observe_search_kernel(search_kernel);
     let access = Arc::new(crate::access::IndexerAccess::new(
         &config.auth,
         &config.manifest.domain,
@@ -290,6 +297,8 @@ pub async fn serve(
         domain = %indexer.manifest().domain,
         lanes = indexer.lane_count(),
         format = %indexer.manifest().format,
+        search_kernel = %search_kernel,
+        search_kernel_config = %config.search.kernel,
         "ckf-indexer serving"
     );
 

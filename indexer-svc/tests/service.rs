@@ -66,6 +66,58 @@ async fn reflection_lists_the_ckf_services() {
     }
 }
 
+/// `search.kernel` picks the kernel queries run with; the metric names it, queries answer the
+/// same with every kernel this CPU runs, and a bad name refuses to start.
+#[tokio::test]
+async fn search_kernel_is_configurable_and_exported() {
+    let mut answers = Vec::new();
+    for kernel in ["auto", "portable", "avx2", "avx512", "neon"] {
+        let forced: ckf_core::search::SearchKernel = kernel.parse().unwrap();
+        let mut c = config(&["dc-a", "dc-b"]);
+        c.search.kernel = kernel.into();
+        if !forced.is_available() {
+            // A kernel this CPU lacks refuses to start (NEON on x86-64, AVX on aarch64).
+            let Err(err) = indexer_svc::serve(c, std::future::pending()).await else {
+                panic!("{kernel} started on a CPU without it");
+            };
+            let text = err.to_string();
+            assert!(
+                text.contains(&format!("search.kernel = {kernel}: is not available")),
+                "{text}"
+            );
+            continue;
+        }
+        let indexer = Indexer::start(c).await;
+        let in_use = forced.resolve().unwrap().name();
+        let text = http_get(indexer.running.metrics_addr, "/metrics").await;
+        for k in ["portable", "avx2", "avx512", "neon"] {
+            let line = format!(
+                "ckf_indexer_search_kernel{{kernel=\"{k}\"}} {}",
+                i32::from(k == in_use)
+            );
+            assert!(text.contains(&line), "missing {line:?} in\n{text}");
+        }
+        let mut a = Producer::attach(&indexer, "dc-a", 1).await;
+        a.store(1, &hashes(40, 10));
+        a.snapshot(2048).await;
+        let mut q = hashes(40, 6);
+        q.extend(hashes(99, 3));
+        answers.push((kernel, indexer.find(&q).await));
+    }
+    // Lane 0 holds the first 6 blocks; every kernel says so.
+    for (kernel, answer) in &answers {
+        assert_eq!(answer, &answers[0].1, "{kernel}");
+        assert!(answer.0.contains(&(0, 6)), "{kernel}: {answer:?}");
+    }
+    let mut c = config(&["dc-a"]);
+    c.search.kernel = "neon".into();
+    let Err(err) = indexer_svc::serve(c, std::future::pending()).await else {
+        panic!("an unknown kernel started");
+    };
+    let text = err.to_string();
+    assert!(text.contains("search.kernel = neon"), "{text}");
+}
+
 #[tokio::test]
 async fn metrics_count_frames_deltas_queries_and_lane_state() {
     let indexer = Indexer::start(config(&["dc-a", "dc-b"])).await;

@@ -1,0 +1,435 @@
+//! The AVX2 search kernel (x86-64 with AVX2, detected at run time): for CPUs without AVX-512
+//! (AMD Zen 2/3, most Intel client parts).
+//!
+//! * **Locate, 4 positions per vector, 8 per chunk.** The format-v1 addressing of
+//!   [`crate::addressing`] (`fmix64`, fingerprint, both candidate buckets) computed in 256-bit
+//!   registers, one chunk ahead of the chunk being probed, with the rows of the next chunks
+//!   prefetched on large tables (the loop of `search/avx512.rs`). AVX2 has no 64-bit multiply:
+//!   it is built from three 32x32->64 multiplies (`vpmuludq`). Bucket indices are below 2^32,
+//!   so the signed 64-bit compare orders them. `locate4_matches_addressing` checks the result
+//!   against [`crate::addressing::Addressing::locate`] bit for bit.
+//! * **Row check.** A row of up to 16 lanes is read as up to four 256-bit chunks (4 lanes each)
+//!   per bucket, the lower bucket's chunks first. Each chunk is compared slot-wise against the
+//!   fingerprint (16-bit elements), the two buckets' compare masks are ORed, and a 64-bit
+//!   "is zero" compare plus `movmskpd` gives one miss bit per lane: no `pext` (microcoded and slow
+//!   on AMD Zen 2), no table lookup.
+//!
+//! # Why the row loads are inline assembly
+//! As in `search/avx512.rs`: the words are `AtomicU64`s written concurrently by ingestion, so an
+//! intrinsic vector load would be a data race in the Rust memory model. An `asm!` block is opaque
+//! to the compiler and, not being `pure`, is never reordered with the query's other loads, so the
+//! lower-bucket-first order of [`crate::search`] holds. On x86-64 each aligned 8-byte element of
+//! a vector load (`vmovdqu`, `vpmaskmovq`) is read in a single access (never torn), and loads are
+//! not reordered with other loads, which gives every element the `Acquire` semantics of the
+//! portable path. Tearing *between* elements is harmless: lane words are independent images (the
+//! weak-read contract). A row of fewer than 16 lanes ends in a masked load (`vpmaskmovq`), which
+//! never touches (nor faults on) the words past the row.
+
+use std::arch::asm;
+use std::arch::x86_64::{
+    __m256i, _mm256_add_epi64, _mm256_and_si256, _mm256_blendv_epi8, _mm256_castsi256_pd,
+    _mm256_cmpeq_epi16, _mm256_cmpeq_epi64, _mm256_cmpgt_epi64, _mm256_loadu_si256,
+    _mm256_movemask_pd, _mm256_mul_epu32, _mm256_or_si256, _mm256_set1_epi16, _mm256_set1_epi64x,
+    _mm256_setzero_si256, _mm256_slli_epi64, _mm256_srli_epi64, _mm256_store_si256,
+    _mm256_xor_si256,
+};
+
+use super::PREFETCH_MIN_BYTES;
+use crate::addressing::{FINGERPRINT_SHIFT, FMIX_C1, FMIX_C2, FMIX_SHIFT};
+use crate::bucket::{MAX_LANES, SLOT_BITS, SLOTS, TransposedTable};
+
+// The row check compares 16-bit elements (`_mm256_cmpeq_epi16`, `_mm256_set1_epi16`, the vector
+// form of `bucket::broadcast`), four per 64-bit lane word.
+const _: () = assert!(
+    SLOT_BITS == 16 && SLOTS == 4,
+    "vector row check assumes four 16-bit slots per word"
+);
+
+/// The AVX2 shift intrinsics take their count as `i32` (the AVX-512 ones as `u32`).
+const FMIX_SHIFT_I: i32 = FMIX_SHIFT as i32;
+const FINGERPRINT_SHIFT_I: i32 = FINGERPRINT_SHIFT as i32;
+
+/// Lane words per 256-bit chunk.
+const CHUNK: usize = 4;
+
+/// Loads the 4 `u64` words at `ptr`.
+///
+/// # Safety
+/// `ptr .. ptr + 4` must lie inside the table allocation, 8-byte aligned.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn load_full(ptr: *const u64) -> __m256i {
+    let v: __m256i;
+    // SAFETY: see the function contract; reads 32 bytes at `ptr`, writes no memory.
+    unsafe {
+        asm!(
+            "vmovdqu {v}, ymmword ptr [{p}]",
+            v = lateout(ymm_reg) v,
+            p = in(reg) ptr,
+            options(nostack, preserves_flags),
+        );
+    }
+    v
+}
+
+/// Loads the words `ptr[i]` whose element `i` of `mask` has its sign bit set (the others read
+/// as 0 and are never accessed).
+///
+/// # Safety
+/// Every selected element must lie inside the table allocation and be 8-byte aligned.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn load_masked(ptr: *const u64, mask: __m256i) -> __m256i {
+    let v: __m256i;
+    // SAFETY: see the function contract; `vpmaskmovq` reads only the selected elements and
+    // suppresses faults on the others; writes no memory.
+    unsafe {
+        asm!(
+            "vpmaskmovq {v}, {m}, ymmword ptr [{p}]",
+            v = lateout(ymm_reg) v,
+            m = in(ymm_reg) mask,
+            p = in(reg) ptr,
+            options(nostack, preserves_flags),
+        );
+    }
+    v
+}
+
+/// Loads chunk `k` (lanes `4k .. 4k + 4`) of the row at `row`; the last chunk is masked when
+/// `MASKED_TAIL`.
+///
+/// # Safety
+/// `row` is the first word of a table row holding `CHUNKS` chunks (the last one partial and
+/// selected by `tail` when `MASKED_TAIL`).
+#[inline(always)]
+unsafe fn load_chunk<const CHUNKS: usize, const MASKED_TAIL: bool>(
+    row: *const u64,
+    k: usize,
+    tail: __m256i,
+) -> __m256i {
+    // SAFETY: the caller's contract; `k < CHUNKS` so `row + 4k` starts inside the row.
+    unsafe {
+        if MASKED_TAIL && k + 1 == CHUNKS {
+            load_masked(row.add(CHUNK * k), tail)
+        } else {
+            load_full(row.add(CHUNK * k))
+        }
+    }
+}
+
+/// Bit `l` set for each lane `l` (< `4 * CHUNKS`) whose word in row `lo` or row `hi` holds
+/// `fingerprint`; every word of the lower row is loaded before any word of the higher one.
+///
+/// # Safety
+/// `lo` and `hi` point at the first word of rows of the table; the rows have `4 * CHUNKS`
+/// lanes, or (`MASKED_TAIL`) `4 * (CHUNKS - 1)` plus the lanes whose `tail` element is negative.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn row_hits<const CHUNKS: usize, const MASKED_TAIL: bool>(
+    lo: *const u64,
+    hi: *const u64,
+    fingerprint: u16,
+    tail: __m256i,
+) -> u32 {
+    let pattern = _mm256_set1_epi16(fingerprint as i16);
+    let zero = _mm256_setzero_si256();
+    // SAFETY: forwarded (both rows exist with this chunk layout).
+    let a: [__m256i; CHUNKS] =
+        std::array::from_fn(|k| unsafe { load_chunk::<CHUNKS, MASKED_TAIL>(lo, k, tail) });
+    // SAFETY: as above.
+    let b: [__m256i; CHUNKS] =
+        std::array::from_fn(|k| unsafe { load_chunk::<CHUNKS, MASKED_TAIL>(hi, k, tail) });
+    let mut misses = 0u32;
+    for k in 0..CHUNKS {
+        // 0xFFFF in every slot equal to the fingerprint, in either bucket.
+        let slots = _mm256_or_si256(
+            _mm256_cmpeq_epi16(a[k], pattern),
+            _mm256_cmpeq_epi16(b[k], pattern),
+        );
+        // All-ones 64-bit element where no slot of the lane hit; its sign bit is the miss bit.
+        let missed = _mm256_cmpeq_epi64(slots, zero);
+        misses |= (_mm256_movemask_pd(_mm256_castsi256_pd(missed)) as u32) << (CHUNK * k);
+    }
+    // Lanes past the row (masked or absent) read as misses here; the caller masks with the
+    // active lanes, which are all inside the row.
+    !misses
+}
+
+/// Located positions of one chunk (8 positions): fingerprint and the row offsets (in words) of
+/// the lower and the higher candidate bucket.
+#[repr(C, align(32))]
+#[derive(Clone, Copy)]
+struct Chunk {
+    fp: [u64; 8],
+    lo: [u64; 8],
+    hi: [u64; 8],
+}
+
+impl Chunk {
+    const EMPTY: Self = Self {
+        fp: [0; 8],
+        lo: [0; 8],
+        hi: [0; 8],
+    };
+}
+
+/// `a * c` (wrapping, 64-bit) on 4 words, from 32x32->64 multiplies: AVX2 has no `vpmullq`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn mul64(a: __m256i, c: u64) -> __m256i {
+    let c_lo = _mm256_set1_epi64x(i64::from(c as u32));
+    let c_hi = _mm256_set1_epi64x((c >> 32) as i64);
+    let lo_lo = _mm256_mul_epu32(a, c_lo);
+    let cross = _mm256_add_epi64(
+        _mm256_mul_epu32(_mm256_srli_epi64::<32>(a), c_lo),
+        _mm256_mul_epu32(a, c_hi),
+    );
+    _mm256_add_epi64(lo_lo, _mm256_slli_epi64::<32>(cross))
+}
+
+/// [`crate::addressing::fmix64`] on 4 words, with that function's constants.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn fmix64x4(k: __m256i) -> __m256i {
+    let k = _mm256_xor_si256(k, _mm256_srli_epi64::<FMIX_SHIFT_I>(k));
+    let k = mul64(k, FMIX_C1);
+    let k = _mm256_xor_si256(k, _mm256_srli_epi64::<FMIX_SHIFT_I>(k));
+    let k = mul64(k, FMIX_C2);
+    _mm256_xor_si256(k, _mm256_srli_epi64::<FMIX_SHIFT_I>(k))
+}
+
+/// Format-v1 `locate` of 4 block hashes into `fp`, `lo`, `hi` (row offsets = bucket * `lanes`).
+/// `bucket_mask` is the table's `bucket_count - 1` (< 2^32), so every offset is inside the table.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn locate4(
+    hashes: &[u64],
+    seed: u64,
+    bucket_mask: u64,
+    lanes: u64,
+    fp_out: &mut [u64],
+    lo_out: &mut [u64],
+    hi_out: &mut [u64],
+) {
+    assert!(hashes.len() >= 4 && fp_out.len() >= 4 && lo_out.len() >= 4 && hi_out.len() >= 4);
+    // SAFETY: `hashes` has at least 4 readable words (unaligned load).
+    let x = unsafe { _mm256_loadu_si256(hashes.as_ptr().cast()) };
+    let h = fmix64x4(_mm256_xor_si256(x, _mm256_set1_epi64x(seed as i64)));
+    let zero = _mm256_setzero_si256();
+    let one = _mm256_set1_epi64x(1);
+    let mask = _mm256_set1_epi64x(bucket_mask as i64);
+    // Fingerprint: the top 16 bits, 0 remapped to 1 (`max(.., 1)` of the scalar rule).
+    let fp = _mm256_srli_epi64::<FINGERPRINT_SHIFT_I>(h);
+    let fp = _mm256_or_si256(fp, _mm256_and_si256(_mm256_cmpeq_epi64(fp, zero), one));
+    let a = _mm256_and_si256(h, mask);
+    let o = _mm256_and_si256(fmix64x4(fp), mask);
+    let o = _mm256_or_si256(o, _mm256_and_si256(_mm256_cmpeq_epi64(o, zero), one));
+    let b = _mm256_xor_si256(a, o);
+    // Buckets are below 2^32: the signed compare orders them.
+    let a_gt_b = _mm256_cmpgt_epi64(a, b);
+    let lo = _mm256_blendv_epi8(a, b, a_gt_b);
+    let hi = _mm256_blendv_epi8(b, a, a_gt_b);
+    // Bucket and lane count both fit 32 bits: one 32x32->64 multiply.
+    let stride = _mm256_set1_epi64x(lanes as i64);
+    let (lo, hi) = (_mm256_mul_epu32(lo, stride), _mm256_mul_epu32(hi, stride));
+    // SAFETY: each output has at least 4 writable words (asserted above); unaligned-safe
+    // stores are not needed because the callers pass 32-byte aligned halves of a `Chunk`, but
+    // `_mm256_store_si256` requires that alignment, which `Chunk`'s layout guarantees.
+    unsafe {
+        _mm256_store_si256(fp_out.as_mut_ptr().cast(), fp);
+        _mm256_store_si256(lo_out.as_mut_ptr().cast(), lo);
+        _mm256_store_si256(hi_out.as_mut_ptr().cast(), hi);
+    }
+}
+
+/// Locates the chunk of 8 positions from `start` (zero-padded past the end) into `out`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn locate_chunk(hashes: &[u64], start: usize, seed: u64, mask: u64, lanes: u64, out: &mut Chunk) {
+    let mut pad = [0u64; 8];
+    let src = match hashes.get(start..start + 8) {
+        Some(full) => full,
+        None => {
+            let rest = &hashes[start.min(hashes.len())..];
+            pad[..rest.len()].copy_from_slice(rest);
+            &pad
+        }
+    };
+    let Chunk { fp, lo, hi } = out;
+    locate4(
+        &src[..4],
+        seed,
+        mask,
+        lanes,
+        &mut fp[..4],
+        &mut lo[..4],
+        &mut hi[..4],
+    );
+    locate4(
+        &src[4..],
+        seed,
+        mask,
+        lanes,
+        &mut fp[4..],
+        &mut lo[4..],
+        &mut hi[4..],
+    );
+}
+
+/// Prefix depths over `table` for `hashes` (see [`crate::search`]).
+///
+/// # Safety
+/// The CPU supports AVX2.
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn search(
+    table: &TransposedTable,
+    seed: u64,
+    hashes: &[u64],
+    ready: u16,
+) -> [u32; MAX_LANES] {
+    let lanes = table.lanes();
+    let chunks = lanes.div_ceil(CHUNK);
+    let masked = !lanes.is_multiple_of(CHUNK);
+    // SAFETY (all arms): forwarded; `chunks` and `masked` describe this table's rows.
+    unsafe {
+        match (chunks, masked) {
+            (1, false) => search_with::<1, false>(table, seed, hashes, ready),
+            (1, true) => search_with::<1, true>(table, seed, hashes, ready),
+            (2, false) => search_with::<2, false>(table, seed, hashes, ready),
+            (2, true) => search_with::<2, true>(table, seed, hashes, ready),
+            (3, false) => search_with::<3, false>(table, seed, hashes, ready),
+            (3, true) => search_with::<3, true>(table, seed, hashes, ready),
+            (4, false) => search_with::<4, false>(table, seed, hashes, ready),
+            _ => search_with::<4, true>(table, seed, hashes, ready),
+        }
+    }
+}
+
+/// # Safety
+/// As [`search`]; `CHUNKS` and `MASKED_TAIL` describe the table's rows
+/// (`CHUNKS = ceil(lanes / 4)`, `MASKED_TAIL = lanes % 4 != 0`).
+#[target_feature(enable = "avx2")]
+unsafe fn search_with<const CHUNKS: usize, const MASKED_TAIL: bool>(
+    table: &TransposedTable,
+    seed: u64,
+    hashes: &[u64],
+    ready: u16,
+) -> [u32; MAX_LANES] {
+    let lanes = table.lanes();
+    let tail = tail_mask(lanes);
+    let rows = table.rows();
+    let mask = (table.bucket_count() - 1) as u64;
+    let prefetch = table.bytes() >= PREFETCH_MIN_BYTES;
+    let n = hashes.len();
+    let mut depths = [0u32; MAX_LANES];
+    let mut active = u32::from(ready);
+    if n == 0 || active == 0 {
+        return depths;
+    }
+    // Ring of located chunks, as in `search/avx512.rs`: chunk `k` lives in `ring[k % AHEAD]`,
+    // located (and on large tables its rows prefetched) AHEAD - 1 chunks before it is probed.
+    const AHEAD: usize = 3;
+    let mut ring = [Chunk::EMPTY; AHEAD];
+    let chunks = n.div_ceil(8);
+    let stage = |k: usize, ring: &mut [Chunk; AHEAD]| {
+        let slot = &mut ring[k % AHEAD];
+        locate_chunk(hashes, k * 8, seed, mask, lanes as u64, slot);
+        if prefetch {
+            for i in 0..(n - k * 8).min(8) {
+                rows.prefetch_offset(slot.lo[i] as usize);
+                rows.prefetch_offset(slot.hi[i] as usize);
+            }
+        }
+    };
+    for k in 0..chunks.min(AHEAD - 1) {
+        stage(k, &mut ring);
+    }
+    // A copy the `stage` closure does not borrow, so its fields stay in registers in the loop.
+    let probe = rows;
+    for k in 0..chunks {
+        if k + AHEAD - 1 < chunks {
+            stage(k + AHEAD - 1, &mut ring);
+        }
+        let cur = &ring[k % AHEAD];
+        let start = k * 8;
+        for i in 0..(n - start).min(8) {
+            // Offsets are `bucket * lanes` with `bucket <= bucket_mask`: inside the table.
+            let lo = probe.at(cur.lo[i] as usize);
+            let hi = probe.at(cur.hi[i] as usize);
+            // SAFETY: both rows are inside the table, 8-byte aligned, with the chunk layout of
+            // `CHUNKS` / `MASKED_TAIL` and `tail`; our caller guarantees AVX2.
+            let hits =
+                unsafe { row_hits::<CHUNKS, MASKED_TAIL>(lo, hi, cur.fp[i] as u16, tail) } & active;
+            let mut missed = active & !hits;
+            while missed != 0 {
+                depths[missed.trailing_zeros() as usize] = (start + i) as u32;
+                missed &= missed - 1;
+            }
+            active = hits;
+            if active == 0 {
+                return depths;
+            }
+        }
+    }
+    while active != 0 {
+        depths[active.trailing_zeros() as usize] = n as u32;
+        active &= active - 1;
+    }
+    depths
+}
+
+/// The `vpmaskmovq` mask of a row's last chunk: element `i` selected (all ones) when lane
+/// `4 * (chunks - 1) + i` exists.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn tail_mask(lanes: usize) -> __m256i {
+    let in_last = lanes - CHUNK * (lanes.div_ceil(CHUNK) - 1);
+    let m: [i64; CHUNK] = std::array::from_fn(|i| if i < in_last { -1 } else { 0 });
+    // SAFETY: `m` is 32 readable bytes (unaligned load of a local array, not table memory).
+    unsafe { _mm256_loadu_si256(m.as_ptr().cast()) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::addressing::{Addressing, TableFormat, fmix64};
+
+    #[test]
+    fn locate4_matches_addressing() {
+        if !std::arch::is_x86_feature_detected!("avx2") {
+            eprintln!("AVX2 not available on this CPU: locate4 check skipped");
+            return;
+        }
+        for (buckets, lanes) in [(2u64, 1u64), (4, 3), (1024, 16), (1 << 20, 5), (1 << 32, 2)] {
+            let format = TableFormat::new(buckets, 0xABCD ^ buckets).unwrap();
+            let addressing = Addressing::new(&format).unwrap();
+            let mut out = Chunk::EMPTY;
+            // Hashes whose raw fingerprint is 0 (the remap) are among 2^16-in-1 cases; the
+            // loop covers ~16,000 positions, and `raw_zero` below forces some.
+            let raw_zero: Vec<u64> = (0..2_000_000u64)
+                .filter(|&h| addressing.raw_fingerprint(h) == 0)
+                .take(8)
+                .collect();
+            assert!(!raw_zero.is_empty());
+            for k in 0..2001u64 {
+                let hashes: [u64; 8] = if k == 2000 {
+                    std::array::from_fn(|i| raw_zero[i % raw_zero.len()])
+                } else {
+                    std::array::from_fn(|i| fmix64(k * 8 + i as u64))
+                };
+                // SAFETY: AVX2 checked above.
+                unsafe { locate_chunk(&hashes, 0, format.seed, buckets - 1, lanes, &mut out) };
+                for (i, &h) in hashes.iter().enumerate() {
+                    let loc = addressing.locate(h);
+                    let (lo, hi) = (
+                        loc.bucket_a.min(loc.bucket_b),
+                        loc.bucket_a.max(loc.bucket_b),
+                    );
+                    assert_eq!(out.fp[i], u64::from(loc.fingerprint), "{h:#x}");
+                    assert_eq!(out.lo[i], u64::from(lo) * lanes, "{h:#x}");
+                    assert_eq!(out.hi[i], u64::from(hi) * lanes, "{h:#x}");
+                }
+            }
+        }
+    }
+}

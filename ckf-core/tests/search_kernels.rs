@@ -1,0 +1,406 @@
+//! Every search kernel against the portable one and against an exact model of the table, on the
+//! same tables: random lane counts, fill levels, ready masks and query lengths (0, 1, long, the
+//! indexer's 8,192-block limit), slot values drawn from a tiny alphabet so fingerprint
+//! collisions and full-depth answers are common, tables large enough for the prefetching path;
+//! plus kernel choice: forcing, `Auto`, refusals, and proof that a forced kernel really ran.
+//!
+//! A kernel this CPU lacks is skipped, saying so on stderr (`cargo test -- --nocapture`).
+
+use ckf_core::addressing::{Addressing, TableFormat, fmix64};
+use ckf_core::bucket::{self, with_slot};
+use ckf_core::global::GlobalCkfIndexer;
+use ckf_core::search::{SearchKernel, SearchKernelError};
+use ckf_core::testing;
+use proptest::prelude::*;
+
+/// The concrete kernels, portable first.
+const KERNELS: [SearchKernel; 4] = [
+    SearchKernel::Portable,
+    SearchKernel::Avx2,
+    SearchKernel::Avx512,
+    SearchKernel::Neon,
+];
+
+/// The kernels this CPU runs; prints the ones skipped.
+fn runnable() -> Vec<SearchKernel> {
+    KERNELS
+        .into_iter()
+        .filter(|k| {
+            let ok = k.is_available();
+            if !ok {
+                eprintln!(
+                    "search kernel {k} skipped: this CPU lacks {}",
+                    k.requirement()
+                );
+            }
+            ok
+        })
+        .collect()
+}
+
+fn indexer(buckets: u64, lanes: usize, seed: u64) -> GlobalCkfIndexer {
+    testing::indexer("d", TableFormat::new(buckets, seed).unwrap(), lanes, 1)
+}
+
+/// Depth of `query` in one lane's words: leading blocks whose fingerprint is in a slot of one
+/// of their two candidate buckets (slot by slot, no word tricks).
+fn model_depth(addressing: &Addressing, words: &[u64], query: &[u64]) -> u32 {
+    query
+        .iter()
+        .take_while(|&&h| {
+            let loc = addressing.locate(h);
+            [loc.bucket_a, loc.bucket_b]
+                .iter()
+                .any(|&b| bucket::slots(words[b as usize]).contains(&loc.fingerprint))
+        })
+        .count() as u32
+}
+
+/// Asserts every runnable kernel gives the model's answer for every lane (and `None` for lanes
+/// not ready or not configured).
+fn check_all_kernels(
+    ix: &GlobalCkfIndexer,
+    tables: &[Vec<u64>],
+    ready: u16,
+    query: &[u64],
+) -> Result<(), TestCaseError> {
+    let addressing = *ix.addressing();
+    let portable = ix.find_prefix_matches_portable(query);
+    for kernel in runnable() {
+        let m = ix.find_prefix_matches_with(kernel, query).unwrap();
+        prop_assert_eq!(m, portable, "kernel {} differs from portable", kernel);
+        prop_assert_eq!(m.ready_mask(), ready);
+        for lane in 0..16u8 {
+            let want = (usize::from(lane) < tables.len() && ready & (1 << lane) != 0)
+                .then(|| model_depth(&addressing, &tables[lane as usize], query));
+            prop_assert_eq!(m.depth(lane), want, "kernel {} lane {}", kernel, lane);
+        }
+    }
+    Ok(())
+}
+
+/// A lane's words: each slot empty with probability `1 - fill`, otherwise a value from
+/// `alphabet` (query fingerprints and their near neighbours, so collisions are common) or a
+/// random fingerprint.
+fn random_words(buckets: u64, fill: u8, alphabet: &[u16], seed: u64) -> Vec<u64> {
+    (0..buckets)
+        .map(|b| {
+            let mut w = 0u64;
+            for s in 0..bucket::SLOTS {
+                let r = fmix64(seed ^ (b << 8) ^ s as u64);
+                if (r & 0xFF) as u8 >= fill {
+                    continue;
+                }
+                let v = if (r >> 8) & 1 == 0 && !alphabet.is_empty() {
+                    alphabet[((r >> 16) % alphabet.len() as u64) as usize]
+                } else {
+                    ((r >> 32) as u16).max(1)
+                };
+                w = with_slot(w, s, v);
+            }
+            w
+        })
+        .collect()
+}
+
+/// Places `blocks` exactly (first free candidate slot; blocks that do not fit are skipped).
+fn place(addressing: &Addressing, words: &mut [u64], blocks: &[u64]) {
+    for &h in blocks {
+        let loc = addressing.locate(h);
+        for b in [loc.bucket_a, loc.bucket_b] {
+            if let Some(s) = bucket::find_empty(words[b as usize]) {
+                words[b as usize] = with_slot(words[b as usize], s, loc.fingerprint);
+                break;
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    #[test]
+    fn every_kernel_equals_portable_and_the_model(
+        lanes in 1usize..=16,
+        ready_bits in any::<u16>(),
+        seed in any::<u64>(),
+        log_buckets in 1u32..12,
+        fill in any::<u8>(),
+        query_len in prop_oneof![Just(0usize), Just(1usize), 0usize..40, 40usize..300],
+        planted in any::<u64>(),
+    ) {
+        let buckets = 1u64 << log_buckets;
+        let ix = indexer(buckets, lanes, seed);
+        let addressing = *ix.addressing();
+        let query: Vec<u64> = (0..query_len as u64).map(|i| fmix64(seed ^ (i + 1))).collect();
+        // The query's fingerprints, their neighbours and the edge values of a 16-bit slot.
+        let mut alphabet: Vec<u16> = query.iter().take(16).map(|&h| addressing.locate(h).fingerprint).collect();
+        let neighbours: Vec<u16> = alphabet.iter().map(|f| f.wrapping_add(1).max(1)).collect();
+        alphabet.extend(neighbours);
+        alphabet.extend([1, 0x7FFF, 0x8000, 0xFFFF]);
+        let mut tables = Vec::new();
+        for lane in 0..lanes {
+            let lane_seed = fmix64(seed ^ lane as u64);
+            let mut words = random_words(buckets, fill, &alphabet, lane_seed);
+            // A random prefix of the query placed exactly, so lanes reach different depths.
+            let keep = (fmix64(planted ^ lane as u64) as usize) % (query_len + 1);
+            place(&addressing, &mut words, &query[..keep]);
+            if ready_bits & (1 << lane) != 0 {
+                testing::activate(&ix, lane as u8, lane as u64, 0, words.clone());
+            }
+            tables.push(words);
+        }
+        let ready = ready_bits & ((1u32 << lanes) - 1) as u16;
+        check_all_kernels(&ix, &tables, ready, &query)?;
+    }
+
+    /// Tables of 1-8 MiB: the prefetching query loop (tables >= 1 MiB) of every kernel.
+    #[test]
+    fn every_kernel_agrees_on_prefetched_tables(
+        lanes in prop_oneof![Just(16usize), Just(5usize), 1usize..=16],
+        seed in any::<u64>(),
+        query_len in prop_oneof![Just(0usize), Just(1usize), 2usize..64],
+        ready_bits in any::<u16>(),
+    ) {
+        let buckets = ((1u64 << 20) / 8 / lanes as u64).next_power_of_two();
+        let ix = indexer(buckets, lanes, seed);
+        let addressing = *ix.addressing();
+        let query: Vec<u64> = (0..query_len as u64).map(|i| fmix64(seed ^ (i + 7))).collect();
+        let mut tables = Vec::new();
+        for lane in 0..lanes {
+            let mut words = random_words(buckets, 200, &[], fmix64(seed ^ (lane as u64) << 20));
+            // Lanes hold prefixes of decreasing length (placed in free slots, so some are cut).
+            let keep = query_len.saturating_sub(lane * 3);
+            words.iter_mut().step_by(2).for_each(|w| *w &= 0x0000_FFFF_FFFF_FFFF);
+            place(&addressing, &mut words, &query[..keep]);
+            if ready_bits & (1 << lane) != 0 {
+                testing::activate(&ix, lane as u8, lane as u64, 0, words.clone());
+            }
+            tables.push(words);
+        }
+        let ready = ready_bits & ((1u32 << lanes) - 1) as u16;
+        check_all_kernels(&ix, &tables, ready, &query)?;
+    }
+}
+
+/// The longest query the indexer accepts (`limits.max_query_blocks`, 8,192) at full depth in
+/// every lane, on a 4 MiB 16-lane table (prefetch path), and with one lane cut at the last block.
+#[test]
+fn longest_query_at_full_depth() {
+    let (buckets, lanes) = (32768u64, 16usize);
+    let ix = indexer(buckets, lanes, 5);
+    let addressing = *ix.addressing();
+    let query: Vec<u64> = (0..8192u64).map(|i| fmix64(i ^ 0xABC)).collect();
+    let mut tables = Vec::new();
+    for lane in 0..lanes {
+        let mut words = vec![0u64; buckets as usize];
+        let keep = if lane == 3 { 8191 } else { 8192 };
+        place(&addressing, &mut words, &query[..keep]);
+        testing::activate(&ix, lane as u8, lane as u64, 0, words.clone());
+        tables.push(words);
+    }
+    check_all_kernels(&ix, &tables, 0xFFFF, &query).unwrap();
+    let m = ix.find_prefix_matches(&query);
+    // Every block fits at 6% load, so every lane but 3 holds all of them (3 stops at 8,191
+    // unless a collision makes the last block a false positive, which the model would show).
+    let model3 = model_depth(&addressing, &tables[3], &query);
+    assert!(model3 >= 8191);
+    for lane in 0..16u8 {
+        let want = if lane == 3 { model3 } else { 8192 };
+        assert_eq!(m.depth(lane), Some(want), "lane {lane}");
+    }
+}
+
+/// Fingerprint collisions: blocks never stored are found because another block with the same
+/// fingerprint sits in one of their candidate buckets (a false positive every kernel must report
+/// identically), and a fingerprint in a non-candidate bucket never counts.
+#[test]
+fn fingerprint_collisions_are_reported_alike() {
+    let (buckets, lanes) = (1024u64, 7usize);
+    let ix = indexer(buckets, lanes, 11);
+    let addressing = *ix.addressing();
+    let query: Vec<u64> = (0..12u64).map(|i| fmix64(i + 1000)).collect();
+    let mut tables = Vec::new();
+    for lane in 0..lanes {
+        let mut words = vec![0u64; buckets as usize];
+        for (i, &h) in query.iter().enumerate() {
+            let loc = addressing.locate(h);
+            match (i + lane) % 3 {
+                // The fingerprint alone in the higher candidate's last slot (no block placed:
+                // the same 16 bits from "another block").
+                0 => {
+                    let b = loc.bucket_a.max(loc.bucket_b) as usize;
+                    words[b] = with_slot(words[b], 3, loc.fingerprint);
+                }
+                // The fingerprint in a bucket that is neither candidate: must not count.
+                1 if lane % 2 == 0 => {
+                    let other = (0..buckets as u32)
+                        .find(|&b| b != loc.bucket_a && b != loc.bucket_b)
+                        .unwrap() as usize;
+                    words[other] = with_slot(words[other], 0, loc.fingerprint);
+                }
+                // Near misses around the fingerprint in both candidates, then the real one.
+                _ => {
+                    for b in [loc.bucket_a, loc.bucket_b] {
+                        let b = b as usize;
+                        words[b] = with_slot(words[b], 0, loc.fingerprint ^ 1);
+                        words[b] = with_slot(words[b], 1, loc.fingerprint.wrapping_add(0x100));
+                    }
+                    let b = loc.bucket_a as usize;
+                    words[b] = with_slot(words[b], 2, loc.fingerprint);
+                }
+            }
+        }
+        testing::activate(&ix, lane as u8, lane as u64, 0, words.clone());
+        tables.push(words);
+    }
+    check_all_kernels(&ix, &tables, 0x7F, &query).unwrap();
+    let m = ix.find_prefix_matches(&query);
+    // Odd lanes hold every block (by value); even lanes stop at their first case-1 position.
+    for lane in 0..lanes as u8 {
+        let want = if lane % 2 == 1 {
+            12
+        } else {
+            (0..12u32)
+                .find(|&i| (i as usize + lane as usize) % 3 == 1)
+                .unwrap()
+        };
+        assert_eq!(m.depth(lane), Some(want), "lane {lane}");
+    }
+}
+
+/// Lanes not ready are never reported by any kernel, even when their words would match.
+#[test]
+fn lanes_not_ready_are_never_reported() {
+    let ix = indexer(256, 16, 3);
+    let addressing = *ix.addressing();
+    let query: Vec<u64> = (0..20u64).map(fmix64).collect();
+    let mut words = vec![0u64; 256];
+    place(&addressing, &mut words, &query);
+    // Ready: 0, 5, 15 only.
+    for lane in [0u8, 5, 15] {
+        testing::activate(&ix, lane, u64::from(lane), 0, words.clone());
+    }
+    let tables: Vec<Vec<u64>> = (0..16)
+        .map(|l| {
+            if [0, 5, 15].contains(&l) {
+                words.clone()
+            } else {
+                vec![0; 256]
+            }
+        })
+        .collect();
+    check_all_kernels(&ix, &tables, 0b1000_0000_0010_0001, &query).unwrap();
+    for kernel in runnable() {
+        let m = ix.find_prefix_matches_with(kernel, &query).unwrap();
+        assert_eq!(
+            m.iter().collect::<Vec<_>>(),
+            vec![(0, 20), (5, 20), (15, 20)],
+            "{kernel}"
+        );
+    }
+}
+
+#[test]
+fn forced_kernels_really_run_and_auto_picks_the_best() {
+    let ix = indexer(64, 4, 1);
+    testing::activate(&ix, 0, 0, 0, vec![0; 64]);
+    // Default: the best kernel of this CPU.
+    assert_eq!(ix.search_kernel(), SearchKernel::best());
+    assert_ne!(SearchKernel::best(), SearchKernel::Auto);
+    for kernel in runnable() {
+        assert_eq!(ix.set_search_kernel(kernel), Ok(kernel));
+        assert_eq!(ix.search_kernel(), kernel);
+        let before: Vec<u64> = KERNELS.iter().map(|&k| testing::kernel_runs(k)).collect();
+        for _ in 0..3 {
+            ix.find_prefix_matches(&[1, 2, 3]);
+        }
+        for (i, &k) in KERNELS.iter().enumerate() {
+            let ran = testing::kernel_runs(k) - before[i];
+            assert_eq!(
+                ran,
+                if k == kernel { 3 } else { 0 },
+                "forced {kernel}, ran {k}"
+            );
+        }
+    }
+    assert_eq!(
+        ix.set_search_kernel(SearchKernel::Auto),
+        Ok(SearchKernel::best())
+    );
+    // On x86-64 with AVX2 (this project's machines), forcing AVX2 runs the AVX2 code even when
+    // AVX-512 is there.
+    if SearchKernel::Avx2.is_available() {
+        ix.set_search_kernel(SearchKernel::Avx2).unwrap();
+        let before = testing::kernel_runs(SearchKernel::Avx2);
+        ix.find_prefix_matches(&[9]);
+        assert_eq!(testing::kernel_runs(SearchKernel::Avx2), before + 1);
+    } else {
+        eprintln!("AVX2 not available on this CPU: forced-AVX2 check skipped");
+    }
+}
+
+#[test]
+fn a_kernel_the_cpu_lacks_is_refused_and_auto_falls_back() {
+    let ix = indexer(64, 2, 1);
+    testing::activate(&ix, 1, 1, 0, vec![0; 64]);
+    testing::without_kernels(&[SearchKernel::Avx512], || {
+        let err = ix.set_search_kernel(SearchKernel::Avx512).unwrap_err();
+        assert!(matches!(
+            err,
+            SearchKernelError::Unavailable {
+                kernel: SearchKernel::Avx512,
+                ..
+            }
+        ));
+        let msg = err.to_string();
+        assert!(msg.contains("avx512") && msg.contains("AVX-512"), "{msg}");
+        assert!(
+            ix.find_prefix_matches_with(SearchKernel::Avx512, &[1])
+                .is_err()
+        );
+        // Auto on a CPU without AVX-512: AVX2 where present, else portable.
+        let best = SearchKernel::best();
+        assert_ne!(best, SearchKernel::Avx512);
+        assert_eq!(ix.set_search_kernel(SearchKernel::Auto), Ok(best));
+    });
+    let vector = [SearchKernel::Avx512, SearchKernel::Avx2, SearchKernel::Neon];
+    testing::without_kernels(&vector, || {
+        assert_eq!(SearchKernel::best(), SearchKernel::Portable);
+        assert_eq!(SearchKernel::available(), vec![SearchKernel::Portable]);
+        let before = ix.search_kernel();
+        let err = ix.set_search_kernel(SearchKernel::Avx2).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "search kernel avx2 is not available on this CPU (it needs x86-64 with AVX2); \
+             available: portable"
+        );
+        // The kernel in use is unchanged by a refusal.
+        assert_eq!(ix.search_kernel(), before);
+    });
+    // Restored after the scope.
+    assert!(SearchKernel::Portable.is_available());
+}
+
+#[test]
+fn kernel_names_parse_and_print() {
+    for k in SearchKernel::ALL {
+        assert_eq!(k.name().parse::<SearchKernel>(), Ok(k));
+        assert_eq!(k.to_string(), k.name());
+    }
+    assert_eq!(
+        "AVX2".parse::<SearchKernel>(),
+        Err(SearchKernelError::Unknown("AVX2".into()))
+    );
+    assert_eq!(
+        "sse".parse::<SearchKernel>().unwrap_err().to_string(),
+        "unknown search kernel \"sse\": expected one of auto, portable, avx2, avx512, neon"
+    );
+    assert_eq!(SearchKernel::default(), SearchKernel::Auto);
+    // NEON is only ever forced: `Auto` never picks an unmeasured kernel.
+    assert_ne!(SearchKernel::best(), SearchKernel::Neon);
+    assert_eq!(
+        SearchKernel::Neon.is_available(),
+        cfg!(target_arch = "aarch64")
+    );
+}
