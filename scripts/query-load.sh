@@ -5,7 +5,7 @@
 #   scripts/query-load.sh "--mode unary --concurrency 1" "--mode batch --batch 64"
 # Each run prints its summary; the cluster is stopped at the end. Binaries: target/release
 # (BIN=dir to use others, e.g. an older build's indexer for a before/after comparison:
-# INDEXER_BIN=path). Ports 17400.. (PORT_BASE=...).
+# INDEXER_BIN=path; INDEXER_ENV="VAR=value ..." for its environment only). Ports 17400.. (PORT_BASE=...).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-target/release}
@@ -16,7 +16,7 @@ DIR=$(mktemp -d)
 pids=()
 cleanup() { for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done; wait 2>/dev/null; rm -rf "$DIR"; }
 trap cleanup EXIT
-"$INDEXER_BIN" --lanes dc-a,dc-b,dc-c --expected-blocks 1000000 \
+env ${INDEXER_ENV:-} "$INDEXER_BIN" --lanes dc-a,dc-b,dc-c --expected-blocks 1000000 \
     --listen 127.0.0.1:$P --metrics-listen 127.0.0.1:$((P + 1)) >"$DIR/indexer.log" 2>&1 &
 pids+=($!)
 producers=()

@@ -5,10 +5,10 @@
 //!   soon as the previous one is answered, spread round-robin over `--connections` HTTP/2
 //!   connections. Latency is send to answer.
 //! - **Open loop** (`--rate` queries/s): message `k` is due at `start + k x interval` whatever
-//!   the answers do; a slot takes the next due message, waits for its due time, sends it, and the
-//!   latency is measured **from the due time** (a slow answer delays the later sends of that
-//!   slot, and that wait is counted: no coordinated omission). With too few slots for the rate
-//!   the latencies grow, as they would for the real callers.
+//!   the answers do; a pacer thread releases each message at its due time to the next free
+//!   slot, and the latency is measured **from the due time** (a message waiting for a free slot
+//!   counts that wait: no coordinated omission). With too few slots for the rate the latencies
+//!   grow, as they would for the real callers.
 //! - Modes: `unary` (`FindMatches`), `batch` (`FindMatchesBatch`, `--batch` queries per
 //!   message), `stream` (`FindMatchesStream`: one stream per slot, `--batch` queries per
 //!   message, each message's id checked in its answer), `tokens` (`FindMatchesByTokens`, the
@@ -329,6 +329,26 @@ impl Schedule {
 
 type Client = QueryClient<AuthedChannel>;
 
+/// The open-loop pacer: a thread that releases every message of `schedule` at its due time
+/// into `tx` (unbounded: when every slot is busy the message waits in the queue and that wait
+/// counts in its latency, which starts at the due time). A thread with `std::thread::sleep`
+/// (tens of microseconds late at most) and not a tokio timer, whose millisecond ticks would
+/// add up to a millisecond of the generator's own lateness to every latency.
+fn pace(schedule: Arc<Schedule>, tx: flume::Sender<(u64, Instant)>) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        while let Some((k, due)) = schedule.take() {
+            let due = due.expect("an open-loop schedule has due times");
+            let now = Instant::now();
+            if due > now {
+                std::thread::sleep(due - now);
+            }
+            if tx.send((k, due)).is_err() {
+                return;
+            }
+        }
+    })
+}
+
 /// One slot: sends messages until the schedule ends, tallying answers and errors.
 async fn slot(
     mut client: Client,
@@ -337,6 +357,7 @@ async fn slot(
     block_size: u32,
     queries: Arc<Vec<Vec<u64>>>,
     schedule: Arc<Schedule>,
+    paced: Option<flume::Receiver<(u64, Instant)>>,
 ) -> Tally {
     let mut tally = Tally::new();
     // Stream mode: the slot's open stream (request sender, answers), reopened after an error.
@@ -344,10 +365,13 @@ async fn slot(
         mpsc::Sender<v1::FindMatchesStreamRequest>,
         tonic::Streaming<v1::FindMatchesStreamResponse>,
     )> = None;
-    while let Some((k, due)) = schedule.take() {
-        if let Some(due) = due {
-            tokio::time::sleep_until(due.into()).await;
-        }
+    loop {
+        let next = match &paced {
+            // Open loop: the pacer thread hands out each message at its due time.
+            Some(rx) => rx.recv_async().await.ok().map(|(k, due)| (k, Some(due))),
+            None => schedule.take(),
+        };
+        let Some((k, due)) = next else { break };
         let batch = || -> Vec<v1::BlockHashQuery> {
             message_queries(&queries, per_message, k)
                 .map(|q| v1::BlockHashQuery {
@@ -526,6 +550,12 @@ pub async fn run(args: LoadArgs) -> Result<()> {
             }
         })
     };
+    let (pacer, paced) = if interval.is_some() {
+        let (tx, rx) = flume::unbounded();
+        (Some(pace(Arc::clone(&schedule), tx)), Some(rx))
+    } else {
+        (None, None)
+    };
     let slots: Vec<_> = (0..args.concurrency)
         .map(|i| {
             tokio::spawn(slot(
@@ -535,6 +565,7 @@ pub async fn run(args: LoadArgs) -> Result<()> {
                 args.block_size,
                 Arc::clone(&queries),
                 Arc::clone(&schedule),
+                paced.clone(),
             ))
         })
         .collect();
@@ -546,11 +577,17 @@ pub async fn run(args: LoadArgs) -> Result<()> {
             }
         })
     };
+    drop(paced);
     let mut tally = Tally::new();
     for slot in slots {
         tally.merge(&slot.await.context("a load slot panicked")?);
     }
     let elapsed = start.elapsed();
+    if let Some(pacer) = pacer {
+        pacer
+            .join()
+            .map_err(|_| anyhow!("the open-loop pacer panicked"))?;
+    }
     ticker.abort();
     interrupted.abort();
     bar.finish_and_clear();
