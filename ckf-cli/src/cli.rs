@@ -35,6 +35,10 @@ pub enum Command {
     /// Prefix depth per DC for a block-hash sequence, or for a request's token ids (--tokens,
     /// --tokens-file: the indexer computes the canonical hashes, proto/TOKEN_HASH.md).
     Query(QueryArgs),
+    /// Load generator for the indexer's Query service: closed loop (N in flight over C
+    /// connections) or open loop (--rate), unary / batch / stream / tokens; QPS, latency
+    /// percentiles, errors by status, the indexer's CPU per query.
+    Load(LoadArgs),
     /// The indexer's lane table.
     Lanes(LanesArgs),
     /// gRPC health check (grpc.health.v1): exit 0 when SERVING, 1 otherwise, 2 when unreachable.
@@ -307,6 +311,91 @@ fn parse_mm_item(text: &str) -> Result<MmItem, String> {
         offset: number("offset", offset)?,
         length: number("length", length)?,
     })
+}
+
+/// Which Query RPC `ckf load` drives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LoadMode {
+    /// `FindMatches`: one query per request.
+    Unary,
+    /// `FindMatchesBatch`: `--batch` queries per request.
+    Batch,
+    /// `FindMatchesStream`: one stream per in-flight slot, `--batch` queries per message.
+    Stream,
+    /// `FindMatchesByTokens`: each query's blocks as `--block-size` token ids each.
+    Tokens,
+}
+
+impl LoadMode {
+    /// The flag value (and the report's `mode`).
+    pub fn name(self) -> &'static str {
+        match self {
+            LoadMode::Unary => "unary",
+            LoadMode::Batch => "batch",
+            LoadMode::Stream => "stream",
+            LoadMode::Tokens => "tokens",
+        }
+    }
+}
+
+/// `ckf load`.
+#[derive(Debug, Clone, Args)]
+pub struct LoadArgs {
+    /// The indexer's Query endpoint, e.g. http://127.0.0.1:7400.
+    #[arg(long)]
+    pub indexer: String,
+    /// TLS toward the indexer.
+    #[command(flatten)]
+    pub tls: TlsArgs,
+    /// Send `authorization: Bearer <token>` with the token in FILE (one line): the indexer's
+    /// `auth.query_token_file`.
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Which RPC to drive.
+    #[arg(long, value_enum, default_value_t = LoadMode::Unary)]
+    pub mode: LoadMode,
+    /// Queries per message in batch and stream modes (at most the indexer's
+    /// limits.max_query_batch).
+    #[arg(long, default_value_t = 64, value_name = "QUERIES")]
+    pub batch: usize,
+    /// Messages in flight at once (closed loop), or sending slots (open loop).
+    #[arg(long, default_value_t = 8, value_name = "N")]
+    pub concurrency: usize,
+    /// HTTP/2 connections the slots are spread over (round-robin).
+    #[arg(long, default_value_t = 1, value_name = "C")]
+    pub connections: usize,
+    /// Open loop: queries per second, sent on schedule whatever the answers do; latency counts
+    /// from each message's due time (no coordinated omission).
+    #[arg(long, value_name = "QPS")]
+    pub rate: Option<f64>,
+    /// How long to send: seconds (10, 2.5s) or 500ms [default: 10 s unless --requests].
+    #[arg(long, value_parser = crate::load::parse_duration)]
+    pub duration: Option<std::time::Duration>,
+    /// Stop after this many messages (requests; each carries --batch queries in batch and
+    /// stream modes), or at --duration if that comes first.
+    #[arg(long, value_name = "MESSAGES")]
+    pub requests: Option<u64>,
+    /// Queries from a Mooncake JSONL trace (default: the built-in synthetic workload).
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// Distinct queries taken from the workload (cycled) [default: all of a trace; 4000
+    /// synthetic ones].
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// Seed of the synthetic workload.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Tokens per block in tokens mode (the indexer's block size, so the hashes it computes
+    /// are those of real blocks).
+    #[arg(long, default_value_t = 16, value_name = "TOKENS")]
+    pub block_size: u32,
+    /// The indexer's process id, for its CPU time per query (default: the process listening on
+    /// the URL's port when the URL is on this host).
+    #[arg(long, value_name = "PID")]
+    pub indexer_pid: Option<u32>,
+    /// Print the summary as JSON (and no progress bar).
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `ckf lanes`.

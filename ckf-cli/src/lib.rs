@@ -2,7 +2,7 @@
 //!
 //! The `ckf` command: replays prefix-cache workloads through ckf-relay producers and an indexer
 //! and reports routing quality, accuracy against an exact oracle, speed and cost; plus the
-//! operator's `query`, `lanes`, `health` and `certs` commands.
+//! operator's `query`, `load`, `lanes`, `health` and `certs` commands.
 //!
 //! | module | owns |
 //! | --- | --- |
@@ -19,6 +19,7 @@
 //! | [`feed`] | `--feed zmq`: trace block ids -> tokens, canonical hashes, vLLM events with engine hashes |
 //! | [`publisher`] | a built-in engine publisher: vLLM's ZMQ PUB + ROUTER replay protocol |
 //! | [`accuracy`] | judging answers against the oracle (over/under-estimates by cause) |
+//! | [`load`] | `ckf load`: closed / open loop load on the Query RPCs, HDR latency summary, indexer CPU per query from `/proc` |
 //! | [`live`] | the live replay driver against producers and an indexer |
 //! | [`report`] | the report (text and JSON) |
 //! | [`scrape`] | one counter from a Prometheus `/metrics` endpoint (relay bytes), via `ckf_svc_kit::scrape` |
@@ -36,6 +37,7 @@ pub mod feed;
 pub mod fleet;
 pub mod hashing;
 pub mod live;
+pub mod load;
 pub mod oracle;
 pub mod policy;
 pub mod probe;

@@ -23,6 +23,7 @@ fn main() -> std::process::ExitCode {
         Command::Replay(a) => Some((a.indexer.clone(), a.tls.cert.is_some())),
         Command::Query(a) => Some((a.indexer.clone(), a.tls.cert.is_some())),
         Command::Lanes(a) => Some((a.indexer.clone(), a.tls.cert.is_some())),
+        Command::Load(a) => Some((a.indexer.clone(), a.tls.cert.is_some())),
         Command::SourceSequence(a) => Some((a.producer.clone(), a.tls.cert.is_some())),
         _ => None,
     };
@@ -33,6 +34,7 @@ fn main() -> std::process::ExitCode {
             Command::Simulate(args) => commands::simulate_cmd(args),
             Command::Query(args) => commands::query(args).await,
             Command::Lanes(args) => commands::lanes(args).await,
+            Command::Load(args) => ckf_cli::load::run(args).await,
             Command::SourceSequence(args) => commands::source_sequence(args).await,
             Command::Certs(args) => ckf_cli::certs::run(&args),
             Command::Health(args) => {

@@ -100,8 +100,12 @@ pub struct LimitsConfig {
     pub max_images_per_delta: u32,
     /// Relay streams open at once; further attachments get `RESOURCE_EXHAUSTED`.
     pub max_relay_streams: u32,
-    /// Most block hashes one `FindMatches` may carry.
+    /// Most block hashes one `FindMatches` may carry (and each query of a batch or stream
+    /// message).
     pub max_query_blocks: u32,
+    /// Most queries one `FindMatchesBatch` request or `FindMatchesStream` message may carry
+    /// (bounds the work one message buys; the message size is bounded by `max_message_bytes`).
+    pub max_query_batch: u32,
     /// Frames each lane's ingestion queue holds; a full queue retires the lane (`SATURATED`).
     pub lane_queue_capacity: u32,
 }
@@ -113,6 +117,7 @@ impl Default for LimitsConfig {
             max_images_per_delta: 65_536,
             max_relay_streams: 64,
             max_query_blocks: 8_192,
+            max_query_batch: 1_024,
             lane_queue_capacity: 1_024,
         }
     }
@@ -344,6 +349,7 @@ impl Validate for IndexerConfig {
             ("limits.max_images_per_delta", l.max_images_per_delta),
             ("limits.max_relay_streams", l.max_relay_streams),
             ("limits.max_query_blocks", l.max_query_blocks),
+            ("limits.max_query_batch", l.max_query_batch),
             ("limits.lane_queue_capacity", l.lane_queue_capacity),
         ] {
             at_least(key, value, 1, "")?;
@@ -451,6 +457,10 @@ pub struct Cli {
     /// Most block hashes per FindMatches query [default: 8192; key: limits.max_query_blocks].
     #[arg(long, value_name = "BLOCKS")]
     pub max_query_blocks: Option<u32>,
+    /// Most queries per FindMatchesBatch request or FindMatchesStream message
+    /// [default: 1024; key: limits.max_query_batch].
+    #[arg(long, value_name = "QUERIES")]
+    pub max_query_batch: Option<u32>,
     /// Frames queued per lane before the lane is retired as saturated
     /// [default: 1024; key: limits.lane_queue_capacity].
     #[arg(long, value_name = "FRAMES")]
@@ -497,6 +507,7 @@ impl Cli {
             .set("limits.max_images_per_delta", self.max_images_per_delta)
             .set("limits.max_relay_streams", self.max_relay_streams)
             .set("limits.max_query_blocks", self.max_query_blocks)
+            .set("limits.max_query_batch", self.max_query_batch)
             .set("limits.lane_queue_capacity", self.lane_queue_capacity)
             .set("search.kernel", self.search_kernel.clone());
         let overrides = self.tls.overrides(overrides);

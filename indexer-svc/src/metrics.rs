@@ -22,17 +22,28 @@ pub enum QueryMethod {
     FindMatches,
     /// `FindMatchesByTokens` (token ids).
     FindMatchesByTokens,
+    /// `FindMatchesBatch` (counted per query of the batch).
+    FindMatchesBatch,
+    /// `FindMatchesStream` (counted per query of each stream message).
+    FindMatchesStream,
 }
 
 impl QueryMethod {
-    /// Both methods, in label order.
-    pub const ALL: [QueryMethod; 2] = [QueryMethod::FindMatches, QueryMethod::FindMatchesByTokens];
+    /// Every method, in label order (the index of [`IndexerMetrics::query_method`]).
+    pub const ALL: [QueryMethod; 4] = [
+        QueryMethod::FindMatches,
+        QueryMethod::FindMatchesByTokens,
+        QueryMethod::FindMatchesBatch,
+        QueryMethod::FindMatchesStream,
+    ];
 
     /// The `method` label value.
     pub fn label(self) -> &'static str {
         match self {
             QueryMethod::FindMatches => "find_matches",
             QueryMethod::FindMatchesByTokens => "find_matches_by_tokens",
+            QueryMethod::FindMatchesBatch => "find_matches_batch",
+            QueryMethod::FindMatchesStream => "find_matches_stream",
         }
     }
 }
@@ -93,7 +104,9 @@ pub struct IndexerMetrics {
     pub lane_installed_sequence: IntGaugeVec,
     /// Queries answered, by `method` ([`QueryMethod::label`]).
     pub queries: IntCounterVec,
-    /// Queries refused (too long, bad token query), by `method`.
+    /// Queries refused (too long, bad token query; every query of a refused batch or stream
+    /// message), by `method`. All are `INVALID_ARGUMENT`; refusals for credentials are
+    /// `ckf_indexer_auth_refused_total`.
     pub queries_refused: IntCounterVec,
     /// Block hashes probed, by `method` (for token queries: the full blocks of the tokens).
     pub query_blocks: IntCounterVec,
@@ -117,8 +130,8 @@ impl IndexerMetrics {
         let query_duration = histogram(
             &r,
             "ckf_indexer_query_duration_seconds",
-            "Duration of the multi-lane prefix search of one FindMatches or FindMatchesByTokens \
-             (token hashing excluded), in seconds.",
+            "Duration of the multi-lane prefix search of one query, any method (token hashing \
+             excluded; one observation per query of a batch or stream message), in seconds.",
             latency_buckets_seconds(),
         );
         let event_to_applied_lag = histogram_vec(

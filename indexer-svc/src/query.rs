@@ -9,8 +9,18 @@
 //! block size and limit and computes the hashes, then runs the same search (one private `search` function serves both).
 //! `ListLanes` reports ckf-core's `LaneStatus` per lane plus each lane's load factor, counted
 //! from the table's bucket words.
+//!
+//! `FindMatchesBatch` and `FindMatchesStream` carry many queries per message: the whole message
+//! is checked against `limits.max_query_batch` and every query against `limits.max_query_blocks`
+//! before anything is searched (a refused message has no partial answer), then each query runs
+//! the same search as `FindMatches` (its own ready-lane capture) and is answered compactly as
+//! a ready mask plus packed depths. The stream answers each request message as it is polled,
+//! in the response stream's own poll: no task per stream or per message.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Instant;
 
 use ckf_core::bucket;
@@ -18,11 +28,12 @@ use ckf_core::global::GlobalCkfIndexer;
 use ckf_core::lane::LaneStatus;
 use ckf_core::tokens::TokenQuery;
 use ckf_proto::v1::{self, query_server::Query};
-use tonic::{Request, Response, Status};
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status, Streaming};
 
 use crate::metrics::QueryMethod;
 use crate::state::IndexerState;
-use crate::status::{QueryError, wire_reason};
+use crate::status::{BatchAt, QueryError, wire_reason};
 
 /// The Query service.
 #[derive(Debug, Clone)]
@@ -39,6 +50,8 @@ impl QueryService {
 
 #[tonic::async_trait]
 impl Query for QueryService {
+    type FindMatchesStreamStream = StreamAnswers;
+
     async fn find_matches(
         &self,
         request: Request<v1::FindMatchesRequest>,
@@ -68,6 +81,32 @@ impl Query for QueryService {
             .inspect_err(|_| self.shared.metrics.query_method(method).refused.inc())
             .map_err(QueryError::Tokens)?;
         Ok(Response::new(search(&self.shared, &hashes, method)))
+    }
+
+    async fn find_matches_batch(
+        &self,
+        request: Request<v1::FindMatchesBatchRequest>,
+    ) -> Result<Response<v1::FindMatchesBatchResponse>, Status> {
+        let queries = request.into_inner().queries;
+        let results = answer_batch(
+            &self.shared,
+            &queries,
+            BatchAt::Batch,
+            QueryMethod::FindMatchesBatch,
+        )?;
+        Ok(Response::new(v1::FindMatchesBatchResponse { results }))
+    }
+
+    async fn find_matches_stream(
+        &self,
+        request: Request<Streaming<v1::FindMatchesStreamRequest>>,
+    ) -> Result<Response<StreamAnswers>, Status> {
+        Ok(Response::new(StreamAnswers {
+            shared: Arc::clone(&self.shared),
+            inbound: request.into_inner(),
+            shutdown: Box::pin(self.shared.shutdown.wait()),
+            ended: false,
+        }))
     }
 
     async fn list_lanes(
@@ -121,6 +160,122 @@ fn search(shared: &IndexerState, hashes: &[u64], method: QueryMethod) -> v1::Fin
     v1::FindMatchesResponse {
         matches,
         ready_mask: u32::from(found.ready_mask()),
+    }
+}
+
+/// Checks a batch (`at`) against `limits.max_query_batch` and every query against
+/// `limits.max_query_blocks`, then answers each query in order.
+///
+/// # Errors
+/// [`QueryError::TooManyQueries`] / [`QueryError::BatchQueryTooLong`] (naming the first
+/// offending query's index): nothing is searched; every query of the message counts as refused.
+fn answer_batch(
+    shared: &IndexerState,
+    queries: &[v1::BlockHashQuery],
+    at: BatchAt,
+    method: QueryMethod,
+) -> Result<Vec<v1::QueryResult>, QueryError> {
+    let limits = &shared.limits;
+    let refuse = |error: QueryError| {
+        shared
+            .metrics
+            .query_method(method)
+            .refused
+            .inc_by(queries.len() as u64);
+        error
+    };
+    if queries.len() > limits.max_query_batch as usize {
+        return Err(refuse(QueryError::TooManyQueries {
+            at,
+            queries: queries.len(),
+            limit: limits.max_query_batch,
+        }));
+    }
+    let too_long = queries
+        .iter()
+        .position(|q| q.block_hashes.len() > limits.max_query_blocks as usize);
+    if let Some(index) = too_long {
+        return Err(refuse(QueryError::BatchQueryTooLong {
+            at,
+            index,
+            blocks: queries[index].block_hashes.len(),
+            limit: limits.max_query_blocks,
+        }));
+    }
+    let indexer = &shared.indexer;
+    let duration = &shared.metrics.query_duration;
+    let mut blocks = 0u64;
+    let results = queries
+        .iter()
+        .map(|query| {
+            let started = Instant::now();
+            let found = indexer.find_prefix_matches(&query.block_hashes);
+            duration.observe(started.elapsed().as_secs_f64());
+            blocks += query.block_hashes.len() as u64;
+            v1::QueryResult {
+                ready_mask: u32::from(found.ready_mask()),
+                depths: found.iter().map(|(_, depth)| depth).collect(),
+            }
+        })
+        .collect();
+    let counters = shared.metrics.query_method(method);
+    counters.answered.inc_by(queries.len() as u64);
+    counters.blocks.inc_by(blocks);
+    Ok(results)
+}
+
+/// The response stream of one `FindMatchesStream`: each request message is answered when the
+/// server polls for the next response (so the answers keep request order and the stream needs
+/// no task of its own). Ends after the first refused message (with its `INVALID_ARGUMENT`),
+/// when the client half-closes, or with `UNAVAILABLE` when the indexer shuts down.
+pub struct StreamAnswers {
+    shared: Arc<IndexerState>,
+    inbound: Streaming<v1::FindMatchesStreamRequest>,
+    shutdown: Pin<Box<dyn Future<Output = ()> + Send>>,
+    ended: bool,
+}
+
+impl std::fmt::Debug for StreamAnswers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamAnswers")
+            .field("ended", &self.ended)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Stream for StreamAnswers {
+    type Item = Result<v1::FindMatchesStreamResponse, Status>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        if this.ended {
+            return Poll::Ready(None);
+        }
+        if this.shutdown.as_mut().poll(cx).is_ready() {
+            this.ended = true;
+            return Poll::Ready(Some(Err(QueryError::Shutdown.into())));
+        }
+        let answer = match Pin::new(&mut this.inbound).poll_next(cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(None) => None,
+            // A transport or decode failure of the request stream ends it with that status.
+            Poll::Ready(Some(Err(status))) => Some(Err(status)),
+            Poll::Ready(Some(Ok(request))) => Some(
+                answer_batch(
+                    &this.shared,
+                    &request.queries,
+                    BatchAt::Stream { id: request.id },
+                    QueryMethod::FindMatchesStream,
+                )
+                .map(|results| v1::FindMatchesStreamResponse {
+                    id: request.id,
+                    results,
+                })
+                .map_err(Status::from),
+            ),
+        };
+        this.ended = !matches!(answer, Some(Ok(_)));
+        Poll::Ready(answer)
     }
 }
 

@@ -22,6 +22,8 @@
 //! | frame ckf-core cannot attribute to the stream's lane (unknown lane or lease, ignored) | `INVALID_ARGUMENT` | - |
 //! | query without the configured bearer token (`auth.query_token_file`) | `UNAUTHENTICATED` | - |
 //! | query longer than the limit | `INVALID_ARGUMENT` | - |
+//! | batch / stream message with more queries than `limits.max_query_batch`, or one of its queries longer than `limits.max_query_blocks` | `INVALID_ARGUMENT` (names the limit, the stream message's id and the query's index; ends a `FindMatchesStream`) | - |
+//! | `FindMatchesStream` open when the indexer shuts down | `UNAVAILABLE` | - |
 //! | token query: other block size, too many tokens, bad multimodal item | `INVALID_ARGUMENT` | - |
 //! | producer stopped reading replies | `CANCELLED` | `STREAM_LOST` |
 //! | `ListLanes` load-factor count failed | `INTERNAL` | - |
@@ -259,6 +261,34 @@ pub enum QueryError {
         /// The limit.
         limit: u32,
     },
+    /// A `FindMatchesBatch` request or `FindMatchesStream` message with more queries than
+    /// `limits.max_query_batch`.
+    #[error("{at} carries {queries} queries (limits.max_query_batch = {limit})")]
+    TooManyQueries {
+        /// Which request.
+        at: BatchAt,
+        /// Queries in it.
+        queries: usize,
+        /// The limit.
+        limit: u32,
+    },
+    /// A query of a batch or stream message longer than `limits.max_query_blocks`.
+    #[error(
+        "{at}: query #{index} carries {blocks} block hashes (limits.max_query_blocks = {limit})"
+    )]
+    BatchQueryTooLong {
+        /// Which request.
+        at: BatchAt,
+        /// 0-based index of the first query over the limit.
+        index: usize,
+        /// Hashes in it.
+        blocks: usize,
+        /// The limit.
+        limit: u32,
+    },
+    /// The indexer is shutting down (ends an open `FindMatchesStream`).
+    #[error("FindMatchesStream: the indexer is shutting down")]
+    Shutdown,
     /// A `FindMatchesByTokens` request broke a token-query rule (its message names the field).
     #[error("FindMatchesByTokens: {0}")]
     Tokens(#[from] TokenQueryError),
@@ -267,12 +297,35 @@ pub enum QueryError {
     LoadCount(#[from] tokio::task::JoinError),
 }
 
+/// Which batched request a [`QueryError`] is about (its `Display` starts the message).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BatchAt {
+    /// A `FindMatchesBatch` request.
+    Batch,
+    /// The `FindMatchesStream` request message with this caller-chosen id.
+    Stream {
+        /// The message's `id`.
+        id: u64,
+    },
+}
+
+impl std::fmt::Display for BatchAt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BatchAt::Batch => f.write_str("FindMatchesBatch"),
+            BatchAt::Stream { id } => write!(f, "FindMatchesStream message id {id}"),
+        }
+    }
+}
+
 impl From<QueryError> for Status {
     fn from(error: QueryError) -> Self {
         match error {
-            QueryError::TooManyBlocks { .. } | QueryError::Tokens(_) => {
-                Status::invalid_argument(error.to_string())
-            }
+            QueryError::TooManyBlocks { .. }
+            | QueryError::TooManyQueries { .. }
+            | QueryError::BatchQueryTooLong { .. }
+            | QueryError::Tokens(_) => Status::invalid_argument(error.to_string()),
+            QueryError::Shutdown => Status::unavailable(error.to_string()),
             QueryError::LoadCount(_) => Status::internal(error.to_string()),
         }
     }

@@ -159,6 +159,8 @@ pub struct IndexerSpec {
     pub extra_toml: String,
     /// `lag.drain_grace_ms`.
     pub drain_grace_ms: u64,
+    /// Lines appended to the `[limits]` section (e.g. `max_query_batch = 16`).
+    pub extra_limits: String,
 }
 
 impl Default for IndexerSpec {
@@ -172,6 +174,7 @@ impl Default for IndexerSpec {
             max_images_per_delta: 65_536,
             block_size: None,
             extra_toml: String::new(),
+            extra_limits: String::new(),
         }
     }
 }
@@ -220,13 +223,14 @@ impl Indexer {
              [table]\nbucket_count = {BUCKETS}\nseed = {SEED}\n\
              [lag]\nheartbeat_deadline_ms = {}\ndirty_to_applied_deadline_ms = 30000\n\
              drain_grace_ms = {}\n\
-             [limits]\nmax_message_bytes = {}\nmax_images_per_delta = {}\n",
+             [limits]\nmax_message_bytes = {}\nmax_images_per_delta = {}\n{}",
             block_size_line(spec.block_size),
             spec.extra_toml,
             spec.heartbeat_deadline_ms,
             spec.drain_grace_ms,
             spec.max_message_bytes,
-            spec.max_images_per_delta
+            spec.max_images_per_delta,
+            spec.extra_limits
         );
         let config = dir.path().join(format!("{name}.toml"));
         std::fs::write(&config, toml).expect("write indexer config");
@@ -394,6 +398,14 @@ impl Indexer {
             }
         })
         .await
+    }
+
+    /// The indexer's process id.
+    ///
+    /// # Panics
+    /// When it was killed.
+    pub fn pid(&self) -> u32 {
+        self.svc.as_ref().expect("indexer running").pid()
     }
 
     /// The indexer's log so far.
