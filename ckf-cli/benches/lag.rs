@@ -66,6 +66,8 @@ struct Outcome {
     timeouts: u64,
     relay_bytes: f64,
     batches: f64,
+    /// Mean of `ckf_producer_publish_delay_seconds` over the run, in microseconds.
+    publish_delay_us: f64,
     by_reason: Vec<(&'static str, f64)>,
 }
 
@@ -275,6 +277,8 @@ async fn run(load: Load, cadence: Cadence, secs: f64) -> Result<Outcome> {
         timeouts,
         relay_bytes: delta("ckf_producer_sent_bytes_total", &[]),
         batches: delta("ckf_producer_batches_total", &[]),
+        publish_delay_us: delta("ckf_producer_publish_delay_seconds_sum", &[]) * 1e6
+            / delta("ckf_producer_publish_delay_seconds_count", &[]).max(1.0),
         by_reason: ["idle", "threshold", "max_delay"]
             .into_iter()
             .map(|r| (r, delta("ckf_producer_batches_cut_total", &[("reason", r)])))
@@ -330,7 +334,7 @@ fn main() -> Result<()> {
         for cadence in cadences {
             let o = rt.block_on(run(load, cadence, secs))?;
             println!(
-                "{:<20} {:<14} {:>8.0} events/s  lag p50 {:>6.2} ms  p99 {:>6.2} ms  max {:>6.2} ms  ({} probes, {} timeouts)  relay {:>6.1} B/event  {:>6.0} batches/s  cut by idle/threshold/max_delay {}",
+                "{:<20} {:<14} {:>8.0} events/s  lag p50 {:>6.2} ms  p99 {:>6.2} ms  max {:>6.2} ms  ({} probes, {} timeouts)  relay {:>6.1} B/event  {:>6.0} batches/s (cadence delay mean {:.0} us)  cut by idle/threshold/max_delay {}",
                 load.name,
                 cadence.name,
                 o.events as f64 / o.secs,
@@ -341,6 +345,7 @@ fn main() -> Result<()> {
                 o.timeouts,
                 o.bytes_per_event(),
                 o.batches / o.secs,
+                o.publish_delay_us,
                 o.by_reason
                     .iter()
                     .map(|(_, n)| format!("{n:.0}"))
