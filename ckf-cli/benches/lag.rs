@@ -170,7 +170,10 @@ fn probe_thread(
 }
 
 fn scrape(metrics_addr: &str) -> Result<Samples> {
-    Ok(Samples::parse(&fetch(metrics_addr, Duration::from_secs(5))?))
+    Ok(Samples::parse(&fetch(
+        metrics_addr,
+        Duration::from_secs(5),
+    )?))
 }
 
 async fn run(load: Load, cadence: Cadence, secs: f64) -> Result<Outcome> {
@@ -325,8 +328,7 @@ fn main() -> Result<()> {
         },
     ];
     println!(
-        "event-to-visible lag, {secs} s per scenario, 1 indexer + 1 producer on loopback ({} probes poll every {} us)",
-        "FindMatches",
+        "event-to-visible lag, {secs} s per scenario, 1 indexer + 1 producer on loopback (FindMatches probes poll every {} us)",
         PROBE_POLL.as_micros()
     );
     for load in loads {

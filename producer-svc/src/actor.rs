@@ -799,7 +799,10 @@ mod tests {
     }
 
     fn cuts(metrics: &Metrics, reason: CutReason) -> u64 {
-        metrics.batches_cut.with_label_values(&[reason.label()]).get()
+        metrics
+            .batches_cut
+            .with_label_values(&[reason.label()])
+            .get()
     }
 
     /// Every delta queued so far, as `(base_sequence, sequence)` per queue entry.
