@@ -81,8 +81,8 @@ impl Outcome {
 }
 
 /// Events of batch `batch` of `source`, `n` of them: the first half store fresh blocks, the
-/// second half remove the blocks the same slots stored `window` batches earlier (none before
-/// the first window). Returns the batch and the first stored hash (the probe candidate).
+/// second half remove the blocks the same slots stored `window` batches earlier (in the first
+/// window every event stores). Returns the batch and the first stored hash (the probe candidate).
 fn batch(source: u64, batch: u64, n: u64, window: u64) -> (v1::KvEventBatch, u64) {
     let hashes = |b: u64, slot: u64| -> Vec<u64> {
         (0..BLOCKS_PER_EVENT)
@@ -93,7 +93,9 @@ fn batch(source: u64, batch: u64, n: u64, window: u64) -> (v1::KvEventBatch, u64
         worker_id: source,
         dp_rank: 0,
     });
-    let stores = n.div_ceil(2);
+    // The first window has nothing to remove yet: it stores every event (so the offered rate
+    // holds from the start; those extra blocks stay, a bounded 1 s of stores).
+    let stores = if batch < window { n } else { n.div_ceil(2) };
     let mut events = Vec::with_capacity(n as usize);
     for slot in 0..stores {
         events.push(v1::KvEvent {
@@ -105,9 +107,6 @@ fn batch(source: u64, batch: u64, n: u64, window: u64) -> (v1::KvEventBatch, u64
         });
     }
     for slot in 0..(n - stores) {
-        if batch < window {
-            continue;
-        }
         events.push(v1::KvEvent {
             member,
             kind: Some(Kind::Removed(v1::Removed {
@@ -231,17 +230,19 @@ async fn run(load: Load, cadence: Cadence, secs: f64) -> Result<Outcome> {
         let window = ticks_per_s.ceil() as u64; // one second of batches
         tasks.push(tokio::spawn(async move {
             let mut ticker = tokio::time::interval(load.tick);
-            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-            let mut owed = 0.0f64;
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            // Owed events follow the clock, not the ticks: a tick lost to a slow answer is made
+            // up by the next batch, so the offered rate holds while the producer keeps up.
+            let mut offered = 0u64;
             let mut b = 0u64;
             while Instant::now() < end {
                 ticker.tick().await;
-                owed += per_source_rate / ticks_per_s;
-                let n = owed.floor() as u64;
+                let due = (per_source_rate * start.elapsed().as_secs_f64()) as u64;
+                let n = due.saturating_sub(offered);
                 if n == 0 {
                     continue;
                 }
-                owed -= n as f64;
+                offered = due;
                 let (message, first) = batch(source, b, n, window);
                 let sent_events = message.events.len() as u64;
                 b += 1;
