@@ -10,8 +10,15 @@
 //! command channel (when the actor falls behind, senders wait: backpressure, bounded memory) and
 //! one [`ActorHandle::ask`] for every request/response round trip.
 //!
-//! Cadence: a batch is cut as soon as `batch_threshold` buckets are dirty, or at the latest
-//! `max_delay` after the first dirty bucket. On shutdown the actor closes its channel, finishes
+//! Cadence (Nagle off): after each complete command the actor cuts a batch when
+//! `batch_threshold` buckets are dirty ([`CutReason::Threshold`]), when its command queue is
+//! empty ([`CutReason::Idle`]: nothing more is coming that could share the batch, so waiting
+//! would only add lag), or once `max_delay` has passed since the first dirty bucket
+//! ([`CutReason::MaxDelay`]). Under load the queue is rarely empty, so complete commands
+//! coalesce into one batch, bounded by the threshold and the delay; an idle producer publishes
+//! a change at once. A batch is still only sampled between complete commands (design source,
+//! "Publication protocol"). With [`Cadence::cut_when_idle`] off the actor waits for the
+//! threshold or the delay only (the timer cadence before issue 12). On shutdown the actor closes its channel, finishes
 //! the commands already queued, cuts the pending tail, and queues the exact drain marker on
 //! every attachment ([`Fanout::drain`](ckf_core::fanout::Fanout::drain)).
 
@@ -154,13 +161,55 @@ pub enum Command {
     },
 }
 
-/// Publication cadence.
+/// Publication cadence (`[publication]`: `batch_threshold`, `max_delay_ms`, `cut_when_idle`).
 #[derive(Debug, Clone, Copy)]
 pub struct Cadence {
     /// Cut a batch at this many dirty buckets.
     pub batch_threshold: usize,
-    /// Cut a batch at most this long after the first dirty bucket.
+    /// Cut a batch at most this long after the first dirty bucket: the bound on coalescing.
     pub max_delay: Duration,
+    /// Cut a batch as soon as the command queue is empty after a command (Nagle off). `false`
+    /// keeps the timer cadence: only the threshold or `max_delay` cut.
+    pub cut_when_idle: bool,
+}
+
+/// Why a publication batch was cut (`ckf_producer_batches_cut_total{reason}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CutReason {
+    /// The command queue was empty after a command: nothing queued could join the batch.
+    Idle,
+    /// `batch_threshold` buckets were dirty.
+    Threshold,
+    /// `max_delay` passed since the first dirty bucket while commands kept coming (or, with
+    /// `cut_when_idle` off, at all).
+    MaxDelay,
+    /// An indexer was granted a lease: the pending batch goes to the other attachments before
+    /// the barrier snapshot.
+    Barrier,
+    /// Shutdown: the pending tail before the drain markers.
+    Shutdown,
+}
+
+impl CutReason {
+    /// Every reason, in label order.
+    pub const ALL: [CutReason; 5] = [
+        Self::Idle,
+        Self::Threshold,
+        Self::MaxDelay,
+        Self::Barrier,
+        Self::Shutdown,
+    ];
+
+    /// The `reason` label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Idle => "idle",
+            Self::Threshold => "threshold",
+            Self::MaxDelay => "max_delay",
+            Self::Barrier => "barrier",
+            Self::Shutdown => "shutdown",
+        }
+    }
 }
 
 /// What the actor did before it stopped.
@@ -186,6 +235,9 @@ pub struct Actor {
     cadence: Cadence,
     /// When the pending dirty buckets must be cut at the latest.
     deadline: Option<Instant>,
+    /// When the first command that left buckets dirty since the last cut finished (the start of
+    /// the publish delay, `ckf_producer_publish_delay_seconds`).
+    first_dirty: Option<Instant>,
     /// Engine hash -> canonical hash per member, for engine publishers' events.
     lineage: Lineage,
     /// Which engine events enter the filter.
@@ -225,6 +277,7 @@ impl Actor {
             metrics,
             cadence,
             deadline: None,
+            first_dirty: None,
             trim: crate::trim::Trim::default(),
             journal: None,
         }
@@ -271,11 +324,13 @@ impl Actor {
                     None => break,
                 },
                 () = sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => {
-                    self.publish();
+                    self.publish(CutReason::MaxDelay);
                 }
                 _ = gauges.tick() => self.refresh_gauges(),
             }
-            self.after_command();
+            // Read after the command: a command queued while this one was applied joins the
+            // batch instead of following it in a delta of its own.
+            self.after_command(commands.is_empty());
         }
         // Stop ingest: nothing new gets in, what is already queued was accepted and is applied
         // (an attach still queued is refused: the fan-out is closed).
@@ -284,7 +339,7 @@ impl Actor {
         while let Some(cmd) = commands.recv().await {
             self.handle(cmd);
         }
-        self.publish();
+        self.publish(CutReason::Shutdown);
         let drained = self.fanout.drain();
         for (index, miss) in &drained.missed {
             let indexer = &self.endpoints[*index];
@@ -380,9 +435,10 @@ impl Actor {
                     AttachmentQueue(frames),
                 );
                 if let Some(barrier) = &report.barrier {
-                    self.record(barrier);
+                    self.record(barrier, CutReason::Barrier);
                 }
                 self.deadline = None;
+                self.first_dirty = None;
                 let _ = reply.send(report.result);
             }
             Command::Detach {
@@ -541,34 +597,64 @@ impl Actor {
         m.unknown_removals.inc_by(u64::from(outcome.unknown));
     }
 
-    /// Cuts a batch when the threshold is reached; otherwise arms the max-delay deadline.
-    /// Writes a checkpoint when the journal asks for one.
-    fn after_command(&mut self) {
+    /// The cadence rule, after every complete command (and timer or gauge tick):
+    /// [`Self::cut_reason`] decides, then the batch is cut or the max-delay deadline armed.
+    /// `queue_empty`: no command is waiting. Writes a checkpoint when the journal asks for one.
+    fn after_command(&mut self, queue_empty: bool) {
         if self.journal.as_ref().is_some_and(|j| j.wants_checkpoint()) {
             self.write_checkpoint();
         }
         let pending = self.state.pending_dirty();
         if pending == 0 {
             self.deadline = None;
-        } else if pending >= self.cadence.batch_threshold {
-            self.publish();
-        } else if self.deadline.is_none() {
-            self.deadline = Some(Instant::now() + self.cadence.max_delay);
+            self.first_dirty = None;
+            return;
+        }
+        let now = Instant::now();
+        if self.deadline.is_none() {
+            self.deadline = Some(now + self.cadence.max_delay);
+            self.first_dirty = Some(now);
+        }
+        if let Some(reason) = self.cut_reason(pending, queue_empty, now) {
+            self.publish(reason);
         }
     }
 
-    fn publish(&mut self) {
+    /// Whether `pending` dirty buckets are cut now, and why; `None` keeps coalescing. The
+    /// threshold wins over idleness (the larger cause is the one worth counting); the deadline
+    /// is checked here too because the biased `select!` in [`Self::run`] polls the timer only
+    /// when no command is ready, so under a steady flow the timer alone would never fire.
+    fn cut_reason(&self, pending: usize, queue_empty: bool, now: Instant) -> Option<CutReason> {
+        if pending >= self.cadence.batch_threshold {
+            Some(CutReason::Threshold)
+        } else if queue_empty && self.cadence.cut_when_idle {
+            Some(CutReason::Idle)
+        } else if self.deadline.is_some_and(|d| now >= d) {
+            Some(CutReason::MaxDelay)
+        } else {
+            None
+        }
+    }
+
+    fn publish(&mut self, reason: CutReason) {
         self.deadline = None;
+        let first_dirty = self.first_dirty.take();
         if let Some(report) = self.fanout.publish(&mut self.state) {
-            self.record(&report);
+            if let Some(first) = first_dirty {
+                self.metrics
+                    .publish_delay_seconds
+                    .observe(first.elapsed().as_secs_f64());
+            }
+            self.record(&report, reason);
             self.refresh_gauges();
         }
     }
 
     /// Metrics and logs of one publication.
-    fn record(&self, report: &PublishReport) {
+    fn record(&self, report: &PublishReport, reason: CutReason) {
         let m = &self.metrics;
         m.batches.inc();
+        m.batches_cut.with_label_values(&[reason.label()]).inc();
         m.batch_images.observe(report.batch_images as f64);
         m.cycles_broken.inc_by(u64::from(report.cycles_broken));
         for fenced in &report.fenced {
@@ -610,5 +696,289 @@ impl Actor {
             .charged_sources
             .set(i64::try_from(self.state.charged_sources()).unwrap_or(i64::MAX));
         self.trim.observe(stats.bytes_used);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The cadence rule, asserted on what reached the attachment's frame queue (batch counts,
+    //! sequences) and on the cut reason, never on elapsed time: the delays are either an hour
+    //! (so a cut seen is not the timer's) or run on tokio's paused clock.
+
+    use std::num::NonZeroUsize;
+
+    use ckf_core::dc::DcCkfConfig;
+    use ckf_core::identity::{ProducerIncarnation, SourceId};
+
+    use super::*;
+
+    const HOUR: Duration = Duration::from_secs(3_600);
+
+    struct Rig {
+        actor: Actor,
+        metrics: Metrics,
+        frames: mpsc::Receiver<Outbound>,
+        snapshot: u64,
+    }
+
+    /// An actor with one attachment that already took its barrier snapshot (so it streams).
+    fn rig(cadence: Cadence) -> Rig {
+        let config = crate::config::ProducerConfig::for_pool(
+            "test",
+            "dc-a",
+            vec!["http://127.0.0.1:1".into()],
+        );
+        let (pool, format) = config.pool_and_format().expect("the default table");
+        let identity = ProducerIdentity {
+            pool,
+            incarnation: ProducerIncarnation(1),
+            format,
+        };
+        let metrics = Metrics::new();
+        let mut actor = Actor::new(
+            DcCkfState::new(DcCkfConfig::new(format)).expect("the default table"),
+            &identity,
+            vec!["indexer".into()],
+            SourceSequences::new(NonZeroUsize::new(16).expect("nonzero")),
+            metrics.clone(),
+            cadence,
+            EngineFilters::default(),
+        );
+        let (tx, mut frames) = mpsc::channel(64);
+        let (reply, mut answer) = oneshot::channel();
+        actor.handle(Command::Attach {
+            endpoint: 0,
+            lease: LaneLease {
+                consumer_instance: 1,
+                lane: 0,
+                epoch: 1,
+            },
+            limits: FrameLimits {
+                max_images_per_delta: 1 << 20,
+            },
+            frames: tx,
+            reply,
+        });
+        let snapshot = answer
+            .try_recv()
+            .expect("answered")
+            .expect("attach granted");
+        assert!(matches!(frames.try_recv(), Ok(Outbound::Snapshot(_))));
+        Rig {
+            actor,
+            metrics,
+            frames,
+            snapshot,
+        }
+    }
+
+    fn cadence(batch_threshold: usize, max_delay: Duration, cut_when_idle: bool) -> Cadence {
+        Cadence {
+            batch_threshold,
+            max_delay,
+            cut_when_idle,
+        }
+    }
+
+    /// Batch `sequence` of source "src": one store of 4 blocks unique to it.
+    fn store(sequence: u64) -> (Command, oneshot::Receiver<BatchReport>) {
+        let (reply, answer) = oneshot::channel();
+        let block_hashes = (0..4).map(|i| (sequence << 8 | i) + 1).collect();
+        let batch = IngestBatch {
+            source_id: SourceId::new("src".to_owned()).expect("a valid source id"),
+            sequence,
+            events: vec![Ok(IngestEvent::Kv(KvEvent {
+                member: MemberId::new(1, 0),
+                kind: KvEventKind::Stored {
+                    block_hashes,
+                    parent_hash: None,
+                },
+            }))],
+        };
+        (Command::Ingest { batch, reply }, answer)
+    }
+
+    fn cuts(metrics: &Metrics, reason: CutReason) -> u64 {
+        metrics
+            .batches_cut
+            .with_label_values(&[reason.label()])
+            .get()
+    }
+
+    /// Every delta queued so far, as `(base_sequence, sequence)` per queue entry.
+    fn queued(frames: &mut mpsc::Receiver<Outbound>) -> Vec<Vec<(u64, u64)>> {
+        let mut out = Vec::new();
+        while let Ok(frame) = frames.try_recv() {
+            match frame {
+                Outbound::Deltas(deltas, _) => out.push(
+                    deltas
+                        .iter()
+                        .map(|d| (d.base_sequence, d.sequence))
+                        .collect(),
+                ),
+                other => panic!("unexpected frame {other:?}"),
+            }
+        }
+        out
+    }
+
+    /// Starts the actor on `commands`; returns its handle to stop it.
+    fn start(
+        actor: Actor,
+        commands: mpsc::Receiver<Command>,
+    ) -> (Shutdown, tokio::task::JoinHandle<ActorReport>) {
+        let shutdown = Shutdown::new();
+        let task = tokio::spawn(actor.run(commands, shutdown.clone()));
+        (shutdown, task)
+    }
+
+    /// One round trip through the actor: every command sent before it has been handled and its
+    /// cadence decision taken (the test runtime is single-threaded, so the actor goes from a
+    /// command to its cadence decision without another task running in between).
+    async fn settle(handle: &ActorHandle) {
+        handle
+            .ask(|reply| Command::Stats { reply })
+            .await
+            .expect("actor running");
+    }
+
+    #[tokio::test]
+    async fn a_queued_burst_coalesces_into_one_delta() {
+        let Rig {
+            actor,
+            metrics,
+            mut frames,
+            snapshot,
+        } = rig(cadence(1 << 20, HOUR, true));
+        let (tx, rx) = mpsc::channel(64);
+        // Queued before the actor runs: it finds each command with more behind it but the last.
+        let mut answers = Vec::new();
+        for sequence in 0..10 {
+            let (command, answer) = store(sequence);
+            tx.try_send(command).expect("room in the queue");
+            answers.push(answer);
+        }
+        let (shutdown, task) = start(actor, rx);
+        for answer in answers {
+            let report = answer.await.expect("answered");
+            assert!(report.check.applies());
+        }
+        let handle = ActorHandle::new(tx);
+        settle(&handle).await;
+        assert_eq!(queued(&mut frames), vec![vec![(snapshot, snapshot + 1)]]);
+        assert_eq!(cuts(&metrics, CutReason::Idle), 1);
+        assert_eq!(cuts(&metrics, CutReason::MaxDelay), 0);
+        assert_eq!(metrics.publish_delay_seconds.get_sample_count(), 1);
+        shutdown.trigger();
+        task.await.expect("actor stops");
+    }
+
+    #[tokio::test]
+    async fn an_idle_single_event_is_cut_at_once_in_a_delta_of_its_own() {
+        let Rig {
+            actor,
+            metrics,
+            mut frames,
+            snapshot,
+        } = rig(cadence(1 << 20, HOUR, true));
+        let (tx, rx) = mpsc::channel(64);
+        let handle = ActorHandle::new(tx);
+        let (shutdown, task) = start(actor, rx);
+        for (i, sequence) in [0u64, 1].into_iter().enumerate() {
+            let (command, answer) = store(sequence);
+            handle.tell(command).await.expect("actor running");
+            answer.await.expect("answered");
+            settle(&handle).await;
+            // With an hour's delay, only the idle rule can have cut it.
+            let base = snapshot + i as u64;
+            assert_eq!(queued(&mut frames), vec![vec![(base, base + 1)]]);
+        }
+        assert_eq!(cuts(&metrics, CutReason::Idle), 2);
+        assert_eq!(cuts(&metrics, CutReason::Threshold), 0);
+        shutdown.trigger();
+        task.await.expect("actor stops");
+    }
+
+    #[tokio::test]
+    async fn the_threshold_cuts_inside_a_burst() {
+        let Rig {
+            actor,
+            metrics,
+            mut frames,
+            snapshot,
+        } = rig(cadence(1, HOUR, true));
+        let (tx, rx) = mpsc::channel(64);
+        let mut answers = Vec::new();
+        for sequence in 0..3 {
+            let (command, answer) = store(sequence);
+            tx.try_send(command).expect("room in the queue");
+            answers.push(answer);
+        }
+        let (shutdown, task) = start(actor, rx);
+        for answer in answers {
+            answer.await.expect("answered");
+        }
+        settle(&ActorHandle::new(tx)).await;
+        let s = snapshot;
+        assert_eq!(
+            queued(&mut frames),
+            vec![vec![(s, s + 1)], vec![(s + 1, s + 2)], vec![(s + 2, s + 3)]]
+        );
+        // The threshold is the reason counted even for the last one, found with an empty queue.
+        assert_eq!(cuts(&metrics, CutReason::Threshold), 3);
+        assert_eq!(cuts(&metrics, CutReason::Idle), 0);
+        shutdown.trigger();
+        task.await.expect("actor stops");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_timer_cadence_waits_for_the_max_delay() {
+        let Rig {
+            actor,
+            metrics,
+            mut frames,
+            snapshot,
+        } = rig(cadence(1 << 20, Duration::from_millis(10), false));
+        let (tx, rx) = mpsc::channel(64);
+        let handle = ActorHandle::new(tx);
+        let (shutdown, task) = start(actor, rx);
+        for sequence in 0..2 {
+            let (command, answer) = store(sequence);
+            handle.tell(command).await.expect("actor running");
+            answer.await.expect("answered");
+        }
+        settle(&handle).await;
+        // Idle, yet nothing is cut: the timer cadence holds the batch for the delay.
+        assert!(queued(&mut frames).is_empty());
+        assert_eq!(cuts(&metrics, CutReason::Idle), 0);
+        // The paused clock jumps to the deadline once every task waits.
+        let Some(Outbound::Deltas(deltas, _)) = frames.recv().await else {
+            panic!("a delta");
+        };
+        assert_eq!(deltas.len(), 1);
+        assert_eq!(
+            (deltas[0].base_sequence, deltas[0].sequence),
+            (snapshot, snapshot + 1)
+        );
+        assert_eq!(cuts(&metrics, CutReason::MaxDelay), 1);
+        shutdown.trigger();
+        task.await.expect("actor stops");
+    }
+
+    #[test]
+    fn the_deadline_bounds_coalescing_while_commands_keep_coming() {
+        let Rig { mut actor, .. } = rig(cadence(8, Duration::from_millis(10), true));
+        let now = Instant::now();
+        actor.deadline = Some(now + Duration::from_millis(10));
+        // Queue not empty, under the threshold, before the deadline: keep coalescing.
+        assert_eq!(actor.cut_reason(7, false, now), None);
+        assert_eq!(actor.cut_reason(7, true, now), Some(CutReason::Idle));
+        assert_eq!(actor.cut_reason(8, false, now), Some(CutReason::Threshold));
+        // Past the deadline (the timer branch starved by a steady flow): cut anyway.
+        let later = now + Duration::from_millis(10);
+        assert_eq!(actor.cut_reason(7, false, later), Some(CutReason::MaxDelay));
+        actor.cadence.cut_when_idle = false;
+        assert_eq!(actor.cut_reason(7, true, now), None);
+        assert_eq!(actor.cut_reason(7, true, later), Some(CutReason::MaxDelay));
     }
 }

@@ -53,8 +53,14 @@ impl Default for PoolConfig {
 pub struct PublicationConfig {
     /// Cut a batch as soon as this many buckets are dirty.
     pub batch_threshold: u32,
-    /// Cut a batch at the latest this many milliseconds after the first dirty bucket.
+    /// Cut a batch at the latest this many milliseconds after the first dirty bucket: the bound
+    /// on coalescing under load.
     pub max_delay_ms: u64,
+    /// Cut a batch as soon as the state actor has no command queued (Nagle off: an idle
+    /// producer publishes a change at once, a busy one coalesces up to `batch_threshold` /
+    /// `max_delay_ms`). `false` waits for the threshold or the delay (the cadence before
+    /// issue 12: fewer, larger deltas, ~`max_delay_ms` more event-to-visible lag).
+    pub cut_when_idle: bool,
     /// Send a heartbeat after this many idle milliseconds (capped at a third of the
     /// indexer's heartbeat deadline).
     pub heartbeat_interval_ms: u64,
@@ -84,6 +90,7 @@ impl Default for PublicationConfig {
         Self {
             batch_threshold: 256,
             max_delay_ms: 10,
+            cut_when_idle: true,
             heartbeat_interval_ms: 1_000,
             attachment_queue: 1_024,
             start_mode: StartMode::Takeover,
@@ -641,6 +648,9 @@ pub struct Cli {
     /// publication.max_delay_ms: cut a batch at most this long after the first change, ms [default: 10].
     #[arg(long, value_name = "MS")]
     pub max_delay_ms: Option<u64>,
+    /// publication.cut_when_idle: cut a batch as soon as no command is queued (true), or only at the threshold or the max delay (false) [default: true].
+    #[arg(long, value_name = "BOOL")]
+    pub cut_when_idle: Option<bool>,
     /// publication.heartbeat_interval_ms: heartbeat after this long idle, ms [default: 1000].
     #[arg(long, value_name = "MS")]
     pub heartbeat_interval_ms: Option<u64>,
@@ -780,6 +790,7 @@ impl Cli {
             .set("table.max_kicks", self.max_kicks)
             .set("publication.batch_threshold", self.batch_threshold)
             .set("publication.max_delay_ms", self.max_delay_ms)
+            .set("publication.cut_when_idle", self.cut_when_idle)
             .set(
                 "publication.heartbeat_interval_ms",
                 self.heartbeat_interval_ms,

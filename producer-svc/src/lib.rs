@@ -262,6 +262,7 @@ pub async fn serve(
         let cadence = Cadence {
             batch_threshold: config.publication.batch_threshold as usize,
             max_delay: config.max_delay(),
+            cut_when_idle: config.publication.cut_when_idle,
         };
         let filters = ckf_engine::filters::EngineFilters {
             block_size: config.block_size,

@@ -109,6 +109,12 @@ pub struct Metrics {
     pub state_bytes: IntGauge,
     /// Publication batches cut.
     pub batches: IntCounter,
+    /// Publication batches cut, by `reason` (`idle`, `threshold`, `max_delay`, `barrier`,
+    /// `shutdown`: `crate::actor::CutReason`).
+    pub batches_cut: IntCounterVec,
+    /// Seconds from the end of the command that first left a bucket dirty to the batch being
+    /// queued for the relay clients: the delay the publication cadence adds.
+    pub publish_delay_seconds: Histogram,
     /// Images per publication batch.
     pub batch_images: Histogram,
     /// Relocation-order cycles broken while ordering batches.
@@ -158,6 +164,23 @@ impl Metrics {
             "ckf_producer_batch_images",
             "Bucket images per publication batch.",
             prometheus::exponential_buckets(1.0, 4.0, 10).expect("valid buckets"),
+        );
+        let batches_cut = counter_vec(
+            &r,
+            "ckf_producer_batches_cut_total",
+            "Publication batches cut, by reason (idle, threshold, max_delay, barrier, shutdown).",
+            &["reason"],
+        );
+        // Every reason exported from the start: a rate over a series that appears late is wrong.
+        for reason in crate::actor::CutReason::ALL {
+            batches_cut.with_label_values(&[reason.label()]);
+        }
+        let publish_delay_seconds = histogram(
+            &r,
+            "ckf_producer_publish_delay_seconds",
+            "Seconds from the first change of a batch (end of its command) to the batch being queued for the indexers.",
+            // 10 us .. ~0.33 s: the idle cut lands in the first buckets, max_delay_ms up to 300.
+            prometheus::exponential_buckets(0.000_01, 2.0, 16).expect("valid buckets"),
         );
         let change_to_ack_seconds = histogram_vec(
             &r,
@@ -256,6 +279,8 @@ impl Metrics {
                 "ckf_producer_batches_total",
                 "Publication batches cut from the dirty buckets.",
             ),
+            batches_cut,
+            publish_delay_seconds,
             batch_images,
             cycles_broken: counter(
                 &r,

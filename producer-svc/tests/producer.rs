@@ -65,11 +65,12 @@ async fn eventually_in_metrics(p: &producer_svc::RunningProducer, needle: &str) 
     panic!("metrics never showed {needle}:\n{}", metrics_text(p).await);
 }
 
-/// A publication cadence whose delay (60 s) outlasts any test: a batch is cut only at
-/// `batch_threshold` dirty buckets or at shutdown.
+/// A publication cadence whose delay (60 s) outlasts any test and that does not cut when idle:
+/// a batch is cut only at `batch_threshold` dirty buckets or at shutdown.
 fn held_until(batch_threshold: u32) -> impl FnOnce(&mut producer_svc::ProducerConfig) {
     move |c| {
         c.publication.max_delay_ms = 60_000;
+        c.publication.cut_when_idle = false;
         c.publication.batch_threshold = batch_threshold;
     }
 }

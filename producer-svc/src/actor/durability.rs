@@ -566,6 +566,7 @@ mod engine_sequence_tests {
             Cadence {
                 batch_threshold: 64,
                 max_delay: Duration::from_millis(5),
+                cut_when_idle: true,
             },
             EngineFilters::default(),
         )
