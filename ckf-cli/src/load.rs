@@ -60,8 +60,22 @@ pub fn message_interval(rate: f64, per_message: usize) -> Result<Duration> {
     if !(rate.is_finite() && rate > 0.0) {
         bail!("--rate must be a positive number of queries per second, got {rate}");
     }
-    Ok(Duration::from_secs_f64(per_message as f64 / rate))
+    // A rate so small that one message's interval does not fit a `Duration` (or is more than
+    // a day) is a typo, not a load test: refuse it instead of panicking in the conversion.
+    Duration::try_from_secs_f64(per_message as f64 / rate)
+        .ok()
+        .filter(|interval| *interval <= MAX_RUN)
+        .with_context(|| {
+            format!(
+                "--rate {rate}: one message of {per_message} queries every more than a day; \
+                 give a rate of at least {:.6} queries/s",
+                per_message as f64 / MAX_RUN.as_secs_f64()
+            )
+        })
 }
+
+/// Longest `--duration` (and longest open-loop interval between two messages): one day.
+pub const MAX_RUN: Duration = Duration::from_secs(86_400);
 
 /// Parses `--duration`: seconds (`10`, `2.5`, `10s`) or milliseconds (`500ms`).
 ///
@@ -80,7 +94,10 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     if !(seconds.is_finite() && seconds > 0.0) {
         return Err(format!("`{text}`: the duration must be positive"));
     }
-    Ok(Duration::from_secs_f64(seconds))
+    Duration::try_from_secs_f64(seconds)
+        .ok()
+        .filter(|d| *d <= MAX_RUN)
+        .ok_or_else(|| format!("`{text}`: at most one day (86400 s)"))
 }
 
 /// The canonical gRPC name of a status code (`UNAVAILABLE`, `INVALID_ARGUMENT`, ...), the key
@@ -405,6 +422,9 @@ async fn slot(
                 client
                     .find_matches_by_tokens(v1::FindMatchesByTokensRequest {
                         token_ids,
+                        // Sent, so an indexer with another block size refuses the run's
+                        // queries (INVALID_ARGUMENT) instead of probing other blocks.
+                        block_size,
                         ..Default::default()
                     })
                     .await
@@ -496,6 +516,9 @@ pub async fn run(args: LoadArgs) -> Result<()> {
     if per_message == 0 || args.concurrency == 0 || args.connections == 0 {
         bail!("--batch, --concurrency and --connections must be at least 1");
     }
+    if args.mode == LoadMode::Tokens && args.block_size == 0 {
+        bail!("--block-size must be at least 1 token (the indexer's block size)");
+    }
     let interval = args
         .rate
         .map(|rate| message_interval(rate, per_message))
@@ -523,7 +546,13 @@ pub async fn run(args: LoadArgs) -> Result<()> {
         Some(_) => args.duration,
         None => Some(args.duration.unwrap_or(Duration::from_secs(10))),
     };
-    let cpu_before = pid.and_then(|p| process_cpu(p).ok());
+    // A pid the user gave must be readable (a typo would otherwise print "not measured"); one
+    // found from the port is measured when it can be.
+    let cpu_before = match (args.indexer_pid, pid) {
+        (Some(given), _) => Some(process_cpu(given).context("--indexer-pid")?),
+        (None, Some(found)) => process_cpu(found).ok(),
+        (None, None) => None,
+    };
     let start = Instant::now() + Duration::from_millis(1);
     let schedule = Arc::new(Schedule {
         next: AtomicU64::new(0),
@@ -710,6 +739,12 @@ pub fn text_report(args: &LoadArgs, per_message: usize, report: &LoadReport) -> 
                 cpu.as_secs_f64()
             );
         }
+        (Some((pid, cpu)), None) => {
+            out += &format!(
+                "indexer    pid {pid}: {:.3} s CPU, no query answered (no CPU per query)\n",
+                cpu.as_secs_f64()
+            );
+        }
         _ => out += "indexer    CPU not measured (not on this host, or give --indexer-pid)\n",
     }
     out
@@ -734,9 +769,14 @@ mod tests {
             message_interval(128_000.0, 64).unwrap(),
             Duration::from_micros(500)
         );
-        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+        // 1e-30 and 1e-300 overflowed the Duration conversion (a panic) before it was checked.
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY, 1e-30, 1e-300, 1e-6] {
             assert!(message_interval(bad, 1).is_err(), "{bad}");
         }
+        assert_eq!(
+            message_interval(1.0 / 86_400.0, 1).unwrap(),
+            Duration::from_secs(86_400)
+        );
     }
 
     #[test]
@@ -744,7 +784,9 @@ mod tests {
         assert_eq!(parse_duration("10"), Ok(Duration::from_secs(10)));
         assert_eq!(parse_duration("2.5s"), Ok(Duration::from_millis(2_500)));
         assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        for bad in ["", "0", "-1s", "ten", "5m"] {
+        assert_eq!(parse_duration("86400"), Ok(MAX_RUN));
+        // 1e30 panicked in the conversion, 1e19 later when added to the start instant.
+        for bad in ["", "0", "-1s", "ten", "5m", "1e30", "1e19", "86401"] {
             assert!(parse_duration(bad).is_err(), "{bad:?}");
         }
     }

@@ -106,6 +106,10 @@ pub struct LimitsConfig {
     /// Most queries one `FindMatchesBatch` request or `FindMatchesStream` message may carry
     /// (bounds the work one message buys; the message size is bounded by `max_message_bytes`).
     pub max_query_batch: u32,
+    /// `FindMatchesStream` calls open at once; a further one gets `RESOURCE_EXHAUSTED`. An open
+    /// stream holds its slot until the client closes it or its connection ends (HTTP/2
+    /// keepalive drops a dead peer), idle or not: this bounds what open streams can hold.
+    pub max_query_streams: u32,
     /// Frames each lane's ingestion queue holds; a full queue retires the lane (`SATURATED`).
     pub lane_queue_capacity: u32,
 }
@@ -118,6 +122,7 @@ impl Default for LimitsConfig {
             max_relay_streams: 64,
             max_query_blocks: 8_192,
             max_query_batch: 1_024,
+            max_query_streams: 256,
             lane_queue_capacity: 1_024,
         }
     }
@@ -350,6 +355,7 @@ impl Validate for IndexerConfig {
             ("limits.max_relay_streams", l.max_relay_streams),
             ("limits.max_query_blocks", l.max_query_blocks),
             ("limits.max_query_batch", l.max_query_batch),
+            ("limits.max_query_streams", l.max_query_streams),
             ("limits.lane_queue_capacity", l.lane_queue_capacity),
         ] {
             at_least(key, value, 1, "")?;
@@ -461,6 +467,9 @@ pub struct Cli {
     /// [default: 1024; key: limits.max_query_batch].
     #[arg(long, value_name = "QUERIES")]
     pub max_query_batch: Option<u32>,
+    /// FindMatchesStream calls open at once [default: 256; key: limits.max_query_streams].
+    #[arg(long, value_name = "STREAMS")]
+    pub max_query_streams: Option<u32>,
     /// Frames queued per lane before the lane is retired as saturated
     /// [default: 1024; key: limits.lane_queue_capacity].
     #[arg(long, value_name = "FRAMES")]
@@ -508,6 +517,7 @@ impl Cli {
             .set("limits.max_relay_streams", self.max_relay_streams)
             .set("limits.max_query_blocks", self.max_query_blocks)
             .set("limits.max_query_batch", self.max_query_batch)
+            .set("limits.max_query_streams", self.max_query_streams)
             .set("limits.lane_queue_capacity", self.lane_queue_capacity)
             .set("search.kernel", self.search_kernel.clone());
         let overrides = self.tls.overrides(overrides);

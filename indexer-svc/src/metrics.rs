@@ -96,6 +96,8 @@ pub struct IndexerMetrics {
     pub lane_contention: IntCounterVec,
     /// Relay streams open now.
     pub relay_streams: IntGauge,
+    /// `FindMatchesStream` calls open now.
+    pub query_streams: IntGauge,
     /// One-hot lane state (`lane`, `dc`, `state`).
     pub lane_state: IntGaugeVec,
     /// 1 when the lane answers queries.
@@ -146,6 +148,11 @@ impl IndexerMetrics {
             &r,
             "ckf_indexer_relay_streams",
             "Relay (producer) streams open now.",
+        );
+        let query_streams = int_gauge(
+            &r,
+            "ckf_indexer_query_streams",
+            "FindMatchesStream calls open now (at most limits.max_query_streams).",
         );
         Self {
             frames_received: counter_vec(
@@ -208,6 +215,7 @@ impl IndexerMetrics {
                 &["dc", "kind"],
             ),
             relay_streams,
+            query_streams,
             lane_state: int_gauge_vec(
                 &r,
                 "ckf_indexer_lane_state",

@@ -28,6 +28,7 @@ use ckf_core::global::GlobalCkfIndexer;
 use ckf_core::lane::LaneStatus;
 use ckf_core::tokens::TokenQuery;
 use ckf_proto::v1::{self, query_server::Query};
+use tokio::sync::OwnedSemaphorePermit;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -101,7 +102,18 @@ impl Query for QueryService {
         &self,
         request: Request<Streaming<v1::FindMatchesStreamRequest>>,
     ) -> Result<Response<StreamAnswers>, Status> {
+        // Each open stream holds a permit until it is dropped: idle streams cost memory too.
+        let permit = Arc::clone(&self.shared.query_streams)
+            .try_acquire_owned()
+            .map_err(|_| QueryError::TooManyStreams {
+                limit: self.shared.limits.max_query_streams,
+            })?;
+        self.shared.metrics.query_streams.inc();
         Ok(Response::new(StreamAnswers {
+            _slot: StreamSlot {
+                _permit: permit,
+                open: self.shared.metrics.query_streams.clone(),
+            },
             shared: Arc::clone(&self.shared),
             inbound: request.into_inner(),
             shutdown: Box::pin(self.shared.shutdown.wait()),
@@ -229,10 +241,24 @@ fn answer_batch(
 /// no task of its own). Ends after the first refused message (with its `INVALID_ARGUMENT`),
 /// when the client half-closes, or with `UNAVAILABLE` when the indexer shuts down.
 pub struct StreamAnswers {
+    _slot: StreamSlot,
     shared: Arc<IndexerState>,
     inbound: Streaming<v1::FindMatchesStreamRequest>,
     shutdown: Pin<Box<dyn Future<Output = ()> + Send>>,
     ended: bool,
+}
+
+/// An open stream's place under `limits.max_query_streams` and in `ckf_indexer_query_streams`,
+/// given back when the stream is dropped (answered, refused, cancelled or its connection gone).
+struct StreamSlot {
+    _permit: OwnedSemaphorePermit,
+    open: prometheus::IntGauge,
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        self.open.dec();
+    }
 }
 
 impl std::fmt::Debug for StreamAnswers {

@@ -184,6 +184,7 @@ pub async fn serve(
         token_rules: config.token_rules(),
         heartbeat_deadline_ms: config.lag.heartbeat_deadline_ms,
         relay_streams: Arc::new(Semaphore::new(config.limits.max_relay_streams as usize)),
+        query_streams: Arc::new(Semaphore::new(config.limits.max_query_streams as usize)),
         shutdown: stop.clone(),
     });
     shared.metrics.observe_all(&indexer, &shared.labels);

@@ -33,6 +33,8 @@ pub struct IndexerState {
     pub heartbeat_deadline_ms: u64,
     /// Permits for open relay streams (`limits.max_relay_streams`).
     pub relay_streams: Arc<Semaphore>,
+    /// Permits for open `FindMatchesStream` calls (`limits.max_query_streams`).
+    pub query_streams: Arc<Semaphore>,
     /// `[auth]`: who may attach for which pool, and the Query token.
     pub access: Arc<crate::access::IndexerAccess>,
     /// Stops every stream and the servers.

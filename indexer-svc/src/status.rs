@@ -24,6 +24,7 @@
 //! | query longer than the limit | `INVALID_ARGUMENT` | - |
 //! | batch / stream message with more queries than `limits.max_query_batch`, or one of its queries longer than `limits.max_query_blocks` | `INVALID_ARGUMENT` (names the limit, the stream message's id and the query's index; ends a `FindMatchesStream`) | - |
 //! | `FindMatchesStream` open when the indexer shuts down | `UNAVAILABLE` | - |
+//! | `FindMatchesStream` opened while `limits.max_query_streams` are open | `RESOURCE_EXHAUSTED` (names the limit) | - |
 //! | token query: other block size, too many tokens, bad multimodal item | `INVALID_ARGUMENT` | - |
 //! | producer stopped reading replies | `CANCELLED` | `STREAM_LOST` |
 //! | `ListLanes` load-factor count failed | `INTERNAL` | - |
@@ -286,6 +287,15 @@ pub enum QueryError {
         /// The limit.
         limit: u32,
     },
+    /// `limits.max_query_streams` `FindMatchesStream` calls are open already.
+    #[error(
+        "FindMatchesStream: {limit} query streams are open (limits.max_query_streams = {limit}); \
+         close an idle stream or retry later"
+    )]
+    TooManyStreams {
+        /// The limit.
+        limit: u32,
+    },
     /// The indexer is shutting down (ends an open `FindMatchesStream`).
     #[error("FindMatchesStream: the indexer is shutting down")]
     Shutdown,
@@ -326,6 +336,7 @@ impl From<QueryError> for Status {
             | QueryError::BatchQueryTooLong { .. }
             | QueryError::Tokens(_) => Status::invalid_argument(error.to_string()),
             QueryError::Shutdown => Status::unavailable(error.to_string()),
+            QueryError::TooManyStreams { .. } => Status::resource_exhausted(error.to_string()),
             QueryError::LoadCount(_) => Status::internal(error.to_string()),
         }
     }

@@ -243,3 +243,79 @@ async fn metrics_text(indexer: &Indexer) -> String {
     stream.read_to_string(&mut response).await.unwrap();
     response
 }
+
+/// Opens a `FindMatchesStream` and gets one answer through it (so the stream is established):
+/// the request sender (dropping it half-closes) and the response stream, or the call's status.
+async fn open_stream(
+    indexer: &Indexer,
+) -> Result<
+    (
+        mpsc::Sender<v1::FindMatchesStreamRequest>,
+        tonic::Streaming<v1::FindMatchesStreamResponse>,
+    ),
+    tonic::Status,
+> {
+    let (tx, rx) = mpsc::channel(4);
+    tx.send(v1::FindMatchesStreamRequest {
+        id: 7,
+        queries: batch(&[hashes(40, 2)]),
+    })
+    .await
+    .unwrap();
+    let mut responses = indexer
+        .query()
+        .find_matches_stream(ReceiverStream::new(rx))
+        .await?
+        .into_inner();
+    assert_eq!(responses.message().await?.expect("an answer").id, 7);
+    Ok((tx, responses))
+}
+
+#[tokio::test]
+async fn open_streams_are_capped_by_max_query_streams_and_slots_come_back() {
+    let mut cfg = config(&["dc-a"]);
+    cfg.limits.max_query_streams = 2;
+    let indexer = Indexer::start(cfg).await;
+    let first = open_stream(&indexer).await.expect("first stream");
+    let _second = open_stream(&indexer).await.expect("second stream");
+    assert!(
+        metrics_text(&indexer)
+            .await
+            .contains("ckf_indexer_query_streams 2")
+    );
+
+    // A third is refused whole, naming the limit; the open ones keep answering.
+    let status = open_stream(&indexer).await.unwrap_err();
+    assert_status(
+        &status,
+        Code::ResourceExhausted,
+        &["2 query streams are open", "limits.max_query_streams = 2"],
+    );
+    let (tx, mut responses) = first;
+    tx.send(v1::FindMatchesStreamRequest {
+        id: 8,
+        queries: batch(&[hashes(40, 1)]),
+    })
+    .await
+    .unwrap();
+    assert_eq!(responses.message().await.unwrap().unwrap().id, 8);
+
+    // Closing one gives its slot back (the server drops the stream once the client is gone).
+    drop(tx);
+    assert!(responses.message().await.unwrap().is_none());
+    drop(responses);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !metrics_text(&indexer)
+        .await
+        .contains("ckf_indexer_query_streams 1")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the closed stream's slot never came back"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    open_stream(&indexer)
+        .await
+        .expect("a stream in the freed slot");
+}
