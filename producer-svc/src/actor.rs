@@ -699,16 +699,38 @@ impl Actor {
     }
 }
 
+/// A fresh actor for pool `test/dc-a` on the default table, publishing to `endpoints`
+/// (the unit tests of this module and of `durability`).
+#[cfg(test)]
+pub(crate) fn test_actor(endpoints: Vec<String>, metrics: Metrics, cadence: Cadence) -> Actor {
+    use ckf_core::dc::DcCkfConfig;
+    use ckf_core::identity::ProducerIncarnation;
+    let config =
+        crate::config::ProducerConfig::for_pool("test", "dc-a", vec!["http://127.0.0.1:1".into()]);
+    let (pool, format) = config.pool_and_format().expect("the default table");
+    let identity = ProducerIdentity {
+        pool,
+        incarnation: ProducerIncarnation(1),
+        format,
+    };
+    Actor::new(
+        DcCkfState::new(DcCkfConfig::new(format)).expect("the default table"),
+        &identity,
+        endpoints,
+        SourceSequences::new(std::num::NonZeroUsize::new(16).expect("nonzero")),
+        metrics,
+        cadence,
+        EngineFilters::default(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     //! The cadence rule, asserted on what reached the attachment's frame queue (batch counts,
     //! sequences) and on the cut reason, never on elapsed time: the delays are either an hour
     //! (so a cut seen is not the timer's) or run on tokio's paused clock.
 
-    use std::num::NonZeroUsize;
-
-    use ckf_core::dc::DcCkfConfig;
-    use ckf_core::identity::{ProducerIncarnation, SourceId};
+    use ckf_core::identity::SourceId;
 
     use super::*;
 
@@ -723,27 +745,8 @@ mod tests {
 
     /// An actor with one attachment that already took its barrier snapshot (so it streams).
     fn rig(cadence: Cadence) -> Rig {
-        let config = crate::config::ProducerConfig::for_pool(
-            "test",
-            "dc-a",
-            vec!["http://127.0.0.1:1".into()],
-        );
-        let (pool, format) = config.pool_and_format().expect("the default table");
-        let identity = ProducerIdentity {
-            pool,
-            incarnation: ProducerIncarnation(1),
-            format,
-        };
         let metrics = Metrics::new();
-        let mut actor = Actor::new(
-            DcCkfState::new(DcCkfConfig::new(format)).expect("the default table"),
-            &identity,
-            vec!["indexer".into()],
-            SourceSequences::new(NonZeroUsize::new(16).expect("nonzero")),
-            metrics.clone(),
-            cadence,
-            EngineFilters::default(),
-        );
+        let mut actor = test_actor(vec!["indexer".into()], metrics.clone(), cadence);
         let (tx, mut frames) = mpsc::channel(64);
         let (reply, mut answer) = oneshot::channel();
         actor.handle(Command::Attach {

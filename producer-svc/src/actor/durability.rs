@@ -530,15 +530,11 @@ mod tests {
 #[cfg(test)]
 mod engine_sequence_tests {
     use std::collections::HashMap;
-    use std::num::NonZeroUsize;
     use std::sync::Arc;
     use std::time::Duration;
 
-    use ckf_core::dc::{DcCkfConfig, DcCkfState, MemberId};
-    use ckf_core::identity::{ProducerIdentity, ProducerIncarnation};
-    use ckf_core::sources::SourceSequences;
+    use ckf_core::dc::MemberId;
     use ckf_engine::event::{EngineBatch, EngineEvent, StoredBlocks};
-    use ckf_engine::filters::EngineFilters;
     use ckf_engine::sequence::ClearReason;
 
     use super::{LogRecordRef, PublisherRecord, encode};
@@ -546,29 +542,14 @@ mod engine_sequence_tests {
     use crate::engines::{EngineStep, PublisherId};
 
     fn fresh() -> Actor {
-        let config = crate::config::ProducerConfig::for_pool(
-            "test",
-            "dc-a",
-            vec!["http://127.0.0.1:1".into()],
-        );
-        let (pool, format) = config.pool_and_format().expect("the default table");
-        let identity = ProducerIdentity {
-            pool,
-            incarnation: ProducerIncarnation(1),
-            format,
-        };
-        Actor::new(
-            DcCkfState::new(DcCkfConfig::new(format)).expect("the default table"),
-            &identity,
+        crate::actor::test_actor(
             Vec::new(),
-            SourceSequences::new(NonZeroUsize::new(16).expect("nonzero")),
             crate::metrics::Metrics::new(),
             Cadence {
                 batch_threshold: 64,
                 max_delay: Duration::from_millis(5),
                 cut_when_idle: true,
             },
-            EngineFilters::default(),
         )
     }
 
