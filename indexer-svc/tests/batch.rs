@@ -116,15 +116,16 @@ async fn batch_and_stream_answer_what_unary_answers() {
     assert_eq!(ids, [7, 3, 1000]);
     assert_eq!(streamed, unary);
 
-    let text = metrics_text(&indexer).await;
-    for line in [
-        r#"ckf_indexer_queries_total{method="find_matches_batch"} 6"#,
-        r#"ckf_indexer_queries_total{method="find_matches_stream"} 6"#,
-        r#"ckf_indexer_query_blocks_total{method="find_matches_batch"} 20"#,
-        r#"ckf_indexer_queries_refused_total{method="find_matches_stream"} 0"#,
-    ] {
-        assert!(text.contains(line), "missing {line:?} in\n{text}");
-    }
+    assert_metrics(
+        &indexer,
+        &[
+            r#"ckf_indexer_queries_total{method="find_matches_batch"} 6"#,
+            r#"ckf_indexer_queries_total{method="find_matches_stream"} 6"#,
+            r#"ckf_indexer_query_blocks_total{method="find_matches_batch"} 20"#,
+            r#"ckf_indexer_queries_refused_total{method="find_matches_stream"} 0"#,
+        ],
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -198,14 +199,15 @@ async fn batch_limits_are_invalid_argument_naming_the_limit_and_the_index() {
             "FindMatchesStream message id 12: query #1 carries 5 block hashes (limits.max_query_blocks = 4)",
         ],
     );
-    let text = metrics_text(&indexer).await;
-    for line in [
-        r#"ckf_indexer_queries_refused_total{method="find_matches_batch"} 7"#,
-        r#"ckf_indexer_queries_refused_total{method="find_matches_stream"} 2"#,
-        r#"ckf_indexer_queries_total{method="find_matches_stream"} 1"#,
-    ] {
-        assert!(text.contains(line), "missing {line:?} in\n{text}");
-    }
+    assert_metrics(
+        &indexer,
+        &[
+            r#"ckf_indexer_queries_refused_total{method="find_matches_batch"} 7"#,
+            r#"ckf_indexer_queries_refused_total{method="find_matches_stream"} 2"#,
+            r#"ckf_indexer_queries_total{method="find_matches_stream"} 1"#,
+        ],
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -231,6 +233,14 @@ async fn an_open_stream_ends_unavailable_at_shutdown() {
     assert_status(&status, Code::Unavailable, &["shutting down"]);
     stopping.await.unwrap().expect("clean stop");
     drop(tx);
+}
+
+/// Asserts that the indexer's `/metrics` page holds each of `lines` verbatim.
+async fn assert_metrics(indexer: &Indexer, lines: &[&str]) {
+    let text = metrics_text(indexer).await;
+    for line in lines {
+        assert!(text.contains(line), "missing {line:?} in\n{text}");
+    }
 }
 
 async fn metrics_text(indexer: &Indexer) -> String {
