@@ -6,8 +6,10 @@
 //! Run: `cargo bench -p ckf-core --bench search` (add `-- quick` for a shorter run, `-- no-big`
 //! to skip the >= 256 MiB tables, `-- trace PATH` to use another Mooncake-format trace,
 //! `-- kernels` for the search-kernel comparison alone: portable, AVX2 and AVX-512 on the same
-//! tables and queries, with ratios to AVX-512 measured in the same run; `-- profile LANES LEN
-//! [BUCKETS] [kernel NAME]` for a tight loop).
+//! tables and queries, with ratios to AVX-512 measured in the same run; `-- memory` for the
+//! memory figures alone: bits per tracked block, and table sizing for any expected size against
+//! the power-of-two sizing of format v1; `-- profile LANES LEN [BUCKETS] [kernel NAME]` for a
+//! tight loop).
 //!
 //! Tables are built through the real ingest path (lease + barrier snapshot). Lanes are filled to
 //! ~95% slot load: the query blocks' fingerprints are placed in one of their candidate buckets and
@@ -624,6 +626,60 @@ fn memory_figure() {
         s.load_factor * 100.0,
         s.omissions_total
     );
+    sizing_figure();
+}
+
+/// Bits per expected block per lane of a table sized for N expected blocks, for N swept
+/// log-uniformly over 10^4..10^9: format v2 (`buckets_for_blocks`: any even count at the 92%
+/// target load) against the baseline of format v1 (the next power of two of N / 3.6, 90% target
+/// load), both computed in this run. Then real tables sized for N take N random blocks:
+/// omissions and the load reached.
+fn sizing_figure() {
+    let v1_buckets = |n: u64| ((n as f64 / 3.6).ceil() as u64).max(2).next_power_of_two();
+    let (mut v1_sum, mut v2_sum, mut v1_max, mut v2_max, mut count) = (0.0, 0.0, 0f64, 0f64, 0);
+    let mut n = 10_000f64;
+    while n < 1e9 {
+        let blocks = n as u64;
+        let v2 = ckf_core::addressing::buckets_for_blocks(blocks).unwrap() as f64 * 64.0;
+        let v1 = v1_buckets(blocks) as f64 * 64.0;
+        let (v1, v2) = (v1 / blocks as f64, v2 / blocks as f64);
+        v1_sum += v1;
+        v2_sum += v2;
+        v1_max = v1_max.max(v1);
+        v2_max = v2_max.max(v2);
+        count += 1;
+        n *= 1.0137;
+    }
+    let (v1_mean, v2_mean) = (v1_sum / f64::from(count), v2_sum / f64::from(count));
+    println!(
+        "sizing: bits per expected block per lane over {count} sizes 1e4..1e9 (log-uniform): \
+         v2 (any even count) mean {v2_mean:.2} max {v2_max:.2}; v1 (power of two) mean {v1_mean:.2} \
+         max {v1_max:.2}; v2/v1 mean {:.3} (target <= 17.5 for every size)",
+        v2_mean / v1_mean
+    );
+    for expected in [100_003u64, 2_013_265, 5_000_011] {
+        let format = TableFormat::for_expected_blocks(expected, 3).unwrap();
+        let mut st = DcCkfState::new(DcCkfConfig::new(format)).unwrap();
+        let mut rng = Rng(expected);
+        let mut left = expected;
+        while left > 0 {
+            let batch: Vec<u64> = (0..left.min(64)).map(|_| rng.next()).collect();
+            left -= batch.len() as u64;
+            st.store(MemberId::new(0, 0), &batch);
+        }
+        let s = st.stats();
+        println!(
+            "sizing: {expected} expected blocks -> {} buckets (v1: {}), {} stored at {:.2}% slot \
+             load, {} omissions, {:.2} bits per tracked block per lane (v1: {:.2})",
+            format.bucket_count,
+            v1_buckets(expected),
+            s.resident_fingerprints,
+            s.load_factor * 100.0,
+            s.omissions_total,
+            format.bucket_count as f64 * 64.0 / s.resident_fingerprints as f64,
+            v1_buckets(expected) as f64 * 64.0 / expected as f64,
+        );
+    }
 }
 
 fn main() {
@@ -689,6 +745,9 @@ fn main() {
         return;
     }
     memory_figure();
+    if args.iter().any(|a| a == "memory") {
+        return;
+    }
     let lens = [8usize, 32, 128, 512];
     for big in [false, true] {
         if big && no_big {
