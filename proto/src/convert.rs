@@ -538,7 +538,7 @@ mod tests {
             })
         ));
         let mut bad = wire;
-        bad.version = 2;
+        bad.version = 3;
         assert!(matches!(
             TableFormat::try_from(bad),
             Err(WireError::BadFormat(FormatError::Unsupported(_)))
