@@ -359,7 +359,10 @@ mod tests {
                 let buckets = buckets_for_blocks(expected).unwrap();
                 assert!(buckets.is_multiple_of(2), "{expected}: {buckets}");
                 let bits = buckets as f64 * 64.0 / expected as f64;
-                assert!(bits <= 17.5, "{expected} blocks: {buckets} buckets, {bits:.3} bits");
+                assert!(
+                    bits <= 17.5,
+                    "{expected} blocks: {buckets} buckets, {bits:.3} bits"
+                );
                 let load = expected as f64 / (buckets as f64 * 4.0);
                 assert!(load <= TARGET_LOAD + 1e-9, "{expected}: load {load}");
                 checked += 1;
@@ -433,7 +436,10 @@ mod tests {
                 assert!(u64::from(loc.bucket_a) < n && u64::from(loc.bucket_b) < n);
                 assert_ne!(loc.bucket_a, loc.bucket_b);
                 assert_ne!(loc.fingerprint, 0);
-                assert_eq!(addressing.alternate(loc.bucket_a, loc.fingerprint), loc.bucket_b);
+                assert_eq!(
+                    addressing.alternate(loc.bucket_a, loc.fingerprint),
+                    loc.bucket_b
+                );
                 seen_high |= u64::from(loc.bucket_a) >= n - n.div_ceil(8);
             }
             // The fast range reaches the top of the table, not only a power-of-two prefix.
@@ -456,7 +462,10 @@ mod tests {
         }
         for (which, row) in counts.iter().enumerate() {
             for &c in row {
-                assert!((97_000..=103_000).contains(&c), "candidate {which}: {row:?}");
+                assert!(
+                    (97_000..=103_000).contains(&c),
+                    "candidate {which}: {row:?}"
+                );
             }
         }
     }

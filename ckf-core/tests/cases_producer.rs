@@ -383,7 +383,13 @@ fn case_11_degenerate_parameters() {
     // range are refused; any even count in range is a table (48 was refused by format v1).
     let mut format = TableFormat::new(2, 0).unwrap();
     format.bucket_count = 48;
-    assert_eq!(DcCkfState::new(DcCkfConfig::new(format)).unwrap().buckets().len(), 48);
+    assert_eq!(
+        DcCkfState::new(DcCkfConfig::new(format))
+            .unwrap()
+            .buckets()
+            .len(),
+        48
+    );
     for bad in [0u64, 1, 3, 49, 1 << 32, 1 << 33] {
         let mut format = TableFormat::new(2, 0).unwrap();
         format.bucket_count = bad;

@@ -225,7 +225,10 @@ fn locate4(
     let fp = _mm256_or_si256(fp, _mm256_and_si256(_mm256_cmpeq_epi64(fp, zero), one));
     // `fast_range`: `vpmuludq` multiplies the low 32 bits of each element by `n` (< 2^32).
     let a = _mm256_srli_epi64::<32>(_mm256_mul_epu32(h, n));
-    let o = _mm256_or_si256(_mm256_srli_epi64::<32>(_mm256_mul_epu32(fmix64x4(fp), n)), one);
+    let o = _mm256_or_si256(
+        _mm256_srli_epi64::<32>(_mm256_mul_epu32(fmix64x4(fp), n)),
+        one,
+    );
     // `alternate`: `(o - a) mod n`, adding `n` back where the difference wrapped (both are
     // below 2^32, so the signed compare orders them).
     let d = _mm256_sub_epi64(o, a);

@@ -27,8 +27,8 @@ use std::arch::asm;
 use std::arch::x86_64::{
     __m512i, _mm512_cmpeq_epi16_mask, _mm512_cmpgt_epu64_mask, _mm512_loadu_si512,
     _mm512_mask_add_epi64, _mm512_max_epu64, _mm512_min_epu64, _mm512_mul_epu32,
-    _mm512_mullo_epi64, _mm512_or_si512, _mm512_set1_epi16, _mm512_set1_epi64,
-    _mm512_srli_epi64, _mm512_store_si512, _mm512_sub_epi64, _mm512_xor_si512, _pext_u64,
+    _mm512_mullo_epi64, _mm512_or_si512, _mm512_set1_epi16, _mm512_set1_epi64, _mm512_srli_epi64,
+    _mm512_store_si512, _mm512_sub_epi64, _mm512_xor_si512, _pext_u64,
 };
 
 use super::PREFETCH_MIN_BYTES;
@@ -83,7 +83,10 @@ fn locate8(hashes: &[u64; 8], seed: u64, buckets: u64, lanes: u64, out: &mut Chu
     let fp = _mm512_max_epu64(_mm512_srli_epi64::<FINGERPRINT_SHIFT>(h), one);
     // `fast_range`: `vpmuludq` multiplies the low 32 bits of each element by `n` (< 2^32).
     let a = _mm512_srli_epi64::<32>(_mm512_mul_epu32(h, n));
-    let o = _mm512_or_si512(_mm512_srli_epi64::<32>(_mm512_mul_epu32(fmix64x8(fp), n)), one);
+    let o = _mm512_or_si512(
+        _mm512_srli_epi64::<32>(_mm512_mul_epu32(fmix64x8(fp), n)),
+        one,
+    );
     // `alternate`: `(o - a) mod n`, adding `n` back where the difference wrapped.
     let d = _mm512_sub_epi64(o, a);
     let b = _mm512_mask_add_epi64(d, _mm512_cmpgt_epu64_mask(a, o), d, n);
@@ -110,7 +113,13 @@ fn locate_chunk(
     out: &mut Chunk,
 ) {
     if let Some(full) = hashes.get(start..start + 8) {
-        locate8(full.try_into().expect("8 hashes"), seed, buckets, lanes, out);
+        locate8(
+            full.try_into().expect("8 hashes"),
+            seed,
+            buckets,
+            lanes,
+            out,
+        );
     } else {
         let mut pad = [0u64; 8];
         let rest = &hashes[start.min(hashes.len())..];
