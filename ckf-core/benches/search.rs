@@ -6,8 +6,12 @@
 //! Run: `cargo bench -p ckf-core --bench search` (add `-- quick` for a shorter run, `-- no-big`
 //! to skip the >= 256 MiB tables, `-- trace PATH` to use another Mooncake-format trace,
 //! `-- kernels` for the search-kernel comparison alone: portable, AVX2 and AVX-512 on the same
-//! tables and queries, with ratios to AVX-512 measured in the same run; `-- profile LANES LEN
-//! [BUCKETS] [kernel NAME]` for a tight loop).
+//! tables and queries, with ratios to AVX-512 measured in the same run; `-- cold` for tails
+//! with a flushed LLC on 256 MiB and 1 GiB tables (Mooncake and short queries, flushed against
+//! warm in the same run); `-- memory` for the
+//! memory figures alone: bits per tracked block, and table sizing for any expected size against
+//! the power-of-two sizing of format v1; `-- profile LANES LEN [BUCKETS] [kernel NAME]` for a
+//! tight loop).
 //!
 //! Tables are built through the real ingest path (lease + barrier snapshot). Lanes are filled to
 //! ~95% slot load: the query blocks' fingerprints are placed in one of their candidate buckets and
@@ -441,12 +445,20 @@ fn trace_indexer(
     trace: &[Vec<u64>],
     big: bool,
 ) -> (Arc<GlobalCkfIndexer>, Vec<StreamTag>, Exact, usize) {
-    let lanes = 16;
     let buckets: u64 = if big {
-        (256u64 << 20) / 8 / lanes as u64
+        (256u64 << 20) / 8 / 16
     } else {
         16 << 10
     };
+    trace_indexer_sized(trace, buckets)
+}
+
+/// [`trace_indexer`] on a 16-lane table of `buckets` buckets.
+fn trace_indexer_sized(
+    trace: &[Vec<u64>],
+    buckets: u64,
+) -> (Arc<GlobalCkfIndexer>, Vec<StreamTag>, Exact, usize) {
+    let lanes = 16;
     let ix = Arc::new(build_indexer(buckets, lanes));
     let mut rng = Rng(3);
     let mut lane_blocks = vec![Vec::new(); lanes];
@@ -509,6 +521,91 @@ fn run_trace(trace: &[Vec<u64>], big: bool, samples: usize, scale: f64, writer: 
         "    {} queries, ~{per_lane} blocks/lane, mean depth/lane {mean_depth:.1}, {over} FP over-reports in 5000 queries",
         trace.len()
     );
+}
+
+// ------------------------------------------------------------------ cold LLC
+
+/// Evicts from every cache level the table rows `q` can touch: both candidate rows of every
+/// position, every 64-byte line of each (`clflush`), then a fence so the flushes complete before
+/// the timed query. The TLB is not flushed (no user-mode way to); on a 1 GiB table most rows
+/// miss it anyway.
+#[cfg(target_arch = "x86_64")]
+fn flush_query_rows(ix: &GlobalCkfIndexer, q: &[u64]) {
+    use std::arch::x86_64::{_mm_clflush, _mm_mfence};
+    let addressing = ix.addressing();
+    let table = ix.table();
+    for &h in q {
+        let loc = addressing.locate(h);
+        for b in [loc.bucket_a, loc.bucket_b] {
+            let row = table.row(b as usize);
+            let start = row.as_ptr() as usize & !63;
+            let end = row.as_ptr() as usize + std::mem::size_of_val(row);
+            for line in (start..end).step_by(64) {
+                // SAFETY: `line` is inside (or the aligned start of) a live row of the table.
+                unsafe { _mm_clflush(line.max(row.as_ptr() as usize) as *const u8) };
+            }
+        }
+    }
+    // SAFETY: a fence has no memory operands.
+    unsafe { _mm_mfence() };
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn flush_query_rows(_ix: &GlobalCkfIndexer, _q: &[u64]) {
+    panic!("the cold-LLC bench uses clflush (x86-64 only)");
+}
+
+/// `-- cold`: issue 12 part 8, tails with a flushed LLC. Mooncake queries (and the same queries
+/// cut to their first 4 blocks, a pool of short queries) on 16-lane tables of 256 MiB and 1 GiB.
+/// Two interleaved series per row, 20 rounds of `samples / 20` queries each: **warm** (the
+/// table as the previous queries left the caches: the usual big-table figure) and **flushed**
+/// (every row the query can touch evicted from every cache level just before it is timed). The
+/// ratio flushed / warm is from the same run.
+fn run_cold(trace: &[Vec<u64>], samples: usize, scale: f64) {
+    const ROUNDS: usize = 20;
+    let short: Vec<Vec<u64>> = trace.iter().map(|q| q[..q.len().min(4)].to_vec()).collect();
+    for (name, bytes) in [("256 MiB", 256u64 << 20), ("1 GiB", 1u64 << 30)] {
+        let (ix, _, _, _) = trace_indexer_sized(trace, bytes / 8 / 16);
+        for (kind, queries) in [("mooncake", trace), ("mooncake first 4", &short[..])] {
+            let mut warm = Vec::with_capacity(samples);
+            let mut cold = Vec::with_capacity(samples);
+            let per_round = samples / ROUNDS;
+            let mut next = 0usize;
+            for _ in 0..ROUNDS {
+                for j in 0..per_round {
+                    let q = &queries[(next + j) % queries.len()];
+                    let t0 = ticks();
+                    let r = ckf_query(&ix, black_box(q));
+                    let t1 = ticks();
+                    black_box(r);
+                    warm.push(t1 - t0);
+                }
+                for j in 0..per_round {
+                    let q = &queries[(next + per_round + j) % queries.len()];
+                    flush_query_rows(&ix, q);
+                    let t0 = ticks();
+                    let r = ckf_query(&ix, black_box(q));
+                    let t1 = ticks();
+                    black_box(r);
+                    cold.push(t1 - t0);
+                }
+                next += 2 * per_round;
+            }
+            let (w, c) = (summarize(warm, scale), summarize(cold, scale));
+            println!(
+                "{:<36} warm p50 {:>6.0} p99 {:>6.0} ns | flushed p50 {:>6.0} p99 {:>6.0} ns | flushed/warm p50 {:>5.2} p99 {:>5.2} (huge pages: {}, kernel {})",
+                format!("{kind} {name} 16 lanes"),
+                w.p50,
+                w.p99,
+                c.p50,
+                c.p99,
+                c.p50 / w.p50,
+                c.p99 / w.p99,
+                ix.huge_pages(),
+                ix.search_kernel()
+            );
+        }
+    }
 }
 
 // ------------------------------------------------------------------ kernels
@@ -624,6 +721,60 @@ fn memory_figure() {
         s.load_factor * 100.0,
         s.omissions_total
     );
+    sizing_figure();
+}
+
+/// Bits per expected block per lane of a table sized for N expected blocks, for N swept
+/// log-uniformly over 10^4..10^9: format v2 (`buckets_for_blocks`: any even count at the 92%
+/// target load) against the baseline of format v1 (the next power of two of N / 3.6, 90% target
+/// load), both computed in this run. Then real tables sized for N take N random blocks:
+/// omissions and the load reached.
+fn sizing_figure() {
+    let v1_buckets = |n: u64| ((n as f64 / 3.6).ceil() as u64).max(2).next_power_of_two();
+    let (mut v1_sum, mut v2_sum, mut v1_max, mut v2_max, mut count) = (0.0, 0.0, 0f64, 0f64, 0);
+    let mut n = 10_000f64;
+    while n < 1e9 {
+        let blocks = n as u64;
+        let v2 = ckf_core::addressing::buckets_for_blocks(blocks).unwrap() as f64 * 64.0;
+        let v1 = v1_buckets(blocks) as f64 * 64.0;
+        let (v1, v2) = (v1 / blocks as f64, v2 / blocks as f64);
+        v1_sum += v1;
+        v2_sum += v2;
+        v1_max = v1_max.max(v1);
+        v2_max = v2_max.max(v2);
+        count += 1;
+        n *= 1.0137;
+    }
+    let (v1_mean, v2_mean) = (v1_sum / f64::from(count), v2_sum / f64::from(count));
+    println!(
+        "sizing: bits per expected block per lane over {count} sizes 1e4..1e9 (log-uniform): \
+         v2 (any even count) mean {v2_mean:.2} max {v2_max:.2}; v1 (power of two) mean {v1_mean:.2} \
+         max {v1_max:.2}; v2/v1 mean {:.3} (target <= 17.5 for every size)",
+        v2_mean / v1_mean
+    );
+    for expected in [100_003u64, 2_013_265, 5_000_011] {
+        let format = TableFormat::for_expected_blocks(expected, 3).unwrap();
+        let mut st = DcCkfState::new(DcCkfConfig::new(format)).unwrap();
+        let mut rng = Rng(expected);
+        let mut left = expected;
+        while left > 0 {
+            let batch: Vec<u64> = (0..left.min(64)).map(|_| rng.next()).collect();
+            left -= batch.len() as u64;
+            st.store(MemberId::new(0, 0), &batch);
+        }
+        let s = st.stats();
+        println!(
+            "sizing: {expected} expected blocks -> {} buckets (v1: {}), {} stored at {:.2}% slot \
+             load, {} omissions, {:.2} bits per tracked block per lane (v1: {:.2})",
+            format.bucket_count,
+            v1_buckets(expected),
+            s.resident_fingerprints,
+            s.load_factor * 100.0,
+            s.omissions_total,
+            format.bucket_count as f64 * 64.0 / s.resident_fingerprints as f64,
+            v1_buckets(expected) as f64 * 64.0 / expected as f64,
+        );
+    }
 }
 
 fn main() {
@@ -688,7 +839,17 @@ fn main() {
         run_kernels(trace.as_deref(), no_big, samples, scale);
         return;
     }
+    if args.iter().any(|a| a == "cold") {
+        match load_trace(&trace_path) {
+            Some(trace) => run_cold(&trace, samples, scale),
+            None => println!("trace {trace_path} not readable: cold figures skipped"),
+        }
+        return;
+    }
     memory_figure();
+    if args.iter().any(|a| a == "memory") {
+        return;
+    }
     let lens = [8usize, 32, 128, 512];
     for big in [false, true] {
         if big && no_big {

@@ -336,10 +336,10 @@ impl TransposedTable {
         Rows {
             base: self.ptr.as_ptr().cast_const().cast::<u64>(),
             lanes: self.lanes,
-            // `bucket & bucket_mask <= bucket_count - 1` for any bucket count, so a masked row
-            // is always inside the table. Tables built from a `TableFormat` have a power-of-two
-            // bucket count, where the mask is also the identity on valid buckets.
-            bucket_mask: self.bucket_count - 1,
+            // `min(bucket, last_bucket)` is the identity on valid buckets and keeps any other
+            // value inside the table, for any bucket count (format v2 counts are any even
+            // number, so a mask would not do).
+            last_bucket: self.bucket_count - 1,
             _table: PhantomData,
         }
     }
@@ -383,8 +383,8 @@ fn row_pair_hits_dyn(ra: &[AtomicU64], rb: &[AtomicU64], pattern: u64) -> u32 {
 }
 
 /// Raw row addressing for the search hot loops: the table's base pointer, the row stride and
-/// the bucket mask, so a row address costs a mask, a multiply and an add, with no bounds-check
-/// branch. Borrowed from one [`TransposedTable`]; every address it gives is inside that table.
+/// the last bucket, so a row address costs a clamp (a conditional move), a multiply and an add,
+/// with no bounds-check branch. Borrowed from one [`TransposedTable`]; every address it gives is inside that table.
 ///
 /// The pointers are to `AtomicU64` words: read them only with atomic loads or with the
 /// single-access vector loads `search/avx512.rs`, `search/avx2.rs` and `search/neon.rs`
@@ -393,15 +393,16 @@ fn row_pair_hits_dyn(ra: &[AtomicU64], rb: &[AtomicU64], pattern: u64) -> u32 {
 pub(crate) struct Rows<'t> {
     base: *const u64,
     lanes: usize,
-    bucket_mask: usize,
+    last_bucket: usize,
     _table: PhantomData<&'t TransposedTable>,
 }
 
 impl Rows<'_> {
-    /// Word offset of `bucket`'s row (`(bucket & bucket_mask) * lanes`); always inside the table.
+    /// Word offset of `bucket`'s row (`min(bucket, bucket_count - 1) * lanes`); always inside
+    /// the table.
     #[inline(always)]
     pub(crate) fn offset(&self, bucket: usize) -> usize {
-        (bucket & self.bucket_mask) * self.lanes
+        bucket.min(self.last_bucket) * self.lanes
     }
 
     /// Address of the word at `offset` (a row offset from [`Rows::offset`] or computed the same
@@ -412,7 +413,7 @@ impl Rows<'_> {
     }
 
     /// Hints the CPU to fetch `bucket`'s row (the cache lines of its first and last word). Never
-    /// faults: the bucket is masked into range.
+    /// faults: the bucket is clamped into range.
     #[inline(always)]
     pub(crate) fn prefetch(&self, bucket: usize) {
         self.prefetch_offset(self.offset(bucket));
@@ -522,14 +523,16 @@ mod tests {
     }
 
     #[test]
-    fn rows_address_the_table_and_mask_out_of_range_buckets() {
-        let t = TransposedTable::new(16, 3).unwrap();
+    fn rows_address_the_table_and_clamp_out_of_range_buckets() {
+        // 22 buckets: not a power of two, so a mask would alias valid buckets.
+        let t = TransposedTable::new(22, 3).unwrap();
         let rows = t.rows();
-        for b in 0..16 {
+        for b in 0..22 {
             assert_eq!(rows.at(rows.offset(b)), t.row(b).as_ptr().cast::<u64>());
         }
-        // Out of range: masked into the table, and the prefetch does not fault.
-        assert_eq!(rows.offset(16 + 5), 5 * 3);
+        // Out of range: clamped to the last row, and the prefetch does not fault.
+        assert_eq!(rows.offset(22 + 5), 21 * 3);
+        assert_eq!(rows.offset(usize::MAX / 8), 21 * 3);
         rows.prefetch(1 << 40);
         rows.prefetch_offset(rows.offset(15));
     }

@@ -378,8 +378,19 @@ fn case_11_degenerate_parameters() {
         TableFormat::for_expected_blocks(u64::MAX, 0),
         Err(FormatError::TooManyBlocks(u64::MAX))
     ));
-    // A format built by hand (as from a config file) is validated by the state.
-    for bad in [0u64, 1, 3, 48, 1 << 33] {
+    // A format built by hand (as from a config file) is validated by the state: odd counts
+    // (format v2 needs an even count so no bucket is its own alternate) and counts out of
+    // range are refused; any even count in range is a table (48 was refused by format v1).
+    let mut format = TableFormat::new(2, 0).unwrap();
+    format.bucket_count = 48;
+    assert_eq!(
+        DcCkfState::new(DcCkfConfig::new(format))
+            .unwrap()
+            .buckets()
+            .len(),
+        48
+    );
+    for bad in [0u64, 1, 3, 49, 1 << 32, 1 << 33] {
         let mut format = TableFormat::new(2, 0).unwrap();
         format.bucket_count = bad;
         assert!(matches!(

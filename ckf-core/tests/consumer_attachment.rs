@@ -106,14 +106,14 @@ fn refusals_name_the_configured_pools_and_both_formats_and_lease_nothing() {
     // A format this build cannot use is a mismatch too, naming why.
     let mut unusable = request("dc-a", 1);
     unusable.format = ClaimedFormat::Unusable {
-        shown: "TableFormat { bucket_count: 1000 }".into(),
-        problem: "bucket count 1000 is not a power of two".into(),
+        shown: "TableFormat { bucket_count: 1001 }".into(),
+        problem: "bucket count 1001 is odd (it must be even)".into(),
     };
     let err = ix.attach(&unusable).unwrap_err();
     assert!(matches!(err, AttachError::FormatMismatch { .. }), "{err}");
     let msg = err.to_string();
     assert!(
-        msg.contains("producer has [TableFormat { bucket_count: 1000 }] (bucket count 1000"),
+        msg.contains("producer has [TableFormat { bucket_count: 1001 }] (bucket count 1001"),
         "{msg}"
     );
     // An unknown pool wins over a bad format (the pool is checked first).

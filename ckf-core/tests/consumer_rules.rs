@@ -155,7 +155,7 @@ fn manifest_rejects_foreign_domain() {
 #[test]
 fn manifest_rejects_bad_format() {
     let mut m = manifest(2);
-    m.format.bucket_count = 48;
+    m.format.bucket_count = 49;
     assert!(matches!(
         GlobalCkfIndexer::new(m.clone(), 1).unwrap_err(),
         ManifestError::Format(_)

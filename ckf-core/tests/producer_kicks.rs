@@ -95,3 +95,37 @@ fn case_01_fill_to_95_percent_and_false_positive_rate() {
     );
     assert!(fpr <= 2.5e-4, "false-positive rate {fpr:.2e}");
 }
+
+/// Issue 12 part 6 (format v2, any even bucket count): a table sized for N expected blocks
+/// takes N random blocks with no capacity omission, lands at the target load (within the
+/// two-bucket rounding), and costs <= 17.5 bits per tracked block per lane, for expected sizes
+/// that are far from any power of two (v1 would have sized 300,001 blocks at 131,072 buckets:
+/// 57% load, 28 bits per block).
+#[test]
+fn a_table_sized_for_n_blocks_holds_n_at_the_target_load() {
+    for (n, seed) in [(2_000u64, 1u64), (10_007, 2), (300_001, 3), (777_777, 4)] {
+        let format = TableFormat::for_expected_blocks(n, seed).unwrap();
+        assert!(
+            !format.bucket_count.is_power_of_two(),
+            "{n}: {}",
+            format.bucket_count
+        );
+        let mut state = DcCkfState::new(DcCkfConfig::new(format)).unwrap();
+        let hashes: Vec<u64> = (0..n).map(|k| fmix64(k ^ (seed << 40))).collect();
+        for (i, chunk) in hashes.chunks(16).enumerate() {
+            let out = state.store(MemberId::new(i as u64 % 8, 0), chunk);
+            assert_eq!(out.first_error, None, "n={n}, chunk {i}");
+        }
+        let stats = state.stats();
+        assert_eq!(stats.omissions_total, 0, "n={n}");
+        assert_eq!(stats.resident_fingerprints, n, "n={n}");
+        assert!(hashes.iter().all(|&h| state.may_contain(h)), "n={n}");
+        let bits = format.table_bytes() as f64 * 8.0 / n as f64;
+        assert!(bits <= 17.5, "n={n}: {bits:.3} bits per block");
+        assert!(
+            (0.915..=ckf_core::addressing::TARGET_LOAD + 1e-9).contains(&stats.load_factor),
+            "n={n}: load {}",
+            stats.load_factor
+        );
+    }
+}

@@ -124,12 +124,13 @@ proptest! {
         lanes in 1usize..=16,
         ready_bits in any::<u16>(),
         seed in any::<u64>(),
-        log_buckets in 1u32..12,
+        half_buckets in prop_oneof![(0u32..11).prop_map(|l| 1u64 << l), 1u64..2048],
         fill in any::<u8>(),
         query_len in prop_oneof![Just(0usize), Just(1usize), 0usize..40, 40usize..300],
         planted in any::<u64>(),
     ) {
-        let buckets = 1u64 << log_buckets;
+        // Any even bucket count (format v2), powers of two among them.
+        let buckets = 2 * half_buckets;
         let ix = indexer(buckets, lanes, seed);
         let addressing = *ix.addressing();
         let query: Vec<u64> = (0..query_len as u64).map(|i| fmix64(seed ^ (i + 1))).collect();
@@ -161,8 +162,10 @@ proptest! {
         seed in any::<u64>(),
         query_len in prop_oneof![Just(0usize), Just(1usize), 2usize..64],
         ready_bits in any::<u16>(),
+        spare in 0u64..4096,
     ) {
-        let buckets = ((1u64 << 20) / 8 / lanes as u64).next_power_of_two();
+        // 1 MiB and up, not a power of two (format v2 sizes tables to any even count).
+        let buckets = ((1u64 << 20) / 8 / lanes as u64 + 2 * spare + 2).next_multiple_of(2);
         let ix = indexer(buckets, lanes, seed);
         let addressing = *ix.addressing();
         let query: Vec<u64> = (0..query_len as u64).map(|i| fmix64(seed ^ (i + 7))).collect();

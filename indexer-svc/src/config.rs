@@ -423,7 +423,7 @@ pub struct Cli {
     /// [default: dc-a,dc-b,dc-c; key: manifest.lanes].
     #[arg(long, value_name = "DC,...", value_delimiter = ',')]
     pub lanes: Option<Vec<String>>,
-    /// Expected unique blocks per lane; sizes the table at 90% target load
+    /// Expected unique blocks per lane; sizes the table at 92% target load
     /// [default: 1000000; key: table.expected_blocks].
     #[arg(long, value_name = "BLOCKS")]
     pub expected_blocks: Option<u64>,
@@ -431,7 +431,7 @@ pub struct Cli {
     /// [key: table.expected_blocks_per_lane, an alias of table.expected_blocks].
     #[arg(long, value_name = "BLOCKS")]
     pub expected_blocks_per_lane: Option<u64>,
-    /// Explicit bucket count, a power of two; 0 = derive from the expected blocks
+    /// Explicit bucket count, even, in 2..=4294967294; 0 = derive from the expected blocks
     /// [default: 0; key: table.bucket_count].
     #[arg(long, value_name = "BUCKETS")]
     pub bucket_count: Option<u64>,
@@ -640,12 +640,12 @@ mod tests {
 
     #[test]
     fn invalid_values_name_key_value_and_rule() {
-        let text = cli(&["--bucket-count", "1000"])
+        let text = cli(&["--bucket-count", "1001"])
             .load()
             .unwrap_err()
             .to_string();
-        assert!(text.contains("table.bucket_count = 1000"), "{text}");
-        assert!(text.contains("power of two"), "{text}");
+        assert!(text.contains("table.bucket_count = 1001"), "{text}");
+        assert!(text.contains("odd (it must be even)"), "{text}");
 
         let text = cli(&["--lanes", "a,a"]).load().unwrap_err().to_string();
         assert!(text.contains("manifest.lanes"), "{text}");

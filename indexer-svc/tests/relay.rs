@@ -121,12 +121,22 @@ async fn format_mismatch_is_failed_precondition_naming_both_formats() {
 
     // A format this build cannot even decode is named too.
     let mut attach: v1::Attach = (&identity("dc-a", 1, format())).into();
-    attach.format.as_mut().unwrap().bucket_count = 1000;
+    attach.format.as_mut().unwrap().bucket_count = 1001;
     let status = refused(&indexer, attach).await;
     assert_status(
         &status,
         Code::FailedPrecondition,
-        &["bucket_count: 1000", "not a power of two"],
+        &["bucket_count: 1001", "odd (it must be even)"],
+    );
+    // A producer still on table format v1 (power-of-two XOR addressing) is refused, never
+    // mixed with v2 tables, and told which version this build speaks.
+    let mut attach: v1::Attach = (&identity("dc-a", 1, format())).into();
+    attach.format.as_mut().unwrap().version = 1;
+    let status = refused(&indexer, attach).await;
+    assert_status(
+        &status,
+        Code::FailedPrecondition,
+        &["version 1 (this build supports 2)"],
     );
     // Nothing was leased.
     assert_eq!(indexer.lane(0).await.state(), v1::LaneState::Unassigned);

@@ -630,10 +630,10 @@ pub struct Cli {
     /// pool.dc: this DC's id within the domain [required; no default].
     #[arg(long, value_name = "NAME")]
     pub dc: Option<String>,
-    /// table.expected_blocks: expected unique blocks, sizes the table at 90% load [default: 1000000].
+    /// table.expected_blocks: expected unique blocks, sizes the table at 92% load [default: 1000000].
     #[arg(long, value_name = "BLOCKS")]
     pub expected_blocks: Option<u64>,
-    /// table.bucket_count: explicit bucket count, a power of two; 0 = from expected blocks [default: 0].
+    /// table.bucket_count: explicit bucket count, even, 2..=4294967294; 0 = from expected blocks [default: 0].
     #[arg(long, value_name = "BUCKETS")]
     pub bucket_count: Option<u64>,
     /// table.seed: addressing seed, must equal the indexer's [default: 0].

@@ -129,8 +129,8 @@ const REFUSED: &[Refused] = &[
         &["publication.max_delay_ms = 0", "1..=60000"],
     ),
     refused(
-        &["--bucket-count", "1000"],
-        &["table.bucket_count = 1000", "power of two"],
+        &["--bucket-count", "1001"],
+        &["table.bucket_count = 1001", "odd (it must be even)"],
     ),
     refused(
         &["--initial-backoff-ms", "500", "--max-backoff-ms", "100"],

@@ -586,7 +586,7 @@ async fn a_stalled_indexer_is_fenced_and_reattached_with_a_snapshot() {
     )
     .await;
     let mut config = fast_config(vec![fake.url()]);
-    config.table.expected_blocks = 20_000; // 8192 buckets
+    config.table.expected_blocks = 30_146; // 8192 buckets (30,146 / 3.68)
     config.publication.attachment_queue = 2;
     config.reconnect.connect_timeout_ms = 300;
     let producer = start_with(config).await;

@@ -39,7 +39,7 @@ pub enum WireError {
         source: NameError,
     },
     /// The table format is not one this build speaks (version, fingerprint width, slots per
-    /// bucket, or a bucket count that is not a power of two in range).
+    /// bucket, or a bucket count that is odd or out of range).
     #[error("TableFormat: {0}")]
     BadFormat(#[from] FormatError),
     /// A number does not fit the core type's range.
@@ -516,11 +516,17 @@ mod tests {
         assert_eq!(TableFormat::try_from(wire).unwrap(), format());
 
         let mut bad = wire;
-        bad.bucket_count = 1000;
+        bad.bucket_count = 1001;
         assert_eq!(
             TableFormat::try_from(bad),
-            Err(WireError::BadFormat(FormatError::NotPowerOfTwo(1000)))
+            Err(WireError::BadFormat(FormatError::Odd(1001)))
         );
+        let mut bad = wire;
+        bad.version = 1;
+        assert!(matches!(
+            TableFormat::try_from(bad),
+            Err(WireError::BadFormat(FormatError::Unsupported(_)))
+        ));
         let mut bad = wire;
         bad.fingerprint_bits = 300;
         assert!(matches!(
@@ -532,7 +538,7 @@ mod tests {
             })
         ));
         let mut bad = wire;
-        bad.version = 2;
+        bad.version = 3;
         assert!(matches!(
             TableFormat::try_from(bad),
             Err(WireError::BadFormat(FormatError::Unsupported(_)))

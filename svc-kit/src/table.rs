@@ -26,10 +26,11 @@ pub const EXPECTED_BLOCKS_PER_LANE_ALIAS: KeyAlias = KeyAlias {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TableConfig {
-    /// Expected unique blocks per lane (blocks); sizes the table at 90% target load with
-    /// power-of-two buckets. Ignored when `bucket_count` is nonzero.
+    /// Expected unique blocks per lane (blocks); sizes the table at 92% target load
+    /// ([`ckf_core::addressing::buckets_for_blocks`]: the bucket count rounded up to even only).
+    /// Ignored when `bucket_count` is nonzero.
     pub expected_blocks: u64,
-    /// Explicit bucket count, a power of two in 2..=2^32; 0 = derive from `expected_blocks`.
+    /// Explicit bucket count, even, in 2..=2^32 - 2; 0 = derive from `expected_blocks`.
     pub bucket_count: u64,
     /// Addressing seed (part of the table format).
     pub seed: u64,
@@ -65,8 +66,8 @@ impl TableConfig {
     /// The table format (`TableSizing::format`).
     ///
     /// # Errors
-    /// [`Invalid`] naming `table.bucket_count` (not a power of two in range) or
-    /// `table.expected_blocks` (0 with no bucket count, or more than 2^32 buckets needed).
+    /// [`Invalid`] naming `table.bucket_count` (odd or out of range) or
+    /// `table.expected_blocks` (0 with no bucket count, or more than 2^32 - 2 buckets needed).
     pub fn format(&self) -> Result<TableFormat, Invalid> {
         self.sizing().format().map_err(|error| match error {
             SizingError::BucketCount(e) => {
@@ -100,9 +101,10 @@ mod tests {
             text,
             "table.expected_blocks = 0: must be at least 1 (or set table.bucket_count)"
         );
-        let text = table(0, 1000).format().unwrap_err().to_string();
-        assert!(text.starts_with("table.bucket_count = 1000: "), "{text}");
-        assert!(text.contains("power of two"), "{text}");
+        let text = table(0, 1001).format().unwrap_err().to_string();
+        assert!(text.starts_with("table.bucket_count = 1001: "), "{text}");
+        assert!(text.contains("odd (it must be even)"), "{text}");
+        assert_eq!(table(0, 1000).format().unwrap().bucket_count, 1000);
         let text = table(u64::MAX, 0).format().unwrap_err().to_string();
         assert!(
             text.starts_with("table.expected_blocks = 18446744073709551615: "),

@@ -1,7 +1,7 @@
 //! The AVX2 search kernel (x86-64 with AVX2, detected at run time): for CPUs without AVX-512
 //! (AMD Zen 2/3, most Intel client parts).
 //!
-//! * **Locate, 4 positions per vector, 8 per chunk.** The format-v1 addressing of
+//! * **Locate, 4 positions per vector, 8 per chunk.** The format-v2 addressing of
 //!   [`crate::addressing`] (`fmix64`, fingerprint, both candidate buckets) computed in 256-bit
 //!   registers, one chunk ahead of the chunk being probed, with the rows of the next chunks
 //!   prefetched on large tables (the loop of `search/avx512.rs`). AVX2 has no 64-bit multiply:
@@ -31,11 +31,11 @@ use std::arch::x86_64::{
     _mm256_cmpeq_epi16, _mm256_cmpeq_epi64, _mm256_cmpgt_epi64, _mm256_loadu_si256,
     _mm256_movemask_pd, _mm256_mul_epu32, _mm256_or_si256, _mm256_set1_epi16, _mm256_set1_epi64x,
     _mm256_setzero_si256, _mm256_slli_epi64, _mm256_srli_epi64, _mm256_store_si256,
-    _mm256_xor_si256,
+    _mm256_sub_epi64, _mm256_xor_si256,
 };
 
 use super::PREFETCH_MIN_BYTES;
-use crate::addressing::{FINGERPRINT_SHIFT, FMIX_C1, FMIX_C2, FMIX_SHIFT};
+use crate::addressing::{FINGERPRINT_SHIFT, FMIX_C1, FMIX_C2, FMIX_SHIFT, MAX_BUCKETS};
 use crate::bucket::{MAX_LANES, SLOT_BITS, SLOTS, TransposedTable};
 
 // The row check compares 16-bit elements (`_mm256_cmpeq_epi16`, `_mm256_set1_epi16`, the vector
@@ -198,14 +198,16 @@ fn fmix64x4(k: __m256i) -> __m256i {
     _mm256_xor_si256(k, _mm256_srli_epi64::<FMIX_SHIFT_I>(k))
 }
 
-/// Format-v1 `locate` of 4 block hashes into `fp`, `lo`, `hi` (row offsets = bucket * `lanes`).
-/// `bucket_mask` is the table's `bucket_count - 1` (< 2^32), so every offset is inside the table.
+/// Format-v2 `locate` of 4 block hashes into `fp`, `lo`, `hi` (row offsets = bucket * `lanes`).
+/// `buckets` is the table's (even) bucket count, at most `MAX_BUCKETS < 2^32`: the fast range
+/// keeps `a` and the offset below it and the modular subtraction keeps `b` below it, so every
+/// offset is inside the table.
 #[inline]
 #[target_feature(enable = "avx2")]
 fn locate4(
     hashes: &[u64],
     seed: u64,
-    bucket_mask: u64,
+    buckets: u64,
     lanes: u64,
     fp_out: &mut [u64],
     lo_out: &mut [u64],
@@ -217,14 +219,20 @@ fn locate4(
     let h = fmix64x4(_mm256_xor_si256(x, _mm256_set1_epi64x(seed as i64)));
     let zero = _mm256_setzero_si256();
     let one = _mm256_set1_epi64x(1);
-    let mask = _mm256_set1_epi64x(bucket_mask as i64);
+    let n = _mm256_set1_epi64x(buckets as i64);
     // Fingerprint: the top 16 bits, 0 remapped to 1 (`max(.., 1)` of the scalar rule).
     let fp = _mm256_srli_epi64::<FINGERPRINT_SHIFT_I>(h);
     let fp = _mm256_or_si256(fp, _mm256_and_si256(_mm256_cmpeq_epi64(fp, zero), one));
-    let a = _mm256_and_si256(h, mask);
-    let o = _mm256_and_si256(fmix64x4(fp), mask);
-    let o = _mm256_or_si256(o, _mm256_and_si256(_mm256_cmpeq_epi64(o, zero), one));
-    let b = _mm256_xor_si256(a, o);
+    // `fast_range`: `vpmuludq` multiplies the low 32 bits of each element by `n` (< 2^32).
+    let a = _mm256_srli_epi64::<32>(_mm256_mul_epu32(h, n));
+    let o = _mm256_or_si256(
+        _mm256_srli_epi64::<32>(_mm256_mul_epu32(fmix64x4(fp), n)),
+        one,
+    );
+    // `alternate`: `(o - a) mod n`, adding `n` back where the difference wrapped (both are
+    // below 2^32, so the signed compare orders them).
+    let d = _mm256_sub_epi64(o, a);
+    let b = _mm256_add_epi64(d, _mm256_and_si256(_mm256_cmpgt_epi64(a, o), n));
     // Buckets are below 2^32: the signed compare orders them.
     let a_gt_b = _mm256_cmpgt_epi64(a, b);
     let lo = _mm256_blendv_epi8(a, b, a_gt_b);
@@ -245,7 +253,14 @@ fn locate4(
 /// Locates the chunk of 8 positions from `start` (zero-padded past the end) into `out`.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn locate_chunk(hashes: &[u64], start: usize, seed: u64, mask: u64, lanes: u64, out: &mut Chunk) {
+fn locate_chunk(
+    hashes: &[u64],
+    start: usize,
+    seed: u64,
+    buckets: u64,
+    lanes: u64,
+    out: &mut Chunk,
+) {
     let mut pad = [0u64; 8];
     let src = match hashes.get(start..start + 8) {
         Some(full) => full,
@@ -259,7 +274,7 @@ fn locate_chunk(hashes: &[u64], start: usize, seed: u64, mask: u64, lanes: u64, 
     locate4(
         &src[..4],
         seed,
-        mask,
+        buckets,
         lanes,
         &mut fp[..4],
         &mut lo[..4],
@@ -268,7 +283,7 @@ fn locate_chunk(hashes: &[u64], start: usize, seed: u64, mask: u64, lanes: u64, 
     locate4(
         &src[4..],
         seed,
-        mask,
+        buckets,
         lanes,
         &mut fp[4..],
         &mut lo[4..],
@@ -318,7 +333,11 @@ unsafe fn search_with<const CHUNKS: usize, const MASKED_TAIL: bool>(
     let lanes = table.lanes();
     let tail = tail_mask(lanes);
     let rows = table.rows();
-    let mask = (table.bucket_count() - 1) as u64;
+    let buckets = table.bucket_count() as u64;
+    assert!(
+        buckets <= MAX_BUCKETS,
+        "table of {buckets} buckets is past the format's limit"
+    );
     let prefetch = table.bytes() >= PREFETCH_MIN_BYTES;
     let n = hashes.len();
     let mut depths = [0u32; MAX_LANES];
@@ -333,7 +352,7 @@ unsafe fn search_with<const CHUNKS: usize, const MASKED_TAIL: bool>(
     let chunks = n.div_ceil(8);
     let stage = |k: usize, ring: &mut [Chunk; AHEAD]| {
         let slot = &mut ring[k % AHEAD];
-        locate_chunk(hashes, k * 8, seed, mask, lanes as u64, slot);
+        locate_chunk(hashes, k * 8, seed, buckets, lanes as u64, slot);
         if prefetch {
             for i in 0..(n - k * 8).min(8) {
                 rows.prefetch_offset(slot.lo[i] as usize);
@@ -353,7 +372,7 @@ unsafe fn search_with<const CHUNKS: usize, const MASKED_TAIL: bool>(
         let cur = &ring[k % AHEAD];
         let start = k * 8;
         for i in 0..(n - start).min(8) {
-            // Offsets are `bucket * lanes` with `bucket <= bucket_mask`: inside the table.
+            // Offsets are `bucket * lanes` with `bucket < bucket_count`: inside the table.
             let lo = probe.at(cur.lo[i] as usize);
             let hi = probe.at(cur.hi[i] as usize);
             // SAFETY: both rows are inside the table, 8-byte aligned, with the chunk layout of
@@ -400,7 +419,15 @@ mod tests {
             eprintln!("AVX2 not available on this CPU: locate4 check skipped");
             return;
         }
-        for (buckets, lanes) in [(2u64, 1u64), (4, 3), (1024, 16), (1 << 20, 5), (1 << 32, 2)] {
+        for (buckets, lanes) in [
+            (2u64, 1u64),
+            (4, 3),
+            (6, 7),
+            (1000, 16),
+            (1 << 20, 5),
+            (3_000_002, 9),
+            (crate::addressing::MAX_BUCKETS, 2),
+        ] {
             let format = TableFormat::new(buckets, 0xABCD ^ buckets).unwrap();
             let addressing = Addressing::new(&format).unwrap();
             let mut out = Chunk::EMPTY;
@@ -418,7 +445,7 @@ mod tests {
                     std::array::from_fn(|i| fmix64(k * 8 + i as u64))
                 };
                 // SAFETY: AVX2 checked above.
-                unsafe { locate_chunk(&hashes, 0, format.seed, buckets - 1, lanes, &mut out) };
+                unsafe { locate_chunk(&hashes, 0, format.seed, buckets, lanes, &mut out) };
                 for (i, &h) in hashes.iter().enumerate() {
                     let loc = addressing.locate(h);
                     let (lo, hi) = (

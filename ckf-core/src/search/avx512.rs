@@ -1,6 +1,6 @@
 //! The AVX-512 search kernel (x86-64 with AVX-512 F/DQ/BW and BMI2, detected at run time).
 //!
-//! * **Locate, 8 positions at a time.** The format-v1 addressing of [`crate::addressing`]
+//! * **Locate, 8 positions at a time.** The format-v2 addressing of [`crate::addressing`]
 //!   (`fmix64`, fingerprint, both candidate buckets) is computed for 8 block hashes in 512-bit
 //!   registers, one chunk ahead of the chunk being probed, and the rows of the next chunk are
 //!   prefetched (large tables). `locate8_matches_addressing` checks it against
@@ -25,14 +25,14 @@
 
 use std::arch::asm;
 use std::arch::x86_64::{
-    __m512i, _mm512_and_si512, _mm512_cmpeq_epi16_mask, _mm512_cmpeq_epi64_mask,
-    _mm512_loadu_si512, _mm512_mask_mov_epi64, _mm512_max_epu64, _mm512_min_epu64,
-    _mm512_mullo_epi64, _mm512_set1_epi16, _mm512_set1_epi64, _mm512_setzero_si512,
-    _mm512_srli_epi64, _mm512_store_si512, _mm512_xor_si512, _pext_u64,
+    __m512i, _mm512_cmpeq_epi16_mask, _mm512_cmpgt_epu64_mask, _mm512_loadu_si512,
+    _mm512_mask_add_epi64, _mm512_max_epu64, _mm512_min_epu64, _mm512_mul_epu32,
+    _mm512_mullo_epi64, _mm512_or_si512, _mm512_set1_epi16, _mm512_set1_epi64, _mm512_srli_epi64,
+    _mm512_store_si512, _mm512_sub_epi64, _mm512_xor_si512, _pext_u64,
 };
 
 use super::PREFETCH_MIN_BYTES;
-use crate::addressing::{FINGERPRINT_SHIFT, FMIX_C1, FMIX_C2, FMIX_SHIFT};
+use crate::addressing::{FINGERPRINT_SHIFT, FMIX_C1, FMIX_C2, FMIX_SHIFT, MAX_BUCKETS};
 use crate::bucket::{self, FIRST_SLOT_BITS, MAX_LANES, SLOT_BITS, TransposedTable};
 
 // The row check compares 16-bit elements (`_mm512_cmpeq_epi16_mask`, `_mm512_set1_epi16`, the
@@ -68,21 +68,28 @@ fn fmix64x8(k: __m512i) -> __m512i {
     _mm512_xor_si512(k, _mm512_srli_epi64::<FMIX_SHIFT>(k))
 }
 
-/// Format-v1 `locate` of 8 block hashes into `out` (row offsets = bucket * `lanes`).
-/// `bucket_mask` is the table's `bucket_count - 1`, so every offset is inside the table.
+/// Format-v2 `locate` of 8 block hashes into `out` (row offsets = bucket * `lanes`).
+/// `buckets` is the table's (even) bucket count, at most `MAX_BUCKETS < 2^32`: the fast range
+/// keeps `a` and the offset below it and the modular subtraction keeps `b` below it, so every
+/// offset is inside the table.
 #[inline]
 #[target_feature(enable = "avx512f,avx512dq")]
-fn locate8(hashes: &[u64; 8], seed: u64, bucket_mask: u64, lanes: u64, out: &mut Chunk) {
+fn locate8(hashes: &[u64; 8], seed: u64, buckets: u64, lanes: u64, out: &mut Chunk) {
     // SAFETY: `hashes` is 64 readable bytes (unaligned load).
     let x = unsafe { _mm512_loadu_si512(hashes.as_ptr().cast()) };
     let h = fmix64x8(_mm512_xor_si512(x, _mm512_set1_epi64(seed as i64)));
     let one = _mm512_set1_epi64(1);
-    let mask = _mm512_set1_epi64(bucket_mask as i64);
+    let n = _mm512_set1_epi64(buckets as i64);
     let fp = _mm512_max_epu64(_mm512_srli_epi64::<FINGERPRINT_SHIFT>(h), one);
-    let a = _mm512_and_si512(h, mask);
-    let o = _mm512_and_si512(fmix64x8(fp), mask);
-    let o = _mm512_mask_mov_epi64(o, _mm512_cmpeq_epi64_mask(o, _mm512_setzero_si512()), one);
-    let b = _mm512_xor_si512(a, o);
+    // `fast_range`: `vpmuludq` multiplies the low 32 bits of each element by `n` (< 2^32).
+    let a = _mm512_srli_epi64::<32>(_mm512_mul_epu32(h, n));
+    let o = _mm512_or_si512(
+        _mm512_srli_epi64::<32>(_mm512_mul_epu32(fmix64x8(fp), n)),
+        one,
+    );
+    // `alternate`: `(o - a) mod n`, adding `n` back where the difference wrapped.
+    let d = _mm512_sub_epi64(o, a);
+    let b = _mm512_mask_add_epi64(d, _mm512_cmpgt_epu64_mask(a, o), d, n);
     let stride = _mm512_set1_epi64(lanes as i64);
     let lo = _mm512_mullo_epi64(_mm512_min_epu64(a, b), stride);
     let hi = _mm512_mullo_epi64(_mm512_max_epu64(a, b), stride);
@@ -97,14 +104,27 @@ fn locate8(hashes: &[u64; 8], seed: u64, bucket_mask: u64, lanes: u64, out: &mut
 /// Locates chunk `index` (8 positions from `index * 8`, zero-padded past the end).
 #[inline]
 #[target_feature(enable = "avx512f,avx512dq")]
-fn locate_chunk(hashes: &[u64], start: usize, seed: u64, mask: u64, lanes: u64, out: &mut Chunk) {
+fn locate_chunk(
+    hashes: &[u64],
+    start: usize,
+    seed: u64,
+    buckets: u64,
+    lanes: u64,
+    out: &mut Chunk,
+) {
     if let Some(full) = hashes.get(start..start + 8) {
-        locate8(full.try_into().expect("8 hashes"), seed, mask, lanes, out);
+        locate8(
+            full.try_into().expect("8 hashes"),
+            seed,
+            buckets,
+            lanes,
+            out,
+        );
     } else {
         let mut pad = [0u64; 8];
         let rest = &hashes[start.min(hashes.len())..];
         pad[..rest.len()].copy_from_slice(rest);
-        locate8(&pad, seed, mask, lanes, out);
+        locate8(&pad, seed, buckets, lanes, out);
     }
 }
 
@@ -238,7 +258,11 @@ unsafe fn search_with<const FULL16: bool>(
     let lo_mask = (0xFFu32 >> (8 - lanes.min(8))) as u8;
     let hi_mask = ((1u32 << lanes.saturating_sub(8)) - 1) as u8;
     let rows = table.rows();
-    let mask = (table.bucket_count() - 1) as u64;
+    let buckets = table.bucket_count() as u64;
+    assert!(
+        buckets <= MAX_BUCKETS,
+        "table of {buckets} buckets is past the format's limit"
+    );
     let prefetch = table.bytes() >= PREFETCH_MIN_BYTES;
     let n = hashes.len();
     let mut depths = [0u32; MAX_LANES];
@@ -254,7 +278,7 @@ unsafe fn search_with<const FULL16: bool>(
     let chunks = n.div_ceil(8);
     let stage = |k: usize, ring: &mut [Chunk; AHEAD]| {
         let slot = &mut ring[k % AHEAD];
-        locate_chunk(hashes, k * 8, seed, mask, lanes as u64, slot);
+        locate_chunk(hashes, k * 8, seed, buckets, lanes as u64, slot);
         if prefetch {
             for i in 0..(n - k * 8).min(8) {
                 rows.prefetch_offset(slot.lo[i] as usize);
@@ -274,7 +298,7 @@ unsafe fn search_with<const FULL16: bool>(
         let cur = &ring[k % AHEAD];
         let start = k * 8;
         for i in 0..(n - start).min(8) {
-            // Offsets are `bucket * lanes` with `bucket <= bucket_mask`: inside the table.
+            // Offsets are `bucket * lanes` with `bucket < bucket_count`: inside the table.
             let lo = probe.at(cur.lo[i] as usize);
             let hi = probe.at(cur.hi[i] as usize);
             // SAFETY: both rows are inside the table, 8-byte aligned, `lanes` words long; the
@@ -311,14 +335,22 @@ mod tests {
         {
             return;
         }
-        for (buckets, lanes) in [(2u64, 1u64), (4, 3), (1024, 16), (1 << 20, 5), (1 << 32, 2)] {
+        for (buckets, lanes) in [
+            (2u64, 1u64),
+            (4, 3),
+            (6, 7),
+            (1000, 16),
+            (1 << 20, 5),
+            (3_000_002, 9),
+            (crate::addressing::MAX_BUCKETS, 2),
+        ] {
             let format = TableFormat::new(buckets, 0xABCD ^ buckets).unwrap();
             let addressing = Addressing::new(&format).unwrap();
             let mut out = Chunk::EMPTY;
             for k in 0..2000u64 {
                 let hashes: [u64; 8] = std::array::from_fn(|i| fmix64(k * 8 + i as u64));
                 // SAFETY: features checked above.
-                unsafe { locate8(&hashes, format.seed, buckets - 1, lanes, &mut out) };
+                unsafe { locate8(&hashes, format.seed, buckets, lanes, &mut out) };
                 for (i, &h) in hashes.iter().enumerate() {
                     let loc = addressing.locate(h);
                     let (lo, hi) = (

@@ -25,7 +25,7 @@ pub async fn start_producer(indexers: Vec<String>) -> RunningProducer {
 /// The configuration of [`start_producer`].
 pub fn fast_config(indexers: Vec<String>) -> ProducerConfig {
     let mut config = ProducerConfig::for_pool("test", "dc-a", indexers);
-    config.table.expected_blocks = 2_000; // 1024 buckets, 8 KiB: several snapshot chunks
+    config.table.expected_blocks = 3_768; // 1024 buckets (3,768 / 3.68), 8 KiB: several snapshot chunks
     config.table.seed = 0x5eed;
     config.publication.max_delay_ms = 2;
     config.publication.heartbeat_interval_ms = 50;
