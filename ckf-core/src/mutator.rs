@@ -141,6 +141,16 @@ impl Mutator {
             || bucket::contains(self.buckets[loc.bucket_b as usize], loc.fingerprint)
     }
 
+    /// Hints the CPU to fetch both candidate buckets of `loc` (their cache lines), ahead of an
+    /// [`insert`](Self::insert), [`remove`](Self::remove) or [`contains`](Self::contains).
+    /// Never faults; a no-op on targets without a prefetch instruction.
+    #[inline(always)]
+    pub(crate) fn prefetch(&self, loc: Location) {
+        let base = self.buckets.as_ptr();
+        crate::dc::prefetch(base.wrapping_add(loc.bucket_a as usize));
+        crate::dc::prefetch(base.wrapping_add(loc.bucket_b as usize));
+    }
+
     #[inline(always)]
     fn write(&mut self, b: u32, word: u64) {
         let before = std::mem::replace(&mut self.buckets[b as usize], word);
