@@ -188,17 +188,28 @@ impl Projection {
         p
     }
 
-    /// Calls `apply(self, i, hash, prepared)` for each block of `hashes` in order, with the
+    /// Calls `apply(self, hash, prepared)` for each block of `hashes` in order, with the
     /// block [`PREFETCH_DISTANCE`] places ahead already located and prefetched: the cache misses
-    /// of an event's blocks overlap instead of being paid one after the other. The order of
+    /// of an event's blocks overlap instead of being paid one after the other. With `STORE`,
+    /// the block half that distance ahead (its buckets cached by then) also gets the buckets a
+    /// relocation would read prefetched ([`Mutator::prefetch_relocation`]). The order of
     /// application (and so every rule about duplicates and order inside an event) is unchanged.
     #[inline(always)]
-    fn pipelined(&mut self, hashes: &[u64], mut apply: impl FnMut(&mut Self, u64, Prepared)) {
+    fn pipelined<const STORE: bool>(
+        &mut self,
+        hashes: &[u64],
+        mut apply: impl FnMut(&mut Self, u64, Prepared),
+    ) {
+        const HALF: usize = PREFETCH_DISTANCE / 2;
         let mut ring = [Prepared::EMPTY; PREFETCH_DISTANCE];
         for (slot, &h) in ring.iter_mut().zip(hashes) {
             *slot = self.prepare(h);
         }
         for (i, &h) in hashes.iter().enumerate() {
+            if STORE && i + HALF < hashes.len() {
+                self.mutator
+                    .prefetch_relocation(ring[(i + HALF) % PREFETCH_DISTANCE].loc);
+            }
             let p = ring[i % PREFETCH_DISTANCE];
             if let Some(&ahead) = hashes.get(i + PREFETCH_DISTANCE) {
                 ring[i % PREFETCH_DISTANCE] = self.prepare(ahead);
@@ -530,7 +541,7 @@ impl DcCkfState {
             return out;
         };
         self.proj
-            .pipelined(block_hashes, |proj, h, p| match proj.acquire(h, tag, p) {
+            .pipelined::<true>(block_hashes, |proj, h, p| match proj.acquire(h, tag, p) {
                 Ok(Acquired::Edge) => out.applied += 1,
                 Ok(Acquired::Redundant) => out.redundant += 1,
                 Err(e) => out.fail(e),
@@ -549,7 +560,7 @@ impl DcCkfState {
             self.proj.counters.unknown_removals += block_hashes.len() as u64;
             return out;
         };
-        self.proj.pipelined(block_hashes, |proj, h, p| {
+        self.proj.pipelined::<false>(block_hashes, |proj, h, p| {
             if proj.release(h, tag, p) {
                 out.applied += 1;
             } else {
