@@ -403,11 +403,26 @@ impl BlockMap {
         self.walk(Slot { key, owners }, a, b);
     }
 
-    /// Bounded random walk: put `entry` into a full line in place of a resident, move the
-    /// resident to its other line, and so on.
+    /// Makes room in full lines `a` and `b` for `entry`: first by moving one of their eight
+    /// residents to its other line if that has a free slot (the eight lines are independent
+    /// loads, where each step of a blind walk is a dependent cache miss on a large table), else
+    /// by a bounded random walk: put `entry` in place of a resident, move the resident to its
+    /// other line, and so on.
     #[cold]
     fn walk(&mut self, mut entry: Slot, a: usize, b: usize) {
         let n = self.lines.len();
+        for l in [a, b] {
+            for s in 0..SLOTS {
+                let victim = self.lines[l].0[s];
+                let (va, vb) = Probe::of(victim.key).lines(n);
+                let other = if va == l { vb } else { va };
+                if let Some(slot) = self.lines[other].0.iter_mut().find(|s| s.owners == 0) {
+                    *slot = victim;
+                    self.lines[l].0[s] = entry;
+                    return;
+                }
+            }
+        }
         self.counter = self.counter.wrapping_add(1);
         let salt = fmix64(self.counter);
         let mut line = if salt & 1 == 0 { a } else { b };
