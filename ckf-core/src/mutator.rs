@@ -31,7 +31,8 @@
 //! Among the four slots (starting at the hashed one) the walk takes the first victim whose
 //! alternate bucket is not already on the current path (an approximate 1,024-bit path filter)
 //! and has an empty slot, so that kick ends the walk; if no alternate has room, the first
-//! victim off the path. The one-step look-ahead reads four buckets per kick, but they are
+//! victim off the path. The walk starts in the hashed one of the two candidate buckets unless
+//! only the other one has such a victim. The one-step look-ahead reads four buckets per kick, but they are
 //! independent loads, where every extra kick of a blind walk is a dependent cache miss (on a
 //! table far beyond the caches, the dominant cost of an insertion at high load).
 //! A walk that re-enters a bucket it changed produces a net swap between buckets, which no
@@ -208,10 +209,24 @@ impl Mutator {
         self.counter = self.counter.wrapping_add(1);
         let salt = self.counter.wrapping_mul(0x9E37_79B9_7F4A_7C15);
         let mut fp = loc.fingerprint;
-        let mut b = if fmix64(salt ^ u64::from(fp)) & 1 == 0 {
-            loc.bucket_a
+        let (first, second) = if fmix64(salt ^ u64::from(fp)) & 1 == 0 {
+            (loc.bucket_a, loc.bucket_b)
         } else {
-            loc.bucket_b
+            (loc.bucket_b, loc.bucket_a)
+        };
+        // Start where one kick suffices if either bucket allows it (both buckets' alternates
+        // were prefetched by `prefetch_relocation`).
+        let b_room = |b: u32| {
+            let word = self.buckets[b as usize];
+            (0..bucket::SLOTS).any(|s| {
+                let alt = self.addressing.alternate(b, bucket::slot(word, s));
+                bucket::find_empty(self.buckets[alt as usize]).is_some()
+            })
+        };
+        let mut b = if !b_room(first) && b_room(second) {
+            second
+        } else {
+            first
         };
         let mut path = PathFilter::default();
         path.mark(b);
