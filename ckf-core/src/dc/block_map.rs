@@ -8,7 +8,8 @@
 //! by 32)` of one `fmix64` of the key: multiply-shift indexing, so the line count is any
 //! number, not a power of two. A lookup reads at most two lines (both prefetchable, see
 //! [`BlockMap::prefetch`]); an insertion goes to the emptier of the two, and when both are full
-//! moves residents to their other line (a bounded random walk, [`MAX_WALK`]). Two choices of
+//! first moves one of their eight residents to its other line if that has room, else walks
+//! (a bounded random walk, [`MAX_WALK`]). Two choices of
 //! four slots keep insertions short well above 90% load (Fan et al., CoNEXT 2014, measured the
 //! same 2 x 4 shape for cuckoo filters at 95%), so the table grows at [`MAX_LOAD`] = 90% by 1.5x
 //! (to 60%), never sits below ~60% while it grows, and entries cost 16 / load bytes: 17.8-26.7
