@@ -1,7 +1,11 @@
 //! Producer ingest throughput: `DcCkfState` store/remove block ops per second at 50%, 85% and
-//! 95% slot load, next to an exact refcount index doing the same ops in the same run.
+//! 95% slot load on an in-cache table (2^16 buckets) and at 85% on 2^20 and 2^22 buckets
+//! (table and exact state far beyond the caches), next to an exact refcount index doing the
+//! same ops in the same run.
 //!
 //! Run: `cargo bench -p ckf-core --bench producer` (hand-rolled harness; prints a table).
+//! `CKF_BENCH_BUCKETS=1048576` runs only the rows of that table size, `CKF_BENCH_NO_HASHERS=1`
+//! skips the hasher comparison.
 //!
 //! Workload: 4 members, each an LRU-like cache of `capacity` blocks. Every step one member
 //! stores an event of 16 blocks (80% fresh hashes, 20% blocks another member holds, so some
@@ -25,7 +29,7 @@
 //! producer's (`FoldHashBuilder`, foldhash's fixed-seed fast hasher), `rustc_hash::FxBuildHasher`
 //! and std's SipHash `RandomState`. Each is run three times, interleaved, and the best on-CPU
 //! rate kept; ratios are against the producer's hasher (see `src/dc/hasher.rs` for why it is
-//! foldhash).
+//! foldhash). The 2^22-bucket row is left out of that table (nine more fills of 14 M blocks).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::BuildHasher;
@@ -250,7 +254,7 @@ fn main() {
          {SHARED_PERCENT}% shared stores, {STEADY_BLOCK_OPS} timed block ops per run"
     );
     println!(
-        "{:>9} {:>6} {:>6} {:>8} {:>11} {:>11} {:>11} {:>7} {:>7} {:>8} {:>8}",
+        "{:>9} {:>6} {:>6} {:>8} {:>11} {:>11} {:>11} {:>7} {:>7} {:>8} {:>8} {:>8}",
         "buckets",
         "target",
         "load",
@@ -261,12 +265,26 @@ fn main() {
         "ratio",
         "+pub",
         "kicks/op",
-        "B/block"
+        "B/block",
+        "exact B"
     );
     let mut hasher_rows = Vec::new();
-    for bucket_count in [1u64 << 16, 1 << 20] {
+    let rows: [(u64, &[f64]); 3] = [
+        (1 << 16, &[0.50, 0.85, 0.95]),
+        (1 << 20, &[0.85]),
+        (1 << 22, &[0.85]),
+    ];
+    // `CKF_BENCH_BUCKETS=1048576,4194304` runs only the rows of those table sizes.
+    let only: Option<Vec<u64>> = std::env::var("CKF_BENCH_BUCKETS")
+        .ok()
+        .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect());
+    let hashers = std::env::var_os("CKF_BENCH_NO_HASHERS").is_none();
+    for (bucket_count, loads) in rows {
+        if only.as_ref().is_some_and(|o| !o.contains(&bucket_count)) {
+            continue;
+        }
         let format = TableFormat::new(bucket_count, 0xBE7C).unwrap();
-        for load in [0.50, 0.85, 0.95] {
+        for &load in loads {
             // Member capacity for the target number of unique blocks: one trial generation
             // measures how much the members' sets overlap, then the capacity is rescaled.
             let unique = (format.slot_count() as f64 * load) as usize;
@@ -293,11 +311,13 @@ fn main() {
             let base = rate(ops, || apply_baseline(&mut baseline, &w.steady));
             black_box(&baseline);
 
-            hasher_rows.push((bucket_count, load, hasher_rates(&w, ops)));
+            if hashers && bucket_count < 1 << 22 {
+                hasher_rows.push((bucket_count, load, hasher_rates(&w, ops)));
+            }
 
             let (stats, omitted, kicks_before) = last.expect("two runs");
             println!(
-                "{:>9} {:>5.0}% {:>6.3} {:>8} {:>9.2} M {:>9.2} M {:>9.2} M {:>7.2} {:>7.2} {:>8.3} {:>8.1}",
+                "{:>9} {:>5.0}% {:>6.3} {:>8} {:>9.2} M {:>9.2} M {:>9.2} M {:>7.2} {:>7.2} {:>8.3} {:>8.1} {:>8.1}",
                 bucket_count,
                 load * 100.0,
                 stats.load_factor,
@@ -308,13 +328,15 @@ fn main() {
                 rates[0] / base,
                 rates[1] / base,
                 (stats.kicks_total - kicks_before) as f64 / ops,
-                stats.bytes_per_tracked_block()
+                stats.bytes_per_tracked_block(),
+                stats.exact_bytes_per_tracked_block()
             );
         }
     }
     println!(
         "ratio = ckf ingest ops/s / exact refcount-index ops/s; +pub = the same with publication; \
-         same events, same run, on-CPU time. B/block = producer bytes_used / unique blocks."
+         same events, same run, on-CPU time. B/block = producer bytes_used / unique blocks; \
+         exact B = exact_bytes (block map + members) / unique blocks."
     );
     println!();
     println!(

@@ -19,10 +19,17 @@
 //!   applied, later blocks are still attempted, and the first error is kept.
 //! * Capacity exhaustion is a pre-commit omission: no ownership edge, no refcount change, no
 //!   dirty bucket, identical table bytes. Service continues and a later store may retry.
+//! * Blocks are applied one at a time, but an event's blocks are located (fingerprint, bucket
+//!   pair, block-map lines) and their cache lines prefetched a few blocks ahead of their turn,
+//!   so the cache misses of a large state overlap; this changes no outcome.
+//! * At most 2^21 - 1 members own blocks at once (the block map packs 21-bit owner tags): a
+//!   store by one more member omits its blocks with [`BlockError::MemberLimit`], like a
+//!   capacity omission.
 //!
 //! The state is single-owner (an actor): every method takes `&mut self`, so a publication
 //! batch ([`DcCkfState::take_batch`]) is always sampled between complete commands.
 
+mod block_map;
 mod events;
 mod hasher;
 mod image;
@@ -31,16 +38,17 @@ pub mod quota;
 mod stats;
 
 use std::collections::HashMap;
-use std::collections::hash_map::Entry;
 use std::hash::{BuildHasher, Hash};
 
 use thiserror::Error;
 
-use crate::addressing::{Addressing, FormatError, TableFormat};
+use crate::addressing::{Addressing, FormatError, Location, TableFormat};
 use crate::bucket;
 use crate::dirty::{DirtyTracker, PublicationBatch};
 use crate::mutator::Mutator;
-use ownership::{BlockOwners, Members, Owners, Tag};
+pub(crate) use block_map::prefetch;
+use block_map::{BlockMap, Probe};
+use ownership::{Members, Tag};
 
 pub use events::{BlockError, EventOutcome, KvEvent, KvEventKind, MemberId};
 pub use hasher::FoldHashBuilder;
@@ -65,12 +73,30 @@ pub(crate) fn shrink_map<K: Eq + Hash, V, S: BuildHasher>(map: &mut HashMap<K, V
     }
 }
 
-/// [`shrink_map`] for a hash set.
-fn shrink_set<K: Eq + Hash, S: BuildHasher>(set: &mut std::collections::HashSet<K, S>) {
-    let capacity = set.capacity();
-    if capacity > SHRINK_MIN_CAPACITY && set.len() < capacity / 4 {
-        set.shrink_to(set.len() * 2);
-    }
+/// Blocks of an event located and prefetched ahead of the one being applied. Far enough for
+/// the lines of the filter and the block map (four cache lines per block) to arrive from DRAM
+/// while the blocks before them are applied; near enough that the misses in flight fit the
+/// core's fill buffers. Chosen with `benches/producer.rs` (4, 16 and 32 measured within noise
+/// of 8 on 2^20 buckets; see `ckf-core/README.md`).
+const PREFETCH_DISTANCE: usize = 8;
+
+/// A block located ahead of its turn: its filter location and its block-map probe.
+#[derive(Debug, Clone, Copy)]
+struct Prepared {
+    loc: Location,
+    probe: Probe,
+}
+
+impl Prepared {
+    /// A placeholder for the prefetch ring before it is filled (never applied).
+    const EMPTY: Self = Prepared {
+        loc: Location {
+            fingerprint: 1,
+            bucket_a: 0,
+            bucket_b: 0,
+        },
+        probe: Probe::ZERO,
+    };
 }
 
 /// Default kick bound.
@@ -139,7 +165,7 @@ struct Counters {
 #[derive(Debug, Clone)]
 struct Projection {
     addressing: Addressing,
-    blocks: BlockOwners,
+    blocks: BlockMap,
     mutator: Mutator,
     dirty: DirtyTracker,
     resident: u64,
@@ -156,24 +182,62 @@ enum Acquired {
 }
 
 impl Projection {
+    /// Locates `block_hash` in the filter and the block map and prefetches the cache lines an
+    /// [`acquire`](Self::acquire) or [`release`](Self::release) of it will read.
+    #[inline(always)]
+    fn prepare(&self, block_hash: u64) -> Prepared {
+        let p = Prepared {
+            loc: self.addressing.locate(block_hash),
+            probe: Probe::of(block_hash),
+        };
+        self.mutator.prefetch(p.loc);
+        self.blocks.prefetch(p.probe);
+        p
+    }
+
+    /// Calls `apply(self, hash, prepared)` for each block of `hashes` in order, with the
+    /// block [`PREFETCH_DISTANCE`] places ahead already located and prefetched: the cache misses
+    /// of an event's blocks overlap instead of being paid one after the other. With `STORE`,
+    /// the block half that distance ahead (its buckets cached by then) also gets the buckets a
+    /// relocation would read prefetched ([`Mutator::prefetch_relocation`]). The order of
+    /// application (and so every rule about duplicates and order inside an event) is unchanged.
+    #[inline(always)]
+    fn pipelined<const STORE: bool>(
+        &mut self,
+        hashes: &[u64],
+        mut apply: impl FnMut(&mut Self, u64, Prepared),
+    ) {
+        const HALF: usize = PREFETCH_DISTANCE / 2;
+        let mut ring = [Prepared::EMPTY; PREFETCH_DISTANCE];
+        for (slot, &h) in ring.iter_mut().zip(hashes) {
+            *slot = self.prepare(h);
+        }
+        for (i, &h) in hashes.iter().enumerate() {
+            if STORE && i + HALF < hashes.len() {
+                self.mutator
+                    .prefetch_relocation(ring[(i + HALF) % PREFETCH_DISTANCE].loc);
+            }
+            let p = ring[i % PREFETCH_DISTANCE];
+            if let Some(&ahead) = hashes.get(i + PREFETCH_DISTANCE) {
+                ring[i % PREFETCH_DISTANCE] = self.prepare(ahead);
+            }
+            apply(self, h, p);
+        }
+    }
+
     /// Adds `tag` as an owner of `block_hash`; inserts its fingerprint on `0 -> 1`.
     #[inline]
-    fn acquire(&mut self, block_hash: u64, tag: Tag) -> Result<Acquired, BlockError> {
-        let (map, spill) = self.blocks.parts();
-        match map.entry(block_hash) {
-            Entry::Occupied(mut e) => {
-                let o = e.get_mut();
-                if BlockOwners::has_owner(spill, block_hash, o, tag) {
+    fn acquire(&mut self, block_hash: u64, tag: Tag, p: Prepared) -> Result<Acquired, BlockError> {
+        match self.blocks.find(block_hash, p.probe) {
+            Some(pos) => {
+                if self.blocks.has_owner(pos, block_hash, tag) {
                     return Ok(Acquired::Redundant);
                 }
-                BlockOwners::add_owner(spill, block_hash, o, tag);
+                self.blocks.add_owner(pos, block_hash, tag);
             }
-            Entry::Vacant(e) => match self.mutator.insert(self.addressing.locate(block_hash)) {
+            None => match self.mutator.insert(p.loc) {
                 Ok(kicks) => {
-                    e.insert(Owners {
-                        refcount: 1,
-                        inline: [tag, 0, 0],
-                    });
+                    self.blocks.insert_new(block_hash, p.probe, tag);
                     self.resident += 1;
                     self.counters.kicks += u64::from(kicks);
                     for w in self.mutator.last_writes() {
@@ -196,20 +260,18 @@ impl Projection {
     /// Drops `tag` as an owner of `block_hash`; removes one copy on `1 -> 0`. `false` (and no
     /// change) when `tag` does not own it.
     #[inline]
-    fn release(&mut self, block_hash: u64, tag: Tag) -> bool {
-        let (map, spill) = self.blocks.parts();
-        let Entry::Occupied(mut e) = map.entry(block_hash) else {
+    fn release(&mut self, block_hash: u64, tag: Tag, p: Prepared) -> bool {
+        let Some(pos) = self.blocks.find(block_hash, p.probe) else {
             return false;
         };
-        if !BlockOwners::drop_owner(spill, block_hash, e.get_mut(), tag) {
+        let Some(emptied) = self.blocks.drop_owner(pos, block_hash, tag) else {
             return false;
-        }
+        };
         self.edges -= 1;
-        if e.get().refcount > 0 {
+        if !emptied {
             return true;
         }
-        e.remove();
-        if self.mutator.remove(self.addressing.locate(block_hash)) {
+        if self.mutator.remove(p.loc) {
             self.resident -= 1;
             for w in self.mutator.last_writes() {
                 self.dirty.touch(w.bucket, w.before);
@@ -233,17 +295,7 @@ impl Projection {
             counters,
             ..
         } = self;
-        let (map, spill) = blocks.parts();
-        let mut released = 0u64;
-        map.retain(|&h, o| {
-            for &tag in tags {
-                if BlockOwners::drop_owner(spill, h, o, tag) {
-                    released += 1;
-                }
-            }
-            if o.refcount > 0 {
-                return true;
-            }
+        let released = blocks.release_all(tags, |h| {
             if mutator.remove(addressing.locate(h)) {
                 *resident -= 1;
                 for w in mutator.last_writes() {
@@ -253,18 +305,15 @@ impl Projection {
                 debug_assert!(false, "tracked block {h:#x} has no fingerprint");
                 counters.missing_fingerprints += 1;
             }
-            false
         });
         self.edges -= released;
         released
     }
 
-    /// Shrinks the block map and the spill set when they emptied far below their capacity
-    /// ([`shrink_map`]).
+    /// Shrinks the block map (and its spill map) when it emptied far below its capacity
+    /// ([`BlockMap::shrink`]).
     fn shrink(&mut self) {
-        let (map, spill) = self.blocks.parts();
-        shrink_map(map);
-        shrink_set(spill);
+        self.blocks.shrink(SHRINK_MIN_CAPACITY);
     }
 }
 
@@ -306,7 +355,7 @@ impl DcCkfState {
             members: Members::default(),
             proj: Projection {
                 addressing,
-                blocks: BlockOwners::default(),
+                blocks: BlockMap::default(),
                 mutator,
                 dirty,
                 resident: 0,
@@ -489,14 +538,21 @@ impl DcCkfState {
         if block_hashes.is_empty() {
             return out;
         }
-        let tag = self.members.tag_or_insert(member);
-        for &h in block_hashes {
-            match self.proj.acquire(h, tag) {
+        let Some(tag) = self.members.tag_or_insert(member) else {
+            // Every block is refused alike: the member cannot get an owner tag.
+            let limit = self.members.tag_limit;
+            for &block_hash in block_hashes {
+                out.fail(BlockError::MemberLimit { block_hash, limit });
+            }
+            self.proj.counters.omissions += u64::from(out.omitted);
+            return out;
+        };
+        self.proj
+            .pipelined::<true>(block_hashes, |proj, h, p| match proj.acquire(h, tag, p) {
                 Ok(Acquired::Edge) => out.applied += 1,
                 Ok(Acquired::Redundant) => out.redundant += 1,
                 Err(e) => out.fail(e),
-            }
-        }
+            });
         self.members.adjust(tag, out.applied, 0);
         self.members.release_if_empty(tag);
         out
@@ -511,13 +567,13 @@ impl DcCkfState {
             self.proj.counters.unknown_removals += block_hashes.len() as u64;
             return out;
         };
-        for &h in block_hashes {
-            if self.proj.release(h, tag) {
+        self.proj.pipelined::<false>(block_hashes, |proj, h, p| {
+            if proj.release(h, tag, p) {
                 out.applied += 1;
             } else {
                 out.unknown += 1;
             }
-        }
+        });
         self.proj.counters.unknown_removals += u64::from(out.unknown);
         self.members.adjust(tag, 0, out.applied);
         self.members.release_if_empty(tag);
@@ -574,11 +630,7 @@ impl DcCkfState {
 
     /// Number of members owning `block_hash` (exact).
     pub fn refcount(&self, block_hash: u64) -> u32 {
-        self.proj
-            .blocks
-            .map
-            .get(&block_hash)
-            .map_or(0, |o| o.refcount)
+        self.proj.blocks.refcount(block_hash)
     }
 
     /// Whether `member` owns `block_hash` (exact).
@@ -594,14 +646,12 @@ impl DcCkfState {
         let Some(tag) = self.members.tag(member) else {
             return Vec::new();
         };
-        let mut blocks: Vec<u64> = self
-            .proj
-            .blocks
-            .map
-            .keys()
-            .copied()
-            .filter(|&h| self.proj.blocks.owns(h, tag))
-            .collect();
+        let mut blocks: Vec<u64> = Vec::new();
+        self.proj.blocks.for_each_edge(|h, t| {
+            if t == tag {
+                blocks.push(h);
+            }
+        });
         blocks.sort_unstable();
         blocks
     }
@@ -648,14 +698,14 @@ impl DcCkfState {
         let p = &self.proj;
         let c = p.counters;
         let format = self.config.format;
+        let exact_bytes = p.blocks.bytes_used() + self.members.bytes_used();
         let bytes_used = std::mem::size_of::<Self>()
             + p.mutator.bytes_used()
             + p.dirty.bytes_used()
-            + p.blocks.bytes_used()
-            + self.members.bytes_used();
+            + exact_bytes;
         DcCkfStats {
             members: self.members.index.len(),
-            unique_blocks: p.blocks.map.len(),
+            unique_blocks: p.blocks.len(),
             ownership_edges: p.edges,
             resident_fingerprints: p.resident,
             bucket_count: format.bucket_count,
@@ -670,6 +720,7 @@ impl DcCkfState {
             pending_dirty: p.dirty.pending(),
             table_bytes: format.table_bytes(),
             bytes_used: bytes_used as u64,
+            exact_bytes: exact_bytes as u64,
         }
     }
 
@@ -680,5 +731,63 @@ impl DcCkfState {
             .iter()
             .map(|&w| u64::from(bucket::occupied(w)))
             .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state() -> DcCkfState {
+        DcCkfState::new(DcCkfConfig::new(TableFormat::new(1024, 3).unwrap())).unwrap()
+    }
+
+    #[test]
+    fn member_limit_refuses_a_new_member_without_a_trace() {
+        let mut s = state();
+        // The real limit is 2^21 - 1 members; the same code path with a limit of 3.
+        s.members.tag_limit = 3;
+        for m in 1..=3u64 {
+            let out = s.store(MemberId::new(m, 0), &[m, 100]);
+            assert_eq!(out.applied, 2);
+        }
+        let before = (s.buckets().to_vec(), s.stats(), s.pending_dirty());
+        let out = s.store(MemberId::new(4, 0), &[4, 100, 4]);
+        assert_eq!((out.applied, out.omitted, out.redundant), (0, 3, 0));
+        assert_eq!(
+            out.first_error,
+            Some(BlockError::MemberLimit {
+                block_hash: 4,
+                limit: 3
+            })
+        );
+        // No edge, no refcount, no table byte, no dirty bucket; only the omission counter.
+        assert_eq!(s.buckets(), &before.0[..]);
+        assert_eq!(s.pending_dirty(), before.2);
+        let after = s.stats();
+        assert_eq!(after.omissions_total, before.1.omissions_total + 3);
+        assert_eq!(
+            (after.unique_blocks, after.ownership_edges, after.members),
+            (before.1.unique_blocks, before.1.ownership_edges, 3)
+        );
+        assert_eq!((s.refcount(4), s.refcount(100)), (0, 3));
+        assert!(!s.owns(MemberId::new(4, 0), 100));
+        // Removals and clears of the refused member are unknown no-ops.
+        assert_eq!(s.remove(MemberId::new(4, 0), &[100]).unknown, 1);
+        assert_eq!(s.clear_member(MemberId::new(4, 0)).applied, 0);
+        // Existing members keep storing.
+        assert_eq!(s.store(MemberId::new(1, 0), &[7]).applied, 1);
+        // Once a member leaves, its tag is free again and the new member gets in.
+        s.clear_member(MemberId::new(2, 0));
+        let out = s.store(MemberId::new(4, 0), &[4, 100]);
+        assert_eq!((out.applied, out.omitted), (2, 0));
+        assert_eq!(s.member_blocks(MemberId::new(4, 0)), vec![4, 100]);
+        assert_eq!(s.refcount(100), 3);
+        assert_eq!(s.count_resident(), s.stats().unique_blocks as u64);
+    }
+
+    #[test]
+    fn the_default_tag_limit_is_what_the_owner_word_packs() {
+        assert_eq!(state().members.tag_limit, (1 << 21) - 1);
     }
 }

@@ -29,7 +29,12 @@
 //! deterministic for a given sequence of operations.
 //!
 //! Among the four slots (starting at the hashed one) the walk takes the first victim whose
-//! alternate bucket is not already on the current path (an approximate 1,024-bit path filter).
+//! alternate bucket is not already on the current path (an approximate 1,024-bit path filter)
+//! and has an empty slot, so that kick ends the walk; if no alternate has room, the first
+//! victim off the path. The walk starts in the hashed one of the two candidate buckets unless
+//! only the other one has such a victim. The one-step look-ahead reads four buckets per kick, but they are
+//! independent loads, where every extra kick of a blind walk is a dependent cache miss (on a
+//! table far beyond the caches, the dominant cost of an insertion at high load).
 //! A walk that re-enters a bucket it changed produces a net swap between buckets, which no
 //! image order can publish without a transient miss (`cuckoo-cases.md` case 12, see
 //! [`crate::dirty`]); avoiding it also avoids wasting kicks on loops.
@@ -141,6 +146,36 @@ impl Mutator {
             || bucket::contains(self.buckets[loc.bucket_b as usize], loc.fingerprint)
     }
 
+    /// Hints the CPU to fetch both candidate buckets of `loc` (their cache lines), ahead of an
+    /// [`insert`](Self::insert), [`remove`](Self::remove) or [`contains`](Self::contains).
+    /// Never faults; a no-op on targets without a prefetch instruction.
+    #[inline(always)]
+    pub(crate) fn prefetch(&self, loc: Location) {
+        let base = self.buckets.as_ptr();
+        crate::dc::prefetch(base.wrapping_add(loc.bucket_a as usize));
+        crate::dc::prefetch(base.wrapping_add(loc.bucket_b as usize));
+    }
+
+    /// When both candidate buckets of `loc` are full (an insertion would relocate), hints the
+    /// CPU to fetch the alternate bucket of each of their eight residents: the first kick of
+    /// [`insert`](Self::insert) reads four of them. Reads the two candidate words, so call it
+    /// once they are likely cached (after [`prefetch`](Self::prefetch)). Never faults.
+    #[inline]
+    pub(crate) fn prefetch_relocation(&self, loc: Location) {
+        let a = self.buckets[loc.bucket_a as usize];
+        let b = self.buckets[loc.bucket_b as usize];
+        if bucket::find_empty(a).is_some() || bucket::find_empty(b).is_some() {
+            return;
+        }
+        let base = self.buckets.as_ptr();
+        for (at, word) in [(loc.bucket_a, a), (loc.bucket_b, b)] {
+            for s in 0..bucket::SLOTS {
+                let alt = self.addressing.alternate(at, bucket::slot(word, s));
+                crate::dc::prefetch(base.wrapping_add(alt as usize));
+            }
+        }
+    }
+
     #[inline(always)]
     fn write(&mut self, b: u32, word: u64) {
         let before = std::mem::replace(&mut self.buckets[b as usize], word);
@@ -174,10 +209,24 @@ impl Mutator {
         self.counter = self.counter.wrapping_add(1);
         let salt = self.counter.wrapping_mul(0x9E37_79B9_7F4A_7C15);
         let mut fp = loc.fingerprint;
-        let mut b = if fmix64(salt ^ u64::from(fp)) & 1 == 0 {
-            loc.bucket_a
+        let (first, second) = if fmix64(salt ^ u64::from(fp)) & 1 == 0 {
+            (loc.bucket_a, loc.bucket_b)
         } else {
-            loc.bucket_b
+            (loc.bucket_b, loc.bucket_a)
+        };
+        // Start where one kick suffices if either bucket allows it (both buckets' alternates
+        // were prefetched by `prefetch_relocation`).
+        let b_room = |b: u32| {
+            let word = self.buckets[b as usize];
+            (0..bucket::SLOTS).any(|s| {
+                let alt = self.addressing.alternate(b, bucket::slot(word, s));
+                bucket::find_empty(self.buckets[alt as usize]).is_some()
+            })
+        };
+        let mut b = if !b_room(first) && b_room(second) {
+            second
+        } else {
+            first
         };
         let mut path = PathFilter::default();
         path.mark(b);
@@ -187,10 +236,18 @@ impl Mutator {
             let first = (mix >> 62) as usize;
             // Prefer a victim whose alternate is off the current path: a walk that re-enters a
             // bucket it already changed makes a net swap no delta order can cover (see
-            // `crate::dirty`, "Cycles") and wastes kicks.
-            let victim_slot = (0..4)
-                .map(|j| (first + j) & 3)
-                .find(|&s| !path.contains(self.addressing.alternate(b, bucket::slot(word, s))))
+            // `crate::dirty`, "Cycles") and wastes kicks. Among those, one whose alternate has
+            // an empty slot ends the walk with this kick: the four alternates are independent
+            // loads (and prefetched by `prefetch_relocation` for the first kick), where each
+            // further kick of a blind walk is one more dependent cache miss.
+            let candidates = || (0..4).map(|j| (first + j) & 3);
+            let alternate = |s: usize| self.addressing.alternate(b, bucket::slot(word, s));
+            let victim_slot = candidates()
+                .find(|&s| {
+                    let alt = alternate(s);
+                    !path.contains(alt) && bucket::find_empty(self.buckets[alt as usize]).is_some()
+                })
+                .or_else(|| candidates().find(|&s| !path.contains(alternate(s))))
                 .unwrap_or(first);
             let victim = bucket::slot(word, victim_slot);
             self.write(b, bucket::with_slot(word, victim_slot, fp));

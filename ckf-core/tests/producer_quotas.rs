@@ -352,7 +352,8 @@ fn memory_is_returned_after_churn() {
     churn(&mut s);
     let baseline = s.stats().bytes_used;
     let full = churn(&mut s);
-    assert!(full > baseline + 200_000, "{baseline} -> {full}");
+    // ~8,300 tracked blocks at 18-27 bytes each in the block map, plus members and charges.
+    assert!(full > baseline + 150_000, "{baseline} -> {full}");
     let after = s.stats();
     assert_eq!((after.unique_blocks, after.members), (0, 0));
     assert_eq!(s.charged_sources(), 0);
@@ -376,9 +377,9 @@ fn shrinking_has_hysteresis() {
     // Removing most of it gives memory back.
     s.remove(MemberId::new(1, 0), &big[2_000..19_000]);
     let sparse = s.stats().bytes_used;
-    // The block map (32,768 buckets of 25 bytes, 800 KiB) went down to 4,096 buckets; the
-    // table, undo log and dirty tracker (fixed) stay.
-    assert!(full - sparse > 600_000, "{full} -> {sparse}");
+    // The block map (32,368 slots of 16 bytes, 518 KB, for 20,000 blocks) went down to 2,000
+    // slots (32 KB); the table, undo log and dirty tracker (fixed) stay.
+    assert!(full - sparse > 450_000, "{full} -> {sparse}");
     // A store that refills a little does not grow it back at once.
     s.store(MemberId::new(1, 0), &big[2_000..2_500]);
     assert_eq!(s.stats().bytes_used, sparse);

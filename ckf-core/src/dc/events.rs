@@ -73,6 +73,17 @@ pub enum BlockError {
         /// Kicks attempted (the configured `max_kicks`).
         kicks: u32,
     },
+    /// The member owns no blocks and `limit` other members already do: the exact block map
+    /// packs 21-bit owner tags, so at most `limit` (2^21 - 1) members own blocks at once. Like
+    /// a capacity omission: no ownership edge, no refcount change, no table change; a store
+    /// succeeds once a member has left (its last block removed or cleared).
+    #[error("block {block_hash:#018x} omitted: {limit} members already own blocks")]
+    MemberLimit {
+        /// The omitted block hash.
+        block_hash: u64,
+        /// Members that may own blocks at once.
+        limit: u32,
+    },
 }
 
 /// What one event (or one store/remove/clear call) did, block by block.
@@ -83,7 +94,8 @@ pub enum BlockError {
 pub struct EventOutcome {
     /// Blocks whose ownership edge was added (store) or removed (remove, clear).
     pub applied: u32,
-    /// Stores omitted for capacity (pre-commit; see [`BlockError::CapacityExhausted`]).
+    /// Stores omitted for capacity (pre-commit; see [`BlockError::CapacityExhausted`] and
+    /// [`BlockError::MemberLimit`]).
     pub omitted: u32,
     /// Removals of a `(member, block hash)` edge that does not exist: idempotent no-ops that
     /// never delete by fingerprint.

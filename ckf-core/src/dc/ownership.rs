@@ -1,11 +1,12 @@
 //! Exact ownership storage: one map keyed by block hash holds the refcount *and* the owners,
 //! so a store or remove costs one hash probe for both (the design's `member_blocks` and
-//! `dc_refcounts` in a single structure).
+//! `dc_refcounts` in a single structure: [`super::block_map`]); this module holds the members.
 //!
-//! * Members get a small dense *tag* (`1..`, 0 = none) while they own blocks; tags are reused
-//!   after a member's last block goes.
-//! * [`Owners`] keeps up to three owner tags inline (most blocks have one or two owners); any
-//!   further owners of that block live in a spill set of `(block hash, tag)`.
+//! * Members get a small dense *tag* (`1..=MAX_TAG`, 0 = none) while they own blocks; tags are
+//!   reused after a member's last block goes. At most [`MAX_TAG`] (2^21 - 1) members own blocks
+//!   at once: the block map packs three 21-bit tags per entry.
+//! * The block map keeps up to three owner tags inline (most blocks have one or two owners);
+//!   any further owners of that block live in its spill map.
 //!   Invariant: `refcount == inline owners + spilled owners of that hash`.
 //! * There is no per-member block set. Clearing a member (or a worker's ranks, in one go) is a
 //!   single pass over the block map that drops the member's tags: O(unique blocks), a few
@@ -13,105 +14,13 @@
 //!   removes are the hot path; a per-member set would cost every store and remove a second hash
 //!   probe and 9-18 bytes per ownership edge.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use super::MemberId;
 use super::hasher::FoldHashBuilder;
 use super::quota::Charges;
 
-/// Owner tag of a member (`>= 1`; 0 marks an unused inline owner entry).
-pub(crate) type Tag = u32;
-
-/// Owners beyond the inline three: `(block hash, tag)`.
-pub(crate) type Spill = HashSet<(u64, Tag), FoldHashBuilder>;
-
-/// Refcount and inline owners of one tracked block (16 bytes).
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Owners {
-    pub refcount: u32,
-    pub inline: [Tag; 3],
-}
-
-impl Owners {
-    #[inline]
-    fn inline_len(&self) -> u32 {
-        self.inline.iter().filter(|&&t| t != 0).count() as u32
-    }
-}
-
-/// Block hash -> owners, plus the spill set for blocks with more than three owners.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct BlockOwners {
-    pub map: HashMap<u64, Owners, FoldHashBuilder>,
-    spill: Spill,
-}
-
-impl BlockOwners {
-    /// Whether `tag` owns `hash` given its entry `o`.
-    #[inline]
-    pub fn has_owner(spill: &Spill, hash: u64, o: &Owners, tag: Tag) -> bool {
-        o.inline.contains(&tag) || (o.refcount > o.inline_len() && spill.contains(&(hash, tag)))
-    }
-
-    /// Whether `tag` owns `hash`.
-    pub fn owns(&self, hash: u64, tag: Tag) -> bool {
-        self.map
-            .get(&hash)
-            .is_some_and(|o| Self::has_owner(&self.spill, hash, o, tag))
-    }
-
-    /// Adds `tag` as an owner of an existing entry (caller checked it is not one already).
-    #[inline]
-    pub fn add_owner(spill: &mut Spill, hash: u64, o: &mut Owners, tag: Tag) {
-        match o.inline.iter_mut().find(|t| **t == 0) {
-            Some(hole) => *hole = tag,
-            None => {
-                spill.insert((hash, tag));
-            }
-        }
-        o.refcount += 1;
-    }
-
-    /// Drops `tag` as an owner of `hash`'s entry `o`; `false` when it was not one.
-    #[inline]
-    pub fn drop_owner(spill: &mut Spill, hash: u64, o: &mut Owners, tag: Tag) -> bool {
-        if let Some(t) = o.inline.iter_mut().find(|t| **t == tag) {
-            *t = 0;
-        } else if !(o.refcount > o.inline_len() && spill.remove(&(hash, tag))) {
-            return false;
-        }
-        o.refcount -= 1;
-        true
-    }
-
-    /// Calls `f(hash, tag)` once per ownership edge, in no order: the inline owners in one pass
-    /// over the map, then the spilled ones (an edge lives in exactly one of the two). O(edges).
-    pub fn for_each_edge(&self, mut f: impl FnMut(u64, Tag)) {
-        for (&hash, o) in &self.map {
-            for &tag in o.inline.iter().filter(|&&t| t != 0) {
-                f(hash, tag);
-            }
-        }
-        for &(hash, tag) in &self.spill {
-            f(hash, tag);
-        }
-    }
-
-    /// The map and the spill set, borrowed apart (for the entry API).
-    #[inline]
-    pub fn parts(&mut self) -> (&mut HashMap<u64, Owners, FoldHashBuilder>, &mut Spill) {
-        (&mut self.map, &mut self.spill)
-    }
-
-    /// Heap bytes (capacity-based estimate, see `DcCkfStats::bytes_used`).
-    pub fn bytes_used(&self) -> usize {
-        super::stats::hash_table_bytes(self.map.capacity(), std::mem::size_of::<(u64, Owners)>())
-            + super::stats::hash_table_bytes(
-                self.spill.capacity(),
-                std::mem::size_of::<(u64, Tag)>(),
-            )
-    }
-}
+pub(crate) use super::block_map::{MAX_TAG, Tag};
 
 /// One member's bookkeeping.
 #[derive(Debug, Clone, Default)]
@@ -125,13 +34,27 @@ pub(crate) struct MemberRecord {
 }
 
 /// Member id -> tag, and the per-tag records.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub(crate) struct Members {
     pub index: HashMap<MemberId, Tag, FoldHashBuilder>,
+    /// Largest tag handed out ([`MAX_TAG`]; lowered by tests to reach the limit cheaply).
+    pub tag_limit: Tag,
     records: Vec<MemberRecord>,
     free: Vec<Tag>,
     /// What each source holds (blocks of the members charged to it).
     pub charges: Charges,
+}
+
+impl Default for Members {
+    fn default() -> Self {
+        Self {
+            index: HashMap::default(),
+            tag_limit: MAX_TAG,
+            records: Vec::new(),
+            free: Vec::new(),
+            charges: Charges::default(),
+        }
+    }
 }
 
 impl Members {
@@ -141,21 +64,23 @@ impl Members {
         self.index.get(&member).copied()
     }
 
-    /// The tag of `member`, assigning one if needed.
-    pub fn tag_or_insert(&mut self, member: MemberId) -> Tag {
+    /// The tag of `member`, assigning one if needed. `None` when `member` has no tag and
+    /// `tag_limit` members already own blocks (the block map packs 21-bit tags).
+    pub fn tag_or_insert(&mut self, member: MemberId) -> Option<Tag> {
         if let Some(&t) = self.index.get(&member) {
-            return t;
+            return Some(t);
         }
         let t = match self.free.pop() {
             Some(t) => t,
-            None => {
+            None if self.records.len() < self.tag_limit as usize => {
                 self.records.push(MemberRecord::default());
                 self.records.len() as Tag
             }
+            None => return None,
         };
         self.records[t as usize - 1].id = Some(member);
         self.index.insert(member, t);
-        t
+        Some(t)
     }
 
     /// One past the largest tag ever handed out and not shrunk away: every live tag is below

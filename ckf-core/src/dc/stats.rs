@@ -18,7 +18,8 @@ pub struct DcCkfStats {
     pub slot_count: u64,
     /// `resident_fingerprints / slot_count`, 0.0..=1.0.
     pub load_factor: f64,
-    /// Stores omitted for capacity since start.
+    /// Stores omitted since start: for table capacity, or because the member limit was reached
+    /// ([`BlockError`](super::BlockError)).
     pub omissions_total: u64,
     /// Removals of unknown `(member, block hash)` edges since start (idempotent no-ops).
     pub unknown_removals_total: u64,
@@ -36,10 +37,16 @@ pub struct DcCkfStats {
     /// Bytes of the packed table (`bucket_count * 8`).
     pub table_bytes: u64,
     /// Estimated bytes held by the whole producer state: table, undo log, dirty tracker, and the
-    /// exact ownership and refcount maps, computed from their allocated *capacities* (hashbrown
-    /// layout: per-bucket entry plus one control byte, buckets = capacity * 8 / 7 rounded to a
-    /// power of two). It excludes allocator overhead and is exact up to that.
+    /// exact state ([`exact_bytes`](Self::exact_bytes)), computed from their allocated
+    /// *capacities* (std hash maps in the hashbrown layout: per-bucket entry plus one control
+    /// byte, buckets = capacity * 8 / 7 rounded to a power of two). It excludes allocator
+    /// overhead and is exact up to that.
     pub bytes_used: u64,
+    /// Bytes of the exact state alone, included in `bytes_used`: the block map (64-byte lines
+    /// of four 16-byte entries, its stash and its spill map of fourth-and-later owners) and the
+    /// member table (index, records, free tags, source charges); from allocated capacities
+    /// like `bytes_used`. The packed filter table and the publication buffers are not in it.
+    pub exact_bytes: u64,
 }
 
 impl DcCkfStats {
@@ -49,6 +56,17 @@ impl DcCkfStats {
             0.0
         } else {
             self.bytes_used as f64 / self.unique_blocks as f64
+        }
+    }
+
+    /// `exact_bytes / unique_blocks` (bytes of exact state per tracked block), or 0.0 for an
+    /// empty state. The block map keeps its load between 60% and 90% while it grows, so this
+    /// is about 18-27 bytes plus the spill of blocks with more than three owners.
+    pub fn exact_bytes_per_tracked_block(&self) -> f64 {
+        if self.unique_blocks == 0 {
+            0.0
+        } else {
+            self.exact_bytes as f64 / self.unique_blocks as f64
         }
     }
 }

@@ -1,0 +1,840 @@
+//! The producer's exact block map: block hash -> owners (and with them the refcount), in
+//! 16-byte entries whose two candidate cache lines are computable from the hash alone, so an
+//! event's blocks can be located and prefetched before any of them is applied.
+//!
+//! # Layout
+//! A bucketized cuckoo hash table: `lines` 64-byte lines of four [`Slot`]s (block hash + packed
+//! owners word). A key lives in one of two lines, `fastrange(mix)` and `fastrange(mix rotated
+//! by 32)` of one `fmix64` of the key: multiply-shift indexing, so the line count is any
+//! number, not a power of two. A lookup reads at most two lines (both prefetchable, see
+//! [`BlockMap::prefetch`]); an insertion goes to the emptier of the two, and when both are full
+//! first moves one of their eight residents to its other line if that has room, else walks
+//! (a bounded random walk, [`MAX_WALK`]). Two choices of
+//! four slots keep insertions short well above 90% load (Fan et al., CoNEXT 2014, measured the
+//! same 2 x 4 shape for cuckoo filters at 95%), so the table grows at [`MAX_LOAD`] = 90% by 1.5x
+//! (to 60%), never sits below ~60% while it grows, and entries cost 16 / load bytes: 17.8-26.7
+//! bytes per block.
+//!
+//! A walk that fails leaves its last displaced entry in the *stash* (a small hash map): every
+//! entry stays reachable, so an insertion never fails and never rolls back. A stash above
+//! [`STASH_LIMIT`] entries makes the table grow, unless it is under half full (keys that
+//! collide at every size, which only crafted hashes do; they then live in the stash, O(1)
+//! each, rather than making the table grow without bound).
+//!
+//! # Owners word
+//! Three 21-bit owner tags (0 = unused) and, in bit 63, a *spill* flag: the block has more than
+//! three owners and the others are in the spill map (block hash -> tags). Invariant: the flag
+//! is set iff the spill map has a non-empty entry for the hash, and then all three inline tags
+//! are set (a freed inline tag is refilled from the spill), so `has_owner` looks past the word
+//! only for blocks with four or more owners. A word is 0 iff the block has no owner, which is
+//! also what marks a slot empty: block hash 0 and `u64::MAX` are ordinary keys.
+//!
+//! # Tag limit
+//! 21 bits give at most [`MAX_TAG`] = 2,097,151 members owning blocks at once. Tags are
+//! assigned by `ownership::Members`, which refuses a member past the limit (the store then
+//! omits its blocks with [`BlockError::MemberLimit`](super::BlockError::MemberLimit)).
+
+use std::collections::HashMap;
+
+use super::hasher::FoldHashBuilder;
+use crate::addressing::fmix64;
+
+/// Owner tag of a member (`1..=MAX_TAG`; 0 marks an unused inline owner entry).
+pub(crate) type Tag = u32;
+
+/// Bits of one owner tag in the packed owners word.
+pub(crate) const TAG_BITS: u32 = 21;
+/// Largest owner tag: `2^21 - 1`.
+pub(crate) const MAX_TAG: Tag = (1 << TAG_BITS) - 1;
+const TAG_MASK: u64 = MAX_TAG as u64;
+const SPILL_FLAG: u64 = 1 << 63;
+const INLINE: usize = 3;
+
+/// Slots per line: 4 x 16 bytes = one 64-byte cache line.
+const SLOTS: usize = 4;
+/// Load above which an insertion grows the table first (entries / slots).
+pub(crate) const MAX_LOAD: f64 = 0.90;
+/// Growth factor: 1.5x, so a table just grown is 60% full, not 45% as with doubling.
+const GROWTH_NUM: usize = 3;
+const GROWTH_DEN: usize = 2;
+/// Smallest table allocated (lines).
+const MIN_LINES: usize = 4;
+/// Residents moved by one insertion before its last displaced entry goes to the stash.
+pub(crate) const MAX_WALK: u32 = 128;
+/// Stash entries above which the table grows (when at least half full).
+pub(crate) const STASH_LIMIT: usize = 8;
+/// Seed xored into the key before mixing, so the map's lines are not the filter's buckets.
+const MAP_SEED: u64 = 0x6A09_E667_F3BC_C909;
+
+/// One entry: block hash and packed owners (0 = empty slot).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[repr(C)]
+struct Slot {
+    key: u64,
+    owners: u64,
+}
+
+/// One 64-byte line of four slots, aligned so a line is one cache line.
+#[derive(Debug, Clone, Copy, Default)]
+#[repr(C, align(64))]
+struct Line([Slot; SLOTS]);
+
+/// The key's mixed hash, computed once per block and reused for the prefetch and the apply
+/// (it stays valid across a resize: lines are derived from it with the current line count).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Probe(u64);
+
+impl Probe {
+    /// A placeholder value (the probe of no particular key).
+    pub const ZERO: Self = Probe(0);
+
+    /// The probe of `key`.
+    #[inline(always)]
+    pub fn of(key: u64) -> Self {
+        Probe(fmix64(key ^ MAP_SEED))
+    }
+
+    /// The key's two candidate lines in a table of `lines` lines (`lines > 0`).
+    #[inline(always)]
+    fn lines(self, lines: usize) -> (usize, usize) {
+        (
+            fastrange(self.0, lines),
+            fastrange(self.0.rotate_left(32), lines),
+        )
+    }
+}
+
+/// `x` scaled into `0..n` by the high half of a 64x64 multiply (Lemire's fast range reduction):
+/// uniform for uniform `x`, and any `n`.
+#[inline(always)]
+fn fastrange(x: u64, n: usize) -> usize {
+    ((u128::from(x) * n as u128) >> 64) as usize
+}
+
+/// Where an entry is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pos {
+    /// Line and slot.
+    Slot(u32, u8),
+    /// In the stash (keyed by the block hash).
+    Stash,
+}
+
+/// Hints the CPU to fetch the cache line holding `p`. Never faults; a no-op on targets without
+/// a prefetch instruction.
+#[inline(always)]
+pub(crate) fn prefetch<T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        // SAFETY: a prefetch never faults and has no architectural effect, whatever the address.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
+/// Packed owners word helpers.
+#[inline(always)]
+fn tag_at(word: u64, i: usize) -> Tag {
+    ((word >> (TAG_BITS as usize * i)) & TAG_MASK) as Tag
+}
+
+#[inline(always)]
+fn with_tag(word: u64, i: usize, tag: Tag) -> u64 {
+    let shift = TAG_BITS as usize * i;
+    (word & !(TAG_MASK << shift)) | (u64::from(tag) << shift)
+}
+
+#[inline(always)]
+fn inline_find(word: u64, tag: Tag) -> Option<usize> {
+    (0..INLINE).find(|&i| tag_at(word, i) == tag)
+}
+
+#[inline(always)]
+fn inline_len(word: u64) -> u32 {
+    (0..INLINE).filter(|&i| tag_at(word, i) != 0).count() as u32
+}
+
+/// Block hash -> owners. See the module docs.
+#[derive(Clone, Default)]
+pub(crate) struct BlockMap {
+    lines: Vec<Line>,
+    /// Entries in lines and stash.
+    len: usize,
+    stash: HashMap<u64, u64, FoldHashBuilder>,
+    /// Owners beyond the inline three, per block hash (never an empty `Vec`).
+    spill: HashMap<u64, Vec<Tag>, FoldHashBuilder>,
+    /// Sum of the spill vectors' capacities, in tags.
+    spill_tags: usize,
+    /// Advances on every walk; picks the victims.
+    counter: u64,
+}
+
+impl std::fmt::Debug for BlockMap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BlockMap")
+            .field("len", &self.len)
+            .field("lines", &self.lines.len())
+            .field("stash", &self.stash.len())
+            .field("spilled_blocks", &self.spill.len())
+            .finish()
+    }
+}
+
+impl BlockMap {
+    /// Tracked blocks.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Slots allocated (`lines * 4`).
+    #[inline]
+    pub fn slot_capacity(&self) -> usize {
+        self.lines.len() * SLOTS
+    }
+
+    /// Entries in the stash (for tests and the bench).
+    #[cfg(test)]
+    pub fn stash_len(&self) -> usize {
+        self.stash.len()
+    }
+
+    /// Hints the CPU to fetch both candidate lines of `probe`.
+    #[inline(always)]
+    pub fn prefetch(&self, probe: Probe) {
+        let n = self.lines.len();
+        if n > 0 {
+            let (a, b) = probe.lines(n);
+            prefetch(self.lines.as_ptr().wrapping_add(a));
+            prefetch(self.lines.as_ptr().wrapping_add(b));
+        }
+    }
+
+    /// Where `key` is, if tracked.
+    #[inline]
+    pub fn find(&self, key: u64, probe: Probe) -> Option<Pos> {
+        let n = self.lines.len();
+        if n == 0 {
+            return None;
+        }
+        let (a, b) = probe.lines(n);
+        for l in [a, b] {
+            let line = &self.lines[l].0;
+            for (s, slot) in line.iter().enumerate() {
+                if slot.key == key && slot.owners != 0 {
+                    return Some(Pos::Slot(l as u32, s as u8));
+                }
+            }
+        }
+        if !self.stash.is_empty() && self.stash.contains_key(&key) {
+            return Some(Pos::Stash);
+        }
+        None
+    }
+
+    #[inline(always)]
+    fn word(&self, pos: Pos, key: u64) -> u64 {
+        match pos {
+            Pos::Slot(l, s) => self.lines[l as usize].0[s as usize].owners,
+            Pos::Stash => self.stash.get(&key).copied().unwrap_or(0),
+        }
+    }
+
+    #[inline(always)]
+    fn set_word(&mut self, pos: Pos, key: u64, word: u64) {
+        match pos {
+            Pos::Slot(l, s) => self.lines[l as usize].0[s as usize].owners = word,
+            Pos::Stash => {
+                if let Some(w) = self.stash.get_mut(&key) {
+                    *w = word;
+                }
+            }
+        }
+    }
+
+    /// Whether `tag` owns the block at `pos`.
+    #[inline]
+    pub fn has_owner(&self, pos: Pos, key: u64, tag: Tag) -> bool {
+        let word = self.word(pos, key);
+        inline_find(word, tag).is_some()
+            || (word & SPILL_FLAG != 0 && self.spill.get(&key).is_some_and(|v| v.contains(&tag)))
+    }
+
+    /// Whether `tag` owns `key`.
+    pub fn owns(&self, key: u64, tag: Tag) -> bool {
+        self.find(key, Probe::of(key))
+            .is_some_and(|pos| self.has_owner(pos, key, tag))
+    }
+
+    /// Owners of `key` (0 when untracked).
+    pub fn refcount(&self, key: u64) -> u32 {
+        let Some(pos) = self.find(key, Probe::of(key)) else {
+            return 0;
+        };
+        let word = self.word(pos, key);
+        let spilled = if word & SPILL_FLAG != 0 {
+            self.spill.get(&key).map_or(0, Vec::len) as u32
+        } else {
+            0
+        };
+        inline_len(word) + spilled
+    }
+
+    /// Adds `tag` as an owner of the tracked block at `pos` (the caller checked it is not one).
+    #[inline]
+    pub fn add_owner(&mut self, pos: Pos, key: u64, tag: Tag) {
+        debug_assert!(tag != 0 && tag <= MAX_TAG);
+        let word = self.word(pos, key);
+        let word = match inline_find(word, 0) {
+            Some(i) => with_tag(word, i, tag),
+            None => {
+                self.spill_push(key, tag);
+                word | SPILL_FLAG
+            }
+        };
+        self.set_word(pos, key, word);
+    }
+
+    #[cold]
+    fn spill_push(&mut self, key: u64, tag: Tag) {
+        let v = self.spill.entry(key).or_default();
+        let before = v.capacity();
+        v.push(tag);
+        self.spill_tags += v.capacity() - before;
+    }
+
+    /// Drops `tag` as an owner of the block at `pos`. `None` when it was not one; otherwise
+    /// whether the block is now ownerless (then it is already removed from the map).
+    #[inline]
+    pub fn drop_owner(&mut self, pos: Pos, key: u64, tag: Tag) -> Option<bool> {
+        let word = self.word(pos, key);
+        let word = Self::dropped(&mut self.spill, &mut self.spill_tags, key, word, tag)?;
+        if word != 0 {
+            self.set_word(pos, key, word);
+            return Some(false);
+        }
+        match pos {
+            Pos::Slot(l, s) => self.lines[l as usize].0[s as usize] = Slot::default(),
+            Pos::Stash => {
+                self.stash.remove(&key);
+            }
+        }
+        self.len -= 1;
+        Some(true)
+    }
+
+    /// `word` without `tag` (refilled from the spill); `None` when `tag` is not an owner.
+    #[inline(always)]
+    fn dropped(
+        spill: &mut HashMap<u64, Vec<Tag>, FoldHashBuilder>,
+        spill_tags: &mut usize,
+        key: u64,
+        word: u64,
+        tag: Tag,
+    ) -> Option<u64> {
+        if let Some(i) = inline_find(word, tag) {
+            if word & SPILL_FLAG == 0 {
+                return Some(with_tag(word, i, 0));
+            }
+            // Keep the inline tags full while the block spills: refill the hole.
+            let (refill, emptied) = Self::spill_take(spill, spill_tags, key, None);
+            let word = with_tag(word, i, refill.unwrap_or(0));
+            return Some(if emptied { word & !SPILL_FLAG } else { word });
+        }
+        if word & SPILL_FLAG == 0 {
+            return None;
+        }
+        let (taken, emptied) = Self::spill_take(spill, spill_tags, key, Some(tag));
+        taken?;
+        Some(if emptied { word & !SPILL_FLAG } else { word })
+    }
+
+    /// Takes `tag` (or any tag when `None`) from `key`'s spill entry: the tag taken, and whether
+    /// the entry is now gone.
+    #[cold]
+    fn spill_take(
+        spill: &mut HashMap<u64, Vec<Tag>, FoldHashBuilder>,
+        spill_tags: &mut usize,
+        key: u64,
+        tag: Option<Tag>,
+    ) -> (Option<Tag>, bool) {
+        let Some(v) = spill.get_mut(&key) else {
+            debug_assert!(false, "spill flag without a spill entry");
+            return (None, true);
+        };
+        let taken = match tag {
+            Some(t) => v.iter().position(|&x| x == t).map(|i| v.swap_remove(i)),
+            None => v.pop(),
+        };
+        if v.is_empty() {
+            *spill_tags -= v.capacity();
+            spill.remove(&key);
+            return (taken, true);
+        }
+        (taken, false)
+    }
+
+    /// Inserts untracked `key` with the single owner `tag`.
+    pub fn insert_new(&mut self, key: u64, probe: Probe, tag: Tag) {
+        debug_assert!(tag != 0 && tag <= MAX_TAG);
+        if (self.len + 1) as f64 > MAX_LOAD * self.slot_capacity() as f64 {
+            self.grow();
+        }
+        self.len += 1;
+        self.place(key, probe, u64::from(tag));
+        if self.stash.len() > STASH_LIMIT && self.len * 2 >= self.slot_capacity() {
+            self.grow();
+        }
+    }
+
+    /// Puts an entry into a line (the emptier candidate) or, after a failed walk, the stash.
+    /// Does not count it in `len`.
+    fn place(&mut self, key: u64, probe: Probe, owners: u64) {
+        let n = self.lines.len();
+        let (a, b) = probe.lines(n);
+        let free_a = self.lines[a].0.iter().filter(|s| s.owners == 0).count();
+        let free_b = self.lines[b].0.iter().filter(|s| s.owners == 0).count();
+        let l = if free_b > free_a { b } else { a };
+        if let Some(s) = self.lines[l].0.iter_mut().find(|s| s.owners == 0) {
+            *s = Slot { key, owners };
+            return;
+        }
+        self.walk(Slot { key, owners }, a, b);
+    }
+
+    /// Makes room in full lines `a` and `b` for `entry`: first by moving one of their eight
+    /// residents to its other line if that has a free slot (the eight lines are independent
+    /// loads, where each step of a blind walk is a dependent cache miss on a large table), else
+    /// by a bounded random walk: put `entry` in place of a resident, move the resident to its
+    /// other line, and so on.
+    #[cold]
+    fn walk(&mut self, mut entry: Slot, a: usize, b: usize) {
+        let n = self.lines.len();
+        for l in [a, b] {
+            for s in 0..SLOTS {
+                let victim = self.lines[l].0[s];
+                let (va, vb) = Probe::of(victim.key).lines(n);
+                let other = if va == l { vb } else { va };
+                if let Some(slot) = self.lines[other].0.iter_mut().find(|s| s.owners == 0) {
+                    *slot = victim;
+                    self.lines[l].0[s] = entry;
+                    return;
+                }
+            }
+        }
+        self.counter = self.counter.wrapping_add(1);
+        let salt = fmix64(self.counter);
+        let mut line = if salt & 1 == 0 { a } else { b };
+        for step in 0..MAX_WALK {
+            let r = fmix64(salt ^ u64::from(step));
+            let s = (r >> 62) as usize;
+            let victim = std::mem::replace(&mut self.lines[line].0[s], entry);
+            let (va, vb) = Probe::of(victim.key).lines(n);
+            line = if va == line { vb } else { va };
+            if let Some(slot) = self.lines[line].0.iter_mut().find(|s| s.owners == 0) {
+                *slot = victim;
+                return;
+            }
+            entry = victim;
+        }
+        self.stash.insert(entry.key, entry.owners);
+    }
+
+    /// Grows by 1.5x (or to the minimum).
+    fn grow(&mut self) {
+        let n = self.lines.len();
+        let target = (n * GROWTH_NUM / GROWTH_DEN).max(n + 1).max(MIN_LINES);
+        self.rebuild(target);
+    }
+
+    /// Rehashes every entry into `lines` lines (enough for all of them).
+    fn rebuild(&mut self, lines: usize) {
+        let old = std::mem::replace(&mut self.lines, vec![Line::default(); lines]);
+        let stash = std::mem::take(&mut self.stash);
+        for slot in old
+            .iter()
+            .flat_map(|l| l.0.iter())
+            .filter(|s| s.owners != 0)
+        {
+            self.place(slot.key, Probe::of(slot.key), slot.owners);
+        }
+        for (key, owners) in stash {
+            self.place(key, Probe::of(key), owners);
+        }
+    }
+
+    /// Gives memory back: an empty map frees everything; a table above `min_slots` slots and
+    /// under a quarter full is rehashed to half full. The gap between the two factors (and the
+    /// 90% growth point) is the hysteresis: after a shrink the table must lose half its
+    /// entries again before the next shrink and grow by 80% before it grows, so a size that
+    /// oscillates does not rehash back and forth. O(len) when it shrinks, amortized over the
+    /// removals that made it sparse.
+    pub fn shrink(&mut self, min_slots: usize) {
+        if self.len == 0 {
+            if self.slot_capacity() > 0 || self.stash.capacity() > 0 {
+                self.lines = Vec::new();
+                self.stash = HashMap::default();
+            }
+        } else if self.slot_capacity() > min_slots && self.len < self.slot_capacity() / 4 {
+            self.rebuild((self.len * 2).div_ceil(SLOTS).max(MIN_LINES));
+        }
+        super::shrink_map(&mut self.spill);
+    }
+
+    /// Drops every tag in `tags` from every block (one pass); calls `emptied(key)` for each
+    /// block left without owners (already removed). Returns the edges released.
+    pub fn release_all(&mut self, tags: &[Tag], mut emptied: impl FnMut(u64)) -> u64 {
+        let mut released = 0u64;
+        let Self {
+            lines,
+            len,
+            stash,
+            spill,
+            spill_tags,
+            ..
+        } = self;
+        let mut drop_all = |key: u64, word: &mut u64| {
+            for &tag in tags {
+                if let Some(w) = Self::dropped(spill, spill_tags, key, *word, tag) {
+                    *word = w;
+                    released += 1;
+                }
+            }
+        };
+        for slot in lines.iter_mut().flat_map(|l| l.0.iter_mut()) {
+            if slot.owners == 0 {
+                continue;
+            }
+            drop_all(slot.key, &mut slot.owners);
+            if slot.owners == 0 {
+                emptied(slot.key);
+                *slot = Slot::default();
+                *len -= 1;
+            }
+        }
+        stash.retain(|&key, word| {
+            drop_all(key, word);
+            if *word != 0 {
+                return true;
+            }
+            emptied(key);
+            *len -= 1;
+            false
+        });
+        released
+    }
+
+    /// Calls `f(key)` for every tracked block, in table order (tests).
+    #[cfg(test)]
+    pub fn for_each_key(&self, mut f: impl FnMut(u64)) {
+        for slot in self.lines.iter().flat_map(|l| l.0.iter()) {
+            if slot.owners != 0 {
+                f(slot.key);
+            }
+        }
+        for &key in self.stash.keys() {
+            f(key);
+        }
+    }
+
+    /// Calls `f(key, tag)` once per ownership edge, in no particular order. O(edges).
+    pub fn for_each_edge(&self, mut f: impl FnMut(u64, Tag)) {
+        let mut visit = |key: u64, word: u64| {
+            for i in 0..INLINE {
+                let t = tag_at(word, i);
+                if t != 0 {
+                    f(key, t);
+                }
+            }
+            if word & SPILL_FLAG != 0 {
+                for &t in self.spill.get(&key).into_iter().flatten() {
+                    f(key, t);
+                }
+            }
+        };
+        for slot in self.lines.iter().flat_map(|l| l.0.iter()) {
+            if slot.owners != 0 {
+                visit(slot.key, slot.owners);
+            }
+        }
+        for (&key, &word) in &self.stash {
+            visit(key, word);
+        }
+    }
+
+    /// Heap bytes, from the allocated capacities: the lines (`lines * 64`), the stash and spill
+    /// maps (hashbrown layout, see `stats::hash_table_bytes`) and the spill vectors.
+    pub fn bytes_used(&self) -> usize {
+        self.lines.capacity() * std::mem::size_of::<Line>()
+            + super::stats::hash_table_bytes(
+                self.stash.capacity(),
+                std::mem::size_of::<(u64, u64)>(),
+            )
+            + super::stats::hash_table_bytes(
+                self.spill.capacity(),
+                std::mem::size_of::<(u64, Vec<Tag>)>(),
+            )
+            + self.spill_tags * std::mem::size_of::<Tag>()
+    }
+
+    /// Checks the internal invariants (tests).
+    #[cfg(test)]
+    pub fn check(&self) {
+        let n = self.lines.len();
+        let mut count = 0;
+        for (l, line) in self.lines.iter().enumerate() {
+            for slot in line.0.iter().filter(|s| s.owners != 0) {
+                let (a, b) = Probe::of(slot.key).lines(n);
+                assert!(
+                    l == a || l == b,
+                    "{:#x} in line {l}, not {a} or {b}",
+                    slot.key
+                );
+                count += 1;
+            }
+        }
+        count += self.stash.len();
+        assert_eq!(count, self.len);
+        let mut tags = 0;
+        let mut check_word = |key: u64, word: u64| {
+            let spilled = self.spill.get(&key);
+            assert_eq!(word & SPILL_FLAG != 0, spilled.is_some(), "{key:#x}");
+            if let Some(v) = spilled {
+                assert!(!v.is_empty());
+                assert_eq!(inline_len(word), 3);
+                tags += v.capacity();
+            }
+        };
+        for slot in self.lines.iter().flat_map(|l| l.0.iter()) {
+            if slot.owners != 0 {
+                check_word(slot.key, slot.owners);
+            }
+        }
+        for (&k, &w) in &self.stash {
+            check_word(k, w);
+        }
+        assert_eq!(tags, self.spill_tags);
+        assert_eq!(self.spill.len(), {
+            let mut c = 0;
+            self.for_each_key(|k| c += usize::from(self.spill.contains_key(&k)));
+            c
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// The exact model: block hash -> set of owner tags.
+    type Model = HashMap<u64, Vec<Tag>>;
+
+    fn acquire(map: &mut BlockMap, key: u64, tag: Tag) -> bool {
+        let p = Probe::of(key);
+        match map.find(key, p) {
+            Some(pos) if map.has_owner(pos, key, tag) => false,
+            Some(pos) => {
+                map.add_owner(pos, key, tag);
+                true
+            }
+            None => {
+                map.insert_new(key, p, tag);
+                true
+            }
+        }
+    }
+
+    fn release(map: &mut BlockMap, key: u64, tag: Tag) -> Option<bool> {
+        let pos = map.find(key, Probe::of(key))?;
+        map.drop_owner(pos, key, tag)
+    }
+
+    fn assert_equal(map: &BlockMap, model: &Model) {
+        map.check();
+        assert_eq!(map.len(), model.len());
+        for (&k, tags) in model {
+            assert_eq!(map.refcount(k), tags.len() as u32, "{k:#x}");
+            for &t in tags {
+                assert!(map.owns(k, t), "{k:#x} {t}");
+            }
+        }
+        let mut edges: Vec<(u64, Tag)> = Vec::new();
+        map.for_each_edge(|k, t| edges.push((k, t)));
+        edges.sort_unstable();
+        let mut want: Vec<(u64, Tag)> = model
+            .iter()
+            .flat_map(|(&k, v)| v.iter().map(move |&t| (k, t)))
+            .collect();
+        want.sort_unstable();
+        assert_eq!(edges, want);
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Acquire(u64, Tag),
+        Release(u64, Tag),
+        ReleaseAll(Vec<Tag>),
+        Shrink,
+    }
+
+    /// Keys from a small pool with the edge values, so operations hit the same keys often.
+    fn key() -> impl Strategy<Value = u64> {
+        prop_oneof![Just(0u64), Just(u64::MAX), 0u64..48, any::<u64>(),]
+    }
+
+    fn tag() -> impl Strategy<Value = Tag> {
+        prop_oneof![1 as Tag..=6, Just(MAX_TAG), Just(MAX_TAG - 1)]
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            6 => (key(), tag()).prop_map(|(k, t)| Op::Acquire(k, t)),
+            3 => (key(), tag()).prop_map(|(k, t)| Op::Release(k, t)),
+            1 => proptest::collection::vec(tag(), 1..3).prop_map(Op::ReleaseAll),
+            1 => Just(Op::Shrink),
+        ]
+    }
+
+    fn run(ops: &[Op], min_slots: usize) {
+        let mut map = BlockMap::default();
+        let mut model: Model = HashMap::new();
+        for op in ops {
+            match op {
+                Op::Acquire(k, t) => {
+                    let owners = model.entry(*k).or_default();
+                    let fresh = !owners.contains(t);
+                    if fresh {
+                        owners.push(*t);
+                    }
+                    assert_eq!(acquire(&mut map, *k, *t), fresh);
+                }
+                Op::Release(k, t) => {
+                    let want = model.get_mut(k).and_then(|v| {
+                        let i = v.iter().position(|x| x == t)?;
+                        v.swap_remove(i);
+                        Some(v.is_empty())
+                    });
+                    if want == Some(true) {
+                        model.remove(k);
+                    }
+                    assert_eq!(release(&mut map, *k, *t), want);
+                }
+                Op::ReleaseAll(tags) => {
+                    let mut want_released = 0u64;
+                    let mut want_emptied = Vec::new();
+                    model.retain(|&k, v| {
+                        let before = v.len();
+                        v.retain(|t| !tags.contains(t));
+                        want_released += (before - v.len()) as u64;
+                        if v.is_empty() {
+                            want_emptied.push(k);
+                        }
+                        !v.is_empty()
+                    });
+                    let mut emptied = Vec::new();
+                    assert_eq!(map.release_all(tags, |k| emptied.push(k)), want_released);
+                    emptied.sort_unstable();
+                    want_emptied.sort_unstable();
+                    assert_eq!(emptied, want_emptied);
+                }
+                Op::Shrink => map.shrink(min_slots),
+            }
+        }
+        assert_equal(&map, &model);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Random acquire / release / release-all / shrink sequences against a `HashMap` of
+        /// owner sets: same answers, same contents, invariants kept (line placement, spill
+        /// flag, counts), through growth, shrinks to empty and spills past three owners.
+        #[test]
+        fn matches_a_hash_map(ops in proptest::collection::vec(op(), 1..400)) {
+            run(&ops, 0);
+        }
+
+        /// The same with many distinct keys, so the table grows through several sizes and
+        /// shrinks back.
+        #[test]
+        fn grows_and_shrinks(
+            keys in proptest::collection::vec(any::<u64>(), 100..1500),
+            drop_percent in 0usize..=100,
+        ) {
+            let mut ops: Vec<Op> = keys.iter().map(|&k| Op::Acquire(k, 1)).collect();
+            ops.extend(keys.iter().take(keys.len() * drop_percent / 100).map(|&k| Op::Release(k, 1)));
+            ops.push(Op::Shrink);
+            ops.extend(keys.iter().map(|&k| Op::Acquire(k, 2)));
+            run(&ops, 0);
+        }
+    }
+
+    #[test]
+    fn colliding_keys_stay_reachable() {
+        // Keys whose two lines coincide in a 4-line table: more than fit in two lines, so the
+        // walk fails and the stash (then growth) takes them. Every key stays exact.
+        let mut keys = Vec::new();
+        let mut k = 0u64;
+        while keys.len() < 40 {
+            let (a, b) = Probe::of(k).lines(MIN_LINES);
+            if a == 0 && b == 0 {
+                keys.push(k);
+            }
+            k += 1;
+        }
+        let mut map = BlockMap::default();
+        let mut model = Model::new();
+        for (i, &k) in keys.iter().enumerate() {
+            assert!(acquire(&mut map, k, 1 + (i % 5) as Tag));
+            model.insert(k, vec![1 + (i % 5) as Tag]);
+            assert_equal(&map, &model);
+        }
+        for &k in &keys[..30] {
+            let t = model.remove(&k).unwrap()[0];
+            assert_eq!(release(&mut map, k, t), Some(true));
+        }
+        map.shrink(0);
+        assert_equal(&map, &model);
+    }
+
+    #[test]
+    fn owners_word_packs_three_tags_and_the_flag() {
+        let w = with_tag(with_tag(with_tag(0, 0, MAX_TAG), 1, 1), 2, MAX_TAG - 1);
+        assert_eq!(
+            (tag_at(w, 0), tag_at(w, 1), tag_at(w, 2)),
+            (MAX_TAG, 1, MAX_TAG - 1)
+        );
+        assert_eq!(w & SPILL_FLAG, 0);
+        assert_eq!(tag_at(w | SPILL_FLAG, 2), MAX_TAG - 1);
+        assert_eq!(inline_find(w, 1), Some(1));
+        assert_eq!(inline_len(with_tag(w, 1, 0)), 2);
+        assert_eq!(std::mem::size_of::<Slot>(), 16);
+        assert_eq!(std::mem::size_of::<Line>(), 64);
+        assert_eq!(std::mem::align_of::<Line>(), 64);
+    }
+
+    #[test]
+    fn load_stays_between_sixty_and_ninety_percent_while_growing() {
+        let mut map = BlockMap::default();
+        for k in 0..200_000u64 {
+            let key = k.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            map.insert_new(key, Probe::of(key), 1);
+            let load = map.len() as f64 / map.slot_capacity() as f64;
+            if map.len() > 64 {
+                assert!(
+                    (0.59..=MAX_LOAD).contains(&load),
+                    "{} in {}",
+                    map.len(),
+                    map.slot_capacity()
+                );
+            }
+        }
+        assert_eq!(map.stash_len(), 0);
+    }
+}
