@@ -57,6 +57,44 @@ mod avx512;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 
+/// Test support shared by the vector kernels' bit-for-bit checks of their locate against
+/// [`Addressing::locate`] (`search/avx512.rs`, `search/avx2.rs`).
+#[cfg(all(test, target_arch = "x86_64"))]
+mod locate_check {
+    use crate::addressing::{Addressing, MAX_BUCKETS};
+
+    /// `(bucket count, lanes)` of the tables every vector locate is checked on: the smallest
+    /// counts, even counts that are not powers of two (format v2), a large power of two and the
+    /// largest count, with lane counts that make the row offsets odd multiples.
+    pub(super) const SHAPES: [(u64, u64); 7] = [
+        (2, 1),
+        (4, 3),
+        (6, 7),
+        (1000, 16),
+        (1 << 20, 5),
+        (3_000_002, 9),
+        (MAX_BUCKETS, 2),
+    ];
+
+    /// Panics unless position `i` of a located chunk (`fp`, and the row offsets `lo`, `hi` of
+    /// the lower and higher candidate bucket, in words) is what the scalar rule gives for
+    /// `hashes[i]`, for all 8 positions.
+    pub(super) fn assert_chunk(
+        addressing: &Addressing,
+        lanes: u64,
+        hashes: &[u64; 8],
+        (fp, lo, hi): (&[u64; 8], &[u64; 8], &[u64; 8]),
+    ) {
+        for (i, &h) in hashes.iter().enumerate() {
+            let loc = addressing.locate(h);
+            let (a, b) = (u64::from(loc.bucket_a), u64::from(loc.bucket_b));
+            assert_eq!(fp[i], u64::from(loc.fingerprint), "{h:#x}");
+            assert_eq!(lo[i], a.min(b) * lanes, "{h:#x}");
+            assert_eq!(hi[i], a.max(b) * lanes, "{h:#x}");
+        }
+    }
+}
+
 /// How many positions ahead the rows are prefetched.
 const PREFETCH_AHEAD: usize = 4;
 /// Ring of located positions (a power of two > PREFETCH_AHEAD).

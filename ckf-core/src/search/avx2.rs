@@ -419,15 +419,7 @@ mod tests {
             eprintln!("AVX2 not available on this CPU: locate4 check skipped");
             return;
         }
-        for (buckets, lanes) in [
-            (2u64, 1u64),
-            (4, 3),
-            (6, 7),
-            (1000, 16),
-            (1 << 20, 5),
-            (3_000_002, 9),
-            (crate::addressing::MAX_BUCKETS, 2),
-        ] {
+        for (buckets, lanes) in crate::search::locate_check::SHAPES {
             let format = TableFormat::new(buckets, 0xABCD ^ buckets).unwrap();
             let addressing = Addressing::new(&format).unwrap();
             let mut out = Chunk::EMPTY;
@@ -446,16 +438,8 @@ mod tests {
                 };
                 // SAFETY: AVX2 checked above.
                 unsafe { locate_chunk(&hashes, 0, format.seed, buckets, lanes, &mut out) };
-                for (i, &h) in hashes.iter().enumerate() {
-                    let loc = addressing.locate(h);
-                    let (lo, hi) = (
-                        loc.bucket_a.min(loc.bucket_b),
-                        loc.bucket_a.max(loc.bucket_b),
-                    );
-                    assert_eq!(out.fp[i], u64::from(loc.fingerprint), "{h:#x}");
-                    assert_eq!(out.lo[i], u64::from(lo) * lanes, "{h:#x}");
-                    assert_eq!(out.hi[i], u64::from(hi) * lanes, "{h:#x}");
-                }
+                let located = (&out.fp, &out.lo, &out.hi);
+                crate::search::locate_check::assert_chunk(&addressing, lanes, &hashes, located);
             }
         }
     }
