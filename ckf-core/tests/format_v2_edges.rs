@@ -334,3 +334,37 @@ fn chunked_snapshots_of_any_size_round_trip() {
         }
     }
 }
+
+/// Case 11 for the largest formats: a producer state and a consumer table of `MAX_BUCKETS`
+/// buckets are either built or refused with a typed allocation error (which one depends on the
+/// machine's memory and overcommit policy), never a panic or an abort.
+#[test]
+fn largest_tables_are_built_or_refused_with_a_typed_error() {
+    use ckf_core::dc::DcCkfError;
+    use ckf_core::global::ManifestError;
+    let format = TableFormat::new(MAX_BUCKETS, 1).unwrap();
+    match DcCkfState::new(DcCkfConfig::new(format)) {
+        Ok(s) => assert_eq!(s.buckets().len() as u64, MAX_BUCKETS),
+        Err(e) => assert!(
+            matches!(e, DcCkfError::Allocation { bucket_count, .. } if bucket_count == MAX_BUCKETS),
+            "{e}"
+        ),
+    }
+    let built = std::panic::catch_unwind(|| {
+        ckf_core::global::GlobalCkfIndexer::new(
+            ckf_core::global::Manifest {
+                domain: ckf_core::identity::IndexerDomainId::new("d").unwrap(),
+                format,
+                lanes: (0..16)
+                    .map(|i| ckf_core::identity::PoolId::new("d", &format!("p{i}")).unwrap())
+                    .collect(),
+            },
+            1,
+        )
+        .map(|ix| ix.table().bucket_count())
+    });
+    match built.expect("no panic") {
+        Ok(n) => assert_eq!(n as u64, MAX_BUCKETS),
+        Err(e) => assert!(matches!(e, ManifestError::Table(_)), "{e:?}"),
+    }
+}
