@@ -791,6 +791,55 @@ mod tests {
         assert_eq!(state().members.tag_limit, (1 << 21) - 1);
     }
 
+    /// The real limit, not a lowered one: 2^21 - 1 members each own a block, the next member is
+    /// refused, and the largest tags (2^21 - 4 ..= 2^21 - 1, three inline next to the spill flag
+    /// and one spilled) own a shared block exactly; clearing one frees its tag for the refused
+    /// member.
+    #[test]
+    fn the_real_member_limit_is_exact() {
+        let format = TableFormat::new(1 << 20, 3).unwrap();
+        let mut s = DcCkfState::new(DcCkfConfig::new(format)).unwrap();
+        let limit = u64::from(ownership::MAX_TAG);
+        let member = |i: u64| MemberId::new(i >> 8, (i & 0xFF) as u32);
+        let shared = u64::MAX;
+        for i in 0..limit {
+            let out = if i >= limit - 4 {
+                s.store(member(i), &[i, shared])
+            } else {
+                s.store(member(i), &[i])
+            };
+            assert_eq!(out.omitted, 0, "member {i}");
+        }
+        let out = s.store(member(limit), &[limit, shared]);
+        assert_eq!((out.applied, out.omitted), (0, 2));
+        assert_eq!(
+            out.first_error,
+            Some(BlockError::MemberLimit {
+                block_hash: limit,
+                limit: ownership::MAX_TAG
+            })
+        );
+        assert_eq!(s.refcount(shared), 4);
+        for i in limit - 4..limit {
+            assert!(s.owns(member(i), shared), "{i}");
+            assert_eq!(s.member_blocks(member(i)), vec![i, shared]);
+        }
+        let stats = s.stats();
+        assert_eq!(stats.members as u64, limit);
+        assert_eq!(stats.unique_blocks as u64, limit + 1);
+        assert_eq!(stats.ownership_edges, limit + 4);
+        assert_eq!(stats.resident_fingerprints, limit + 1);
+        // Clear the member holding the last tag: its spilled or inline place is refilled.
+        assert_eq!(s.clear_member(member(limit - 1)).applied, 2);
+        assert_eq!(s.refcount(shared), 3);
+        let out = s.store(member(limit), &[limit, shared]);
+        assert_eq!((out.applied, out.omitted), (2, 0));
+        assert_eq!(s.refcount(shared), 4);
+        assert_eq!(s.member_blocks(member(limit)), vec![limit, shared]);
+        assert!(!s.owns(member(limit - 1), shared));
+        s.proj.blocks.check();
+    }
+
     /// Mass removal of blocks with four or five owners (spilled), in a different member order
     /// per block, shrinks the block map well below its peak; regrowth afterwards and every
     /// count stay exact.
