@@ -840,6 +840,39 @@ mod tests {
         s.proj.blocks.check();
     }
 
+    /// Member records shrink after most members leave (tags are positions, so only a free
+    /// tail goes); tags handed out afterwards never collide with the survivors'.
+    #[test]
+    fn member_tags_stay_unique_across_a_record_shrink() {
+        let mut s =
+            DcCkfState::new(DcCkfConfig::new(TableFormat::new(1 << 14, 3).unwrap())).unwrap();
+        let member = |i: u64| MemberId::new(i, 7);
+        for i in 0..3000u64 {
+            assert_eq!(s.store(member(i), &[i, 1 << 40]).applied, 2);
+        }
+        let survivors = [4u64, 1499, 2001];
+        for i in (0..3000u64).rev().filter(|i| !survivors.contains(i)) {
+            assert_eq!(s.clear_member(member(i)).applied, 2);
+        }
+        assert!(s.members.tag_bound() < 3000, "records did not shrink");
+        for i in 5000..7000u64 {
+            assert_eq!(s.store(member(i), &[i, 1 << 40]).applied, 2);
+        }
+        assert_eq!(s.refcount(1 << 40), 2003);
+        for &i in survivors.iter().chain(&[5000, 6999]) {
+            assert_eq!(s.member_blocks(member(i)), vec![i, 1 << 40], "{i}");
+        }
+        let image = s.ownership_image();
+        assert_eq!(image.len(), 2003);
+        assert!(
+            image
+                .iter()
+                .all(|m| m.blocks == vec![m.member.worker_id, 1 << 40])
+        );
+        assert_eq!(s.stats().ownership_edges, 2 * 2003);
+        s.proj.blocks.check();
+    }
+
     /// Mass removal of blocks with four or five owners (spilled), in a different member order
     /// per block, shrinks the block map well below its peak; regrowth afterwards and every
     /// count stay exact.
