@@ -152,12 +152,13 @@ fn alternate_is_an_involution_at_every_size_edge() {
     }
 }
 
-/// Case 12 on a table just below a power of two (4094 buckets) at ~93% load with kick-heavy
+/// Case 12 on tables just below a power of two (4094 buckets), of 3002 and of 6-30 buckets
+/// (where kick cycles are common) at ~93% load with kick-heavy
 /// churn: after every installed image of a batch without a broken cycle, every block tracked
 /// before and after the batch is still in one of its buckets.
 #[test]
 fn relocation_order_holds_below_a_power_of_two() {
-    for n in [4094u64, 3002] {
+    for n in [4094u64, 3002, 30, 14, 10, 6] {
         let mut s = state(n, 500);
         let a = *s.addressing();
         let target = (n * 4 * 93 / 100) as usize;
@@ -213,8 +214,10 @@ fn relocation_order_holds_below_a_power_of_two() {
             }
             assert_eq!(consumer, s.buckets(), "n={n} round {round}");
         }
-        assert!(kicked > 100, "n={n}: churn was not kick-heavy ({kicked})");
-        assert!(s.stats().load_factor > 0.90);
+        if n > 1000 {
+            assert!(kicked > 100, "n={n}: churn was not kick-heavy ({kicked})");
+            assert!(s.stats().load_factor > 0.90);
+        }
     }
 }
 
