@@ -790,4 +790,344 @@ mod tests {
     fn the_default_tag_limit_is_what_the_owner_word_packs() {
         assert_eq!(state().members.tag_limit, (1 << 21) - 1);
     }
+
+    /// The real limit, not a lowered one: 2^21 - 1 members each own a block, the next member is
+    /// refused, and the largest tags (2^21 - 4 ..= 2^21 - 1, three inline next to the spill flag
+    /// and one spilled) own a shared block exactly; clearing one frees its tag for the refused
+    /// member.
+    #[test]
+    fn the_real_member_limit_is_exact() {
+        let format = TableFormat::new(1 << 20, 3).unwrap();
+        let mut s = DcCkfState::new(DcCkfConfig::new(format)).unwrap();
+        let limit = u64::from(ownership::MAX_TAG);
+        let member = |i: u64| MemberId::new(i >> 8, (i & 0xFF) as u32);
+        let shared = u64::MAX;
+        for i in 0..limit {
+            let out = if i >= limit - 4 {
+                s.store(member(i), &[i, shared])
+            } else {
+                s.store(member(i), &[i])
+            };
+            assert_eq!(out.omitted, 0, "member {i}");
+        }
+        let out = s.store(member(limit), &[limit, shared]);
+        assert_eq!((out.applied, out.omitted), (0, 2));
+        assert_eq!(
+            out.first_error,
+            Some(BlockError::MemberLimit {
+                block_hash: limit,
+                limit: ownership::MAX_TAG
+            })
+        );
+        assert_eq!(s.refcount(shared), 4);
+        for i in limit - 4..limit {
+            assert!(s.owns(member(i), shared), "{i}");
+            assert_eq!(s.member_blocks(member(i)), vec![i, shared]);
+        }
+        let stats = s.stats();
+        assert_eq!(stats.members as u64, limit);
+        assert_eq!(stats.unique_blocks as u64, limit + 1);
+        assert_eq!(stats.ownership_edges, limit + 4);
+        assert_eq!(stats.resident_fingerprints, limit + 1);
+        // Clear the member holding the last tag: its spilled or inline place is refilled.
+        assert_eq!(s.clear_member(member(limit - 1)).applied, 2);
+        assert_eq!(s.refcount(shared), 3);
+        let out = s.store(member(limit), &[limit, shared]);
+        assert_eq!((out.applied, out.omitted), (2, 0));
+        assert_eq!(s.refcount(shared), 4);
+        assert_eq!(s.member_blocks(member(limit)), vec![limit, shared]);
+        assert!(!s.owns(member(limit - 1), shared));
+        s.proj.blocks.check();
+    }
+
+    /// Member records shrink after most members leave (tags are positions, so only a free
+    /// tail goes); tags handed out afterwards never collide with the survivors'.
+    #[test]
+    fn member_tags_stay_unique_across_a_record_shrink() {
+        let mut s =
+            DcCkfState::new(DcCkfConfig::new(TableFormat::new(1 << 14, 3).unwrap())).unwrap();
+        let member = |i: u64| MemberId::new(i, 7);
+        for i in 0..3000u64 {
+            assert_eq!(s.store(member(i), &[i, 1 << 40]).applied, 2);
+        }
+        let survivors = [4u64, 1499, 2001];
+        for i in (0..3000u64).rev().filter(|i| !survivors.contains(i)) {
+            assert_eq!(s.clear_member(member(i)).applied, 2);
+        }
+        assert!(s.members.tag_bound() < 3000, "records did not shrink");
+        for i in 5000..7000u64 {
+            assert_eq!(s.store(member(i), &[i, 1 << 40]).applied, 2);
+        }
+        assert_eq!(s.refcount(1 << 40), 2003);
+        for &i in survivors.iter().chain(&[5000, 6999]) {
+            assert_eq!(s.member_blocks(member(i)), vec![i, 1 << 40], "{i}");
+        }
+        let image = s.ownership_image();
+        assert_eq!(image.len(), 2003);
+        assert!(
+            image
+                .iter()
+                .all(|m| m.blocks == vec![m.member.worker_id, 1 << 40])
+        );
+        assert_eq!(s.stats().ownership_edges, 2 * 2003);
+        s.proj.blocks.check();
+    }
+
+    /// Mass removal of blocks with four or five owners (spilled), in a different member order
+    /// per block, shrinks the block map well below its peak; regrowth afterwards and every
+    /// count stay exact.
+    #[test]
+    fn spilled_owners_survive_shrink_and_regrowth() {
+        let mut s = DcCkfState::new(DcCkfConfig::new(TableFormat::new(8192, 3).unwrap())).unwrap();
+        let members: Vec<MemberId> = (0..5).map(|i| MemberId::new(i, 0)).collect();
+        let blocks: Vec<u64> = (0..6000u64)
+            .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+            .collect();
+        for (i, m) in members.iter().enumerate() {
+            // Member 4 owns every other block only: blocks with 4 and with 5 owners.
+            let mine: Vec<u64> = blocks
+                .iter()
+                .copied()
+                .enumerate()
+                .filter(|(j, _)| i < 4 || j % 2 == 0)
+                .map(|(_, b)| b)
+                .collect();
+            assert_eq!(s.store(*m, &mine).applied as usize, mine.len());
+        }
+        let peak = s.stats().exact_bytes;
+        // Remove 95% of the blocks, owner by owner, rotating the order per block.
+        let gone = blocks.len() * 95 / 100;
+        for (j, &b) in blocks[..gone].iter().enumerate() {
+            for k in 0..5 {
+                let m = members[(j + k * (1 + j % 3)) % 5];
+                s.remove(m, &[b]);
+            }
+            assert_eq!(s.refcount(b), 0, "{j}");
+        }
+        s.proj.blocks.check();
+        assert!(
+            s.stats().exact_bytes < peak / 4,
+            "{} vs {peak}",
+            s.stats().exact_bytes
+        );
+        for (j, &b) in blocks.iter().enumerate() {
+            let want = if j < gone {
+                0
+            } else if j % 2 == 0 {
+                5
+            } else {
+                4
+            };
+            assert_eq!(s.refcount(b), want, "{j}");
+        }
+        assert_eq!(s.member_blocks(members[0]), {
+            let mut v = blocks[gone..].to_vec();
+            v.sort_unstable();
+            v
+        });
+        // Regrow past the peak and clear one member mid-way.
+        for m in &members[..4] {
+            s.store(*m, &blocks);
+        }
+        s.clear_member(members[1]);
+        s.proj.blocks.check();
+        for (j, &b) in blocks.iter().enumerate() {
+            let want = 3 + u32::from(j >= gone && j % 2 == 0);
+            assert_eq!(s.refcount(b), want, "{j}");
+        }
+        let stats = s.stats();
+        assert_eq!(stats.unique_blocks, blocks.len());
+        assert_eq!(
+            stats.ownership_edges,
+            3 * 6000 + (6000 - gone as u64).div_ceil(2)
+        );
+        assert_eq!(s.count_resident(), 6000);
+    }
+
+    /// Adversarial mix against an exact model (`block -> set of members`), on tables of 2, 4
+    /// and 6 buckets (capacity omissions next to member-limit refusals) and 1,024, with the
+    /// member limit lowered to 5 so the refusal path is reached, 8 members over 2 workers and a pool
+    /// of 10 hashes (0 and `u64::MAX` among them) so blocks have 4-5 owners (spill, promotion
+    /// of a spilled owner when an inline one leaves, removal in every order), and the map
+    /// grows, shrinks to empty and regrows. After every step: refcounts, ownership,
+    /// `member_blocks`, `member_owned`, the ownership image and `stats()` equal the model.
+    mod limit_model {
+        use std::collections::{BTreeMap, BTreeSet};
+
+        use proptest::prelude::*;
+
+        use super::*;
+
+        const LIMIT: Tag = 5;
+        const MEMBERS: u64 = 8;
+        const POOL: [u64; 10] = [0, u64::MAX, 1, 2, 3, 0x8000_0000_0000_0000, 7, 8, 9, 10];
+
+        fn member(i: u64) -> MemberId {
+            MemberId::new(i % 2, (i / 2) as u32)
+        }
+
+        #[derive(Debug, Clone)]
+        enum Op {
+            Store(u64, Vec<usize>),
+            Remove(u64, Vec<usize>),
+            Clear(u64),
+            RemoveWorker(u64),
+        }
+
+        fn op() -> impl Strategy<Value = Op> {
+            // Distinct blocks per store: a repeated block after a capacity omission may be
+            // placed by the retry (the kick walk is salted), which the model cannot predict.
+            let stored = prop::collection::btree_set(0..POOL.len(), 1..6)
+                .prop_map(|s| s.into_iter().collect::<Vec<_>>());
+            let blocks = prop::collection::vec(0..POOL.len(), 1..6);
+            prop_oneof![
+                8 => (0..MEMBERS, stored).prop_map(|(m, b)| Op::Store(m, b)),
+                5 => (0..MEMBERS, blocks).prop_map(|(m, b)| Op::Remove(m, b)),
+                1 => (0..MEMBERS).prop_map(Op::Clear),
+                1 => (0..2u64).prop_map(Op::RemoveWorker),
+            ]
+        }
+
+        type Model = BTreeMap<MemberId, BTreeSet<u64>>;
+
+        fn check(s: &DcCkfState, model: &Model) -> Result<(), TestCaseError> {
+            for &h in &POOL {
+                let want = model.values().filter(|b| b.contains(&h)).count() as u32;
+                prop_assert_eq!(s.refcount(h), want, "refcount {:#x}", h);
+                if want > 0 {
+                    prop_assert!(s.may_contain(h));
+                }
+            }
+            for i in 0..MEMBERS {
+                let m = member(i);
+                let want: Vec<u64> = model
+                    .get(&m)
+                    .map(|b| b.iter().copied().collect())
+                    .unwrap_or_default();
+                prop_assert_eq!(s.member_blocks(m), want.clone(), "{}", m);
+                prop_assert_eq!(s.member_owned(m), want.len() as u32);
+                for &h in &POOL {
+                    prop_assert_eq!(s.owns(m, h), want.contains(&h));
+                }
+            }
+            let image = s.ownership_image();
+            let want_image: Vec<(MemberId, Vec<u64>)> = model
+                .iter()
+                .map(|(&m, b)| (m, b.iter().copied().collect()))
+                .collect();
+            let got_image: Vec<(MemberId, Vec<u64>)> =
+                image.into_iter().map(|i| (i.member, i.blocks)).collect();
+            prop_assert_eq!(got_image, want_image);
+            let tracked: BTreeSet<u64> = model.values().flatten().copied().collect();
+            let stats = s.stats();
+            prop_assert_eq!(stats.members, model.len());
+            prop_assert_eq!(stats.unique_blocks, tracked.len());
+            prop_assert_eq!(stats.resident_fingerprints, tracked.len() as u64);
+            prop_assert_eq!(s.count_resident(), tracked.len() as u64);
+            let edges: usize = model.values().map(BTreeSet::len).sum();
+            prop_assert_eq!(stats.ownership_edges, edges as u64);
+            prop_assert_eq!(stats.missing_fingerprints_total, 0);
+            s.proj.blocks.check();
+            Ok(())
+        }
+
+        fn run(bucket_count: u64, ops: Vec<Op>) -> Result<(), TestCaseError> {
+            let format = TableFormat::new(bucket_count, 3).unwrap();
+            let mut s = DcCkfState::new(DcCkfConfig::new(format)).unwrap();
+            s.members.tag_limit = LIMIT;
+            let mut model = Model::new();
+            for op in ops {
+                match op {
+                    Op::Store(m, idx) => {
+                        let m = member(m);
+                        let blocks: Vec<u64> = idx.iter().map(|&i| POOL[i]).collect();
+                        let out = s.store(m, &blocks);
+                        if !model.contains_key(&m) && model.len() >= LIMIT as usize {
+                            prop_assert_eq!(
+                                (out.applied, out.omitted, out.redundant),
+                                (0, blocks.len() as u32, 0)
+                            );
+                            prop_assert_eq!(
+                                out.first_error,
+                                Some(BlockError::MemberLimit {
+                                    block_hash: blocks[0],
+                                    limit: LIMIT
+                                })
+                            );
+                        } else {
+                            let mut owned = model.remove(&m).unwrap_or_default();
+                            let mut want = EventOutcome::default();
+                            for &h in &blocks {
+                                if owned.contains(&h) {
+                                    want.redundant += 1;
+                                } else if s.owns(m, h) {
+                                    owned.insert(h);
+                                    want.applied += 1;
+                                } else {
+                                    // A capacity omission: only a first owner's insert fails.
+                                    let held = model.values().any(|b| b.contains(&h));
+                                    prop_assert!(!held, "store of tracked {:#x} omitted", h);
+                                    want.fail(BlockError::CapacityExhausted {
+                                        block_hash: h,
+                                        kicks: DEFAULT_MAX_KICKS,
+                                    });
+                                }
+                            }
+                            if !owned.is_empty() {
+                                model.insert(m, owned);
+                            }
+                            prop_assert_eq!(out, want);
+                        }
+                    }
+                    Op::Remove(m, idx) => {
+                        let m = member(m);
+                        let blocks: Vec<u64> = idx.iter().map(|&i| POOL[i]).collect();
+                        let out = s.remove(m, &blocks);
+                        let mut want = EventOutcome::default();
+                        for h in &blocks {
+                            if model.get_mut(&m).is_some_and(|b| b.remove(h)) {
+                                want.applied += 1;
+                            } else {
+                                want.unknown += 1;
+                            }
+                        }
+                        model.retain(|_, b| !b.is_empty());
+                        prop_assert_eq!(out, want);
+                    }
+                    Op::Clear(m) => {
+                        let out = s.clear_member(member(m));
+                        let want = model.remove(&member(m)).map_or(0, |b| b.len() as u32);
+                        prop_assert_eq!(out.applied, want);
+                    }
+                    Op::RemoveWorker(w) => {
+                        let out = s.remove_worker(w);
+                        let mut want = 0;
+                        model.retain(|m, b| {
+                            if m.worker_id == w {
+                                want += b.len() as u32;
+                                false
+                            } else {
+                                true
+                            }
+                        });
+                        prop_assert_eq!(out.applied, want);
+                    }
+                }
+                check(&s, &model)?;
+            }
+            Ok(())
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(512))]
+
+            #[test]
+            fn state_matches_an_exact_model_at_the_member_limit(
+                bucket_count in prop::sample::select(vec![2u64, 4, 6, 1024]),
+                ops in prop::collection::vec(op(), 1..120),
+            ) {
+                run(bucket_count, ops)?;
+            }
+        }
+    }
 }

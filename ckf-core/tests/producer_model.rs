@@ -1,7 +1,7 @@
 //! `DcCkfState` against an exact model (design source, "Correctness checks").
 //!
 //! Random store / remove / clear / remove-worker / publish sequences over 6 members (3 workers x
-//! 2 ranks, so some blocks have more than the three inline owners) and 64 block hashes, on 8-32 bucket tables with 0-500 kicks, so collisions, kicks and
+//! 2 ranks, so some blocks have more than the three inline owners) and 64 block hashes, on 2-32 bucket tables (powers of two and not) with 0-500 kicks, so collisions, kicks and
 //! capacity omissions all happen. Sixteen of the hashes come in pairs that share fingerprint and
 //! bucket pair (found by brute force), so representation multiplicity is exercised.
 //!
@@ -12,7 +12,7 @@
 //! the table bytes and the dirty set untouched and happened only with both buckets full.
 //! Publishing applies each batch to a consumer copy, which must converge to the producer table.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 
 use ckf_core::addressing::fmix64;
 use ckf_core::bucket;
@@ -25,25 +25,36 @@ const HASHES: usize = 64;
 const SHARED_PAIRS: usize = 8;
 const MEMBERS: usize = 6;
 
+/// Inverse of `fmix64` (each xor-shift by 33 is its own inverse, each odd multiplier has an
+/// inverse mod 2^64), so a test can pick the mixed word and get the block hash that gives it.
+fn unfmix64(mut k: u64) -> u64 {
+    let inv = |c: u64| {
+        let mut x = c;
+        for _ in 0..6 {
+            x = x.wrapping_mul(2u64.wrapping_sub(c.wrapping_mul(x)));
+        }
+        x
+    };
+    k ^= k >> 33;
+    k = k.wrapping_mul(inv(0xc4ce_b9fe_1a85_ec53));
+    k ^= k >> 33;
+    k = k.wrapping_mul(inv(0xff51_afd7_ed55_8ccd));
+    k ^= k >> 33;
+    k
+}
+
 /// 64 block hashes; the first `2 * SHARED_PAIRS` are pairs with equal (fingerprint, bucket pair)
-/// in a 32-bucket table, hence also in 16- and 8-bucket tables (bucket A is the hash's low bits
-/// and the alternate depends only on (bucket, fingerprint)).
+/// in a table of *any* bucket count: the two mixed words of a pair share the fingerprint bits
+/// (48..63) and the bucket bits (0..31), and differ only in bits 32..47, which format v2 never
+/// reads (built through the inverse of `fmix64`).
 fn universe() -> Vec<u64> {
-    let a = Addressing::new(&TableFormat::new(32, SEED).unwrap()).unwrap();
-    let mut seen: HashMap<(u16, u32), u64> = HashMap::new();
     let mut hashes = Vec::new();
-    let mut i = 0u64;
-    while hashes.len() < 2 * SHARED_PAIRS {
-        i += 1;
-        let h = fmix64(i.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-        let loc = a.locate(h);
-        match seen.insert((loc.fingerprint, loc.bucket_a), h) {
-            Some(prev) if prev != h => {
-                hashes.push(prev);
-                hashes.push(h);
-                seen.remove(&(loc.fingerprint, loc.bucket_a));
-            }
-            _ => {}
+    for i in 0..SHARED_PAIRS as u64 {
+        let mixed = fmix64(i ^ 0x9A1B);
+        let fp = (mixed >> 48).max(1) << 48;
+        let low = mixed & 0xFFFF_FFFF;
+        for mid in [0x1111u64, 0x2222] {
+            hashes.push(unfmix64(fp | mid << 32 | low) ^ SEED);
         }
     }
     for j in 0..(HASHES - 2 * SHARED_PAIRS) as u64 {
@@ -51,6 +62,11 @@ fn universe() -> Vec<u64> {
     }
     hashes
 }
+
+/// Table sizes of the model: powers of two and format v2's other even counts, from the 2-bucket
+/// minimum up (`cuckoo-cases.md` cases 2, 3, 5, 7 on tables where the alternate is a modular
+/// subtraction that wraps, not an XOR).
+const BUCKET_COUNTS: [u64; 10] = [2, 4, 6, 8, 10, 12, 14, 16, 22, 32];
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -254,7 +270,7 @@ proptest! {
 
     #[test]
     fn state_matches_exact_model(
-        bucket_count in prop::sample::select(vec![8u64, 16, 32]),
+        bucket_count in prop::sample::select(BUCKET_COUNTS.to_vec()),
         max_kicks in prop::sample::select(vec![0u32, 1, 5, 50, 500]),
         ops in prop::collection::vec(op(), 1..160),
     ) {
@@ -267,7 +283,8 @@ fn universe_has_shared_representations() {
     let hashes = universe();
     assert_eq!(hashes.len(), HASHES);
     assert_eq!(hashes.iter().collect::<BTreeSet<_>>().len(), HASHES);
-    for bucket_count in [8u64, 16, 32] {
+    let large = [1_000_002, (1 << 31) - 2, ckf_core::addressing::MAX_BUCKETS];
+    for bucket_count in BUCKET_COUNTS.into_iter().chain(large) {
         let a = Addressing::new(&TableFormat::new(bucket_count, SEED).unwrap()).unwrap();
         for pair in hashes[..2 * SHARED_PAIRS].chunks(2) {
             assert_eq!(a.locate(pair[0]), a.locate(pair[1]));

@@ -837,4 +837,89 @@ mod tests {
         }
         assert_eq!(map.stash_len(), 0);
     }
+
+    /// Inverse of `fmix64`: the key whose probe is `mixed`.
+    fn key_with_probe(mixed: u64) -> u64 {
+        let inv = |c: u64| {
+            let mut x = c;
+            for _ in 0..6 {
+                x = x.wrapping_mul(2u64.wrapping_sub(c.wrapping_mul(x)));
+            }
+            x
+        };
+        let mut k = mixed;
+        k ^= k >> 33;
+        k = k.wrapping_mul(inv(0xc4ce_b9fe_1a85_ec53));
+        k ^= k >> 33;
+        k = k.wrapping_mul(inv(0xff51_afd7_ed55_8ccd));
+        k ^= k >> 33;
+        k ^ MAP_SEED
+    }
+
+    /// Crafted keys whose probe has small high *and* low halves, so both candidate lines are
+    /// line 0 at every table size up to ~2^26 lines (the multiply-shift index collides at
+    /// every size), mixed with ordinary keys and with 0 / `u64::MAX`; five owners on some
+    /// (spill), releases in every order, the real shrink threshold (1,024 slots), shrink then
+    /// regrowth. Every answer stays exact and memory stays proportional to the entries.
+    #[test]
+    fn keys_colliding_at_every_size_stay_exact_through_shrink_and_regrowth() {
+        let crafted: Vec<u64> = (0..40u64)
+            .flat_map(|hi| (0..40u64).map(move |lo| key_with_probe(hi << 32 | lo)))
+            .collect();
+        for &k in &crafted[..5] {
+            assert_eq!(Probe::of(k).lines(1 << 20), (0, 0));
+        }
+        let mut keys = crafted.clone();
+        keys.extend((0..6000u64).map(|i| fmix64(i ^ 0x77)));
+        keys.extend([0, u64::MAX]);
+        let mut map = BlockMap::default();
+        let mut model = Model::new();
+        for round in 0..3u64 {
+            for (i, &k) in keys.iter().enumerate() {
+                let owners = 1 + (i as u64 ^ round) % 5;
+                for t in 1..=owners as Tag {
+                    let fresh = !model.get(&k).is_some_and(|v| v.contains(&t));
+                    assert_eq!(acquire(&mut map, k, t), fresh);
+                    if fresh {
+                        model.entry(k).or_default().push(t);
+                    }
+                }
+            }
+            assert_equal(&map, &model);
+            let peak_slots = map.slot_capacity();
+            assert!(
+                map.bytes_used() < 200 * keys.len() + 40 * map.len(),
+                "{} bytes for {} keys",
+                map.bytes_used(),
+                map.len()
+            );
+            // Release 97% of the keys, owners in a key-dependent order.
+            for (i, &k) in keys.iter().enumerate() {
+                if i % 33 == 0 {
+                    continue;
+                }
+                let mut tags = model.remove(&k).unwrap_or_default();
+                let turn = i % tags.len().max(1);
+                tags.rotate_left(turn);
+                if i % 2 == 1 {
+                    tags.reverse();
+                }
+                let last = tags.len().saturating_sub(1);
+                for (j, t) in tags.into_iter().enumerate() {
+                    assert_eq!(release(&mut map, k, t), Some(j == last), "{k:#x} {t}");
+                }
+                if i % 97 == 0 {
+                    map.shrink(1024);
+                    map.check();
+                }
+            }
+            map.shrink(1024);
+            assert_equal(&map, &model);
+            assert!(
+                map.slot_capacity() < peak_slots / 4,
+                "{} slots after shrink (peak {peak_slots})",
+                map.slot_capacity()
+            );
+        }
+    }
 }
