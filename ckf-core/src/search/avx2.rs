@@ -444,81 +444,18 @@ mod tests {
         }
     }
 
-    /// Inverse of `fmix64` (each xor-shift by 33 undoes itself; odd multipliers invert mod
-    /// 2^64): block hashes whose mixed word is chosen, so the edge buckets are hit on purpose.
-    fn unfmix64(mut k: u64) -> u64 {
-        let inv = |c: u64| {
-            let mut x = c;
-            for _ in 0..6 {
-                x = x.wrapping_mul(2u64.wrapping_sub(c.wrapping_mul(x)));
-            }
-            x
-        };
-        k ^= k >> crate::addressing::FMIX_SHIFT;
-        k = k.wrapping_mul(inv(crate::addressing::FMIX_C2));
-        k ^= k >> crate::addressing::FMIX_SHIFT;
-        k = k.wrapping_mul(inv(crate::addressing::FMIX_C1));
-        k ^ (k >> crate::addressing::FMIX_SHIFT)
-    }
-
-    /// Bucket counts where a 32-bit multiply or a signed compare would go wrong first: the
-    /// format's limit, counts just below / above powers of two, and the smallest ones.
-    const EDGE_COUNTS: [u64; 10] = [
-        crate::addressing::MAX_BUCKETS,
-        (1 << 32) - 4,
-        (1 << 31) + 2,
-        1 << 31,
-        (1 << 31) - 2,
-        (1 << 16) + 2,
-        (1 << 16) - 2,
-        6,
-        4,
-        2,
-    ];
-
-    /// Every fingerprint (raw 0 included) with the bucket bits at 0, 1, the middle and the top
-    /// (`bucket_a` = 0 and `n - 1`), so offsets and alternates reach both ends of the table.
-    fn edge_hashes(seed: u64) -> Vec<u64> {
-        let mut v = Vec::new();
-        for fp in 0..=u64::from(u16::MAX) {
-            for low in [0u64, 1, 0x8000_0000, 0xFFFF_FFFE, 0xFFFF_FFFF] {
-                v.push(unfmix64(fp << 48 | 0x5A5A << 32 | low) ^ seed);
-            }
-        }
-        v
-    }
-
     /// The vector locate against the scalar rule at the bucket counts and hash bits where the
-    /// two could first disagree (see `EDGE_COUNTS`, `edge_hashes`).
+    /// two could first disagree (`search::locate_check::check_edges`).
     #[test]
     fn locate4_matches_addressing_at_the_edges() {
         if !(std::arch::is_x86_feature_detected!("avx2")) {
             return;
         }
-        for (i, &buckets) in EDGE_COUNTS.iter().enumerate() {
-            let seed = 0x5EED ^ buckets;
-            let lanes = [1u64, 16, 7][i % 3];
-            let addressing = Addressing::new(&TableFormat::new(buckets, seed).unwrap()).unwrap();
-            let all = edge_hashes(seed);
+        crate::search::locate_check::check_edges(|hashes, seed, buckets, lanes| {
             let mut out = Chunk::EMPTY;
-            let (mut top, mut bottom) = (false, false);
-            for hashes in all.chunks_exact(8) {
-                // SAFETY: features checked above.
-                unsafe { locate_chunk(hashes, 0, seed, buckets, lanes, &mut out) };
-                for (j, &h) in hashes.iter().enumerate() {
-                    let loc = addressing.locate(h);
-                    let (lo, hi) = (
-                        loc.bucket_a.min(loc.bucket_b),
-                        loc.bucket_a.max(loc.bucket_b),
-                    );
-                    assert_eq!(out.fp[j], u64::from(loc.fingerprint), "n={buckets} {h:#x}");
-                    assert_eq!(out.lo[j], u64::from(lo) * lanes, "n={buckets} {h:#x}");
-                    assert_eq!(out.hi[j], u64::from(hi) * lanes, "n={buckets} {h:#x}");
-                    top |= u64::from(hi) == buckets - 1;
-                    bottom |= lo == 0;
-                }
-            }
-            assert!(top && bottom, "n={buckets}: edges not reached");
-        }
+            // SAFETY: AVX2 checked above.
+            unsafe { locate_chunk(hashes, 0, seed, buckets, lanes, &mut out) };
+            (out.fp, out.lo, out.hi)
+        });
     }
 }
