@@ -10,6 +10,8 @@
 //! activate(ix, lane, incarnation, sequence, words) -> lease + whole snapshot -> Activated
 //! install_snapshot(ix, publisher, state, chunk_bytes) -> lease + chunked barrier -> Activated
 //! kernel_runs(kernel) -> queries this thread ran with that search kernel
+//! fingerprint_copies(word, fp) -> slots of a bucket word holding fp
+//! assert_projection_exact(state, tracked) -> the producer table holds exactly the tracked blocks
 //! without_kernels(&[kernels], f) -> f() with those kernels reported unavailable (this thread)
 //! ```
 //! The helpers panic (with the outcome) when the consumer does not answer as a healthy lane
@@ -229,4 +231,46 @@ pub fn kernel_runs(kernel: crate::search::SearchKernel) -> u64 {
 /// tested on any machine. Restored afterwards, also when `f` panics.
 pub fn without_kernels<R>(kernels: &[crate::search::SearchKernel], f: impl FnOnce() -> R) -> R {
     crate::search::test_hooks::with_hidden(kernels, f)
+}
+
+/// Slots of the bucket `word` holding fingerprint `fp` (0..=4).
+pub fn fingerprint_copies(word: u64, fp: u16) -> usize {
+    crate::bucket::slots(word)
+        .iter()
+        .filter(|&&s| s == fp)
+        .count()
+}
+
+/// Panics unless `state`'s table is the exact projection of `tracked`: every tracked block is
+/// found, each distinct `(fingerprint, bucket pair)` has at least as many physical copies in its
+/// pair as tracked blocks share it (case 6), each stored pair is two distinct in-range buckets
+/// (cases 2 and 7), and the table holds no other fingerprint (resident count == tracked).
+pub fn assert_projection_exact(state: &DcCkfState, tracked: &std::collections::BTreeSet<u64>) {
+    let a = *state.addressing();
+    let mut groups: std::collections::BTreeMap<(u16, u32, u32), usize> = Default::default();
+    for &h in tracked {
+        let l = a.locate(h);
+        assert!(state.may_contain(h), "tracked block {h:#x} not found");
+        let k = (
+            l.fingerprint,
+            l.bucket_a.min(l.bucket_b),
+            l.bucket_a.max(l.bucket_b),
+        );
+        *groups.entry(k).or_default() += 1;
+    }
+    let b = state.buckets();
+    for (&(fp, x, y), &n) in &groups {
+        assert!(
+            x < y && (y as usize) < b.len(),
+            "pair ({x}, {y}) of {}",
+            b.len()
+        );
+        let have = fingerprint_copies(b[x as usize], fp) + fingerprint_copies(b[y as usize], fp);
+        assert!(
+            have >= n,
+            "{n} blocks share fp {fp:#x} in ({x}, {y}), {have} copies"
+        );
+    }
+    assert_eq!(state.count_resident(), tracked.len() as u64);
+    assert_eq!(state.stats().resident_fingerprints, tracked.len() as u64);
 }

@@ -3,19 +3,25 @@
 //! The 1,048,576-block false-positive check of case 1 and the 500,000-session kick-cycle check
 //! live in `producer_kicks.rs`.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 
 use ckf_core::addressing::{FormatError, fmix64};
 use ckf_core::bucket;
 use ckf_core::dc::{DcCkfConfig, DcCkfError, DcCkfState, KvEvent, KvEventKind, MemberId};
 use ckf_core::frames::BucketImage;
 use ckf_core::publication::DcCkfPublisher;
+use ckf_core::testing::{assert_projection_exact, fingerprint_copies};
 use ckf_core::{
     Addressing, LaneLease, Location, PoolId, ProducerIdentity, ProducerIncarnation, TableFormat,
 };
 
 const M0: MemberId = MemberId::new(1, 0);
 const M1: MemberId = MemberId::new(2, 3);
+
+fn copies_in_pair(buckets: &[u64], loc: Location) -> usize {
+    fingerprint_copies(buckets[loc.bucket_a as usize], loc.fingerprint)
+        + fingerprint_copies(buckets[loc.bucket_b as usize], loc.fingerprint)
+}
 
 fn key(i: u64, salt: u64) -> u64 {
     fmix64(i.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ salt)
@@ -24,37 +30,6 @@ fn key(i: u64, salt: u64) -> u64 {
 fn state(bucket_count: u64, max_kicks: u32) -> DcCkfState {
     let format = TableFormat::new(bucket_count, 42).unwrap();
     DcCkfState::new(DcCkfConfig { format, max_kicks }).unwrap()
-}
-
-fn copies(word: u64, fp: u16) -> usize {
-    bucket::slots(word).iter().filter(|&&s| s == fp).count()
-}
-
-fn copies_in_pair(buckets: &[u64], loc: Location) -> usize {
-    copies(buckets[loc.bucket_a as usize], loc.fingerprint)
-        + copies(buckets[loc.bucket_b as usize], loc.fingerprint)
-}
-
-/// Every tracked hash has its own physical copy in its bucket pair, and nothing else is
-/// resident.
-fn assert_projection_exact(state: &DcCkfState, tracked: &BTreeSet<u64>) {
-    let a = *state.addressing();
-    let mut groups: BTreeMap<(u16, u32, u32), usize> = BTreeMap::new();
-    for &h in tracked {
-        let l = a.locate(h);
-        assert!(state.may_contain(h), "tracked block {h:#x} not found");
-        let k = (
-            l.fingerprint,
-            l.bucket_a.min(l.bucket_b),
-            l.bucket_a.max(l.bucket_b),
-        );
-        *groups.entry(k).or_default() += 1;
-    }
-    let b = state.buckets();
-    for (&(fp, x, y), &n) in &groups {
-        assert!(copies(b[x as usize], fp) + copies(b[y as usize], fp) >= n);
-    }
-    assert_eq!(state.count_resident(), tracked.len() as u64);
 }
 
 /// Case 1, whole kind: fingerprint and bucket index must not be drawn from correlated bits, for

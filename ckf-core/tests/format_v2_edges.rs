@@ -3,13 +3,14 @@
 //! a modular subtraction that wraps, not an XOR), and sizing right at the `MAX_BUCKETS`
 //! boundary.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 
 use ckf_core::addressing::{
     self, Addressing, FormatError, MAX_BUCKETS, SizingError, TableFormat, TableSizing, fmix64,
 };
 use ckf_core::bucket;
 use ckf_core::dc::{DcCkfConfig, DcCkfState, MemberId};
+use ckf_core::testing::{assert_projection_exact, fingerprint_copies};
 
 const M0: MemberId = MemberId::new(1, 0);
 const M1: MemberId = MemberId::new(2, 1);
@@ -25,34 +26,6 @@ fn key(i: u64, salt: u64) -> u64 {
 fn state(bucket_count: u64, max_kicks: u32) -> DcCkfState {
     let format = TableFormat::new(bucket_count, 0xE1).unwrap();
     DcCkfState::new(DcCkfConfig { format, max_kicks }).unwrap()
-}
-
-fn copies(word: u64, fp: u16) -> usize {
-    bucket::slots(word).iter().filter(|&&s| s == fp).count()
-}
-
-/// Every tracked hash has its own physical copy in its bucket pair, nothing else is resident.
-fn assert_exact(s: &DcCkfState, tracked: &BTreeSet<u64>) {
-    let a = *s.addressing();
-    let mut groups: HashMap<(u16, u32, u32), usize> = HashMap::new();
-    for &h in tracked {
-        let l = a.locate(h);
-        assert!(s.may_contain(h), "tracked {h:#x} not found");
-        let k = (
-            l.fingerprint,
-            l.bucket_a.min(l.bucket_b),
-            l.bucket_a.max(l.bucket_b),
-        );
-        *groups.entry(k).or_default() += 1;
-    }
-    let b = s.buckets();
-    for (&(fp, x, y), &n) in &groups {
-        assert!(copies(b[x as usize], fp) + copies(b[y as usize], fp) >= n);
-        // Case 2/7 on the stored pair: in range and distinct.
-        assert!(x < y && u64::from(y) < b.len() as u64);
-    }
-    assert_eq!(s.count_resident(), tracked.len() as u64);
-    assert_eq!(s.stats().resident_fingerprints, tracked.len() as u64);
 }
 
 /// Cases 3 and 5 on every small table: fill until the first omission with each kick bound;
@@ -86,7 +59,7 @@ fn kicks_and_omissions_on_non_power_of_two_tables() {
                     assert_eq!(out.applied, 1);
                     tracked.insert(h);
                 }
-                assert_exact(&s, &tracked);
+                assert_projection_exact(&s, &tracked);
             }
             if max_kicks >= 7 && n >= 6 {
                 assert!(s.stats().kicks_total > 0, "n={n}: no kicks");
@@ -110,7 +83,7 @@ fn kicks_and_omissions_on_non_power_of_two_tables() {
                         break;
                     }
                 }
-                assert_exact(&s, &tracked);
+                assert_projection_exact(&s, &tracked);
             }
             // Clearing both members empties the table.
             s.clear_member(M0);
@@ -205,8 +178,12 @@ fn relocation_order_holds_below_a_power_of_two() {
                     for &h in &stable {
                         let l = a.locate(h);
                         if l.bucket_a == image.bucket || l.bucket_b == image.bucket {
-                            let have = copies(consumer[l.bucket_a as usize], l.fingerprint)
-                                + copies(consumer[l.bucket_b as usize], l.fingerprint);
+                            let have =
+                                fingerprint_copies(consumer[l.bucket_a as usize], l.fingerprint)
+                                    + fingerprint_copies(
+                                        consumer[l.bucket_b as usize],
+                                        l.fingerprint,
+                                    );
                             assert!(have > 0, "n={n} round {round}: transient miss");
                         }
                     }
