@@ -10,6 +10,8 @@
 //! activate(ix, lane, incarnation, sequence, words) -> lease + whole snapshot -> Activated
 //! install_snapshot(ix, publisher, state, chunk_bytes) -> lease + chunked barrier -> Activated
 //! kernel_runs(kernel) -> queries this thread ran with that search kernel
+//! block_key(i, salt) -> a well-mixed test block hash
+//! producer_state(buckets, seed, max_kicks) -> an empty DcCkfState of that format
 //! fingerprint_copies(word, fp) -> slots of a bucket word holding fp
 //! assert_projection_exact(state, tracked) -> the producer table holds exactly the tracked blocks
 //! without_kernels(&[kernels], f) -> f() with those kernels reported unavailable (this thread)
@@ -273,4 +275,20 @@ pub fn assert_projection_exact(state: &DcCkfState, tracked: &std::collections::B
     }
     assert_eq!(state.count_resident(), tracked.len() as u64);
     assert_eq!(state.stats().resident_fingerprints, tracked.len() as u64);
+}
+
+/// A well-mixed test block hash: `fmix64(i * 0x9E37_79B9_7F4A_7C15 ^ salt)`, distinct for
+/// distinct `i` under one `salt` (both steps are bijections).
+pub fn block_key(i: u64, salt: u64) -> u64 {
+    crate::addressing::fmix64(i.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ salt)
+}
+
+/// An empty producer state of `bucket_count` buckets, addressing seed `seed` and kick bound
+/// `max_kicks`.
+///
+/// # Panics
+/// On an invalid bucket count or kick bound (a test setup error).
+pub fn producer_state(bucket_count: u64, seed: u64, max_kicks: u32) -> DcCkfState {
+    let format = TableFormat::new(bucket_count, seed).expect("test bucket count");
+    DcCkfState::new(crate::dc::DcCkfConfig { format, max_kicks }).expect("test config")
 }

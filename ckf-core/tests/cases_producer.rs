@@ -10,7 +10,9 @@ use ckf_core::bucket;
 use ckf_core::dc::{DcCkfConfig, DcCkfError, DcCkfState, KvEvent, KvEventKind, MemberId};
 use ckf_core::frames::BucketImage;
 use ckf_core::publication::DcCkfPublisher;
-use ckf_core::testing::{assert_projection_exact, fingerprint_copies};
+use ckf_core::testing::{
+    assert_projection_exact, block_key as key, fingerprint_copies, producer_state,
+};
 use ckf_core::{
     Addressing, LaneLease, Location, PoolId, ProducerIdentity, ProducerIncarnation, TableFormat,
 };
@@ -23,13 +25,8 @@ fn copies_in_pair(buckets: &[u64], loc: Location) -> usize {
         + fingerprint_copies(buckets[loc.bucket_b as usize], loc.fingerprint)
 }
 
-fn key(i: u64, salt: u64) -> u64 {
-    fmix64(i.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ salt)
-}
-
 fn state(bucket_count: u64, max_kicks: u32) -> DcCkfState {
-    let format = TableFormat::new(bucket_count, 42).unwrap();
-    DcCkfState::new(DcCkfConfig { format, max_kicks }).unwrap()
+    producer_state(bucket_count, 42, max_kicks)
 }
 
 /// Case 1, whole kind: fingerprint and bucket index must not be drawn from correlated bits, for

@@ -10,7 +10,9 @@ use ckf_core::addressing::{
 };
 use ckf_core::bucket;
 use ckf_core::dc::{DcCkfConfig, DcCkfState, MemberId};
-use ckf_core::testing::{assert_projection_exact, fingerprint_copies};
+use ckf_core::testing::{
+    assert_projection_exact, block_key as key, fingerprint_copies, producer_state,
+};
 
 const M0: MemberId = MemberId::new(1, 0);
 const M1: MemberId = MemberId::new(2, 1);
@@ -19,13 +21,8 @@ const M1: MemberId = MemberId::new(2, 1);
 /// just below and just above a power of two.
 const SMALL: [u64; 12] = [2, 4, 6, 10, 12, 14, 18, 22, 30, 34, 62, 66];
 
-fn key(i: u64, salt: u64) -> u64 {
-    fmix64(i.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ salt)
-}
-
 fn state(bucket_count: u64, max_kicks: u32) -> DcCkfState {
-    let format = TableFormat::new(bucket_count, 0xE1).unwrap();
-    DcCkfState::new(DcCkfConfig { format, max_kicks }).unwrap()
+    producer_state(bucket_count, 0xE1, max_kicks)
 }
 
 /// Cases 3 and 5 on every small table: fill until the first omission with each kick bound;
