@@ -12,6 +12,7 @@
 //! kernel_runs(kernel) -> queries this thread ran with that search kernel
 //! block_key(i, salt) -> a well-mixed test block hash
 //! producer_state(buckets, seed, max_kicks) -> an empty DcCkfState of that format
+//! assert_alternate_involution(addressing, buckets) -> case 2/7 for every fingerprint at those buckets
 //! fingerprint_copies(word, fp) -> slots of a bucket word holding fp
 //! assert_projection_exact(state, tracked) -> the producer table holds exactly the tracked blocks
 //! without_kernels(&[kernels], f) -> f() with those kernels reported unavailable (this thread)
@@ -291,4 +292,24 @@ pub fn block_key(i: u64, salt: u64) -> u64 {
 pub fn producer_state(bucket_count: u64, seed: u64, max_kicks: u32) -> DcCkfState {
     let format = TableFormat::new(bucket_count, seed).expect("test bucket count");
     DcCkfState::new(crate::dc::DcCkfConfig { format, max_kicks }).expect("test config")
+}
+
+/// Cases 2 and 7 for every fingerprint at each of `buckets`: the alternate is below the bucket
+/// count, differs from the bucket, and the alternate of the alternate is the bucket.
+///
+/// # Panics
+/// On the first bucket and fingerprint that break one of the three, naming them.
+pub fn assert_alternate_involution(
+    addressing: &crate::addressing::Addressing,
+    buckets: impl IntoIterator<Item = u32> + Clone,
+) {
+    let n = addressing.bucket_count();
+    for fp in 1..=u16::MAX {
+        for b in buckets.clone() {
+            let alt = addressing.alternate(b, fp);
+            assert!(u64::from(alt) < n, "n={n} fp={fp} bucket {b} -> {alt}");
+            assert_ne!(alt, b, "n={n} fp={fp} bucket {b}: its own alternate");
+            assert_eq!(addressing.alternate(alt, fp), b, "n={n} fp={fp} bucket {b}");
+        }
+    }
 }
