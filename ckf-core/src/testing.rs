@@ -13,6 +13,7 @@
 //! block_key(i, salt) -> a well-mixed test block hash
 //! producer_state(buckets, seed, max_kicks) -> an empty DcCkfState of that format
 //! assert_alternate_involution(addressing, buckets) -> case 2/7 for every fingerprint at those buckets
+//! store_until(state, member, count, salt, next) -> store fresh block_keys until count accepted
 //! fingerprint_copies(word, fp) -> slots of a bucket word holding fp
 //! assert_projection_exact(state, tracked) -> the producer table holds exactly the tracked blocks
 //! without_kernels(&[kernels], f) -> f() with those kernels reported unavailable (this thread)
@@ -312,4 +313,26 @@ pub fn assert_alternate_involution(
             assert_eq!(addressing.alternate(alt, fp), b, "n={n} fp={fp} bucket {b}");
         }
     }
+}
+
+/// Stores fresh blocks `block_key(i, salt)` for `member`, one per event, with
+/// `i = *next + 1, *next + 2, ...`, until `count` were accepted (a capacity omission is skipped);
+/// returns the accepted ones in order and leaves `*next` at the last `i` used, so a test can go
+/// on drawing fresh keys.
+pub fn store_until(
+    state: &mut DcCkfState,
+    member: crate::dc::MemberId,
+    count: usize,
+    salt: u64,
+    next: &mut u64,
+) -> Vec<u64> {
+    let mut stored = Vec::with_capacity(count);
+    while stored.len() < count {
+        *next += 1;
+        let h = block_key(*next, salt);
+        if state.store(member, &[h]).applied == 1 {
+            stored.push(h);
+        }
+    }
+    stored
 }

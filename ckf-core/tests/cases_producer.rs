@@ -12,7 +12,7 @@ use ckf_core::frames::BucketImage;
 use ckf_core::publication::DcCkfPublisher;
 use ckf_core::testing::{
     assert_alternate_involution, assert_projection_exact, block_key as key, fingerprint_copies,
-    producer_state,
+    producer_state, store_until,
 };
 use ckf_core::{
     Addressing, LaneLease, Location, PoolId, ProducerIdentity, ProducerIncarnation, TableFormat,
@@ -412,14 +412,7 @@ fn case_12_relocations_reach_their_target_first() {
     let slots = 4096 * 4;
     let target = slots * 93 / 100;
     let mut next = 0u64;
-    let mut tracked: Vec<u64> = Vec::new();
-    while tracked.len() < target {
-        next += 1;
-        let h = key(next, 12);
-        if s.store(M0, &[h]).applied == 1 {
-            tracked.push(h);
-        }
-    }
+    let mut tracked = store_until(&mut s, M0, target, 12, &mut next);
     s.take_batch();
     let mut consumer = s.buckets().to_vec();
     let mut rng = 0x1234_5678u64;

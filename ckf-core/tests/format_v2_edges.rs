@@ -12,7 +12,7 @@ use ckf_core::bucket;
 use ckf_core::dc::{DcCkfConfig, DcCkfState, MemberId};
 use ckf_core::testing::{
     assert_alternate_involution, assert_projection_exact, block_key as key, fingerprint_copies,
-    producer_state,
+    producer_state, store_until,
 };
 
 const M0: MemberId = MemberId::new(1, 0);
@@ -127,14 +127,7 @@ fn relocation_order_holds_below_a_power_of_two() {
         let a = *s.addressing();
         let target = (n * 4 * 93 / 100) as usize;
         let mut next = 0u64;
-        let mut tracked: Vec<u64> = Vec::new();
-        while tracked.len() < target {
-            next += 1;
-            let h = key(next, 12);
-            if s.store(M0, &[h]).applied == 1 {
-                tracked.push(h);
-            }
-        }
+        let mut tracked = store_until(&mut s, M0, target, 12, &mut next);
         s.take_batch();
         let mut consumer = s.buckets().to_vec();
         let mut kicked = 0;
