@@ -8,7 +8,7 @@
 //! `-- kernels` for the search-kernel comparison alone: portable, AVX2 and AVX-512 on the same
 //! tables and queries, with ratios to AVX-512 measured in the same run; `-- cold` for tails
 //! with a flushed LLC on 256 MiB and 1 GiB tables (Mooncake and short queries, flushed against
-//! warm in the same run); `-- memory` for the
+//! warm in the same run; add `kernel avx2` or `kernel portable` to force a kernel); `-- memory` for the
 //! memory figures alone: bits per tracked block, and table sizing for any expected size against
 //! the power-of-two sizing of format v1; `-- profile LANES LEN [BUCKETS] [kernel NAME]` for a
 //! tight loop).
@@ -561,11 +561,14 @@ fn flush_query_rows(_ix: &GlobalCkfIndexer, _q: &[u64]) {
 /// table as the previous queries left the caches: the usual big-table figure) and **flushed**
 /// (every row the query can touch evicted from every cache level just before it is timed). The
 /// ratio flushed / warm is from the same run.
-fn run_cold(trace: &[Vec<u64>], samples: usize, scale: f64) {
+fn run_cold(trace: &[Vec<u64>], samples: usize, scale: f64, kernel: Option<SearchKernel>) {
     const ROUNDS: usize = 20;
     let short: Vec<Vec<u64>> = trace.iter().map(|q| q[..q.len().min(4)].to_vec()).collect();
     for (name, bytes) in [("256 MiB", 256u64 << 20), ("1 GiB", 1u64 << 30)] {
         let (ix, _, _, _) = trace_indexer_sized(trace, bytes / 8 / 16);
+        if let Some(kernel) = kernel {
+            ix.set_search_kernel(kernel).unwrap();
+        }
         for (kind, queries) in [("mooncake", trace), ("mooncake first 4", &short[..])] {
             let mut warm = Vec::with_capacity(samples);
             let mut cold = Vec::with_capacity(samples);
@@ -777,6 +780,16 @@ fn sizing_figure() {
     }
 }
 
+/// `kernel NAME` on the command line (`portable`, `avx2`, `avx512`, `neon`): the kernel to force.
+fn kernel_arg(args: &[String]) -> Option<SearchKernel> {
+    let k = args.iter().position(|a| a == "kernel")?;
+    Some(
+        args[k + 1]
+            .parse()
+            .expect("kernel NAME: portable, avx2, avx512 or neon"),
+    )
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "quick");
@@ -798,8 +811,7 @@ fn main() {
         let len: usize = args[i + 2].parse().unwrap();
         let buckets: u64 = args.get(i + 3).map_or(16 << 10, |b| b.parse().unwrap());
         let ix = build_indexer(buckets, lanes);
-        if let Some(k) = args.iter().position(|a| a == "kernel") {
-            let kernel: SearchKernel = args[k + 1].parse().unwrap();
+        if let Some(kernel) = kernel_arg(&args) {
             ix.set_search_kernel(kernel).unwrap();
         }
         println!(
@@ -841,7 +853,7 @@ fn main() {
     }
     if args.iter().any(|a| a == "cold") {
         match load_trace(&trace_path) {
-            Some(trace) => run_cold(&trace, samples, scale),
+            Some(trace) => run_cold(&trace, samples, scale, kernel_arg(&args)),
             None => println!("trace {trace_path} not readable: cold figures skipped"),
         }
         return;

@@ -15,7 +15,8 @@
 //!    both bucket rows are compared against the fingerprint for every lane that still matches,
 //!    giving a per-row lane hit mask; lanes that miss get their depth fixed at this position.
 //! 3. The loop exits as soon as no lane still matches.
-//! 4. The rows of the position a few steps ahead are prefetched, so the cache misses of an
+//! 4. On large tables the rows of the position [`PREFETCH_POSITIONS`] steps ahead are prefetched
+//!    while each position is probed, so the cache misses of an
 //!    out-of-cache table overlap instead of being paid one after another.
 //!
 //! No heap allocation: [`PrefixMatches`] is a fixed-size value.
@@ -164,10 +165,19 @@ mod locate_check {
     }
 }
 
-/// How many positions ahead the rows are prefetched.
-const PREFETCH_AHEAD: usize = 4;
-/// Ring of located positions (a power of two > PREFETCH_AHEAD).
-const RING: usize = 8;
+/// How many positions ahead of the probe a large table's rows are prefetched, in every kernel
+/// (issue 12 part 8). A long query on a table far beyond the LLC is bound by how many cache
+/// misses the core keeps in flight (4 lines per position at 16 lanes), so the distance must
+/// cover a DRAM latency's worth of probes. 24 positions ahead, one position's rows per probe,
+/// cut the flushed-LLC p99 of Mooncake queries on 256 MiB / 1 GiB tables to ~0.75x the old
+/// scheme (a whole 8-position chunk's 32 lines prefetched at once, 8-16 positions ahead; the
+/// burst overflows the miss buffers), while 8 positions ahead was slower and 32 no better
+/// (ckf-core README, "Tails"). A multiple of the vector kernels' 8-position chunk.
+pub(crate) const PREFETCH_POSITIONS: usize = 24;
+const _: () = assert!(PREFETCH_POSITIONS.is_multiple_of(8) && PREFETCH_POSITIONS > 0);
+/// Ring of located positions (a power of two > PREFETCH_POSITIONS).
+const RING: usize = 32;
+const _: () = assert!(RING.is_power_of_two() && RING > PREFETCH_POSITIONS);
 
 /// The result of one prefix query: the lanes that were ready when the query captured the mask,
 /// and the prefix depth of each. A fixed-size stack value (no heap).
@@ -288,14 +298,14 @@ where
             bucket_b: 0,
         }; RING];
         let rows = table.rows();
-        for (i, &h) in hashes[..n.min(PREFETCH_AHEAD)].iter().enumerate() {
+        for (i, &h) in hashes[..n.min(PREFETCH_POSITIONS)].iter().enumerate() {
             let loc = addressing.locate(h);
             rows.prefetch(loc.bucket_a as usize);
             rows.prefetch(loc.bucket_b as usize);
             ring[i % RING] = loc;
         }
         while pos < n {
-            let ahead = pos + PREFETCH_AHEAD;
+            let ahead = pos + PREFETCH_POSITIONS;
             if ahead < n {
                 let loc = addressing.locate(hashes[ahead]);
                 rows.prefetch(loc.bucket_a as usize);

@@ -3,8 +3,9 @@
 //!
 //! * **Locate, 4 positions per vector, 8 per chunk.** The format-v2 addressing of
 //!   [`crate::addressing`] (`fmix64`, fingerprint, both candidate buckets) computed in 256-bit
-//!   registers, one chunk ahead of the chunk being probed, with the rows of the next chunks
-//!   prefetched on large tables (the loop of `search/avx512.rs`). AVX2 has no 64-bit multiply:
+//!   registers, chunks ahead of the one being probed, with the rows of the position
+//!   [`super::PREFETCH_POSITIONS`] ahead prefetched on large tables (the loop of
+//!   `search/avx512.rs`). AVX2 has no 64-bit multiply:
 //!   it is built from three 32x32->64 multiplies (`vpmuludq`). Bucket indices are below 2^32,
 //!   so the signed 64-bit compare orders them. `locate4_matches_addressing` checks the result
 //!   against [`crate::addressing::Addressing::locate`] bit for bit.
@@ -34,7 +35,7 @@ use std::arch::x86_64::{
     _mm256_sub_epi64, _mm256_xor_si256,
 };
 
-use super::PREFETCH_MIN_BYTES;
+use super::{PREFETCH_MIN_BYTES, PREFETCH_POSITIONS};
 use crate::addressing::{FINGERPRINT_SHIFT, FMIX_C1, FMIX_C2, FMIX_SHIFT, MAX_BUCKETS};
 use crate::bucket::{MAX_LANES, SLOT_BITS, SLOTS, TransposedTable};
 
@@ -345,23 +346,28 @@ unsafe fn search_with<const CHUNKS: usize, const MASKED_TAIL: bool>(
     if n == 0 || active == 0 {
         return depths;
     }
-    // Ring of located chunks, as in `search/avx512.rs`: chunk `k` lives in `ring[k % AHEAD]`,
-    // located (and on large tables its rows prefetched) AHEAD - 1 chunks before it is probed.
-    const AHEAD: usize = 3;
+    // Ring of located chunks and the prefetch schedule, as in `search/avx512.rs`: chunk `k`
+    // lives in `ring[k % AHEAD]`, located AHEAD - 1 chunks before it is probed; position `i`
+    // of chunk `k + SPREAD` has its rows prefetched while position `i` of chunk `k` is probed.
+    const SPREAD: usize = PREFETCH_POSITIONS / 8;
+    const AHEAD: usize = SPREAD + 1;
     let mut ring = [Chunk::EMPTY; AHEAD];
     let chunks = n.div_ceil(8);
     let stage = |k: usize, ring: &mut [Chunk; AHEAD]| {
         let slot = &mut ring[k % AHEAD];
         locate_chunk(hashes, k * 8, seed, buckets, lanes as u64, slot);
-        if prefetch {
+    };
+    for k in 0..chunks.min(AHEAD - 1) {
+        stage(k, &mut ring);
+    }
+    if prefetch {
+        for k in 0..chunks.min(SPREAD) {
+            let slot = &ring[k % AHEAD];
             for i in 0..(n - k * 8).min(8) {
                 rows.prefetch_offset(slot.lo[i] as usize);
                 rows.prefetch_offset(slot.hi[i] as usize);
             }
         }
-    };
-    for k in 0..chunks.min(AHEAD - 1) {
-        stage(k, &mut ring);
     }
     // A copy the `stage` closure does not borrow, so its fields stay in registers in the loop.
     let probe = rows;
@@ -371,7 +377,19 @@ unsafe fn search_with<const CHUNKS: usize, const MASKED_TAIL: bool>(
         }
         let cur = &ring[k % AHEAD];
         let start = k * 8;
+        // Positions of chunk `k + SPREAD` (located above) whose rows to prefetch: none past the
+        // query's end or on a cache-resident table.
+        let ahead = &ring[(k + SPREAD) % AHEAD];
+        let ahead_len = if prefetch && k + SPREAD < chunks {
+            (n - (k + SPREAD) * 8).min(8)
+        } else {
+            0
+        };
         for i in 0..(n - start).min(8) {
+            if i < ahead_len {
+                probe.prefetch_offset(ahead.lo[i] as usize);
+                probe.prefetch_offset(ahead.hi[i] as usize);
+            }
             // Offsets are `bucket * lanes` with `bucket < bucket_count`: inside the table.
             let lo = probe.at(cur.lo[i] as usize);
             let hi = probe.at(cur.hi[i] as usize);

@@ -2,8 +2,9 @@
 //!
 //! * **Locate, 8 positions at a time.** The format-v2 addressing of [`crate::addressing`]
 //!   (`fmix64`, fingerprint, both candidate buckets) is computed for 8 block hashes in 512-bit
-//!   registers, one chunk ahead of the chunk being probed, and the rows of the next chunk are
-//!   prefetched (large tables). `locate8_matches_addressing` checks it against
+//!   registers, [`super::PREFETCH_POSITIONS`] / 8 chunks ahead of the chunk being probed, and on
+//!   large tables the rows of the position that far ahead are prefetched while each position is
+//!   probed. `locate8_matches_addressing` checks it against
 //!   [`crate::addressing::Addressing::locate`] bit for bit.
 //! * **Row check.** A row of up to 16 lanes is read with (at most) two 512-bit loads per
 //!   bucket, compared slot-wise against the fingerprint into a 64-bit slot mask (4 bits per
@@ -31,7 +32,7 @@ use std::arch::x86_64::{
     _mm512_store_si512, _mm512_sub_epi64, _mm512_xor_si512, _pext_u64,
 };
 
-use super::PREFETCH_MIN_BYTES;
+use super::{PREFETCH_MIN_BYTES, PREFETCH_POSITIONS};
 use crate::addressing::{FINGERPRINT_SHIFT, FMIX_C1, FMIX_C2, FMIX_SHIFT, MAX_BUCKETS};
 use crate::bucket::{self, FIRST_SLOT_BITS, MAX_LANES, SLOT_BITS, TransposedTable};
 
@@ -270,24 +271,30 @@ unsafe fn search_with<const FULL16: bool>(
     if n == 0 || active == 0 {
         return depths;
     }
-    // Ring of located chunks: chunk `k` lives in `ring[k % AHEAD]`. Chunks are located (and,
-    // on large tables, their rows prefetched) AHEAD - 1 chunks before they are probed, so the
-    // cache misses of up to 16 positions overlap with the probes of the current chunk.
-    const AHEAD: usize = 3;
+    // Ring of located chunks: chunk `k` lives in `ring[k % AHEAD]`, located AHEAD - 1 chunks
+    // before it is probed. On large tables, while position `i` of chunk `k` is probed, the rows
+    // of position `i` of chunk `k + SPREAD` are prefetched: a steady PREFETCH_POSITIONS ahead,
+    // four lines per probe (the first SPREAD chunks' rows are prefetched before the loop). A
+    // whole chunk's 32 lines at once overflowed the core's miss buffers (`PREFETCH_POSITIONS`).
+    const SPREAD: usize = PREFETCH_POSITIONS / 8;
+    const AHEAD: usize = SPREAD + 1;
     let mut ring = [Chunk::EMPTY; AHEAD];
     let chunks = n.div_ceil(8);
     let stage = |k: usize, ring: &mut [Chunk; AHEAD]| {
         let slot = &mut ring[k % AHEAD];
         locate_chunk(hashes, k * 8, seed, buckets, lanes as u64, slot);
-        if prefetch {
+    };
+    for k in 0..chunks.min(AHEAD - 1) {
+        stage(k, &mut ring);
+    }
+    if prefetch {
+        for k in 0..chunks.min(SPREAD) {
+            let slot = &ring[k % AHEAD];
             for i in 0..(n - k * 8).min(8) {
                 rows.prefetch_offset(slot.lo[i] as usize);
                 rows.prefetch_offset(slot.hi[i] as usize);
             }
         }
-    };
-    for k in 0..chunks.min(AHEAD - 1) {
-        stage(k, &mut ring);
     }
     // A copy the `stage` closure does not borrow, so its fields stay in registers in the loop.
     let probe = rows;
@@ -297,7 +304,19 @@ unsafe fn search_with<const FULL16: bool>(
         }
         let cur = &ring[k % AHEAD];
         let start = k * 8;
+        // Positions of chunk `k + SPREAD` (located above) whose rows to prefetch: none past the
+        // query's end or on a cache-resident table.
+        let ahead = &ring[(k + SPREAD) % AHEAD];
+        let ahead_len = if prefetch && k + SPREAD < chunks {
+            (n - (k + SPREAD) * 8).min(8)
+        } else {
+            0
+        };
         for i in 0..(n - start).min(8) {
+            if i < ahead_len {
+                probe.prefetch_offset(ahead.lo[i] as usize);
+                probe.prefetch_offset(ahead.hi[i] as usize);
+            }
             // Offsets are `bucket * lanes` with `bucket < bucket_count`: inside the table.
             let lo = probe.at(cur.lo[i] as usize);
             let hi = probe.at(cur.hi[i] as usize);
