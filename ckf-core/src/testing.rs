@@ -336,3 +336,29 @@ pub fn store_until(
     }
     stored
 }
+
+/// One step of load-keeping churn: removes `tracked[index]` (swap-remove) for `member`, then
+/// stores fresh blocks `block_key(i, salt)` (`i` drawn on from `*next`, as [`store_until`]) one
+/// per event until one is accepted (pushed onto `tracked`) or four were omitted, so a table held
+/// at high load stays there while its insertions kick. Returns the removal's `applied` count (1
+/// when `tracked` matched the state).
+pub fn churn_one(
+    state: &mut DcCkfState,
+    member: crate::dc::MemberId,
+    tracked: &mut Vec<u64>,
+    index: usize,
+    salt: u64,
+    next: &mut u64,
+) -> u32 {
+    let gone = tracked.swap_remove(index);
+    let removed = state.remove(member, &[gone]).applied;
+    for _ in 0..4 {
+        *next += 1;
+        let h = block_key(*next, salt);
+        if state.store(member, &[h]).applied == 1 {
+            tracked.push(h);
+            break;
+        }
+    }
+    removed
+}

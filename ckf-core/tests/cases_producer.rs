@@ -11,8 +11,8 @@ use ckf_core::dc::{DcCkfConfig, DcCkfError, DcCkfState, KvEvent, KvEventKind, Me
 use ckf_core::frames::BucketImage;
 use ckf_core::publication::DcCkfPublisher;
 use ckf_core::testing::{
-    assert_alternate_involution, assert_projection_exact, block_key as key, fingerprint_copies,
-    producer_state, store_until,
+    assert_alternate_involution, assert_projection_exact, block_key as key, churn_one,
+    fingerprint_copies, producer_state, store_until,
 };
 use ckf_core::{
     Addressing, LaneLease, Location, PoolId, ProducerIdentity, ProducerIncarnation, TableFormat,
@@ -431,16 +431,7 @@ fn case_12_relocations_reach_their_target_first() {
             // Remove one random block, then store fresh ones until one is accepted (at 93% load
             // most insertions kick), so the load stays put.
             let i = rand(tracked.len());
-            let gone = tracked.swap_remove(i);
-            s.remove(M0, &[gone]);
-            for _ in 0..4 {
-                next += 1;
-                let h = key(next, 12);
-                if s.store(M0, &[h]).applied == 1 {
-                    tracked.push(h);
-                    break;
-                }
-            }
+            assert_eq!(churn_one(&mut s, M0, &mut tracked, i, 12, &mut next), 1);
         }
         let Some(batch) = s.take_batch() else {
             continue;

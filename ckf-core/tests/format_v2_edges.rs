@@ -11,8 +11,8 @@ use ckf_core::addressing::{
 use ckf_core::bucket;
 use ckf_core::dc::{DcCkfConfig, DcCkfState, MemberId};
 use ckf_core::testing::{
-    assert_alternate_involution, assert_projection_exact, block_key as key, fingerprint_copies,
-    producer_state, store_until,
+    assert_alternate_involution, assert_projection_exact, block_key as key, churn_one,
+    fingerprint_copies, producer_state, store_until,
 };
 
 const M0: MemberId = MemberId::new(1, 0);
@@ -136,16 +136,7 @@ fn relocation_order_holds_below_a_power_of_two() {
             let kicks_before = s.stats().kicks_total;
             for c in 0..1 + round % 8 {
                 let i = (fmix64(round << 8 | c) % tracked.len() as u64) as usize;
-                let gone = tracked.swap_remove(i);
-                assert_eq!(s.remove(M0, &[gone]).applied, 1);
-                for _ in 0..4 {
-                    next += 1;
-                    let h = key(next, 12);
-                    if s.store(M0, &[h]).applied == 1 {
-                        tracked.push(h);
-                        break;
-                    }
-                }
+                assert_eq!(churn_one(&mut s, M0, &mut tracked, i, 12, &mut next), 1);
             }
             kicked += u32::from(s.stats().kicks_total > kicks_before);
             let Some(batch) = s.take_batch() else {
