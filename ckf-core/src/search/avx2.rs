@@ -4,7 +4,7 @@
 //! * **Locate, 4 positions per vector, 8 per chunk.** The format-v2 addressing of
 //!   [`crate::addressing`] (`fmix64`, fingerprint, both candidate buckets) computed in 256-bit
 //!   registers, chunks ahead of the one being probed, with the rows of the position
-//!   [`super::PREFETCH_POSITIONS`] ahead prefetched on large tables (the loop of
+//!   `PREFETCH_POSITIONS` ahead prefetched on large tables (the loop of
 //!   `search/avx512.rs`). AVX2 has no 64-bit multiply:
 //!   it is built from three 32x32->64 multiplies (`vpmuludq`). Bucket indices are below 2^32,
 //!   so the signed 64-bit compare orders them. `locate4_matches_addressing` checks the result

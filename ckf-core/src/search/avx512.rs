@@ -2,7 +2,7 @@
 //!
 //! * **Locate, 8 positions at a time.** The format-v2 addressing of [`crate::addressing`]
 //!   (`fmix64`, fingerprint, both candidate buckets) is computed for 8 block hashes in 512-bit
-//!   registers, [`super::PREFETCH_POSITIONS`] / 8 chunks ahead of the chunk being probed, and on
+//!   registers, `PREFETCH_POSITIONS` / 8 chunks ahead of the chunk being probed, and on
 //!   large tables the rows of the position that far ahead are prefetched while each position is
 //!   probed. `locate8_matches_addressing` checks it against
 //!   [`crate::addressing::Addressing::locate`] bit for bit.
