@@ -15,9 +15,9 @@
 //!    both bucket rows are compared against the fingerprint for every lane that still matches,
 //!    giving a per-row lane hit mask; lanes that miss get their depth fixed at this position.
 //! 3. The loop exits as soon as no lane still matches.
-//! 4. On large tables the rows of the position `PREFETCH_POSITIONS` (24) steps ahead are prefetched
-//!    while each position is probed, so the cache misses of an
-//!    out-of-cache table overlap instead of being paid one after another.
+//! 4. On large tables the rows of the position `PREFETCH_POSITIONS` (24) steps ahead are
+//!    prefetched while each position is probed, so the cache misses of an out-of-cache table
+//!    overlap instead of being paid one after another.
 //!
 //! No heap allocation: [`PrefixMatches`] is a fixed-size value.
 //!
