@@ -186,9 +186,12 @@ impl Projection {
     /// [`acquire`](Self::acquire) or [`release`](Self::release) of it will read.
     #[inline(always)]
     fn prepare(&self, block_hash: u64) -> Prepared {
+        // One mix serves both: the block map is seeded with the table seed (`Probe`'s bit
+        // budget).
+        let h = self.addressing.mix(block_hash);
         let p = Prepared {
-            loc: self.addressing.locate(block_hash),
-            probe: Probe::of(block_hash),
+            loc: self.addressing.locate_mixed(h),
+            probe: Probe::from_mixed(h),
         };
         self.mutator.prefetch(p.loc);
         self.blocks.prefetch(p.probe);
@@ -355,7 +358,7 @@ impl DcCkfState {
             members: Members::default(),
             proj: Projection {
                 addressing,
-                blocks: BlockMap::default(),
+                blocks: BlockMap::with_seed(config.format.seed),
                 mutator,
                 dirty,
                 resident: 0,

@@ -63,7 +63,8 @@ const MIN_LINES: usize = 4;
 pub(crate) const MAX_WALK: u32 = 128;
 /// Stash entries above which the table grows (when at least half full).
 pub(crate) const STASH_LIMIT: usize = 8;
-/// Seed xored into the key before mixing, so the map's lines are not the filter's buckets.
+/// Seed of a map built with [`BlockMap::default`] (the tests'); the producer's map uses the
+/// table seed ([`BlockMap::with_seed`]), so its probe is the filter's mixed hash.
 const MAP_SEED: u64 = 0x6A09_E667_F3BC_C909;
 
 /// One entry: block hash and packed owners (0 = empty slot).
@@ -79,8 +80,21 @@ struct Slot {
 #[repr(C, align(64))]
 struct Line([Slot; SLOTS]);
 
-/// The key's mixed hash, computed once per block and reused for the prefetch and the apply
-/// (it stays valid across a resize: lines are derived from it with the current line count).
+/// The key's mixed hash `fmix64(key ^ seed)`, computed once per block and reused for the
+/// prefetch and the apply (it stays valid across a resize: lines are derived from it with the
+/// current line count).
+///
+/// # Bit budget
+/// The producer's map is seeded with the table seed, so its probe *is* the mixed hash the
+/// filter's `Addressing::locate` computes: one `fmix64` per block serves both. The filter
+/// reads bits 48-63 (fingerprint) and 0-31 (`bucket_a`'s fast range); the map's first line is
+/// the multiply-shift range of the whole word (its top bits, so it follows the fingerprint),
+/// the second that of the word rotated by 32 (its low bits, so it follows `bucket_a`). What
+/// the map needs is that its two lines are uniform and independent *of each other*, which
+/// the two halves of a bijective mix are whether or not the filter reads them too: a map line
+/// and a filter bucket index different arrays, so their correlation costs nothing. Keys that
+/// share both lines are as rare as with a separate seed (the pair is 2 x log2(lines) bits of
+/// one uniform word) and end in the stash as before.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Probe(u64);
 
@@ -88,10 +102,18 @@ impl Probe {
     /// A placeholder value (the probe of no particular key).
     pub const ZERO: Self = Probe(0);
 
-    /// The probe of `key`.
+    /// The probe of `key` in a map built with [`BlockMap::default`].
+    #[cfg(test)]
     #[inline(always)]
     pub fn of(key: u64) -> Self {
         Probe(fmix64(key ^ MAP_SEED))
+    }
+
+    /// The probe whose mixed hash is `mixed` (`fmix64(key ^ seed)` of the map's seed, e.g.
+    /// `Addressing::mix` when the map was built with the table seed).
+    #[inline(always)]
+    pub fn from_mixed(mixed: u64) -> Self {
+        Probe(mixed)
     }
 
     /// The key's two candidate lines in a table of `lines` lines (`lines > 0`).
@@ -157,8 +179,10 @@ fn inline_len(word: u64) -> u32 {
 }
 
 /// Block hash -> owners. See the module docs.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub(crate) struct BlockMap {
+    /// Xored into every key before mixing ([`Probe`]).
+    seed: u64,
     lines: Vec<Line>,
     /// Entries in lines and stash.
     len: usize,
@@ -182,7 +206,32 @@ impl std::fmt::Debug for BlockMap {
     }
 }
 
+impl Default for BlockMap {
+    fn default() -> Self {
+        Self::with_seed(MAP_SEED)
+    }
+}
+
 impl BlockMap {
+    /// An empty map whose probes are `fmix64(key ^ seed)`.
+    pub fn with_seed(seed: u64) -> Self {
+        Self {
+            seed,
+            lines: Vec::new(),
+            len: 0,
+            stash: HashMap::default(),
+            spill: HashMap::default(),
+            spill_tags: 0,
+            counter: 0,
+        }
+    }
+
+    /// The probe of `key` under this map's seed.
+    #[inline(always)]
+    fn probe(&self, key: u64) -> Probe {
+        Probe(fmix64(key ^ self.seed))
+    }
+
     /// Tracked blocks.
     #[inline]
     pub fn len(&self) -> usize {
@@ -264,13 +313,13 @@ impl BlockMap {
 
     /// Whether `tag` owns `key`.
     pub fn owns(&self, key: u64, tag: Tag) -> bool {
-        self.find(key, Probe::of(key))
+        self.find(key, self.probe(key))
             .is_some_and(|pos| self.has_owner(pos, key, tag))
     }
 
     /// Owners of `key` (0 when untracked).
     pub fn refcount(&self, key: u64) -> u32 {
-        let Some(pos) = self.find(key, Probe::of(key)) else {
+        let Some(pos) = self.find(key, self.probe(key)) else {
             return 0;
         };
         let word = self.word(pos, key);
@@ -415,7 +464,7 @@ impl BlockMap {
         for l in [a, b] {
             for s in 0..SLOTS {
                 let victim = self.lines[l].0[s];
-                let (va, vb) = Probe::of(victim.key).lines(n);
+                let (va, vb) = self.probe(victim.key).lines(n);
                 let other = if va == l { vb } else { va };
                 if let Some(slot) = self.lines[other].0.iter_mut().find(|s| s.owners == 0) {
                     *slot = victim;
@@ -431,7 +480,7 @@ impl BlockMap {
             let r = fmix64(salt ^ u64::from(step));
             let s = (r >> 62) as usize;
             let victim = std::mem::replace(&mut self.lines[line].0[s], entry);
-            let (va, vb) = Probe::of(victim.key).lines(n);
+            let (va, vb) = self.probe(victim.key).lines(n);
             line = if va == line { vb } else { va };
             if let Some(slot) = self.lines[line].0.iter_mut().find(|s| s.owners == 0) {
                 *slot = victim;
@@ -458,10 +507,10 @@ impl BlockMap {
             .flat_map(|l| l.0.iter())
             .filter(|s| s.owners != 0)
         {
-            self.place(slot.key, Probe::of(slot.key), slot.owners);
+            self.place(slot.key, self.probe(slot.key), slot.owners);
         }
         for (key, owners) in stash {
-            self.place(key, Probe::of(key), owners);
+            self.place(key, self.probe(key), owners);
         }
     }
 
@@ -586,7 +635,7 @@ impl BlockMap {
         let mut count = 0;
         for (l, line) in self.lines.iter().enumerate() {
             for slot in line.0.iter().filter(|s| s.owners != 0) {
-                let (a, b) = Probe::of(slot.key).lines(n);
+                let (a, b) = self.probe(slot.key).lines(n);
                 assert!(
                     l == a || l == b,
                     "{:#x} in line {l}, not {a} or {b}",
@@ -772,6 +821,23 @@ mod tests {
             ops.push(Op::Shrink);
             ops.extend(keys.iter().map(|&k| Op::Acquire(k, 2)));
             run(&ops, 0);
+        }
+    }
+
+    /// A map seeded with the table seed probes with the filter's mixed hash (the producer
+    /// mixes once per block and hands that to both), and `locate_mixed` of it is `locate`.
+    #[test]
+    fn table_seeded_probe_is_the_filters_mixed_hash() {
+        use crate::addressing::{Addressing, TableFormat};
+        for (n, seed) in [(2u64, 0u64), (1_000_002, 0x5eed), (1 << 22, MAP_SEED)] {
+            let addressing = Addressing::new(&TableFormat::new(n, seed).unwrap()).unwrap();
+            let map = BlockMap::with_seed(seed);
+            for i in 0..10_000u64 {
+                let key = fmix64(i) ^ i.rotate_left(29);
+                let h = addressing.mix(key);
+                assert_eq!(map.probe(key).0, Probe::from_mixed(h).0);
+                assert_eq!(addressing.locate_mixed(h), addressing.locate(key));
+            }
         }
     }
 
