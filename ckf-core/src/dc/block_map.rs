@@ -500,7 +500,8 @@ impl BlockMap {
 
     /// Rehashes every entry into `lines` lines (enough for all of them).
     fn rebuild(&mut self, lines: usize) {
-        let old = std::mem::replace(&mut self.lines, vec![Line::default(); lines]);
+        // Huge pages where the kernel offers them (a lookup's lines are random TLB misses).
+        let old = std::mem::replace(&mut self.lines, crate::huge_pages::zeroed_vec(lines));
         let stash = std::mem::take(&mut self.stash);
         for slot in old
             .iter()
