@@ -186,6 +186,9 @@ pub(crate) struct BlockMap {
     lines: Vec<Line>,
     /// Entries in lines and stash.
     len: usize,
+    /// Largest `len` allowed before an insertion grows the table: `MAX_LOAD` of the slots,
+    /// kept as an integer so the per-insertion check is one compare (see [`Self::grow_at`]).
+    grow_at: usize,
     stash: HashMap<u64, u64, FoldHashBuilder>,
     /// Owners beyond the inline three, per block hash (never an empty `Vec`).
     spill: HashMap<u64, Vec<Tag>, FoldHashBuilder>,
@@ -219,6 +222,7 @@ impl BlockMap {
             seed,
             lines: Vec::new(),
             len: 0,
+            grow_at: 0,
             stash: HashMap::default(),
             spill: HashMap::default(),
             spill_tags: 0,
@@ -428,7 +432,7 @@ impl BlockMap {
     /// Inserts untracked `key` with the single owner `tag`.
     pub fn insert_new(&mut self, key: u64, probe: Probe, tag: Tag) {
         debug_assert!(tag != 0 && tag <= MAX_TAG);
-        if (self.len + 1) as f64 > MAX_LOAD * self.slot_capacity() as f64 {
+        if self.len + 1 > self.grow_at {
             self.grow();
         }
         self.len += 1;
@@ -491,6 +495,12 @@ impl BlockMap {
         self.stash.insert(entry.key, entry.owners);
     }
 
+    /// `floor(MAX_LOAD * slots)`: for an integer `len`, `len > floor(x)` iff `len > x`, so
+    /// comparing against it grows at exactly the load the float check would.
+    fn grow_at(slots: usize) -> usize {
+        (MAX_LOAD * slots as f64) as usize
+    }
+
     /// Grows by 1.5x (or to the minimum).
     fn grow(&mut self) {
         let n = self.lines.len();
@@ -502,6 +512,7 @@ impl BlockMap {
     fn rebuild(&mut self, lines: usize) {
         // Huge pages where the kernel offers them (a lookup's lines are random TLB misses).
         let old = std::mem::replace(&mut self.lines, crate::huge_pages::zeroed_vec(lines));
+        self.grow_at = Self::grow_at(lines * SLOTS);
         let stash = std::mem::take(&mut self.stash);
         for slot in old
             .iter()
@@ -525,6 +536,7 @@ impl BlockMap {
         if self.len == 0 {
             if self.slot_capacity() > 0 || self.stash.capacity() > 0 {
                 self.lines = Vec::new();
+                self.grow_at = 0;
                 self.stash = HashMap::default();
             }
         } else if self.slot_capacity() > min_slots && self.len < self.slot_capacity() / 4 {
@@ -633,6 +645,7 @@ impl BlockMap {
     #[cfg(test)]
     pub fn check(&self) {
         let n = self.lines.len();
+        assert_eq!(self.grow_at, Self::grow_at(self.slot_capacity()));
         let mut count = 0;
         for (l, line) in self.lines.iter().enumerate() {
             for slot in line.0.iter().filter(|s| s.owners != 0) {
