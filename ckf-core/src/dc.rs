@@ -20,8 +20,9 @@
 //! * Capacity exhaustion is a pre-commit omission: no ownership edge, no refcount change, no
 //!   dirty bucket, identical table bytes. Service continues and a later store may retry.
 //! * Blocks are applied one at a time, but an event's blocks are located (fingerprint, bucket
-//!   pair, block-map lines) and their cache lines prefetched a few blocks ahead of their turn,
-//!   so the cache misses of a large state overlap; this changes no outcome.
+//!   pair, block-map lines, all from one mixed hash per block) and their cache lines
+//!   prefetched a few blocks ahead of their turn, so the cache misses of a large state
+//!   overlap; this changes no outcome.
 //! * At most 2^21 - 1 members own blocks at once (the block map packs 21-bit owner tags): a
 //!   store by one more member omits its blocks with [`BlockError::MemberLimit`], like a
 //!   capacity omission.

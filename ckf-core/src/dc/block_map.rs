@@ -5,8 +5,10 @@
 //! # Layout
 //! A bucketized cuckoo hash table: `lines` 64-byte lines of four [`Slot`]s (block hash + packed
 //! owners word). A key lives in one of two lines, `fastrange(mix)` and `fastrange(mix rotated
-//! by 32)` of one `fmix64` of the key: multiply-shift indexing, so the line count is any
-//! number, not a power of two. A lookup reads at most two lines (both prefetchable, see
+//! by 32)` of one `fmix64` of the key (seeded with the table seed in the producer, so it is
+//! the mix the filter's `locate` computes anyway: see [`Probe`] for the bit budget):
+//! multiply-shift indexing, so the line count is any number, not a power of two. Lines are
+//! allocated through `huge_pages::zeroed_vec` (2 MiB pages where the kernel offers them). A lookup reads at most two lines (both prefetchable, see
 //! [`BlockMap::prefetch`]); an insertion goes to the emptier of the two, and when both are full
 //! first moves one of their eight residents to its other line if that has room, else walks
 //! (a bounded random walk, [`MAX_WALK`]). Two choices of
