@@ -49,11 +49,11 @@ pub(crate) fn advise(table: &TransposedTable) -> bool {
     false
 }
 
-/// A `Vec` of `n` zero values (`T::default()` must be all-zero bytes, or at least cheap to
-/// write) whose pages are marked `MADV_HUGEPAGE` before the fill writes them (when it is at
-/// least [`MIN_BYTES`]): the fill then faults in 2 MiB pages, no collapse needed. Same result
-/// as `vec![T::default(); n]` otherwise; the fill costs one pass of writes over the table
-/// where `calloc` might have returned untouched zero pages, once per allocation.
+/// `vec![T::default(); n]` (for the tables: zero words and empty lines), with the
+/// allocation's pages marked `MADV_HUGEPAGE` before the fill writes them when it is at least
+/// [`MIN_BYTES`]: the fill then faults in 2 MiB pages, no collapse needed. The fill is one pass
+/// of writes over the table, once per allocation, where `calloc` might have left untouched
+/// zero pages: the table's pages count in RSS from the start.
 ///
 /// # Panics
 /// Like `Vec::with_capacity` when the size overflows or the allocator fails.
