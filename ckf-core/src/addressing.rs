@@ -287,7 +287,22 @@ impl Addressing {
     /// The fingerprint and candidate buckets of a 64-bit block hash.
     #[inline(always)]
     pub fn locate(&self, block_hash: u64) -> Location {
-        let h = fmix64(block_hash ^ self.seed);
+        self.locate_mixed(self.mix(block_hash))
+    }
+
+    /// The mixed hash every [`Location`] field derives from: `fmix64(block_hash ^ seed)`.
+    /// Exposed so a caller that needs more bits of the same block (the producer's block map)
+    /// mixes once; [`locate_mixed`](Self::locate_mixed) of it is `locate(block_hash)`.
+    #[inline(always)]
+    pub fn mix(&self, block_hash: u64) -> u64 {
+        fmix64(block_hash ^ self.seed)
+    }
+
+    /// [`locate`](Self::locate) from the mixed hash `h = mix(block_hash)`: the fingerprint is
+    /// its top [`FINGERPRINT_BITS`] (bits 48-63), `bucket_a` the fast range of its low 32 bits;
+    /// bits 32-47 are unused.
+    #[inline(always)]
+    pub fn locate_mixed(&self, h: u64) -> Location {
         let fingerprint = ((h >> FINGERPRINT_SHIFT) as u16).max(1);
         let bucket_a = fast_range(h, self.buckets) as u32;
         Location {

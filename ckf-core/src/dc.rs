@@ -20,8 +20,9 @@
 //! * Capacity exhaustion is a pre-commit omission: no ownership edge, no refcount change, no
 //!   dirty bucket, identical table bytes. Service continues and a later store may retry.
 //! * Blocks are applied one at a time, but an event's blocks are located (fingerprint, bucket
-//!   pair, block-map lines) and their cache lines prefetched a few blocks ahead of their turn,
-//!   so the cache misses of a large state overlap; this changes no outcome.
+//!   pair, block-map lines, all from one mixed hash per block) and their cache lines
+//!   prefetched a few blocks ahead of their turn, so the cache misses of a large state
+//!   overlap; this changes no outcome.
 //! * At most 2^21 - 1 members own blocks at once (the block map packs 21-bit owner tags): a
 //!   store by one more member omits its blocks with [`BlockError::MemberLimit`], like a
 //!   capacity omission.
@@ -186,9 +187,12 @@ impl Projection {
     /// [`acquire`](Self::acquire) or [`release`](Self::release) of it will read.
     #[inline(always)]
     fn prepare(&self, block_hash: u64) -> Prepared {
+        // One mix serves both: the block map is seeded with the table seed (`Probe`'s bit
+        // budget).
+        let h = self.addressing.mix(block_hash);
         let p = Prepared {
-            loc: self.addressing.locate(block_hash),
-            probe: Probe::of(block_hash),
+            loc: self.addressing.locate_mixed(h),
+            probe: Probe::from_mixed(h),
         };
         self.mutator.prefetch(p.loc);
         self.blocks.prefetch(p.probe);
@@ -355,7 +359,7 @@ impl DcCkfState {
             members: Members::default(),
             proj: Projection {
                 addressing,
-                blocks: BlockMap::default(),
+                blocks: BlockMap::with_seed(config.format.seed),
                 mutator,
                 dirty,
                 resident: 0,

@@ -40,6 +40,7 @@ pub mod failure;
 pub mod fanout;
 pub mod frames;
 pub mod global;
+mod huge_pages;
 pub mod identity;
 pub mod ingestion;
 pub mod lane;

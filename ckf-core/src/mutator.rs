@@ -106,7 +106,9 @@ impl Mutator {
         let n = usize::try_from(addressing.bucket_count()).expect("bucket count fits usize");
         Self {
             addressing,
-            buckets: vec![0; n],
+            // Huge pages where the kernel offers them: a block's two random buckets are two
+            // TLB misses on a large table with 4 KiB pages.
+            buckets: crate::huge_pages::zeroed_vec(n),
             max_kicks,
             writes: Vec::with_capacity(max_kicks.min(4096) as usize + 1),
             counter: 0,

@@ -5,8 +5,10 @@
 //! # Layout
 //! A bucketized cuckoo hash table: `lines` 64-byte lines of four [`Slot`]s (block hash + packed
 //! owners word). A key lives in one of two lines, `fastrange(mix)` and `fastrange(mix rotated
-//! by 32)` of one `fmix64` of the key: multiply-shift indexing, so the line count is any
-//! number, not a power of two. A lookup reads at most two lines (both prefetchable, see
+//! by 32)` of one `fmix64` of the key (seeded with the table seed in the producer, so it is
+//! the mix the filter's `locate` computes anyway: see [`Probe`] for the bit budget):
+//! multiply-shift indexing, so the line count is any number, not a power of two. Lines are
+//! allocated through `huge_pages::zeroed_vec` (2 MiB pages where the kernel offers them). A lookup reads at most two lines (both prefetchable, see
 //! [`BlockMap::prefetch`]); an insertion goes to the emptier of the two, and when both are full
 //! first moves one of their eight residents to its other line if that has room, else walks
 //! (a bounded random walk, [`MAX_WALK`]). Two choices of
@@ -63,7 +65,8 @@ const MIN_LINES: usize = 4;
 pub(crate) const MAX_WALK: u32 = 128;
 /// Stash entries above which the table grows (when at least half full).
 pub(crate) const STASH_LIMIT: usize = 8;
-/// Seed xored into the key before mixing, so the map's lines are not the filter's buckets.
+/// Seed of a map built with [`BlockMap::default`] (the tests'); the producer's map uses the
+/// table seed ([`BlockMap::with_seed`]), so its probe is the filter's mixed hash.
 const MAP_SEED: u64 = 0x6A09_E667_F3BC_C909;
 
 /// One entry: block hash and packed owners (0 = empty slot).
@@ -79,8 +82,21 @@ struct Slot {
 #[repr(C, align(64))]
 struct Line([Slot; SLOTS]);
 
-/// The key's mixed hash, computed once per block and reused for the prefetch and the apply
-/// (it stays valid across a resize: lines are derived from it with the current line count).
+/// The key's mixed hash `fmix64(key ^ seed)`, computed once per block and reused for the
+/// prefetch and the apply (it stays valid across a resize: lines are derived from it with the
+/// current line count).
+///
+/// # Bit budget
+/// The producer's map is seeded with the table seed, so its probe *is* the mixed hash the
+/// filter's `Addressing::locate` computes: one `fmix64` per block serves both. The filter
+/// reads bits 48-63 (fingerprint) and 0-31 (`bucket_a`'s fast range); the map's first line is
+/// the multiply-shift range of the whole word (its top bits, so it follows the fingerprint),
+/// the second that of the word rotated by 32 (its low bits, so it follows `bucket_a`). What
+/// the map needs is that its two lines are uniform and independent *of each other*, which
+/// the two halves of a bijective mix are whether or not the filter reads them too: a map line
+/// and a filter bucket index different arrays, so their correlation costs nothing. Keys that
+/// share both lines are as rare as with a separate seed (the pair is 2 x log2(lines) bits of
+/// one uniform word) and end in the stash as before.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Probe(u64);
 
@@ -88,10 +104,18 @@ impl Probe {
     /// A placeholder value (the probe of no particular key).
     pub const ZERO: Self = Probe(0);
 
-    /// The probe of `key`.
+    /// The probe of `key` in a map built with [`BlockMap::default`].
+    #[cfg(test)]
     #[inline(always)]
     pub fn of(key: u64) -> Self {
         Probe(fmix64(key ^ MAP_SEED))
+    }
+
+    /// The probe whose mixed hash is `mixed` (`fmix64(key ^ seed)` of the map's seed, e.g.
+    /// `Addressing::mix` when the map was built with the table seed).
+    #[inline(always)]
+    pub fn from_mixed(mixed: u64) -> Self {
+        Probe(mixed)
     }
 
     /// The key's two candidate lines in a table of `lines` lines (`lines > 0`).
@@ -157,11 +181,16 @@ fn inline_len(word: u64) -> u32 {
 }
 
 /// Block hash -> owners. See the module docs.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub(crate) struct BlockMap {
+    /// Xored into every key before mixing ([`Probe`]).
+    seed: u64,
     lines: Vec<Line>,
     /// Entries in lines and stash.
     len: usize,
+    /// Largest `len` allowed before an insertion grows the table: `MAX_LOAD` of the slots,
+    /// kept as an integer so the per-insertion check is one compare (see [`Self::grow_at`]).
+    grow_at: usize,
     stash: HashMap<u64, u64, FoldHashBuilder>,
     /// Owners beyond the inline three, per block hash (never an empty `Vec`).
     spill: HashMap<u64, Vec<Tag>, FoldHashBuilder>,
@@ -182,7 +211,33 @@ impl std::fmt::Debug for BlockMap {
     }
 }
 
+impl Default for BlockMap {
+    fn default() -> Self {
+        Self::with_seed(MAP_SEED)
+    }
+}
+
 impl BlockMap {
+    /// An empty map whose probes are `fmix64(key ^ seed)`.
+    pub fn with_seed(seed: u64) -> Self {
+        Self {
+            seed,
+            lines: Vec::new(),
+            len: 0,
+            grow_at: 0,
+            stash: HashMap::default(),
+            spill: HashMap::default(),
+            spill_tags: 0,
+            counter: 0,
+        }
+    }
+
+    /// The probe of `key` under this map's seed.
+    #[inline(always)]
+    fn probe(&self, key: u64) -> Probe {
+        Probe(fmix64(key ^ self.seed))
+    }
+
     /// Tracked blocks.
     #[inline]
     pub fn len(&self) -> usize {
@@ -264,13 +319,13 @@ impl BlockMap {
 
     /// Whether `tag` owns `key`.
     pub fn owns(&self, key: u64, tag: Tag) -> bool {
-        self.find(key, Probe::of(key))
+        self.find(key, self.probe(key))
             .is_some_and(|pos| self.has_owner(pos, key, tag))
     }
 
     /// Owners of `key` (0 when untracked).
     pub fn refcount(&self, key: u64) -> u32 {
-        let Some(pos) = self.find(key, Probe::of(key)) else {
+        let Some(pos) = self.find(key, self.probe(key)) else {
             return 0;
         };
         let word = self.word(pos, key);
@@ -379,7 +434,7 @@ impl BlockMap {
     /// Inserts untracked `key` with the single owner `tag`.
     pub fn insert_new(&mut self, key: u64, probe: Probe, tag: Tag) {
         debug_assert!(tag != 0 && tag <= MAX_TAG);
-        if (self.len + 1) as f64 > MAX_LOAD * self.slot_capacity() as f64 {
+        if self.len + 1 > self.grow_at {
             self.grow();
         }
         self.len += 1;
@@ -415,7 +470,7 @@ impl BlockMap {
         for l in [a, b] {
             for s in 0..SLOTS {
                 let victim = self.lines[l].0[s];
-                let (va, vb) = Probe::of(victim.key).lines(n);
+                let (va, vb) = self.probe(victim.key).lines(n);
                 let other = if va == l { vb } else { va };
                 if let Some(slot) = self.lines[other].0.iter_mut().find(|s| s.owners == 0) {
                     *slot = victim;
@@ -431,7 +486,7 @@ impl BlockMap {
             let r = fmix64(salt ^ u64::from(step));
             let s = (r >> 62) as usize;
             let victim = std::mem::replace(&mut self.lines[line].0[s], entry);
-            let (va, vb) = Probe::of(victim.key).lines(n);
+            let (va, vb) = self.probe(victim.key).lines(n);
             line = if va == line { vb } else { va };
             if let Some(slot) = self.lines[line].0.iter_mut().find(|s| s.owners == 0) {
                 *slot = victim;
@@ -440,6 +495,12 @@ impl BlockMap {
             entry = victim;
         }
         self.stash.insert(entry.key, entry.owners);
+    }
+
+    /// `floor(MAX_LOAD * slots)`: for an integer `len`, `len > floor(x)` iff `len > x`, so
+    /// comparing against it grows at exactly the load the float check would.
+    fn grow_at(slots: usize) -> usize {
+        (MAX_LOAD * slots as f64) as usize
     }
 
     /// Grows by 1.5x (or to the minimum).
@@ -451,17 +512,19 @@ impl BlockMap {
 
     /// Rehashes every entry into `lines` lines (enough for all of them).
     fn rebuild(&mut self, lines: usize) {
-        let old = std::mem::replace(&mut self.lines, vec![Line::default(); lines]);
+        // Huge pages where the kernel offers them (a lookup's lines are random TLB misses).
+        let old = std::mem::replace(&mut self.lines, crate::huge_pages::zeroed_vec(lines));
+        self.grow_at = Self::grow_at(lines * SLOTS);
         let stash = std::mem::take(&mut self.stash);
         for slot in old
             .iter()
             .flat_map(|l| l.0.iter())
             .filter(|s| s.owners != 0)
         {
-            self.place(slot.key, Probe::of(slot.key), slot.owners);
+            self.place(slot.key, self.probe(slot.key), slot.owners);
         }
         for (key, owners) in stash {
-            self.place(key, Probe::of(key), owners);
+            self.place(key, self.probe(key), owners);
         }
     }
 
@@ -475,6 +538,7 @@ impl BlockMap {
         if self.len == 0 {
             if self.slot_capacity() > 0 || self.stash.capacity() > 0 {
                 self.lines = Vec::new();
+                self.grow_at = 0;
                 self.stash = HashMap::default();
             }
         } else if self.slot_capacity() > min_slots && self.len < self.slot_capacity() / 4 {
@@ -583,10 +647,11 @@ impl BlockMap {
     #[cfg(test)]
     pub fn check(&self) {
         let n = self.lines.len();
+        assert_eq!(self.grow_at, Self::grow_at(self.slot_capacity()));
         let mut count = 0;
         for (l, line) in self.lines.iter().enumerate() {
             for slot in line.0.iter().filter(|s| s.owners != 0) {
-                let (a, b) = Probe::of(slot.key).lines(n);
+                let (a, b) = self.probe(slot.key).lines(n);
                 assert!(
                     l == a || l == b,
                     "{:#x} in line {l}, not {a} or {b}",
@@ -772,6 +837,23 @@ mod tests {
             ops.push(Op::Shrink);
             ops.extend(keys.iter().map(|&k| Op::Acquire(k, 2)));
             run(&ops, 0);
+        }
+    }
+
+    /// A map seeded with the table seed probes with the filter's mixed hash (the producer
+    /// mixes once per block and hands that to both), and `locate_mixed` of it is `locate`.
+    #[test]
+    fn table_seeded_probe_is_the_filters_mixed_hash() {
+        use crate::addressing::{Addressing, TableFormat};
+        for (n, seed) in [(2u64, 0u64), (1_000_002, 0x5eed), (1 << 22, MAP_SEED)] {
+            let addressing = Addressing::new(&TableFormat::new(n, seed).unwrap()).unwrap();
+            let map = BlockMap::with_seed(seed);
+            for i in 0..10_000u64 {
+                let key = fmix64(i) ^ i.rotate_left(29);
+                let h = addressing.mix(key);
+                assert_eq!(map.probe(key).0, Probe::from_mixed(h).0);
+                assert_eq!(addressing.locate_mixed(h), addressing.locate(key));
+            }
         }
     }
 

@@ -1,0 +1,91 @@
+//! Transparent huge pages for large tables (Linux).
+//!
+//! A block touches random rows or lines of the table: two rows per block for the consumer's
+//! search, two filter buckets and two block-map lines for the producer's ingest. On a table far
+//! larger than the caches every one of them is also a TLB miss, and with 4 KiB pages (worse,
+//! under nested paging in a VM) the page walk costs as much as the row itself. Backing the
+//! table with 2 MiB pages removes most of those walks.
+//!
+//! Two ways in, both advisory (on failure: older kernel, THP disabled, no free huge pages, the
+//! table simply keeps 4 KiB pages; contents are never changed):
+//! * [`zeroed_vec`] (producer filter table and block map): the allocation's 2 MiB-aligned
+//!   interior is marked `MADV_HUGEPAGE` *before* it is first written, so the zero fill itself
+//!   faults in huge pages wherever THP is in `madvise` (or `always`) mode.
+//! * [`advise`] (consumer table, allocated and zeroed before it runs): the range is marked
+//!   `MADV_HUGEPAGE` and then collapsed synchronously with `MADV_COLLAPSE` (Linux >= 6.1).
+
+use crate::bucket::TransposedTable;
+
+/// Tables smaller than this are left alone (they mostly live in the caches anyway).
+pub(crate) const MIN_BYTES: usize = 8 << 20;
+
+/// Best effort; returns whether the kernel accepted the collapse of the table's interior.
+pub(crate) fn advise(table: &TransposedTable) -> bool {
+    if table.bytes() < MIN_BYTES {
+        return false;
+    }
+    #[cfg(target_os = "linux")]
+    {
+        const HUGE: usize = 2 << 20;
+        // Linux UAPI value (include/uapi/asm-generic/mman-common.h); not in every libc target.
+        const MADV_COLLAPSE: libc::c_int = 25;
+        let start = table.row(0).as_ptr() as usize;
+        let end = start + table.bytes();
+        let lo = start.next_multiple_of(HUGE);
+        let hi = end & !(HUGE - 1);
+        if hi <= lo {
+            return false;
+        }
+        let (addr, len) = (lo as *mut libc::c_void, hi - lo);
+        // SAFETY: `[lo, hi)` lies inside the table's live allocation, which is owned by the
+        // indexer being built and not yet shared; both advices only change how the kernel backs
+        // the pages (MADV_COLLAPSE copies contents into the huge page), never the contents.
+        unsafe {
+            libc::madvise(addr, len, libc::MADV_HUGEPAGE) == 0
+                && libc::madvise(addr, len, MADV_COLLAPSE) == 0
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    false
+}
+
+/// `vec![T::default(); n]` (for the tables: zero words and empty lines), with the
+/// allocation's pages marked `MADV_HUGEPAGE` before the fill writes them when it is at least
+/// [`MIN_BYTES`]: the fill then faults in 2 MiB pages, no collapse needed. The fill is one pass
+/// of writes over the table, once per allocation, where `calloc` might have left untouched
+/// zero pages: the table's pages count in RSS from the start.
+///
+/// # Panics
+/// Like `Vec::with_capacity` when the size overflows or the allocator fails.
+pub(crate) fn zeroed_vec<T: Copy + Default>(n: usize) -> Vec<T> {
+    let mut v: Vec<T> = Vec::with_capacity(n);
+    let bytes = n * std::mem::size_of::<T>();
+    if bytes >= MIN_BYTES {
+        advise_untouched(v.as_ptr().cast(), bytes);
+    }
+    v.resize(n, T::default());
+    v
+}
+
+/// Marks the 2 MiB-aligned interior of `[ptr, ptr + bytes)` `MADV_HUGEPAGE`. Best effort;
+/// returns whether the kernel accepted. Pages already faulted in keep their size.
+fn advise_untouched(ptr: *const u8, bytes: usize) -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        const HUGE: usize = 2 << 20;
+        let start = ptr as usize;
+        let lo = start.next_multiple_of(HUGE);
+        let hi = (start + bytes) & !(HUGE - 1);
+        if hi <= lo {
+            return false;
+        }
+        // SAFETY: `[lo, hi)` lies inside a live allocation owned by the caller; the advice
+        // only changes how the kernel backs its pages, never their contents.
+        unsafe { libc::madvise(lo as *mut libc::c_void, hi - lo, libc::MADV_HUGEPAGE) == 0 }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = (ptr, bytes);
+        false
+    }
+}
