@@ -18,6 +18,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let out_dir = PathBuf::from(env::var("OUT_DIR")?);
     tonic_prost_build::configure()
         .file_descriptor_set_path(out_dir.join("ckf_v1_descriptor.bin"))
+        // Hand-written with a bulk decoder of its packed hashes (src/block_hashes.rs).
+        .extern_path(
+            ".ckf.v1.BlockHashQuery",
+            "crate::block_hashes::BlockHashQuery",
+        )
         .compile_protos(PROTOS, &["."])?;
     for proto in PROTOS {
         println!("cargo:rerun-if-changed={proto}");

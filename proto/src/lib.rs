@@ -7,12 +7,14 @@
 //! | --- | --- |
 //! | [`v1`] | generated messages, `Ingest` / `Relay` / `Query` clients and servers |
 //! | [`convert`] | wire <-> core conversions with typed [`convert::WireError`]s |
+//! | [`block_hashes`] | `BlockHashQuery` by hand: a bulk decoder of its packed hashes |
 //! | [`FILE_DESCRIPTOR_SET`] | encoded descriptors for gRPC server reflection |
 //!
 //! Generated code stays generated: handlers call [`convert`] and then `ckf-core`; no rule of the
 //! protocol is checked here beyond "is this a well-formed wire value" (required fields present,
 //! names valid, format supported, numbers in their wire range).
 
+pub mod block_hashes;
 pub mod convert;
 
 /// Generated `ckf.v1` messages, enums, clients (`*_client`) and servers (`*_server`).
@@ -22,6 +24,8 @@ pub mod convert;
 #[allow(missing_docs, clippy::all, clippy::pedantic)]
 pub mod v1 {
     tonic::include_proto!("ckf.v1");
+
+    pub use crate::block_hashes::BlockHashQuery;
 }
 
 /// Encoded `FileDescriptorSet` of every `ckf.v1` file, for `tonic-reflection`.
