@@ -458,6 +458,62 @@ proptest! {
     }
 }
 
+/// A well-formed query body mixing packed runs (shortest or padded length varints, up to the
+/// 10 bytes a varint may take), unpacked values and unknown fields, and the hashes it carries in
+/// order (the simple model: concatenation).
+fn valid_mix() -> impl Strategy<Value = (Vec<u8>, Vec<u64>)> {
+    let part = prop_oneof![
+        3 => (prop::collection::vec(any::<u64>(), 0..10), 1u8..=10)
+            .prop_map(|(w, n)| (Piece::Packed(w.clone(), vec![], Length::Overlong(n)), w)),
+        2 => any::<u64>().prop_map(|v| (Piece::Unpacked(v), vec![v])),
+        1 => (2u64..1000, any::<u64>()).prop_map(|(tag, v)| {
+            let mut bytes = Vec::new();
+            varint(tag << 3, &mut bytes);
+            varint(v, &mut bytes);
+            (Piece::Raw(bytes), vec![])
+        }),
+    ];
+    prop::collection::vec(part, 0..8).prop_map(|parts| {
+        let mut bytes = Vec::new();
+        let mut hashes = Vec::new();
+        for (piece, values) in parts {
+            piece.put(&mut bytes);
+            hashes.extend(values);
+        }
+        (bytes, hashes)
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    #[test]
+    fn well_formed_mixes_decode_to_their_hashes_in_order(
+        queries in prop::collection::vec(valid_mix(), 1..4),
+        sizes in sizes(),
+        start in prop::collection::vec(any::<u64>(), 0..3),
+    ) {
+        // Alone (the first query), appended to `start` by `merge`.
+        let (body, hashes) = &queries[0];
+        agree(body, &sizes, &start);
+        let mut query = v1::BlockHashQuery { block_hashes: start.clone() };
+        query.merge(Chunked::new(body, &sizes)).unwrap();
+        let expected: Vec<u64> = start.iter().chain(hashes).copied().collect();
+        prop_assert_eq!(&query.block_hashes, &expected);
+        // All of them as the queries of a batch request.
+        let mut batch = Vec::new();
+        for (body, _) in &queries {
+            batch.push(0x0a);
+            varint(body.len() as u64, &mut batch);
+            batch.extend_from_slice(body);
+        }
+        agree(&batch, &sizes, &start);
+        let request = v1::FindMatchesBatchRequest::decode(Chunked::new(&batch, &sizes)).unwrap();
+        let expected: Vec<Vec<u64>> = queries.iter().map(|(_, h)| h.clone()).collect();
+        prop_assert_eq!(hashes_of(&request.queries), expected);
+    }
+}
+
 /// Hand-picked inputs around the fast path's edges, each in every 1- and 2-cut chunking.
 #[test]
 fn edge_inputs_decode_alike_in_every_chunking() {
