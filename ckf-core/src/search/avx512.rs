@@ -296,8 +296,6 @@ unsafe fn search_with<const FULL16: bool>(
             }
         }
     }
-    // A copy the `stage` closure does not borrow, so its fields stay in registers in the loop.
-    let probe = rows;
     for k in 0..chunks {
         if k + AHEAD - 1 < chunks {
             stage(k + AHEAD - 1, &mut ring);
@@ -314,12 +312,12 @@ unsafe fn search_with<const FULL16: bool>(
         };
         for i in 0..(n - start).min(8) {
             if i < ahead_len {
-                probe.prefetch_offset(ahead.lo[i] as usize);
-                probe.prefetch_offset(ahead.hi[i] as usize);
+                rows.prefetch_offset(ahead.lo[i] as usize);
+                rows.prefetch_offset(ahead.hi[i] as usize);
             }
             // Offsets are `bucket * lanes` with `bucket < bucket_count`: inside the table.
-            let lo = probe.at(cur.lo[i] as usize);
-            let hi = probe.at(cur.hi[i] as usize);
+            let lo = rows.at(cur.lo[i] as usize);
+            let hi = rows.at(cur.hi[i] as usize);
             // SAFETY: both rows are inside the table, 8-byte aligned, `lanes` words long; the
             // masks / FULL16 select exactly those lanes; our caller guarantees the features.
             let hits =
