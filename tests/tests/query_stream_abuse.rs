@@ -2,14 +2,18 @@
 //! read their answers are held by HTTP/2 flow control (the client's sends stop being taken, so
 //! the indexer buffers a bounded amount per stream), they keep their `limits.max_query_streams`
 //! slots while their connections stay open (a further stream is refused `RESOURCE_EXHAUSTED`),
-//! and the slots come back once the client's connections close.
+//! and the slots come back once the client's connections close. One stream kept open across a
+//! producer's `kill -9` and restart drops its lane once the lane is retired and answers it again
+//! once the new incarnation has converged, on the same stream.
 
 use std::time::Duration;
 
-use ckf_e2e::cluster::{Indexer, IndexerSpec, TestDir, channel};
+use ckf_e2e::check::wait_converged;
+use ckf_e2e::cluster::{Indexer, IndexerSpec, Producer, ProducerSpec, TestDir, channel, format};
+use ckf_e2e::hashes::HashPool;
 use ckf_e2e::metrics;
 use ckf_e2e::wait::{DEADLINE, eventually};
-use ckf_proto::v1::{self, query_client::QueryClient};
+use ckf_proto::v1::{self, LaneState, query_client::QueryClient};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Code;
@@ -126,4 +130,118 @@ async fn streams_that_never_read_are_held_by_flow_control_until_their_connection
     })
     .await;
     assert_eq!(one_answer(addr).await.expect("a slot"), 5);
+}
+
+/// One open `FindMatchesStream`: sends id-tagged messages and reads their answers in turn.
+struct OpenStream {
+    tx: mpsc::Sender<v1::FindMatchesStreamRequest>,
+    answers: tonic::Streaming<v1::FindMatchesStreamResponse>,
+    next_id: u64,
+}
+
+impl OpenStream {
+    async fn open(addr: std::net::SocketAddr) -> Self {
+        let mut client = QueryClient::new(channel(addr).await.expect("channel"));
+        let (tx, rx) = mpsc::channel(1);
+        let answers = client
+            .find_matches_stream(ReceiverStream::new(rx))
+            .await
+            .expect("stream")
+            .into_inner();
+        Self {
+            tx,
+            answers,
+            next_id: 0,
+        }
+    }
+
+    /// `(ready mask, depth per ready lane)` of each query, from one message.
+    async fn ask(&mut self, queries: &[&[u64]]) -> Vec<(u32, Vec<u32>)> {
+        self.next_id += 1;
+        let id = self.next_id;
+        self.tx
+            .send(v1::FindMatchesStreamRequest {
+                id,
+                queries: queries
+                    .iter()
+                    .map(|q| v1::BlockHashQuery {
+                        block_hashes: q.to_vec(),
+                    })
+                    .collect(),
+            })
+            .await
+            .expect("the stream takes the message");
+        let answer = self
+            .answers
+            .message()
+            .await
+            .expect("an answer, not a status")
+            .expect("the stream is open");
+        assert_eq!(answer.id, id);
+        answer
+            .results
+            .into_iter()
+            .map(|r| {
+                assert_eq!(r.ready_mask.count_ones() as usize, r.depths.len(), "{r:?}");
+                (r.ready_mask, r.depths)
+            })
+            .collect()
+    }
+}
+
+/// The depth of `lane` in a compact answer, `None` when the lane was not ready.
+fn depth_of(answer: &(u32, Vec<u32>), lane: u32) -> Option<u32> {
+    let (mask, depths) = answer;
+    (mask & (1 << lane) != 0).then(|| depths[(mask & ((1 << lane) - 1)).count_ones() as usize])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_stream_follows_a_producer_killed_and_restarted() {
+    let dir = TestDir::new("query-stream-failover");
+    let spec = IndexerSpec {
+        heartbeat_deadline_ms: 2_500,
+        ..IndexerSpec::default()
+    };
+    let indexer = Indexer::start(&dir, &spec);
+    let endpoints = [indexer.url()];
+    let (mut a, mut b) = Producer::start_ab(&dir, &endpoints);
+    let (lane_a, lane_b) = (indexer.lane_index("dc-a"), indexer.lane_index("dc-b"));
+    let mut pool = HashPool::new(&format(), 5);
+    let of_a = pool.take(30);
+    let of_b = pool.take(20);
+    let of_a2 = pool.take(25);
+    a.store(1, &of_a).await;
+    b.store(1, &of_b).await;
+    wait_converged(&indexer, &a).await;
+    wait_converged(&indexer, &b).await;
+
+    let mut stream = OpenStream::open(indexer.addr).await;
+    let answer = stream.ask(&[&of_a, &of_b]).await;
+    assert_eq!(depth_of(&answer[0], lane_a), Some(30), "{answer:?}");
+    assert_eq!(depth_of(&answer[1], lane_b), Some(20), "{answer:?}");
+
+    a.kill9();
+    indexer
+        .wait_lane("dc-a", "retired", |l| l.state() == LaneState::Retired)
+        .await;
+    // Retired before this message was sent: the same stream no longer answers dc-a, and dc-b
+    // keeps its depth.
+    let answer = stream.ask(&[&of_a, &of_b]).await;
+    assert_eq!(depth_of(&answer[0], lane_a), None, "{answer:?}");
+    assert_eq!(depth_of(&answer[1], lane_a), None, "{answer:?}");
+    assert_eq!(depth_of(&answer[1], lane_b), Some(20), "{answer:?}");
+
+    let mut a2 = Producer::start(&dir, "producer-a2", &ProducerSpec::new("dc-a"), &endpoints);
+    a2.store(1, &of_a2).await;
+    wait_converged(&indexer, &a2).await;
+    // Bounded poll on the same stream (the new lane is ready once its snapshot is installed).
+    let polls = DEADLINE.as_millis() / 50;
+    for poll in 0.. {
+        let answer = stream.ask(&[&of_a2, &of_b]).await;
+        match (depth_of(&answer[0], lane_a), depth_of(&answer[1], lane_b)) {
+            (Some(25), Some(20)) => break,
+            _ if poll < polls => tokio::time::sleep(Duration::from_millis(50)).await,
+            _ => panic!("the stream never answered the new incarnation: {answer:?}"),
+        }
+    }
 }
