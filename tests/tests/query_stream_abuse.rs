@@ -4,12 +4,16 @@
 //! slots while their connections stay open (a further stream is refused `RESOURCE_EXHAUSTED`),
 //! and the slots come back once the client's connections close. One stream kept open across a
 //! producer's `kill -9` and restart drops its lane once the lane is retired and answers it again
-//! once the new incarnation has converged, on the same stream.
+//! once the new incarnation has converged, on the same stream. A message within every request
+//! limit whose answer would not fit `limits.max_message_bytes` is refused naming that limit
+//! (it was searched, counted as answered, and failed in tonic's encoder with `OUT_OF_RANGE`).
 
 use std::time::Duration;
 
 use ckf_e2e::check::wait_converged;
-use ckf_e2e::cluster::{Indexer, IndexerSpec, Producer, ProducerSpec, TestDir, channel, format};
+use ckf_e2e::cluster::{
+    Indexer, IndexerSpec, Producer, ProducerSpec, TestDir, channel, format, is_active,
+};
 use ckf_e2e::hashes::HashPool;
 use ckf_e2e::metrics;
 use ckf_e2e::wait::{DEADLINE, eventually};
@@ -244,4 +248,87 @@ async fn an_open_stream_follows_a_producer_killed_and_restarted() {
             _ => panic!("the stream never answered the new incarnation: {answer:?}"),
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_whose_answer_exceeds_max_message_bytes_is_refused_naming_the_limit() {
+    let dir = TestDir::new("query-answer-too-large");
+    // 4 KiB messages and the default max_query_batch of 1 024: 1 024 empty queries are a
+    // 2 KiB request, and with two ready lanes an 8 KiB answer.
+    let spec = IndexerSpec {
+        max_message_bytes: 4 << 10,
+        ..IndexerSpec::default()
+    };
+    let indexer = Indexer::start(&dir, &spec);
+    let (_a, _b) = Producer::start_ab(&dir, &[indexer.url()]);
+    indexer.wait_lane("dc-a", "active", is_active).await;
+    indexer.wait_lane("dc-b", "active", is_active).await;
+    let empty = |n| {
+        vec![
+            v1::BlockHashQuery {
+                block_hashes: vec![]
+            };
+            n
+        ]
+    };
+    let counted = || {
+        let text = indexer.metrics().expect("metrics");
+        [
+            ("find_matches_batch", "ckf_indexer_queries_total"),
+            ("find_matches_batch", "ckf_indexer_queries_refused_total"),
+            ("find_matches_stream", "ckf_indexer_queries_total"),
+            ("find_matches_stream", "ckf_indexer_queries_refused_total"),
+        ]
+        .map(|(method, name)| metrics::value(&text, name, &[("method", method)]).unwrap_or(0.0))
+    };
+    let mut client = QueryClient::new(channel(indexer.addr).await.expect("channel"));
+
+    // What fits is answered.
+    let answer = client
+        .find_matches_batch(v1::FindMatchesBatchRequest { queries: empty(64) })
+        .await
+        .expect("64 queries fit")
+        .into_inner();
+    assert_eq!(answer.results.len(), 64);
+    assert!(
+        answer.results.iter().all(|r| r.ready_mask == 0b11),
+        "{answer:?}"
+    );
+
+    let status = client
+        .find_matches_batch(v1::FindMatchesBatchRequest {
+            queries: empty(1024),
+        })
+        .await
+        .expect_err("the answer does not fit");
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(
+        status.message().contains("limits.max_message_bytes = 4096"),
+        "{status:?}"
+    );
+
+    let (tx, rx) = mpsc::channel(1);
+    tx.send(v1::FindMatchesStreamRequest {
+        id: 9,
+        queries: empty(1024),
+    })
+    .await
+    .expect("queued");
+    let mut answers = client
+        .find_matches_stream(ReceiverStream::new(rx))
+        .await
+        .expect("stream")
+        .into_inner();
+    let status = answers
+        .message()
+        .await
+        .expect_err("the answer does not fit");
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(
+        status.message().contains("limits.max_message_bytes = 4096")
+            && status.message().contains("message id 9"),
+        "{status:?}"
+    );
+    // The refused queries count as refused, not as answered.
+    assert_eq!(counted(), [64.0, 1024.0, 0.0, 1024.0]);
 }
