@@ -8,7 +8,9 @@
 //!   the answers do; a pacer thread releases each message at its due time to the next free
 //!   slot, and the latency is measured **from the due time** (a message waiting for a free slot
 //!   counts that wait: no coordinated omission). With too few slots for the rate the latencies
-//!   grow, as they would for the real callers.
+//!   grow, as they would for the real callers; the messages still unsent when `--duration`
+//!   ends are not sent late but counted as `NOT_SENT` errors (at most `--concurrency` of them
+//!   wait in the pacer's queue, so memory stays bounded whatever the rate).
 //! - Modes: `unary` (`FindMatches`), `batch` (`FindMatchesBatch`, `--batch` queries per
 //!   message), `stream` (`FindMatchesStream`: one stream per slot, `--batch` queries per
 //!   message, each message's id checked in its answer), `tokens` (`FindMatchesByTokens`, the
@@ -62,7 +64,7 @@ pub fn message_interval(rate: f64, per_message: usize) -> Result<Duration> {
     }
     // A rate so small that one message's interval does not fit a `Duration` (or is more than
     // a day) is a typo, not a load test: refuse it instead of panicking in the conversion.
-    Duration::try_from_secs_f64(per_message as f64 / rate)
+    let interval = Duration::try_from_secs_f64(per_message as f64 / rate)
         .ok()
         .filter(|interval| *interval <= MAX_RUN)
         .with_context(|| {
@@ -71,7 +73,17 @@ pub fn message_interval(rate: f64, per_message: usize) -> Result<Duration> {
                  give a rate of at least {:.6} queries/s",
                 per_message as f64 / MAX_RUN.as_secs_f64()
             )
-        })
+        })?;
+    // An interval that rounds to 0 ns makes every message due at the start: no message is ever
+    // due after the end, so the run would never end.
+    if interval.is_zero() {
+        bail!(
+            "--rate {rate}: more than one message of {per_message} queries per nanosecond; \
+             give at most {} queries/s",
+            per_message as f64 * 1e9
+        );
+    }
+    Ok(interval)
 }
 
 /// Longest `--duration` (and longest open-loop interval between two messages): one day.
@@ -346,12 +358,33 @@ impl Schedule {
 
 type Client = QueryClient<AuthedChannel>;
 
+/// The error key of the open-loop messages due before the end of the run that no slot was
+/// free to send by then (the rate is above what `--concurrency` slots sustain).
+pub const NOT_SENT: &str = "NOT_SENT";
+
+/// How many messages of an open-loop run are due before `end` (`interval` apart from `start`,
+/// at most `messages`): the `k` with `due_time(start, interval, k) < end`.
+pub fn due_before(start: Instant, end: Instant, interval: Duration, messages: Option<u64>) -> u64 {
+    let span = end.saturating_duration_since(start).as_nanos();
+    let step = interval.as_nanos().max(1);
+    let due = u64::try_from(span.div_ceil(step)).unwrap_or(u64::MAX);
+    messages.map_or(due, |n| due.min(n))
+}
+
 /// The open-loop pacer: a thread that releases every message of `schedule` at its due time
-/// into `tx` (unbounded: when every slot is busy the message waits in the queue and that wait
-/// counts in its latency, which starts at the due time). A thread with `std::thread::sleep`
-/// (tens of microseconds late at most) and not a tokio timer, whose millisecond ticks would
-/// add up to a millisecond of the generator's own lateness to every latency.
-fn pace(schedule: Arc<Schedule>, tx: flume::Sender<(u64, Instant)>) -> std::thread::JoinHandle<()> {
+/// into `tx` (bounded by the caller; when every slot is busy and the queue is full the pacer
+/// waits, and the waiting message's latency still starts at its due time). A thread with
+/// `std::thread::sleep` (tens of microseconds late at most) and not a tokio timer, whose
+/// millisecond ticks would add up to a millisecond of the generator's own lateness to every
+/// latency.
+///
+/// Returns the messages due before the end that it never released: once the end has passed,
+/// a backlog sent late would stretch the run far past `--duration` (without bound for a rate
+/// far above what the slots sustain), so it is counted as [`NOT_SENT`] instead.
+fn pace(
+    schedule: Arc<Schedule>,
+    tx: flume::Sender<(u64, Instant)>,
+) -> std::thread::JoinHandle<u64> {
     std::thread::spawn(move || {
         while let Some((k, due)) = schedule.take() {
             let due = due.expect("an open-loop schedule has due times");
@@ -359,10 +392,16 @@ fn pace(schedule: Arc<Schedule>, tx: flume::Sender<(u64, Instant)>) -> std::thre
             if due > now {
                 std::thread::sleep(due - now);
             }
+            if let (Some(end), Some(interval)) = (schedule.end, schedule.interval)
+                && now >= end
+            {
+                return due_before(schedule.start, end, interval, schedule.messages) - k;
+            }
             if tx.send((k, due)).is_err() {
-                return;
+                return 0;
             }
         }
+        0
     })
 }
 
@@ -580,7 +619,8 @@ pub async fn run(args: LoadArgs) -> Result<()> {
         })
     };
     let (pacer, paced) = if interval.is_some() {
-        let (tx, rx) = flume::unbounded();
+        // Bounded: a rate above what the slots sustain must not queue messages without bound.
+        let (tx, rx) = flume::bounded(args.concurrency);
         (Some(pace(Arc::clone(&schedule), tx)), Some(rx))
     } else {
         (None, None)
@@ -613,9 +653,12 @@ pub async fn run(args: LoadArgs) -> Result<()> {
     }
     let elapsed = start.elapsed();
     if let Some(pacer) = pacer {
-        pacer
+        let not_sent = pacer
             .join()
             .map_err(|_| anyhow!("the open-loop pacer panicked"))?;
+        if not_sent > 0 {
+            *tally.errors.entry(NOT_SENT).or_default() += not_sent;
+        }
     }
     ticker.abort();
     interrupted.abort();
@@ -770,13 +813,48 @@ mod tests {
             Duration::from_micros(500)
         );
         // 1e-30 and 1e-300 overflowed the Duration conversion (a panic) before it was checked.
-        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY, 1e-30, 1e-300, 1e-6] {
+        // 1e12 and 1e300 gave a zero interval: every message due at the start, a run without end.
+        for bad in [
+            0.0,
+            -1.0,
+            f64::NAN,
+            f64::INFINITY,
+            1e-30,
+            1e-300,
+            1e-6,
+            1e12,
+            1e300,
+        ] {
             assert!(message_interval(bad, 1).is_err(), "{bad}");
         }
         assert_eq!(
             message_interval(1.0 / 86_400.0, 1).unwrap(),
             Duration::from_secs(86_400)
         );
+    }
+
+    #[test]
+    fn the_messages_due_before_the_end_are_those_whose_due_time_is_before_it() {
+        let start = Instant::now();
+        let us = Duration::from_micros(1);
+        for (span, interval, messages) in [
+            (300_000u64, us, None),
+            (10, Duration::from_nanos(3_000), None),
+            (9, Duration::from_nanos(3_000), None),
+            (1_000, us, Some(7)),
+            (0, us, None),
+        ] {
+            let end = start + Duration::from_micros(span);
+            let model = (0..)
+                .take_while(|&k| due_time(start, interval, k) < end)
+                .take_while(|&k| messages.is_none_or(|n| k < n))
+                .count() as u64;
+            assert_eq!(
+                due_before(start, end, interval, messages),
+                model,
+                "{span} {interval:?}"
+            );
+        }
     }
 
     #[test]

@@ -287,6 +287,22 @@ pub enum QueryError {
         /// The limit.
         limit: u32,
     },
+    /// The answer of a batch or stream message would not fit `limits.max_message_bytes` (many
+    /// queries times many ready lanes under a small message limit, though the request fits).
+    #[error(
+        "{at}: the answer of its {queries} queries would be {bytes} bytes \
+         (limits.max_message_bytes = {limit}); send fewer queries per message"
+    )]
+    AnswerTooLarge {
+        /// Which request.
+        at: BatchAt,
+        /// Queries in it.
+        queries: usize,
+        /// Encoded size of the answer.
+        bytes: usize,
+        /// The limit.
+        limit: u64,
+    },
     /// `limits.max_query_streams` `FindMatchesStream` calls are open already.
     #[error(
         "FindMatchesStream: {limit} query streams are open (limits.max_query_streams = {limit}); \
@@ -334,6 +350,7 @@ impl From<QueryError> for Status {
             QueryError::TooManyBlocks { .. }
             | QueryError::TooManyQueries { .. }
             | QueryError::BatchQueryTooLong { .. }
+            | QueryError::AnswerTooLarge { .. }
             | QueryError::Tokens(_) => Status::invalid_argument(error.to_string()),
             QueryError::Shutdown => Status::unavailable(error.to_string()),
             QueryError::TooManyStreams { .. } => Status::resource_exhausted(error.to_string()),

@@ -386,3 +386,87 @@ async fn ckf_load_sends_what_it_reports_with_zero_errors() {
     assert_eq!(report["errors"]["UNAUTHENTICATED"], 5, "{report}");
     assert_eq!(report["error_count"], 5, "{report}");
 }
+
+/// Runs `ckf load` with `args` against `indexer` and waits for it within the deadline (a run
+/// still going then is killed and fails the test: a hang, not a slow run). Its output goes to
+/// files in `dir`.
+async fn ckf_load_bounded(dir: &TestDir, indexer: &Indexer, args: &[&str]) -> std::process::Output {
+    let out_path = dir.path().join("load.out");
+    let err_path = dir.path().join("load.err");
+    let mut child = Command::new(binary("ckf"))
+        .args([
+            "load",
+            "--indexer",
+            &indexer.url(),
+            "--json",
+            "--limit",
+            "50",
+        ])
+        .args(args)
+        .stdout(std::fs::File::create(&out_path).expect("stdout file"))
+        .stderr(std::fs::File::create(&err_path).expect("stderr file"))
+        .spawn()
+        .expect("spawn ckf load");
+    let mut status = None;
+    for _ in 0..DEADLINE.as_millis() / 50 {
+        status = child.try_wait().expect("wait ckf load");
+        if status.is_some() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let Some(status) = status else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("ckf load {args:?} still running after {DEADLINE:?}");
+    };
+    std::process::Output {
+        status,
+        stdout: std::fs::read(&out_path).expect("stdout"),
+        stderr: std::fs::read(&err_path).expect("stderr"),
+    }
+}
+
+/// Open-loop rates beyond the generator: a rate whose interval between messages rounds to zero
+/// is refused (it ran forever: every message was due at the start, so none was due after the
+/// end, and the pacer's unbounded queue grew by gigabytes), and a rate above what the slots
+/// sustain ends at `--duration` with the messages due but never sent counted as `NOT_SENT`
+/// (the backlog was sent after the end, stretching a 0.3 s run to minutes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ckf_load_open_loop_beyond_its_slots_ends_and_counts_what_it_did_not_send() {
+    let dir = TestDir::new("query-load-overrate");
+    let indexer = Indexer::start(&dir, &IndexerSpec::default());
+
+    let out = ckf_load_bounded(&dir, &indexer, &["--rate", "1e12", "--duration", "1"]).await;
+    assert!(!out.status.success(), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--rate"), "{stderr}");
+
+    // One query per message at 1e6/s: one message due every microsecond, 300 000 before the
+    // end; a single slot answers a small part of them.
+    let out = ckf_load_bounded(
+        &dir,
+        &indexer,
+        &[
+            "--mode",
+            "batch",
+            "--batch",
+            "1",
+            "--rate",
+            "1e6",
+            "--duration",
+            "300ms",
+            "--concurrency",
+            "1",
+        ],
+    )
+    .await;
+    assert!(out.status.success(), "{out:?}");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON summary");
+    let answered = report["messages"].as_u64().expect("messages");
+    let not_sent = report["errors"]["NOT_SENT"].as_u64().unwrap_or(0);
+    let failed = report["error_count"].as_u64().expect("error_count") - not_sent;
+    assert!(not_sent > 0, "{report}");
+    assert_eq!(answered + failed + not_sent, 300_000, "{report}");
+    assert_eq!(report["queries_sent"], answered + failed, "{report}");
+}
