@@ -385,7 +385,7 @@ impl Validate for IndexerConfig {
              and answers prefix-match queries for every ready lane (ckf.v1.Query).",
     after_help = "Layers: defaults < --config TOML file < CKF_INDEXER_* environment \
                   (nested keys joined with __, e.g. CKF_INDEXER_LAG__HEARTBEAT_DEADLINE_MS=5000) \
-                  < flags. Logs are filtered by RUST_LOG (default: info). \
+                  < flags. Logs are filtered by RUST_LOG (default: info,zeromq=error). \
                   Example file: deploy/indexer.example.toml."
 )]
 pub struct Cli {

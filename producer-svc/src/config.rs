@@ -618,7 +618,8 @@ fn check_endpoint(endpoint: &str) -> Result<(), String> {
     after_help = "Layers: defaults < TOML file (--config) < environment CKF_PRODUCER_<SECTION>__<KEY> \
                   (e.g. CKF_PRODUCER_POOL__DC=dc-a, CKF_PRODUCER_INDEXERS='[\"http://h:7400\"]') \
                   < flags. \
-                  Log filter: RUST_LOG (default info)."
+                  Log filter: RUST_LOG (default info,zeromq=error: the ZMQ library's \
+                  reconnection warnings are hidden)."
 )]
 pub struct Cli {
     /// TOML configuration file (see deploy/producer.example.toml).
