@@ -289,18 +289,20 @@ async fn batch_and_stream_answer_as_unary_within_limits_and_with_the_token() {
     );
 }
 
+/// `ckf load --json` against `indexer` over the first `limit` requests of the workload, then
+/// `args`.
+fn load_command(indexer: &Indexer, limit: u32, args: &[&str]) -> Command {
+    let mut command = Command::new(binary("ckf"));
+    command
+        .args(["load", "--indexer", &indexer.url(), "--json", "--limit"])
+        .arg(limit.to_string())
+        .args(args);
+    command
+}
+
 /// Runs `ckf load --json` with `args`; returns its JSON summary.
 fn ckf_load(indexer: &Indexer, args: &[&str]) -> serde_json::Value {
-    let out = Command::new(binary("ckf"))
-        .args([
-            "load",
-            "--indexer",
-            &indexer.url(),
-            "--json",
-            "--limit",
-            "200",
-        ])
-        .args(args)
+    let out = load_command(indexer, 200, args)
         .output()
         .expect("run ckf load");
     assert!(out.status.success(), "{out:?}");
@@ -393,16 +395,7 @@ async fn ckf_load_sends_what_it_reports_with_zero_errors() {
 async fn ckf_load_bounded(dir: &TestDir, indexer: &Indexer, args: &[&str]) -> std::process::Output {
     let out_path = dir.path().join("load.out");
     let err_path = dir.path().join("load.err");
-    let mut child = Command::new(binary("ckf"))
-        .args([
-            "load",
-            "--indexer",
-            &indexer.url(),
-            "--json",
-            "--limit",
-            "50",
-        ])
-        .args(args)
+    let mut child = load_command(indexer, 50, args)
         .stdout(std::fs::File::create(&out_path).expect("stdout file"))
         .stderr(std::fs::File::create(&err_path).expect("stderr file"))
         .spawn()
