@@ -6,6 +6,8 @@
 # Each run prints its summary; the cluster is stopped at the end. Binaries: target/release
 # (BIN=dir to use others, e.g. an older build's indexer for a before/after comparison:
 # INDEXER_BIN=path; INDEXER_ENV="VAR=value ..." for its environment only). Ports 17400.. (PORT_BASE=...).
+# INDEXER_CPUS=list / CLIENT_CPUS=list pin the indexer / `ckf load` to those CPUs (`taskset -c`),
+# e.g. INDEXER_CPUS=1 CLIENT_CPUS=0 keeps the load generator off the indexer's core.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-target/release}
@@ -16,7 +18,9 @@ DIR=$(mktemp -d)
 pids=()
 cleanup() { for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done; wait 2>/dev/null; rm -rf "$DIR"; }
 trap cleanup EXIT
-env ${INDEXER_ENV:-} "$INDEXER_BIN" --lanes dc-a,dc-b,dc-c --expected-blocks 1000000 \
+pin() { if [ -n "$1" ]; then echo taskset -c "$1"; fi; }
+# shellcheck disable=SC2046
+env ${INDEXER_ENV:-} $(pin "${INDEXER_CPUS:-}") "$INDEXER_BIN" --lanes dc-a,dc-b,dc-c --expected-blocks 1000000 \
     --listen 127.0.0.1:$P --metrics-listen 127.0.0.1:$((P + 1)) >"$DIR/indexer.log" 2>&1 &
 pids+=($!)
 producers=()
@@ -33,5 +37,6 @@ done
 for run in "$@"; do
     echo "== ckf load --indexer http://127.0.0.1:$P --trace $TRACE --limit 2000 $run"
     # shellcheck disable=SC2086
-    "$BIN/ckf" load --indexer http://127.0.0.1:$P --trace "$TRACE" --limit 2000 $run
+    # shellcheck disable=SC2046
+    $(pin "${CLIENT_CPUS:-}") "$BIN/ckf" load --indexer http://127.0.0.1:$P --trace "$TRACE" --limit 2000 $run
 done

@@ -17,6 +17,7 @@ use ckf_core::tokens::{MAX_BLOCK_SIZE, TokenQueryRules};
 use ckf_proto::convert::WIRE_BYTES_PER_IMAGE;
 use ckf_svc_kit::LogFormat;
 use ckf_svc_kit::config::{ConfigError, Invalid, Layers, Overrides, Validate, at_least, in_range};
+use ckf_svc_kit::serve::{DEFAULT_WORKER_THREADS, MAX_WORKER_THREADS, ProcessSettings};
 use ckf_svc_kit::table::{EXPECTED_BLOCKS_PER_LANE_ALIAS, TableConfig};
 use ckf_svc_kit::tls::{ServerTlsConfig, ServerTlsFlags};
 use ckf_svc_kit::transport::{TransportConfig, TransportFlags};
@@ -178,6 +179,10 @@ pub struct IndexerConfig {
     pub metrics_listen: SocketAddr,
     /// Log line format (`human` or `json`).
     pub log_format: LogFormat,
+    /// Tokio worker threads, `0..=1024`; 0 = one per CPU (tokio's default, or
+    /// `TOKIO_WORKER_THREADS`). On a host shared with the routers, 1 cut the CPU per unary
+    /// query by about a third (README "The query RPC, end to end").
+    pub worker_threads: u32,
     /// TLS of the gRPC listener (`ckf_svc_kit::tls`): certificate, key, client CA, reload.
     pub tls: ServerTlsConfig,
 }
@@ -197,12 +202,21 @@ impl Default for IndexerConfig {
             auth: crate::access::AuthConfig::default(),
             metrics_listen: DEFAULT_METRICS_LISTEN.parse().expect("valid default"),
             log_format: LogFormat::Human,
+            worker_threads: DEFAULT_WORKER_THREADS,
             tls: ServerTlsConfig::default(),
         }
     }
 }
 
 impl IndexerConfig {
+    /// What the process needs before it starts: log format and worker threads.
+    pub fn process(&self) -> ProcessSettings {
+        ProcessSettings {
+            log_format: self.log_format,
+            worker_threads: self.worker_threads,
+        }
+    }
+
     /// A configuration for tests and the in-process demo: defaults with `domain` and `lanes`,
     /// listening on ephemeral loopback ports.
     pub fn for_lanes(domain: &str, lanes: &[&str]) -> Self {
@@ -336,6 +350,12 @@ impl Validate for IndexerConfig {
         listens.extend(self.query_listen.map(|addr| ("query_listen", addr)));
         self.tls.check("tls", &listens)?;
         in_range("block_size", self.block_size, 1..=MAX_BLOCK_SIZE, "tokens")?;
+        in_range(
+            "worker_threads",
+            self.worker_threads,
+            0..=MAX_WORKER_THREADS,
+            "threads",
+        )?;
         self.search_kernel()?;
         in_range(
             "lag.drain_grace_ms",
@@ -413,6 +433,9 @@ pub struct Cli {
     /// Log line format [default: human; key: log_format].
     #[arg(long, value_enum, value_name = "FORMAT")]
     pub log_format: Option<LogFormat>,
+    /// Tokio worker threads, 0..=1024; 0 = one per CPU [default: 0; key: worker_threads].
+    #[arg(long, value_name = "THREADS")]
+    pub worker_threads: Option<u32>,
     /// Tokens per KV block, 1..=65536; must equal the producers' [default: 16; key: block_size].
     #[arg(long, value_name = "TOKENS")]
     pub block_size: Option<u32>,
@@ -496,6 +519,7 @@ impl Cli {
             .set("auth.query_token_file", self.query_token_file.clone())
             .set("auth.required", self.auth_required)
             .set("log_format", self.log_format)
+            .set("worker_threads", self.worker_threads)
             .set("block_size", self.block_size)
             .set("manifest.domain", self.domain.clone())
             .set("manifest.lanes", self.lanes.clone())
@@ -810,6 +834,42 @@ mod tests {
             cli(&["--block-size", "65536"]).load().unwrap().block_size,
             65536
         );
+    }
+
+    #[test]
+    fn worker_threads_reaches_the_process_settings_and_is_bounded() {
+        let default = IndexerConfig::default().process();
+        assert_eq!(
+            (default.worker_threads, default.log_format),
+            (0, LogFormat::Human)
+        );
+        let config = cli(&["--worker-threads", "1", "--log-format", "json"])
+            .load()
+            .unwrap();
+        assert_eq!(
+            config.process(),
+            ProcessSettings {
+                log_format: LogFormat::Json,
+                worker_threads: 1
+            }
+        );
+        // SAFETY (of intent): a prefix only this test reads.
+        unsafe { std::env::set_var("CKF_IT3_WORKER_THREADS", "3") };
+        let from_env = load_with_env(&cli(&[]), "CKF_IT3_").unwrap();
+        assert_eq!(from_env.worker_threads, 3);
+        assert_eq!(
+            cli(&["--worker-threads", "1024"])
+                .load()
+                .unwrap()
+                .worker_threads,
+            1024
+        );
+        let text = cli(&["--worker-threads", "1025"])
+            .load()
+            .unwrap_err()
+            .to_string();
+        assert!(text.contains("worker_threads = 1025"), "{text}");
+        assert!(text.contains("0..=1024 threads"), "{text}");
     }
 
     #[test]

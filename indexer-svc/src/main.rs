@@ -5,7 +5,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use indexer_svc::{Cli, serve};
+use indexer_svc::{Cli, IndexerConfig, serve};
 
 // mimalloc instead of the system allocator: every query allocates its decoded request and its
 // answer (one block per query of a batch), and glibc's malloc/free took about a tenth of the
@@ -18,7 +18,7 @@ fn main() -> ExitCode {
     ckf_svc_kit::serve::run_main(
         "ckf-indexer",
         config,
-        |config| config.log_format,
+        IndexerConfig::process,
         |config, shutdown| async move {
             match async { serve(config, shutdown.wait()).await?.wait().await }.await {
                 Ok(()) => ExitCode::SUCCESS,

@@ -16,6 +16,7 @@ use ckf_svc_kit::TableConfig;
 use ckf_svc_kit::config::{
     ConfigError, Invalid, Layers, Overrides, Validate, at_least, at_most, in_range,
 };
+use ckf_svc_kit::serve::{DEFAULT_WORKER_THREADS, MAX_WORKER_THREADS, ProcessSettings};
 use ckf_svc_kit::tls::{ClientTlsConfig, ServerTlsConfig, ServerTlsFlags};
 use ckf_svc_kit::transport::{TransportConfig, TransportFlags};
 use clap::Parser;
@@ -352,6 +353,9 @@ pub struct ProducerConfig {
     pub metrics_listen: SocketAddr,
     /// Log line format.
     pub log_format: LogFormat,
+    /// Tokio worker threads, `0..=1024`; 0 = one per CPU (tokio's default, or
+    /// `TOKIO_WORKER_THREADS`).
+    pub worker_threads: u32,
     /// Tokens per KV block, the engines' and the indexer's (`--block-size`,
     /// `CKF_BLOCK_SIZE`); a stored event with another block size is refused and counted.
     pub block_size: u32,
@@ -390,6 +394,7 @@ impl Default for ProducerConfig {
             listen: DEFAULT_LISTEN.parse().expect("valid default"),
             metrics_listen: DEFAULT_METRICS_LISTEN.parse().expect("valid default"),
             log_format: LogFormat::Human,
+            worker_threads: DEFAULT_WORKER_THREADS,
             block_size: DEFAULT_BLOCK_SIZE,
             engine: EngineSection::default(),
             engines: Vec::new(),
@@ -551,6 +556,12 @@ impl ProducerConfig {
             "millisecond",
         )?;
         self.transport.validate()?;
+        in_range(
+            "worker_threads",
+            self.worker_threads,
+            0..=MAX_WORKER_THREADS,
+            "threads",
+        )?;
         self.durability.validate()?;
         self.publishers()?;
         crate::access::validate(&self.ingest_auth, self.indexer_token_file.as_deref())?;
@@ -566,6 +577,14 @@ impl ProducerConfig {
         in_range("block_size", self.block_size, 1..=MAX_BLOCK_SIZE, "tokens")?;
         self.engine.validate()?;
         crate::engines::config::expand(&self.engines)
+    }
+
+    /// What the process needs before it starts: log format and worker threads.
+    pub fn process(&self) -> ProcessSettings {
+        ProcessSettings {
+            log_format: self.log_format,
+            worker_threads: self.worker_threads,
+        }
     }
 
     /// `table.max_kicks`: the relocation bound of one cuckoo insertion, in kicks.
@@ -712,6 +731,9 @@ pub struct Cli {
     /// log_format: human or json [default: human].
     #[arg(long, value_name = "FORMAT")]
     pub log_format: Option<LogFormat>,
+    /// worker_threads: tokio worker threads, 0..=1024; 0 = one per CPU [default: 0].
+    #[arg(long, value_name = "THREADS")]
+    pub worker_threads: Option<u32>,
     /// block_size: tokens per KV block, as the engines and the indexer use [default: 16].
     #[arg(long, value_name = "TOKENS", env = "CKF_BLOCK_SIZE")]
     pub block_size: Option<u32>,
@@ -816,6 +838,7 @@ impl Cli {
             .set("listen", self.listen.map(|a| a.to_string()))
             .set("metrics_listen", self.metrics_listen.map(|a| a.to_string()))
             .set("log_format", self.log_format)
+            .set("worker_threads", self.worker_threads)
             .set(
                 "indexers",
                 (!self.indexers.is_empty()).then_some(&self.indexers),

@@ -5,7 +5,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use producer_svc::Cli;
+use producer_svc::{Cli, ProducerConfig};
 
 fn main() -> ExitCode {
     // Big tables get their own mappings, so memory freed after churn leaves the process.
@@ -14,7 +14,7 @@ fn main() -> ExitCode {
     ckf_svc_kit::serve::run_main(
         "ckf-producer",
         config,
-        |config| config.log_format,
+        ProducerConfig::process,
         |config, signals| async move {
             let producer = match producer_svc::serve(config, signals.wait()).await {
                 Ok(p) => p,

@@ -289,3 +289,23 @@ fn help_documents_every_key_with_its_default() {
         assert!(documented, "{key}: default {default} not in {line:?}");
     }
 }
+
+#[test]
+fn worker_threads_reaches_the_process_settings_from_every_layer_and_is_bounded() {
+    let ok = ["--dc", "dc-a", "--indexer", "http://127.0.0.1:7400"];
+    let with =
+        |extra: &[&'static str]| -> Vec<&'static str> { ok.iter().chain(extra).copied().collect() };
+    assert_eq!(ProducerConfig::default().process().worker_threads, 0);
+    let c = load(&cli(&with(&["--worker-threads", "2"])), "CKF_PT4_").unwrap();
+    assert_eq!(c.process().worker_threads, 2);
+    assert_eq!(c.process().log_format, c.log_format);
+    // SAFETY (of intent): a prefix only this test reads.
+    unsafe { std::env::set_var("CKF_PT4_WORKER_THREADS", "3") };
+    assert_eq!(load(&cli(&ok), "CKF_PT4_").unwrap().worker_threads, 3);
+    let c = load(&cli(&with(&["--worker-threads", "1"])), "CKF_PT4_").unwrap();
+    assert_eq!(c.worker_threads, 1, "a flag overrides the environment");
+    let err = load(&cli(&with(&["--worker-threads", "1025"])), "CKF_PT5_").unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("worker_threads = 1025"), "{text}");
+    assert!(text.contains("0..=1024 threads"), "{text}");
+}

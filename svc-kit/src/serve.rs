@@ -112,15 +112,48 @@ pub async fn front(
     Ok((ServingHealth { reporter, services }, router))
 }
 
+/// Default `worker_threads` of both services: 0, tokio's own choice (one worker per CPU the
+/// process may run on, or `TOKIO_WORKER_THREADS` when that is set).
+pub const DEFAULT_WORKER_THREADS: u32 = 0;
+/// Largest accepted `worker_threads`: far more than any host has CPUs; a typo such as 40000
+/// would otherwise spawn that many threads.
+pub const MAX_WORKER_THREADS: u32 = 1_024;
+
+/// What [`run_main`] reads of a service's configuration before anything else runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcessSettings {
+    /// Log line format (the filter comes from `RUST_LOG`).
+    pub log_format: LogFormat,
+    /// Tokio worker threads, `0..=`[`MAX_WORKER_THREADS`]; 0 = tokio's default (one per CPU,
+    /// or `TOKIO_WORKER_THREADS`). Fewer workers than CPUs suit a host shared with the
+    /// clients: a request then wakes fewer threads (the indexer's README measures it).
+    pub worker_threads: u32,
+}
+
+/// The multi-threaded tokio runtime of a service: `worker_threads` workers (0 = tokio's
+/// default), threads named `name`, I/O and timers enabled.
+///
+/// # Errors
+/// The OS refused to create the runtime's threads or its I/O driver.
+pub fn runtime(name: &str, worker_threads: u32) -> io::Result<tokio::runtime::Runtime> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.enable_all().thread_name(name);
+    if worker_threads > 0 {
+        builder.worker_threads(worker_threads as usize);
+    }
+    builder.build()
+}
+
 /// A service binary's `main`: `config` (the parsed and validated configuration) or its error,
 /// printed as `{name}: {error}` on stderr with exit status 2; then logging in the format
-/// `log_format` picks (default filter `info`), a multi-threaded tokio runtime whose threads are
-/// named `name` (a runtime that cannot start: exit status 1), and `run` given the configuration
-/// and a [`Shutdown`] triggered by SIGTERM/SIGINT. `run`'s exit status is the process's.
+/// `settings` picks (default filter `info`), a multi-threaded tokio runtime with `settings`'
+/// worker threads named `name` ([`runtime`]; a runtime that cannot start: exit status 1), and
+/// `run` given the configuration and a [`Shutdown`] triggered by SIGTERM/SIGINT. `run`'s exit
+/// status is the process's.
 pub fn run_main<C, E, Fut>(
     name: &str,
     config: Result<C, E>,
-    log_format: impl FnOnce(&C) -> LogFormat,
+    settings: impl FnOnce(&C) -> ProcessSettings,
     run: impl FnOnce(C, Shutdown) -> Fut,
 ) -> ExitCode
 where
@@ -137,12 +170,9 @@ where
     // Only fails when a subscriber is already installed, which cannot happen in a binary.
     // `zeromq=error`: the ZMQ library warns on every failed reconnection to an engine that is not
     // up yet (expected: a producer may start before its engines); `engine_connected` says it.
-    let _ = init_tracing(log_format(&config), "info,zeromq=error");
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_name(name)
-        .build()
-    {
+    let settings = settings(&config);
+    let _ = init_tracing(settings.log_format, "info,zeromq=error");
+    let runtime = match runtime(name, settings.worker_threads) {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("{name}: cannot start the tokio runtime: {error}");
@@ -189,7 +219,7 @@ mod tests {
         let code = run_main(
             "ckf-test",
             Err::<(), _>("bad key"),
-            |()| LogFormat::Human,
+            |()| HUMAN_DEFAULT_THREADS,
             |(), _| {
                 started = true;
                 async { ExitCode::SUCCESS }
@@ -204,12 +234,40 @@ mod tests {
         let code = run_main(
             "ckf-test",
             Ok::<_, String>(7u8),
-            |_| LogFormat::Human,
+            |_| ProcessSettings {
+                log_format: LogFormat::Human,
+                worker_threads: 3,
+            },
             |n, shutdown| async move {
                 assert!(!shutdown.is_triggered());
+                // The configured worker count reached the runtime `run` runs on.
+                assert_eq!(tokio::runtime::Handle::current().metrics().num_workers(), 3);
                 ExitCode::from(n)
             },
         );
         assert_eq!(code, ExitCode::from(7));
+    }
+
+    const HUMAN_DEFAULT_THREADS: ProcessSettings = ProcessSettings {
+        log_format: LogFormat::Human,
+        worker_threads: DEFAULT_WORKER_THREADS,
+    };
+
+    #[test]
+    fn worker_threads_sets_the_runtime_s_workers_and_0_keeps_tokio_s_default() {
+        for workers in [1, 2, 5] {
+            let rt = runtime("ckf-test", workers).unwrap();
+            assert_eq!(rt.metrics().num_workers(), workers as usize);
+            // The workers carry the service's name (what `top -H` and `/proc/*/task` show).
+            let name = rt.block_on(async {
+                tokio::spawn(async { std::thread::current().name().map(str::to_owned) })
+                    .await
+                    .unwrap()
+            });
+            assert_eq!(name.as_deref(), Some("ckf-test"));
+        }
+        // 0: tokio's choice, which is at least one worker (one per CPU unless
+        // TOKIO_WORKER_THREADS says otherwise).
+        assert!(runtime("ckf-test", 0).unwrap().metrics().num_workers() >= 1);
     }
 }
