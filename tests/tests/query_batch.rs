@@ -370,6 +370,16 @@ async fn ckf_load_sends_what_it_reports_with_zero_errors() {
         // The indexer was found from the URL's port and its CPU time read from /proc.
         assert_eq!(report["indexer_pid"], indexer.pid(), "{what}");
         assert!(report["indexer_cpu_us_per_query"].is_number(), "{what}");
+        // The send delay (due time to sent) exists only for a run on a schedule, and is part
+        // of each message's latency, so it cannot exceed the largest one.
+        if flags.contains(&"--rate") {
+            let delay = &report["send_delay_us"];
+            let (p50, max) = (delay["p50"].as_f64(), delay["max"].as_f64());
+            assert!(p50.is_some_and(|p| p > 0.0) && max >= p50, "{what}");
+            assert!(max <= report["latency_us"]["max"].as_f64(), "{what}");
+        } else {
+            assert!(report["send_delay_us"].is_null(), "{what}");
+        }
         *expected.entry(method).or_default() += (messages * per_message) as f64;
     }
     // The indexer answered exactly those queries.
