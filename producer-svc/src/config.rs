@@ -16,7 +16,7 @@ use ckf_svc_kit::TableConfig;
 use ckf_svc_kit::config::{
     ConfigError, Invalid, Layers, Overrides, Validate, at_least, at_most, in_range,
 };
-use ckf_svc_kit::serve::{DEFAULT_WORKER_THREADS, MAX_WORKER_THREADS, ProcessSettings};
+use ckf_svc_kit::serve::{DEFAULT_WORKER_THREADS, ProcessSettings, validate_worker_threads};
 use ckf_svc_kit::tls::{ClientTlsConfig, ServerTlsConfig, ServerTlsFlags};
 use ckf_svc_kit::transport::{TransportConfig, TransportFlags};
 use clap::Parser;
@@ -353,8 +353,9 @@ pub struct ProducerConfig {
     pub metrics_listen: SocketAddr,
     /// Log line format.
     pub log_format: LogFormat,
-    /// Tokio worker threads, `0..=1024`; 0 = one per CPU (tokio's default, or
-    /// `TOKIO_WORKER_THREADS`).
+    /// Tokio worker threads of the `ckf-producer` process, `0..=1024`; 0 = one per CPU
+    /// (tokio's default, or `TOKIO_WORKER_THREADS`). A program that calls [`crate::serve`]
+    /// itself runs it on its own runtime, and this key is not read.
     pub worker_threads: u32,
     /// Tokens per KV block, the engines' and the indexer's (`--block-size`,
     /// `CKF_BLOCK_SIZE`); a stored event with another block size is refused and counted.
@@ -556,12 +557,7 @@ impl ProducerConfig {
             "millisecond",
         )?;
         self.transport.validate()?;
-        in_range(
-            "worker_threads",
-            self.worker_threads,
-            0..=MAX_WORKER_THREADS,
-            "threads",
-        )?;
+        validate_worker_threads(self.worker_threads)?;
         self.durability.validate()?;
         self.publishers()?;
         crate::access::validate(&self.ingest_auth, self.indexer_token_file.as_deref())?;

@@ -18,6 +18,7 @@ use tonic::transport::server::Router;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
+use crate::config::{Invalid, in_range};
 use crate::grpc::{self, BoundListener};
 use crate::logging::{LogFormat, init_tracing};
 use crate::metrics::{MetricsServer, serve_metrics};
@@ -128,6 +129,19 @@ pub struct ProcessSettings {
     /// or `TOKIO_WORKER_THREADS`). Fewer workers than CPUs suit a host shared with the
     /// clients: a request then wakes fewer threads (the indexer's README measures it).
     pub worker_threads: u32,
+}
+
+/// Checks a service's `worker_threads` key.
+///
+/// # Errors
+/// [`Invalid`] naming `worker_threads` when it is above [`MAX_WORKER_THREADS`].
+pub fn validate_worker_threads(worker_threads: u32) -> Result<(), Invalid> {
+    in_range(
+        "worker_threads",
+        worker_threads,
+        0..=MAX_WORKER_THREADS,
+        "threads",
+    )
 }
 
 /// The multi-threaded tokio runtime of a service: `worker_threads` workers (0 = tokio's
