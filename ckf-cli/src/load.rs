@@ -777,7 +777,7 @@ pub fn json_report(args: &LoadArgs, per_message: usize, report: &LoadReport) -> 
             "max": t.latency_us(1.0),
         },
         // Open loop: due time to send, per message (null in closed loop).
-        "send_delay_us": t.send_delay_us(0.5).map(|_| json!({
+        "send_delay_us": (!t.send_delay.is_empty()).then(|| json!({
             "p50": t.send_delay_us(0.50),
             "p99": t.send_delay_us(0.99),
             "max": t.send_delay_us(1.0),
