@@ -36,7 +36,6 @@ done
     --json >"$DIR/replay.json"
 for run in "$@"; do
     echo "== ckf load --indexer http://127.0.0.1:$P --trace $TRACE --limit 2000 $run"
-    # shellcheck disable=SC2086
-    # shellcheck disable=SC2046
+    # shellcheck disable=SC2046,SC2086
     $(pin "${CLIENT_CPUS:-}") "$BIN/ckf" load --indexer http://127.0.0.1:$P --trace "$TRACE" --limit 2000 $run
 done
