@@ -324,6 +324,10 @@ pub enum LoadMode {
     Stream,
     /// `FindMatchesByTokens`: each query's blocks as `--block-size` token ids each.
     Tokens,
+    /// `grpc.health.v1.Health/Check` of `ckf.v1.Query` on the same server, one per request:
+    /// no search, so its CPU per call is the floor of a unary RPC there (the baseline for
+    /// `unary`).
+    Health,
 }
 
 impl LoadMode {
@@ -334,6 +338,7 @@ impl LoadMode {
             LoadMode::Batch => "batch",
             LoadMode::Stream => "stream",
             LoadMode::Tokens => "tokens",
+            LoadMode::Health => "health",
         }
     }
 }

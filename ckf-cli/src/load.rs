@@ -14,7 +14,10 @@
 //! - Modes: `unary` (`FindMatches`), `batch` (`FindMatchesBatch`, `--batch` queries per
 //!   message), `stream` (`FindMatchesStream`: one stream per slot, `--batch` queries per
 //!   message, each message's id checked in its answer), `tokens` (`FindMatchesByTokens`, the
-//!   workload's blocks as `--block-size` token ids each, [`crate::feed::block_tokens`]).
+//!   workload's blocks as `--block-size` token ids each, [`crate::feed::block_tokens`]), and
+//!   `health` (`grpc.health.v1.Health/Check` for `ckf.v1.Query` on the same server: no search
+//!   and no query decode, so its CPU per call is the floor of a unary RPC there, HTTP/2, HPACK,
+//!   protobuf, tonic and the runtime, the baseline to hold unary `FindMatches` against).
 //! - Queries: the built-in synthetic workload or a Mooncake trace (`--trace`), chained into
 //!   sequence block hashes ([`crate::hashing`]), sent in order and cycled.
 //! - Summary: queries and messages answered per second, latency per message
@@ -38,6 +41,9 @@ use serde_json::json;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Code;
+use tonic_health::pb::{
+    HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
+};
 
 use crate::cli::{LoadArgs, LoadMode};
 use crate::commands::{client_tls, connect_with, load_workload, token_of};
@@ -138,6 +144,12 @@ pub fn code_name(code: Code) -> &'static str {
 
 /// The error key of a stream answer whose id is not the id sent (never expected).
 pub const ID_MISMATCH: &str = "ID_MISMATCH";
+
+/// The error key of a health check answered with a status other than `SERVING`.
+pub const NOT_SERVING: &str = "NOT_SERVING";
+
+/// The service `--mode health` checks: the Query service the other modes drive.
+pub const HEALTH_CHECKED_SERVICE: &str = "ckf.v1.Query";
 
 /// A process's CPU time so far (user + system), from `/proc/<pid>/stat`.
 ///
@@ -381,7 +393,12 @@ impl Schedule {
     }
 }
 
-type Client = QueryClient<AuthedChannel>;
+/// One connection's clients: the Query service, and the health service on the same channel.
+#[derive(Clone)]
+struct Client {
+    query: QueryClient<AuthedChannel>,
+    health: HealthClient<AuthedChannel>,
+}
 
 /// Sets the calling thread's timer slack to 1 ns (Linux `PR_SET_TIMERSLACK`), so its sleeps
 /// end when asked rather than up to the default 50 us later (`prctl(2)`). Elsewhere, or if
@@ -486,6 +503,7 @@ async fn slot(
                     .cloned()
                     .unwrap_or_default();
                 client
+                    .query
                     .find_matches(v1::FindMatchesRequest { block_hashes })
                     .await
                     .map(drop)
@@ -501,6 +519,7 @@ async fn slot(
                     .flat_map(|&h| block_tokens(h, block_size))
                     .collect();
                 client
+                    .query
                     .find_matches_by_tokens(v1::FindMatchesByTokensRequest {
                         token_ids,
                         // Sent, so an indexer with another block size refuses the run's
@@ -513,6 +532,7 @@ async fn slot(
                     .map_err(|s| code_name(s.code()))
             }
             LoadMode::Batch => client
+                .query
                 .find_matches_batch(v1::FindMatchesBatchRequest { queries: batch() })
                 .await
                 .map(drop)
@@ -524,6 +544,17 @@ async fn slot(
                 }
                 result
             }
+            LoadMode::Health => match client
+                .health
+                .check(HealthCheckRequest {
+                    service: HEALTH_CHECKED_SERVICE.into(),
+                })
+                .await
+            {
+                Ok(answer) if answer.get_ref().status == ServingStatus::Serving as i32 => Ok(()),
+                Ok(_) => Err(NOT_SERVING),
+                Err(status) => Err(code_name(status.code())),
+            },
         };
         match outcome {
             Ok(()) => tally.answered(due.unwrap_or(sent).elapsed(), per_message),
@@ -547,6 +578,7 @@ async fn stream_one(
     if stream.is_none() {
         let (tx, rx) = mpsc::channel(1);
         let answers = client
+            .query
             .find_matches_stream(ReceiverStream::new(rx))
             .await
             .map_err(|s| code_name(s.code()))?
@@ -592,7 +624,7 @@ impl LoadReport {
 pub async fn run(args: LoadArgs) -> Result<()> {
     let per_message = match args.mode {
         LoadMode::Batch | LoadMode::Stream => args.batch,
-        LoadMode::Unary | LoadMode::Tokens => 1,
+        LoadMode::Unary | LoadMode::Tokens | LoadMode::Health => 1,
     };
     if per_message == 0 || args.concurrency == 0 || args.connections == 0 {
         bail!("--batch, --concurrency and --connections must be at least 1");
@@ -613,12 +645,16 @@ pub async fn run(args: LoadArgs) -> Result<()> {
     let tls = client_tls(&args.tls)?;
     let mut clients = Vec::with_capacity(args.connections);
     for _ in 0..args.connections {
-        let channel = connect_with(&args.indexer, tls.as_ref()).await?;
-        clients.push(
-            QueryClient::new(authed(channel, token.clone()))
+        let channel = authed(
+            connect_with(&args.indexer, tls.as_ref()).await?,
+            token.clone(),
+        );
+        clients.push(Client {
+            query: QueryClient::new(channel.clone())
                 .max_decoding_message_size(64 << 20)
                 .max_encoding_message_size(64 << 20),
-        );
+            health: HealthClient::new(channel),
+        });
     }
     let pid = args
         .indexer_pid
@@ -794,15 +830,20 @@ pub fn json_report(args: &LoadArgs, per_message: usize, report: &LoadReport) -> 
 pub fn text_report(args: &LoadArgs, per_message: usize, report: &LoadReport) -> String {
     let t = &report.tally;
     let seconds = report.elapsed.as_secs_f64();
+    // A health check is counted where a query would be; the text names it.
+    let unit = match args.mode {
+        LoadMode::Health => "health checks",
+        _ => "queries",
+    };
     let mut out = format!(
-        "ckf load: {} ({per_message} queries/message), {}, {} in flight over {} connection(s), {seconds:.2} s\n",
+        "ckf load: {} ({per_message} {unit}/message), {}, {} in flight over {} connection(s), {seconds:.2} s\n",
         args.mode.name(),
         loop_kind(args),
         args.concurrency,
         args.connections,
     );
     out += &format!(
-        "answered   {} queries ({:.0}/s) in {} messages ({:.0}/s); {} queries sent\n",
+        "answered   {} {unit} ({:.0}/s) in {} messages ({:.0}/s); {} {unit} sent\n",
         t.queries,
         t.queries as f64 / seconds,
         t.messages,
@@ -835,14 +876,16 @@ pub fn text_report(args: &LoadArgs, per_message: usize, report: &LoadReport) -> 
     match (report.indexer_cpu, report.cpu_per_query_us()) {
         (Some((pid, cpu)), Some(per_query)) => {
             out += &format!(
-                "indexer    pid {pid}: {:.3} s CPU, {per_query:.2} us per query\n",
-                cpu.as_secs_f64()
+                "indexer    pid {pid}: {:.3} s CPU, {per_query:.2} us per {}\n",
+                cpu.as_secs_f64(),
+                unit.trim_end_matches('s'),
             );
         }
         (Some((pid, cpu)), None) => {
             out += &format!(
-                "indexer    pid {pid}: {:.3} s CPU, no query answered (no CPU per query)\n",
-                cpu.as_secs_f64()
+                "indexer    pid {pid}: {:.3} s CPU, none answered (no CPU per {})\n",
+                cpu.as_secs_f64(),
+                unit.trim_end_matches('s'),
             );
         }
         _ => out += "indexer    CPU not measured (not on this host, or give --indexer-pid)\n",
@@ -964,6 +1007,42 @@ mod tests {
         assert_eq!(firsts(0), [0, 1, 2]);
         assert_eq!(firsts(1), [3, 4, 0]);
         assert_eq!(firsts(5), [0, 1, 2]);
+    }
+
+    #[test]
+    fn the_text_summary_names_what_a_mode_counts() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            load: LoadArgs,
+        }
+        let args = |mode: &str| {
+            Cli::try_parse_from(["load", "--indexer", "http://127.0.0.1:1", "--mode", mode])
+                .expect("valid flags")
+                .load
+        };
+        let mut tally = Tally::new();
+        tally.answered(Duration::from_micros(30), 1);
+        tally.sent = 1;
+        let report = LoadReport {
+            tally,
+            elapsed: Duration::from_secs(1),
+            indexer_cpu: Some((7, Duration::from_micros(25))),
+        };
+        let health = text_report(&args("health"), 1, &report);
+        assert!(
+            health.starts_with("ckf load: health (1 health checks/message)"),
+            "{health}"
+        );
+        assert!(
+            health.contains("answered   1 health checks (1/s)"),
+            "{health}"
+        );
+        assert!(health.contains("25.00 us per health check"), "{health}");
+        let unary = text_report(&args("unary"), 1, &report);
+        assert!(unary.contains("answered   1 queries (1/s)"), "{unary}");
+        assert!(unary.contains("25.00 us per query"), "{unary}");
     }
 
     #[test]

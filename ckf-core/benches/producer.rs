@@ -30,6 +30,20 @@
 //! and std's SipHash `RandomState`. Each is run three times, interleaved, and the best on-CPU
 //! rate kept; ratios are against the producer's hasher (see `src/dc/hasher.rs` for why it is
 //! foldhash). The 2^22-bucket row is left out of that table (nine more fills of 14 M blocks).
+//!
+//! Prefetch hint (`hint`): the "ckf" and "+pub" columns apply each event after
+//! `DcCkfState::prefetch_next` of the next event's blocks, as the producer's actor does within
+//! an ingest batch; `hint` is that rate over a third run without the hint (the state ignores
+//! it below 2^20 buckets, so those rows show the noise of two identical runs).
+//!
+//! Memory floor (`floor ops/s`, `ckf/floor`): the same block ops with no filter and no map,
+//! only the cache lines a block op touches: two random 64-byte lines of a region the size of
+//! the filter table (its two candidate buckets, one of them written) and two of a region the
+//! size of the exact state (the block map's two candidate lines, one written), chosen from
+//! the block hash's mix, prefetched [`FLOOR_PREFETCH_OPS`] ops ahead in one unbroken ring
+//! (across events, which the real ingest does not do), on memory marked for huge pages like
+//! the state's tables. No design that touches four random lines per op runs faster on this
+//! machine; in cache it is a few ns per op, out of cache it is the DRAM bound.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::BuildHasher;
@@ -45,6 +59,9 @@ const EVENT_BLOCKS: usize = 16;
 const SHARED_PERCENT: u64 = 20;
 const STEADY_BLOCK_OPS: usize = 2_000_000;
 const BATCH_EVERY_EVENTS: usize = 64;
+/// How many block ops ahead the memory floor prefetches (the ingest's own ring is 8 blocks
+/// within an event; a longer unbroken ring only favours the floor).
+const FLOOR_PREFETCH_OPS: usize = 16;
 
 #[derive(Clone, Copy)]
 enum Kind {
@@ -133,9 +150,15 @@ fn workload(capacity: usize, seed: u64) -> Workload {
     }
 }
 
-fn apply_ckf(state: &mut DcCkfState, events: &[Event], publish: bool) -> u64 {
+/// Applies `events` in order; with `hint`, each event is preceded by
+/// `DcCkfState::prefetch_next` of the next one's blocks, as the producer's actor does within an
+/// ingest batch. Returns the blocks omitted.
+fn apply_ckf(state: &mut DcCkfState, events: &[Event], publish: bool, hint: bool) -> u64 {
     let mut omitted = 0u64;
     for (i, e) in events.iter().enumerate() {
+        if hint && let Some(next) = events.get(i + 1) {
+            state.prefetch_next(&next.blocks);
+        }
         let out = match e.kind {
             Kind::Store => state.store(e.member, &e.blocks),
             Kind::Remove => state.remove(e.member, &e.blocks),
@@ -244,6 +267,80 @@ fn rate(ops: f64, run: impl FnOnce()) -> f64 {
     ops * 1e9 / (cpu_ns() - start).max(1) as f64
 }
 
+/// `n` zeroed 64-byte lines whose 2 MiB-aligned interior is marked `MADV_HUGEPAGE` before the
+/// zero fill, as the producer's tables are (`ckf_core`'s `huge_pages::zeroed_vec`, which is
+/// crate-private).
+fn huge_lines(n: usize) -> Vec<[u64; 8]> {
+    let mut v: Vec<[u64; 8]> = Vec::with_capacity(n);
+    const HUGE: usize = 2 << 20;
+    let start = v.as_ptr() as usize;
+    let (lo, hi) = (start.next_multiple_of(HUGE), (start + n * 64) & !(HUGE - 1));
+    if hi > lo {
+        // SAFETY: [lo, hi) lies inside the allocation just made; the advice only changes how
+        // the kernel backs its pages (best effort, the result is ignored).
+        unsafe { libc::madvise(lo as *mut libc::c_void, hi - lo, libc::MADV_HUGEPAGE) };
+    }
+    v.resize(n, [0; 8]);
+    v
+}
+
+/// The memory floor's block ops per second (see the module docs): every block of `events`
+/// reads two random lines of `filter_lines` and two of `map_lines` and writes one of each.
+fn floor_rate(events: &[Event], filter_lines: usize, map_lines: usize, ops: f64) -> f64 {
+    let mut filter = huge_lines(filter_lines.max(1));
+    let mut map = huge_lines(map_lines.max(1));
+    let hashes: Vec<u64> = events
+        .iter()
+        .flat_map(|e| e.blocks.iter().copied())
+        .collect();
+    // Four line indices from one mix: 32-bit halves scaled to each region (multiply-shift),
+    // the second of each pair from a remix, as the filter's alternate and the map's second
+    // line are independent of the first.
+    let (nf, nm) = (filter.len(), map.len());
+    let lines = move |h: u64| {
+        let (a, b) = (fmix64(h ^ 0xF100_0F00), fmix64(h ^ 0x0BAD_CAFE));
+        let scale = |x: u64, n: usize| (((x & 0xFFFF_FFFF) * n as u64) >> 32) as usize;
+        [
+            scale(a, nf),
+            scale(b, nf),
+            scale(a >> 32, nm),
+            scale(b >> 32, nm),
+        ]
+    };
+    let touch = |v: &[[u64; 8]], i: usize| {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: prefetch is a hint; the pointer is in bounds.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch(
+                v.as_ptr().add(i).cast(),
+                std::arch::x86_64::_MM_HINT_T0,
+            )
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        black_box(&v[i]);
+    };
+    let mut sink = 0u64;
+    let floor = rate(ops, || {
+        for (k, &h) in hashes.iter().enumerate() {
+            if let Some(&ahead) = hashes.get(k + FLOOR_PREFETCH_OPS) {
+                let [f1, f2, m1, m2] = lines(ahead);
+                touch(&filter, f1);
+                touch(&filter, f2);
+                touch(&map, m1);
+                touch(&map, m2);
+            }
+            let [f1, f2, m1, m2] = lines(h);
+            let (fa, fb) = (filter[f1][0], filter[f2][0]);
+            filter[if fa <= fb { f1 } else { f2 }][0] += 1;
+            let (ma, mb) = (map[m1][1], map[m2][1]);
+            map[if ma <= mb { m1 } else { m2 }][1] = ma ^ mb ^ h;
+            sink = sink.wrapping_add(fa ^ mb);
+        }
+    });
+    black_box((sink, &filter, &map));
+    floor
+}
+
 fn block_ops(events: &[Event]) -> usize {
     events.iter().map(|e| e.blocks.len()).sum()
 }
@@ -254,7 +351,7 @@ fn main() {
          {SHARED_PERCENT}% shared stores, {STEADY_BLOCK_OPS} timed block ops per run"
     );
     println!(
-        "{:>9} {:>6} {:>6} {:>8} {:>11} {:>11} {:>11} {:>7} {:>7} {:>8} {:>8} {:>8}",
+        "{:>9} {:>6} {:>6} {:>8} {:>11} {:>11} {:>11} {:>7} {:>7} {:>8} {:>8} {:>8} {:>11} {:>9} {:>7}",
         "buckets",
         "target",
         "load",
@@ -266,7 +363,10 @@ fn main() {
         "+pub",
         "kicks/op",
         "B/block",
-        "exact B"
+        "exact B",
+        "floor ops/s",
+        "ckf/floor",
+        "hint"
     );
     let mut hasher_rows = Vec::new();
     let rows: [(u64, &[f64]); 3] = [
@@ -295,16 +395,24 @@ fn main() {
             let w = workload(capacity, seed);
             let ops = block_ops(&w.steady) as f64;
 
-            let mut rates = [0.0f64; 2];
+            // [ingest, ingest + publication, ingest without the prefetch hint]
+            let mut rates = [0.0f64; 3];
             let mut last = None;
-            for (i, publish) in [false, true].into_iter().enumerate() {
+            for (i, (publish, hint)) in [(false, true), (true, true), (false, false)]
+                .into_iter()
+                .enumerate()
+            {
                 let mut state = DcCkfState::new(DcCkfConfig::new(format)).unwrap();
-                apply_ckf(&mut state, &w.warmup, false);
+                apply_ckf(&mut state, &w.warmup, false, hint);
                 state.take_batch();
                 let kicks_before = state.stats().kicks_total;
                 let mut omitted = 0;
-                rates[i] = rate(ops, || omitted = apply_ckf(&mut state, &w.steady, publish));
-                last = Some((state.stats(), omitted, kicks_before));
+                rates[i] = rate(ops, || {
+                    omitted = apply_ckf(&mut state, &w.steady, publish, hint)
+                });
+                if i == 0 {
+                    last = Some((state.stats(), omitted, kicks_before));
+                }
             }
             let mut baseline: HashMap<u64, u32, FoldHashBuilder> = HashMap::default();
             apply_baseline(&mut baseline, &w.warmup);
@@ -316,8 +424,14 @@ fn main() {
             }
 
             let (stats, omitted, kicks_before) = last.expect("two runs");
+            let floor = floor_rate(
+                &w.steady,
+                bucket_count as usize / 8,
+                stats.exact_bytes as usize / 64,
+                ops,
+            );
             println!(
-                "{:>9} {:>5.0}% {:>6.3} {:>8} {:>9.2} M {:>9.2} M {:>9.2} M {:>7.2} {:>7.2} {:>8.3} {:>8.1} {:>8.1}",
+                "{:>9} {:>5.0}% {:>6.3} {:>8} {:>9.2} M {:>9.2} M {:>9.2} M {:>7.2} {:>7.2} {:>8.3} {:>8.1} {:>8.1} {:>9.2} M {:>9.2} {:>7.2}",
                 bucket_count,
                 load * 100.0,
                 stats.load_factor,
@@ -329,14 +443,19 @@ fn main() {
                 rates[1] / base,
                 (stats.kicks_total - kicks_before) as f64 / ops,
                 stats.bytes_per_tracked_block(),
-                stats.exact_bytes_per_tracked_block()
+                stats.exact_bytes_per_tracked_block(),
+                floor / 1e6,
+                rates[0] / floor,
+                rates[0] / rates[2],
             );
         }
     }
     println!(
         "ratio = ckf ingest ops/s / exact refcount-index ops/s; +pub = the same with publication; \
          same events, same run, on-CPU time. B/block = producer bytes_used / unique blocks; \
-         exact B = exact_bytes (block map + members) / unique blocks."
+         exact B = exact_bytes (block map + members) / unique blocks. floor = four random lines \
+         per block op and nothing else (module docs), same ops, same run; ckf/floor = ckf / floor; \
+         hint = ckf / the same ingest without DcCkfState::prefetch_next (taken from 2^20 buckets)."
     );
     println!();
     println!(

@@ -392,6 +392,26 @@ async fn ckf_load_sends_what_it_reports_with_zero_errors() {
         );
     }
 
+    // Health mode (the unary floor): every check is answered SERVING and timed like a query,
+    // and none of them reaches the Query service.
+    let report = ckf_load(
+        &indexer,
+        &["--mode", "health", "--requests", "50", "--concurrency", "2"],
+    );
+    assert_eq!(report["mode"], "health", "{report}");
+    assert_eq!(report["messages"], 50, "{report}");
+    assert_eq!(report["queries"], 50, "{report}");
+    assert_eq!(report["error_count"], 0, "{report}");
+    assert!(report["indexer_cpu_us_per_query"].is_number(), "{report}");
+    let after_health = indexer.metrics().expect("metrics");
+    for method in ["find_matches", "find_matches_batch", "find_matches_stream"] {
+        assert_eq!(
+            answered(&after_health, method),
+            answered(&after, method),
+            "{method}"
+        );
+    }
+
     // Without the token every message fails UNAUTHENTICATED, counted by code.
     let report = ckf_load(&indexer, &["--mode", "batch", "--requests", "5"]);
     assert_eq!(report["queries"], 0, "{report}");

@@ -48,6 +48,18 @@ pub enum KvEventKind {
     Cleared,
 }
 
+impl KvEventKind {
+    /// The block hashes a store or removal names, in order; empty for [`KvEventKind::Cleared`].
+    pub fn block_hashes(&self) -> &[u64] {
+        match self {
+            KvEventKind::Stored { block_hashes, .. } | KvEventKind::Removed { block_hashes } => {
+                block_hashes
+            }
+            KvEventKind::Cleared => &[],
+        }
+    }
+}
+
 /// One KV event of one member.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
