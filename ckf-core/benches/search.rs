@@ -555,72 +555,12 @@ fn flush_query_rows(_ix: &GlobalCkfIndexer, _q: &[u64]) {
     panic!("the cold-LLC bench uses clflush (x86-64 only)");
 }
 
-/// How many leading positions of `q` the search probes on `ix`: it stops after the first
-/// position where no ready lane still matches, so `min(len, deepest depth + 1)`.
-fn probed_positions(ix: &GlobalCkfIndexer, q: &[u64]) -> usize {
-    let deepest = ix.find_prefix_matches(q).iter().map(|(_, d)| d).max();
-    q.len().min(deepest.map_or(1, |d| d as usize + 1))
-}
-
-/// The memory floor of one query (the `floor` series of `-- cold`): reads one word of every
-/// 64-byte line of both candidate rows of the first `probed` positions, the lines the search
-/// reads, prefetched `ckf_core`'s 24 positions ahead like the kernels do, with no fingerprint
-/// compare and no lane bookkeeping. Returns the XOR of the words read.
-#[inline(never)]
-fn line_floor_query(ix: &GlobalCkfIndexer, q: &[u64], probed: usize) -> u64 {
-    const AHEAD: usize = 24;
-    let addressing = ix.addressing();
-    let table = ix.table();
-    let rows = |h: u64| {
-        let loc = addressing.locate(h);
-        [
-            table.row(loc.bucket_a as usize),
-            table.row(loc.bucket_b as usize),
-        ]
-    };
-    let prefetch = |h: u64| {
-        for row in rows(h) {
-            let (start, bytes) = (row.as_ptr() as usize, std::mem::size_of_val(row));
-            for line in (start & !63..start + bytes).step_by(64) {
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: prefetch is a hint; the address is in (or aligns down into) a live row.
-                unsafe {
-                    std::arch::x86_64::_mm_prefetch(
-                        line.max(start) as *const i8,
-                        std::arch::x86_64::_MM_HINT_T0,
-                    )
-                };
-            }
-        }
-    };
-    let q = &q[..probed];
-    for &h in &q[..q.len().min(AHEAD)] {
-        prefetch(h);
-    }
-    let mut acc = 0u64;
-    for (i, &h) in q.iter().enumerate() {
-        if let Some(&ahead) = q.get(i + AHEAD) {
-            prefetch(ahead);
-        }
-        for row in rows(h) {
-            // One word per 64-byte line of the row (8 words per line).
-            for word in row.iter().step_by(8) {
-                acc ^= word.load(Ordering::Relaxed);
-            }
-        }
-    }
-    acc
-}
-
 /// `-- cold`: issue 12 part 8, tails with a flushed LLC. Mooncake queries (and the same queries
 /// cut to their first 4 blocks, a pool of short queries) on 16-lane tables of 256 MiB and 1 GiB.
 /// Two interleaved series per row, 20 rounds of `samples / 20` queries each: **warm** (the
 /// table as the previous queries left the caches: the usual big-table figure) and **flushed**
 /// (every row the query can touch evicted from every cache level just before it is timed). The
-/// ratio flushed / warm is from the same run. A second line per row, **floor**, times
-/// [`line_floor_query`] on the same queries in the same interleaved way (warm and flushed):
-/// only the table lines the search reads, so `ckf/floor` says how much of a query is the
-/// memory system and how much the search's own work.
+/// ratio flushed / warm is from the same run.
 fn run_cold(trace: &[Vec<u64>], samples: usize, scale: f64, kernel: Option<SearchKernel>) {
     const ROUNDS: usize = 20;
     let short: Vec<Vec<u64>> = trace.iter().map(|q| q[..q.len().min(4)].to_vec()).collect();
@@ -630,36 +570,31 @@ fn run_cold(trace: &[Vec<u64>], samples: usize, scale: f64, kernel: Option<Searc
             ix.set_search_kernel(kernel).unwrap();
         }
         for (kind, queries) in [("mooncake", trace), ("mooncake first 4", &short[..])] {
-            let probed: Vec<usize> = queries.iter().map(|q| probed_positions(&ix, q)).collect();
-            // [search warm, search flushed, floor warm, floor flushed]
-            let mut series: [Vec<u64>; 4] = std::array::from_fn(|_| Vec::with_capacity(samples));
+            let mut warm = Vec::with_capacity(samples);
+            let mut cold = Vec::with_capacity(samples);
             let per_round = samples / ROUNDS;
             let mut next = 0usize;
             for _ in 0..ROUNDS {
-                for (s, times) in series.iter_mut().enumerate() {
-                    let (flushed, floor) = (s % 2 == 1, s >= 2);
-                    for j in 0..per_round {
-                        let k = (next + s * per_round + j) % queries.len();
-                        let q = &queries[k];
-                        if flushed {
-                            flush_query_rows(&ix, q);
-                        }
-                        let t0 = ticks();
-                        let r = if floor {
-                            line_floor_query(&ix, black_box(q), probed[k]) as u32
-                        } else {
-                            ckf_query(&ix, black_box(q))
-                        };
-                        let t1 = ticks();
-                        black_box(r);
-                        times.push(t1 - t0);
-                    }
+                for j in 0..per_round {
+                    let q = &queries[(next + j) % queries.len()];
+                    let t0 = ticks();
+                    let r = ckf_query(&ix, black_box(q));
+                    let t1 = ticks();
+                    black_box(r);
+                    warm.push(t1 - t0);
                 }
-                next += 4 * per_round;
+                for j in 0..per_round {
+                    let q = &queries[(next + per_round + j) % queries.len()];
+                    flush_query_rows(&ix, q);
+                    let t0 = ticks();
+                    let r = ckf_query(&ix, black_box(q));
+                    let t1 = ticks();
+                    black_box(r);
+                    cold.push(t1 - t0);
+                }
+                next += 2 * per_round;
             }
-            let [warm, cold, floor_warm, floor_cold] = series;
             let (w, c) = (summarize(warm, scale), summarize(cold, scale));
-            let (fw, fc) = (summarize(floor_warm, scale), summarize(floor_cold, scale));
             println!(
                 "{:<36} warm p50 {:>6.0} p99 {:>6.0} ns | flushed p50 {:>6.0} p99 {:>6.0} ns | flushed/warm p50 {:>5.2} p99 {:>5.2} (huge pages: {}, kernel {})",
                 format!("{kind} {name} 16 lanes"),
@@ -671,16 +606,6 @@ fn run_cold(trace: &[Vec<u64>], samples: usize, scale: f64, kernel: Option<Searc
                 c.p99 / w.p99,
                 ix.huge_pages(),
                 ix.search_kernel()
-            );
-            println!(
-                "{:<36} warm p50 {:>6.0} p99 {:>6.0} ns | flushed p50 {:>6.0} p99 {:>6.0} ns | ckf/floor warm p99 {:>5.2} flushed p99 {:>5.2}",
-                "  floor (the same lines, no search)",
-                fw.p50,
-                fw.p99,
-                fc.p50,
-                fc.p99,
-                w.p99 / fw.p99,
-                c.p99 / fc.p99,
             );
         }
     }
