@@ -831,9 +831,9 @@ pub fn text_report(args: &LoadArgs, per_message: usize, report: &LoadReport) -> 
     let t = &report.tally;
     let seconds = report.elapsed.as_secs_f64();
     // A health check is counted where a query would be; the text names it.
-    let unit = match args.mode {
-        LoadMode::Health => "health checks",
-        _ => "queries",
+    let (unit, one) = match args.mode {
+        LoadMode::Health => ("health checks", "health check"),
+        _ => ("queries", "query"),
     };
     let mut out = format!(
         "ckf load: {} ({per_message} {unit}/message), {}, {} in flight over {} connection(s), {seconds:.2} s\n",
@@ -878,14 +878,14 @@ pub fn text_report(args: &LoadArgs, per_message: usize, report: &LoadReport) -> 
             out += &format!(
                 "indexer    pid {pid}: {:.3} s CPU, {per_query:.2} us per {}\n",
                 cpu.as_secs_f64(),
-                unit.trim_end_matches('s'),
+                one,
             );
         }
         (Some((pid, cpu)), None) => {
             out += &format!(
                 "indexer    pid {pid}: {:.3} s CPU, none answered (no CPU per {})\n",
                 cpu.as_secs_f64(),
-                unit.trim_end_matches('s'),
+                one,
             );
         }
         _ => out += "indexer    CPU not measured (not on this host, or give --indexer-pid)\n",
