@@ -13,8 +13,12 @@
 //! Inputs: dynamo gets engine events (external block ids = the chained hashes, local token
 //! hashes, parent = none because each chain starts a sequence) and chains them itself;
 //! ckf-core gets the chained `u64`s; "ckf-core +chain" computes them from the local hashes first
-//! with dynamo's `compute_seq_hash_for_block`, the like-for-like figure.
+//! with dynamo's `compute_seq_hash_for_block`, the like-for-like figure. Before each event
+//! ckf-core is given the next event's hashes (`DcCkfState::prefetch_next`), as the producer's
+//! actor does within an ingest batch; in "+chain" the next event's chain is computed one event
+//! ahead for that, once per event.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hint::black_box;
 
@@ -175,21 +179,33 @@ fn ours_apply(
     chain: bool,
     publish: bool,
 ) {
-    for (i, op) in ops.iter().enumerate() {
+    // Each event's hashes (the chain computed here with `chain`, once per event), one event
+    // ahead: the next event's go to `DcCkfState::prefetch_next`, as the producer's actor does
+    // within an ingest batch, so the prefetch ring runs on across events.
+    let hashes = |op: &Op| -> Cow<'_, [u64]> {
         let c = &w.chains[op.chain as usize];
+        match op.kind {
+            Kind::Store if chain => Cow::Owned(compute_seq_hash_for_block(&c.local)),
+            _ => Cow::Borrowed(&c.canon),
+        }
+    };
+    let mut current = ops.first().map(hashes);
+    for (i, op) in ops.iter().enumerate() {
+        let next = ops.get(i + 1).map(hashes);
+        if let Some(next) = &next {
+            state.prefetch_next(next);
+        }
+        let this = current.take().expect("one entry per op");
         let member = MemberId::new(op.member as u64, 0);
         match op.kind {
-            Kind::Store if chain => {
-                let canon = compute_seq_hash_for_block(&c.local);
-                black_box(state.store(member, &canon));
-            }
             Kind::Store => {
-                black_box(state.store(member, &c.canon));
+                black_box(state.store(member, &this));
             }
             Kind::Remove => {
-                black_box(state.remove(member, &c.canon));
+                black_box(state.remove(member, &this));
             }
         }
+        current = next;
         if publish && (first + i) % PUBLISH_EVERY == PUBLISH_EVERY - 1 {
             black_box(state.take_batch());
         }
