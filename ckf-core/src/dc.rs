@@ -83,7 +83,7 @@ const PREFETCH_DISTANCE: usize = 8;
 
 /// Tables of at least this many buckets (8 MiB of filter, plus a block map of ~3 M blocks and
 /// more) take [`DcCkfState::prefetch_next`]'s hint; smaller ones ignore it. Measured with
-/// `benches/producer.rs` at 85% load: 1.07-1.26x on 2^20 and 2^22 buckets, but 0.84x on 2^16
+/// `benches/producer.rs` at 85% load: 1.06-1.15x on 2^20 and 2^22 buckets, but 0.84x on 2^16
 /// (everything in cache: the hint's extra work buys nothing there).
 const LOOKAHEAD_MIN_BUCKETS: u64 = 1 << 20;
 
@@ -579,9 +579,13 @@ impl DcCkfState {
     /// an event of `block_hashes`. Its first blocks' cache lines are then prefetched during that
     /// event's last blocks, so a stream of events keeps its misses overlapped across event
     /// boundaries instead of restarting the prefetch ring at each event. Only the first
-    /// 8 hashes (the prefetch distance) are kept; the hint is used by the next pipelined event
-    /// and then dropped, and changes nothing but timing (a wrong or unused hint costs a few
-    /// wasted prefetches). Ignored on tables under 2^20 buckets, which live in the caches.
+    /// 8 hashes (the prefetch distance) are kept, and a new hint replaces the last one. The
+    /// hint is used by the next event that applies blocks and then dropped; an event that
+    /// applies none (an empty list, a member over the tag limit, a removal by an unknown
+    /// member, a clear, or a store refused by a quota) leaves it for a later event, and an
+    /// empty list withdraws it. It changes nothing but timing: a wrong, stale or unused hint
+    /// costs a few wasted prefetches, and a located block is reused only for the same hash.
+    /// Ignored on tables under 2^20 buckets, which live in the caches.
     pub fn prefetch_next(&mut self, block_hashes: &[u64]) {
         if self.config.format.bucket_count < LOOKAHEAD_MIN_BUCKETS {
             return;

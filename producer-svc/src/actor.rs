@@ -470,9 +470,12 @@ impl Actor {
             for (i, event) in batch.events.iter().enumerate() {
                 // The next event's first blocks are prefetched during this one's last: a
                 // batch's misses overlap across its events (a hint; large tables only).
-                if let Some(Ok(IngestEvent::Kv(next))) = batch.events.get(i + 1) {
-                    self.state.prefetch_next(next.kind.block_hashes());
-                }
+                let next = match batch.events.get(i + 1) {
+                    Some(Ok(IngestEvent::Kv(next))) => next.kind.block_hashes(),
+                    // None to give: withdraw any hint an unapplied event left.
+                    _ => &[],
+                };
+                self.state.prefetch_next(next);
                 events.push(match event {
                     Ok(event) => match self.apply_from(source, event) {
                         Ok(outcome) => EventReport::Applied(outcome),
