@@ -83,7 +83,9 @@ impl EmbeddedQuery {
         &self,
         query: &TokenQuery,
     ) -> Result<PrefixMatches, TokenQueryError> {
-        let hashes = query.sequence_hashes(&self.token_rules)?;
+        // Rows prefetched as each hash is computed (see `GlobalCkfIndexer::prefetch_block`).
+        let hashes =
+            query.sequence_hashes_with(&self.token_rules, |h| self.indexer.prefetch_block(h))?;
         Ok(self.indexer.find_prefix_matches(&hashes))
     }
 
