@@ -296,22 +296,6 @@ impl GlobalCkfIndexer {
         &self.table
     }
 
-    /// Prefetches the two candidate rows of `block_hash` (every lane's bucket word of both)
-    /// toward the caches, for a caller that computes a query's hashes one at a time and then
-    /// searches them all, e.g. from token ids ([`crate::tokens::sequence_hashes_with`]): on a
-    /// table far beyond the caches the rows' DRAM reads then overlap the hashing instead of
-    /// following it. A hint: no answer depends on it. A no-op for tables under 1 MiB (they live
-    /// in the caches) and on targets without a prefetch instruction.
-    pub fn prefetch_block(&self, block_hash: u64) {
-        if self.table.bytes() < crate::search::PREFETCH_MIN_BYTES {
-            return;
-        }
-        let loc = self.addressing.locate(block_hash);
-        let rows = self.table.rows();
-        rows.prefetch(loc.bucket_a as usize);
-        rows.prefetch(loc.bucket_b as usize);
-    }
-
     /// Whether the table was collapsed into transparent huge pages (Linux, tables of at least
     /// 8 MiB; see `huge_pages.rs`). A figure for operators and benchmarks only.
     pub fn huge_pages(&self) -> bool {

@@ -168,23 +168,6 @@ pub fn sequence_hashes(
     seed: BlockSeed,
     multimodal: &[MultimodalSpan],
 ) -> Result<Vec<u64>, TokenHashError> {
-    sequence_hashes_with(tokens, block_size, seed, multimodal, |_| {})
-}
-
-/// [`sequence_hashes`], calling `each` with every sequence hash as soon as it is computed, in
-/// order. An indexer passes [`GlobalCkfIndexer::prefetch_block`](crate::global::GlobalCkfIndexer::prefetch_block),
-/// so the table rows of the first blocks are on their way from memory while the later blocks
-/// are still being hashed.
-///
-/// # Errors
-/// [`TokenHashError::ZeroBlockSize`] when `block_size` is 0 (`each` is then never called).
-pub fn sequence_hashes_with(
-    tokens: &[u32],
-    block_size: usize,
-    seed: BlockSeed,
-    multimodal: &[MultimodalSpan],
-    mut each: impl FnMut(u64),
-) -> Result<Vec<u64>, TokenHashError> {
     if block_size == 0 {
         return Err(TokenHashError::ZeroBlockSize);
     }
@@ -202,7 +185,6 @@ pub fn sequence_hashes_with(
                 .map(|span| span.hash),
         );
         let hash = chain_step(parent, block_hash(block, &mm, seed));
-        each(hash);
         hashes.push(hash);
         parent = Some(hash);
     }
@@ -326,19 +308,6 @@ impl TokenQuery {
     /// more than [`TokenQueryRules::max_tokens`] tokens, then per multimodal item (first one at
     /// fault) an empty identifier or an `offset + length` overflow.
     pub fn sequence_hashes(&self, rules: &TokenQueryRules) -> Result<Vec<u64>, TokenQueryError> {
-        self.sequence_hashes_with(rules, |_| {})
-    }
-
-    /// [`TokenQuery::sequence_hashes`], calling `each` with every hash as it is computed
-    /// ([`sequence_hashes_with`]); `each` is never called for a query refused by `rules`.
-    ///
-    /// # Errors
-    /// As [`TokenQuery::sequence_hashes`].
-    pub fn sequence_hashes_with(
-        &self,
-        rules: &TokenQueryRules,
-        each: impl FnMut(u64),
-    ) -> Result<Vec<u64>, TokenQueryError> {
         if let Some(requested) = self.block_size
             && requested != rules.block_size
         {
@@ -377,12 +346,11 @@ impl TokenQuery {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let seed = BlockSeed::new(self.cache_salt.as_deref(), self.lora_name.as_deref());
-        Ok(sequence_hashes_with(
+        Ok(sequence_hashes(
             &self.token_ids,
             rules.block_size as usize,
             seed,
             &spans,
-            each,
         )?)
     }
 }
@@ -493,27 +461,6 @@ mod tests {
         let expected = sequence_hashes(&query.token_ids, 4, seed, &[span]).unwrap();
         assert_eq!(expected.len(), 3);
         assert_eq!(query.sequence_hashes(&rules()), Ok(expected.clone()));
-        // `_with` hands out each hash once, in order, and returns the same hashes.
-        let mut seen = Vec::new();
-        assert_eq!(
-            query.sequence_hashes_with(&rules(), |h| seen.push(h)),
-            Ok(expected.clone())
-        );
-        assert_eq!(seen, expected);
-        // A refused query hands out nothing.
-        let mut called = false;
-        let refused = TokenQuery {
-            block_size: Some(8),
-            ..query.clone()
-        };
-        assert!(
-            refused
-                .sequence_hashes_with(&rules(), |_| called = true)
-                .is_err()
-        );
-        assert!(!called);
-        assert!(sequence_hashes_with(&[1, 2, 3], 0, seed, &[], |_| called = true).is_err());
-        assert!(!called);
         // The indexer's block size is used when the query names none.
         let query = TokenQuery {
             block_size: None,

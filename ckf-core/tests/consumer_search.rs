@@ -138,34 +138,3 @@ fn depth_case(buckets: u64, lanes: usize) {
     );
     assert_eq!(ix.pool(m.best().unwrap().0).dc.as_str(), "dc-1");
 }
-
-/// `prefetch_block` is a hint: on a table big enough for it to act (16 lanes x 2^17 buckets,
-/// 16 MiB) and on a small one (a no-op there), prefetching every block of a query, and hashes
-/// whose rows are the table's first and last, changes no answer.
-#[test]
-fn prefetching_blocks_changes_no_answer() {
-    for buckets in [1u64 << 17, 64] {
-        let ix = indexer(buckets, 16);
-        let addressing = *ix.addressing();
-        let pool: Vec<u64> = (0..200u64).map(|i| fmix64(i ^ 0xB10C)).collect();
-        for lane in 0..16u8 {
-            let mut words = vec![0u64; buckets as usize];
-            place(
-                &addressing,
-                &mut words,
-                pool[..(lane as usize * 13) % 200].iter().copied(),
-            );
-            activate(&ix, lane, words);
-        }
-        let before = ix.find_prefix_matches(&pool);
-        for &h in pool.iter().chain(&[0, 1, u64::MAX, u64::MAX - 1]) {
-            ix.prefetch_block(h);
-        }
-        assert_eq!(ix.find_prefix_matches(&pool), before, "{buckets} buckets");
-        assert_eq!(before.ready_count(), 16);
-        assert!(
-            before.iter().any(|(_, d)| d > 0),
-            "some lane matches a prefix"
-        );
-    }
-}

@@ -83,9 +83,7 @@ impl EmbeddedQuery {
         &self,
         query: &TokenQuery,
     ) -> Result<PrefixMatches, TokenQueryError> {
-        // Rows prefetched as each hash is computed (see `GlobalCkfIndexer::prefetch_block`).
-        let hashes =
-            query.sequence_hashes_with(&self.token_rules, |h| self.indexer.prefetch_block(h))?;
+        let hashes = query.sequence_hashes(&self.token_rules)?;
         Ok(self.indexer.find_prefix_matches(&hashes))
     }
 

@@ -79,11 +79,8 @@ impl Query for QueryService {
     ) -> Result<Response<v1::FindMatchesResponse>, Status> {
         let method = QueryMethod::FindMatchesByTokens;
         let query = TokenQuery::from(request.into_inner());
-        // Each block's table rows are prefetched as soon as its hash is known, so on a big
-        // table they arrive while the later blocks are hashed.
-        let indexer = &self.shared.indexer;
         let hashes = query
-            .sequence_hashes_with(&self.shared.token_rules, |h| indexer.prefetch_block(h))
+            .sequence_hashes(&self.shared.token_rules)
             .inspect_err(|_| self.shared.metrics.query_method(method).refused.inc())
             .map_err(QueryError::Tokens)?;
         Ok(Response::new(search(&self.shared, &hashes, method)))
