@@ -8,7 +8,9 @@
 //! `-- kernels` for the search-kernel comparison alone: portable, AVX2 and AVX-512 on the same
 //! tables and queries, with ratios to AVX-512 measured in the same run; `-- cold` for tails
 //! with a flushed LLC on 256 MiB and 1 GiB tables (Mooncake and short queries, flushed against
-//! warm in the same run; add `kernel avx2` or `kernel portable` to force a kernel); `-- memory` for the
+//! warm in the same run; add `kernel avx2` or `kernel portable` to force a kernel); `-- tokens` for
+//! queries by token ids on a 256 MiB table: hashing the tokens and searching, against the
+//! search alone; `-- memory` for the
 //! memory figures alone: bits per tracked block, and table sizing for any expected size against
 //! the power-of-two sizing of format v1; `-- profile LANES LEN [BUCKETS] [kernel NAME]` for a
 //! tight loop).
@@ -611,6 +613,88 @@ fn run_cold(trace: &[Vec<u64>], samples: usize, scale: f64, kernel: Option<Searc
     }
 }
 
+// ------------------------------------------------------------------ tokens
+
+/// Mooncake trace: each request's `hash_ids` (one id per 512-token block).
+fn load_trace_ids(path: &str) -> Option<Vec<Vec<u64>>> {
+    let text = std::fs::read_to_string(path).ok()?;
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|line| {
+            let v: serde_json::Value = serde_json::from_str(line).ok()?;
+            let ids = v.get("hash_ids")?.as_array()?;
+            Some(ids.iter().map(|id| id.as_u64().unwrap_or(0)).collect())
+        })
+        .collect()
+}
+
+/// `-- tokens`: a query by token ids (`FindMatchesByTokens`) on a 16-lane 256 MiB table: the
+/// Mooncake requests as token ids (each trace id stands for a block of `block_size` pseudo-random
+/// token ids derived from it, so equal prefixes are equal tokens), every request's sequence
+/// hashes (`tokens::sequence_hashes`) stored as in [`trace_indexer`], the first 1,000 requests
+/// as queries. Two series interleaved in 20 rounds, all samples kept: **search** (the hashes
+/// precomputed: the search alone) and **hash, search** (`sequence_hashes`, then the search, as
+/// the indexer answers `FindMatchesByTokens`); their ratio is from the same run.
+fn run_tokens(trace_path: &str, samples: usize, scale: f64) {
+    use ckf_core::tokens::{BlockSeed, sequence_hashes};
+    const QUERIES: usize = 1_000;
+    const ROUNDS: usize = 20;
+    let Some(ids) = load_trace_ids(trace_path) else {
+        println!("trace {trace_path} not readable: token figures skipped");
+        return;
+    };
+    let seed = BlockSeed::DEFAULT;
+    for block_size in [16usize, 512] {
+        let tokens_of = |request: &[u64]| -> Vec<u32> {
+            request
+                .iter()
+                .flat_map(|&id| (0..block_size as u64).map(move |t| fmix64(id << 20 ^ t) as u32))
+                .collect()
+        };
+        let mut trace = Vec::with_capacity(ids.len());
+        let mut queries = Vec::with_capacity(QUERIES);
+        for (i, request) in ids.iter().enumerate() {
+            let tokens = tokens_of(request);
+            trace.push(sequence_hashes(&tokens, block_size, seed, &[]).expect("block size > 0"));
+            if i < QUERIES {
+                queries.push(tokens);
+            }
+        }
+        let (ix, ..) = trace_indexer_sized(&trace, (256u64 << 20) / 8 / 16);
+        let per_round = samples / ROUNDS / 2;
+        let mut series: [Vec<u64>; 2] = std::array::from_fn(|_| Vec::with_capacity(samples / 2));
+        let mut sink = 0u32;
+        for round in 0..ROUNDS {
+            for (s, times) in series.iter_mut().enumerate() {
+                for j in 0..per_round {
+                    let k = (round * 2 * per_round + s * per_round + j) % QUERIES;
+                    let tokens = black_box(&queries[k]);
+                    let t0 = ticks();
+                    sink ^= if s == 0 {
+                        ckf_query(&ix, black_box(&trace[k]))
+                    } else {
+                        let hashes = sequence_hashes(tokens, block_size, seed, &[]).unwrap();
+                        ckf_query(&ix, &hashes)
+                    };
+                    times.push(ticks() - t0);
+                }
+            }
+        }
+        black_box(sink);
+        let [alone, hashed] = series.map(|v| summarize(v, scale));
+        println!(
+            "tokens, {block_size}-token blocks, 256 MiB 16 lanes: search p50 {:>6.0} p99 {:>6.0} ns | hash, search p50 {:>6.0} p99 {:>6.0} ns | hash, search / search p50 {:.2} p99 {:.2} (huge pages: {})",
+            alone.p50,
+            alone.p99,
+            hashed.p50,
+            hashed.p99,
+            hashed.p50 / alone.p50,
+            hashed.p99 / alone.p99,
+            ix.huge_pages()
+        );
+    }
+}
+
 // ------------------------------------------------------------------ kernels
 
 /// Every kernel this CPU runs on the same table and queries, in one run: the kernels take turns
@@ -849,6 +933,10 @@ fn main() {
     if args.iter().any(|a| a == "kernels") {
         let trace = load_trace(&trace_path);
         run_kernels(trace.as_deref(), no_big, samples, scale);
+        return;
+    }
+    if args.iter().any(|a| a == "tokens") {
+        run_tokens(&trace_path, samples, scale);
         return;
     }
     if args.iter().any(|a| a == "cold") {
