@@ -83,7 +83,7 @@ const PREFETCH_DISTANCE: usize = 8;
 
 /// Tables of at least this many buckets (8 MiB of filter, plus a block map of ~3 M blocks and
 /// more) take [`DcCkfState::prefetch_next`]'s hint; smaller ones ignore it. Measured with
-/// `benches/producer.rs` at 85% load: 1.06-1.15x on 2^20 and 2^22 buckets, but 0.84x on 2^16
+/// `benches/producer.rs` at 85% load: 1.04-1.17x on 2^20 and 2^22 buckets, but 0.84x on 2^16
 /// (everything in cache: the hint's extra work buys nothing there).
 const LOOKAHEAD_MIN_BUCKETS: u64 = 1 << 20;
 
