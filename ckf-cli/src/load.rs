@@ -781,9 +781,10 @@ fn progress(args: &LoadArgs, duration: Option<Duration>) -> ProgressBar {
     bar
 }
 
-fn loop_kind(args: &LoadArgs) -> String {
+/// "closed loop", or "open loop at RATE UNIT/s" (`unit`: what the mode counts).
+fn loop_kind(args: &LoadArgs, unit: &str) -> String {
     match args.rate {
-        Some(rate) => format!("open loop at {rate} queries/s"),
+        Some(rate) => format!("open loop at {rate} {unit}/s"),
         None => "closed loop".into(),
     }
 }
@@ -838,7 +839,7 @@ pub fn text_report(args: &LoadArgs, per_message: usize, report: &LoadReport) -> 
     let mut out = format!(
         "ckf load: {} ({per_message} {unit}/message), {}, {} in flight over {} connection(s), {seconds:.2} s\n",
         args.mode.name(),
-        loop_kind(args),
+        loop_kind(args, unit),
         args.concurrency,
         args.connections,
     );
@@ -1040,6 +1041,10 @@ mod tests {
             "{health}"
         );
         assert!(health.contains("25.00 us per health check"), "{health}");
+        let mut open = args("health");
+        open.rate = Some(500.0);
+        let open = text_report(&open, 1, &report);
+        assert!(open.contains("open loop at 500 health checks/s"), "{open}");
         let unary = text_report(&args("unary"), 1, &report);
         assert!(unary.contains("answered   1 queries (1/s)"), "{unary}");
         assert!(unary.contains("25.00 us per query"), "{unary}");

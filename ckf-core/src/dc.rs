@@ -580,10 +580,12 @@ impl DcCkfState {
     /// event's last blocks, so a stream of events keeps its misses overlapped across event
     /// boundaries instead of restarting the prefetch ring at each event. Only the first
     /// 8 hashes (the prefetch distance) are kept, and a new hint replaces the last one. The
-    /// hint is used by the next event that applies blocks and then dropped; an event that
-    /// applies none (an empty list, a member over the tag limit, a removal by an unknown
-    /// member, a clear, or a store refused by a quota) leaves it for a later event, and an
-    /// empty list withdraws it. It changes nothing but timing: a wrong, stale or unused hint
+    /// hint is used, then dropped, by the next store or removal that walks its blocks (a
+    /// removal by a member that owns blocks, even of an empty list, and any store of at least
+    /// one block by a member with a tag, whatever the blocks' outcomes). An event that returns
+    /// before (an empty store, a member over the tag limit, a removal by an unknown member, a
+    /// clear, or a store refused by a quota) leaves it for a later event; an empty list
+    /// withdraws it. It changes nothing but timing: a wrong, stale or unused hint
     /// costs a few wasted prefetches, and a located block is reused only for the same hash.
     /// Ignored on tables under 2^20 buckets, which live in the caches.
     pub fn prefetch_next(&mut self, block_hashes: &[u64]) {
