@@ -836,8 +836,9 @@ pub fn text_report(args: &LoadArgs, per_message: usize, report: &LoadReport) -> 
         LoadMode::Health => ("health checks", "health check"),
         _ => ("queries", "query"),
     };
+    let per = if per_message == 1 { one } else { unit };
     let mut out = format!(
-        "ckf load: {} ({per_message} {unit}/message), {}, {} in flight over {} connection(s), {seconds:.2} s\n",
+        "ckf load: {} ({per_message} {per}/message), {}, {} in flight over {} connection(s), {seconds:.2} s\n",
         args.mode.name(),
         loop_kind(args, unit),
         args.concurrency,
@@ -1033,7 +1034,7 @@ mod tests {
         };
         let health = text_report(&args("health"), 1, &report);
         assert!(
-            health.starts_with("ckf load: health (1 health checks/message)"),
+            health.starts_with("ckf load: health (1 health check/message)"),
             "{health}"
         );
         assert!(
@@ -1046,6 +1047,10 @@ mod tests {
         let open = text_report(&open, 1, &report);
         assert!(open.contains("open loop at 500 health checks/s"), "{open}");
         let unary = text_report(&args("unary"), 1, &report);
+        assert!(
+            unary.starts_with("ckf load: unary (1 query/message)"),
+            "{unary}"
+        );
         assert!(unary.contains("answered   1 queries (1/s)"), "{unary}");
         assert!(unary.contains("25.00 us per query"), "{unary}");
     }
