@@ -320,24 +320,23 @@ fn synthetic_queries(count: usize, len: usize, seed: u64) -> Vec<Vec<u64>> {
 }
 
 /// Mooncake trace: chained block hashes per request (`h_i = fmix64(h_{i-1} ^ fmix64(id + 1))`,
-/// so equal prefixes give equal hashes).
+/// so equal prefixes give equal hashes), from [`load_trace_ids`].
 fn load_trace(path: &str) -> Option<Vec<Vec<u64>>> {
-    let text = std::fs::read_to_string(path).ok()?;
-    let mut out = Vec::new();
-    for line in text.lines().filter(|l| !l.trim().is_empty()) {
-        let v: serde_json::Value = serde_json::from_str(line).ok()?;
-        let ids = v.get("hash_ids")?.as_array()?;
-        let mut h = 0u64;
-        let q: Vec<u64> = ids
-            .iter()
-            .map(|id| {
-                h = fmix64(h ^ fmix64(id.as_u64().unwrap_or(0) + 1));
-                h
+    let requests = load_trace_ids(path)?;
+    Some(
+        requests
+            .into_iter()
+            .map(|ids| {
+                let mut h = 0u64;
+                ids.into_iter()
+                    .map(|id| {
+                        h = fmix64(h ^ fmix64(id + 1));
+                        h
+                    })
+                    .collect()
             })
-            .collect();
-        out.push(q);
-    }
-    Some(out)
+            .collect(),
+    )
 }
 
 struct Row {
