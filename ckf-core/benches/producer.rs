@@ -7,6 +7,14 @@
 //! `CKF_BENCH_BUCKETS=1048576` runs only the rows of that table size, `CKF_BENCH_NO_HASHERS=1`
 //! skips the hasher comparison.
 //!
+//! Profile mode: `cargo bench -p ckf-core --bench producer -- profile [BUCKETS] [LOAD%] [RUNS]`
+//! (default 65536 buckets at 85%, one run) builds one row's workload once, then RUNS times
+//! applies its warm-up to a fresh state and its timed events with the hint, and prints the
+//! median and best rate, a digest of the final table (equal digests: two builds placed every
+//! fingerprint alike) and the instruction-count recipe: run the binary under `valgrind
+//! --tool=callgrind --toggle-collect='*steady_for_profile*'` to count only the steady-state
+//! ingest (no generation, no warm-up). Comparing two builds: alternate their profile runs.
+//!
 //! Workload: 4 members, each an LRU-like cache of `capacity` blocks. Every step one member
 //! stores an event of 16 blocks (80% fresh hashes, 20% blocks another member holds, so some
 //! stores are `n -> n+1` transitions) and evicts its 16 oldest blocks in one removed event. The
@@ -343,11 +351,100 @@ fn floor_rate(events: &[Event], filter_lines: usize, map_lines: usize, ops: f64)
     floor
 }
 
+/// The steady-state ingest alone, as its own symbol so a profiler can collect only this
+/// (callgrind's `--toggle-collect`).
+#[inline(never)]
+fn steady_for_profile(state: &mut DcCkfState, events: &[Event]) -> u64 {
+    apply_ckf(state, events, false, true)
+}
+
+/// `profile [BUCKETS] [LOAD%] [RUNS]` (see the module docs).
+fn profile(args: &[String]) {
+    let bucket_count: u64 = args.first().map_or(1 << 16, |a| {
+        a.parse()
+            .expect("BUCKETS: an even bucket count, e.g. 1048576")
+    });
+    let load = args.get(1).map_or(0.85, |a| {
+        a.trim_end_matches('%')
+            .parse::<f64>()
+            .expect("LOAD%: a percentage, e.g. 85")
+            / 100.0
+    });
+    let runs: usize = args.get(2).map_or(1, |a| {
+        a.parse::<usize>()
+            .expect("RUNS: how many fresh states to time")
+            .max(1)
+    });
+    let format = TableFormat::new(bucket_count, 0xBE7C).expect("a valid bucket count");
+    let w = sized_workload(format, load);
+    let ops = block_ops(&w.steady);
+    let mut rates = Vec::with_capacity(runs);
+    let mut summary = String::new();
+    for _ in 0..runs {
+        let mut state = DcCkfState::new(DcCkfConfig::new(format)).unwrap();
+        // Without the hint (which changes no state): the same call as the timed one would let
+        // the compiler route the warm-up through `steady_for_profile` too, and the profile
+        // count it.
+        apply_ckf(&mut state, &w.warmup, false, false);
+        state.take_batch();
+        let kicks_before = state.stats().kicks_total;
+        let mut omitted = 0;
+        rates.push(rate(ops as f64, || {
+            omitted = steady_for_profile(&mut state, &w.steady)
+        }));
+        let stats = state.stats();
+        // The end state's digest: two builds that place every fingerprint and block alike
+        // print the same one.
+        let digest = state
+            .buckets()
+            .iter()
+            .fold(0u64, |d, &word| fmix64(d ^ word));
+        summary = format!(
+            "{omitted} omitted, {:.3} load, {:.3} kicks/op, table digest {digest:016x}",
+            stats.load_factor,
+            (stats.kicks_total - kicks_before) as f64 / ops as f64,
+        );
+    }
+    rates.sort_by(f64::total_cmp);
+    println!(
+        "profile: {bucket_count} buckets at {:.0}%, {ops} block ops, {summary}; \
+         M block ops/s over {runs} run(s): median {:.2}, best {:.2}",
+        load * 100.0,
+        rates[rates.len() / 2] / 1e6,
+        rates[rates.len() - 1] / 1e6,
+    );
+    println!(
+        "instructions per block op: valgrind --tool=callgrind --toggle-collect='*steady_for_profile*' \
+         <this binary> profile {bucket_count} {:.0}, then divide the total by {ops}",
+        load * 100.0
+    );
+}
+
+/// The workload of one row: member capacity for `load` of `format`'s slots in unique blocks
+/// (one trial generation measures how much the members' sets overlap, then the capacity is
+/// rescaled).
+fn sized_workload(format: TableFormat, load: f64) -> Workload {
+    let unique = (format.slot_count() as f64 * load) as usize;
+    let seed = format.bucket_count ^ load.to_bits();
+    let guess = unique / MEMBERS;
+    let trial = workload(guess, seed).unique_at_end;
+    let capacity = (guess as f64 * unique as f64 / trial as f64) as usize;
+    workload(capacity, seed)
+}
+
 fn block_ops(events: &[Event]) -> usize {
     events.iter().map(|e| e.blocks.len()).sum()
 }
 
 fn main() {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    if args.first().is_some_and(|a| a == "profile") {
+        profile(&args[1..]);
+        return;
+    }
     println!(
         "producer ingest: 4 members, LRU-like churn, {EVENT_BLOCKS}-block events, \
          {SHARED_PERCENT}% shared stores, {STEADY_BLOCK_OPS} timed block ops per run"
@@ -387,14 +484,7 @@ fn main() {
         }
         let format = TableFormat::new(bucket_count, 0xBE7C).unwrap();
         for &load in loads {
-            // Member capacity for the target number of unique blocks: one trial generation
-            // measures how much the members' sets overlap, then the capacity is rescaled.
-            let unique = (format.slot_count() as f64 * load) as usize;
-            let seed = bucket_count ^ load.to_bits();
-            let guess = unique / MEMBERS;
-            let trial = workload(guess, seed).unique_at_end;
-            let capacity = (guess as f64 * unique as f64 / trial as f64) as usize;
-            let w = workload(capacity, seed);
+            let w = sized_workload(format, load);
             let ops = block_ops(&w.steady) as f64;
 
             // [ingest, ingest + publication, ingest without the prefetch hint]. Ingest with and
