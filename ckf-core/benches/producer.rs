@@ -7,11 +7,12 @@
 //! `CKF_BENCH_BUCKETS=1048576` runs only the rows of that table size, `CKF_BENCH_NO_HASHERS=1`
 //! skips the hasher comparison.
 //!
-//! Profile mode: `cargo bench -p ckf-core --bench producer -- profile [BUCKETS] [LOAD%] [RUNS]`
-//! (default 65536 buckets at 85%, one run) builds one row's workload once, then RUNS times
+//! Profile mode: `cargo bench -p ckf-core --bench producer -- profile [BUCKETS] [LOAD%] [RUNS]
+//! [pub]` (default 65536 buckets at 85%, one run, no publication; `pub` takes a publication
+//! batch every 64 events as the `+pub` column does) builds one row's workload once, then RUNS times
 //! applies its warm-up to a fresh state and its timed events with the hint, and prints the
 //! median and best rate, a digest of the final table (equal digests: two builds placed every
-//! fingerprint alike) and the instruction-count recipe: run the binary under `valgrind
+//! fingerprint alike) and, with `pub`, of every publication batch's images in order, and the instruction-count recipe: run the binary under `valgrind
 //! --tool=callgrind --toggle-collect='*steady_for_profile*'` to count only the steady-state
 //! ingest (no generation, no warm-up). Comparing two builds: alternate their profile runs.
 //!
@@ -162,8 +163,16 @@ fn workload(capacity: usize, seed: u64) -> Workload {
 
 /// Applies `events` in order; with `hint`, each event is preceded by
 /// `DcCkfState::prefetch_next` of the next one's blocks, as the producer's actor does within an
-/// ingest batch. Returns the blocks omitted.
-fn apply_ckf(state: &mut DcCkfState, events: &[Event], publish: bool, hint: bool) -> u64 {
+/// ingest batch. With `publish`, takes a publication batch every [`BATCH_EVERY_EVENTS`] events
+/// and, given `batches`, folds every image of it (bucket and word, in order) into that digest.
+/// Returns the blocks omitted.
+fn apply_ckf(
+    state: &mut DcCkfState,
+    events: &[Event],
+    publish: bool,
+    hint: bool,
+    mut batches: Option<&mut u64>,
+) -> u64 {
     let mut omitted = 0u64;
     for (i, e) in events.iter().enumerate() {
         if hint && let Some(next) = events.get(i + 1) {
@@ -175,7 +184,13 @@ fn apply_ckf(state: &mut DcCkfState, events: &[Event], publish: bool, hint: bool
         };
         omitted += u64::from(out.omitted);
         if publish && i % BATCH_EVERY_EVENTS == BATCH_EVERY_EVENTS - 1 {
-            black_box(state.take_batch());
+            let batch = state.take_batch();
+            if let (Some(digest), Some(batch)) = (batches.as_deref_mut(), &batch) {
+                for image in &batch.images {
+                    *digest = fmix64(*digest ^ image.image ^ (u64::from(image.bucket) << 48));
+                }
+            }
+            black_box(batch);
         }
     }
     omitted
@@ -354,8 +369,13 @@ fn floor_rate(events: &[Event], filter_lines: usize, map_lines: usize, ops: f64)
 /// The steady-state ingest alone, as its own symbol so a profiler can collect only this
 /// (callgrind's `--toggle-collect`).
 #[inline(never)]
-fn steady_for_profile(state: &mut DcCkfState, events: &[Event]) -> u64 {
-    apply_ckf(state, events, false, true)
+fn steady_for_profile(
+    state: &mut DcCkfState,
+    events: &[Event],
+    publish: bool,
+    batches: &mut u64,
+) -> u64 {
+    apply_ckf(state, events, publish, true, Some(batches))
 }
 
 /// `profile [BUCKETS] [LOAD%] [RUNS]` (see the module docs).
@@ -375,6 +395,13 @@ fn profile(args: &[String]) {
             .expect("RUNS: how many fresh states to time")
             .max(1)
     });
+    let publish = match args.get(3).map(String::as_str) {
+        None => false,
+        Some("pub") => true,
+        Some(other) => panic!(
+            "the 4th argument is `pub` (publish every {BATCH_EVERY_EVENTS} events), not {other:?}"
+        ),
+    };
     let format = TableFormat::new(bucket_count, 0xBE7C).expect("a valid bucket count");
     let w = sized_workload(format, load);
     let ops = block_ops(&w.steady);
@@ -385,12 +412,13 @@ fn profile(args: &[String]) {
         // Without the hint (which changes no state): the same call as the timed one would let
         // the compiler route the warm-up through `steady_for_profile` too, and the profile
         // count it.
-        apply_ckf(&mut state, &w.warmup, false, false);
+        apply_ckf(&mut state, &w.warmup, false, false, None);
         state.take_batch();
         let kicks_before = state.stats().kicks_total;
         let mut omitted = 0;
+        let mut batches = 0u64;
         rates.push(rate(ops as f64, || {
-            omitted = steady_for_profile(&mut state, &w.steady)
+            omitted = steady_for_profile(&mut state, &w.steady, publish, &mut batches)
         }));
         let stats = state.stats();
         // The end state's digest: two builds that place every fingerprint and block alike
@@ -400,16 +428,26 @@ fn profile(args: &[String]) {
             .iter()
             .fold(0u64, |d, &word| fmix64(d ^ word));
         summary = format!(
-            "{omitted} omitted, {:.3} load, {:.3} kicks/op, table digest {digest:016x}",
+            "{omitted} omitted, {:.3} load, {:.3} kicks/op, table digest {digest:016x}{}",
             stats.load_factor,
             (stats.kicks_total - kicks_before) as f64 / ops as f64,
+            if publish {
+                format!(", batch digest {batches:016x}")
+            } else {
+                String::new()
+            },
         );
     }
     rates.sort_by(f64::total_cmp);
     println!(
-        "profile: {bucket_count} buckets at {:.0}%, {ops} block ops, {summary}; \
+        "profile: {bucket_count} buckets at {:.0}%, {ops} block ops{}, {summary}; \
          M block ops/s over {runs} run(s): median {:.2}, best {:.2}",
         load * 100.0,
+        if publish {
+            " with a publication batch every 64 events"
+        } else {
+            ""
+        },
         rates[rates.len() / 2] / 1e6,
         rates[rates.len() - 1] / 1e6,
     );
@@ -501,12 +539,12 @@ fn main() {
             ];
             for (i, publish, hint) in order {
                 let mut state = DcCkfState::new(DcCkfConfig::new(format)).unwrap();
-                apply_ckf(&mut state, &w.warmup, false, hint);
+                apply_ckf(&mut state, &w.warmup, false, hint, None);
                 state.take_batch();
                 let kicks_before = state.stats().kicks_total;
                 let mut omitted = 0;
                 let r = rate(ops, || {
-                    omitted = apply_ckf(&mut state, &w.steady, publish, hint)
+                    omitted = apply_ckf(&mut state, &w.steady, publish, hint, None)
                 });
                 rates[i] = rates[i].max(r);
                 // The statistics of the run that publishes, whose dirty set is drained every

@@ -119,6 +119,30 @@ pub fn find_empty(word: u64) -> Option<usize> {
     (z != 0).then(|| (z.trailing_zeros() / SLOT_BITS) as usize)
 }
 
+/// The slots of `old` whose (nonzero) fingerprint is not in the same slot of `new`, as the
+/// highest bit of each such slot: the candidates for a fingerprint `old -> new` lost. Zero for
+/// a word that only gained fingerprints in empty slots, the most common change, so the caller
+/// skips it with one test.
+#[inline(always)]
+pub fn replaced_slots(old: u64, new: u64) -> u64 {
+    HIGH & !zero_slots(old) & !zero_slots(old ^ new)
+}
+
+/// The slot of the lowest set bit of a slot mask (one bit per slot, as
+/// [`replaced_slots`] returns).
+#[inline(always)]
+pub fn mask_slot(mask: u64) -> usize {
+    (mask.trailing_zeros() / SLOT_BITS) as usize
+}
+
+/// Copies of `fingerprint` in `word` (0..=4; `fingerprint` nonzero). Branch-free: the slots'
+/// equality bits are summed into the top slot by one multiply.
+#[inline(always)]
+pub fn copies(word: u64, fingerprint: u16) -> u32 {
+    let equal = zero_slots(word ^ broadcast(fingerprint)) >> (SLOT_BITS - 1);
+    (equal.wrapping_mul(ONES) >> (64 - SLOT_BITS)) as u32
+}
+
 /// Number of occupied (nonzero) slots, 0..=4.
 #[inline]
 pub fn occupied(word: u64) -> u32 {
@@ -588,7 +612,71 @@ mod tests {
         assert_eq!(fold_slot_hits(0) & FIRST_SLOT_BITS, 0);
     }
 
+    /// Slot-by-slot model of [`replaced_slots`]: the slots whose old fingerprint is not in the
+    /// same slot of `new`, in order.
+    fn model_replaced(old: u64, new: u64) -> Vec<usize> {
+        (0..SLOTS)
+            .filter(|&s| slot(old, s) != EMPTY_SLOT && slot(new, s) != slot(old, s))
+            .collect()
+    }
+
+    /// The slots of a [`replaced_slots`] mask, lowest first, as the dirty tracker walks them.
+    fn mask_slots(mut mask: u64) -> Vec<usize> {
+        let mut out = Vec::new();
+        while mask != 0 {
+            out.push(mask_slot(mask));
+            mask &= mask - 1;
+        }
+        out
+    }
+
+    #[test]
+    fn replaced_slots_and_copies_are_exact_next_to_tricky_neighbours() {
+        // Pairs of words built from values around a fingerprint, the empty marker and the slot
+        // borders (a carry or borrow across slots would show up here).
+        let fp = 0x8000u16;
+        let near = [0u16, 1, 0x7FFF, fp, 0x8001, 0xFFFF];
+        let words: Vec<u64> = (0..near.len().pow(4))
+            .map(|mut i| {
+                let mut w = 0u64;
+                for s in 0..SLOTS {
+                    w = with_slot(w, s, near[i % near.len()]);
+                    i /= near.len();
+                }
+                w
+            })
+            .collect();
+        for &old in &words {
+            for &f in &near[1..] {
+                let want = slots(old).iter().filter(|&&x| x == f).count() as u32;
+                assert_eq!(copies(old, f), want, "{old:#x} {f:#x}");
+            }
+            for &new in words.iter().step_by(7) {
+                assert_eq!(
+                    mask_slots(replaced_slots(old, new)),
+                    model_replaced(old, new),
+                    "{old:#x} -> {new:#x}"
+                );
+            }
+        }
+    }
+
     proptest::proptest! {
+        #[test]
+        fn replaced_slots_and_copies_match_the_slot_model(old: u64, new: u64, fp in 1u16.., keep in 0u8..16) {
+            // `keep` copies some of `old`'s slots into `new`, so unchanged slots are common.
+            let mut new = new;
+            for s in (0..SLOTS).filter(|&s| keep & (1 << s) != 0) {
+                new = with_slot(new, s, slot(old, s));
+            }
+            proptest::prop_assert_eq!(mask_slots(replaced_slots(old, new)), model_replaced(old, new));
+            let planted = with_slot(old, usize::from(keep) % SLOTS, fp);
+            proptest::prop_assert_eq!(
+                copies(planted, fp),
+                slots(planted).iter().filter(|&&x| x == fp).count() as u32
+            );
+        }
+
         #[test]
         fn word_ops_match_the_slot_model(word: u64, fp in 1u16.., pick in 0usize..5, s in 0usize..4) {
             // `pick < 4` plants `fp` in slot `pick` so hits are as common as misses.

@@ -112,6 +112,8 @@ pub struct DirtyTracker {
     in_from: Vec<u32>,
     seen: Vec<u32>,
     done: Vec<bool>,
+    /// The Kahn queue, which is also the order (positions in `changed`).
+    queue: Vec<u32>,
 }
 
 /// Fills a CSR adjacency: `starts[v]..starts[v + 1]` indexes `targets`, grouped by `key(edge)`
@@ -164,6 +166,7 @@ impl DirtyTracker {
             in_from: Vec::new(),
             seen: Vec::new(),
             done: Vec::new(),
+            queue: Vec::new(),
         }
     }
 
@@ -194,7 +197,8 @@ impl DirtyTracker {
             + self.out_to.capacity()
             + self.in_starts.capacity()
             + self.in_from.capacity()
-            + self.seen.capacity();
+            + self.seen.capacity()
+            + self.queue.capacity();
         self.marks.capacity() * 8
             + self.entries.capacity() * 16
             + self.changed.capacity() * std::mem::size_of::<Changed>()
@@ -209,7 +213,6 @@ impl DirtyTracker {
         let oldest = self.oldest.take();
         self.changed.clear();
         for &(b, old) in &self.entries {
-            self.marks[(b >> 6) as usize] &= !(1u64 << (b & 63));
             let new = buckets[b as usize];
             if new != old {
                 self.position[b as usize] = self.changed.len() as u32;
@@ -220,6 +223,40 @@ impl DirtyTracker {
                 });
             }
         }
+        // Edges: bucket `x` lost fingerprint `f` and its alternate `y` is in the batch and
+        // gained `f`, so `y` goes first. Plain inserts and removals (alternate not in the batch)
+        // add none.
+        self.edges.clear();
+        for (x, c) in self.changed.iter().enumerate() {
+            // Slots whose fingerprint changed (a removal or a kick; most changed words only
+            // gained a fingerprint in an empty slot and skip the loop at once).
+            let mut replaced = bucket::replaced_slots(c.old, c.new);
+            while replaced != 0 {
+                let f = bucket::slot(c.old, bucket::mask_slot(replaced));
+                replaced &= replaced - 1;
+                if bucket::copies(c.old, f) <= bucket::copies(c.new, f) {
+                    continue;
+                }
+                let alt = addressing.alternate(c.bucket, f);
+                // Only a dirty bucket can be in the batch. Its mark (one bit per bucket, still
+                // set) rules out most alternates without a random read of `position` (32 bits
+                // per bucket: on a large table, a cache miss per removed fingerprint).
+                if self.marks[(alt >> 6) as usize] & (1u64 << (alt & 63)) == 0 {
+                    continue;
+                }
+                let y = self.position[alt as usize];
+                // A fingerprint lost twice yields the edge twice; Kahn counts both.
+                if let Some(cy) = self.changed.get(y as usize)
+                    && cy.bucket == alt
+                    && bucket::copies(cy.new, f) > bucket::copies(cy.old, f)
+                {
+                    self.edges.push((y, x as u32));
+                }
+            }
+        }
+        for &(b, _) in &self.entries {
+            self.marks[(b >> 6) as usize] &= !(1u64 << (b & 63));
+        }
         // A burst (say, a warm-up before the first publication) must not pin its peak buffer
         // size forever: trim buffers far above this batch's size.
         trim(&mut self.entries);
@@ -227,30 +264,6 @@ impl DirtyTracker {
         trim(&mut self.changed);
         if self.changed.is_empty() {
             return None;
-        }
-        // Edges: bucket `x` lost fingerprint `f` and its alternate `y` is in the batch and
-        // gained `f`, so `y` goes first. Plain inserts and removals (alternate not in the batch)
-        // add none.
-        self.edges.clear();
-        for (x, c) in self.changed.iter().enumerate() {
-            for s in 0..bucket::SLOTS {
-                let f = bucket::slot(c.old, s);
-                if f == bucket::EMPTY_SLOT || bucket::slot(c.new, s) == f {
-                    continue;
-                }
-                if count(c.old, f) <= count(c.new, f) {
-                    continue;
-                }
-                let alt = addressing.alternate(c.bucket, f);
-                let y = self.position[alt as usize];
-                // A fingerprint lost twice yields the edge twice; Kahn counts both.
-                if let Some(cy) = self.changed.get(y as usize)
-                    && cy.bucket == alt
-                    && count(cy.new, f) > count(cy.old, f)
-                {
-                    self.edges.push((y, x as u32));
-                }
-            }
         }
         let (images, cycles_broken) = self.order();
         Some(PublicationBatch {
@@ -271,7 +284,9 @@ impl DirtyTracker {
             return (self.changed.iter().map(image).collect(), 0);
         }
         let n = self.changed.len();
-        // `seen` doubles as the cursor buffer of the counting sorts; reset below.
+        // `seen` doubles as the cursor buffer of the counting sort. The predecessor lists and
+        // `seen`'s stamps serve only `on_cycle`, so they are built at the first cycle (about 1%
+        // of batches have one, see the module docs).
         csr(
             n,
             &self.edges,
@@ -281,25 +296,18 @@ impl DirtyTracker {
             &mut self.out_to,
             &mut self.seen,
         );
-        csr(
-            n,
-            &self.edges,
-            |e| e.1,
-            |e| e.0,
-            &mut self.in_starts,
-            &mut self.in_from,
-            &mut self.seen,
-        );
         self.indegree.clear();
-        self.indegree
-            .extend((0..n).map(|v| self.in_starts[v + 1] - self.in_starts[v]));
-        self.seen.clear();
-        self.seen.resize(n, 0);
+        self.indegree.resize(n, 0);
+        for &(_, to) in &self.edges {
+            self.indegree[to as usize] += 1;
+        }
         self.done.clear();
         self.done.resize(n, false);
+        let mut predecessors = false;
 
-        let mut order: Vec<u32> = Vec::with_capacity(n);
         // `order` doubles as the Kahn queue: `order[head..]` are ready but not yet expanded.
+        let mut order = std::mem::take(&mut self.queue);
+        order.clear();
         order.extend((0..n as u32).filter(|&v| self.indegree[v as usize] == 0));
         for &v in &order {
             self.done[v as usize] = true;
@@ -314,6 +322,20 @@ impl DirtyTracker {
                 // resolve nothing).
                 while self.done[earliest_pending] {
                     earliest_pending += 1;
+                }
+                if !predecessors {
+                    csr(
+                        n,
+                        &self.edges,
+                        |e| e.1,
+                        |e| e.0,
+                        &mut self.in_starts,
+                        &mut self.in_from,
+                        &mut self.seen,
+                    );
+                    self.seen.clear();
+                    self.seen.resize(n, 0);
+                    predecessors = true;
                 }
                 cycles += 1;
                 let v = self.on_cycle(earliest_pending, cycles);
@@ -335,6 +357,8 @@ impl DirtyTracker {
             .iter()
             .map(|&v| image(&self.changed[v as usize]))
             .collect();
+        trim(&mut order);
+        self.queue = order;
         (images, cycles)
     }
 
@@ -361,15 +385,6 @@ fn trim<T>(v: &mut Vec<T>) {
     if v.capacity() > 4 * keep {
         v.shrink_to(2 * keep);
     }
-}
-
-/// Copies of `fingerprint` in `word`.
-#[inline]
-fn count(word: u64, fingerprint: u16) -> usize {
-    bucket::slots(word)
-        .iter()
-        .filter(|&&s| s == fingerprint)
-        .count()
 }
 
 #[cfg(test)]
