@@ -97,10 +97,10 @@ pub struct DirtyTracker {
     /// Dirty buckets with their image at the last publication, in first-touch order.
     entries: Vec<(u32, u64)>,
     oldest: Option<Instant>,
-    /// Per bucket: its position in `changed` during the last `take` (stale otherwise; always
-    /// validated against `changed[pos].bucket`). 4 bytes per bucket, half the table's size,
-    /// so edge resolution needs no sort and no hashing.
-    position: Vec<u32>,
+    /// The changed buckets of the batch being taken -> their position in `changed`: memory in
+    /// proportion to the batch, not the table, and its writes stay in cache (a per-bucket
+    /// array would take a random, cache-missing write per changed bucket on a large table).
+    position: BatchIndex,
     // Scratch buffers for ordering, reused across batches.
     changed: Vec<Changed>,
     /// Edges `(before, after)` as positions in `changed`.
@@ -149,14 +149,14 @@ fn csr(
 }
 
 impl DirtyTracker {
-    /// A tracker for `bucket_count` buckets (`bucket_count / 8` bytes of marks plus
-    /// `4 * bucket_count` bytes of position index).
+    /// A tracker for `bucket_count` buckets (`bucket_count / 8` bytes of marks; the other
+    /// buffers grow with the batches).
     pub fn new(bucket_count: usize) -> Self {
         Self {
             marks: vec![0; bucket_count.div_ceil(64)],
             entries: Vec::new(),
             oldest: None,
-            position: vec![0; bucket_count],
+            position: BatchIndex::default(),
             changed: Vec::new(),
             edges: Vec::new(),
             indegree: Vec::new(),
@@ -191,8 +191,7 @@ impl DirtyTracker {
 
     /// Bytes held by the tracker's buffers (capacity-based).
     pub fn bytes_used(&self) -> usize {
-        let u32s = self.position.capacity()
-            + self.indegree.capacity()
+        let u32s = self.indegree.capacity()
             + self.out_starts.capacity()
             + self.out_to.capacity()
             + self.in_starts.capacity()
@@ -205,6 +204,7 @@ impl DirtyTracker {
             + self.edges.capacity() * 8
             + u32s * 4
             + self.done.capacity()
+            + self.position.bytes()
     }
 
     /// Samples every dirty bucket of `buckets`, clears the dirty set and returns the net changes
@@ -212,10 +212,11 @@ impl DirtyTracker {
     pub fn take(&mut self, buckets: &[u64], addressing: &Addressing) -> Option<PublicationBatch> {
         let oldest = self.oldest.take();
         self.changed.clear();
+        self.position.reset(self.entries.len(), buckets.len());
         for &(b, old) in &self.entries {
             let new = buckets[b as usize];
             if new != old {
-                self.position[b as usize] = self.changed.len() as u32;
+                self.position.insert(b, self.changed.len() as u32);
                 self.changed.push(Changed {
                     bucket: b,
                     old,
@@ -239,15 +240,13 @@ impl DirtyTracker {
                 }
                 let alt = addressing.alternate(c.bucket, f);
                 // Only a dirty bucket can be in the batch. Its mark (one bit per bucket, still
-                // set) rules out most alternates without a random read of `position` (32 bits
-                // per bucket: on a large table, a cache miss per removed fingerprint).
+                // set) rules out most alternates without probing `position`.
                 if self.marks[(alt >> 6) as usize] & (1u64 << (alt & 63)) == 0 {
                     continue;
                 }
-                let y = self.position[alt as usize];
                 // A fingerprint lost twice yields the edge twice; Kahn counts both.
-                if let Some(cy) = self.changed.get(y as usize)
-                    && cy.bucket == alt
+                if let Some(y) = self.position.get(alt)
+                    && let cy = &self.changed[y as usize]
                     && bucket::copies(cy.new, f) > bucket::copies(cy.old, f)
                 {
                     self.edges.push((y, x as u32));
@@ -379,6 +378,86 @@ impl DirtyTracker {
     }
 }
 
+/// Bucket -> position map of one batch, rebuilt for every batch, in memory proportional to
+/// the batch: open addressing with linear probing over a power-of-two slot array at most half
+/// full (8 bytes a slot, so 16-32 bytes a key). A batch of more than a quarter of the table's
+/// buckets (a burst published at once) uses a plain per-bucket array instead (4 bytes a
+/// bucket, fewer bytes at that size), freed at the next batch. Keys are unique (a bucket is
+/// changed once per batch).
+#[derive(Debug, Clone, Default)]
+struct BatchIndex {
+    /// `(bucket + 1) << 32 | position`; 0 marks a free slot (one word, so a reset is a
+    /// plain zero fill).
+    slots: Vec<u64>,
+    /// `log2(slots.len())`.
+    bits: u32,
+    /// Per bucket: its position, or `u32::MAX`; empty unless this batch is a large one.
+    direct: Vec<u32>,
+}
+
+impl BatchIndex {
+    /// Empties the index and sizes it for up to `n` keys (the batch's dirty buckets, an upper
+    /// bound of its changed ones) among `bucket_count` buckets.
+    fn reset(&mut self, n: usize, bucket_count: usize) {
+        if 4 * n > bucket_count {
+            self.slots = Vec::new();
+            self.direct.clear();
+            self.direct.resize(bucket_count, u32::MAX);
+            return;
+        }
+        self.direct = Vec::new();
+        let len = (2 * n).next_power_of_two().max(16);
+        self.bits = len.trailing_zeros();
+        self.slots.clear();
+        self.slots.resize(len, 0);
+        trim(&mut self.slots);
+    }
+
+    /// The first slot `bucket` probes: the top bits of a multiplicative hash.
+    #[inline(always)]
+    fn home(&self, bucket: u32) -> usize {
+        (u64::from(bucket).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - self.bits)) as usize
+    }
+
+    /// Records `bucket` (not yet in the index) at `position`.
+    #[inline]
+    fn insert(&mut self, bucket: u32, position: u32) {
+        if !self.direct.is_empty() {
+            self.direct[bucket as usize] = position;
+            return;
+        }
+        let mask = self.slots.len() - 1;
+        let mut i = self.home(bucket);
+        while self.slots[i] != 0 {
+            i = (i + 1) & mask;
+        }
+        self.slots[i] = (u64::from(bucket) + 1) << 32 | u64::from(position);
+    }
+
+    /// The position of `bucket`, if it was inserted since the last reset.
+    #[inline]
+    fn get(&self, bucket: u32) -> Option<u32> {
+        if !self.direct.is_empty() {
+            return Some(self.direct[bucket as usize]).filter(|&p| p != u32::MAX);
+        }
+        let mask = self.slots.len() - 1;
+        let key = u64::from(bucket) + 1;
+        let mut i = self.home(bucket);
+        loop {
+            match self.slots[i] {
+                0 => return None,
+                slot if slot >> 32 == key => return Some(slot as u32),
+                _ => i = (i + 1) & mask,
+            }
+        }
+    }
+
+    /// Bytes held (capacity-based).
+    fn bytes(&self) -> usize {
+        self.slots.capacity() * 8 + self.direct.capacity() * 4
+    }
+}
+
 /// Shrinks `v` when its capacity exceeds four times its length (and 1,024 elements).
 fn trim<T>(v: &mut Vec<T>) {
     let keep = v.len().max(1024);
@@ -422,22 +501,52 @@ mod tests {
 
     #[test]
     fn relocation_target_comes_first() {
-        let a = addressing(64);
-        // Find a fingerprint whose alternate of bucket 2 is above 2, so ascending order alone
-        // would install the source first.
-        let f = (1..u16::MAX).find(|&f| a.alternate(2, f) > 2).unwrap();
-        let y = a.alternate(2, f);
-        let mut t = DirtyTracker::new(64);
-        let mut table = vec![0u64; 64];
-        table[2] = u64::from(f);
-        t.touch(2, table[2]);
-        table[2] = 0;
-        t.touch(y, table[y as usize]);
-        table[y as usize] = u64::from(f);
-        let batch = t.take(&table, &a).unwrap();
-        assert_eq!(batch.images[0].bucket, y);
-        assert_eq!(batch.images[1].bucket, 2);
-        assert_eq!(batch.cycles_broken, 0);
+        // 64 buckets: the batch's index is the hash table; 4 buckets: two changed buckets are
+        // more than a quarter of the table, so it is the per-bucket array.
+        for buckets in [64u64, 4] {
+            let a = addressing(buckets);
+            // Find a fingerprint whose alternate of bucket 2 is above 2, so ascending order
+            // alone would install the source first.
+            let f = (1..u16::MAX).find(|&f| a.alternate(2, f) > 2).unwrap();
+            let y = a.alternate(2, f);
+            let mut t = DirtyTracker::new(buckets as usize);
+            let mut table = vec![0u64; buckets as usize];
+            table[2] = u64::from(f);
+            t.touch(2, table[2]);
+            table[2] = 0;
+            t.touch(y, table[y as usize]);
+            table[y as usize] = u64::from(f);
+            let batch = t.take(&table, &a).unwrap();
+            assert_eq!(batch.images[0].bucket, y, "{buckets} buckets");
+            assert_eq!(batch.images[1].bucket, 2);
+            assert_eq!(batch.cycles_broken, 0);
+        }
+    }
+
+    proptest::proptest! {
+        /// The batch index against a map, in both of its forms and across resets: every key
+        /// inserted since the last reset is found at its position, nothing else is.
+        #[test]
+        fn batch_index_finds_exactly_what_was_inserted(
+            batches in proptest::collection::vec(
+                proptest::collection::btree_set(0u32..4096, 0..1200), 1..4),
+            probes in proptest::collection::vec(0u32..4096, 64),
+        ) {
+            let mut index = BatchIndex::default();
+            for keys in &batches {
+                index.reset(keys.len(), 4096);
+                let mut model = std::collections::HashMap::new();
+                // Positions in a shuffled-looking order, as `changed` skips reverted buckets.
+                for (i, &bucket) in keys.iter().rev().enumerate() {
+                    let position = (i as u32).wrapping_mul(7);
+                    index.insert(bucket, position);
+                    model.insert(bucket, position);
+                }
+                for &bucket in keys.iter().chain(&probes) {
+                    proptest::prop_assert_eq!(index.get(bucket), model.get(&bucket).copied());
+                }
+            }
+        }
     }
 
     #[test]
