@@ -9,11 +9,12 @@
 //!
 //! Profile mode: `cargo bench -p ckf-core --bench producer -- profile [BUCKETS] [LOAD%] [RUNS]
 //! [pub]` (default 65536 buckets at 85%, one run, no publication; `pub` takes a publication
-//! batch every 64 events as the `+pub` column does) builds one row's workload once, then RUNS times
-//! applies its warm-up to a fresh state and its timed events with the hint, and prints the
-//! median and best rate, a digest of the final table (equal digests: two builds placed every
-//! fingerprint alike) and, with `pub`, of every publication batch's images in order, and the instruction-count recipe: run the binary under `valgrind
-//! --tool=callgrind --toggle-collect='*steady_for_profile*'` to count only the steady-state
+//! batch every 64 events as the `+pub` column does). It builds one row's workload once, then
+//! RUNS times applies its warm-up to a fresh state and its timed events with the hint, and
+//! prints the median and best rate, a digest of the final table (equal digests: two builds
+//! placed every fingerprint alike) and, with `pub`, of every batch (its images in order and its
+//! cycles broken), and the instruction-count recipe: the binary under `valgrind
+//! --tool=callgrind --toggle-collect='*steady_for_profile*'` counts only the steady-state
 //! ingest (no generation, no warm-up). Comparing two builds: alternate their profile runs.
 //!
 //! Workload: 4 members, each an LRU-like cache of `capacity` blocks. Every step one member
@@ -164,7 +165,8 @@ fn workload(capacity: usize, seed: u64) -> Workload {
 /// Applies `events` in order; with `hint`, each event is preceded by
 /// `DcCkfState::prefetch_next` of the next one's blocks, as the producer's actor does within an
 /// ingest batch. With `publish`, takes a publication batch every [`BATCH_EVERY_EVENTS`] events
-/// and, given `batches`, folds every image of it (bucket and word, in order) into that digest.
+/// and, given `batches`, folds every image of it (word and bucket, in order) and its cycles
+/// broken into that digest.
 /// Returns the blocks omitted.
 fn apply_ckf(
     state: &mut DcCkfState,
@@ -187,8 +189,9 @@ fn apply_ckf(
             let batch = state.take_batch();
             if let (Some(digest), Some(batch)) = (batches.as_deref_mut(), &batch) {
                 for image in &batch.images {
-                    *digest = fmix64(*digest ^ image.image ^ (u64::from(image.bucket) << 48));
+                    *digest = fmix64(fmix64(*digest ^ image.image) ^ u64::from(image.bucket));
                 }
+                *digest = fmix64(*digest ^ u64::from(batch.cycles_broken));
             }
             black_box(batch);
         }
@@ -378,7 +381,7 @@ fn steady_for_profile(
     apply_ckf(state, events, publish, true, Some(batches))
 }
 
-/// `profile [BUCKETS] [LOAD%] [RUNS]` (see the module docs).
+/// `profile [BUCKETS] [LOAD%] [RUNS] [pub]` (see the module docs).
 fn profile(args: &[String]) {
     let bucket_count: u64 = args.first().map_or(1 << 16, |a| {
         a.parse()
@@ -444,17 +447,18 @@ fn profile(args: &[String]) {
          M block ops/s over {runs} run(s): median {:.2}, best {:.2}",
         load * 100.0,
         if publish {
-            " with a publication batch every 64 events"
+            format!(" with a publication batch every {BATCH_EVERY_EVENTS} events")
         } else {
-            ""
+            String::new()
         },
         rates[rates.len() / 2] / 1e6,
         rates[rates.len() - 1] / 1e6,
     );
     println!(
         "instructions per block op: valgrind --tool=callgrind --toggle-collect='*steady_for_profile*' \
-         <this binary> profile {bucket_count} {:.0}, then divide the total by {ops}",
-        load * 100.0
+         <this binary> profile {bucket_count} {:.0} 1{}, then divide the total by {ops}",
+        load * 100.0,
+        if publish { " pub" } else { "" },
     );
 }
 

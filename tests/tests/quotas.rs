@@ -476,8 +476,8 @@ async fn memory_returns_after_storing_and_clearing_four_million_blocks() {
         tokio::time::sleep(Duration::from_millis(50 * (i as u64 + 1))).await;
     }
     // What may stay: the table pages now written (8 bytes per bucket), the dirty tracker's
-    // marks and its per-bucket index of a batch larger than a quarter of the table (4 bytes
-    // per bucket, until the next batch), and allocator / HTTP/2 buffers
+    // marks and the index of its last batch (at most 4 bytes per bucket, until the next batch),
+    // and allocator / HTTP/2 buffers
     // (16 MiB of slack). The exact state for 4M blocks alone is ~80 MiB (a million blocks
     // measured: baseline ~11 MiB, ~44 MiB with them, ~20 MiB after clearing).
     let allowed = baseline + buckets * 12 + 16 * MIB;
