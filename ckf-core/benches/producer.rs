@@ -381,31 +381,63 @@ fn steady_for_profile(
     apply_ckf(state, events, publish, true, Some(batches))
 }
 
+/// Smallest table the profile mode takes: the workload sizes its members from the table, and
+/// a handful of buckets leaves them no room to churn.
+const PROFILE_MIN_BUCKETS: u64 = 64;
+
+/// Prints `message` with the profile mode's usage and exits with status 2.
+fn usage_error(message: &str) -> ! {
+    eprintln!(
+        "error: {message}\nusage: producer profile [BUCKETS] [LOAD%] [RUNS] [pub] \
+         (defaults 65536 85 1, no publication; BUCKETS even and >= {PROFILE_MIN_BUCKETS}, \
+         LOAD% in 1..=99, RUNS >= 1)"
+    );
+    std::process::exit(2)
+}
+
 /// `profile [BUCKETS] [LOAD%] [RUNS] [pub]` (see the module docs).
 fn profile(args: &[String]) {
+    if args.len() > 4 {
+        usage_error(&format!("unexpected argument {:?}", args[4]));
+    }
     let bucket_count: u64 = args.first().map_or(1 << 16, |a| {
         a.parse()
-            .expect("BUCKETS: an even bucket count, e.g. 1048576")
+            .ok()
+            .filter(|&n: &u64| n >= PROFILE_MIN_BUCKETS && n % 2 == 0)
+            .unwrap_or_else(|| {
+                usage_error(&format!(
+                    "BUCKETS must be an even count >= {PROFILE_MIN_BUCKETS}, e.g. 1048576, not {a:?}"
+                ))
+            })
     });
     let load = args.get(1).map_or(0.85, |a| {
         a.trim_end_matches('%')
             .parse::<f64>()
-            .expect("LOAD%: a percentage, e.g. 85")
+            .ok()
+            .filter(|p| (1.0..=99.0).contains(p))
+            .unwrap_or_else(|| {
+                usage_error(&format!(
+                    "LOAD% must be a percentage in 1..=99, e.g. 85, not {a:?}"
+                ))
+            })
             / 100.0
     });
     let runs: usize = args.get(2).map_or(1, |a| {
-        a.parse::<usize>()
-            .expect("RUNS: how many fresh states to time")
-            .max(1)
+        a.parse()
+            .ok()
+            .filter(|&n: &usize| n >= 1)
+            .unwrap_or_else(|| usage_error(&format!("RUNS must be at least 1, not {a:?}")))
     });
     let publish = match args.get(3).map(String::as_str) {
         None => false,
         Some("pub") => true,
-        Some(other) => panic!(
-            "the 4th argument is `pub` (publish every {BATCH_EVERY_EVENTS} events), not {other:?}"
-        ),
+        Some(other) => usage_error(&format!(
+            "the 4th argument is `pub` (a publication batch every {BATCH_EVERY_EVENTS} events), \
+             not {other:?}"
+        )),
     };
-    let format = TableFormat::new(bucket_count, 0xBE7C).expect("a valid bucket count");
+    let format = TableFormat::new(bucket_count, 0xBE7C)
+        .unwrap_or_else(|e| usage_error(&format!("BUCKETS {bucket_count}: {e}")));
     let w = sized_workload(format, load);
     let ops = block_ops(&w.steady);
     let mut rates = Vec::with_capacity(runs);
@@ -468,8 +500,10 @@ fn profile(args: &[String]) {
 fn sized_workload(format: TableFormat, load: f64) -> Workload {
     let unique = (format.slot_count() as f64 * load) as usize;
     let seed = format.bucket_count ^ load.to_bits();
-    let guess = unique / MEMBERS;
-    let trial = workload(guess, seed).unique_at_end;
+    // At least one event's worth per member, so a member always has blocks to evict (tiny
+    // tables and loads); the trial holds at least one block, so the rescale stays finite.
+    let guess = (unique / MEMBERS).max(EVENT_BLOCKS);
+    let trial = workload(guess, seed).unique_at_end.max(1);
     let capacity = (guess as f64 * unique as f64 / trial as f64) as usize;
     workload(capacity, seed)
 }
