@@ -444,9 +444,8 @@ fn profile(args: &[String]) {
     let mut summary = String::new();
     for _ in 0..runs {
         let mut state = DcCkfState::new(DcCkfConfig::new(format)).unwrap();
-        // Without the hint (which changes no state): the same call as the timed one would let
-        // the compiler route the warm-up through `steady_for_profile` too, and the profile
-        // count it.
+        // Untimed and outside `steady_for_profile`, so the profile does not count it; without
+        // the hint, which changes no state.
         apply_ckf(&mut state, &w.warmup, false, false, None);
         state.take_batch();
         let kicks_before = state.stats().kicks_total;
