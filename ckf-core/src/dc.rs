@@ -246,8 +246,9 @@ impl Projection {
         }
         for (i, &h) in hashes.iter().enumerate() {
             if STORE && i + HALF < hashes.len() {
-                self.mutator
-                    .prefetch_relocation(ring[(i + HALF) % PREFETCH_DISTANCE].loc);
+                let ahead = ring[(i + HALF) % PREFETCH_DISTANCE];
+                self.mutator.prefetch_relocation(ahead.loc);
+                self.blocks.prefetch_walk(ahead.probe);
             }
             let p = ring[i % PREFETCH_DISTANCE];
             if let Some(&ahead) = hashes.get(i + PREFETCH_DISTANCE) {

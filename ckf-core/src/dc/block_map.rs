@@ -56,6 +56,14 @@ const INLINE: usize = 3;
 const SLOTS: usize = 4;
 /// Load above which an insertion grows the table first (entries / slots).
 pub(crate) const MAX_LOAD: f64 = 0.90;
+/// Load (entries / slots, as a fraction) from which [`BlockMap::prefetch_walk`] acts. Measured
+/// on the producer bench at 85% filter load: a map at 84% load walked on ~14% of new blocks,
+/// one at 66% on ~1%.
+const WALK_HINT_LOAD: (usize, usize) = (3, 4);
+/// Lines (64 bytes each) from which [`BlockMap::prefetch_walk`] acts: 2^18 lines are 16 MiB,
+/// beyond a core's L2 and its usual share of the L3. On a map of 2^16 lines (65,536 filter
+/// buckets at 85%) the hint cost 3.8% more instructions and saved no miss.
+const WALK_HINT_MIN_LINES: usize = 1 << 18;
 /// Growth factor: 1.5x, so a table just grown is 60% full, not 45% as with doubling.
 const GROWTH_NUM: usize = 3;
 const GROWTH_DEN: usize = 2;
@@ -267,6 +275,45 @@ impl BlockMap {
         }
     }
 
+    /// When both candidate lines of `probe` are full (inserting its key would
+    /// [`walk`](Self::walk)), hints the CPU to fetch the other line of each of their eight
+    /// residents: the walk's first pass reads exactly those. Reads the two lines, so call it
+    /// once they are likely cached (after [`prefetch`](Self::prefetch)). Never faults.
+    ///
+    /// A no-op below [`WALK_HINT_LOAD`], where both lines are rarely full and reading them
+    /// early costs more than the rare walk it would speed up, and on maps under
+    /// [`WALK_HINT_MIN_LINES`], which live in the caches. Returns the lines hinted: 8 or 0.
+    #[inline]
+    pub fn prefetch_walk(&self, probe: Probe) -> usize {
+        let n = self.lines.len();
+        if n < WALK_HINT_MIN_LINES || self.len * WALK_HINT_LOAD.1 < n * SLOTS * WALK_HINT_LOAD.0 {
+            return 0;
+        }
+        let (a, b) = probe.lines(n);
+        let full = |l: usize| self.lines[l].0.iter().all(|s| s.owners != 0);
+        if !full(a) || !full(b) {
+            return 0;
+        }
+        for l in [a, b] {
+            for slot in &self.lines[l].0 {
+                prefetch(
+                    self.lines
+                        .as_ptr()
+                        .wrapping_add(self.other_line(slot.key, l)),
+                );
+            }
+        }
+        2 * SLOTS
+    }
+
+    /// The candidate line of `key` that is not `line` (`line` itself when both candidates are
+    /// the same line).
+    #[inline(always)]
+    fn other_line(&self, key: u64, line: usize) -> usize {
+        let (a, b) = self.probe(key).lines(self.lines.len());
+        if a == line { b } else { a }
+    }
+
     /// Where `key` is, if tracked.
     #[inline]
     pub fn find(&self, key: u64, probe: Probe) -> Option<Pos> {
@@ -466,12 +513,10 @@ impl BlockMap {
     /// other line, and so on.
     #[cold]
     fn walk(&mut self, mut entry: Slot, a: usize, b: usize) {
-        let n = self.lines.len();
         for l in [a, b] {
             for s in 0..SLOTS {
                 let victim = self.lines[l].0[s];
-                let (va, vb) = self.probe(victim.key).lines(n);
-                let other = if va == l { vb } else { va };
+                let other = self.other_line(victim.key, l);
                 if let Some(slot) = self.lines[other].0.iter_mut().find(|s| s.owners == 0) {
                     *slot = victim;
                     self.lines[l].0[s] = entry;
@@ -486,8 +531,7 @@ impl BlockMap {
             let r = fmix64(salt ^ u64::from(step));
             let s = (r >> 62) as usize;
             let victim = std::mem::replace(&mut self.lines[line].0[s], entry);
-            let (va, vb) = self.probe(victim.key).lines(n);
-            line = if va == line { vb } else { va };
+            line = self.other_line(victim.key, line);
             if let Some(slot) = self.lines[line].0.iter_mut().find(|s| s.owners == 0) {
                 *slot = victim;
                 return;
@@ -883,6 +927,79 @@ mod tests {
         }
         map.shrink(0);
         assert_equal(&map, &model);
+    }
+
+    /// The walk hint fires exactly when an insertion would walk on a large, loaded map, and
+    /// never changes the map.
+    #[test]
+    fn walk_hint_fires_only_for_full_line_pairs_of_a_large_loaded_map() {
+        let mut map = BlockMap::default();
+        assert_eq!(map.prefetch_walk(Probe::of(1)), 0, "empty map");
+        let loaded =
+            |m: &BlockMap| m.len * WALK_HINT_LOAD.1 >= m.slot_capacity() * WALK_HINT_LOAD.0;
+        let full = |m: &BlockMap, l: usize| m.lines[l].0.iter().all(|s| s.owners != 0);
+        // A loaded map in the caches: off, though many line pairs are full.
+        let mut key = 0u64;
+        while map.lines.len() < 1024 || !loaded(&map) {
+            map.insert_new(key, Probe::of(key), 1);
+            key += 1;
+        }
+        let mut full_pairs = 0;
+        for probe_key in (1u64 << 40)..(1u64 << 40) + 20_000 {
+            let p = Probe::of(probe_key);
+            let (a, b) = p.lines(map.lines.len());
+            full_pairs += usize::from(full(&map, a) && full(&map, b));
+            assert_eq!(map.prefetch_walk(p), 0, "a map in the caches");
+        }
+        assert!(
+            full_pairs > 0,
+            "no full line pair to test the size gate with"
+        );
+        // Grow past the size gate, then load the map above the load gate.
+        while map.lines.len() < WALK_HINT_MIN_LINES || !loaded(&map) {
+            map.insert_new(key, Probe::of(key), 1);
+            key += 1;
+        }
+        let tracked = key;
+        let n = map.lines.len();
+        let (mut fired, mut quiet) = (0, 0);
+        for probe_key in (1u64 << 40)..(1u64 << 40) + 20_000 {
+            let p = Probe::of(probe_key);
+            let (a, b) = p.lines(n);
+            let expected = if full(&map, a) && full(&map, b) { 8 } else { 0 };
+            assert_eq!(map.prefetch_walk(p), expected, "key {probe_key:#x}");
+            if expected == 8 {
+                fired += 1
+            } else {
+                quiet += 1
+            }
+        }
+        assert!(fired > 0 && quiet > 0, "fired {fired}, quiet {quiet}");
+        map.check();
+        assert_eq!(map.len, tracked as usize);
+        // Just below the load gate the hint is off, though many line pairs are still full.
+        let mut key = 0;
+        while loaded(&map) {
+            let pos = map.find(key, Probe::of(key)).unwrap();
+            assert_eq!(map.drop_owner(pos, key, 1), Some(true));
+            key += 1;
+        }
+        assert_eq!(
+            map.lines.len(),
+            n,
+            "the map shrank: the check below needs its size"
+        );
+        let mut full_pairs = 0;
+        for probe_key in (1u64 << 40)..(1u64 << 40) + 20_000 {
+            let p = Probe::of(probe_key);
+            let (a, b) = p.lines(n);
+            full_pairs += usize::from(full(&map, a) && full(&map, b));
+            assert_eq!(map.prefetch_walk(p), 0, "key {probe_key:#x}");
+        }
+        assert!(
+            full_pairs > 0,
+            "no full line pair left to test the load gate with"
+        );
     }
 
     #[test]
