@@ -218,7 +218,8 @@ impl Projection {
     /// block [`PREFETCH_DISTANCE`] places ahead already located and prefetched: the cache misses
     /// of an event's blocks overlap instead of being paid one after the other. With `STORE`,
     /// the block half that distance ahead (its buckets cached by then) also gets the buckets a
-    /// relocation would read prefetched ([`Mutator::prefetch_relocation`]). The order of
+    /// relocation would read prefetched ([`Mutator::prefetch_relocation`]), and on a large,
+    /// loaded block map the lines its walk would read ([`BlockMap::prefetch_walk`]). The order of
     /// application (and so every rule about duplicates and order inside an event) is unchanged.
     #[inline(always)]
     fn pipelined<const STORE: bool>(
@@ -235,6 +236,8 @@ impl Projection {
             };
         }
         self.carried_len = 0;
+        // Tested once per event: the map's size and load move little within one.
+        let walk_hint = STORE && self.blocks.walk_hint_active();
         // An event shorter than the ring: the look-ahead's first blocks already fit in it.
         for j in 0..PREFETCH_DISTANCE
             .saturating_sub(hashes.len())
@@ -248,7 +251,9 @@ impl Projection {
             if STORE && i + HALF < hashes.len() {
                 let ahead = ring[(i + HALF) % PREFETCH_DISTANCE];
                 self.mutator.prefetch_relocation(ahead.loc);
-                self.blocks.prefetch_walk(ahead.probe);
+                if walk_hint {
+                    self.blocks.prefetch_walk(ahead.probe);
+                }
             }
             let p = ring[i % PREFETCH_DISTANCE];
             if let Some(&ahead) = hashes.get(i + PREFETCH_DISTANCE) {

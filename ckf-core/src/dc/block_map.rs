@@ -285,10 +285,10 @@ impl BlockMap {
     /// [`WALK_HINT_MIN_LINES`], which live in the caches. Returns the lines hinted: 8 or 0.
     #[inline]
     pub fn prefetch_walk(&self, probe: Probe) -> usize {
-        let n = self.lines.len();
-        if n < WALK_HINT_MIN_LINES || self.len * WALK_HINT_LOAD.1 < n * SLOTS * WALK_HINT_LOAD.0 {
+        if !self.walk_hint_active() {
             return 0;
         }
+        let n = self.lines.len();
         let (a, b) = probe.lines(n);
         let full = |l: usize| self.lines[l].0.iter().all(|s| s.owners != 0);
         if !full(a) || !full(b) {
@@ -304,6 +304,16 @@ impl BlockMap {
             }
         }
         2 * SLOTS
+    }
+
+    /// Whether [`prefetch_walk`](Self::prefetch_walk) acts on this map as it is now: at least
+    /// [`WALK_HINT_MIN_LINES`] lines, at least [`WALK_HINT_LOAD`] full. Lets a caller test it
+    /// once per event rather than per block (an insertion can only raise the load, and a
+    /// growth that lowers it only makes the hint less useful, never wrong).
+    #[inline]
+    pub fn walk_hint_active(&self) -> bool {
+        let n = self.lines.len();
+        n >= WALK_HINT_MIN_LINES && self.len * WALK_HINT_LOAD.1 >= n * SLOTS * WALK_HINT_LOAD.0
     }
 
     /// The candidate line of `key` that is not `line` (`line` itself when both candidates are
