@@ -187,6 +187,9 @@ struct Projection {
     /// `Prepared` depends only on the hash and the table format, never on the block map's size.
     carried: [(u64, Prepared); PREFETCH_DISTANCE],
     carried_len: usize,
+    /// Block-map lines the walk hint prefetched (tests only: shows the hint ran).
+    #[cfg(test)]
+    walk_hint_lines: usize,
 }
 
 /// What acquiring one edge did.
@@ -252,7 +255,11 @@ impl Projection {
                 let ahead = ring[(i + HALF) % PREFETCH_DISTANCE];
                 self.mutator.prefetch_relocation(ahead.loc);
                 if walk_hint {
-                    self.blocks.prefetch_walk(ahead.probe);
+                    let _lines = self.blocks.prefetch_walk(ahead.probe);
+                    #[cfg(test)]
+                    {
+                        self.walk_hint_lines += _lines;
+                    }
                 }
             }
             let p = ring[i % PREFETCH_DISTANCE];
@@ -412,6 +419,8 @@ impl DcCkfState {
                 lookahead_len: 0,
                 carried: [(0, Prepared::EMPTY); PREFETCH_DISTANCE],
                 carried_len: 0,
+                #[cfg(test)]
+                walk_hint_lines: 0,
             },
         })
     }
@@ -857,6 +866,68 @@ mod tests {
         assert_eq!(s.member_blocks(MemberId::new(4, 0)), vec![4, 100]);
         assert_eq!(s.refcount(100), 3);
         assert_eq!(s.count_resident(), s.stats().unique_blocks as u64);
+    }
+
+    /// The block map's walk hint runs inside the ingest loop once the map is large and loaded
+    /// (every other test's map is too small for it) and changes no outcome: every refcount,
+    /// the tracked blocks' presence and the table's fingerprint count match an exact model.
+    #[test]
+    fn walk_hint_in_the_ingest_loop_changes_no_outcome() {
+        let format = TableFormat::new(1 << 19, 11).unwrap();
+        let mut s = DcCkfState::new(DcCkfConfig::new(format)).unwrap();
+        let hash = |i: u64| crate::addressing::fmix64(i ^ 0x5151);
+        let (a, b) = (MemberId::new(1, 0), MemberId::new(2, 0));
+        let mut model: HashMap<u64, u32> = HashMap::new();
+        let mut next = 0u64;
+        while !s.proj.blocks.walk_hint_active() {
+            let blocks: Vec<u64> = (next..next + 16).map(hash).collect();
+            next += 16;
+            assert_eq!(s.store(a, &blocks).applied, 16);
+            for h in blocks {
+                model.insert(h, 1);
+            }
+        }
+        assert_eq!(
+            s.proj.walk_hint_lines, 0,
+            "the hint ran before its gates opened"
+        );
+        // Churn: `b` stores 12 new blocks and 4 of `a`'s per event; `a` evicts its oldest 16.
+        let mut oldest = 0u64;
+        for _ in 0..4_000 {
+            let blocks: Vec<u64> = (next..next + 12)
+                .chain(oldest + 1_000..oldest + 1_004)
+                .map(hash)
+                .collect();
+            next += 12;
+            assert_eq!(s.store(b, &blocks).applied, 16);
+            for &h in &blocks {
+                *model.entry(h).or_insert(0) += 1;
+            }
+            let evicted: Vec<u64> = (oldest..oldest + 16).map(hash).collect();
+            oldest += 16;
+            assert_eq!(s.remove(a, &evicted).applied, 16);
+            for h in evicted {
+                let n = model.get_mut(&h).unwrap();
+                *n -= 1;
+                if *n == 0 {
+                    model.remove(&h);
+                }
+            }
+        }
+        assert!(s.proj.walk_hint_lines > 0, "the hint never ran");
+        let stats = s.stats();
+        assert_eq!(stats.omissions_total, 0);
+        assert_eq!(stats.unique_blocks, model.len());
+        assert_eq!(s.count_resident(), stats.unique_blocks as u64);
+        for (&h, &n) in &model {
+            assert_eq!(s.refcount(h), n, "{h:#x}");
+            assert!(s.may_contain(h), "{h:#x}");
+        }
+        for i in (0..oldest).step_by(7) {
+            let h = hash(i);
+            assert_eq!(s.refcount(h), model.get(&h).copied().unwrap_or(0), "{h:#x}");
+        }
+        s.proj.blocks.check();
     }
 
     #[test]
