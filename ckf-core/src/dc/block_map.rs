@@ -56,13 +56,13 @@ const INLINE: usize = 3;
 const SLOTS: usize = 4;
 /// Load above which an insertion grows the table first (entries / slots).
 pub(crate) const MAX_LOAD: f64 = 0.90;
-/// Load (entries / slots, as a fraction) from which [`BlockMap::prefetch_walk`] acts. Measured
-/// on the producer bench at 85% filter load: a map at 84% load walked on ~14% of new blocks,
-/// one at 66% on ~1%.
+/// Load (entries / slots, as a fraction) from which [`BlockMap::walk_hint_active`] holds. On
+/// the producer bench at 85% filter load (valgrind's cache model), a map at 84% load took 0.28
+/// unprefetched L1 misses per block op in its walks, one at 66% took 0.02.
 const WALK_HINT_LOAD: (usize, usize) = (3, 4);
-/// Lines (64 bytes each) from which [`BlockMap::prefetch_walk`] acts: 2^18 lines are 16 MiB,
-/// beyond a core's L2 and its usual share of the L3. On a map of 2^16 lines (65,536 filter
-/// buckets at 85%) the hint cost 3.8% more instructions and saved no miss.
+/// Lines (64 bytes each) from which [`BlockMap::walk_hint_active`] holds: 2^18 lines are
+/// 16 MiB, beyond a core's L2 and its usual share of the L3, where the lines a walk reads come
+/// from DRAM.
 const WALK_HINT_MIN_LINES: usize = 1 << 18;
 /// Growth factor: 1.5x, so a table just grown is 60% full, not 45% as with doubling.
 const GROWTH_NUM: usize = 3;
@@ -275,45 +275,54 @@ impl BlockMap {
         }
     }
 
-    /// When both candidate lines of `probe` are full (inserting its key would
-    /// [`walk`](Self::walk)), hints the CPU to fetch the other line of each of their eight
-    /// residents: the walk's first pass reads exactly those. Reads the two lines, so call it
-    /// once they are likely cached (after [`prefetch`](Self::prefetch)). Never faults.
-    ///
-    /// A no-op below [`WALK_HINT_LOAD`], where both lines are rarely full and reading them
-    /// early costs more than the rare walk it would speed up, and on maps under
-    /// [`WALK_HINT_MIN_LINES`], which live in the caches. Returns the lines hinted: 8 or 0.
-    #[inline]
-    pub fn prefetch_walk(&self, probe: Probe) -> usize {
-        if !self.walk_hint_active() {
-            return 0;
-        }
-        let n = self.lines.len();
-        let (a, b) = probe.lines(n);
-        let full = |l: usize| self.lines[l].0.iter().all(|s| s.owners != 0);
-        if !full(a) || !full(b) {
-            return 0;
-        }
-        for l in [a, b] {
-            for slot in &self.lines[l].0 {
-                prefetch(
-                    self.lines
-                        .as_ptr()
-                        .wrapping_add(self.other_line(slot.key, l)),
-                );
-            }
-        }
-        2 * SLOTS
-    }
-
-    /// Whether [`prefetch_walk`](Self::prefetch_walk) acts on this map as it is now: at least
-    /// [`WALK_HINT_MIN_LINES`] lines, at least [`WALK_HINT_LOAD`] full. Lets a caller test it
-    /// once per event rather than per block (an insertion can only raise the load, and a
-    /// growth that lowers it only makes the hint less useful, never wrong).
+    /// Whether [`prefetch_walk`](Self::prefetch_walk) is worth calling on this map as it is
+    /// now: at least [`WALK_HINT_MIN_LINES`] lines (below, the map lives in the caches) and at
+    /// least [`WALK_HINT_LOAD`] full (below, both candidate lines are rarely full, and reading
+    /// them early costs more than the rare walk it would speed up). A caller tests it once per
+    /// event, not per block: within an event the load moves by at most a few entries, and a
+    /// stale answer only costs or misses a hint, never correctness.
     #[inline]
     pub fn walk_hint_active(&self) -> bool {
         let n = self.lines.len();
         n >= WALK_HINT_MIN_LINES && self.len * WALK_HINT_LOAD.1 >= n * SLOTS * WALK_HINT_LOAD.0
+    }
+
+    /// When both candidate lines of `probe` are full (inserting its key would
+    /// [`walk`](Self::walk)), hints the CPU to fetch the lines the walk's first pass reads
+    /// ([`walk_lines`](Self::walk_lines)) and returns them; `None` (nothing hinted) otherwise
+    /// and on an empty map. Reads the two candidate lines, so call it once they are likely
+    /// cached (after [`prefetch`](Self::prefetch)), and only where
+    /// [`walk_hint_active`](Self::walk_hint_active) says it pays. Never faults, never changes
+    /// the map.
+    #[inline]
+    pub fn prefetch_walk(&self, probe: Probe) -> Option<[usize; 2 * SLOTS]> {
+        let n = self.lines.len();
+        if n == 0 {
+            return None;
+        }
+        let (a, b) = probe.lines(n);
+        let full = |l: usize| self.lines[l].0.iter().all(|s| s.owners != 0);
+        if !full(a) || !full(b) {
+            return None;
+        }
+        let lines = self.walk_lines(a, b);
+        for &l in &lines {
+            prefetch(self.lines.as_ptr().wrapping_add(l));
+        }
+        Some(lines)
+    }
+
+    /// The lines a walk from full lines `a` and `b` tries first: the other candidate line of
+    /// each resident, in `walk`'s order (`a`'s four slots, then `b`'s).
+    #[inline(always)]
+    fn walk_lines(&self, a: usize, b: usize) -> [usize; 2 * SLOTS] {
+        let mut out = [0; 2 * SLOTS];
+        for (i, l) in [a, b].into_iter().enumerate() {
+            for (s, slot) in self.lines[l].0.iter().enumerate() {
+                out[i * SLOTS + s] = self.other_line(slot.key, l);
+            }
+        }
+        out
     }
 
     /// The candidate line of `key` that is not `line` (`line` itself when both candidates are
@@ -523,6 +532,7 @@ impl BlockMap {
     /// other line, and so on.
     #[cold]
     fn walk(&mut self, mut entry: Slot, a: usize, b: usize) {
+        // The lines `walk_lines` names, computed one at a time: most walks end at the first.
         for l in [a, b] {
             for s in 0..SLOTS {
                 let victim = self.lines[l].0[s];
@@ -939,55 +949,64 @@ mod tests {
         assert_equal(&map, &model);
     }
 
-    /// The walk hint fires exactly when an insertion would walk on a large, loaded map, and
-    /// never changes the map.
+    /// The walk hint's gates hold exactly on a large, loaded map (checked after every insertion
+    /// on the way there, so at every size below the size gate), and the hint names exactly the
+    /// lines the walk's first pass reads, for exactly the probes whose two lines are full.
     #[test]
-    fn walk_hint_fires_only_for_full_line_pairs_of_a_large_loaded_map() {
-        let mut map = BlockMap::default();
-        assert_eq!(map.prefetch_walk(Probe::of(1)), 0, "empty map");
+    fn walk_hint_names_the_walks_lines_on_large_loaded_maps_only() {
         let loaded =
             |m: &BlockMap| m.len * WALK_HINT_LOAD.1 >= m.slot_capacity() * WALK_HINT_LOAD.0;
         let full = |m: &BlockMap, l: usize| m.lines[l].0.iter().all(|s| s.owners != 0);
-        // A loaded map in the caches: off, though many line pairs are full.
-        let mut key = 0u64;
-        while map.lines.len() < 1024 || !loaded(&map) {
-            map.insert_new(key, Probe::of(key), 1);
-            key += 1;
-        }
-        let mut full_pairs = 0;
-        for probe_key in (1u64 << 40)..(1u64 << 40) + 20_000 {
-            let p = Probe::of(probe_key);
-            let (a, b) = p.lines(map.lines.len());
-            full_pairs += usize::from(full(&map, a) && full(&map, b));
-            assert_eq!(map.prefetch_walk(p), 0, "a map in the caches");
-        }
-        assert!(
-            full_pairs > 0,
-            "no full line pair to test the size gate with"
-        );
-        // Grow past the size gate, then load the map above the load gate.
+        let mut map = BlockMap::default();
+        assert_eq!(map.prefetch_walk(Probe::of(1)), None, "empty map");
+        assert!(!map.walk_hint_active());
+        let (mut key, mut loaded_small_sizes) = (0u64, std::collections::BTreeSet::new());
         while map.lines.len() < WALK_HINT_MIN_LINES || !loaded(&map) {
             map.insert_new(key, Probe::of(key), 1);
             key += 1;
+            let small = map.lines.len() < WALK_HINT_MIN_LINES;
+            assert_eq!(
+                map.walk_hint_active(),
+                !small && loaded(&map),
+                "{} lines",
+                map.lines.len()
+            );
+            if small && loaded(&map) {
+                loaded_small_sizes.insert(map.lines.len());
+            }
         }
-        let tracked = key;
+        // Up to the largest size below the gate (207,382 lines), each loaded past 75%.
+        assert!(loaded_small_sizes.len() > 20, "{loaded_small_sizes:?}");
+        assert!(loaded_small_sizes.last().unwrap() * 3 / 2 >= WALK_HINT_MIN_LINES);
         let n = map.lines.len();
+        let expected_lines = |m: &BlockMap, a: usize, b: usize| {
+            let mut v = Vec::new();
+            for l in [a, b] {
+                for slot in &m.lines[l].0 {
+                    let (x, y) = Probe::of(slot.key).lines(n);
+                    v.push(if x == l { y } else { x });
+                }
+            }
+            v
+        };
         let (mut fired, mut quiet) = (0, 0);
         for probe_key in (1u64 << 40)..(1u64 << 40) + 20_000 {
             let p = Probe::of(probe_key);
             let (a, b) = p.lines(n);
-            let expected = if full(&map, a) && full(&map, b) { 8 } else { 0 };
-            assert_eq!(map.prefetch_walk(p), expected, "key {probe_key:#x}");
-            if expected == 8 {
-                fired += 1
-            } else {
-                quiet += 1
+            match map.prefetch_walk(p) {
+                Some(lines) => {
+                    assert!(full(&map, a) && full(&map, b), "key {probe_key:#x}");
+                    assert_eq!(lines.to_vec(), expected_lines(&map, a, b));
+                    fired += 1;
+                }
+                None => {
+                    assert!(!(full(&map, a) && full(&map, b)), "key {probe_key:#x}");
+                    quiet += 1;
+                }
             }
         }
         assert!(fired > 0 && quiet > 0, "fired {fired}, quiet {quiet}");
-        map.check();
-        assert_eq!(map.len, tracked as usize);
-        // Just below the load gate the hint is off, though many line pairs are still full.
+        // Just below the load gate it is off, though many line pairs are still full.
         let mut key = 0;
         while loaded(&map) {
             let pos = map.find(key, Probe::of(key)).unwrap();
@@ -999,13 +1018,13 @@ mod tests {
             n,
             "the map shrank: the check below needs its size"
         );
-        let mut full_pairs = 0;
-        for probe_key in (1u64 << 40)..(1u64 << 40) + 20_000 {
-            let p = Probe::of(probe_key);
-            let (a, b) = p.lines(n);
-            full_pairs += usize::from(full(&map, a) && full(&map, b));
-            assert_eq!(map.prefetch_walk(p), 0, "key {probe_key:#x}");
-        }
+        assert!(!map.walk_hint_active());
+        let full_pairs = ((1u64 << 40)..(1u64 << 40) + 20_000)
+            .filter(|&k| {
+                let (a, b) = Probe::of(k).lines(n);
+                full(&map, a) && full(&map, b)
+            })
+            .count();
         assert!(
             full_pairs > 0,
             "no full line pair left to test the load gate with"
