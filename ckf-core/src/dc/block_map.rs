@@ -532,7 +532,8 @@ impl BlockMap {
     /// other line, and so on.
     #[cold]
     fn walk(&mut self, mut entry: Slot, a: usize, b: usize) {
-        // The lines `walk_lines` names, computed one at a time: most walks end at the first.
+        // The lines `walk_lines` names, computed one at a time, so a walk that finds room early
+        // computes fewer of them.
         for l in [a, b] {
             for s in 0..SLOTS {
                 let victim = self.lines[l].0[s];
