@@ -17,6 +17,15 @@
 //! --tool=callgrind --toggle-collect='*steady_for_profile*'` counts only the steady-state
 //! ingest (no generation, no warm-up). Comparing two builds: alternate their profile runs.
 //!
+//! Growth mode: `cargo bench -p ckf-core --bench producer -- growth [BUCKETS] [LOAD%]`
+//! (default 4194304 buckets at 85%). It fills a fresh `DcCkfState` from empty with the row's
+//! warm-up stores, so the block map grows through every size and each growth (a rehash of every
+//! entry) happens inside one store, and the exact `HashMap<u64, 16-byte entry>` with the same
+//! stores (hashbrown also rehashes when it grows). Three interleaved runs each; it prints each
+//! side's best fill rate (on-CPU), its shortest *longest event* (wall clock: the pause the
+//! producer's actor, and so the DC's whole event stream, sees during a growth) and its events
+//! over 10 ms, and the ratios ckf / exact.
+//!
 //! Workload: 4 members, each an LRU-like cache of `capacity` blocks. Every step one member
 //! stores an event of 16 blocks (80% fresh hashes, 20% blocks another member holds, so some
 //! stores are `n -> n+1` transitions) and evicts its 16 oldest blocks in one removed event. The
@@ -385,22 +394,20 @@ fn steady_for_profile(
 /// a handful of buckets leaves them no room to churn.
 const PROFILE_MIN_BUCKETS: u64 = 64;
 
-/// Prints `message` with the profile mode's usage and exits with status 2.
+/// Prints `message` with the modes' usage and exits with status 2.
 fn usage_error(message: &str) -> ! {
     eprintln!(
         "error: {message}\nusage: producer profile [BUCKETS] [LOAD%] [RUNS] [pub] \
-         (defaults 65536 85 1, no publication; BUCKETS even and >= {PROFILE_MIN_BUCKETS}, \
-         LOAD% in 1..=99, RUNS >= 1)"
+         (defaults 65536 85 1, no publication)\n       producer growth [BUCKETS] [LOAD%] \
+         (defaults 4194304 85)\nBUCKETS even and >= {PROFILE_MIN_BUCKETS}, LOAD% in 1..=99, \
+         RUNS >= 1"
     );
     std::process::exit(2)
 }
 
-/// `profile [BUCKETS] [LOAD%] [RUNS] [pub]` (see the module docs).
-fn profile(args: &[String]) {
-    if args.len() > 4 {
-        usage_error(&format!("unexpected argument {:?}", args[4]));
-    }
-    let bucket_count: u64 = args.first().map_or(1 << 16, |a| {
+/// The modes' BUCKETS argument (`default` when absent).
+fn bucket_count_arg(arg: Option<&String>, default: u64) -> u64 {
+    arg.map_or(default, |a| {
         a.parse()
             .ok()
             .filter(|&n: &u64| n >= PROFILE_MIN_BUCKETS && n % 2 == 0)
@@ -409,8 +416,12 @@ fn profile(args: &[String]) {
                     "BUCKETS must be an even count >= {PROFILE_MIN_BUCKETS}, e.g. 1048576, not {a:?}"
                 ))
             })
-    });
-    let load = args.get(1).map_or(0.85, |a| {
+    })
+}
+
+/// The modes' LOAD% argument as a fraction (0.85 when absent).
+fn load_arg(arg: Option<&String>) -> f64 {
+    arg.map_or(0.85, |a| {
         a.trim_end_matches('%')
             .parse::<f64>()
             .ok()
@@ -421,7 +432,16 @@ fn profile(args: &[String]) {
                 ))
             })
             / 100.0
-    });
+    })
+}
+
+/// `profile [BUCKETS] [LOAD%] [RUNS] [pub]` (see the module docs).
+fn profile(args: &[String]) {
+    if args.len() > 4 {
+        usage_error(&format!("unexpected argument {:?}", args[4]));
+    }
+    let bucket_count = bucket_count_arg(args.first(), 1 << 16);
+    let load = load_arg(args.get(1));
     let runs: usize = args.get(2).map_or(1, |a| {
         a.parse()
             .ok()
@@ -493,6 +513,110 @@ fn profile(args: &[String]) {
     );
 }
 
+/// Runs of the growth mode per side (interleaved; each side keeps its best).
+const GROWTH_RUNS: usize = 3;
+
+/// Events slower than this count as pauses in the growth mode (milliseconds).
+const GROWTH_PAUSE_MS: f64 = 10.0;
+
+/// One fill from empty: block ops per second (on-CPU), the longest event and the events
+/// slower than [`GROWTH_PAUSE_MS`] (wall clock, milliseconds: what the producer's actor, and so
+/// the whole DC's event stream, waits).
+struct Fill {
+    rate: f64,
+    longest_ms: f64,
+    pauses: usize,
+}
+
+/// Applies `events` in order with `apply`, timing each event.
+fn fill(events: &[Event], mut apply: impl FnMut(usize)) -> Fill {
+    let mut longest = 0u64;
+    let mut pauses = 0;
+    let rate = rate(block_ops(events) as f64, || {
+        for i in 0..events.len() {
+            let t = Instant::now();
+            apply(i);
+            let ns = t.elapsed().as_nanos() as u64;
+            longest = longest.max(ns);
+            pauses += usize::from(ns as f64 > GROWTH_PAUSE_MS * 1e6);
+        }
+    });
+    Fill {
+        rate,
+        longest_ms: longest as f64 / 1e6,
+        pauses,
+    }
+}
+
+/// `growth [BUCKETS] [LOAD%]`: fills a fresh `DcCkfState` from empty to LOAD% of BUCKETS with
+/// the workload's warm-up stores (so the block map grows from its smallest size through every
+/// step, each growth a rehash inside one store) and the exact `HashMap<u64, 16-byte entry>`
+/// (hashbrown, which also rehashes on growth) with the same stores, interleaved
+/// [`GROWTH_RUNS`] times each, and prints each side's best fill rate and shortest longest
+/// event, and their ratios.
+fn growth(args: &[String]) {
+    if args.len() > 2 {
+        usage_error(&format!("unexpected argument {:?}", args[2]));
+    }
+    let bucket_count = bucket_count_arg(args.first(), 1 << 22);
+    let load = load_arg(args.get(1));
+    let format = TableFormat::new(bucket_count, 0xBE7C)
+        .unwrap_or_else(|e| usage_error(&format!("BUCKETS {bucket_count}: {e}")));
+    let events = sized_workload(format, load).warmup;
+    let best = |a: Option<Fill>, b: Fill| match a {
+        None => b,
+        Some(a) => Fill {
+            rate: a.rate.max(b.rate),
+            longest_ms: a.longest_ms.min(b.longest_ms),
+            pauses: a.pauses.min(b.pauses),
+        },
+    };
+    let (mut ckf, mut exact) = (None, None);
+    let mut end = (0.0, 0usize);
+    for _ in 0..GROWTH_RUNS {
+        let mut state = DcCkfState::new(DcCkfConfig::new(format)).unwrap();
+        let run = fill(&events, |i| {
+            if let Some(next) = events.get(i + 1) {
+                state.prefetch_next(&next.blocks);
+            }
+            black_box(state.store(events[i].member, &events[i].blocks));
+        });
+        end = (state.stats().load_factor, state.stats().unique_blocks);
+        ckf = Some(best(ckf, run));
+        drop(state);
+        let mut index: HashMap<u64, Entry, FoldHashBuilder> = HashMap::default();
+        let run = fill(&events, |i| {
+            for &h in &events[i].blocks {
+                index.entry(h).or_default().refcount += 1;
+            }
+        });
+        black_box(&index);
+        exact = Some(best(exact, run));
+    }
+    let (ckf, exact) = (ckf.unwrap(), exact.unwrap());
+    println!(
+        "growth: {bucket_count} buckets filled from empty to {:.3} load ({} tracked blocks, {} \
+         stores of {EVENT_BLOCKS} blocks), best of {GROWTH_RUNS} interleaved runs each",
+        end.0,
+        end.1,
+        events.len()
+    );
+    for (name, f) in [("ckf", &ckf), ("exact HashMap", &exact)] {
+        println!(
+            "  {name:<14} {:>7.2} M block ops/s, longest event {:>8.1} ms, {} events over \
+             {GROWTH_PAUSE_MS} ms",
+            f.rate / 1e6,
+            f.longest_ms,
+            f.pauses
+        );
+    }
+    println!(
+        "  ckf / exact: rate {:.2}, longest event {:.2}",
+        ckf.rate / exact.rate,
+        ckf.longest_ms / exact.longest_ms
+    );
+}
+
 /// The workload of one row: member capacity for `load` of `format`'s slots in unique blocks
 /// (one trial generation measures how much the members' sets overlap, then the capacity is
 /// rescaled).
@@ -516,9 +640,10 @@ fn main() {
         .skip(1)
         .filter(|a| !a.starts_with("--"))
         .collect();
-    if args.first().is_some_and(|a| a == "profile") {
-        profile(&args[1..]);
-        return;
+    match args.first().map(String::as_str) {
+        Some("profile") => return profile(&args[1..]),
+        Some("growth") => return growth(&args[1..]),
+        _ => {}
     }
     println!(
         "producer ingest: 4 members, LRU-like churn, {EVENT_BLOCKS}-block events, \
