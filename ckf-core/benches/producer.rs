@@ -19,12 +19,13 @@
 //!
 //! Growth mode: `cargo bench -p ckf-core --bench producer -- growth [BUCKETS] [LOAD%]`
 //! (default 4194304 buckets at 85%). It fills a fresh `DcCkfState` from empty with the row's
-//! warm-up stores, so the block map grows through every size and each growth (a rehash of every
-//! entry) happens inside one store, and the exact `HashMap<u64, 16-byte entry>` with the same
-//! stores (hashbrown also rehashes when it grows). Three interleaved runs each; it prints each
-//! side's best fill rate (on-CPU), its shortest *longest event* (wall clock: the pause the
-//! producer's actor, and so the DC's whole event stream, sees during a growth) and its events
-//! over 10 ms, and the ratios ckf / exact.
+//! warm-up stores (with the hint and a publication batch every 64 events, as the actor runs),
+//! so the block map grows through every size and each growth (a rehash of every entry) happens
+//! inside one store, and the exact `HashMap<u64, 16-byte entry>` with the same stores
+//! (hashbrown also rehashes when it grows). Three runs each in A-B-B-A order; for each side it
+//! prints the run with the shortest *longest event* (wall clock: the pause the producer's
+//! actor, and so the DC's whole event stream, sees during a growth): its fill rate (on-CPU),
+//! longest event and events over 10 ms, and the ratios ckf / exact.
 //!
 //! Workload: 4 members, each an LRU-like cache of `capacity` blocks. Every step one member
 //! stores an event of 16 blocks (80% fresh hashes, 20% blocks another member holds, so some
@@ -390,16 +391,16 @@ fn steady_for_profile(
     apply_ckf(state, events, publish, true, Some(batches))
 }
 
-/// Smallest table the profile mode takes: the workload sizes its members from the table, and
+/// Smallest table the profile and growth modes take: the workload sizes its members from the table, and
 /// a handful of buckets leaves them no room to churn.
-const PROFILE_MIN_BUCKETS: u64 = 64;
+const MIN_BUCKETS: u64 = 64;
 
 /// Prints `message` with the modes' usage and exits with status 2.
 fn usage_error(message: &str) -> ! {
     eprintln!(
         "error: {message}\nusage: producer profile [BUCKETS] [LOAD%] [RUNS] [pub] \
          (defaults 65536 85 1, no publication)\n       producer growth [BUCKETS] [LOAD%] \
-         (defaults 4194304 85)\nBUCKETS even and >= {PROFILE_MIN_BUCKETS}, LOAD% in 1..=99, \
+         (defaults 4194304 85)\nBUCKETS even and >= {MIN_BUCKETS}, LOAD% in 1..=99, \
          RUNS >= 1"
     );
     std::process::exit(2)
@@ -410,10 +411,10 @@ fn bucket_count_arg(arg: Option<&String>, default: u64) -> u64 {
     arg.map_or(default, |a| {
         a.parse()
             .ok()
-            .filter(|&n: &u64| n >= PROFILE_MIN_BUCKETS && n % 2 == 0)
+            .filter(|&n: &u64| n >= MIN_BUCKETS && n % 2 == 0)
             .unwrap_or_else(|| {
                 usage_error(&format!(
-                    "BUCKETS must be an even count >= {PROFILE_MIN_BUCKETS}, e.g. 1048576, not {a:?}"
+                    "BUCKETS must be an even count >= {MIN_BUCKETS}, e.g. 1048576, not {a:?}"
                 ))
             })
     })
@@ -519,16 +520,19 @@ const GROWTH_RUNS: usize = 3;
 /// Events slower than this count as pauses in the growth mode (milliseconds).
 const GROWTH_PAUSE_MS: f64 = 10.0;
 
-/// One fill from empty: block ops per second (on-CPU), the longest event and the events
-/// slower than [`GROWTH_PAUSE_MS`] (wall clock, milliseconds: what the producer's actor, and so
-/// the whole DC's event stream, waits).
+/// One fill from empty.
 struct Fill {
+    /// Block ops per second over the whole fill, by [`cpu_ns`] (on-CPU).
     rate: f64,
+    /// The longest event, in milliseconds of wall clock: what the producer's actor, and so the
+    /// DC's whole event stream, waits (a descheduled event would count too; hence the best of
+    /// [`GROWTH_RUNS`]).
     longest_ms: f64,
+    /// Events longer than [`GROWTH_PAUSE_MS`] (wall clock).
     pauses: usize,
 }
 
-/// Applies `events` in order with `apply`, timing each event.
+/// Applies `events` in order, `apply(i)` applying event `i`, timing each call.
 fn fill(events: &[Event], mut apply: impl FnMut(usize)) -> Fill {
     let mut longest = 0u64;
     let mut pauses = 0;
@@ -548,12 +552,44 @@ fn fill(events: &[Event], mut apply: impl FnMut(usize)) -> Fill {
     }
 }
 
-/// `growth [BUCKETS] [LOAD%]`: fills a fresh `DcCkfState` from empty to LOAD% of BUCKETS with
-/// the workload's warm-up stores (so the block map grows from its smallest size through every
-/// step, each growth a rehash inside one store) and the exact `HashMap<u64, 16-byte entry>`
-/// (hashbrown, which also rehashes on growth) with the same stores, interleaved
-/// [`GROWTH_RUNS`] times each, and prints each side's best fill rate and shortest longest
-/// event, and their ratios.
+/// Fills a fresh `DcCkfState` from empty with `events` (stores), as the producer's actor
+/// would: the next event's hint before each, a publication batch after every
+/// [`BATCH_EVERY_EVENTS`]th (timed with that event). Returns the fill and the state's final
+/// (load factor, tracked blocks).
+fn fill_ckf(format: TableFormat, events: &[Event]) -> (Fill, (f64, usize)) {
+    let mut state = DcCkfState::new(DcCkfConfig::new(format)).unwrap();
+    let run = fill(events, |i| {
+        if let Some(next) = events.get(i + 1) {
+            state.prefetch_next(&next.blocks);
+        }
+        black_box(state.store(events[i].member, &events[i].blocks));
+        if i % BATCH_EVERY_EVENTS == BATCH_EVERY_EVENTS - 1 {
+            black_box(state.take_batch());
+        }
+    });
+    let stats = state.stats();
+    (run, (stats.load_factor, stats.unique_blocks))
+}
+
+/// Fills the exact `HashMap<u64, 16-byte entry>` from empty with the same stores.
+fn fill_exact(events: &[Event]) -> Fill {
+    let mut index: HashMap<u64, Entry, FoldHashBuilder> = HashMap::default();
+    let run = fill(events, |i| {
+        for &h in &events[i].blocks {
+            index.entry(h).or_default().refcount += 1;
+        }
+    });
+    black_box(&index);
+    run
+}
+
+/// `growth [BUCKETS] [LOAD%]`: fills a fresh `DcCkfState` from empty with the warm-up stores
+/// of the row for LOAD% of BUCKETS (they end a little below LOAD%; the steady churn adds the
+/// rest), so the block map grows from its smallest size through every step, each growth a
+/// rehash inside one store ([`fill_ckf`]); and the exact `HashMap<u64, 16-byte entry>`
+/// (hashbrown, which also rehashes on growth) with the same stores. [`GROWTH_RUNS`] runs each
+/// in A-B-B-A order; each side reports its run with the shortest longest event (rate, longest
+/// event and pauses all from that run), and the ratios ckf / exact.
 fn growth(args: &[String]) {
     if args.len() > 2 {
         usage_error(&format!("unexpected argument {:?}", args[2]));
@@ -563,40 +599,31 @@ fn growth(args: &[String]) {
     let format = TableFormat::new(bucket_count, 0xBE7C)
         .unwrap_or_else(|e| usage_error(&format!("BUCKETS {bucket_count}: {e}")));
     let events = sized_workload(format, load).warmup;
-    let best = |a: Option<Fill>, b: Fill| match a {
-        None => b,
-        Some(a) => Fill {
-            rate: a.rate.max(b.rate),
-            longest_ms: a.longest_ms.min(b.longest_ms),
-            pauses: a.pauses.min(b.pauses),
-        },
+    let keep = |best: &mut Option<Fill>, run: Fill| {
+        if best.as_ref().is_none_or(|b| run.longest_ms < b.longest_ms) {
+            *best = Some(run);
+        }
     };
     let (mut ckf, mut exact) = (None, None);
     let mut end = (0.0, 0usize);
-    for _ in 0..GROWTH_RUNS {
-        let mut state = DcCkfState::new(DcCkfConfig::new(format)).unwrap();
-        let run = fill(&events, |i| {
-            if let Some(next) = events.get(i + 1) {
-                state.prefetch_next(&next.blocks);
+    for run in 0..GROWTH_RUNS {
+        for ckf_side in [run % 2 == 0, run % 2 == 1] {
+            if ckf_side {
+                let (f, state_end) = fill_ckf(format, &events);
+                end = state_end;
+                keep(&mut ckf, f);
+            } else {
+                keep(&mut exact, fill_exact(&events));
             }
-            black_box(state.store(events[i].member, &events[i].blocks));
-        });
-        end = (state.stats().load_factor, state.stats().unique_blocks);
-        ckf = Some(best(ckf, run));
-        drop(state);
-        let mut index: HashMap<u64, Entry, FoldHashBuilder> = HashMap::default();
-        let run = fill(&events, |i| {
-            for &h in &events[i].blocks {
-                index.entry(h).or_default().refcount += 1;
-            }
-        });
-        black_box(&index);
-        exact = Some(best(exact, run));
+        }
     }
     let (ckf, exact) = (ckf.unwrap(), exact.unwrap());
     println!(
-        "growth: {bucket_count} buckets filled from empty to {:.3} load ({} tracked blocks, {} \
-         stores of {EVENT_BLOCKS} blocks), best of {GROWTH_RUNS} interleaved runs each",
+        "growth: {bucket_count} buckets (target {:.0}%) filled from empty to {:.3} load ({} \
+         tracked blocks, {} stores of {EVENT_BLOCKS} blocks, a publication batch every \
+         {BATCH_EVERY_EVENTS}); per side, of {GROWTH_RUNS} runs in A-B-B-A order, the one with \
+         the shortest longest event",
+        load * 100.0,
         end.0,
         end.1,
         events.len()

@@ -16,8 +16,8 @@
 //! same 2 x 4 shape for cuckoo filters at 95%), so the table grows at [`MAX_LOAD`] = 90% by 1.5x
 //! (to 60%), never sits below ~60% while it grows, and entries cost 16 / load bytes: 17.8-26.7
 //! bytes per block. A growth rehashes every entry inside the insertion that triggers it (a
-//! pause for the producer's ingest, ~0.55 s at 13 M entries); the rehash prefetches ahead
-//! ([`REBUILD_PREFETCH_DISTANCE`]) and places entries in the one-at-a-time order.
+//! pause for the producer's ingest, 0.54-0.56 s at 12.76 M entries); the rehash prefetches
+//! ahead ([`REBUILD_PREFETCH_DISTANCE`]) and places entries in the one-at-a-time order.
 //!
 //! A walk that fails leaves its last displaced entry in the *stash* (a small hash map): every
 //! entry stays reachable, so an insertion never fails and never rolls back. A stash above
@@ -77,10 +77,11 @@ pub(crate) const MAX_WALK: u32 = 128;
 pub(crate) const STASH_LIMIT: usize = 8;
 /// Entries a rebuild (growth or shrink) prefetches ahead of the one it places. A rebuild
 /// re-places every entry at random in a fresh table; one at a time, each placement waited for
-/// its two lines. On the producer bench's 2^22-bucket fill (Zen 3 guest), the growth from
-/// 3,543,306 to 5,314,959 lines at 12.76 M entries took 1.40-1.42 s one at a time and
-/// 0.55-0.59 s pipelined (about 0.25 s of which is allocating and faulting in the new 324 MiB);
-/// 8, 16 and 32 ahead were within noise of each other.
+/// its two lines. Filling a 2^22-bucket producer state from empty (`producer -- growth`, Zen 3
+/// guest), the longest store, the one whose growth rehashes 12.76 M entries into 5,314,959
+/// lines, took 1.16-1.24 s one at a time and 0.54-0.56 s pipelined, of which 0.25-0.31 s is
+/// allocating the new 324 MiB and faulting it in. 8, 16 and 32 ahead were within noise of
+/// each other.
 const REBUILD_PREFETCH_DISTANCE: usize = 16;
 /// Seed of a map built with [`BlockMap::default`] (the tests'); the producer's map uses the
 /// table seed ([`BlockMap::with_seed`]), so its probe is the filter's mixed hash.
@@ -198,7 +199,6 @@ fn inline_len(word: u64) -> u32 {
 }
 
 /// Block hash -> owners. See the module docs.
-#[derive(Clone)]
 pub(crate) struct BlockMap {
     /// Xored into every key before mixing ([`Probe`]).
     seed: u64,
@@ -215,6 +215,26 @@ pub(crate) struct BlockMap {
     spill_tags: usize,
     /// Advances on every walk; picks the victims.
     counter: u64,
+}
+
+impl Clone for BlockMap {
+    /// A field-by-field copy, except `spill_tags`: a cloned `Vec` has its own capacity (its
+    /// length), so the clone sums its own spill vectors' capacities, keeping `bytes_used` and
+    /// [`check`](Self::check) true of the clone.
+    fn clone(&self) -> Self {
+        let spill = self.spill.clone();
+        let spill_tags = spill.values().map(Vec::capacity).sum();
+        Self {
+            seed: self.seed,
+            lines: self.lines.clone(),
+            len: self.len,
+            grow_at: self.grow_at,
+            stash: self.stash.clone(),
+            spill,
+            spill_tags,
+            counter: self.counter,
+        }
+    }
 }
 
 impl std::fmt::Debug for BlockMap {
@@ -604,22 +624,23 @@ impl BlockMap {
             .filter(|s| s.owners != 0)
             .map(|s| (s.key, s.owners))
             .chain(stash);
-        // `ring[k % D]` holds entry `k` (key, owners, probe) from its prefetch to its placement.
-        const D: usize = REBUILD_PREFETCH_DISTANCE;
-        let mut ring = [(0u64, 0u64, Probe::ZERO); D];
-        let mut k = 0usize;
+        // `ring[i % DISTANCE]` holds entry `i` (key, owners, probe) from its prefetch to its
+        // placement, which happens when entry `i + DISTANCE` takes its place, or in the drain.
+        const DISTANCE: usize = REBUILD_PREFETCH_DISTANCE;
+        let mut ring = [(0u64, 0u64, Probe::ZERO); DISTANCE];
+        let mut prefetched = 0usize;
         for (key, owners) in entries {
             let probe = self.probe(key);
             self.prefetch(probe);
             let (due_key, due_owners, due_probe) =
-                std::mem::replace(&mut ring[k % D], (key, owners, probe));
-            if k >= D {
+                std::mem::replace(&mut ring[prefetched % DISTANCE], (key, owners, probe));
+            if prefetched >= DISTANCE {
                 self.place(due_key, due_probe, due_owners);
             }
-            k += 1;
+            prefetched += 1;
         }
-        for j in k.saturating_sub(D)..k {
-            let (key, owners, probe) = ring[j % D];
+        for i in prefetched.saturating_sub(DISTANCE)..prefetched {
+            let (key, owners, probe) = ring[i % DISTANCE];
             self.place(key, probe, owners);
         }
     }
@@ -1183,6 +1204,32 @@ mod tests {
         }
     }
 
+    /// A clone answers like the original and keeps its own spill accounting: spill vectors
+    /// whose capacity exceeds their length (freed owners) are cloned to their length, and
+    /// `check` sums the clone's capacities.
+    #[test]
+    fn a_clone_keeps_owners_and_its_own_spill_accounting() {
+        let mut map = BlockMap::default();
+        let mut model = Model::new();
+        for k in 0..300u64 {
+            let key = fmix64(k);
+            let owners = 1 + (k % 9) as Tag;
+            for t in 1..=owners {
+                assert!(acquire(&mut map, key, t));
+            }
+            // Drop the last owners of some blocks: their spill vectors keep the capacity.
+            let kept = if k % 2 == 0 { owners.min(4) } else { owners };
+            for t in kept + 1..=owners {
+                assert_eq!(release(&mut map, key, t), Some(false));
+            }
+            model.insert(key, (1..=kept).collect());
+        }
+        let clone = map.clone();
+        assert_equal(&clone, &model);
+        assert_equal(&map, &model);
+        assert!(clone.spill_tags <= map.spill_tags);
+    }
+
     /// The rebuild before it was pipelined, kept as the oracle: every entry placed one after
     /// the other, old lines in order, then the stash.
     fn rebuild_one_at_a_time(map: &mut BlockMap, lines: usize) {
@@ -1207,12 +1254,21 @@ mod tests {
     /// a larger, an equal and a smaller table; and every block keeps its owners.
     #[test]
     fn pipelined_rebuild_places_every_entry_as_one_at_a_time_would() {
-        let d = REBUILD_PREFETCH_DISTANCE;
+        let distance = REBUILD_PREFETCH_DISTANCE;
         let crafted: Vec<u64> = (0..6u64)
             .flat_map(|hi| (0..6u64).map(move |lo| key_with_probe(hi << 32 | lo)))
             .collect();
         let mut stashed = 0;
-        for n in [0, 1, d - 1, d, d + 1, 2 * d + 3, 1_000, 20_000] {
+        for n in [
+            0,
+            1,
+            distance - 1,
+            distance,
+            distance + 1,
+            2 * distance + 3,
+            1_000,
+            20_000,
+        ] {
             for with_crafted in [false, true] {
                 let mut map = BlockMap::default();
                 let mut model = Model::new();
@@ -1221,9 +1277,8 @@ mod tests {
                     keys.extend(&crafted);
                 }
                 for (i, &k) in keys.iter().enumerate() {
-                    // At most the three inline owners: a clone's spill vectors have other
-                    // capacities, which `check` counts.
-                    let tags: Vec<Tag> = (1..=1 + (i % 3) as Tag).collect();
+                    // One to five owners: the fourth and fifth spill.
+                    let tags: Vec<Tag> = (1..=1 + (i % 5) as Tag).collect();
                     for &t in &tags {
                         assert!(acquire(&mut map, k, t));
                     }
