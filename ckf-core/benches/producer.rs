@@ -517,6 +517,10 @@ fn profile(args: &[String]) {
 /// Runs of the growth mode per side (interleaved; each side keeps its best).
 const GROWTH_RUNS: usize = 3;
 
+/// A fill shorter than this (milliseconds, wall clock) gets a warning: the on-CPU clock
+/// (`/proc/thread-self/schedstat`) advances in scheduler ticks.
+const GROWTH_MIN_FILL_MS: f64 = 100.0;
+
 /// Events slower than this count as pauses in the growth mode (milliseconds).
 const GROWTH_PAUSE_MS: f64 = 10.0;
 
@@ -530,12 +534,15 @@ struct Fill {
     longest_ms: f64,
     /// Events longer than [`GROWTH_PAUSE_MS`] (wall clock).
     pauses: usize,
+    /// The whole fill, in milliseconds of wall clock.
+    total_ms: f64,
 }
 
 /// Applies `events` in order, `apply(i)` applying event `i`, timing each call.
 fn fill(events: &[Event], mut apply: impl FnMut(usize)) -> Fill {
     let mut longest = 0u64;
     let mut pauses = 0;
+    let start = Instant::now();
     let rate = rate(block_ops(events) as f64, || {
         for i in 0..events.len() {
             let t = Instant::now();
@@ -549,6 +556,7 @@ fn fill(events: &[Event], mut apply: impl FnMut(usize)) -> Fill {
         rate,
         longest_ms: longest as f64 / 1e6,
         pauses,
+        total_ms: start.elapsed().as_secs_f64() * 1e3,
     }
 }
 
@@ -599,6 +607,13 @@ fn growth(args: &[String]) {
     let format = TableFormat::new(bucket_count, 0xBE7C)
         .unwrap_or_else(|e| usage_error(&format!("BUCKETS {bucket_count}: {e}")));
     let events = sized_workload(format, load).warmup;
+    if events.is_empty() {
+        usage_error(&format!(
+            "{bucket_count} buckets at {:.0}% leave no store to fill with; take more buckets or \
+             a higher load",
+            load * 100.0
+        ));
+    }
     let keep = |best: &mut Option<Fill>, run: Fill| {
         if best.as_ref().is_none_or(|b| run.longest_ms < b.longest_ms) {
             *best = Some(run);
@@ -642,6 +657,12 @@ fn growth(args: &[String]) {
         ckf.rate / exact.rate,
         ckf.longest_ms / exact.longest_ms
     );
+    if ckf.total_ms.min(exact.total_ms) < GROWTH_MIN_FILL_MS {
+        println!(
+            "  (a fill took under {GROWTH_MIN_FILL_MS} ms: the on-CPU clock ticks every few ms, \
+             so these rates mean nothing; take more buckets)"
+        );
+    }
 }
 
 /// The workload of one row: member capacity for `load` of `format`'s slots in unique blocks
@@ -670,7 +691,10 @@ fn main() {
     match args.first().map(String::as_str) {
         Some("profile") => return profile(&args[1..]),
         Some("growth") => return growth(&args[1..]),
-        _ => {}
+        Some(other) => usage_error(&format!(
+            "unknown mode {other:?} (no argument runs the full table)"
+        )),
+        None => {}
     }
     println!(
         "producer ingest: 4 members, LRU-like churn, {EVENT_BLOCKS}-block events, \
