@@ -16,7 +16,7 @@
 //! same 2 x 4 shape for cuckoo filters at 95%), so the table grows at [`MAX_LOAD`] = 90% by 1.5x
 //! (to 60%), never sits below ~60% while it grows, and entries cost 16 / load bytes: 17.8-26.7
 //! bytes per block. A growth rehashes every entry inside the insertion that triggers it (a
-//! pause for the producer's ingest, 0.54-0.56 s at 12.76 M entries); the rehash prefetches
+//! pause for the producer's ingest, 0.54-0.64 s at 12.76 M entries); the rehash prefetches
 //! ahead ([`REBUILD_PREFETCH_DISTANCE`]) and places entries in the one-at-a-time order.
 //!
 //! A walk that fails leaves its last displaced entry in the *stash* (a small hash map): every
@@ -79,9 +79,9 @@ pub(crate) const STASH_LIMIT: usize = 8;
 /// re-places every entry at random in a fresh table; one at a time, each placement waited for
 /// its two lines. Filling a 2^22-bucket producer state from empty (`producer -- growth`, Zen 3
 /// guest), the longest store, the one whose growth rehashes 12.76 M entries into 5,314,959
-/// lines, took 1.16-1.24 s one at a time and 0.54-0.56 s pipelined, of which 0.25-0.31 s is
-/// allocating the new 324 MiB and faulting it in. 8, 16 and 32 ahead were within noise of
-/// each other.
+/// lines, took 1.15-1.27 s one at a time and 0.54-0.64 s pipelined; 0.25-0.31 s of a
+/// pipelined growth is allocating the new 324 MiB and faulting it in. 8, 16 and 32 ahead were
+/// within noise of each other.
 const REBUILD_PREFETCH_DISTANCE: usize = 16;
 /// Seed of a map built with [`BlockMap::default`] (the tests'); the producer's map uses the
 /// table seed ([`BlockMap::with_seed`]), so its probe is the filter's mixed hash.
