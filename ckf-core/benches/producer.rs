@@ -582,11 +582,7 @@ fn fill_ckf(format: TableFormat, events: &[Event]) -> (Fill, (f64, usize)) {
 /// Fills the exact `HashMap<u64, 16-byte entry>` from empty with the same stores.
 fn fill_exact(events: &[Event]) -> Fill {
     let mut index: HashMap<u64, Entry, FoldHashBuilder> = HashMap::default();
-    let run = fill(events, |i| {
-        for &h in &events[i].blocks {
-            index.entry(h).or_default().refcount += 1;
-        }
-    });
+    let run = fill(events, |i| apply_block_map(&mut index, &events[i..=i]));
     black_box(&index);
     run
 }
