@@ -585,11 +585,129 @@ impl GlobalCkfIndexer {
         // Captured once, Acquire: the lane set of this query (weak-read contract).
         let ready = self.ready_mask();
         let hashes = &block_hashes[..block_hashes.len().min(u32::MAX as usize)];
-        let table = self.table();
-        let addressing = *self.addressing();
         #[cfg(feature = "testing")]
         test_hooks::count_run(kernel);
-        let depths = match kernel {
+        PrefixMatches {
+            ready,
+            depths: self.run_kernel(kernel, hashes, ready),
+        }
+    }
+
+    /// Prefix depth of the block hashes `block_hashes` yields, in every lane ready at capture:
+    /// the same answer as [`GlobalCkfIndexer::find_prefix_matches`] on all of them collected,
+    /// but the iterator is pulled only as far as some lane may still match, and on a large
+    /// table the pulling overlaps the search's cache misses.
+    ///
+    /// For a caller that computes the hashes (a query by token ids hashes every block, and a
+    /// router holding per-block hashes chains them): hashes are pulled [`LAZY_STEP`] at a
+    /// time and each step is searched with this indexer's kernel. On a table of at least
+    /// 1 MiB, the rows of each pulled hash are prefetched as it is pulled, and the step after
+    /// is pulled before a step is searched, so computing the next hashes hides the misses of
+    /// the current ones. The iterator is never pulled past the step after the one where the
+    /// last lane missed (at most the first miss + `2 x LAZY_STEP` hashes; on a smaller table
+    /// at most the first miss + `LAZY_STEP`), never after it returned `None`, and not at all
+    /// when no lane is ready. Allocation-free; depths are capped at `u32::MAX` positions as in
+    /// the slice form.
+    pub fn find_prefix_matches_lazy<I>(&self, block_hashes: I) -> PrefixMatches
+    where
+        I: IntoIterator<Item = u64>,
+    {
+        // Relaxed: as in `find_prefix_matches`.
+        let kernel = SearchKernel::from_code(self.search_kernel.load(Ordering::Relaxed));
+        self.search_lazy(block_hashes.into_iter(), kernel)
+    }
+
+    /// Same as [`GlobalCkfIndexer::find_prefix_matches_lazy`] with `kernel` forced for this
+    /// query (`Auto`: the best available), for differential tests and benchmarks.
+    ///
+    /// # Errors
+    /// [`SearchKernelError::Unavailable`] when the CPU lacks `kernel`; the iterator is not
+    /// pulled.
+    pub fn find_prefix_matches_lazy_with<I>(
+        &self,
+        kernel: SearchKernel,
+        block_hashes: I,
+    ) -> Result<PrefixMatches, SearchKernelError>
+    where
+        I: IntoIterator<Item = u64>,
+    {
+        let kernel = kernel.resolve()?;
+        Ok(self.search_lazy(block_hashes.into_iter(), kernel))
+    }
+
+    /// The lazy query loop (see [`GlobalCkfIndexer::find_prefix_matches_lazy`]): steps of
+    /// [`LAZY_STEP`] hashes, each searched with `kernel` over the lanes still matching.
+    fn search_lazy(
+        &self,
+        hashes: impl Iterator<Item = u64>,
+        kernel: SearchKernel,
+    ) -> PrefixMatches {
+        // Captured once, Acquire: every step searches a subset of these lanes.
+        let ready = self.ready_mask();
+        #[cfg(feature = "testing")]
+        test_hooks::count_run(kernel);
+        let mut depths = [0u32; MAX_LANES];
+        let mut active = ready;
+        if active == 0 {
+            return PrefixMatches { ready, depths };
+        }
+        let table = self.table();
+        let ahead = table.bytes() >= PREFETCH_MIN_BYTES;
+        let mut source = LazySource {
+            hashes,
+            left: u32::MAX as usize,
+            addressing: *self.addressing(),
+            rows: ahead.then(|| table.rows()),
+        };
+        let mut steps = [[0u64; LAZY_STEP]; 2];
+        let mut current = 0;
+        let mut len = source.pull(&mut steps[current]);
+        // Positions of the steps already searched.
+        let mut done = 0u32;
+        while len > 0 {
+            // On a large table the next step is hashed while this step's rows arrive; on a
+            // small one it is pulled only if a lane still matches.
+            let next_len = if ahead && len == LAZY_STEP {
+                source.pull(&mut steps[1 - current])
+            } else {
+                0
+            };
+            let step = self.run_kernel(kernel, &steps[current][..len], active);
+            let mut lanes = active;
+            while lanes != 0 {
+                let l = lanes.trailing_zeros() as usize;
+                lanes &= lanes - 1;
+                if (step[l] as usize) < len {
+                    depths[l] = done + step[l];
+                    active &= !(1 << l);
+                }
+            }
+            // `len <= LAZY_STEP` and the positions pulled never pass `u32::MAX`.
+            done += len as u32;
+            if active == 0 || len < LAZY_STEP {
+                break;
+            }
+            if ahead {
+                current = 1 - current;
+                len = next_len;
+            } else {
+                len = source.pull(&mut steps[current]);
+            }
+        }
+        while active != 0 {
+            let l = active.trailing_zeros() as usize;
+            active &= active - 1;
+            depths[l] = done;
+        }
+        PrefixMatches { ready, depths }
+    }
+
+    /// Depths of `hashes` in the lanes of `ready` with a resolved kernel (0 for other lanes).
+    #[inline]
+    fn run_kernel(&self, kernel: SearchKernel, hashes: &[u64], ready: u16) -> [u32; MAX_LANES] {
+        let table = self.table();
+        let addressing = *self.addressing();
+        match kernel {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `kernel` is resolved: `SearchKernel::Avx512` only after run-time detection
             // of its features (`resolve`, `best`).
@@ -604,8 +722,47 @@ impl GlobalCkfIndexer {
             #[cfg(target_arch = "aarch64")]
             SearchKernel::Neon => neon::search(table, addressing, hashes, ready),
             _ => search_scalar(table, addressing, hashes, ready),
-        };
-        PrefixMatches { ready, depths }
+        }
+    }
+}
+
+/// Block hashes a lazy query ([`GlobalCkfIndexer::find_prefix_matches_lazy`]) pulls and
+/// searches per step: the prefetch distance of the slice form ([`PREFETCH_POSITIONS`]), so
+/// the rows of one step are in flight while the next step is hashed.
+pub const LAZY_STEP: usize = PREFETCH_POSITIONS;
+
+/// The lazy query's side of its iterator: pulls up to a step of hashes, prefetching each one's
+/// rows as it arrives when `rows` is set (a large table), so the misses start while the rest
+/// of the step is still being computed.
+struct LazySource<'t, I> {
+    hashes: I,
+    /// Positions the query may still pull (the `u32` depth cap).
+    left: usize,
+    addressing: Addressing,
+    rows: Option<bucket::Rows<'t>>,
+}
+
+impl<I: Iterator<Item = u64>> LazySource<'_, I> {
+    /// Fills the front of `step`; returns how many hashes it got (fewer than a step only once
+    /// the iterator or the cap is exhausted, after which it is never pulled again).
+    #[inline]
+    fn pull(&mut self, step: &mut [u64; LAZY_STEP]) -> usize {
+        let mut n = 0;
+        while n < LAZY_STEP && self.left > 0 {
+            let Some(h) = self.hashes.next() else {
+                self.left = 0;
+                break;
+            };
+            if let Some(rows) = &self.rows {
+                let loc = self.addressing.locate(h);
+                rows.prefetch(loc.bucket_a as usize);
+                rows.prefetch(loc.bucket_b as usize);
+            }
+            step[n] = h;
+            n += 1;
+            self.left -= 1;
+        }
+        n
     }
 }
 

@@ -3,15 +3,18 @@
 //! indexer's 8,192-block limit), slot values drawn from a tiny alphabet so fingerprint
 //! collisions and full-depth answers are common, tables large enough for the prefetching path;
 //! plus kernel choice: forcing, `Auto`, refusals, and proof that a forced kernel really ran.
+//! Every check also runs the lazy form (`find_prefix_matches_lazy`) on the same query: the same
+//! answer, and no more of its iterator pulled than the early exit allows.
 //!
 //! A kernel this CPU lacks is skipped, saying so on stderr (`cargo test -- --nocapture`).
 
 use ckf_core::addressing::{Addressing, TableFormat, fmix64};
 use ckf_core::bucket::{self, with_slot};
 use ckf_core::global::GlobalCkfIndexer;
-use ckf_core::search::{SearchKernel, SearchKernelError};
+use ckf_core::search::{LAZY_STEP, PrefixMatches, SearchKernel, SearchKernelError};
 use ckf_core::testing;
 use proptest::prelude::*;
+use std::cell::Cell;
 
 /// The concrete kernels, portable first.
 const KERNELS: [SearchKernel; 4] = [
@@ -75,8 +78,47 @@ fn check_all_kernels(
                 .then(|| model_depth(&addressing, &tables[lane as usize], query));
             prop_assert_eq!(m.depth(lane), want, "kernel {} lane {}", kernel, lane);
         }
+        // The lazy form: the same answer, and the iterator pulled only as far as its rule says.
+        let pulled = Cell::new(0usize);
+        let hashes = query
+            .iter()
+            .inspect(|_| pulled.set(pulled.get() + 1))
+            .copied();
+        let lazy = ix.find_prefix_matches_lazy_with(kernel, hashes).unwrap();
+        prop_assert_eq!(
+            lazy,
+            m,
+            "kernel {} lazy differs from the slice form",
+            kernel
+        );
+        let (least, most) = lazy_pull_bounds(ix, &m, query.len());
+        prop_assert!(
+            (least..=most).contains(&pulled.get()),
+            "kernel {} lazy pulled {} of {} hashes, expected {}..={}",
+            kernel,
+            pulled.get(),
+            query.len(),
+            least,
+            most
+        );
     }
     Ok(())
+}
+
+/// How many hashes a lazy query of `n` hashes answered `m` may pull: at least every position
+/// up to the deepest ready lane's first miss (it must see that miss), at most the step holding
+/// that miss plus, on a table of 1 MiB or more, the step hashed ahead of it; nothing when no
+/// lane is ready.
+fn lazy_pull_bounds(ix: &GlobalCkfIndexer, m: &PrefixMatches, n: usize) -> (usize, usize) {
+    let Some(deepest) = m.iter().map(|(_, d)| d as usize).max() else {
+        return (0, 0);
+    };
+    if deepest == n {
+        return (n, n);
+    }
+    let ahead = usize::from(ix.table().bytes() >= 1 << 20);
+    let steps = deepest / LAZY_STEP + 1 + ahead;
+    (deepest + 1, (steps * LAZY_STEP).min(n))
 }
 
 /// A lane's words: each slot empty with probability `1 - fill`, otherwise a value from
@@ -160,7 +202,7 @@ proptest! {
     fn every_kernel_agrees_on_prefetched_tables(
         lanes in prop_oneof![Just(16usize), Just(5usize), 1usize..=16],
         seed in any::<u64>(),
-        query_len in prop_oneof![Just(0usize), Just(1usize), 2usize..64],
+        query_len in prop_oneof![Just(0usize), Just(1usize), 2usize..64, 64usize..200],
         ready_bits in any::<u16>(),
         spare in 0u64..4096,
     ) {
@@ -269,6 +311,83 @@ fn fingerprint_collisions_are_reported_alike() {
                 .unwrap()
         };
         assert_eq!(m.depth(lane), Some(want), "lane {lane}");
+    }
+}
+
+/// An iterator that panics when pulled after it ended, or at all when it must not be.
+struct Strict {
+    items: std::vec::IntoIter<u64>,
+    ended: bool,
+}
+
+impl Iterator for Strict {
+    type Item = u64;
+    fn next(&mut self) -> Option<u64> {
+        assert!(!self.ended, "pulled again after returning None");
+        let item = self.items.next();
+        self.ended = item.is_none();
+        item
+    }
+}
+
+/// The lazy form pulls nothing when no lane is ready, never pulls an iterator past its end
+/// (exact multiples of the step included), and stops a long query's pulling shortly after the
+/// last lane misses, on a small and on a prefetched table.
+#[test]
+fn lazy_queries_pull_no_further_than_needed() {
+    for (buckets, lanes) in [(256u64, 3usize), (16_384, 16)] {
+        let ix = indexer(buckets, lanes, 9);
+        let addressing = *ix.addressing();
+        let strict = |n: usize| Strict {
+            items: (0..n as u64)
+                .map(|i| fmix64(i ^ 0x1A2))
+                .collect::<Vec<_>>()
+                .into_iter(),
+            ended: false,
+        };
+        // No lane ready: not pulled at all (the first `next` would see `ended`).
+        let untouched = Strict {
+            items: Vec::new().into_iter(),
+            ended: true,
+        };
+        assert_eq!(ix.find_prefix_matches_lazy(untouched).ready_mask(), 0);
+        let query: Vec<u64> = strict(10 * LAZY_STEP).collect();
+        // Lane 0 holds the first 30 blocks, lane 1 all of them, lane 2 none.
+        let mut words = vec![vec![0u64; buckets as usize]; lanes];
+        place(&addressing, &mut words[0], &query[..30]);
+        place(&addressing, &mut words[1], &query);
+        for (lane, w) in words.iter().enumerate().take(3) {
+            testing::activate(&ix, lane as u8, lane as u64, 0, w.clone());
+        }
+        for n in [
+            0,
+            1,
+            LAZY_STEP - 1,
+            LAZY_STEP,
+            LAZY_STEP + 1,
+            2 * LAZY_STEP,
+            10 * LAZY_STEP,
+        ] {
+            let m = ix.find_prefix_matches_lazy(strict(n));
+            assert_eq!(m, ix.find_prefix_matches(&query[..n]), "n={n}");
+            assert_eq!(m.depth(1), Some(n as u32), "n={n}");
+        }
+        // With lane 1 gone, the query stops in the step of lane 0's miss at 30.
+        testing::activate(&ix, 1, 1, 1, vec![0; buckets as usize]);
+        let pulled = Cell::new(0usize);
+        let m = ix.find_prefix_matches_lazy(
+            query
+                .iter()
+                .inspect(|_| pulled.set(pulled.get() + 1))
+                .copied(),
+        );
+        assert_eq!(m.depth(0), Some(30));
+        let (least, most) = lazy_pull_bounds(&ix, &m, query.len());
+        assert!(
+            pulled.get() >= least && pulled.get() <= most && most < query.len(),
+            "{buckets}: pulled {}",
+            pulled.get()
+        );
     }
 }
 
