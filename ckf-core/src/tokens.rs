@@ -158,7 +158,8 @@ pub enum TokenHashError {
 /// The sequence hashes of every **full** block of a request's tokens, in order: tokens are cut
 /// into blocks of `block_size` (a trailing partial block has no hash and is ignored), each
 /// block hashed with the request's `seed` and the identifier hashes of the `multimodal` items
-/// it overlaps, then chained from the first block.
+/// it overlaps, then chained from the first block. The same hashes as [`SequenceHashes`],
+/// collected.
 ///
 /// # Errors
 /// [`TokenHashError::ZeroBlockSize`] when `block_size` is 0.
@@ -168,28 +169,79 @@ pub fn sequence_hashes(
     seed: BlockSeed,
     multimodal: &[MultimodalSpan],
 ) -> Result<Vec<u64>, TokenHashError> {
-    if block_size == 0 {
-        return Err(TokenHashError::ZeroBlockSize);
+    Ok(SequenceHashes::new(tokens, block_size, seed, multimodal.to_vec())?.collect())
+}
+
+/// The sequence hashes of a request's full blocks ([`sequence_hashes`]), computed one block at
+/// a time as they are pulled: a query by token ids hands this to
+/// `GlobalCkfIndexer::find_prefix_matches_lazy`, which hashes only as far as some lane still
+/// matches. Exact-size: [`len`](ExactSizeIterator::len) is the number of full blocks left.
+#[derive(Debug, Clone)]
+pub struct SequenceHashes<'t> {
+    blocks: std::slice::ChunksExact<'t, u32>,
+    block_size: u64,
+    seed: BlockSeed,
+    multimodal: Vec<MultimodalSpan>,
+    /// Block index of the next block (its first token is `index * block_size`).
+    index: u64,
+    parent: Option<u64>,
+    /// The overlapping items' hashes of the current block (reused buffer).
+    mm: Vec<u64>,
+}
+
+impl<'t> SequenceHashes<'t> {
+    /// The hashes of `tokens`' full blocks of `block_size` under `seed`, with the `multimodal`
+    /// items; nothing is hashed until pulled.
+    ///
+    /// # Errors
+    /// [`TokenHashError::ZeroBlockSize`] when `block_size` is 0.
+    pub fn new(
+        tokens: &'t [u32],
+        block_size: usize,
+        seed: BlockSeed,
+        multimodal: Vec<MultimodalSpan>,
+    ) -> Result<Self, TokenHashError> {
+        if block_size == 0 {
+            return Err(TokenHashError::ZeroBlockSize);
+        }
+        Ok(Self {
+            blocks: tokens.chunks_exact(block_size),
+            block_size: block_size as u64,
+            seed,
+            multimodal,
+            index: 0,
+            parent: None,
+            mm: Vec::new(),
+        })
     }
-    let mut hashes = Vec::with_capacity(tokens.len() / block_size);
-    let mut parent = None;
-    let mut mm = Vec::new();
-    for (index, block) in tokens.chunks_exact(block_size).enumerate() {
-        let start = (index * block_size) as u64;
-        let end = start + block_size as u64;
-        mm.clear();
-        mm.extend(
-            multimodal
+}
+
+impl Iterator for SequenceHashes<'_> {
+    type Item = u64;
+
+    fn next(&mut self) -> Option<u64> {
+        let block = self.blocks.next()?;
+        let start = self.index * self.block_size;
+        let end = start + self.block_size;
+        self.index += 1;
+        self.mm.clear();
+        self.mm.extend(
+            self.multimodal
                 .iter()
                 .filter(|span| span.overlaps(start, end))
                 .map(|span| span.hash),
         );
-        let hash = chain_step(parent, block_hash(block, &mm, seed));
-        hashes.push(hash);
-        parent = Some(hash);
+        let hash = chain_step(self.parent, block_hash(block, &self.mm, self.seed));
+        self.parent = Some(hash);
+        Some(hash)
     }
-    Ok(hashes)
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.blocks.size_hint()
+    }
 }
+
+impl ExactSizeIterator for SequenceHashes<'_> {}
 
 /// Largest block size (tokens per KV block) a service accepts; the smallest is 1. Engines use
 /// 16 to 512 tokens per block; the bound keeps a configuration typo from meaning "one block
@@ -308,6 +360,19 @@ impl TokenQuery {
     /// more than [`TokenQueryRules::max_tokens`] tokens, then per multimodal item (first one at
     /// fault) an empty identifier or an `offset + length` overflow.
     pub fn sequence_hashes(&self, rules: &TokenQueryRules) -> Result<Vec<u64>, TokenQueryError> {
+        Ok(self.lazy_sequence_hashes(rules)?.collect())
+    }
+
+    /// [`TokenQuery::sequence_hashes`], checked now and hashed as pulled: every check (and so
+    /// every error) happens here, before any block is hashed; the iterator then yields the
+    /// same hashes one block at a time (for `GlobalCkfIndexer::find_prefix_matches_lazy`).
+    ///
+    /// # Errors
+    /// As [`TokenQuery::sequence_hashes`].
+    pub fn lazy_sequence_hashes(
+        &self,
+        rules: &TokenQueryRules,
+    ) -> Result<SequenceHashes<'_>, TokenQueryError> {
         if let Some(requested) = self.block_size
             && requested != rules.block_size
         {
@@ -346,11 +411,11 @@ impl TokenQuery {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let seed = BlockSeed::new(self.cache_salt.as_deref(), self.lora_name.as_deref());
-        Ok(sequence_hashes(
+        Ok(SequenceHashes::new(
             &self.token_ids,
             rules.block_size as usize,
             seed,
-            &spans,
+            spans,
         )?)
     }
 }
@@ -409,6 +474,57 @@ mod tests {
         assert_eq!(with_image[0], plain[0], "block 0 does not overlap the item");
         assert_ne!(with_image[1], plain[1]);
         assert_ne!(with_image[2], plain[2], "the chain carries the change");
+    }
+
+    #[test]
+    fn lazy_sequence_hashes_are_the_blocks_hashed_and_chained_one_by_one() {
+        let tokens: Vec<u32> = (0..103).map(|t| t * 7 + 1).collect();
+        let seed = BlockSeed::new(Some("salt"), None);
+        // Items inside one block, across a block boundary, past the end, and of length 0.
+        let spans = [(3, 2, 11u64), (15, 6, 12), (90, 40, 13), (40, 0, 14)].map(
+            |(offset, length, hash)| MultimodalSpan {
+                hash,
+                offset,
+                length,
+            },
+        );
+        for block_size in [1usize, 8, 10, 103, 104] {
+            // The oracle: each full block's tokens and overlapping items, hashed and chained
+            // here, not by the iterator.
+            let mut parent = None;
+            let want: Vec<u64> = tokens
+                .chunks_exact(block_size)
+                .enumerate()
+                .map(|(i, block)| {
+                    let (start, end) = ((i * block_size) as u64, ((i + 1) * block_size) as u64);
+                    let mm: Vec<u64> = spans
+                        .iter()
+                        .filter(|s| s.length > 0 && s.offset < end && start < s.offset + s.length)
+                        .map(|s| s.hash)
+                        .collect();
+                    let h = chain_step(parent, block_hash(block, &mm, seed));
+                    parent = Some(h);
+                    h
+                })
+                .collect();
+            let mut lazy = SequenceHashes::new(&tokens, block_size, seed, spans.to_vec()).unwrap();
+            assert_eq!(lazy.len(), tokens.len() / block_size);
+            // Pulled part way, a clone goes on with the same chain.
+            let half: Vec<u64> = lazy.by_ref().take(want.len() / 2).collect();
+            assert_eq!(lazy.len(), want.len() - half.len());
+            let rest: Vec<u64> = lazy.clone().collect();
+            assert_eq!([half, rest].concat(), want, "block size {block_size}");
+            assert_eq!(lazy.by_ref().count(), want.len() - want.len() / 2);
+            assert_eq!(lazy.next(), None);
+            assert_eq!(
+                sequence_hashes(&tokens, block_size, seed, &spans).unwrap(),
+                want
+            );
+        }
+        assert_eq!(
+            SequenceHashes::new(&tokens, 0, seed, Vec::new()).unwrap_err(),
+            TokenHashError::ZeroBlockSize
+        );
     }
 
     #[test]
@@ -487,6 +603,11 @@ mod tests {
             block_size: Some(16),
             ..ok.clone()
         };
+        // The lazy form checks everything before hashing, with the same errors.
+        assert_eq!(
+            wrong_size.lazy_sequence_hashes(&rules()).unwrap_err(),
+            wrong_size.sequence_hashes(&rules()).unwrap_err()
+        );
         let err = wrong_size.sequence_hashes(&rules()).unwrap_err();
         assert_eq!(
             err,

@@ -83,8 +83,10 @@ impl EmbeddedQuery {
         &self,
         query: &TokenQuery,
     ) -> Result<PrefixMatches, TokenQueryError> {
-        let hashes = query.sequence_hashes(&self.token_rules)?;
-        Ok(self.indexer.find_prefix_matches(&hashes))
+        // Hashed block by block as the search pulls them (no hash past the step after the
+        // last lane's miss).
+        let hashes = query.lazy_sequence_hashes(&self.token_rules)?;
+        Ok(self.indexer.find_prefix_matches_lazy(hashes))
     }
 
     /// The pool (indexer domain + DC) that `lane` serves, to resolve an answer to an endpoint.

@@ -5,8 +5,10 @@
 //! `GlobalCkfIndexer::find_prefix_matches`, which captures the ready-lane mask once and probes
 //! every ready lane in one pass over the transposed table; the response lists each lane ready at
 //! capture (depth 0 included) with its pool. `FindMatchesByTokens` turns the request into
-//! `ckf_core::tokens::TokenQuery`, whose `sequence_hashes` checks it against the indexer's
-//! block size and limit and computes the hashes, then runs the same search (one private `search` function serves both).
+//! `ckf_core::tokens::TokenQuery`, whose `lazy_sequence_hashes` checks it against the indexer's
+//! block size and limit, then runs `GlobalCkfIndexer::find_prefix_matches_lazy`, which hashes
+//! the blocks as it searches them and stops hashing shortly after the last lane misses (one
+//! private `answer` function times, counts and builds the response of both).
 //! `ListLanes` reports ckf-core's `LaneStatus` per lane plus each lane's load factor, counted
 //! from the table's bucket words.
 //!
@@ -79,11 +81,16 @@ impl Query for QueryService {
     ) -> Result<Response<v1::FindMatchesResponse>, Status> {
         let method = QueryMethod::FindMatchesByTokens;
         let query = TokenQuery::from(request.into_inner());
+        // Checked now, hashed block by block as the search pulls them: a request whose prefix
+        // stops matching early is not hashed to its end.
         let hashes = query
-            .sequence_hashes(&self.shared.token_rules)
+            .lazy_sequence_hashes(&self.shared.token_rules)
             .inspect_err(|_| self.shared.metrics.query_method(method).refused.inc())
             .map_err(QueryError::Tokens)?;
-        Ok(Response::new(search(&self.shared, &hashes, method)))
+        let blocks = hashes.len();
+        Ok(Response::new(answer(&self.shared, method, blocks, |ix| {
+            ix.find_prefix_matches_lazy(hashes)
+        })))
     }
 
     async fn find_matches_batch(
@@ -153,16 +160,29 @@ impl Query for QueryService {
 /// The one prefix search of both query methods: every lane ready at capture with its depth
 /// for `hashes` (already within the limits), counted under `method`.
 fn search(shared: &IndexerState, hashes: &[u64], method: QueryMethod) -> v1::FindMatchesResponse {
+    answer(shared, method, hashes.len(), |indexer| {
+        indexer.find_prefix_matches(hashes)
+    })
+}
+
+/// Runs `find` (one prefix search of a query of `blocks` blocks), timing it into the query
+/// duration histogram and counting it for `method`, and builds its answer.
+fn answer(
+    shared: &IndexerState,
+    method: QueryMethod,
+    blocks: usize,
+    find: impl FnOnce(&GlobalCkfIndexer) -> PrefixMatches,
+) -> v1::FindMatchesResponse {
     let indexer = &shared.indexer;
     let metrics = &shared.metrics;
     let started = Instant::now();
-    let found = indexer.find_prefix_matches(hashes);
+    let found = find(indexer);
     metrics
         .query_duration
         .observe(started.elapsed().as_secs_f64());
     let counters = metrics.query_method(method);
     counters.answered.inc();
-    counters.blocks.inc_by(hashes.len() as u64);
+    counters.blocks.inc_by(blocks as u64);
     let matches = found
         .iter()
         .map(|(lane, depth)| v1::LaneMatch {
