@@ -631,11 +631,20 @@ fn load_trace_ids(path: &str) -> Option<Vec<Vec<u64>>> {
 /// Mooncake requests as token ids (each trace id stands for a block of `block_size` pseudo-random
 /// token ids derived from it, so equal prefixes are equal tokens), every request's sequence
 /// hashes (`tokens::sequence_hashes`) stored as in [`trace_indexer`], the first 1,000 requests
-/// as queries. Two series interleaved in 20 rounds, all samples kept: **search** (the hashes
-/// precomputed: the search alone) and **hash, search** (`sequence_hashes`, then the search, as
-/// the indexer answers `FindMatchesByTokens`); their ratio is from the same run.
+/// as queries. Five series interleaved in 20 rounds, all samples kept:
+/// * **search**: the hashes precomputed, the search alone;
+/// * **hash, search**: `sequence_hashes`, then the search (how the indexer answered
+///   `FindMatchesByTokens` before 2026-12-05);
+/// * **lazy**: `find_prefix_matches_by_tokens` over `SequenceHashes` (how it answers now: a
+///   request of more than 48 blocks hashed as the search goes, a shorter one hashed whole onto
+///   the stack);
+/// * the last two again on **diverging** queries: the same requests with the tokens of their
+///   second half changed, so every lane misses at the half (a new request sharing a prefix);
+///   the eager form hashes every block, the lazy one stops a step or two after the miss.
+///
+/// Ratios are from the same run; the series take turns going first in each round.
 fn run_tokens(trace_path: &str, samples: usize, scale: f64) {
-    use ckf_core::tokens::{BlockSeed, sequence_hashes};
+    use ckf_core::tokens::{BlockSeed, SequenceHashes, sequence_hashes};
     const QUERIES: usize = 1_000;
     const ROUNDS: usize = 20;
     let Some(ids) = load_trace_ids(trace_path) else {
@@ -643,7 +652,7 @@ fn run_tokens(trace_path: &str, samples: usize, scale: f64) {
         return;
     };
     let seed = BlockSeed::DEFAULT;
-    for block_size in [16usize, 512] {
+    for block_size in [16usize, 128, 512] {
         let tokens_of = |request: &[u64]| -> Vec<u32> {
             request
                 .iter()
@@ -659,37 +668,81 @@ fn run_tokens(trace_path: &str, samples: usize, scale: f64) {
                 queries.push(tokens);
             }
         }
+        // Second half of each query's full blocks changed (no stored block has those tokens).
+        let diverging: Vec<Vec<u32>> = queries
+            .iter()
+            .map(|tokens| {
+                let mut t = tokens.clone();
+                let half = tokens.len() / block_size / 2 * block_size;
+                t[half..].iter_mut().for_each(|x| *x = !*x);
+                t
+            })
+            .collect();
         let (ix, ..) = trace_indexer_sized(&trace, (256u64 << 20) / 8 / 16);
-        let per_round = samples / ROUNDS / 2;
-        let mut series: [Vec<u64>; 2] = std::array::from_fn(|_| Vec::with_capacity(samples / 2));
+        let lazy = |tokens: &[u32]| {
+            let hashes = SequenceHashes::new(tokens, block_size, seed, Vec::new()).unwrap();
+            let m = ix.find_prefix_matches_by_tokens(hashes);
+            m.iter().map(|(_, d)| d).sum::<u32>()
+        };
+        let eager = |tokens: &[u32]| {
+            let hashes = sequence_hashes(tokens, block_size, seed, &[]).unwrap();
+            ckf_query(&ix, &hashes)
+        };
+        for k in 0..QUERIES {
+            assert_eq!(lazy(&queries[k]), eager(&queries[k]), "query {k}");
+            assert_eq!(
+                lazy(&diverging[k]),
+                eager(&diverging[k]),
+                "diverging query {k}"
+            );
+        }
+        let series: [&dyn Fn(usize) -> u32; 5] = [
+            &|k| ckf_query(&ix, black_box(&trace[k])),
+            &|k| eager(black_box(&queries[k])),
+            &|k| lazy(black_box(&queries[k])),
+            &|k| eager(black_box(&diverging[k])),
+            &|k| lazy(black_box(&diverging[k])),
+        ];
+        let per_round = samples / ROUNDS / series.len();
+        let mut times: [Vec<u64>; 5] = std::array::from_fn(|_| Vec::with_capacity(samples / 5));
         let mut sink = 0u32;
         for round in 0..ROUNDS {
-            for (s, times) in series.iter_mut().enumerate() {
+            // Each round starts with another series: a series run right after another one on
+            // the same queries finds their rows in the LLC, so no series may always follow.
+            for s in (0..series.len()).map(|i| (i + round) % series.len()) {
+                let run = series[s];
                 for j in 0..per_round {
-                    let k = (round * 2 * per_round + s * per_round + j) % QUERIES;
-                    let tokens = black_box(&queries[k]);
+                    let k = (round * per_round + j) % QUERIES;
                     let t0 = ticks();
-                    sink ^= if s == 0 {
-                        ckf_query(&ix, black_box(&trace[k]))
-                    } else {
-                        let hashes = sequence_hashes(tokens, block_size, seed, &[]).unwrap();
-                        ckf_query(&ix, &hashes)
-                    };
-                    times.push(ticks() - t0);
+                    sink ^= run(k);
+                    times[s].push(ticks() - t0);
                 }
             }
         }
         black_box(sink);
-        let [alone, hashed] = series.map(|v| summarize(v, scale));
+        let [alone, hashed, lazy_t, div_hashed, div_lazy] = times.map(|v| summarize(v, scale));
         println!(
-            "tokens, {block_size}-token blocks, 256 MiB 16 lanes: search p50 {:>6.0} p99 {:>6.0} ns | hash, search p50 {:>6.0} p99 {:>6.0} ns | hash, search / search p50 {:.2} p99 {:.2} (huge pages: {})",
+            "tokens, {block_size}-token blocks, 256 MiB 16 lanes (huge pages: {}), p50 / p99 ns:\n  \
+             search {:>6.0} / {:>6.0} | hash, search {:>6.0} / {:>6.0} ({:.2} / {:.2}x search) | \
+             lazy {:>6.0} / {:>6.0} ({:.2} / {:.2}x hash, search)\n  \
+             diverging at half: hash, search {:>6.0} / {:>6.0} | lazy {:>6.0} / {:>6.0} ({:.2} / {:.2}x)",
+            ix.huge_pages(),
             alone.p50,
             alone.p99,
             hashed.p50,
             hashed.p99,
             hashed.p50 / alone.p50,
             hashed.p99 / alone.p99,
-            ix.huge_pages()
+            lazy_t.p50,
+            lazy_t.p99,
+            lazy_t.p50 / hashed.p50,
+            lazy_t.p99 / hashed.p99,
+            div_hashed.p50,
+            div_hashed.p99,
+            div_lazy.p50,
+            div_lazy.p99,
+            div_lazy.p50 / div_hashed.p50,
+            div_lazy.p99 / div_hashed.p99,
         );
     }
 }

@@ -49,6 +49,7 @@ use crate::addressing::{Addressing, Location};
 use crate::bucket::{self, MAX_LANES, TransposedTable};
 use crate::global::GlobalCkfIndexer;
 use crate::identity::LaneIndex;
+use crate::tokens::SequenceHashes;
 use std::sync::atomic::Ordering;
 
 #[cfg(target_arch = "x86_64")]
@@ -617,6 +618,32 @@ impl GlobalCkfIndexer {
         self.search_lazy(block_hashes.into_iter(), kernel)
     }
 
+    /// Prefix depths of a request's token blocks ([`SequenceHashes`]), as `FindMatchesByTokens`
+    /// answers: the same answer as [`GlobalCkfIndexer::find_prefix_matches`] on the collected
+    /// hashes, computed one of three ways (ckf-core README, "Token queries: lazy hashing"):
+    /// * at most [`LAZY_MIN_BLOCKS`] full blocks: hashed whole onto the stack (no allocation)
+    ///   and searched as a slice;
+    /// * more, with at least [`LAZY_MIN_BLOCK_TOKENS`] tokens per block:
+    ///   [`GlobalCkfIndexer::find_prefix_matches_lazy`], so hashing stops a step or two after
+    ///   the last lane's miss, and the rows' misses overlap the (slow) hashing;
+    /// * more, with smaller blocks: hashed whole into a `Vec` and searched as a slice. There
+    ///   the lazy form lost: its prefetches, issued as fast as small blocks hash, overran the
+    ///   core's miss buffers (p99 1.35-1.55x at 16 tokens per block, 1.43x at 128).
+    pub fn find_prefix_matches_by_tokens(&self, hashes: SequenceHashes<'_>) -> PrefixMatches {
+        let blocks = hashes.len();
+        if blocks > LAZY_MIN_BLOCKS {
+            if hashes.block_size() >= LAZY_MIN_BLOCK_TOKENS {
+                return self.find_prefix_matches_lazy(hashes);
+            }
+            return self.find_prefix_matches(&hashes.collect::<Vec<u64>>());
+        }
+        let mut block_hashes = [0u64; LAZY_MIN_BLOCKS];
+        for (slot, h) in block_hashes.iter_mut().zip(hashes) {
+            *slot = h;
+        }
+        self.find_prefix_matches(&block_hashes[..blocks])
+    }
+
     /// Same as [`GlobalCkfIndexer::find_prefix_matches_lazy`] with `kernel` forced for this
     /// query (`Auto`: the best available), for differential tests and benchmarks.
     ///
@@ -730,6 +757,17 @@ impl GlobalCkfIndexer {
 /// searches per step: the prefetch distance of the slice form ([`PREFETCH_POSITIONS`]), so
 /// the rows of one step are in flight while the next step is hashed.
 pub const LAZY_STEP: usize = PREFETCH_POSITIONS;
+
+/// Full blocks above which [`GlobalCkfIndexer::find_prefix_matches_by_tokens`] hashes lazily:
+/// two steps, the most a lazy query pulls before its first search on a large table.
+pub const LAZY_MIN_BLOCKS: usize = 2 * LAZY_STEP;
+
+/// Tokens per block from which [`GlobalCkfIndexer::find_prefix_matches_by_tokens`] hashes a
+/// long request lazily: the block size where hashing a block (~100 ns at 512 tokens) is slow
+/// enough for the memory system to keep up with the four row lines each pulled hash
+/// prefetches. 512 was measured to gain; 16 and 128 lost (ckf-core README, "Token queries:
+/// lazy hashing").
+pub const LAZY_MIN_BLOCK_TOKENS: usize = 512;
 
 /// The lazy query's side of its iterator: pulls up to a step of hashes, prefetching each one's
 /// rows as it arrives when `rows` is set (a large table), so the misses start while the rest

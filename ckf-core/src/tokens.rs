@@ -216,6 +216,13 @@ impl<'t> SequenceHashes<'t> {
     }
 }
 
+impl SequenceHashes<'_> {
+    /// Tokens per block.
+    pub fn block_size(&self) -> usize {
+        self.block_size as usize
+    }
+}
+
 impl Iterator for SequenceHashes<'_> {
     type Item = u64;
 

@@ -391,6 +391,55 @@ fn lazy_queries_pull_no_further_than_needed() {
     }
 }
 
+/// A query by token ids answers as its hashes collected, below, at and above the length where
+/// it leaves the stack, with small blocks (hashed whole) and large ones (hashed lazily).
+#[test]
+fn token_queries_answer_as_their_hashes_collected() {
+    use ckf_core::search::LAZY_MIN_BLOCK_TOKENS;
+    for block in [4usize, LAZY_MIN_BLOCK_TOKENS] {
+        token_queries_at_block_size(block);
+    }
+}
+
+fn token_queries_at_block_size(block: usize) {
+    use ckf_core::search::LAZY_MIN_BLOCKS;
+    use ckf_core::tokens::{BlockSeed, SequenceHashes, sequence_hashes};
+    let ix = indexer(16_384, 16, 21);
+    let addressing = *ix.addressing();
+    let seed = BlockSeed::DEFAULT;
+    // A trailing partial block, never hashed.
+    let tokens: Vec<u32> = (0..(3 * LAZY_MIN_BLOCKS * block + block / 2) as u32).collect();
+    let chain = sequence_hashes(&tokens, block, seed, &[]).unwrap();
+    // Lane l holds the first 10 * l blocks of the request.
+    for lane in 0..16usize {
+        let mut words = vec![0u64; 16_384];
+        place(
+            &addressing,
+            &mut words,
+            &chain[..(10 * lane).min(chain.len())],
+        );
+        testing::activate(&ix, lane as u8, lane as u64, 0, words);
+    }
+    for blocks in [
+        0,
+        1,
+        LAZY_MIN_BLOCKS - 1,
+        LAZY_MIN_BLOCKS,
+        LAZY_MIN_BLOCKS + 1,
+        chain.len(),
+    ] {
+        let request = &tokens[..blocks * block + block / 2];
+        let hashes = SequenceHashes::new(request, block, seed, Vec::new()).unwrap();
+        let m = ix.find_prefix_matches_by_tokens(hashes);
+        assert_eq!(
+            m,
+            ix.find_prefix_matches(&chain[..blocks]),
+            "{blocks} blocks"
+        );
+        assert_eq!(m.depth(15), Some(blocks.min(150) as u32), "{blocks} blocks");
+    }
+}
+
 /// Lanes not ready are never reported by any kernel, even when their words would match.
 #[test]
 fn lanes_not_ready_are_never_reported() {

@@ -83,10 +83,9 @@ impl EmbeddedQuery {
         &self,
         query: &TokenQuery,
     ) -> Result<PrefixMatches, TokenQueryError> {
-        // Hashed block by block as the search pulls them (no hash past the step after the
-        // last lane's miss).
+        // A long request is hashed only as far as the search needs.
         let hashes = query.lazy_sequence_hashes(&self.token_rules)?;
-        Ok(self.indexer.find_prefix_matches_lazy(hashes))
+        Ok(self.indexer.find_prefix_matches_by_tokens(hashes))
     }
 
     /// The pool (indexer domain + DC) that `lane` serves, to resolve an answer to an endpoint.

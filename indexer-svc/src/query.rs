@@ -6,8 +6,9 @@
 //! every ready lane in one pass over the transposed table; the response lists each lane ready at
 //! capture (depth 0 included) with its pool. `FindMatchesByTokens` turns the request into
 //! `ckf_core::tokens::TokenQuery`, whose `lazy_sequence_hashes` checks it against the indexer's
-//! block size and limit, then runs `GlobalCkfIndexer::find_prefix_matches_lazy`, which hashes
-//! the blocks as it searches them and stops hashing shortly after the last lane misses (one
+//! block size and limit, then runs `GlobalCkfIndexer::find_prefix_matches_by_tokens`, which on a
+//! long request hashes the blocks as it searches them and stops shortly after the last lane
+//! misses (one
 //! private `answer` function times, counts and builds the response of both).
 //! `ListLanes` reports ckf-core's `LaneStatus` per lane plus each lane's load factor, counted
 //! from the table's bucket words.
@@ -81,15 +82,15 @@ impl Query for QueryService {
     ) -> Result<Response<v1::FindMatchesResponse>, Status> {
         let method = QueryMethod::FindMatchesByTokens;
         let query = TokenQuery::from(request.into_inner());
-        // Checked now, hashed block by block as the search pulls them: a request whose prefix
-        // stops matching early is not hashed to its end.
+        // Checked now, hashed as the search needs them: a long request whose prefix stops
+        // matching early is not hashed to its end.
         let hashes = query
             .lazy_sequence_hashes(&self.shared.token_rules)
             .inspect_err(|_| self.shared.metrics.query_method(method).refused.inc())
             .map_err(QueryError::Tokens)?;
         let blocks = hashes.len();
         Ok(Response::new(answer(&self.shared, method, blocks, |ix| {
-            ix.find_prefix_matches_lazy(hashes)
+            ix.find_prefix_matches_by_tokens(hashes)
         })))
     }
 
