@@ -628,7 +628,7 @@ impl GlobalCkfIndexer {
     ///   the last lane's miss, and the rows' misses overlap the (slow) hashing;
     /// * more, with smaller blocks: hashed whole into a `Vec` and searched as a slice. There
     ///   the lazy form lost: its prefetches, issued as fast as small blocks hash, overran the
-    ///   core's miss buffers (p99 1.35-1.55x at 16 tokens per block, 1.43x at 128).
+    ///   core's miss buffers (p99 1.35-1.42x at 16 tokens per block, 1.43x at 128).
     pub fn find_prefix_matches_by_tokens(&self, hashes: SequenceHashes<'_>) -> PrefixMatches {
         let blocks = hashes.len();
         if blocks > LAZY_MIN_BLOCKS {
@@ -754,7 +754,7 @@ impl GlobalCkfIndexer {
 }
 
 /// Block hashes a lazy query ([`GlobalCkfIndexer::find_prefix_matches_lazy`]) pulls and
-/// searches per step: the prefetch distance of the slice form ([`PREFETCH_POSITIONS`]), so
+/// searches per step: the prefetch distance of the slice form (24 positions), so
 /// the rows of one step are in flight while the next step is hashed.
 pub const LAZY_STEP: usize = PREFETCH_POSITIONS;
 
