@@ -206,6 +206,20 @@ impl Mutator {
         self.relocate(loc)
     }
 
+    /// The alternate bucket of each of `word`'s four residents, `word` being bucket `b`'s.
+    #[inline(always)]
+    fn alternates(&self, b: u32, word: u64) -> [u32; bucket::SLOTS] {
+        std::array::from_fn(|s| self.addressing.alternate(b, bucket::slot(word, s)))
+    }
+
+    /// Whether some resident of bucket `b` (whose residents' alternates are `alts`) could move
+    /// to an empty slot of its alternate.
+    #[inline(always)]
+    fn has_room(&self, alts: &[u32; bucket::SLOTS]) -> bool {
+        alts.iter()
+            .any(|&alt| bucket::find_empty(self.buckets[alt as usize]).is_some())
+    }
+
     #[cold]
     fn relocate(&mut self, loc: Location) -> Result<u32, InsertFailed> {
         self.counter = self.counter.wrapping_add(1);
@@ -217,18 +231,18 @@ impl Mutator {
             (loc.bucket_b, loc.bucket_a)
         };
         // Start where one kick suffices if either bucket allows it (both buckets' alternates
-        // were prefetched by `prefetch_relocation`).
-        let b_room = |b: u32| {
-            let word = self.buckets[b as usize];
-            (0..bucket::SLOTS).any(|s| {
-                let alt = self.addressing.alternate(b, bucket::slot(word, s));
-                bucket::find_empty(self.buckets[alt as usize]).is_some()
-            })
-        };
-        let mut b = if !b_room(first) && b_room(second) {
-            second
+        // were prefetched by `prefetch_relocation`). Each bucket's alternates are computed once
+        // and serve both this choice and the kick from it.
+        let first_alts = self.alternates(first, self.buckets[first as usize]);
+        let (mut b, mut alts) = if self.has_room(&first_alts) {
+            (first, first_alts)
         } else {
-            first
+            let second_alts = self.alternates(second, self.buckets[second as usize]);
+            if self.has_room(&second_alts) {
+                (second, second_alts)
+            } else {
+                (first, first_alts)
+            }
         };
         let mut path = PathFilter::default();
         path.mark(b);
@@ -243,24 +257,24 @@ impl Mutator {
             // loads (and prefetched by `prefetch_relocation` for the first kick), where each
             // further kick of a blind walk is one more dependent cache miss.
             let candidates = || (0..4).map(|j| (first + j) & 3);
-            let alternate = |s: usize| self.addressing.alternate(b, bucket::slot(word, s));
             let victim_slot = candidates()
                 .find(|&s| {
-                    let alt = alternate(s);
+                    let alt = alts[s];
                     !path.contains(alt) && bucket::find_empty(self.buckets[alt as usize]).is_some()
                 })
-                .or_else(|| candidates().find(|&s| !path.contains(alternate(s))))
+                .or_else(|| candidates().find(|&s| !path.contains(alts[s])))
                 .unwrap_or(first);
             let victim = bucket::slot(word, victim_slot);
             self.write(b, bucket::with_slot(word, victim_slot, fp));
             fp = victim;
-            b = self.addressing.alternate(b, fp);
+            b = alts[victim_slot];
             path.mark(b);
             let word = self.buckets[b as usize];
             if let Some(s) = bucket::find_empty(word) {
                 self.write(b, bucket::with_slot(word, s, fp));
                 return Ok(kick + 1);
             }
+            alts = self.alternates(b, word);
         }
         self.rollback();
         Err(InsertFailed {
