@@ -605,10 +605,13 @@ impl GlobalCkfIndexer {
     /// 1 MiB, the rows of each pulled hash are prefetched as it is pulled, and the step after
     /// is pulled before a step is searched, so computing the next hashes hides the misses of
     /// the current ones. The iterator is never pulled past the step after the one where the
-    /// last lane missed (at most the first miss + `2 x LAZY_STEP` hashes; on a smaller table
-    /// at most the first miss + `LAZY_STEP`), never after it returned `None`, and not at all
-    /// when no lane is ready. Allocation-free; depths are capped at `u32::MAX` positions as in
-    /// the slice form.
+    /// deepest lane missed (at most that lane's miss position + `2 x LAZY_STEP` hashes; on a
+    /// smaller table at most its miss position + `LAZY_STEP`), never after it returned `None`,
+    /// and not at all when no lane is ready. Allocation-free; depths are capped at `u32::MAX`
+    /// positions as in the slice form. Each step runs the slice kernel, whose prologue locates
+    /// and prefetches the step's positions again (already cached: a few instructions per hash;
+    /// a loop pulling one hash per probe, without that, measured slower: ckf-core README,
+    /// "Token queries: lazy hashing").
     pub fn find_prefix_matches_lazy<I>(&self, block_hashes: I) -> PrefixMatches
     where
         I: IntoIterator<Item = u64>,

@@ -32,6 +32,7 @@
 //! `proto/token_hash/ckf_token_hash.py` and its vectors `proto/token_hash/vectors.json` (checked
 //! by `tests/token_vectors.rs`) define the same function.
 
+use std::borrow::Cow;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 /// The chain seed, and the block seed of a request with neither LoRA name nor cache salt.
@@ -169,19 +170,20 @@ pub fn sequence_hashes(
     seed: BlockSeed,
     multimodal: &[MultimodalSpan],
 ) -> Result<Vec<u64>, TokenHashError> {
-    Ok(SequenceHashes::new(tokens, block_size, seed, multimodal.to_vec())?.collect())
+    Ok(SequenceHashes::new(tokens, block_size, seed, multimodal)?.collect())
 }
 
 /// The sequence hashes of a request's full blocks ([`sequence_hashes`]), computed one block at
 /// a time as they are pulled: a query by token ids hands this to
-/// `GlobalCkfIndexer::find_prefix_matches_lazy`, which hashes only as far as some lane still
-/// matches. Exact-size: [`len`](ExactSizeIterator::len) is the number of full blocks left.
+/// `GlobalCkfIndexer::find_prefix_matches_by_tokens`, which on a long request of large blocks
+/// hashes only as far as some lane still matches. Exact-size: [`len`](ExactSizeIterator::len)
+/// is the number of full blocks left; fused: `None` once, then always.
 #[derive(Debug, Clone)]
 pub struct SequenceHashes<'t> {
     blocks: std::slice::ChunksExact<'t, u32>,
     block_size: u64,
     seed: BlockSeed,
-    multimodal: Vec<MultimodalSpan>,
+    multimodal: Cow<'t, [MultimodalSpan]>,
     /// Block index of the next block (its first token is `index * block_size`).
     index: u64,
     parent: Option<u64>,
@@ -199,7 +201,7 @@ impl<'t> SequenceHashes<'t> {
         tokens: &'t [u32],
         block_size: usize,
         seed: BlockSeed,
-        multimodal: Vec<MultimodalSpan>,
+        multimodal: impl Into<Cow<'t, [MultimodalSpan]>>,
     ) -> Result<Self, TokenHashError> {
         if block_size == 0 {
             return Err(TokenHashError::ZeroBlockSize);
@@ -208,7 +210,7 @@ impl<'t> SequenceHashes<'t> {
             blocks: tokens.chunks_exact(block_size),
             block_size: block_size as u64,
             seed,
-            multimodal,
+            multimodal: multimodal.into(),
             index: 0,
             parent: None,
             mm: Vec::new(),
@@ -249,6 +251,9 @@ impl Iterator for SequenceHashes<'_> {
 }
 
 impl ExactSizeIterator for SequenceHashes<'_> {}
+
+// `ChunksExact` is fused, and `next` returns `None` exactly when it does.
+impl std::iter::FusedIterator for SequenceHashes<'_> {}
 
 /// Largest block size (tokens per KV block) a service accepts; the smallest is 1. Engines use
 /// 16 to 512 tokens per block; the bound keeps a configuration typo from meaning "one block
@@ -372,7 +377,7 @@ impl TokenQuery {
 
     /// [`TokenQuery::sequence_hashes`], checked now and hashed as pulled: every check (and so
     /// every error) happens here, before any block is hashed; the iterator then yields the
-    /// same hashes one block at a time (for `GlobalCkfIndexer::find_prefix_matches_lazy`).
+    /// same hashes one block at a time (for `GlobalCkfIndexer::find_prefix_matches_by_tokens`).
     ///
     /// # Errors
     /// As [`TokenQuery::sequence_hashes`].

@@ -391,6 +391,33 @@ fn lazy_queries_pull_no_further_than_needed() {
     }
 }
 
+/// A lazy query's lanes are those ready when it started: a lane made ready while its iterator
+/// is being pulled (here, from inside the iterator) is neither searched nor reported, on a small
+/// and on a prefetched table.
+#[test]
+fn a_lazy_query_captures_the_ready_lanes_once() {
+    for buckets in [256u64, 16_384] {
+        let ix = indexer(buckets, 4, 11);
+        let addressing = *ix.addressing();
+        let query: Vec<u64> = (0..200u64).map(|i| fmix64(i + 5)).collect();
+        let mut words = vec![0u64; buckets as usize];
+        place(&addressing, &mut words, &query);
+        testing::activate(&ix, 0, 0, 0, words.clone());
+        let pulled = Cell::new(0usize);
+        let m = ix.find_prefix_matches_lazy(query.iter().copied().inspect(|_| {
+            pulled.set(pulled.get() + 1);
+            if pulled.get() == 30 {
+                testing::activate(&ix, 2, 2, 0, words.clone());
+            }
+        }));
+        assert!(pulled.get() >= 30, "the lane was made ready mid-query");
+        assert_eq!(m.ready_mask(), 0b0001, "{buckets} buckets");
+        assert_eq!(m.depth(2), None);
+        assert_eq!(m.depth(0), Some(200));
+        assert_eq!(ix.ready_mask(), 0b0101);
+    }
+}
+
 /// A query by token ids answers as its hashes collected, below, at and above the length where
 /// it leaves the stack, with small blocks (hashed whole) and large ones (hashed lazily).
 #[test]

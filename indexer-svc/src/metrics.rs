@@ -56,7 +56,7 @@ pub struct MethodMetrics {
     pub answered: IntCounter,
     /// Queries refused.
     pub refused: IntCounter,
-    /// Block hashes probed.
+    /// Blocks of the queries answered (hashes sent; for token queries, their full blocks).
     pub blocks: IntCounter,
 }
 
@@ -110,9 +110,11 @@ pub struct IndexerMetrics {
     /// message), by `method`. All are `INVALID_ARGUMENT`; refusals for credentials are
     /// `ckf_indexer_auth_refused_total`.
     pub queries_refused: IntCounterVec,
-    /// Block hashes probed, by `method` (for token queries: the full blocks of the tokens).
+    /// Blocks of the queries answered, by `method`: the hashes sent, or for token queries the
+    /// full blocks of the tokens (counted whole even when the search stopped hashing early).
     pub query_blocks: IntCounterVec,
-    /// Time of the prefix search itself, either method (seconds; token hashing excluded).
+    /// Time of the prefix search itself, any method (seconds; for a token query, the search with
+    /// the token hashing it does).
     pub query_duration: Histogram,
     /// The per-method children of the three query counters, resolved once (in
     /// [`QueryMethod::ALL`] order), so every method is exported from the start, at 0.
@@ -132,8 +134,9 @@ impl IndexerMetrics {
         let query_duration = histogram(
             &r,
             "ckf_indexer_query_duration_seconds",
-            "Duration of the multi-lane prefix search of one query, any method (token hashing \
-             excluded; one observation per query of a batch or stream message), in seconds.",
+            "Duration of the multi-lane prefix search of one query, any method (for a token \
+             query, the search with its token hashing; one observation per query of a batch or \
+             stream message), in seconds.",
             latency_buckets_seconds(),
         );
         let event_to_applied_lag = histogram_vec(
@@ -249,7 +252,8 @@ impl IndexerMetrics {
             query_blocks: counter_vec(
                 &r,
                 "ckf_indexer_query_blocks_total",
-                "Block hashes probed, by RPC method.",
+                "Blocks of the queries answered, by RPC method (hashes sent; for token queries, \
+                 every full block of the tokens).",
                 &["method"],
             ),
             query_duration,

@@ -7,9 +7,8 @@
 //! capture (depth 0 included) with its pool. `FindMatchesByTokens` turns the request into
 //! `ckf_core::tokens::TokenQuery`, whose `lazy_sequence_hashes` checks it against the indexer's
 //! block size and limit, then runs `GlobalCkfIndexer::find_prefix_matches_by_tokens`, which on a
-//! long request hashes the blocks as it searches them and stops shortly after the last lane
-//! misses (one
-//! private `answer` function times, counts and builds the response of both).
+//! long request of large blocks hashes them as it searches and stops shortly after the last
+//! lane misses (one private `answer` function times, counts and builds the response of both).
 //! `ListLanes` reports ckf-core's `LaneStatus` per lane plus each lane's load factor, counted
 //! from the table's bucket words.
 //!
@@ -158,8 +157,9 @@ impl Query for QueryService {
     }
 }
 
-/// The one prefix search of both query methods: every lane ready at capture with its depth
-/// for `hashes` (already within the limits), counted under `method`.
+/// The prefix search of one `FindMatches` query: every lane ready at capture with its depth
+/// for `hashes` (already within the limits), counted under `method`. (Batch and stream
+/// messages run `answer_batch`.)
 fn search(shared: &IndexerState, hashes: &[u64], method: QueryMethod) -> v1::FindMatchesResponse {
     answer(shared, method, hashes.len(), |indexer| {
         indexer.find_prefix_matches(hashes)

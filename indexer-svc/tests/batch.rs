@@ -246,17 +246,6 @@ async fn assert_metrics(indexer: &Indexer, lines: &[&str]) {
     }
 }
 
-async fn metrics_text(indexer: &Indexer) -> String {
-    let addr = indexer.running.metrics_addr;
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let request = "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.unwrap();
-    response
-}
-
 /// Opens a `FindMatchesStream` and gets one answer through it (so the stream is established):
 /// the request sender (dropping it half-closes) and the response stream, or the call's status.
 async fn open_stream(

@@ -275,3 +275,44 @@ async fn published_vectors_match_through_the_indexer() {
         assert_eq!(answer, (vec![(0, depth as u32)], 0b1), "{name}");
     }
 }
+
+/// Requests long enough for every way `find_prefix_matches_by_tokens` hashes (onto the stack up
+/// to 48 blocks, lazily above at 512 tokens per block), with lanes that stop matching at 25 and
+/// 60 blocks: the same answers as `FindMatches` on the collected hashes, and the blocks counter
+/// counts every full block of a request even where the lazy search stopped hashing early.
+#[tokio::test]
+async fn long_token_queries_at_512_token_blocks_answer_as_find_matches() {
+    const BLOCK: u32 = 512;
+    let mut cfg = config(&["dc-a", "dc-b", "dc-c"]);
+    cfg.block_size = BLOCK;
+    cfg.limits.max_query_blocks = 200;
+    // 150 blocks of 512 token ids are ~300 KiB on the wire.
+    cfg.limits.max_message_bytes = 4 << 20;
+    let indexer = Indexer::start(cfg).await;
+    let tokens: Vec<u32> = (0..150 * BLOCK + 100)
+        .map(|i| i.wrapping_mul(2_654_435_761))
+        .collect();
+    let chain = sequence_hashes(&tokens, BLOCK as usize, BlockSeed::DEFAULT, &[]).unwrap();
+    assert_eq!(chain.len(), 150);
+    let mut a = Producer::attach(&indexer, "dc-a", 1).await;
+    a.store(1, &chain[..60]);
+    a.snapshot(64 << 10).await;
+    let mut b = Producer::attach(&indexer, "dc-b", 2).await;
+    b.store(1, &chain[..25]);
+    b.snapshot(64 << 10).await;
+    let mut blocks = 0u64;
+    for n in [0usize, 1, 24, 25, 47, 48, 49, 60, 72, 73, 150] {
+        let request = v1::FindMatchesByTokensRequest {
+            token_ids: tokens[..n * BLOCK as usize + 7].to_vec(),
+            ..Default::default()
+        };
+        let answer = indexer.find_by_tokens(request).await.unwrap();
+        assert_eq!(answer, indexer.find(&chain[..n]).await, "{n} blocks");
+        assert_eq!(answer.0[0], (0, n.min(60) as u32), "{n} blocks");
+        blocks += n as u64;
+    }
+    let want =
+        format!(r#"ckf_indexer_query_blocks_total{{method="find_matches_by_tokens"}} {blocks}"#);
+    let text = metrics_text(&indexer).await;
+    assert!(text.contains(&want), "missing {want:?} in\n{text}");
+}

@@ -262,3 +262,19 @@ impl Producer {
         Some(self.lease.into())
     }
 }
+
+/// The body and headers of `GET path` on `addr` (HTTP/1.1, connection closed after).
+pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    response
+}
+
+/// The indexer's `/metrics` page (with the HTTP headers).
+pub async fn metrics_text(indexer: &Indexer) -> String {
+    http_get(indexer.running.metrics_addr, "/metrics").await
+}
