@@ -721,28 +721,21 @@ fn run_tokens(trace_path: &str, samples: usize, scale: f64) {
         }
         black_box(sink);
         let [alone, hashed, lazy_t, div_hashed, div_lazy] = times.map(|v| summarize(v, scale));
+        let ns = |l: &Lat| format!("{:>6.0} / {:>6.0}", l.p50, l.p99);
+        let ratio = |a: &Lat, b: &Lat| format!("{:.2} / {:.2}x", a.p50 / b.p50, a.p99 / b.p99);
         println!(
             "tokens, {block_size}-token blocks, 256 MiB 16 lanes (huge pages: {}), p50 / p99 ns:\n  \
-             search {:>6.0} / {:>6.0} | hash, search {:>6.0} / {:>6.0} ({:.2} / {:.2}x search) | \
-             lazy {:>6.0} / {:>6.0} ({:.2} / {:.2}x hash, search)\n  \
-             diverging at half: hash, search {:>6.0} / {:>6.0} | lazy {:>6.0} / {:>6.0} ({:.2} / {:.2}x)",
+             search {} | hash, search {} ({} search) | lazy {} ({} hash, search)\n  \
+             diverging at half: hash, search {} | lazy {} ({})",
             ix.huge_pages(),
-            alone.p50,
-            alone.p99,
-            hashed.p50,
-            hashed.p99,
-            hashed.p50 / alone.p50,
-            hashed.p99 / alone.p99,
-            lazy_t.p50,
-            lazy_t.p99,
-            lazy_t.p50 / hashed.p50,
-            lazy_t.p99 / hashed.p99,
-            div_hashed.p50,
-            div_hashed.p99,
-            div_lazy.p50,
-            div_lazy.p99,
-            div_lazy.p50 / div_hashed.p50,
-            div_lazy.p99 / div_hashed.p99,
+            ns(&alone),
+            ns(&hashed),
+            ratio(&hashed, &alone),
+            ns(&lazy_t),
+            ratio(&lazy_t, &hashed),
+            ns(&div_hashed),
+            ns(&div_lazy),
+            ratio(&div_lazy, &div_hashed),
         );
     }
 }
