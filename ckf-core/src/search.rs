@@ -631,7 +631,7 @@ impl GlobalCkfIndexer {
     ///   the last lane's miss, and the rows' misses overlap the (slow) hashing;
     /// * more, with smaller blocks: hashed whole into a `Vec` and searched as a slice. There
     ///   the lazy form lost: its prefetches, issued as fast as small blocks hash, overran the
-    ///   core's miss buffers (p99 1.35-1.42x at 16 tokens per block, 1.43x at 128).
+    ///   core's miss buffers (p99 at least 1.35x at 16 and 128 tokens per block).
     pub fn find_prefix_matches_by_tokens(&self, hashes: SequenceHashes<'_>) -> PrefixMatches {
         let blocks = hashes.len();
         if blocks > LAZY_MIN_BLOCKS {
@@ -768,8 +768,9 @@ pub const LAZY_MIN_BLOCKS: usize = 2 * LAZY_STEP;
 /// Tokens per block from which [`GlobalCkfIndexer::find_prefix_matches_by_tokens`] hashes a
 /// long request lazily: the block size where hashing a block (~100 ns at 512 tokens) is slow
 /// enough for the memory system to keep up with the four row lines each pulled hash
-/// prefetches. 512 was measured to gain; 16 and 128 lost (ckf-core README, "Token queries:
-/// lazy hashing").
+/// prefetches. At 512 it saved 17-19% at p99 on requests that stop matching halfway and cost
+/// 7-9% on ones that match to the end; at 16 and 128 it lost 1.35-1.43x at p99 (ckf-core
+/// README, "Token queries: lazy hashing").
 pub const LAZY_MIN_BLOCK_TOKENS: usize = 512;
 
 /// The lazy query's side of its iterator: pulls up to a step of hashes, prefetching each one's
