@@ -610,8 +610,8 @@ impl GlobalCkfIndexer {
     /// and not at all when no lane is ready. Allocation-free; depths are capped at `u32::MAX`
     /// positions as in the slice form. Each step runs the slice kernel, whose prologue locates
     /// and prefetches the step's positions again (already cached: a few instructions per hash;
-    /// a loop pulling one hash per probe, without that, measured slower: ckf-core README,
-    /// "Token queries: lazy hashing").
+    /// a loop pulling one hash per probe, without that, was tried and not shown faster:
+    /// ckf-core README, "Token queries: lazy hashing").
     pub fn find_prefix_matches_lazy<I>(&self, block_hashes: I) -> PrefixMatches
     where
         I: IntoIterator<Item = u64>,
@@ -630,8 +630,8 @@ impl GlobalCkfIndexer {
     ///   [`GlobalCkfIndexer::find_prefix_matches_lazy`], so hashing stops a step or two after
     ///   the last lane's miss, and the rows' misses overlap the (slow) hashing;
     /// * more, with smaller blocks: hashed whole into a `Vec` and searched as a slice. There
-    ///   the lazy form lost: its prefetches, issued as fast as small blocks hash, overran the
-    ///   core's miss buffers (p99 at least 1.35x at 16 and 128 tokens per block).
+    ///   the lazy form lost, p99 at least 1.35x at 16 and 128 tokens per block (presumably its
+    ///   prefetches, issued as fast as small blocks hash, overrun the core's miss buffers).
     pub fn find_prefix_matches_by_tokens(&self, hashes: SequenceHashes<'_>) -> PrefixMatches {
         let blocks = hashes.len();
         if blocks > LAZY_MIN_BLOCKS {

@@ -216,9 +216,7 @@ impl<'t> SequenceHashes<'t> {
             mm: Vec::new(),
         })
     }
-}
 
-impl SequenceHashes<'_> {
     /// Tokens per block.
     pub fn block_size(&self) -> usize {
         self.block_size as usize
