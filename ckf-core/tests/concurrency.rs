@@ -38,8 +38,8 @@ impl Rng {
 
 /// Lane 0: a real producer streaming deltas. Lane 1: repeatedly activated, then retired by a
 /// gap, then re-leased. Lane 2: repeatedly re-leased and sent every snapshot chunk but the last
-/// (words written, never activated). Lane 3: never leased. Readers check every result against
-/// what may be ready.
+/// (words written, never activated). Lane 3: never leased. Readers (every kernel, and the lazy
+/// form) check every result against what may be ready.
 #[test]
 fn queries_never_report_lanes_that_were_not_ready() {
     let format = TableFormat::new(512, 3).unwrap();
@@ -82,10 +82,12 @@ fn queries_never_report_lanes_that_were_not_ready() {
                 let mut seen = 0u16;
                 for i in 0..150_000usize {
                     let q = &queries[(i + r) % queries.len()];
-                    // Every kernel this CPU runs takes turns under the concurrent writer.
-                    let m = match i % 3 {
+                    // Every kernel this CPU runs, and the lazy form, take turns under the
+                    // concurrent writer.
+                    let m = match i % 4 {
                         0 => ix.find_prefix_matches(q),
                         1 => ix.find_prefix_matches_portable(q),
+                        2 => ix.find_prefix_matches_lazy(q.iter().copied()),
                         _ => ix
                             .find_prefix_matches_with(SearchKernel::Avx2, q)
                             .unwrap_or_else(|_| ix.find_prefix_matches(q)),
