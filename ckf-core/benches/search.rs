@@ -636,8 +636,8 @@ fn load_trace_ids(path: &str) -> Option<Vec<Vec<u64>>> {
 /// * **hash, search**: `sequence_hashes`, then the search (how the indexer answered
 ///   `FindMatchesByTokens` before 2026-12-05);
 /// * **lazy**: `find_prefix_matches_by_tokens` over `SequenceHashes` (how it answers now: a
-///   request of more than 48 blocks hashed as the search goes, a shorter one hashed whole onto
-///   the stack);
+///   request of more than 48 blocks of at least 512 tokens hashed as the search goes, a
+///   shorter one hashed whole onto the stack, others hashed whole as before);
 /// * the last two again on **diverging** queries: the same requests with the tokens of their
 ///   second half changed, so every lane misses at the half (a new request sharing a prefix);
 ///   the eager form hashes every block, the lazy one stops a step or two after the miss.
