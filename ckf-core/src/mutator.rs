@@ -171,8 +171,7 @@ impl Mutator {
         }
         let base = self.buckets.as_ptr();
         for (at, word) in [(loc.bucket_a, a), (loc.bucket_b, b)] {
-            for s in 0..bucket::SLOTS {
-                let alt = self.addressing.alternate(at, bucket::slot(word, s));
+            for alt in self.alternates(at, word) {
                 crate::dc::prefetch(base.wrapping_add(alt as usize));
             }
         }
@@ -212,8 +211,8 @@ impl Mutator {
         std::array::from_fn(|s| self.addressing.alternate(b, bucket::slot(word, s)))
     }
 
-    /// Whether some resident of bucket `b` (whose residents' alternates are `alts`) could move
-    /// to an empty slot of its alternate.
+    /// Whether some resident of a bucket, whose residents' alternates are `alts`, could move to
+    /// an empty slot of its alternate.
     #[inline(always)]
     fn has_room(&self, alts: &[u32; bucket::SLOTS]) -> bool {
         alts.iter()
