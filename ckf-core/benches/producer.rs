@@ -21,11 +21,13 @@
 //! (default 4194304 buckets at 85%). It fills a fresh `DcCkfState` from empty with the row's
 //! warm-up stores (with the hint and a publication batch every 64 events, as the actor runs),
 //! so the block map grows through every size and each growth (a rehash of every entry) happens
-//! inside one store, and the exact `HashMap<u64, 16-byte entry>` with the same stores
-//! (hashbrown also rehashes when it grows). Three runs each in A-B-B-A order; for each side it
-//! prints the run with the shortest *longest event* (wall clock: the pause the producer's
-//! actor, and so the DC's whole event stream, sees during a growth): its fill rate (on-CPU),
-//! longest event and events over 10 ms, and the ratios ckf / exact.
+//! inside one store; the same with the block map reserved up front for the target load's blocks
+//! (`DcCkfConfig::reserve_blocks`: no growth, the reservation's allocation timed apart); and
+//! the exact `HashMap<u64, 16-byte entry>` with the same stores (hashbrown also rehashes when
+//! it grows). Three runs each, the order reversed every run; for each side it prints the run
+//! with the shortest *longest event* (wall clock: the pause the producer's actor, and so the
+//! DC's whole event stream, sees during a growth): its fill rate (on-CPU), longest event and
+//! events over 10 ms, and the ratios to the unreserved ckf and to the exact map.
 //!
 //! Workload: 4 members, each an LRU-like cache of `capacity` blocks. Every step one member
 //! stores an event of 16 blocks (80% fresh hashes, 20% blocks another member holds, so some
@@ -560,12 +562,23 @@ fn fill(events: &[Event], mut apply: impl FnMut(usize)) -> Fill {
     }
 }
 
-/// Fills a fresh `DcCkfState` from empty with `events` (stores), as the producer's actor
-/// would: the next event's hint before each, a publication batch after every
-/// [`BATCH_EVERY_EVENTS`]th (timed with that event). Returns the fill and the state's final
-/// (load factor, tracked blocks).
-fn fill_ckf(format: TableFormat, events: &[Event]) -> (Fill, (f64, usize)) {
-    let mut state = DcCkfState::new(DcCkfConfig::new(format)).unwrap();
+/// Fills a fresh `DcCkfState` whose block map reserves `reserve_blocks` (0: none) from empty
+/// with `events` (stores), as the producer's actor would: the next event's hint before each,
+/// a publication batch after every [`BATCH_EVERY_EVENTS`]th (timed with that event). Returns
+/// the fill, the state's final (load factor, tracked blocks) and the wall time of building
+/// the state (the reservation's allocation, outside the fill), in milliseconds.
+fn fill_ckf(
+    format: TableFormat,
+    reserve_blocks: u64,
+    events: &[Event],
+) -> (Fill, (f64, usize), f64) {
+    let built = Instant::now();
+    let mut state = DcCkfState::new(DcCkfConfig {
+        reserve_blocks,
+        ..DcCkfConfig::new(format)
+    })
+    .unwrap();
+    let build_ms = built.elapsed().as_secs_f64() * 1e3;
     let run = fill(events, |i| {
         if let Some(next) = events.get(i + 1) {
             state.prefetch_next(&next.blocks);
@@ -576,7 +589,7 @@ fn fill_ckf(format: TableFormat, events: &[Event]) -> (Fill, (f64, usize)) {
         }
     });
     let stats = state.stats();
-    (run, (stats.load_factor, stats.unique_blocks))
+    (run, (stats.load_factor, stats.unique_blocks), build_ms)
 }
 
 /// Fills the exact `HashMap<u64, 16-byte entry>` from empty with the same stores.
@@ -591,9 +604,10 @@ fn fill_exact(events: &[Event]) -> Fill {
 /// of the row for LOAD% of BUCKETS (they end a little below LOAD%; the steady churn adds the
 /// rest), so the block map grows from its smallest size through every step, each growth a
 /// rehash inside one store ([`fill_ckf`]); and the exact `HashMap<u64, 16-byte entry>`
-/// (hashbrown, which also rehashes on growth) with the same stores. [`GROWTH_RUNS`] runs each
-/// in A-B-B-A order; each side reports its run with the shortest longest event (rate, longest
-/// event and pauses all from that run), and the ratios ckf / exact.
+/// (hashbrown, which also rehashes on growth) with the same stores; and a state reserved for
+/// the target load's blocks. [`GROWTH_RUNS`] runs each, the order reversed every run; each
+/// side reports its run with the shortest longest event (rate, longest event and pauses all
+/// from that run), and the ratios.
 fn growth(args: &[String]) {
     if args.len() > 2 {
         usage_error(&format!("unexpected argument {:?}", args[2]));
@@ -615,20 +629,33 @@ fn growth(args: &[String]) {
             *best = Some(run);
         }
     };
-    let (mut ckf, mut exact) = (None, None);
+    // Reserved for what the target load holds: the fill ends a little below it.
+    let reserve = (format.slot_count() as f64 * load) as u64;
+    let (mut ckf, mut reserved, mut exact) = (None, None, None);
     let mut end = (0.0, 0usize);
+    let mut reserve_ms = f64::INFINITY;
     for run in 0..GROWTH_RUNS {
-        for ckf_side in [run % 2 == 0, run % 2 == 1] {
-            if ckf_side {
-                let (f, state_end) = fill_ckf(format, &events);
-                end = state_end;
-                keep(&mut ckf, f);
-            } else {
-                keep(&mut exact, fill_exact(&events));
+        let mut sides = [0, 1, 2];
+        if run % 2 == 1 {
+            sides.reverse();
+        }
+        for side in sides {
+            match side {
+                0 => {
+                    let (f, state_end, _) = fill_ckf(format, 0, &events);
+                    end = state_end;
+                    keep(&mut ckf, f);
+                }
+                1 => {
+                    let (f, _, build_ms) = fill_ckf(format, reserve, &events);
+                    reserve_ms = reserve_ms.min(build_ms);
+                    keep(&mut reserved, f);
+                }
+                _ => keep(&mut exact, fill_exact(&events)),
             }
         }
     }
-    let (ckf, exact) = (ckf.unwrap(), exact.unwrap());
+    let (ckf, reserved, exact) = (ckf.unwrap(), reserved.unwrap(), exact.unwrap());
     println!(
         "growth: {bucket_count} buckets (target {:.0}%) filled from empty to {:.3} load ({} \
          tracked blocks, {} stores of {EVENT_BLOCKS} blocks, a publication batch every \
@@ -639,9 +666,13 @@ fn growth(args: &[String]) {
         end.1,
         events.len()
     );
-    for (name, f) in [("ckf", &ckf), ("exact HashMap", &exact)] {
+    for (name, f) in [
+        ("ckf", &ckf),
+        ("ckf reserved", &reserved),
+        ("exact HashMap", &exact),
+    ] {
         println!(
-            "  {name:<14} {:>7.2} M block ops/s, longest event {:>8.1} ms, {} events over \
+            "  {name:<14} {:>7.2} M block ops/s, longest event {:>8.3} ms, {} events over \
              {GROWTH_PAUSE_MS} ms",
             f.rate / 1e6,
             f.longest_ms,
@@ -652,6 +683,12 @@ fn growth(args: &[String]) {
         "  ckf / exact: rate {:.2}, longest event {:.2}",
         ckf.rate / exact.rate,
         ckf.longest_ms / exact.longest_ms
+    );
+    println!(
+        "  ckf reserved / ckf: rate {:.2}, longest event {:.4}; the reservation ({reserve} \
+         blocks) took {reserve_ms:.1} ms when the state was built, before any event",
+        reserved.rate / ckf.rate,
+        reserved.longest_ms / ckf.longest_ms
     );
     if ckf.total_ms.min(exact.total_ms) < GROWTH_MIN_FILL_MS {
         println!(

@@ -292,7 +292,12 @@ pub fn block_key(i: u64, salt: u64) -> u64 {
 /// On an invalid bucket count or kick bound (a test setup error).
 pub fn producer_state(bucket_count: u64, seed: u64, max_kicks: u32) -> DcCkfState {
     let format = TableFormat::new(bucket_count, seed).expect("test bucket count");
-    DcCkfState::new(crate::dc::DcCkfConfig { format, max_kicks }).expect("test config")
+    DcCkfState::new(crate::dc::DcCkfConfig {
+        format,
+        max_kicks,
+        reserve_blocks: 0,
+    })
+    .expect("test config")
 }
 
 /// Cases 2 and 7 for every fingerprint at each of `buckets`: the alternate is below the bucket

@@ -368,10 +368,23 @@ fn case_11_degenerate_parameters() {
     assert_eq!(
         DcCkfState::new(DcCkfConfig {
             format,
-            max_kicks: u32::MAX
+            max_kicks: u32::MAX,
+            reserve_blocks: 0,
         })
         .unwrap_err(),
         DcCkfError::MaxKicksTooLarge(u32::MAX)
+    );
+    // A reservation past the table's slots could never be used: refused, not allocated.
+    assert_eq!(
+        DcCkfState::new(DcCkfConfig {
+            reserve_blocks: format.slot_count() + 1,
+            ..DcCkfConfig::new(format)
+        })
+        .unwrap_err(),
+        DcCkfError::ReserveTooLarge {
+            reserve_blocks: format.slot_count() + 1,
+            slot_count: format.slot_count(),
+        }
     );
     // max_kicks 0: no relocation, omissions only when both buckets are full.
     let mut s = state(16, 0);

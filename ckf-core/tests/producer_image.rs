@@ -27,7 +27,12 @@ const HASHES: u64 = 40;
 
 fn state(bucket_count: u64, max_kicks: u32, quotas: Quotas) -> DcCkfState {
     let format = TableFormat::new(bucket_count, 7).unwrap();
-    let mut s = DcCkfState::new(DcCkfConfig { format, max_kicks }).unwrap();
+    let mut s = DcCkfState::new(DcCkfConfig {
+        format,
+        max_kicks,
+        reserve_blocks: 0,
+    })
+    .unwrap();
     s.set_quotas(quotas);
     s
 }

@@ -179,7 +179,12 @@ fn check(state: &DcCkfState, model: &Model, hashes: &[u64]) -> Result<(), TestCa
 fn run(bucket_count: u64, max_kicks: u32, ops: Vec<Op>) -> Result<(), TestCaseError> {
     let hashes = universe();
     let format = TableFormat::new(bucket_count, SEED).unwrap();
-    let mut state = DcCkfState::new(DcCkfConfig { format, max_kicks }).unwrap();
+    let mut state = DcCkfState::new(DcCkfConfig {
+        format,
+        max_kicks,
+        reserve_blocks: 0,
+    })
+    .unwrap();
     let mut model = Model::default();
     let mut consumer = state.buckets().to_vec();
     let mut omissions = 0u64;

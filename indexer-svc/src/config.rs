@@ -237,13 +237,20 @@ impl IndexerConfig {
     ///
     /// # Errors
     /// [`Invalid`] naming `table.bucket_count` or `table.expected_blocks`, or `table.max_kicks`
-    /// when given (a producer setting: the indexer never inserts).
+    /// or `table.reserve_blocks` when given (producer settings: the indexer never inserts).
     pub fn format(&self) -> Result<TableFormat, Invalid> {
         if let Some(kicks) = self.table.max_kicks {
             return Err(Invalid::new(
                 "table.max_kicks",
                 kicks,
                 "is a producer setting (the indexer never inserts): remove it",
+            ));
+        }
+        if let Some(blocks) = self.table.reserve_blocks {
+            return Err(Invalid::new(
+                "table.reserve_blocks",
+                blocks,
+                "is a producer setting (the indexer tracks no blocks): remove it",
             ));
         }
         self.table.format()
@@ -785,6 +792,14 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(text.contains("table.max_kicks = 500"), "{text}");
+        assert!(text.contains("producer setting"), "{text}");
+        let file = dir.path().join("reserve.toml");
+        std::fs::write(&file, "[table]\nreserve_blocks = 1000\n").unwrap();
+        let text = cli(&["--config", file.to_str().unwrap()])
+            .load()
+            .unwrap_err()
+            .to_string();
+        assert!(text.contains("table.reserve_blocks = 1000"), "{text}");
         assert!(text.contains("producer setting"), "{text}");
     }
 

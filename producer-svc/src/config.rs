@@ -330,8 +330,9 @@ impl DurabilityConfig {
 pub struct ProducerConfig {
     /// The pool published.
     pub pool: PoolConfig,
-    /// Table format (must match the indexer manifest's; `ckf_svc_kit::table`) and the
-    /// mutator's kick bound (`table.max_kicks`, default [`ckf_core::dc::DEFAULT_MAX_KICKS`]).
+    /// Table format (must match the indexer manifest's; `ckf_svc_kit::table`), the mutator's
+    /// kick bound (`table.max_kicks`, default [`ckf_core::dc::DEFAULT_MAX_KICKS`]) and the
+    /// block map's reservation (`table.reserve_blocks`, default 0: none).
     pub table: TableConfig,
     /// Publication cadence.
     pub publication: PublicationConfig,
@@ -458,6 +459,12 @@ impl ProducerConfig {
             self.max_kicks(),
             ckf_core::dc::MAX_KICKS_LIMIT,
             "",
+        )?;
+        at_most(
+            "table.reserve_blocks",
+            self.reserve_blocks(),
+            format.slot_count(),
+            "blocks (the table's slot count: a table tracks at most one block per slot)",
         )?;
         let p = &self.publication;
         at_least(
@@ -590,6 +597,12 @@ impl ProducerConfig {
             .unwrap_or(ckf_core::dc::DEFAULT_MAX_KICKS)
     }
 
+    /// `table.reserve_blocks`: tracked blocks the exact block map is sized for from the start
+    /// (0: none).
+    pub fn reserve_blocks(&self) -> u64 {
+        self.table.reserve_blocks.unwrap_or(0)
+    }
+
     /// `publication.max_delay_ms` as a duration.
     pub fn max_delay(&self) -> Duration {
         Duration::from_millis(self.publication.max_delay_ms)
@@ -658,6 +671,9 @@ pub struct Cli {
     /// table.max_kicks: relocation bound per insertion, in kicks [default: ckf-core's, 500].
     #[arg(long, value_name = "KICKS")]
     pub max_kicks: Option<u32>,
+    /// table.reserve_blocks: size the exact block map for this many blocks up front, no growth pause below it; at most the table's slots [default: 0, none].
+    #[arg(long, value_name = "BLOCKS")]
+    pub reserve_blocks: Option<u64>,
     /// publication.batch_threshold: cut a batch at this many dirty buckets [default: 256].
     #[arg(long, value_name = "BUCKETS")]
     pub batch_threshold: Option<u32>,
@@ -807,6 +823,7 @@ impl Cli {
             .set("table.bucket_count", self.bucket_count)
             .set("table.seed", self.seed)
             .set("table.max_kicks", self.max_kicks)
+            .set("table.reserve_blocks", self.reserve_blocks)
             .set("publication.batch_threshold", self.batch_threshold)
             .set("publication.max_delay_ms", self.max_delay_ms)
             .set("publication.cut_when_idle", self.cut_when_idle)

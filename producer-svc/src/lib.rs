@@ -212,6 +212,7 @@ pub async fn serve(
     };
     let mut dc_config = DcCkfConfig::new(format);
     dc_config.max_kicks = config.max_kicks();
+    dc_config.reserve_blocks = config.reserve_blocks();
     let mut state = DcCkfState::new(dc_config)
         .map_err(|e| invalid(Invalid::new("table", format, e.to_string())))?;
     let quotas = config.quotas.to_core();

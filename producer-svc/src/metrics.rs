@@ -6,10 +6,11 @@
 
 use ckf_core::dc::DcCkfStats;
 use ckf_svc_kit::metrics::{
-    counter, counter_vec, gauge, histogram, histogram_vec, int_gauge, int_gauge_vec,
+    counter, counter_vec, float_counter, gauge, histogram, histogram_vec, int_gauge, int_gauge_vec,
 };
 use prometheus::{
-    Gauge, Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry,
+    Counter, Gauge, Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
+    Registry,
 };
 
 /// Publication states of one attachment, exported as a state set
@@ -107,6 +108,12 @@ pub struct Metrics {
     pub members: IntGauge,
     /// Estimated bytes of exact state plus table.
     pub state_bytes: IntGauge,
+    /// Rebuilds of the exact block map (growths, shrinks, the reservation) since start.
+    pub block_map_rebuilds: IntCounter,
+    /// Seconds spent in them: each stopped ingest while it ran.
+    pub block_map_rebuild_seconds: Counter,
+    /// The longest one since start, in seconds.
+    pub block_map_longest_rebuild_seconds: Gauge,
     /// Publication batches cut.
     pub batches: IntCounter,
     /// Publication batches cut, by `reason` (`idle`, `threshold`, `max_delay`, `barrier`,
@@ -274,6 +281,21 @@ impl Metrics {
                 "ckf_producer_state_bytes",
                 "Estimated bytes of exact ownership state plus the filter table.",
             ),
+            block_map_rebuilds: counter(
+                &r,
+                "ckf_producer_block_map_rebuilds_total",
+                "Rehashes of the exact block map (growth at 90% load, shrink, reservation); each stops ingest while it runs.",
+            ),
+            block_map_rebuild_seconds: float_counter(
+                &r,
+                "ckf_producer_block_map_rebuild_seconds_total",
+                "Seconds ingest stood still for block map rehashes.",
+            ),
+            block_map_longest_rebuild_seconds: gauge(
+                &r,
+                "ckf_producer_block_map_longest_rebuild_seconds",
+                "The longest block map rehash since start, in seconds (table.reserve_blocks avoids growths below it).",
+            ),
             batches: counter(
                 &r,
                 "ckf_producer_batches_total",
@@ -374,6 +396,18 @@ impl Metrics {
             .set(clamp_i64(stats.unique_blocks as u64));
         self.members.set(clamp_i64(stats.members as u64));
         self.state_bytes.set(clamp_i64(stats.bytes_used));
+        // The state's figures are totals since it was built: the counters advance by the
+        // difference (a state rebuilt from scratch starts lower and adds nothing until it
+        // passes the old total).
+        let rebuilds = stats.block_map_rebuilds;
+        self.block_map_rebuilds
+            .inc_by(rebuilds.count.saturating_sub(self.block_map_rebuilds.get()));
+        let seconds = rebuilds.total.as_secs_f64() - self.block_map_rebuild_seconds.get();
+        if seconds > 0.0 {
+            self.block_map_rebuild_seconds.inc_by(seconds);
+        }
+        self.block_map_longest_rebuild_seconds
+            .set(rebuilds.longest.as_secs_f64());
     }
 
     /// Sets the source tracker gauges: `tracked` sources using an estimated `bytes`.

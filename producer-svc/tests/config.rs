@@ -153,6 +153,10 @@ const REFUSED: &[Refused] = &[
     ),
     refused(&["--max-kicks", "1000000"], &["table.max_kicks = 1000000"]),
     refused(
+        &["--bucket-count", "1000", "--reserve-blocks", "4001"],
+        &["table.reserve_blocks = 4001", "at most 4000 blocks"],
+    ),
+    refused(
         &[
             "--max-blocks-per-event",
             "100000",

@@ -773,3 +773,46 @@ async fn the_batch_threshold_cuts_a_batch_without_waiting_for_the_delay() {
     fake.wait_converged(0, &table, "the batch arrived").await;
     assert_eq!(producer.stats().await.unwrap().pending_dirty, 0);
 }
+
+/// The block map's rehashes (each a pause of ingest) show on `/metrics`, and
+/// `table.reserve_blocks` takes the growths away below the reservation: one rehash (the
+/// reservation's own, at start) for 3,000 blocks, where an unreserved producer rehashes as its
+/// map grows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn block_map_rehashes_are_exported_and_a_reservation_avoids_them() {
+    let rehashes = |reserve: Option<u64>| async move {
+        let fake = FakeRelay::start(GrantConfig::default(), 7).await;
+        let mut config = fast_config(vec![fake.url()]);
+        config.table.reserve_blocks = reserve;
+        let producer = start_with(config).await;
+        let mut client = ingest_client(&producer).await;
+        let hashes = chain(9, 0..3_000);
+        let result = store_one(&mut client, "src", 1, &hashes).await;
+        assert_eq!(result.events.len(), 1);
+        let stats = client
+            .get_stats(v1::GetStatsRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(stats.unique_blocks, 3_000);
+        let text = metrics_text(&producer).await;
+        let value = |name: &str| -> f64 {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+                .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+        };
+        (
+            value("ckf_producer_block_map_rebuilds_total"),
+            value("ckf_producer_block_map_rebuild_seconds_total"),
+            value("ckf_producer_block_map_longest_rebuild_seconds"),
+        )
+    };
+    let (count, seconds, longest) = rehashes(None).await;
+    assert!(count >= 5.0, "{count} rehashes growing to 3,000 blocks");
+    assert!(
+        seconds >= longest && longest > 0.0,
+        "{seconds} s, longest {longest} s"
+    );
+    let (count, _, _) = rehashes(Some(3_000)).await;
+    assert_eq!(count, 1.0, "a map reserved for 3,000 blocks grew");
+}

@@ -14,8 +14,8 @@ use std::{future::Future, io, net::SocketAddr};
 use axum::{Router, extract::State, http::header, response::IntoResponse, routing::get};
 use prometheus::core::Collector;
 use prometheus::{
-    Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    Counter, Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 use tokio::{net::TcpListener, task::JoinHandle};
 
@@ -38,6 +38,17 @@ pub fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
     register(
         registry,
         IntCounter::new(name, help).expect("valid metric name"),
+    )
+}
+
+/// A registered floating-point counter `name` (should end in `_total`; e.g. seconds).
+///
+/// # Panics
+/// On an invalid or already registered name.
+pub fn float_counter(registry: &Registry, name: &str, help: &str) -> Counter {
+    register(
+        registry,
+        Counter::new(name, help).expect("valid metric name"),
     )
 }
 

@@ -38,6 +38,11 @@ pub struct TableConfig {
     /// capacity omission. Absent in the indexer's configuration (the indexer never inserts).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_kicks: Option<u32>,
+    /// Producer only: tracked blocks the exact block map is sized for from the start (0 or
+    /// absent: none, it grows as blocks arrive), at most the table's slots. See
+    /// [`ckf_core::dc::DcCkfConfig::reserve_blocks`]. Absent in the indexer's configuration.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reserve_blocks: Option<u64>,
 }
 
 impl Default for TableConfig {
@@ -49,6 +54,7 @@ impl Default for TableConfig {
             bucket_count: 0,
             seed: 0,
             max_kicks: None,
+            reserve_blocks: None,
         }
     }
 }

@@ -215,6 +215,23 @@ pub(crate) struct BlockMap {
     spill_tags: usize,
     /// Advances on every walk; picks the victims.
     counter: u64,
+    /// Lines the map keeps at least, once it has any ([`reserve`](Self::reserve)); 0 when
+    /// nothing is reserved.
+    reserved_lines: usize,
+    /// Rebuilds (growths and shrinks) since the map was built, and their wall time.
+    rebuilds: RebuildStats,
+}
+
+/// Rebuilds of a [`BlockMap`] since it was built: every growth and every shrink rehashes all
+/// entries inside the store or removal that triggers it, a pause of the producer's ingest.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RebuildStats {
+    /// Rebuilds (growths and shrinks) since start.
+    pub count: u64,
+    /// Wall time of all of them together, allocation and fault-in of the new lines included.
+    pub total: std::time::Duration,
+    /// The longest single one.
+    pub longest: std::time::Duration,
 }
 
 impl Clone for BlockMap {
@@ -233,6 +250,8 @@ impl Clone for BlockMap {
             spill,
             spill_tags,
             counter: self.counter,
+            reserved_lines: self.reserved_lines,
+            rebuilds: self.rebuilds,
         }
     }
 }
@@ -266,6 +285,8 @@ impl BlockMap {
             spill: HashMap::default(),
             spill_tags: 0,
             counter: 0,
+            reserved_lines: 0,
+            rebuilds: RebuildStats::default(),
         }
     }
 
@@ -597,6 +618,47 @@ impl BlockMap {
         (MAX_LOAD * slots as f64) as usize
     }
 
+    /// Lines for `entries` entries at most [`MAX_LOAD`] full: the fewest lines whose
+    /// [`grow_at`](Self::grow_at) is at least `entries` (0 for none).
+    fn lines_for(entries: usize) -> usize {
+        if entries == 0 {
+            return 0;
+        }
+        let mut lines =
+            ((entries as f64 / (MAX_LOAD * SLOTS as f64)).ceil() as usize).max(MIN_LINES);
+        while Self::grow_at(lines * SLOTS) < entries {
+            lines += 1;
+        }
+        lines
+    }
+
+    /// Sizes the map for `entries` entries now and keeps it at least that size: no insertion
+    /// grows it (and pauses ingest for a rebuild) until it holds more than `entries`, and no
+    /// shrink, not even of an empty map, goes below it. `0` drops an earlier reservation (the
+    /// lines stay until a shrink gives them back). Costs `lines_for(entries) * 64` bytes,
+    /// about 17.8 bytes per reserved entry, from the start. Rebuilds once when the map is
+    /// smaller (a pause like a growth's, counted in [`rebuild_stats`](Self::rebuild_stats)).
+    ///
+    /// # Panics
+    /// Like `Vec::with_capacity` when the allocator fails; the producer asks the allocator
+    /// first (`DcCkfState::new`).
+    pub fn reserve(&mut self, entries: usize) {
+        self.reserved_lines = Self::lines_for(entries);
+        if self.lines.len() < self.reserved_lines {
+            self.rebuild(self.reserved_lines);
+        }
+    }
+
+    /// Bytes of the lines [`reserve`](Self::reserve)`(entries)` allocates.
+    pub fn reserve_bytes(entries: usize) -> usize {
+        Self::lines_for(entries) * std::mem::size_of::<Line>()
+    }
+
+    /// Rebuilds since the map was built (growths, shrinks, reservations) and their wall time.
+    pub fn rebuild_stats(&self) -> RebuildStats {
+        self.rebuilds
+    }
+
     /// Grows by 1.5x (or to the minimum).
     fn grow(&mut self) {
         let n = self.lines.len();
@@ -614,6 +676,16 @@ impl BlockMap {
     /// ingest (it runs inside the insertion or removal that triggers it), so its length is a
     /// pause the producer's whole DC feels; see [`REBUILD_PREFETCH_DISTANCE`] for the figures.
     fn rebuild(&mut self, lines: usize) {
+        let started = std::time::Instant::now();
+        self.rehash(lines);
+        let took = started.elapsed();
+        self.rebuilds.count += 1;
+        self.rebuilds.total += took;
+        self.rebuilds.longest = self.rebuilds.longest.max(took);
+    }
+
+    /// [`rebuild`](Self::rebuild)'s work, untimed.
+    fn rehash(&mut self, lines: usize) {
         // Huge pages where the kernel offers them (a lookup's lines are random TLB misses).
         let old = std::mem::replace(&mut self.lines, crate::huge_pages::zeroed_vec(lines));
         self.grow_at = Self::grow_at(lines * SLOTS);
@@ -646,20 +718,31 @@ impl BlockMap {
     }
 
     /// Gives memory back: an empty map frees everything; a table above `min_slots` slots and
-    /// under a quarter full is rehashed to half full. The gap between the two factors (and the
+    /// under a quarter full is rehashed to half full. A [`reserve`](Self::reserve)d size is a
+    /// floor for both: an empty map keeps (or is cut back to) its reserved lines. The gap between the two factors (and the
     /// 90% growth point) is the hysteresis: after a shrink the table must lose half its
     /// entries again before the next shrink and grow by 80% before it grows, so a size that
     /// oscillates does not rehash back and forth. O(len) when it shrinks, amortized over the
     /// removals that made it sparse.
     pub fn shrink(&mut self, min_slots: usize) {
+        let floor = self.reserved_lines;
         if self.len == 0 {
-            if self.slot_capacity() > 0 || self.stash.capacity() > 0 {
-                self.lines = Vec::new();
-                self.grow_at = 0;
+            if floor == 0 {
+                if self.slot_capacity() > 0 || self.stash.capacity() > 0 {
+                    self.lines = Vec::new();
+                    self.grow_at = 0;
+                    self.stash = HashMap::default();
+                }
+            } else if self.lines.len() > floor {
+                self.rebuild(floor);
+            }
+            if floor > 0 && self.stash.capacity() > 0 {
                 self.stash = HashMap::default();
             }
-        } else if self.slot_capacity() > min_slots && self.len < self.slot_capacity() / 4 {
-            self.rebuild((self.len * 2).div_ceil(SLOTS).max(MIN_LINES));
+        } else if self.slot_capacity() > min_slots.max(floor * SLOTS)
+            && self.len < self.slot_capacity() / 4
+        {
+            self.rebuild((self.len * 2).div_ceil(SLOTS).max(MIN_LINES).max(floor));
         }
         super::shrink_map(&mut self.spill);
     }
@@ -765,6 +848,11 @@ impl BlockMap {
     pub fn check(&self) {
         let n = self.lines.len();
         assert_eq!(self.grow_at, Self::grow_at(self.slot_capacity()));
+        assert!(
+            n >= self.reserved_lines,
+            "{n} lines under the {} reserved",
+            self.reserved_lines
+        );
         let mut count = 0;
         for (l, line) in self.lines.iter().enumerate() {
             for slot in line.0.iter().filter(|s| s.owners != 0) {
@@ -863,6 +951,7 @@ mod tests {
         Release(u64, Tag),
         ReleaseAll(Vec<Tag>),
         Shrink,
+        Reserve(usize),
     }
 
     /// Keys from a small pool with the edge values, so operations hit the same keys often.
@@ -880,6 +969,7 @@ mod tests {
             3 => (key(), tag()).prop_map(|(k, t)| Op::Release(k, t)),
             1 => proptest::collection::vec(tag(), 1..3).prop_map(Op::ReleaseAll),
             1 => Just(Op::Shrink),
+            1 => prop_oneof![Just(0usize), 1usize..600].prop_map(Op::Reserve),
         ]
     }
 
@@ -926,6 +1016,14 @@ mod tests {
                     assert_eq!(emptied, want_emptied);
                 }
                 Op::Shrink => map.shrink(min_slots),
+                Op::Reserve(n) => {
+                    map.reserve(*n);
+                    assert!(
+                        map.grow_at >= *n,
+                        "reserve({n}) left room for {}",
+                        map.grow_at
+                    );
+                }
             }
         }
         assert_equal(&map, &model);
@@ -1117,6 +1215,67 @@ mod tests {
             }
         }
         assert_eq!(map.stash_len(), 0);
+    }
+
+    /// A map reserved for N entries takes them with no rebuild past the reservation's own,
+    /// keeps its lines through removal of every entry and a shrink, and grows only past N;
+    /// dropping the reservation lets the next shrink of an empty map free everything.
+    #[test]
+    fn a_reservation_takes_its_entries_without_growing_and_survives_emptying() {
+        for n in [1usize, 5, 1000, 54_321] {
+            let mut map = BlockMap::default();
+            map.reserve(n);
+            assert_eq!(map.rebuild_stats().count, 1);
+            let lines = map.lines.len();
+            assert_eq!(lines, BlockMap::lines_for(n));
+            assert_eq!(map.bytes_used(), BlockMap::reserve_bytes(n));
+            assert!(BlockMap::grow_at(lines * SLOTS) >= n);
+            let key = |k: u64| k.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x5555;
+            for k in 0..n as u64 {
+                map.insert_new(key(k), map.probe(key(k)), 1);
+            }
+            map.check();
+            assert_eq!(map.lines.len(), lines, "grew below the reservation of {n}");
+            assert_eq!(map.rebuild_stats().count, 1);
+            // One past the reservation's room grows (and counts a rebuild).
+            let past = BlockMap::grow_at(lines * SLOTS) as u64 + 1 - n as u64;
+            for k in n as u64..n as u64 + past {
+                map.insert_new(key(k), map.probe(key(k)), 1);
+            }
+            assert!(map.lines.len() > lines);
+            assert_eq!(map.rebuild_stats().count, 2);
+            // Emptied and shrunk: back to the reserved lines, not freed.
+            assert_eq!(map.release_all(&[1], |_| {}), n as u64 + past);
+            map.shrink(0);
+            map.check();
+            assert_eq!((map.len(), map.lines.len()), (0, lines));
+            map.reserve(0);
+            map.shrink(0);
+            assert_eq!(map.lines.len(), 0);
+            assert_eq!(map.bytes_used(), 0);
+        }
+    }
+
+    /// The rebuild counter counts growths and shrinks, and the times add up.
+    #[test]
+    fn rebuild_stats_count_every_growth_and_shrink() {
+        let mut map = BlockMap::default();
+        let mut sizes = vec![0usize];
+        for k in 0..10_000u64 {
+            map.insert_new(k, map.probe(k), 1);
+            if *sizes.last().unwrap() != map.lines.len() {
+                sizes.push(map.lines.len());
+            }
+        }
+        let growths = sizes.len() as u64 - 1;
+        let stats = map.rebuild_stats();
+        assert_eq!(stats.count, growths);
+        assert!(stats.longest <= stats.total);
+        for k in 0..9_900u64 {
+            map.drop_owner(map.find(k, map.probe(k)).unwrap(), k, 1);
+        }
+        map.shrink(0);
+        assert_eq!(map.rebuild_stats().count, growths + 1);
     }
 
     /// Inverse of `fmix64`: the key whose probe is `mixed`.

@@ -47,6 +47,12 @@ pub struct DcCkfStats {
     /// member table (index, records, free tags, source charges); from allocated capacities
     /// like `bytes_used`. The packed filter table and the publication buffers are not in it.
     pub exact_bytes: u64,
+    /// The exact block map's rebuilds since start: each growth (by 1.5x at 90% load), shrink
+    /// and reservation rehashes every tracked block inside the store or removal that
+    /// triggered it, a pause of the DC's ingest; their count, total and longest wall time.
+    /// [`DcCkfConfig::reserve_blocks`](super::DcCkfConfig::reserve_blocks) avoids the growths
+    /// up to a known size.
+    pub block_map_rebuilds: super::RebuildStats,
 }
 
 impl DcCkfStats {
