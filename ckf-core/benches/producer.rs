@@ -659,7 +659,7 @@ fn growth(args: &[String]) {
     println!(
         "growth: {bucket_count} buckets (target {:.0}%) filled from empty to {:.3} load ({} \
          tracked blocks, {} stores of {EVENT_BLOCKS} blocks, a publication batch every \
-         {BATCH_EVERY_EVENTS}); per side, of {GROWTH_RUNS} runs in A-B-B-A order, the one with \
+         {BATCH_EVERY_EVENTS}); per side, of {GROWTH_RUNS} runs in alternating order, the one with \
          the shortest longest event",
         load * 100.0,
         end.0,

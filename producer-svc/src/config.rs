@@ -384,6 +384,7 @@ impl Default for ProducerConfig {
             pool: PoolConfig::default(),
             table: TableConfig {
                 max_kicks: Some(ckf_core::dc::DEFAULT_MAX_KICKS),
+                reserve_blocks: Some(0),
                 ..TableConfig::default()
             },
             publication: PublicationConfig::default(),
@@ -671,7 +672,7 @@ pub struct Cli {
     /// table.max_kicks: relocation bound per insertion, in kicks [default: ckf-core's, 500].
     #[arg(long, value_name = "KICKS")]
     pub max_kicks: Option<u32>,
-    /// table.reserve_blocks: size the exact block map for this many blocks up front, no growth pause below it; at most the table's slots [default: 0, none].
+    /// table.reserve_blocks: size the exact block map for this many blocks at start (0 = none), no growth pause below it; at most the table's slots [default: 0].
     #[arg(long, value_name = "BLOCKS")]
     pub reserve_blocks: Option<u64>,
     /// publication.batch_threshold: cut a batch at this many dirty buckets [default: 256].
