@@ -239,19 +239,18 @@ impl IndexerConfig {
     /// [`Invalid`] naming `table.bucket_count` or `table.expected_blocks`, or `table.max_kicks`
     /// or `table.reserve_blocks` when given (producer settings: the indexer never inserts).
     pub fn format(&self) -> Result<TableFormat, Invalid> {
-        if let Some(kicks) = self.table.max_kicks {
-            return Err(Invalid::new(
-                "table.max_kicks",
-                kicks,
-                "is a producer setting (the indexer never inserts): remove it",
-            ));
-        }
-        if let Some(blocks) = self.table.reserve_blocks {
-            return Err(Invalid::new(
-                "table.reserve_blocks",
-                blocks,
-                "is a producer setting (the indexer tracks no blocks): remove it",
-            ));
+        let producer_only = [
+            ("table.max_kicks", self.table.max_kicks.map(u64::from)),
+            ("table.reserve_blocks", self.table.reserve_blocks),
+        ];
+        for (key, value) in producer_only {
+            if let Some(value) = value {
+                return Err(Invalid::new(
+                    key,
+                    value,
+                    "is a producer setting (the indexer never inserts): remove it",
+                ));
+            }
         }
         self.table.format()
     }
@@ -783,24 +782,18 @@ mod tests {
     }
 
     #[test]
-    fn the_producers_kick_bound_is_refused_here() {
+    fn the_producers_table_settings_are_refused_here() {
         let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("kicks.toml");
-        std::fs::write(&file, "[table]\nmax_kicks = 500\n").unwrap();
-        let text = cli(&["--config", file.to_str().unwrap()])
-            .load()
-            .unwrap_err()
-            .to_string();
-        assert!(text.contains("table.max_kicks = 500"), "{text}");
-        assert!(text.contains("producer setting"), "{text}");
-        let file = dir.path().join("reserve.toml");
-        std::fs::write(&file, "[table]\nreserve_blocks = 1000\n").unwrap();
-        let text = cli(&["--config", file.to_str().unwrap()])
-            .load()
-            .unwrap_err()
-            .to_string();
-        assert!(text.contains("table.reserve_blocks = 1000"), "{text}");
-        assert!(text.contains("producer setting"), "{text}");
+        for (key, value) in [("max_kicks", 500), ("reserve_blocks", 1000)] {
+            let file = dir.path().join(format!("{key}.toml"));
+            std::fs::write(&file, format!("[table]\n{key} = {value}\n")).unwrap();
+            let text = cli(&["--config", file.to_str().unwrap()])
+                .load()
+                .unwrap_err()
+                .to_string();
+            assert!(text.contains(&format!("table.{key} = {value}")), "{text}");
+            assert!(text.contains("producer setting"), "{text}");
+        }
     }
 
     #[test]
