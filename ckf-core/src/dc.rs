@@ -184,6 +184,12 @@ pub enum DcCkfError {
     },
 }
 
+/// Whether the allocator grants `bytes` now (asked for, then given back at once), so that a
+/// size it refuses becomes a typed error rather than an abort at the real allocation.
+fn allocator_grants(bytes: usize) -> bool {
+    Vec::<u8>::new().try_reserve_exact(bytes).is_ok()
+}
+
 /// Running counters behind [`DcCkfStats`].
 #[derive(Debug, Clone, Copy, Default)]
 struct Counters {
@@ -423,16 +429,15 @@ impl DcCkfState {
         if config.max_kicks > MAX_KICKS_LIMIT {
             return Err(DcCkfError::MaxKicksTooLarge(config.max_kicks));
         }
-        // Ask the allocator first so an impossible table is a typed error, not an abort.
+        // Ask the allocator first so an impossible table is a typed error, not an abort: the
+        // table's words and the dirty tracker's, 12 bytes per bucket.
         let buckets = config.format.bucket_count;
-        let mut probe: Vec<u64> = Vec::new();
-        probe
-            .try_reserve_exact(buckets as usize * 3 / 2)
-            .map_err(|_| DcCkfError::Allocation {
+        if !allocator_grants(buckets as usize * 12) {
+            return Err(DcCkfError::Allocation {
                 bucket_count: buckets,
                 bytes: buckets * 8,
-            })?;
-        drop(probe);
+            });
+        }
         if config.reserve_blocks > config.format.slot_count() {
             return Err(DcCkfError::ReserveTooLarge {
                 reserve_blocks: config.reserve_blocks,
@@ -443,14 +448,12 @@ impl DcCkfState {
         if config.reserve_blocks > 0 {
             let entries = config.reserve_blocks as usize;
             let bytes = BlockMap::reserve_bytes(entries);
-            let mut probe: Vec<u8> = Vec::new();
-            probe
-                .try_reserve_exact(bytes)
-                .map_err(|_| DcCkfError::ReserveAllocation {
+            if !allocator_grants(bytes) {
+                return Err(DcCkfError::ReserveAllocation {
                     reserve_blocks: config.reserve_blocks,
                     bytes: bytes as u64,
-                })?;
-            drop(probe);
+                });
+            }
             blocks.reserve(entries);
         }
         let mutator = Mutator::new(addressing, config.max_kicks);

@@ -218,15 +218,16 @@ pub(crate) struct BlockMap {
     /// Lines the map keeps at least, once it has any ([`reserve`](Self::reserve)); 0 when
     /// nothing is reserved.
     reserved_lines: usize,
-    /// Rebuilds (growths and shrinks) since the map was built, and their wall time.
+    /// Rebuilds since the map was built, and their wall time.
     rebuilds: RebuildStats,
 }
 
-/// Rebuilds of a [`BlockMap`] since it was built: every growth and every shrink rehashes all
-/// entries inside the store or removal that triggers it, a pause of the producer's ingest.
+/// Rebuilds of a [`BlockMap`] since it was built: every growth, shrink and reservation
+/// rehashes all entries inside the store, removal or start that triggers it, a pause of the
+/// producer's ingest.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RebuildStats {
-    /// Rebuilds (growths and shrinks) since start.
+    /// Rebuilds (growths, shrinks, the reservation) since start.
     pub count: u64,
     /// Wall time of all of them together, allocation and fault-in of the new lines included.
     pub total: std::time::Duration,
@@ -719,26 +720,24 @@ impl BlockMap {
 
     /// Gives memory back: an empty map frees everything; a table above `min_slots` slots and
     /// under a quarter full is rehashed to half full. A [`reserve`](Self::reserve)d size is a
-    /// floor for both: an empty map keeps (or is cut back to) its reserved lines. The gap between the two factors (and the
-    /// 90% growth point) is the hysteresis: after a shrink the table must lose half its
+    /// floor for both: an empty map keeps (or is cut back to) its reserved lines. The gap
+    /// between the two factors (and the 90% growth point) is the hysteresis: after a shrink the table must lose half its
     /// entries again before the next shrink and grow by 80% before it grows, so a size that
     /// oscillates does not rehash back and forth. O(len) when it shrinks, amortized over the
     /// removals that made it sparse.
     pub fn shrink(&mut self, min_slots: usize) {
         let floor = self.reserved_lines;
         if self.len == 0 {
-            if floor == 0 {
-                if self.slot_capacity() > 0 || self.stash.capacity() > 0 {
+            if self.lines.len() > floor {
+                if floor == 0 {
                     self.lines = Vec::new();
                     self.grow_at = 0;
-                    self.stash = HashMap::default();
+                } else {
+                    self.rebuild(floor);
                 }
-            } else if self.lines.len() > floor {
-                self.rebuild(floor);
             }
-            if floor > 0 && self.stash.capacity() > 0 {
-                self.stash = HashMap::default();
-            }
+            // Empty, so the stash holds nothing: its memory goes back whatever the floor.
+            self.stash = HashMap::default();
         } else if self.slot_capacity() > min_slots.max(floor * SLOTS)
             && self.len < self.slot_capacity() / 4
         {
