@@ -31,3 +31,24 @@ where
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Waits (up to [`DEADLINE`]) until a flood of batches has been acknowledged for at least
+/// `span`: until the first instant in `acks` (pushed by the flood's task, one per
+/// acknowledged batch) lies `span` in the past. The kill tests use it to strike a producer in
+/// the middle of many commit windows; it waits for a state, it asserts no duration.
+///
+/// # Panics
+/// When the flood has not run that long by the deadline (no batch acknowledged, or too late).
+pub async fn flood_acknowledged_for(
+    acks: &std::sync::Mutex<Vec<std::time::Instant>>,
+    span: Duration,
+) {
+    eventually("the flood to run", DEADLINE, || async {
+        let acks = acks.lock().unwrap();
+        match acks.first() {
+            Some(first) if first.elapsed() >= span => Ok(()),
+            _ => Err(format!("{} batches acknowledged", acks.len())),
+        }
+    })
+    .await;
+}

@@ -14,7 +14,7 @@ use ckf_e2e::cluster::{
 };
 use ckf_e2e::hashes::HashPool;
 use ckf_e2e::metrics;
-use ckf_e2e::wait::{DEADLINE, eventually};
+use ckf_e2e::wait::{DEADLINE, eventually, flood_acknowledged_for};
 use ckf_proto::v1;
 use ckf_proto::v1::ingest_client::IngestClient;
 use ckf_proto::v1::kv_event::Kind;
@@ -162,14 +162,7 @@ async fn kill9_under_load_loses_at_most_the_last_commit_window() {
     };
     // Let the flood run for a while (many commit windows), then kill the producer in the
     // middle of it.
-    eventually("the flood to run for 1.5 s", DEADLINE, || async {
-        let acks = acks.lock().unwrap();
-        match acks.first() {
-            Some(first) if first.elapsed() > Duration::from_millis(1500) => Ok(()),
-            _ => Err(format!("{} batches acknowledged", acks.len())),
-        }
-    })
-    .await;
+    flood_acknowledged_for(&acks, Duration::from_millis(1500)).await;
     // Before the kill: kill9() waits for the exit, which a slow disk can delay.
     let killed_at = Instant::now();
     a.kill9();

@@ -21,7 +21,7 @@ use ckf_e2e::cluster::{
     Indexer, IndexerSpec, Producer, ProducerSpec, TestDir, channel, event, format,
 };
 use ckf_e2e::hashes::HashPool;
-use ckf_e2e::wait::{DEADLINE, eventually};
+use ckf_e2e::wait::flood_acknowledged_for;
 use ckf_proto::v1;
 use ckf_proto::v1::ingest_client::IngestClient;
 use ckf_proto::v1::kv_event::Kind;
@@ -105,18 +105,6 @@ fn flood(
             acks.lock().unwrap().push(Instant::now());
         }
     })
-}
-
-/// Waits until `acks` holds acknowledgements spanning `span`.
-async fn run_for(acks: &Arc<Mutex<Vec<Instant>>>, span: Duration) {
-    eventually("the flood to run", DEADLINE, || async {
-        let acks = acks.lock().unwrap();
-        match acks.first() {
-            Some(first) if first.elapsed() >= span => Ok(()),
-            _ => Err(format!("{} batches acknowledged", acks.len())),
-        }
-    })
-    .await;
 }
 
 /// The number `k` of `source`'s batches the restarted producer holds: its restored source
@@ -234,7 +222,7 @@ async fn many_kills_at_random_moments_always_recover_a_prefix_of_what_was_acknow
             Arc::clone(&acks),
         );
         let span = Duration::from_millis(300 + rng.below(1200));
-        run_for(&acks, span).await;
+        flood_acknowledged_for(&acks, span).await;
         // Mode: plain kill -9; SIGTERM then kill -9 a little later (often inside the final
         // checkpoint); SIGTERM to completion (nothing acknowledged may be lost).
         let mode = round % 3;
@@ -336,7 +324,7 @@ async fn kill9_during_the_recovery_of_a_long_log_is_harmless() {
         Arc::clone(&sets),
         Arc::clone(&acks),
     );
-    run_for(&acks, Duration::from_millis(1500)).await;
+    flood_acknowledged_for(&acks, Duration::from_millis(1500)).await;
     let commits = commit_latency(&a);
     let killed_at = Instant::now();
     a.kill9();

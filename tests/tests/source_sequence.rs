@@ -25,7 +25,7 @@ use ckf_e2e::cluster::{
 };
 use ckf_e2e::hashes::HashPool;
 use ckf_e2e::metrics;
-use ckf_e2e::wait::{DEADLINE, eventually};
+use ckf_e2e::wait::flood_acknowledged_for;
 use ckf_proto::v1;
 use ckf_proto::v1::ingest_client::IngestClient;
 use ckf_proto::v1::kv_event::Kind;
@@ -109,14 +109,7 @@ async fn after_kill9_the_producer_says_where_to_resume_and_resuming_there_loses_
             }
         })
     };
-    eventually("the flood to run for 1 s", DEADLINE, || async {
-        let acks = acks.lock().unwrap();
-        match acks.first() {
-            Some(first) if first.elapsed() > Duration::from_secs(1) => Ok(()),
-            _ => Err(format!("{} batches acknowledged", acks.len())),
-        }
-    })
-    .await;
+    flood_acknowledged_for(&acks, Duration::from_secs(1)).await;
     let incarnation = a.stats().await.unwrap().incarnation;
     // Before the kill: kill9() waits for the exit, which a slow disk can delay.
     let killed_at = Instant::now();
