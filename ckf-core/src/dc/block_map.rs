@@ -222,8 +222,9 @@ pub(crate) struct BlockMap {
     rebuilds: RebuildStats,
 }
 
-/// Rebuilds of a [`BlockMap`] since it was built: every growth, shrink and reservation
-/// rehashes all entries inside the store, removal or start that triggers it, a pause of the
+/// Rebuilds of a producer's exact block map since it was built (`DcCkfStats::
+/// block_map_rebuilds`): every growth (by 1.5x at 90% load), shrink and reservation rehashes
+/// all tracked blocks inside the store, removal or start that triggers it, a pause of the
 /// producer's ingest.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RebuildStats {
