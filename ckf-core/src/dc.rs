@@ -131,8 +131,9 @@ pub struct DcCkfConfig {
     /// growth rehashes every tracked block inside the store that triggers it: a pause of the
     /// DC's ingest and publication, 0.54-0.64 s at 12.76 M blocks (Zen 3 guest, `producer --
     /// growth`). A state that reserves N blocks never grows below N, and never shrinks below
-    /// it either, for about 17.8 bytes per reserved block held from the start. A table
-    /// cannot track more blocks than it has slots, hence the bound.
+    /// it either, for about 17.8 bytes per reserved block held from the start (at least 256
+    /// bytes: four 64-byte lines). A reserved map still grows past N, as an unreserved one
+    /// does. A table cannot track more blocks than it has slots, hence the bound.
     pub reserve_blocks: u64,
 }
 
@@ -429,6 +430,12 @@ impl DcCkfState {
         if config.max_kicks > MAX_KICKS_LIMIT {
             return Err(DcCkfError::MaxKicksTooLarge(config.max_kicks));
         }
+        if config.reserve_blocks > config.format.slot_count() {
+            return Err(DcCkfError::ReserveTooLarge {
+                reserve_blocks: config.reserve_blocks,
+                slot_count: config.format.slot_count(),
+            });
+        }
         // Ask the allocator first so an impossible table is a typed error, not an abort: the
         // table's words and the dirty tracker's, 12 bytes per bucket.
         let buckets = config.format.bucket_count;
@@ -436,12 +443,6 @@ impl DcCkfState {
             return Err(DcCkfError::Allocation {
                 bucket_count: buckets,
                 bytes: buckets * 8,
-            });
-        }
-        if config.reserve_blocks > config.format.slot_count() {
-            return Err(DcCkfError::ReserveTooLarge {
-                reserve_blocks: config.reserve_blocks,
-                slot_count: config.format.slot_count(),
             });
         }
         let mut blocks = BlockMap::with_seed(config.format.seed);

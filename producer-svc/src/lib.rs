@@ -47,7 +47,7 @@ use std::net::SocketAddr;
 use std::num::NonZeroUsize;
 use std::time::Duration;
 
-use ckf_core::dc::{DcCkfConfig, DcCkfState, DcCkfStats};
+use ckf_core::dc::{DcCkfConfig, DcCkfError, DcCkfState, DcCkfStats};
 use ckf_core::identity::{ProducerIdentity, ProducerIncarnation};
 use ckf_core::sources::SourceSequences;
 use ckf_proto::v1::ingest_server::{IngestServer, SERVICE_NAME as INGEST_SERVICE};
@@ -213,8 +213,24 @@ pub async fn serve(
     let mut dc_config = DcCkfConfig::new(format);
     dc_config.max_kicks = config.max_kicks();
     dc_config.reserve_blocks = config.reserve_blocks();
-    let mut state = DcCkfState::new(dc_config)
-        .map_err(|e| invalid(Invalid::new("table", format, e.to_string())))?;
+    let mut state = DcCkfState::new(dc_config).map_err(|e| {
+        // Name the knob to change: the reservation's own errors are about its key.
+        let reservation = matches!(
+            e,
+            DcCkfError::ReserveTooLarge { .. } | DcCkfError::ReserveAllocation { .. }
+        );
+        invalid(if reservation {
+            Invalid::new(
+                "table.reserve_blocks",
+                dc_config.reserve_blocks,
+                e.to_string(),
+            )
+        } else {
+            Invalid::new("table", format, e.to_string())
+        })
+    })?;
+    // The reservation, when there is one, is held from now on: say what it costs.
+    let reserved_bytes = state.stats().exact_bytes;
     let quotas = config.quotas.to_core();
     state.set_quotas(quotas);
 
@@ -452,6 +468,8 @@ pub async fn serve(
         %ingest_addr,
         metrics_addr = %metrics_server.addr,
         indexers = ?config.indexers,
+        reserve_blocks = dc_config.reserve_blocks,
+        exact_state_bytes = reserved_bytes,
         "producer started"
     );
 

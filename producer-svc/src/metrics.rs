@@ -289,7 +289,7 @@ impl Metrics {
             block_map_rebuild_seconds: float_counter(
                 &r,
                 "ckf_producer_block_map_rebuild_seconds_total",
-                "Seconds ingest stood still for block map rehashes.",
+                "Seconds the producer spent in block map rehashes, ingest standing still (the reservation's at start included).",
             ),
             block_map_longest_rebuild_seconds: gauge(
                 &r,

@@ -1,5 +1,6 @@
 //! The `[table]` configuration both services read: how the table format is chosen (an explicit
-//! bucket count, or one derived from the expected blocks per lane) and its seed.
+//! bucket count, or one derived from the expected blocks per lane) and its seed; and two
+//! producer-only keys, `max_kicks` and `reserve_blocks`, which the indexer refuses.
 //!
 //! The derivation rule is `ckf_core::addressing::TableSizing`; this module only gives it its
 //! configuration keys (`table.expected_blocks`, `table.bucket_count`, `table.seed`) and turns

@@ -23,7 +23,8 @@
 //! entry stays reachable, so an insertion never fails and never rolls back. A stash above
 //! [`STASH_LIMIT`] entries makes the table grow, unless it is under half full (keys that
 //! collide at every size, which only crafted hashes do; they then live in the stash, O(1)
-//! each, rather than making the table grow without bound).
+//! each, rather than making the table grow without bound) or at its reserved size
+//! ([`BlockMap::reserve`]: no growth below the reservation, whatever the keys).
 //!
 //! # Owners word
 //! Three 21-bit owner tags (0 = unused) and, in bit 63, a *spill* flag: the block has more than
@@ -557,7 +558,12 @@ impl BlockMap {
         }
         self.len += 1;
         self.place(key, probe, u64::from(tag));
-        if self.stash.len() > STASH_LIMIT && self.len * 2 >= self.slot_capacity() {
+        // Not while the map is at its reserved size: a reservation promises no growth below
+        // it, and keys that fill the stash below 90% load are crafted ones, O(1) each there.
+        if self.stash.len() > STASH_LIMIT
+            && self.len * 2 >= self.slot_capacity()
+            && self.lines.len() > self.reserved_lines
+        {
             self.grow();
         }
     }
@@ -1254,6 +1260,36 @@ mod tests {
             assert_eq!(map.lines.len(), 0);
             assert_eq!(map.bytes_used(), 0);
         }
+    }
+
+    /// Keys crafted to share both lines fill the stash of a reserved map: it keeps them there,
+    /// exact, and does not grow below its reservation (without the reservation, the same map
+    /// grows for its stash).
+    #[test]
+    fn a_reserved_map_does_not_grow_for_its_stash() {
+        let keys: Vec<u64> = (1..=600u64).map(key_with_probe).collect();
+        let mut map = BlockMap::default();
+        map.reserve(1000);
+        let lines = map.lines.len();
+        for &k in &keys {
+            map.insert_new(k, map.probe(k), 1);
+        }
+        map.check();
+        assert!(
+            map.stash_len() > STASH_LIMIT,
+            "{} in the stash",
+            map.stash_len()
+        );
+        assert_eq!(map.lines.len(), lines);
+        assert_eq!(map.rebuild_stats().count, 1);
+        assert!(keys.iter().all(|&k| map.owns(k, 1)));
+        // With the reservation dropped, the next crafted key makes the same map grow.
+        map.reserve(0);
+        let k = key_with_probe(601);
+        map.insert_new(k, map.probe(k), 1);
+        assert!(map.lines.len() > lines);
+        assert_eq!(map.rebuild_stats().count, 2);
+        map.check();
     }
 
     /// The rebuild counter counts growths and shrinks, and the times add up.
