@@ -143,8 +143,8 @@ pub struct Machine {
     pub cpus: usize,
     /// SIMD features the CPU reports at run time (x86-64: SSE4.2 .. AVX-512 VBMI2).
     pub simd: Vec<&'static str>,
-    /// Which ckf-core search kernel those features select (the rule of `ckf_core::search`:
-    /// AVX-512 F+DQ+BW and BMI2, else portable).
+    /// The ckf-core search kernel the indexers of this run use: `SearchKernel::best()`, ckf-core's
+    /// own run-time rule (AVX-512 F+DQ+BW and BMI2, else AVX2, else portable), not a copy of it.
     pub ckf_kernel: &'static str,
     /// `/proc/sys/kernel/osrelease`.
     pub kernel: String,
@@ -165,8 +165,7 @@ pub fn machine() -> Machine {
         .unwrap_or_else(|| "unknown".into());
     #[allow(unused_mut)]
     let mut simd = Vec::new();
-    #[allow(unused_mut)]
-    let mut ckf_kernel = "portable";
+    let ckf_kernel = ckf_core::search::SearchKernel::best().name();
     #[cfg(target_arch = "x86_64")]
     {
         macro_rules! probe {
@@ -188,12 +187,6 @@ pub fn machine() -> Machine {
             "avx512bitalg",
             "avx512vpopcntdq"
         );
-        if ["avx512f", "avx512dq", "avx512bw", "bmi2"]
-            .iter()
-            .all(|f| simd.contains(f))
-        {
-            ckf_kernel = "AVX-512";
-        }
     }
     #[cfg(target_arch = "aarch64")]
     if std::arch::is_aarch64_feature_detected!("neon") {
