@@ -918,6 +918,45 @@ mod tests {
         assert!(cleared.exact_bytes < unreserved.exact_bytes + 1024);
     }
 
+    /// A burst published as one batch (a warm-up, or a journal replay, before the first
+    /// publication) leaves the batch's scratch buffers at its size; the next batch gives them
+    /// back, so the state then holds what one that published all along holds.
+    #[test]
+    fn a_burst_batch_does_not_pin_its_scratch_memory() {
+        let format = TableFormat::new(1 << 16, 3).unwrap();
+        let stores: Vec<Vec<u64>> = (0..13_900u64)
+            .map(|e| {
+                (0..16)
+                    .map(|i| crate::addressing::fmix64(e << 8 | i))
+                    .collect()
+            })
+            .collect();
+        let fill = |publish_every: usize| {
+            let mut s = DcCkfState::new(DcCkfConfig::new(format)).unwrap();
+            for (i, blocks) in stores.iter().enumerate() {
+                s.store(MemberId::new(i as u64 % 4, 0), blocks);
+                if (i + 1) % publish_every == 0 {
+                    s.take_batch();
+                }
+            }
+            let burst = s.take_batch().map_or(0, |b| b.images.len());
+            s.store(MemberId::new(9, 0), &[7]);
+            s.take_batch();
+            (s.stats(), burst)
+        };
+        let (burst, images) = fill(usize::MAX);
+        let (steady, _) = fill(64);
+        assert!(images > 50_000, "the burst batch held {images} images");
+        assert!(burst.load_factor > 0.8, "{}", burst.load_factor);
+        assert_eq!(burst.exact_bytes, steady.exact_bytes);
+        assert!(
+            burst.bytes_used <= steady.bytes_used + (256 << 10),
+            "after a burst {} bytes, publishing all along {}",
+            burst.bytes_used,
+            steady.bytes_used
+        );
+    }
+
     #[test]
     fn member_limit_refuses_a_new_member_without_a_trace() {
         let mut s = state();
