@@ -397,6 +397,8 @@ impl Actor {
             Command::Stats { reply } => {
                 let stats = self.stats();
                 self.metrics.observe_stats(&stats);
+                self.metrics
+                    .observe_rebuilds(&self.state.block_map_rebuilds());
                 self.trim.observe(stats.bytes_used);
                 let _ = reply.send((stats, self.sources.len() as u64));
             }
@@ -698,6 +700,8 @@ impl Actor {
             .set(i64::try_from(self.lineage.bytes_used()).unwrap_or(i64::MAX));
         let stats = self.stats();
         self.metrics.observe_stats(&stats);
+        self.metrics
+            .observe_rebuilds(&self.state.block_map_rebuilds());
         self.metrics
             .observe_sources(self.sources.len(), self.sources.bytes_used());
         self.metrics

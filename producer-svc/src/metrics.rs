@@ -4,7 +4,7 @@
 //! can run in one process (`ckf demo`, tests) without their series colliding. The metric list,
 //! with labels and units, is in the crate README ("Metrics").
 
-use ckf_core::dc::DcCkfStats;
+use ckf_core::dc::{DcCkfStats, RebuildStats};
 use ckf_svc_kit::metrics::{
     counter, counter_vec, float_counter, gauge, histogram, histogram_vec, int_gauge, int_gauge_vec,
 };
@@ -396,10 +396,14 @@ impl Metrics {
             .set(clamp_i64(stats.unique_blocks as u64));
         self.members.set(clamp_i64(stats.members as u64));
         self.state_bytes.set(clamp_i64(stats.bytes_used));
+    }
+
+    /// Sets the block map's rebuild metrics from the state's totals
+    /// (`DcCkfState::block_map_rebuilds`).
+    pub fn observe_rebuilds(&self, rebuilds: &RebuildStats) {
         // The state's figures are totals since it was built: the counters advance by the
         // difference (a state rebuilt from scratch starts lower and adds nothing until it
         // passes the old total).
-        let rebuilds = stats.block_map_rebuilds;
         self.block_map_rebuilds
             .inc_by(rebuilds.count.saturating_sub(self.block_map_rebuilds.get()));
         let seconds = rebuilds.total.as_secs_f64() - self.block_map_rebuild_seconds.get();

@@ -223,8 +223,8 @@ pub(crate) struct BlockMap {
     rebuilds: RebuildStats,
 }
 
-/// Rebuilds of a producer's exact block map since it was built (`DcCkfStats::
-/// block_map_rebuilds`): every growth (by 1.5x at 90% load), shrink and reservation rehashes
+/// Rebuilds of a producer's exact block map since it was built
+/// (`DcCkfState::block_map_rebuilds`): every growth (by 1.5x at 90% load), shrink and reservation rehashes
 /// all tracked blocks inside the store, removal or start that triggers it, a pause of the
 /// producer's ingest.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -48,11 +48,13 @@ pub struct DcCkfStats {
     /// like `bytes_used`. The packed filter table and the publication buffers are not in it.
     pub exact_bytes: u64,
     /// The exact block map's rebuilds since start: each growth (by 1.5x at 90% load), shrink
-    /// and reservation rehashes every tracked block inside the store or removal that
-    /// triggered it, a pause of the DC's ingest; their count, total and longest wall time.
+    /// and reservation rehashes every tracked block inside the store, removal or start that
+    /// triggered it, a pause of the DC's ingest.
     /// [`DcCkfConfig::reserve_blocks`](super::DcCkfConfig::reserve_blocks) avoids the growths
-    /// up to a known size.
-    pub block_map_rebuilds: super::RebuildStats,
+    /// up to a known size. Their wall time is not here, so that two states that went through
+    /// the same operations compare equal: see
+    /// [`DcCkfState::block_map_rebuilds`](super::DcCkfState::block_map_rebuilds).
+    pub block_map_rebuilds: u64,
 }
 
 impl DcCkfStats {
