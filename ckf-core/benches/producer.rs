@@ -29,6 +29,11 @@
 //! DC's whole event stream, sees during a growth): its fill rate (on-CPU), longest event and
 //! events over 10 ms, and the ratios to the unreserved ckf and to the exact map.
 //!
+//! Restore mode: `cargo bench -p ckf-core --bench producer -- restore [BUCKETS] [LOAD%]`
+//! (default 4194304 buckets at 85%): the warm-up stores' ownership image restored into fresh
+//! states, presized from the tracked count (a producer checkpoint's summary) and grown through
+//! every size, alternating; best wall time, rebuilds and their time per side.
+//!
 //! Workload: 4 members, each an LRU-like cache of `capacity` blocks. Every step one member
 //! stores an event of 16 blocks (80% fresh hashes, 20% blocks another member holds, so some
 //! stores are `n -> n+1` transitions) and evicts its 16 oldest blocks in one removed event. The
@@ -698,6 +703,70 @@ fn growth(args: &[String]) {
     }
 }
 
+/// `restore [BUCKETS] [LOAD%]`: the producer's restart. Fills a state with the row's warm-up
+/// stores, takes its ownership image (what a checkpoint holds, blocks sorted), then restores
+/// that image into fresh states ([`GROWTH_RUNS`] x 2 runs, the order alternating): presized
+/// (`DcCkfState::presize_blocks` with the tracked count, as a checkpoint's summary gives it)
+/// and not (the block map grows through every size). Prints each side's best wall time, its
+/// block-map rebuilds and their wall time, the exact state's bytes per tracked block after the
+/// restore, and the ratio of the times.
+fn restore(args: &[String]) {
+    if args.len() > 2 {
+        usage_error(&format!("unexpected argument {:?}", args[2]));
+    }
+    let bucket_count = bucket_count_arg(args.first(), 1 << 22);
+    let load = load_arg(args.get(1));
+    let format = TableFormat::new(bucket_count, 0xBE7C)
+        .unwrap_or_else(|e| usage_error(&format!("BUCKETS {bucket_count}: {e}")));
+    let events = sized_workload(format, load).warmup;
+    let mut live = DcCkfState::new(DcCkfConfig::new(format)).unwrap();
+    for e in &events {
+        live.store(e.member, &e.blocks);
+    }
+    let unique = live.stats().unique_blocks as u64;
+    let images = live.ownership_image();
+    drop(live);
+    // (wall ms, rebuilds, rebuild ms, exact bytes per block), best run per side.
+    let mut best = [(f64::INFINITY, 0u64, 0.0f64, 0.0f64); 2];
+    for run in 0..GROWTH_RUNS * 2 {
+        for side in if run % 2 == 0 { [0, 1] } else { [1, 0] } {
+            let mut state = DcCkfState::new(DcCkfConfig::new(format)).unwrap();
+            let t = Instant::now();
+            if side == 0 {
+                state.presize_blocks(unique).unwrap();
+            }
+            for image in &images {
+                black_box(state.restore_member(image));
+            }
+            let ms = t.elapsed().as_secs_f64() * 1e3;
+            let stats = state.stats();
+            assert_eq!(stats.unique_blocks as u64, unique);
+            let rebuilds = state.block_map_rebuilds();
+            if ms < best[side].0 {
+                best[side] = (
+                    ms,
+                    rebuilds.count,
+                    rebuilds.total.as_secs_f64() * 1e3,
+                    stats.exact_bytes as f64 / unique as f64,
+                );
+            }
+        }
+    }
+    println!(
+        "restore: {unique} tracked blocks ({bucket_count} buckets, target {:.0}%) from their \
+         ownership image into a fresh state; best of {} runs per side, alternating (wall clock)",
+        load * 100.0,
+        GROWTH_RUNS * 2
+    );
+    for (name, (ms, count, rebuild_ms, bytes)) in [("presized", best[0]), ("grown", best[1])] {
+        println!(
+            "  {name:<9} {ms:>9.1} ms, {count:>2} block-map rebuilds taking {rebuild_ms:>8.1} ms; \
+             exact state {bytes:.1} bytes per tracked block after"
+        );
+    }
+    println!("  presized / grown: {:.2}", best[0].0 / best[1].0);
+}
+
 /// The workload of one row: member capacity for `load` of `format`'s slots in unique blocks
 /// (one trial generation measures how much the members' sets overlap, then the capacity is
 /// rescaled).
@@ -724,6 +793,7 @@ fn main() {
     match args.first().map(String::as_str) {
         Some("profile") => return profile(&args[1..]),
         Some("growth") => return growth(&args[1..]),
+        Some("restore") => return restore(&args[1..]),
         Some(other) => usage_error(&format!(
             "unknown mode {other:?} (no argument runs the full table)"
         )),

@@ -167,10 +167,11 @@ pub enum DcCkfError {
         /// Slots of the table (`bucket_count * 4`).
         slot_count: u64,
     },
-    /// The allocator refused the block map's reservation.
-    #[error("cannot allocate a block map for {reserve_blocks} reserved blocks ({bytes} bytes)")]
+    /// The allocator refused the block map's size for a reservation
+    /// ([`DcCkfConfig::reserve_blocks`]) or a presizing ([`DcCkfState::presize_blocks`]).
+    #[error("cannot allocate a block map for {reserve_blocks} blocks ({bytes} bytes)")]
     ReserveAllocation {
-        /// Requested reservation, in blocks.
+        /// Blocks the map was to be sized for.
         reserve_blocks: u64,
         /// Bytes of the block map's lines it needs.
         bytes: u64,
@@ -863,6 +864,36 @@ impl DcCkfState {
         }
     }
 
+    /// Sizes the exact block map for `blocks` tracked blocks plus a fifth more (so they fill
+    /// it to 75%, the middle of its 60-90% band between growths), unless it is already that
+    /// large: storing them then rehashes nothing on the way, where a map growing from empty
+    /// would rebuild about every 1.5x (rebuilds whose total is about twice the last one). For
+    /// a restore that knows its size before it stores (the producer's checkpoints record it).
+    /// Unlike [`DcCkfConfig::reserve_blocks`] it sets no floor: removals may shrink the map
+    /// again. Bounded by the table's slots (no more blocks can be tracked), so a wrong count
+    /// costs at most the memory of a full table's block map. Costs about 21 bytes per
+    /// presized block from now on; one rebuild (of what the map holds) when it grows it,
+    /// counted in [`block_map_rebuilds`](Self::block_map_rebuilds).
+    ///
+    /// # Errors
+    /// [`DcCkfError::ReserveAllocation`] when the allocator refuses the map's size; the state
+    /// is then unchanged.
+    pub fn presize_blocks(&mut self, blocks: u64) -> Result<(), DcCkfError> {
+        let target = blocks
+            .saturating_add(blocks / 5)
+            .min(self.config.format.slot_count());
+        let entries = usize::try_from(target).unwrap_or(usize::MAX);
+        let bytes = BlockMap::reserve_bytes(entries);
+        if !allocator_grants(bytes) {
+            return Err(DcCkfError::ReserveAllocation {
+                reserve_blocks: target,
+                bytes: bytes as u64,
+            });
+        }
+        self.proj.blocks.presize(entries);
+        Ok(())
+    }
+
     /// The block map's rebuilds since the state was built, with their wall time (total and
     /// longest, allocation and fault-in included): each one held the caller (the producer's
     /// actor, so the DC's ingest) for that long. The count is also
@@ -917,6 +948,56 @@ mod tests {
         assert_eq!(unreserved.block_map_rebuilds, 0);
         assert!(full.block_map_rebuilds > 5, "{}", full.block_map_rebuilds);
         assert!(cleared.exact_bytes < unreserved.exact_bytes + 1024);
+    }
+
+    /// `presize_blocks` sizes the map for a known count (a restore): storing that many
+    /// rebuilds nothing more, but unlike a reservation it is no floor (a clear gives the lines
+    /// back); a count beyond the table's slots is cut to them; presizing a map already that
+    /// large is free.
+    #[test]
+    fn presizing_stores_a_known_count_without_growth_and_sets_no_floor() {
+        let format = TableFormat::new(4096, 3).unwrap();
+        let hashes: Vec<u64> = (1..=12_000u64)
+            .map(|h| h.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+            .collect();
+        let member = MemberId::new(1, 0);
+        let mut s = DcCkfState::new(DcCkfConfig::new(format)).unwrap();
+        let empty = s.stats().exact_bytes;
+        s.presize_blocks(12_000).unwrap();
+        let presized = s.stats();
+        assert_eq!(presized.block_map_rebuilds, 1);
+        assert_eq!(s.store(member, &hashes).applied, 12_000);
+        let full = s.stats();
+        assert_eq!(full.block_map_rebuilds, 1, "grew below the presized count");
+        // 12,000 blocks fill the map to ~75%: the next growth is a fifth more blocks away.
+        let map_bytes = presized.exact_bytes - empty;
+        assert!(
+            map_bytes as usize >= BlockMap::reserve_bytes(14_400),
+            "{map_bytes}"
+        );
+        s.presize_blocks(100).unwrap();
+        assert_eq!(
+            s.stats().block_map_rebuilds,
+            1,
+            "shrank or rebuilt a larger map"
+        );
+        s.clear_member(member);
+        assert!(
+            s.stats().exact_bytes < presized.exact_bytes,
+            "a presized size is no floor"
+        );
+        // The bound: at most the table's slots (16,384 here), however large the count.
+        let mut capped = DcCkfState::new(DcCkfConfig::new(format)).unwrap();
+        capped.presize_blocks(u64::MAX).unwrap();
+        let mut at_slots = DcCkfState::new(DcCkfConfig {
+            reserve_blocks: format.slot_count(),
+            ..DcCkfConfig::new(format)
+        })
+        .unwrap();
+        assert_eq!(capped.stats().exact_bytes, at_slots.stats().exact_bytes);
+        let before = at_slots.stats().exact_bytes;
+        at_slots.presize_blocks(u64::MAX).unwrap();
+        assert_eq!(at_slots.stats().exact_bytes, before);
     }
 
     /// A burst published as one batch (a warm-up, or a journal replay, before the first

@@ -657,6 +657,22 @@ impl BlockMap {
         }
     }
 
+    /// Sizes the map for `entries` entries now, like [`reserve`](Self::reserve) but without
+    /// keeping that size as a floor: a later [`shrink`](Self::shrink) may give the lines back
+    /// as for any map. For a caller that knows how many entries are about to arrive (a restore
+    /// from a checkpoint), so they land without a growth on the way. Rebuilds once when the
+    /// map is smaller, never when it is already that large.
+    ///
+    /// # Panics
+    /// Like `Vec::with_capacity` when the allocator fails; ask it first
+    /// (`DcCkfState::presize_blocks` does).
+    pub fn presize(&mut self, entries: usize) {
+        let lines = Self::lines_for(entries);
+        if self.lines.len() < lines {
+            self.rebuild(lines);
+        }
+    }
+
     /// Bytes of the lines [`reserve`](Self::reserve)`(entries)` allocates.
     pub fn reserve_bytes(entries: usize) -> usize {
         Self::lines_for(entries) * std::mem::size_of::<Line>()

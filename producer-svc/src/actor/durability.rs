@@ -31,6 +31,10 @@ use crate::events::{IngestBatch, IngestEvent};
 /// journal's table-format identity carries it, so an old journal is refused, not misread).
 ///
 /// v2: `EngineApply` carries the batch's sequence; checkpoints have `EngineSequences`.
+/// Since 2026-12-05 a v2 checkpoint starts with a `Summary` (a variant added at the end, so
+/// every earlier v2 checkpoint still decodes, without one). Not a bump: no record is misread
+/// either way, but a producer built before that refuses a checkpoint holding a `Summary` as
+/// undecodable, so going back to such a build means setting its state aside.
 pub const RECORD_VERSION: u32 = 2;
 
 /// Blocks per checkpoint record at most (~9 bytes each encoded): records stay far below
@@ -146,6 +150,13 @@ enum CheckpointRecord {
     /// Per engine publisher socket `(worker_id, rank)`: the sequence of its last applied
     /// batch.
     EngineSequences(Vec<(u64, u32, i64)>),
+    /// The first record (since 2026-12-05): the state's size when the checkpoint was taken,
+    /// so a restore sizes the block map once before storing (`DcCkfState::presize_blocks`)
+    /// instead of growing it through every size on the way.
+    Summary {
+        /// Tracked blocks (`DcCkfStats::unique_blocks`).
+        unique_blocks: u64,
+    },
 }
 
 /// A record that passed its checksum but does not decode: a bug or a version skew, treated
@@ -169,11 +180,15 @@ pub struct RestoreReport {
     pub omitted: u64,
     /// Log records replayed after the checkpoint.
     pub replayed: u64,
+    /// Tracked blocks the checkpoint's summary gave, for which the block map was sized before
+    /// the restore stored anything (0: a checkpoint without one, or the allocator refused).
+    pub presized_blocks: u64,
 }
 
 /// A checkpoint's content as captured on the actor ([`Actor::capture`]): members' blocks in
 /// table order, the lineage, fed members, engine sequences and source sequences.
 struct Capture {
+    unique_blocks: u64,
     members: Vec<MemberImage>,
     lineage: Vec<MemberLineageImage>,
     fed: Vec<(u64, u32, Vec<MemberId>)>,
@@ -182,10 +197,12 @@ struct Capture {
 }
 
 impl Capture {
-    /// The checkpoint records: members (blocks sorted, at most [`BLOCKS_PER_RECORD`] per
+    /// The checkpoint records: the summary, members (blocks sorted, at most [`BLOCKS_PER_RECORD`] per
     /// record), lineage, fed members, engine sequences, sources.
     fn encode(self) -> Vec<Vec<u8>> {
-        let mut out = Vec::new();
+        let mut out = vec![encode(&CheckpointRecord::Summary {
+            unique_blocks: self.unique_blocks,
+        })];
         let mut chunk: Vec<MemberImage> = Vec::new();
         let mut chunk_blocks = 0;
         for mut image in self.members {
@@ -297,6 +314,7 @@ impl Actor {
     /// [`Capture::encode`]'s, on the journal's checkpoint thread.
     fn capture(&self) -> Capture {
         Capture {
+            unique_blocks: self.state.stats().unique_blocks as u64,
             members: self.state.ownership_image_unsorted(),
             lineage: self.lineage.export(),
             fed: self
@@ -354,6 +372,16 @@ impl Actor {
                     why: e.to_string(),
                 })?;
             match record {
+                CheckpointRecord::Summary { unique_blocks } => {
+                    match self.state.presize_blocks(unique_blocks) {
+                        Ok(()) => report.presized_blocks = unique_blocks,
+                        // Not fatal: the map then grows as the blocks arrive.
+                        Err(e) => tracing::warn!(
+                            error = %e,
+                            "block map not presized for the checkpoint; it grows during the restore"
+                        ),
+                    }
+                }
                 CheckpointRecord::Members(images) => {
                     for image in images {
                         let outcome = self.state.restore_member(&image);
@@ -637,5 +665,70 @@ mod engine_sequence_tests {
 
         // A fresh actor resumes nothing.
         assert!(fresh().engine_sequences().is_empty());
+    }
+}
+
+#[cfg(test)]
+mod presize_tests {
+    use std::time::Duration;
+
+    use ckf_core::dc::MemberId;
+
+    use super::CheckpointRecord;
+    use crate::actor::{Actor, Cadence};
+
+    fn fresh() -> Actor {
+        crate::actor::test_actor(
+            Vec::new(),
+            crate::metrics::Metrics::new(),
+            Cadence {
+                batch_threshold: 64,
+                max_delay: Duration::from_millis(5),
+                cut_when_idle: true,
+            },
+        )
+    }
+
+    /// A checkpoint starts with the state's size, and a restore sizes the block map from it
+    /// before storing: 30,000 blocks (a fifth of them owned by two members) restore with one
+    /// rebuild of an empty map. A checkpoint written before the summary existed (the same
+    /// records without it) still restores the same ownership, growing the map on the way.
+    #[test]
+    fn a_restore_sizes_the_block_map_from_the_checkpoint_summary() {
+        let mut live = fresh();
+        let hashes: Vec<u64> = (1..=30_000u64)
+            .map(|h| h.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+            .collect();
+        for (i, blocks) in hashes.chunks(1_000).enumerate() {
+            live.state.store(MemberId::new(i as u64 % 8, 0), blocks);
+        }
+        live.state.store(MemberId::new(100, 0), &hashes[..6_000]);
+        let unique = live.state.stats().unique_blocks;
+        assert_eq!(unique, 30_000);
+        let expected = live.state.ownership_image();
+
+        let checkpoint = live.checkpoint_records();
+        assert_eq!(
+            postcard::from_bytes::<CheckpointRecord>(&checkpoint[0]).unwrap(),
+            CheckpointRecord::Summary {
+                unique_blocks: 30_000
+            }
+        );
+        let mut restored = fresh();
+        let report = restored.restore(&checkpoint, &[]).expect("restores");
+        assert_eq!(report.presized_blocks, 30_000);
+        assert_eq!(report.edges, 36_000);
+        assert_eq!(restored.state.ownership_image(), expected);
+        assert_eq!(
+            restored.state.stats().block_map_rebuilds,
+            1,
+            "the map grew during a presized restore"
+        );
+
+        let mut old = fresh();
+        let report = old.restore(&checkpoint[1..], &[]).expect("restores");
+        assert_eq!(report.presized_blocks, 0);
+        assert_eq!(old.state.ownership_image(), expected);
+        assert!(old.state.stats().block_map_rebuilds > 5);
     }
 }
