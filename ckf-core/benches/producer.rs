@@ -605,6 +605,19 @@ fn fill_exact(events: &[Event]) -> Fill {
     run
 }
 
+/// The `[BUCKETS] [LOAD%]` arguments of the growth and restore modes (default 4194304 buckets
+/// at 85%): the table format, the load and the row's warm-up stores.
+fn fill_args(args: &[String]) -> (TableFormat, f64, Vec<Event>) {
+    if args.len() > 2 {
+        usage_error(&format!("unexpected argument {:?}", args[2]));
+    }
+    let bucket_count = bucket_count_arg(args.first(), 1 << 22);
+    let load = load_arg(args.get(1));
+    let format = TableFormat::new(bucket_count, 0xBE7C)
+        .unwrap_or_else(|e| usage_error(&format!("BUCKETS {bucket_count}: {e}")));
+    (format, load, sized_workload(format, load).warmup)
+}
+
 /// `growth [BUCKETS] [LOAD%]`: fills a fresh `DcCkfState` from empty with the warm-up stores
 /// of the row for LOAD% of BUCKETS (they end a little below LOAD%; the steady churn adds the
 /// rest), so the block map grows from its smallest size through every step, each growth a
@@ -614,14 +627,8 @@ fn fill_exact(events: &[Event]) -> Fill {
 /// side reports its run with the shortest longest event (rate, longest event and pauses all
 /// from that run), and the ratios.
 fn growth(args: &[String]) {
-    if args.len() > 2 {
-        usage_error(&format!("unexpected argument {:?}", args[2]));
-    }
-    let bucket_count = bucket_count_arg(args.first(), 1 << 22);
-    let load = load_arg(args.get(1));
-    let format = TableFormat::new(bucket_count, 0xBE7C)
-        .unwrap_or_else(|e| usage_error(&format!("BUCKETS {bucket_count}: {e}")));
-    let events = sized_workload(format, load).warmup;
+    let (format, load, events) = fill_args(args);
+    let bucket_count = format.bucket_count;
     if events.is_empty() {
         usage_error(&format!(
             "{bucket_count} buckets at {:.0}% leave no store to fill with; take more buckets or \
@@ -711,14 +718,8 @@ fn growth(args: &[String]) {
 /// block-map rebuilds and their wall time, the exact state's bytes per tracked block after the
 /// restore, and the ratio of the times.
 fn restore(args: &[String]) {
-    if args.len() > 2 {
-        usage_error(&format!("unexpected argument {:?}", args[2]));
-    }
-    let bucket_count = bucket_count_arg(args.first(), 1 << 22);
-    let load = load_arg(args.get(1));
-    let format = TableFormat::new(bucket_count, 0xBE7C)
-        .unwrap_or_else(|e| usage_error(&format!("BUCKETS {bucket_count}: {e}")));
-    let events = sized_workload(format, load).warmup;
+    let (format, load, events) = fill_args(args);
+    let bucket_count = format.bucket_count;
     let mut live = DcCkfState::new(DcCkfConfig::new(format)).unwrap();
     for e in &events {
         live.store(e.member, &e.blocks);

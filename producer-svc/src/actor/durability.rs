@@ -556,7 +556,7 @@ mod tests {
 }
 
 #[cfg(test)]
-mod engine_sequence_tests {
+mod restore_tests {
     use std::collections::HashMap;
     use std::sync::Arc;
     use std::time::Duration;
@@ -565,7 +565,7 @@ mod engine_sequence_tests {
     use ckf_engine::event::{EngineBatch, EngineEvent, StoredBlocks};
     use ckf_engine::sequence::ClearReason;
 
-    use super::{LogRecordRef, PublisherRecord, encode};
+    use super::{CheckpointRecord, LogRecordRef, PublisherRecord, encode};
     use crate::actor::{Actor, Cadence, Command};
     use crate::engines::{EngineStep, PublisherId};
 
@@ -665,28 +665,6 @@ mod engine_sequence_tests {
 
         // A fresh actor resumes nothing.
         assert!(fresh().engine_sequences().is_empty());
-    }
-}
-
-#[cfg(test)]
-mod presize_tests {
-    use std::time::Duration;
-
-    use ckf_core::dc::MemberId;
-
-    use super::CheckpointRecord;
-    use crate::actor::{Actor, Cadence};
-
-    fn fresh() -> Actor {
-        crate::actor::test_actor(
-            Vec::new(),
-            crate::metrics::Metrics::new(),
-            Cadence {
-                batch_threshold: 64,
-                max_delay: Duration::from_millis(5),
-                cut_when_idle: true,
-            },
-        )
     }
 
     /// A checkpoint starts with the state's size, and a restore sizes the block map from it
