@@ -873,12 +873,16 @@ impl DcCkfState {
     /// again. Bounded by the table's slots (no more blocks can be tracked), so a wrong count
     /// costs at most the memory of a full table's block map. Costs about 21 bytes per
     /// presized block from now on; one rebuild (of what the map holds) when it grows it,
-    /// counted in [`block_map_rebuilds`](Self::block_map_rebuilds).
+    /// counted in [`block_map_rebuilds`](Self::block_map_rebuilds). Returns the blocks the map
+    /// was sized for: `blocks` plus a fifth, at most the slots (a map already larger, say by a
+    /// reservation, stays as it is).
     ///
     /// # Errors
     /// [`DcCkfError::ReserveAllocation`] when the allocator refuses the map's size; the state
-    /// is then unchanged.
-    pub fn presize_blocks(&mut self, blocks: u64) -> Result<(), DcCkfError> {
+    /// is then unchanged. Where the allocator never refuses (overcommit, a cgroup memory
+    /// limit), that check cannot protect: a caller should bound a count it did not measure
+    /// itself (the producer bounds a checkpoint's count by the checkpoint's bytes).
+    pub fn presize_blocks(&mut self, blocks: u64) -> Result<u64, DcCkfError> {
         let target = blocks
             .saturating_add(blocks / 5)
             .min(self.config.format.slot_count());
@@ -891,7 +895,7 @@ impl DcCkfState {
             });
         }
         self.proj.blocks.presize(entries);
-        Ok(())
+        Ok(target)
     }
 
     /// The block map's rebuilds since the state was built, with their wall time (total and
@@ -963,7 +967,7 @@ mod tests {
         let member = MemberId::new(1, 0);
         let mut s = DcCkfState::new(DcCkfConfig::new(format)).unwrap();
         let empty = s.stats().exact_bytes;
-        s.presize_blocks(12_000).unwrap();
+        assert_eq!(s.presize_blocks(12_000).unwrap(), 14_400);
         let presized = s.stats();
         assert_eq!(presized.block_map_rebuilds, 1);
         assert_eq!(s.store(member, &hashes).applied, 12_000);
@@ -975,7 +979,7 @@ mod tests {
             map_bytes as usize >= BlockMap::reserve_bytes(14_400),
             "{map_bytes}"
         );
-        s.presize_blocks(100).unwrap();
+        assert_eq!(s.presize_blocks(100).unwrap(), 120);
         assert_eq!(
             s.stats().block_map_rebuilds,
             1,
@@ -988,7 +992,10 @@ mod tests {
         );
         // The bound: at most the table's slots (16,384 here), however large the count.
         let mut capped = DcCkfState::new(DcCkfConfig::new(format)).unwrap();
-        capped.presize_blocks(u64::MAX).unwrap();
+        assert_eq!(
+            capped.presize_blocks(u64::MAX).unwrap(),
+            format.slot_count()
+        );
         let mut at_slots = DcCkfState::new(DcCkfConfig {
             reserve_blocks: format.slot_count(),
             ..DcCkfConfig::new(format)

@@ -291,6 +291,7 @@ pub fn recover(
         checkpoint_edges = report.edges,
         omitted = report.omitted,
         log_records = report.replayed,
+        summary_blocks = report.summary_blocks,
         presized_blocks = report.presized_blocks,
         unique_blocks = stats.unique_blocks,
         block_map_rebuilds = stats.block_map_rebuilds,

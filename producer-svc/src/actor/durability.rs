@@ -31,10 +31,11 @@ use crate::events::{IngestBatch, IngestEvent};
 /// journal's table-format identity carries it, so an old journal is refused, not misread).
 ///
 /// v2: `EngineApply` carries the batch's sequence; checkpoints have `EngineSequences`.
-/// Since 2026-12-05 a v2 checkpoint starts with a `Summary` (a variant added at the end, so
-/// every earlier v2 checkpoint still decodes, without one). Not a bump: no record is misread
-/// either way, but a producer built before that refuses a checkpoint holding a `Summary` as
-/// undecodable, so going back to such a build means setting its state aside.
+/// Since commit 7eb60e7 (2026-12-05) a v2 checkpoint starts with a `Summary` (a variant
+/// added at the end, so every earlier v2 checkpoint still decodes, without one). Not a bump:
+/// no record is misread either way, but a producer built before that commit refuses a
+/// checkpoint holding a `Summary` as undecodable, so going back to such a build means setting
+/// its state aside.
 pub const RECORD_VERSION: u32 = 2;
 
 /// Blocks per checkpoint record at most (~9 bytes each encoded): records stay far below
@@ -180,8 +181,11 @@ pub struct RestoreReport {
     pub omitted: u64,
     /// Log records replayed after the checkpoint.
     pub replayed: u64,
-    /// Tracked blocks the checkpoint's summary gave, for which the block map was sized before
-    /// the restore stored anything (0: a checkpoint without one, or the allocator refused).
+    /// Tracked blocks the checkpoint's summary gave (0: a checkpoint without one).
+    pub summary_blocks: u64,
+    /// Blocks the block map was sized for before the restore stored anything: the summary's
+    /// count plus a fifth, bounded by the checkpoint's bytes and the table's slots
+    /// (`DcCkfState::presize_blocks`); 0 without a summary or when the allocator refused.
     pub presized_blocks: u64,
 }
 
@@ -363,6 +367,11 @@ impl Actor {
             "restore before attaching the journal"
         );
         let mut report = RestoreReport::default();
+        // Every tracked block is an edge of some member, and every edge takes at least one
+        // byte of a record: a summary claiming more blocks than the checkpoint has bytes is
+        // wrong (a writer bug; the count passed its CRC), and is cut to that before it sizes
+        // anything.
+        let checkpoint_bytes: u64 = checkpoint.iter().map(|r| r.len() as u64).sum();
         let mut sources = Vec::new();
         for (index, bytes) in checkpoint.iter().enumerate() {
             let record: CheckpointRecord =
@@ -373,8 +382,13 @@ impl Actor {
                 })?;
             match record {
                 CheckpointRecord::Summary { unique_blocks } => {
-                    match self.state.presize_blocks(unique_blocks) {
-                        Ok(()) => report.presized_blocks = unique_blocks,
+                    debug_assert_eq!(index, 0, "the summary is the checkpoint's first record");
+                    report.summary_blocks = unique_blocks;
+                    match self
+                        .state
+                        .presize_blocks(unique_blocks.min(checkpoint_bytes))
+                    {
+                        Ok(sized_for) => report.presized_blocks = sized_for,
                         // Not fatal: the map then grows as the blocks arrive.
                         Err(e) => tracing::warn!(
                             error = %e,
@@ -694,7 +708,8 @@ mod restore_tests {
         );
         let mut restored = fresh();
         let report = restored.restore(&checkpoint, &[]).expect("restores");
-        assert_eq!(report.presized_blocks, 30_000);
+        assert_eq!(report.summary_blocks, 30_000);
+        assert_eq!(report.presized_blocks, 36_000);
         assert_eq!(report.edges, 36_000);
         assert_eq!(restored.state.ownership_image(), expected);
         assert_eq!(
@@ -705,8 +720,24 @@ mod restore_tests {
 
         let mut old = fresh();
         let report = old.restore(&checkpoint[1..], &[]).expect("restores");
-        assert_eq!(report.presized_blocks, 0);
+        assert_eq!((report.summary_blocks, report.presized_blocks), (0, 0));
         assert_eq!(old.state.ownership_image(), expected);
         assert!(old.state.stats().block_map_rebuilds > 5);
+
+        // A summary claiming more blocks than the checkpoint has bytes (a writer bug) sizes
+        // the map for the bytes at most, and the ownership is restored all the same.
+        let mut crafted = checkpoint.clone();
+        crafted[0] = super::encode(&CheckpointRecord::Summary {
+            unique_blocks: u64::MAX,
+        });
+        let bytes: u64 = crafted.iter().map(|r| r.len() as u64).sum();
+        let mut restored = fresh();
+        let report = restored.restore(&crafted, &[]).expect("restores");
+        assert_eq!(report.summary_blocks, u64::MAX);
+        assert_eq!(
+            report.presized_blocks,
+            (bytes + bytes / 5).min(restored.state.format().slot_count())
+        );
+        assert_eq!(restored.state.ownership_image(), expected);
     }
 }
