@@ -36,7 +36,7 @@ pub enum Command {
     /// --tokens-file: the indexer computes the canonical hashes, proto/TOKEN_HASH.md).
     Query(QueryArgs),
     /// Load generator for the indexer's Query service: closed loop (N in flight over C
-    /// connections) or open loop (--rate), unary / batch / stream / tokens; QPS, latency
+    /// connections) or open loop (--rate), unary / batch / stream / tokens / health; QPS, latency
     /// percentiles, errors by status, the indexer's CPU per query.
     Load(LoadArgs),
     /// The indexer's lane table.
@@ -77,7 +77,8 @@ pub struct FleetArgs {
     /// Data-parallel ranks per worker.
     #[arg(long, default_value_t = 2)]
     pub ranks: usize,
-    /// KV capacity of one rank, in 512-token blocks (LRU eviction beyond it).
+    /// KV capacity of one rank, in the workload's blocks (a Mooncake trace's 512-token prefix
+    /// blocks; the zmq feed hands each to its engine as one KV block): LRU eviction beyond it.
     #[arg(long, default_value_t = 1_024)]
     pub capacity: usize,
     /// Routing policy of the live run (the report also compares the others offline).

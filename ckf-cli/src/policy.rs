@@ -11,8 +11,8 @@ use rand::{Rng, SeedableRng};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Policy {
-    /// The DC with the deepest prefix according to the index, among DCs not overloaded (see
-    /// [`best_dc`]); ties go to the DC that served the fewest requests, then the lowest index.
+    /// The DC with the deepest prefix according to the index, among DCs not overloaded; ties
+    /// go to the DC that served the fewest requests, then the lowest index (`best_dc`).
     Ckf,
     /// A uniformly random DC (seeded, reproducible).
     Random,

@@ -2,6 +2,8 @@
 //! `--log-format json`, filtered by `RUST_LOG` (`EnvFilter` syntax, e.g.
 //! `info,indexer_svc=debug`) or a default directive when `RUST_LOG` is unset.
 
+use std::io::IsTerminal;
+
 use serde::{Deserialize, Serialize};
 use tracing_subscriber::{EnvFilter, fmt, prelude::*};
 
@@ -9,7 +11,9 @@ use tracing_subscriber::{EnvFilter, fmt, prelude::*};
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
-    /// Human-readable lines (the default).
+    /// Human-readable lines (the default), coloured only when stderr is a terminal and
+    /// `NO_COLOR` is unset or empty (<https://no-color.org>), so a file or a pipe gets plain
+    /// text.
     #[default]
     Human,
     /// One JSON object per event, for log collectors.
@@ -34,7 +38,14 @@ pub fn init_tracing(format: LogFormat, default_directive: &str) -> Result<(), Al
     let registry = tracing_subscriber::registry().with(filter);
     let result = match format {
         LogFormat::Human => registry
-            .with(fmt::layer().with_writer(std::io::stderr))
+            .with(
+                fmt::layer()
+                    .with_ansi(colour(
+                        std::io::stderr().is_terminal(),
+                        std::env::var_os("NO_COLOR"),
+                    ))
+                    .with_writer(std::io::stderr),
+            )
             .try_init(),
         LogFormat::Json => registry
             .with(
@@ -49,9 +60,23 @@ pub fn init_tracing(format: LogFormat, default_directive: &str) -> Result<(), Al
     result.map_err(|_| AlreadyInitialised)
 }
 
+/// Whether human-readable lines are coloured: on a terminal, unless `NO_COLOR` is set to
+/// something.
+fn colour(terminal: bool, no_colour: Option<std::ffi::OsString>) -> bool {
+    terminal && no_colour.is_none_or(|v| v.is_empty())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        assert!(colour(true, None));
+        assert!(colour(true, Some("".into())));
+        assert!(!colour(true, Some("1".into())));
+        assert!(!colour(false, None));
+    }
 
     #[test]
     fn second_init_is_reported_not_fatal() {
