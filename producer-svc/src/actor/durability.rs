@@ -189,8 +189,9 @@ pub struct RestoreReport {
     pub presized_blocks: u64,
 }
 
-/// A checkpoint's content as captured on the actor ([`Actor::capture`]): members' blocks in
-/// table order, the lineage, fed members, engine sequences and source sequences.
+/// A checkpoint's content as captured on the actor ([`Actor::capture`]): the tracked-block
+/// count, members' blocks in table order, the lineage, fed members, engine sequences and
+/// source sequences.
 struct Capture {
     unique_blocks: u64,
     members: Vec<MemberImage>,
@@ -201,8 +202,8 @@ struct Capture {
 }
 
 impl Capture {
-    /// The checkpoint records: the summary, members (blocks sorted, at most [`BLOCKS_PER_RECORD`] per
-    /// record), lineage, fed members, engine sequences, sources.
+    /// The checkpoint records: the summary, members (blocks sorted, at most
+    /// [`BLOCKS_PER_RECORD`] per record), lineage, fed members, engine sequences, sources.
     fn encode(self) -> Vec<Vec<u8>> {
         let mut out = vec![encode(&CheckpointRecord::Summary {
             unique_blocks: self.unique_blocks,
