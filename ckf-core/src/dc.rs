@@ -192,6 +192,24 @@ fn allocator_grants(bytes: usize) -> bool {
     Vec::<u8>::new().try_reserve_exact(bytes).is_ok()
 }
 
+/// Asks the allocator for a block map sized for `blocks` entries (a reservation or a
+/// presizing) and returns the entry count to size it with.
+///
+/// # Errors
+/// [`DcCkfError::ReserveAllocation`] when the allocator refuses those lines.
+fn block_map_granted(blocks: u64) -> Result<usize, DcCkfError> {
+    let entries = usize::try_from(blocks).unwrap_or(usize::MAX);
+    let bytes = BlockMap::reserve_bytes(entries);
+    if allocator_grants(bytes) {
+        Ok(entries)
+    } else {
+        Err(DcCkfError::ReserveAllocation {
+            reserve_blocks: blocks,
+            bytes: bytes as u64,
+        })
+    }
+}
+
 /// Running counters behind [`DcCkfStats`].
 #[derive(Debug, Clone, Copy, Default)]
 struct Counters {
@@ -448,15 +466,7 @@ impl DcCkfState {
         }
         let mut blocks = BlockMap::with_seed(config.format.seed);
         if config.reserve_blocks > 0 {
-            let entries = config.reserve_blocks as usize;
-            let bytes = BlockMap::reserve_bytes(entries);
-            if !allocator_grants(bytes) {
-                return Err(DcCkfError::ReserveAllocation {
-                    reserve_blocks: config.reserve_blocks,
-                    bytes: bytes as u64,
-                });
-            }
-            blocks.reserve(entries);
+            blocks.reserve(block_map_granted(config.reserve_blocks)?);
         }
         let mutator = Mutator::new(addressing, config.max_kicks);
         let dirty = DirtyTracker::new(mutator.buckets().len());
@@ -886,15 +896,7 @@ impl DcCkfState {
         let target = blocks
             .saturating_add(blocks / 5)
             .min(self.config.format.slot_count());
-        let entries = usize::try_from(target).unwrap_or(usize::MAX);
-        let bytes = BlockMap::reserve_bytes(entries);
-        if !allocator_grants(bytes) {
-            return Err(DcCkfError::ReserveAllocation {
-                reserve_blocks: target,
-                bytes: bytes as u64,
-            });
-        }
-        self.proj.blocks.presize(entries);
+        self.proj.blocks.presize(block_map_granted(target)?);
         Ok(target)
     }
 
