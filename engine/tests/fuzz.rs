@@ -117,7 +117,7 @@ fn any_value() -> impl Strategy<Value = rmpv::Value> {
 /// the right or wrong types.
 fn any_event() -> impl Strategy<Value = rmpv::Value> {
     use rmpv::Value as V;
-    const KEYS: [&str; 14] = [
+    const KEYS: [&str; 16] = [
         "block_hashes",
         "parent_block_hash",
         "token_ids",
@@ -131,6 +131,8 @@ fn any_event() -> impl Strategy<Value = rmpv::Value> {
         "kv_cache_spec_kind",
         "kv_cache_spec_sliding_window",
         "session_id",
+        "mm_keys",
+        "locality",
         "unknown_x",
     ];
     let kind = prop::sample::select(vec![
