@@ -8,7 +8,7 @@ use ckf_engine::lineage::Lineage;
 use ckf_engine::wire::{DecodeLimits, decode_batch};
 use proptest::prelude::*;
 
-const FIXTURES: [&str; 8] = [
+const FIXTURES: [&str; 12] = [
     "vllm_stored_basic",
     "vllm_stored_extras",
     "vllm_removed_cleared",
@@ -17,6 +17,10 @@ const FIXTURES: [&str; 8] = [
     "sglang_no_rank",
     "positional_events",
     "tolerance",
+    "trtllm_stored_mm",
+    "trtllm_lora_id",
+    "trtllm_token_strings",
+    "trtllm_groups",
 ];
 
 mod common;
