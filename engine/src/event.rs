@@ -1,8 +1,12 @@
 //! Decoded engine batches and events.
 //!
-//! Shapes follow the KV-event structs of vLLM (`vllm/distributed/kv_events.py`) and SGLang
-//! (`sglang/srt/disaggregation/kv_events.py`), with every engine block hash reduced to 64 bits
-//! (see [`crate::wire`] for the reduction). Nothing here is canonical yet: the engine hashes
+//! Shapes follow the KV-event structs of vLLM (`vllm/distributed/kv_events.py`), SGLang
+//! (`sglang/srt/disaggregation/kv_events.py`) and TensorRT-LLM (its `pyexecutor`
+//! `kv_cache_events` module), with every engine block hash reduced to 64 bits (see
+//! [`crate::wire`] for the reduction). TensorRT-LLM's extra fields land in the same shapes:
+//! its `mm_keys` in [`BlockExtras::mm_hashes`], a `lora_id` sent without `lora_name` in
+//! [`StoredBlocks::lora_name`], token ids sent as decimal strings in
+//! [`StoredBlocks::token_ids`]. Nothing here is canonical yet: the engine hashes
 //! become canonical hashes in [`crate::lineage`].
 
 /// One decoded `EventBatch`: a publisher's payload for one sequence number.
@@ -50,39 +54,46 @@ pub struct StoredBlocks {
     pub parent: Option<u64>,
     /// The tokens of every stored block, concatenated: `block_hashes.len() * block_size`
     /// tokens for a well-formed event (checked by [`crate::filters`], not by the decoder).
+    /// A token id sent as a decimal string (TensorRT-LLM) is its value.
     pub token_ids: Vec<u32>,
     /// Tokens per block, as the engine sent it.
     pub block_size: u32,
-    /// vLLM/SGLang `lora_name` (the adapter name that enters the block seed).
+    /// The adapter name that enters the block seed: `lora_name` as sent (vLLM, SGLang), or,
+    /// when `lora_name` is nil, absent or empty and `lora_id` is an int, that id in decimal
+    /// (`"7"`: TensorRT-LLM names a LoRA by its id alone).
     pub lora_name: Option<String>,
     /// SGLang `cache_salt` (request-wide). vLLM carries the salt in the extra keys instead.
     pub cache_salt: Option<String>,
     /// Storage medium (`"GPU"`, `"CPU"`, ...), `None` when nil or absent.
     pub medium: Option<String>,
-    /// vLLM KV-cache group index (hybrid models), `None` when nil or absent.
+    /// KV-cache group index (vLLM and TensorRT-LLM hybrid models), `None` when nil or absent.
     pub group_idx: Option<u32>,
     /// vLLM `kv_cache_spec_sliding_window`: the window of a sliding-window group.
     pub sliding_window: Option<u32>,
     /// vLLM `kv_cache_spec_kind` (e.g. `"full_attention"`, `"sliding_window"`, `"mamba"`).
     pub spec_kind: Option<String>,
-    /// vLLM `extra_keys` decoded per block: one entry per block, or empty when the event had
-    /// none (nil or absent).
+    /// vLLM `extra_keys` decoded per block, with TensorRT-LLM's `mm_keys` of each block added
+    /// to its [`BlockExtras::mm_hashes`]: one entry per block, or empty when the event had
+    /// neither (nil or absent).
     pub block_extras: Vec<BlockExtras>,
 }
 
-/// The extra keys of one stored block (vLLM `extra_keys[k]`), sorted into what they mean.
+/// The extra keys of one stored block (vLLM `extra_keys[k]`, TensorRT-LLM `mm_keys[k]`), sorted
+/// into what they mean.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct BlockExtras {
-    /// Multimodal identifier hashes ([`ckf_core::tokens::mm_identifier_hash`] of each
-    /// `[identifier, offset]` entry), in the order sent.
+    /// Multimodal identifier hashes ([`ckf_core::tokens::mm_identifier_hash`] of each vLLM
+    /// `[identifier, offset]` entry, then of each TensorRT-LLM `mm_key`'s identifier: its
+    /// `uuid` when non-empty, else its `hash`), in the order sent.
     pub mm_hashes: Vec<u64>,
     /// A string entry that is not the event's `lora_name`: the request's cache salt.
     pub salt: Option<String>,
     /// A string entry equal to the event's `lora_name`.
     pub lora_name: Option<String>,
-    /// Any other entry (bin, int, ...): `xxh3_64` (seed 0) of the entry's msgpack encoding, so
-    /// an unknown key still separates blocks that differ by it.
+    /// Any other entry (bin, int, ..., or an `mm_keys` map of a `type` other than `mm_key`):
+    /// `xxh3_64` (seed 0) of the entry's msgpack encoding, so an unknown key still separates
+    /// blocks that differ by it.
     pub other: Vec<u64>,
 }
 
@@ -94,7 +105,7 @@ pub struct RemovedBlocks {
     pub block_hashes: Vec<u64>,
     /// Storage medium, `None` when nil or absent.
     pub medium: Option<String>,
-    /// vLLM KV-cache group index, `None` when nil or absent.
+    /// KV-cache group index (vLLM, TensorRT-LLM), `None` when nil or absent.
     pub group_idx: Option<u32>,
 }
 

@@ -7,7 +7,8 @@
 //!   case-sensitively, engines send uppercase), enters; anything else (`"CPU"`, `"DISK"`, ...)
 //!   is skipped (`"medium"`).
 //! - **group**: `group_idx` nil/absent or equal to [`EngineFilters::main_group`] enters; any
-//!   other group is skipped (`"group"`).
+//!   other group is skipped (`"group"`). vLLM and TensorRT-LLM number their KV-cache groups
+//!   the same way: only the main full-attention group enters.
 //! - **sliding window** (stores only): a store with `kv_cache_spec_sliding_window` set, or a
 //!   `kv_cache_spec_kind` naming a sliding-window, chunked-local or mamba kind, is skipped
 //!   (`"sliding_window"`): such blocks do not carry the whole prefix.

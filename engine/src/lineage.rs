@@ -1,12 +1,16 @@
 //! Per member: engine block hash -> canonical block hash.
 //!
-//! Engines publish their own block hashes (vLLM: sha256 of its own key; SGLang: its own
-//! int64); queries probe canonical hashes (`ckf_core::tokens`). A store's canonical chain is
+//! Engines publish their own block hashes (vLLM: sha256 of its own key; SGLang and
+//! TensorRT-LLM: their own int64); queries probe canonical hashes (`ckf_core::tokens`). A store's canonical chain is
 //! computed from its tokens: block k's canonical hash is
 //! `chain_step(parent canonical, block_hash(tokens, mm hashes ++ other extras, seed))`, block
 //! k's parent being block k-1 and the first block's parent the event's parent. The seed is the
 //! parent's seed (a parent this member's lineage does not know makes the store an orphan:
-//! nothing applied), else `BlockSeed::new(cache_salt or block 0's extra-key salt, lora_name)`.
+//! nothing applied), else `BlockSeed::new(cache_salt or block 0's extra-key salt, lora_name)`,
+//! `lora_name` being the LoRA identity the decoder gives the event: the name sent, else a
+//! `lora_id` sent without a name, in decimal (TensorRT-LLM). A block's mm hashes are those of
+//! its vLLM `[identifier, offset]` extra keys and of its TensorRT-LLM `mm_keys`: an item named
+//! by the same identifier gives the same block hash from either engine.
 //! A removal maps engine hashes back; a canonical hash held through several engine hashes of
 //! one member leaves the state only with the last (per-member refcount). `AllBlocksCleared`
 //! drops the member's lineage. Full rule: the crate README, "Lineage rule".
@@ -412,6 +416,59 @@ mod tests {
 
     fn chain(tokens: &[u32], seed: BlockSeed) -> Vec<u64> {
         tokens::sequence_hashes(tokens, 2, seed, &[]).unwrap()
+    }
+
+    /// A TensorRT-LLM store (tagged map, `lora_id` without `lora_name`, `mm_keys` per block),
+    /// decoded then translated: the seed is the id's decimal name, block 1 carries the image.
+    #[test]
+    fn trt_lora_id_and_mm_keys_enter_the_canonical_chain() {
+        use rmpv::Value as V;
+        let s = |x: &str| V::from(x);
+        let key = V::Map(vec![
+            (s("type"), s("mm_key")),
+            (s("hash"), s(&"ab".repeat(32))),
+            (s("start_offset"), V::from(2)),
+        ]);
+        let ev = V::Map(vec![
+            (s("type"), s("BlockStored")),
+            (s("block_hashes"), V::Array(vec![V::from(-1), V::from(-2)])),
+            (s("parent_block_hash"), V::Nil),
+            (s("token_ids"), V::Array((1..=4).map(V::from).collect())),
+            (s("block_size"), V::from(2)),
+            (s("lora_id"), V::from(3)),
+            (s("medium"), s("GPU")),
+            (s("lora_name"), V::Nil),
+            (
+                s("mm_keys"),
+                V::Array(vec![V::Array(vec![]), V::Array(vec![key])]),
+            ),
+        ]);
+        let mut payload = Vec::new();
+        let batch = V::Array(vec![V::F64(1.0), V::Array(vec![ev])]);
+        rmpv::encode::write_value(&mut payload, &batch).unwrap();
+        let limits = crate::wire::DecodeLimits::default();
+        let batch = crate::wire::decode_batch(&payload, &limits).unwrap();
+        let mut l = Lineage::new();
+        let got = stored_kind(&l.translate(A, &batch.events[0], &f()));
+        let seed = BlockSeed::new(None, Some("3"));
+        let image = tokens::MultimodalSpan {
+            hash: 0xabab_abab_abab_abab,
+            offset: 2,
+            length: 2,
+        };
+        let want = tokens::sequence_hashes(&[1, 2, 3, 4], 2, seed, &[image]).unwrap();
+        assert_eq!(got, want);
+        // Block 0 is the adapter's text block; block 1 differs from the text-only chain, and
+        // nothing matches the base model's chain.
+        let text = chain(&[1, 2, 3, 4], seed);
+        assert_eq!(got[0], text[0]);
+        assert_ne!(got[1], text[1]);
+        assert_ne!(got[0], chain(&[1, 2], BlockSeed::DEFAULT)[0]);
+        assert_eq!(l.lookup(A, (-2i64) as u64), Some((want[1], seed)));
+        // A child store without LoRA fields inherits the adapter's seed from its parent.
+        let t = l.translate(A, &store(&[7], Some((-2i64) as u64), &[5, 6]), &f());
+        let child = tokens::next_sequence_hash(want[1], tokens::block_hash(&[5, 6], &[], seed));
+        assert_eq!(stored_kind(&t), vec![child]);
     }
 
     #[test]

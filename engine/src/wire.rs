@@ -6,7 +6,9 @@
 //! the batch still decodes, and an `extra_keys` entry of unknown shape can be hashed over its
 //! exact msgpack bytes. The rules (batch and event shapes, block hashes, extra keys) are in the
 //! crate README, "Decoding rules"; the field names and orders are those of vLLM's and SGLang's
-//! `kv_events.py` msgspec structs.
+//! `kv_events.py` msgspec structs, and TensorRT-LLM's wire structs (its `pyexecutor`
+//! `kv_cache_events` module: tagged-map events with `mm_keys`, `lora_id` without `lora_name`,
+//! token ids that may be strings).
 
 use thiserror::Error;
 
@@ -83,7 +85,8 @@ impl DecodeError {
     }
 }
 
-/// Decodes one `EventBatch` payload (vLLM or SGLang, tagged-map or positional events).
+/// Decodes one `EventBatch` payload (vLLM, SGLang or TensorRT-LLM; tagged-map or positional
+/// events).
 ///
 /// # Errors
 /// A [`DecodeError`] when the payload or its envelope is not a batch; malformed events inside
@@ -332,11 +335,12 @@ impl Reader<'_, '_> {
                 r.and_then(|v| v.ok_or_else(|| "nil".to_owned()))
                     .map(|v| f.block_size = Some(v))
             }),
-            FieldName::LoraId => self.read_opt_int().map(|r| r.map(|_| ())),
+            FieldName::LoraId => self.read_opt_int().map(|r| r.map(|v| f.lora_id = v)),
             FieldName::Medium => self.read_opt_str().map(|r| r.map(|v| f.medium = v)),
             FieldName::LoraName => self.read_opt_str().map(|r| r.map(|v| f.lora_name = v)),
             FieldName::CacheSalt => self.read_opt_str().map(|r| r.map(|v| f.cache_salt = v)),
             FieldName::ExtraKeys => self.read_extra_keys(D).map(|r| r.map(|v| f.extra_keys = v)),
+            FieldName::MmKeys => self.read_mm_keys(D).map(|r| r.map(|v| f.mm_keys = v)),
             FieldName::GroupIdx => self.read_opt_u32().map(|r| r.map(|v| f.group_idx = v)),
             FieldName::SpecKind => self.read_opt_str().map(|r| r.map(|v| f.spec_kind = v)),
             FieldName::SlidingWindow => {
@@ -348,6 +352,11 @@ impl Reader<'_, '_> {
     }
 
     fn read_opt_str(&mut self) -> Field<Option<String>> {
+        self.read_opt_str_at(4)
+    }
+
+    /// nil or a UTF-8 string, the value at `depth`.
+    fn read_opt_str_at(&mut self, depth: usize) -> Field<Option<String>> {
         Ok(match self.next()? {
             Tok::Nil => Ok(None),
             Tok::Str(b) => match std::str::from_utf8(b) {
@@ -355,7 +364,7 @@ impl Reader<'_, '_> {
                 Err(_) => Err("invalid UTF-8".into()),
             },
             other => {
-                self.skip_rest(&other, 4)?;
+                self.skip_rest(&other, depth)?;
                 Err(format!("{} where a string is expected", other.kind()))
             }
         })
@@ -375,11 +384,19 @@ impl Reader<'_, '_> {
         })
     }
 
-    fn read_opt_int(&mut self) -> Field<()> {
+    /// nil, or any int as its decimal text (a LoRA id: `u64` or `i64` as sent).
+    fn read_opt_int(&mut self) -> Field<Option<String>> {
+        self.read_opt_int_at(4)
+    }
+
+    /// [`Self::read_opt_int`] of the value at `depth`.
+    fn read_opt_int_at(&mut self, depth: usize) -> Field<Option<String>> {
         Ok(match self.next()? {
-            Tok::Nil | Tok::Uint(_) | Tok::Int(_) => Ok(()),
+            Tok::Nil => Ok(None),
+            Tok::Uint(u) => Ok(Some(u.to_string())),
+            Tok::Int(i) => Ok(Some(i.to_string())),
             other => {
-                self.skip_rest(&other, 4)?;
+                self.skip_rest(&other, depth)?;
                 Err(format!("{} where an int is expected", other.kind()))
             }
         })
@@ -425,10 +442,20 @@ impl Reader<'_, '_> {
         let mut bad = None;
         for _ in 0..n {
             let tok = self.next()?;
-            match tok.as_u32() {
-                Some(t) => out.push(t),
-                None => {
-                    bad.get_or_insert_with(|| format!("token id {:?} does not fit u32", tok));
+            let id = match tok {
+                // TensorRT-LLM declares token ids `int | str`: a decimal string is the id.
+                Tok::Str(b) => decimal_u32(b).ok_or_else(|| {
+                    let shown = String::from_utf8_lossy(&b[..b.len().min(MAX_SHOWN_BYTES)]);
+                    format!("token id string {shown:?} is not a decimal u32")
+                }),
+                ref t => t
+                    .as_u32()
+                    .ok_or_else(|| format!("token id {t:?} does not fit u32")),
+            };
+            match id {
+                Ok(t) => out.push(t),
+                Err(why) => {
+                    bad.get_or_insert(why);
                 }
             }
             self.skip_rest(&tok, depth + 1)?;
@@ -538,6 +565,118 @@ impl Reader<'_, '_> {
             &self.buf[start..self.pos],
         )))
     }
+
+    /// TensorRT-LLM `mm_keys`: nil, or a list (one per block) of nil or a list of
+    /// `MultimodalKey` maps. An empty list means no keys for any block.
+    fn read_mm_keys(&mut self, depth: usize) -> Field<Option<Vec<RawMm>>> {
+        let max = self.limits.max_blocks_per_event;
+        let tok = self.next()?;
+        let n = match tok {
+            Tok::Nil | Tok::Array(0) => return Ok(Ok(None)),
+            Tok::Array(n) => {
+                self.enter(depth)?;
+                if n as usize > max {
+                    self.skip_items(u64::from(n), depth + 1)?;
+                    return Ok(Err(format!("{n} blocks > limit {max}")));
+                }
+                n
+            }
+            other => {
+                self.skip_rest(&other, depth)?;
+                return Ok(Err(format!("{} where an array is expected", other.kind())));
+            }
+        };
+        let mut out = Vec::with_capacity(self.cap(n as usize));
+        let mut bad = None;
+        for _ in 0..n {
+            let tok = self.next()?;
+            let m = match tok {
+                Tok::Nil => {
+                    out.push(RawMm::default());
+                    continue;
+                }
+                Tok::Array(m) if m as usize <= max => {
+                    self.enter(depth + 1)?;
+                    m
+                }
+                Tok::Array(m) => {
+                    self.skip_rest(&tok, depth + 1)?;
+                    bad.get_or_insert_with(|| format!("{m} keys in a block > limit {max}"));
+                    continue;
+                }
+                other => {
+                    self.skip_rest(&other, depth + 1)?;
+                    bad.get_or_insert_with(|| format!("block entry is {}", other.kind()));
+                    continue;
+                }
+            };
+            let mut block = RawMm::default();
+            for _ in 0..m {
+                match self.read_mm_key(depth + 2)? {
+                    Ok(MmKey::Item(Some(h))) => block.mm_hashes.push(h),
+                    Ok(MmKey::Item(None)) => {}
+                    Ok(MmKey::Other(h)) => block.other.push(h),
+                    Err(why) => {
+                        bad.get_or_insert(why);
+                    }
+                }
+            }
+            out.push(block);
+        }
+        Ok(bad.map_or(Ok(Some(out)), Err))
+    }
+
+    /// One `mm_keys` entry at `depth`: a map `{"type": "mm_key", "hash": str,
+    /// "start_offset": int, "uuid": str?}`. Its identifier is `uuid` when non-empty, else
+    /// `hash`; `start_offset` (where the block's run starts inside the item) is checked and
+    /// does not enter the hash, as the offset of a vLLM `[identifier, offset]` extra key.
+    /// A map of another `type` is hashed over its exact msgpack bytes (an `other` key).
+    fn read_mm_key(&mut self, depth: usize) -> Field<MmKey> {
+        let start = self.pos;
+        let tok = self.next()?;
+        let Tok::Map(k) = tok else {
+            self.skip_rest(&tok, depth)?;
+            return Ok(Err(format!("key is {}, not a map", tok.kind())));
+        };
+        self.enter(depth)?;
+        let (mut kind, mut hash, mut uuid) = (None, None, None);
+        let mut bad: Option<Bad> = None;
+        for _ in 0..k {
+            let key = self.next()?;
+            let Tok::Str(key) = key else {
+                self.skip_rest(&key, depth + 1)?;
+                self.skip_value(depth + 1)?;
+                continue;
+            };
+            let r = match key {
+                b"type" => self.read_opt_str_at(depth + 1)?.map(|v| kind = v),
+                b"hash" => self.read_opt_str_at(depth + 1)?.map(|v| hash = v),
+                b"uuid" => self.read_opt_str_at(depth + 1)?.map(|v| uuid = v),
+                b"start_offset" => self.read_opt_int_at(depth + 1)?.map(|_| ()),
+                _ => {
+                    self.skip_value(depth + 1)?;
+                    Ok(())
+                }
+            };
+            if let Err(why) = r {
+                let key = String::from_utf8_lossy(&key[..key.len().min(MAX_SHOWN_BYTES)]);
+                bad.get_or_insert_with(|| format!("key field {key}: {why}"));
+            }
+        }
+        if let Some(why) = bad {
+            return Ok(Err(why));
+        }
+        if kind.as_deref().is_some_and(|t| t != "mm_key") {
+            return Ok(Ok(MmKey::Other(xxhash_rust::xxh3::xxh3_64(
+                &self.buf[start..self.pos],
+            ))));
+        }
+        let Some(hash) = hash else {
+            return Ok(Err("key without hash".into()));
+        };
+        let id = uuid.filter(|u| !u.is_empty()).unwrap_or(hash);
+        Ok(Ok(MmKey::Item(mm_identifier_hash(&id))))
+    }
 }
 
 /// The longest unknown event type kept, in bytes: a type tag is a label, not a payload.
@@ -555,6 +694,23 @@ fn bounded_kind(mut kind: String) -> String {
     kind
 }
 
+/// The most bytes of a rejected string shown in a malformed-event reason.
+const MAX_SHOWN_BYTES: usize = 72;
+
+/// A token id sent as a string: ASCII decimal digits only (no sign, no blank), at least one,
+/// the value fitting `u32` (leading zeros allowed).
+fn decimal_u32(digits: &[u8]) -> Option<u32> {
+    if digits.is_empty() {
+        return None;
+    }
+    digits.iter().try_fold(0u32, |acc, &c| {
+        if !c.is_ascii_digit() {
+            return None;
+        }
+        acc.checked_mul(10)?.checked_add(u32::from(c - b'0'))
+    })
+}
+
 /// An engine block hash as 64 bits: an unsigned int as is, a negative int as its two's
 /// complement bit pattern, bytes (at least 8) as their last 8 bytes big-endian.
 fn hash_of(tok: &Tok<'_>) -> Result<u64, Bad> {
@@ -567,6 +723,23 @@ fn hash_of(tok: &Tok<'_>) -> Result<u64, Bad> {
         Tok::Bin(b) => Err(format!("block hash of {} bytes (< 8)", b.len())),
         ref other => Err(format!("block hash is {}", other.kind())),
     }
+}
+
+/// One block's TensorRT-LLM `mm_keys`, hashed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct RawMm {
+    /// [`mm_identifier_hash`] of each item key's identifier.
+    mm_hashes: Vec<u64>,
+    /// xxh3 of each key of another `type`.
+    other: Vec<u64>,
+}
+
+/// One decoded `mm_keys` entry.
+enum MmKey {
+    /// A multimodal item: its identifier hash (`None`: empty identifier, ignored).
+    Item(Option<u64>),
+    /// A key of another `type`, hashed over its msgpack bytes.
+    Other(u64),
 }
 
 /// An extra-key entry before the event's `lora_name` is known (map order is free).
@@ -588,6 +761,8 @@ enum FieldName {
     LoraName,
     CacheSalt,
     ExtraKeys,
+    /// TensorRT-LLM `mm_keys` (map events only).
+    MmKeys,
     GroupIdx,
     SpecKind,
     SlidingWindow,
@@ -636,6 +811,7 @@ impl FieldName {
             b"lora_name" => Self::LoraName,
             b"cache_salt" => Self::CacheSalt,
             b"extra_keys" => Self::ExtraKeys,
+            b"mm_keys" => Self::MmKeys,
             b"group_idx" => Self::GroupIdx,
             b"kv_cache_spec_kind" => Self::SpecKind,
             b"kv_cache_spec_sliding_window" => Self::SlidingWindow,
@@ -655,6 +831,7 @@ impl FieldName {
             Self::LoraName => "lora_name",
             Self::CacheSalt => "cache_salt",
             Self::ExtraKeys => "extra_keys",
+            Self::MmKeys => "mm_keys",
             Self::GroupIdx => "group_idx",
             Self::SpecKind => "kv_cache_spec_kind",
             Self::SlidingWindow => "kv_cache_spec_sliding_window",
@@ -670,10 +847,13 @@ struct Fields {
     parent: Option<u64>,
     token_ids: Option<Vec<u32>>,
     block_size: Option<u32>,
+    /// `lora_id` in decimal.
+    lora_id: Option<String>,
     medium: Option<String>,
     lora_name: Option<String>,
     cache_salt: Option<String>,
     extra_keys: Option<Vec<Vec<RawExtra>>>,
+    mm_keys: Option<Vec<RawMm>>,
     group_idx: Option<u32>,
     spec_kind: Option<String>,
     sliding_window: Option<u32>,
@@ -683,15 +863,39 @@ impl Fields {
     fn build(self, kind: &str) -> Result<EngineEvent, Bad> {
         Ok(match kind {
             "BlockStored" => {
-                let lora_name = self.lora_name;
-                let block_extras = self
+                let block_hashes = self.block_hashes.ok_or("no block_hashes")?;
+                let mut block_extras: Vec<BlockExtras> = self
                     .extra_keys
                     .unwrap_or_default()
                     .into_iter()
-                    .map(|entries| classify(entries, lora_name.as_deref()))
+                    .map(|entries| classify(entries, self.lora_name.as_deref()))
                     .collect();
+                if let Some(mm) = self.mm_keys {
+                    if mm.len() != block_hashes.len() {
+                        return Err(format!(
+                            "mm_keys: {} entries for {} blocks",
+                            mm.len(),
+                            block_hashes.len()
+                        ));
+                    }
+                    if block_extras.is_empty() {
+                        block_extras.resize(mm.len(), BlockExtras::default());
+                    }
+                    // Extra keys of another length stay so: the filter skips the event.
+                    for (x, m) in block_extras.iter_mut().zip(mm) {
+                        x.mm_hashes.extend(m.mm_hashes);
+                        x.other.extend(m.other);
+                    }
+                }
+                // A LoRA named by its id alone (TensorRT-LLM sends `lora_name` nil): the id
+                // in decimal is the adapter name that enters the block seed.
+                let lora_name = match (self.lora_name, self.lora_id) {
+                    (Some(name), _) if !name.is_empty() => Some(name),
+                    (name, None) => name,
+                    (_, Some(id)) => Some(id),
+                };
                 EngineEvent::Stored(StoredBlocks {
-                    block_hashes: self.block_hashes.ok_or("no block_hashes")?,
+                    block_hashes,
                     parent: self.parent,
                     token_ids: self.token_ids.ok_or("no token_ids")?,
                     block_size: self.block_size.ok_or("no block_size")?,

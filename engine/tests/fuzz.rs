@@ -8,7 +8,7 @@ use ckf_engine::lineage::Lineage;
 use ckf_engine::wire::{DecodeLimits, decode_batch};
 use proptest::prelude::*;
 
-const FIXTURES: [&str; 8] = [
+const FIXTURES: [&str; 12] = [
     "vllm_stored_basic",
     "vllm_stored_extras",
     "vllm_removed_cleared",
@@ -17,6 +17,10 @@ const FIXTURES: [&str; 8] = [
     "sglang_no_rank",
     "positional_events",
     "tolerance",
+    "trtllm_stored_mm",
+    "trtllm_lora_id",
+    "trtllm_token_strings",
+    "trtllm_groups",
 ];
 
 mod common;
@@ -117,7 +121,7 @@ fn any_value() -> impl Strategy<Value = rmpv::Value> {
 /// the right or wrong types.
 fn any_event() -> impl Strategy<Value = rmpv::Value> {
     use rmpv::Value as V;
-    const KEYS: [&str; 14] = [
+    const KEYS: [&str; 16] = [
         "block_hashes",
         "parent_block_hash",
         "token_ids",
@@ -131,6 +135,8 @@ fn any_event() -> impl Strategy<Value = rmpv::Value> {
         "kv_cache_spec_kind",
         "kv_cache_spec_sliding_window",
         "session_id",
+        "mm_keys",
+        "locality",
         "unknown_x",
     ];
     let kind = prop::sample::select(vec![

@@ -1,10 +1,12 @@
-//! Golden payloads encoded by the real msgspec encoder with vLLM's and SGLang's own structs
-//! (`fixtures/gen_fixtures.py`), decoded and translated here.
+//! Golden payloads encoded by the real msgspec encoder with vLLM's and SGLang's own structs,
+//! and with TensorRT-LLM's wire schema restated field by field (`fixtures/gen_fixtures.py`),
+//! decoded and translated here.
 
 use ckf_core::dc::{KvEventKind, MemberId};
 use ckf_core::tokens::{self, BlockSeed, MultimodalSpan};
 use ckf_engine::event::{BlockExtras, EngineEvent, RemovedBlocks};
 use ckf_engine::filters::{EngineFilters, Skip};
+use ckf_engine::frame::EngineFrame;
 use ckf_engine::lineage::{Lineage, SkipReason};
 use ckf_engine::wire::{DecodeLimits, decode_batch};
 
@@ -288,4 +290,255 @@ fn tolerance_unknown_type_unknown_field_malformed_event() {
         }
     );
     assert!(matches!(b.events[2], EngineEvent::Removed(_)));
+}
+
+// ---- TensorRT-LLM (`trtllm_*` fixtures) ----
+
+/// The item digest of the TensorRT-LLM fixtures (`sha256(b"image-1")` in hex).
+const IMAGE: &str = "0cf457e24a479f02fd4d34540389f720f0807dcff92a7562108165b2637ea82f";
+
+fn bs4() -> EngineFilters {
+    EngineFilters {
+        block_size: 4,
+        ..EngineFilters::default()
+    }
+}
+
+fn stored_hashes(t: &ckf_engine::lineage::Translation) -> Vec<u64> {
+    match &t.kv_event.as_ref().expect("a kv event").kind {
+        KvEventKind::Stored { block_hashes, .. } => block_hashes.clone(),
+        other => panic!("{other:?}"),
+    }
+}
+
+const PAD: u32 = 151_655;
+
+fn mm_tokens() -> Vec<u32> {
+    vec![1, 2, 3, 4, 5, PAD, PAD, PAD, PAD, 10, 11, 12]
+}
+
+/// The image at request positions 5..9 (blocks 1 and 2 of 4 tokens).
+fn image_span(hash: u64) -> MultimodalSpan {
+    MultimodalSpan {
+        hash,
+        offset: 5,
+        length: 4,
+    }
+}
+
+#[test]
+fn trtllm_multimodal_block_carries_its_image_into_the_canonical_hash() {
+    let b = decode("trtllm_stored_mm");
+    assert_eq!((b.ts, b.dp_rank), (10.5, Some(0)));
+    // mm_keys is a known field now: nothing unknown, nothing malformed.
+    assert!(b.notes.is_clean(), "{:?}", b.notes);
+    let s0 = stored(&b.events[0]);
+    assert_eq!(
+        s0.block_hashes,
+        [
+            -2_007_973_411_963_361_932i64,
+            -3_887_183_956_728_003_391,
+            3_008_882_331_421_385_109
+        ]
+        .map(|h| h as u64)
+    );
+    assert_eq!(s0.token_ids, mm_tokens());
+    assert_eq!(
+        (s0.lora_name.clone(), s0.medium.as_deref()),
+        (None, Some("GPU"))
+    );
+    // A 64-hex digest names the item by its first 16 hex digits.
+    let img = tokens::mm_identifier_hash(IMAGE).unwrap();
+    assert_eq!(img, 0x0cf4_57e2_4a47_9f02);
+    let with = |h: u64| BlockExtras {
+        mm_hashes: vec![h],
+        ..BlockExtras::default()
+    };
+    assert_eq!(
+        s0.block_extras,
+        vec![BlockExtras::default(), with(img), with(img)]
+    );
+
+    let mut lin = Lineage::new();
+    let got = stored_hashes(&lin.translate(M, &b.events[0], &bs4()));
+    let want =
+        tokens::sequence_hashes(&mm_tokens(), 4, BlockSeed::DEFAULT, &[image_span(img)]).unwrap();
+    assert_eq!(got, want);
+    // The plain-text chain of the same tokens: same first block, then different.
+    let text = tokens::sequence_hashes(&mm_tokens(), 4, BlockSeed::DEFAULT, &[]).unwrap();
+    assert_eq!(got[0], text[0]);
+    assert_ne!(got[1], text[1]);
+    assert_ne!(got[2], text[2]);
+
+    // The same image named by a uuid: the uuid is the identifier.
+    let s1 = stored(&b.events[1]);
+    let user = tokens::mm_identifier_hash("user-img-7").unwrap();
+    assert_eq!(
+        s1.block_extras,
+        vec![BlockExtras::default(), with(user), with(user)]
+    );
+    let by_uuid = stored_hashes(&lin.translate(M, &b.events[1], &bs4()));
+    let want_uuid =
+        tokens::sequence_hashes(&mm_tokens(), 4, BlockSeed::DEFAULT, &[image_span(user)]).unwrap();
+    assert_eq!(by_uuid, want_uuid);
+    assert_ne!(by_uuid[1], got[1]);
+
+    // vLLM naming the item by the same identifier (its [identifier, offset] extra key) gives
+    // the same canonical chain as TensorRT-LLM's uuid.
+    use rmpv::Value as V;
+    let key = || V::Array(vec![V::Array(vec![V::from("user-img-7"), V::from(5)])]);
+    let vllm = V::Array(vec![
+        V::F64(1.0),
+        V::Array(vec![V::Array(vec![
+            V::from("BlockStored"),
+            V::Array(vec![V::from(901), V::from(902), V::from(903)]),
+            V::Nil,
+            V::Array(mm_tokens().into_iter().map(V::from).collect()),
+            V::from(4),
+            V::Nil,
+            V::from("GPU"),
+            V::Nil,
+            V::Array(vec![V::Nil, key(), key()]),
+        ])]),
+    ]);
+    let mut payload = Vec::new();
+    rmpv::encode::write_value(&mut payload, &vllm).unwrap();
+    let vb = decode_batch(&payload, &DecodeLimits::default()).unwrap();
+    let from_vllm = stored_hashes(&Lineage::new().translate(M, &vb.events[0], &bs4()));
+    assert_eq!(from_vllm, by_uuid);
+}
+
+#[test]
+fn trtllm_lora_id_only_block_is_seeded_by_the_decimal_id() {
+    let b = decode("trtllm_lora_id");
+    assert_eq!((b.ts, b.dp_rank), (11.0, Some(1)));
+    assert!(b.notes.is_clean(), "{:?}", b.notes);
+    let lora = stored(&b.events[0]);
+    assert_eq!(lora.lora_name.as_deref(), Some("7"));
+    assert_eq!(lora.block_hashes, vec![5_250_005_683_188_281_740]);
+    let base = stored(&b.events[1]);
+    assert_eq!(base.lora_name, None);
+    let child = stored(&b.events[2]);
+    assert_eq!(
+        (child.parent, child.lora_name.clone()),
+        (Some(5_250_005_683_188_281_740), None)
+    );
+
+    let mut lin = Lineage::new();
+    let seed = BlockSeed::new(None, Some("7"));
+    let all: Vec<u32> = (1..=8).collect();
+    let want = tokens::sequence_hashes(&all, 4, seed, &[]).unwrap();
+    let got = stored_hashes(&lin.translate(M, &b.events[0], &bs4()));
+    assert_eq!(got, want[..1]);
+    let base_hash = stored_hashes(&lin.translate(M, &b.events[1], &bs4()));
+    assert_eq!(
+        base_hash,
+        tokens::sequence_hashes(&all[..4], 4, BlockSeed::DEFAULT, &[]).unwrap()
+    );
+    assert_ne!(got, base_hash);
+    // The child names no LoRA: it inherits the adapter's seed from its parent.
+    let t = lin.translate(M, &b.events[2], &bs4());
+    assert_eq!(
+        t.kv_event.unwrap().kind,
+        KvEventKind::Stored {
+            block_hashes: want[1..].to_vec(),
+            parent_hash: Some(want[0])
+        }
+    );
+}
+
+#[test]
+fn trtllm_decimal_string_token_ids_are_accepted_a_digest_token_is_not() {
+    let b = decode("trtllm_token_strings");
+    assert_eq!((b.ts, b.dp_rank), (12.0, Some(0)));
+    let s0 = stored(&b.events[0]);
+    assert_eq!(s0.token_ids, vec![12, 13, 14, 15]);
+    let got = stored_hashes(&Lineage::new().translate(M, &b.events[0], &bs4()));
+    assert_eq!(
+        got,
+        tokens::sequence_hashes(&[12, 13, 14, 15], 4, BlockSeed::DEFAULT, &[]).unwrap()
+    );
+    // The store whose token ids hold an item digest (the image's first position) is
+    // malformed; the clear after it still decodes.
+    assert_eq!(b.events.len(), 2);
+    assert_eq!(b.events[1], EngineEvent::AllCleared);
+    assert_eq!(b.notes.malformed_events, 1);
+    let why = b.notes.first_malformed.as_deref().unwrap();
+    assert!(
+        why.contains("token_ids") && why.contains(&IMAGE[..16]),
+        "{why}"
+    );
+}
+
+#[test]
+fn trtllm_groups_only_the_main_group_enters() {
+    let b = decode("trtllm_groups");
+    // locality (and every other field sent) is known.
+    assert!(b.notes.is_clean(), "{:?}", b.notes);
+    let g0 = stored(&b.events[0]);
+    assert_eq!(
+        (g0.group_idx, g0.spec_kind.as_deref(), g0.sliding_window),
+        (Some(0), Some("full_attention"), None)
+    );
+    assert_eq!(
+        g0.block_extras,
+        vec![BlockExtras {
+            salt: Some("salt-x".into()),
+            ..BlockExtras::default()
+        }]
+    );
+    let g1 = stored(&b.events[1]);
+    assert_eq!(g1.group_idx, Some(1));
+    let g1_hash = g1.block_hashes[0];
+    assert_eq!(
+        b.events[2],
+        EngineEvent::Removed(RemovedBlocks {
+            block_hashes: vec![g1_hash],
+            medium: Some("GPU".into()),
+            group_idx: Some(1),
+        })
+    );
+
+    let mut lin = Lineage::new();
+    let f = bs4();
+    let t = lin.translate(M, &b.events[0], &f);
+    let want = tokens::sequence_hashes(&[1, 2, 3, 4], 4, BlockSeed::new(Some("salt-x"), None), &[])
+        .unwrap();
+    assert_eq!(stored_hashes(&t), want);
+    for ev in &b.events[1..3] {
+        let t = lin.translate(M, ev, &f);
+        assert_eq!(t.kv_event, None);
+        assert_eq!(t.skipped, vec![(SkipReason::Filter(Skip::Group), 1)]);
+    }
+    let t = lin.translate(M, &b.events[3], &f);
+    assert_eq!(
+        t.kv_event.unwrap().kind,
+        KvEventKind::Removed { block_hashes: want }
+    );
+    assert_eq!(lin.len(M), 0);
+}
+
+/// TensorRT-LLM's frames: live `[topic, seq as 8 bytes big-endian, payload]` numbered from 0
+/// (topic empty by default); a replay reply repeats that shape after the ROUTER envelope (a
+/// DEALER client sees `["", topic, seq, payload]` and drops the empty delimiter); the end of a
+/// replay is `["", -1 as 8 bytes, ""]` after the delimiter.
+#[test]
+fn trtllm_frames_parse() {
+    let payload = fixture("trtllm_lora_id");
+    let live = EngineFrame::parse(&[b"", &0u64.to_be_bytes(), &payload]).unwrap();
+    assert_eq!((live.topic.len(), live.sequence), (0, 0));
+    assert!(!live.is_replay_end());
+    assert_eq!(
+        decode_batch(&live.payload, &DecodeLimits::default())
+            .unwrap()
+            .dp_rank,
+        Some(1)
+    );
+    let topic = EngineFrame::parse(&[b"kv@0", &41u64.to_be_bytes(), &payload]).unwrap();
+    assert_eq!((topic.topic, topic.sequence), (b"kv@0".to_vec(), 41));
+    let reply = EngineFrame::parse(&[b"kv@0", &5u64.to_be_bytes(), &payload]).unwrap();
+    assert!(!reply.is_replay_end());
+    let end = EngineFrame::parse(&[b"", &(-1i64).to_be_bytes(), b""]).unwrap();
+    assert_eq!(end.sequence, -1);
+    assert!(end.is_replay_end());
 }
