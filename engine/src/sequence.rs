@@ -1,48 +1,83 @@
-//! Per publisher socket: which batch to apply, which to ignore, when to ask for a replay and
-//! when the publisher's members must be cleared.
+//! Per publisher socket: which batch to apply, which to ignore, when to ask the replay socket,
+//! and when the publisher's members must be cleared, so that the members converge on what the
+//! engine really caches after every ordinary fleet event (an engine restart, a dropped
+//! connection, a producer that starts late or restarts).
 //!
 //! An engine's `ZmqEventPublisher` numbers its batches `0, 1, 2, ...` per PUB socket (one per
-//! data-parallel rank) and keeps the last few thousand in a replay buffer behind a ROUTER
-//! socket. A SUB socket loses batches silently (slow joiner, reconnect, high-water mark), and
-//! a restarted engine starts numbering again. [`PublisherSequence`] turns what the socket
-//! delivered into [`Action`]s, with no clock and no socket (the caller owns both):
+//! data-parallel rank) and keeps the newest ones (vLLM: 10,000 by default) in a replay buffer
+//! behind a ROUTER socket that answers "everything from sequence `s` on", then an end marker.
+//! A SUB socket loses batches silently (slow joiner, reconnect, high-water mark), and a
+//! restarted engine numbers from 0 again with an empty cache. [`PublisherSequence`] turns
+//! what the sockets delivered into [`Action`]s, with no clock and no socket (the caller owns
+//! both and reports the connection's drops and returns).
 //!
-//! - The first sequence seen may be anything (TensorRT-LLM starts at a time stamp): apply.
-//! - `last + 1`: apply. `last`: a duplicate, ignore.
-//! - Below `last`: the engine restarted. Its old blocks are gone from its cache, so the
-//!   publisher's members are cleared ([`ClearReason::Restart`]) and the batch is applied.
-//! - Above `last + 1`: a gap. With a replay socket, ask it for everything from `last + 1`
-//!   ([`Action::RequestReplay`]) and buffer live batches (at most `max_buffered_batches`)
-//!   until the replay ends. Replayed batches are applied in order, what overlaps what was
-//!   already applied is ignored, then the buffered live batches follow, likewise.
-//! - A replay that cannot fill the gap (it skips a sequence, ends short, times out, fails, or
-//!   the buffer overflows) or no replay socket at all: the members' state is uncertain, so
-//!   they are cleared ([`ClearReason::Gap`]); a later store re-adds what is really cached.
-//!   Then the live stream resumes at the oldest buffered batch as if it were a first batch.
+//! # The rule
 //!
-//! - [`PublisherSequence::resume`] starts from a sequence applied by an earlier run of the
-//!   caller (restored after a restart), so the batches published meanwhile are a gap the
-//!   replay fills, and an engine that restarted meanwhile is seen going backwards.
-//!   [`PublisherSequence::catch_up`] then asks the replay socket for them at once, instead of
-//!   waiting for the engine's next live batch to reveal the gap (an idle engine may publish
-//!   nothing for minutes). A catch-up that cannot reach the replay socket (timeout,
-//!   transport) clears nothing: the rule falls back to waiting for the next live batch.
+//! The members fed since their last clear must reflect one unbroken run of one publisher
+//! process's batches. Anything that may break the run makes the publisher **uncertain**
+//! ([`Action::Uncertain`], counted by [`Uncertainty`]); an uncertain publisher is checked
+//! against its replay buffer, and what cannot be checked is cleared, never kept on faith.
 //!
-//! Ambiguity the rule accepts: a restarted engine whose first batch the socket sees carries
-//! exactly `last` (or `last + 1`) looks like a duplicate (or the next batch); only a sequence
-//! below `last` proves a restart. Empty batches (heartbeats) take part like any other batch.
+//! - **In order** (`last + 1`): apply. **Duplicate** (`last` with the same identity, or no
+//!   identity to compare): ignore.
+//! - **Restart**: a sequence below `last`, or `last` again with another identity
+//!   ([`PublisherSequence::live`] takes each batch's identity: a digest of its content, which
+//!   the replay repeats byte for byte): a new process. Clear ([`ClearReason::Restart`]) and
+//!   **re-read** its replay buffer from sequence 0.
+//! - **Gap** (above `last + 1`): **verify and fill**: ask the replay socket for everything from
+//!   `last` on. Its first batch must be `last` with the identity applied; then the missing
+//!   batches follow in order, then the live batches buffered meanwhile (overlap ignored). A
+//!   hole in what the replay sends (the buffer no longer holds the batch) is handled as in a
+//!   re-read.
+//! - **Connection** ([`PublisherSequence::connected`]: the SUB socket connected, or reconnected
+//!   after [`PublisherSequence::disconnected`]): batches may have been lost and the process
+//!   may have changed. With nothing applied yet (**first contact**, a producer that starts
+//!   after its engines) re-read from 0, so all the engine's buffer still holds is indexed; else
+//!   verify from `last` (the restored sequence after a producer restart, [`Uncertainty::Restored`]).
+//! - **Verification fails** (the replay's first batch is not `last`, or not with its identity,
+//!   or the replay is empty): the process changed or the batch left its buffer. Clear
+//!   ([`ClearReason::Unverified`]) and re-read from 0. Live batches buffered during the
+//!   verification are dropped: the re-read returns them.
+//! - **A re-read** applies the replay's first batch whatever its sequence, then each next one;
+//!   a hole in the buffer clears again ([`ClearReason::Gap`]) and the run restarts after it.
+//!   After a re-read that found the buffer empty, a first live batch other than sequence 0
+//!   (engines number from 0) shows lost batches: re-read again.
+//!   What left the engine's buffer before the re-read stays unknown until the engine stores it
+//!   again (its removals of such blocks are no-ops, its children orphans).
+//! - **A replay that fails** (times out, the socket fails, it ends short of the buffered live
+//!   batches, or more than `max_buffered_batches` arrive meanwhile): clear (the verification's
+//!   [`ClearReason::Unverified`], else [`ClearReason::Gap`]) and resume at the oldest buffered
+//!   live batch as a first batch.
+//! - **No replay socket**: nothing can be verified. A gap clears and applies; a restart clears
+//!   and applies the new process's batch; a (re)connection clears what was applied before it.
+//!
+//! Between [`PublisherSequence::disconnected`] and the next connection, live batches buffer;
+//! a live batch before the connection is reported (the monitor event may trail the data) starts
+//! the verification at once, and the connection then reported is taken as that one.
+//!
+//! Clearing then applying an unbroken run is always sound: the members then hold a subset of
+//! the engine's cache (blocks stored before the run are missing; removals of them are
+//! no-ops; stores whose parent is missing are orphans). Only a restart the caller cannot see
+//! at all (no connection event, and the new process's first delivered batch is exactly
+//! `last + 1`) goes unnoticed; a connection event accompanies every real process restart.
 
 use std::collections::VecDeque;
 
 /// Limits and capabilities of one publisher socket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SequenceConfig {
-    /// Live batches buffered while a replay runs; one more fails the replay
-    /// ([`ReplayFailure::Overflow`]). 0 disables replay like `replay_available = false`.
+    /// Live batches buffered while a replay runs (or a connection is awaited); one more fails
+    /// the replay ([`ReplayFailure::Overflow`]). 0 disables replay like
+    /// `replay_available = false`.
     pub max_buffered_batches: usize,
-    /// Whether the publisher has a replay socket; without one a gap clears the members at
-    /// once.
+    /// Whether the publisher has a replay socket.
     pub replay_available: bool,
+}
+
+impl SequenceConfig {
+    fn replays(&self) -> bool {
+        self.replay_available && self.max_buffered_batches > 0
+    }
 }
 
 /// Why the publisher's members are cleared.
@@ -50,21 +85,72 @@ pub struct SequenceConfig {
 pub enum ClearReason {
     /// Batches were lost and no replay could supply them.
     Gap,
-    /// The sequence went backwards: the engine restarted with an empty cache.
+    /// A new process: the sequence went backwards, or repeated with another identity.
     Restart,
+    /// The publisher was uncertain (a reconnection, a restored sequence, a gap) and its replay
+    /// could not confirm the last batch applied.
+    Unverified,
 }
 
 impl ClearReason {
-    /// A short stable label for metrics: `"gap"` or `"restart"`.
+    /// A short stable label for metrics: `"gap"`, `"restart"` or `"unverified"`.
     pub fn label(&self) -> &'static str {
         match self {
             Self::Gap => "gap",
             Self::Restart => "restart",
+            Self::Unverified => "unverified",
         }
     }
 }
 
-/// Why a replay did not fill its gap.
+/// What made a publisher uncertain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Uncertainty {
+    /// The first connection, with nothing applied before: re-read the engine's buffer.
+    FirstContact,
+    /// The first connection after the caller restored `last` from its journal.
+    Restored,
+    /// The connection dropped and came back.
+    Reconnect,
+    /// The sequence went below the last applied one.
+    Backwards,
+    /// The last applied sequence came again with another identity.
+    Repeat,
+}
+
+impl Uncertainty {
+    /// A short stable label for metrics and logs.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::FirstContact => "first_contact",
+            Self::Restored => "restored",
+            Self::Reconnect => "reconnect",
+            Self::Backwards => "backwards",
+            Self::Repeat => "repeat",
+        }
+    }
+}
+
+/// What a replay request is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReplayKind {
+    /// From the last applied sequence: confirm it, then fill what follows.
+    Verify,
+    /// From 0: everything the engine's buffer holds, applied from its first batch.
+    Reread,
+}
+
+impl ReplayKind {
+    /// A short stable label for metrics and logs.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Verify => "verify",
+            Self::Reread => "reread",
+        }
+    }
+}
+
+/// Why a replay ended without doing its job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ReplayFailure {
     /// The replay skipped sequence `missing` (the engine's buffer no longer holds it), or
@@ -73,6 +159,8 @@ pub enum ReplayFailure {
         /// The first sequence still missing.
         missing: i64,
     },
+    /// The replay did not start with the last applied batch and its identity.
+    Unverified,
     /// More live batches arrived than `max_buffered_batches` while the replay ran.
     Overflow,
     /// The caller's deadline passed (reported through [`PublisherSequence::replay_failed`]).
@@ -81,6 +169,8 @@ pub enum ReplayFailure {
     Transport,
     /// The engine restarted while the replay ran.
     Restart,
+    /// The live connection dropped or came back while the replay ran.
+    Disconnected,
 }
 
 impl ReplayFailure {
@@ -88,10 +178,12 @@ impl ReplayFailure {
     pub fn label(&self) -> &'static str {
         match self {
             Self::Incomplete { .. } => "incomplete",
+            Self::Unverified => "unverified",
             Self::Overflow => "overflow",
             Self::Timeout => "timeout",
             Self::Transport => "transport",
             Self::Restart => "restart",
+            Self::Disconnected => "disconnected",
         }
     }
 }
@@ -120,19 +212,33 @@ pub enum Action<T> {
         /// The sequence that revealed the gap.
         received: i64,
     },
+    /// The publisher became uncertain (counted and logged once per episode); what to do
+    /// about it follows.
+    Uncertain {
+        /// Why.
+        cause: Uncertainty,
+    },
     /// Send a replay request for every batch from `from` on; deliver its batches with
     /// [`PublisherSequence::replayed`] and its end with [`PublisherSequence::replay_end`].
+    /// Replaces any replay in flight.
     RequestReplay {
         /// The first sequence wanted.
         from: i64,
+        /// Verify from the last applied batch, or re-read from 0.
+        kind: ReplayKind,
     },
-    /// The replay started for `from` filled the gap; the caller may stop its replay I/O.
+    /// The replay showed the last applied batch unchanged: nothing applied was lost.
+    Verified {
+        /// The sequence confirmed.
+        sequence: i64,
+    },
+    /// The replay started for `from` did its job; the caller may stop its replay I/O.
     ReplayFilled {
         /// The first sequence requested.
         from: i64,
     },
     /// The replay started for `from` failed; the caller stops its replay I/O (later replies
-    /// are ignored anyway). A [`Action::ClearMembers`] follows.
+    /// are ignored anyway). A clear or a new request follows.
     ReplayFailed {
         /// The first sequence requested.
         from: i64,
@@ -146,15 +252,41 @@ pub enum Action<T> {
     },
 }
 
-/// A replay in flight.
+/// A batch's sequence with its identity (`None`: unknown, e.g. an undecodable batch).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Mark {
+    sequence: i64,
+    identity: Option<u64>,
+}
+
+impl Mark {
+    /// Whether `other` is provably another batch under the same sequence.
+    fn differs(&self, identity: Option<u64>) -> bool {
+        matches!((self.identity, identity), (Some(a), Some(b)) if a != b)
+    }
+}
+
+/// Where a window stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// No request yet: waiting for the connection (after [`PublisherSequence::disconnected`],
+    /// or before the first connection).
+    Awaiting,
+    /// Requested from `at.sequence`; its first batch must be `at`.
+    Verify { at: Mark },
+    /// `at` verified: the next batches must follow the last applied one.
+    Fill { at: Mark },
+    /// Requested from 0; `started` once its first batch was applied.
+    Reread { started: bool },
+}
+
+/// Live batches held back while a replay runs or a connection is awaited.
 #[derive(Debug)]
 struct Window<T> {
-    /// The first sequence requested.
+    phase: Phase,
+    /// The first sequence requested (0 while awaiting).
     from: i64,
-    /// Live batches received since the request, in arrival order.
-    buffered: VecDeque<(i64, T)>,
-    /// Whether it is a [`PublisherSequence::catch_up`] (no gap seen yet).
-    catch_up: bool,
+    buffered: VecDeque<(Mark, T)>,
 }
 
 /// The sequence state of one publisher socket (see the module docs). `T` is the caller's
@@ -162,136 +294,193 @@ struct Window<T> {
 #[derive(Debug)]
 pub struct PublisherSequence<T> {
     config: SequenceConfig,
-    /// The last sequence applied since the last clear; `None` before the first batch.
-    last: Option<i64>,
-    replay: Option<Window<T>>,
+    /// The last batch applied since the last clear; `None` before the first.
+    last: Option<Mark>,
+    window: Option<Window<T>>,
+    /// Whether `last` was restored by [`PublisherSequence::resume`] and no connection was
+    /// reported since.
+    restored: bool,
+    /// Whether a connection was seen (reported, or shown by a live batch) since the start.
+    contacted: bool,
+    /// The verification in flight was started by a live batch before the connection was
+    /// reported: the next [`PublisherSequence::connected`] is that connection.
+    early: bool,
+    /// A re-read found the engine's buffer empty and nothing was applied since: the engine's
+    /// next batch is its sequence 0, and any other first batch means batches were lost.
+    empty: bool,
 }
 
 impl<T> PublisherSequence<T> {
-    /// A publisher that has sent nothing yet.
+    /// A publisher that has sent nothing yet: the first connection re-reads its buffer.
     pub fn new(config: SequenceConfig) -> Self {
         Self {
             config,
             last: None,
-            replay: None,
+            window: Some(Window::awaiting()),
+            restored: false,
+            contacted: false,
+            early: false,
+            empty: false,
         }
     }
 
-    /// A publisher whose batches up to `last` were applied before, by an earlier run of the
-    /// caller (a producer restored from its journal): the rule goes on as if `last` had just
-    /// been applied. The next live batch decides what happened meanwhile: `last + 1` applies,
-    /// `last` is a duplicate, above `last + 1` is a gap (a replay from `last + 1` fills it
-    /// from the engine's buffer, or the members are cleared without one), below `last` is an
-    /// engine restart (cleared).
-    pub fn resume(config: SequenceConfig, last: i64) -> Self {
+    /// A publisher whose batches up to `sequence` (with `identity`, `None` when unknown) were
+    /// applied before, by an earlier run of the caller (a producer restored from its journal).
+    /// The first connection verifies it ([`Uncertainty::Restored`]): the replay confirms it
+    /// and fills what the engine published meanwhile, or the members are cleared and the
+    /// buffer re-read (an unknown identity never verifies).
+    pub fn resume(config: SequenceConfig, sequence: i64, identity: Option<u64>) -> Self {
         Self {
-            config,
-            last: Some(last),
-            replay: None,
+            last: Some(Mark { sequence, identity }),
+            restored: true,
+            ..Self::new(config)
         }
     }
 
-    /// After [`PublisherSequence::resume`]: asks for every batch after the restored sequence
-    /// now ([`Action::RequestReplay`] from `last + 1`), so what the engine published while the
-    /// caller was down arrives without waiting for a live batch. Live batches buffer behind it
-    /// as behind any replay; one below the restored sequence is an engine restart (cleared).
-    /// An empty replay fills it (nothing was missed, or an engine restart the next live batch
-    /// will show). When the replay socket cannot be reached ([`ReplayFailure::Timeout`],
-    /// [`ReplayFailure::Transport`]) nothing is cleared: the rule goes on as after `resume`,
-    /// and the next live batch's gap asks again. No action without a replay socket, with a
-    /// replay in flight, before any applied batch, or at `i64::MAX`.
-    pub fn catch_up(&mut self) -> Vec<Action<T>> {
-        let mut out = Vec::new();
-        if self.replay.is_some()
-            || !self.config.replay_available
-            || self.config.max_buffered_batches == 0
-        {
-            return out;
-        }
-        let Some(from) = self.last.and_then(|l| l.checked_add(1)) else {
-            return out;
-        };
-        out.push(Action::RequestReplay { from });
-        self.replay = Some(Window {
-            from,
-            buffered: VecDeque::new(),
-            catch_up: true,
-        });
-        out
-    }
-
-    /// The last sequence applied, if any.
+    /// The last sequence applied since the last clear, if any.
     pub fn last_applied(&self) -> Option<i64> {
-        self.last
+        self.last.map(|m| m.sequence)
     }
 
     /// The first sequence of the replay in flight, if one is.
     pub fn replay_in_flight(&self) -> Option<i64> {
-        self.replay.as_ref().map(|w| w.from)
+        self.window
+            .as_ref()
+            .filter(|w| w.phase != Phase::Awaiting)
+            .map(|w| w.from)
     }
 
-    /// Live batches buffered behind the replay in flight.
+    /// Live batches held back (behind a replay, or awaiting the connection).
     pub fn buffered(&self) -> usize {
-        self.replay.as_ref().map_or(0, |w| w.buffered.len())
+        self.window.as_ref().map_or(0, |w| w.buffered.len())
     }
 
-    /// A batch from the live (SUB) socket.
-    pub fn live(&mut self, sequence: i64, batch: T) -> Vec<Action<T>> {
+    /// The live socket connected (the first time, or again after a drop): start checking
+    /// what may have changed (see the module docs). A connection already shown by a live
+    /// batch is not checked twice.
+    pub fn connected(&mut self) -> Vec<Action<T>> {
         let mut out = Vec::new();
-        self.push_live(sequence, batch, &mut out);
+        if std::mem::take(&mut self.early) {
+            return out;
+        }
+        self.abandon(&mut out);
+        self.start(&mut out);
         out
     }
 
-    /// A batch from the replay socket. Ignored (no action) when no replay is in flight.
-    pub fn replayed(&mut self, sequence: i64, batch: T) -> Vec<Action<T>> {
+    /// The live socket lost its connection: the replay in flight is abandoned (its buffered
+    /// batches too: the check at the next connection covers them), and live batches are held
+    /// until the connection is back.
+    pub fn disconnected(&mut self) -> Vec<Action<T>> {
         let mut out = Vec::new();
-        let Some(window) = &self.replay else {
+        self.early = false;
+        self.abandon(&mut out);
+        self.window = Some(Window::awaiting());
+        out
+    }
+
+    /// A batch from the live (SUB) socket, with its identity.
+    pub fn live(&mut self, sequence: i64, identity: Option<u64>, batch: T) -> Vec<Action<T>> {
+        let mut out = Vec::new();
+        self.push_live(Mark { sequence, identity }, batch, &mut out);
+        out
+    }
+
+    /// A batch from the replay socket, with its identity. Ignored (no action) when no replay
+    /// is in flight.
+    pub fn replayed(&mut self, sequence: i64, identity: Option<u64>, batch: T) -> Vec<Action<T>> {
+        let mut out = Vec::new();
+        let Some(phase) = self.window.as_ref().map(|w| w.phase) else {
             return out;
         };
-        let from = window.from;
-        let next = self.last.and_then(|l| l.checked_add(1)).unwrap_or(from);
-        if sequence < next {
-            out.push(Action::Duplicate { sequence });
-        } else if sequence == next {
-            self.last = Some(sequence);
-            out.push(Action::Apply {
-                sequence,
-                batch,
-                replayed: true,
-            });
-        } else {
-            self.fail(ReplayFailure::Incomplete { missing: next }, &mut out);
+        let mark = Mark { sequence, identity };
+        match phase {
+            Phase::Awaiting => {}
+            Phase::Verify { at } => {
+                if sequence < at.sequence {
+                    out.push(Action::Duplicate { sequence });
+                } else if sequence == at.sequence && identity.is_some() && identity == at.identity
+                {
+                    self.set_phase(Phase::Fill { at });
+                    out.push(Action::Verified { sequence });
+                } else {
+                    self.unverified(&mut out);
+                }
+            }
+            Phase::Reread { started: false } => {
+                self.set_phase(Phase::Reread { started: true });
+                self.apply(mark, batch, true, &mut out);
+            }
+            Phase::Fill { .. } | Phase::Reread { started: true } => match self.last {
+                Some(last) if sequence <= last.sequence => {
+                    out.push(Action::Duplicate { sequence });
+                }
+                Some(last) if last.sequence.checked_add(1) == Some(sequence) => {
+                    self.apply(mark, batch, true, &mut out);
+                }
+                last => {
+                    // A hole in the engine's buffer: what it held is unknown; start again
+                    // after it, as a re-read.
+                    self.set_phase(Phase::Reread { started: true });
+                    out.push(Action::Gap {
+                        expected: last.map_or(sequence, |l| l.sequence.saturating_add(1)),
+                        received: sequence,
+                    });
+                    out.push(Action::ClearMembers {
+                        reason: ClearReason::Gap,
+                    });
+                    self.apply(mark, batch, true, &mut out);
+                }
+            },
         }
         out
     }
 
-    /// The replay's end marker: merge the buffered live batches (overlap ignored). When they
-    /// do not continue the sequence, the replay failed.
+    /// The replay's end marker: a verification that saw nothing fails; otherwise the buffered
+    /// live batches follow (overlap ignored). When they do not continue the sequence, the
+    /// replay failed.
     pub fn replay_end(&mut self) -> Vec<Action<T>> {
         let mut out = Vec::new();
-        let Some(window) = &self.replay else {
+        let Some(window) = &self.window else {
             return out;
         };
-        let mut next = self.last.and_then(|l| l.checked_add(1));
-        for (s, _) in &window.buffered {
-            match next {
-                Some(n) if *s < n => {}
-                Some(n) if *s == n => next = n.checked_add(1),
-                _ => {
-                    let missing = next.unwrap_or(*s);
-                    self.fail(ReplayFailure::Incomplete { missing }, &mut out);
+        match window.phase {
+            Phase::Awaiting => return out,
+            Phase::Verify { .. } => {
+                self.unverified(&mut out);
+                return out;
+            }
+            Phase::Fill { .. } | Phase::Reread { .. } => {}
+        }
+        let mut newest = self.last.map(|l| l.sequence);
+        for (mark, _) in &window.buffered {
+            let s = mark.sequence;
+            match newest {
+                None => newest = Some(s),
+                Some(n) if s <= n => {}
+                Some(n) if n.checked_add(1) == Some(s) => newest = Some(s),
+                Some(n) => {
+                    self.fail(
+                        ReplayFailure::Incomplete {
+                            missing: n.saturating_add(1),
+                        },
+                        &mut out,
+                    );
                     return out;
                 }
             }
         }
-        let window = self.replay.take().expect("checked above");
+        let window = self.window.take().expect("checked above");
         out.push(Action::ReplayFilled { from: window.from });
-        for (sequence, batch) in window.buffered {
-            if self.last.is_some_and(|l| sequence <= l) {
+        self.empty = self.last.is_none();
+        for (mark, batch) in window.buffered {
+            if self.last.is_some_and(|l| mark.sequence < l.sequence) {
                 // Also replayed: the overlap is ignored.
-                out.push(Action::Duplicate { sequence });
+                out.push(Action::Duplicate {
+                    sequence: mark.sequence,
+                });
             } else {
-                self.push_live(sequence, batch, &mut out);
+                self.push_live(mark, batch, &mut out);
             }
         }
         out
@@ -301,61 +490,82 @@ impl<T> PublisherSequence<T> {
     /// replay is in flight.
     pub fn replay_failed(&mut self, reason: ReplayFailure) -> Vec<Action<T>> {
         let mut out = Vec::new();
-        if self.replay.is_some() {
+        if self.replay_in_flight().is_some() {
             self.fail(reason, &mut out);
         }
         out
     }
 
-    fn push_live(&mut self, sequence: i64, batch: T, out: &mut Vec<Action<T>>) {
-        if let Some(window) = &mut self.replay {
-            let newest = window.buffered.back().map(|(s, _)| *s);
-            // Below the sequence applied when the replay started (`from - 1`): only a
-            // restarted engine goes back there (a catch-up has no buffered batch to compare).
-            let below_start = window.from.checked_sub(1).is_some_and(|l| sequence < l);
-            if below_start || newest.is_some_and(|n| sequence < n) {
-                let from = window.from;
-                self.replay = None;
-                out.push(Action::ReplayFailed {
-                    from,
-                    reason: ReplayFailure::Restart,
-                });
-                self.restart(sequence, batch, out);
-            } else if newest == Some(sequence) {
-                out.push(Action::Duplicate { sequence });
-            } else if window.buffered.len() >= self.config.max_buffered_batches {
-                self.fail(ReplayFailure::Overflow, out);
-                self.push_live(sequence, batch, out);
-            } else {
-                window.buffered.push_back((sequence, batch));
+    fn push_live(&mut self, mark: Mark, batch: T, out: &mut Vec<Action<T>>) {
+        if let Some(window) = &mut self.window {
+            let reference = match window.phase {
+                Phase::Awaiting => {
+                    // The connection is up (its report may trail the data): check it now.
+                    self.window = None;
+                    self.start(out);
+                    self.early = true;
+                    return self.push_live(mark, batch, out);
+                }
+                Phase::Verify { at } | Phase::Fill { at } => Some(at),
+                Phase::Reread { .. } => None,
+            };
+            // Live batches of one process arrive in order, none below the replay's start.
+            if let Some(newest) = window.buffered.back().map(|(m, _)| *m).or(reference) {
+                if mark.sequence < newest.sequence {
+                    return self.restart(Uncertainty::Backwards, mark, batch, out);
+                }
+                if mark.sequence == newest.sequence {
+                    if newest.differs(mark.identity) {
+                        return self.restart(Uncertainty::Repeat, mark, batch, out);
+                    }
+                    out.push(Action::Duplicate {
+                        sequence: mark.sequence,
+                    });
+                    return;
+                }
             }
+            if window.buffered.len() >= self.config.max_buffered_batches {
+                self.fail(ReplayFailure::Overflow, out);
+                return self.push_live(mark, batch, out);
+            }
+            window.buffered.push_back((mark, batch));
             return;
         }
         let Some(last) = self.last else {
-            self.apply(sequence, batch, out);
-            return;
+            if std::mem::take(&mut self.empty) && mark.sequence != 0 && self.config.replays() {
+                // Published after the empty re-read, and not the engine's first batch.
+                out.push(Action::Gap {
+                    expected: 0,
+                    received: mark.sequence,
+                });
+                return self.reread(VecDeque::from([(mark, batch)]), out);
+            }
+            return self.apply(mark, batch, false, out);
         };
-        match last.checked_add(1) {
-            Some(next) if sequence == next => self.apply(sequence, batch, out),
-            _ if sequence == last => out.push(Action::Duplicate { sequence }),
-            _ if sequence < last => self.restart(sequence, batch, out),
+        let sequence = mark.sequence;
+        match last.sequence.checked_add(1) {
+            Some(next) if sequence == next => self.apply(mark, batch, false, out),
+            _ if sequence == last.sequence => {
+                if last.differs(mark.identity) {
+                    self.restart(Uncertainty::Repeat, mark, batch, out);
+                } else {
+                    out.push(Action::Duplicate { sequence });
+                }
+            }
+            _ if sequence < last.sequence => self.restart(Uncertainty::Backwards, mark, batch, out),
             Some(next) => {
                 out.push(Action::Gap {
                     expected: next,
                     received: sequence,
                 });
-                if self.config.replay_available && self.config.max_buffered_batches > 0 {
-                    out.push(Action::RequestReplay { from: next });
-                    self.replay = Some(Window {
-                        from: next,
-                        buffered: VecDeque::from([(sequence, batch)]),
-                        catch_up: false,
-                    });
+                if self.config.replays() {
+                    let buffered = VecDeque::from([(mark, batch)]);
+                    self.request(Phase::Verify { at: last }, last.sequence, buffered, out);
                 } else {
                     out.push(Action::ClearMembers {
                         reason: ClearReason::Gap,
                     });
-                    self.apply(sequence, batch, out);
+                    self.apply(mark, batch, false, out);
                 }
             }
             // `last == i64::MAX` and a larger sequence cannot exist.
@@ -363,47 +573,153 @@ impl<T> PublisherSequence<T> {
         }
     }
 
-    fn apply(&mut self, sequence: i64, batch: T, out: &mut Vec<Action<T>>) {
-        self.last = Some(sequence);
-        out.push(Action::Apply {
-            sequence,
-            batch,
-            replayed: false,
-        });
+    /// Starts the check of a connection: verify `last`, or re-read from 0 with nothing
+    /// applied; without a replay socket, clear what was applied before it.
+    fn start(&mut self, out: &mut Vec<Action<T>>) {
+        let cause = if self.restored {
+            Uncertainty::Restored
+        } else if !self.contacted && self.last.is_none() {
+            Uncertainty::FirstContact
+        } else {
+            Uncertainty::Reconnect
+        };
+        self.restored = false;
+        self.contacted = true;
+        self.window = None;
+        out.push(Action::Uncertain { cause });
+        if !self.config.replays() {
+            if self.last.take().is_some() {
+                out.push(Action::ClearMembers {
+                    reason: ClearReason::Unverified,
+                });
+            }
+            return;
+        }
+        match self.last {
+            Some(at) => self.request(Phase::Verify { at }, at.sequence, VecDeque::new(), out),
+            None => self.reread(VecDeque::new(), out),
+        }
     }
 
-    fn restart(&mut self, sequence: i64, batch: T, out: &mut Vec<Action<T>>) {
+    /// A new process: clear, then re-read its buffer (holding `batch` behind the replay), or
+    /// apply `batch` as its first without a replay socket.
+    fn restart(&mut self, cause: Uncertainty, mark: Mark, batch: T, out: &mut Vec<Action<T>>) {
+        if let Some(from) = self.replay_in_flight() {
+            out.push(Action::ReplayFailed {
+                from,
+                reason: ReplayFailure::Restart,
+            });
+        }
+        self.window = None;
+        out.push(Action::Uncertain { cause });
         out.push(Action::ClearMembers {
             reason: ClearReason::Restart,
         });
-        self.apply(sequence, batch, out);
+        self.last = None;
+        if self.config.replays() {
+            self.reread(VecDeque::from([(mark, batch)]), out);
+        } else {
+            self.apply(mark, batch, false, out);
+        }
+    }
+
+    /// The verification failed: clear and re-read. The buffered live batches are dropped: the
+    /// re-read returns them.
+    fn unverified(&mut self, out: &mut Vec<Action<T>>) {
+        let Some(window) = self.window.take() else {
+            return;
+        };
+        out.push(Action::ReplayFailed {
+            from: window.from,
+            reason: ReplayFailure::Unverified,
+        });
+        out.push(Action::ClearMembers {
+            reason: ClearReason::Unverified,
+        });
+        self.last = None;
+        self.reread(VecDeque::new(), out);
+    }
+
+    fn reread(&mut self, buffered: VecDeque<(Mark, T)>, out: &mut Vec<Action<T>>) {
+        self.request(Phase::Reread { started: false }, 0, buffered, out);
+    }
+
+    fn request(
+        &mut self,
+        phase: Phase,
+        from: i64,
+        buffered: VecDeque<(Mark, T)>,
+        out: &mut Vec<Action<T>>,
+    ) {
+        let kind = match phase {
+            Phase::Reread { .. } => ReplayKind::Reread,
+            _ => ReplayKind::Verify,
+        };
+        out.push(Action::RequestReplay { from, kind });
+        self.window = Some(Window {
+            phase,
+            from,
+            buffered,
+        });
+    }
+
+    fn set_phase(&mut self, phase: Phase) {
+        if let Some(window) = &mut self.window {
+            window.phase = phase;
+        }
+    }
+
+    /// Drops the window (a replay in flight is reported failed: the connection changed).
+    fn abandon(&mut self, out: &mut Vec<Action<T>>) {
+        if let Some(from) = self.replay_in_flight() {
+            out.push(Action::ReplayFailed {
+                from,
+                reason: ReplayFailure::Disconnected,
+            });
+        }
+        self.window = None;
+    }
+
+    fn apply(&mut self, mark: Mark, batch: T, replayed: bool, out: &mut Vec<Action<T>>) {
+        self.last = Some(mark);
+        self.empty = false;
+        out.push(Action::Apply {
+            sequence: mark.sequence,
+            batch,
+            replayed,
+        });
     }
 
     /// Ends the replay in flight as failed: clear, then resume at the oldest buffered batch
-    /// as a first batch (the rest follow through the live rule, so a further gap in them can
-    /// ask for a new replay).
+    /// as a first batch (the rest follow through the live rule, so a further gap in them asks
+    /// for a new replay).
     fn fail(&mut self, reason: ReplayFailure, out: &mut Vec<Action<T>>) {
-        let Some(window) = self.replay.take() else {
+        let Some(window) = self.window.take() else {
             return;
         };
         out.push(Action::ReplayFailed {
             from: window.from,
             reason,
         });
-        if window.catch_up && matches!(reason, ReplayFailure::Timeout | ReplayFailure::Transport) {
-            // No gap was seen: nothing is known to be missing. Go on as after `resume`; the
-            // buffered batches take the live rule, so a gap among them asks for a replay.
-            for (sequence, batch) in window.buffered {
-                self.push_live(sequence, batch, out);
-            }
-            return;
-        }
         out.push(Action::ClearMembers {
-            reason: ClearReason::Gap,
+            reason: match window.phase {
+                Phase::Verify { .. } => ClearReason::Unverified,
+                _ => ClearReason::Gap,
+            },
         });
         self.last = None;
-        for (sequence, batch) in window.buffered {
-            self.push_live(sequence, batch, out);
+        for (mark, batch) in window.buffered {
+            self.push_live(mark, batch, out);
+        }
+    }
+}
+
+impl<T> Window<T> {
+    fn awaiting() -> Self {
+        Self {
+            phase: Phase::Awaiting,
+            from: 0,
+            buffered: VecDeque::new(),
         }
     }
 }
@@ -421,86 +737,541 @@ mod tests {
         replay_available: false,
     };
 
-    fn apply(sequence: i64) -> Action<i64> {
+    /// The first process's batches carry identity `s`, a restarted one's `1000 + s`.
+    type B = (u32, i64);
+
+    fn id((epoch, s): B) -> Option<u64> {
+        Some(u64::from(epoch) * 1000 + s as u64)
+    }
+
+    fn apply(epoch: u32, sequence: i64) -> Action<B> {
         Action::Apply {
             sequence,
-            batch: sequence,
+            batch: (epoch, sequence),
             replayed: false,
         }
     }
 
-    fn replayed(sequence: i64) -> Action<i64> {
+    fn replayed(epoch: u32, sequence: i64) -> Action<B> {
         Action::Apply {
             sequence,
-            batch: sequence,
+            batch: (epoch, sequence),
             replayed: true,
         }
     }
 
-    fn clear(reason: ClearReason) -> Action<i64> {
+    fn clear(reason: ClearReason) -> Action<B> {
         Action::ClearMembers { reason }
     }
 
-    fn live(p: &mut PublisherSequence<i64>, s: i64) -> Vec<Action<i64>> {
-        p.live(s, s)
+    fn uncertain(cause: Uncertainty) -> Action<B> {
+        Action::Uncertain { cause }
     }
 
-    #[test]
-    fn first_sequence_may_be_anything_then_in_order() {
-        let mut p = PublisherSequence::new(REPLAY);
-        assert_eq!(live(&mut p, 1_733_000_000), vec![apply(1_733_000_000)]);
-        assert_eq!(live(&mut p, 1_733_000_001), vec![apply(1_733_000_001)]);
-        assert_eq!(p.last_applied(), Some(1_733_000_001));
-        let mut q = PublisherSequence::new(REPLAY);
-        assert_eq!(live(&mut q, -5), vec![apply(-5)]);
-        assert_eq!(live(&mut q, -4), vec![apply(-4)]);
-    }
-
-    #[test]
-    fn duplicate_is_ignored() {
-        let mut p = PublisherSequence::new(REPLAY);
-        live(&mut p, 0);
-        assert_eq!(live(&mut p, 0), vec![Action::Duplicate { sequence: 0 }]);
-        assert_eq!(live(&mut p, 1), vec![apply(1)]);
-    }
-
-    #[test]
-    fn backwards_is_a_restart_clear_then_apply() {
-        let mut p = PublisherSequence::new(REPLAY);
-        for s in 0..5 {
-            live(&mut p, s);
+    fn verify(from: i64) -> Action<B> {
+        Action::RequestReplay {
+            from,
+            kind: ReplayKind::Verify,
         }
-        assert_eq!(live(&mut p, 0), vec![clear(ClearReason::Restart), apply(0)]);
-        assert_eq!(live(&mut p, 1), vec![apply(1)]);
+    }
+
+    fn reread() -> Action<B> {
+        Action::RequestReplay {
+            from: 0,
+            kind: ReplayKind::Reread,
+        }
+    }
+
+    fn live(p: &mut PublisherSequence<B>, epoch: u32, s: i64) -> Vec<Action<B>> {
+        p.live(s, id((epoch, s)), (epoch, s))
+    }
+
+    fn reply(p: &mut PublisherSequence<B>, epoch: u32, s: i64) -> Vec<Action<B>> {
+        p.replayed(s, id((epoch, s)), (epoch, s))
+    }
+
+    /// Connected with an empty engine buffer behind it: the first contact's re-read is empty.
+    fn fresh(config: SequenceConfig) -> PublisherSequence<B> {
+        let mut p = PublisherSequence::new(config);
+        p.connected();
+        p.replay_end();
+        p
+    }
+
+    /// Connected, and the engine's buffer held only `s`: applied by the first contact's re-read.
+    fn started(config: SequenceConfig, s: i64) -> PublisherSequence<B> {
+        let mut p = PublisherSequence::new(config);
+        p.connected();
+        assert_eq!(reply(&mut p, 0, s), vec![replayed(0, s)]);
+        p.replay_end();
+        p
     }
 
     #[test]
-    fn gap_without_replay_clears_then_applies() {
-        let mut p = PublisherSequence::new(NO_REPLAY);
-        live(&mut p, 0);
+    fn after_an_empty_reread_the_first_batch_must_be_sequence_0() {
+        let mut p = fresh(REPLAY);
         assert_eq!(
-            live(&mut p, 3),
+            live(&mut p, 0, 2),
+            vec![
+                Action::Gap {
+                    expected: 0,
+                    received: 2
+                },
+                reread()
+            ]
+        );
+        for k in 0..3 {
+            assert_eq!(reply(&mut p, 0, k), vec![replayed(0, k)]);
+        }
+        let mut p = fresh(REPLAY);
+        assert_eq!(live(&mut p, 0, 0), vec![apply(0, 0)]);
+    }
+
+    #[test]
+    fn first_contact_rereads_the_engine_buffer_then_goes_live() {
+        let mut p = PublisherSequence::new(REPLAY);
+        assert_eq!(
+            p.connected(),
+            vec![uncertain(Uncertainty::FirstContact), reread()]
+        );
+        // Live batches wait behind the re-read; it starts wherever the buffer starts.
+        assert_eq!(live(&mut p, 0, 7), vec![]);
+        assert_eq!(reply(&mut p, 0, 4), vec![replayed(0, 4)]);
+        assert_eq!(reply(&mut p, 0, 5), vec![replayed(0, 5)]);
+        assert_eq!(reply(&mut p, 0, 6), vec![replayed(0, 6)]);
+        assert_eq!(reply(&mut p, 0, 7), vec![replayed(0, 7)]);
+        assert_eq!(
+            p.replay_end(),
+            vec![
+                Action::ReplayFilled { from: 0 },
+                Action::Duplicate { sequence: 7 }
+            ]
+        );
+        assert_eq!(live(&mut p, 0, 8), vec![apply(0, 8)]);
+        assert_eq!(p.last_applied(), Some(8));
+    }
+
+    #[test]
+    fn a_live_batch_before_the_connection_report_starts_the_check_once() {
+        let mut p = PublisherSequence::new(REPLAY);
+        assert_eq!(
+            live(&mut p, 0, 3),
+            vec![uncertain(Uncertainty::FirstContact), reread()]
+        );
+        assert_eq!(p.connected(), vec![], "the same connection, reported late");
+        assert_eq!(reply(&mut p, 0, 3), vec![replayed(0, 3)]);
+        assert_eq!(
+            p.replay_end(),
+            vec![
+                Action::ReplayFilled { from: 0 },
+                Action::Duplicate { sequence: 3 }
+            ]
+        );
+    }
+
+    #[test]
+    fn in_order_and_duplicates() {
+        let mut p = fresh(REPLAY);
+        assert_eq!(live(&mut p, 0, 0), vec![apply(0, 0)]);
+        assert_eq!(
+            live(&mut p, 0, 0),
+            vec![Action::Duplicate { sequence: 0 }]
+        );
+        assert_eq!(live(&mut p, 0, 1), vec![apply(0, 1)]);
+        // An unknown identity cannot prove a new process.
+        assert_eq!(
+            p.live(1, None, (9, 1)),
+            vec![Action::Duplicate { sequence: 1 }]
+        );
+    }
+
+    #[test]
+    fn backwards_or_a_repeat_with_another_identity_is_a_restart_that_rereads() {
+        for (s, cause) in [(0, Uncertainty::Backwards), (4, Uncertainty::Repeat)] {
+            let mut p = fresh(REPLAY);
+            for k in 0..5 {
+                live(&mut p, 0, k);
+            }
+            assert_eq!(
+                live(&mut p, 1, s),
+                vec![uncertain(cause), clear(ClearReason::Restart), reread()],
+                "{cause:?}"
+            );
+            for k in 0..=s {
+                assert_eq!(reply(&mut p, 1, k), vec![replayed(1, k)]);
+            }
+            assert_eq!(
+                p.replay_end(),
+                vec![
+                    Action::ReplayFilled { from: 0 },
+                    Action::Duplicate { sequence: s }
+                ]
+            );
+            assert_eq!(live(&mut p, 1, s + 1), vec![apply(1, s + 1)]);
+        }
+    }
+
+    #[test]
+    fn without_a_replay_socket_a_restart_clears_and_applies() {
+        let mut p = fresh(NO_REPLAY);
+        live(&mut p, 0, 0);
+        live(&mut p, 0, 1);
+        assert_eq!(
+            live(&mut p, 1, 1),
+            vec![
+                uncertain(Uncertainty::Repeat),
+                clear(ClearReason::Restart),
+                apply(1, 1)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_gap_verifies_the_last_batch_then_fills() {
+        let mut p = started(REPLAY, 10);
+        assert_eq!(
+            live(&mut p, 0, 13),
+            vec![
+                Action::Gap {
+                    expected: 11,
+                    received: 13
+                },
+                verify(10)
+            ]
+        );
+        assert_eq!(p.replay_in_flight(), Some(10));
+        assert_eq!(live(&mut p, 0, 14), vec![]);
+        assert_eq!(p.buffered(), 2);
+        assert_eq!(reply(&mut p, 0, 10), vec![Action::Verified { sequence: 10 }]);
+        assert_eq!(reply(&mut p, 0, 11), vec![replayed(0, 11)]);
+        assert_eq!(reply(&mut p, 0, 12), vec![replayed(0, 12)]);
+        assert_eq!(reply(&mut p, 0, 13), vec![replayed(0, 13)]);
+        assert_eq!(
+            p.replay_end(),
+            vec![
+                Action::ReplayFilled { from: 10 },
+                Action::Duplicate { sequence: 13 },
+                apply(0, 14)
+            ]
+        );
+        assert_eq!(p.replay_in_flight(), None);
+        assert_eq!(live(&mut p, 0, 15), vec![apply(0, 15)]);
+    }
+
+    #[test]
+    fn a_gap_from_a_restarted_engine_fails_the_verification_and_rereads() {
+        // The old process applied up to 5; the new one's batch 7 arrives first.
+        let mut p = fresh(REPLAY);
+        for k in 0..6 {
+            live(&mut p, 0, k);
+        }
+        assert_eq!(live(&mut p, 1, 7)[1], verify(5));
+        // Its buffer holds 5 too, with another identity.
+        assert_eq!(
+            reply(&mut p, 1, 5),
+            vec![
+                Action::ReplayFailed {
+                    from: 5,
+                    reason: ReplayFailure::Unverified
+                },
+                clear(ClearReason::Unverified),
+                reread()
+            ]
+        );
+        assert_eq!(p.buffered(), 0, "the re-read returns what was held");
+        for k in 0..8 {
+            assert_eq!(reply(&mut p, 1, k), vec![replayed(1, k)]);
+        }
+        assert_eq!(p.replay_end(), vec![Action::ReplayFilled { from: 0 }]);
+        assert_eq!(live(&mut p, 1, 8), vec![apply(1, 8)]);
+    }
+
+    #[test]
+    fn a_verification_fails_when_the_buffer_lost_the_batch_or_is_empty() {
+        let mut p = fresh(REPLAY);
+        live(&mut p, 0, 0);
+        live(&mut p, 0, 3);
+        assert_eq!(reply(&mut p, 0, 2)[..2], [
+            Action::ReplayFailed {
+                from: 0,
+                reason: ReplayFailure::Unverified
+            },
+            clear(ClearReason::Unverified)
+        ]);
+        let mut p = fresh(REPLAY);
+        live(&mut p, 0, 0);
+        live(&mut p, 0, 3);
+        assert_eq!(p.replay_end()[1..], [clear(ClearReason::Unverified), reread()]);
+    }
+
+    #[test]
+    fn a_reconnect_verifies_and_fills_what_the_drop_lost() {
+        let mut p = fresh(REPLAY);
+        live(&mut p, 0, 0);
+        live(&mut p, 0, 1);
+        assert_eq!(p.disconnected(), vec![]);
+        assert_eq!(
+            p.connected(),
+            vec![uncertain(Uncertainty::Reconnect), verify(1)]
+        );
+        assert_eq!(live(&mut p, 0, 4), vec![]);
+        assert_eq!(reply(&mut p, 0, 1), vec![Action::Verified { sequence: 1 }]);
+        assert_eq!(reply(&mut p, 0, 2), vec![replayed(0, 2)]);
+        assert_eq!(reply(&mut p, 0, 3), vec![replayed(0, 3)]);
+        assert_eq!(reply(&mut p, 0, 4), vec![replayed(0, 4)]);
+        assert_eq!(
+            p.replay_end(),
+            vec![
+                Action::ReplayFilled { from: 1 },
+                Action::Duplicate { sequence: 4 }
+            ]
+        );
+    }
+
+    #[test]
+    fn a_restart_behind_a_reconnect_is_found_whatever_its_sequence() {
+        // The old process applied 0..=3. The new one published `n` batches before the
+        // producer's SUB came back; the first it delivers live is `n`.
+        for n in [2i64, 3, 4, 5, 9] {
+            let mut p = fresh(REPLAY);
+            for k in 0..=3 {
+                live(&mut p, 0, k);
+            }
+            p.disconnected();
+            assert_eq!(p.connected()[1], verify(3));
+            // Live batches wait; a live batch below 3 shows the restart at once.
+            let mut out = live(&mut p, 1, n);
+            if n < 3 {
+                assert_eq!(out[1..3], [uncertain(Uncertainty::Backwards), clear(ClearReason::Restart)]);
+            } else if n == 3 {
+                assert_eq!(out[1..3], [uncertain(Uncertainty::Repeat), clear(ClearReason::Restart)]);
+            } else {
+                assert_eq!(out, vec![]);
+                // The replay from 3 starts with the new process's 3, or with nothing.
+                out = if n > 3 { reply(&mut p, 1, 3) } else { p.replay_end() };
+                assert_eq!(out[1], clear(ClearReason::Unverified));
+            }
+            assert_eq!(*out.last().unwrap(), reread(), "n = {n}");
+            for k in 0..=n {
+                assert_eq!(reply(&mut p, 1, k), vec![replayed(1, k)], "n = {n}");
+            }
+            p.replay_end();
+            assert_eq!(p.last_applied(), Some(n));
+            assert_eq!(live(&mut p, 1, n + 1), vec![apply(1, n + 1)]);
+        }
+    }
+
+    #[test]
+    fn a_reconnect_without_a_replay_socket_clears_what_was_applied() {
+        let mut p = fresh(NO_REPLAY);
+        live(&mut p, 0, 0);
+        p.disconnected();
+        assert_eq!(
+            p.connected(),
+            vec![
+                uncertain(Uncertainty::Reconnect),
+                clear(ClearReason::Unverified)
+            ]
+        );
+        assert_eq!(live(&mut p, 0, 5), vec![apply(0, 5)]);
+        // Nothing applied: nothing to clear.
+        let mut p = PublisherSequence::<B>::new(NO_REPLAY);
+        assert_eq!(p.connected(), vec![uncertain(Uncertainty::FirstContact)]);
+        assert_eq!(live(&mut p, 0, 5), vec![apply(0, 5)]);
+    }
+
+    #[test]
+    fn a_disconnected_publisher_holds_live_batches_until_it_is_checked() {
+        let mut p = fresh(REPLAY);
+        live(&mut p, 0, 0);
+        p.disconnected();
+        // A live batch shows the connection is back before its report.
+        assert_eq!(
+            live(&mut p, 0, 2),
+            vec![uncertain(Uncertainty::Reconnect), verify(0)]
+        );
+        assert_eq!(p.buffered(), 1);
+        assert_eq!(p.connected(), vec![]);
+        assert_eq!(reply(&mut p, 0, 0), vec![Action::Verified { sequence: 0 }]);
+        assert_eq!(reply(&mut p, 0, 1), vec![replayed(0, 1)]);
+        assert_eq!(p.replay_end()[1], apply(0, 2));
+    }
+
+    #[test]
+    fn a_drop_during_a_replay_abandons_it() {
+        let mut p = fresh(REPLAY);
+        live(&mut p, 0, 0);
+        live(&mut p, 0, 2);
+        assert_eq!(
+            p.disconnected(),
+            vec![Action::ReplayFailed {
+                from: 0,
+                reason: ReplayFailure::Disconnected
+            }]
+        );
+        assert_eq!(reply(&mut p, 0, 0), vec![], "the abandoned replay is ignored");
+        assert_eq!(p.connected()[1], verify(0));
+    }
+
+    #[test]
+    fn a_restored_sequence_is_verified_at_the_first_connection() {
+        let mut p = PublisherSequence::resume(REPLAY, 41, id((0, 41)));
+        assert_eq!(p.last_applied(), Some(41));
+        assert_eq!(
+            p.connected(),
+            vec![uncertain(Uncertainty::Restored), verify(41)]
+        );
+        assert_eq!(reply(&mut p, 0, 41), vec![Action::Verified { sequence: 41 }]);
+        assert_eq!(reply(&mut p, 0, 42), vec![replayed(0, 42)]);
+        assert_eq!(p.replay_end(), vec![Action::ReplayFilled { from: 41 }]);
+        assert_eq!(live(&mut p, 0, 43), vec![apply(0, 43)]);
+        // Restored without an identity: never verified, the buffer is re-read.
+        let mut p = PublisherSequence::resume(REPLAY, 41, None);
+        p.connected();
+        assert_eq!(reply(&mut p, 0, 41)[1..], [clear(ClearReason::Unverified), reread()]);
+        // Without a replay socket the restored members are cleared.
+        let mut p = PublisherSequence::<B>::resume(NO_REPLAY, 41, id((0, 41)));
+        assert_eq!(p.connected()[1], clear(ClearReason::Unverified));
+    }
+
+    #[test]
+    fn a_reread_with_a_hole_clears_and_starts_again_after_it() {
+        let mut p = PublisherSequence::new(REPLAY);
+        p.connected();
+        assert_eq!(reply(&mut p, 0, 0), vec![replayed(0, 0)]);
+        assert_eq!(
+            reply(&mut p, 0, 3),
             vec![
                 Action::Gap {
                     expected: 1,
                     received: 3
                 },
                 clear(ClearReason::Gap),
-                apply(3)
+                replayed(0, 3)
             ]
         );
-        assert_eq!(p.replay_in_flight(), None);
-        assert_eq!(live(&mut p, 4), vec![apply(4)]);
+        assert_eq!(p.replay_end(), vec![Action::ReplayFilled { from: 0 }]);
+        assert_eq!(live(&mut p, 0, 4), vec![apply(0, 4)]);
+    }
+
+    #[test]
+    fn a_fill_that_skips_clears_and_goes_on_after_the_hole_one_that_ends_short_fails() {
+        let mut p = fresh(REPLAY);
+        live(&mut p, 0, 0);
+        live(&mut p, 0, 5);
+        live(&mut p, 0, 6);
+        reply(&mut p, 0, 0);
+        // The engine's buffer lost 1 and 2.
+        assert_eq!(
+            reply(&mut p, 0, 3),
+            vec![
+                Action::Gap {
+                    expected: 1,
+                    received: 3
+                },
+                clear(ClearReason::Gap),
+                replayed(0, 3)
+            ]
+        );
+        assert_eq!(reply(&mut p, 0, 4), vec![replayed(0, 4)]);
+        assert_eq!(reply(&mut p, 0, 5), vec![replayed(0, 5)]);
+        assert_eq!(
+            p.replay_end(),
+            vec![
+                Action::ReplayFilled { from: 0 },
+                Action::Duplicate { sequence: 5 },
+                apply(0, 6)
+            ]
+        );
+        let mut p = fresh(REPLAY);
+        live(&mut p, 0, 0);
+        live(&mut p, 0, 4);
+        reply(&mut p, 0, 0);
+        reply(&mut p, 0, 1);
+        assert_eq!(
+            p.replay_end(),
+            vec![
+                Action::ReplayFailed {
+                    from: 0,
+                    reason: ReplayFailure::Incomplete { missing: 2 }
+                },
+                clear(ClearReason::Gap),
+                apply(0, 4)
+            ]
+        );
+    }
+
+    #[test]
+    fn timeouts_transport_failures_and_overflow_clear_and_resume_at_live() {
+        for reason in [ReplayFailure::Timeout, ReplayFailure::Transport] {
+            // Failing during the verification: unverified.
+            let mut p = fresh(REPLAY);
+            live(&mut p, 0, 0);
+            live(&mut p, 0, 3);
+            assert_eq!(
+                p.replay_failed(reason),
+                vec![
+                    Action::ReplayFailed { from: 0, reason },
+                    clear(ClearReason::Unverified),
+                    apply(0, 3)
+                ]
+            );
+            assert_eq!(p.replay_failed(reason), vec![]);
+            // Failing after it: the gap stays unfilled.
+            let mut p = fresh(REPLAY);
+            live(&mut p, 0, 0);
+            live(&mut p, 0, 3);
+            reply(&mut p, 0, 0);
+            assert_eq!(p.replay_failed(reason)[1], clear(ClearReason::Gap));
+        }
+        let mut p = fresh(REPLAY);
+        live(&mut p, 0, 0);
+        for k in 2..5 {
+            live(&mut p, 0, k);
+        }
+        assert_eq!(
+            live(&mut p, 0, 5),
+            vec![
+                Action::ReplayFailed {
+                    from: 0,
+                    reason: ReplayFailure::Overflow
+                },
+                clear(ClearReason::Unverified),
+                apply(0, 2),
+                apply(0, 3),
+                apply(0, 4),
+                apply(0, 5)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_restart_during_a_replay_abandons_it_and_rereads() {
+        let mut p = started(REPLAY, 7);
+        live(&mut p, 0, 9);
+        assert_eq!(
+            live(&mut p, 1, 0),
+            vec![
+                Action::ReplayFailed {
+                    from: 7,
+                    reason: ReplayFailure::Restart
+                },
+                uncertain(Uncertainty::Backwards),
+                clear(ClearReason::Restart),
+                reread()
+            ]
+        );
+        assert_eq!(reply(&mut p, 1, 0), vec![replayed(1, 0)]);
     }
 
     #[test]
     fn zero_buffer_disables_replay() {
-        let mut p = PublisherSequence::new(SequenceConfig {
+        let mut p = fresh(SequenceConfig {
             max_buffered_batches: 0,
             replay_available: true,
         });
-        live(&mut p, 0);
-        let out = live(&mut p, 2);
+        live(&mut p, 0, 0);
+        let out = live(&mut p, 0, 2);
         assert!(out.contains(&clear(ClearReason::Gap)));
         assert!(
             !out.iter()
@@ -509,403 +1280,35 @@ mod tests {
     }
 
     #[test]
-    fn gap_filled_by_replay_in_order_overlap_ignored() {
-        let mut p = PublisherSequence::new(REPLAY);
-        live(&mut p, 10);
-        assert_eq!(
-            live(&mut p, 13),
-            vec![
-                Action::Gap {
-                    expected: 11,
-                    received: 13
-                },
-                Action::RequestReplay { from: 11 }
-            ]
-        );
-        assert_eq!(p.replay_in_flight(), Some(11));
-        assert_eq!(live(&mut p, 14), vec![]);
-        assert_eq!(p.buffered(), 2);
-        // The replay answers from its buffer: an old one first (overlap), then the gap, then
-        // what was also received live.
-        assert_eq!(p.replayed(10, 10), vec![Action::Duplicate { sequence: 10 }]);
-        assert_eq!(p.replayed(11, 11), vec![replayed(11)]);
-        assert_eq!(p.replayed(12, 12), vec![replayed(12)]);
-        assert_eq!(p.replayed(13, 13), vec![replayed(13)]);
-        assert_eq!(
-            p.replay_end(),
-            vec![
-                Action::ReplayFilled { from: 11 },
-                Action::Duplicate { sequence: 13 },
-                apply(14)
-            ]
-        );
-        assert_eq!(p.replay_in_flight(), None);
-        assert_eq!(live(&mut p, 15), vec![apply(15)]);
-    }
-
-    #[test]
-    fn replay_that_skips_the_missing_sequence_fails_and_clears() {
-        let mut p = PublisherSequence::new(REPLAY);
-        live(&mut p, 0);
-        live(&mut p, 5);
-        live(&mut p, 6);
-        // The engine's buffer starts at 3: 1 and 2 are gone.
-        assert_eq!(
-            p.replayed(3, 3),
-            vec![
-                Action::ReplayFailed {
-                    from: 1,
-                    reason: ReplayFailure::Incomplete { missing: 1 }
-                },
-                clear(ClearReason::Gap),
-                apply(5),
-                apply(6)
-            ]
-        );
-        // Later replies of the abandoned replay are ignored.
-        assert_eq!(p.replayed(4, 4), vec![]);
-        assert_eq!(p.replay_end(), vec![]);
-        assert_eq!(live(&mut p, 7), vec![apply(7)]);
-    }
-
-    #[test]
-    fn replay_ending_short_fails() {
-        let mut p = PublisherSequence::new(REPLAY);
-        live(&mut p, 0);
-        live(&mut p, 4);
-        assert_eq!(p.replayed(1, 1), vec![replayed(1)]);
-        assert_eq!(
-            p.replay_end(),
-            vec![
-                Action::ReplayFailed {
-                    from: 1,
-                    reason: ReplayFailure::Incomplete { missing: 2 }
-                },
-                clear(ClearReason::Gap),
-                apply(4)
-            ]
-        );
-    }
-
-    #[test]
-    fn empty_replay_fails() {
-        let mut p = PublisherSequence::new(REPLAY);
-        live(&mut p, 0);
-        live(&mut p, 2);
-        let out = p.replay_end();
-        assert_eq!(
-            out[0],
-            Action::ReplayFailed {
-                from: 1,
-                reason: ReplayFailure::Incomplete { missing: 1 }
-            }
-        );
-        assert_eq!(out[1..], [clear(ClearReason::Gap), apply(2)]);
-    }
-
-    #[test]
-    fn timeout_and_transport_failures_clear_and_resume_at_live() {
-        for reason in [ReplayFailure::Timeout, ReplayFailure::Transport] {
-            let mut p = PublisherSequence::new(REPLAY);
-            live(&mut p, 0);
-            live(&mut p, 3);
-            live(&mut p, 4);
-            assert_eq!(
-                p.replay_failed(reason),
-                vec![
-                    Action::ReplayFailed { from: 1, reason },
-                    clear(ClearReason::Gap),
-                    apply(3),
-                    apply(4)
-                ]
-            );
-            assert_eq!(p.replay_failed(reason), vec![]);
-        }
-    }
-
-    #[test]
-    fn buffer_overflow_fails_the_replay() {
-        let mut p = PublisherSequence::new(REPLAY);
-        live(&mut p, 0);
-        live(&mut p, 2);
-        live(&mut p, 3);
-        live(&mut p, 4);
-        assert_eq!(p.buffered(), 3);
-        assert_eq!(
-            live(&mut p, 5),
-            vec![
-                Action::ReplayFailed {
-                    from: 1,
-                    reason: ReplayFailure::Overflow
-                },
-                clear(ClearReason::Gap),
-                apply(2),
-                apply(3),
-                apply(4),
-                apply(5)
-            ]
-        );
-    }
-
-    #[test]
-    fn restart_during_a_replay_abandons_it() {
-        let mut p = PublisherSequence::new(REPLAY);
-        live(&mut p, 7);
-        live(&mut p, 9);
-        assert_eq!(
-            live(&mut p, 0),
-            vec![
-                Action::ReplayFailed {
-                    from: 8,
-                    reason: ReplayFailure::Restart
-                },
-                clear(ClearReason::Restart),
-                apply(0)
-            ]
-        );
-        assert_eq!(p.replayed(8, 8), vec![]);
-    }
-
-    #[test]
-    fn gap_among_buffered_after_failure_asks_a_new_replay() {
-        let mut p = PublisherSequence::new(REPLAY);
-        live(&mut p, 0);
-        live(&mut p, 2);
-        live(&mut p, 4);
-        let out = p.replay_failed(ReplayFailure::Timeout);
-        assert_eq!(
-            out[2..],
-            [
-                apply(2),
-                Action::Gap {
-                    expected: 3,
-                    received: 4
-                },
-                Action::RequestReplay { from: 3 }
-            ]
-        );
-        assert_eq!(p.replay_in_flight(), Some(3));
-    }
-
-    #[test]
-    fn duplicate_while_buffering_is_ignored() {
-        let mut p = PublisherSequence::new(REPLAY);
-        live(&mut p, 0);
-        live(&mut p, 2);
-        assert_eq!(live(&mut p, 2), vec![Action::Duplicate { sequence: 2 }]);
-        assert_eq!(p.buffered(), 1);
-    }
-
-    #[test]
     fn replies_without_a_replay_are_ignored() {
-        let mut p = PublisherSequence::new(REPLAY);
-        live(&mut p, 0);
-        assert_eq!(p.replayed(1, 1), vec![]);
+        let mut p = fresh(REPLAY);
+        live(&mut p, 0, 0);
+        assert_eq!(reply(&mut p, 0, 1), vec![]);
         assert_eq!(p.replay_end(), vec![]);
         assert_eq!(p.replay_failed(ReplayFailure::Timeout), vec![]);
-        assert_eq!(live(&mut p, 1), vec![apply(1)]);
-    }
-
-    #[test]
-    fn resume_goes_on_after_the_restored_sequence() {
-        // In order and duplicate.
-        let mut p = PublisherSequence::resume(REPLAY, 41);
-        assert_eq!(p.last_applied(), Some(41));
-        assert_eq!(live(&mut p, 41), vec![Action::Duplicate { sequence: 41 }]);
-        assert_eq!(live(&mut p, 42), vec![apply(42)]);
-        // Below the restored sequence: the engine restarted while the caller was down.
-        let mut p = PublisherSequence::resume(REPLAY, 41);
-        assert_eq!(live(&mut p, 3), vec![clear(ClearReason::Restart), apply(3)]);
-        // No replay socket: what was published meanwhile is lost, the members are cleared.
-        let mut p = PublisherSequence::resume(NO_REPLAY, 41);
-        assert_eq!(
-            live(&mut p, 45),
-            vec![
-                Action::Gap {
-                    expected: 42,
-                    received: 45
-                },
-                clear(ClearReason::Gap),
-                apply(45)
-            ]
-        );
-    }
-
-    #[test]
-    fn resume_fills_the_downtime_from_the_replay() {
-        let mut p = PublisherSequence::resume(REPLAY, 41);
-        assert_eq!(
-            live(&mut p, 44),
-            vec![
-                Action::Gap {
-                    expected: 42,
-                    received: 44
-                },
-                Action::RequestReplay { from: 42 }
-            ]
-        );
-        assert_eq!(p.replayed(42, 42), vec![replayed(42)]);
-        assert_eq!(p.replayed(43, 43), vec![replayed(43)]);
-        assert_eq!(p.replayed(44, 44), vec![replayed(44)]);
-        assert_eq!(
-            p.replay_end(),
-            vec![
-                Action::ReplayFilled { from: 42 },
-                Action::Duplicate { sequence: 44 }
-            ]
-        );
-        assert_eq!(live(&mut p, 45), vec![apply(45)]);
-        // The engine restarted meanwhile and its new buffer has nothing from 42 on: the
-        // replay ends empty, which does not fill the gap.
-        let mut p = PublisherSequence::resume(REPLAY, 41);
-        live(&mut p, 50);
-        assert_eq!(
-            p.replay_end()[..2],
-            [
-                Action::ReplayFailed {
-                    from: 42,
-                    reason: ReplayFailure::Incomplete { missing: 42 }
-                },
-                clear(ClearReason::Gap)
-            ]
-        );
-    }
-
-    #[test]
-    fn catch_up_asks_for_the_downtime_at_once() {
-        // The engine published 42..=43 while the caller was down, then went idle.
-        let mut p = PublisherSequence::resume(REPLAY, 41);
-        assert_eq!(p.catch_up(), vec![Action::RequestReplay { from: 42 }]);
-        assert_eq!(p.catch_up(), vec![], "one replay at a time");
-        assert_eq!(p.replayed(42, 42), vec![replayed(42)]);
-        assert_eq!(p.replayed(43, 43), vec![replayed(43)]);
-        assert_eq!(p.replay_end(), vec![Action::ReplayFilled { from: 42 }]);
-        assert_eq!(live(&mut p, 44), vec![apply(44)]);
-        // Nothing was published meanwhile: an empty replay fills it.
-        let mut p = PublisherSequence::resume(REPLAY, 41);
-        p.catch_up();
-        assert_eq!(p.replay_end(), vec![Action::ReplayFilled { from: 42 }]);
-        assert_eq!(live(&mut p, 42), vec![apply(42)]);
-        // Live batches during the catch-up buffer behind it; the overlap is ignored.
-        let mut p = PublisherSequence::resume(REPLAY, 41);
-        p.catch_up();
-        assert_eq!(live(&mut p, 43), vec![]);
-        assert_eq!(p.replayed(42, 42), vec![replayed(42)]);
-        assert_eq!(p.replayed(43, 43), vec![replayed(43)]);
-        assert_eq!(
-            p.replay_end(),
-            vec![
-                Action::ReplayFilled { from: 42 },
-                Action::Duplicate { sequence: 43 }
-            ]
-        );
-    }
-
-    #[test]
-    fn a_catch_up_sees_an_engine_restart_and_a_lost_downtime() {
-        // A live batch below the restored sequence: the engine restarted meanwhile.
-        let mut p = PublisherSequence::resume(REPLAY, 41);
-        p.catch_up();
-        assert_eq!(
-            live(&mut p, 2),
-            vec![
-                Action::ReplayFailed {
-                    from: 42,
-                    reason: ReplayFailure::Restart
-                },
-                clear(ClearReason::Restart),
-                apply(2)
-            ]
-        );
-        // The engine's buffer no longer reaches back to 42: the downtime is lost.
-        let mut p = PublisherSequence::resume(REPLAY, 41);
-        p.catch_up();
-        assert_eq!(
-            p.replayed(50, 50)[..2],
-            [
-                Action::ReplayFailed {
-                    from: 42,
-                    reason: ReplayFailure::Incomplete { missing: 42 }
-                },
-                clear(ClearReason::Gap)
-            ]
-        );
-    }
-
-    #[test]
-    fn an_unreachable_replay_socket_fails_a_catch_up_without_clearing() {
-        for reason in [ReplayFailure::Timeout, ReplayFailure::Transport] {
-            let mut p = PublisherSequence::resume(REPLAY, 41);
-            p.catch_up();
-            assert_eq!(live(&mut p, 42), vec![]);
-            assert_eq!(
-                p.replay_failed(reason),
-                vec![Action::ReplayFailed { from: 42, reason }, apply(42)],
-                "{reason:?}"
-            );
-            assert_eq!(p.last_applied(), Some(42));
-            // A later gap asks again, as without a catch-up.
-            assert_eq!(live(&mut p, 45)[1..], [Action::RequestReplay { from: 43 }]);
-        }
-        // Buffered batches with a gap behind a failed catch-up: a replay for the gap.
-        let mut p = PublisherSequence::resume(REPLAY, 41);
-        p.catch_up();
-        live(&mut p, 44);
-        assert_eq!(
-            p.replay_failed(ReplayFailure::Timeout),
-            vec![
-                Action::ReplayFailed {
-                    from: 42,
-                    reason: ReplayFailure::Timeout
-                },
-                Action::Gap {
-                    expected: 42,
-                    received: 44
-                },
-                Action::RequestReplay { from: 42 }
-            ]
-        );
-        // A gap-triggered replay that times out still clears: a gap was seen.
-        let mut p = PublisherSequence::resume(REPLAY, 41);
-        live(&mut p, 44);
-        assert!(
-            p.replay_failed(ReplayFailure::Timeout)
-                .contains(&clear(ClearReason::Gap))
-        );
-    }
-
-    #[test]
-    fn no_catch_up_without_a_replay_socket_or_a_restored_sequence() {
-        let mut p = PublisherSequence::<i64>::resume(NO_REPLAY, 41);
-        assert_eq!(p.catch_up(), vec![]);
-        let mut p = PublisherSequence::<i64>::new(REPLAY);
-        assert_eq!(p.catch_up(), vec![]);
-        let mut p = PublisherSequence::<i64>::resume(REPLAY, i64::MAX);
-        assert_eq!(p.catch_up(), vec![]);
-    }
-
-    #[test]
-    fn resume_at_the_extremes() {
-        let mut p = PublisherSequence::resume(REPLAY, i64::MAX);
-        assert_eq!(
-            live(&mut p, i64::MAX),
-            vec![Action::Duplicate { sequence: i64::MAX }]
-        );
-        assert_eq!(live(&mut p, 0), vec![clear(ClearReason::Restart), apply(0)]);
-        let mut p = PublisherSequence::resume(REPLAY, i64::MIN);
-        assert_eq!(live(&mut p, i64::MIN + 1), vec![apply(i64::MIN + 1)]);
+        assert_eq!(live(&mut p, 0, 1), vec![apply(0, 1)]);
     }
 
     #[test]
     fn extreme_sequences_do_not_overflow() {
-        let mut p = PublisherSequence::new(REPLAY);
-        assert_eq!(live(&mut p, i64::MAX), vec![apply(i64::MAX)]);
+        let mut p = fresh(NO_REPLAY);
+        assert_eq!(live(&mut p, 0, i64::MAX), vec![apply(0, i64::MAX)]);
         assert_eq!(
-            live(&mut p, i64::MAX),
+            live(&mut p, 0, i64::MAX),
             vec![Action::Duplicate { sequence: i64::MAX }]
         );
-        assert_eq!(live(&mut p, 0), vec![clear(ClearReason::Restart), apply(0)]);
-        assert_eq!(ClearReason::Gap.label(), "gap");
-        assert_eq!(ReplayFailure::Overflow.label(), "overflow");
+        let mut p = PublisherSequence::resume(REPLAY, i64::MAX, id((0, i64::MAX)));
+        p.connected();
+        assert_eq!(
+            reply(&mut p, 0, i64::MAX),
+            vec![Action::Verified { sequence: i64::MAX }]
+        );
+        assert_eq!(p.replay_end(), vec![Action::ReplayFilled { from: i64::MAX }]);
+        let mut p = fresh(NO_REPLAY);
+        assert_eq!(live(&mut p, 0, i64::MIN), vec![apply(0, i64::MIN)]);
+        assert_eq!(live(&mut p, 0, i64::MIN + 1), vec![apply(0, i64::MIN + 1)]);
+        assert_eq!(ClearReason::Unverified.label(), "unverified");
+        assert_eq!(Uncertainty::FirstContact.label(), "first_contact");
+        assert_eq!(ReplayKind::Reread.label(), "reread");
     }
 }
