@@ -447,8 +447,11 @@ fn trtllm_lora_id_only_block_is_seeded_by_the_decimal_id() {
     );
 }
 
+/// `sha256(b"image-2")` in hex: a digest no key of its event names (`trtllm_token_strings`).
+const OTHER_IMAGE: &str = "5a0717cb6596468ea1dffa86011f9b0f497348d80421835b51799f9aeb455642";
+
 #[test]
-fn trtllm_decimal_string_token_ids_are_accepted_a_digest_token_is_not() {
+fn trtllm_decimal_string_token_ids_are_accepted_an_unnamed_digest_is_not() {
     let b = decode("trtllm_token_strings");
     assert_eq!((b.ts, b.dp_rank), (12.0, Some(0)));
     let s0 = stored(&b.events[0]);
@@ -458,14 +461,14 @@ fn trtllm_decimal_string_token_ids_are_accepted_a_digest_token_is_not() {
         got,
         tokens::sequence_hashes(&[12, 13, 14, 15], 4, BlockSeed::DEFAULT, &[]).unwrap()
     );
-    // The store whose token ids hold an item digest (the image's first position) is
+    // The store whose token ids hold a digest that no mm_keys entry of the event names is
     // malformed; the clear after it still decodes.
     assert_eq!(b.events.len(), 2);
     assert_eq!(b.events[1], EngineEvent::AllCleared);
     assert_eq!(b.notes.malformed_events, 1);
     let why = b.notes.first_malformed.as_deref().unwrap();
     assert!(
-        why.contains("token_ids") && why.contains(&IMAGE[..16]),
+        why.contains("token_ids") && why.contains(&OTHER_IMAGE[..16]),
         "{why}"
     );
 }
