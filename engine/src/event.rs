@@ -5,9 +5,9 @@
 //! `kv_cache_events` module), with every engine block hash reduced to 64 bits (see
 //! [`crate::wire`] for the reduction). TensorRT-LLM's extra fields land in the same shapes:
 //! its `mm_keys` in [`BlockExtras::mm_hashes`], a `lora_id` sent without `lora_name` in
-//! [`StoredBlocks::lora_name`], token ids sent as decimal strings in
-//! [`StoredBlocks::token_ids`]. Nothing here is canonical yet: the engine hashes
-//! become canonical hashes in [`crate::lineage`].
+//! [`StoredBlocks::lora_name`], token ids sent as decimal strings, and item digests sent in
+//! place of token ids, in [`StoredBlocks::token_ids`]. Nothing here is canonical yet: the
+//! engine hashes become canonical hashes in [`crate::lineage`].
 
 /// One decoded `EventBatch`: a publisher's payload for one sequence number.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -81,7 +81,9 @@ pub struct StoredBlocks {
     pub parent: Option<u64>,
     /// The tokens of every stored block, concatenated: `block_hashes.len() * block_size`
     /// tokens for a well-formed event (checked by [`crate::filters`], not by the decoder).
-    /// A token id sent as a decimal string (TensorRT-LLM) is its value.
+    /// A token id sent as a decimal string (TensorRT-LLM) is its value; an item digest sent in
+    /// place of a token id (TensorRT-LLM, at an image's first position) is
+    /// [`crate::wire::IMAGE_DIGEST_TOKEN`].
     pub token_ids: Vec<u32>,
     /// Tokens per block, as the engine sent it.
     pub block_size: u32,

@@ -8,7 +8,11 @@
 //! crate README, "Decoding rules"; the field names and orders are those of vLLM's and SGLang's
 //! `kv_events.py` msgspec structs, and TensorRT-LLM's wire structs (its `pyexecutor`
 //! `kv_cache_events` module: tagged-map events with `mm_keys`, `lora_id` without `lora_name`,
-//! token ids that may be strings).
+//! token ids that may be strings, an item's digest in place of its first token id: see
+//! [`IMAGE_DIGEST_TOKEN`]).
+
+use std::collections::HashSet;
+use std::ops::Range;
 
 use thiserror::Error;
 
@@ -21,6 +25,22 @@ use ckf_core::tokens::mm_identifier_hash;
 use crate::event::{
     BlockExtras, DecodeNotes, EngineBatch, EngineEvent, RemovedBlocks, StoredBlocks,
 };
+
+/// The token id an item digest sent in place of a token id decodes to.
+///
+/// TensorRT-LLM sends, at the position where a multimodal item (an image) starts, the item's
+/// digest in hex as a string instead of a token id, and the item's later positions as ints. A
+/// string token id that is not a decimal `u32` but equals, ASCII case-insensitively, the
+/// `hash` of an `mm_keys` entry of the same event (any of its blocks; a non-empty `hash` of an
+/// entry of type `mm_key`) decodes to this fixed id: the item's identity already enters the
+/// hash of every block it overlaps through [`BlockExtras::mm_hashes`], so the position only
+/// needs the same id in every request. A token query for such blocks sends this id at the
+/// item's first position, and the item itself (identifier, offset, length) as a multimodal
+/// item. Any other non-decimal string makes the event malformed.
+///
+/// `u32::MAX`: no engine's vocabulary reaches it (TensorRT-LLM's token ids are `int32`); an
+/// engine that sent `4294967295` as a token id would give the same block hashes.
+pub const IMAGE_DIGEST_TOKEN: u32 = u32::MAX;
 
 /// Bounds on one payload, so a hostile or broken publisher cannot make the decoder allocate
 /// without limit. A batch breaking `max_events` or `max_depth` is a [`DecodeError`]; an event
@@ -307,6 +327,9 @@ impl Reader<'_, '_> {
                 if let Some(why) = bad {
                     return Ok(Err(format!("{kind}: {why}")));
                 }
+                if let Err(why) = f.resolve_string_tokens(self.buf) {
+                    return Ok(Err(format!("{kind}: token_ids: {why}")));
+                }
                 match f.build(&kind) {
                     Ok(ev) => ev,
                     Err(why) => return Ok(Err(format!("{kind}: {why}"))),
@@ -328,9 +351,12 @@ impl Reader<'_, '_> {
                 .read_hashes(D)
                 .map(|r| r.map(|v| f.block_hashes = Some(v))),
             FieldName::Parent => self.read_opt_hash().map(|r| r.map(|v| f.parent = v)),
-            FieldName::TokenIds => self
-                .read_tokens(D, lim.max_tokens_per_event)
-                .map(|r| r.map(|v| f.token_ids = Some(v))),
+            FieldName::TokenIds => self.read_tokens(D, lim.max_tokens_per_event).map(|r| {
+                r.map(|(ids, strings)| {
+                    f.token_ids = Some(ids);
+                    f.string_tokens = strings;
+                })
+            }),
             FieldName::BlockSize => self.read_opt_u32().map(|r| {
                 r.and_then(|v| v.ok_or_else(|| "nil".to_owned()))
                     .map(|v| f.block_size = Some(v))
@@ -433,21 +459,30 @@ impl Reader<'_, '_> {
         Ok(bad.map_or(Ok(out), Err))
     }
 
-    fn read_tokens(&mut self, depth: usize, max: usize) -> Field<Vec<u32>> {
+    /// A list of token ids at `depth`: ints fitting `u32` and decimal strings are their value.
+    /// Another string is left for [`Fields::resolve_string_tokens`] (it may be an item
+    /// digest, checked once the event's `mm_keys` are read): its slot holds
+    /// [`IMAGE_DIGEST_TOKEN`] and the second list names the slot and the string's bytes.
+    fn read_tokens(&mut self, depth: usize, max: usize) -> Field<(Vec<u32>, Vec<StringToken>)> {
         let n = match self.list_header(depth, max)? {
             Ok(n) => n,
             Err(why) => return Ok(Err(why)),
         };
         let mut out = Vec::with_capacity(self.cap(n));
+        let mut strings = Vec::new();
         let mut bad = None;
         for _ in 0..n {
             let tok = self.next()?;
             let id = match tok {
                 // TensorRT-LLM declares token ids `int | str`: a decimal string is the id.
-                Tok::Str(b) => decimal_u32(b).ok_or_else(|| {
-                    let shown = String::from_utf8_lossy(&b[..b.len().min(MAX_SHOWN_BYTES)]);
-                    format!("token id string {shown:?} is not a decimal u32")
-                }),
+                Tok::Str(b) => Ok(decimal_u32(b).unwrap_or_else(|| {
+                    // `next` left `pos` just past the string's bytes.
+                    strings.push(StringToken {
+                        slot: out.len(),
+                        bytes: self.pos - b.len()..self.pos,
+                    });
+                    IMAGE_DIGEST_TOKEN
+                })),
                 ref t => t
                     .as_u32()
                     .ok_or_else(|| format!("token id {t:?} does not fit u32")),
@@ -460,7 +495,7 @@ impl Reader<'_, '_> {
             }
             self.skip_rest(&tok, depth + 1)?;
         }
-        Ok(bad.map_or(Ok(out), Err))
+        Ok(bad.map_or(Ok((out, strings)), Err))
     }
 
     /// Reads an array header at `depth` with at most `max` items; anything else (or a longer
@@ -613,8 +648,10 @@ impl Reader<'_, '_> {
             let mut block = RawMm::default();
             for _ in 0..m {
                 match self.read_mm_key(depth + 2)? {
-                    Ok(MmKey::Item(Some(h))) => block.mm_hashes.push(h),
-                    Ok(MmKey::Item(None)) => {}
+                    Ok(MmKey::Item { id, digest }) => {
+                        block.mm_hashes.extend(id);
+                        block.digests.extend(digest);
+                    }
                     Ok(MmKey::Other(h)) => block.other.push(h),
                     Err(why) => {
                         bad.get_or_insert(why);
@@ -674,8 +711,12 @@ impl Reader<'_, '_> {
         let Some(hash) = hash else {
             return Ok(Err("key without hash".into()));
         };
-        let id = uuid.filter(|u| !u.is_empty()).unwrap_or(hash);
-        Ok(Ok(MmKey::Item(mm_identifier_hash(&id))))
+        let id = match uuid.filter(|u| !u.is_empty()) {
+            Some(uuid) => mm_identifier_hash(&uuid),
+            None => mm_identifier_hash(&hash),
+        };
+        let digest = (!hash.is_empty()).then(|| hash.to_ascii_lowercase());
+        Ok(Ok(MmKey::Item { id, digest }))
     }
 }
 
@@ -732,14 +773,31 @@ struct RawMm {
     mm_hashes: Vec<u64>,
     /// xxh3 of each key of another `type`.
     other: Vec<u64>,
+    /// Each item key's non-empty `hash`, ASCII-lowercased: the digests a string token id
+    /// may name ([`IMAGE_DIGEST_TOKEN`]).
+    digests: Vec<String>,
 }
 
 /// One decoded `mm_keys` entry.
 enum MmKey {
-    /// A multimodal item: its identifier hash (`None`: empty identifier, ignored).
-    Item(Option<u64>),
+    /// A multimodal item: its identifier hash (`None`: empty identifier, ignored) and its
+    /// `hash` ASCII-lowercased (`None` when empty).
+    Item {
+        id: Option<u64>,
+        digest: Option<String>,
+    },
     /// A key of another `type`, hashed over its msgpack bytes.
     Other(u64),
+}
+
+/// A token id sent as a string that is not a decimal `u32`, until the event's `mm_keys` are
+/// known.
+#[derive(Debug)]
+struct StringToken {
+    /// Its index in the event's token ids.
+    slot: usize,
+    /// Where its bytes are in the payload.
+    bytes: Range<usize>,
 }
 
 /// An extra-key entry before the event's `lora_name` is known (map order is free).
@@ -846,6 +904,8 @@ struct Fields {
     block_hashes: Option<Vec<u64>>,
     parent: Option<u64>,
     token_ids: Option<Vec<u32>>,
+    /// The token ids of `token_ids` sent as non-decimal strings.
+    string_tokens: Vec<StringToken>,
     block_size: Option<u32>,
     /// `lora_id` in decimal.
     lora_id: Option<String>,
@@ -860,6 +920,38 @@ struct Fields {
 }
 
 impl Fields {
+    /// Checks each token id sent as a non-decimal string against the event's `mm_keys`
+    /// hashes (ASCII case-insensitive): a match stays [`IMAGE_DIGEST_TOKEN`], anything else
+    /// is the reason the event is malformed. A set of the digests keeps this linear in the
+    /// event's size.
+    fn resolve_string_tokens(&self, buf: &[u8]) -> Result<(), Bad> {
+        if self.string_tokens.is_empty() {
+            return Ok(());
+        }
+        let digests: HashSet<&[u8]> = self
+            .mm_keys
+            .iter()
+            .flatten()
+            .flat_map(|m| &m.digests)
+            .map(|d| d.as_bytes())
+            .collect();
+        let mut lower = Vec::new();
+        for t in &self.string_tokens {
+            let b = &buf[t.bytes.clone()];
+            lower.clear();
+            lower.extend(b.iter().map(u8::to_ascii_lowercase));
+            if !digests.contains(lower.as_slice()) {
+                let shown = String::from_utf8_lossy(&b[..b.len().min(MAX_SHOWN_BYTES)]);
+                return Err(format!(
+                    "token id string {shown:?} at {} is not a decimal u32 nor an mm_keys hash \
+                     of the event",
+                    t.slot
+                ));
+            }
+        }
+        Ok(())
+    }
+
     fn build(self, kind: &str) -> Result<EngineEvent, Bad> {
         Ok(match kind {
             "BlockStored" => {

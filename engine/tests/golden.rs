@@ -3,12 +3,14 @@
 //! decoded and translated here.
 
 use ckf_core::dc::{KvEventKind, MemberId};
-use ckf_core::tokens::{self, BlockSeed, MultimodalSpan};
+use ckf_core::tokens::{
+    self, BlockSeed, MultimodalItem, MultimodalSpan, TokenQuery, TokenQueryRules,
+};
 use ckf_engine::event::{BlockExtras, EngineEvent, RemovedBlocks};
 use ckf_engine::filters::{EngineFilters, Skip};
 use ckf_engine::frame::EngineFrame;
 use ckf_engine::lineage::{Lineage, SkipReason};
-use ckf_engine::wire::{DecodeLimits, decode_batch};
+use ckf_engine::wire::{DecodeLimits, IMAGE_DIGEST_TOKEN, decode_batch};
 
 mod common;
 use common::fixture;
@@ -447,8 +449,11 @@ fn trtllm_lora_id_only_block_is_seeded_by_the_decimal_id() {
     );
 }
 
+/// `sha256(b"image-2")` in hex: a digest no key of its event names (`trtllm_token_strings`).
+const OTHER_IMAGE: &str = "5a0717cb6596468ea1dffa86011f9b0f497348d80421835b51799f9aeb455642";
+
 #[test]
-fn trtllm_decimal_string_token_ids_are_accepted_a_digest_token_is_not() {
+fn trtllm_decimal_string_token_ids_are_accepted_an_unnamed_digest_is_not() {
     let b = decode("trtllm_token_strings");
     assert_eq!((b.ts, b.dp_rank), (12.0, Some(0)));
     let s0 = stored(&b.events[0]);
@@ -458,16 +463,100 @@ fn trtllm_decimal_string_token_ids_are_accepted_a_digest_token_is_not() {
         got,
         tokens::sequence_hashes(&[12, 13, 14, 15], 4, BlockSeed::DEFAULT, &[]).unwrap()
     );
-    // The store whose token ids hold an item digest (the image's first position) is
+    // The store whose token ids hold a digest that no mm_keys entry of the event names is
     // malformed; the clear after it still decodes.
     assert_eq!(b.events.len(), 2);
     assert_eq!(b.events[1], EngineEvent::AllCleared);
     assert_eq!(b.notes.malformed_events, 1);
     let why = b.notes.first_malformed.as_deref().unwrap();
     assert!(
-        why.contains("token_ids") && why.contains(&IMAGE[..16]),
+        why.contains("token_ids") && why.contains(&OTHER_IMAGE[..16]),
         "{why}"
     );
+}
+
+/// TensorRT-LLM's `mm_token_id_offset` in `trtllm_image_request`.
+const MM_OFFSET: u32 = 1000;
+
+/// The request of `trtllm_image_request`, `first` at the image's first position (3): the
+/// image at positions 3..9, `MM_OFFSET + k` at its k-th position, then text (16 tokens, 4
+/// blocks of 4).
+fn image_request(first: u32) -> Vec<u32> {
+    let mut t = vec![1, 2, 3, first];
+    t.extend((1..=5).map(|k| MM_OFFSET + k));
+    t.extend([20, 21, 22, 23, 24, 25, 26]);
+    t
+}
+
+#[test]
+fn trtllm_image_digest_token_is_the_placeholder_and_the_chain_goes_on() {
+    let b = decode("trtllm_image_request");
+    assert_eq!((b.ts, b.dp_rank), (14.0, Some(0)));
+    assert!(b.notes.is_clean(), "{:?}", b.notes);
+    let s0 = stored(&b.events[0]);
+    // The digest string at the image's first position is the placeholder.
+    assert_eq!(s0.token_ids, image_request(IMAGE_DIGEST_TOKEN)[..12]);
+    let img = tokens::mm_identifier_hash(IMAGE).unwrap();
+    let with_img = BlockExtras {
+        mm_hashes: vec![img],
+        ..BlockExtras::default()
+    };
+    assert_eq!(s0.block_extras, vec![with_img; 3]);
+    let child = stored(&b.events[1]);
+    assert_eq!(child.parent, Some(s0.block_hashes[2]));
+
+    let all = image_request(IMAGE_DIGEST_TOKEN);
+    let span = MultimodalSpan {
+        hash: img,
+        offset: 3,
+        length: 6,
+    };
+    let want = tokens::sequence_hashes(&all, 4, BlockSeed::DEFAULT, &[span]).unwrap();
+    let mut lin = Lineage::new();
+    let t = lin.translate(M, &b.events[0], &bs4());
+    assert!(t.skipped.is_empty(), "{:?}", t.skipped);
+    assert_eq!(stored_hashes(&t), want[..3]);
+    // The child is not an orphan: it chains on the image's blocks.
+    let t = lin.translate(M, &b.events[1], &bs4());
+    assert!(t.skipped.is_empty(), "{:?}", t.skipped);
+    assert_eq!(
+        t.kv_event.unwrap().kind,
+        KvEventKind::Stored {
+            block_hashes: want[3..].to_vec(),
+            parent_hash: Some(want[2])
+        }
+    );
+    assert_eq!(lin.len(M), 4);
+
+    // A token query matches these blocks when it sends the placeholder at the image's first
+    // position and names the image (its digest here, no uuid) with its span.
+    let query = |first: u32, multimodal: Vec<MultimodalItem>| TokenQuery {
+        token_ids: image_request(first),
+        multimodal,
+        ..TokenQuery::default()
+    };
+    let item = MultimodalItem {
+        identifier: IMAGE.into(),
+        offset: 3,
+        length: 6,
+    };
+    let rules = TokenQueryRules {
+        block_size: 4,
+        max_blocks: 16,
+    };
+    assert_eq!(
+        query(IMAGE_DIGEST_TOKEN, vec![item.clone()])
+            .sequence_hashes(&rules)
+            .unwrap(),
+        want
+    );
+    // Another id there, or no item, names other blocks from the image's first block on.
+    let pad = query(PAD, vec![item]).sequence_hashes(&rules).unwrap();
+    assert_eq!((pad[0] == want[0], pad[3] == want[3]), (false, false));
+    let text = query(IMAGE_DIGEST_TOKEN, vec![])
+        .sequence_hashes(&rules)
+        .unwrap();
+    assert_eq!((text[0] == want[0], text[3] == want[3]), (false, false));
 }
 
 #[test]

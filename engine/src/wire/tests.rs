@@ -693,6 +693,157 @@ fn malformed_mm_keys_skip_the_event() {
     }
 }
 
+/// A TensorRT-LLM store of two blocks of 2 whose token ids are `tokens` and whose `mm_keys`
+/// are `keys`, then a clear (so a malformed store still leaves one event).
+fn digest_store(tokens: Vec<V>, keys: V) -> EngineBatch {
+    one(vec![
+        trt_stored(
+            vec![V::from(1), V::from(2)],
+            tokens,
+            vec![("mm_keys", keys)],
+        ),
+        arr(vec![s("AllBlocksCleared")]),
+    ])
+}
+
+#[test]
+fn an_item_digest_in_place_of_a_token_id_is_the_placeholder() {
+    let digest = "0cf457e24a479f02fd4d34540389f720f0807dcff92a7562108165b2637ea82f";
+    let img = mm_identifier_hash(digest).unwrap();
+    // The image starts at position 1 (block 0) and runs on into block 1, as TensorRT-LLM
+    // sends it: the digest at its first position, ints after, a key in each block it spans.
+    let keys = || {
+        arr(vec![
+            arr(vec![mm_key(digest, 0, None)]),
+            arr(vec![mm_key(digest, 1, None)]),
+        ])
+    };
+    let toks = |first: &str| vec![V::from(5), s(first), V::from(1001), V::from(6)];
+    let b = digest_store(toks(digest), keys());
+    assert!(b.notes.is_clean(), "{:?}", b.notes);
+    let st = stored_of(&b, 0);
+    assert_eq!(st.token_ids, vec![5, IMAGE_DIGEST_TOKEN, 1001, 6]);
+    assert_eq!(IMAGE_DIGEST_TOKEN, u32::MAX);
+    // The image still enters both blocks through mm_hashes.
+    let with = BlockExtras {
+        mm_hashes: vec![img],
+        ..BlockExtras::default()
+    };
+    assert_eq!(st.block_extras, vec![with.clone(), with.clone()]);
+
+    // Hex case does not matter, either side.
+    let upper = digest.to_ascii_uppercase();
+    let b = digest_store(toks(&upper), keys());
+    assert!(b.notes.is_clean(), "{:?}", b.notes);
+    assert_eq!(stored_of(&b, 0).token_ids[1], IMAGE_DIGEST_TOKEN);
+    let b = digest_store(
+        toks(digest),
+        arr(vec![arr(vec![mm_key(&upper, 0, None)]), arr(vec![])]),
+    );
+    assert!(b.notes.is_clean(), "{:?}", b.notes);
+    assert_eq!(stored_of(&b, 0).token_ids[1], IMAGE_DIGEST_TOKEN);
+
+    // Any block of the event may list the key; a uuid naming the item does not matter.
+    let b = digest_store(
+        toks(digest),
+        arr(vec![
+            arr(vec![]),
+            arr(vec![mm_key(digest, 1, Some("user-img"))]),
+        ]),
+    );
+    assert!(b.notes.is_clean(), "{:?}", b.notes);
+    let st = stored_of(&b, 0);
+    assert_eq!(st.token_ids[1], IMAGE_DIGEST_TOKEN);
+    assert_eq!(
+        st.block_extras[1].mm_hashes,
+        vec![mm_identifier_hash("user-img").unwrap()]
+    );
+
+    // mm_keys before token_ids in the map: the same.
+    let ev = map(vec![
+        ("type", s("BlockStored")),
+        ("mm_keys", keys()),
+        ("block_hashes", arr(vec![V::from(1), V::from(2)])),
+        ("parent_block_hash", V::Nil),
+        ("token_ids", arr(toks(digest))),
+        ("block_size", V::from(2)),
+    ]);
+    let b = one(vec![ev]);
+    assert!(b.notes.is_clean(), "{:?}", b.notes);
+    assert_eq!(stored_of(&b, 0).token_ids[1], IMAGE_DIGEST_TOKEN);
+
+    // A decimal string stays its value even when it equals a key's hash.
+    let b = digest_store(
+        toks("7"),
+        arr(vec![arr(vec![mm_key("7", 0, None)]), arr(vec![])]),
+    );
+    assert!(b.notes.is_clean(), "{:?}", b.notes);
+    assert_eq!(stored_of(&b, 0).token_ids[1], 7);
+}
+
+#[test]
+fn a_string_token_naming_no_mm_key_of_the_event_is_malformed() {
+    let digest = "0cf457e24a479f02fd4d34540389f720f0807dcff92a7562108165b2637ea82f";
+    // sha256("image-2"): well-formed hex, but not this event's item.
+    let other = "5a0717cb6596468ea1dffa86011f9b0f497348d80421835b51799f9aeb455642";
+    let toks = |first: &str| vec![V::from(5), s(first), V::from(1001), V::from(6)];
+    let audio = map(vec![("type", s("audio_key")), ("hash", s(digest))]);
+    let cases = vec![
+        // an unrelated digest
+        (
+            toks(other),
+            arr(vec![arr(vec![mm_key(digest, 0, None)]), arr(vec![])]),
+        ),
+        // the digest with no mm_keys at all (nil, empty)
+        (toks(digest), V::Nil),
+        (toks(digest), arr(vec![])),
+        // a key of another type carrying the same hash
+        (toks(digest), arr(vec![arr(vec![audio]), arr(vec![])])),
+        // an empty string and an empty hash
+        (
+            toks(""),
+            arr(vec![arr(vec![mm_key("", 0, None)]), arr(vec![])]),
+        ),
+        // a prefix of the digest
+        (
+            toks(&digest[..16]),
+            arr(vec![arr(vec![mm_key(digest, 0, None)]), arr(vec![])]),
+        ),
+        // the right digest, but a second string that is not
+        (
+            vec![s(digest), s(other), V::from(1), V::from(2)],
+            arr(vec![arr(vec![mm_key(digest, 0, None)]), arr(vec![])]),
+        ),
+    ];
+    for (tokens, keys) in cases {
+        let b = digest_store(tokens.clone(), keys.clone());
+        assert_eq!(b.events, vec![EngineEvent::AllCleared], "{tokens:?} {keys}");
+        assert_eq!(b.notes.malformed_events, 1);
+        let why = b.notes.first_malformed.unwrap();
+        assert!(
+            why.starts_with("BlockStored: token_ids: ")
+                && why.contains("not a decimal u32 nor an mm_keys hash"),
+            "{why}"
+        );
+    }
+    // A positional (vLLM) store has no mm_keys: a digest there is malformed.
+    let b = one(vec![arr(vec![
+        s("BlockStored"),
+        arr(vec![V::from(1)]),
+        V::Nil,
+        arr(vec![V::from(1), s(digest)]),
+        V::from(2),
+    ])]);
+    assert_eq!((b.events.len(), b.notes.malformed_events), (0, 1));
+    // Another bad field is still the reason given.
+    let b = one(vec![trt_stored(
+        vec![s("oops")],
+        vec![V::from(1), s(other)],
+        vec![],
+    )]);
+    assert!(b.notes.first_malformed.unwrap().contains("block_hashes"),);
+}
+
 #[test]
 fn trt_removal_with_group_and_locality() {
     let b = one(vec![map(vec![
