@@ -399,8 +399,7 @@ impl<T> PublisherSequence<T> {
             Phase::Verify { at } => {
                 if sequence < at.sequence {
                     out.push(Action::Duplicate { sequence });
-                } else if sequence == at.sequence && identity.is_some() && identity == at.identity
-                {
+                } else if sequence == at.sequence && identity.is_some() && identity == at.identity {
                     self.set_phase(Phase::Fill { at });
                     out.push(Action::Verified { sequence });
                 } else {
@@ -873,10 +872,7 @@ mod tests {
     fn in_order_and_duplicates() {
         let mut p = fresh(REPLAY);
         assert_eq!(live(&mut p, 0, 0), vec![apply(0, 0)]);
-        assert_eq!(
-            live(&mut p, 0, 0),
-            vec![Action::Duplicate { sequence: 0 }]
-        );
+        assert_eq!(live(&mut p, 0, 0), vec![Action::Duplicate { sequence: 0 }]);
         assert_eq!(live(&mut p, 0, 1), vec![apply(0, 1)]);
         // An unknown identity cannot prove a new process.
         assert_eq!(
@@ -942,7 +938,10 @@ mod tests {
         assert_eq!(p.replay_in_flight(), Some(10));
         assert_eq!(live(&mut p, 0, 14), vec![]);
         assert_eq!(p.buffered(), 2);
-        assert_eq!(reply(&mut p, 0, 10), vec![Action::Verified { sequence: 10 }]);
+        assert_eq!(
+            reply(&mut p, 0, 10),
+            vec![Action::Verified { sequence: 10 }]
+        );
         assert_eq!(reply(&mut p, 0, 11), vec![replayed(0, 11)]);
         assert_eq!(reply(&mut p, 0, 12), vec![replayed(0, 12)]);
         assert_eq!(reply(&mut p, 0, 13), vec![replayed(0, 13)]);
@@ -991,17 +990,23 @@ mod tests {
         let mut p = fresh(REPLAY);
         live(&mut p, 0, 0);
         live(&mut p, 0, 3);
-        assert_eq!(reply(&mut p, 0, 2)[..2], [
-            Action::ReplayFailed {
-                from: 0,
-                reason: ReplayFailure::Unverified
-            },
-            clear(ClearReason::Unverified)
-        ]);
+        assert_eq!(
+            reply(&mut p, 0, 2)[..2],
+            [
+                Action::ReplayFailed {
+                    from: 0,
+                    reason: ReplayFailure::Unverified
+                },
+                clear(ClearReason::Unverified)
+            ]
+        );
         let mut p = fresh(REPLAY);
         live(&mut p, 0, 0);
         live(&mut p, 0, 3);
-        assert_eq!(p.replay_end()[1..], [clear(ClearReason::Unverified), reread()]);
+        assert_eq!(
+            p.replay_end()[1..],
+            [clear(ClearReason::Unverified), reread()]
+        );
     }
 
     #[test]
@@ -1042,13 +1047,26 @@ mod tests {
             // Live batches wait; a live batch below 3 shows the restart at once.
             let mut out = live(&mut p, 1, n);
             if n < 3 {
-                assert_eq!(out[1..3], [uncertain(Uncertainty::Backwards), clear(ClearReason::Restart)]);
+                assert_eq!(
+                    out[1..3],
+                    [
+                        uncertain(Uncertainty::Backwards),
+                        clear(ClearReason::Restart)
+                    ]
+                );
             } else if n == 3 {
-                assert_eq!(out[1..3], [uncertain(Uncertainty::Repeat), clear(ClearReason::Restart)]);
+                assert_eq!(
+                    out[1..3],
+                    [uncertain(Uncertainty::Repeat), clear(ClearReason::Restart)]
+                );
             } else {
                 assert_eq!(out, vec![]);
                 // The replay from 3 starts with the new process's 3, or with nothing.
-                out = if n > 3 { reply(&mut p, 1, 3) } else { p.replay_end() };
+                out = if n > 3 {
+                    reply(&mut p, 1, 3)
+                } else {
+                    p.replay_end()
+                };
                 assert_eq!(out[1], clear(ClearReason::Unverified));
             }
             assert_eq!(*out.last().unwrap(), reread(), "n = {n}");
@@ -1109,7 +1127,11 @@ mod tests {
                 reason: ReplayFailure::Disconnected
             }]
         );
-        assert_eq!(reply(&mut p, 0, 0), vec![], "the abandoned replay is ignored");
+        assert_eq!(
+            reply(&mut p, 0, 0),
+            vec![],
+            "the abandoned replay is ignored"
+        );
         assert_eq!(p.connected()[1], verify(0));
     }
 
@@ -1121,14 +1143,20 @@ mod tests {
             p.connected(),
             vec![uncertain(Uncertainty::Restored), verify(41)]
         );
-        assert_eq!(reply(&mut p, 0, 41), vec![Action::Verified { sequence: 41 }]);
+        assert_eq!(
+            reply(&mut p, 0, 41),
+            vec![Action::Verified { sequence: 41 }]
+        );
         assert_eq!(reply(&mut p, 0, 42), vec![replayed(0, 42)]);
         assert_eq!(p.replay_end(), vec![Action::ReplayFilled { from: 41 }]);
         assert_eq!(live(&mut p, 0, 43), vec![apply(0, 43)]);
         // Restored without an identity: never verified, the buffer is re-read.
         let mut p = PublisherSequence::resume(REPLAY, 41, None);
         p.connected();
-        assert_eq!(reply(&mut p, 0, 41)[1..], [clear(ClearReason::Unverified), reread()]);
+        assert_eq!(
+            reply(&mut p, 0, 41)[1..],
+            [clear(ClearReason::Unverified), reread()]
+        );
         // Without a replay socket the restored members are cleared.
         let mut p = PublisherSequence::<B>::resume(NO_REPLAY, 41, id((0, 41)));
         assert_eq!(p.connected()[1], clear(ClearReason::Unverified));
@@ -1303,7 +1331,10 @@ mod tests {
             reply(&mut p, 0, i64::MAX),
             vec![Action::Verified { sequence: i64::MAX }]
         );
-        assert_eq!(p.replay_end(), vec![Action::ReplayFilled { from: i64::MAX }]);
+        assert_eq!(
+            p.replay_end(),
+            vec![Action::ReplayFilled { from: i64::MAX }]
+        );
         let mut p = fresh(NO_REPLAY);
         assert_eq!(live(&mut p, 0, i64::MIN), vec![apply(0, i64::MIN)]);
         assert_eq!(live(&mut p, 0, i64::MIN + 1), vec![apply(0, i64::MIN + 1)]);

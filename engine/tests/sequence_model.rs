@@ -231,7 +231,12 @@ impl Sim {
         }
         let request = self.requests;
         let current = |sim: &Self| sim.pending.is_some() && sim.requests == request;
-        let sent: Vec<Id> = self.buffer.iter().copied().filter(|id| id.1 >= from).collect();
+        let sent: Vec<Id> = self
+            .buffer
+            .iter()
+            .copied()
+            .filter(|id| id.1 >= from)
+            .collect();
         for id in sent {
             if !current(self) {
                 return; // abandoned or replaced

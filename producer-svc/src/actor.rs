@@ -244,9 +244,10 @@ pub struct Actor {
     filters: EngineFilters,
     /// Per publisher socket `(worker_id, rank)`: the members it fed (what a clear clears).
     fed: HashMap<(u64, u32), BTreeSet<MemberId>>,
-    /// Per publisher socket `(worker_id, rank)`: the sequence of the last batch applied
-    /// (journaled and checkpointed; a restarted producer resumes after it).
-    engine_sequences: HashMap<(u64, u32), i64>,
+    /// Per publisher socket `(worker_id, rank)`: the sequence and identity of the last batch
+    /// applied (journaled and checkpointed; a restarted producer verifies it, then resumes
+    /// after it).
+    engine_sequences: HashMap<(u64, u32), (i64, Option<u64>)>,
     /// When to hand freed memory back to the OS.
     trim: crate::trim::Trim,
     /// Where applied inputs are journaled (`[durability]`); `None` = memory only.
@@ -289,12 +290,12 @@ impl Actor {
     }
 
     /// Per engine publisher socket `(worker_id, rank)`: the sequence of the last batch it
-    /// applied, as restored by [`Actor::restore`] (empty for a fresh actor). A clear keeps the
-    /// entry: the batch after a clear is applied right after it, and a sequence that outlived
-    /// its clear (the journal lost the apply) is still a valid point to resume after: a
-    /// restarted engine goes backwards from it again, a gap is replayed onto the cleared
-    /// members.
-    pub fn engine_sequences(&self) -> HashMap<(u64, u32), i64> {
+    /// applied and that batch's identity (`None` from a checkpoint written before identities
+    /// were kept), as restored by [`Actor::restore`] (empty for a fresh actor). A clear keeps
+    /// the entry: a sequence that outlived its clear is still a valid point to verify and
+    /// resume after (what follows it is applied onto the cleared members, a subset of the
+    /// engine's cache), and a restarted engine fails its verification.
+    pub fn engine_sequences(&self) -> HashMap<(u64, u32), (i64, Option<u64>)> {
         self.engine_sequences.clone()
     }
 
@@ -517,7 +518,8 @@ impl Actor {
     ) {
         let member = publisher.member(batch);
         let socket = (publisher.worker_id, publisher.rank);
-        self.engine_sequences.insert(socket, sequence);
+        self.engine_sequences
+            .insert(socket, (sequence, Some(batch.identity())));
         self.fed.entry(socket).or_default().insert(member);
         let [p, e] = publisher.labels();
         for event in &batch.events {

@@ -756,7 +756,7 @@ pub struct Cli {
     /// engine.main_group: the KV-cache group whose blocks enter the filter [default: 0].
     #[arg(long = "engine-main-group", value_name = "GROUP")]
     pub engine_main_group: Option<u32>,
-    /// engine.replay_timeout_ms: how long a replay may take before the gap clears the publisher's members, ms [default: 2000].
+    /// engine.replay_timeout_ms: how long a replay may go without a reply before it fails (the publisher's members are then cleared), ms [default: 2000].
     #[arg(long, value_name = "MS")]
     pub replay_timeout_ms: Option<u64>,
     /// engine.max_frame_bytes: engine frames above this are dropped and counted, bytes [default: 67108864].

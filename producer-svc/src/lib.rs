@@ -369,8 +369,8 @@ pub async fn serve(
             metrics.engine.clone(),
             stop.clone(),
         );
-        if let Some(&last) = resumed.get(&socket) {
-            task = task.resume_after(last);
+        if let Some(&(last, identity)) = resumed.get(&socket) {
+            task = task.resume_after(last, identity);
         }
         tokio::spawn(task.run());
     }

@@ -411,13 +411,23 @@ class Engine:
     def restart(self, rank):
         """The engine process restarts: a new publisher on the same endpoints, sequence from 0,
         an empty cache."""
+        self.stop(rank)
+        self.start(rank)
+
+    def stop(self, rank):
+        """The engine process ends: its publisher and its cache are gone."""
         self.pubs[rank].shutdown()
         self.cache[rank].clear()
         # ZMQ closes the old listeners in its I/O thread, after close() returns.
         for endpoint in (self.args.endpoint, self.args.replay):
             if endpoint:
                 wait_port_free(int(endpoint.rsplit(":", 1)[1]) + rank)
-        self.start(rank)
+
+    def forget(self, rank, req):
+        """Leaves `req`'s blocks out of the model: they left the engine's replay buffer before
+        the producer could see them, so the producer cannot know them until stored again."""
+        for digest in req.digests:
+            self.cache[rank].pop(self.flavor.engine_hash(digest), None)
 
     # events (the model follows each event as the engine would have it)
     def store(self, rank, req, first=0, end=None, medium=None, block_size=None, group_idx=0):
@@ -535,9 +545,9 @@ class Engine:
         say("CATCHUP", self.model())
         wait_answer(lambda: [self.heartbeat(r) for r in self.ranks])
 
-    def pause(self, name):
+    def pause(self, name, tick=None):
         say("PAUSE", {"name": name})
-        wait_answer()
+        wait_answer(tick)
 
     def finish(self):
         model = self.model()
@@ -833,6 +843,135 @@ def scenario_resume_engine_restart(e):
     e.check()
 
 
+def restart_at(e, delta):
+    """The engine restarts; the new process stores C and A's first two blocks, then publishes
+    heartbeats up to the old process's last sequence + `delta` (-1: below it, 0: equal, 3:
+    above), all before the producer's SUB socket is back, and stays idle: the producer must see
+    the new process whatever sequence it reached, and hold exactly what it stored (a CHECK with
+    no live batch after)."""
+    a, b, c = common_requests(e.block_size)
+    e.ready()
+    e.publish(0, [e.store(0, a), e.store(0, b, 2, 5)])
+    for _ in range(20):
+        e.heartbeat(0)
+    expect_common(e, a, b, c)
+    e.check()
+    last = e.sent[0] - 1
+    e.restart(0)
+    e.publish(0, [e.store(0, c)])
+    e.publish(0, [e.store(0, a, 0, 2)])
+    while e.sent[0] - 1 < last + delta:
+        e.heartbeat(0)
+    e.check()
+
+
+OUTAGE_S = 6.0
+
+
+def scenario_outage(e):
+    """The engine process is gone for OUTAGE_S seconds (its cache with it), then a new one
+    stores a new request every 50 ms: the test measures, between PAUSE up and its answer, that
+    the producer reconnected within a second; the producer then holds exactly the new process's
+    stores, those published before its reconnection included."""
+    bs = e.block_size
+    a, b, c = common_requests(bs)
+    e.ready()
+    e.publish(0, [e.store(0, a), e.store(0, b, 2, 5)])
+    expect_common(e, a, b, c)
+    e.check()
+    e.stop(0)
+    e.pause("down")
+    time.sleep(OUTAGE_S)
+    e.start(0)
+    stream = iter(Request(tokens(200_000 + 1_000 * i, 2 * bs), bs) for i in range(100_000))
+
+    def store_one():
+        req = next(stream)
+        e.publish(0, [e.store(0, req)])
+        if len(e.queries) < 12:
+            e.expect(req.query(f"after-outage-{len(e.queries)}"))
+
+    e.pause("up", tick=store_one)
+    for _ in range(20):
+        store_one()
+        time.sleep(0.02)
+    e.check()
+
+
+def late_history(e):
+    """What an engine publishes before any producer runs: A, a 40-block chain in 8 stores, B,
+    one of A's blocks evicted. Returns C (not stored)."""
+    bs = e.block_size
+    a, b, c = common_requests(bs)
+    chain = Request(tokens(30_000, 40 * bs), bs)
+    e.publish(0, [e.store(0, a)])
+    for k in range(8):
+        e.publish(0, [e.store(0, chain, 5 * k, 5 * k + 5)])
+    e.publish(0, [e.store(0, b, 2, 5)])
+    e.publish(0, [e.remove(0, a, [5])])
+    expect_common(e, a, b, c)
+    e.expect(chain.query("chain"))
+    e.expect(chain.query("chain-prefix", blocks=17))
+    return c
+
+
+def scenario_late_producer(e):
+    """The producer starts after the engine published (PAUSE start): its first contact re-reads
+    the engine's replay buffer, so it holds everything with no live batch after; then C live."""
+    c = late_history(e)
+    e.pause("start")
+    e.check()
+    e.publish(0, [e.store(0, c)])
+    e.check()
+
+
+def scenario_late_producer_past_buffer(e):
+    """As late_producer, with a replay buffer of 4 batches: X (stored first) has left it by
+    the time the producer starts, so the producer cannot know X (the model leaves it out); the
+    rest of the history is still in the buffer and found."""
+    bs = e.block_size
+    x = Request(tokens(65_000, 3 * bs), bs)
+    a, b, c = common_requests(bs)
+    d = Request(tokens(70_000, 2 * bs), bs)
+    e.publish(0, [e.store(0, x)])
+    for _ in range(3):
+        e.heartbeat(0)
+    e.publish(0, [e.store(0, a)])
+    e.publish(0, [e.store(0, b, 2, 5)])
+    e.publish(0, [e.store(0, d)])
+    e.publish(0, [e.remove(0, a, [5])])
+    expect_common(e, a, b, c)
+    e.expect(x.query("evicted-from-the-buffer"))
+    e.expect(d.query("d"))
+    e.forget(0, x)
+    e.pause("start")
+    e.check()
+
+
+def scenario_shared_restart(e):
+    """One of two engines of the DC storing the same tokens: it restarts and stores C; the other
+    engine's member (another driver) keeps A and B. No token queries: the lane answers for both."""
+    a, b, c = common_requests(e.block_size)
+    e.ready()
+    e.publish(0, [e.store(0, a), e.store(0, b, 2, 5)])
+    e.check()
+    e.restart(0)
+    e.publish(0, [e.store(0, c)])
+    e.check()
+
+
+def scenario_shared_steady(e):
+    """The other engine: stores A and B, and keeps them through the first one's restart."""
+    a, b, _ = common_requests(e.block_size)
+    e.ready()
+    e.publish(0, [e.store(0, a), e.store(0, b, 2, 5)])
+    e.check()
+    for _ in range(40):
+        e.heartbeat(0)
+        time.sleep(0.05)
+    e.check()
+
+
 class RawPublisher:
     """A bare pyzmq PUB, no engine code: sends whatever payload it is given as
     `[topic, sequence, payload]`, sequences in order from 0. Nothing is ever dropped on the
@@ -937,6 +1076,16 @@ SCENARIOS = {
     "resume_idle": (Vllm, scenario_resume_idle, {}),
     "sglang_resume_idle": (Sglang, scenario_resume_idle, {}),
     "sglang_resume_replay": (Sglang, scenario_resume_replay, {}),
+    "restart_below": (Vllm, lambda e: restart_at(e, -1), {}),
+    "restart_equal": (Vllm, lambda e: restart_at(e, 0), {}),
+    "restart_above": (Vllm, lambda e: restart_at(e, 3), {}),
+    "sglang_restart_equal": (Sglang, lambda e: restart_at(e, 0), {}),
+    "outage": (Vllm, scenario_outage, {}),
+    "late_producer": (Vllm, scenario_late_producer, {}),
+    "sglang_late_producer": (Sglang, scenario_late_producer, {}),
+    "late_producer_past_buffer": (Vllm, scenario_late_producer_past_buffer, {"buffer_steps": 4}),
+    "shared_restart": (Vllm, scenario_shared_restart, {}),
+    "sglang_shared_steady": (Sglang, scenario_shared_steady, {}),
 }
 
 

@@ -1,8 +1,9 @@
-//! Issue 11, part 3: a producer restart does not blind its DC to its engines. The journal keeps,
-//! per engine publisher socket, the sequence of the last batch applied; a restarted producer
-//! resumes the sequence rule after it, so the first live batch shows what the engine published
-//! while the producer was down and the engine's own replay socket fills it. An engine that
-//! restarted meanwhile goes backwards from there: the restored members are cleared.
+//! A producer restart does not blind its DC to its engines. The journal keeps, per engine
+//! publisher socket, the sequence and identity of the last batch applied; a restarted
+//! producer's first connection verifies that batch against the engine's replay buffer and fills
+//! what the engine published while the producer was down from it. An engine that restarted
+//! meanwhile fails the verification (or goes backwards): the restored members are cleared and
+//! the new process's buffer is re-read.
 //!
 //! The engines are the real vLLM 0.33.0 and SGLang 0.5.23 publishers driven by
 //! `tests/engines/drive.py` (see `engines_real_publishers.rs`); the producer is a real
@@ -31,6 +32,7 @@ const BATCHES: &str = "ckf_producer_engine_batches_total";
 const REPLAYED: &str = "ckf_producer_engine_replayed_batches_total";
 const REPLAYS: &str = "ckf_producer_engine_replays_total";
 const CLEARED: &str = "ckf_producer_engine_members_cleared_total";
+const UNCERTAIN: &str = "ckf_producer_engine_uncertain_total";
 const RESUMING: &str = "resuming engine publisher after restored sequence";
 
 /// A finished scenario: the producer (still running) and the final model.
@@ -204,8 +206,9 @@ async fn sglang_downtime_is_filled_from_the_replay_socket() {
 }
 
 /// The engine stores A; the producer is killed; the engine stores B and evicts one of A's
-/// blocks, then stays idle: the restarted producer asks the replay socket for the downtime at
-/// once and holds A without that block and B, with no live batch after its restart.
+/// blocks, then stays idle: the restarted producer verifies its restored sequence through the
+/// replay socket at its first connection and holds A without that block and B, with no live
+/// batch after its restart.
 async fn an_idle_engines_downtime_is_caught_up(scenario: &str) {
     let Some(out) = run(scenario, 2.0).await else {
         return;
@@ -228,9 +231,13 @@ async fn an_idle_engines_downtime_is_caught_up(scenario: &str) {
     );
     assert_eq!(counter(p, CLEARED, &[]), 0.0, "{scenario}: nothing cleared");
     assert_eq!(
-        p.log_records("catching up on the engine's replay socket")
-            .len(),
-        1,
+        counter(p, UNCERTAIN, &[("cause", "restored")]),
+        1.0,
+        "{scenario}: the restored sequence checked once"
+    );
+    assert_eq!(
+        counter(p, REPLAYS, &[("outcome", "verified")]),
+        1.0,
         "{scenario}"
     );
 }
@@ -247,8 +254,10 @@ async fn sglang_idle_engine_downtime_is_caught_up_at_restart() {
 
 /// The engine stores A and B and sends 300 heartbeats; the producer is killed; the engine
 /// restarts (a new publisher, sequence from 0, empty cache); the restarted producer restores A
-/// and B, clears them on the new engine's first batches (`reason="restart"`), and then holds
-/// only C, which the new engine stores.
+/// and B, and its first connection finds the new process (its replay buffer does not hold the
+/// restored sequence, or its first batch goes backwards): A and B are cleared once
+/// (`unverified` or `restart`), and the producer then holds only C, which the new engine
+/// stores.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vllm_engine_restarted_while_the_producer_was_down_is_cleared() {
     let Some(out) = run("resume_engine_restart", 300.0).await else {
@@ -256,15 +265,16 @@ async fn vllm_engine_restarted_while_the_producer_was_down_is_cleared() {
     };
     let p = &out.producer;
     assert_eq!(
-        counter(p, CLEARED, &[("reason", "restart")]),
+        counter(p, CLEARED, &[]),
         1.0,
         "the restored members cleared once"
     );
     assert_eq!(counter(p, CLEARED, &[("reason", "gap")]), 0.0);
+    assert_eq!(counter(p, UNCERTAIN, &[("cause", "restored")]), 1.0);
     assert_eq!(
-        counter(p, REPLAYED, &[]),
+        counter(p, REPLAYS, &[("outcome", "verified")]),
         0.0,
-        "nothing replayed: the engine went backwards"
+        "the old sequence cannot be verified against the new process"
     );
     assert_eq!(out.model.members[0].canonical.len(), 3, "C only");
 }

@@ -6,11 +6,13 @@
 //! model's depths: cached prefix, partly cached, uncached, LoRA / salt / multimodal scoped.
 
 use ckf_e2e::cluster::{Indexer, IndexerSpec, Producer, ProducerSpec, TestDir, is_active};
-use ckf_e2e::engines::{Driver, EngineSpec, engine_python, run_steps};
+use ckf_e2e::engines::{
+    Driver, EngineSpec, Expect, Step, engine_python, run_steps, wait_members, wait_queries,
+};
 use ckf_e2e::metrics;
 use ckf_e2e::wait::{DEADLINE, eventually};
 use std::collections::{BTreeSet, HashSet};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Tokens per KV block in every scenario (not the default 16, so the setting is exercised).
 const BLOCK_SIZE: u32 = 4;
@@ -26,6 +28,9 @@ const REPLAYS: &str = "ckf_producer_engine_replays_total";
 const CLEARED: &str = "ckf_producer_engine_members_cleared_total";
 const SKIPPED: &str = "ckf_producer_engine_skipped_events_total";
 const DROPPED: &str = "ckf_producer_engine_connections_dropped_total";
+const UNCERTAIN: &str = "ckf_producer_engine_uncertain_total";
+const REREAD: &str = "ckf_producer_engine_reread_batches_total";
+const CONNECTED: &str = "ckf_producer_engine_connected";
 
 /// One scenario of `drive.py` against an indexer (lane `dc-a`) and a producer configured with
 /// the engine (`--engine`, `--block-size`); then the producer's counters in `counted`.
@@ -317,19 +322,287 @@ async fn vllm_gap_the_replay_cannot_fill() {
     scenario(
         "gap_unfilled",
         1,
-        &[
-            (REPLAYS, &[("outcome", "failed")], 1.0),
-            (CLEARED, &[("reason", "gap")], 1.0),
-        ],
+        &[(GAPS, &[], 2.0), (CLEARED, &[("reason", "gap")], 1.0)],
     )
     .await;
 }
 
 /// vLLM restarts: a new publisher on the same ports, sequence from 0: the member is cleared,
-/// then holds only the new stores.
+/// then holds only the new stores. The dropped connection made the publisher uncertain; the
+/// new process was found by its sequence going backwards or by its replay buffer (the clear's
+/// reason is `restart` or `unverified`, whichever came first).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vllm_publisher_restart() {
-    scenario("restart", 1, &[(CLEARED, &[("reason", "restart")], 1.0)]).await;
+    scenario(
+        "restart",
+        1,
+        &[
+            (CLEARED, &[], 1.0),
+            (UNCERTAIN, &[("cause", "reconnect")], 1.0),
+        ],
+    )
+    .await;
+}
+
+/// An engine restart whose new process publishes, before the producer's SUB socket is back,
+/// up to the old process's last sequence - 1, the same sequence, or 3 above it, then goes idle:
+/// the reconnection is verified against the new process's replay buffer, the old blocks are
+/// cleared and the new ones re-read, with no live batch after (the CHECK sends none).
+async fn restart_at(name: &str) {
+    scenario(
+        name,
+        1,
+        &[
+            (UNCERTAIN, &[("cause", "reconnect")], 1.0),
+            (CLEARED, &[], 1.0),
+            (REREAD, &[], 2.0),
+        ],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_restart_to_a_sequence_below_the_last_applied() {
+    restart_at("restart_below").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_restart_to_the_last_applied_sequence() {
+    restart_at("restart_equal").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_restart_to_a_sequence_above_the_last_applied() {
+    restart_at("restart_above").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sglang_restart_to_the_last_applied_sequence() {
+    restart_at("sglang_restart_equal").await;
+}
+
+/// A counter or gauge of the engine's rank-0 publisher (`7/0`) with extra `labels`.
+fn engine_metric(producer: &Producer, name: &str, labels: &[(&str, &str)]) -> f64 {
+    let text = producer.metrics().unwrap_or_default();
+    let publisher = format!("{WORKER}/0");
+    let mut all = vec![("publisher", publisher.as_str())];
+    all.extend_from_slice(labels);
+    metrics::value(&text, name, &all).unwrap_or(0.0)
+}
+
+/// An indexer with lane `dc-a` for [`BLOCK_SIZE`].
+fn indexer(dir: &TestDir) -> Indexer {
+    Indexer::start(
+        dir,
+        &IndexerSpec {
+            lanes: vec!["dc-a".into()],
+            block_size: Some(BLOCK_SIZE),
+            ..IndexerSpec::default()
+        },
+    )
+}
+
+/// A producer of `dc-a` configured with `engines`.
+fn producer(dir: &TestDir, engines: &[&EngineSpec], indexer: &Indexer) -> Producer {
+    let spec = ProducerSpec {
+        block_size: Some(BLOCK_SIZE),
+        engines: engines.iter().map(|e| e.flag()).collect(),
+        ..ProducerSpec::new("dc-a")
+    };
+    Producer::start(dir, "producer-a", &spec, &[indexer.url()])
+}
+
+/// Checks one CHECK-like step: the producer's members, then the lane's token answers.
+async fn check(producer: &Producer, indexer: &Indexer, what: &str, expect: &Expect) {
+    wait_members(producer.addr, what, expect).await;
+    wait_queries(indexer.addr, "dc-a", what, expect).await;
+}
+
+/// The engine (vLLM) is gone for six seconds, then a new process stores a request every 50 ms:
+/// the producer reconnects within one second of the engine listening again (zeromq's own
+/// backoff would have reached seconds by then), and holds exactly what the new process stored,
+/// those stores published before the reconnection included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_engine_down_for_seconds_is_reconnected_within_a_second_and_converges() {
+    let Some(python) = engine_python() else {
+        return;
+    };
+    let dir = TestDir::new("engines-outage");
+    let indexer = indexer(&dir);
+    let engine = EngineSpec::new(WORKER, 1);
+    let producer = producer(&dir, &[&engine], &indexer);
+    indexer.wait_lane("dc-a", "active", is_active).await;
+    let mut driver = Driver::spawn(&python, &dir, "outage", &engine, BLOCK_SIZE);
+    let mut index = 0;
+    let mut reconnected = None;
+    loop {
+        index += 1;
+        let what = format!("outage step {index}");
+        match driver.next_step().await {
+            Step::Ready(expect) => wait_members(producer.addr, &what, &expect).await,
+            Step::Check(expect) | Step::Catchup(expect) => {
+                check(&producer, &indexer, &what, &expect).await;
+            }
+            Step::Pause(name) if name == "down" => {
+                eventually(&format!("{what}: disconnected"), DEADLINE, || {
+                    let n = engine_metric(&producer, CONNECTED, &[]);
+                    async move {
+                        if n == 0.0 {
+                            Ok(())
+                        } else {
+                            Err(format!("connected = {n}"))
+                        }
+                    }
+                })
+                .await;
+            }
+            Step::Pause(name) if name == "up" => {
+                let up = Instant::now();
+                loop {
+                    if engine_metric(&producer, CONNECTED, &[]) >= 1.0 {
+                        break;
+                    }
+                    assert!(
+                        up.elapsed() < Duration::from_secs(10),
+                        "{what}: no reconnection"
+                    );
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                reconnected = Some(up.elapsed());
+            }
+            Step::Pause(name) => panic!("{what}: unknown PAUSE {name:?}"),
+            Step::Emptied(expect) => wait_members(producer.addr, &what, &expect).await,
+            Step::Done => break,
+        }
+        driver.go();
+    }
+    let model = driver.model();
+    check(&producer, &indexer, "outage final", &model).await;
+    driver.go();
+    driver.wait_success();
+    let reconnected = reconnected.expect("the driver paused at `up`");
+    eprintln!("reconnected {reconnected:?} after the engine listened again");
+    assert!(
+        reconnected < Duration::from_secs(1),
+        "reconnected after {reconnected:?}"
+    );
+    assert!(engine_metric(&producer, UNCERTAIN, &[("cause", "reconnect")]) >= 1.0);
+    assert!(engine_metric(&producer, CLEARED, &[]) >= 1.0);
+}
+
+/// Runs `scenario`, whose engine publishes before any producer exists; the producer starts at
+/// `PAUSE start`. Returns the producer and the final model.
+async fn late_producer(scenario: &str) -> Option<(Producer, Expect)> {
+    let python = engine_python()?;
+    let dir = TestDir::new(&format!("engines-{scenario}"));
+    let indexer = indexer(&dir);
+    let engine = EngineSpec::new(WORKER, 1);
+    let mut driver = Driver::spawn(&python, &dir, scenario, &engine, BLOCK_SIZE);
+    let mut producer_a: Option<Producer> = None;
+    let mut index = 0;
+    loop {
+        index += 1;
+        let what = format!("{scenario} step {index}");
+        match driver.next_step().await {
+            Step::Pause(name) if name == "start" => {
+                assert!(producer_a.is_none(), "{what}: started once");
+                let p = producer(&dir, &[&engine], &indexer);
+                indexer.wait_lane("dc-a", "active", is_active).await;
+                producer_a = Some(p);
+            }
+            Step::Check(expect) => {
+                let p = producer_a
+                    .as_ref()
+                    .expect("a CHECK after the producer started");
+                check(p, &indexer, &what, &expect).await;
+            }
+            Step::Done => break,
+            other => panic!("{what}: unexpected step {other:?}"),
+        }
+        driver.go();
+    }
+    let producer_a = producer_a.expect("the producer started");
+    let model = driver.model();
+    check(&producer_a, &indexer, &format!("{scenario} final"), &model).await;
+    driver.go();
+    driver.wait_success();
+    Some((producer_a, model))
+}
+
+/// A producer started after its engine published 11 batches (a 40-block chain among them)
+/// re-reads the engine's replay buffer at its first connection: it holds every block the
+/// engine holds with no live batch after, and the lane answers the chain's full depth.
+async fn a_late_producer_indexes_what_the_engine_already_holds(scenario: &str) {
+    let Some((p, model)) = late_producer(scenario).await else {
+        return;
+    };
+    assert!(model.members[0].canonical.len() >= 40 + 5 + 3);
+    assert_eq!(
+        engine_metric(&p, UNCERTAIN, &[("cause", "first_contact")]),
+        1.0
+    );
+    assert_eq!(
+        engine_metric(&p, REREAD, &[]),
+        11.0,
+        "the 11 batches published before the producer started"
+    );
+    assert_eq!(engine_metric(&p, CLEARED, &[]), 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_late_producer_indexes_the_engines_buffer() {
+    a_late_producer_indexes_what_the_engine_already_holds("late_producer").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sglang_late_producer_indexes_the_engines_buffer() {
+    a_late_producer_indexes_what_the_engine_already_holds("sglang_late_producer").await;
+}
+
+/// With a replay buffer of 4 batches, what the engine stored before its last 4 batches is out
+/// of reach of a producer that starts later: the producer holds exactly the rest (the model
+/// leaves the evicted request out, and its token query answers depth 0).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_late_producer_past_the_engines_buffer_holds_what_the_buffer_still_has() {
+    let Some((p, model)) = late_producer("late_producer_past_buffer").await else {
+        return;
+    };
+    let evicted = model
+        .queries
+        .iter()
+        .find(|q| q.name == "evicted-from-the-buffer")
+        .expect("the scenario queries the evicted request");
+    assert_eq!(evicted.expected_depth, 0);
+    assert_eq!(
+        engine_metric(&p, REREAD, &[]),
+        4.0,
+        "the buffer's 4 batches"
+    );
+}
+
+/// Two engines of one DC (vLLM worker 7, SGLang worker 8) store the same tokens; vLLM restarts
+/// and stores C: its member holds C only, SGLang's member keeps A and B.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_engines_sharing_tokens_one_restarts() {
+    let Some(python) = engine_python() else {
+        return;
+    };
+    let dir = TestDir::new("engines-shared");
+    let indexer = indexer(&dir);
+    let vllm = EngineSpec::new(WORKER, 1);
+    let sglang = EngineSpec::new(WORKER + 1, 1);
+    let producer = producer(&dir, &[&vllm, &sglang], &indexer);
+    indexer.wait_lane("dc-a", "active", is_active).await;
+    let mut restarting = Driver::spawn(&python, &dir, "shared_restart", &vllm, BLOCK_SIZE);
+    let mut steady = Driver::spawn(&python, &dir, "sglang_shared_steady", &sglang, BLOCK_SIZE);
+    let (restarted, kept) = tokio::join!(
+        run_steps(&mut restarting, producer.addr, indexer.addr, "dc-a"),
+        run_steps(&mut steady, producer.addr, indexer.addr, "dc-a"),
+    );
+    assert_eq!(restarted.members[0].canonical.len(), 3, "C only");
+    assert_eq!(kept.members[0].canonical.len(), 6 + 3, "A and B");
+    // After both ended, SGLang's member still holds A and B.
+    wait_members(producer.addr, "SGLang's member at the end", &kept).await;
 }
 
 /// vLLM LoRA (`lora_name` and the per-block extra keys vLLM builds), a cache salt on the first

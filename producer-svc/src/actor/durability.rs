@@ -78,6 +78,8 @@ impl From<PublisherRecord> for PublisherId {
 enum ClearRecord {
     Gap,
     Restart,
+    /// Added at the end (a build before it refuses a journal holding one as undecodable).
+    Unverified,
 }
 
 impl From<ClearReason> for ClearRecord {
@@ -85,6 +87,7 @@ impl From<ClearReason> for ClearRecord {
         match r {
             ClearReason::Gap => Self::Gap,
             ClearReason::Restart => Self::Restart,
+            ClearReason::Unverified => Self::Unverified,
         }
     }
 }
@@ -94,6 +97,7 @@ impl From<ClearRecord> for ClearReason {
         match r {
             ClearRecord::Gap => Self::Gap,
             ClearRecord::Restart => Self::Restart,
+            ClearRecord::Unverified => Self::Unverified,
         }
     }
 }
@@ -158,6 +162,11 @@ enum CheckpointRecord {
         /// Tracked blocks (`DcCkfStats::unique_blocks`).
         unique_blocks: u64,
     },
+    /// Per engine publisher socket `(worker_id, rank)`: the identity of its last applied
+    /// batch (`EngineBatch::identity`), which the restarted producer's first connection
+    /// verifies against the engine's replay buffer. Added at the end: an older checkpoint has
+    /// none, and its restored sequences are then re-read instead of verified.
+    EngineIdentities(Vec<(u64, u32, u64)>),
 }
 
 /// A record that passed its checksum but does not decode: a bug or a version skew, treated
@@ -198,6 +207,7 @@ struct Capture {
     lineage: Vec<MemberLineageImage>,
     fed: Vec<(u64, u32, Vec<MemberId>)>,
     sequences: Vec<(u64, u32, i64)>,
+    identities: Vec<(u64, u32, u64)>,
     sources: Vec<(String, u64)>,
 }
 
@@ -250,6 +260,9 @@ impl Capture {
         }
         if !self.sequences.is_empty() {
             out.push(encode(&CheckpointRecord::EngineSequences(self.sequences)));
+        }
+        if !self.identities.is_empty() {
+            out.push(encode(&CheckpointRecord::EngineIdentities(self.identities)));
         }
         for piece in self.sources.chunks(1 << 16) {
             out.push(encode(&CheckpointRecord::Sources(piece.to_vec())));
@@ -330,7 +343,12 @@ impl Actor {
             sequences: self
                 .engine_sequences
                 .iter()
-                .map(|(&(w, r), &s)| (w, r, s))
+                .map(|(&(w, r), &(s, _))| (w, r, s))
+                .collect(),
+            identities: self
+                .engine_sequences
+                .iter()
+                .filter_map(|(&(w, r), &(_, identity))| Some((w, r, identity?)))
                 .collect(),
             sources: self.sources.export(),
         }
@@ -414,7 +432,14 @@ impl Actor {
                 CheckpointRecord::Sources(entries) => sources.extend(entries),
                 CheckpointRecord::EngineSequences(entries) => {
                     for (w, r, s) in entries {
-                        self.engine_sequences.insert((w, r), s);
+                        self.engine_sequences.insert((w, r), (s, None));
+                    }
+                }
+                CheckpointRecord::EngineIdentities(entries) => {
+                    for (w, r, identity) in entries {
+                        if let Some(entry) = self.engine_sequences.get_mut(&(w, r)) {
+                            entry.1 = Some(identity);
+                        }
                     }
                 }
             }
@@ -649,14 +674,37 @@ mod restore_tests {
         // A clear keeps the sequence: the next batch after it will move it on.
         step(&mut live, &a, EngineStep::Clear(ClearReason::Gap));
         assert!(live.state.member_blocks(MemberId::new(7, 0)).is_empty());
-        let expected = HashMap::from([((7, 0), 5), ((8, 1), -2)]);
+        let (stored, empty) = (
+            Some(store().identity()),
+            Some(EngineBatch::default().identity()),
+        );
+        let expected = HashMap::from([((7, 0), (5, stored)), ((8, 1), (-2, empty))]);
         assert_eq!(live.engine_sequences(), expected);
 
-        // From the checkpoint alone.
+        // From the checkpoint alone, identities included.
         let checkpoint = live.checkpoint_records();
         let mut restored = fresh();
         restored.restore(&checkpoint, &[]).expect("restores");
         assert_eq!(restored.engine_sequences(), expected);
+
+        // A checkpoint written before identities were kept: the sequences without them.
+        let old: Vec<Vec<u8>> = checkpoint
+            .iter()
+            .filter(|r| {
+                !matches!(
+                    postcard::from_bytes::<CheckpointRecord>(r),
+                    Ok(CheckpointRecord::EngineIdentities(_))
+                )
+            })
+            .cloned()
+            .collect();
+        assert_eq!(old.len() + 1, checkpoint.len());
+        let mut restored = fresh();
+        restored.restore(&old, &[]).expect("restores");
+        assert_eq!(
+            restored.engine_sequences(),
+            HashMap::from([((7, 0), (5, None)), ((8, 1), (-2, None))])
+        );
 
         // Checkpoint then log: the log's applies move the sequences on, in order.
         let log: Vec<Vec<u8>> = [(&a, 6), (&a, 7), (&publisher(9, 0), 100)]
@@ -674,7 +722,11 @@ mod restore_tests {
         assert_eq!(report.replayed, 3);
         assert_eq!(
             restored.engine_sequences(),
-            HashMap::from([((7, 0), 7), ((8, 1), -2), ((9, 0), 100)])
+            HashMap::from([
+                ((7, 0), (7, stored)),
+                ((8, 1), (-2, empty)),
+                ((9, 0), (100, stored))
+            ])
         );
         assert_eq!(restored.state.member_blocks(MemberId::new(7, 0)).len(), 2);
 

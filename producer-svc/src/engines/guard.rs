@@ -13,10 +13,14 @@
 //! per [`LOG_INTERVAL`](super::publisher::LOG_INTERVAL). zeromq then reconnects as it does after
 //! any disconnection, and the lost messages show as a sequence gap (replay, or clear).
 //!
-//! In connect mode an upstream that cannot be reached closes the accepted connection before
-//! any byte is relayed, so zeromq's handshake fails exactly as it would against the engine
-//! itself (its reconnect backoff and the `engine_connected` gauge are unchanged). The relay's
-//! own listener is bound to loopback only.
+//! In connect mode an upstream that cannot be reached (an engine that is down or restarting)
+//! does not close the accepted connection: the relay holds it, keeps what zeromq sends
+//! (its greeting and first commands, at most [`MAX_HELD_BYTES`]), and tries the engine again
+//! every [`UPSTREAM_RETRY`] until it answers or zeromq gives up. zeromq's own reconnect backoff
+//! (100 ms doubling to 30 s, fixed in the `zeromq` crate) therefore never grows while an engine
+//! is down, and the connection, its `Connected` monitor event and the sequence rule's check
+//! follow within [`UPSTREAM_RETRY`] of the engine listening again. The relay's own listener is
+//! bound to loopback only.
 //!
 //! # Bind mode: zeromq's own listener is private
 //!
@@ -63,6 +67,12 @@ use super::config::Endpoint;
 
 /// How long an upstream connection may take to open.
 const UPSTREAM_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Connect mode: wait between attempts to reach an engine that is down, while zeromq's
+/// connection is held.
+pub const UPSTREAM_RETRY: Duration = Duration::from_millis(200);
+/// Connect mode: bytes of zeromq's held while the engine is unreachable (its greeting and
+/// first commands take under 1 KiB); more closes the connection.
+pub const MAX_HELD_BYTES: usize = 64 << 10;
 /// Relay read size, in bytes.
 const CHUNK: usize = 64 << 10;
 /// Pause after a failed accept (e.g. no file descriptor left), so the loop does not spin.
@@ -303,14 +313,24 @@ pub async fn connect_relay(upstream: Endpoint, options: RelayOptions) -> io::Res
             let options = options.clone();
             tokio::spawn(async move {
                 let _permit = permit;
-                let deadline = Instant::now() + options.handshake_timeout;
-                // Unreachable engine: close before any byte, as the engine itself would.
-                let Ok(engine) = Stream::connect(&upstream).await else {
+                let mut local = local;
+                let mut held = Vec::new();
+                let Some(engine) = connect_holding(&upstream, &mut local, &mut held).await else {
                     return;
                 };
+                // The handshake deadline runs from the engine's connection.
+                let deadline = Instant::now() + options.handshake_timeout;
                 let guard = ZmtpGuard::new(options.limits);
                 let zeromq = Stream::Tcp(local);
-                relay(engine.split(), zeromq, guard, &[], deadline, &options).await;
+                relay(
+                    engine.split(),
+                    zeromq,
+                    guard,
+                    (&[], &held),
+                    deadline,
+                    &options,
+                )
+                .await;
             });
         }
     });
@@ -377,6 +397,34 @@ pub async fn bind_relay(
     Ok(Relay { local, task })
 }
 
+/// Connect mode: connects to `upstream`, trying again every [`UPSTREAM_RETRY`] while it is
+/// unreachable and holding what zeromq sends meanwhile in `held`. `None` when zeromq closes
+/// its side (it gave up) or sends more than [`MAX_HELD_BYTES`].
+async fn connect_holding(
+    upstream: &Endpoint,
+    local: &mut TcpStream,
+    held: &mut Vec<u8>,
+) -> Option<Stream> {
+    let mut buf = [0u8; 4096];
+    loop {
+        if let Ok(engine) = Stream::connect(upstream).await {
+            return Some(engine);
+        }
+        let wait = tokio::time::sleep(UPSTREAM_RETRY);
+        tokio::pin!(wait);
+        loop {
+            tokio::select! {
+                () = &mut wait => break,
+                read = local.read(&mut buf) => match read {
+                    Ok(0) | Err(_) => return None,
+                    Ok(n) if held.len() + n > MAX_HELD_BYTES => return None,
+                    Ok(n) => held.extend_from_slice(&buf[..n]),
+                },
+            }
+        }
+    }
+}
+
 /// One bind-mode connection: waits (until the deadline) for the engine's first bytes, checks
 /// them, and only then opens zeromq's side and relays.
 async fn bind_connection(engine: Stream, internal: &Endpoint, options: &RelayOptions) {
@@ -403,7 +451,7 @@ async fn bind_connection(engine: Stream, internal: &Endpoint, options: &RelayOpt
         (from_engine, to_engine),
         zeromq,
         guard,
-        &first[..n],
+        (&first[..n], &[]),
         deadline,
         options,
     )
@@ -411,16 +459,18 @@ async fn bind_connection(engine: Stream, internal: &Endpoint, options: &RelayOpt
 }
 
 /// Relays one connection both ways until either side ends, the engine's bytes break a limit,
-/// or `deadline` passes before [`ZmtpGuard::handshake_done`]. `pending` are engine bytes
-/// `guard` has already passed, sent to zeromq first.
+/// or `deadline` passes before [`ZmtpGuard::handshake_done`]. `pending` are bytes already
+/// read: the engine's (which `guard` has passed), sent to zeromq first, and zeromq's, sent to
+/// the engine first.
 async fn relay(
     engine: (Reader, Writer),
     zeromq: Stream,
     mut guard: ZmtpGuard,
-    pending: &[u8],
+    pending: (&[u8], &[u8]),
     deadline: Instant,
     options: &RelayOptions,
 ) {
+    let (pending, zeromq_pending) = pending;
     let (mut from_engine, mut to_engine) = engine;
     let (mut from_zeromq, mut to_zeromq) = zeromq.split();
     let guarded = async {
@@ -455,6 +505,9 @@ async fn relay(
         }
     };
     let plain = async {
+        if !zeromq_pending.is_empty() && to_engine.write_all(zeromq_pending).await.is_err() {
+            return;
+        }
         let _ = tokio::io::copy(&mut from_zeromq, &mut to_engine).await;
     };
     // Whichever direction ends first ends the connection: dropping both halves closes both
@@ -598,17 +651,45 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn an_unreachable_engine_closes_the_local_connection_at_once() {
+    async fn an_unreachable_engine_is_retried_while_zeromq_s_connection_is_held() {
         let (engine, endpoint) = engine_listener().await;
+        let port = engine.local_addr().unwrap().port();
         drop(engine);
         let (options, seen, drops) = defaults();
         let relay = connect_relay(endpoint, options).await.unwrap();
         let mut zmq = TcpStream::connect(("127.0.0.1", port_of(&relay.local)))
             .await
             .unwrap();
-        assert_eq!(until_closed(&mut zmq).await, 0);
+        // zeromq's greeting, sent while the engine is down, is held.
+        zmq.write_all(&greeting()).await.unwrap();
+        tokio::time::sleep(UPSTREAM_RETRY * 3).await;
+        let engine = TcpListener::bind(("127.0.0.1", port)).await.unwrap();
+        let (mut conn, _) = tokio::time::timeout(UPSTREAM_RETRY * 5, engine.accept())
+            .await
+            .expect("the relay reached the engine within a few retries")
+            .unwrap();
+        let mut got = vec![0u8; 64];
+        conn.read_exact(&mut got).await.unwrap();
+        assert_eq!(got, greeting(), "what zeromq sent meanwhile arrives first");
+        conn.write_all(&handshake()).await.unwrap();
+        let mut back = vec![0u8; handshake().len()];
+        zmq.read_exact(&mut back).await.unwrap();
+        assert_eq!(back, handshake());
         assert!(seen.lock().unwrap().is_empty());
         assert!(drops.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_held_connection_is_closed_when_zeromq_sends_more_than_it_may_hold() {
+        let (engine, endpoint) = engine_listener().await;
+        drop(engine);
+        let (options, _, _) = defaults();
+        let relay = connect_relay(endpoint, options).await.unwrap();
+        let mut zmq = TcpStream::connect(("127.0.0.1", port_of(&relay.local)))
+            .await
+            .unwrap();
+        zmq.write_all(&vec![0u8; MAX_HELD_BYTES + 1]).await.unwrap();
+        assert_eq!(until_closed(&mut zmq).await, 0);
     }
 
     #[tokio::test]

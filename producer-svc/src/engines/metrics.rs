@@ -28,12 +28,20 @@ pub struct EngineMetrics {
     pub skipped_events: IntCounterVec,
     /// Sequence gaps, by `publisher`, `endpoint`.
     pub gaps: IntCounterVec,
-    /// Replays by `publisher`, `endpoint`, `outcome` (requested, filled, failed).
+    /// Replays by `publisher`, `endpoint`, `outcome` (requested; verified: the replay showed
+    /// the last applied batch unchanged; filled: done; failed).
     pub replays: IntCounterVec,
+    /// Episodes of uncertainty, by `publisher`, `endpoint`, `cause` (first_contact, restored,
+    /// reconnect, backwards, repeat): each is checked against the engine's replay buffer.
+    pub uncertain: IntCounterVec,
+    /// Batches applied by a re-read of the engine's replay buffer (first contact, restart,
+    /// failed verification), by `publisher`, `endpoint`: what a late or restarted producer, or
+    /// a restarted engine, recovered.
+    pub reread_batches: IntCounterVec,
     /// Batches applied from the replay socket (decodable or not), by `publisher`,
     /// `endpoint`: what a gap, or a producer restart, was filled with.
     pub replayed_batches: IntCounterVec,
-    /// Members cleared, by `publisher`, `endpoint`, `reason` (gap, restart).
+    /// Members cleared, by `publisher`, `endpoint`, `reason` (gap, restart, unverified).
     pub members_cleared: IntCounterVec,
     /// Unix time (seconds) of the last batch received, by `publisher`, `endpoint`; the age is
     /// `time() - this`.
@@ -92,19 +100,31 @@ impl EngineMetrics {
             replays: counter_vec(
                 r,
                 "ckf_producer_engine_replays_total",
-                "Engine replays, by outcome (requested, filled, failed).",
+                "Engine replays, by outcome (requested, verified, filled, failed).",
                 &["publisher", "endpoint", "outcome"],
+            ),
+            uncertain: counter_vec(
+                r,
+                "ckf_producer_engine_uncertain_total",
+                "Times an engine publisher's state became uncertain and was checked against its replay buffer, by cause (first_contact, restored, reconnect, backwards, repeat).",
+                &["publisher", "endpoint", "cause"],
+            ),
+            reread_batches: counter_vec(
+                r,
+                "ckf_producer_engine_reread_batches_total",
+                "Engine batches applied by a re-read of the engine's replay buffer (first contact, engine restart, failed verification).",
+                pe,
             ),
             replayed_batches: counter_vec(
                 r,
                 "ckf_producer_engine_replayed_batches_total",
-                "Engine batches applied from the replay socket (filling a gap or a producer restart's downtime).",
+                "Engine batches applied from the replay socket (filling a gap or a downtime, or re-reading the buffer).",
                 pe,
             ),
             members_cleared: counter_vec(
                 r,
                 "ckf_producer_engine_members_cleared_total",
-                "Members cleared because their publisher's state became uncertain, by reason (gap, restart).",
+                "Members cleared because their publisher's state became uncertain, by reason (gap, restart, unverified).",
                 &["publisher", "endpoint", "reason"],
             ),
             last_batch_timestamp: int_gauge_vec(

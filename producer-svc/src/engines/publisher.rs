@@ -1,16 +1,17 @@
 //! One publisher socket (one dp rank of one engine): a SUB socket on its PUB endpoint and,
 //! when configured, a DEALER on its replay endpoint for the duration of one replay.
 //!
-//! The task decodes each frame, feeds [`PublisherSequence`] and executes its actions: apply
-//! and clear go to the state actor through its bounded channel (a slow actor slows the
-//! socket reads down; ZMQ then drops at the engine's high-water mark, which the sequence rule
-//! sees as a gap), replay requests open a DEALER in a child task. After a producer restart the
-//! rule resumes after the publisher's last applied sequence the journal kept
-//! ([`PublisherTask::resume_after`]) and asks the replay socket at once for everything after it
-//! ([`PublisherSequence::catch_up`]), so what the engine published while the producer was down
-//! is filled in without waiting for its next live batch. Malformed input is counted
-//! and logged at most once per [`LOG_INTERVAL`] per publisher (with the suppressed count); it
-//! never reaches the actor, so it cannot touch any member.
+//! The task decodes each frame, feeds [`PublisherSequence`] (with each batch's
+//! [`EngineBatch::identity`] and the SUB socket's connection events) and executes its
+//! actions: apply and clear go to the state actor through its bounded channel (a slow actor
+//! slows the socket reads down; ZMQ then drops at the engine's high-water mark, which the
+//! sequence rule sees as a gap), replay requests open a DEALER in a child task. Every
+//! connection is checked against the engine's replay buffer: the first re-reads it (a
+//! producer that starts after its engines indexes what they still hold), a reconnection or a
+//! restored sequence ([`PublisherTask::resume_after`], after a producer restart) is verified
+//! and filled, or cleared and re-read. Malformed input is counted and logged at most once per
+//! [`LOG_INTERVAL`] per publisher (with the suppressed count); it never reaches the actor, so
+//! it cannot touch any member.
 
 use ckf_svc_kit::throttle::LogThrottle;
 use std::sync::Arc;
@@ -19,7 +20,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use ckf_engine::event::{EngineBatch, EngineEvent};
 use ckf_engine::frame::EngineFrame;
-use ckf_engine::sequence::{Action, PublisherSequence, ReplayFailure, SequenceConfig};
+use ckf_engine::sequence::{Action, PublisherSequence, ReplayFailure, ReplayKind, SequenceConfig};
 use ckf_engine::wire::decode_batch;
 use ckf_engine::zmtp::{ZmtpLimits, ZmtpViolation};
 use ckf_svc_kit::Shutdown;
@@ -174,8 +175,8 @@ pub struct PublisherTask {
     actor: ActorHandle,
     stop: Shutdown,
     /// The last sequence applied by an earlier run of the producer (restored from its
-    /// journal), if any.
-    resume: Option<i64>,
+    /// journal) with its batch's identity, if any.
+    resume: Option<(i64, Option<u64>)>,
 }
 
 impl PublisherTask {
@@ -206,13 +207,13 @@ impl PublisherTask {
         }
     }
 
-    /// Starts the sequence rule after `last`, the last sequence this publisher socket applied
-    /// before the producer restarted ([`PublisherSequence::resume`]): batches the engine
-    /// published meanwhile are a gap its replay socket fills (without one, or when its buffer
-    /// no longer has them, the members are cleared), and an engine that restarted meanwhile
-    /// goes backwards and has its restored members cleared.
-    pub fn resume_after(mut self, last: i64) -> Self {
-        self.resume = Some(last);
+    /// Starts the sequence rule after `last` (with its batch's identity), the last sequence
+    /// this publisher socket applied before the producer restarted
+    /// ([`PublisherSequence::resume`]): the first connection verifies it through the replay
+    /// socket and fills what the engine published meanwhile; an engine that restarted
+    /// meanwhile (or no replay socket) has the restored members cleared, then re-read.
+    pub fn resume_after(mut self, last: i64, identity: Option<u64>) -> Self {
+        self.resume = Some((last, identity));
         self
     }
 
@@ -231,7 +232,8 @@ impl PublisherTask {
         // socket inside before the directory is removed.
         let mut internal: Option<guard::PrivateIpc> = None;
         let mut sub = zeromq::SubSocket::new();
-        self.watch_connection(sub.monitor());
+        // Connection events reach the sequence rule: each connection is checked.
+        let mut monitor = sub.monitor();
         // Held for the task's life: zeromq only ever talks to the engine through the relays.
         let mut relays = Vec::new();
         loop {
@@ -278,12 +280,12 @@ impl PublisherTask {
             replay_available: self.spec.replay_endpoint.is_some(),
         };
         let sequence = match self.resume {
-            Some(last) => {
+            Some((last, identity)) => {
                 tracing::info!(
                     sequence = last,
-                    "resuming engine publisher after restored sequence {last}"
+                    "resuming engine publisher after restored sequence {last}; the first connection verifies it"
                 );
-                PublisherSequence::resume(config, last)
+                PublisherSequence::resume(config, last, identity)
             }
             None => PublisherSequence::new(config),
         };
@@ -291,37 +293,47 @@ impl PublisherTask {
             sequence,
             generation: 0,
             replay: None,
+            kind: None,
             deadline: None,
             log: log_limit(),
         };
         let (replay_tx, mut replay_rx) = mpsc::channel::<(u64, ReplayMsg)>(1024);
-        // Restored from the journal: ask the replay socket for what the engine published
-        // while the producer was down now, not when the engine next publishes.
-        let catch_up = state.sequence.catch_up();
-        if !catch_up.is_empty() {
-            tracing::info!(
-                from = self.resume.map_or(0, |l| l.saturating_add(1)),
-                "catching up on the engine's replay socket"
-            );
-        }
-        if self
-            .execute(catch_up, &mut state, &replay_tx, replay_address.as_deref())
-            .await
-            .is_err()
-        {
-            return;
-        }
+        let connected = self
+            .decoder
+            .metrics
+            .connected
+            .with_label_values(&self.decoder.id.labels());
         loop {
             let deadline = state.deadline;
             let actions = tokio::select! {
                 biased;
                 () = &mut stopped => break,
+                event = monitor.next() => match event {
+                    Some(SocketEvent::Connected(..) | SocketEvent::Accepted(..)) => {
+                        connected.inc();
+                        state.sequence.connected()
+                    }
+                    Some(SocketEvent::Disconnected(_)) => {
+                        connected.set((connected.get() - 1).max(0));
+                        state.sequence.disconnected()
+                    }
+                    Some(_) => continue,
+                    None => {
+                        tracing::error!("the SUB socket's monitor ended; publisher not ingested");
+                        break;
+                    }
+                },
                 Some((generation, msg)) = replay_rx.recv() => {
                     if generation != state.generation {
                         continue; // a replay already given up
                     }
+                    // The deadline is for a replay that stops progressing, not for a long one.
+                    state.deadline = Some(Instant::now() + self.decoder.settings.replay_timeout);
                     match msg {
-                        ReplayMsg::Frame(seq, batch) => state.sequence.replayed(seq, batch),
+                        ReplayMsg::Frame(seq, batch) => {
+                            let identity = batch.as_ref().map(EngineBatch::identity);
+                            state.sequence.replayed(seq, identity, batch)
+                        }
                         ReplayMsg::End => state.sequence.replay_end(),
                         ReplayMsg::Failed(why) => {
                             tracing::warn!(%why, "replay socket failed");
@@ -361,6 +373,7 @@ impl PublisherTask {
         if let Some(task) = state.replay.take() {
             task.abort();
         }
+        connected.set(0);
     }
 
     /// Connects or binds the SUB socket behind a [`guard`] relay (see that module for why).
@@ -441,25 +454,6 @@ impl PublisherTask {
         guard::RelayOptions::new(self.zmtp_limits(), on_violation, on_dropped)
     }
 
-    fn watch_connection<S>(&self, mut monitor: S)
-    where
-        S: tokio_stream::Stream<Item = SocketEvent> + Send + Unpin + 'static,
-    {
-        let id = self.decoder.id.clone();
-        let gauge = self.decoder.metrics.connected.clone();
-        tokio::spawn(async move {
-            let gauge = gauge.with_label_values(&id.labels());
-            while let Some(event) = monitor.next().await {
-                match event {
-                    SocketEvent::Connected(..) | SocketEvent::Accepted(..) => gauge.inc(),
-                    SocketEvent::Disconnected(_) => gauge.set((gauge.get() - 1).max(0)),
-                    _ => {}
-                }
-            }
-            gauge.set(0);
-        });
-    }
-
     fn live(&self, msg: ZmqMessage, state: &mut Run) -> Vec<Action<Batch>> {
         let [p, e] = self.decoder.id.labels();
         let m = &self.decoder.metrics;
@@ -472,7 +466,10 @@ impl PublisherTask {
             .set(i64::try_from(now).unwrap_or(i64::MAX));
         let parts = msg.into_vec();
         match self.decoder.frame(&parts, false, &state.log) {
-            Some((seq, batch, _)) => state.sequence.live(seq, batch),
+            Some((seq, batch, _)) => {
+                let identity = batch.as_ref().map(EngineBatch::identity);
+                state.sequence.live(seq, identity, batch)
+            }
             None => Vec::new(),
         }
     }
@@ -496,6 +493,9 @@ impl PublisherTask {
                 } => {
                     if replayed {
                         m.replayed_batches.with_label_values(&[p, e]).inc();
+                        if state.kind == Some(ReplayKind::Reread) {
+                            m.reread_batches.with_label_values(&[p, e]).inc();
+                        }
                     }
                     // An undecodable batch only took its sequence number; it never reaches
                     // the actor (a restarted producer may ask for it again: no harm).
@@ -513,9 +513,22 @@ impl PublisherTask {
                     m.gaps.with_label_values(&[p, e]).inc();
                     tracing::info!(expected, received, "engine sequence gap");
                 }
-                Action::RequestReplay { from } => {
+                Action::Uncertain { cause } => {
+                    m.uncertain.with_label_values(&[p, e, cause.label()]).inc();
+                    tracing::info!(
+                        cause = cause.label(),
+                        "engine publisher uncertain; checking it against its replay buffer"
+                    );
+                }
+                Action::Verified { sequence } => {
+                    m.replays.with_label_values(&[p, e, "verified"]).inc();
+                    tracing::debug!(sequence, "the replay confirmed the last applied batch");
+                }
+                Action::RequestReplay { from, kind } => {
                     m.replays.with_label_values(&[p, e, "requested"]).inc();
                     state.end_replay();
+                    state.kind = Some(kind);
+                    tracing::info!(from, kind = kind.label(), "replay requested");
                     let Some(endpoint) = replay_address else {
                         continue; // unreachable: replay_available is false without one
                     };
@@ -530,12 +543,12 @@ impl PublisherTask {
                 }
                 Action::ReplayFilled { from } => {
                     m.replays.with_label_values(&[p, e, "filled"]).inc();
-                    tracing::info!(from, "replay filled the gap");
+                    tracing::info!(from, "replay done");
                     state.end_replay();
                 }
                 Action::ReplayFailed { from, reason } => {
                     m.replays.with_label_values(&[p, e, "failed"]).inc();
-                    tracing::warn!(from, reason = reason.label(), "replay did not fill the gap");
+                    tracing::warn!(from, reason = reason.label(), "replay failed");
                     state.end_replay();
                 }
                 Action::ClearMembers { reason } => {
@@ -562,6 +575,8 @@ struct Run {
     /// Replies tagged with an older generation belong to an abandoned replay.
     generation: u64,
     replay: Option<JoinHandle<()>>,
+    /// What the replay in flight is for.
+    kind: Option<ReplayKind>,
     deadline: Option<Instant>,
     log: LogThrottle,
 }
@@ -569,6 +584,7 @@ struct Run {
 impl Run {
     fn end_replay(&mut self) {
         self.generation += 1;
+        self.kind = None;
         self.deadline = None;
         if let Some(task) = self.replay.take() {
             task.abort();
