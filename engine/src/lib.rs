@@ -11,12 +11,14 @@
 //! | [`wire`] | msgpack decoding of batches and events (tagged maps and positional arrays) |
 //! | [`filters`] | which events enter the filter: medium, KV-cache group, block size |
 //! | [`lineage`] | per member: engine hash -> canonical hash, turning engine events into `KvEvent`s |
-//! | [`sequence`] | per publisher socket: next / duplicate / gap / restart, the replay window |
+//! | [`sequence`] | per publisher socket: the convergence rule (verify, fill, re-read, clear) over live and replayed batches and connection events |
+//! | [`feed`] | what a producer keeps between batches: lineage, filters, members fed and last batch per publisher socket |
 //! | [`encode`] | the vLLM encoding, for the built-in publisher (`ckf demo`) and tests |
 //! | [`zmtp`] | bounds on the raw ZMTP stream from an engine, checked before the ZMQ library reads it |
 
 pub mod encode;
 pub mod event;
+pub mod feed;
 pub mod filters;
 pub mod frame;
 pub mod lineage;

@@ -40,8 +40,9 @@
 //!   verification are dropped: the re-read returns them.
 //! - **A re-read** applies the replay's first batch whatever its sequence, then each next one;
 //!   a hole in the buffer clears again ([`ClearReason::Gap`]) and the run restarts after it.
-//!   After a re-read that found the buffer empty, a first live batch other than sequence 0
-//!   (engines number from 0) shows lost batches: re-read again.
+//!   After a re-read that found the buffer empty (and no live batch held), a first live batch
+//!   other than sequence 0 (engines number from 0) shows lost batches: re-read again; live
+//!   batches a re-read does not return start the run themselves.
 //!   What left the engine's buffer before the re-read stays unknown until the engine stores it
 //!   again (its removals of such blocks are no-ops, its children orphans).
 //! - **A replay that fails** (times out, the socket fails, it ends short of the buffered live
@@ -471,7 +472,10 @@ impl<T> PublisherSequence<T> {
         }
         let window = self.window.take().expect("checked above");
         out.push(Action::ReplayFilled { from: window.from });
-        self.empty = self.last.is_none();
+        // Nothing in the engine's buffer and nothing held: the engine's next batch is its
+        // first. Held live batches the buffer did not return are the best there is: they
+        // start the run (asking again would not end).
+        self.empty = self.last.is_none() && window.buffered.is_empty();
         for (mark, batch) in window.buffered {
             if self.last.is_some_and(|l| mark.sequence < l.sequence) {
                 // Also replayed: the overlap is ignored.
@@ -824,6 +828,19 @@ mod tests {
         }
         let mut p = fresh(REPLAY);
         assert_eq!(live(&mut p, 0, 0), vec![apply(0, 0)]);
+    }
+
+    #[test]
+    fn a_reread_that_stays_empty_applies_the_held_batches_instead_of_asking_again() {
+        // An engine whose replay buffer holds nothing (disabled, or always answering empty).
+        let mut p = fresh(REPLAY);
+        assert_eq!(live(&mut p, 0, 5)[1], reread());
+        assert_eq!(live(&mut p, 0, 6), vec![]);
+        assert_eq!(
+            p.replay_end(),
+            vec![Action::ReplayFilled { from: 0 }, apply(0, 5), apply(0, 6)]
+        );
+        assert_eq!(live(&mut p, 0, 7), vec![apply(0, 7)]);
     }
 
     #[test]

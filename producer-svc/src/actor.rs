@@ -26,13 +26,13 @@ mod durability;
 
 pub use durability::{RECORD_VERSION, RestoreReport, UndecodableRecord};
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use ckf_core::dc::{KvEvent, KvEventKind, MemberId};
+use ckf_engine::feed::{EngineFeed, LastApplied, PublisherKey};
 use ckf_engine::filters::EngineFilters;
-use ckf_engine::lineage::Lineage;
 use ckf_engine::sequence::ClearReason;
 
 use crate::engines::{EngineStep, PublisherId};
@@ -238,16 +238,9 @@ pub struct Actor {
     /// When the first command that left buckets dirty since the last cut finished (the start of
     /// the publish delay, `ckf_producer_publish_delay_seconds`).
     first_dirty: Option<Instant>,
-    /// Engine hash -> canonical hash per member, for engine publishers' events.
-    lineage: Lineage,
-    /// Which engine events enter the filter.
-    filters: EngineFilters,
-    /// Per publisher socket `(worker_id, rank)`: the members it fed (what a clear clears).
-    fed: HashMap<(u64, u32), BTreeSet<MemberId>>,
-    /// Per publisher socket `(worker_id, rank)`: the sequence and identity of the last batch
-    /// applied (journaled and checkpointed; a restarted producer verifies it, then resumes
-    /// after it).
-    engine_sequences: HashMap<(u64, u32), (i64, Option<u64>)>,
+    /// The engine publishers' bookkeeping: lineage, filters, members fed and last batch per
+    /// publisher socket (journaled and checkpointed).
+    feed: EngineFeed,
     /// When to hand freed memory back to the OS.
     trim: crate::trim::Trim,
     /// Where applied inputs are journaled (`[durability]`); `None` = memory only.
@@ -267,10 +260,7 @@ impl Actor {
         filters: EngineFilters,
     ) -> Self {
         Self {
-            lineage: Lineage::new(),
-            filters,
-            fed: HashMap::new(),
-            engine_sequences: HashMap::new(),
+            feed: EngineFeed::new(filters),
             state,
             fanout: Fanout::new(identity, endpoints.len()),
             endpoints,
@@ -295,8 +285,8 @@ impl Actor {
     /// the entry: a sequence that outlived its clear is still a valid point to verify and
     /// resume after (what follows it is applied onto the cleared members, a subset of the
     /// engine's cache), and a restarted engine fails its verification.
-    pub fn engine_sequences(&self) -> HashMap<(u64, u32), (i64, Option<u64>)> {
-        self.engine_sequences.clone()
+    pub fn engine_sequences(&self) -> HashMap<PublisherKey, LastApplied> {
+        self.feed.last_applied()
     }
 
     /// From now on every applied input is journaled to `journal`, and checkpoints are
@@ -508,45 +498,33 @@ impl Actor {
         }
     }
 
-    /// Translates an engine batch's events through the member's lineage, in order, and applies
-    /// each translated event like an ingest event; `sequence` becomes the publisher's last.
+    /// Applies an engine batch: the feed translates it ([`EngineFeed::apply`]), the state
+    /// takes each event like an ingest event, the skips are counted.
     fn engine_batch(
         &mut self,
         publisher: &PublisherId,
         sequence: i64,
         batch: &ckf_engine::event::EngineBatch,
     ) {
-        let member = publisher.member(batch);
-        let socket = (publisher.worker_id, publisher.rank);
-        self.engine_sequences
-            .insert(socket, (sequence, Some(batch.identity())));
-        self.fed.entry(socket).or_default().insert(member);
+        let fed = self.feed.apply(publisher.key(), sequence, batch);
         let [p, e] = publisher.labels();
-        for event in &batch.events {
-            let translation = self.lineage.translate(member, event, &self.filters);
-            for (reason, blocks) in &translation.skipped {
-                self.metrics
-                    .engine
-                    .skipped_events
-                    .with_label_values(&[p, e, reason.label()])
-                    .inc_by(u64::from(*blocks));
-            }
-            if let Some(kv) = translation.kv_event {
-                self.apply(&IngestEvent::Kv(kv));
-            }
+        for (reason, blocks) in &fed.skipped {
+            self.metrics
+                .engine
+                .skipped_events
+                .with_label_values(&[p, e, reason.label()])
+                .inc_by(u64::from(*blocks));
+        }
+        for kv in fed.events {
+            self.apply(&IngestEvent::Kv(kv));
         }
     }
 
-    /// Clears every member `publisher` fed: state and lineage both, so a later store
-    /// re-adds exactly what the engine really caches.
+    /// Clears every member `publisher` fed ([`EngineFeed::clear`] drops their lineage), so a
+    /// later store re-adds exactly what the engine really caches.
     fn engine_clear(&mut self, publisher: &PublisherId, reason: ClearReason) {
-        let members = self
-            .fed
-            .remove(&(publisher.worker_id, publisher.rank))
-            .unwrap_or_default();
         let [p, e] = publisher.labels();
-        for member in members {
-            self.lineage.clear_member(member);
+        for member in self.feed.clear(publisher.key()) {
             self.apply(&IngestEvent::Kv(KvEvent {
                 member,
                 kind: KvEventKind::Cleared,
@@ -580,11 +558,7 @@ impl Actor {
             IngestEvent::Kv(kv) => self.state.apply(kv),
             IngestEvent::WorkerRemoved { worker_id } => {
                 // The worker's engine lineage goes with its state.
-                for member in self.lineage.members() {
-                    if member.worker_id == *worker_id {
-                        self.lineage.clear_member(member);
-                    }
-                }
+                self.feed.remove_worker(*worker_id);
                 self.state.remove_worker(*worker_id)
             }
         };
@@ -699,7 +673,7 @@ impl Actor {
         self.metrics
             .engine
             .lineage_bytes
-            .set(i64::try_from(self.lineage.bytes_used()).unwrap_or(i64::MAX));
+            .set(i64::try_from(self.feed.bytes_used()).unwrap_or(i64::MAX));
         let stats = self.stats();
         self.metrics.observe_stats(&stats);
         self.metrics

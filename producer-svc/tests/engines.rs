@@ -488,30 +488,24 @@ async fn a_gap_is_filled_by_the_replay() {
         ),
         1.0
     );
-    assert_eq!(
-        metric(
-            &p,
-            "ckf_producer_engine_replays_total",
-            &[("outcome", "requested")]
-        ),
-        1.0
-    );
-    assert_eq!(
-        metric(
-            &p,
-            "ckf_producer_engine_replays_total",
-            &[("outcome", "filled")]
-        ),
-        1.0
-    );
-    assert_eq!(
-        metric(
-            &p,
-            "ckf_producer_engine_replays_total",
-            &[("outcome", "failed")]
-        ),
-        0.0
-    );
+    // Two replays: the first contact's re-read of the engine's buffer, then the gap's, which
+    // verified the last applied batch before filling.
+    for (outcome, n) in [
+        ("requested", 2.0),
+        ("filled", 2.0),
+        ("verified", 1.0),
+        ("failed", 0.0),
+    ] {
+        assert_eq!(
+            metric(
+                &p,
+                "ckf_producer_engine_replays_total",
+                &[("outcome", outcome)]
+            ),
+            n,
+            "{outcome}"
+        );
+    }
     assert_eq!(
         metric(&p, "ckf_producer_engine_members_cleared_total", &[]),
         0.0
@@ -526,8 +520,9 @@ async fn a_gap_is_filled_by_the_replay() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unfillable_gaps_clear_the_publishers_members() {
-    // Worker 1: the replay has lost the batches. Worker 2: the replay never answers (timeout).
-    // Worker 3: no replay socket. Worker 4: a bystander.
+    // Worker 1: the replay has lost the batches (the gap's verification fails). Worker 2: the
+    // replay never answers (timeout). Worker 3: no replay socket (the gap clears at once).
+    // Worker 4: a bystander.
     let mut engines = Vec::new();
     for _ in 0..4 {
         engines.push(FakeEngine::start(1).await);
@@ -554,7 +549,7 @@ async fn unfillable_gaps_clear_the_publishers_members() {
         e.send(0, batch(vec![removed(&[6])], None), true).await;
         e.publish(0, heartbeat()).await;
     }
-    for w in 1..=3u64 {
+    for (w, reason) in [(1u64, "unverified"), (2, "unverified"), (3, "gap")] {
         wait_blocks(&p, w, 0, &[]).await;
         let label = w.to_string() + "/0";
         assert_eq!(
@@ -569,19 +564,18 @@ async fn unfillable_gaps_clear_the_publishers_members() {
             metric(
                 &p,
                 "ckf_producer_engine_members_cleared_total",
-                &[("publisher", &label), ("reason", "gap")],
+                &[("publisher", &label), ("reason", reason)],
             ) == 1.0
         })
         .await;
     }
     for w in ["1/0", "2/0"] {
-        assert_eq!(
+        assert!(
             metric(
                 &p,
                 "ckf_producer_engine_replays_total",
                 &[("publisher", w), ("outcome", "failed")]
-            ),
-            1.0
+            ) >= 1.0
         );
     }
     assert_eq!(
@@ -628,7 +622,14 @@ async fn a_sequence_going_backwards_is_a_restart() {
         ),
         1.0
     );
-    assert_eq!(metric(&p, "ckf_producer_engine_replays_total", &[]), 0.0);
+    // The new process's buffer was re-read (its first batch came back through it).
+    assert!(
+        metric(
+            &p,
+            "ckf_producer_engine_reread_batches_total",
+            &[("publisher", "9/0")]
+        ) >= 1.0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -983,9 +984,10 @@ async fn heartbeats_until(
     panic!("timed out waiting for {what}");
 }
 
-/// Durability: a restarted producer resumes each engine publisher after the last sequence its
-/// journal kept. What the engine published while the producer was down comes from its replay
-/// socket; an engine that restarted meanwhile has the restored members cleared.
+/// Durability: a restarted producer resumes each engine publisher after the last batch its
+/// journal kept, verified in the engine's replay buffer. What the engine published while the
+/// producer was down comes from its replay socket; an engine that restarted meanwhile fails
+/// the verification: the restored members are cleared.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_producer_resumes_after_the_journaled_sequence() {
     let dir = state_dir("engines-resume");
@@ -1069,12 +1071,15 @@ async fn a_restarted_producer_resumes_after_the_journaled_sequence() {
     // The engine restarts while the producer is down: its numbers start over.
     engine.restart(0);
     let p = start().await;
-    assert_eq!(blocks(&p, 5, 0).await, sorted(abc.clone()));
+    assert_eq!(
+        metric(&p, "ckf_producer_recovered_edges", &[]),
+        abc.len() as f64
+    );
     heartbeats_until(&p, &mut engine, "the restart seen", |p| {
         metric(
             p,
             "ckf_producer_engine_members_cleared_total",
-            &[("publisher", "5/0"), ("reason", "restart")],
+            &[("publisher", "5/0")],
         ) >= 1.0
     })
     .await;
@@ -1083,7 +1088,15 @@ async fn a_restarted_producer_resumes_after_the_journaled_sequence() {
         .publish(0, batch(vec![stored(&[1], None, &c, "GPU")], None))
         .await;
     wait_blocks(&p, 5, 0, &canonical(&c)).await;
-    assert_eq!(replayed(&p), 0.0);
+    assert_eq!(
+        metric(
+            &p,
+            "ckf_producer_engine_replays_total",
+            &[("publisher", "5/0"), ("outcome", "verified")]
+        ),
+        0.0,
+        "the old sequence cannot be verified against the new process"
+    );
     p.shutdown();
     p.wait().await.expect("a clean shutdown");
     let _ = std::fs::remove_dir_all(&dir);

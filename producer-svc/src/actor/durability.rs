@@ -331,25 +331,14 @@ impl Actor {
     /// pass over the block map, copies of the small tables); the rest is
     /// [`Capture::encode`]'s, on the journal's checkpoint thread.
     fn capture(&self) -> Capture {
+        let feed = self.feed.image();
         Capture {
             unique_blocks: self.state.stats().unique_blocks as u64,
             members: self.state.ownership_image_unsorted(),
-            lineage: self.lineage.export(),
-            fed: self
-                .fed
-                .iter()
-                .map(|(&(w, r), members)| (w, r, members.iter().copied().collect()))
-                .collect(),
-            sequences: self
-                .engine_sequences
-                .iter()
-                .map(|(&(w, r), &(s, _))| (w, r, s))
-                .collect(),
-            identities: self
-                .engine_sequences
-                .iter()
-                .filter_map(|(&(w, r), &(_, identity))| Some((w, r, identity?)))
-                .collect(),
+            lineage: feed.lineage,
+            fed: feed.fed,
+            sequences: feed.sequences,
+            identities: feed.identities,
             sources: self.sources.export(),
         }
     }
@@ -423,24 +412,12 @@ impl Actor {
                         report.omitted += u64::from(outcome.omitted);
                     }
                 }
-                CheckpointRecord::Lineage(images) => self.lineage.restore(images),
-                CheckpointRecord::Fed(fed) => {
-                    for (w, r, members) in fed {
-                        self.fed.entry((w, r)).or_default().extend(members);
-                    }
-                }
+                CheckpointRecord::Lineage(images) => self.feed.restore_lineage(images),
+                CheckpointRecord::Fed(fed) => self.feed.restore_fed(fed),
                 CheckpointRecord::Sources(entries) => sources.extend(entries),
-                CheckpointRecord::EngineSequences(entries) => {
-                    for (w, r, s) in entries {
-                        self.engine_sequences.insert((w, r), (s, None));
-                    }
-                }
+                CheckpointRecord::EngineSequences(entries) => self.feed.restore_sequences(entries),
                 CheckpointRecord::EngineIdentities(entries) => {
-                    for (w, r, identity) in entries {
-                        if let Some(entry) = self.engine_sequences.get_mut(&(w, r)) {
-                            entry.1 = Some(identity);
-                        }
-                    }
+                    self.feed.restore_identities(entries);
                 }
             }
         }

@@ -19,7 +19,6 @@ pub mod publisher;
 
 use std::time::Duration;
 
-use ckf_core::dc::MemberId;
 use ckf_engine::event::EngineBatch;
 use ckf_engine::sequence::ClearReason;
 
@@ -37,9 +36,9 @@ pub struct PublisherId {
 }
 
 impl PublisherId {
-    /// The member a batch of this socket belongs to: the batch's own dp rank if it has one.
-    pub fn member(&self, batch: &EngineBatch) -> MemberId {
-        MemberId::new(self.worker_id, batch.dp_rank.unwrap_or(self.rank))
+    /// The socket as the engine feed keys it: `(worker_id, rank)`.
+    pub fn key(&self) -> ckf_engine::feed::PublisherKey {
+        (self.worker_id, self.rank)
     }
 
     /// `[publisher, endpoint]` label values.
