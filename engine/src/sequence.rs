@@ -45,10 +45,17 @@
 //!   batches a re-read does not return start the run themselves.
 //!   What left the engine's buffer before the re-read stays unknown until the engine stores it
 //!   again (its removals of such blocks are no-ops, its children orphans).
-//! - **A replay that fails** (times out, the socket fails, it ends short of the buffered live
-//!   batches, or more than `max_buffered_batches` arrive meanwhile): clear (the verification's
-//!   [`ClearReason::Unverified`], else [`ClearReason::Gap`]) and resume at the oldest buffered
-//!   live batch as a first batch.
+//! - **Replay end**: the held live batches follow (overlap ignored). One that had arrived
+//!   before the request but that a replay returning batches did not return is **foreign** (the
+//!   engine buffers a batch before it answers the next replay request): dropped
+//!   ([`Action::Foreign`]), so a stray publisher on a bound endpoint cannot replace the
+//!   members. A later one with a gap is a gap as usual.
+//! - **Idle** ([`PublisherSequence::idle`], called by the caller after a quiet interval): verify
+//!   `last` again. A connection can look open while its peer is gone (a crashed host, a
+//!   partition): an engine restarted behind it fails the verification, a gone one times out.
+//! - **A replay that fails** (times out, the socket fails, or more than `max_buffered_batches`
+//!   arrive meanwhile): clear (the verification's [`ClearReason::Unverified`], else
+//!   [`ClearReason::Gap`]) and resume at the oldest buffered live batch as a first batch.
 //! - **No replay socket**: nothing can be verified. A gap clears and applies; a restart clears
 //!   and applies the new process's batch; a (re)connection clears what was applied before it.
 //!
@@ -59,8 +66,8 @@
 //! Clearing then applying an unbroken run is always sound: the members then hold a subset of
 //! the engine's cache (blocks stored before the run are missing; removals of them are
 //! no-ops; stores whose parent is missing are orphans). Only a restart the caller cannot see
-//! at all (no connection event, and the new process's first delivered batch is exactly
-//! `last + 1`) goes unnoticed; a connection event accompanies every real process restart.
+//! at all (no connection event, no idle check, and the new process's first delivered batch is
+//! exactly `last + 1`) goes unnoticed.
 
 use std::collections::VecDeque;
 
@@ -117,6 +124,9 @@ pub enum Uncertainty {
     Backwards,
     /// The last applied sequence came again with another identity.
     Repeat,
+    /// Nothing arrived for a while: the connection may be dead while it looks open (a crashed
+    /// host, a partition), and the engine may have restarted behind it.
+    Idle,
 }
 
 impl Uncertainty {
@@ -128,6 +138,7 @@ impl Uncertainty {
             Self::Reconnect => "reconnect",
             Self::Backwards => "backwards",
             Self::Repeat => "repeat",
+            Self::Idle => "idle",
         }
     }
 }
@@ -203,6 +214,12 @@ pub enum Action<T> {
     },
     /// A batch already applied (a live duplicate or a replay overlap): ignore it.
     Duplicate {
+        /// Its sequence.
+        sequence: i64,
+    },
+    /// A live batch the replay, asked after it arrived, did not return: not the verified
+    /// process's (a stray publisher); dropped.
+    Foreign {
         /// Its sequence.
         sequence: i64,
     },
@@ -288,6 +305,9 @@ struct Window<T> {
     /// The first sequence requested (0 while awaiting).
     from: i64,
     buffered: VecDeque<(Mark, T)>,
+    /// How many of `buffered` had arrived when the replay was requested: the engine had
+    /// buffered them by then, so a replay that returns batches returns them too.
+    before_request: usize,
 }
 
 /// The sequence state of one publisher socket (see the module docs). `T` is the caller's
@@ -380,6 +400,25 @@ impl<T> PublisherSequence<T> {
         out
     }
 
+    /// Nothing arrived on the live socket for the caller's idle interval: verify the last
+    /// applied batch through the replay socket ([`Uncertainty::Idle`]); an engine that
+    /// restarted behind a connection that never dropped fails it, one that is gone times it
+    /// out (both clear). No action with a replay in flight, nothing applied, or no replay
+    /// socket.
+    pub fn idle(&mut self) -> Vec<Action<T>> {
+        let mut out = Vec::new();
+        if self.window.is_some() || !self.config.replays() {
+            return out;
+        }
+        if let Some(at) = self.last {
+            out.push(Action::Uncertain {
+                cause: Uncertainty::Idle,
+            });
+            self.request(Phase::Verify { at }, at.sequence, VecDeque::new(), &mut out);
+        }
+        out
+    }
+
     /// A batch from the live (SUB) socket, with its identity.
     pub fn live(&mut self, sequence: i64, identity: Option<u64>, batch: T) -> Vec<Action<T>> {
         let mut out = Vec::new();
@@ -444,42 +483,36 @@ impl<T> PublisherSequence<T> {
         let Some(window) = &self.window else {
             return out;
         };
-        match window.phase {
+        // Whether the engine's buffer answered with batches: then it held every live batch
+        // that had arrived before the request, and one it did not return is foreign.
+        let answered = match window.phase {
             Phase::Awaiting => return out,
             Phase::Verify { .. } => {
                 self.unverified(&mut out);
                 return out;
             }
-            Phase::Fill { .. } | Phase::Reread { .. } => {}
-        }
-        let mut newest = self.last.map(|l| l.sequence);
-        for (mark, _) in &window.buffered {
-            let s = mark.sequence;
-            match newest {
-                None => newest = Some(s),
-                Some(n) if s <= n => {}
-                Some(n) if n.checked_add(1) == Some(s) => newest = Some(s),
-                Some(n) => {
-                    self.fail(
-                        ReplayFailure::Incomplete {
-                            missing: n.saturating_add(1),
-                        },
-                        &mut out,
-                    );
-                    return out;
-                }
-            }
-        }
+            Phase::Fill { .. } | Phase::Reread { started: true } => true,
+            Phase::Reread { started: false } => false,
+        };
         let window = self.window.take().expect("checked above");
         out.push(Action::ReplayFilled { from: window.from });
         // Nothing in the engine's buffer and nothing held: the engine's next batch is its
-        // first. Held live batches the buffer did not return are the best there is: they
+        // first. Held live batches an empty buffer did not return are the best there is: they
         // start the run (asking again would not end).
         self.empty = self.last.is_none() && window.buffered.is_empty();
-        for (mark, batch) in window.buffered {
+        for (i, (mark, batch)) in window.buffered.into_iter().enumerate() {
             if self.last.is_some_and(|l| mark.sequence < l.sequence) {
                 // Also replayed: the overlap is ignored.
                 out.push(Action::Duplicate {
+                    sequence: mark.sequence,
+                });
+            } else if answered
+                && i < window.before_request
+                && self.last.is_some_and(|l| mark.sequence > l.sequence)
+            {
+                // Received before the request, yet not in the engine's buffer: not this
+                // process's batch (a stray publisher on a bound endpoint).
+                out.push(Action::Foreign {
                     sequence: mark.sequence,
                 });
             } else {
@@ -659,10 +692,12 @@ impl<T> PublisherSequence<T> {
             _ => ReplayKind::Verify,
         };
         out.push(Action::RequestReplay { from, kind });
+        let before_request = buffered.len();
         self.window = Some(Window {
             phase,
             from,
             buffered,
+            before_request,
         });
     }
 
@@ -723,6 +758,7 @@ impl<T> Window<T> {
             phase: Phase::Awaiting,
             from: 0,
             buffered: VecDeque::new(),
+            before_request: 0,
         }
     }
 }
@@ -1200,7 +1236,7 @@ mod tests {
     }
 
     #[test]
-    fn a_fill_that_skips_clears_and_goes_on_after_the_hole_one_that_ends_short_fails() {
+    fn a_fill_that_skips_clears_and_goes_on_after_the_hole() {
         let mut p = fresh(REPLAY);
         live(&mut p, 0, 0);
         live(&mut p, 0, 5);
@@ -1228,22 +1264,75 @@ mod tests {
                 apply(0, 6)
             ]
         );
+    }
+
+    #[test]
+    fn a_held_batch_the_replay_did_not_return_is_foreign_and_dropped() {
+        // A stray publisher's batch (sequence 1000) on a bound endpoint: the real engine's
+        // replay verifies 0 and returns 1; 1000 had arrived before the request, so the
+        // engine would have returned it: dropped, the members untouched.
         let mut p = fresh(REPLAY);
         live(&mut p, 0, 0);
-        live(&mut p, 0, 4);
+        assert_eq!(p.live(1000, Some(77), (9, 1000))[1], verify(0));
         reply(&mut p, 0, 0);
         reply(&mut p, 0, 1);
         assert_eq!(
             p.replay_end(),
             vec![
-                Action::ReplayFailed {
-                    from: 0,
-                    reason: ReplayFailure::Incomplete { missing: 2 }
-                },
-                clear(ClearReason::Gap),
-                apply(0, 4)
+                Action::ReplayFilled { from: 0 },
+                Action::Foreign { sequence: 1000 }
             ]
         );
+        assert_eq!(p.last_applied(), Some(1));
+        // A batch that arrived after the request and jumps ahead is a gap as usual.
+        let mut p = fresh(REPLAY);
+        live(&mut p, 0, 0);
+        live(&mut p, 0, 3);
+        live(&mut p, 0, 6);
+        reply(&mut p, 0, 0);
+        for k in 1..=3 {
+            reply(&mut p, 0, k);
+        }
+        let out = p.replay_end();
+        assert_eq!(out[1], Action::Duplicate { sequence: 3 });
+        assert_eq!(
+            out[2..],
+            [
+                Action::Gap {
+                    expected: 4,
+                    received: 6
+                },
+                verify(3)
+            ]
+        );
+    }
+
+    #[test]
+    fn an_idle_publisher_is_verified_again() {
+        let mut p = fresh(REPLAY);
+        live(&mut p, 0, 0);
+        live(&mut p, 0, 1);
+        assert_eq!(p.idle(), vec![uncertain(Uncertainty::Idle), verify(1)]);
+        assert_eq!(p.idle(), vec![], "one check at a time");
+        // Alive and unchanged: verified, nothing else.
+        assert_eq!(reply(&mut p, 0, 1), vec![Action::Verified { sequence: 1 }]);
+        assert_eq!(p.replay_end(), vec![Action::ReplayFilled { from: 1 }]);
+        // Restarted behind a connection that never dropped: its buffer has another 1.
+        p.idle();
+        assert_eq!(reply(&mut p, 1, 1)[1], clear(ClearReason::Unverified));
+        // Gone: the check times out.
+        let mut p = fresh(REPLAY);
+        live(&mut p, 0, 0);
+        p.idle();
+        assert_eq!(
+            p.replay_failed(ReplayFailure::Timeout)[1],
+            clear(ClearReason::Unverified)
+        );
+        // Nothing to check without a replay socket or before anything was applied.
+        let mut p = fresh(NO_REPLAY);
+        live(&mut p, 0, 0);
+        assert_eq!(p.idle(), vec![]);
+        assert_eq!(fresh(REPLAY).idle(), vec![]);
     }
 
     #[test]

@@ -28,6 +28,8 @@ enum Step {
     Disconnect,
     /// The live connection comes back.
     Connect,
+    /// The caller's idle interval passed with nothing received.
+    Idle,
     /// The engine restarts and numbers from 0 again; `noticed`: the live connection drops with
     /// it (a real process restart always does; `false` is a restart the caller does not see).
     Restart { noticed: bool },
@@ -50,6 +52,7 @@ fn step(timeouts: bool) -> impl Strategy<Value = Step> {
             .prop_map(|(drop, dup)| Step::Publish { drop, dup }),
         1 => Just(Step::Disconnect),
         2 => Just(Step::Connect),
+        1 => Just(Step::Idle),
         2 => prop::bool::weighted(0.6).prop_map(|noticed| Step::Restart { noticed }),
         4 => timeout.prop_map(|timeout| Step::Answer { timeout }),
         1 => (0usize..3).prop_map(|lost| Step::ConsumerRestart { lost }),
@@ -130,6 +133,7 @@ impl Sim {
                 }
                 Action::ReplayFilled { .. } => self.pending = None,
                 Action::Duplicate { .. }
+                | Action::Foreign { .. }
                 | Action::Gap { .. }
                 | Action::Uncertain { .. }
                 | Action::Verified { .. } => {}
@@ -332,6 +336,10 @@ fn simulate(config: SequenceConfig, capacity: usize, steps: &[Step]) -> Sim {
             Step::Publish { drop, dup } => sim.publish(*drop, *dup),
             Step::Disconnect => sim.disconnect(),
             Step::Connect => sim.connect(),
+            Step::Idle => {
+                let actions = sim.machine.idle();
+                sim.run(actions);
+            }
             Step::Restart { noticed } => sim.restart(*noticed),
             Step::Answer { timeout } => sim.answer(*timeout),
             Step::ConsumerRestart { lost } => sim.consumer_restart(*lost),

@@ -759,6 +759,9 @@ pub struct Cli {
     /// engine.replay_timeout_ms: how long a replay may go without a reply before it fails (the publisher's members are then cleared), ms [default: 2000].
     #[arg(long, value_name = "MS")]
     pub replay_timeout_ms: Option<u64>,
+    /// engine.verify_idle_ms: a publisher silent this long has its last applied batch verified again through its replay socket (0: never), ms [default: 10000].
+    #[arg(long, value_name = "MS")]
+    pub verify_idle_ms: Option<u64>,
     /// engine.max_frame_bytes: engine frames above this are dropped and counted, bytes [default: 67108864].
     #[arg(long, value_name = "BYTES")]
     pub max_frame_bytes: Option<u64>,
@@ -864,6 +867,7 @@ impl Cli {
             )
             .set("engine.main_group", self.engine_main_group)
             .set("engine.replay_timeout_ms", self.replay_timeout_ms)
+            .set("engine.verify_idle_ms", self.verify_idle_ms)
             .set("engine.max_frame_bytes", self.max_frame_bytes)
             .set("engine.max_buffered_batches", self.max_buffered_batches)
             .set(

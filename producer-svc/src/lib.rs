@@ -358,6 +358,8 @@ pub async fn serve(
         limits: ckf_engine::wire::DecodeLimits::default(),
         max_frame_bytes: usize::try_from(config.engine.max_frame_bytes).unwrap_or(usize::MAX),
         replay_timeout: Duration::from_millis(config.engine.replay_timeout_ms),
+        verify_idle: (config.engine.verify_idle_ms > 0)
+            .then(|| Duration::from_millis(config.engine.verify_idle_ms)),
         max_buffered_batches: config.engine.max_buffered_batches as usize,
     };
     for spec in publishers {

@@ -632,6 +632,63 @@ async fn a_sequence_going_backwards_is_a_restart() {
     );
 }
 
+/// An engine restarts behind a connection that never dropped (a crashed host the producer's
+/// TCP connection outlived, a partition): no connection event, and what the new process
+/// publishes never arrives. Silent for `engine.verify_idle_ms`, the publisher is verified
+/// again through a new replay connection: the new process's buffer does not hold the last
+/// applied batch, so the old blocks are cleared and the new process's buffer re-read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_publisher_is_verified_again_and_a_restart_behind_it_found() {
+    let mut engine = FakeEngine::start(1).await;
+    let p = producer(vec![engine.spec(6, 1, true)], |c| {
+        c.engine.verify_idle_ms = 300;
+    })
+    .await;
+    prime(&p, &mut engine, 6).await;
+    let a: Vec<u32> = (0..4).collect();
+    let b: Vec<u32> = (10..14).collect();
+    for _ in 0..3 {
+        engine.publish(0, heartbeat()).await;
+    }
+    engine
+        .publish(0, batch(vec![stored(&[1], None, &a, "GPU")], None))
+        .await;
+    wait_blocks(&p, 6, 0, &canonical(&a)).await;
+    let idle = |p: &RunningProducer| {
+        metric(
+            p,
+            "ckf_producer_engine_uncertain_total",
+            &[("publisher", "6/0"), ("cause", "idle")],
+        )
+    };
+    // Alive and idle: verified, nothing cleared.
+    eventually("an idle check", || async { idle(&p) >= 1.0 }).await;
+    eventually("the idle check verified", || async {
+        metric(
+            &p,
+            "ckf_producer_engine_replays_total",
+            &[("publisher", "6/0"), ("outcome", "verified")],
+        ) >= 1.0
+    })
+    .await;
+    assert_eq!(blocks(&p, 6, 0).await, sorted(canonical(&a)));
+    // The engine restarts without the connection dropping; its batches never arrive live.
+    engine.restart(0);
+    engine
+        .send(0, batch(vec![stored(&[2], None, &b, "GPU")], None), true)
+        .await;
+    engine.send(0, heartbeat(), true).await;
+    wait_blocks(&p, 6, 0, &canonical(&b)).await;
+    assert_eq!(
+        metric(
+            &p,
+            "ckf_producer_engine_members_cleared_total",
+            &[("publisher", "6/0"), ("reason", "unverified")]
+        ),
+        1.0
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_frames_are_counted_and_touch_no_member() {
     let mut bad = FakeEngine::start(1).await;

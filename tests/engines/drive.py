@@ -1,8 +1,14 @@
 #!/usr/bin/env python3
 """Publishes KV-cache event scenarios through the REAL vLLM 0.33.0 / SGLang 0.5.23 publishers
 (their own `ZmqEventPublisher`, `KVEventBatch`, `BlockStored`, `BlockRemoved`,
-`AllBlocksCleared`, taken out of the wheels by scripts/engine-venv.sh), and writes the exact
-model of the engine caches it produced.
+`AllBlocksCleared`, taken out of the wheels by scripts/engine-venv.sh), and through a publisher
+that restates TensorRT-LLM's (`TrtllmPublisher`, class `Trtllm`: its own `kv_cache_events`
+module needs the TensorRT-LLM runtime, which is not installable here, so its wire format is
+restated field by field as engine/tests/fixtures/gen_fixtures.py does: PUB + ROUTER replay
+sockets, positional batches with the rank filled in, tagged-map events with defaulted fields
+left out, int64 block hashes, `lora_id` without `lora_name`, per-block `mm_keys`, an image's
+digest string in place of its first token id), and writes the exact model of the engine caches
+it produced.
 
     drive.py SCENARIO --endpoint tcp://127.0.0.1:P [--replay tcp://127.0.0.1:R] \
         [--dp-size N] --worker-id W --block-size B --out model.json
@@ -10,9 +16,11 @@ model of the engine caches it produced.
 Rank r of the engine publishes on port P + r (replay R + r), by the publishers' own rule.
 The driver plays the engine: every block it stores belongs to a request (token ids, LoRA name,
 cache salt, multimodal items); it names blocks with engine-style hashes (vLLM: SHA-256 digests,
-published as 32 bytes or their low 64 bits; SGLang: signed int64), which ckf-relay must NOT
-use as keys, and computes each block's canonical hash from the request with the reference
-`proto/token_hash/ckf_token_hash.py`.
+published as 32 bytes or their low 64 bits; SGLang and TensorRT-LLM: signed int64), which
+ckf-relay must NOT use as keys, and computes each block's canonical hash from the request with
+the reference `proto/token_hash/ckf_token_hash.py` (for TensorRT-LLM, from the token ids a
+query sends: IMAGE_DIGEST_TOKEN at an image's first position, the image named by its `mm_key`
+uuid, else its digest; an adapter named by `lora_id` is the LoRA name "<decimal id>").
 
 Talking to the test (one JSON line on stdout per step; the test answers `go` on stdin):
   READY {members: [{worker_id, dp_rank, canonical: [probe]}]}  warm-up: every 50 ms each
@@ -36,9 +44,11 @@ import hashlib
 import json
 import os
 import pathlib
+import queue
 import select
 import socket
 import sys
+import threading
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -56,6 +66,12 @@ except ImportError as error:  # pragma: no cover - a setup problem, say how to f
     sys.exit(f"drive.py: the engines' publisher modules are missing ({error}): run scripts/engine-venv.sh")
 
 U64 = (1 << 64) - 1
+# The token id a TensorRT-LLM item digest (sent as a string in place of the token id at the
+# item's first position) decodes to: ckf-engine's IMAGE_DIGEST_TOKEN = u32::MAX.
+IMAGE_DIGEST_TOKEN = (1 << 32) - 1
+# TensorRT-LLM's `mm_token_id_offset`: an item's k-th position (k >= 1) is sent as this + k
+# (above every text token id of tokens()).
+MM_TOKEN_ID_OFFSET = 200_000
 # How long to wait for the test's answer to a step before giving up (the test's own deadlines
 # are shorter; this only stops an orphaned driver).
 ANSWER_TIMEOUT_S = 120.0
@@ -101,15 +117,20 @@ def wait_answer(tick=None):
 class Request:
     """One request's token ids and its request-wide keys; blocks are `block_size` tokens.
 
-    `multimodal`: (identifier, offset, length) items in token positions of the request."""
+    `multimodal`: (identifier, offset, length) items in token positions of the request.
+    `mm_digests`: identifier -> the item's digest (64 hex digits), for TensorRT-LLM items the
+    request named by a uuid (the identifier is then the uuid; TensorRT-LLM still sends the
+    digest as the `mm_key`'s `hash` and as the item's first token id). An item not listed is
+    named by its digest itself. See `trtllm_request`."""
 
-    def __init__(self, tokens, block_size, lora_name=None, cache_salt=None, multimodal=()):
+    def __init__(self, tokens, block_size, lora_name=None, cache_salt=None, multimodal=(), mm_digests=None):
         assert len(tokens) % block_size == 0, "requests here are whole blocks"
         self.tokens = list(tokens)
         self.block_size = block_size
         self.lora_name = lora_name
         self.cache_salt = cache_salt
         self.multimodal = list(multimodal)
+        self.mm_digests = dict(mm_digests or {})
         self.blocks = len(tokens) // block_size
         seed = block_seed(cache_salt, lora_name)
         self.canonical = []
@@ -145,6 +166,24 @@ class Request:
             keys.append(self.cache_salt)
         return tuple(keys) if keys else None
 
+    def trtllm_block(self, index):
+        """Block `index` as TensorRT-LLM publishes it: (token ids, mm keys). Each item's first
+        position, which holds IMAGE_DIGEST_TOKEN in `tokens` (what a query sends), carries the
+        item's digest (a string) instead; the mm keys are one (digest, start_offset, uuid) per
+        item the block overlaps, start_offset being where the block's run starts in the item
+        (0 in the block holding the item's first position), uuid None unless the request
+        named the item by one."""
+        start = index * self.block_size
+        ids = list(self.block_tokens(index))
+        keys = []
+        for ident, offset, _ in self.block_items(index):
+            digest = self.mm_digests.get(ident, ident)
+            if start <= offset:
+                assert ids[offset - start] == IMAGE_DIGEST_TOKEN, "an item starts at IMAGE_DIGEST_TOKEN"
+                ids[offset - start] = digest
+            keys.append((digest, max(start - offset, 0), ident if ident in self.mm_digests else None))
+        return ids, keys
+
     def query(self, name, blocks=None, extra_tokens=(), lora_name=None, cache_salt=None):
         """A token query over the first `blocks` blocks (all by default), plus `extra_tokens`;
         the request's own keys unless overridden ("" = none)."""
@@ -168,7 +207,29 @@ def tokens(start, count):
     return [(start + 7919 * i) % 150_000 + 1 for i in range(count)]
 
 
-# --- the two engines' encodings ------------------------------------------------------------
+def trtllm_request(token_ids, block_size, images=(), lora_id=None):
+    """A TensorRT-LLM request over `token_ids` (whole blocks) with `images`: (digest, offset,
+    length, uuid or None) items, each item's positions overwritten as a query for its blocks
+    sends them (IMAGE_DIGEST_TOKEN at the first, MM_TOKEN_ID_OFFSET + k at the k-th after it).
+    Canonical hashes follow ckf-relay's rule for TensorRT-LLM (engine/README.md): an item's
+    identifier is its uuid when the request gave one, else its digest; an adapter named by
+    `lora_id` alone has the LoRA name "<decimal id>"."""
+    ids = list(token_ids)
+    multimodal, digests = [], {}
+    for digest, offset, length, uuid in images:
+        assert len(digest) == 64 and digest == digest.lower(), "a 32-byte digest in lowercase hex"
+        assert length > 0 and offset + length <= len(ids)
+        ids[offset] = IMAGE_DIGEST_TOKEN
+        for k in range(1, length):
+            ids[offset + k] = MM_TOKEN_ID_OFFSET + k
+        multimodal.append((uuid or digest, offset, length))
+        if uuid:
+            digests[uuid] = digest
+    lora_name = None if lora_id is None else str(lora_id)
+    return Request(ids, block_size, lora_name=lora_name, multimodal=multimodal, mm_digests=digests)
+
+
+# --- the three engines' encodings ----------------------------------------------------------
 
 
 class LoopbackVllmPublisher(vllm_events.ZmqEventPublisher):
@@ -261,6 +322,194 @@ class Sglang:
 
     def cleared(self):
         return sglang_events.AllBlocksCleared()
+
+
+# TensorRT-LLM (its `kv_cache_events` module imports the TensorRT-LLM runtime, which cannot be
+# installed here): its wire schema restated field by field, as gen_fixtures.py's trtllm() does.
+# Batch: msgspec array_like + omit_defaults, a positional [ts, events, data_parallel_rank] (the
+# publisher fills a nil rank with its own). Events: tag=True + omit_defaults, maps whose first
+# key is "type", fields without a default always sent (nil included), defaulted fields equal to
+# their default left out.
+
+
+class TrtllmBatch(msgspec.Struct, array_like=True, omit_defaults=True):
+    ts: float
+    events: list
+    data_parallel_rank: int | None = None
+
+
+class _TrtllmEvent(msgspec.Struct, omit_defaults=True, tag=True):
+    pass
+
+
+class TrtllmMmKey(msgspec.Struct, omit_defaults=True, tag="mm_key"):
+    hash: str
+    start_offset: int
+    uuid: str | None = None
+
+
+class TrtllmBlockStored(_TrtllmEvent, tag="BlockStored"):
+    block_hashes: list[int]
+    parent_block_hash: int | None
+    token_ids: list[int | str]
+    block_size: int
+    lora_id: int | None
+    medium: str | None
+    lora_name: str | None
+    extra_keys: list[tuple | None] | None = None
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: int | None = None
+    locality: str | None = None
+    mm_keys: list[list[TrtllmMmKey]] | None = None
+
+
+class TrtllmBlockRemoved(_TrtllmEvent, tag="BlockRemoved"):
+    block_hashes: list[int]
+    medium: str | None
+    group_idx: int | None = None
+    locality: str | None = None
+
+
+class TrtllmAllBlocksCleared(_TrtllmEvent, tag="AllBlocksCleared"):
+    pass
+
+
+class TrtllmPublisher:
+    """TensorRT-LLM's ZMQ publisher, restated with pyzmq: a PUB bound at the endpoint sends
+    `[topic, sequence (8 bytes BE, from 0), payload]`; the sequence is reserved when a batch is
+    accepted; the last `buffer_steps` batches are kept for a ROUTER bound at the replay
+    endpoint, which answers `[client, "", start (8 bytes BE)]` with `[client, "", topic,
+    sequence, payload]` for each buffered batch at or after `start`, then the end marker
+    `[client, "", "", -1 (8 signed BE bytes), ""]` (a request of another frame count is
+    ignored). A background thread does all the socket work. Rank r binds TCP port + r
+    (ipc/inproc: the endpoint suffixed `_dp<r>` for r > 0). `_pub` and `_buffer` are the
+    attributes the Engine wraps (DroppingPub, ForgetfulBuffer), as for vLLM's and SGLang's."""
+
+    END_SEQ = (-1).to_bytes(8, "big", signed=True)
+
+    def __init__(self, rank, endpoint, replay_endpoint=None, buffer_steps=10_000, hwm=100_000,
+                 max_queue_size=100_000, topic=""):
+        import zmq
+
+        self._zmq = zmq
+        self._rank = rank
+        self._topic = topic.encode("utf-8")
+        self._queue = queue.Queue(maxsize=max_queue_size)
+        self._buffer = collections.deque(maxlen=buffer_steps)
+        self._next_seq = 0
+        self._lock = threading.Lock()
+        ctx = zmq.Context.instance()
+        self._pub = ctx.socket(zmq.PUB)
+        self._pub.setsockopt(zmq.SNDHWM, hwm)
+        self._pub.bind(self.rank_endpoint(endpoint, rank))
+        self._replay = None
+        if replay_endpoint:
+            self._replay = ctx.socket(zmq.ROUTER)
+            # Room for a whole replay plus its end marker.
+            self._replay.setsockopt(zmq.SNDHWM, 2 * (buffer_steps + 1))
+            self._replay.bind(self.rank_endpoint(replay_endpoint, rank))
+        self._encode = msgspec.msgpack.Encoder().encode
+        self._running = True
+        self._thread = threading.Thread(target=self._serve, daemon=True, name="trtllm-publisher")
+        self._thread.start()
+
+    @staticmethod
+    def rank_endpoint(endpoint, rank):
+        if rank == 0:
+            return endpoint
+        if endpoint.startswith(("ipc://", "inproc://")):
+            return f"{endpoint}_dp{rank}"
+        host, port = endpoint.rsplit(":", 1)
+        return f"{host}:{int(port) + rank}"
+
+    def publish(self, batch):
+        if not self._running:
+            raise RuntimeError("publisher is closed")
+        if batch.data_parallel_rank is None:
+            batch.data_parallel_rank = self._rank
+        with self._lock:
+            try:
+                self._queue.put_nowait((self._next_seq, batch))
+            except queue.Full:  # dropped; its sequence is still used (a gap)
+                pass
+            self._next_seq += 1
+
+    def shutdown(self):
+        self._running = False
+        self._thread.join(timeout=5.0)
+        self._pub.close(linger=0)
+        if self._replay is not None:
+            self._replay.close(linger=0)
+
+    def _serve(self):
+        while self._running or not self._queue.empty():
+            if self._replay is not None:
+                while self._replay.poll(0):
+                    self._answer_replay(self._replay.recv_multipart())
+            try:
+                seq, batch = self._queue.get(timeout=0.005)
+            except queue.Empty:
+                continue
+            payload = self._encode(batch)
+            self._pub.send_multipart([self._topic, seq.to_bytes(8, "big"), payload])
+            self._buffer.append((seq, payload))
+
+    def _answer_replay(self, frames):
+        if len(frames) != 3 or frames[1] != b"" or len(frames[2]) != 8:
+            return
+        client, start = frames[0], int.from_bytes(frames[2], "big")
+        for seq, payload in list(self._buffer):
+            if seq >= start:
+                self._replay.send_multipart([client, b"", self._topic, seq.to_bytes(8, "big"), payload])
+        self._replay.send_multipart([client, b"", b"", self.END_SEQ, b""])
+
+
+class Trtllm:
+    name = "trtllm"
+    gpu = "GPU"
+    cpu = "CPU"
+
+    def __init__(self, mm_keys=True):
+        # mm_keys=False: the image blocks go out without their mm_keys (a broken publisher:
+        # the digest string then names no item, the store is malformed). For failure checks.
+        self.mm_keys = mm_keys
+
+    def publisher(self, rank, endpoint, replay, buffer_steps):
+        return TrtllmPublisher(rank, endpoint, replay, buffer_steps)
+
+    def engine_hash(self, digest):
+        # int64: the first 8 bytes of the block's SHA-256 key, signed.
+        return int.from_bytes(digest[:8], "big", signed=True)
+
+    def batch(self, events):
+        return TrtllmBatch(ts=time.time(), events=events)
+
+    def stored(self, req, first, end, parent, hashes, medium, block_size, group_idx):
+        assert req.cache_salt is None, "TensorRT-LLM events carry no cache salt"
+        assert req.lora_name is None or req.lora_name.isdigit(), "TensorRT-LLM names a LoRA by lora_id"
+        token_ids, mm_keys = [], []
+        for index in range(first, end):
+            ids, keys = req.trtllm_block(index)
+            token_ids.extend(ids)
+            mm_keys.append([TrtllmMmKey(hash=d, start_offset=o, uuid=u) for d, o, u in keys])
+        return TrtllmBlockStored(
+            block_hashes=hashes,
+            parent_block_hash=parent,
+            token_ids=token_ids,
+            block_size=block_size,
+            lora_id=None if req.lora_name is None else int(req.lora_name),
+            medium=medium,
+            lora_name=None,
+            group_idx=group_idx or None,
+            mm_keys=mm_keys if self.mm_keys and any(mm_keys) else None,
+        )
+
+    def removed(self, hashes, medium):
+        return TrtllmBlockRemoved(block_hashes=hashes, medium=medium)
+
+    def cleared(self):
+        return TrtllmAllBlocksCleared()
 
 
 # Older vLLM (before tagged maps): positional tagged arrays ["BlockStored", block_hashes,
@@ -792,6 +1041,54 @@ def scenario_sglang(e):
     e.publish(0, [e.clear(0), e.store(0, lora, 0, 2)])
 
 
+def scenario_trtllm(e):
+    """TensorRT-LLM's format: a plain request; a request whose image starts mid-block (its
+    digest string in place of the first token id, `mm_keys` on every block it spans); an image
+    named by a uuid; a LoRA named by `lora_id` alone. Two of those stores are lost on the way
+    and come back through the replay socket; removals; a gap over a clear and stores again.
+    Queries: the image's blocks only with the image (named by its digest, or its uuid), the
+    LoRA's blocks only with the adapter "7"."""
+    bs = e.block_size
+    image = hashlib.sha256(b"trtllm-image-1").hexdigest()
+    photo = hashlib.sha256(b"trtllm-image-2").hexdigest()
+    plain = Request(tokens(1500, 4 * bs), bs)
+    # The image at positions bs+2 .. 3bs+1: it starts in block 1 and spans blocks 1, 2 and 3.
+    pictured = trtllm_request(tokens(2500, 5 * bs), bs, images=[(image, bs + 2, 2 * bs, None)])
+    tagged = trtllm_request(tokens(3500, 3 * bs), bs, images=[(photo, 1, bs, "user-photo-9")])
+    lora = trtllm_request(tokens(4500, 3 * bs), bs, lora_id=7)
+    assert pictured.tokens[bs + 2] == IMAGE_DIGEST_TOKEN and lora.lora_name == "7"
+    e.ready()
+    e.publish(0, [e.store(0, plain, 0, 2), e.store(0, lora)])
+    # Lost live, filled from the replay socket: the image store among them.
+    e.lose_next(0, 2)
+    e.publish(0, [e.store(0, pictured)])
+    e.publish(0, [e.store(0, plain, 2, 4)])
+    e.publish(0, [e.store(0, tagged)])  # shows the gap
+    e.expect(plain.query("plain"))
+    e.expect(pictured.query("image"))
+    e.expect(pictured.query("image+uncached", extra_tokens=tokens(31337, bs)))
+    e.expect(Request(pictured.tokens, bs).query("image-tokens-without-the-image"))
+    other = hashlib.sha256(b"another-image").hexdigest()
+    e.expect(Request(pictured.tokens, bs, multimodal=[(other, bs + 2, 2 * bs)]).query("another-image"))
+    pad = list(pictured.tokens)
+    pad[bs + 2] = 151655  # an image placeholder token id instead of IMAGE_DIGEST_TOKEN
+    e.expect(Request(pad, bs, multimodal=pictured.multimodal).query("image-without-the-digest-token"))
+    e.expect(tagged.query("image-by-uuid"))
+    e.expect(Request(tagged.tokens, bs, multimodal=[(photo, 1, bs)]).query("uuid-image-by-its-digest"))
+    e.expect(lora.query("lora-id"))
+    e.expect(lora.query("lora-missing", lora_name=""))
+    e.expect(lora.query("lora-other", lora_name="8"))
+    e.check()
+    e.publish(0, [e.remove(0, pictured, [3, 4]), e.remove(0, lora, [2])])
+    e.check()
+    # A second gap: a clear and the image again, lost live.
+    e.lose_next(0, 1)
+    e.publish(0, [e.clear(0), e.store(0, pictured, 0, 3)])
+    e.publish(0, [e.store(0, lora, 0, 2)])
+    e.check()
+    e.publish(0, [e.store(0, tagged)])
+
+
 def downtime_after_a(e):
     """A stored and checked; the producer is killed; the engine stores B and evicts one of A's
     blocks while it is down (only its replay buffer has them); the producer restarts. Returns C
@@ -1086,6 +1383,7 @@ SCENARIOS = {
     "late_producer_past_buffer": (Vllm, scenario_late_producer_past_buffer, {"buffer_steps": 4}),
     "shared_restart": (Vllm, scenario_shared_restart, {}),
     "sglang_shared_steady": (Sglang, scenario_shared_steady, {}),
+    "trtllm": (Trtllm, scenario_trtllm, {}),
 }
 
 

@@ -4,6 +4,10 @@
 //! each scenario the producer holds exactly the canonical hashes of the engine's model
 //! (`GetMemberBlocks`) and the indexer answers token queries (`FindMatchesByTokens`) with the
 //! model's depths: cached prefix, partly cached, uncached, LoRA / salt / multimodal scoped.
+//! TensorRT-LLM's format comes from a publisher in `drive.py` that restates its wire format
+//! (`Trtllm`: PUB and ROUTER replay sockets, tagged-map events, `mm_keys`, `lora_id` alone, an
+//! image's digest string as a token id), since its own module needs the TensorRT-LLM runtime,
+//! which is not installable here.
 
 use ckf_e2e::cluster::{Indexer, IndexerSpec, Producer, ProducerSpec, TestDir, is_active};
 use ckf_e2e::engines::{
@@ -659,4 +663,26 @@ async fn vllm_older_positional_events() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sglang_signed_hashes_and_cache_salt() {
     scenario("sglang", 1, &[]).await;
+}
+
+/// TensorRT-LLM's format (drive.py's `Trtllm`, its wire format restated): int64 block hashes,
+/// a request whose image starts mid-block (the image's digest string in place of its first
+/// token id, `mm_keys` on every block it spans), an image named by a uuid, a LoRA named by
+/// `lora_id` alone (queried as LoRA name `"7"`), removals and a clear. The image's blocks
+/// answer only a query naming the image with `IMAGE_DIGEST_TOKEN` at its first position, the
+/// LoRA's only the adapter; two gaps (one of them over the image store, one over the clear)
+/// are filled from the publisher's ROUTER replay socket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trtllm_image_lora_and_string_tokens() {
+    scenario(
+        "trtllm",
+        1,
+        &[
+            (GAPS, &[], 2.0),
+            // Both gaps: the replay starts at the last applied batch, byte for byte.
+            (REPLAYS, &[("outcome", "verified")], 2.0),
+            (REPLAYS, &[("outcome", "filled")], 2.0),
+        ],
+    )
+    .await;
 }

@@ -22,8 +22,12 @@ pub struct EngineSection {
     pub media: Vec<String>,
     /// The KV-cache group whose blocks enter the filter (`group_idx` absent counts as 0).
     pub main_group: u32,
-    /// How long a replay may take before the gap counts as unfillable, in milliseconds.
+    /// How long a replay may go without a reply before it fails, in milliseconds.
     pub replay_timeout_ms: u64,
+    /// How long a publisher may stay silent before its last applied batch is verified again
+    /// through its replay socket (a connection can look open while its peer is gone), in
+    /// milliseconds; 0 never.
+    pub verify_idle_ms: u64,
     /// Frames larger than this (all parts together), in bytes, are dropped and counted.
     pub max_frame_bytes: u64,
     /// Live batches buffered while a replay runs; beyond it the replay fails.
@@ -36,6 +40,7 @@ impl Default for EngineSection {
             media: vec!["GPU".into()],
             main_group: 0,
             replay_timeout_ms: 2_000,
+            verify_idle_ms: 10_000,
             max_frame_bytes: 64 << 20,
             max_buffered_batches: 10_000,
         }

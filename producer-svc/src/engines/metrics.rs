@@ -28,11 +28,14 @@ pub struct EngineMetrics {
     pub skipped_events: IntCounterVec,
     /// Sequence gaps, by `publisher`, `endpoint`.
     pub gaps: IntCounterVec,
+    /// Live batches dropped because the replay that verified the publisher did not hold them
+    /// (another publisher on the endpoint), by `publisher`, `endpoint`.
+    pub foreign_batches: IntCounterVec,
     /// Replays by `publisher`, `endpoint`, `outcome` (requested; verified: the replay showed
     /// the last applied batch unchanged; filled: done; failed).
     pub replays: IntCounterVec,
     /// Episodes of uncertainty, by `publisher`, `endpoint`, `cause` (first_contact, restored,
-    /// reconnect, backwards, repeat): each is checked against the engine's replay buffer.
+    /// reconnect, backwards, repeat, idle): each is checked against the engine's replay buffer.
     pub uncertain: IntCounterVec,
     /// Batches applied by a re-read of the engine's replay buffer (first contact, restart,
     /// failed verification), by `publisher`, `endpoint`: what a late or restarted producer, or
@@ -97,6 +100,12 @@ impl EngineMetrics {
                 "Engine batch sequence gaps.",
                 pe,
             ),
+            foreign_batches: counter_vec(
+                r,
+                "ckf_producer_engine_foreign_batches_total",
+                "Live engine batches dropped because the replay that verified the publisher does not hold them (another publisher on the endpoint).",
+                pe,
+            ),
             replays: counter_vec(
                 r,
                 "ckf_producer_engine_replays_total",
@@ -106,7 +115,7 @@ impl EngineMetrics {
             uncertain: counter_vec(
                 r,
                 "ckf_producer_engine_uncertain_total",
-                "Times an engine publisher's state became uncertain and was checked against its replay buffer, by cause (first_contact, restored, reconnect, backwards, repeat).",
+                "Times an engine publisher's state became uncertain and was checked against its replay buffer, by cause (first_contact, restored, reconnect, backwards, repeat, idle).",
                 &["publisher", "endpoint", "cause"],
             ),
             reread_batches: counter_vec(

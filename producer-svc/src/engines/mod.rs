@@ -70,8 +70,10 @@ pub struct EngineSettings {
     pub limits: ckf_engine::wire::DecodeLimits,
     /// Frames above this many bytes are dropped and counted.
     pub max_frame_bytes: usize,
-    /// Replay deadline.
+    /// Replay deadline (without a reply).
     pub replay_timeout: Duration,
+    /// Silence after which the last applied batch is verified again; `None` never.
+    pub verify_idle: Option<Duration>,
     /// Live batches buffered while a replay runs.
     pub max_buffered_batches: usize,
 }

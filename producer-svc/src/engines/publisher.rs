@@ -303,8 +303,11 @@ impl PublisherTask {
             .metrics
             .connected
             .with_label_values(&self.decoder.id.labels());
+        let verify_idle = self.decoder.settings.verify_idle;
+        let mut quiet_since = Instant::now();
         loop {
             let deadline = state.deadline;
+            let idle_at = verify_idle.map(|d| quiet_since + d);
             let actions = tokio::select! {
                 biased;
                 () = &mut stopped => break,
@@ -344,8 +347,16 @@ impl PublisherTask {
                 () = sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => {
                     state.sequence.replay_failed(ReplayFailure::Timeout)
                 }
+                // Silent for a while: the connection may be dead while it looks open.
+                () = sleep_until(idle_at.unwrap_or_else(Instant::now)), if idle_at.is_some() => {
+                    quiet_since = Instant::now();
+                    state.sequence.idle()
+                }
                 msg = sub.recv() => match msg {
-                    Ok(msg) => self.live(msg, &mut state),
+                    Ok(msg) => {
+                        quiet_since = Instant::now();
+                        self.live(msg, &mut state)
+                    }
                     // No peer at all (zeromq's queue is empty): wait instead of spinning.
                     Err(zeromq::ZmqError::NoMessage) => {
                         sleep(RETRY).await;
@@ -509,6 +520,13 @@ impl PublisherTask {
                     }
                 }
                 Action::Duplicate { .. } => {}
+                Action::Foreign { sequence } => {
+                    m.foreign_batches.with_label_values(&[p, e]).inc();
+                    tracing::warn!(
+                        sequence,
+                        "a live batch the engine's replay buffer does not hold was dropped (another publisher on this endpoint?)"
+                    );
+                }
                 Action::Gap { expected, received } => {
                     m.gaps.with_label_values(&[p, e]).inc();
                     tracing::info!(expected, received, "engine sequence gap");
