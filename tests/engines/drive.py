@@ -1269,6 +1269,41 @@ def scenario_shared_steady(e):
     e.check()
 
 
+def churn(e, restart_engine):
+    """The engine stores a new request every 50 ms (a removal of an older one every fourth
+    time) while the producer is killed with -9 (PAUSE kill) and started again on its journal
+    (PAUSE restart); with `restart_engine`, the engine also restarts while the producer is
+    down. The producer must then hold exactly what the engine holds."""
+    bs = e.block_size
+    e.ready()
+    stream = iter(Request(tokens(300_000 + 1_000 * i, 2 * bs), bs) for i in range(100_000))
+    stored = []
+
+    def step():
+        req = next(stream)
+        events = [e.store(0, req)]
+        stored.append(req)
+        if len(stored) % 4 == 0:
+            old = stored.pop(0)
+            events.append(e.remove(0, old, [1]))
+        e.publish(0, events)
+        if len(e.queries) < 8:
+            e.expect(req.query(f"churn-{len(e.queries)}"))
+
+    for _ in range(10):
+        step()
+    e.check()
+    e.pause("kill", tick=step)
+    if restart_engine:
+        e.restart(0)
+        stored.clear()
+    e.pause("restart", tick=step)
+    for _ in range(10):
+        step()
+        time.sleep(0.02)
+    e.check()
+
+
 class RawPublisher:
     """A bare pyzmq PUB, no engine code: sends whatever payload it is given as
     `[topic, sequence, payload]`, sequences in order from 0. Nothing is ever dropped on the
@@ -1382,6 +1417,8 @@ SCENARIOS = {
     "sglang_late_producer": (Sglang, scenario_late_producer, {}),
     "late_producer_past_buffer": (Vllm, scenario_late_producer_past_buffer, {"buffer_steps": 4}),
     "shared_restart": (Vllm, scenario_shared_restart, {}),
+    "churn_kill": (Vllm, lambda e: churn(e, False), {}),
+    "churn_kill_engine_restart": (Vllm, lambda e: churn(e, True), {}),
     "sglang_shared_steady": (Sglang, scenario_shared_steady, {}),
     "trtllm": (Trtllm, scenario_trtllm, {}),
 }

@@ -278,3 +278,83 @@ async fn vllm_engine_restarted_while_the_producer_was_down_is_cleared() {
     );
     assert_eq!(out.model.members[0].canonical.len(), 3, "C only");
 }
+
+/// The engine keeps storing (and evicting) a request every 50 ms while the producer is killed
+/// with SIGKILL and started again on its journal; with `restart_engine` the engine also
+/// restarts while the producer is down. Afterwards the producer holds exactly what the engine
+/// holds: what the journal lost is verified and filled (or, after an engine restart, cleared
+/// and re-read) from the engine's replay buffer.
+async fn churn_through_a_kill(scenario: &str, restart_engine: bool) {
+    let Some(python) = engine_python() else {
+        return;
+    };
+    let dir = TestDir::new(&format!("engines-durability-{scenario}"));
+    let indexer = Indexer::start(
+        &dir,
+        &IndexerSpec {
+            lanes: vec![DC.into()],
+            block_size: Some(BLOCK_SIZE),
+            ..IndexerSpec::default()
+        },
+    );
+    let engine = EngineSpec::new(WORKER, 1);
+    let state = dir.path().join("producer-state");
+    let spec = ProducerSpec {
+        block_size: Some(BLOCK_SIZE),
+        engines: vec![engine.flag()],
+        extra_toml: format!(
+            "[durability]\ndata_dir = \"{}\"\ncommit_interval_ms = {COMMIT_MS}\n",
+            state.display()
+        ),
+        ..ProducerSpec::new(DC)
+    };
+    let mut producer = Producer::start(&dir, "producer-a", &spec, &[indexer.url()]);
+    indexer.wait_lane(DC, "active", is_active).await;
+    let mut driver = Driver::spawn(&python, &dir, scenario, &engine, BLOCK_SIZE);
+    let mut index = 0;
+    loop {
+        index += 1;
+        let what = format!("{scenario} step {index}");
+        match driver.next_step().await {
+            Step::Ready(expect) => wait_members(producer.addr, &what, &expect).await,
+            Step::Check(expect) => {
+                wait_members(producer.addr, &what, &expect).await;
+                wait_queries(indexer.addr, DC, &what, &expect).await;
+            }
+            // The engine keeps publishing through both pauses.
+            Step::Pause(name) if name == "kill" => {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                producer.kill9();
+            }
+            Step::Pause(name) if name == "restart" => {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                producer.restart();
+            }
+            Step::Done => break,
+            other => panic!("{what}: unexpected step {other:?}"),
+        }
+        driver.go();
+    }
+    let model = driver.model();
+    wait_members(producer.addr, &format!("{scenario} final"), &model).await;
+    driver.go();
+    driver.wait_success();
+    let cleared = counter(&producer, CLEARED, &[]);
+    if restart_engine {
+        assert!(cleared >= 1.0, "{scenario}: the restored members cleared");
+    } else {
+        assert_eq!(cleared, 0.0, "{scenario}: nothing cleared");
+        assert!(counter(&producer, REPLAYS, &[("outcome", "verified")]) >= 1.0);
+    }
+    assert_eq!(counter(&producer, UNCERTAIN, &[("cause", "restored")]), 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_churn_through_a_producer_kill() {
+    churn_through_a_kill("churn_kill", false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_churn_through_a_producer_kill_and_an_engine_restart() {
+    churn_through_a_kill("churn_kill_engine_restart", true).await;
+}
