@@ -62,6 +62,16 @@ impl EngineFrame {
         })
     }
 
+    /// The sequence of a frame whose payload is not read (one dropped for its size keeps its
+    /// place in the sequence, so it is no gap): the part before the last, when there are 2 or
+    /// 3 parts and it is 8 bytes.
+    pub fn sequence_of(parts: &[&[u8]]) -> Option<i64> {
+        match parts {
+            [_, seq, _] | [seq, _] => Some(i64::from_be_bytes((*seq).try_into().ok()?)),
+            _ => None,
+        }
+    }
+
     /// Whether this is the end marker of a replay: sequence `-1` or an empty payload.
     pub fn is_replay_end(&self) -> bool {
         self.sequence == -1 || self.payload.is_empty()
@@ -95,6 +105,15 @@ mod tests {
                 .unwrap()
                 .is_replay_end()
         );
+    }
+
+    #[test]
+    fn the_sequence_of_an_unread_frame() {
+        let seq = 7i64.to_be_bytes();
+        assert_eq!(EngineFrame::sequence_of(&[b"t", &seq, b"x"]), Some(7));
+        assert_eq!(EngineFrame::sequence_of(&[&seq, b"x"]), Some(7));
+        assert_eq!(EngineFrame::sequence_of(&[b"t", b"short", b"x"]), None);
+        assert_eq!(EngineFrame::sequence_of(&[&seq]), None);
     }
 
     #[test]

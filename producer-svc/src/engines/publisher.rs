@@ -89,13 +89,9 @@ impl Decoder {
                 &format_args!("{size} bytes > engine.max_frame_bytes"),
                 log,
             );
-            // Keep its sequence (the part before the payload) so it is no gap.
-            let seq = parts.len().checked_sub(2).and_then(|i| {
-                <[u8; 8]>::try_from(parts[i].as_ref())
-                    .ok()
-                    .map(i64::from_be_bytes)
-            })?;
-            return Some((seq, None, false));
+            // Keep its sequence so it is no gap.
+            let refs: Vec<&[u8]> = parts.iter().map(AsRef::as_ref).collect();
+            return EngineFrame::sequence_of(&refs).map(|seq| (seq, None, false));
         }
         let refs: Vec<&[u8]> = parts.iter().map(AsRef::as_ref).collect();
         let frame = match EngineFrame::parse(&refs) {
