@@ -480,32 +480,26 @@ async fn a_gap_is_filled_by_the_replay() {
     engine.publish(0, batch(vec![removed(&[1])], Some(0))).await;
     let bl = canonical(&ab);
     wait_blocks(&p, 3, 0, &bl[1..]).await;
+    // The gap's replay verified the last applied batch, then filled; the first contact's
+    // re-read of the engine's buffer came before it (and a second one when that re-read found
+    // the buffer empty and the first live batch was not 0: one more gap counted, not a loss).
+    let m = |name: &str, outcome: Option<&str>| {
+        let mut labels = vec![("publisher", "3/0")];
+        labels.extend(outcome.map(|o| ("outcome", o)));
+        metric(&p, name, &labels)
+    };
+    let gaps = m("ckf_producer_engine_gaps_total", None);
+    let replays = "ckf_producer_engine_replays_total";
+    let requested = m(replays, Some("requested"));
+    assert!((1.0..=2.0).contains(&gaps), "{gaps} gaps");
     assert_eq!(
-        metric(
-            &p,
-            "ckf_producer_engine_gaps_total",
-            &[("publisher", "3/0")]
-        ),
-        1.0
+        requested,
+        gaps + 1.0,
+        "one replay per gap, plus the first contact"
     );
-    // Two replays: the first contact's re-read of the engine's buffer, then the gap's, which
-    // verified the last applied batch before filling.
-    for (outcome, n) in [
-        ("requested", 2.0),
-        ("filled", 2.0),
-        ("verified", 1.0),
-        ("failed", 0.0),
-    ] {
-        assert_eq!(
-            metric(
-                &p,
-                "ckf_producer_engine_replays_total",
-                &[("outcome", outcome)]
-            ),
-            n,
-            "{outcome}"
-        );
-    }
+    assert_eq!(m(replays, Some("filled")), requested);
+    assert_eq!(m(replays, Some("verified")), 1.0);
+    assert_eq!(m(replays, Some("failed")), 0.0);
     assert_eq!(
         metric(&p, "ckf_producer_engine_members_cleared_total", &[]),
         0.0
@@ -552,13 +546,16 @@ async fn unfillable_gaps_clear_the_publishers_members() {
     for (w, reason) in [(1u64, "unverified"), (2, "unverified"), (3, "gap")] {
         wait_blocks(&p, w, 0, &[]).await;
         let label = w.to_string() + "/0";
-        assert_eq!(
-            metric(
-                &p,
-                "ckf_producer_engine_gaps_total",
-                &[("publisher", &label)]
-            ),
-            1.0
+        // Worker 1's empty buffer may also count one gap while priming: a first live batch
+        // other than 0 after its first contact's empty re-read.
+        let gaps = metric(
+            &p,
+            "ckf_producer_engine_gaps_total",
+            &[("publisher", &label)],
+        );
+        assert!(
+            gaps == 1.0 || (w == 1 && gaps == 2.0),
+            "{label}: {gaps} gaps"
         );
         eventually("the clear counted", || async {
             metric(
