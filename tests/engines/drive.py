@@ -59,6 +59,9 @@ import msgspec  # noqa: E402
 
 from ckf_token_hash import block_hash, block_seed, mm_identifier_hash, next_sequence_hash  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "engine" / "tests" / "fixtures"))
+import trtllm_wire  # noqa: E402
+
 try:
     from sglang.srt.disaggregation import kv_events as sglang_events  # noqa: E402
     from vllm.distributed import kv_events as vllm_events  # noqa: E402
@@ -325,54 +328,7 @@ class Sglang:
 
 
 # TensorRT-LLM (its `kv_cache_events` module imports the TensorRT-LLM runtime, which cannot be
-# installed here): its wire schema restated field by field, as gen_fixtures.py's trtllm() does.
-# Batch: msgspec array_like + omit_defaults, a positional [ts, events, data_parallel_rank] (the
-# publisher fills a nil rank with its own). Events: tag=True + omit_defaults, maps whose first
-# key is "type", fields without a default always sent (nil included), defaulted fields equal to
-# their default left out.
-
-
-class TrtllmBatch(msgspec.Struct, array_like=True, omit_defaults=True):
-    ts: float
-    events: list
-    data_parallel_rank: int | None = None
-
-
-class _TrtllmEvent(msgspec.Struct, omit_defaults=True, tag=True):
-    pass
-
-
-class TrtllmMmKey(msgspec.Struct, omit_defaults=True, tag="mm_key"):
-    hash: str
-    start_offset: int
-    uuid: str | None = None
-
-
-class TrtllmBlockStored(_TrtllmEvent, tag="BlockStored"):
-    block_hashes: list[int]
-    parent_block_hash: int | None
-    token_ids: list[int | str]
-    block_size: int
-    lora_id: int | None
-    medium: str | None
-    lora_name: str | None
-    extra_keys: list[tuple | None] | None = None
-    group_idx: int | None = None
-    kv_cache_spec_kind: str | None = None
-    kv_cache_spec_sliding_window: int | None = None
-    locality: str | None = None
-    mm_keys: list[list[TrtllmMmKey]] | None = None
-
-
-class TrtllmBlockRemoved(_TrtllmEvent, tag="BlockRemoved"):
-    block_hashes: list[int]
-    medium: str | None
-    group_idx: int | None = None
-    locality: str | None = None
-
-
-class TrtllmAllBlocksCleared(_TrtllmEvent, tag="AllBlocksCleared"):
-    pass
+# installed here): its wire structs as engine/tests/fixtures/trtllm_wire.py restates them.
 
 
 class TrtllmPublisher:
@@ -483,7 +439,7 @@ class Trtllm:
         return int.from_bytes(digest[:8], "big", signed=True)
 
     def batch(self, events):
-        return TrtllmBatch(ts=time.time(), events=events)
+        return trtllm_wire.Batch(ts=time.time(), events=events)
 
     def stored(self, req, first, end, parent, hashes, medium, block_size, group_idx):
         assert req.cache_salt is None, "TensorRT-LLM events carry no cache salt"
@@ -492,8 +448,8 @@ class Trtllm:
         for index in range(first, end):
             ids, keys = req.trtllm_block(index)
             token_ids.extend(ids)
-            mm_keys.append([TrtllmMmKey(hash=d, start_offset=o, uuid=u) for d, o, u in keys])
-        return TrtllmBlockStored(
+            mm_keys.append([trtllm_wire.MmKey(hash=d, start_offset=o, uuid=u) for d, o, u in keys])
+        return trtllm_wire.BlockStored(
             block_hashes=hashes,
             parent_block_hash=parent,
             token_ids=token_ids,
@@ -506,10 +462,10 @@ class Trtllm:
         )
 
     def removed(self, hashes, medium):
-        return TrtllmBlockRemoved(block_hashes=hashes, medium=medium)
+        return trtllm_wire.BlockRemoved(block_hashes=hashes, medium=medium)
 
     def cleared(self):
-        return TrtllmAllBlocksCleared()
+        return trtllm_wire.AllBlocksCleared()
 
 
 # Older vLLM (before tagged maps): positional tagged arrays ["BlockStored", block_hashes,

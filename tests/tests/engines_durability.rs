@@ -35,6 +35,47 @@ const CLEARED: &str = "ckf_producer_engine_members_cleared_total";
 const UNCERTAIN: &str = "ckf_producer_engine_uncertain_total";
 const RESUMING: &str = "resuming engine publisher after restored sequence";
 
+/// An indexer (lane `DC`), a producer with `[durability] data_dir` configured with one vLLM-
+/// or SGLang-flavoured engine, and `drive.py` running `scenario` for it.
+struct Cluster {
+    dir: TestDir,
+    indexer: Indexer,
+    producer: Producer,
+    driver: Driver,
+}
+
+async fn cluster(python: &std::path::Path, scenario: &str) -> Cluster {
+    let dir = TestDir::new(&format!("engines-durability-{scenario}"));
+    let indexer = Indexer::start(
+        &dir,
+        &IndexerSpec {
+            lanes: vec![DC.into()],
+            block_size: Some(BLOCK_SIZE),
+            ..IndexerSpec::default()
+        },
+    );
+    let engine = EngineSpec::new(WORKER, 1);
+    let state = dir.path().join("producer-state");
+    let spec = ProducerSpec {
+        block_size: Some(BLOCK_SIZE),
+        engines: vec![engine.flag()],
+        extra_toml: format!(
+            "[durability]\ndata_dir = \"{}\"\ncommit_interval_ms = {COMMIT_MS}\n",
+            state.display()
+        ),
+        ..ProducerSpec::new(DC)
+    };
+    let producer = Producer::start(&dir, "producer-a", &spec, &[indexer.url()]);
+    indexer.wait_lane(DC, "active", is_active).await;
+    let driver = Driver::spawn(python, &dir, scenario, &engine, BLOCK_SIZE);
+    Cluster {
+        dir,
+        indexer,
+        producer,
+        driver,
+    }
+}
+
 /// A finished scenario: the producer (still running) and the final model.
 struct Outcome {
     producer: Producer,
@@ -60,29 +101,12 @@ fn counter(producer: &Producer, name: &str, labels: &[(&str, &str)]) -> f64 {
 /// resumed sequence. `None` when the real-engine tests are skipped.
 async fn run(scenario: &str, batches_before_kill: f64) -> Option<Outcome> {
     let python = engine_python()?;
-    let dir = TestDir::new(&format!("engines-durability-{scenario}"));
-    let indexer = Indexer::start(
-        &dir,
-        &IndexerSpec {
-            lanes: vec![DC.into()],
-            block_size: Some(BLOCK_SIZE),
-            ..IndexerSpec::default()
-        },
-    );
-    let engine = EngineSpec::new(WORKER, 1);
-    let state = dir.path().join("producer-state");
-    let spec = ProducerSpec {
-        block_size: Some(BLOCK_SIZE),
-        engines: vec![engine.flag()],
-        extra_toml: format!(
-            "[durability]\ndata_dir = \"{}\"\ncommit_interval_ms = {COMMIT_MS}\n",
-            state.display()
-        ),
-        ..ProducerSpec::new(DC)
-    };
-    let mut producer = Producer::start(&dir, "producer-a", &spec, &[indexer.url()]);
-    indexer.wait_lane(DC, "active", is_active).await;
-    let mut driver = Driver::spawn(&python, &dir, scenario, &engine, BLOCK_SIZE);
+    let Cluster {
+        dir,
+        indexer,
+        mut producer,
+        mut driver,
+    } = cluster(&python, scenario).await;
     let mut checked: Option<Expect> = None;
     let mut index = 0;
     loop {
@@ -288,29 +312,12 @@ async fn churn_through_a_kill(scenario: &str, restart_engine: bool) {
     let Some(python) = engine_python() else {
         return;
     };
-    let dir = TestDir::new(&format!("engines-durability-{scenario}"));
-    let indexer = Indexer::start(
-        &dir,
-        &IndexerSpec {
-            lanes: vec![DC.into()],
-            block_size: Some(BLOCK_SIZE),
-            ..IndexerSpec::default()
-        },
-    );
-    let engine = EngineSpec::new(WORKER, 1);
-    let state = dir.path().join("producer-state");
-    let spec = ProducerSpec {
-        block_size: Some(BLOCK_SIZE),
-        engines: vec![engine.flag()],
-        extra_toml: format!(
-            "[durability]\ndata_dir = \"{}\"\ncommit_interval_ms = {COMMIT_MS}\n",
-            state.display()
-        ),
-        ..ProducerSpec::new(DC)
-    };
-    let mut producer = Producer::start(&dir, "producer-a", &spec, &[indexer.url()]);
-    indexer.wait_lane(DC, "active", is_active).await;
-    let mut driver = Driver::spawn(&python, &dir, scenario, &engine, BLOCK_SIZE);
+    let Cluster {
+        dir: _dir,
+        indexer,
+        mut producer,
+        mut driver,
+    } = cluster(&python, scenario).await;
     let mut index = 0;
     loop {
         index += 1;
