@@ -187,18 +187,9 @@ impl EngineFeed {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::{EngineEvent, RemovedBlocks, StoredBlocks};
+    use crate::event::{EngineEvent, RemovedBlocks};
+    use crate::lineage::tests::store;
     use ckf_core::dc::KvEventKind;
-
-    fn store(hashes: &[u64], parent: Option<u64>, tokens: &[u32]) -> EngineEvent {
-        EngineEvent::Stored(StoredBlocks {
-            block_hashes: hashes.to_vec(),
-            parent,
-            token_ids: tokens.to_vec(),
-            block_size: 2,
-            ..StoredBlocks::default()
-        })
-    }
 
     fn batch(dp_rank: Option<u32>, events: Vec<EngineEvent>) -> EngineBatch {
         EngineBatch {

@@ -369,7 +369,7 @@ impl Lineage {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::event::BlockExtras;
 
@@ -383,7 +383,8 @@ mod tests {
         }
     }
 
-    fn store(hashes: &[u64], parent: Option<u64>, tokens: &[u32]) -> EngineEvent {
+    /// A GPU store of `hashes` (block size 2) after `parent`.
+    pub(crate) fn store(hashes: &[u64], parent: Option<u64>, tokens: &[u32]) -> EngineEvent {
         EngineEvent::Stored(StoredBlocks {
             block_hashes: hashes.to_vec(),
             parent,

@@ -518,24 +518,36 @@ impl Reader<'_, '_> {
         }
     }
 
-    /// vLLM `extra_keys`: nil, or a list (one per block) of nil or a list of entries.
-    fn read_extra_keys(&mut self, depth: usize) -> Field<Option<Vec<Vec<RawExtra>>>> {
+    /// The header of a per-block list (`extra_keys`, `mm_keys`): `None` for nil (and for an
+    /// empty list where `empty_is_none`), else its length. A list of more than
+    /// `max_blocks_per_event` entries, or another type, is skipped whole and refused.
+    fn read_block_list(&mut self, depth: usize, empty_is_none: bool) -> Field<Option<u32>> {
         let max = self.limits.max_blocks_per_event;
-        let tok = self.next()?;
-        let n = match tok {
-            Tok::Nil => return Ok(Ok(None)),
+        match self.next()? {
+            Tok::Nil => Ok(Ok(None)),
+            Tok::Array(0) if empty_is_none => Ok(Ok(None)),
             Tok::Array(n) => {
                 self.enter(depth)?;
                 if n as usize > max {
                     self.skip_items(u64::from(n), depth + 1)?;
                     return Ok(Err(format!("{n} blocks > limit {max}")));
                 }
-                n
+                Ok(Ok(Some(n)))
             }
             other => {
                 self.skip_rest(&other, depth)?;
-                return Ok(Err(format!("{} where an array is expected", other.kind())));
+                Ok(Err(format!("{} where an array is expected", other.kind())))
             }
+        }
+    }
+
+    /// vLLM `extra_keys`: nil, or a list (one per block) of nil or a list of entries.
+    fn read_extra_keys(&mut self, depth: usize) -> Field<Option<Vec<Vec<RawExtra>>>> {
+        let max = self.limits.max_blocks_per_event;
+        let n = match self.read_block_list(depth, false)? {
+            Ok(Some(n)) => n,
+            Ok(None) => return Ok(Ok(None)),
+            Err(bad) => return Ok(Err(bad)),
         };
         let mut out = Vec::with_capacity(self.cap(n as usize));
         let mut bad = None;
@@ -605,21 +617,10 @@ impl Reader<'_, '_> {
     /// `MultimodalKey` maps. An empty list means no keys for any block.
     fn read_mm_keys(&mut self, depth: usize) -> Field<Option<Vec<RawMm>>> {
         let max = self.limits.max_blocks_per_event;
-        let tok = self.next()?;
-        let n = match tok {
-            Tok::Nil | Tok::Array(0) => return Ok(Ok(None)),
-            Tok::Array(n) => {
-                self.enter(depth)?;
-                if n as usize > max {
-                    self.skip_items(u64::from(n), depth + 1)?;
-                    return Ok(Err(format!("{n} blocks > limit {max}")));
-                }
-                n
-            }
-            other => {
-                self.skip_rest(&other, depth)?;
-                return Ok(Err(format!("{} where an array is expected", other.kind())));
-            }
+        let n = match self.read_block_list(depth, true)? {
+            Ok(Some(n)) => n,
+            Ok(None) => return Ok(Ok(None)),
+            Err(bad) => return Ok(Err(bad)),
         };
         let mut out = Vec::with_capacity(self.cap(n as usize));
         let mut bad = None;
