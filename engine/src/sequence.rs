@@ -403,10 +403,29 @@ impl<T> PublisherSequence<T> {
     /// Nothing arrived on the live socket for the caller's idle interval: verify the last
     /// applied batch through the replay socket ([`Uncertainty::Idle`]); an engine that
     /// restarted behind a connection that never dropped fails it, one that is gone times it
-    /// out (both clear). No action with a replay in flight, nothing applied, or no replay
-    /// socket.
+    /// out (both clear). Still disconnected after the interval: what was applied is cleared
+    /// (the engine may be gone with its cache; the next connection re-reads its buffer). No
+    /// action with a replay in flight, nothing applied, or (connected) no replay socket.
     pub fn idle(&mut self) -> Vec<Action<T>> {
         let mut out = Vec::new();
+        if self
+            .window
+            .as_ref()
+            .is_some_and(|w| w.phase == Phase::Awaiting)
+        {
+            // Disconnected for the whole interval: the engine (and its cache) may be gone;
+            // nothing can be verified, so what was applied is cleared (re-read when it is
+            // back).
+            if self.last.take().is_some() {
+                out.push(Action::Uncertain {
+                    cause: Uncertainty::Idle,
+                });
+                out.push(Action::ClearMembers {
+                    reason: ClearReason::Unverified,
+                });
+            }
+            return out;
+        }
         if self.window.is_some() || !self.config.replays() {
             return out;
         }
@@ -1333,6 +1352,24 @@ mod tests {
         live(&mut p, 0, 0);
         assert_eq!(p.idle(), vec![]);
         assert_eq!(fresh(REPLAY).idle(), vec![]);
+        // Disconnected for the whole interval (with or without a replay socket): cleared once,
+        // and the connection's return re-reads the engine's buffer.
+        for config in [REPLAY, NO_REPLAY] {
+            let mut p = fresh(config);
+            live(&mut p, 0, 0);
+            p.disconnected();
+            assert_eq!(
+                p.idle(),
+                vec![uncertain(Uncertainty::Idle), clear(ClearReason::Unverified)]
+            );
+            assert_eq!(p.idle(), vec![]);
+            assert_eq!(p.last_applied(), None);
+        }
+        let mut p = fresh(REPLAY);
+        live(&mut p, 0, 0);
+        p.disconnected();
+        p.idle();
+        assert_eq!(p.connected()[1], reread());
     }
 
     #[test]

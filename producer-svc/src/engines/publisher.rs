@@ -20,7 +20,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use ckf_engine::event::{EngineBatch, EngineEvent};
 use ckf_engine::frame::EngineFrame;
-use ckf_engine::sequence::{Action, PublisherSequence, ReplayFailure, ReplayKind, SequenceConfig};
+use ckf_engine::sequence::{
+    Action, PublisherSequence, ReplayFailure, ReplayKind, SequenceConfig, Uncertainty,
+};
 use ckf_engine::wire::decode_batch;
 use ckf_engine::zmtp::{ZmtpLimits, ZmtpViolation};
 use ckf_svc_kit::Shutdown;
@@ -529,10 +531,19 @@ impl PublisherTask {
                 }
                 Action::Uncertain { cause } => {
                     m.uncertain.with_label_values(&[p, e, cause.label()]).inc();
-                    tracing::info!(
-                        cause = cause.label(),
-                        "engine publisher uncertain; checking it against its replay buffer"
-                    );
+                    // The idle check is routine (every `engine.verify_idle_ms` of silence);
+                    // what it finds (a clear, a failed replay) is logged at WARN.
+                    if cause == Uncertainty::Idle {
+                        tracing::debug!(
+                            cause = cause.label(),
+                            "engine publisher idle; verifying it"
+                        );
+                    } else {
+                        tracing::info!(
+                            cause = cause.label(),
+                            "engine publisher uncertain; checking it against its replay buffer"
+                        );
+                    }
                 }
                 Action::Verified { sequence } => {
                     m.replays.with_label_values(&[p, e, "verified"]).inc();
@@ -542,7 +553,7 @@ impl PublisherTask {
                     m.replays.with_label_values(&[p, e, "requested"]).inc();
                     state.end_replay();
                     state.kind = Some(kind);
-                    tracing::info!(from, kind = kind.label(), "replay requested");
+                    tracing::debug!(from, kind = kind.label(), "replay requested");
                     let Some(endpoint) = replay_address else {
                         continue; // unreachable: replay_available is false without one
                     };
@@ -557,7 +568,7 @@ impl PublisherTask {
                 }
                 Action::ReplayFilled { from } => {
                     m.replays.with_label_values(&[p, e, "filled"]).inc();
-                    tracing::info!(from, "replay done");
+                    tracing::debug!(from, "replay done");
                     state.end_replay();
                 }
                 Action::ReplayFailed { from, reason } => {
