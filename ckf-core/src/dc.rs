@@ -36,6 +36,7 @@ mod hasher;
 mod image;
 mod ownership;
 pub mod quota;
+mod release;
 mod stats;
 
 use std::collections::HashMap;
@@ -51,6 +52,7 @@ pub use block_map::RebuildStats;
 pub(crate) use block_map::prefetch;
 use block_map::{BlockMap, Probe};
 use ownership::{Members, Tag};
+use release::Releases;
 
 pub use events::{BlockError, EventOutcome, KvEvent, KvEventKind, MemberId};
 pub use hasher::FoldHashBuilder;
@@ -135,15 +137,26 @@ pub struct DcCkfConfig {
     /// bytes: four 64-byte lines). A reserved map still grows past N, as an unreserved one
     /// does. A table cannot track more blocks than it has slots, hence the bound.
     pub reserve_blocks: u64,
+    /// Block-map lines (four blocks each) one [`DcCkfState::release_step`] sweeps for the
+    /// clears in progress (a member's clear, a worker's removal); `0` sweeps the whole map
+    /// inside the clear itself. See [`DEFAULT_RELEASE_SLICE_LINES`].
+    pub release_slice_lines: u32,
 }
 
+/// Default [`DcCkfConfig::release_slice_lines`]: 8,192 lines, 32,768 slots (512 KiB of the
+/// block map) per slice, so one slice takes well under a millisecond however much a clear
+/// releases (the `producer -- removal` bench prints the longest slice).
+pub const DEFAULT_RELEASE_SLICE_LINES: u32 = 8_192;
+
 impl DcCkfConfig {
-    /// `format` with [`DEFAULT_MAX_KICKS`] and no reservation.
+    /// `format` with [`DEFAULT_MAX_KICKS`], no reservation and
+    /// [`DEFAULT_RELEASE_SLICE_LINES`].
     pub fn new(format: TableFormat) -> Self {
         Self {
             format,
             max_kicks: DEFAULT_MAX_KICKS,
             reserve_blocks: 0,
+            release_slice_lines: DEFAULT_RELEASE_SLICE_LINES,
         }
     }
 }
@@ -394,19 +407,31 @@ impl Projection {
         true
     }
 
-    /// Drops every tag in `tags` from every block (one pass over the block map); `1 -> 0`
-    /// transitions remove one copy each. Returns the edges released.
-    fn release_all(&mut self, tags: &[Tag]) -> u64 {
+    /// Drops the tags in `dying` from the blocks of lines `range` (and the stash when `stash`),
+    /// see [`BlockMap::sweep`]; `1 -> 0` transitions remove one copy each. Calls
+    /// `dropped(tag)` per edge dropped.
+    fn sweep(
+        &mut self,
+        range: std::ops::Range<usize>,
+        stash: bool,
+        dying: &ownership::TagSet,
+        mut dropped: impl FnMut(Tag),
+    ) {
         let Projection {
             addressing,
             blocks,
             mutator,
             dirty,
             resident,
+            edges,
             counters,
             ..
         } = self;
-        let released = blocks.release_all(tags, |h| {
+        let on_drop = |tag| {
+            *edges -= 1;
+            dropped(tag);
+        };
+        blocks.sweep(range, stash, dying, on_drop, |h| {
             if mutator.remove(addressing.locate(h)) {
                 *resident -= 1;
                 for w in mutator.last_writes() {
@@ -417,8 +442,6 @@ impl Projection {
                 counters.missing_fingerprints += 1;
             }
         });
-        self.edges -= released;
-        released
     }
 
     /// Shrinks the block map (and its spill map) when it emptied far below its capacity
@@ -435,6 +458,7 @@ pub struct DcCkfState {
     quotas: Quotas,
     members: Members,
     proj: Projection,
+    releases: Releases,
 }
 
 impl DcCkfState {
@@ -489,6 +513,7 @@ impl DcCkfState {
                 #[cfg(test)]
                 walk_hint_lines: 0,
             },
+            releases: Releases::default(),
         })
     }
 
@@ -730,43 +755,28 @@ impl DcCkfState {
         out
     }
 
-    /// `member` dropped every block: releases each of its edges. `applied` = blocks it held.
-    /// One pass over all tracked blocks (O(unique blocks); see `ownership`'s docs for why).
+    /// `member` dropped every block: releases each of its edges; `applied` = blocks it held.
+    /// Exact at once, swept in slices (see `release`'s docs).
     pub fn clear_member(&mut self, member: MemberId) -> EventOutcome {
         let tags: Vec<Tag> = self.members.tag(member).into_iter().collect();
         self.clear_tags(&tags)
     }
 
-    /// Clears every dp rank of `worker_id` in one pass over the tracked blocks; merged outcome.
+    /// Clears every dp rank of `worker_id` together; merged outcome. Exact at once, swept in
+    /// slices whose cost does not depend on the number of ranks (see `release`'s docs).
     pub fn remove_worker(&mut self, worker_id: u64) -> EventOutcome {
-        let tags: Vec<Tag> = self
-            .members
-            .index
-            .iter()
-            .filter(|(m, _)| m.worker_id == worker_id)
-            .map(|(_, &t)| t)
-            .collect();
+        let tags = self.members.worker_tags(worker_id);
         self.clear_tags(&tags)
     }
 
+    /// Retires `tags` and sweeps the first slice (all of it when slices are off).
     fn clear_tags(&mut self, tags: &[Tag]) -> EventOutcome {
         let mut out = EventOutcome::default();
         if tags.is_empty() {
             return out;
         }
-        let owned: u64 = tags
-            .iter()
-            .map(|&t| u64::from(self.members.record(t).owned))
-            .sum();
-        let released = self.proj.release_all(tags);
-        debug_assert_eq!(released, owned, "member counts disagree with the block map");
-        for &t in tags {
-            let owned = self.members.record(t).owned;
-            self.members.adjust(t, 0, owned);
-            self.members.release_if_empty(t);
-        }
-        self.shrink();
-        out.applied = released as u32;
+        out.applied = self.retire_tags(tags) as u32;
+        self.release_step();
         out
     }
 
@@ -774,12 +784,21 @@ impl DcCkfState {
     /// capacity (see [`shrink_map`]: under a quarter full -> twice their length).
     fn shrink(&mut self) {
         self.proj.shrink();
-        self.members.shrink();
+        // Retired tags keep their records until swept.
+        if self.releases.is_empty() {
+            self.members.shrink();
+        }
     }
 
     /// Number of members owning `block_hash` (exact).
     pub fn refcount(&self, block_hash: u64) -> u32 {
-        self.proj.blocks.refcount(block_hash)
+        if self.releases.is_empty() {
+            self.proj.blocks.refcount(block_hash)
+        } else {
+            self.proj
+                .blocks
+                .live_refcount(block_hash, &self.releases.dying)
+        }
     }
 
     /// Whether `member` owns `block_hash` (exact).
@@ -847,7 +866,8 @@ impl DcCkfState {
         let p = &self.proj;
         let c = p.counters;
         let format = self.config.format;
-        let exact_bytes = p.blocks.bytes_used() + self.members.bytes_used();
+        let exact_bytes =
+            p.blocks.bytes_used() + self.members.bytes_used() + self.releases.bytes_used();
         let bytes_used = std::mem::size_of::<Self>()
             + p.mutator.bytes_used()
             + p.dirty.bytes_used()
@@ -1180,7 +1200,7 @@ mod tests {
     /// The real limit, not a lowered one: 2^21 - 1 members each own a block, the next member is
     /// refused, and the largest tags (2^21 - 4 ..= 2^21 - 1, three inline next to the spill flag
     /// and one spilled) own a shared block exactly; clearing one frees its tag for the refused
-    /// member.
+    /// member once the clear is swept.
     #[test]
     fn the_real_member_limit_is_exact() {
         let format = TableFormat::new(1 << 20, 3).unwrap();
@@ -1218,6 +1238,10 @@ mod tests {
         // Clear the member holding the last tag: its spilled or inline place is refilled.
         assert_eq!(s.clear_member(member(limit - 1)).applied, 2);
         assert_eq!(s.refcount(shared), 3);
+        assert!(s.releasing(), "2^21 blocks swept in one slice");
+        let out = s.store(member(limit), &[limit, shared]);
+        assert_eq!(out.omitted, 2, "a tag reused before its blocks were swept");
+        s.finish_releases();
         let out = s.store(member(limit), &[limit, shared]);
         assert_eq!((out.applied, out.omitted), (2, 0));
         assert_eq!(s.refcount(shared), 4);

@@ -31,6 +31,7 @@ fn state(bucket_count: u64, max_kicks: u32, quotas: Quotas) -> DcCkfState {
         format,
         max_kicks,
         reserve_blocks: 0,
+        release_slice_lines: 0,
     })
     .unwrap();
     s.set_quotas(quotas);

@@ -75,6 +75,8 @@ enum Op {
     Clear(usize),
     RemoveWorker(u64),
     Publish,
+    /// One slice of the clears in progress.
+    ReleaseStep,
 }
 
 fn member(i: usize) -> MemberId {
@@ -90,6 +92,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0..MEMBERS).prop_map(Op::Clear),
         1 => (0..MEMBERS as u64 / 2).prop_map(Op::RemoveWorker),
         2 => Just(Op::Publish),
+        3 => Just(Op::ReleaseStep),
     ]
 }
 
@@ -166,23 +169,39 @@ fn check(state: &DcCkfState, model: &Model, hashes: &[u64]) -> Result<(), TestCa
         prop_assert_eq!(got, expect, "blocks of member {}", m);
     }
     let stats = state.stats();
-    prop_assert_eq!(state.count_resident(), tracked.len() as u64);
-    prop_assert_eq!(stats.resident_fingerprints, tracked.len() as u64);
-    prop_assert_eq!(stats.unique_blocks, tracked.len());
     prop_assert_eq!(stats.members, model.owned.len());
     let edges: usize = model.owned.values().map(BTreeSet::len).sum();
-    prop_assert_eq!(stats.ownership_edges, edges as u64);
+    // Cleared members' edges not swept yet still count, their blocks keep a fingerprint.
+    prop_assert_eq!(
+        stats.ownership_edges,
+        edges as u64 + state.releasing_edges()
+    );
+    prop_assert_eq!(state.releasing(), state.releasing_edges() > 0);
+    prop_assert_eq!(state.count_resident(), stats.resident_fingerprints);
+    if state.releasing() {
+        prop_assert!(stats.resident_fingerprints >= tracked.len() as u64);
+        prop_assert!(stats.unique_blocks >= tracked.len());
+    } else {
+        prop_assert_eq!(stats.resident_fingerprints, tracked.len() as u64);
+        prop_assert_eq!(stats.unique_blocks, tracked.len());
+    }
     prop_assert_eq!(stats.missing_fingerprints_total, 0);
     Ok(())
 }
 
-fn run(bucket_count: u64, max_kicks: u32, ops: Vec<Op>) -> Result<(), TestCaseError> {
+fn run(
+    bucket_count: u64,
+    max_kicks: u32,
+    release_slice_lines: u32,
+    ops: Vec<Op>,
+) -> Result<(), TestCaseError> {
     let hashes = universe();
     let format = TableFormat::new(bucket_count, SEED).unwrap();
     let mut state = DcCkfState::new(DcCkfConfig {
         format,
         max_kicks,
         reserve_blocks: 0,
+        release_slice_lines,
     })
     .unwrap();
     let mut model = Model::default();
@@ -263,9 +282,16 @@ fn run(bucket_count: u64, max_kicks: u32, ops: Vec<Op>) -> Result<(), TestCaseEr
                 prop_assert_eq!(state.pending_dirty(), 0);
                 prop_assert_eq!(&consumer[..], state.buckets(), "consumer copy diverged");
             }
+            Op::ReleaseStep => {
+                let more = state.release_step();
+                prop_assert_eq!(more, state.releasing());
+            }
         }
         check(&state, &model, &hashes)?;
     }
+    // Settled: the sweep ends, and with it every trace of the cleared members.
+    state.finish_releases();
+    check(&state, &model, &hashes)?;
     prop_assert_eq!(state.stats().omissions_total, omissions);
     Ok(())
 }
@@ -277,9 +303,10 @@ proptest! {
     fn state_matches_exact_model(
         bucket_count in prop::sample::select(BUCKET_COUNTS.to_vec()),
         max_kicks in prop::sample::select(vec![0u32, 1, 5, 50, 500]),
+        release_slice_lines in prop::sample::select(vec![0u32, 1, 2]),
         ops in prop::collection::vec(op(), 1..160),
     ) {
-        run(bucket_count, max_kicks, ops)?;
+        run(bucket_count, max_kicks, release_slice_lines, ops)?;
     }
 }
 

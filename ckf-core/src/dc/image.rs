@@ -61,9 +61,13 @@ impl DcCkfState {
         for &tag in members.index.values() {
             per_tag[tag as usize - 1].reserve_exact(members.peek(tag).owned as usize);
         }
-        self.proj
-            .blocks
-            .for_each_edge(|hash, tag| per_tag[tag as usize - 1].push(hash));
+        // Retired tags (a clear still being swept) own nothing.
+        let dying = &self.releases.dying;
+        self.proj.blocks.for_each_edge(|hash, tag| {
+            if !dying.contains(tag) {
+                per_tag[tag as usize - 1].push(hash);
+            }
+        });
         let mut images: Vec<MemberImage> = members
             .index
             .iter()

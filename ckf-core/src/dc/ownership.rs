@@ -20,7 +20,7 @@ use super::MemberId;
 use super::hasher::FoldHashBuilder;
 use super::quota::Charges;
 
-pub(crate) use super::block_map::{MAX_TAG, Tag};
+pub(crate) use super::block_map::{MAX_TAG, Tag, TagSet};
 
 /// One member's bookkeeping.
 #[derive(Debug, Clone, Default)]
@@ -43,6 +43,8 @@ pub(crate) struct Members {
     free: Vec<Tag>,
     /// What each source holds (blocks of the members charged to it).
     pub charges: Charges,
+    /// Tags (dp ranks) per worker id.
+    workers: HashMap<u64, u32, FoldHashBuilder>,
 }
 
 impl Default for Members {
@@ -53,6 +55,7 @@ impl Default for Members {
             records: Vec::new(),
             free: Vec::new(),
             charges: Charges::default(),
+            workers: HashMap::default(),
         }
     }
 }
@@ -80,7 +83,59 @@ impl Members {
         };
         self.records[t as usize - 1].id = Some(member);
         self.index.insert(member, t);
+        *self.workers.entry(member.worker_id).or_default() += 1;
         Some(t)
+    }
+
+    /// Ranks of `worker_id` owning blocks.
+    pub fn worker_ranks(&self, worker_id: u64) -> u32 {
+        self.workers.get(&worker_id).copied().unwrap_or(0)
+    }
+
+    /// The tags of `worker_id`'s ranks. O(members) when the worker has any.
+    pub fn worker_tags(&self, worker_id: u64) -> Vec<Tag> {
+        if self.worker_ranks(worker_id) == 0 {
+            return Vec::new();
+        }
+        self.index
+            .iter()
+            .filter(|(m, _)| m.worker_id == worker_id)
+            .map(|(_, &t)| t)
+            .collect()
+    }
+
+    /// Detaches `tag` from its member: the member owns nothing from now on (its index entry
+    /// goes, its source's holding drops by what it owned), while the record keeps `owned` as
+    /// the edges left to sweep. The tag stays taken until [`free_retired`](Self::free_retired).
+    pub fn retire(&mut self, tag: Tag) {
+        let record = &mut self.records[tag as usize - 1];
+        let Some(id) = record.id.take() else {
+            return;
+        };
+        self.index.remove(&id);
+        Self::forget_rank(&mut self.workers, id.worker_id);
+        let charge = std::mem::take(&mut record.charge);
+        if charge != 0 {
+            let owned = u64::from(record.owned);
+            self.charges.get(charge).held -= owned;
+            self.charges.release_member(charge);
+        }
+    }
+
+    /// Makes a retired tag whose edges are all swept reusable.
+    pub fn free_retired(&mut self, tag: Tag) {
+        debug_assert_eq!(self.records[tag as usize - 1].owned, 0);
+        debug_assert!(self.records[tag as usize - 1].id.is_none());
+        self.free.push(tag);
+    }
+
+    fn forget_rank(workers: &mut HashMap<u64, u32, FoldHashBuilder>, worker_id: u64) {
+        if let Some(n) = workers.get_mut(&worker_id) {
+            *n -= 1;
+            if *n == 0 {
+                workers.remove(&worker_id);
+            }
+        }
     }
 
     /// One past the largest tag ever handed out and not shrunk away: every live tag is below
@@ -108,6 +163,7 @@ impl Members {
             && let Some(id) = record.id.take()
         {
             self.index.remove(&id);
+            Self::forget_rank(&mut self.workers, id.worker_id);
             self.free.push(tag);
             let charge = std::mem::take(&mut record.charge);
             if charge != 0 {
@@ -144,8 +200,10 @@ impl Members {
     /// capacity (see `shrink_map`) and drops free records at the end of the record table.
     pub fn shrink(&mut self) {
         super::shrink_map(&mut self.index);
+        super::shrink_map(&mut self.workers);
         if self.index.is_empty() {
             self.index = HashMap::default();
+            self.workers = HashMap::default();
             self.records = Vec::new();
             self.free = Vec::new();
             return;
@@ -172,5 +230,6 @@ impl Members {
         ) + self.records.capacity() * std::mem::size_of::<MemberRecord>()
             + self.free.capacity() * 4
             + self.charges.bytes_used()
+            + super::stats::hash_table_bytes(self.workers.capacity(), 16)
     }
 }

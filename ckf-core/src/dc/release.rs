@@ -1,0 +1,237 @@
+//! Clears in slices: a member's `Cleared`, a worker's removal and the engine path's member
+//! clears drop every edge of some owner tags, and the block map has no per-member block list
+//! (see `ownership`'s docs), so finding those edges means sweeping the whole map. This module
+//! makes that sweep cheap per block and cuts it into slices the caller runs between other work.
+//!
+//! * **At the clear** the tags are *retired*: their members own nothing from then on (a later
+//!   store by the same member gets a fresh tag), their sources' holdings drop at once, and the
+//!   clear's outcome counts every edge released. Exact queries ([`DcCkfState::refcount`],
+//!   [`DcCkfState::owns`], the ownership image) already leave retired tags out.
+//! * **The sweep** drops the retired tags from the blocks, [`DcCkfConfig::release_slice_lines`]
+//!   block-map lines per [`DcCkfState::release_step`]; a block left without owners loses its
+//!   fingerprint then, so the table (and what is published from it) follows slice by slice.
+//!   The test per block is one bit of a [`TagSet`], so a sweep costs the table's slots plus the
+//!   edges it drops, however many tags (dp ranks) retire together.
+//! * **A retired tag is freed** (reusable) only when its edge count reaches 0. Stores between
+//!   slices may move entries across the sweep's cursor (cuckoo displacement, a growth or a
+//!   shrink); a tag whose edges were not all found in one pass gets another pass, so no freed
+//!   tag is ever left on a block.
+//! * Retirements during a pass join it; the pass ends once every retired edge is dropped, or
+//!   at the end of the table (then the stash is swept too).
+//!
+//! [`DcCkfConfig::release_slice_lines`]: super::DcCkfConfig::release_slice_lines
+
+use super::DcCkfState;
+use super::block_map::TagSet;
+use super::ownership::Tag;
+
+/// The clears in progress.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Releases {
+    /// Retired tags whose edges are still being dropped.
+    pub dying: TagSet,
+    /// The same tags, in retirement order.
+    tags: Vec<Tag>,
+    /// Next block-map line of the current pass.
+    cursor: usize,
+    /// Edges of retired tags not dropped yet.
+    pub remaining: u64,
+}
+
+impl Releases {
+    /// Whether no clear is in progress.
+    pub fn is_empty(&self) -> bool {
+        self.tags.is_empty()
+    }
+
+    /// Heap bytes.
+    pub fn bytes_used(&self) -> usize {
+        self.dying.bytes_used() + self.tags.capacity() * std::mem::size_of::<Tag>()
+    }
+}
+
+impl DcCkfState {
+    /// Retires `tags` (see the module docs); returns the edges they held, which the sweep will
+    /// drop.
+    pub(super) fn retire_tags(&mut self, tags: &[Tag]) -> u64 {
+        let mut edges = 0u64;
+        for &tag in tags {
+            edges += u64::from(self.members.peek(tag).owned);
+            self.members.retire(tag);
+            if self.releases.dying.insert(tag) {
+                self.releases.tags.push(tag);
+            }
+        }
+        self.releases.remaining += edges;
+        edges
+    }
+
+    /// Whether a clear is still being swept ([`release_step`](Self::release_step) has work).
+    pub fn releasing(&self) -> bool {
+        !self.releases.is_empty()
+    }
+
+    /// Edges of cleared members the sweep has not dropped yet (0 when no clear is in
+    /// progress). Until then their blocks still count in [`DcCkfStats`](super::DcCkfStats)'s
+    /// `unique_blocks` and `ownership_edges`, and their fingerprints stay in the table.
+    pub fn releasing_edges(&self) -> u64 {
+        self.releases.remaining
+    }
+
+    /// Sweeps one slice of the clears in progress: `release_slice_lines` block-map lines (the
+    /// whole map when that is 0), see the module docs. Returns whether work remains.
+    pub fn release_step(&mut self) -> bool {
+        if self.releases.is_empty() {
+            return false;
+        }
+        let lines = self.proj.blocks.line_count();
+        let slice = self.config.release_slice_lines as usize;
+        let start = self.releases.cursor;
+        let end = if slice == 0 {
+            lines
+        } else {
+            start.saturating_add(slice).min(lines)
+        };
+        let at_end = end >= lines;
+        let Self {
+            members,
+            proj,
+            releases,
+            ..
+        } = self;
+        let remaining = &mut releases.remaining;
+        proj.sweep(start..end, at_end, &releases.dying, |tag| {
+            members.record(tag).owned -= 1;
+            *remaining -= 1;
+        });
+        releases.cursor = end;
+        if releases.remaining > 0 && !at_end {
+            return true;
+        }
+        // The pass is over: free the tags it emptied; the rest (entries moved behind the
+        // cursor meanwhile) take another pass.
+        releases.cursor = 0;
+        releases.tags.retain(|&tag| {
+            if members.peek(tag).owned > 0 {
+                return true;
+            }
+            members.free_retired(tag);
+            releases.dying.remove(tag);
+            false
+        });
+        if !releases.tags.is_empty() {
+            return true;
+        }
+        debug_assert_eq!(releases.remaining, 0);
+        releases.tags = Vec::new();
+        self.shrink();
+        false
+    }
+
+    /// Runs [`release_step`](Self::release_step) until no clear is in progress.
+    pub fn finish_releases(&mut self) {
+        while self.release_step() {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{DcCkfConfig, DcCkfState, MemberId};
+    use crate::addressing::TableFormat;
+
+    fn state(release_slice_lines: u32) -> DcCkfState {
+        DcCkfState::new(DcCkfConfig {
+            release_slice_lines,
+            ..DcCkfConfig::new(TableFormat::new(1 << 14, 5).unwrap())
+        })
+        .unwrap()
+    }
+
+    fn hashes(from: u64, n: u64) -> Vec<u64> {
+        (from..from + n)
+            .map(|h| h.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+            .collect()
+    }
+
+    /// A worker's removal over many dp ranks retires them at once (the members own nothing,
+    /// exact queries say so), then the sweep drops their blocks slice by slice: the table keeps
+    /// their fingerprints until then, and ends equal to a state that never stored them.
+    #[test]
+    fn a_removal_is_exact_at_once_and_swept_in_slices() {
+        let mut s = state(64);
+        let kept = MemberId::new(2, 0);
+        let shared = hashes(0, 50);
+        s.store(kept, &shared);
+        for rank in 0..300u32 {
+            let own = hashes(1_000 + u64::from(rank) * 40, 40);
+            s.store(MemberId::new(1, rank), &own);
+            s.store(MemberId::new(1, rank), &shared[..5]);
+        }
+        let resident = s.stats().resident_fingerprints;
+        assert_eq!(resident, 50 + 300 * 40);
+        let outcome = s.remove_worker(1);
+        assert_eq!(outcome.applied, 300 * 45);
+        assert_eq!(s.member_owned(MemberId::new(1, 7)), 0);
+        assert!(!s.owns(MemberId::new(1, 7), hashes(1_280, 1)[0]));
+        assert_eq!(s.refcount(shared[0]), 1, "a retired rank still counted");
+        assert_eq!(s.refcount(hashes(1_000, 1)[0]), 0);
+        assert!(
+            s.releasing(),
+            "one slice swept a table of more than 64 lines"
+        );
+        assert!(s.stats().resident_fingerprints > 50);
+        let mut steps = 1;
+        while s.release_step() {
+            steps += 1;
+        }
+        assert!(steps > 2, "{steps} steps");
+        assert_eq!(s.releasing_edges(), 0);
+        let stats = s.stats();
+        assert_eq!(stats.resident_fingerprints, 50);
+        assert_eq!(stats.unique_blocks, 50);
+        assert_eq!(stats.ownership_edges, 50);
+        assert_eq!(s.count_resident(), 50);
+        assert!(
+            shared
+                .iter()
+                .all(|&h| s.refcount(h) == 1 && s.may_contain(h))
+        );
+        assert_eq!(s.member_blocks(kept), {
+            let mut v = shared.clone();
+            v.sort_unstable();
+            v
+        });
+    }
+
+    /// A member cleared and storing again before the sweep got to its blocks: the fresh tag's
+    /// blocks survive the sweep, the old ones go, and a block both held keeps its fingerprint.
+    #[test]
+    fn a_member_storing_again_during_the_sweep_keeps_what_it_stored_since() {
+        let mut s = state(16);
+        let m = MemberId::new(3, 1);
+        let old = hashes(0, 2_000);
+        s.store(m, &old);
+        assert_eq!(s.clear_member(m).applied, 2_000);
+        assert!(s.releasing());
+        let again = &old[1_500..];
+        assert_eq!(s.store(m, again).applied, 500);
+        assert_eq!(s.member_owned(m), 500);
+        s.finish_releases();
+        assert_eq!(s.member_blocks(m).len(), 500);
+        assert_eq!(s.stats().resident_fingerprints, 500);
+        assert!(again.iter().all(|&h| s.owns(m, h) && s.may_contain(h)));
+        assert!(old[..1_500].iter().all(|&h| s.refcount(h) == 0));
+    }
+
+    /// With `release_slice_lines = 0` a clear completes inside its call.
+    #[test]
+    fn an_unsliced_clear_completes_in_its_call() {
+        let mut s = state(0);
+        let m = MemberId::new(1, 0);
+        s.store(m, &hashes(0, 5_000));
+        s.clear_member(m);
+        assert!(!s.releasing());
+        assert_eq!(s.stats().resident_fingerprints, 0);
+        assert_eq!(s.stats().unique_blocks, 0);
+    }
+}
