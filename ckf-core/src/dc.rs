@@ -549,8 +549,9 @@ impl DcCkfState {
     /// charges an uncharged member to `source`. Removals and clears are never refused.
     ///
     /// # Errors
-    /// [`QuotaError::EventTooLarge`], [`QuotaError::MemberFull`] or
-    /// [`QuotaError::SourceFull`]; the event was then not applied at all.
+    /// [`QuotaError::EventTooLarge`], [`QuotaError::MemberFull`],
+    /// [`QuotaError::SourceFull`] or [`QuotaError::WorkerRanks`]; the event was then not
+    /// applied at all.
     pub fn apply_from(
         &mut self,
         source: &str,
@@ -589,10 +590,22 @@ impl DcCkfState {
     ) -> Result<(), QuotaError> {
         let q = self.quotas;
         q.check_event(hashes.len())?;
+        let tag = self.members.tag(member);
+        let max = q.max_ranks_per_worker;
+        if max > 0 && tag.is_none() && !hashes.is_empty() {
+            let ranks = self.members.worker_ranks(member.worker_id);
+            if ranks >= max {
+                return Err(QuotaError::WorkerRanks {
+                    worker_id: member.worker_id,
+                    dp_rank: member.dp_rank,
+                    ranks,
+                    max,
+                });
+            }
+        }
         if q.max_blocks_per_member == 0 && q.max_blocks_per_source == 0 {
             return Ok(());
         }
-        let tag = self.members.tag(member);
         let (owned, charge) = tag.map_or((0, 0), |t| {
             let r = self.members.peek(t);
             (u64::from(r.owned), r.charge)

@@ -255,6 +255,7 @@ proptest! {
             max_blocks_per_batch: 1,
             max_blocks_per_member: 1,
             max_blocks_per_source: 1,
+            max_ranks_per_worker: 1,
         };
         let mut restored = state(1 << 12, 500, tight);
         for m in image.iter().rev() {

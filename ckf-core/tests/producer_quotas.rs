@@ -153,6 +153,7 @@ proptest! {
             max_blocks_per_batch: 0,
             max_blocks_per_member: per_member,
             max_blocks_per_source: per_source,
+            max_ranks_per_worker: 0,
         };
         let mut s = state(q);
         let mut model = Model::default();
@@ -273,6 +274,65 @@ fn one_source_is_refused_while_another_proceeds() {
     assert_eq!(s.source_held("a"), 9);
     assert_eq!(s.apply_from("a", &stored(2, &[20])).unwrap().applied, 1);
     assert_eq!(s.source_held("a"), 10);
+}
+
+/// `max_ranks_per_worker` counts the ranks of a worker owning blocks: a new rank past it is
+/// refused whole, a rank already owning blocks and other workers are not, and a rank that
+/// owns nothing again (its blocks removed, or the worker removed, even before the sweep got
+/// to its blocks) makes room.
+#[test]
+fn ranks_per_worker_are_bounded() {
+    let mut s = state(Quotas {
+        max_ranks_per_worker: 3,
+        ..Quotas::UNLIMITED
+    });
+    let rank = |w: u64, r: u32, blocks: &[u64]| KvEvent {
+        member: MemberId::new(w, r),
+        kind: KvEventKind::Stored {
+            block_hashes: blocks.to_vec(),
+            parent_hash: None,
+        },
+    };
+    for r in 0..3 {
+        assert_eq!(
+            s.apply_from("a", &rank(1, r, &[u64::from(r)]))
+                .unwrap()
+                .applied,
+            1
+        );
+    }
+    let refused = QuotaError::WorkerRanks {
+        worker_id: 1,
+        dp_rank: 3,
+        ranks: 3,
+        max: 3,
+    };
+    assert_eq!(s.apply_from("a", &rank(1, 3, &[9])).unwrap_err(), refused);
+    assert!(
+        refused.to_string().contains("max_ranks_per_worker is 3"),
+        "{refused}"
+    );
+    assert_eq!(refused.limit(), "max_ranks_per_worker");
+    assert_eq!(s.member_owned(MemberId::new(1, 3)), 0);
+    // An owning rank stores more; another worker has its own count.
+    assert_eq!(s.apply_from("a", &rank(1, 0, &[10])).unwrap().applied, 1);
+    assert_eq!(s.apply_from("a", &rank(2, 7, &[11])).unwrap().applied, 1);
+    // Rank 1 owns nothing again: room for rank 3.
+    s.remove(MemberId::new(1, 1), &[1]);
+    assert_eq!(s.apply_from("a", &rank(1, 3, &[9])).unwrap().applied, 1);
+    // The worker removed: its ranks no longer count.
+    s.remove_worker(1);
+    for r in 10..13 {
+        assert_eq!(
+            s.apply_from("a", &rank(1, r, &[u64::from(r)]))
+                .unwrap()
+                .applied,
+            1
+        );
+    }
+    assert!(s.apply_from("a", &rank(1, 13, &[13])).is_err());
+    // The trusted engine path is not bounded.
+    assert_eq!(s.apply(&rank(1, 14, &[14])).applied, 1);
 }
 
 #[test]

@@ -18,9 +18,14 @@
 //! coalesce into one batch, bounded by the threshold and the delay; an idle producer publishes
 //! a change at once. A batch is still only sampled between complete commands (design source,
 //! "Publication protocol"). With [`Cadence::cut_when_idle`] off the actor waits for the
-//! threshold or the delay only (the timer cadence before issue 12). On shutdown the actor closes its channel, finishes
+//! threshold or the delay only. On shutdown the actor closes its channel, finishes
 //! the commands already queued, cuts the pending tail, and queues the exact drain marker on
 //! every attachment ([`Fanout::drain`](ckf_core::fanout::Fanout::drain)).
+//!
+//! Long work is cut into slices so no client waits long: a member's clear or a worker's
+//! removal is exact at once and swept one slice (`DcCkfState::release_step`) after each
+//! command, and back to back while the queue is empty; the slices' changes publish with the
+//! cadence above. Every command and slice is timed in `ckf_producer_actor_command_seconds`.
 
 mod durability;
 
@@ -159,6 +164,29 @@ pub enum Command {
         /// Why.
         reason: FenceReason,
     },
+}
+
+impl Command {
+    /// The `command` label of `ckf_producer_actor_command_seconds`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Ingest { .. } => "ingest",
+            Self::Stats { .. } => "stats",
+            Self::Table { .. } => "table",
+            Self::Attach { .. } => "attach",
+            Self::Engine {
+                step: EngineStep::Apply { .. },
+                ..
+            } => "engine_apply",
+            Self::Engine {
+                step: EngineStep::Clear(_),
+                ..
+            } => "engine_clear",
+            Self::MemberBlocks { .. } => "member_blocks",
+            Self::SourceSequence { .. } => "source_sequence",
+            Self::Detach { .. } => "detach",
+        }
+    }
 }
 
 /// Publication cadence (`[publication]`: `batch_threshold`, `max_delay_ms`, `cut_when_idle`).
@@ -307,13 +335,19 @@ impl Actor {
         gauges.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let deadline = self.deadline;
+            let releasing = self.state.releasing();
             tokio::select! {
                 biased;
                 () = &mut stopped => break,
                 cmd = commands.recv() => match cmd {
-                    Some(cmd) => self.handle(cmd),
+                    Some(cmd) => {
+                        let label = cmd.label();
+                        self.timed(label, |actor| actor.handle(cmd));
+                        self.release_slice();
+                    }
                     None => break,
                 },
+                () = std::future::ready(()), if releasing => self.release_slice(),
                 () = sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => {
                     self.publish(CutReason::MaxDelay);
                 }
@@ -330,6 +364,8 @@ impl Actor {
         while let Some(cmd) = commands.recv().await {
             self.handle(cmd);
         }
+        // The drain marker promises the indexers the final state: the clears swept whole.
+        self.state.finish_releases();
         self.publish(CutReason::Shutdown);
         let drained = self.fanout.drain();
         for (index, miss) in &drained.missed {
@@ -367,6 +403,25 @@ impl Actor {
         ActorReport {
             drain_markers,
             stats: self.stats(),
+        }
+    }
+
+    /// Runs `work` and records its duration under `label`.
+    fn timed(&mut self, label: &'static str, work: impl FnOnce(&mut Self)) {
+        let started = std::time::Instant::now();
+        work(self);
+        self.metrics
+            .actor_command_seconds
+            .with_label_values(&[label])
+            .observe(started.elapsed().as_secs_f64());
+    }
+
+    /// One slice of the clears in progress, if any.
+    fn release_slice(&mut self) {
+        if self.state.releasing() {
+            self.timed("release", |actor| {
+                actor.state.release_step();
+            });
         }
     }
 
@@ -588,7 +643,7 @@ impl Actor {
     /// `queue_empty`: no command is waiting. Writes a checkpoint when the journal asks for one.
     fn after_command(&mut self, queue_empty: bool) {
         if self.journal.as_ref().is_some_and(|j| j.wants_checkpoint()) {
-            self.write_checkpoint();
+            self.timed("checkpoint", Self::write_checkpoint);
         }
         let pending = self.state.pending_dirty();
         if pending == 0 {
@@ -602,7 +657,7 @@ impl Actor {
             self.first_dirty = Some(now);
         }
         if let Some(reason) = self.cut_reason(pending, queue_empty, now) {
-            self.publish(reason);
+            self.timed("publish", |actor| actor.publish(reason));
         }
     }
 
@@ -670,6 +725,9 @@ impl Actor {
         if let Some(journal) = &self.journal {
             self.metrics.journal.observe(&journal.stats());
         }
+        self.metrics
+            .releasing_edges
+            .set(i64::try_from(self.state.releasing_edges()).unwrap_or(i64::MAX));
         self.metrics
             .engine
             .lineage_bytes

@@ -172,6 +172,10 @@ pub struct QuotasConfig {
     /// Most blocks one source may hold: the blocks of the members charged to it (a member is
     /// charged to the first source that stores into it, until it owns nothing again).
     pub max_blocks_per_source: u64,
+    /// Most dp ranks of one worker owning blocks at once; a stored event of one more rank is
+    /// refused (event status `REFUSED`, code `RESOURCE_EXHAUSTED`). Ingest authorization
+    /// grants workers, not ranks: this bounds what one granted worker can claim.
+    pub max_ranks_per_worker: u32,
 }
 
 impl Default for QuotasConfig {
@@ -182,6 +186,7 @@ impl Default for QuotasConfig {
             max_blocks_per_batch: q.max_blocks_per_batch,
             max_blocks_per_member: q.max_blocks_per_member,
             max_blocks_per_source: q.max_blocks_per_source,
+            max_ranks_per_worker: q.max_ranks_per_worker,
         }
     }
 }
@@ -194,6 +199,7 @@ impl QuotasConfig {
             max_blocks_per_batch: self.max_blocks_per_batch,
             max_blocks_per_member: self.max_blocks_per_member,
             max_blocks_per_source: self.max_blocks_per_source,
+            max_ranks_per_worker: self.max_ranks_per_worker,
         }
     }
 
@@ -729,6 +735,9 @@ pub struct Cli {
     /// quotas.max_blocks_per_source: most blocks one ingest source may hold; 0 = unlimited [default: 0].
     #[arg(long, value_name = "BLOCKS")]
     pub max_blocks_per_source: Option<u64>,
+    /// quotas.max_ranks_per_worker: most dp ranks of one worker owning blocks; 0 = unlimited [default: 1024].
+    #[arg(long, value_name = "RANKS")]
+    pub max_ranks_per_worker: Option<u32>,
     /// shutdown.drain_timeout_ms: wait for drained acks on shutdown, ms [default: 5000].
     #[arg(long, value_name = "MS")]
     pub drain_timeout_ms: Option<u64>,
@@ -851,6 +860,7 @@ impl Cli {
             .set("quotas.max_blocks_per_batch", self.max_blocks_per_batch)
             .set("quotas.max_blocks_per_member", self.max_blocks_per_member)
             .set("quotas.max_blocks_per_source", self.max_blocks_per_source)
+            .set("quotas.max_ranks_per_worker", self.max_ranks_per_worker)
             .set("shutdown.drain_timeout_ms", self.drain_timeout_ms)
             .set("listen", self.listen.map(|a| a.to_string()))
             .set("metrics_listen", self.metrics_listen.map(|a| a.to_string()))

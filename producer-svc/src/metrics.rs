@@ -124,6 +124,12 @@ pub struct Metrics {
     pub publish_delay_seconds: Histogram,
     /// Images per publication batch.
     pub batch_images: Histogram,
+    /// Seconds the state actor spent in one unit of work, by `command` (see
+    /// `crate::actor::Work`): the longest one is how long every other client waited.
+    pub actor_command_seconds: HistogramVec,
+    /// Ownership edges of cleared members (a `Cleared`, a `WorkerRemoved`, an engine clear)
+    /// the release sweep has not dropped yet.
+    pub releasing_edges: IntGauge,
     /// Relocation-order cycles broken while ordering batches.
     pub cycles_broken: IntCounter,
     /// Delta frames sent, by `indexer`.
@@ -188,6 +194,16 @@ impl Metrics {
             "Seconds from the first change of a batch (end of its command) to the batch being queued for the indexers.",
             // 10 us .. ~0.33 s: the idle cut lands in the first buckets, max_delay_ms up to 300.
             prometheus::exponential_buckets(0.000_01, 2.0, 16).expect("valid buckets"),
+        );
+        let actor_command_seconds = histogram_vec(
+            &r,
+            "ckf_producer_actor_command_seconds",
+            "Seconds the state actor spent in one command or slice of work, by command; every other client waited that long.",
+            &["command"],
+            // 25 us .. ~1.6 s by 4x; 0.05 is a bucket bound (the alert's threshold).
+            vec![
+                0.000_025, 0.0001, 0.0004, 0.0016, 0.0064, 0.0125, 0.025, 0.05, 0.1, 0.4, 1.6,
+            ],
         );
         let change_to_ack_seconds = histogram_vec(
             &r,
@@ -304,6 +320,12 @@ impl Metrics {
             batches_cut,
             publish_delay_seconds,
             batch_images,
+            actor_command_seconds,
+            releasing_edges: int_gauge(
+                &r,
+                "ckf_producer_releasing_edges",
+                "Ownership edges of cleared members and removed workers the release sweep has not dropped yet.",
+            ),
             cycles_broken: counter(
                 &r,
                 "ckf_producer_relocation_cycles_broken_total",

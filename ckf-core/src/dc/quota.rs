@@ -7,6 +7,7 @@
 //! | `max_blocks_per_batch` | block hashes in all events of one batch | before the batch is applied ([`Quotas::check_batch`]) | [`QuotaError::BatchTooLarge`] |
 //! | `max_blocks_per_member` | blocks the member owns after the event | per stored event, before it is applied | [`QuotaError::MemberFull`] |
 //! | `max_blocks_per_source` | blocks the source *holds* (below) after the event | per stored event, before it is applied | [`QuotaError::SourceFull`] |
+//! | `max_ranks_per_worker` | dp ranks of one worker owning blocks, counting the event's member | per stored event of a member owning nothing yet | [`QuotaError::WorkerRanks`] |
 //!
 //! `0` means unlimited for every limit. Removals and clears are never refused: they only free.
 //!
@@ -47,6 +48,10 @@ pub const DEFAULT_MAX_BLOCKS_PER_EVENT: u32 = 16_384;
 /// Default `max_blocks_per_batch`: four maximal events, a few milliseconds of actor work, so
 /// one client's batch delays another client's by at most that.
 pub const DEFAULT_MAX_BLOCKS_PER_BATCH: u64 = 65_536;
+/// Default `max_ranks_per_worker`: far above the data-parallel ranks engines run per worker
+/// (tens to a few hundred), far below what it takes to crowd the 2^21 owner tags: ingest
+/// authorization grants workers, not ranks, so this bounds what one granted worker can claim.
+pub const DEFAULT_MAX_RANKS_PER_WORKER: u32 = 1_024;
 
 /// Ingest limits (see the module docs); `0` = unlimited.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,16 +64,20 @@ pub struct Quotas {
     pub max_blocks_per_member: u32,
     /// Most blocks one source may hold (see the module docs).
     pub max_blocks_per_source: u64,
+    /// Most dp ranks of one worker owning blocks at once.
+    pub max_ranks_per_worker: u32,
 }
 
 impl Default for Quotas {
-    /// [`DEFAULT_MAX_BLOCKS_PER_EVENT`], [`DEFAULT_MAX_BLOCKS_PER_BATCH`], holdings unlimited.
+    /// [`DEFAULT_MAX_BLOCKS_PER_EVENT`], [`DEFAULT_MAX_BLOCKS_PER_BATCH`],
+    /// [`DEFAULT_MAX_RANKS_PER_WORKER`], holdings unlimited.
     fn default() -> Self {
         Self {
             max_blocks_per_event: DEFAULT_MAX_BLOCKS_PER_EVENT,
             max_blocks_per_batch: DEFAULT_MAX_BLOCKS_PER_BATCH,
             max_blocks_per_member: 0,
             max_blocks_per_source: 0,
+            max_ranks_per_worker: DEFAULT_MAX_RANKS_PER_WORKER,
         }
     }
 }
@@ -80,6 +89,7 @@ impl Quotas {
         max_blocks_per_batch: 0,
         max_blocks_per_member: 0,
         max_blocks_per_source: 0,
+        max_ranks_per_worker: 0,
     };
 
     /// Checks the size limits of one batch whose events carry `event_blocks` block hashes
@@ -183,6 +193,21 @@ pub enum QuotaError {
         /// The limit.
         max: u64,
     },
+    /// The event's member would be one dp rank too many for its worker.
+    #[error(
+        "worker {worker_id} has {ranks} dp ranks owning blocks and the event adds dp rank \
+         {dp_rank}; limit max_ranks_per_worker is {max}"
+    )]
+    WorkerRanks {
+        /// The worker.
+        worker_id: u64,
+        /// The rank the event would add.
+        dp_rank: u32,
+        /// Ranks of the worker owning blocks now.
+        ranks: u32,
+        /// The limit.
+        max: u32,
+    },
 }
 
 impl QuotaError {
@@ -193,6 +218,7 @@ impl QuotaError {
             Self::BatchTooLarge { .. } => "max_blocks_per_batch",
             Self::MemberFull { .. } => "max_blocks_per_member",
             Self::SourceFull { .. } => "max_blocks_per_source",
+            Self::WorkerRanks { .. } => "max_ranks_per_worker",
         }
     }
 }
