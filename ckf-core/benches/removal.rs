@@ -5,9 +5,9 @@
 //! Run: `cargo bench -p ckf-core --bench removal [-- BLOCKS]`.
 //!
 //! Each row fills a fresh `DcCkfState` (2^22 buckets, the producer's defaults, so
-//! `release_slice_lines` is `DEFAULT_RELEASE_SLICE_LINES`) with `BLOCKS` blocks: the removed
+//! `release_slice_lines` is `RELEASE_SLICE_LINES`) with `BLOCKS` blocks: the removed
 //! worker's ranks x blocks per rank, the rest owned by another worker. Then it times
-//! `remove_worker` (the command: it retires the ranks and sweeps the first slice) and every
+//! `remove_worker` (the command: it retires the ranks) and every
 //! following `release_step` (each one slice of actor work), taking a publication batch after
 //! each as the actor does (timed apart). It prints the total sweep, the slices, the longest
 //! slice and the longest publication, and the ratio of each many-rank row's total to the
@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use ckf_core::TableFormat;
 use ckf_core::addressing::fmix64;
-use ckf_core::dc::{DcCkfConfig, DcCkfState, MemberId};
+use ckf_core::dc::{DcCkfConfig, DcCkfState, MemberId, RELEASE_SLICE_LINES};
 
 /// Blocks stored per event while filling.
 const EVENT_BLOCKS: u64 = 1_024;
@@ -39,8 +39,11 @@ struct Timing {
 }
 
 fn fill(blocks: u64, row: &Row) -> DcCkfState {
-    let mut state =
-        DcCkfState::new(DcCkfConfig::new(TableFormat::new(1 << 22, 17).unwrap())).unwrap();
+    let mut state = DcCkfState::new(DcCkfConfig {
+        release_slice_lines: RELEASE_SLICE_LINES,
+        ..DcCkfConfig::new(TableFormat::new(1 << 22, 17).unwrap())
+    })
+    .unwrap();
     state.presize_blocks(blocks).unwrap();
     let mut next = 0u64;
     let mut store = |state: &mut DcCkfState, member: MemberId, n: u64| {

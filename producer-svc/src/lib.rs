@@ -210,7 +210,10 @@ pub async fn serve(
         incarnation: new_incarnation(),
         format,
     };
-    let mut dc_config = DcCkfConfig::new(format);
+    let mut dc_config = DcCkfConfig {
+        release_slice_lines: ckf_core::dc::RELEASE_SLICE_LINES,
+        ..DcCkfConfig::new(format)
+    };
     dc_config.max_kicks = config.max_kicks();
     dc_config.reserve_blocks = config.reserve_blocks();
     let mut state = DcCkfState::new(dc_config).map_err(|e| {
