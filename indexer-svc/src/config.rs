@@ -19,7 +19,9 @@ use ckf_svc_kit::LogFormat;
 use ckf_svc_kit::config::{ConfigError, Invalid, Layers, Overrides, Validate, at_least, in_range};
 use ckf_svc_kit::serve::{DEFAULT_WORKER_THREADS, ProcessSettings, validate_worker_threads};
 use ckf_svc_kit::table::{EXPECTED_BLOCKS_PER_LANE_ALIAS, TableConfig};
-use ckf_svc_kit::tls::{Exposure, Guard, Listener, ServerTlsConfig, ServerTlsFlags, check_exposure};
+use ckf_svc_kit::tls::{
+    Exposure, Guard, Listener, ServerTlsConfig, ServerTlsFlags, check_exposure,
+};
 use ckf_svc_kit::transport::{TransportConfig, TransportFlags};
 use clap::Parser;
 use serde::{Deserialize, Serialize};
@@ -970,7 +972,10 @@ mod tests {
             .load()
             .unwrap_err()
             .to_string();
-        assert!(text.contains("serves Relay") && !text.contains("Query"), "{text}");
+        assert!(
+            text.contains("serves Relay") && !text.contains("Query"),
+            "{text}"
+        );
         let split = ["--query-listen", "127.0.0.1:7401", "--insecure"];
         let config = cli(&[&open[..], &split[..]].concat()).load().unwrap();
         assert_eq!(insecure(config), ["Relay"]);

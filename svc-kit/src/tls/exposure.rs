@@ -315,9 +315,8 @@ mod tests {
             "{err}"
         );
         assert!(
-            err.rule.contains(
-                "set for Query: auth.query_token_file; for Relay: auth.required = true"
-            ),
+            err.rule
+                .contains("set for Query: auth.query_token_file; for Relay: auth.required = true"),
             "{err}"
         );
         // A loopback listener's open service is never the one named.
