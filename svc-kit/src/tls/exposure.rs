@@ -377,13 +377,20 @@ mod tests {
                 .export(&registry, "ckf_test_insecure", stop.clone())
                 .is_none()
         );
-        let value = |r: &Registry| r.gather()[0].get_metric()[0].get_gauge().get_value();
-        assert_eq!(value(&registry), 0.0);
+        let value = |r: &Registry| {
+            let text = prometheus::TextEncoder::new()
+                .encode_to_string(&r.gather())
+                .unwrap();
+            text.lines()
+                .find_map(|l| l.strip_prefix("ckf_test_insecure "))
+                .map(str::to_owned)
+        };
+        assert_eq!(value(&registry).as_deref(), Some("0"));
         let registry = Registry::new();
         let task = Exposure::Insecure { open: vec![] }
             .export(&registry, "ckf_test_insecure", stop.clone())
             .unwrap();
-        assert_eq!(value(&registry), 1.0);
+        assert_eq!(value(&registry).as_deref(), Some("1"));
         stop.trigger();
         task.await.unwrap();
     }
