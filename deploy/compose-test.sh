@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # End-to-end test of the shipped deployment, run by CI (.ci/run):
 #   0. the Kubernetes manifests pass a real schema validator (kubernetes-validate, from PyPI)
-#      and the compose file parses (with and without the prometheus profile); `ckf certs` makes
+#      and the compose file parses (with and without the prometheus profile); the alerting
+#      rules pass `promtool check rules` and their tests (check-alerts.sh); `ckf certs` makes
 #      the stack's certificates (every gRPC connection of the stack is mutual TLS);
 #   1. build the image (deploy/build-image.sh, reusing the workspace's release build);
 #   2. `up -d` the compose stack under a unique project, wait for every healthcheck, let the
@@ -106,6 +107,9 @@ mapfile -t MANIFESTS < <(find "$DEPLOY/k8s" -name '*.yaml' ! -name kustomization
 grep -q . "$WORK/k8s.txt" || fail "kubernetes-validate printed nothing"
 log "k8s: ${#MANIFESTS[@]} files valid against Kubernetes $K8S_SCHEMA_VERSION (strict)"
 "$VENV/bin/python" "$DEPLOY/k8s/check-configs.py" "$DEPLOY" || fail "shipped configs disagree (check-configs.py)"
+# The alerting rules: promtool check + their unit tests (installs Debian's promtool if missing).
+bash "$DEPLOY/check-alerts.sh" >"$WORK/alerts.txt" 2>&1 || { cat "$WORK/alerts.txt" >&2; fail "alerting rules (check-alerts.sh)"; }
+log "alerts: promtool check rules, test rules (every alert firing and silent) and check config passed"
 
 compose config -q || fail "docker-compose.yml does not parse"
 compose --profile prometheus config -q || fail "docker-compose.yml (profile prometheus) does not parse"
@@ -156,8 +160,10 @@ log "ok: ckf certs wrote the stack's CA, certificates and tokens"
 
 # The Kubernetes ConfigMaps' TOML files start the real binaries (schema validation cannot see
 # inside a ConfigMap): a refused configuration exits at once naming the key, an accepted one
-# keeps serving until `timeout` stops it (exit 124). Loopback ephemeral ports, so nothing clashes;
-# the Secrets' mount point /etc/ckf/tls is this run's `ckf certs` output.
+# keeps serving until `timeout` stops it (exit 124). Ephemeral ports, so nothing clashes; gRPC on
+# 0.0.0.0 as in the pods, so the start rule for non-loopback listeners (TLS, and authorization
+# unless `insecure`) applies to them for real; the Secrets' mount point /etc/ckf/tls is this
+# run's `ckf certs` output.
 mkdir -p "$WORK/k8s-config"
 "$VENV/bin/python" - "$DEPLOY/k8s" "$WORK/k8s-config" "$K8S_CERTS" <<'PY' >"$WORK/k8s-config.count" \
     || fail "could not extract the Kubernetes ConfigMaps' configs"
@@ -196,7 +202,7 @@ for cfg in "$WORK"/k8s-config/*.toml; do
         *--producer.toml) bin=ckf-producer ;;
         *) fail "unexpected ConfigMap key: $cfg" ;;
     esac
-    timeout 3 "$CKF_BIN_DIR/$bin" --config "$cfg" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 \
+    timeout 3 "$CKF_BIN_DIR/$bin" --config "$cfg" --listen 0.0.0.0:0 --metrics-listen 127.0.0.1:0 \
         >"$cfg.log" 2>&1 &
     pids+=($!) cfgs+=("$cfg")
 done

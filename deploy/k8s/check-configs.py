@@ -15,6 +15,10 @@ files, for the Kubernetes manifests (ConfigMaps in deploy/k8s/**/*.yaml) and the
 - every producer's `indexers` endpoint names a Service (Kubernetes) or compose service that
   exists, on the indexer's gRPC port;
 - services listen on 0.0.0.0 at the ports the containers, probes and Services use;
+- they run secure: no `insecure` (key, `--insecure`, `CKF_*_INSECURE`); the indexer has
+  `auth.required = true` (Relay) and a Query token or required client certificates (Query);
+  every producer has `ingest_auth.required = true` (the services refuse a non-loopback listener
+  without these, unless `insecure = true`);
 - every ConfigMap a workload (Deployment, StatefulSet) mounts exists; each mounts a Secret made by
   kustomization.yaml's secretGenerator at /etc/ckf/tls holding every TLS file its config and
   its probes (`ckf health` over TLS) name;
@@ -54,10 +58,12 @@ def check_set(where, indexer, producers, service_ports):
         err(where, "indexer [table] bucket_count must be explicit (nonzero)")
     if not str(indexer.get("listen", "")).startswith("0.0.0.0:"):
         err(where, f"indexer listen {indexer.get('listen')!r} must bind 0.0.0.0 in a container")
+    check_secure(where, "indexer", indexer)
     seen = {}
     for name, p in producers.items():
         pool, ptab = p.get("pool", {}), p.get("table", {})
         w = f"{where} {name}"
+        check_secure(w, "producer", p)
         if pool.get("domain") != domain:
             err(w, f"pool.domain {pool.get('domain')!r} != indexer manifest.domain {domain!r}")
         dc = pool.get("dc")
@@ -80,6 +86,29 @@ def check_set(where, indexer, producers, service_ports):
     for dc in lanes:
         if dc not in seen:
             err(where, f"lane {dc!r} has no producer")
+
+
+def check_secure(where, role, cfg):
+    """A shipped config runs secure: callers of every gRPC service are authorized, and
+    `insecure` is not set."""
+    if cfg.get("insecure"):
+        err(where, "insecure = true: shipped configs authorize their callers instead")
+    tls = cfg.get("tls", {})
+    if role == "indexer":
+        if not cfg.get("auth", {}).get("required"):
+            err(where, "indexer auth.required must be true (Relay attachments authorized)")
+        certs = tls.get("client_ca_file") and tls.get("client_auth", "required") == "required"
+        if not (certs or cfg.get("auth", {}).get("query_token_file")):
+            err(where, "indexer Query needs auth.query_token_file or required client certificates")
+    elif not cfg.get("ingest_auth", {}).get("required"):
+        err(where, "producer ingest_auth.required must be true (Ingest callers authorized)")
+
+
+def check_no_insecure_switch(where, text):
+    """The `insecure` switch in its flag and environment forms."""
+    for switch in ("--insecure", "CKF_INDEXER_INSECURE", "CKF_PRODUCER_INSECURE"):
+        if switch in text:
+            err(where, f"sets {switch}: shipped deployments run secure")
 
 
 def tls_files(cfg):
@@ -304,13 +333,17 @@ def check_k8s_variants(k8s_dir):
             used |= load_kustomization(k8s_dir, c, docs, secrets)
         check_k8s(where, docs, secrets)
     for path in glob.glob(os.path.join(k8s_dir, "**", "*.yaml"), recursive=True):
+        with open(path) as f:
+            check_no_insecure_switch(os.path.relpath(path, k8s_dir), f.read())
         if os.path.basename(path) != "kustomization.yaml" and os.path.normpath(path) not in used:
             err("k8s", f"{os.path.relpath(path, k8s_dir)} is in no kustomization or component (unchecked)")
 
 
 def check_compose(deploy_dir):
     with open(os.path.join(deploy_dir, "docker-compose.yml")) as f:
-        compose = yaml.safe_load(f)
+        text = f.read()
+    check_no_insecure_switch("docker-compose.yml", text)
+    compose = yaml.safe_load(text)
     services = compose["services"]
     cdir = os.path.join(deploy_dir, "compose")
     with open(os.path.join(cdir, "indexer.toml"), "rb") as f:
@@ -337,7 +370,7 @@ def main():
         print(f"check-configs: {e}", file=sys.stderr)
     if errors:
         sys.exit(1)
-    print("check-configs: k8s and compose configs agree (pools, lanes, table format, endpoints, ports)")
+    print("check-configs: k8s and compose configs agree (pools, lanes, table format, endpoints, ports) and run secure")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,9 @@ use ckf_svc_kit::LogFormat;
 use ckf_svc_kit::config::{ConfigError, Invalid, Layers, Overrides, Validate, at_least, in_range};
 use ckf_svc_kit::serve::{DEFAULT_WORKER_THREADS, ProcessSettings, validate_worker_threads};
 use ckf_svc_kit::table::{EXPECTED_BLOCKS_PER_LANE_ALIAS, TableConfig};
-use ckf_svc_kit::tls::{ServerTlsConfig, ServerTlsFlags};
+use ckf_svc_kit::tls::{
+    Exposure, Guard, Listener, ServerTlsConfig, ServerTlsFlags, check_exposure,
+};
 use ckf_svc_kit::transport::{TransportConfig, TransportFlags};
 use clap::Parser;
 use serde::{Deserialize, Serialize};
@@ -187,6 +189,10 @@ pub struct IndexerConfig {
     pub worker_threads: u32,
     /// TLS of the gRPC listener (`ckf_svc_kit::tls`): certificate, key, client CA, reload.
     pub tls: ServerTlsConfig,
+    /// Let a non-loopback listener serve Relay without `auth.required` or Query without a
+    /// token or required client certificates, on purpose: logged at WARN at start and every
+    /// hour, exported as `ckf_indexer_insecure` = 1 (`ckf_svc_kit::tls::exposure`).
+    pub insecure: bool,
 }
 
 impl Default for IndexerConfig {
@@ -206,6 +212,7 @@ impl Default for IndexerConfig {
             log_format: LogFormat::Human,
             worker_threads: DEFAULT_WORKER_THREADS,
             tls: ServerTlsConfig::default(),
+            insecure: false,
         }
     }
 }
@@ -319,6 +326,50 @@ impl IndexerConfig {
             .map_err(|e| kernel_invalid(value, e))
     }
 
+    /// Who may call each listener: Relay is guarded by `auth.required`, Query by
+    /// `auth.query_token_file` or required client certificates; a non-loopback listener with
+    /// an unguarded service is refused unless `insecure = true`
+    /// (`ckf_svc_kit::tls::exposure`).
+    ///
+    /// # Errors
+    /// [`Invalid`] naming the listener and the settings to change.
+    pub fn exposure(&self) -> Result<Exposure, Invalid> {
+        let relay = Guard {
+            service: "Relay",
+            authorized: self.auth.required,
+            settings: "auth.required = true (with an [[auth.producers]] entry per pool)",
+            risk: "any client could attach as any pool and take its lane over",
+        };
+        let query = Guard {
+            service: "Query",
+            authorized: self.auth.query_token_file.is_some()
+                || self.tls.requires_client_certificates(),
+            settings: "auth.query_token_file, or tls.client_ca_file with tls.client_auth = \
+                       \"required\"",
+            risk: "any client could read every DC's cached prefixes",
+        };
+        let listeners = match self.query_listen {
+            None => vec![Listener {
+                key: "listen",
+                addr: self.listen,
+                guards: vec![relay, query],
+            }],
+            Some(addr) => vec![
+                Listener {
+                    key: "listen",
+                    addr: self.listen,
+                    guards: vec![relay],
+                },
+                Listener {
+                    key: "query_listen",
+                    addr,
+                    guards: vec![query],
+                },
+            ],
+        };
+        check_exposure(&listeners, self.insecure, &format!("{ENV_PREFIX}INSECURE"))
+    }
+
     /// The consumer's lag policy (0 ms = that deadline disabled).
     pub fn lag_policy(&self) -> LagPolicy {
         let ms = |v: u64| (v != 0).then(|| Duration::from_millis(v));
@@ -394,6 +445,7 @@ impl Validate for IndexerConfig {
             ));
         }
         crate::access::validate(&self.auth, &self.manifest.domain, &self.manifest.lanes)?;
+        self.exposure()?;
         self.transport.validate()?;
         Ok(())
     }
@@ -875,6 +927,58 @@ mod tests {
             .to_string();
         assert!(text.contains("worker_threads = 1025"), "{text}");
         assert!(text.contains("0..=1024 threads"), "{text}");
+    }
+
+    #[test]
+    fn off_loopback_relay_and_query_need_authorization_or_insecure() {
+        use ckf_svc_kit::tls::Exposure;
+        // Loopback (the default and the quick start): secure, nothing asked.
+        assert_eq!(cli(&[]).load().unwrap().exposure(), Ok(Exposure::Secure));
+        // 0.0.0.0 (plaintext on purpose, so only the authorization rule speaks).
+        let open = ["--listen", "0.0.0.0:7400", "--plaintext"];
+        let text = cli(&open).load().unwrap_err().to_string();
+        assert!(
+            text.contains("listen = 0.0.0.0:7400: is not a loopback address and serves Relay"),
+            "{text}"
+        );
+        assert!(text.contains("for Relay: auth.required = true"), "{text}");
+        assert!(text.contains("for Query: auth.query_token_file"), "{text}");
+        assert!(text.contains("CKF_INDEXER_INSECURE=true"), "{text}");
+        // The flag, the key and the environment each let it start, insecure.
+        let insecure = |config: IndexerConfig| {
+            let exposure = config.exposure().unwrap();
+            assert!(exposure.is_insecure(), "{exposure:?}");
+            let Exposure::Insecure { open } = exposure else {
+                unreachable!()
+            };
+            open.iter().map(|o| o.service).collect::<Vec<_>>()
+        };
+        let flag = cli(&[&open[..], &["--insecure"]].concat()).load().unwrap();
+        assert_eq!(insecure(flag), ["Relay", "Query"]);
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("insecure.toml");
+        std::fs::write(&file, "insecure = true\n").unwrap();
+        let key = cli(&[&open[..], &["--config", file.to_str().unwrap()]].concat());
+        assert_eq!(insecure(key.load().unwrap()), ["Relay", "Query"]);
+        // SAFETY (of intent): a prefix only this test reads.
+        unsafe { std::env::set_var("CKF_IT4_INSECURE", "true") };
+        let env = load_with_env(&cli(&open), "CKF_IT4_").unwrap();
+        assert_eq!(insecure(env), ["Relay", "Query"]);
+        // A query token closes Query; a separate query_listen on loopback is not asked for one.
+        let token = dir.path().join("query.token");
+        std::fs::write(&token, "0123456789abcdef0123456789abcdef\n").unwrap();
+        let token_arg = token.to_str().unwrap();
+        let text = cli(&[&open[..], &["--query-token-file", token_arg]].concat())
+            .load()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            text.contains("serves Relay") && !text.contains("Query"),
+            "{text}"
+        );
+        let split = ["--query-listen", "127.0.0.1:7401", "--insecure"];
+        let config = cli(&[&open[..], &split[..]].concat()).load().unwrap();
+        assert_eq!(insecure(config), ["Relay"]);
     }
 
     #[test]

@@ -11,7 +11,7 @@
 //! # async fn router() -> Result<(), indexer_svc::ServeError> {
 //! use indexer_svc::{IndexerConfig, serve};
 //! let mut config = IndexerConfig::for_lanes("prod", &["dc-a", "dc-b"]);
-//! config.listen = "0.0.0.0:7400".parse().unwrap(); // where the producers attach (set [tls] too)
+//! config.listen = "0.0.0.0:7400".parse().unwrap(); // where the producers attach (set [tls] and [auth] too)
 //! let running = serve(config, std::future::pending()).await?;
 //! let query = running.query_handle(); // Clone + Send + Sync: hand one to each router thread
 //! let matches = query.find_prefix_matches(&[0x1234, 0x5678]);

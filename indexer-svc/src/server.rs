@@ -223,6 +223,11 @@ pub async fn serve(
     if let Some(query) = &query_listener {
         config.tls.log_transport("query", query.addr);
     }
+    // `validate` applied the rule already; this is its outcome: the gauge, and the WARN at
+    // start and every hour while insecure.
+    config
+        .exposure()?
+        .export(metrics.registry(), "ckf_indexer_insecure", stop.clone());
     if let Some(tls) = &tls {
         let reloads = ckf_svc_kit::metrics::counter_vec(
             metrics.registry(),

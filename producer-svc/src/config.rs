@@ -17,7 +17,9 @@ use ckf_svc_kit::config::{
     ConfigError, Invalid, Layers, Overrides, Validate, at_least, at_most, in_range,
 };
 use ckf_svc_kit::serve::{DEFAULT_WORKER_THREADS, ProcessSettings, validate_worker_threads};
-use ckf_svc_kit::tls::{ClientTlsConfig, ServerTlsConfig, ServerTlsFlags};
+use ckf_svc_kit::tls::{
+    ClientTlsConfig, Exposure, Guard, Listener, ServerTlsConfig, ServerTlsFlags, check_exposure,
+};
 use ckf_svc_kit::transport::{TransportConfig, TransportFlags};
 use clap::Parser;
 use serde::{Deserialize, Serialize};
@@ -382,6 +384,10 @@ pub struct ProducerConfig {
     pub ingest_auth: crate::access::IngestAuthConfig,
     /// The exact state on disk (`[durability]`; off by default).
     pub durability: DurabilityConfig,
+    /// Let a non-loopback Ingest listener serve without `ingest_auth.required`, on purpose:
+    /// logged at WARN at start and every hour, exported as `ckf_producer_insecure` = 1
+    /// (`ckf_svc_kit::tls::exposure`).
+    pub insecure: bool,
 }
 
 impl Default for ProducerConfig {
@@ -412,6 +418,7 @@ impl Default for ProducerConfig {
             indexer_token_file: None,
             ingest_auth: crate::access::IngestAuthConfig::default(),
             durability: DurabilityConfig::default(),
+            insecure: false,
         }
     }
 }
@@ -575,7 +582,29 @@ impl ProducerConfig {
         self.durability.validate()?;
         self.publishers()?;
         crate::access::validate(&self.ingest_auth, self.indexer_token_file.as_deref())?;
+        self.exposure()?;
         Ok((PoolId { domain, dc }, format))
+    }
+
+    /// Who may call the Ingest listener: guarded by `ingest_auth.required`; off loopback it is
+    /// refused without it unless `insecure = true` (`ckf_svc_kit::tls::exposure`).
+    ///
+    /// # Errors
+    /// [`Invalid`] naming `listen` and the settings to change.
+    pub fn exposure(&self) -> Result<Exposure, Invalid> {
+        let ingest = Guard {
+            service: "Ingest",
+            authorized: self.ingest_auth.required,
+            settings: "ingest_auth.required = true (with [[ingest_auth.sources]] entries)",
+            risk: "any client could publish as any source and remove or clear any worker's \
+                   blocks",
+        };
+        let listeners = [Listener {
+            key: "listen",
+            addr: self.listen,
+            guards: vec![ingest],
+        }];
+        check_exposure(&listeners, self.insecure, &format!("{ENV_PREFIX}INSECURE"))
     }
 
     /// Checks `block_size`, `[engine]` and `[[engines]]`, and returns one publisher socket

@@ -444,6 +444,13 @@ pub async fn serve(
     );
     let ingest_addr = listener.addr;
     config.tls.log_transport("ingest", ingest_addr);
+    // `pool_and_format` applied the rule already; this is its outcome: the gauge, and the WARN
+    // at start and every hour while insecure.
+    config.exposure().map_err(invalid)?.export(
+        metrics.registry(),
+        "ckf_producer_insecure",
+        stop.clone(),
+    );
     if let Some(tls) = &ingest_tls {
         let reloads = ckf_svc_kit::metrics::counter_vec(
             metrics.registry(),

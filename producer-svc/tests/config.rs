@@ -313,3 +313,47 @@ fn worker_threads_reaches_the_process_settings_from_every_layer_and_is_bounded()
     assert!(text.contains("worker_threads = 1025"), "{text}");
     assert!(text.contains("0..=1024 threads"), "{text}");
 }
+
+#[test]
+fn off_loopback_ingest_needs_ingest_auth_or_insecure() {
+    use ckf_svc_kit::tls::Exposure;
+    let base = ["--dc", "dc-a", "--indexer", "http://127.0.0.1:7400"];
+    // Loopback (the default): secure.
+    let config = load(&cli(&base), "CKF_PT6_").unwrap();
+    assert_eq!(config.exposure(), Ok(Exposure::Secure));
+    // 0.0.0.0 without ingest_auth.required: refused, naming the settings.
+    let open = [&base[..], &["--listen", "0.0.0.0:7500", "--plaintext"]].concat();
+    let text = load(&cli(&open), "CKF_PT6_").unwrap_err().to_string();
+    assert!(
+        text.contains("listen = 0.0.0.0:7500: is not a loopback address and serves Ingest"),
+        "{text}"
+    );
+    assert!(
+        text.contains("for Ingest: ingest_auth.required = true"),
+        "{text}"
+    );
+    assert!(
+        text.contains("insecure = true (--insecure, CKF_PRODUCER_INSECURE=true)"),
+        "{text}"
+    );
+    // The flag, the key and the environment each let it start, insecure.
+    let is_insecure = |config: ProducerConfig| config.exposure().unwrap().is_insecure();
+    let flag = [&open[..], &["--insecure"]].concat();
+    assert!(is_insecure(load(&cli(&flag), "CKF_PT6_").unwrap()));
+    let file = toml_file("insecure = true\n");
+    let key = [&open[..], &["--config", file.path().to_str().unwrap()]].concat();
+    assert!(is_insecure(load(&cli(&key), "CKF_PT6_").unwrap()));
+    // SAFETY (of intent): a prefix only this test reads.
+    unsafe { std::env::set_var("CKF_PT7_INSECURE", "true") };
+    assert!(is_insecure(load(&cli(&open), "CKF_PT7_").unwrap()));
+    // ingest_auth.required closes it.
+    let token = toml_file("0123456789abcdef0123456789abcdef\n");
+    let file = toml_file(&format!(
+        "[ingest_auth]\nrequired = true\n[[ingest_auth.sources]]\nname = \"r\"\n\
+         token_file = {:?}\nsource_ids = [\"*\"]\nworkers = [\"*\"]\n",
+        token.path()
+    ));
+    let secure = [&open[..], &["--config", file.path().to_str().unwrap()]].concat();
+    let config = load(&cli(&secure), "CKF_PT6_").unwrap();
+    assert_eq!(config.exposure(), Ok(Exposure::Secure));
+}

@@ -10,11 +10,13 @@
 //! | [`serve_router`] | a tonic `Router` served on plaintext or TLS connections |
 //! | [`ClientTlsConfig`], [`ClientTls`], [`endpoint`] | the client side: trust roots, client certificate, `https://` fails closed |
 //! | [`peer_names`], [`cert_names`] | the names of the verified client certificate (for authorization) |
+//! | [`exposure`] | who may call a non-loopback listener: refused without authorization unless `insecure = true` ([`check_exposure`]) |
 //!
 //! Rules (both services, same shape): a certificate + key -> TLS; no certificate and a loopback
 //! listen address -> plaintext, logged at INFO; no certificate, a non-loopback address and
 //! `plaintext = false` -> refused at start naming the keys; `plaintext = true` -> plaintext,
-//! logged at WARN. With `client_ca_file` the server asks for a client certificate and verifies
+//! logged at WARN. Off loopback a listener must also authorize its callers, or `insecure = true`
+//! ([`exposure`]). With `client_ca_file` the server asks for a client certificate and verifies
 //! it against that bundle (`client_auth = "required"`: a connection without one is refused in
 //! the handshake; `"optional"`: it may connect without one, and [`peer_names`] is then empty).
 //!
@@ -51,6 +53,9 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use crate::config::Invalid;
 use crate::shutdown::Shutdown;
 use crate::transport::{PrefaceWatch, WatchAbove};
+
+pub mod exposure;
+pub use exposure::{Exposure, Guard, INSECURE_KEY, Listener, check_exposure};
 
 /// Default `reload_interval_ms`: how often the certificate files are checked for a change.
 pub const DEFAULT_RELOAD_INTERVAL_MS: u64 = 10_000;
@@ -1193,7 +1198,8 @@ pub fn warn_if_plaintext_remote(url: &str) -> bool {
     warn
 }
 
-/// Clap flags of a server's `[tls]` section (flattened into each service's command line).
+/// Clap flags of a server's `[tls]` section and the top-level `insecure` key (flattened into
+/// each service's command line).
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct ServerTlsFlags {
     /// tls.cert_file: TLS certificate chain, PEM [default: none].
@@ -1212,6 +1218,10 @@ pub struct ServerTlsFlags {
     /// tls.plaintext: serve plaintext on a non-loopback address on purpose [default: false].
     #[arg(long)]
     pub plaintext: bool,
+    /// insecure: let a non-loopback listener serve callers without authorization, on purpose
+    /// (WARN at start and every hour, gauge *_insecure = 1) [default: false].
+    #[arg(long)]
+    pub insecure: bool,
 }
 
 impl ServerTlsFlags {
@@ -1223,6 +1233,7 @@ impl ServerTlsFlags {
             .set("tls.client_ca_file", self.tls_client_ca.clone())
             .set("tls.client_auth", self.tls_client_auth)
             .set("tls.plaintext", self.plaintext.then_some(true))
+            .set(INSECURE_KEY, self.insecure.then_some(true))
     }
 }
 

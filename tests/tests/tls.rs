@@ -55,15 +55,28 @@ struct Running {
 
 /// Starts `ckf-indexer` with `tls_toml` as its `[tls]` section (lanes dc-a, dc-b).
 fn start_indexer(dir: &TestDir, name: &str, tls_toml: &str) -> Running {
+    start_indexer_with(dir, name, "", tls_toml, &[])
+}
+
+/// [`start_indexer`] with the top-level keys `top` first in its file (`listen` comes after
+/// them) and `flags` after `--config`.
+fn start_indexer_with(
+    dir: &TestDir,
+    name: &str,
+    top: &str,
+    tls_toml: &str,
+    flags: &[&str],
+) -> Running {
     let toml = format!(
-        "listen = \"127.0.0.1:0\"\nmetrics_listen = \"127.0.0.1:0\"\nlog_format = \"json\"\n\
+        "{top}listen = \"127.0.0.1:0\"\nmetrics_listen = \"127.0.0.1:0\"\nlog_format = \"json\"\n\
          [manifest]\ndomain = \"{DOMAIN}\"\nlanes = [\"dc-a\", \"dc-b\"]\n\
          [table]\nbucket_count = {BUCKETS}\nseed = {SEED}\n\
          [lag]\nheartbeat_deadline_ms = 5000\n[tls]\n{tls_toml}"
     );
     let config = dir.path().join(format!("{name}.toml"));
     std::fs::write(&config, toml).unwrap();
-    let args = vec!["--config".to_owned(), config.display().to_string()];
+    let mut args = vec!["--config".to_owned(), config.display().to_string()];
+    args.extend(flags.iter().map(|&f| f.to_owned()));
     let mut svc = Service::spawn(name, &binary("ckf-indexer"), &args, dir.path());
     let record = svc
         .wait_for_record("ckf-indexer serving", DEADLINE)
@@ -78,8 +91,22 @@ fn start_indexer(dir: &TestDir, name: &str, tls_toml: &str) -> Running {
 /// Starts `ckf-producer` of `dc` publishing to `indexer` with `extra_toml` appended (its
 /// `[tls]` / `[indexer_tls]` sections).
 fn start_producer(dir: &TestDir, name: &str, dc: &str, indexer: &str, extra_toml: &str) -> Running {
+    start_producer_with(dir, name, dc, indexer, "", extra_toml, &[])
+}
+
+/// [`start_producer`] with the top-level keys `top` first in its file and `flags` after
+/// `--config`.
+fn start_producer_with(
+    dir: &TestDir,
+    name: &str,
+    dc: &str,
+    indexer: &str,
+    top: &str,
+    extra_toml: &str,
+    flags: &[&str],
+) -> Running {
     let toml = format!(
-        "listen = \"127.0.0.1:0\"\nmetrics_listen = \"127.0.0.1:0\"\nlog_format = \"json\"\n\
+        "{top}listen = \"127.0.0.1:0\"\nmetrics_listen = \"127.0.0.1:0\"\nlog_format = \"json\"\n\
          indexers = [\"{indexer}\"]\n[pool]\ndomain = \"{DOMAIN}\"\ndc = \"{dc}\"\n\
          [table]\nbucket_count = {BUCKETS}\nseed = {SEED}\n\
          [publication]\nbatch_threshold = 64\nmax_delay_ms = 5\nheartbeat_interval_ms = 200\n\
@@ -88,7 +115,8 @@ fn start_producer(dir: &TestDir, name: &str, dc: &str, indexer: &str, extra_toml
     );
     let config = dir.path().join(format!("{name}.toml"));
     std::fs::write(&config, toml).unwrap();
-    let args = vec!["--config".to_owned(), config.display().to_string()];
+    let mut args = vec!["--config".to_owned(), config.display().to_string()];
+    args.extend(flags.iter().map(|&f| f.to_owned()));
     let mut svc = Service::spawn(name, &binary("ckf-producer"), &args, dir.path());
     let record = svc
         .wait_for_record("producer started", DEADLINE)
@@ -473,6 +501,161 @@ fn unsafe_configurations_are_refused_at_start_with_exit_2() {
         )),
         "{stderr}"
     );
+}
+
+/// Off loopback, TLS is not enough: a Relay, Query or Ingest listener that does not authorize
+/// its callers is refused at start naming the settings, unless `insecure` (flag or key), which
+/// starts, warns and exports `ckf_*_insecure` = 1; with authorization it starts secure (0).
+#[tokio::test]
+async fn a_non_loopback_listener_without_authorization_needs_insecure() {
+    let dir = TestDir::new("tls-insecure");
+    let certs = dir.path().join("certs");
+    ckf_certs(&certs, &[]);
+    let file = |name: &str| certs.join(name).display().to_string();
+    let (indexer_crt, indexer_key) = (file("indexer.crt"), file("indexer.key"));
+    let (ingest_crt, ingest_key) = (
+        file("producer-dc-a-ingest.crt"),
+        file("producer-dc-a-ingest.key"),
+    );
+
+    // The indexer: TLS on 0.0.0.0 without client certificates, auth.required or a query
+    // token: both of its services are open, and both are named with what closes them.
+    let indexer_args = [
+        "--listen",
+        "0.0.0.0:0",
+        "--metrics-listen",
+        "127.0.0.1:0",
+        "--tls-cert",
+        &indexer_crt,
+        "--tls-key",
+        &indexer_key,
+    ];
+    let (code, stderr) = refused_start("ckf-indexer", &indexer_args);
+    assert_eq!(code, Some(2), "{stderr}");
+    for needle in [
+        "listen = 0.0.0.0:0: is not a loopback address and serves Relay",
+        "and Query",
+        "without authorization",
+        "for Relay: auth.required = true",
+        "for Query: auth.query_token_file, or tls.client_ca_file",
+        "insecure = true (--insecure, CKF_INDEXER_INSECURE=true)",
+    ] {
+        assert!(stderr.contains(needle), "{needle:?} not in {stderr}");
+    }
+    // Client certificates required close Query; Relay still needs auth.required.
+    let ca = file("ca.crt");
+    let with_ca = [&indexer_args[..], &["--tls-client-ca", &ca]].concat();
+    let (code, stderr) = refused_start("ckf-indexer", &with_ca);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("serves Relay (any client"), "{stderr}");
+    assert!(!stderr.contains("Query"), "{stderr}");
+
+    // The producer: Ingest on 0.0.0.0 over TLS without ingest_auth.required.
+    let producer_args = [
+        "--dc",
+        "dc-a",
+        "--indexer",
+        "http://127.0.0.1:1",
+        "--listen",
+        "0.0.0.0:0",
+        "--metrics-listen",
+        "127.0.0.1:0",
+        "--tls-cert",
+        &ingest_crt,
+        "--tls-key",
+        &ingest_key,
+    ];
+    let (code, stderr) = refused_start("ckf-producer", &producer_args);
+    assert_eq!(code, Some(2), "{stderr}");
+    for needle in [
+        "listen = 0.0.0.0:0: is not a loopback address and serves Ingest",
+        "for Ingest: ingest_auth.required = true",
+        "insecure = true (--insecure, CKF_PRODUCER_INSECURE=true)",
+    ] {
+        assert!(stderr.contains(needle), "{needle:?} not in {stderr}");
+    }
+
+    // insecure: the flag (indexer) and the key (producer). Both start, warn, export 1.
+    let tls = server_tls(&certs, "indexer", false);
+    let indexer = start_indexer_with(
+        &dir,
+        "indexer-insecure",
+        "",
+        &tls,
+        &["--listen", "0.0.0.0:0", "--insecure"],
+    );
+    assert!(indexer.grpc.ip().is_unspecified(), "{}", indexer.grpc);
+    let ingest_tls = server_tls(&certs, "producer-dc-a-ingest", false);
+    let producer = start_producer_with(
+        &dir,
+        "producer-insecure",
+        "dc-a",
+        "http://127.0.0.1:1",
+        "insecure = true\n",
+        &format!("[tls]\n{ingest_tls}"),
+        &["--listen", "0.0.0.0:0"],
+    );
+    assert!(producer.grpc.ip().is_unspecified(), "{}", producer.grpc);
+    for (what, running, gauge, open) in [
+        (
+            "indexer",
+            &indexer,
+            "ckf_indexer_insecure",
+            "Relay on listen = 0.0.0.0:0",
+        ),
+        (
+            "producer",
+            &producer,
+            "ckf_producer_insecure",
+            "Ingest on listen = 0.0.0.0:0",
+        ),
+    ] {
+        assert_eq!(metric(running.metrics, gauge, &[]), 1.0, "{what}");
+        eventually(&format!("the {what}'s insecure WARN"), DEADLINE, || async {
+            let log = running.svc.log();
+            let warned = log.lines().any(|l| {
+                l.contains("\"WARN\"") && l.contains("running INSECURE") && l.contains(open)
+            });
+            if warned { Ok(()) } else { Err(log) }
+        })
+        .await;
+    }
+    drop((indexer, producer));
+
+    // With authorization the same listeners start secure, without the WARN: gauge 0.
+    let auth = format!(
+        "{}[auth]\nrequired = true\n[[auth.producers]]\nname = \"dc-a\"\npools = [\"dc-a\"]\n\
+         cert_names = [\"producer.dc-a.ckf\"]\n",
+        server_tls(&certs, "indexer", true)
+    );
+    let indexer = start_indexer_with(
+        &dir,
+        "indexer-secure",
+        "",
+        &auth,
+        &["--listen", "0.0.0.0:0"],
+    );
+    let ingest_auth = format!(
+        "[tls]\n{ingest_tls}[ingest_auth]\nrequired = true\n[[ingest_auth.sources]]\n\
+         name = \"router\"\ncert_names = [\"query.ckf\"]\nsource_ids = [\"*\"]\nworkers = [\"*\"]\n"
+    );
+    let producer = start_producer_with(
+        &dir,
+        "producer-secure",
+        "dc-a",
+        "http://127.0.0.1:1",
+        "",
+        &ingest_auth,
+        &["--listen", "0.0.0.0:0"],
+    );
+    for (running, gauge) in [
+        (&indexer, "ckf_indexer_insecure"),
+        (&producer, "ckf_producer_insecure"),
+    ] {
+        let text = metrics::scrape(running.metrics).unwrap();
+        assert_eq!(metrics::value(&text, gauge, &[]), Some(0.0), "{gauge}");
+        assert!(!running.svc.log().contains("running INSECURE"), "{gauge}");
+    }
 }
 
 #[tokio::test]
