@@ -102,7 +102,7 @@ async fn stall_during(flow: Flow, signal: impl Fn(i32)) -> u64 {
 /// The `i`-th event of the flow: `hashes[i % CYCLE]` stored on even rounds, removed on odd.
 fn flow_event(hashes: &[u64], i: u64) -> Kind {
     let hash = hashes[(i as usize) % CYCLE];
-    if (i as usize / CYCLE) % 2 == 0 {
+    if (i as usize / CYCLE).is_multiple_of(2) {
         Kind::Stored(v1::Stored {
             block_hashes: vec![hash],
             parent_hash: None,
