@@ -51,6 +51,18 @@ const TERMINAL_SEND_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long the request side is kept open (and read) after the final reply, so that reply is
 /// not lost to an HTTP/2 stream reset triggered by dropping an unfinished request stream.
 const TERMINAL_LINGER: Duration = Duration::from_secs(2);
+/// How long the inbound side is read for its transport error once the reply stream closed.
+const CLOSED_PROBE: Duration = Duration::from_millis(200);
+
+/// Why the reply stream closed under the indexer: tonic drops it when the connection closes
+/// (a `GOAWAY` either way, a reset) or the producer resets the stream, and the inbound side
+/// then reports the transport's error (h2's, with the `GOAWAY`'s reason and debug data).
+async fn replies_closed(inbound: &mut Streaming<v1::RelayFrame>) -> RelayError {
+    match tokio::time::timeout(CLOSED_PROBE, inbound.message()).await {
+        Ok(Err(status)) => FrameError::Transport(status).into(),
+        _ => FrameError::RepliesClosed.into(),
+    }
+}
 
 /// The Relay service.
 #[derive(Debug, Clone)]
@@ -314,7 +326,7 @@ impl Session {
                         sent = tx.send(Ok(reply)) => sent,
                     };
                     if sent.is_err() {
-                        return Err(FrameError::RepliesNotRead.into());
+                        return Err(replies_closed(inbound).await);
                     }
                 }
                 Step::Drained(reply) => {

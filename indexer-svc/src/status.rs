@@ -26,7 +26,7 @@
 //! | `FindMatchesStream` open when the indexer shuts down | `UNAVAILABLE` | - |
 //! | `FindMatchesStream` opened while `limits.max_query_streams` are open | `RESOURCE_EXHAUSTED` (names the limit) | - |
 //! | token query: other block size, too many tokens, bad multimodal item | `INVALID_ARGUMENT` | - |
-//! | producer stopped reading replies | `CANCELLED` | `STREAM_LOST` |
+//! | reply stream closed under the indexer (connection closed or stream reset; the HTTP/2 `GOAWAY` / `RST_STREAM` named when the transport reports one) | the transport's code, else `CANCELLED` | `STREAM_LOST` |
 //! | `ListLanes` load-factor count failed | `INTERNAL` | - |
 
 use ckf_core::access::AccessError;
@@ -114,13 +114,27 @@ pub enum FrameError {
         /// The limit.
         limit: u32,
     },
-    /// The producer stopped reading replies (the reply buffer stayed closed).
-    #[error("relay stream failed: producer stopped reading replies")]
-    RepliesNotRead,
+    /// The reply stream closed under the indexer (tonic dropped it: the connection closed or
+    /// the producer reset the stream) and the inbound side reported no transport error.
+    #[error(
+        "relay stream failed: the reply stream closed (connection closed or stream reset; no \
+         transport error was reported)"
+    )]
+    RepliesClosed,
     /// The inbound stream failed in transport or decoding (e.g. a message over
-    /// `limits.max_message_bytes`).
-    #[error("relay stream failed: {}", .0.message())]
+    /// `limits.max_message_bytes`, or the connection closed by a `GOAWAY`, named with its
+    /// reason, debug data and sender).
+    #[error("relay stream failed: {}", transport_message(.0))]
     Transport(Status),
+}
+
+/// A transport status in words: its message, then what the transport under it reported (an
+/// HTTP/2 `GOAWAY` with its reason, debug data and sender), when it reported anything.
+fn transport_message(status: &Status) -> String {
+    match ckf_svc_kit::transport::http2::transport_cause(status) {
+        Some(cause) => format!("{} ({cause})", status.message()),
+        None => status.message().to_owned(),
+    }
 }
 
 /// The `RetireReason` wire value of a core retirement reason (`ckf_proto::convert`).
@@ -180,7 +194,7 @@ impl RelayError {
                 Code::ResourceExhausted
             }
             RelayError::Frame(FrameError::Transport(s)) => s.code(),
-            RelayError::Frame(FrameError::RepliesNotRead) => Code::Cancelled,
+            RelayError::Frame(FrameError::RepliesClosed) => Code::Cancelled,
             RelayError::Frame(_) => Code::InvalidArgument,
             RelayError::EndedWithoutDrain => Code::FailedPrecondition,
             RelayError::Ended(end) => end_code(end),

@@ -1149,9 +1149,9 @@ pub fn is_loopback_url(url: &str) -> bool {
 
 /// An endpoint for `url`: `https://` uses `tls` (required: [`EndpointError::HttpsWithoutRoots`]
 /// otherwise); `http://` is plaintext (`strict`: TLS material given for an `http://` URL is
-/// refused as [`EndpointError::TlsForHttp`], else it is ignored). Connection settings
-/// (timeouts, keepalive) are the caller's; [`warn_if_plaintext_remote`] is the start-time
-/// warning.
+/// refused as [`EndpointError::TlsForHttp`], else it is ignored). The HTTP/2 windows are
+/// [`crate::transport::http2::endpoint`]'s; other connection settings (timeouts, keepalive)
+/// are the caller's; [`warn_if_plaintext_remote`] is the start-time warning.
 ///
 /// # Errors
 /// [`EndpointError`].
@@ -1165,6 +1165,7 @@ pub fn endpoint(
         detail,
     };
     let endpoint = Endpoint::from_shared(url.to_owned()).map_err(|e| invalid(e.to_string()))?;
+    let endpoint = crate::transport::http2::endpoint(endpoint);
     if is_https(url) {
         let tls = tls.ok_or_else(|| EndpointError::HttpsWithoutRoots {
             url: url.to_owned(),

@@ -22,7 +22,9 @@
 //! * [`RequestLimits::limit`]: wraps one tonic service (`QueryServer<..>`) in tower's
 //!   `LoadShed` and `ConcurrencyLimit` and a per-method timeout for unary methods (which
 //!   methods stream is read from the services' encoded descriptor sets).
-//! * [`TransportConfig::server`]: the HTTP/2 settings on tonic's `Server` builder.
+//! * [`TransportConfig::server`]: the HTTP/2 settings on tonic's `Server` builder, the
+//!   flow-control windows of [`http2`] included ([`http2::endpoint`] sets the same windows on
+//!   every client endpoint).
 //! * [`Transport`]: all of the above from one configuration and one set of metrics.
 //!
 //! Metrics (`PREFIX` is the service's, e.g. `ckf_indexer`):
@@ -70,6 +72,8 @@ use tower::load_shed::error::Overloaded;
 
 use crate::config::{Invalid, Validate, in_range};
 use crate::metrics::{counter_vec, int_gauge_vec};
+
+pub mod http2;
 
 /// Default `transport.request_timeout_ms`.
 pub const DEFAULT_REQUEST_TIMEOUT_MS: u64 = 30_000;
@@ -196,10 +200,11 @@ impl Validate for TransportConfig {
 
 impl TransportConfig {
     /// `builder` with the per-connection HTTP/2 limits: `max_concurrent_streams`,
-    /// `max_header_list_bytes`, and a bound on streams reset before they are accepted (tonic's
-    /// default leaves concurrent streams unbounded).
+    /// `max_header_list_bytes`, a bound on streams reset before they are accepted (tonic's
+    /// default leaves concurrent streams unbounded), and the flow-control windows of
+    /// [`http2::server`].
     pub fn server(&self, builder: Server) -> Server {
-        builder
+        http2::server(builder)
             .max_concurrent_streams(self.max_concurrent_streams)
             .http2_max_header_list_size(self.max_header_list_bytes)
             .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_ACCEPT_RESET_STREAMS))

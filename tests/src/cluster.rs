@@ -78,13 +78,14 @@ impl Drop for TestDir {
     }
 }
 
-/// A gRPC channel to `addr` (connected now; fails fast when nothing listens).
+/// A gRPC channel to `addr` (connected now; fails fast when nothing listens), with the HTTP/2
+/// windows of every client the services build (`ckf_svc_kit::transport::http2`).
 ///
 /// # Errors
 /// The transport error, as text.
 pub async fn channel(addr: SocketAddr) -> Result<Channel, String> {
-    Endpoint::from_shared(format!("http://{addr}"))
-        .map_err(|e| e.to_string())?
+    let endpoint = Endpoint::from_shared(format!("http://{addr}")).map_err(|e| e.to_string())?;
+    ckf_svc_kit::transport::http2::endpoint(endpoint)
         .connect_timeout(Duration::from_secs(2))
         .connect()
         .await

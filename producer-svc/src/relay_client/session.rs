@@ -122,6 +122,10 @@ struct Grant {
 struct Stream {
     requests: mpsc::Sender<v1::RelayFrame>,
     replies: Streaming<v1::RelayReply>,
+    /// How long one frame may wait for room before the session fails (`send_stalled`): the
+    /// connect timeout, or the lease's heartbeat deadline when longer, so an indexer stalled
+    /// for less than its deadline never costs the attachment.
+    send_timeout: Duration,
 }
 
 impl IndexerAttachment {
@@ -231,7 +235,17 @@ impl IndexerAttachment {
             }
         };
         let grant = self.grant(granted).map_err(SessionEnd::Failed)?;
-        Ok((Stream { requests, replies }, grant))
+        let send_timeout = grant
+            .deadline
+            .map_or(s.connect_timeout, |d| d.max(s.connect_timeout));
+        Ok((
+            Stream {
+                requests,
+                replies,
+                send_timeout,
+            },
+            grant,
+        ))
     }
 
     fn grant(&self, g: v1::LeaseGranted) -> Result<Grant, Failure> {
@@ -390,7 +404,12 @@ impl IndexerAttachment {
                             };
                         }
                         Err(status) => {
-                            let detail = format!("stream failed: {:?}: {}", status.code(), status.message());
+                            // The transport's own words when it closed the stream: a GOAWAY
+                            // names its reason, debug data and which side sent it.
+                            let detail = match ckf_svc_kit::transport::http2::transport_cause(&status) {
+                                Some(cause) => format!("stream failed: {:?}: {} ({cause})", status.code(), status.message()),
+                                None => format!("stream failed: {:?}: {}", status.code(), status.message()),
+                            };
                             break match draining {
                                 Some((sequence, _)) => SessionEnd::DrainUnacknowledged { sequence, why: detail },
                                 None => SessionEnd::Failed(fail("stream_error", detail)),
@@ -451,12 +470,13 @@ impl IndexerAttachment {
         }
     }
 
-    /// Sends one frame, bounded by the connect timeout so a stalled indexer cannot hold the
-    /// session (and the drain) forever.
+    /// Sends one frame, bounded by the stream's send timeout (the connect timeout, or the
+    /// heartbeat deadline when longer) so a stalled indexer cannot hold the session (and the
+    /// drain) forever.
     async fn send(&self, stream: &Stream, frame: Frame) -> Result<(), Failure> {
         let frame = v1::RelayFrame::from(frame);
         let bytes = frame.encoded_len() as u64;
-        match timeout(self.settings.connect_timeout, stream.requests.send(frame)).await {
+        match timeout(stream.send_timeout, stream.requests.send(frame)).await {
             Ok(Ok(())) => {
                 self.metrics
                     .sent_bytes
