@@ -11,6 +11,7 @@
 //! | `idle_timeout_ms` | 300000 | a connection with no open HTTP/2 stream for this long is closed (0: never) |
 //! | `max_concurrent_streams` | 256 | per connection: HTTP/2 `SETTINGS_MAX_CONCURRENT_STREAMS` |
 //! | `max_header_list_bytes` | 16384 | per request: HTTP/2 `SETTINGS_MAX_HEADER_LIST_SIZE` |
+//! | `stream_window_kib` | 128 | per stream a server receives: HTTP/2 stream window; the connection window is 128 times it ([`http2`]) |
 //!
 //! Pieces, each usable alone:
 //! * [`ConnectionLimits`] + [`GuardedIncoming`]: wraps the accepted TCP connections of one
@@ -125,6 +126,11 @@ pub struct TransportConfig {
     pub max_concurrent_streams: u32,
     /// Largest header list (decoded, bytes) of one request (`1024..=1048576`).
     pub max_header_list_bytes: u32,
+    /// HTTP/2 stream window of the servers, KiB (`64..=8192`): what a peer may send on one
+    /// stream before it is read, so one stream's throughput is at most this per round trip.
+    /// The connection window is [`http2::CONNECTION_WINDOWS_PER_STREAM`] times it, which keeps
+    /// one stream of any gRPC frames under h2's data frame budget ([`http2`]).
+    pub stream_window_kib: u32,
 }
 
 impl Default for TransportConfig {
@@ -138,6 +144,7 @@ impl Default for TransportConfig {
             idle_timeout_ms: DEFAULT_IDLE_TIMEOUT_MS,
             max_concurrent_streams: DEFAULT_MAX_CONCURRENT_STREAMS,
             max_header_list_bytes: DEFAULT_MAX_HEADER_LIST_BYTES,
+            stream_window_kib: http2::STREAM_WINDOW_BYTES >> 10,
         }
     }
 }
@@ -194,6 +201,12 @@ impl Validate for TransportConfig {
             self.max_header_list_bytes,
             1024..=1 << 20,
             "bytes",
+        )?;
+        in_range(
+            "transport.stream_window_kib",
+            self.stream_window_kib,
+            64..=8_192,
+            "KiB",
         )
     }
 }
@@ -204,7 +217,7 @@ impl TransportConfig {
     /// default leaves concurrent streams unbounded), and the flow-control windows of
     /// [`http2::server`].
     pub fn server(&self, builder: Server) -> Server {
-        http2::server(builder)
+        http2::server_with(builder, self.stream_window_kib << 10)
             .max_concurrent_streams(self.max_concurrent_streams)
             .http2_max_header_list_size(self.max_header_list_bytes)
             .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_ACCEPT_RESET_STREAMS))
@@ -254,6 +267,9 @@ pub struct TransportFlags {
     /// transport.max_header_list_bytes: largest request header list, bytes [default: 16384].
     #[arg(long, value_name = "BYTES")]
     pub max_header_list_bytes: Option<u32>,
+    /// transport.stream_window_kib: HTTP/2 stream window of the servers (connection window 128x), KiB, 64..=8192 [default: 128].
+    #[arg(long, value_name = "KIB")]
+    pub stream_window_kib: Option<u32>,
 }
 
 impl TransportFlags {
@@ -280,6 +296,7 @@ impl TransportFlags {
                 "transport.max_header_list_bytes",
                 self.max_header_list_bytes,
             )
+            .set("transport.stream_window_kib", self.stream_window_kib)
     }
 }
 
@@ -1441,7 +1458,13 @@ mod tests {
     fn every_key_is_validated_with_its_name() {
         TransportConfig::default().validate().unwrap();
         type Breaker = fn(&mut TransportConfig);
-        let cases: [(&str, Breaker); 8] = [
+        let cases: [(&str, Breaker); 10] = [
+            ("transport.stream_window_kib = 63", |c| {
+                c.stream_window_kib = 63
+            }),
+            ("transport.stream_window_kib = 8193", |c| {
+                c.stream_window_kib = 8193
+            }),
             ("transport.request_timeout_ms = 0", |c| {
                 c.request_timeout_ms = 0
             }),

@@ -70,11 +70,24 @@ pub const fn stream_window_charge(frame_bytes: usize) -> usize {
     STREAM_WINDOW_BYTES as usize / frame_bytes * (H2_SMALL_FRAME_BYTES - frame_bytes)
 }
 
+/// The connection window per byte of stream window: a stream's whole window of the smallest
+/// gRPC frames is charged `stream / 5 * 251` (about 50 times the stream window), under the
+/// budget of half a connection window of 128 stream windows.
+pub const CONNECTION_WINDOWS_PER_STREAM: u32 = CONNECTION_WINDOW_BYTES / STREAM_WINDOW_BYTES;
+
 /// `builder` with the flow-control windows of the rule above (adaptive windows off).
 pub fn server(builder: Server) -> Server {
+    server_with(builder, STREAM_WINDOW_BYTES)
+}
+
+/// [`server`] with a stream window of `stream_window` bytes (`transport.stream_window_kib`)
+/// and a connection window [`CONNECTION_WINDOWS_PER_STREAM`] times it, so the rule holds at
+/// any size: a larger window buys a stream more throughput per round trip (a barrier snapshot
+/// over a long WAN link) for more memory a connection may hold unread.
+pub fn server_with(builder: Server, stream_window: u32) -> Server {
     builder
-        .initial_stream_window_size(STREAM_WINDOW_BYTES)
-        .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
+        .initial_stream_window_size(stream_window)
+        .initial_connection_window_size(stream_window.saturating_mul(CONNECTION_WINDOWS_PER_STREAM))
         .http2_adaptive_window(Some(false))
 }
 
@@ -158,6 +171,15 @@ mod tests {
         // The documented multi-stream examples.
         assert!(5 * stream_window_charge(20) <= DATA_FRAME_BUDGET_BYTES);
         assert!(13 * stream_window_charge(45) <= DATA_FRAME_BUDGET_BYTES);
+        // Any configured stream window keeps the rule, within HTTP/2's largest window.
+        for kib in [64u64, 128, 1024, 8192] {
+            let stream = kib << 10;
+            let connection = stream * u64::from(CONNECTION_WINDOWS_PER_STREAM);
+            let charge = stream / MIN_GRPC_FRAME_BYTES as u64
+                * (H2_SMALL_FRAME_BYTES - MIN_GRPC_FRAME_BYTES) as u64;
+            assert!(charge <= connection / 2, "{kib} KiB");
+            assert!(connection < 1 << 31, "{kib} KiB");
+        }
         // hyper's server defaults (1 MiB windows, a 512 KiB budget) fail the rule.
         let default_charge = (1usize << 20) / 40 * (256 - 40);
         assert!(default_charge > (1 << 20) / 2);
