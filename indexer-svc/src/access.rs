@@ -192,8 +192,9 @@ impl IndexerAccess {
         ))
     }
 
-    /// A one-line summary for the start log.
-    pub fn summary(&self) -> String {
+    /// A one-line summary for the start log; `client_certificates`: the listeners require a
+    /// client certificate (`tls.client_auth = "required"`), which guards Query without a token.
+    pub fn summary(&self, client_certificates: bool) -> String {
         let p = self.policies.get();
         format!(
             "relay: {}; query: {}",
@@ -210,10 +211,10 @@ impl IndexerAccess {
                     }
                 )
             },
-            if p.query.is_open() {
-                "open"
-            } else {
-                "bearer token"
+            match (p.query.is_open(), client_certificates) {
+                (false, _) => "bearer token",
+                (true, true) => "client certificate required (no token)",
+                (true, false) => "open",
             }
         )
     }

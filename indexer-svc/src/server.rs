@@ -298,7 +298,7 @@ pub async fn serve(
         %grpc_addr,
         %query_addr,
         metrics_addr = %metrics_server.addr,
-        auth = %access.summary(),
+        auth = %access.summary(config.tls.requires_client_certificates()),
         consumer_instance = format_args!("{consumer_instance:#x}"),
         domain = %indexer.manifest().domain,
         lanes = indexer.lane_count(),

@@ -614,7 +614,10 @@ async fn a_non_loopback_listener_without_authorization_needs_insecure() {
         eventually(&format!("the {what}'s insecure WARN"), DEADLINE, || async {
             let log = running.svc.log();
             let warned = log.lines().any(|l| {
-                l.contains("\"WARN\"") && l.contains("running INSECURE") && l.contains(open)
+                l.contains("\"WARN\"")
+                    && l.contains("running INSECURE")
+                    && l.contains(open)
+                    && l.contains("to close it: ")
             });
             if warned { Ok(()) } else { Err(log) }
         })

@@ -72,14 +72,16 @@ pub struct Open {
     pub service: &'static str,
     /// What an anonymous caller could do.
     pub risk: &'static str,
+    /// The setting(s) that would make it authorize ([`Guard::settings`]).
+    pub settings: &'static str,
 }
 
 impl fmt::Display for Open {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} on {} = {} ({})",
-            self.service, self.listener, self.addr, self.risk
+            "{} on {} = {} ({}; to close it: {})",
+            self.service, self.listener, self.addr, self.risk, self.settings
         )
     }
 }
@@ -117,6 +119,7 @@ pub fn check_exposure(
                 addr: l.addr,
                 service: g.service,
                 risk: g.risk,
+                settings: g.settings,
             })
         })
         .collect();
@@ -346,6 +349,7 @@ mod tests {
                     addr: "0.0.0.0:7400".parse().unwrap(),
                     service: "Relay",
                     risk: RELAY.risk,
+                    settings: RELAY.settings,
                 }]
             }
         );
