@@ -5,7 +5,7 @@
 //! Run: `cargo bench -p ckf-core --bench removal [-- BLOCKS]`.
 //!
 //! Each row fills a fresh `DcCkfState` (2^22 buckets, the producer's defaults, so
-//! `release_slice_lines` is `RELEASE_SLICE_LINES`) with `BLOCKS` blocks: the removed
+//! `slice_lines` is `SLICE_LINES`) with `BLOCKS` blocks: the removed
 //! worker's ranks x blocks per rank, the rest owned by another worker. Then it times
 //! `remove_worker` (the command: it retires the ranks) and every
 //! following `release_step` (each one slice of actor work), taking a publication batch after
@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use ckf_core::TableFormat;
 use ckf_core::addressing::fmix64;
-use ckf_core::dc::{DcCkfConfig, DcCkfState, MemberId, RELEASE_SLICE_LINES};
+use ckf_core::dc::{DcCkfConfig, DcCkfState, MemberId, SLICE_LINES};
 
 /// Blocks stored per event while filling.
 const EVENT_BLOCKS: u64 = 1_024;
@@ -40,7 +40,7 @@ struct Timing {
 
 fn fill(blocks: u64, row: &Row) -> DcCkfState {
     let mut state = DcCkfState::new(DcCkfConfig {
-        release_slice_lines: RELEASE_SLICE_LINES,
+        slice_lines: SLICE_LINES,
         ..DcCkfConfig::new(TableFormat::new(1 << 22, 17).unwrap())
     })
     .unwrap();

@@ -56,7 +56,7 @@ use release::Releases;
 
 pub use events::{BlockError, EventOutcome, KvEvent, KvEventKind, MemberId};
 pub use hasher::FoldHashBuilder;
-pub use image::MemberImage;
+pub use image::{MemberImage, OwnershipCapture};
 pub use quota::{QuotaError, Quotas};
 pub use stats::DcCkfStats;
 
@@ -137,17 +137,20 @@ pub struct DcCkfConfig {
     /// bytes: four 64-byte lines). A reserved map still grows past N, as an unreserved one
     /// does. A table cannot track more blocks than it has slots, hence the bound.
     pub reserve_blocks: u64,
-    /// Block-map lines (four blocks each) one [`DcCkfState::release_step`] sweeps for the
-    /// clears in progress (a member's clear, a worker's removal), which then leave the
-    /// sweeping to the caller's `release_step`s; `0` (the default) sweeps the whole map inside
-    /// the clear itself. The producer's actor uses [`RELEASE_SLICE_LINES`].
-    pub release_slice_lines: u32,
+    /// Block-map lines (four blocks each) one slice of whole-map work covers: a
+    /// [`DcCkfState::release_step`] of the clears in progress (a member's clear, a worker's
+    /// removal) and a [`DcCkfState::capture_step`] of a checkpoint's ownership image. With a
+    /// non-zero value clears leave their sweep to the caller's `release_step`s; `0` (the
+    /// default) sweeps the whole map inside the clear itself and captures an image in one step.
+    /// The producer's actor uses [`SLICE_LINES`].
+    pub slice_lines: u32,
 }
 
-/// The producer's [`DcCkfConfig::release_slice_lines`]: 8,192 lines, 32,768 slots (512 KiB of
+/// The producer's [`DcCkfConfig::slice_lines`]: 8,192 lines, 32,768 slots (512 KiB of
 /// the block map) per slice: at most ~3 ms of CPU however much a clear releases, ~0.3 ms when
-/// it releases little (`cargo bench -p ckf-core --bench removal`).
-pub const RELEASE_SLICE_LINES: u32 = 8_192;
+/// it releases little, ~2 ms of a checkpoint's capture (`cargo bench -p ckf-core --bench
+/// removal`).
+pub const SLICE_LINES: u32 = 8_192;
 
 impl DcCkfConfig {
     /// `format` with [`DEFAULT_MAX_KICKS`], no reservation, clears swept in their call.
@@ -156,7 +159,7 @@ impl DcCkfConfig {
             format,
             max_kicks: DEFAULT_MAX_KICKS,
             reserve_blocks: 0,
-            release_slice_lines: 0,
+            slice_lines: 0,
         }
     }
 }
@@ -783,7 +786,7 @@ impl DcCkfState {
     }
 
     /// Retires `tags`; sweeps their blocks now only when slices are off
-    /// (`release_slice_lines = 0`), else leaves that to [`release_step`](Self::release_step), so
+    /// (`slice_lines = 0`), else leaves that to [`release_step`](Self::release_step), so
     /// a clear costs its tags, not the map (a batch of many clears stays cheap).
     fn clear_tags(&mut self, tags: &[Tag]) -> EventOutcome {
         let mut out = EventOutcome::default();
@@ -791,7 +794,7 @@ impl DcCkfState {
             return out;
         }
         out.applied = self.retire_tags(tags) as u32;
-        if self.config.release_slice_lines == 0 {
+        if self.config.slice_lines == 0 {
             self.finish_releases();
         }
         out

@@ -296,7 +296,7 @@ pub fn producer_state(bucket_count: u64, seed: u64, max_kicks: u32) -> DcCkfStat
         format,
         max_kicks,
         reserve_blocks: 0,
-        release_slice_lines: 0,
+        slice_lines: 0,
     })
     .expect("test config")
 }

@@ -370,7 +370,7 @@ fn case_11_degenerate_parameters() {
             format,
             max_kicks: u32::MAX,
             reserve_blocks: 0,
-            release_slice_lines: 0,
+            slice_lines: 0,
         })
         .unwrap_err(),
         DcCkfError::MaxKicksTooLarge(u32::MAX)

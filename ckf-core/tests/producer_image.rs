@@ -31,7 +31,7 @@ fn state(bucket_count: u64, max_kicks: u32, quotas: Quotas) -> DcCkfState {
         format,
         max_kicks,
         reserve_blocks: 0,
-        release_slice_lines: 0,
+        slice_lines: 0,
     })
     .unwrap();
     s.set_quotas(quotas);
@@ -271,6 +271,158 @@ proptest! {
         }
         same_state(&original, &restored)?;
     }
+}
+
+/// A state whose whole-map work runs in one-line slices, its block map `reserve` blocks
+/// large (a reservation keeps it from being rebuilt, so walks move blocks across a capture's
+/// cursor; none lets it grow and shrink under the capture).
+fn sliced_state(reserve: u64, quotas: Quotas) -> DcCkfState {
+    let mut s = DcCkfState::new(DcCkfConfig {
+        format: TableFormat::new(1 << 12, 7).unwrap(),
+        max_kicks: 500,
+        reserve_blocks: reserve,
+        slice_lines: 1,
+    })
+    .unwrap();
+    s.set_quotas(quotas);
+    s
+}
+
+/// What the producer journals after a capture began: the applied ops, and the charges at
+/// the capture's end.
+#[derive(Debug)]
+enum Logged {
+    Op(Op),
+    Charges(Vec<(MemberId, String)>),
+}
+
+/// Runs `ops` on `live`, a release step after each (as the producer's actor does), and logs
+/// those applied (a refused store or removal changes nothing and is not journaled).
+fn run_logged(live: &mut DcCkfState, ops: &[Op], log: &mut Vec<Logged>) {
+    for op in ops {
+        let answer = run(live, None, op);
+        if !answer.starts_with("Err") {
+            log.push(Logged::Op(op.clone()));
+        }
+        live.release_step();
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// A capture in slices with changes between its steps (see `ckf_core::dc::image`, "An
+    /// image in slices"): its images restored, then the changes after its start replayed with
+    /// the charges set where its end was logged, give the live state.
+    #[test]
+    fn an_image_taken_in_slices_plus_the_log_after_its_start_is_the_live_state(
+        q in quotas(),
+        reserve in prop_oneof![Just(0u64), Just(HASHES)],
+        before in proptest::collection::vec(op(), 0..60),
+        during in proptest::collection::vec(proptest::collection::vec(op(), 0..4), 0..24),
+        after in proptest::collection::vec(op(), 0..10),
+    ) {
+        let mut live = sliced_state(reserve, q);
+        let mut ignored = Vec::new();
+        run_logged(&mut live, &before, &mut ignored);
+
+        let mut capture = live.begin_capture();
+        let mut log = Vec::new();
+        let mut steps = during.iter();
+        loop {
+            if let Some(ops) = steps.next() {
+                run_logged(&mut live, ops, &mut log);
+            }
+            if !live.capture_step(&mut capture) {
+                break;
+            }
+        }
+        log.push(Logged::Charges(live.charge_image()));
+        let images = live.capture_images(capture);
+        run_logged(&mut live, &after, &mut log);
+
+        let mut restored = sliced_state(reserve, Quotas::UNLIMITED);
+        for image in &images {
+            restored.restore_member(image);
+        }
+        for entry in &log {
+            match entry {
+                Logged::Op(op) => {
+                    run(&mut restored, None, op);
+                }
+                Logged::Charges(charges) => restored.restore_charges(charges),
+            }
+            restored.release_step();
+        }
+        restored.set_quotas(q);
+        live.finish_releases();
+        restored.finish_releases();
+        same_state(&live, &restored)?;
+    }
+}
+
+#[test]
+fn blocks_walks_move_behind_a_capture_are_still_in_its_image() {
+    // A reserved map (never rebuilt below 4,400 blocks) 80% full, then filled to ~90% half-way
+    // through the capture: the stores' walks move old blocks across the capture's cursor.
+    let mut live = sliced_state(4_400, Quotas::UNLIMITED);
+    let store = |s: &mut DcCkfState, keys: std::ops::Range<u64>| {
+        for i in keys {
+            s.store(member(i % MEMBERS), &[hash(1_000 + i)]);
+        }
+    };
+    store(&mut live, 0..3_900);
+    let mut capture = live.begin_capture();
+    for _ in 0..600 {
+        assert!(live.capture_step(&mut capture));
+    }
+    let late = 3_900..4_300;
+    store(&mut live, late.clone());
+    while live.capture_step(&mut capture) {}
+    assert_eq!(
+        capture.restarts(),
+        0,
+        "the reservation keeps the map from being rebuilt"
+    );
+    let images = live.capture_images(capture);
+
+    let mut restored = sliced_state(4_400, Quotas::UNLIMITED);
+    for image in &images {
+        restored.restore_member(image);
+    }
+    store(&mut restored, late);
+    assert_eq!(restored.ownership_image(), live.ownership_image());
+}
+
+#[test]
+fn a_capture_in_one_step_is_the_exact_image() {
+    let mut s = state(1 << 12, 500, Quotas::UNLIMITED);
+    for i in 0..MEMBERS {
+        let hashes: Vec<u64> = (i..i + 10).map(hash).collect();
+        s.apply_from(
+            SOURCES[(i % 3) as usize],
+            &KvEvent {
+                member: member(i),
+                kind: KvEventKind::Stored {
+                    block_hashes: hashes,
+                    parent_hash: None,
+                },
+            },
+        )
+        .unwrap();
+    }
+    let mut capture = s.begin_capture();
+    assert!(
+        !s.capture_step(&mut capture),
+        "slice_lines = 0 reads every line at once"
+    );
+    assert!(capture.is_done());
+    let mut images = s.capture_images(capture);
+    for image in &mut images {
+        image.blocks.sort_unstable();
+    }
+    images.sort_unstable_by_key(|image| image.member);
+    assert_eq!(images, s.ownership_image());
 }
 
 #[test]

@@ -192,7 +192,7 @@ fn check(state: &DcCkfState, model: &Model, hashes: &[u64]) -> Result<(), TestCa
 fn run(
     bucket_count: u64,
     max_kicks: u32,
-    release_slice_lines: u32,
+    slice_lines: u32,
     ops: Vec<Op>,
 ) -> Result<(), TestCaseError> {
     let hashes = universe();
@@ -201,7 +201,7 @@ fn run(
         format,
         max_kicks,
         reserve_blocks: 0,
-        release_slice_lines,
+        slice_lines,
     })
     .unwrap();
     let mut model = Model::default();
@@ -303,10 +303,10 @@ proptest! {
     fn state_matches_exact_model(
         bucket_count in prop::sample::select(BUCKET_COUNTS.to_vec()),
         max_kicks in prop::sample::select(vec![0u32, 1, 5, 50, 500]),
-        release_slice_lines in prop::sample::select(vec![0u32, 1, 2]),
+        slice_lines in prop::sample::select(vec![0u32, 1, 2]),
         ops in prop::collection::vec(op(), 1..160),
     ) {
-        run(bucket_count, max_kicks, release_slice_lines, ops)?;
+        run(bucket_count, max_kicks, slice_lines, ops)?;
     }
 }
 

@@ -211,7 +211,7 @@ pub async fn serve(
         format,
     };
     let mut dc_config = DcCkfConfig {
-        release_slice_lines: ckf_core::dc::RELEASE_SLICE_LINES,
+        slice_lines: ckf_core::dc::SLICE_LINES,
         ..DcCkfConfig::new(format)
     };
     dc_config.max_kicks = config.max_kicks();

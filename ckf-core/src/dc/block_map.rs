@@ -274,6 +274,9 @@ pub(crate) struct BlockMap {
     reserved_lines: usize,
     /// Rebuilds since the map was built, and their wall time.
     rebuilds: RebuildStats,
+    /// While an image is taken in slices ([`record_moves`](Self::record_moves)): every key a
+    /// walk moved to another line or to the stash, which a scan by line ranges may miss.
+    moved: Option<Vec<u64>>,
 }
 
 /// Rebuilds of a producer's exact block map since it was built
@@ -308,6 +311,7 @@ impl Clone for BlockMap {
             counter: self.counter,
             reserved_lines: self.reserved_lines,
             rebuilds: self.rebuilds,
+            moved: self.moved.clone(),
         }
     }
 }
@@ -343,6 +347,7 @@ impl BlockMap {
             counter: 0,
             reserved_lines: 0,
             rebuilds: RebuildStats::default(),
+            moved: None,
         }
     }
 
@@ -652,6 +657,9 @@ impl BlockMap {
                 if let Some(slot) = self.lines[other].0.iter_mut().find(|s| s.owners == 0) {
                     *slot = victim;
                     self.lines[l].0[s] = entry;
+                    if let Some(moved) = &mut self.moved {
+                        moved.push(victim.key);
+                    }
                     return;
                 }
             }
@@ -663,6 +671,9 @@ impl BlockMap {
             let r = fmix64(salt ^ u64::from(step));
             let s = (r >> 62) as usize;
             let victim = std::mem::replace(&mut self.lines[line].0[s], entry);
+            if let Some(moved) = &mut self.moved {
+                moved.push(victim.key);
+            }
             line = self.other_line(victim.key, line);
             if let Some(slot) = self.lines[line].0.iter_mut().find(|s| s.owners == 0) {
                 *slot = victim;
@@ -978,28 +989,67 @@ impl BlockMap {
     }
 
     /// Calls `f(key, tag)` once per ownership edge, in no particular order. O(edges).
-    pub fn for_each_edge(&self, mut f: impl FnMut(u64, Tag)) {
-        let mut visit = |key: u64, word: u64| {
-            for i in 0..INLINE {
-                let t = tag_at(word, i);
-                if t != 0 {
-                    f(key, t);
-                }
-            }
-            if word & SPILL_FLAG != 0 {
-                for &t in self.spill.get(&key).into_iter().flatten() {
-                    f(key, t);
-                }
-            }
-        };
-        for slot in self.lines.iter().flat_map(|l| l.0.iter()) {
+    pub fn for_each_edge(&self, f: impl FnMut(u64, Tag)) {
+        self.for_each_edge_in(0..usize::MAX, true, f);
+    }
+
+    /// Calls `f(key, tag)` once per ownership edge of the blocks in lines `range` (cut to the
+    /// table), and of the stash when `stash` is set. O(slots in range + their edges).
+    pub fn for_each_edge_in(
+        &self,
+        range: std::ops::Range<usize>,
+        stash: bool,
+        mut f: impl FnMut(u64, Tag),
+    ) {
+        let end = range.end.min(self.lines.len());
+        let start = range.start.min(end);
+        for slot in self.lines[start..end].iter().flat_map(|l| l.0.iter()) {
             if slot.owners != 0 {
-                visit(slot.key, slot.owners);
+                self.visit_edges(slot.key, slot.owners, &mut f);
             }
         }
-        for (&key, &word) in &self.stash {
-            visit(key, word);
+        if stash {
+            for (&key, &word) in &self.stash {
+                self.visit_edges(key, word, &mut f);
+            }
         }
+    }
+
+    /// Calls `f(key, tag)` for every owner of `key` (none when untracked).
+    pub fn for_each_owner(&self, key: u64, mut f: impl FnMut(u64, Tag)) {
+        if let Some(pos) = self.find(key, self.probe(key)) {
+            self.visit_edges(key, self.word(pos, key), &mut f);
+        }
+    }
+
+    #[inline]
+    fn visit_edges(&self, key: u64, word: u64, f: &mut impl FnMut(u64, Tag)) {
+        for i in 0..INLINE {
+            let t = tag_at(word, i);
+            if t != 0 {
+                f(key, t);
+            }
+        }
+        if word & SPILL_FLAG != 0 {
+            for &t in self.spill.get(&key).into_iter().flatten() {
+                f(key, t);
+            }
+        }
+    }
+
+    /// From now on (`on`) or no longer, remembers every key a walk moves to another line or
+    /// to the stash; turning it on forgets what was remembered. A scan by line ranges between
+    /// insertions ([`for_each_edge_in`](Self::for_each_edge_in)) misses a key moved from a
+    /// line ahead of it to one behind it, and revisits these ([`take_moved`](Self::take_moved)).
+    /// A rebuild moves every key: see [`rebuild_stats`](Self::rebuild_stats)'s count.
+    pub fn record_moves(&mut self, on: bool) {
+        self.moved = on.then(Vec::new);
+    }
+
+    /// The keys moved since [`record_moves`](Self::record_moves) was turned on (possibly
+    /// repeated), and recording goes on from none.
+    pub fn take_moved(&mut self) -> Vec<u64> {
+        self.moved.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     /// Heap bytes, from the allocated capacities: the lines (`lines * 64`), the stash and spill
@@ -1015,6 +1065,7 @@ impl BlockMap {
                 std::mem::size_of::<(u64, Vec<Tag>)>(),
             )
             + self.spill_tags * std::mem::size_of::<Tag>()
+            + self.moved.as_ref().map_or(0, |m| m.capacity() * 8)
     }
 
     /// Checks the internal invariants (tests).

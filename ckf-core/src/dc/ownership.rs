@@ -114,6 +114,13 @@ impl Members {
         };
         self.index.remove(&id);
         Self::forget_rank(&mut self.workers, id.worker_id);
+        self.uncharge(tag);
+    }
+
+    /// Takes `tag`'s member off its source's charge, if it has one: the source no longer
+    /// holds its blocks.
+    pub fn uncharge(&mut self, tag: Tag) {
+        let record = &mut self.records[tag as usize - 1];
         let charge = std::mem::take(&mut record.charge);
         if charge != 0 {
             let owned = u64::from(record.owned);

@@ -7,7 +7,7 @@
 //!   store by the same member gets a fresh tag), their sources' holdings drop at once, and the
 //!   clear's outcome counts every edge released. Exact queries ([`DcCkfState::refcount`],
 //!   [`DcCkfState::owns`], the ownership image) already leave retired tags out.
-//! * **The sweep** drops the retired tags from the blocks, [`DcCkfConfig::release_slice_lines`]
+//! * **The sweep** drops the retired tags from the blocks, [`DcCkfConfig::slice_lines`]
 //!   block-map lines per [`DcCkfState::release_step`]; a block left without owners loses its
 //!   fingerprint then, so the table (and what is published from it) follows slice by slice.
 //!   The test per block is one bit of a [`TagSet`], so a sweep costs the table's slots plus the
@@ -19,7 +19,7 @@
 //! * Retirements during a pass join it; the pass ends once every retired edge is dropped, or
 //!   at the end of the table (then the stash is swept too).
 //!
-//! [`DcCkfConfig::release_slice_lines`]: super::DcCkfConfig::release_slice_lines
+//! [`DcCkfConfig::slice_lines`]: super::DcCkfConfig::slice_lines
 
 use super::DcCkfState;
 use super::block_map::TagSet;
@@ -78,14 +78,14 @@ impl DcCkfState {
         self.releases.remaining
     }
 
-    /// Sweeps one slice of the clears in progress: `release_slice_lines` block-map lines (the
+    /// Sweeps one slice of the clears in progress: `slice_lines` block-map lines (the
     /// whole map when that is 0), see the module docs. Returns whether work remains.
     pub fn release_step(&mut self) -> bool {
         if self.releases.is_empty() {
             return false;
         }
         let lines = self.proj.blocks.line_count();
-        let slice = self.config.release_slice_lines as usize;
+        let slice = self.config.slice_lines as usize;
         let start = self.releases.cursor;
         let end = if slice == 0 {
             lines
@@ -139,9 +139,9 @@ mod tests {
     use super::super::{DcCkfConfig, DcCkfState, MemberId};
     use crate::addressing::TableFormat;
 
-    fn state(release_slice_lines: u32) -> DcCkfState {
+    fn state(slice_lines: u32) -> DcCkfState {
         DcCkfState::new(DcCkfConfig {
-            release_slice_lines,
+            slice_lines,
             ..DcCkfConfig::new(TableFormat::new(1 << 14, 5).unwrap())
         })
         .unwrap()
@@ -248,7 +248,7 @@ mod tests {
         assert!(old[..1_500].iter().all(|&h| s.refcount(h) == 0));
     }
 
-    /// With `release_slice_lines = 0` a clear completes inside its call.
+    /// With `slice_lines = 0` a clear completes inside its call.
     #[test]
     fn an_unsliced_clear_completes_in_its_call() {
         let mut s = state(0);
