@@ -25,7 +25,9 @@
 //! Long work is cut into slices so no client waits long: a member's clear or a worker's
 //! removal is exact at once and swept one slice (`DcCkfState::release_step`) after each
 //! command, and back to back while the queue is empty; the slices' changes publish with the
-//! cadence above. Every command and slice is timed in `ckf_producer_actor_command_seconds`.
+//! cadence above. A durability checkpoint is captured the same way (`DcCkfState::capture_step`,
+//! see the `durability` module). Every command and slice is timed in
+//! `ckf_producer_actor_command_seconds`.
 
 mod durability;
 
@@ -273,6 +275,8 @@ pub struct Actor {
     trim: crate::trim::Trim,
     /// Where applied inputs are journaled (`[durability]`); `None` = memory only.
     journal: Option<ckf_journal::Journal>,
+    /// The checkpoint being captured between commands, if any.
+    checkpoint: Option<durability::CheckpointCapture>,
 }
 
 impl Actor {
@@ -299,6 +303,7 @@ impl Actor {
             first_dirty: None,
             trim: crate::trim::Trim::default(),
             journal: None,
+            checkpoint: None,
         }
     }
 
@@ -335,7 +340,7 @@ impl Actor {
         gauges.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let deadline = self.deadline;
-            let releasing = self.state.releasing();
+            let slicing = self.state.releasing() || self.capturing();
             tokio::select! {
                 biased;
                 () = &mut stopped => break,
@@ -343,11 +348,11 @@ impl Actor {
                     Some(cmd) => {
                         let label = cmd.label();
                         self.timed(label, |actor| actor.handle(cmd));
-                        self.release_slice();
+                        self.slices();
                     }
                     None => break,
                 },
-                () = std::future::ready(()), if releasing => self.release_slice(),
+                () = std::future::ready(()), if slicing => self.slices(),
                 () = sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => {
                     self.publish(CutReason::MaxDelay);
                 }
@@ -380,7 +385,10 @@ impl Actor {
         let drain_markers = drained.queued;
         // A final checkpoint: the next start reads it alone, whatever the log held.
         if self.journal.is_some() {
-            self.write_checkpoint();
+            // The capture in progress (if any) first: its checkpoint's thread waits for it.
+            self.finish_checkpoint();
+            self.begin_checkpoint();
+            self.finish_checkpoint();
             if let Some(journal) = self.journal.take() {
                 // Waits for the final checkpoint: whether it was written is known after this.
                 let synced = journal.sync();
@@ -416,12 +424,16 @@ impl Actor {
             .observe(started.elapsed().as_secs_f64());
     }
 
-    /// One slice of the clears in progress, if any.
-    fn release_slice(&mut self) {
+    /// One slice of each kind of long work in progress: the clears' sweep, a checkpoint's
+    /// capture.
+    fn slices(&mut self) {
         if self.state.releasing() {
             self.timed("release", |actor| {
                 actor.state.release_step();
             });
+        }
+        if self.capturing() {
+            self.timed("checkpoint", Self::capture_slice);
         }
     }
 
@@ -643,7 +655,7 @@ impl Actor {
     /// `queue_empty`: no command is waiting. Writes a checkpoint when the journal asks for one.
     fn after_command(&mut self, queue_empty: bool) {
         if self.journal.as_ref().is_some_and(|j| j.wants_checkpoint()) {
-            self.timed("checkpoint", Self::write_checkpoint);
+            self.timed("checkpoint", Self::begin_checkpoint);
         }
         let pending = self.state.pending_dirty();
         if pending == 0 {

@@ -13,11 +13,20 @@
 //!   sequence of its last applied batch, and the source sequences. The filter table is *not* stored: it is rebuilt from the ownership,
 //!   like a new producer generation, and published with a new incarnation and a barrier
 //!   snapshot.
+//! * **A checkpoint is captured in slices** between commands, so ingest never stops for a
+//!   pass over the whole block map. At its start the journal is told (every record logged
+//!   later follows the checkpoint and is replayed on top of it) and the engine feed's tables
+//!   and the source sequences are copied; then each slice reads some block-map lines'
+//!   owners, while commands go on and are logged. The members' blocks are therefore a *fuzzy*
+//!   image (each block read once, at some moment of the capture), which replaying the log from
+//!   the capture's start makes exact: every ownership change is a set operation on one edge
+//!   (`ckf_core::dc::image`, "An image in slices"). Charges are not, so the capture's last
+//!   slice logs every member's charge (a `Charges` record) and replay sets them there.
 //!
 //! Both are encoded with postcard (serde); a record that passes its CRC but does not decode
 //! is refused like a damaged file.
 
-use ckf_core::dc::{MemberId, MemberImage};
+use ckf_core::dc::{MemberId, MemberImage, OwnershipCapture};
 use ckf_engine::event::EngineBatch;
 use ckf_engine::lineage::MemberLineageImage;
 use ckf_engine::sequence::ClearReason;
@@ -31,11 +40,11 @@ use crate::events::{IngestBatch, IngestEvent};
 /// journal's table-format identity carries it, so an old journal is refused, not misread).
 ///
 /// v2: `EngineApply` carries the batch's sequence; checkpoints have `EngineSequences`.
-/// Since commit 7eb60e7 (2026-12-05) a v2 checkpoint starts with a `Summary` (a variant
-/// added at the end, so every earlier v2 checkpoint still decodes, without one). Not a bump:
-/// no record is misread either way, but a producer built before that commit refuses a
-/// checkpoint holding a `Summary` as undecodable, so going back to such a build means setting
-/// its state aside.
+/// Since commit 7eb60e7 (2026-12-05) a v2 checkpoint starts with a `Summary`, and since the
+/// checkpoints captured in slices (2026-12-06) the log holds `Charges` records: variants added
+/// at the end, so every earlier v2 journal still decodes. Not a bump: no record is misread
+/// either way, but a producer built before them refuses a journal holding one as
+/// undecodable, so going back to such a build means setting its state aside.
 pub const RECORD_VERSION: u32 = 2;
 
 /// Blocks per checkpoint record at most (~9 bytes each encoded): records stay far below
@@ -119,6 +128,8 @@ enum LogRecordRef<'a> {
         publisher: PublisherRecord,
         reason: ClearRecord,
     },
+    /// Every charged member's source where a checkpoint's capture ended (see the module docs).
+    Charges(&'a [(MemberId, String)]),
 }
 
 /// A log record as read back.
@@ -138,6 +149,8 @@ enum LogRecord {
         publisher: PublisherRecord,
         reason: ClearRecord,
     },
+    /// Added at the end (a build before it refuses a journal holding one as undecodable).
+    Charges(Vec<(MemberId, String)>),
 }
 
 /// One piece of a checkpoint.
@@ -198,9 +211,9 @@ pub struct RestoreReport {
     pub presized_blocks: u64,
 }
 
-/// A checkpoint's content as captured on the actor ([`Actor::capture`]): the tracked-block
-/// count, members' blocks in table order, the lineage, fed members, engine sequences and
-/// source sequences.
+/// A checkpoint's content as captured on the actor: the tracked-block count, the lineage, fed
+/// members, engine sequences and source sequences copied where the capture began, and the
+/// members' blocks read in slices until it ended (in table order, possibly repeated).
 struct Capture {
     unique_blocks: u64,
     members: Vec<MemberImage>,
@@ -209,6 +222,18 @@ struct Capture {
     sequences: Vec<(u64, u32, i64)>,
     identities: Vec<(u64, u32, u64)>,
     sources: Vec<(String, u64)>,
+}
+
+/// A checkpoint being captured between commands ([`Actor::begin_checkpoint`]).
+pub(super) struct CheckpointCapture {
+    /// The members' blocks read so far.
+    ownership: OwnershipCapture,
+    /// Everything else, copied where the capture began.
+    rest: Capture,
+    /// To the checkpoint's thread, which waits for the finished capture.
+    deliver: std::sync::mpsc::SyncSender<Capture>,
+    /// The longest step so far (the copies at the start, then each slice).
+    longest_step: std::time::Duration,
 }
 
 impl Capture {
@@ -221,7 +246,9 @@ impl Capture {
         let mut chunk: Vec<MemberImage> = Vec::new();
         let mut chunk_blocks = 0;
         for mut image in self.members {
+            // A capture in slices may read a block twice (one a walk moved meanwhile).
             image.blocks.sort_unstable();
+            image.blocks.dedup();
             for blocks in image.blocks.chunks(BLOCKS_PER_RECORD) {
                 if chunk_blocks + blocks.len() > BLOCKS_PER_RECORD && !chunk.is_empty() {
                     out.push(encode(&CheckpointRecord::Members(std::mem::take(
@@ -323,18 +350,20 @@ impl Actor {
 
     /// The whole logical state as checkpoint records (what the checkpoint thread writes).
     #[cfg(test)]
-    pub(super) fn checkpoint_records(&self) -> Vec<Vec<u8>> {
-        self.capture().encode()
+    pub(super) fn checkpoint_records(&mut self) -> Vec<Vec<u8>> {
+        let mut capture = self.capture_start();
+        let mut ownership = self.state.begin_capture();
+        while self.state.capture_step(&mut ownership) {}
+        capture.members = self.state.capture_images(ownership);
+        capture.encode()
     }
 
-    /// What a checkpoint holds, captured from the state: the part that needs the actor (one
-    /// pass over the block map, copies of the small tables); the rest is
-    /// [`Capture::encode`]'s, on the journal's checkpoint thread.
-    fn capture(&self) -> Capture {
+    /// What a checkpoint copies where its capture begins: everything but the members' blocks.
+    fn capture_start(&self) -> Capture {
         let feed = self.feed.image();
         Capture {
             unique_blocks: self.state.stats().unique_blocks as u64,
-            members: self.state.ownership_image_unsorted(),
+            members: Vec::new(),
             lineage: feed.lineage,
             fed: feed.fed,
             sequences: feed.sequences,
@@ -343,20 +372,83 @@ impl Actor {
         }
     }
 
-    /// Queues a checkpoint of the current state, if a journal is open.
-    pub(super) fn write_checkpoint(&mut self) {
+    /// Begins a checkpoint of the current state, if a journal is open and none is being
+    /// captured: the journal is told now (so every record logged from here on follows the
+    /// checkpoint), the small tables are copied, and the members' blocks are read one slice
+    /// per [`capture_slice`](Self::capture_slice) between commands. The checkpoint's thread
+    /// waits for the capture, then sorts, encodes and writes it.
+    pub(super) fn begin_checkpoint(&mut self) {
         let Some(journal) = &self.journal else {
             return;
         };
+        if self.checkpoint.is_some() {
+            return;
+        }
+        let (deliver, capture) = std::sync::mpsc::sync_channel::<Capture>(1);
+        journal.checkpoint_with(move || {
+            capture
+                .recv()
+                .expect("the state actor finishes every checkpoint capture it begins")
+                .encode()
+        });
         let started = std::time::Instant::now();
-        let capture = self.capture();
-        // The actor (and so ingest) stops for this long: the capture; sorting and encoding
-        // happen on the checkpoint's thread.
+        let rest = self.capture_start();
+        self.checkpoint = Some(CheckpointCapture {
+            ownership: self.state.begin_capture(),
+            rest,
+            deliver,
+            longest_step: started.elapsed(),
+        });
+    }
+
+    /// Whether a checkpoint's capture is in progress.
+    pub(super) fn capturing(&self) -> bool {
+        self.checkpoint.is_some()
+    }
+
+    /// One slice of the checkpoint being captured, if any. The last one journals the members'
+    /// charges (replay sets them there: see `ckf_core::dc::image`) and hands the capture to
+    /// the checkpoint's thread.
+    pub(super) fn capture_slice(&mut self) {
+        let Some(mut checkpoint) = self.checkpoint.take() else {
+            return;
+        };
+        let started = std::time::Instant::now();
+        if self.state.capture_step(&mut checkpoint.ownership) {
+            checkpoint.longest_step = checkpoint.longest_step.max(started.elapsed());
+            self.checkpoint = Some(checkpoint);
+            return;
+        }
+        let charges = self.state.charge_image();
+        self.log(&LogRecordRef::Charges(&charges));
+        let CheckpointCapture {
+            ownership,
+            mut rest,
+            deliver,
+            longest_step,
+        } = checkpoint;
+        if ownership.restarts() > 0 {
+            tracing::debug!(
+                restarts = ownership.restarts(),
+                "checkpoint capture started over after block-map rebuilds"
+            );
+        }
+        rest.members = self.state.capture_images(ownership);
+        // The longest time the actor (and so ingest) stopped for this capture.
         self.metrics
             .journal
             .checkpoint_image_seconds
-            .observe(started.elapsed().as_secs_f64());
-        journal.checkpoint_with(move || capture.encode());
+            .observe(longest_step.max(started.elapsed()).as_secs_f64());
+        // The checkpoint's thread waits on the other end; if it is gone (the journal failed
+        // to start the checkpoint), the journal has already reported it.
+        let _ = deliver.send(rest);
+    }
+
+    /// Captures the checkpoint in progress to its end, at once.
+    pub(super) fn finish_checkpoint(&mut self) {
+        while self.checkpoint.is_some() {
+            self.capture_slice();
+        }
     }
 
     /// Rebuilds the state from a recovered journal: the checkpoint, then the log replayed
@@ -472,6 +564,7 @@ impl Actor {
                 LogRecord::EngineClear { publisher, reason } => {
                     self.engine_clear(&PublisherId::from(publisher), reason.into())
                 }
+                LogRecord::Charges(charges) => self.state.restore_charges(&charges),
             }
             report.replayed += 1;
         }
@@ -711,6 +804,154 @@ mod restore_tests {
 
         // A fresh actor resumes nothing.
         assert!(fresh().engine_sequences().is_empty());
+    }
+
+    /// A checkpoint captured in slices while ingest goes on between them, written through a
+    /// real journal: what a restart recovers (that checkpoint, then the log after its start,
+    /// `Charges` record included) is the live state, every member's blocks and charge.
+    #[test]
+    fn a_checkpoint_captured_between_commands_recovers_the_live_state() {
+        use crate::events::{IngestBatch, IngestEvent};
+        use ckf_core::dc::{DcCkfConfig, DcCkfState, KvEvent, KvEventKind};
+        use ckf_core::identity::SourceId;
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        let identity = ckf_journal::StateIdentity {
+            pool: "test/dc-a".into(),
+            format: "slices test".into(),
+        };
+        let open = || {
+            let metrics = crate::metrics::Metrics::new();
+            ckf_journal::Journal::open(
+                dir.path(),
+                identity.clone(),
+                ckf_journal::JournalConfig::default(),
+                std::sync::Arc::new(metrics.journal.clone()),
+            )
+            .expect("journal opens")
+        };
+        let mut live = fresh();
+        // Slices of 64 lines: the 30,000 blocks below take ~130 steps.
+        live.state = DcCkfState::new(DcCkfConfig {
+            slice_lines: 64,
+            ..DcCkfConfig::new(live.state.format())
+        })
+        .expect("the default table");
+        live.attach_journal(open().0);
+
+        let hash = |i: u64| (i + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let mut sequences = HashMap::new();
+        let mut send = |live: &mut Actor, source: &str, events: Vec<IngestEvent>| {
+            let sequence = sequences.entry(source.to_owned()).or_insert(0u64);
+            *sequence += 1;
+            let batch = IngestBatch {
+                source_id: SourceId::new(source).unwrap(),
+                sequence: *sequence,
+                events: events.into_iter().map(Ok).collect(),
+            };
+            live.log_ingest(&batch, &vec![true; batch.events.len()]);
+            live.ingest(&batch);
+        };
+        let kv = |worker: u64, kind: KvEventKind| {
+            IngestEvent::Kv(KvEvent {
+                member: MemberId::new(worker, 0),
+                kind,
+            })
+        };
+        let stored = |worker: u64, keys: std::ops::Range<u64>| {
+            kv(
+                worker,
+                KvEventKind::Stored {
+                    block_hashes: keys.map(hash).collect(),
+                    parent_hash: None,
+                },
+            )
+        };
+        for w in 0..6 {
+            let source = if w % 2 == 0 { "src-a" } else { "src-b" };
+            send(
+                &mut live,
+                source,
+                vec![stored(w, w * 5_000..(w + 1) * 5_000)],
+            );
+        }
+
+        live.begin_checkpoint();
+        let mut steps = 0;
+        while live.capturing() {
+            // Between slices: stores, removals, a clear and a worker's removal, and worker 0
+            // cleared then taken over by the other source (its charge moves).
+            match steps {
+                3 => send(&mut live, "src-a", vec![kv(0, KvEventKind::Cleared)]),
+                4 => send(&mut live, "src-b", vec![stored(0, 40_000..40_100)]),
+                9 => send(
+                    &mut live,
+                    "src-b",
+                    vec![IngestEvent::WorkerRemoved { worker_id: 3 }],
+                ),
+                n => send(
+                    &mut live,
+                    "src-a",
+                    vec![
+                        stored(2, 30_000 + n * 10..30_000 + n * 10 + 10),
+                        kv(
+                            4,
+                            KvEventKind::Removed {
+                                block_hashes: (n * 7..n * 7 + 5)
+                                    .map(|i| hash(20_000 + i))
+                                    .collect(),
+                            },
+                        ),
+                    ],
+                ),
+            }
+            live.slices();
+            steps += 1;
+        }
+        assert!(steps > 20, "the capture took {steps} steps");
+        send(&mut live, "src-a", vec![stored(5, 50_000..50_010)]);
+        live.state.finish_releases();
+        let expected = live.state.ownership_image();
+        assert_eq!(
+            expected
+                .iter()
+                .find(|m| m.member == MemberId::new(0, 0))
+                .and_then(|m| m.charged_to.as_deref()),
+            Some("src-b")
+        );
+        let journal = live.journal.take().expect("journal");
+        journal.sync().expect("synced");
+        journal.close().expect("closed");
+
+        let (journal, recovered) = open();
+        drop(journal);
+        assert!(
+            recovered.checkpoint_number.is_some(),
+            "the checkpoint was written"
+        );
+        assert!(
+            recovered.records.iter().any(|r| matches!(
+                postcard::from_bytes::<super::LogRecord>(r),
+                Ok(super::LogRecord::Charges(_))
+            )),
+            "the capture's end is logged"
+        );
+        let mut restored = fresh();
+        restored
+            .restore(&recovered.checkpoint, &recovered.records)
+            .expect("restores");
+        assert_eq!(restored.state.ownership_image(), expected);
+        assert_eq!(
+            restored.state.stats().unique_blocks,
+            live.state.stats().unique_blocks
+        );
+        for source in ["src-a", "src-b"] {
+            assert_eq!(
+                restored.state.source_held(source),
+                live.state.source_held(source),
+                "{source}"
+            );
+        }
     }
 
     /// A checkpoint starts with the state's size, and a restore sizes the block map from it
