@@ -120,21 +120,49 @@ fn remove(mut state: DcCkfState) -> Timing {
     }
 }
 
-/// Other whole-state units of actor work at this size, printed before the table: the
-/// checkpoint capture (`ownership_image_unsorted`, what the producer's actor does before the
-/// checkpoint thread encodes) and a copy of the table (what a barrier snapshot starts from).
-fn others(state: &DcCkfState) {
+/// Other whole-state units of actor work at this size, printed before the table: a
+/// checkpoint's capture in one pass (`ownership_image_unsorted`, what the producer's actor did
+/// before captures were sliced) next to the same capture in slices (`begin_capture` /
+/// `capture_step` / `capture_images`, what it does now: the longest step is what ingest waits),
+/// and a copy of the table (what a barrier snapshot starts from).
+fn others(state: &mut DcCkfState) {
     let t = Instant::now();
     let image = state.ownership_image_unsorted();
-    let capture = t.elapsed();
+    let one_pass = t.elapsed();
     let edges: usize = image.iter().map(|m| m.blocks.len()).sum();
     drop(image);
+
+    let t = Instant::now();
+    let mut capture = state.begin_capture();
+    let mut steps = 0u64;
+    let mut longest = Duration::ZERO;
+    loop {
+        let step = Instant::now();
+        let more = state.capture_step(&mut capture);
+        longest = longest.max(step.elapsed());
+        steps += 1;
+        if !more {
+            break;
+        }
+    }
+    let step = Instant::now();
+    let images = state.capture_images(capture);
+    longest = longest.max(step.elapsed());
+    let sliced = t.elapsed();
+    let read: usize = images.iter().map(|m| m.blocks.len()).sum();
+    assert_eq!(read, edges, "nothing moved between the steps");
+    drop(images);
+
     let t = Instant::now();
     let table = state.buckets().to_vec();
     let copy = t.elapsed();
     println!(
-        "checkpoint capture: {:.1} ms for {edges} edges; table copy: {:.1} ms for {} buckets",
-        ms(capture),
+        "checkpoint capture of {edges} edges: one pass {:.1} ms; in slices {:.1} ms total \
+         ({:.2}x), {steps} steps, longest {:.2} ms; table copy: {:.1} ms for {} buckets",
+        ms(one_pass),
+        ms(sliced),
+        sliced.as_secs_f64() / one_pass.as_secs_f64(),
+        ms(longest),
         ms(copy),
         table.len()
     );
@@ -184,9 +212,9 @@ fn main() {
     );
     let mut single = Duration::ZERO;
     for (i, row) in rows.iter().enumerate() {
-        let state = fill(blocks, row);
+        let mut state = fill(blocks, row);
         if i == 0 {
-            others(&state);
+            others(&mut state);
         }
         let t = remove(state);
         let released = row.ranks * row.per_rank;

@@ -136,6 +136,35 @@ impl EngineFeed {
     pub fn image(&self) -> FeedImage {
         FeedImage {
             lineage: self.lineage.export(),
+            ..self.tables_image()
+        }
+    }
+
+    /// The feed as it is now, for a checkpoint taken between events: the small tables at
+    /// once, the lineage (left empty here) copied by [`image_step`](Self::image_step)s, each
+    /// member before its next change ([`Lineage::begin_capture`]), and taken with
+    /// [`take_lineage_image`](Self::take_lineage_image).
+    pub fn begin_image(&mut self) -> FeedImage {
+        self.lineage.begin_capture();
+        self.tables_image()
+    }
+
+    /// Copies up to `max_blocks` more engine blocks of the lineage image (at least one
+    /// member); whether members remain.
+    pub fn image_step(&mut self, max_blocks: usize) -> bool {
+        self.lineage.capture_step(max_blocks)
+    }
+
+    /// The lineage of [`begin_image`](Self::begin_image)'s moment once every member is
+    /// copied (each one's blocks in no order), else `None`.
+    pub fn take_lineage_image(&mut self) -> Option<Vec<MemberLineageImage>> {
+        self.lineage.take_capture()
+    }
+
+    /// Everything but the lineage.
+    fn tables_image(&self) -> FeedImage {
+        FeedImage {
+            lineage: Vec::new(),
             fed: self
                 .fed
                 .iter()

@@ -118,6 +118,18 @@ struct MemberLineage {
 #[derive(Debug, Clone, Default)]
 pub struct Lineage {
     members: BTreeMap<MemberId, MemberLineage>,
+    /// The image being copied member by member ([`begin_capture`](Self::begin_capture)).
+    capture: Option<Capture>,
+}
+
+/// An image of the lineage as it was at [`Lineage::begin_capture`], copied member by member:
+/// in steps, and a member about to change first.
+#[derive(Debug, Clone, Default)]
+struct Capture {
+    /// Members not copied yet.
+    pending: std::collections::BTreeSet<MemberId>,
+    /// Members copied (blocks in no order).
+    images: Vec<MemberLineageImage>,
 }
 
 impl Lineage {
@@ -134,6 +146,7 @@ impl Lineage {
         event: &EngineEvent,
         filters: &EngineFilters,
     ) -> Translation {
+        self.before_change(member);
         let mut out = Translation::default();
         match event {
             EngineEvent::Stored(stored) => self.store(member, stored, filters, &mut out),
@@ -283,7 +296,85 @@ impl Lineage {
     /// Forgets `member`'s lineage (after its state was cleared: restart, failed replay).
     /// Returns whether it had one.
     pub fn clear_member(&mut self, member: MemberId) -> bool {
+        self.before_change(member);
         self.members.remove(&member).is_some()
+    }
+
+    /// Starts an image of the lineage as it is now, copied by
+    /// [`capture_step`](Self::capture_step)s; a member about to change (a translated event, a
+    /// clear) is copied first, so the image stays the one of this moment while events go on.
+    /// A step, or a change, costs one member's engine blocks at most (plus the step's budget):
+    /// the pause is bounded by the largest member, not by the whole lineage. O(members) now.
+    /// Starting another capture abandons this one.
+    pub fn begin_capture(&mut self) {
+        self.capture = Some(Capture {
+            pending: self.members.keys().copied().collect(),
+            images: Vec::new(),
+        });
+    }
+
+    /// Copies pending members into the capture until `max_blocks` engine blocks were copied
+    /// (at least one member, whatever its size); returns whether members remain (`false`
+    /// too when no capture is in progress).
+    pub fn capture_step(&mut self, max_blocks: usize) -> bool {
+        let Some(capture) = &mut self.capture else {
+            return false;
+        };
+        let mut copied = 0;
+        while copied < max_blocks.max(1) {
+            let Some(member) = capture.pending.pop_first() else {
+                break;
+            };
+            let image = Self::export_member(&self.members, member);
+            copied += image.blocks.len();
+            capture.images.push(image);
+        }
+        !capture.pending.is_empty()
+    }
+
+    /// The finished capture's images, sorted by member, **each one's blocks in no order**
+    /// (sort by engine hash where it costs the caller nothing); members whose lineage was
+    /// empty at the capture are left out. `None` when no capture is in progress or members
+    /// remain ([`capture_step`](Self::capture_step) until it returns `false`).
+    pub fn take_capture(&mut self) -> Option<Vec<MemberLineageImage>> {
+        if self.capture.as_ref()?.pending.is_empty() {
+            let mut images = self.capture.take()?.images;
+            images.retain(|image| !image.blocks.is_empty());
+            images.sort_unstable_by_key(|image| image.member);
+            Some(images)
+        } else {
+            None
+        }
+    }
+
+    /// Copies `member` into the capture in progress before it changes, if not copied yet.
+    fn before_change(&mut self, member: MemberId) {
+        if let Some(capture) = &mut self.capture
+            && capture.pending.remove(&member)
+        {
+            capture
+                .images
+                .push(Self::export_member(&self.members, member));
+        }
+    }
+
+    /// `member`'s lineage (blocks in no order; none when it has no lineage).
+    fn export_member(
+        members: &BTreeMap<MemberId, MemberLineage>,
+        member: MemberId,
+    ) -> MemberLineageImage {
+        let blocks = members.get(&member).map_or_else(Vec::new, |lineage| {
+            lineage
+                .blocks
+                .iter()
+                .map(|(&engine_hash, b)| LineageEntry {
+                    engine_hash,
+                    canonical: b.canonical,
+                    seed: b.seed.0,
+                })
+                .collect()
+        });
+        MemberLineageImage { member, blocks }
     }
 
     /// Every member's lineage as plain values, sorted by member, each one's blocks by engine
@@ -293,19 +384,11 @@ impl Lineage {
     /// refcounts are not exported, they follow from the blocks.
     pub fn export(&self) -> Vec<MemberLineageImage> {
         self.members
-            .iter()
-            .map(|(&member, lineage)| {
-                let mut blocks: Vec<LineageEntry> = lineage
-                    .blocks
-                    .iter()
-                    .map(|(&engine_hash, b)| LineageEntry {
-                        engine_hash,
-                        canonical: b.canonical,
-                        seed: b.seed.0,
-                    })
-                    .collect();
-                blocks.sort_unstable_by_key(|e| e.engine_hash);
-                MemberLineageImage { member, blocks }
+            .keys()
+            .map(|&member| {
+                let mut image = Self::export_member(&self.members, member);
+                image.blocks.sort_unstable_by_key(|e| e.engine_hash);
+                image
             })
             .collect()
     }
@@ -399,6 +482,71 @@ pub(crate) mod tests {
             block_hashes: hashes.to_vec(),
             ..RemovedBlocks::default()
         })
+    }
+
+    /// An image captured in steps while events go on between them is the lineage of the
+    /// capture's start: every event kind, several members, members appearing and cleared.
+    #[test]
+    fn a_capture_between_events_is_the_lineage_of_its_start() {
+        use proptest::prelude::*;
+        let event = || {
+            prop_oneof![
+                4 => (0u64..40, 0u64..40)
+                    .prop_map(|(h, p)| store(&[h + 100, h + 200], (p % 3 == 0).then_some(p + 100), &[1, 2, 3, 4])),
+                2 => proptest::collection::vec(100u64..240, 1..4).prop_map(|h| remove(&h)),
+                1 => Just(EngineEvent::AllCleared),
+            ]
+        };
+        // (member, 0 = clear_member instead of the event, the event)
+        let step = || (0u64..4, 0u8..8, event());
+        let mut runner = proptest::test_runner::TestRunner::default();
+        runner
+            .run(
+                &(
+                    proptest::collection::vec(step(), 0..60),
+                    proptest::collection::vec(
+                        (0usize..3, proptest::collection::vec(step(), 0..4)),
+                        0..12,
+                    ),
+                ),
+                |(before, during)| {
+                    let mut l = Lineage::new();
+                    let apply = |l: &mut Lineage, (m, c, e): &(u64, u8, EngineEvent)| {
+                        let member = MemberId::new(*m, 0);
+                        if *c == 0 {
+                            l.clear_member(member);
+                        } else {
+                            l.translate(member, e, &f());
+                        }
+                    };
+                    for s in &before {
+                        apply(&mut l, s);
+                    }
+                    let expected = l.export();
+                    l.begin_capture();
+                    let mut more = true;
+                    for (budget, events) in &during {
+                        for s in events {
+                            apply(&mut l, s);
+                        }
+                        more = l.capture_step(*budget);
+                        if !more {
+                            break;
+                        }
+                    }
+                    while more {
+                        more = l.capture_step(1);
+                    }
+                    let mut images = l.take_capture().expect("finished");
+                    for image in &mut images {
+                        image.blocks.sort_unstable_by_key(|e| e.engine_hash);
+                    }
+                    prop_assert_eq!(images, expected);
+                    prop_assert!(l.take_capture().is_none(), "taken once");
+                    Ok(())
+                },
+            )
+            .unwrap();
     }
 
     fn stored_kind(t: &Translation) -> Vec<u64> {

@@ -63,8 +63,9 @@ pub struct JournalMetrics {
     pub checkpoints: IntCounter,
     /// Seconds to write one checkpoint (on its own thread: appends go on meanwhile).
     pub checkpoint_seconds: Histogram,
-    /// Seconds the state actor spent capturing one checkpoint image (ingest waits that long;
-    /// the sorting and encoding run on the checkpoint thread).
+    /// Per checkpoint, the longest single step of the state actor's capture of its image
+    /// (taken in slices between commands: ingest waits at most that long at a time; the
+    /// sorting and encoding run on the checkpoint thread).
     pub checkpoint_image_seconds: Histogram,
     /// Journal failures (a write or sync failed: records are dropped until a checkpoint).
     pub failures: IntCounter,
@@ -130,7 +131,7 @@ impl JournalMetrics {
             checkpoint_image_seconds: histogram(
                 r,
                 "ckf_producer_journal_checkpoint_image_seconds",
-                "Time the state actor (and so ingest) stopped to capture one checkpoint image, seconds (sorting and encoding happen on the checkpoint thread).",
+                "Per checkpoint, the longest time the state actor (and so ingest) stopped for one step of capturing its image in slices, seconds (sorting and encoding happen on the checkpoint thread).",
                 seconds(),
             ),
             failures: counter(

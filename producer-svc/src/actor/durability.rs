@@ -14,14 +14,17 @@
 //!   like a new producer generation, and published with a new incarnation and a barrier
 //!   snapshot.
 //! * **A checkpoint is captured in slices** between commands, so ingest never stops for a
-//!   pass over the whole block map. At its start the journal is told (every record logged
-//!   later follows the checkpoint and is replayed on top of it) and the engine feed's tables
-//!   and the source sequences are copied; then each slice reads some block-map lines'
-//!   owners, while commands go on and are logged. The members' blocks are therefore a *fuzzy*
-//!   image (each block read once, at some moment of the capture), which replaying the log from
-//!   the capture's start makes exact: every ownership change is a set operation on one edge
-//!   (`ckf_core::dc::image`, "An image in slices"). Charges are not, so the capture's last
-//!   slice logs every member's charge (a `Charges` record) and replay sets them there.
+//!   pass over the whole state. At its start the journal is told (every record logged later
+//!   follows the checkpoint and is replayed on top of it), and the small tables (engine
+//!   publishers' members and sequences, source sequences) are copied. Then each slice reads
+//!   some block-map lines' owners, and after them some engine members' lineage, while commands
+//!   go on and are logged. The lineage image is exact as of the start (a member is copied
+//!   before its next change, `ckf_engine::lineage`), so replayed engine events translate as
+//!   they did live. The members' blocks are a *fuzzy* image (each block read once, at some
+//!   moment of the capture), which replaying the log from the capture's start makes exact:
+//!   every ownership change is a set operation on one edge (`ckf_core::dc::image`, "An image
+//!   in slices"). Charges are not, so the capture's last slice logs every member's charge (a
+//!   `Charges` record) and replay sets them there.
 //!
 //! Both are encoded with postcard (serde); a record that passes its CRC but does not decode
 //! is refused like a damaged file.
@@ -46,6 +49,9 @@ use crate::events::{IngestBatch, IngestEvent};
 /// either way, but a producer built before them refuses a journal holding one as
 /// undecodable, so going back to such a build means setting its state aside.
 pub const RECORD_VERSION: u32 = 2;
+
+/// Engine lineage blocks one checkpoint step copies (whole members, at least one): a few ms.
+const LINEAGE_STEP_BLOCKS: usize = 1 << 16;
 
 /// Blocks per checkpoint record at most (~9 bytes each encoded): records stay far below
 /// `ckf_journal::frame::MAX_RECORD_BYTES`, and a checkpoint is written in pieces of a few MiB.
@@ -211,9 +217,10 @@ pub struct RestoreReport {
     pub presized_blocks: u64,
 }
 
-/// A checkpoint's content as captured on the actor: the tracked-block count, the lineage, fed
-/// members, engine sequences and source sequences copied where the capture began, and the
-/// members' blocks read in slices until it ended (in table order, possibly repeated).
+/// A checkpoint's content as captured on the actor: the tracked-block count, fed members,
+/// engine sequences and source sequences copied where the capture began, the engine lineage
+/// of that moment (copied member by member, blocks in no order), and the members' blocks read
+/// in slices until it ended (in table order, possibly repeated).
 struct Capture {
     unique_blocks: u64,
     members: Vec<MemberImage>,
@@ -228,6 +235,8 @@ struct Capture {
 pub(super) struct CheckpointCapture {
     /// The members' blocks read so far.
     ownership: OwnershipCapture,
+    /// Whether every block-map line was read (the engine lineage's copy goes on after).
+    blocks_read: bool,
     /// Everything else, copied where the capture began.
     rest: Capture,
     /// To the checkpoint's thread, which waits for the finished capture.
@@ -269,7 +278,8 @@ impl Capture {
         }
         let mut lineage: Vec<MemberLineageImage> = Vec::new();
         let mut lineage_blocks = 0;
-        for image in self.lineage {
+        for mut image in self.lineage {
+            image.blocks.sort_unstable_by_key(|e| e.engine_hash);
             lineage_blocks += image.blocks.len();
             lineage.push(image);
             if lineage_blocks >= BLOCKS_PER_RECORD / 2 {
@@ -355,12 +365,17 @@ impl Actor {
         let mut ownership = self.state.begin_capture();
         while self.state.capture_step(&mut ownership) {}
         capture.members = self.state.capture_images(ownership);
+        while self.feed.image_step(LINEAGE_STEP_BLOCKS) {}
+        capture.lineage = self.feed.take_lineage_image().expect("every member copied");
         capture.encode()
     }
 
-    /// What a checkpoint copies where its capture begins: everything but the members' blocks.
-    fn capture_start(&self) -> Capture {
-        let feed = self.feed.image();
+    /// What a checkpoint copies where its capture begins: everything but the members' blocks
+    /// and the engine lineage, whose capture it starts ([`EngineFeed::begin_image`]).
+    ///
+    /// [`EngineFeed::begin_image`]: ckf_engine::feed::EngineFeed::begin_image
+    fn capture_start(&mut self) -> Capture {
+        let feed = self.feed.begin_image();
         Capture {
             unique_blocks: self.state.stats().unique_blocks as u64,
             members: Vec::new(),
@@ -395,6 +410,7 @@ impl Actor {
         let rest = self.capture_start();
         self.checkpoint = Some(CheckpointCapture {
             ownership: self.state.begin_capture(),
+            blocks_read: false,
             rest,
             deliver,
             longest_step: started.elapsed(),
@@ -414,7 +430,14 @@ impl Actor {
             return;
         };
         let started = std::time::Instant::now();
-        if self.state.capture_step(&mut checkpoint.ownership) {
+        // The members' blocks, then the engine lineage: one slice of one of them per step.
+        let more = if !checkpoint.blocks_read {
+            checkpoint.blocks_read = !self.state.capture_step(&mut checkpoint.ownership);
+            true
+        } else {
+            self.feed.image_step(LINEAGE_STEP_BLOCKS)
+        };
+        if more {
             checkpoint.longest_step = checkpoint.longest_step.max(started.elapsed());
             self.checkpoint = Some(checkpoint);
             return;
@@ -426,6 +449,7 @@ impl Actor {
             mut rest,
             deliver,
             longest_step,
+            ..
         } = checkpoint;
         if ownership.restarts() > 0 {
             tracing::debug!(
@@ -434,6 +458,10 @@ impl Actor {
             );
         }
         rest.members = self.state.capture_images(ownership);
+        rest.lineage = self
+            .feed
+            .take_lineage_image()
+            .expect("every member's lineage copied");
         // The longest time the actor (and so ingest) stopped for this capture.
         self.metrics
             .journal
@@ -876,12 +904,38 @@ mod restore_tests {
             );
         }
 
+        // An engine publisher's member, 7/0: engine blocks 10, 11, then children of them.
+        let engine = publisher(7, 0);
+        let child = |sequence: i64, hash: u64, parent: u64| EngineStep::Apply {
+            sequence,
+            batch: EngineBatch {
+                events: vec![EngineEvent::Stored(StoredBlocks {
+                    block_hashes: vec![hash],
+                    parent: Some(parent),
+                    token_ids: (0..16).map(|t| t + hash as u32).collect(),
+                    block_size: 16,
+                    ..StoredBlocks::default()
+                })],
+                ..EngineBatch::default()
+            },
+        };
+        step(
+            &mut live,
+            &engine,
+            EngineStep::Apply {
+                sequence: 1,
+                batch: store(),
+            },
+        );
+
         live.begin_checkpoint();
         let mut steps = 0;
         while live.capturing() {
             // Between slices: stores, removals, a clear and a worker's removal, and worker 0
-            // cleared then taken over by the other source (its charge moves).
+            // cleared then taken over by the other source (its charge moves); the engine
+            // member gets a child of its block 11.
             match steps {
+                5 => step(&mut live, &engine, child(2, 12, 11)),
                 3 => send(&mut live, "src-a", vec![kv(0, KvEventKind::Cleared)]),
                 4 => send(&mut live, "src-b", vec![stored(0, 40_000..40_100)]),
                 9 => send(
@@ -910,6 +964,9 @@ mod restore_tests {
         }
         assert!(steps > 20, "the capture took {steps} steps");
         send(&mut live, "src-a", vec![stored(5, 50_000..50_010)]);
+        // After the capture: a grandchild, which translates only through block 12's lineage.
+        step(&mut live, &engine, child(3, 13, 12));
+        assert_eq!(live.state.member_blocks(MemberId::new(7, 0)).len(), 4);
         live.state.finish_releases();
         let expected = live.state.ownership_image();
         assert_eq!(
@@ -945,6 +1002,8 @@ mod restore_tests {
             restored.state.stats().unique_blocks,
             live.state.stats().unique_blocks
         );
+        assert_eq!(restored.engine_sequences(), live.engine_sequences());
+        assert_eq!(restored.feed.image(), live.feed.image(), "the same lineage");
         for source in ["src-a", "src-b"] {
             assert_eq!(
                 restored.state.source_held(source),
