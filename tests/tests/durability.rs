@@ -117,14 +117,34 @@ async fn sigterm_and_restart_lose_nothing_and_the_source_sequence_resumes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill9_under_load_loses_at_most_the_last_commit_window() {
-    let dir = TestDir::new("durability-kill9");
+    kill9_under_load("durability-kill9", "", 0).await;
+}
+
+/// The same with a checkpoint every MiB of log: checkpoints are captured (in slices between
+/// the flood's batches) and written while the flood goes on, and the kill comes after at least
+/// two of them; the restart reads the newest checkpoint and the log after its capture began.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill9_under_load_with_checkpoints_during_the_flood_loses_at_most_the_last_commit_window() {
+    kill9_under_load(
+        "durability-kill9-checkpoints",
+        "min_checkpoint_mib = 1\n",
+        2,
+    )
+    .await;
+}
+
+/// Floods worker 2 with churn, kills the producer (`kill -9`) once `checkpoints` checkpoints
+/// were written during the flood (and the flood ran 1.5 s), restarts it on the same state and
+/// checks it lost at most the last commit windows.
+async fn kill9_under_load(name: &str, extra: &str, checkpoints: u64) {
+    let dir = TestDir::new(name);
     let indexer = Indexer::start(&dir, &IndexerSpec::default());
     let endpoints = [indexer.url()];
     let state = dir.path().join("state-a");
     let mut a = Producer::start(
         &dir,
         "producer-a",
-        &durable_spec("dc-a", &state, ""),
+        &durable_spec("dc-a", &state, extra),
         &endpoints,
     );
     let mut pool = HashPool::new(&format(), 12);
@@ -163,6 +183,17 @@ async fn kill9_under_load_loses_at_most_the_last_commit_window() {
     // Let the flood run for a while (many commit windows), then kill the producer in the
     // middle of it.
     flood_acknowledged_for(&acks, Duration::from_millis(1500)).await;
+    if checkpoints > 0 {
+        eventually("checkpoints written during the flood", DEADLINE, || async {
+            let written = metric(&a, "ckf_producer_journal_checkpoints_total").unwrap_or(0.0);
+            if written >= checkpoints as f64 {
+                Ok(())
+            } else {
+                Err(format!("{written} checkpoints"))
+            }
+        })
+        .await;
+    }
     // Before the kill: kill9() waits for the exit, which a slow disk can delay.
     let killed_at = Instant::now();
     a.kill9();
