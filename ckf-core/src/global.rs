@@ -439,6 +439,15 @@ impl GlobalCkfIndexer {
         self.lane(lane).ok()?.check_deadline(self.shared(), now)
     }
 
+    /// Tells `lane` that this consumer did not run for `stalled` up to `now` (see
+    /// [`crate::ingestion`], "Deadlines"): the producer's silence during it is not counted
+    /// against the heartbeat deadline or the drain grace.
+    pub fn excuse_stall(&self, lane: LaneIndex, stalled: std::time::Duration, now: Instant) {
+        if let Ok(mut l) = self.lane(lane) {
+            l.excuse(stalled, now);
+        }
+    }
+
     /// Operator view of `lane`.
     ///
     /// # Errors

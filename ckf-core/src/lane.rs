@@ -270,6 +270,18 @@ impl LaneIngestor {
         IngestOutcome::Retired(reason)
     }
 
+    /// The consumer itself did not run for `stalled` (its process was stopped, its host
+    /// froze, or it was busy): that time does not count as the producer's silence, so the
+    /// heartbeat deadline and the drain grace restart from where they were, `stalled` later.
+    pub(crate) fn excuse(&mut self, stalled: Duration, now: Instant) {
+        for at in [&mut self.last_update, &mut self.drained_at]
+            .into_iter()
+            .flatten()
+        {
+            *at = (*at + stalled).min(now);
+        }
+    }
+
     /// Heartbeat deadline and drain grace check; returns the reason when it retired the lane.
     pub(crate) fn check_deadline(
         &mut self,

@@ -900,6 +900,44 @@ fn lag_deadline_retires_only_that_lane() {
 }
 
 #[test]
+fn the_consumers_own_stall_does_not_count_against_the_heartbeat_deadline() {
+    let policy = LagPolicy {
+        heartbeat_deadline: Some(Duration::from_secs(5)),
+        apply_deadline: None,
+        drain_grace: None,
+    };
+    let ix = GlobalCkfIndexer::with_policy(manifest(2), INSTANCE, policy).unwrap();
+    let _a = activate(&ix, "dc-0", 1, 0, table_words(1));
+    let _b = activate(&ix, "dc-1", 2, 0, table_words(2));
+    // 6 s of silence, 4 of them the consumer's own stall (lane 0 is told, lane 1 is not).
+    let later = Instant::now() + Duration::from_secs(6);
+    ix.excuse_stall(0, Duration::from_secs(4), later);
+    assert_eq!(
+        ix.check_deadlines(0, later),
+        None,
+        "2 s of the producer's silence"
+    );
+    assert!(matches!(
+        ix.check_deadlines(1, later),
+        Some(RetireReason::HeartbeatTimeout { .. })
+    ));
+    // Silent for a whole deadline after the stall: retired then.
+    assert!(matches!(
+        ix.check_deadlines(0, later + Duration::from_secs(4)),
+        Some(RetireReason::HeartbeatTimeout { .. })
+    ));
+    // An excuse never moves the last update past now.
+    let ix = GlobalCkfIndexer::with_policy(manifest(1), INSTANCE, policy).unwrap();
+    let _a = activate(&ix, "dc-0", 1, 0, table_words(1));
+    let now = Instant::now() + Duration::from_secs(1);
+    ix.excuse_stall(0, Duration::from_secs(3_600), now);
+    assert!(matches!(
+        ix.check_deadlines(0, now + Duration::from_secs(6)),
+        Some(RetireReason::HeartbeatTimeout { .. })
+    ));
+}
+
+#[test]
 fn heartbeat_deadline_retires_silent_lane_only() {
     let policy = LagPolicy {
         heartbeat_deadline: Some(Duration::from_secs(5)),

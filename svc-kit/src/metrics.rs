@@ -163,7 +163,7 @@ pub async fn serve_metrics(
             .with_graceful_shutdown(shutdown)
             .await
     });
-    if addr.ip().is_loopback() {
+    if addr.ip().to_canonical().is_loopback() {
         tracing::info!(%addr, "metrics endpoint listening");
     } else {
         // The endpoint has no TLS and no authentication (Prometheus' usual setup): what it

@@ -201,7 +201,9 @@ impl ServerTlsConfig {
         }
         if self.cert_file.is_none()
             && !self.plaintext
-            && let Some((listen_key, addr)) = listens.iter().find(|(_, a)| !a.ip().is_loopback())
+            && let Some((listen_key, addr)) = listens
+                .iter()
+                .find(|(_, a)| !a.ip().to_canonical().is_loopback())
         {
             return Err(Invalid::new(
                 *listen_key,
@@ -222,7 +224,7 @@ impl ServerTlsConfig {
     pub fn transport(&self, addr: SocketAddr) -> Transport {
         if self.cert_file.is_some() {
             Transport::Tls
-        } else if addr.ip().is_loopback() {
+        } else if addr.ip().to_canonical().is_loopback() {
             Transport::PlaintextLoopback
         } else {
             Transport::PlaintextExplicit
@@ -1144,7 +1146,9 @@ pub fn is_loopback_url(url: &str) -> bool {
     };
     let host = host.trim_start_matches('[').trim_end_matches(']');
     host.eq_ignore_ascii_case("localhost")
-        || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+        || host
+            .parse::<IpAddr>()
+            .is_ok_and(|ip| ip.to_canonical().is_loopback())
 }
 
 /// An endpoint for `url`: `https://` uses `tls` (required: [`EndpointError::HttpsWithoutRoots`]

@@ -112,7 +112,7 @@ pub fn check_exposure(
 ) -> Result<Exposure, Invalid> {
     let open: Vec<Open> = listeners
         .iter()
-        .filter(|l| !l.addr.ip().is_loopback())
+        .filter(|l| !l.addr.ip().to_canonical().is_loopback())
         .flat_map(|l| {
             l.guards.iter().filter(|g| !g.authorized).map(|g| Open {
                 listener: l.key,
@@ -262,7 +262,12 @@ mod tests {
 
     #[test]
     fn loopback_listeners_serve_without_authorization() {
-        for addr in ["127.0.0.1:7400", "127.0.0.2:0", "[::1]:7400"] {
+        for addr in [
+            "127.0.0.1:7400",
+            "127.0.0.2:0",
+            "[::1]:7400",
+            "[::ffff:127.0.0.1]:7400",
+        ] {
             let listeners = [listener("listen", addr, &[RELAY, QUERY])];
             assert_eq!(
                 check_exposure(&listeners, false, "CKF_X_INSECURE"),
