@@ -854,11 +854,40 @@ fn spawn_producer(
 
 /// One event of `worker` (dp rank 0).
 pub fn event(worker: u64, kind: Kind) -> v1::KvEvent {
+    rank_event(worker, 0, kind)
+}
+
+/// One event of `worker`'s dp rank `dp_rank`.
+pub fn rank_event(worker: u64, dp_rank: u32, kind: Kind) -> v1::KvEvent {
     v1::KvEvent {
         member: Some(v1::MemberId {
             worker_id: worker,
-            dp_rank: 0,
+            dp_rank,
         }),
         kind: Some(kind),
+    }
+}
+
+/// A store of `hashes` starting a chain (no parent).
+pub fn stored(hashes: &[u64]) -> Kind {
+    Kind::Stored(v1::Stored {
+        block_hashes: hashes.to_vec(),
+        parent_hash: None,
+    })
+}
+
+/// A removal of `hashes`.
+pub fn removed(hashes: &[u64]) -> Kind {
+    Kind::Removed(v1::Removed {
+        block_hashes: hashes.to_vec(),
+    })
+}
+
+/// Batch `sequence` of `source`.
+pub fn batch(source: &str, sequence: u64, events: Vec<v1::KvEvent>) -> v1::KvEventBatch {
+    v1::KvEventBatch {
+        source_id: source.into(),
+        sequence,
+        events,
     }
 }

@@ -20,7 +20,8 @@ use std::process::Command;
 use ckf_e2e::binary;
 use ckf_e2e::check::wait_converged;
 use ckf_e2e::cluster::{
-    self, Indexer, IndexerSpec, Producer, ProducerSpec, TestDir, channel, event, format, is_active,
+    self, Indexer, IndexerSpec, Producer, ProducerSpec, TestDir, batch, channel, event, format,
+    is_active,
 };
 use ckf_e2e::hashes::HashPool;
 use ckf_e2e::metrics;
@@ -358,13 +359,7 @@ async fn query_needs_the_configured_token_rotated_by_sighup() {
 
 /// One stored event of `worker`.
 fn stored(worker: u64, hashes: &[u64]) -> v1::KvEvent {
-    event(
-        worker,
-        Kind::Stored(v1::Stored {
-            block_hashes: hashes.to_vec(),
-            parent_hash: None,
-        }),
-    )
+    event(worker, cluster::stored(hashes))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -386,11 +381,6 @@ async fn ingest_sources_and_workers_outside_their_grant_are_refused() {
     let mut client = IngestClient::new(channel(producer.addr).await.expect("channel"));
     let mut pool = HashPool::new(&format(), 12);
     let (h1, h2, h3) = (pool.take(3), pool.take(3), pool.take(3));
-    let batch = |source: &str, sequence: u64, events: Vec<v1::KvEvent>| v1::KvEventBatch {
-        source_id: source.into(),
-        sequence,
-        events,
-    };
     let member_blocks = |worker: u64| {
         bearer(
             v1::GetMemberBlocksRequest {

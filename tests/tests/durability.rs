@@ -10,14 +10,13 @@ use std::time::{Duration, Instant};
 
 use ckf_e2e::check::wait_converged;
 use ckf_e2e::cluster::{
-    Indexer, IndexerSpec, Producer, ProducerSpec, TestDir, channel, event, format,
+    Indexer, IndexerSpec, Producer, ProducerSpec, TestDir, channel, event, format, removed, stored,
 };
 use ckf_e2e::hashes::HashPool;
 use ckf_e2e::metrics;
 use ckf_e2e::wait::{DEADLINE, eventually, flood_acknowledged_for};
 use ckf_proto::v1;
 use ckf_proto::v1::ingest_client::IngestClient;
-use ckf_proto::v1::kv_event::Kind;
 
 /// The group-commit window the tests run with; what `kill -9` may lose.
 const COMMIT_MS: u64 = 50;
@@ -26,20 +25,6 @@ fn durable_spec(dc: &str, data_dir: &Path, extra: &str) -> ProducerSpec {
     ProducerSpec::durable(dc, data_dir, COMMIT_MS, extra)
 }
 
-fn stored(hashes: &[u64]) -> Kind {
-    Kind::Stored(v1::Stored {
-        block_hashes: hashes.to_vec(),
-        parent_hash: None,
-    })
-}
-
-fn removed(hashes: &[u64]) -> Kind {
-    Kind::Removed(v1::Removed {
-        block_hashes: hashes.to_vec(),
-    })
-}
-
-/// Every worker of the model has exactly its modelled blocks in the producer's exact state.
 async fn exact_state_matches(producer: &Producer) -> Result<(), String> {
     for (&worker, blocks) in producer.model.owned() {
         let found = producer.member_blocks(worker).await?;

@@ -11,7 +11,7 @@
 
 use std::time::{Duration, Instant};
 
-use ckf_e2e::cluster::{Producer, ProducerSpec, TestDir, channel, event};
+use ckf_e2e::cluster::{self, Producer, ProducerSpec, TestDir, batch, channel, event};
 use ckf_e2e::metrics;
 use ckf_e2e::wait::eventually;
 use ckf_proto::v1::{self, ingest_client::IngestClient, kv_event::Kind};
@@ -37,30 +37,11 @@ async fn client(p: &Producer) -> IngestClient<tonic::transport::Channel> {
 }
 
 fn stored(worker: u64, hashes: Vec<u64>) -> v1::KvEvent {
-    event(
-        worker,
-        Kind::Stored(v1::Stored {
-            block_hashes: hashes,
-            parent_hash: None,
-        }),
-    )
+    event(worker, cluster::stored(&hashes))
 }
 
 fn removed(worker: u64, hashes: Vec<u64>) -> v1::KvEvent {
-    event(
-        worker,
-        Kind::Removed(v1::Removed {
-            block_hashes: hashes,
-        }),
-    )
-}
-
-fn batch(source: &str, sequence: u64, events: Vec<v1::KvEvent>) -> v1::KvEventBatch {
-    v1::KvEventBatch {
-        source_id: source.into(),
-        sequence,
-        events,
-    }
+    event(worker, cluster::removed(&hashes))
 }
 
 /// Distinct, well-spread block hashes `[from, from + n)` of one test.

@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use ckf_e2e::check::wait_converged;
 use ckf_e2e::cluster::{
-    Indexer, IndexerSpec, Producer, ProducerSpec, TestDir, channel, format, is_active,
+    Indexer, IndexerSpec, Producer, ProducerSpec, TestDir, batch, channel, format, is_active,
+    rank_event, stored,
 };
 use ckf_e2e::hashes::HashPool;
 use ckf_e2e::wait::{DEADLINE, eventually};
@@ -21,31 +22,6 @@ use ckf_proto::v1::{self, ingest_client::IngestClient, kv_event::Kind};
 const RANKS: u32 = 100_000;
 /// Distinct blocks the ranks share (the test table holds 4,096 slots).
 const SHARED: usize = 1_000;
-
-fn rank_event(worker: u64, dp_rank: u32, kind: Kind) -> v1::KvEvent {
-    v1::KvEvent {
-        member: Some(v1::MemberId {
-            worker_id: worker,
-            dp_rank,
-        }),
-        kind: Some(kind),
-    }
-}
-
-fn stored(hashes: Vec<u64>) -> Kind {
-    Kind::Stored(v1::Stored {
-        block_hashes: hashes,
-        parent_hash: None,
-    })
-}
-
-fn batch(source: &str, sequence: u64, events: Vec<v1::KvEvent>) -> v1::KvEventBatch {
-    v1::KvEventBatch {
-        source_id: source.into(),
-        sequence,
-        events,
-    }
-}
 
 fn all_applied(r: &v1::KvEventBatchResult) -> bool {
     r.refused.is_none()
@@ -83,7 +59,7 @@ async fn a_worker_of_many_ranks_is_removed_while_the_pool_keeps_flowing() {
         sequence += 1;
         let events = chunk
             .iter()
-            .map(|&r| rank_event(1, r, stored(vec![shared[r as usize % SHARED]])))
+            .map(|&r| rank_event(1, r, stored(&[shared[r as usize % SHARED]])))
             .collect();
         let r = greedy
             .publish_batch(batch("greedy", sequence, events))
@@ -98,7 +74,7 @@ async fn a_worker_of_many_ranks_is_removed_while_the_pool_keeps_flowing() {
         .publish_batch(batch(
             "greedy",
             sequence,
-            vec![rank_event(1, RANKS, stored(pool.take(1)))],
+            vec![rank_event(1, RANKS, stored(&pool.take(1)))],
         ))
         .await
         .expect("PublishBatch")
@@ -144,7 +120,7 @@ async fn a_worker_of_many_ranks_is_removed_while_the_pool_keeps_flowing() {
                     .publish_batch(batch(
                         "polite",
                         i as u64 + 1,
-                        vec![rank_event(3, 0, stored(vec![h]))],
+                        vec![rank_event(3, 0, stored(&[h]))],
                     ))
                     .await
                     .expect("PublishBatch of the other source")
