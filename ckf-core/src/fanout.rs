@@ -21,6 +21,12 @@
 //!   or closed, or whose publisher refuses a delta, is fenced ([`FenceReason::UncertainDelivery`])
 //!   and its sink dropped; whoever reads the sink sees it closed and re-attaches with a new lease
 //!   and a new barrier snapshot.
+//! * **Backed up.** A sink more than half full is [`FrameSink::backed_up`]: its reader is
+//!   falling behind. [`Fanout::backed_up`] says whether any streaming attachment's sink is, so
+//!   the caller can cut batches less often while it is (the changes coalesce in the pending
+//!   batch instead of filling the queue) and a reader that stalls for a moment is not fenced.
+//!   The fan-out itself never holds a batch back: a batch handed to [`Fanout::publish`] goes
+//!   out at once, and a sink that is full still fences.
 //! * **Drain.** [`Fanout::drain`] queues the exact drain marker on every streaming attachment,
 //!   fences them all ([`FenceReason::Shutdown`]) and refuses later attaches.
 //!
@@ -71,6 +77,12 @@ pub trait FrameSink {
     /// # Errors
     /// [`SinkError::Full`] or [`SinkError::Closed`]; the frame is dropped.
     fn try_send(&mut self, frame: Outbound) -> Result<(), SinkError>;
+
+    /// Whether more than half of the queue is taken: the reader is falling behind. The
+    /// default, for a sink that cannot tell, is `false`.
+    fn backed_up(&self) -> bool {
+        false
+    }
 }
 
 /// Size limits of one attachment's frames (from the lease grant and the producer's own limit).
@@ -221,6 +233,24 @@ impl<S: FrameSink> Fanout<S> {
     /// Attachments with an open sink.
     pub fn attached(&self) -> usize {
         self.attachments.iter().filter(|a| a.sink.is_some()).count()
+    }
+
+    /// Attachment `index`'s open sink, if it is attached (e.g. to read how full its queue is).
+    ///
+    /// # Panics
+    /// When `index >= len()`.
+    pub fn sink(&self, index: usize) -> Option<&S> {
+        self.attachments[index].sink.as_ref()
+    }
+
+    /// Whether any streaming attachment's sink is [backed up](FrameSink::backed_up): its
+    /// reader is falling behind (see the module docs). An attachment still waiting for its
+    /// snapshot does not count.
+    pub fn backed_up(&self) -> bool {
+        self.attachments.iter().any(|a| {
+            a.publisher.state() == PublisherState::Streaming
+                && a.sink.as_ref().is_some_and(FrameSink::backed_up)
+        })
     }
 
     /// Attaches `index` under `lease`: drops its previous sink, installs the lease, drains the

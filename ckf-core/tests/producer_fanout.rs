@@ -1,5 +1,5 @@
 //! `Fanout`: the barrier across attachments, fencing on a full or closed sink, stale detaches,
-//! delta splitting, drain markers; and a proptest replaying every attachment's frames against
+//! backed-up sinks, delta splitting, drain markers; and a proptest replaying every attachment's frames against
 //! the producer's table.
 
 use std::cell::RefCell;
@@ -54,6 +54,11 @@ impl FrameSink for TestSink {
         }
         q.frames.push_back((frame, None));
         Ok(())
+    }
+
+    fn backed_up(&self) -> bool {
+        let q = self.0.borrow();
+        q.frames.len() * 2 > q.capacity
     }
 }
 
@@ -209,6 +214,54 @@ fn a_full_queue_fences_only_that_attachment_and_stale_detaches_are_ignored() {
         r.result,
         Err(AttachRefused::Publisher(PublishError::StaleLease { .. }))
     ));
+}
+
+#[test]
+fn the_fanout_is_backed_up_while_a_streaming_sink_is_more_than_half_full() {
+    let (mut state, mut fanout) = setup(64, 3);
+    let qa = queue(4);
+    let qb = queue(64);
+    fanout
+        .attach(&mut state, 0, lease(1), WIDE, TestSink(qa.clone()))
+        .result
+        .unwrap();
+    fanout
+        .attach(&mut state, 1, lease(2), WIDE, TestSink(qb.clone()))
+        .result
+        .unwrap();
+    // Attachment 2 never attaches: no sink, never backed up.
+    assert!(pop(&qa).is_some() && pop(&qb).is_some());
+    assert!(!fanout.backed_up());
+    let mut batch = 0u64;
+    let mut publish = |state: &mut DcCkfState, fanout: &mut Fanout<TestSink>| {
+        batch += 1;
+        state.store(MemberId::new(batch, 0), &[200 + batch]);
+        let report = fanout.publish(state).expect("a batch");
+        assert!(report.fenced.is_empty(), "{report:?}");
+    };
+    // Half of A's 4 slots taken: not yet backed up.
+    publish(&mut state, &mut fanout);
+    publish(&mut state, &mut fanout);
+    assert!(!fanout.backed_up());
+    // More than half: backed up (B, with room, does not matter).
+    publish(&mut state, &mut fanout);
+    assert!(fanout.backed_up());
+    assert!(fanout.sink(0).is_some_and(FrameSink::backed_up));
+    assert!(fanout.sink(1).is_some_and(|s| !s.backed_up()));
+    assert!(fanout.sink(2).is_none());
+    // The reader catches up: no longer backed up.
+    assert!(pop(&qa).is_some());
+    assert!(!fanout.backed_up());
+    // Backed up again, then fenced by a full queue: a fenced attachment does not count.
+    publish(&mut state, &mut fanout);
+    assert!(fanout.backed_up());
+    publish(&mut state, &mut fanout);
+    batch += 1;
+    state.store(MemberId::new(batch, 0), &[200 + batch]);
+    let report = fanout.publish(&mut state).expect("a batch");
+    assert_eq!(report.fenced.len(), 1);
+    assert!(!fanout.is_attached(0));
+    assert!(!fanout.backed_up());
 }
 
 #[test]

@@ -18,9 +18,23 @@
 //! coalesce into one batch, bounded by the threshold and the delay; an idle producer publishes
 //! a change at once. A batch is still only sampled between complete commands (design source,
 //! "Publication protocol"). With [`Cadence::cut_when_idle`] off the actor waits for the
-//! threshold or the delay only. On shutdown the actor closes its channel, finishes
-//! the commands already queued, cuts the pending tail, and queues the exact drain marker on
-//! every attachment ([`Fanout::drain`](ckf_core::fanout::Fanout::drain)).
+//! threshold or the delay only.
+//!
+//! While an indexer's attachment queue is backed up (more than half full: its reader is
+//! falling behind, [`Fanout::backed_up`](ckf_core::fanout::Fanout::backed_up)), consecutive
+//! cuts are at least [`Cadence::backed_up_interval`] apart ([`hold_until`]). A cut due earlier
+//! (threshold, idle or max delay) is held: the changes keep coalescing in the pending batch,
+//! and the max-delay deadline is re-armed to the end of the interval, so the held batch is cut
+//! then even if no command comes. A barrier or shutdown cut is never held. So a stalled
+//! reader's queue gains at most one entry per interval once it is half full, whatever the
+//! publication rate: the free half of the default queue (512 entries, ~50 s at 100 ms)
+//! outlasts any heartbeat deadline, and a stall shorter than the deadline does not fence the
+//! attachment. An indexer keeping up sees at most one interval more delay while another one is
+//! backed up. Held batches are counted in `ckf_producer_cuts_held_total`.
+//!
+//! On shutdown the actor closes its channel, finishes the commands already queued, cuts the
+//! pending tail, and queues the exact drain marker on every attachment
+//! ([`Fanout::drain`](ckf_core::fanout::Fanout::drain)).
 //!
 //! Long work is cut into slices so no client waits long: a member's clear or a worker's
 //! removal is exact at once and swept one slice (`DcCkfState::release_step`) after each
@@ -201,6 +215,28 @@ pub struct Cadence {
     /// Cut a batch as soon as the command queue is empty after a command (Nagle off). `false`
     /// keeps the timer cadence: only the threshold or `max_delay` cut.
     pub cut_when_idle: bool,
+    /// While an attachment queue is backed up, consecutive cuts are at least this far apart
+    /// ([`hold_until`]); zero turns the rule off. The service uses [`BACKED_UP_INTERVAL`].
+    pub backed_up_interval: Duration,
+}
+
+/// The default [`Cadence::backed_up_interval`]: a backed-up queue gains at most ten entries a
+/// second, so the free half of the default 1,024-entry queue lasts about 50 s.
+pub const BACKED_UP_INTERVAL: Duration = Duration::from_millis(100);
+
+/// The backed-up rule: when a cut is due at `now`, whether it is held, and until when.
+///
+/// While `backed_up` (an attachment queue is more than half full), a cut earlier than
+/// `last_cut + interval` is held until then; otherwise (or with no cut yet) it happens now
+/// (`None`).
+pub fn hold_until(
+    now: Instant,
+    last_cut: Option<Instant>,
+    backed_up: bool,
+    interval: Duration,
+) -> Option<Instant> {
+    let until = last_cut? + interval;
+    (backed_up && now < until).then_some(until)
 }
 
 /// Why a publication batch was cut (`ckf_producer_batches_cut_total{reason}`).
@@ -263,8 +299,13 @@ pub struct Actor {
     sources: SourceSequences,
     metrics: Metrics,
     cadence: Cadence,
-    /// When the pending dirty buckets must be cut at the latest.
+    /// When the pending dirty buckets must be cut at the latest (or, while a cut is held, when
+    /// it may be cut).
     deadline: Option<Instant>,
+    /// When the last batch was queued for the attachments (the backed-up rule's reference).
+    last_cut: Option<Instant>,
+    /// A cut of the pending batch was held by the backed-up rule (counted once per batch).
+    held: bool,
     /// When the first command that left buckets dirty since the last cut finished (the start of
     /// the publish delay, `ckf_producer_publish_delay_seconds`).
     first_dirty: Option<Instant>,
@@ -300,6 +341,8 @@ impl Actor {
             metrics,
             cadence,
             deadline: None,
+            last_cut: None,
+            held: false,
             first_dirty: None,
             trim: crate::trim::Trim::default(),
             journal: None,
@@ -354,7 +397,7 @@ impl Actor {
                 },
                 () = std::future::ready(()), if slicing => self.slices(),
                 () = sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => {
-                    self.publish(CutReason::MaxDelay);
+                    self.cut(CutReason::MaxDelay);
                 }
                 _ = gauges.tick() => self.refresh_gauges(),
             }
@@ -496,9 +539,12 @@ impl Actor {
                 );
                 if let Some(barrier) = &report.barrier {
                     self.record(barrier, CutReason::Barrier);
+                    self.last_cut = Some(Instant::now());
                 }
                 self.deadline = None;
                 self.first_dirty = None;
+                self.held = false;
+                self.refresh_queue_depths();
                 let _ = reply.send(report.result);
             }
             Command::Detach {
@@ -661,6 +707,7 @@ impl Actor {
         if pending == 0 {
             self.deadline = None;
             self.first_dirty = None;
+            self.held = false;
             return;
         }
         let now = Instant::now();
@@ -669,7 +716,28 @@ impl Actor {
             self.first_dirty = Some(now);
         }
         if let Some(reason) = self.cut_reason(pending, queue_empty, now) {
-            self.timed("publish", |actor| actor.publish(reason));
+            self.cut(reason);
+        }
+    }
+
+    /// A cut that is due for `reason` (threshold, idle, max delay): the batch is cut now, or
+    /// held by the backed-up rule ([`hold_until`]), the deadline then re-armed to when it may be
+    /// cut. Barrier and shutdown cuts do not come here: they are never held.
+    fn cut(&mut self, reason: CutReason) {
+        let hold = hold_until(
+            Instant::now(),
+            self.last_cut,
+            self.fanout.backed_up(),
+            self.cadence.backed_up_interval,
+        );
+        match hold {
+            Some(until) => {
+                if !std::mem::replace(&mut self.held, true) {
+                    self.metrics.cuts_held.inc();
+                }
+                self.deadline = Some(until);
+            }
+            None => self.timed("publish", |actor| actor.publish(reason)),
         }
     }
 
@@ -691,8 +759,10 @@ impl Actor {
 
     fn publish(&mut self, reason: CutReason) {
         self.deadline = None;
+        self.held = false;
         let first_dirty = self.first_dirty.take();
         if let Some(report) = self.fanout.publish(&mut self.state) {
+            self.last_cut = Some(Instant::now());
             if let Some(first) = first_dirty {
                 self.metrics
                     .publish_delay_seconds
@@ -733,7 +803,20 @@ impl Actor {
         stats
     }
 
+    /// `ckf_producer_attachment_queue_depth`: entries queued toward each indexer (0 while it
+    /// is not attached).
+    fn refresh_queue_depths(&self) {
+        for (index, indexer) in self.endpoints.iter().enumerate() {
+            let depth = self.fanout.sink(index).map_or(0, AttachmentQueue::depth);
+            self.metrics
+                .attachment_queue_depth
+                .with_label_values(&[indexer])
+                .set(i64::try_from(depth).unwrap_or(i64::MAX));
+        }
+    }
+
     fn refresh_gauges(&mut self) {
+        self.refresh_queue_depths();
         if let Some(journal) = &self.journal {
             self.metrics.journal.observe(&journal.stats());
         }
@@ -803,9 +886,14 @@ mod tests {
 
     /// An actor with one attachment that already took its barrier snapshot (so it streams).
     fn rig(cadence: Cadence) -> Rig {
+        rig_with_queue(cadence, 64)
+    }
+
+    /// [`rig`] with an attachment queue of `capacity` entries.
+    fn rig_with_queue(cadence: Cadence, capacity: usize) -> Rig {
         let metrics = Metrics::new();
         let mut actor = test_actor(vec!["indexer".into()], metrics.clone(), cadence);
-        let (tx, mut frames) = mpsc::channel(64);
+        let (tx, mut frames) = mpsc::channel(capacity);
         let (reply, mut answer) = oneshot::channel();
         actor.handle(Command::Attach {
             endpoint: 0,
@@ -838,6 +926,7 @@ mod tests {
             batch_threshold,
             max_delay,
             cut_when_idle,
+            backed_up_interval: BACKED_UP_INTERVAL,
         }
     }
 
@@ -1041,5 +1130,121 @@ mod tests {
         actor.cadence.cut_when_idle = false;
         assert_eq!(actor.cut_reason(7, true, now), None);
         assert_eq!(actor.cut_reason(7, true, later), Some(CutReason::MaxDelay));
+    }
+
+    #[test]
+    fn a_cut_is_held_only_while_backed_up_and_inside_the_interval() {
+        let interval = Duration::from_millis(100);
+        let last = Instant::now();
+        let soon = last + Duration::from_millis(30);
+        let until = last + interval;
+        assert_eq!(hold_until(soon, Some(last), true, interval), Some(until));
+        // Not backed up, no cut yet, or the interval over: cut now.
+        assert_eq!(hold_until(soon, Some(last), false, interval), None);
+        assert_eq!(hold_until(soon, None, true, interval), None);
+        assert_eq!(hold_until(until, Some(last), true, interval), None);
+        // A zero interval turns the rule off.
+        assert_eq!(hold_until(last, Some(last), true, Duration::ZERO), None);
+    }
+
+    /// `commands` commands one at a time (each would be cut on its own), `pace` of paused clock
+    /// apart, toward an attachment whose reader does not read: the cuts are held, the queue
+    /// never fills, the attachment is not fenced; once the reader drains, the held changes
+    /// arrive and the queued deltas rebuild the producer's table.
+    ///
+    /// The queue holds 32 entries; the flow lasts `commands * pace`, at most 1 s: with the
+    /// rule, 16 entries and then one per 100 ms. Without it every command is cut (idle, or the
+    /// 5 ms timer when `pace` is longer than that), far more than the queue holds.
+    async fn a_reader_that_stops_reading_is_not_fenced(
+        cut_when_idle: bool,
+        commands: u64,
+        pace: Duration,
+    ) {
+        const CAPACITY: usize = 32;
+        let Rig {
+            actor,
+            metrics,
+            mut frames,
+            snapshot,
+        } = rig_with_queue(
+            cadence(1 << 20, Duration::from_millis(5), cut_when_idle),
+            CAPACITY,
+        );
+        let (tx, rx) = mpsc::channel(64);
+        let handle = ActorHandle::new(tx);
+        let (shutdown, task) = start(actor, rx);
+        // The table the snapshot carried (nothing stored yet).
+        let mut table = handle
+            .ask(|reply| Command::Table { reply })
+            .await
+            .expect("actor running");
+        for sequence in 0..commands {
+            let (command, answer) = store(sequence);
+            handle.tell(command).await.expect("actor running");
+            assert!(answer.await.expect("answered").check.applies());
+            settle(&handle).await;
+            tokio::time::sleep(pace).await;
+            assert!(!frames.is_closed(), "fenced after command {sequence}");
+            assert!(frames.len() < CAPACITY, "the queue filled");
+        }
+        assert!(metrics.cuts_held.get() > 0);
+        let depth = metrics
+            .attachment_queue_depth
+            .with_label_values(&["indexer"])
+            .get();
+        assert!(depth > (CAPACITY / 2) as i64, "depth {depth}");
+        // The reader drains the queue; the held batch is cut at the end of its interval.
+        let mut deltas = Vec::new();
+        let mut drain = |frames: &mut mpsc::Receiver<Outbound>| {
+            while let Ok(frame) = frames.try_recv() {
+                match frame {
+                    Outbound::Deltas(d, _) => deltas.extend(d),
+                    other => panic!("unexpected frame {other:?}"),
+                }
+            }
+        };
+        drain(&mut frames);
+        tokio::time::sleep(BACKED_UP_INTERVAL * 2).await;
+        settle(&handle).await;
+        drain(&mut frames);
+        assert!(!frames.is_closed(), "fenced");
+        // Consecutive sequences from the snapshot on, and they rebuild the producer's table.
+        let mut sequence = snapshot;
+        for delta in &deltas {
+            assert_eq!(delta.base_sequence, sequence);
+            sequence = delta.sequence;
+            for image in &delta.images {
+                table[image.bucket as usize] = image.image;
+            }
+        }
+        // Far fewer deltas than commands: the held changes coalesced.
+        assert!(
+            deltas.len() < commands as usize / 2,
+            "{} deltas",
+            deltas.len()
+        );
+        let producer = handle
+            .ask(|reply| Command::Table { reply })
+            .await
+            .expect("actor running");
+        assert_eq!(table, producer);
+        let (stats, _) = handle
+            .ask(|reply| Command::Stats { reply })
+            .await
+            .expect("actor running");
+        assert_eq!(stats.unique_blocks as u64, 4 * commands);
+        shutdown.trigger();
+        task.await.expect("actor stops");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn idle_cuts_are_held_while_the_queue_is_backed_up() {
+        a_reader_that_stops_reading_is_not_fenced(true, 300, Duration::from_millis(1)).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn timer_cuts_are_held_while_the_queue_is_backed_up() {
+        // Commands farther apart than the delay: the timer branch cuts (and holds) each batch.
+        a_reader_that_stops_reading_is_not_fenced(false, 100, Duration::from_millis(10)).await;
     }
 }

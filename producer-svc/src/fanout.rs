@@ -6,6 +6,10 @@
 //! [`FrameSink`] trait. When the fan-out fences an attachment it drops the [`AttachmentQueue`],
 //! which closes the channel: the relay-client task sees `recv() == None`, reconnects and gets a
 //! new lease and a new barrier snapshot.
+//!
+//! A queue more than half full is [backed up](AttachmentQueue::backed_up): while one is, the
+//! state actor cuts batches less often (`crate::actor`, "Cadence"), so a reader that stalls
+//! for less than its heartbeat deadline finds its queue still open.
 
 use ckf_core::fanout::{FrameSink, Outbound, SinkError};
 use tokio::sync::mpsc;
@@ -18,12 +22,24 @@ pub type Fanout = ckf_core::fanout::Fanout<AttachmentQueue>;
 #[derive(Debug)]
 pub struct AttachmentQueue(pub mpsc::Sender<Outbound>);
 
+impl AttachmentQueue {
+    /// Entries queued and not yet taken by the attachment's task.
+    pub fn depth(&self) -> usize {
+        self.0.max_capacity() - self.0.capacity()
+    }
+}
+
 impl FrameSink for AttachmentQueue {
     fn try_send(&mut self, frame: Outbound) -> Result<(), SinkError> {
         self.0.try_send(frame).map_err(|e| match e {
             TrySendError::Full(_) => SinkError::Full,
             TrySendError::Closed(_) => SinkError::Closed,
         })
+    }
+
+    /// More than half of the channel's slots are taken.
+    fn backed_up(&self) -> bool {
+        self.depth() * 2 > self.0.max_capacity()
     }
 }
 
@@ -45,6 +61,22 @@ mod tests {
             },
             sequence: 0,
         })
+    }
+
+    #[test]
+    fn the_queue_is_backed_up_past_half_of_its_slots() {
+        let (tx, mut rx) = mpsc::channel(4);
+        let mut queue = AttachmentQueue(tx);
+        assert!(!queue.backed_up());
+        for depth in 1..=4 {
+            queue.try_send(marker()).expect("room");
+            assert_eq!(queue.depth(), depth);
+            assert_eq!(queue.backed_up(), depth > 2, "depth {depth}");
+        }
+        assert!(rx.try_recv().is_ok());
+        assert!(rx.try_recv().is_ok());
+        assert_eq!(queue.depth(), 2);
+        assert!(!queue.backed_up());
     }
 
     #[test]

@@ -283,6 +283,7 @@ pub async fn serve(
             batch_threshold: config.publication.batch_threshold as usize,
             max_delay: config.max_delay(),
             cut_when_idle: config.publication.cut_when_idle,
+            backed_up_interval: actor::BACKED_UP_INTERVAL,
         };
         let filters = ckf_engine::filters::EngineFilters {
             block_size: config.block_size,

@@ -119,6 +119,12 @@ pub struct Metrics {
     /// Publication batches cut, by `reason` (`idle`, `threshold`, `max_delay`, `barrier`,
     /// `shutdown`: `crate::actor::CutReason`).
     pub batches_cut: IntCounterVec,
+    /// Batches whose due cut was postponed because an attachment queue was backed up (more
+    /// than half full; counted once per batch): `crate::actor`, "Cadence".
+    pub cuts_held: IntCounter,
+    /// Entries (batches, snapshots, drain markers) queued toward each indexer and not yet
+    /// taken by its relay task, by `indexer` (0 while it is not attached).
+    pub attachment_queue_depth: IntGaugeVec,
     /// Seconds from the end of the command that first left a bucket dirty to the batch being
     /// queued for the relay clients: the delay the publication cadence adds.
     pub publish_delay_seconds: Histogram,
@@ -318,6 +324,17 @@ impl Metrics {
                 "Publication batches cut from the dirty buckets.",
             ),
             batches_cut,
+            cuts_held: counter(
+                &r,
+                "ckf_producer_cuts_held_total",
+                "Publication batches whose due cut was postponed because an indexer's attachment queue was more than half full (counted once per batch).",
+            ),
+            attachment_queue_depth: int_gauge_vec(
+                &r,
+                "ckf_producer_attachment_queue_depth",
+                "Entries queued toward the indexer's relay task and not yet taken (publication.attachment_queue at most), by indexer.",
+                &["indexer"],
+            ),
             publish_delay_seconds,
             batch_images,
             actor_command_seconds,

@@ -11,7 +11,10 @@
 //!
 //! - Ingest `Publish` (1-hash batches), the producer stopped;
 //! - `FindMatchesStream` (4-hash queries), the indexer stopped;
-//! - Relay: the producer publishes a delta per batch of that flow, the indexer is stopped.
+//! - Relay: the producer publishes a delta per batch of that flow, the indexer is stopped. The
+//!   producer runs its default attachment queue (1,024 batches, fewer than a stall's worth at
+//!   this rate): once the queue is half full it cuts at most one batch per 100 ms, the flow's
+//!   changes coalescing meanwhile, so the queue never fills and the attachment is not fenced.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -190,15 +193,17 @@ fn indexer_spec() -> IndexerSpec {
     }
 }
 
-/// A producer of dc-a whose attachment queue holds a whole stall's deltas (the flow's rate
-/// times the longest stall, with room to spare): a queue that overflows fences the attachment
-/// on purpose, which is not what these tests are about.
+/// A producer of dc-a with the default publication settings: its attachment queue (1,024
+/// batches) holds less than the flow's rate times a stall, so the Relay stream survives the
+/// indexer's stalls only because the producer cuts less often while the queue is more than
+/// half full.
 fn start_producer(dir: &TestDir, indexer: &Indexer) -> Producer {
-    let spec = ProducerSpec {
-        args: vec!["--attachment-queue".into(), "16384".into()],
-        ..ProducerSpec::new("dc-a")
-    };
-    Producer::start(dir, "producer-a", &spec, &[indexer.url()])
+    Producer::start(
+        dir,
+        "producer-a",
+        &ProducerSpec::new("dc-a"),
+        &[indexer.url()],
+    )
 }
 
 /// `indexer`'s lane of dc-a: active, never retired, still under `lease_epoch`.

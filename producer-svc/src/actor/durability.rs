@@ -717,6 +717,7 @@ mod restore_tests {
                 batch_threshold: 64,
                 max_delay: Duration::from_millis(5),
                 cut_when_idle: true,
+                backed_up_interval: crate::actor::BACKED_UP_INTERVAL,
             },
         )
     }
