@@ -359,3 +359,29 @@ async fn a_producer_stall_past_the_deadline_retires_the_lane_as_heartbeat_timeou
     assert!(back.lease_epoch > first.lease_epoch, "{back:?}");
     assert_eq!(back.retirements, 1, "{back:?}");
 }
+
+/// The indexer itself stopped past the heartbeat deadline, its producer alive and sending
+/// (heartbeats and a batch, queued in the connection meanwhile): the indexer does not count
+/// its own stall as the producer's silence, so the lane is kept and takes the batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_indexer_stall_past_the_deadline_keeps_the_lane_of_a_live_producer() {
+    let dir = TestDir::new("indexer-stall-past-deadline");
+    let indexer = Indexer::start(&dir, &indexer_spec());
+    let mut producer = start_producer(&dir, &indexer);
+    let first = wait_converged(&indexer, &producer).await;
+    let hashes = HashPool::new(&format(), 15).take(8);
+
+    indexer.signal(libc::SIGSTOP);
+    tokio::time::sleep(Duration::from_millis(HEARTBEAT_DEADLINE_MS / 2)).await;
+    producer.store(WORKER, &hashes).await;
+    tokio::time::sleep(Duration::from_millis(HEARTBEAT_DEADLINE_MS)).await;
+    indexer.signal(libc::SIGCONT);
+
+    wait_converged(&indexer, &producer).await;
+    let lane = indexer.lane("dc-a").await.expect("ListLanes");
+    assert!(
+        lane.retirements == 0 && lane.lease_epoch == first.lease_epoch,
+        "the lane was retired or re-leased after the indexer's own stall: {lane:?}\nindexer log:\n{}",
+        indexer.log()
+    );
+}
