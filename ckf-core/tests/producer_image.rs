@@ -293,7 +293,7 @@ fn sliced_state(reserve: u64, quotas: Quotas) -> DcCkfState {
 #[derive(Debug)]
 enum Logged {
     Op(Op),
-    Charges(Vec<(MemberId, String)>),
+    Charges(Vec<(String, Vec<MemberId>)>),
 }
 
 /// Runs `ops` on `live`, a release step after each (as the producer's actor does), and logs

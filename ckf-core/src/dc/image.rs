@@ -260,29 +260,36 @@ impl DcCkfState {
         (charge != 0).then(|| self.members.charges.peek(charge).id.to_string())
     }
 
-    /// Every charged member and its source, sorted by member: what
-    /// [`restore_charges`](Self::restore_charges) sets again.
-    pub fn charge_image(&self) -> Vec<(MemberId, String)> {
-        let mut charges: Vec<(MemberId, String)> = self
-            .members
-            .index
-            .keys()
-            .filter_map(|&member| Some((member, self.charged_to(member)?)))
-            .collect();
-        charges.sort_unstable_by_key(|(member, _)| *member);
+    /// Every source and the members charged to it (sources sorted, each one's members
+    /// sorted): what [`restore_charges`](Self::restore_charges) sets again. A source is
+    /// named once, so the image stays small however many members it holds.
+    pub fn charge_image(&self) -> Vec<(String, Vec<MemberId>)> {
+        let mut by_source: HashMap<String, Vec<MemberId>> = HashMap::new();
+        for &member in self.members.index.keys() {
+            if let Some(source) = self.charged_to(member) {
+                by_source.entry(source).or_default().push(member);
+            }
+        }
+        let mut charges: Vec<(String, Vec<MemberId>)> = by_source.into_iter().collect();
+        charges.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        for (_, members) in &mut charges {
+            members.sort_unstable();
+        }
         charges
     }
 
     /// Makes `charges` the members' charges: every tracked member is uncharged, then each
     /// listed member that owns blocks is charged to its source (a member listed twice keeps
     /// the first). Sources' holdings follow. O(members).
-    pub fn restore_charges(&mut self, charges: &[(MemberId, String)]) {
+    pub fn restore_charges(&mut self, charges: &[(String, Vec<MemberId>)]) {
         let tags: Vec<Tag> = self.members.index.values().copied().collect();
         for tag in tags {
             self.members.uncharge(tag);
         }
-        for (member, source) in charges {
-            self.charge_if_uncharged(*member, source);
+        for (source, members) in charges {
+            for &member in members {
+                self.charge_if_uncharged(member, source);
+            }
         }
     }
 }

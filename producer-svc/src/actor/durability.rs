@@ -135,7 +135,7 @@ enum LogRecordRef<'a> {
         reason: ClearRecord,
     },
     /// Every charged member's source where a checkpoint's capture ended (see the module docs).
-    Charges(&'a [(MemberId, String)]),
+    Charges(&'a [(String, Vec<MemberId>)]),
 }
 
 /// A log record as read back.
@@ -156,7 +156,7 @@ enum LogRecord {
         reason: ClearRecord,
     },
     /// Added at the end (a build before it refuses a journal holding one as undecodable).
-    Charges(Vec<(MemberId, String)>),
+    Charges(Vec<(String, Vec<MemberId>)>),
 }
 
 /// One piece of a checkpoint.
