@@ -24,7 +24,8 @@
 //!   moment of the capture), which replaying the log from the capture's start makes exact:
 //!   every ownership change is a set operation on one edge (`ckf_core::dc::image`, "An image
 //!   in slices"). Charges are not, so the capture's last slice logs every member's charge (a
-//!   `Charges` record) and replay sets them there.
+//!   `Charges` record) and replay sets them there; a capture during which nothing was logged
+//!   (a shutdown's) is exact as it stands and logs none.
 //!
 //! Both are encoded with postcard (serde); a record that passes its CRC but does not decode
 //! is refused like a damaged file.
@@ -243,6 +244,8 @@ pub(super) struct CheckpointCapture {
     deliver: std::sync::mpsc::SyncSender<Capture>,
     /// The longest step so far (the copies at the start, then each slice).
     longest_step: std::time::Duration,
+    /// Whether a record was logged since the capture began.
+    logged: std::cell::Cell<bool>,
 }
 
 impl Capture {
@@ -316,6 +319,9 @@ impl Actor {
     fn log(&self, record: &LogRecordRef<'_>) {
         if let Some(journal) = &self.journal {
             journal.append(encode(record));
+            if let Some(checkpoint) = &self.checkpoint {
+                checkpoint.logged.set(true);
+            }
         }
     }
 
@@ -414,6 +420,7 @@ impl Actor {
             rest,
             deliver,
             longest_step: started.elapsed(),
+            logged: std::cell::Cell::new(false),
         });
     }
 
@@ -442,8 +449,12 @@ impl Actor {
             self.checkpoint = Some(checkpoint);
             return;
         }
-        let charges = self.state.charge_image();
-        self.log(&LogRecordRef::Charges(&charges));
+        // With nothing logged since the capture began, the image is exact and charged as of
+        // now: no record needed (a clean shutdown's final checkpoint has no log after it).
+        if checkpoint.logged.get() {
+            let charges = self.state.charge_image();
+            self.log(&LogRecordRef::Charges(&charges));
+        }
         let CheckpointCapture {
             ownership,
             mut rest,
