@@ -439,12 +439,13 @@ impl GlobalCkfIndexer {
         self.lane(lane).ok()?.check_deadline(self.shared(), now)
     }
 
-    /// Tells `lane` that this consumer did not run for `stalled` up to `now` (see
-    /// [`crate::ingestion`], "Deadlines"): the producer's silence during it is not counted
+    /// `lane`'s ingestion worker runs at `now` (see [`crate::ingestion`], "Deadlines"): a gap
+    /// since it last ran longer than [`STALL_EXCUSED_AFTER`](crate::lane::STALL_EXCUSED_AFTER)
+    /// is this consumer's own stall, and the producer's silence during it is not counted
     /// against the heartbeat deadline or the drain grace.
-    pub fn excuse_stall(&self, lane: LaneIndex, stalled: std::time::Duration, now: Instant) {
+    pub fn note_worker_ran(&self, lane: LaneIndex, now: Instant) {
         if let Ok(mut l) = self.lane(lane) {
-            l.excuse(stalled, now);
+            l.note_worker_ran(now);
         }
     }
 

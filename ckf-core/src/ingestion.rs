@@ -10,12 +10,15 @@
 //!   lease, that lane alone is retired ([`RetireReason::Saturated`]): its stream has lost a frame.
 //! * **Deadlines.** Each worker wakes at least every `tick` to enforce the heartbeat deadline of
 //!   its lane ([`LagPolicy::heartbeat_deadline`]); the dirty-to-applied deadline is checked per
-//!   delta using the time the frame spent in the queue. A check that comes more than
-//!   [`STALL_EXCUSED_AFTER`] late means this process did not run (stopped, frozen host) or the
-//!   worker was busy: the lane's producer is not blamed for that time
-//!   ([`GlobalCkfIndexer::excuse_stall`]), so its heartbeats, queued in the connection
-//!   meanwhile, arrive before its deadline does. A producer that stays silent afterwards is
-//!   still retired one deadline later.
+//!   delta using the time the frame spent in the queue. Each time a worker runs it tells its
+//!   lane ([`GlobalCkfIndexer::note_worker_ran`]); a lane whose worker has not run for more
+//!   than [`STALL_EXCUSED_AFTER`] (this process was stopped, its host froze, or the worker was
+//!   busy) does not blame its producer for that time, in the worker's check or in any other
+//!   (an attach decided first after the stall), so the producer's heartbeats, queued in the
+//!   connection meanwhile, arrive before its deadline does. A producer that stays silent
+//!   afterwards is still retired one deadline later.
+//!
+//! [`STALL_EXCUSED_AFTER`]: crate::lane::STALL_EXCUSED_AFTER
 //! * **Replies.** Every submitted frame gets exactly one [`IngestOutcome`] on the reply sender the
 //!   caller supplied (use `recv_async` from async code). Asynchronous retirements (deadlines) are
 //!   published as [`LaneEvent`]s to [`IngestionWorkers::subscribe`]rs.
@@ -221,10 +224,6 @@ impl Drop for IngestionWorkers {
     }
 }
 
-/// How late a worker's deadline check may come before the delay counts as this consumer's own
-/// stall, not the producer's silence (a tick is at most 100 ms).
-pub const STALL_EXCUSED_AFTER: Duration = Duration::from_millis(250);
-
 fn worker(
     indexer: Arc<GlobalCkfIndexer>,
     lane: LaneIndex,
@@ -244,11 +243,8 @@ fn worker(
             Err(flume::RecvTimeoutError::Disconnected) => return,
         }
         let now = Instant::now();
+        indexer.note_worker_ran(lane, now);
         if now >= next_check {
-            let late = now - next_check;
-            if late > STALL_EXCUSED_AFTER {
-                indexer.excuse_stall(lane, late, now);
-            }
             indexer.check_deadlines(lane, now);
             next_check = now + tick;
         }

@@ -67,6 +67,11 @@ struct Receiving {
 }
 
 /// The serialized, worker-local state of one lane.
+/// How long a lane's ingestion worker may go without running before the gap counts as the
+/// consumer's own stall, not its producer's silence (a worker runs at least every tick, at
+/// most 100 ms).
+pub const STALL_EXCUSED_AFTER: Duration = Duration::from_millis(250);
+
 #[derive(Debug)]
 pub(crate) struct LaneIngestor {
     lane: LaneIndex,
@@ -78,6 +83,9 @@ pub(crate) struct LaneIngestor {
     /// When the exact drain marker of the current lease was accepted.
     drained_at: Option<Instant>,
     last_update: Option<Instant>,
+    /// When the lane's ingestion worker last ran ([`note_worker_ran`](Self::note_worker_ran)):
+    /// a longer gap than [`STALL_EXCUSED_AFTER`] is the consumer's own stall.
+    worker_ran: Option<Instant>,
     contention: Option<Contention>,
     retirements: u64,
     last_retirement: Option<RetireReason>,
@@ -101,6 +109,7 @@ impl LaneIngestor {
             receiving: None,
             drained_at: None,
             last_update: None,
+            worker_ran: None,
             contention: None,
             retirements: 0,
             last_retirement: None,
@@ -270,16 +279,35 @@ impl LaneIngestor {
         IngestOutcome::Retired(reason)
     }
 
-    /// The consumer itself did not run for `stalled` (its process was stopped, its host
-    /// froze, or it was busy): that time does not count as the producer's silence, so the
-    /// heartbeat deadline and the drain grace restart from where they were, `stalled` later.
-    pub(crate) fn excuse(&mut self, stalled: Duration, now: Instant) {
+    /// The lane's ingestion worker runs at `now` (it does at least every tick, frames or
+    /// not). A gap since it last ran longer than [`STALL_EXCUSED_AFTER`] means this consumer
+    /// did not run (its process was stopped, its host froze) or the worker was busy: that
+    /// time is excused ([`excuse_own_stall`](Self::excuse_own_stall)).
+    pub(crate) fn note_worker_ran(&mut self, now: Instant) {
+        self.excuse_own_stall(now);
+        self.worker_ran = Some(now);
+    }
+
+    /// Time since the lane's worker last ran, past [`STALL_EXCUSED_AFTER`], is the consumer's
+    /// own stall, not the producer's silence: the heartbeat deadline and the drain grace
+    /// restart from where they were that much later (never past `now`). Called before every
+    /// deadline check too, so a check that runs before the worker after a stall (an attach
+    /// decided first) excuses it all the same.
+    fn excuse_own_stall(&mut self, now: Instant) {
+        let Some(ran) = self.worker_ran else {
+            return;
+        };
+        let stalled = now.saturating_duration_since(ran);
+        if stalled <= STALL_EXCUSED_AFTER {
+            return;
+        }
         for at in [&mut self.last_update, &mut self.drained_at]
             .into_iter()
             .flatten()
         {
             *at = (*at + stalled).min(now);
         }
+        self.worker_ran = Some(now);
     }
 
     /// Heartbeat deadline and drain grace check; returns the reason when it retired the lane.
@@ -288,6 +316,7 @@ impl LaneIngestor {
         sh: LaneContext<'_>,
         now: Instant,
     ) -> Option<RetireReason> {
+        self.excuse_own_stall(now);
         if let Some(at) = self.drained_at {
             // A drained stream ended cleanly: its content is exact as of the drain, so silence
             // afterwards is expected, not a failure; only the drain grace ends it.

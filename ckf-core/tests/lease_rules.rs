@@ -79,6 +79,27 @@ fn policy(heartbeat: Option<Duration>, drain_grace: Option<Duration>) -> LagPoli
     }
 }
 
+/// An attach decided right after this consumer's own stall, before the lane's worker ran
+/// again (on resume, an attach queued meanwhile may be read first), does not count the stall
+/// as the holder's silence: an `IF_VACANT` contender is refused, the holder keeps the lane.
+#[test]
+fn an_attach_decided_right_after_the_consumers_own_stall_keeps_the_live_holder() {
+    let ix = indexer(LagPolicy {
+        heartbeat_deadline: Some(Duration::from_millis(300)),
+        apply_deadline: None,
+        drain_grace: None,
+    });
+    let holder = active(&ix, "dc-a", 1, 3);
+    ix.note_worker_ran(0, Instant::now());
+    // Nothing of this consumer runs for longer than the deadline (a stopped process).
+    std::thread::sleep(Duration::from_millis(400));
+    let err = attach(&ix, "dc-a", 2, AttachMode::IfVacant).unwrap_err();
+    assert!(matches!(err, AttachError::Occupied { .. }), "{err}");
+    let status = &ix.lane_statuses()[0];
+    assert_eq!(status.retirements, 0, "{status:?}");
+    assert_eq!(status.lease, Some(holder.tag.lease), "{status:?}");
+}
+
 #[test]
 fn if_vacant_is_refused_by_a_live_holder_naming_it_and_changes_nothing() {
     let ix = indexer(LagPolicy::DISABLED);

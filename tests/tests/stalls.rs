@@ -25,6 +25,7 @@ use ckf_e2e::cluster::{
     Indexer, IndexerSpec, Producer, ProducerSpec, TestDir, channel, event, format,
 };
 use ckf_e2e::hashes::HashPool;
+use ckf_e2e::wait::{DEADLINE, eventually};
 use ckf_proto::v1::{self, ingest_client::IngestClient, kv_event::Kind, query_client::QueryClient};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -361,14 +362,35 @@ async fn a_producer_stall_past_the_deadline_retires_the_lane_as_heartbeat_timeou
 }
 
 /// The indexer itself stopped past the heartbeat deadline, its producer alive and sending
-/// (heartbeats and a batch, queued in the connection meanwhile): the indexer does not count
-/// its own stall as the producer's silence, so the lane is kept and takes the batch.
+/// (heartbeats and a batch, queued in the connection meanwhile) and a hot standby retrying its
+/// `IF_VACANT` attach: the indexer does not count its own stall as the producer's silence, in
+/// its deadline checks or in deciding the standby's attach (which may come first on resume),
+/// so the lane is kept by the same producer and takes the batch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_indexer_stall_past_the_deadline_keeps_the_lane_of_a_live_producer() {
     let dir = TestDir::new("indexer-stall-past-deadline");
     let indexer = Indexer::start(&dir, &indexer_spec());
     let mut producer = start_producer(&dir, &indexer);
     let first = wait_converged(&indexer, &producer).await;
+    let standby_spec = ProducerSpec {
+        args: vec!["--start-mode".into(), "if-vacant".into()],
+        max_backoff_ms: 200,
+        ..ProducerSpec::new("dc-a")
+    };
+    let standby = Producer::start(&dir, "standby", &standby_spec, &[indexer.url()]);
+    eventually(
+        "the standby refused while the lane is held",
+        DEADLINE,
+        || async {
+            let lane = indexer.lane("dc-a").await?;
+            if lane.contention_count > 0 {
+                Ok(())
+            } else {
+                Err(format!("{lane:?}"))
+            }
+        },
+    )
+    .await;
     let hashes = HashPool::new(&format(), 15).take(8);
 
     indexer.signal(libc::SIGSTOP);
@@ -380,8 +402,11 @@ async fn an_indexer_stall_past_the_deadline_keeps_the_lane_of_a_live_producer() 
     wait_converged(&indexer, &producer).await;
     let lane = indexer.lane("dc-a").await.expect("ListLanes");
     assert!(
-        lane.retirements == 0 && lane.lease_epoch == first.lease_epoch,
-        "the lane was retired or re-leased after the indexer's own stall: {lane:?}\nindexer log:\n{}",
-        indexer.log()
+        lane.retirements == 0
+            && lane.lease_epoch == first.lease_epoch
+            && lane.incarnation == first.incarnation,
+        "the lane was retired or re-leased after the indexer's own stall: {lane:?}\nindexer log:\n{}\nstandby log:\n{}",
+        indexer.log(),
+        standby.log()
     );
 }
