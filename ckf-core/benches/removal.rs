@@ -124,7 +124,8 @@ fn remove(mut state: DcCkfState) -> Timing {
 /// checkpoint's capture in one pass (`ownership_image_unsorted`, what the producer's actor did
 /// before captures were sliced) next to the same capture in slices (`begin_capture` /
 /// `capture_step` / `capture_images`, what it does now: the longest step is what ingest waits),
-/// and a copy of the table (what a barrier snapshot starts from).
+/// a member's blocks (`GetMemberBlocks`) read in one pass and in slices, and a copy of the
+/// table (what a barrier snapshot starts from).
 fn others(state: &mut DcCkfState) {
     let t = Instant::now();
     let image = state.ownership_image_unsorted();
@@ -152,6 +153,28 @@ fn others(state: &mut DcCkfState) {
     let read: usize = images.iter().map(|m| m.blocks.len()).sum();
     assert_eq!(read, edges, "nothing moved between the steps");
     drop(images);
+
+    // `GetMemberBlocks`: one pass (`member_blocks`) next to the scan in slices.
+    let member = state.members().next().expect("a member");
+    let t = Instant::now();
+    let owned = state.member_blocks(member).len();
+    let one_pass_scan = t.elapsed();
+    let mut scan = state.begin_member_scan(member);
+    let mut longest_scan = Duration::ZERO;
+    loop {
+        let step = Instant::now();
+        let answer = state.member_scan_step(&mut scan);
+        longest_scan = longest_scan.max(step.elapsed());
+        if let Some(blocks) = answer {
+            assert_eq!(blocks.len(), owned);
+            break;
+        }
+    }
+    println!(
+        "member blocks ({owned} of {member}): one pass {:.1} ms; in slices, longest {:.2} ms",
+        ms(one_pass_scan),
+        ms(longest_scan)
+    );
 
     let t = Instant::now();
     let table = state.buckets().to_vec();

@@ -34,6 +34,7 @@ mod block_map;
 mod events;
 mod hasher;
 mod image;
+mod member_scan;
 mod ownership;
 pub mod quota;
 mod release;
@@ -57,6 +58,7 @@ use release::Releases;
 pub use events::{BlockError, EventOutcome, KvEvent, KvEventKind, MemberId};
 pub use hasher::FoldHashBuilder;
 pub use image::{MemberImage, OwnershipCapture};
+pub use member_scan::MemberScan;
 pub use quota::{QuotaError, Quotas};
 pub use stats::DcCkfStats;
 

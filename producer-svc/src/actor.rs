@@ -40,7 +40,8 @@
 //! removal is exact at once and swept one slice (`DcCkfState::release_step`) after each
 //! command, and back to back while the queue is empty; the slices' changes publish with the
 //! cadence above. A durability checkpoint is captured the same way (`DcCkfState::capture_step`,
-//! see the `durability` module). Every command and slice is timed in
+//! see the `durability` module), and so is a `GetMemberBlocks` answer on a large state
+//! (`DcCkfState::member_scan_step`). Every command and slice is timed in
 //! `ckf_producer_actor_command_seconds`.
 
 mod durability;
@@ -58,7 +59,7 @@ use ckf_engine::sequence::ClearReason;
 
 use crate::engines::{EngineStep, PublisherId};
 
-use ckf_core::dc::{DcCkfState, DcCkfStats, EventOutcome};
+use ckf_core::dc::{DcCkfState, DcCkfStats, EventOutcome, MemberScan};
 use ckf_core::fanout::{
     AttachRefused, DrainMiss, FenceCause, FrameLimits, Outbound, PublishReport,
 };
@@ -318,6 +319,8 @@ pub struct Actor {
     journal: Option<ckf_journal::Journal>,
     /// The checkpoint being captured between commands, if any.
     checkpoint: Option<durability::CheckpointCapture>,
+    /// `GetMemberBlocks` scans in progress, oldest first (one slice of the first per turn).
+    member_scans: std::collections::VecDeque<(MemberScan, oneshot::Sender<Vec<u64>>)>,
 }
 
 impl Actor {
@@ -347,6 +350,7 @@ impl Actor {
             trim: crate::trim::Trim::default(),
             journal: None,
             checkpoint: None,
+            member_scans: std::collections::VecDeque::new(),
         }
     }
 
@@ -383,7 +387,8 @@ impl Actor {
         gauges.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let deadline = self.deadline;
-            let slicing = self.state.releasing() || self.capturing();
+            let slicing =
+                self.state.releasing() || self.capturing() || !self.member_scans.is_empty();
             tokio::select! {
                 biased;
                 () = &mut stopped => break,
@@ -414,6 +419,9 @@ impl Actor {
         }
         // The drain marker promises the indexers the final state: the clears swept whole.
         self.state.finish_releases();
+        while !self.member_scans.is_empty() {
+            self.member_scan_slice();
+        }
         self.publish(CutReason::Shutdown);
         let drained = self.fanout.drain();
         for (index, miss) in &drained.missed {
@@ -478,6 +486,21 @@ impl Actor {
         if self.capturing() {
             self.timed("checkpoint", Self::capture_slice);
         }
+        if !self.member_scans.is_empty() {
+            self.timed("member_blocks", Self::member_scan_slice);
+        }
+    }
+
+    /// One slice of the oldest `GetMemberBlocks` scan; answers it when the map is read.
+    fn member_scan_slice(&mut self) {
+        let Some((scan, _)) = self.member_scans.front_mut() else {
+            return;
+        };
+        if let Some(blocks) = self.state.member_scan_step(scan)
+            && let Some((_, reply)) = self.member_scans.pop_front()
+        {
+            let _ = reply.send(blocks);
+        }
     }
 
     fn handle(&mut self, cmd: Command) {
@@ -516,9 +539,15 @@ impl Actor {
                 }
             }
             Command::MemberBlocks { member, reply } => {
-                let mut blocks = self.state.member_blocks(member);
-                blocks.sort_unstable();
-                let _ = reply.send(blocks);
+                // A scan of the whole block map: a first slice now (a small state answers at
+                // once), the rest between commands (`slices`).
+                let mut scan = self.state.begin_member_scan(member);
+                match self.state.member_scan_step(&mut scan) {
+                    Some(blocks) => {
+                        let _ = reply.send(blocks);
+                    }
+                    None => self.member_scans.push_back((scan, reply)),
+                }
             }
             Command::SourceSequence { source, reply } => {
                 let _ = reply.send(self.sources.last(source.as_str()));
@@ -1246,5 +1275,48 @@ mod tests {
     async fn timer_cuts_are_held_while_the_queue_is_backed_up() {
         // Commands farther apart than the delay: the timer branch cuts (and holds) each batch.
         a_reader_that_stops_reading_is_not_fenced(false, 100, Duration::from_millis(10)).await;
+    }
+
+    /// On a large state `GetMemberBlocks` is answered in slices between commands: other
+    /// commands run before the answer, and the answer is the member's blocks.
+    #[test]
+    fn member_blocks_are_read_in_slices_between_commands() {
+        use ckf_core::dc::DcCkfConfig;
+        let mut actor = test_actor(
+            Vec::new(),
+            Metrics::new(),
+            cadence(64, Duration::from_secs(3600), true),
+        );
+        actor.state = DcCkfState::new(DcCkfConfig {
+            slice_lines: 64,
+            ..DcCkfConfig::new(actor.state.format())
+        })
+        .expect("the default table");
+        let hash = |i: u64| (i + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let a = MemberId::new(1, 0);
+        actor
+            .state
+            .store(a, &(0..20_000).map(hash).collect::<Vec<_>>());
+        actor.state.store(
+            MemberId::new(2, 0),
+            &(10_000..30_000).map(hash).collect::<Vec<_>>(),
+        );
+        let (reply, mut answer) = oneshot::channel();
+        actor.handle(Command::MemberBlocks { member: a, reply });
+        assert!(answer.try_recv().is_err(), "not answered in one slice");
+        // Another member's store runs before the answer.
+        actor.state.store(MemberId::new(3, 0), &[hash(99_999)]);
+        let mut slices = 0;
+        let blocks = loop {
+            actor.slices();
+            slices += 1;
+            if let Ok(blocks) = answer.try_recv() {
+                break blocks;
+            }
+        };
+        assert!(slices > 10, "{slices} slices");
+        assert_eq!(blocks.len(), 20_000);
+        assert_eq!(blocks, actor.state.member_blocks(a));
+        assert!(actor.member_scans.is_empty());
     }
 }

@@ -277,6 +277,8 @@ pub(crate) struct BlockMap {
     /// While an image is taken in slices ([`record_moves`](Self::record_moves)): every key a
     /// walk moved to another line or to the stash, which a scan by line ranges may miss.
     moved: Option<Vec<u64>>,
+    /// Keys walks moved since the map was built ([`moves`](Self::moves)).
+    moves: u64,
 }
 
 /// Rebuilds of a producer's exact block map since it was built
@@ -312,6 +314,7 @@ impl Clone for BlockMap {
             reserved_lines: self.reserved_lines,
             rebuilds: self.rebuilds,
             moved: self.moved.clone(),
+            moves: self.moves,
         }
     }
 }
@@ -348,6 +351,7 @@ impl BlockMap {
             reserved_lines: 0,
             rebuilds: RebuildStats::default(),
             moved: None,
+            moves: 0,
         }
     }
 
@@ -657,6 +661,7 @@ impl BlockMap {
                 if let Some(slot) = self.lines[other].0.iter_mut().find(|s| s.owners == 0) {
                     *slot = victim;
                     self.lines[l].0[s] = entry;
+                    self.moves += 1;
                     if let Some(moved) = &mut self.moved {
                         moved.push(victim.key);
                     }
@@ -671,6 +676,7 @@ impl BlockMap {
             let r = fmix64(salt ^ u64::from(step));
             let s = (r >> 62) as usize;
             let victim = std::mem::replace(&mut self.lines[line].0[s], entry);
+            self.moves += 1;
             if let Some(moved) = &mut self.moved {
                 moved.push(victim.key);
             }
@@ -1044,6 +1050,13 @@ impl BlockMap {
     /// A rebuild moves every key: see [`rebuild_stats`](Self::rebuild_stats)'s count.
     pub fn record_moves(&mut self, on: bool) {
         self.moved = on.then(Vec::new);
+    }
+
+    /// Keys walks have moved to another line or to the stash since the map was built (a
+    /// rebuild's moves are counted in [`rebuild_stats`](Self::rebuild_stats) instead): a scan
+    /// by line ranges that saw this count change may have missed a key.
+    pub fn moves(&self) -> u64 {
+        self.moves
     }
 
     /// The keys moved since [`record_moves`](Self::record_moves) was turned on (possibly
