@@ -240,7 +240,7 @@ pub fn local_port(url: &str) -> Option<u16> {
     let local = host == "localhost"
         || host
             .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback() || ip.is_unspecified());
+            .is_ok_and(|ip| ip.to_canonical().is_loopback() || ip.is_unspecified());
     local.then(|| uri.port_u16()).flatten()
 }
 

@@ -17,8 +17,6 @@
 //!   (an attach decided first after the stall), so the producer's heartbeats, queued in the
 //!   connection meanwhile, arrive before its deadline does. A producer that stays silent
 //!   afterwards is still retired one deadline later.
-//!
-//! [`STALL_EXCUSED_AFTER`]: crate::lane::STALL_EXCUSED_AFTER
 //! * **Replies.** Every submitted frame gets exactly one [`IngestOutcome`] on the reply sender the
 //!   caller supplied (use `recv_async` from async code). Asynchronous retirements (deadlines) are
 //!   published as [`LaneEvent`]s to [`IngestionWorkers::subscribe`]rs.
@@ -28,6 +26,7 @@
 //! queued, and joins it.
 //!
 //! [`LagPolicy::heartbeat_deadline`]: crate::lane::LagPolicy::heartbeat_deadline
+//! [`STALL_EXCUSED_AFTER`]: crate::lane::STALL_EXCUSED_AFTER
 
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -39,12 +38,17 @@ use crate::global::GlobalCkfIndexer;
 use crate::identity::LaneIndex;
 use crate::lane::{Frame, IngestOutcome, LaneEvent, RetireReason, StrayFrame};
 
+/// Longest [`IngestionWorkersConfig::tick`].
+pub const MAX_TICK: Duration = Duration::from_millis(100);
+
 /// Configuration of the ingestion workers (one thread and one bounded queue per lane).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IngestionWorkersConfig {
     /// Frames each lane's queue holds before submission saturates (>= 1). Default 1024.
     pub queue_capacity: usize,
-    /// Longest a worker sleeps between heartbeat-deadline checks. Default 100 ms.
+    /// Longest a worker sleeps between heartbeat-deadline checks. Default 100 ms; at most
+    /// [`MAX_TICK`] (a longer one is cut to it): a worker that sleeps longer than
+    /// [`STALL_EXCUSED_AFTER`] would look stalled to its lane on every idle wake.
     pub tick: Duration,
 }
 
@@ -115,7 +119,7 @@ impl IngestionWorkers {
         for lane in 0..indexer.lane_count() {
             let (tx, rx) = flume::bounded::<Envelope>(config.queue_capacity);
             let idx = Arc::clone(&indexer);
-            let tick = config.tick;
+            let tick = config.tick.min(MAX_TICK);
             let handle = std::thread::Builder::new()
                 .name(format!("ckf-lane-{lane}"))
                 .spawn(move || worker(idx, lane as LaneIndex, rx, tick))

@@ -66,12 +66,12 @@ struct Receiving {
     next_bucket: u64,
 }
 
-/// The serialized, worker-local state of one lane.
 /// How long a lane's ingestion worker may go without running before the gap counts as the
-/// consumer's own stall, not its producer's silence (a worker runs at least every tick, at
-/// most 100 ms).
+/// consumer's own stall, not its producer's silence (a worker runs at least every tick,
+/// which `IngestionWorkers` keeps at most 100 ms).
 pub const STALL_EXCUSED_AFTER: Duration = Duration::from_millis(250);
 
+/// The serialized, worker-local state of one lane.
 #[derive(Debug)]
 pub(crate) struct LaneIngestor {
     lane: LaneIndex,

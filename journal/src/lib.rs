@@ -321,9 +321,12 @@ impl Journal {
 
     /// As [`Journal::checkpoint`], with the records made by `build` on the thread that writes
     /// the checkpoint (its own; the writer's while the journal is failed), so the caller only
-    /// captures its state and the encoding costs it nothing. `build` must make the whole state
-    /// as of this call (capture it before calling; records appended after this call belong to
-    /// the next segment).
+    /// captures its state and the encoding costs it nothing. Records appended after this call
+    /// belong to the next segment and are replayed on the checkpoint, so `build` must make
+    /// records which, with them replayed, give the state after them: the whole state as of
+    /// this call, or an image the caller captures while appending (a fuzzy one that the replay
+    /// makes exact). `build` may wait for the caller to finish that capture; while the journal
+    /// is failed it runs on the writer's thread, which then appends nothing until it returns.
     pub fn checkpoint_with(&self, build: impl FnOnce() -> Vec<Vec<u8>> + Send + 'static) {
         self.shared
             .checkpoint_in_flight

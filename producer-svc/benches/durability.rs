@@ -162,7 +162,8 @@ async fn recovery(dir: &Path) -> (f64, f64, u64, u64, f64) {
     let first_metrics = producer.metrics.clone();
     producer.shutdown();
     producer.wait().await.unwrap();
-    // The final checkpoint's image: how long the actor (and so ingest) stops to build one.
+    // The checkpoints' images: the longest step of each one's capture (the actor, and so
+    // ingest, stops at most that long at a time), summed over the checkpoints of the run.
     let text = ckf_svc_kit::metrics::render_text(first_metrics.registry());
     let image = metric(&text, "ckf_producer_journal_checkpoint_image_seconds_sum");
     let on_disk: u64 = std::fs::read_dir(dir)
@@ -240,7 +241,7 @@ fn main() {
         bytes as f64 / edges as f64
     );
     println!(
-        "building the checkpoint image of {edges} blocks stopped the state actor for {image:.2} s"
+        "capturing the checkpoint images of {edges} blocks stopped the state actor at most {image:.3} s per step (longest steps, summed over the run's checkpoints)"
     );
     let _ = std::fs::remove_dir_all(&state);
 }

@@ -27,9 +27,10 @@
 //! and the max-delay deadline is re-armed to the end of the interval, so the held batch is cut
 //! then even if no command comes. A barrier or shutdown cut is never held. So a stalled
 //! reader's queue gains at most one entry per interval once it is half full, whatever the
-//! publication rate: the free half of the default queue (512 entries, ~50 s at 100 ms)
-//! outlasts any heartbeat deadline, and a stall shorter than the deadline does not fence the
-//! attachment. An indexer keeping up sees at most one interval more delay while another one is
+//! publication rate: the free half of the default queue (512 entries, ~51 s at 100 ms)
+//! outlasts the default 10 s heartbeat deadline, and a stall shorter than the deadline does
+//! not fence the attachment (a queue too small for the indexer's deadline is logged at WARN
+//! when the lease is granted). An indexer keeping up sees at most one interval more delay while another one is
 //! backed up. Held batches are counted in `ckf_producer_cuts_held_total`.
 //!
 //! On shutdown the actor closes its channel, finishes the commands already queued, cuts the
@@ -157,7 +158,7 @@ pub enum Command {
         /// What to do.
         step: EngineStep,
     },
-    /// The canonical block hashes a member owns, sorted ascending.
+    /// The canonical block hashes a member owns, in table order (the caller sorts them).
     MemberBlocks {
         /// The member.
         member: MemberId,
@@ -1315,6 +1316,8 @@ mod tests {
             }
         };
         assert!(slices > 10, "{slices} slices");
+        let mut blocks = blocks;
+        blocks.sort_unstable();
         assert_eq!(blocks.len(), 20_000);
         assert_eq!(blocks, actor.state.member_blocks(a));
         assert!(actor.member_scans.is_empty());
