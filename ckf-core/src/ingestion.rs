@@ -48,7 +48,8 @@ pub struct IngestionWorkersConfig {
     pub queue_capacity: usize,
     /// Longest a worker sleeps between heartbeat-deadline checks. Default 100 ms; at most
     /// [`MAX_TICK`] (a longer one is cut to it): a worker that sleeps longer than
-    /// [`STALL_EXCUSED_AFTER`] would look stalled to its lane on every idle wake.
+    /// [`STALL_EXCUSED_AFTER`](crate::lane::STALL_EXCUSED_AFTER) would look stalled to its
+    /// lane on every idle wake.
     pub tick: Duration,
 }
 

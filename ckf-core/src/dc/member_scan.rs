@@ -60,7 +60,7 @@ impl DcCkfState {
     }
 
     /// Reads the next [`slice_lines`](super::DcCkfConfig::slice_lines) block-map lines (all of
-    /// them when that is 0, or after [`MAX_RESTARTS`]); the answer, in table order (sort it
+    /// them when that is 0, or after two restarts); the answer, in table order (sort it
     /// where that costs the state nothing), once the whole map is read (call it until then, not
     /// after). See the module docs.
     pub fn member_scan_step(&self, scan: &mut MemberScan) -> Option<Vec<u64>> {
