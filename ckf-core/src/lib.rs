@@ -34,6 +34,7 @@ pub mod access;
 pub mod adapter;
 pub mod addressing;
 pub mod bucket;
+pub mod cadence;
 pub mod dc;
 pub mod dirty;
 pub mod failure;

@@ -1,37 +1,19 @@
 //! The state actor: the one task that owns the pool's `DcCkfState`.
 //!
-//! Every mutation and every publication decision happens here, one command at a time, so the
-//! exact state needs no lock and a batch is only ever sampled between complete commands
-//! (design source, "Publication protocol"). The rules are `ckf-core`'s: the source sequence
-//! check ([`SourceSequences`]), the state ([`DcCkfState`]) and the fan-out to every attachment
-//! ([`Fanout`]); the actor applies them in order and turns their reports into metrics and logs.
+//! Every mutation and every publication happens here, one command at a time, so the exact
+//! state needs no lock and a batch is only ever sampled between complete commands (a
+//! publication never shows half a command). The rules are `ckf-core`'s: the source sequence check
+//! ([`SourceSequences`]), the state ([`DcCkfState`]), the fan-out to every attachment
+//! ([`Fanout`]) and the publication cadence ([`Cadence`], `ckf_core::cadence`: when a batch is
+//! cut, and the backed-up rule that spaces cuts while an indexer's queue is more than half
+//! full); the actor keeps the clock (the max-delay deadline, re-armed to the end of a held
+//! cut's interval so a held batch goes out even if no command comes), applies the rules in
+//! order and turns their reports into metrics and logs (`ckf_producer_batches_cut_total`,
+//! `ckf_producer_cuts_held_total`).
 //!
 //! Ingest handlers and relay-client tasks talk to it through an [`ActorHandle`]: one bounded
 //! command channel (when the actor falls behind, senders wait: backpressure, bounded memory) and
 //! one [`ActorHandle::ask`] for every request/response round trip.
-//!
-//! Cadence (Nagle off): after each complete command the actor cuts a batch when
-//! `batch_threshold` buckets are dirty ([`CutReason::Threshold`]), when its command queue is
-//! empty ([`CutReason::Idle`]: nothing more is coming that could share the batch, so waiting
-//! would only add lag), or once `max_delay` has passed since the first dirty bucket
-//! ([`CutReason::MaxDelay`]). Under load the queue is rarely empty, so complete commands
-//! coalesce into one batch, bounded by the threshold and the delay; an idle producer publishes
-//! a change at once. A batch is still only sampled between complete commands (design source,
-//! "Publication protocol"). With [`Cadence::cut_when_idle`] off the actor waits for the
-//! threshold or the delay only.
-//!
-//! While an indexer's attachment queue is backed up (more than half full: its reader is
-//! falling behind, [`Fanout::backed_up`](ckf_core::fanout::Fanout::backed_up)), consecutive
-//! cuts are at least [`Cadence::backed_up_interval`] apart ([`hold_until`]). A cut due earlier
-//! (threshold, idle or max delay) is held: the changes keep coalescing in the pending batch,
-//! and the max-delay deadline is re-armed to the end of the interval, so the held batch is cut
-//! then even if no command comes. A barrier or shutdown cut is never held. So a stalled
-//! reader's queue gains at most one entry per interval once it is half full, whatever the
-//! publication rate: the free half of the default queue (512 entries, ~51 s at 100 ms)
-//! outlasts the default 10 s heartbeat deadline, and a stall shorter than the deadline does
-//! not fence the attachment (a queue too small for the indexer's deadline is logged at WARN
-//! when the lease is granted). An indexer keeping up sees at most one interval more delay while another one is
-//! backed up. Held batches are counted in `ckf_producer_cuts_held_total`.
 //!
 //! On shutdown the actor closes its channel, finishes the commands already queued, cuts the
 //! pending tail, and queues the exact drain marker on every attachment
@@ -207,78 +189,7 @@ impl Command {
     }
 }
 
-/// Publication cadence (`[publication]`: `batch_threshold`, `max_delay_ms`, `cut_when_idle`).
-#[derive(Debug, Clone, Copy)]
-pub struct Cadence {
-    /// Cut a batch at this many dirty buckets.
-    pub batch_threshold: usize,
-    /// Cut a batch at most this long after the first dirty bucket: the bound on coalescing.
-    pub max_delay: Duration,
-    /// Cut a batch as soon as the command queue is empty after a command (Nagle off). `false`
-    /// keeps the timer cadence: only the threshold or `max_delay` cut.
-    pub cut_when_idle: bool,
-    /// While an attachment queue is backed up, consecutive cuts are at least this far apart
-    /// ([`hold_until`]); zero turns the rule off. The service uses [`BACKED_UP_INTERVAL`].
-    pub backed_up_interval: Duration,
-}
-
-/// The default [`Cadence::backed_up_interval`]: a backed-up queue gains at most ten entries a
-/// second, so the free half of the default 1,024-entry queue lasts about 50 s.
-pub const BACKED_UP_INTERVAL: Duration = Duration::from_millis(100);
-
-/// The backed-up rule: when a cut is due at `now`, whether it is held, and until when.
-///
-/// While `backed_up` (an attachment queue is more than half full), a cut earlier than
-/// `last_cut + interval` is held until then; otherwise (or with no cut yet) it happens now
-/// (`None`).
-pub fn hold_until(
-    now: Instant,
-    last_cut: Option<Instant>,
-    backed_up: bool,
-    interval: Duration,
-) -> Option<Instant> {
-    let until = last_cut? + interval;
-    (backed_up && now < until).then_some(until)
-}
-
-/// Why a publication batch was cut (`ckf_producer_batches_cut_total{reason}`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CutReason {
-    /// The command queue was empty after a command: nothing queued could join the batch.
-    Idle,
-    /// `batch_threshold` buckets were dirty.
-    Threshold,
-    /// `max_delay` passed since the first dirty bucket while commands kept coming (or, with
-    /// `cut_when_idle` off, at all).
-    MaxDelay,
-    /// An indexer was granted a lease: the pending batch goes to the other attachments before
-    /// the barrier snapshot.
-    Barrier,
-    /// Shutdown: the pending tail before the drain markers.
-    Shutdown,
-}
-
-impl CutReason {
-    /// Every reason, in label order.
-    pub const ALL: [CutReason; 5] = [
-        Self::Idle,
-        Self::Threshold,
-        Self::MaxDelay,
-        Self::Barrier,
-        Self::Shutdown,
-    ];
-
-    /// The `reason` label value.
-    pub fn label(self) -> &'static str {
-        match self {
-            Self::Idle => "idle",
-            Self::Threshold => "threshold",
-            Self::MaxDelay => "max_delay",
-            Self::Barrier => "barrier",
-            Self::Shutdown => "shutdown",
-        }
-    }
-}
+pub use ckf_core::cadence::{BACKED_UP_INTERVAL, Cadence, CutReason};
 
 /// What the actor did before it stopped.
 #[derive(Debug, Clone, Copy)]
@@ -745,21 +656,21 @@ impl Actor {
             self.deadline = Some(now + self.cadence.max_delay);
             self.first_dirty = Some(now);
         }
-        if let Some(reason) = self.cut_reason(pending, queue_empty, now) {
+        if let Some(reason) = self
+            .cadence
+            .cut_reason(pending, queue_empty, self.deadline, now)
+        {
             self.cut(reason);
         }
     }
 
     /// A cut that is due for `reason` (threshold, idle, max delay): the batch is cut now, or
-    /// held by the backed-up rule ([`hold_until`]), the deadline then re-armed to when it may be
+    /// held by the backed-up rule ([`Cadence::hold_until`]), the deadline then re-armed to when it may be
     /// cut. Barrier and shutdown cuts do not come here: they are never held.
     fn cut(&mut self, reason: CutReason) {
-        let hold = hold_until(
-            Instant::now(),
-            self.last_cut,
-            self.fanout.backed_up(),
-            self.cadence.backed_up_interval,
-        );
+        let hold = self
+            .cadence
+            .hold_until(Instant::now(), self.last_cut, self.fanout.backed_up());
         match hold {
             Some(until) => {
                 if !std::mem::replace(&mut self.held, true) {
@@ -768,22 +679,6 @@ impl Actor {
                 self.deadline = Some(until);
             }
             None => self.timed("publish", |actor| actor.publish(reason)),
-        }
-    }
-
-    /// Whether `pending` dirty buckets are cut now, and why; `None` keeps coalescing. The
-    /// threshold wins over idleness (the larger cause is the one worth counting); the deadline
-    /// is checked here too because the biased `select!` in [`Self::run`] polls the timer only
-    /// when no command is ready, so under a steady flow the timer alone would never fire.
-    fn cut_reason(&self, pending: usize, queue_empty: bool, now: Instant) -> Option<CutReason> {
-        if pending >= self.cadence.batch_threshold {
-            Some(CutReason::Threshold)
-        } else if queue_empty && self.cadence.cut_when_idle {
-            Some(CutReason::Idle)
-        } else if self.deadline.is_some_and(|d| now >= d) {
-            Some(CutReason::MaxDelay)
-        } else {
-            None
         }
     }
 
@@ -1143,38 +1038,6 @@ mod tests {
         assert_eq!(cuts(&metrics, CutReason::MaxDelay), 1);
         shutdown.trigger();
         task.await.expect("actor stops");
-    }
-
-    #[test]
-    fn the_deadline_bounds_coalescing_while_commands_keep_coming() {
-        let Rig { mut actor, .. } = rig(cadence(8, Duration::from_millis(10), true));
-        let now = Instant::now();
-        actor.deadline = Some(now + Duration::from_millis(10));
-        // Queue not empty, under the threshold, before the deadline: keep coalescing.
-        assert_eq!(actor.cut_reason(7, false, now), None);
-        assert_eq!(actor.cut_reason(7, true, now), Some(CutReason::Idle));
-        assert_eq!(actor.cut_reason(8, false, now), Some(CutReason::Threshold));
-        // Past the deadline (the timer branch starved by a steady flow): cut anyway.
-        let later = now + Duration::from_millis(10);
-        assert_eq!(actor.cut_reason(7, false, later), Some(CutReason::MaxDelay));
-        actor.cadence.cut_when_idle = false;
-        assert_eq!(actor.cut_reason(7, true, now), None);
-        assert_eq!(actor.cut_reason(7, true, later), Some(CutReason::MaxDelay));
-    }
-
-    #[test]
-    fn a_cut_is_held_only_while_backed_up_and_inside_the_interval() {
-        let interval = Duration::from_millis(100);
-        let last = Instant::now();
-        let soon = last + Duration::from_millis(30);
-        let until = last + interval;
-        assert_eq!(hold_until(soon, Some(last), true, interval), Some(until));
-        // Not backed up, no cut yet, or the interval over: cut now.
-        assert_eq!(hold_until(soon, Some(last), false, interval), None);
-        assert_eq!(hold_until(soon, None, true, interval), None);
-        assert_eq!(hold_until(until, Some(last), true, interval), None);
-        // A zero interval turns the rule off.
-        assert_eq!(hold_until(last, Some(last), true, Duration::ZERO), None);
     }
 
     /// `commands` commands one at a time (each would be cut on its own), `pace` of paused clock

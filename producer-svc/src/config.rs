@@ -69,7 +69,7 @@ pub struct PublicationConfig {
     pub heartbeat_interval_ms: u64,
     /// Publication batches (queue entries: a batch's deltas, a snapshot, a drain marker) one
     /// attachment may have queued before it is fenced and re-attached. Past half of it the
-    /// state actor cuts at most one batch per `crate::actor::BACKED_UP_INTERVAL`.
+    /// state actor cuts at most one batch per `ckf_core::cadence::BACKED_UP_INTERVAL`.
     pub attachment_queue: u32,
     /// How the producer attaches when it starts: `takeover` (default: a new producer fences
     /// the pool's current holder) or `if-vacant` (a hot standby: it takes the lane only while

@@ -8,7 +8,7 @@
 //! new lease and a new barrier snapshot.
 //!
 //! A queue more than half full is [backed up](AttachmentQueue::backed_up): while one is, the
-//! state actor cuts batches less often (`crate::actor`, "Cadence"), so a reader that stalls
+//! state actor cuts batches less often (`ckf_core::cadence`, "Backed up"), so a reader that stalls
 //! for less than its heartbeat deadline finds its queue still open.
 
 use ckf_core::fanout::{FrameSink, Outbound, SinkError};

@@ -63,7 +63,8 @@ pub use ckf_svc_kit::config::ConfigError;
 pub use config::{Cli, ProducerConfig};
 pub use relay_client::DrainOutcome;
 
-use actor::{Actor, ActorHandle, ActorReport, Cadence, Command};
+use actor::{Actor, ActorHandle, ActorReport, Command};
+use ckf_core::cadence::Cadence;
 use ingest::IngestService;
 use metrics::Metrics;
 use relay_client::{IndexerAttachment, RelaySettings};
@@ -283,7 +284,7 @@ pub async fn serve(
             batch_threshold: config.publication.batch_threshold as usize,
             max_delay: config.max_delay(),
             cut_when_idle: config.publication.cut_when_idle,
-            backed_up_interval: actor::BACKED_UP_INTERVAL,
+            backed_up_interval: ckf_core::cadence::BACKED_UP_INTERVAL,
         };
         let filters = ckf_engine::filters::EngineFilters {
             block_size: config.block_size,

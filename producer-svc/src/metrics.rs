@@ -117,10 +117,10 @@ pub struct Metrics {
     /// Publication batches cut.
     pub batches: IntCounter,
     /// Publication batches cut, by `reason` (`idle`, `threshold`, `max_delay`, `barrier`,
-    /// `shutdown`: `crate::actor::CutReason`).
+    /// `shutdown`: `ckf_core::cadence::CutReason`).
     pub batches_cut: IntCounterVec,
     /// Batches whose due cut was postponed because an attachment queue was backed up (more
-    /// than half full; counted once per batch): `crate::actor`, "Cadence".
+    /// than half full; counted once per batch): `ckf_core::cadence`, "Backed up".
     pub cuts_held: IntCounter,
     /// Entries (batches, snapshots, drain markers) queued toward each indexer and not yet
     /// taken by its relay task, by `indexer` (0 while it is not attached).
@@ -191,7 +191,7 @@ impl Metrics {
             &["reason"],
         );
         // Every reason exported from the start: a rate over a series that appears late is wrong.
-        for reason in crate::actor::CutReason::ALL {
+        for reason in ckf_core::cadence::CutReason::ALL {
             batches_cut.with_label_values(&[reason.label()]);
         }
         let publish_delay_seconds = histogram(

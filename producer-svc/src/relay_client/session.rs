@@ -45,10 +45,10 @@ const MAX_UNACKED_SAMPLES: usize = 4_096;
 
 /// How long an attachment queue of `capacity` entries lasts while its reader is stalled and
 /// the producer publishes as fast as it can: the first half fills at once, the rest at one
-/// batch per [`BACKED_UP_INTERVAL`](crate::actor::BACKED_UP_INTERVAL).
+/// batch per [`BACKED_UP_INTERVAL`](ckf_core::cadence::BACKED_UP_INTERVAL).
 fn queue_outlasts(capacity: usize) -> Duration {
     let slow_entries = capacity - capacity / 2;
-    crate::actor::BACKED_UP_INTERVAL * u32::try_from(slow_entries).unwrap_or(u32::MAX)
+    ckf_core::cadence::BACKED_UP_INTERVAL * u32::try_from(slow_entries).unwrap_or(u32::MAX)
 }
 
 /// How a session ended.
