@@ -121,6 +121,14 @@ impl Cadence {
     }
 }
 
+/// How long an attachment queue of `capacity` entries lasts while its reader is stalled and
+/// the producer publishes as fast as it can: the first half fills at once, the rest at one
+/// batch per `interval` (the backed-up rule).
+pub fn backed_up_queue_lasts(capacity: usize, interval: Duration) -> Duration {
+    let slow_entries = capacity - capacity / 2;
+    interval * u32::try_from(slow_entries).unwrap_or(u32::MAX)
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Instant;
@@ -173,6 +181,14 @@ mod tests {
         // A zero interval turns the rule off.
         let off = cadence(64, true, Duration::ZERO);
         assert_eq!(off.hold_until(last, Some(last), true), None);
+    }
+
+    #[test]
+    fn an_attachment_queue_outlasts_half_its_entries_at_the_backed_up_cadence() {
+        let lasts = |capacity| backed_up_queue_lasts(capacity, BACKED_UP_INTERVAL);
+        assert_eq!(lasts(1_024), Duration::from_millis(51_200));
+        assert_eq!(lasts(64), Duration::from_millis(3_200));
+        assert_eq!(lasts(3), Duration::from_millis(200));
     }
 
     #[test]

@@ -299,8 +299,7 @@ impl Actor {
         gauges.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let deadline = self.deadline;
-            let slicing =
-                self.state.releasing() || self.capturing() || !self.member_scans.is_empty();
+            let slicing = self.slicing();
             tokio::select! {
                 biased;
                 () = &mut stopped => break,
@@ -387,8 +386,13 @@ impl Actor {
             .observe(started.elapsed().as_secs_f64());
     }
 
+    /// Whether long work is in progress ([`slices`](Self::slices) has some).
+    fn slicing(&self) -> bool {
+        self.state.releasing() || self.capturing() || !self.member_scans.is_empty()
+    }
+
     /// One slice of each kind of long work in progress: the clears' sweep, a checkpoint's
-    /// capture.
+    /// capture, the oldest `GetMemberBlocks` scan.
     fn slices(&mut self) {
         if self.state.releasing() {
             self.timed("release", |actor| {

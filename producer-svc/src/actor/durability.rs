@@ -234,10 +234,8 @@ struct Capture {
 
 /// A checkpoint being captured between commands ([`Actor::begin_checkpoint`]).
 pub(super) struct CheckpointCapture {
-    /// The members' blocks read so far.
+    /// The members' blocks read so far (once done, the engine lineage's copy goes on).
     ownership: OwnershipCapture,
-    /// Whether every block-map line was read (the engine lineage's copy goes on after).
-    blocks_read: bool,
     /// Everything else, copied where the capture began.
     rest: Capture,
     /// To the checkpoint's thread, which waits for the finished capture.
@@ -416,7 +414,6 @@ impl Actor {
         let rest = self.capture_start();
         self.checkpoint = Some(CheckpointCapture {
             ownership: self.state.begin_capture(),
-            blocks_read: false,
             rest,
             deliver,
             longest_step: started.elapsed(),
@@ -438,8 +435,8 @@ impl Actor {
         };
         let started = std::time::Instant::now();
         // The members' blocks, then the engine lineage: one slice of one of them per step.
-        let more = if !checkpoint.blocks_read {
-            checkpoint.blocks_read = !self.state.capture_step(&mut checkpoint.ownership);
+        let more = if !checkpoint.ownership.is_done() {
+            self.state.capture_step(&mut checkpoint.ownership);
             true
         } else {
             self.feed.image_step(LINEAGE_STEP_BLOCKS)

@@ -43,14 +43,6 @@ const ATTACH_REFUSED: (&str, &str) = ("ckf-attach-refused", "occupied");
 /// Unacknowledged batches remembered for the change-to-ack histogram.
 const MAX_UNACKED_SAMPLES: usize = 4_096;
 
-/// How long an attachment queue of `capacity` entries lasts while its reader is stalled and
-/// the producer publishes as fast as it can: the first half fills at once, the rest at one
-/// batch per [`BACKED_UP_INTERVAL`](ckf_core::cadence::BACKED_UP_INTERVAL).
-fn queue_outlasts(capacity: usize) -> Duration {
-    let slow_entries = capacity - capacity / 2;
-    ckf_core::cadence::BACKED_UP_INTERVAL * u32::try_from(slow_entries).unwrap_or(u32::MAX)
-}
-
 /// How a session ended.
 #[derive(Debug)]
 pub enum SessionEnd {
@@ -307,7 +299,10 @@ impl IndexerAttachment {
             "lease granted"
         );
         if let Some(deadline) = grant.deadline {
-            let outlasts = queue_outlasts(self.settings.attachment_queue);
+            let outlasts = ckf_core::cadence::backed_up_queue_lasts(
+                self.settings.attachment_queue,
+                ckf_core::cadence::BACKED_UP_INTERVAL,
+            );
             if outlasts < deadline {
                 tracing::warn!(
                     attachment_queue = self.settings.attachment_queue,
@@ -595,13 +590,6 @@ mod tests {
                 .contains("no client certificate is configured")
         );
         assert_eq!(transport_hint("https://indexer:50051", true), "");
-    }
-
-    #[test]
-    fn an_attachment_queue_outlasts_half_its_entries_at_the_backed_up_cadence() {
-        assert_eq!(queue_outlasts(1_024), Duration::from_millis(51_200));
-        assert_eq!(queue_outlasts(64), Duration::from_millis(3_200));
-        assert_eq!(queue_outlasts(3), Duration::from_millis(200));
     }
 
     #[test]
