@@ -447,20 +447,9 @@ impl Rows<'_> {
     /// targets without a prefetch instruction.
     #[inline(always)]
     pub(crate) fn prefetch_offset(&self, offset: usize) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-            let first = self.at(offset);
-            let last = first.wrapping_add(self.lanes - 1);
-            // SAFETY: a prefetch never faults and has no architectural effect, whatever the
-            // address; for the offsets above both addresses are inside the row.
-            unsafe {
-                _mm_prefetch::<_MM_HINT_T0>(first.cast());
-                _mm_prefetch::<_MM_HINT_T0>(last.cast());
-            }
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = offset;
+        let first = self.at(offset);
+        crate::memory::prefetch(first);
+        crate::memory::prefetch(first.wrapping_add(self.lanes - 1));
     }
 }
 

@@ -50,7 +50,6 @@ use crate::bucket;
 use crate::dirty::{DirtyTracker, PublicationBatch};
 use crate::mutator::Mutator;
 pub use block_map::RebuildStats;
-pub(crate) use block_map::prefetch;
 use block_map::{BlockMap, Probe};
 use ownership::{Members, Tag};
 use release::Releases;

@@ -239,7 +239,7 @@ impl GlobalCkfIndexer {
         let lanes = (0..manifest.lanes.len())
             .map(|l| Mutex::new(LaneIngestor::new(l as LaneIndex)))
             .collect();
-        let huge_pages = crate::huge_pages::advise(&table);
+        let huge_pages = crate::memory::advise(table.row(0).as_ptr().cast(), table.bytes());
         Ok(Self {
             manifest,
             addressing,
@@ -297,7 +297,7 @@ impl GlobalCkfIndexer {
     }
 
     /// Whether the table was collapsed into transparent huge pages (Linux, tables of at least
-    /// 8 MiB; see `huge_pages.rs`). A figure for operators and benchmarks only.
+    /// 8 MiB; see `memory.rs`). A figure for operators and benchmarks only.
     pub fn huge_pages(&self) -> bool {
         self.huge_pages
     }

@@ -108,7 +108,7 @@ impl Mutator {
             addressing,
             // Huge pages where the kernel offers them: a block's two random buckets are two
             // TLB misses on a large table with 4 KiB pages.
-            buckets: crate::huge_pages::zeroed_vec(n),
+            buckets: crate::memory::zeroed_vec(n),
             max_kicks,
             writes: Vec::with_capacity(max_kicks.min(4096) as usize + 1),
             counter: 0,
@@ -154,8 +154,8 @@ impl Mutator {
     #[inline(always)]
     pub(crate) fn prefetch(&self, loc: Location) {
         let base = self.buckets.as_ptr();
-        crate::dc::prefetch(base.wrapping_add(loc.bucket_a as usize));
-        crate::dc::prefetch(base.wrapping_add(loc.bucket_b as usize));
+        crate::memory::prefetch(base.wrapping_add(loc.bucket_a as usize));
+        crate::memory::prefetch(base.wrapping_add(loc.bucket_b as usize));
     }
 
     /// When both candidate buckets of `loc` are full (an insertion would relocate), hints the
@@ -172,7 +172,7 @@ impl Mutator {
         let base = self.buckets.as_ptr();
         for (at, word) in [(loc.bucket_a, a), (loc.bucket_b, b)] {
             for alt in self.alternates(at, word) {
-                crate::dc::prefetch(base.wrapping_add(alt as usize));
+                crate::memory::prefetch(base.wrapping_add(alt as usize));
             }
         }
     }

@@ -8,7 +8,7 @@
 //! by 32)` of one `fmix64` of the key (seeded with the table seed in the producer, so it is
 //! the mix the filter's `locate` computes anyway: see [`Probe`] for the bit budget):
 //! multiply-shift indexing, so the line count is any number, not a power of two. Lines are
-//! allocated through `huge_pages::zeroed_vec` (2 MiB pages where the kernel offers them). A lookup reads at most two lines (both prefetchable, see
+//! allocated through `memory::zeroed_vec` (2 MiB pages where the kernel offers them). A lookup reads at most two lines (both prefetchable, see
 //! [`BlockMap::prefetch`]); an insertion goes to the emptier of the two, and when both are full
 //! first moves one of their eight residents to its other line if that has room, else walks
 //! (a bounded random walk, [`MAX_WALK`]). Two choices of
@@ -43,6 +43,7 @@ use std::collections::HashMap;
 
 use super::hasher::FoldHashBuilder;
 use crate::addressing::fmix64;
+use crate::memory::prefetch;
 
 /// Owner tag of a member (`1..=MAX_TAG`; 0 marks an unused inline owner entry).
 pub(crate) type Tag = u32;
@@ -214,20 +215,6 @@ pub(crate) enum Pos {
     Slot(u32, u8),
     /// In the stash (keyed by the block hash).
     Stash,
-}
-
-/// Hints the CPU to fetch the cache line holding `p`. Never faults; a no-op on targets without
-/// a prefetch instruction.
-#[inline(always)]
-pub(crate) fn prefetch<T>(p: *const T) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-        // SAFETY: a prefetch never faults and has no architectural effect, whatever the address.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) };
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
 }
 
 /// Packed owners word helpers.
@@ -781,7 +768,7 @@ impl BlockMap {
     /// [`rebuild`](Self::rebuild)'s work, untimed.
     fn rehash(&mut self, lines: usize) {
         // Huge pages where the kernel offers them (a lookup's lines are random TLB misses).
-        let old = std::mem::replace(&mut self.lines, crate::huge_pages::zeroed_vec(lines));
+        let old = std::mem::replace(&mut self.lines, crate::memory::zeroed_vec(lines));
         self.grow_at = Self::grow_at(lines * SLOTS);
         let stash = std::mem::take(&mut self.stash);
         let entries = old

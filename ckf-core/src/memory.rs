@@ -1,4 +1,9 @@
-//! Transparent huge pages for large tables (Linux).
+//! Memory hints for the large tables: transparent huge pages (Linux) and the cache prefetch.
+//! Both are hints only: they change how fast the tables are reached, never their contents.
+//! This module is the crate's one owner of the prefetch instruction ([`prefetch`]) and of the
+//! huge-page advice; the filter table, the block map and the consumer's row view call them.
+//!
+//! # Transparent huge pages
 //!
 //! A block touches random rows or lines of the table: two rows per block for the consumer's
 //! search, two filter buckets and two block-map lines for the producer's ingest. On a table far
@@ -13,15 +18,19 @@
 //!   faults in huge pages wherever THP is in `madvise` (or `always`) mode.
 //! * [`advise`] (consumer table, allocated and zeroed before it runs): the range is marked
 //!   `MADV_HUGEPAGE` and then collapsed synchronously with `MADV_COLLAPSE` (Linux >= 6.1).
-
-use crate::bucket::TransposedTable;
+//!
+//! # Prefetch
+//!
+//! [`prefetch`] hints the CPU to fetch one cache line ahead of its use, so the misses of a
+//! table far larger than the caches overlap instead of being paid one after another.
 
 /// Tables smaller than this are left alone (they mostly live in the caches anyway).
 pub(crate) const MIN_BYTES: usize = 8 << 20;
 
 /// Best effort; returns whether the kernel accepted the collapse of the table's interior.
-pub(crate) fn advise(table: &TransposedTable) -> bool {
-    if table.bytes() < MIN_BYTES {
+/// `start` and `bytes` are the consumer table's allocation (its first word and its size).
+pub(crate) fn advise(start: *const u8, bytes: usize) -> bool {
+    if bytes < MIN_BYTES {
         return false;
     }
     #[cfg(target_os = "linux")]
@@ -29,8 +38,8 @@ pub(crate) fn advise(table: &TransposedTable) -> bool {
         const HUGE: usize = 2 << 20;
         // Linux UAPI value (include/uapi/asm-generic/mman-common.h); not in every libc target.
         const MADV_COLLAPSE: libc::c_int = 25;
-        let start = table.row(0).as_ptr() as usize;
-        let end = start + table.bytes();
+        let start = start as usize;
+        let end = start + bytes;
         let lo = start.next_multiple_of(HUGE);
         let hi = end & !(HUGE - 1);
         if hi <= lo {
@@ -46,7 +55,10 @@ pub(crate) fn advise(table: &TransposedTable) -> bool {
         }
     }
     #[cfg(not(target_os = "linux"))]
-    false
+    {
+        let _ = start;
+        false
+    }
 }
 
 /// `vec![T::default(); n]` (for the tables: zero words and empty lines), with the
@@ -88,4 +100,18 @@ fn advise_untouched(ptr: *const u8, bytes: usize) -> bool {
         let _ = (ptr, bytes);
         false
     }
+}
+
+/// Hints the CPU to fetch the cache line holding `p`. Never faults; a no-op on targets without
+/// a prefetch instruction.
+#[inline(always)]
+pub(crate) fn prefetch<T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        // SAFETY: a prefetch never faults and has no architectural effect, whatever the address.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }
