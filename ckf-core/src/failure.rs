@@ -14,7 +14,8 @@
 //! ([`crate::lane::StrayFrame`]) need no recovery at all.
 
 use crate::dc::{BlockError, DcCkfError, DcCkfStats};
-use crate::global::{AttachError, ManifestError};
+use crate::global::manifest::ManifestError;
+use crate::global::request::AttachError;
 use crate::lane::{IgnoreReason, RetireReason, StrayFrame};
 use crate::publication::{FenceReason, PublishError};
 

@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
-use crate::global::GlobalCkfIndexer;
+use crate::global::indexer::GlobalCkfIndexer;
 use crate::identity::LaneIndex;
 use crate::lane::{Frame, IngestOutcome, LaneEvent, RetireReason, StrayFrame};
 

@@ -28,13 +28,14 @@ use std::time::{Duration, Instant};
 use crate::bucket::TransposedTable;
 use crate::frames::Heartbeat;
 use crate::frames::{DcCkfDelta, DcCkfSnapshot, DrainMarker, SnapshotChunk};
-use crate::global::AttachMode;
 use crate::identity::{LaneIndex, LaneLease, ProducerIncarnation, StreamTag};
 
+mod attach_mode;
 mod frame;
 mod lag;
 mod outcome;
 
+pub use attach_mode::AttachMode;
 pub use frame::Frame;
 pub use lag::LagPolicy;
 pub use outcome::{

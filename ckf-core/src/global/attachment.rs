@@ -15,98 +15,15 @@
 
 use std::fmt;
 
-use crate::addressing::TableFormat;
 use crate::failure::{Disposed, Disposition};
-use crate::identity::{LaneIndex, LaneLease, PoolId, ProducerIdentity, ProducerIncarnation};
+use crate::identity::{LaneIndex, LaneLease, PoolId, ProducerIncarnation};
 use crate::ingestion::SubmitError;
 use crate::lane::{
     Frame, IgnoreReason, IngestOutcome, LaneEvent, LaneEventKind, RetireReason, StrayFrame,
 };
 
-use super::{AttachError, GlobalCkfIndexer};
-
-/// The table format a producer claims when it attaches: one this build can use, or not.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ClaimedFormat {
-    /// A valid format (it may still differ from the manifest's).
-    Valid(TableFormat),
-    /// A format this build cannot use (e.g. a bucket count that is not a power of two): how it
-    /// was sent, and why it is unusable. Always a [`AttachError::FormatMismatch`].
-    Unusable {
-        /// The format as received, for the refusal message.
-        shown: String,
-        /// Why it is not a valid format.
-        problem: String,
-    },
-}
-
-impl ClaimedFormat {
-    /// The format as text (`TableFormat`'s `Display`, or the received form).
-    pub fn shown(&self) -> String {
-        match self {
-            ClaimedFormat::Valid(format) => format.to_string(),
-            ClaimedFormat::Unusable { shown, .. } => shown.clone(),
-        }
-    }
-
-    /// Why the format is unusable, if it is.
-    pub fn problem(&self) -> Option<&str> {
-        match self {
-            ClaimedFormat::Valid(_) => None,
-            ClaimedFormat::Unusable { problem, .. } => Some(problem),
-        }
-    }
-}
-
-/// How an attach treats a lane that another incarnation holds with a live attachment (see
-/// [`crate::lane`] for what "live" means exactly).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
-pub enum AttachMode {
-    /// Supersede the holder (a freshly started producer: the newest one wins). Taking over a
-    /// live holder is counted as contention.
-    #[default]
-    Takeover,
-    /// Only if the lane has no live attachment of another incarnation; otherwise refused with
-    /// [`AttachError::Occupied`] and nothing changes (a superseded producer waiting for its lane
-    /// back, so two live producers never take the lane from each other in turn).
-    IfVacant,
-}
-
-impl AttachMode {
-    /// Lower-case name for logs.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            AttachMode::Takeover => "takeover",
-            AttachMode::IfVacant => "if_vacant",
-        }
-    }
-}
-
-/// What a producer presents to attach: its pool, its incarnation, its claimed table format and
-/// the attach mode.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AttachRequest {
-    /// The pool the producer publishes.
-    pub pool: PoolId,
-    /// The producer's current incarnation.
-    pub incarnation: ProducerIncarnation,
-    /// The producer's table format as claimed; must be valid and equal the manifest's.
-    pub format: ClaimedFormat,
-    /// Whether a live holder is superseded or refuses the attach.
-    pub mode: AttachMode,
-}
-
-impl From<&ProducerIdentity> for AttachRequest {
-    /// A [`AttachMode::Takeover`] request.
-    fn from(id: &ProducerIdentity) -> Self {
-        Self {
-            pool: id.pool.clone(),
-            incarnation: id.incarnation,
-            format: ClaimedFormat::Valid(id.format),
-            mode: AttachMode::Takeover,
-        }
-    }
-}
+use super::indexer::GlobalCkfIndexer;
+use super::request::{AttachError, AttachRequest};
 
 /// What one frame, lane event or queue refusal means for the attached stream.
 #[derive(Debug, Clone, PartialEq, Eq)]

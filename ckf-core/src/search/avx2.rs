@@ -35,7 +35,7 @@ use std::arch::x86_64::{
     _mm256_sub_epi64, _mm256_xor_si256,
 };
 
-use super::{PREFETCH_MIN_BYTES, PREFETCH_POSITIONS};
+use super::prefix::{PREFETCH_MIN_BYTES, PREFETCH_POSITIONS};
 use crate::addressing::{FINGERPRINT_SHIFT, FMIX_C1, FMIX_C2, FMIX_SHIFT, MAX_BUCKETS};
 use crate::bucket::{MAX_LANES, SLOT_BITS, SLOTS, TransposedTable};
 

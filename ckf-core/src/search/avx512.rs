@@ -32,7 +32,7 @@ use std::arch::x86_64::{
     _mm512_store_si512, _mm512_sub_epi64, _mm512_xor_si512, _pext_u64,
 };
 
-use super::{PREFETCH_MIN_BYTES, PREFETCH_POSITIONS};
+use super::prefix::{PREFETCH_MIN_BYTES, PREFETCH_POSITIONS};
 use crate::addressing::{FINGERPRINT_SHIFT, FMIX_C1, FMIX_C2, FMIX_SHIFT, MAX_BUCKETS};
 use crate::bucket::{self, FIRST_SLOT_BITS, MAX_LANES, SLOT_BITS, TransposedTable};
 

@@ -4,7 +4,7 @@
 //! hardware, so `Auto` does not pick it (force it with `SearchKernel::Neon`).
 //!
 //! * **Locate** is the scalar [`crate::addressing::Addressing::locate`] inside
-//!   [`super::prefix_loop`] (the portable kernel's loop, early exit and prefetch ring).
+//!   [`super::prefix::prefix_loop`] (the portable kernel's loop, early exit and prefetch ring).
 //! * **Row check.** A row is read as 128-bit chunks of 2 lanes (a 64-bit load for a last odd
 //!   lane), compared slot-wise against the fingerprint (`vceqq_u16`), the two buckets' masks
 //!   ORed, and each lane's 64-bit compare word tested for nonzero.
@@ -24,7 +24,7 @@ use std::arch::aarch64::{
 };
 use std::arch::asm;
 
-use super::prefix_loop;
+use super::prefix::prefix_loop;
 use crate::addressing::Addressing;
 use crate::bucket::{MAX_LANES, SLOT_BITS, SLOTS, TransposedTable};
 
