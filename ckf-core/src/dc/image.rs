@@ -48,9 +48,10 @@
 
 use std::collections::HashMap;
 
+use super::events::{EventOutcome, MemberId};
 use super::hasher::FoldHashBuilder;
 use super::ownership::Tag;
-use super::{DcCkfState, EventOutcome, MemberId};
+use super::state::DcCkfState;
 
 /// A checkpoint's ownership image in the making ([`DcCkfState::begin_capture`]; see the
 /// module docs, "An image in slices").

@@ -12,8 +12,9 @@
 //!
 //! [`DcCkfConfig::slice_lines`]: super::DcCkfConfig::slice_lines
 
+use super::events::MemberId;
 use super::ownership::Tag;
-use super::{DcCkfState, MemberId};
+use super::state::DcCkfState;
 
 /// Scans started over (see the module docs) before the rest is read in one step.
 pub const MAX_RESTARTS: u32 = 2;
@@ -102,7 +103,9 @@ impl DcCkfState {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{DcCkfConfig, DcCkfState, MemberId};
+    use super::super::config::DcCkfConfig;
+    use super::super::events::MemberId;
+    use super::super::state::DcCkfState;
     use crate::addressing::TableFormat;
 
     fn hash(i: u64) -> u64 {

@@ -16,11 +16,11 @@
 
 use std::collections::HashMap;
 
-use super::MemberId;
+use super::events::MemberId;
 use super::hasher::FoldHashBuilder;
 use super::quota::Charges;
 
-pub(crate) use super::block_map::{MAX_TAG, Tag, TagSet};
+pub(crate) use super::tags::{MAX_TAG, Tag};
 
 /// One member's bookkeeping.
 #[derive(Debug, Clone, Default)]
@@ -206,8 +206,8 @@ impl Members {
     /// Gives memory back after members left: shrinks the index when it is far below its
     /// capacity (see `shrink_map`) and drops free records at the end of the record table.
     pub fn shrink(&mut self) {
-        super::shrink_map(&mut self.index);
-        super::shrink_map(&mut self.workers);
+        super::maps::shrink_map(&mut self.index);
+        super::maps::shrink_map(&mut self.workers);
         if self.index.is_empty() {
             self.index = HashMap::default();
             self.workers = HashMap::default();
@@ -216,7 +216,7 @@ impl Members {
             return;
         }
         // Tags are positions, so only a free tail can go; same hysteresis as the maps.
-        if self.records.len() > super::SHRINK_MIN_CAPACITY
+        if self.records.len() > super::maps::SHRINK_MIN_CAPACITY
             && self.index.len() < self.records.len() / 4
         {
             while self.records.last().is_some_and(|r| r.id.is_none()) {

@@ -39,7 +39,7 @@ use std::collections::HashMap;
 
 use thiserror::Error;
 
-use super::MemberId;
+use super::events::MemberId;
 use crate::identity::quoted;
 
 /// Default `max_blocks_per_event`: bounds one event's work in the producer's state actor to
@@ -230,6 +230,95 @@ fn event_name(index: Option<usize>) -> String {
     }
 }
 
+/// A stored event as the quota check sees it ([`Quotas::check_store`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StoreRequest<'a> {
+    /// The ingest source applying the event.
+    pub source: &'a str,
+    /// The member storing.
+    pub member: MemberId,
+    /// Block hashes in the event.
+    pub blocks: usize,
+    /// `(blocks owned, charge slot)` of the member (charge slot 0: charged to nobody), `None`
+    /// when it owns nothing.
+    pub holding: Option<(u64, u32)>,
+}
+
+impl Quotas {
+    /// The quota check of a stored event (see the module docs): `worker_ranks` gives the dp
+    /// ranks of the member's worker owning blocks, `fresh` the distinct hashes of the event the
+    /// member does not own yet; each is asked for only when a limit needs it. Nothing changes.
+    ///
+    /// # Errors
+    /// [`QuotaError::EventTooLarge`], [`QuotaError::WorkerRanks`], [`QuotaError::MemberFull`]
+    /// or [`QuotaError::SourceFull`], the first limit the event would pass.
+    pub(crate) fn check_store(
+        self,
+        charges: &Charges,
+        event: StoreRequest<'_>,
+        worker_ranks: impl FnOnce() -> u32,
+        fresh: impl FnOnce() -> u64,
+    ) -> Result<(), QuotaError> {
+        let StoreRequest {
+            source,
+            member,
+            blocks,
+            holding,
+        } = event;
+        let q = self;
+        q.check_event(blocks)?;
+        let max = q.max_ranks_per_worker;
+        if max > 0 && holding.is_none() && blocks > 0 {
+            let ranks = worker_ranks();
+            if ranks >= max {
+                return Err(QuotaError::WorkerRanks {
+                    worker_id: member.worker_id,
+                    dp_rank: member.dp_rank,
+                    ranks,
+                    max,
+                });
+            }
+        }
+        if q.max_blocks_per_member == 0 && q.max_blocks_per_source == 0 {
+            return Ok(());
+        }
+        let (owned, charge) = holding.unwrap_or((0, 0));
+        let adding = fresh();
+        if adding == 0 {
+            return Ok(());
+        }
+        let max = q.max_blocks_per_member;
+        if max > 0 && owned + adding > u64::from(max) {
+            return Err(QuotaError::MemberFull {
+                member,
+                held: owned,
+                adding,
+                max,
+            });
+        }
+        let max = q.max_blocks_per_source;
+        if max > 0 {
+            // An uncharged member's blocks become the source's with this event.
+            let (charged, held, adding) = if charge != 0 {
+                let c = charges.peek(charge);
+                (&*c.id, c.held, adding)
+            } else {
+                let held = charges.slot(source).map_or(0, |s| charges.peek(s).held);
+                (source, held, adding + owned)
+            };
+            if held + adding > max {
+                return Err(QuotaError::SourceFull {
+                    source_id: charged.to_owned(),
+                    held,
+                    adding,
+                    max,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
 /// One source's holding.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Charge {
@@ -300,7 +389,7 @@ impl Charges {
             let id = std::mem::take(&mut charge.id);
             self.index.remove(&id);
             self.free.push(slot);
-            super::shrink_map(&mut self.index);
+            super::maps::shrink_map(&mut self.index);
             if self.index.is_empty() {
                 // Nothing is charged: give every table back, however small.
                 self.index = HashMap::new();

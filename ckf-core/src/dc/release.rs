@@ -5,10 +5,10 @@
 //!
 //! * **At the clear** the tags are *retired*: their members own nothing from then on (a later
 //!   store by the same member gets a fresh tag), their sources' holdings drop at once, and the
-//!   clear's outcome counts every edge released. Exact queries ([`DcCkfState::refcount`],
-//!   [`DcCkfState::owns`], the ownership image) already leave retired tags out.
+//!   clear's outcome counts every edge released. Exact queries ([`DcCkfState::refcount`](crate::dc::DcCkfState::refcount),
+//!   [`DcCkfState::owns`](crate::dc::DcCkfState::owns), the ownership image) already leave retired tags out.
 //! * **The sweep** drops the retired tags from the blocks, [`DcCkfConfig::slice_lines`]
-//!   block-map lines per [`DcCkfState::release_step`]; a block left without owners loses its
+//!   block-map lines per [`DcCkfState::release_step`](crate::dc::DcCkfState::release_step); a block left without owners loses its
 //!   fingerprint then, so the table (and what is published from it) follows slice by slice.
 //!   The test per block is one bit of a [`TagSet`], so a sweep costs the table's slots plus the
 //!   edges it drops, however many tags (dp ranks) retire together.
@@ -19,11 +19,11 @@
 //! * Retirements during a pass join it; the pass ends once every retired edge is dropped, or
 //!   at the end of the table (then the stash is swept too).
 //!
-//! [`DcCkfConfig::slice_lines`]: super::DcCkfConfig::slice_lines
+//! [`DcCkfConfig::slice_lines`]: crate::dc::DcCkfConfig::slice_lines
 
-use super::DcCkfState;
-use super::block_map::TagSet;
-use super::ownership::Tag;
+use super::ownership::Members;
+use super::projection::Projection;
+use super::tags::{Tag, TagSet};
 
 /// The clears in progress.
 #[derive(Debug, Clone, Default)]
@@ -50,93 +50,75 @@ impl Releases {
     }
 }
 
-impl DcCkfState {
+impl Releases {
     /// Retires `tags` (see the module docs); returns the edges they held, which the sweep will
     /// drop.
-    pub(super) fn retire_tags(&mut self, tags: &[Tag]) -> u64 {
+    pub(super) fn retire(&mut self, members: &mut Members, tags: &[Tag]) -> u64 {
         let mut edges = 0u64;
         for &tag in tags {
-            edges += u64::from(self.members.peek(tag).owned);
-            self.members.retire(tag);
-            if self.releases.dying.insert(tag) {
-                self.releases.tags.push(tag);
+            edges += u64::from(members.peek(tag).owned);
+            members.retire(tag);
+            if self.dying.insert(tag) {
+                self.tags.push(tag);
             }
         }
-        self.releases.remaining += edges;
+        self.remaining += edges;
         edges
     }
 
-    /// Whether a clear is still being swept ([`release_step`](Self::release_step) has work).
-    pub fn releasing(&self) -> bool {
-        !self.releases.is_empty()
-    }
-
-    /// Edges of cleared members the sweep has not dropped yet (0 when no clear is in
-    /// progress). Until then their blocks still count in [`DcCkfStats`](super::DcCkfStats)'s
-    /// `unique_blocks` and `ownership_edges`, and their fingerprints stay in the table.
-    pub fn releasing_edges(&self) -> u64 {
-        self.releases.remaining
-    }
-
-    /// Sweeps one slice of the clears in progress: `slice_lines` block-map lines (the
-    /// whole map when that is 0), see the module docs. Returns whether work remains.
-    pub fn release_step(&mut self) -> bool {
-        if self.releases.is_empty() {
-            return false;
-        }
-        let lines = self.proj.blocks.line_count();
-        let slice = self.config.slice_lines as usize;
-        let start = self.releases.cursor;
+    /// Sweeps one slice of the clears in progress (not empty): `slice_lines` block-map lines
+    /// (the whole map when that is 0), see the module docs. Returns whether work remains; when
+    /// it returns `false` every clear is finished and the caller gives the memory back.
+    pub(super) fn sweep_slice(
+        &mut self,
+        members: &mut Members,
+        proj: &mut Projection,
+        slice_lines: u32,
+    ) -> bool {
+        let lines = proj.blocks.line_count();
+        let slice = slice_lines as usize;
+        let start = self.cursor;
         let end = if slice == 0 {
             lines
         } else {
             start.saturating_add(slice).min(lines)
         };
         let at_end = end >= lines;
-        let Self {
-            members,
-            proj,
-            releases,
-            ..
-        } = self;
-        let remaining = &mut releases.remaining;
-        proj.sweep(start..end, at_end, &releases.dying, |tag| {
+        let remaining = &mut self.remaining;
+        proj.sweep(start..end, at_end, &self.dying, |tag| {
             members.record(tag).owned -= 1;
             *remaining -= 1;
         });
-        releases.cursor = end;
-        if releases.remaining > 0 && !at_end {
+        self.cursor = end;
+        if self.remaining > 0 && !at_end {
             return true;
         }
         // The pass is over: free the tags it emptied; the rest (entries moved behind the
         // cursor meanwhile) take another pass.
-        releases.cursor = 0;
-        releases.tags.retain(|&tag| {
+        self.cursor = 0;
+        let dying = &mut self.dying;
+        self.tags.retain(|&tag| {
             if members.peek(tag).owned > 0 {
                 return true;
             }
             members.free_retired(tag);
-            releases.dying.remove(tag);
+            dying.remove(tag);
             false
         });
-        if !releases.tags.is_empty() {
+        if !self.tags.is_empty() {
             return true;
         }
-        debug_assert_eq!(releases.remaining, 0);
-        releases.tags = Vec::new();
-        self.shrink();
+        debug_assert_eq!(self.remaining, 0);
+        self.tags = Vec::new();
         false
-    }
-
-    /// Runs [`release_step`](Self::release_step) until no clear is in progress.
-    pub fn finish_releases(&mut self) {
-        while self.release_step() {}
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::{DcCkfConfig, DcCkfState, MemberId};
+    use super::super::config::DcCkfConfig;
+    use super::super::events::MemberId;
+    use super::super::state::DcCkfState;
     use crate::addressing::TableFormat;
 
     fn state(slice_lines: u32) -> DcCkfState {
