@@ -15,329 +15,38 @@
 //! the power-of-two sizing of format v1; `-- profile LANES LEN [BUCKETS] [kernel NAME]` for a
 //! tight loop).
 //!
+//! The query trace is the public Mooncake FAST'25 conversation trace (Apache-2.0), which is not
+//! part of this repository: by default it is read from
+//! `../shared/data/traces/mooncake_conversation_trace.jsonl` beside the workspace; the
+//! `CKF_TRACE` environment variable (or `-- trace PATH`, which wins) names another copy.
+//!
 //! Tables are built through the real ingest path (lease + barrier snapshot). Lanes are filled to
 //! ~95% slot load: the query blocks' fingerprints are placed in one of their candidate buckets and
 //! the remaining slots hold random filler fingerprints, so the probes see a realistic full table.
 //! Latency is measured per query with `rdtsc` (calibrated against `Instant`); the measurement
 //! overhead (an empty timed region) is printed and not subtracted.
 
-use std::collections::HashMap;
 use std::hint::black_box;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use ckf_core::addressing::{TableFormat, fmix64};
-use ckf_core::bucket::with_slot;
-use ckf_core::dc::{DcCkfConfig, DcCkfState, FoldHashBuilder, MemberId};
-use ckf_core::frames::{BucketImage, DcCkfDelta, DcCkfSnapshot};
-use ckf_core::global::{GlobalCkfIndexer, Manifest};
-use ckf_core::identity::{
-    IndexerDomainId, PoolId, ProducerIdentity, ProducerIncarnation, StreamTag,
-};
-use ckf_core::lane::{Frame, IngestOutcome, LagPolicy};
+use ckf_core::dc::{DcCkfConfig, DcCkfState, MemberId};
+use ckf_core::global::GlobalCkfIndexer;
 use ckf_core::search::SearchKernel;
 
-type Exact = HashMap<u64, u16, FoldHashBuilder>;
+mod common;
+mod search_tables;
 
-// ------------------------------------------------------------------ timing
-
-#[inline(always)]
-fn ticks() -> u64 {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: rdtsc has no memory effects; available on every x86_64 CPU.
-    unsafe {
-        core::arch::x86_64::_rdtsc()
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        use std::sync::OnceLock;
-        static START: OnceLock<Instant> = OnceLock::new();
-        START.get_or_init(Instant::now).elapsed().as_nanos() as u64
-    }
-}
-
-fn ns_per_tick() -> f64 {
-    let (t0, c0) = (Instant::now(), ticks());
-    std::thread::sleep(Duration::from_millis(100));
-    let (t1, c1) = (Instant::now(), ticks());
-    (t1 - t0).as_nanos() as f64 / (c1 - c0) as f64
-}
-
-struct Lat {
-    p50: f64,
-    p99: f64,
-    mean: f64,
-}
-
-fn summarize(mut v: Vec<u64>, scale: f64) -> Lat {
-    v.sort_unstable();
-    let pick = |q: f64| v[((v.len() as f64 - 1.0) * q) as usize] as f64 * scale;
-    Lat {
-        p50: pick(0.50),
-        p99: pick(0.99),
-        mean: v.iter().sum::<u64>() as f64 / v.len() as f64 * scale,
-    }
-}
-
-/// Times `f(query)` per query over `passes` passes of `queries`.
-fn time_each<F: FnMut(&[u64]) -> u32>(
-    queries: &[Vec<u64>],
-    samples: usize,
-    scale: f64,
-    mut f: F,
-) -> Lat {
-    for q in queries.iter().take(2000) {
-        black_box(f(q));
-    }
-    let mut v = Vec::with_capacity(samples);
-    let mut i = 0;
-    while v.len() < samples {
-        let q = &queries[i % queries.len()];
-        i += 1;
-        let t0 = ticks();
-        let r = f(black_box(q));
-        let t1 = ticks();
-        black_box(r);
-        v.push(t1 - t0);
-    }
-    summarize(v, scale)
-}
-
-// ------------------------------------------------------------------ tables
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        fmix64(self.0)
-    }
-}
-
-const INSTANCE: u64 = 7;
-
-fn build_indexer(bucket_count: u64, lanes: usize) -> GlobalCkfIndexer {
-    let format = TableFormat::new(bucket_count, 0xC0DE).unwrap();
-    let m = Manifest {
-        domain: IndexerDomainId::new("bench").unwrap(),
-        format,
-        lanes: (0..lanes)
-            .map(|i| PoolId::new("bench", &format!("dc-{i}")).unwrap())
-            .collect(),
-    };
-    GlobalCkfIndexer::with_policy(m, INSTANCE, LagPolicy::DISABLED).unwrap()
-}
-
-/// Fills every lane: `lane_blocks[l]` placed exactly (first free candidate slot), the other
-/// slots random filler at `load`. Installs each lane with a barrier snapshot; returns the
-/// stream tags (for writers) and the per-lane words.
-fn fill(
-    ix: &GlobalCkfIndexer,
-    lane_blocks: &mut [Vec<u64>],
-    load: f64,
-    seed: u64,
-) -> Vec<StreamTag> {
-    let n = ix.table().bucket_count();
-    let addressing = *ix.addressing();
-    let mut tags = Vec::new();
-    let mut rng = Rng(seed);
-    for (lane, blocks) in lane_blocks.iter_mut().enumerate() {
-        // Exact placement first (blocks that find no free candidate slot are dropped from the
-        // lane's truth), then filler in free slots.
-        let mut words = vec![0u64; n];
-        blocks.retain(|&h| {
-            let loc = addressing.locate(h);
-            for b in [loc.bucket_a, loc.bucket_b] {
-                let w = words[b as usize];
-                if let Some(s) = ckf_core::bucket::find_empty(w) {
-                    words[b as usize] = with_slot(w, s, loc.fingerprint);
-                    return true;
-                }
-            }
-            false
-        });
-        let threshold = (load * u32::MAX as f64) as u64;
-        for w in words.iter_mut() {
-            let r = rng.next();
-            for s in 0..4 {
-                if ckf_core::bucket::slot(*w, s) == 0 && (rng.next() & 0xFFFF_FFFF) < threshold {
-                    *w = with_slot(*w, s, ((r >> (16 * s)) as u16).max(1));
-                }
-            }
-        }
-        let id = ProducerIdentity {
-            pool: ix.pool(lane as u8).clone(),
-            incarnation: ProducerIncarnation(lane as u64),
-            format: ix.manifest().format,
-        };
-        let lease = ix.grant_lease(&id).unwrap();
-        let tag = StreamTag {
-            incarnation: id.incarnation,
-            lease,
-        };
-        let out = ix.ingest_now(&Frame::Snapshot(DcCkfSnapshot {
-            tag,
-            sequence: 0,
-            buckets: words,
-        }));
-        assert!(matches!(out, IngestOutcome::Activated { .. }));
-        tags.push(tag);
-    }
-    tags
-}
-
-fn exact_index(lane_blocks: &[Vec<u64>]) -> Exact {
-    let mut m = Exact::default();
-    for (lane, blocks) in lane_blocks.iter().enumerate() {
-        for &h in blocks {
-            *m.entry(h).or_default() |= 1 << lane;
-        }
-    }
-    m
-}
-
-/// The baseline: same question answered from the exact index. Returns the summed depth.
-#[inline(never)]
-fn exact_query(index: &Exact, ready: u16, q: &[u64]) -> u32 {
-    let mut active = ready;
-    let mut depths = [0u32; 16];
-    for (i, h) in q.iter().enumerate() {
-        let mask = index.get(h).copied().unwrap_or(0) & active;
-        let mut missed = active & !mask;
-        while missed != 0 {
-            depths[missed.trailing_zeros() as usize] = i as u32;
-            missed &= missed - 1;
-        }
-        active = mask;
-        if active == 0 {
-            break;
-        }
-    }
-    while active != 0 {
-        depths[active.trailing_zeros() as usize] = q.len() as u32;
-        active &= active - 1;
-    }
-    depths.iter().sum()
-}
-
-#[inline(never)]
-fn ckf_query(ix: &GlobalCkfIndexer, q: &[u64]) -> u32 {
-    let m = ix.find_prefix_matches(q);
-    m.iter().map(|(_, d)| d).sum()
-}
-
-/// Checks that the CKF never under-reports (no false negatives) and counts over-reports.
-fn verify(ix: &GlobalCkfIndexer, index: &Exact, queries: &[Vec<u64>]) -> usize {
-    let ready = ix.ready_mask();
-    let mut over = 0;
-    for q in queries.iter().take(5000) {
-        let m = ix.find_prefix_matches(q);
-        let mut active = ready;
-        let mut exact = [0u32; 16];
-        for (i, h) in q.iter().enumerate() {
-            let mask = index.get(h).copied().unwrap_or(0) & active;
-            let mut missed = active & !mask;
-            while missed != 0 {
-                exact[missed.trailing_zeros() as usize] = i as u32;
-                missed &= missed - 1;
-            }
-            active = mask;
-        }
-        while active != 0 {
-            exact[active.trailing_zeros() as usize] = q.len() as u32;
-            active &= active - 1;
-        }
-        for (lane, d) in m.iter() {
-            assert!(
-                d >= exact[lane as usize],
-                "false negative: lane {lane} depth {d} < {}",
-                exact[lane as usize]
-            );
-            over += usize::from(d > exact[lane as usize]);
-        }
-    }
-    over
-}
-
-// ------------------------------------------------------------------ concurrent writer
-
-/// Applies deltas to lane 0 at about `rate` deltas/s (8 images each, rewriting filler slots only
-/// so the query answers stay the same) until stopped. Returns deltas applied.
-fn spawn_writer(
-    ix: Arc<GlobalCkfIndexer>,
-    tag: StreamTag,
-    rate: f64,
-    stop: Arc<AtomicBool>,
-    count: Arc<AtomicU64>,
-) -> std::thread::JoinHandle<()> {
-    std::thread::spawn(move || {
-        let n = ix.table().bucket_count() as u64;
-        let mut rng = Rng(99);
-        let mut seq = 0u64;
-        let start = Instant::now();
-        let mut images = Vec::with_capacity(8);
-        // Relaxed (here and for `count`): a stop flag and a progress counter publish no data;
-        // the deltas themselves go through the indexer's own synchronisation.
-        while !stop.load(Ordering::Relaxed) {
-            let due = (start.elapsed().as_secs_f64() * rate) as u64;
-            if seq >= due {
-                std::hint::spin_loop();
-                continue;
-            }
-            images.clear();
-            let first = rng.next() % n;
-            for k in 0..8u64 {
-                let bucket = ((first + k * 977) % n) as u32;
-                // Same image (the words are the truth for the queries); the store still moves
-                // the cache line to the writer's core, which is the cost under measurement.
-                let image = ix.table().load(bucket as usize, 0);
-                images.push(BucketImage { bucket, image });
-            }
-            let d = DcCkfDelta {
-                tag,
-                base_sequence: seq,
-                sequence: seq + 1,
-                images: images.clone(),
-                oldest_change_age_ms: 0,
-            };
-            let out = ix.ingest_now(&Frame::Delta(d));
-            assert!(matches!(out, IngestOutcome::Applied { .. }), "{out:?}");
-            seq += 1;
-            count.store(seq, Ordering::Relaxed);
-        }
-    })
-}
+use common::latency::{Lat, ns_per_tick, summarize, ticks, time_each};
+use common::trace;
+use search_tables::{
+    Rng, build_indexer, ckf_query, exact_index, exact_query, fill, spawn_writer, synthetic_queries,
+    trace_indexer, trace_indexer_sized, verify,
+};
 
 // ------------------------------------------------------------------ workloads
-
-/// `count` synthetic queries of `len` blocks (random chained hashes). Every lane holds every
-/// query block: the worst case for search (no early exit).
-fn synthetic_queries(count: usize, len: usize, seed: u64) -> Vec<Vec<u64>> {
-    let mut rng = Rng(seed);
-    (0..count)
-        .map(|_| (0..len).map(|_| rng.next()).collect())
-        .collect()
-}
-
-/// Mooncake trace: chained block hashes per request (`h_i = fmix64(h_{i-1} ^ fmix64(id + 1))`,
-/// so equal prefixes give equal hashes), from [`load_trace_ids`].
-fn load_trace(path: &str) -> Option<Vec<Vec<u64>>> {
-    let requests = load_trace_ids(path)?;
-    Some(
-        requests
-            .into_iter()
-            .map(|ids| {
-                let mut h = 0u64;
-                ids.into_iter()
-                    .map(|id| {
-                        h = fmix64(h ^ fmix64(id + 1));
-                        h
-                    })
-                    .collect()
-            })
-            .collect(),
-    )
-}
 
 struct Row {
     name: String,
@@ -439,53 +148,6 @@ fn run_synthetic(
     rows
 }
 
-/// Mooncake-like: lanes filled with different subsets of the trace (each request stored in each
-/// lane with probability 1/4). Returns the indexer, its lanes' stream tags, the exact index and
-/// the mean number of blocks per lane.
-fn trace_indexer(
-    trace: &[Vec<u64>],
-    big: bool,
-) -> (Arc<GlobalCkfIndexer>, Vec<StreamTag>, Exact, usize) {
-    let buckets: u64 = if big {
-        (256u64 << 20) / 8 / 16
-    } else {
-        16 << 10
-    };
-    trace_indexer_sized(trace, buckets)
-}
-
-/// [`trace_indexer`] on a 16-lane table of `buckets` buckets.
-fn trace_indexer_sized(
-    trace: &[Vec<u64>],
-    buckets: u64,
-) -> (Arc<GlobalCkfIndexer>, Vec<StreamTag>, Exact, usize) {
-    let lanes = 16;
-    let ix = Arc::new(build_indexer(buckets, lanes));
-    let mut rng = Rng(3);
-    let mut lane_blocks = vec![Vec::new(); lanes];
-    let mut seen: Vec<HashMap<u64, (), FoldHashBuilder>> = vec![HashMap::default(); lanes];
-    for q in trace {
-        for (lane, lb) in lane_blocks.iter_mut().enumerate() {
-            if rng.next().is_multiple_of(4) {
-                for &h in q {
-                    if seen[lane].insert(h, ()).is_none() {
-                        lb.push(h);
-                    }
-                }
-            }
-        }
-    }
-    // Keep each lane within 95% of its slots.
-    let cap = (buckets as f64 * 4.0 * 0.95) as usize;
-    for lb in lane_blocks.iter_mut() {
-        lb.truncate(cap);
-    }
-    let per_lane: usize = lane_blocks.iter().map(|l| l.len()).sum::<usize>() / lanes;
-    let tags = fill(&ix, &mut lane_blocks, 0.95, 11);
-    let exact = exact_index(&lane_blocks);
-    (ix, tags, exact, per_lane)
-}
-
 /// Every request used as a query against [`trace_indexer`]'s table, next to the exact index.
 fn run_trace(trace: &[Vec<u64>], big: bool, samples: usize, scale: f64, writer: bool) {
     let lanes = 16;
@@ -556,7 +218,7 @@ fn flush_query_rows(_ix: &GlobalCkfIndexer, _q: &[u64]) {
     panic!("the cold-LLC bench uses clflush (x86-64 only)");
 }
 
-/// `-- cold`: issue 12 part 8, tails with a flushed LLC. Mooncake queries (and the same queries
+/// `-- cold`: tails with a flushed LLC. Mooncake queries (and the same queries
 /// cut to their first 4 blocks, a pool of short queries) on 16-lane tables of 256 MiB and 1 GiB.
 /// Two interleaved series per row, 20 rounds of `samples / 20` queries each: **warm** (the
 /// table as the previous queries left the caches: the usual big-table figure) and **flushed**
@@ -614,19 +276,6 @@ fn run_cold(trace: &[Vec<u64>], samples: usize, scale: f64, kernel: Option<Searc
 
 // ------------------------------------------------------------------ tokens
 
-/// Mooncake trace: each request's `hash_ids` (one id per 512-token block).
-fn load_trace_ids(path: &str) -> Option<Vec<Vec<u64>>> {
-    let text = std::fs::read_to_string(path).ok()?;
-    text.lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|line| {
-            let v: serde_json::Value = serde_json::from_str(line).ok()?;
-            let ids = v.get("hash_ids")?.as_array()?;
-            Some(ids.iter().map(|id| id.as_u64().unwrap_or(0)).collect())
-        })
-        .collect()
-}
-
 /// `-- tokens`: a query by token ids (`FindMatchesByTokens`) on a 16-lane 256 MiB table: the
 /// Mooncake requests as token ids (each trace id stands for a block of `block_size` pseudo-random
 /// token ids derived from it, so equal prefixes are equal tokens), every request's sequence
@@ -649,7 +298,7 @@ fn run_tokens(trace_path: &str, samples: usize, scale: f64) {
     use ckf_core::tokens::{BlockSeed, SequenceHashes, sequence_hashes};
     const QUERIES: usize = 1_000;
     const ROUNDS: usize = 20;
-    let Some(ids) = load_trace_ids(trace_path) else {
+    let Some(ids) = trace::load_ids(trace_path) else {
         println!("trace {trace_path} not readable: token figures skipped");
         return;
     };
@@ -935,17 +584,7 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "quick");
     let no_big = args.iter().any(|a| a == "no-big");
-    let trace_path = args
-        .iter()
-        .position(|a| a == "trace")
-        .and_then(|i| args.get(i + 1).cloned())
-        .unwrap_or_else(|| {
-            concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../../shared/data/traces/mooncake_conversation_trace.jsonl"
-            )
-            .to_owned()
-        });
+    let trace_path = trace::path(&args);
     if let Some(i) = args.iter().position(|a| a == "profile") {
         // `profile LANES LEN`: a tight query loop for perf/callgrind (no timing).
         let lanes: usize = args[i + 1].parse().unwrap();
@@ -988,7 +627,7 @@ fn main() {
         scale, overhead.p50
     );
     if args.iter().any(|a| a == "kernels") {
-        let trace = load_trace(&trace_path);
+        let trace = trace::load(&trace_path);
         run_kernels(trace.as_deref(), no_big, samples, scale);
         return;
     }
@@ -997,7 +636,7 @@ fn main() {
         return;
     }
     if args.iter().any(|a| a == "cold") {
-        match load_trace(&trace_path) {
+        match trace::load(&trace_path) {
             Some(trace) => run_cold(&trace, samples, scale, kernel_arg(&args)),
             None => println!("trace {trace_path} not readable: cold figures skipped"),
         }
@@ -1017,7 +656,7 @@ fn main() {
         }
         run_synthetic(big, 16, &lens, samples, scale, true);
     }
-    match load_trace(&trace_path) {
+    match trace::load(&trace_path) {
         Some(trace) => {
             for big in [false, true] {
                 if big && no_big {

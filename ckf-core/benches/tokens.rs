@@ -11,10 +11,14 @@
 //! Run: `cargo bench -p ckf-core --bench tokens` (hand-rolled harness; prints one table).
 //! Requests: 256 per block size (their token ids stay within the L3, as a request just decoded
 //! does), hashed 16 times per round, their block counts the first 256 of the Mooncake trace's
-//! query lengths (p50 14, p99 167 blocks) when `../shared/data/traces/mooncake_conversation_trace.jsonl`
-//! is readable (else a fixed mix of 4, 14, 64 and 167 blocks), random token ids, block sizes 16,
+//! query lengths (p50 14, p99 167 blocks) when the trace is readable (else a fixed mix of 4, 14,
+//! 64 and 167 blocks), random token ids, block sizes 16,
 //! 64 and 512 tokens, no multimodal items. The three implementations take turns in 7 rounds;
 //! each keeps its best round (wall clock, so a preempted round does not count).
+//!
+//! The trace is the public Mooncake FAST'25 conversation trace (Apache-2.0), not part of this
+//! repository: read from `CKF_TRACE` when that environment variable is set, else from
+//! [`TRACE`] (tried from the workspace's parent, then from the working directory).
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -26,12 +30,17 @@ use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 const REQUESTS: usize = 256;
 const PASSES: usize = 16;
 const ROUNDS: usize = 7;
+/// Default path of the Mooncake trace (see the module docs; `CKF_TRACE` overrides it).
 const TRACE: &str = "../shared/data/traces/mooncake_conversation_trace.jsonl";
 
 /// Block counts of the trace's requests (`hash_ids` per line), or a fixed mix without it.
 fn block_counts() -> Vec<usize> {
-    let from_trace: Vec<usize> = std::fs::read_to_string(format!("../{TRACE}"))
-        .or_else(|_| std::fs::read_to_string(TRACE))
+    let text = match std::env::var("CKF_TRACE") {
+        Ok(path) => std::fs::read_to_string(path),
+        Err(_) => std::fs::read_to_string(format!("../{TRACE}"))
+            .or_else(|_| std::fs::read_to_string(TRACE)),
+    };
+    let from_trace: Vec<usize> = text
         .map(|text| {
             text.lines()
                 .filter_map(|line| {

@@ -1,4 +1,4 @@
-//! `LocalCkfAdapter`: the in-process producer -> consumer composition (design source, "Lane
+//! `LocalCkfAdapter`: the in-process producer -> consumer composition (docs/design.md, "Lane
 //! recovery and failure boundaries": "The in-process `LocalCkfAdapter` exercises this complete
 //! boundary today").
 //!

@@ -11,7 +11,7 @@
 //! This module *is* part of the table format: a producer and a consumer can only share bucket
 //! images if they derive the same fingerprint and buckets from the same block hash. Everything
 //! that influences the result is carried in [`TableFormat`], which both sides compare before a
-//! lease is granted (design source, "Producer storage and relocation": "A full hash
+//! lease is granted (docs/design.md, "Producer storage and relocation": "A full hash
 //! deterministically produces one nonzero fingerprint and an unordered pair of candidate
 //! buckets").
 //!
@@ -27,10 +27,11 @@
 //! alternate(b, fp) = (offset(fp) - b) mod n
 //! ```
 //! * Fingerprint and bucket bits come from disjoint bit ranges of one well-mixed word, so they are
-//!   independent (`../shared/cases/cuckoo-cases.md` case 1).
+//!   independent (`docs/design.md`, "Cuckoo filter cases", case 1).
 //! * `alternate(b, fp) = (offset(fp) - b) mod n` is computable from (bucket, fingerprint) alone
 //!   and stays in range for *any* `n`, so a table can have exactly the bucket count its expected
-//!   size needs instead of the next power of two (issue 12, part 6). It is an involution:
+//!   size needs instead of the next power of two (a power of two would waste up to half the table's
+//!   memory). It is an involution:
 //!   `offset - (offset - b) = b (mod n)`. It never returns `b`: that would need
 //!   `2b = offset (mod n)`, and with `n` even the left side is even modulo `n` while the offset
 //!   is odd. This is why the bucket count must be even and the offset is forced odd: with an odd

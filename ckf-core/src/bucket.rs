@@ -3,7 +3,7 @@
 //! A bucket is one `u64` holding [`SLOTS`] slots of [`SLOT_BITS`] bits: slot `i` occupies bits
 //! `16*i .. 16*i+16` (slot 0 in the low bits, slot 3 in bits 48..63). A slot value of 0 means
 //! empty; fingerprints are never 0 (see [`crate::addressing`]). Occupied slots are *not* packed
-//! to the left: any slot may be empty while a later one is full (`cuckoo-cases.md` case 8).
+//! to the left: any slot may be empty while a later one is full (`docs/design.md`, "Cuckoo filter cases", case 8).
 //!
 //! What this module owns, so the rest of the crate never touches raw slot masks (case 9):
 //! * the slot layout ([`SLOT_BITS`], [`SLOTS`], [`EMPTY_SLOT`]); `addressing` derives the format's
@@ -184,7 +184,7 @@ const TABLE_ALIGN: usize = 128;
 /// The consumer's bucket-major, lane-minor table of `AtomicU64` bucket images.
 ///
 /// Word `(bucket, lane)` lives at index `bucket * lanes + lane`, so the row of one bucket holds
-/// that bucket's image in every lane side by side (design source, "Global transposed consumer").
+/// that bucket's image in every lane side by side (docs/design.md, "Global transposed consumer").
 /// The table is sized to the configured lane count (1..=16): `bucket_count * lanes * 8` bytes.
 ///
 /// Concurrency: every word is an independent atomic; writers store whole images, readers load
@@ -296,10 +296,10 @@ impl TransposedTable {
         self.row(bucket)[lane].load(Ordering::Acquire)
     }
 
-    /// Installs one bucket image with a single `Release` store (design source: "Each consumer
-    /// bucket image is installed with one atomic u64 store"). `Release` keeps the order of a
+    /// Installs one bucket image with a single `Release` store (docs/design.md, "Global
+    /// transposed consumer": each consumer bucket image is installed with one atomic u64 store). `Release` keeps the order of a
     /// delta's stores visible to an `Acquire` reader, which the relocation ordering of
-    /// `cuckoo-cases.md` case 12 relies on.
+    /// `docs/design.md`, "Cuckoo filter cases", case 12 relies on.
     ///
     /// # Panics
     /// When `bucket` or `lane` is out of range.

@@ -1,5 +1,5 @@
 //! `DcCkfState`: one DC pool's exact ownership, refcounts, omissions and stats, and the packed
-//! cuckoo-filter table projected from them (design source, "Producer invariants").
+//! cuckoo-filter table projected from them (docs/design.md, "Producer invariants").
 //!
 //! The exact state is the authority; the table is a lossy projection:
 //!

@@ -1,4 +1,4 @@
-//! Dirty-bucket tracking and safe image ordering for deltas (design source, "Publication
+//! Dirty-bucket tracking and safe image ordering for deltas (docs/design.md, "Publication
 //! protocol").
 //!
 //! Dirty tracking is a notification mechanism, not a log. On the first write to a bucket since
@@ -7,7 +7,7 @@
 //! whose word differs from the recorded one, so net reversions (store then remove, a relocation
 //! undone by later churn) drop out of the batch.
 //!
-//! # Image order (`cuckoo-cases.md` case 12)
+//! # Image order (`docs/design.md`, "Cuckoo filter cases", case 12)
 //! A consumer installs a delta's images one atomic store at a time and queries may run in
 //! between. A relocated fingerprint must therefore reach its new bucket before it leaves its old
 //! one. The order is computed from the sampled state, not from the history of kicks:

@@ -1,4 +1,4 @@
-//! Pre-/post-commit failure dispositions (design source, "Lane recovery and failure boundaries":
+//! Pre-/post-commit failure dispositions (docs/design.md, "Lane recovery and failure boundaries":
 //! "Recovery targets the state whose commit became uncertain").
 //!
 //! | where the uncertainty is | disposition | what recovers it |

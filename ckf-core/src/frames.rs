@@ -1,4 +1,4 @@
-//! Publication frames: what a producer sends a consumer (design source, "Publication
+//! Publication frames: what a producer sends a consumer (docs/design.md, "Publication
 //! protocol").
 //!
 //! ```text
@@ -10,7 +10,7 @@
 //! A snapshot travels as [`SnapshotChunk`]s so that every transport message stays bounded. A
 //! chunk carries whole bucket words as little-endian bytes; [`decode_chunk_words`] rejects
 //! empty, misaligned and oversized chunks, and the consumer rejects out-of-order and truncated
-//! snapshots (`cuckoo-cases.md` case 10).
+//! snapshots (`docs/design.md`, "Cuckoo filter cases", case 10).
 
 use thiserror::Error;
 

@@ -1,15 +1,15 @@
 //! `GlobalCkfIndexer`: the transposed global consumer for one indexer domain and up to 16 DC
-//! pool lanes (design source, "Global transposed consumer").
+//! pool lanes (docs/design.md, "Global transposed consumer").
 //!
 //! It owns the manifest (which pool is which lane), the lease authority (strictly increasing
-//! epochs per lane), the shared [`TransposedTable`] sized to the lane count, the ready-lane mask,
+//! epochs per lane), the shared [`TransposedTable`](crate::bucket::TransposedTable) sized to the lane count, the ready-lane mask,
 //! and one serialized [`crate::lane`] ingestor per lane. Prefix search lives in
 //! [`crate::search`]; bounded, lane-sticky transport with deadlines in [`crate::ingestion`].
 //!
 //! # The weak-read contract
 //! Only two things are shared between ingestion and queries: the bucket words and the ready mask.
 //!
-//! * **Each bucket image is one atomic `u64` store** ([`TransposedTable::store`], `Release`).
+//! * **Each bucket image is one atomic `u64` store** ([`TransposedTable::store`](crate::bucket::TransposedTable::store), `Release`).
 //!   A query never sees a torn bucket.
 //! * **Readiness is published with `Release`** when a barrier snapshot completes, after every
 //!   word of the snapshot was stored, and **captured once per query with `Acquire`**: a query that

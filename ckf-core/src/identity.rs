@@ -1,4 +1,4 @@
-//! Names of pools, producers and leases (design source, "Core concepts").
+//! Names of pools, producers and leases (docs/design.md, "Core concepts").
 //!
 //! ```text
 //! PoolId = (IndexerDomainId, DcId)

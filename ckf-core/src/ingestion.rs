@@ -1,4 +1,4 @@
-//! Bounded, lane-sticky ingestion transport (design source, "Global transposed consumer": "The
+//! Bounded, lane-sticky ingestion transport (docs/design.md, "Global transposed consumer": "The
 //! Flume ingestion pool assigns a lane to a stable worker, so snapshots, deltas, and drain
 //! markers for that lane cannot interleave").
 //!

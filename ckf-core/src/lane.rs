@@ -1,5 +1,5 @@
 //! One lane's serialized ingestor: lease validation, the lane state machine and the delta
-//! acceptance rules (design source, "Global transposed consumer" and "Lane recovery and failure
+//! acceptance rules (docs/design.md, "Global transposed consumer" and "Lane recovery and failure
 //! boundaries").
 //!
 //! ```text

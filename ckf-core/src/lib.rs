@@ -5,8 +5,9 @@
 //! deltas, drain markers), the transposed global consumer and its multi-lane prefix search.
 //! No network code and no async runtime: the services are thin adapters over this crate.
 //!
-//! The binding semantics are the Cuckoo KV Indexer design (`shared/seeds/000_*`, cited below
-//! as "design source"). Module map, following one KV event from producer to query:
+//! The binding semantics are the Cuckoo KV Indexer design, `docs/design.md` (cited below by
+//! section, as `docs/design.md, "Section"`). Module map, following one KV event from producer
+//! to query:
 //!
 //! | module | owns |
 //! | --- | --- |

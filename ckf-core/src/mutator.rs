@@ -1,6 +1,6 @@
 //! Mutator: cuckoo insertion with bounded kicks and complete rollback; removal of one copy.
 //!
-//! The mutator owns the producer's packed bucket words (design source, "Producer storage and
+//! The mutator owns the producer's packed bucket words (docs/design.md, "Producer storage and
 //! relocation") and nothing else: it knows fingerprints and buckets, never block hashes or
 //! owners. [`crate::dc::DcCkfState`] decides *when* to insert or remove; the mutator decides
 //! *where*.
@@ -10,7 +10,7 @@
 //! 2. Otherwise relocate ("kick"): pick a start bucket and a victim slot, put the new
 //!    fingerprint there, and move the victim to its alternate bucket
 //!    ([`Addressing::alternate`], the same function `locate` uses, so the insert path and the
-//!    kick path cannot disagree: `cuckoo-cases.md` case 3). Repeat with the next victim until
+//!    kick path cannot disagree: `docs/design.md`, "Cuckoo filter cases", case 3). Repeat with the next victim until
 //!    an empty slot is found or `max_kicks` victims have been moved.
 //! 3. On failure every write is undone from the undo log in reverse order, so the table bytes
 //!    are identical to before the attempt (case 5) and the caller records a pre-commit omission.
@@ -24,7 +24,8 @@
 //! count, a per-table counter that advances on every relocating insert). A plain
 //! `(fingerprint + kicks) % 4` is periodic: fingerprints that differ by a multiple of 4 walk the
 //! same slots in lock-step and can cycle among a few buckets until the kick budget is spent,
-//! failing far below the designed load (the eviction-slot note in `shared/seeds/003_*`). Mixing
+//! failing far below the designed load (the eviction slot must not be a function of the
+//! fingerprint and the kick count alone). Mixing
 //! in the counter also means a retried insert explores a different path. The choice is still
 //! deterministic for a given sequence of operations.
 //!
@@ -36,7 +37,7 @@
 //! independent loads, where every extra kick of a blind walk is a dependent cache miss (on a
 //! table far beyond the caches, the dominant cost of an insertion at high load).
 //! A walk that re-enters a bucket it changed produces a net swap between buckets, which no
-//! image order can publish without a transient miss (`cuckoo-cases.md` case 12, see
+//! image order can publish without a transient miss (`docs/design.md`, "Cuckoo filter cases", case 12, see
 //! [`crate::dirty`]); avoiding it also avoids wasting kicks on loops.
 //!
 //! # Hot path

@@ -1,4 +1,4 @@
-//! `DcCkfPublisher`: the lease and sequence envelope of one publication stream (design source,
+//! `DcCkfPublisher`: the lease and sequence envelope of one publication stream (docs/design.md,
 //! "Publication protocol").
 //!
 //! A publisher turns producer state into frames for one consumer (one indexer endpoint):

@@ -1,4 +1,4 @@
-//! Multi-lane prefix search over the transposed table (design source, "Global transposed
+//! Multi-lane prefix search over the transposed table (docs/design.md, "Global transposed
 //! consumer": one probe compares the same candidate buckets across every ready lane, with an
 //! early exit once no lane still matches).
 //!
@@ -29,7 +29,7 @@
 //! constants; `search/neon.rs` runs this module's loop with a NEON row check. Which one a query
 //! runs is [`SearchKernel`]'s choice (best available, or forced; never one the CPU lacks).
 //!
-//! # Read order and the relocation window (`cuckoo-cases.md` case 12)
+//! # Read order and the relocation window (`docs/design.md`, "Cuckoo filter cases", case 12)
 //! A delta relocating fingerprint `f` from bucket `s` to bucket `d` (the other candidate of `f`)
 //! carries `d`'s image before `s`'s image, each installed with a `Release` store, and the query
 //! loads words with `Acquire`. The query reads the **lower-index candidate bucket first**:

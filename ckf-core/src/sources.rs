@@ -301,7 +301,7 @@ mod tests {
 
     #[test]
     fn a_hundred_thousand_sources_stay_within_the_capacity() {
-        // The attack of issue 10: 100k distinct source ids, each one batch. At most `capacity`
+        // A flood of fresh source ids (memory exhaustion by id churn): 100k distinct source ids, each one batch. At most `capacity`
         // stay tracked, and the estimate is bounded by the capacity, not the ids ever seen.
         let mut s = SourceSequences::new(cap(4096));
         let id = |i: usize| format!("{i:0>120}");

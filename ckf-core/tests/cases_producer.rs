@@ -1,4 +1,4 @@
-//! Producer parts of `shared/cases/cuckoo-cases.md`: cases 1-8, 11 and 12, each checked for
+//! Producer parts of `docs/design.md`, "Cuckoo filter cases": cases 1-8, 11 and 12, each checked for
 //! its whole kind (several table sizes, kick bounds, slots or members) rather than one input.
 //! The 1,048,576-block false-positive check of case 1 and the 500,000-session kick-cycle check
 //! live in `producer_kicks.rs`.

@@ -1,4 +1,4 @@
-//! Concurrency (`cuckoo-cases.md` cases 8 and 12; the weak-read contract
+//! Concurrency (`docs/design.md`, "Cuckoo filter cases", cases 8 and 12; the weak-read contract
 //! of `global.rs`): queries on other threads
 //! while deltas and snapshots are applied never panic and never report a lane that was not
 //! ready at capture; a block that stays stored is not missed while kick-heavy deltas from a real

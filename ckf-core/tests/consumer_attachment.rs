@@ -1,5 +1,5 @@
 //! `GlobalCkfIndexer::attach` and `Attachment`: what a service streaming frames under a lease is
-//! told (design source, "Lane recovery and failure boundaries"). Every verdict is checked against
+//! told (docs/design.md, "Lane recovery and failure boundaries"). Every verdict is checked against
 //! the lane state it must leave behind, and every refusal against the other lane.
 
 use std::sync::Arc;

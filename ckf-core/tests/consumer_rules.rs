@@ -1,4 +1,4 @@
-//! One test per consumer acceptance rule and per lane transition (design source, "Lane
+//! One test per consumer acceptance rule and per lane transition (docs/design.md, "Lane
 //! recovery and failure boundaries"). Frames are built by hand so every rule is hit exactly.
 
 use std::time::{Duration, Instant};

@@ -1,4 +1,4 @@
-//! Convergence (design source, "Correctness checks"): after random churn on real producers (`DcCkfState` +
+//! Convergence (docs/design.md, "Correctness checks"): after random churn on real producers (`DcCkfState` +
 //! `DcCkfPublisher`), a barrier snapshot, the following deltas and an exact drain marker
 //! reconstruct each producer's table bytes in its consumer lane, and prefix search finds every
 //! tracked block at full depth (no false negatives). Several lanes with different contents.

@@ -1,5 +1,5 @@
-//! Format v2 at its edges: the cuckoo cases (`../shared/cases/cuckoo-cases.md` 2, 3, 5, 7, 11,
-//! 12) re-run on small tables whose bucket count is *not* a power of two (where the alternate is
+//! Format v2 at its edges: the cuckoo cases (`docs/design.md`, "Cuckoo filter cases",
+//! cases 2, 3, 5, 7, 11, 12) re-run on small tables whose bucket count is *not* a power of two (where the alternate is
 //! a modular subtraction that wraps, not an XOR), and sizing right at the `MAX_BUCKETS`
 //! boundary.
 

@@ -1,5 +1,6 @@
-//! Kick behaviour at scale: no short kick cycles (the eviction-slot note in
-//! `shared/seeds/003_*`) and `cuckoo-cases.md` case 1 on a table designed for 1,048,576 blocks.
+//! Kick behaviour at scale: no short kick cycles (the eviction slot must not be a function of
+//! the fingerprint and the kick count alone, or fingerprints walk the same slots in lock-step)
+//! and `docs/design.md`, "Cuckoo filter cases", case 1 on a table designed for 1,048,576 blocks.
 //!
 //! Session keys are hashed to block hashes with **FNV-1a 64** (offset basis
 //! `0xcbf29ce484222325`, prime `0x100000001b3`) over the key's UTF-8 bytes: a simple, widely

@@ -1,4 +1,5 @@
-//! The producer's exact state stays at or under 32 bytes per tracked block (issue 12), and
+//! The producer's exact state stays at or under 32 bytes per tracked block (the memory budget of
+//! the exact state), and
 //! `DcCkfStats`' capacity-based accounting is what the allocator really handed out.
 //!
 //! A counting global allocator tracks the live heap bytes of this test binary, so the test

@@ -1,4 +1,4 @@
-//! `DcCkfState` against an exact model (design source, "Correctness checks").
+//! `DcCkfState` against an exact model (docs/design.md, "Correctness checks").
 //!
 //! Random store / remove / clear / remove-worker / publish sequences over 6 members (3 workers x
 //! 2 ranks, so some blocks have more than the three inline owners) and 64 block hashes, on 2-32 bucket tables (powers of two and not) with 0-500 kicks, so collisions, kicks and
@@ -64,7 +64,7 @@ fn universe() -> Vec<u64> {
 }
 
 /// Table sizes of the model: powers of two and format v2's other even counts, from the 2-bucket
-/// minimum up (`cuckoo-cases.md` cases 2, 3, 5, 7 on tables where the alternate is a modular
+/// minimum up (`docs/design.md`, "Cuckoo filter cases", cases 2, 3, 5, 7 on tables where the alternate is a modular
 /// subtraction that wraps, not an XOR).
 const BUCKET_COUNTS: [u64; 10] = [2, 4, 6, 8, 10, 12, 14, 16, 22, 32];
 

@@ -1,5 +1,5 @@
 //! Publication protocol on the producer side: lease install rules, barrier snapshot, sequence
-//! chain, drain marker, fencing and sequence exhaustion (design source, "Publication protocol").
+//! chain, drain marker, fencing and sequence exhaustion (docs/design.md, "Publication protocol").
 
 use ckf_core::dc::{DcCkfConfig, DcCkfState, MemberId};
 use ckf_core::publication::{DcCkfPublisher, FenceReason, PublishError, PublisherState};

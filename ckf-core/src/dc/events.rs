@@ -1,4 +1,4 @@
-//! KV events and their per-event outcomes (design source, "Producer invariants").
+//! KV events and their per-event outcomes (docs/design.md, "Producer invariants").
 
 use std::fmt;
 
@@ -76,7 +76,7 @@ pub struct KvEvent {
 #[non_exhaustive]
 pub enum BlockError {
     /// Cuckoo insertion found no empty slot within the kick bound: a pre-commit omission
-    /// (design source, "Producer storage and relocation"). No ownership edge was added, no
+    /// (docs/design.md, "Producer storage and relocation"). No ownership edge was added, no
     /// refcount changed, no bucket was dirtied; a later store of the block may succeed.
     #[error("block {block_hash:#018x} omitted: no free slot within {kicks} kicks")]
     CapacityExhausted {

@@ -2,11 +2,11 @@
 //! can write durability checkpoints and, on start, rebuild its state from them instead of from
 //! every worker re-announcing its cache.
 //!
-//! An image holds what the table is a projection of (design source, "Producer invariants"):
+//! An image holds what the table is a projection of (docs/design.md, "Producer invariants"):
 //! each member's owned block hashes and the ingest source it is charged to ([`quota`]'s docs).
 //! It holds no bucket word, kick or dirty state: the table is rebuilt from the blocks by
 //! ordinary insertion, so a restored state is a new *producer generation* whose table must
-//! reach consumers through a barrier snapshot (design source, "Lane recovery and failure
+//! reach consumers through a barrier snapshot (docs/design.md, "Lane recovery and failure
 //! boundaries": suspect exact producer state requires a producer-generation rebuild).
 //!
 //! ```text

@@ -30,7 +30,8 @@ pub struct DcCkfStats {
     /// Image-ordering cycles broken since start (see [`crate::dirty`]).
     pub cycles_broken_total: u64,
     /// Times a final-owner removal found no matching fingerprint (0 unless the exact state is
-    /// corrupt; the producer then needs a generation rebuild, design source "Lane recovery").
+    /// corrupt; the producer then needs a generation rebuild, `docs/design.md`, "Lane recovery and failure
+    /// boundaries").
     pub missing_fingerprints_total: u64,
     /// Dirty buckets not yet sampled into a batch.
     pub pending_dirty: usize,

@@ -1,6 +1,6 @@
 //! One producer stream attached to a lane: the lease it was granted, the producer incarnation
 //! that holds it and the lane's event subscription, plus every decision a service streaming
-//! frames under that lease needs (design source, "Lane recovery and failure boundaries").
+//! frames under that lease needs (docs/design.md, "Lane recovery and failure boundaries").
 //!
 //! ```text
 //! GlobalCkfIndexer::attach(request) -> Attachment (lease + incarnation + events) | AttachError
@@ -121,7 +121,7 @@ pub struct Attachment {
 
 impl GlobalCkfIndexer {
     /// Attaches a producer stream: checks the pool (it must be a manifest lane) and the claimed
-    /// format (valid and equal to the manifest's), applies the request's [`AttachMode`], grants
+    /// format (valid and equal to the manifest's), applies the request's [`AttachMode`](crate::lane::AttachMode), grants
     /// the lane's next lease (fencing any older stream, exactly as
     /// [`GlobalCkfIndexer::grant_lease`]) and subscribes to the lane's events under the same
     /// lane lock, so no transition of the new lease is missed.
@@ -129,7 +129,7 @@ impl GlobalCkfIndexer {
     /// # Errors
     /// [`AttachError::UnknownPool`] (with the configured pools),
     /// [`AttachError::FormatMismatch`] (both formats, and why the producer's is unusable when it
-    /// is) or, for [`AttachMode::IfVacant`], [`AttachError::Occupied`] (the live holder's
+    /// is) or, for [`AttachMode::IfVacant`](crate::lane::AttachMode::IfVacant), [`AttachError::Occupied`] (the live holder's
     /// incarnation and lease epoch). Nothing is leased then.
     pub fn attach(&self, request: &AttachRequest) -> Result<Attachment, AttachError> {
         let (lease, events) = self.grant(request, true)?;

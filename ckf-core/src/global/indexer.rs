@@ -167,7 +167,7 @@ impl GlobalCkfIndexer {
     /// ignored from now on. The lane awaits a barrier snapshot under the new lease. Services that
     /// stream frames under the lease use [`GlobalCkfIndexer::attach`] instead.
     ///
-    /// Always [`AttachMode::Takeover`].
+    /// Always [`AttachMode::Takeover`](crate::lane::AttachMode::Takeover).
     ///
     /// # Errors
     /// [`AttachError::UnknownPool`] (naming the configured pools) or

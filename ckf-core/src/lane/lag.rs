@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 /// Deadlines enforced by the consumer. A lane that violates one is retired, and only that lane
-/// (design source, "Lane recovery and failure boundaries": "a ... lag-policy violation ...
+/// (docs/design.md, "Lane recovery and failure boundaries": "a ... lag-policy violation ...
 /// retires only the affected lane").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LagPolicy {

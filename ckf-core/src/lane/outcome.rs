@@ -183,8 +183,9 @@ pub enum RetireReason {
         detail: String,
     },
     /// Delivery became uncertain at the transport: the current stream broke, ended without a
-    /// drain marker, or carried a frame the service could not decode or admit (design source:
-    /// "delivery uncertainty ... retires only the affected lane"). Retired through
+    /// drain marker, or carried a frame the service could not decode or admit (docs/design.md,
+    /// "Lane recovery and failure boundaries": delivery uncertainty retires only the affected
+    /// lane). Retired through
     /// [`crate::global::GlobalCkfIndexer::retire_lease`] by the service owning the stream.
     #[error("stream lost: {detail}")]
     StreamLost {

@@ -6,8 +6,8 @@
 use crate::addressing::{Addressing, Location};
 use crate::bucket::{self, MAX_LANES, TransposedTable};
 
-/// How many positions ahead of the probe a large table's rows are prefetched, in every kernel
-/// (issue 12 part 8). A long query on a table far beyond the LLC is bound by how many cache
+/// How many positions ahead of the probe a large table's rows are prefetched, in every kernel,
+/// chosen for the tail latency of long queries on tables far larger than the caches. A long query on a table far beyond the LLC is bound by how many cache
 /// misses the core keeps in flight (4 lines per position at 16 lanes), so the distance must
 /// cover a DRAM latency's worth of probes. 24 positions ahead, one position's rows per probe,
 /// cut the flushed-LLC p99 of Mooncake queries on 256 MiB / 1 GiB tables to ~0.75x the old
