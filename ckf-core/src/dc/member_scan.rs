@@ -103,10 +103,11 @@ impl DcCkfState {
 
 #[cfg(test)]
 mod tests {
-    use super::super::config::DcCkfConfig;
-    use super::super::events::MemberId;
-    use super::super::state::DcCkfState;
     use crate::addressing::TableFormat;
+    use crate::dc::config::DcCkfConfig;
+    use crate::dc::events::MemberId;
+    use crate::dc::member_scan::MemberScan;
+    use crate::dc::state::DcCkfState;
 
     fn hash(i: u64) -> u64 {
         (i + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
@@ -122,7 +123,7 @@ mod tests {
         .unwrap()
     }
 
-    fn finish(s: &DcCkfState, scan: &mut super::MemberScan) -> Vec<u64> {
+    fn finish(s: &DcCkfState, scan: &mut MemberScan) -> Vec<u64> {
         loop {
             if let Some(answer) = s.member_scan_step(scan) {
                 return answer;

@@ -220,7 +220,7 @@ impl std::str::FromStr for SearchKernel {
 /// kernels from detection to exercise the "CPU lacks it" refusals on any machine.
 #[cfg(feature = "testing")]
 pub(crate) mod test_hooks {
-    use super::SearchKernel;
+    use crate::search::kernel::SearchKernel;
     use std::cell::Cell;
 
     thread_local! {
