@@ -10,6 +10,9 @@
 //! uncertainty for a trustworthy producer, so it takes a **new lease and sends a barrier
 //! snapshot**; the producer's exact state is never touched.
 //!
+//! Test and demo support only: compiled with the `testing` feature (ckf-core's own tests turn
+//! it on), never into the services.
+//!
 //! ```text
 //! apply(event) -> publish(): take_batch -> delta N->N+1 -> [fault?] -> ingest
 //! drain(): publish pending -> drain marker N -> Drained | Retired(LostFinalDelta) -> recover

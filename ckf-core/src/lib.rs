@@ -26,12 +26,13 @@
 //! | [`ingestion`] | one serialized ingestor per lane, bounded queues, lag policy |
 //! | [`search`] | multi-lane prefix search over the transposed table |
 //! | [`tokens`] | the canonical token hash space: token ids -> sequence block hashes (Dynamo's scheme) |
-//! | [`adapter`] | in-process producer -> consumer composition with recovery |
+//! | `adapter` | (feature `testing`) in-process producer -> consumer composition with recovery, for tests and demos |
 //! | [`failure`] | pre-/post-commit failure dispositions by affected domain |
 //! | [`access`] | credentials, principals, per-pool / per-source policies, refusals (`UNAUTHENTICATED` / `PERMISSION_DENIED`) |
 //! | `testing` | (feature `testing`) test kit: frames under a lease, snapshot install |
 
 pub mod access;
+#[cfg(feature = "testing")]
 pub mod adapter;
 pub mod addressing;
 pub mod bucket;
