@@ -39,7 +39,9 @@ fn is_cfg_test(attrs: &[syn::Attribute]) -> bool {
         syn::Meta::List(list) if list.path.is_ident("cfg") => {
             let text = list.tokens.to_string();
             !text.starts_with("not")
-                && text.split(|c: char| c.is_whitespace() || "(),".contains(c)).any(|w| w == "test")
+                && text
+                    .split(|c: char| c.is_whitespace() || "(),".contains(c))
+                    .any(|w| w == "test")
         }
         _ => false,
     })
@@ -48,7 +50,10 @@ fn is_cfg_test(attrs: &[syn::Attribute]) -> bool {
 fn path_attr(attrs: &[syn::Attribute]) -> Option<String> {
     attrs.iter().find_map(|a| match &a.meta {
         syn::Meta::NameValue(nv) if nv.path.is_ident("path") => match &nv.value {
-            syn::Expr::Lit(syn::ExprLit { lit: syn::Lit::Str(s), .. }) => Some(s.value()),
+            syn::Expr::Lit(syn::ExprLit {
+                lit: syn::Lit::Str(s),
+                ..
+            }) => Some(s.value()),
             _ => None,
         },
         _ => None,
@@ -69,7 +74,11 @@ fn flatten_use(prefix: &[String], tree: &syn::UseTree, out: &mut Vec<(String, Ve
             if name != "self" {
                 path.push(name.clone());
             }
-            let bound = if name == "self" { prefix.last().cloned().unwrap_or_default() } else { name };
+            let bound = if name == "self" {
+                prefix.last().cloned().unwrap_or_default()
+            } else {
+                name
+            };
             out.push((bound, path));
         }
         syn::UseTree::Rename(r) => {
@@ -89,7 +98,8 @@ struct CodePaths<'a> {
 impl<'ast> Visit<'ast> for CodePaths<'_> {
     fn visit_path(&mut self, p: &'ast syn::Path) {
         if p.segments.len() >= 2 {
-            self.paths.push(p.segments.iter().map(|s| s.ident.to_string()).collect());
+            self.paths
+                .push(p.segments.iter().map(|s| s.ident.to_string()).collect());
         }
         syn::visit::visit_path(self, p);
     }
@@ -108,7 +118,8 @@ impl Tree {
     }
 
     fn load_file(&mut self, file: &Path, module: Vec<String>, owns_dir: bool) {
-        let text = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        let text =
+            std::fs::read_to_string(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
         let parsed = syn::parse_file(&text).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
         let dir = if owns_dir {
             file.parent().unwrap().to_path_buf()
@@ -128,7 +139,11 @@ impl Tree {
                     let name = m.ident.to_string();
                     let mut child = module.clone();
                     child.push(name.clone());
-                    self.modules.get_mut(&module).unwrap().children.insert(name.clone());
+                    self.modules
+                        .get_mut(&module)
+                        .unwrap()
+                        .children
+                        .insert(name.clone());
                     if let Some((_, inline)) = &m.content {
                         self.load_items(file, &dir.join(&name), child, inline);
                     } else if let Some(path) = path_attr(&m.attrs) {
@@ -146,7 +161,11 @@ impl Tree {
                     flatten_use(&[], &u.tree, &mut flat);
                     for (bound, path) in flat {
                         refs.push(path.clone());
-                        self.modules.get_mut(&module).unwrap().uses.insert(bound, path);
+                        self.modules
+                            .get_mut(&module)
+                            .unwrap()
+                            .uses
+                            .insert(bound, path);
                     }
                 }
                 syn::Item::Fn(f) if is_cfg_test(&f.attrs) => {}
@@ -182,7 +201,9 @@ impl Tree {
 
     /// The file that defines what `path` names, following re-exports.
     fn defining_file(&self, path: &[String], depth: usize) -> Option<&Path> {
-        let split = (0..=path.len()).rev().find(|&n| self.modules.contains_key(&path[..n]))?;
+        let split = (0..=path.len())
+            .rev()
+            .find(|&n| self.modules.contains_key(&path[..n]))?;
         let (module, rest) = path.split_at(split);
         let owner = &self.modules[module];
         if let (Some(name), true) = (rest.first(), depth < 8) {
@@ -202,8 +223,12 @@ impl Tree {
         let mut edges: BTreeMap<(PathBuf, PathBuf), BTreeSet<String>> = BTreeMap::new();
         for (module, m) in &self.modules {
             for path in &m.refs {
-                let Some(abs) = self.absolute(module, path) else { continue };
-                let Some(to) = self.defining_file(&abs, 0) else { continue };
+                let Some(abs) = self.absolute(module, path) else {
+                    continue;
+                };
+                let Some(to) = self.defining_file(&abs, 0) else {
+                    continue;
+                };
                 if to != m.file {
                     edges
                         .entry((m.file.clone(), to.to_path_buf()))
@@ -222,7 +247,9 @@ impl Tree {
         let mut index = HashMap::new();
         for (from, to) in edges.keys() {
             for file in [from, to] {
-                index.entry(file.clone()).or_insert_with(|| graph.add_node(file.clone()));
+                index
+                    .entry(file.clone())
+                    .or_insert_with(|| graph.add_node(file.clone()));
             }
             graph.add_edge(index[from], index[to], ());
         }
@@ -235,7 +262,12 @@ impl Tree {
                 for ((from, to), names) in &edges {
                     if files.contains(from) && files.contains(to) {
                         let names: Vec<&str> = names.iter().map(String::as_str).collect();
-                        text += &format!("  {} -> {}: {}\n", from.display(), to.display(), names.join(", "));
+                        text += &format!(
+                            "  {} -> {}: {}\n",
+                            from.display(),
+                            to.display(),
+                            names.join(", ")
+                        );
                     }
                 }
                 text
@@ -252,9 +284,18 @@ fn crate_roots(repo: &Path) -> Vec<PathBuf> {
         if !entry.path().join("Cargo.toml").exists() || !src.is_dir() {
             continue;
         }
-        roots.extend(["lib.rs", "main.rs"].map(|f| src.join(f)).into_iter().filter(|p| p.exists()));
+        roots.extend(
+            ["lib.rs", "main.rs"]
+                .map(|f| src.join(f))
+                .into_iter()
+                .filter(|p| p.exists()),
+        );
         if let Ok(bins) = std::fs::read_dir(src.join("bin")) {
-            roots.extend(bins.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "rs")));
+            roots.extend(
+                bins.flatten()
+                    .map(|e| e.path())
+                    .filter(|p| p.extension().is_some_and(|x| x == "rs")),
+            );
         }
     }
     roots.sort();
@@ -266,9 +307,17 @@ fn no_crate_has_an_import_circle() {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
     let roots = crate_roots(repo);
     assert!(roots.len() >= 10, "found only {roots:?}");
-    let circles: Vec<String> = roots.iter().flat_map(|root| Tree::load(root).circles()).collect();
+    let circles: Vec<String> = roots
+        .iter()
+        .flat_map(|root| Tree::load(root).circles())
+        .collect();
     let circles = circles.into_iter().collect::<BTreeSet<_>>();
-    assert!(circles.is_empty(), "{} import circle(s):\n{}", circles.len(), circles.into_iter().collect::<Vec<_>>().join(""));
+    assert!(
+        circles.is_empty(),
+        "{} import circle(s):\n{}",
+        circles.len(),
+        circles.into_iter().collect::<Vec<_>>().join("")
+    );
 }
 
 #[test]
@@ -277,12 +326,20 @@ fn a_parent_and_child_that_use_each_other_are_a_circle() {
     let src = dir.path();
     std::fs::create_dir(src.join("a")).unwrap();
     std::fs::write(src.join("lib.rs"), "mod a;\nmod c;\npub use a::Thing;\n").unwrap();
-    std::fs::write(src.join("a.rs"), "mod b;\npub use b::Thing;\npub struct Config;\n").unwrap();
+    std::fs::write(
+        src.join("a.rs"),
+        "mod b;\npub use b::Thing;\npub struct Config;\n",
+    )
+    .unwrap();
     std::fs::write(src.join("a/b.rs"), "pub struct Thing(super::Config);\n").unwrap();
     // `c` reaches `Thing` through the crate root's re-export: an edge to a/b.rs, not a circle.
     std::fs::write(src.join("c.rs"), "use crate::Thing;\nfn f(_: Thing) {}\n").unwrap();
     let circles = Tree::load(&src.join("lib.rs")).circles();
     assert_eq!(circles.len(), 1, "{circles:?}");
-    assert!(circles[0].contains("a.rs") && circles[0].contains("b.rs"), "{}", circles[0]);
+    assert!(
+        circles[0].contains("a.rs") && circles[0].contains("b.rs"),
+        "{}",
+        circles[0]
+    );
     assert!(!circles[0].contains("c.rs"), "{}", circles[0]);
 }
