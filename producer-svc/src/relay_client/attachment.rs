@@ -9,7 +9,7 @@ use ckf_svc_kit::Shutdown;
 use crate::actor::ActorHandle;
 use crate::metrics::{AttachmentState, Metrics};
 
-/// Transport settings of every publisher task (from the configuration).
+/// Transport settings of every relay session (from the configuration).
 #[derive(Debug, Clone)]
 pub struct RelaySettings {
     /// Idle time before a heartbeat (further capped by the granted deadline / 3).
@@ -62,7 +62,7 @@ pub enum DrainOutcome {
     },
 }
 
-/// The publisher task of one configured indexer endpoint: its attachment loop (attach, stream,
+/// The relay session of one configured indexer endpoint: its attachment loop (attach, stream,
 /// fence, back off, re-attach). Not the generated `ckf.v1.Relay` client, which it drives.
 pub struct IndexerAttachment {
     pub(super) index: usize,

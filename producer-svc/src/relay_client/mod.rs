@@ -1,4 +1,4 @@
-//! One publisher task per configured indexer endpoint: the client side of `ckf.v1.Relay`.
+//! One relay session per configured indexer endpoint: the client side of `ckf.v1.Relay`.
 //!
 //! Each endpoint is an independent attachment with its own lease, barrier snapshot and sequence
 //! continuity. The task runs [sessions](session) in a loop: when one fails (transport error,
