@@ -20,6 +20,8 @@
 //! | [`frames`] | snapshot / chunk / delta / drain-marker frames |
 //! | [`sources`] | per-source ingest batch sequences (gap / replay), bounded LRU memory |
 //! | [`publication`] | `DcCkfPublisher`: lease and sequence envelope, fencing |
+//! | [`cadence`] | when the producer cuts a batch into a delta (size, age, a backed-up attachment) |
+//! | [`relay_session`] | the producer's half of the Relay: lease terms, snapshot installed, the next attach |
 //! | [`fanout`] | one publisher per attachment, the barrier across them, delta splitting, drain markers |
 //! | [`global`] | `GlobalCkfIndexer`: manifest, lane state machine, delta acceptance |
 //! | [`lane`] | one lane's serialized ingestor: lease checks, state machine, acceptance rules |
@@ -49,6 +51,7 @@ pub mod lane;
 mod memory;
 pub mod mutator;
 pub mod publication;
+pub mod relay_session;
 pub mod search;
 pub mod sources;
 #[cfg(feature = "testing")]

@@ -36,11 +36,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
+use crate::config::{JournalConfig, JournalObserver};
 use crate::files;
 use crate::frame;
 use crate::header::{self, FileKind, Header, StateIdentity};
 use crate::recovery;
-use crate::{JournalConfig, JournalObserver, Shared};
+use crate::shared::Shared;
 
 pub(crate) enum Msg {
     Append(Vec<u8>),

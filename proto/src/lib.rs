@@ -16,17 +16,7 @@
 
 pub mod block_hashes;
 pub mod convert;
-
-/// Generated `ckf.v1` messages, enums, clients (`*_client`) and servers (`*_server`).
-///
-/// Field-by-field documentation lives in the `.proto` files and is carried into the generated
-/// doc comments.
-#[allow(missing_docs, clippy::all, clippy::pedantic)]
-pub mod v1 {
-    tonic::include_proto!("ckf.v1");
-
-    pub use crate::block_hashes::BlockHashQuery;
-}
+pub mod v1;
 
 /// Encoded `FileDescriptorSet` of every `ckf.v1` file, for `tonic-reflection`.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("ckf_v1_descriptor");

@@ -4,16 +4,20 @@
 //! The session never decides what to publish: the state actor queues frames
 //! ([`Outbound`]) and this task only encodes, chunks and sends them, reads the indexer's
 //! replies and keeps the stream alive with heartbeats. Every way a session can end is a
-//! [`SessionEnd`]; the caller ([`super::IndexerAttachment`]) turns failures into a fence, a backoff
-//! and a new attachment.
+//! [`SessionEnd`]; the attach loop ([`super::attach_loop`]) turns failures into a fence, a backoff
+//! and a new attachment. The terms of the lease and when the snapshot counts as installed are
+//! `ckf_core::relay_session`'s rules.
 
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use ckf_core::fanout::{AttachRefused, FrameLimits, Outbound};
+use ckf_core::fanout::{AttachRefused, Outbound};
 use ckf_core::global::AttachMode;
 use ckf_core::identity::LaneLease;
 use ckf_core::publication::FenceReason;
+use ckf_core::relay_session::{
+    AckEffect, Granted, LeaseTerms, LocalLimits, SessionFailure, StreamProgress,
+};
 use ckf_proto::convert::WIRE_BYTES_PER_IMAGE;
 use ckf_proto::v1;
 use ckf_proto::v1::relay_client::RelayClient;
@@ -25,14 +29,12 @@ use tokio::time::{Instant, sleep_until, timeout};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Streaming;
 
-use super::IndexerAttachment;
+use super::attachment::IndexerAttachment;
 use crate::actor::Command;
 use crate::metrics::AttachmentState;
 
 /// Request frames buffered toward the transport before a send waits.
 const REQUEST_BUFFER: usize = 16;
-/// Bytes reserved in every frame for the envelope (lease, sequences, field tags).
-const FRAME_OVERHEAD_BYTES: usize = 256;
 
 /// [`Failure::label`] of an `IF_VACANT` attach refused because another live producer holds
 /// the lane (`FAILED_PRECONDITION` with metadata `ckf-attach-refused: occupied`).
@@ -85,6 +87,19 @@ pub struct Failure {
     pub outlived_deadline: bool,
 }
 
+impl Failure {
+    /// The facts the attach policy decides on.
+    pub fn as_session_failure(&self) -> SessionFailure {
+        SessionFailure {
+            lane_occupied: self.label == LANE_OCCUPIED,
+            leased: self.lease.is_some(),
+            outlived_deadline: self.outlived_deadline,
+            fence: self.fence,
+            was_streaming: self.was_streaming,
+        }
+    }
+}
+
 fn fail(label: &'static str, detail: impl Into<String>) -> Failure {
     Failure {
         label,
@@ -108,23 +123,18 @@ pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     out
 }
 
-/// The granted lease and the limits derived from it.
+/// The granted lease and the terms of the session under it.
 struct Grant {
     lease: LaneLease,
-    limits: FrameLimits,
-    chunk_bytes: usize,
-    heartbeat: Duration,
-    /// The indexer's heartbeat deadline (`None`: it has none).
-    deadline: Option<Duration>,
+    terms: LeaseTerms,
 }
 
 /// An open stream: the request sender and the reply stream.
 struct Stream {
     requests: mpsc::Sender<v1::RelayFrame>,
     replies: Streaming<v1::RelayReply>,
-    /// How long one frame may wait for room before the session fails (`send_stalled`): the
-    /// connect timeout, or the lease's heartbeat deadline when longer, so an indexer stalled
-    /// for less than its deadline never costs the attachment.
+    /// How long one frame may wait for room before the session fails (`send_stalled`):
+    /// [`LeaseTerms::send_timeout`], or the connect timeout before a lease.
     send_timeout: Duration,
 }
 
@@ -235,9 +245,7 @@ impl IndexerAttachment {
             }
         };
         let grant = self.grant(granted).map_err(SessionEnd::Failed)?;
-        let send_timeout = grant
-            .deadline
-            .map_or(s.connect_timeout, |d| d.max(s.connect_timeout));
+        let send_timeout = grant.terms.send_timeout;
         Ok((
             Stream {
                 requests,
@@ -257,48 +265,33 @@ impl IndexerAttachment {
                     .map_err(|e| fail("protocol_error", format!("LeaseGranted: {e}")))
             })?;
         let s = &self.settings;
-        // Stay well under the smaller of both limits: half of it.
-        let granted = usize::try_from(g.max_message_bytes).unwrap_or(usize::MAX);
-        let limit = if granted == 0 {
-            s.max_message_bytes
-        } else {
-            granted.min(s.max_message_bytes)
+        let granted = Granted {
+            max_message_bytes: g.max_message_bytes,
+            max_images_per_delta: g.max_images_per_delta,
+            heartbeat_deadline_ms: g.heartbeat_deadline_ms,
         };
-        let budget = (limit / 2).saturating_sub(FRAME_OVERHEAD_BYTES).max(64);
-        let by_bytes = (budget / WIRE_BYTES_PER_IMAGE).max(1);
-        let by_count = match g.max_images_per_delta {
-            0 => usize::MAX,
-            n => n as usize,
+        let local = LocalLimits {
+            max_message_bytes: s.max_message_bytes,
+            heartbeat_interval: s.heartbeat_interval,
+            connect_timeout: s.connect_timeout,
+            bytes_per_image: WIRE_BYTES_PER_IMAGE,
         };
-        let heartbeat = match g.heartbeat_deadline_ms {
-            0 => s.heartbeat_interval,
-            ms => s.heartbeat_interval.min(Duration::from_millis(ms) / 3),
-        }
-        .max(Duration::from_millis(1));
         Ok(Grant {
             lease,
-            limits: FrameLimits {
-                max_images_per_delta: by_bytes.min(by_count),
-            },
-            chunk_bytes: budget,
-            heartbeat,
-            deadline: match g.heartbeat_deadline_ms {
-                0 => None,
-                ms => Some(Duration::from_millis(ms)),
-            },
+            terms: LeaseTerms::derive(granted, local),
         })
     }
 
     async fn attached(&self, mut stream: Stream, grant: Grant) -> SessionEnd {
-        let lease = grant.lease;
+        let (lease, terms) = (grant.lease, grant.terms);
         tracing::Span::current().record("lease", tracing::field::display(lease));
         tracing::info!(
-            max_images_per_delta = grant.limits.max_images_per_delta,
-            chunk_bytes = grant.chunk_bytes,
-            heartbeat_ms = grant.heartbeat.as_millis() as u64,
+            max_images_per_delta = terms.limits.max_images_per_delta,
+            chunk_bytes = terms.chunk_bytes,
+            heartbeat_ms = terms.heartbeat.as_millis() as u64,
             "lease granted"
         );
-        if let Some(deadline) = grant.deadline {
+        if let Some(deadline) = terms.deadline {
             let outlasts = ckf_core::cadence::backed_up_queue_lasts(
                 self.settings.attachment_queue,
                 ckf_core::cadence::BACKED_UP_INTERVAL,
@@ -319,7 +312,7 @@ impl IndexerAttachment {
             .ask(|reply| Command::Attach {
                 endpoint: self.index,
                 lease,
-                limits: grant.limits,
+                limits: terms.limits,
                 frames: frames_tx,
                 reply,
             })
@@ -338,8 +331,7 @@ impl IndexerAttachment {
         self.set_state(AttachmentState::Snapshotting);
 
         let mut last_sequence = 0u64;
-        let mut snapshot_sequence = None::<u64>;
-        let mut streaming = false;
+        let mut progress = StreamProgress::default();
         let mut in_flight: VecDeque<(u64, std::time::Instant)> = VecDeque::new();
         let mut draining: Option<(u64, Instant)> = None;
         let mut idle_since = Instant::now();
@@ -347,16 +339,16 @@ impl IndexerAttachment {
         // than the indexer's heartbeat deadline means the indexer retired the attachment.
         let mut longest_silence = Duration::ZERO;
         let end = loop {
-            let heartbeat_at = idle_since + grant.heartbeat;
+            let heartbeat_at = idle_since + terms.heartbeat;
             let drain_deadline = draining.map(|(_, at)| at);
             tokio::select! {
                 frame = frames.recv(), if draining.is_none() => {
                     let result = match frame {
                         Some(Outbound::Snapshot(snapshot)) => {
                             last_sequence = snapshot.sequence;
-                            snapshot_sequence = Some(snapshot.sequence);
+                            progress.snapshot_sent(snapshot.sequence);
                             let mut r = Ok(());
-                            for chunk in ckf_proto::convert::snapshot_to_wire(&snapshot, grant.chunk_bytes) {
+                            for chunk in ckf_proto::convert::snapshot_to_wire(&snapshot, terms.chunk_bytes) {
                                 r = self.send(&stream, Frame::SnapshotChunk(chunk)).await;
                                 if r.is_err() { break; }
                                 self.metrics.snapshot_chunks_sent.with_label_values(&[&self.endpoint]).inc();
@@ -440,20 +432,18 @@ impl IndexerAttachment {
                                 self.metrics.change_to_ack_seconds.with_label_values(&[&self.endpoint])
                                     .observe(oldest.elapsed().as_secs_f64());
                             }
-                            if ack.drained {
-                                break SessionEnd::Drained { sequence: ack.installed_sequence };
-                            }
-                            if ack.ready && !streaming
-                                && snapshot_sequence.is_some_and(|s| ack.installed_sequence >= s)
-                            {
-                                streaming = true;
-                                if draining.is_none() {
-                                    self.set_state(AttachmentState::Streaming);
+                            match progress.on_ack(ack.installed_sequence, ack.ready, ack.drained) {
+                                AckEffect::Drained(sequence) => break SessionEnd::Drained { sequence },
+                                AckEffect::SnapshotInstalled(sequence) => {
+                                    if draining.is_none() {
+                                        self.set_state(AttachmentState::Streaming);
+                                    }
+                                    tracing::info!(sequence, "snapshot installed; streaming deltas");
                                 }
-                                tracing::info!(sequence = ack.installed_sequence, "snapshot installed; streaming deltas");
+                                AckEffect::Progress => {}
                             }
                         }
-                        Some(Reply::Retired(r)) => break SessionEnd::Failed(retired(&r, Some(lease), streaming)),
+                        Some(Reply::Retired(r)) => break SessionEnd::Failed(retired(&r, Some(lease), progress.streaming())),
                         Some(Reply::LeaseGranted(_)) => break SessionEnd::Failed(fail("protocol_error", "second LeaseGranted on one stream")),
                         None => break SessionEnd::Failed(fail("protocol_error", "empty RelayReply")),
                     }
@@ -476,9 +466,9 @@ impl IndexerAttachment {
         match end {
             SessionEnd::Failed(mut f) => {
                 f.lease = Some(lease);
-                f.was_streaming |= streaming;
+                f.was_streaming |= progress.streaming();
                 let silence = longest_silence.max(idle_since.elapsed());
-                f.outlived_deadline |= grant.deadline.is_some_and(|d| silence >= d);
+                f.outlived_deadline |= terms.outlived(silence);
                 SessionEnd::Failed(f)
             }
             other => other,
