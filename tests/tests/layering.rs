@@ -206,14 +206,13 @@ impl Tree {
             .find(|&n| self.modules.contains_key(&path[..n]))?;
         let (module, rest) = path.split_at(split);
         let owner = &self.modules[module];
-        if let (Some(name), true) = (rest.first(), depth < 8) {
-            if let Some(target) = owner.uses.get(name) {
-                if let Some(abs) = self.absolute(module, target) {
-                    let mut abs = abs;
-                    abs.extend(rest[1..].iter().cloned());
-                    return self.defining_file(&abs, depth + 1);
-                }
-            }
+        if let Some(name) = rest.first()
+            && depth < 8
+            && let Some(target) = owner.uses.get(name)
+            && let Some(mut abs) = self.absolute(module, target)
+        {
+            abs.extend(rest[1..].iter().cloned());
+            return self.defining_file(&abs, depth + 1);
         }
         Some(&owner.file)
     }
