@@ -174,11 +174,11 @@ pub struct DrainReport {
     pub missed: Vec<(usize, DrainMiss)>,
 }
 
-/// One slot of the fanout: the publisher of one consumer attachment, the sink of its current
-/// stream (when attached) and that stream's frame limits. (The consumer side's attached
-/// stream is [`crate::global::Attachment`].)
+/// One indexer endpoint of the fan-out: its publisher, the sink of its current stream (when
+/// attached) and that stream's frame limits. (The consumer side's attached stream is
+/// [`crate::global::Attachment`].)
 #[derive(Debug)]
-struct PublisherSlot<S> {
+struct Endpoint<S> {
     publisher: DcCkfPublisher,
     /// The open sink of the current attachment, if any.
     sink: Option<S>,
@@ -188,7 +188,7 @@ struct PublisherSlot<S> {
 /// Every attachment of one producer state, indexed `0..len` (see the module docs).
 #[derive(Debug)]
 pub struct Fanout<S> {
-    attachments: Vec<PublisherSlot<S>>,
+    attachments: Vec<Endpoint<S>>,
     closed: bool,
 }
 
@@ -197,7 +197,7 @@ impl<S: FrameSink> Fanout<S> {
     pub fn new(identity: &ProducerIdentity, count: usize) -> Self {
         Self {
             attachments: (0..count)
-                .map(|_| PublisherSlot {
+                .map(|_| Endpoint {
                     publisher: DcCkfPublisher::new(identity.clone()),
                     sink: None,
                     limits: FrameLimits::UNLIMITED,

@@ -3,7 +3,7 @@
 //! event's blocks can be located and prefetched before any of them is applied.
 //!
 //! # Layout
-//! A bucketized cuckoo hash table: `lines` 64-byte lines of four [`Slot`]s (block hash + packed
+//! A bucketized cuckoo hash table: `lines` 64-byte lines of four [`Entry`]s (block hash + packed
 //! owners word). A key lives in one of two lines, `fastrange(mix)` and `fastrange(mix rotated
 //! by 32)` of one `fmix64` of the key (seeded with the table seed in the producer, so it is
 //! the mix the filter's `locate` computes anyway: see [`Probe`] for the bit budget):
@@ -12,7 +12,7 @@
 //! [`BlockMap::prefetch`]); an insertion goes to the emptier of the two, and when both are full
 //! first moves one of their eight residents to its other line if that has room, else walks
 //! (a bounded random walk, [`MAX_WALK`]). Two choices of
-//! four slots keep insertions short well above 90% load (Fan et al., CoNEXT 2014, measured the
+//! four entries per line keep insertions short well above 90% load (Fan et al., CoNEXT 2014, measured the
 //! same 2 x 4 shape for cuckoo filters at 95%), so the table grows at [`MAX_LOAD`] = 90% by 1.5x
 //! (to 60%), never sits below ~60% while it grows, and entries cost 16 / load bytes: 17.8-26.7
 //! bytes per block. A growth rehashes every entry inside the insertion that triggers it (a
@@ -32,7 +32,7 @@
 //! is set iff the spill map has a non-empty entry for the hash, and then all three inline tags
 //! are set (a freed inline tag is refilled from the spill), so `has_owner` looks past the word
 //! only for blocks with four or more owners. A word is 0 iff the block has no owner, which is
-//! also what marks a slot empty: block hash 0 and `u64::MAX` are ordinary keys.
+//! also what marks an entry empty: block hash 0 and `u64::MAX` are ordinary keys.
 //!
 //! # Tag limit
 //! 21 bits give at most [`MAX_TAG`] = 2,097,151 members owning blocks at once. Tags are
@@ -51,10 +51,10 @@ const SPILL_FLAG: u64 = 1 << 63;
 const INLINE: usize = 3;
 
 /// Slots per line: 4 x 16 bytes = one 64-byte cache line.
-const SLOTS: usize = 4;
-/// Load above which an insertion grows the table first (entries / slots).
+const LINE_ENTRIES: usize = 4;
+/// Load above which an insertion grows the table first (entries / capacity).
 pub(crate) const MAX_LOAD: f64 = 0.90;
-/// Load (entries / slots, as a fraction) from which [`BlockMap::walk_hint_active`] holds. On
+/// Load (entries / capacity, as a fraction) from which [`BlockMap::walk_hint_active`] holds. On
 /// the producer bench at 85% filter load (valgrind's cache model), a map at 84% load took 0.28
 /// unprefetched L1 misses per block op in its walks, one at 66% took 0.02.
 const WALK_HINT_LOAD: (usize, usize) = (3, 4);
@@ -83,18 +83,18 @@ const REBUILD_PREFETCH_DISTANCE: usize = 16;
 /// table seed ([`BlockMap::with_seed`]), so its probe is the filter's mixed hash.
 const MAP_SEED: u64 = 0x6A09_E667_F3BC_C909;
 
-/// One entry: block hash and packed owners (0 = empty slot).
+/// One entry: block hash and packed owners (0 = empty).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[repr(C)]
-struct Slot {
+struct Entry {
     key: u64,
     owners: u64,
 }
 
-/// One 64-byte line of four slots, aligned so a line is one cache line.
+/// One 64-byte line of four entries, aligned so a line is one cache line.
 #[derive(Debug, Clone, Copy, Default)]
 #[repr(C, align(64))]
-struct Line([Slot; SLOTS]);
+struct Line([Entry; LINE_ENTRIES]);
 
 /// The key's mixed hash `fmix64(key ^ seed)`, computed once per block and reused for the
 /// prefetch and the apply (it stays valid across a resize: lines are derived from it with the
@@ -152,8 +152,8 @@ fn fastrange(x: u64, n: usize) -> usize {
 /// Where an entry is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Pos {
-    /// Line and slot.
-    Slot(u32, u8),
+    /// Line, and the entry's position in it.
+    Entry(u32, u8),
     /// In the stash (keyed by the block hash).
     Stash,
 }
@@ -187,7 +187,7 @@ pub(crate) struct BlockMap {
     lines: Vec<Line>,
     /// Entries in lines and stash.
     len: usize,
-    /// Largest `len` allowed before an insertion grows the table: `MAX_LOAD` of the slots,
+    /// Largest `len` allowed before an insertion grows the table: `MAX_LOAD` of the capacity,
     /// kept as an integer so the per-insertion check is one compare (see [`Self::grow_at`]).
     grow_at: usize,
     stash: HashMap<u64, u64, FoldHashBuilder>,
@@ -298,7 +298,7 @@ impl BlockMap {
     /// Slots allocated (`lines * 4`).
     #[inline]
     pub fn slot_capacity(&self) -> usize {
-        self.lines.len() * SLOTS
+        self.lines.len() * LINE_ENTRIES
     }
 
     /// Entries in the stash (for tests and the bench).
@@ -327,7 +327,8 @@ impl BlockMap {
     #[inline]
     pub fn walk_hint_active(&self) -> bool {
         let n = self.lines.len();
-        n >= WALK_HINT_MIN_LINES && self.len * WALK_HINT_LOAD.1 >= n * SLOTS * WALK_HINT_LOAD.0
+        n >= WALK_HINT_MIN_LINES
+            && self.len * WALK_HINT_LOAD.1 >= n * LINE_ENTRIES * WALK_HINT_LOAD.0
     }
 
     /// When both candidate lines of `probe` are full (inserting its key would
@@ -338,7 +339,7 @@ impl BlockMap {
     /// [`walk_hint_active`](Self::walk_hint_active) says it pays. Never faults, never changes
     /// the map.
     #[inline]
-    pub fn prefetch_walk(&self, probe: Probe) -> Option<[usize; 2 * SLOTS]> {
+    pub fn prefetch_walk(&self, probe: Probe) -> Option<[usize; 2 * LINE_ENTRIES]> {
         let n = self.lines.len();
         if n == 0 {
             return None;
@@ -356,13 +357,13 @@ impl BlockMap {
     }
 
     /// The lines a walk from full lines `a` and `b` tries first: the other candidate line of
-    /// each resident, in `walk`'s order (`a`'s four slots, then `b`'s).
+    /// each resident, in `walk`'s order (`a`'s four entries, then `b`'s).
     #[inline(always)]
-    fn walk_lines(&self, a: usize, b: usize) -> [usize; 2 * SLOTS] {
-        let mut out = [0; 2 * SLOTS];
+    fn walk_lines(&self, a: usize, b: usize) -> [usize; 2 * LINE_ENTRIES] {
+        let mut out = [0; 2 * LINE_ENTRIES];
         for (i, l) in [a, b].into_iter().enumerate() {
-            for (s, slot) in self.lines[l].0.iter().enumerate() {
-                out[i * SLOTS + s] = self.other_line(slot.key, l);
+            for (s, entry) in self.lines[l].0.iter().enumerate() {
+                out[i * LINE_ENTRIES + s] = self.other_line(entry.key, l);
             }
         }
         out
@@ -386,9 +387,9 @@ impl BlockMap {
         let (a, b) = probe.lines(n);
         for l in [a, b] {
             let line = &self.lines[l].0;
-            for (s, slot) in line.iter().enumerate() {
-                if slot.key == key && slot.owners != 0 {
-                    return Some(Pos::Slot(l as u32, s as u8));
+            for (s, entry) in line.iter().enumerate() {
+                if entry.key == key && entry.owners != 0 {
+                    return Some(Pos::Entry(l as u32, s as u8));
                 }
             }
         }
@@ -401,7 +402,7 @@ impl BlockMap {
     #[inline(always)]
     fn word(&self, pos: Pos, key: u64) -> u64 {
         match pos {
-            Pos::Slot(l, s) => self.lines[l as usize].0[s as usize].owners,
+            Pos::Entry(l, s) => self.lines[l as usize].0[s as usize].owners,
             Pos::Stash => self.stash.get(&key).copied().unwrap_or(0),
         }
     }
@@ -409,7 +410,7 @@ impl BlockMap {
     #[inline(always)]
     fn set_word(&mut self, pos: Pos, key: u64, word: u64) {
         match pos {
-            Pos::Slot(l, s) => self.lines[l as usize].0[s as usize].owners = word,
+            Pos::Entry(l, s) => self.lines[l as usize].0[s as usize].owners = word,
             Pos::Stash => {
                 if let Some(w) = self.stash.get_mut(&key) {
                     *w = word;
@@ -480,7 +481,7 @@ impl BlockMap {
             return Some(false);
         }
         match pos {
-            Pos::Slot(l, s) => self.lines[l as usize].0[s as usize] = Slot::default(),
+            Pos::Entry(l, s) => self.lines[l as usize].0[s as usize] = Entry::default(),
             Pos::Stash => {
                 self.stash.remove(&key);
             }
@@ -567,27 +568,27 @@ impl BlockMap {
         let free_b = self.lines[b].0.iter().filter(|s| s.owners == 0).count();
         let l = if free_b > free_a { b } else { a };
         if let Some(s) = self.lines[l].0.iter_mut().find(|s| s.owners == 0) {
-            *s = Slot { key, owners };
+            *s = Entry { key, owners };
             return;
         }
-        self.walk(Slot { key, owners }, a, b);
+        self.walk(Entry { key, owners }, a, b);
     }
 
     /// Makes room in full lines `a` and `b` for `entry`: first by moving one of their eight
-    /// residents to its other line if that has a free slot (the eight lines are independent
+    /// residents to its other line if that has an empty entry (the eight lines are independent
     /// loads, where each step of a blind walk is a dependent cache miss on a large table), else
     /// by a bounded random walk: put `entry` in place of a resident, move the resident to its
     /// other line, and so on.
     #[cold]
-    fn walk(&mut self, mut entry: Slot, a: usize, b: usize) {
+    fn walk(&mut self, mut entry: Entry, a: usize, b: usize) {
         // The lines `walk_lines` names, computed one at a time, so a walk that finds room early
         // computes fewer of them.
         for l in [a, b] {
-            for s in 0..SLOTS {
+            for s in 0..LINE_ENTRIES {
                 let victim = self.lines[l].0[s];
                 let other = self.other_line(victim.key, l);
-                if let Some(slot) = self.lines[other].0.iter_mut().find(|s| s.owners == 0) {
-                    *slot = victim;
+                if let Some(empty) = self.lines[other].0.iter_mut().find(|s| s.owners == 0) {
+                    *empty = victim;
                     self.lines[l].0[s] = entry;
                     self.moves += 1;
                     if let Some(moved) = &mut self.moved {
@@ -609,8 +610,8 @@ impl BlockMap {
                 moved.push(victim.key);
             }
             line = self.other_line(victim.key, line);
-            if let Some(slot) = self.lines[line].0.iter_mut().find(|s| s.owners == 0) {
-                *slot = victim;
+            if let Some(empty) = self.lines[line].0.iter_mut().find(|s| s.owners == 0) {
+                *empty = victim;
                 return;
             }
             entry = victim;

@@ -183,7 +183,7 @@ impl DcCkfState {
     /// `capture` (all of them when that is 0); the last step also reads the stash and every
     /// block moved since the capture began. Returns whether steps remain. A block-map rebuild
     /// since the previous step starts the pass over (counted in
-    /// [`OwnershipCapture::restarts`]). Costs the slots read plus their edges, and a sort of
+    /// [`OwnershipCapture::restarts`]). Costs the entries read plus their edges, and a sort of
     /// the step's edges by owner.
     pub fn capture_step(&mut self, capture: &mut OwnershipCapture) -> bool {
         if capture.done {

@@ -28,7 +28,7 @@ pub(crate) struct MemberRecord {
     pub id: Option<MemberId>,
     /// Blocks the member owns now.
     pub owned: u32,
-    /// Slot of the source the member is charged to in [`Charges`] (0 = none; see
+    /// Charge index of the source the member is charged to in [`Charges`] (0 = none; see
     /// `quota`'s docs).
     pub charge: u32,
 }
@@ -194,11 +194,11 @@ impl Members {
     /// Charges `tag`'s member (which must be uncharged) to `source`: the source now holds its
     /// blocks.
     pub fn charge(&mut self, tag: Tag, source: &str) {
-        let slot = self.charges.slot_or_insert(source);
+        let index = self.charges.index_or_insert(source);
         let record = &mut self.records[tag as usize - 1];
         debug_assert_eq!(record.charge, 0, "member charged twice");
-        record.charge = slot;
-        let charge = self.charges.get(slot);
+        record.charge = index;
+        let charge = self.charges.get(index);
         charge.members += 1;
         charge.held += u64::from(record.owned);
     }

@@ -239,7 +239,7 @@ pub(crate) struct StoreRequest<'a> {
     pub member: MemberId,
     /// Block hashes in the event.
     pub blocks: usize,
-    /// `(blocks owned, charge slot)` of the member (charge slot 0: charged to nobody), `None`
+    /// `(blocks owned, charge index)` of the member (charge index 0: charged to nobody), `None`
     /// when it owns nothing.
     pub holding: Option<(u64, u32)>,
 }
@@ -303,7 +303,7 @@ impl Quotas {
                 let c = charges.peek(charge);
                 (&*c.id, c.held, adding)
             } else {
-                let held = charges.slot(source).map_or(0, |s| charges.peek(s).held);
+                let held = charges.index_of(source).map_or(0, |i| charges.peek(i).held);
                 (source, held, adding + owned)
             };
             if held + adding > max {
@@ -335,65 +335,65 @@ pub(crate) struct Charge {
 /// hasher would let a client pick colliding ids).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Charges {
-    index: HashMap<Box<str>, u32>,
-    slots: Vec<Charge>,
+    by_source: HashMap<Box<str>, u32>,
+    charges: Vec<Charge>,
     free: Vec<u32>,
 }
 
 impl Charges {
-    /// The slot (`>= 1`) of `source`, if it holds anything.
-    pub fn slot(&self, source: &str) -> Option<u32> {
-        self.index.get(source).copied()
+    /// The charge index (`>= 1`) of `source`, if it holds anything.
+    pub fn index_of(&self, source: &str) -> Option<u32> {
+        self.by_source.get(source).copied()
     }
 
-    /// The slot of `source`, creating its entry if needed.
-    pub fn slot_or_insert(&mut self, source: &str) -> u32 {
-        if let Some(slot) = self.slot(source) {
-            return slot;
+    /// The index of `source`, creating its entry if needed.
+    pub fn index_or_insert(&mut self, source: &str) -> u32 {
+        if let Some(index) = self.index_of(source) {
+            return index;
         }
         let charge = Charge {
             id: source.into(),
             held: 0,
             members: 0,
         };
-        let slot = match self.free.pop() {
-            Some(slot) => {
-                self.slots[slot as usize - 1] = charge;
-                slot
+        let index = match self.free.pop() {
+            Some(index) => {
+                self.charges[index as usize - 1] = charge;
+                index
             }
             None => {
-                self.slots.push(charge);
-                self.slots.len() as u32
+                self.charges.push(charge);
+                self.charges.len() as u32
             }
         };
-        self.index.insert(source.into(), slot);
-        slot
+        self.by_source.insert(source.into(), index);
+        index
     }
 
-    /// The holding in `slot`.
-    pub fn get(&mut self, slot: u32) -> &mut Charge {
-        &mut self.slots[slot as usize - 1]
+    /// The holding in `index`.
+    pub fn get(&mut self, index: u32) -> &mut Charge {
+        &mut self.charges[index as usize - 1]
     }
 
-    /// The holding in `slot`, read-only.
-    pub fn peek(&self, slot: u32) -> &Charge {
-        &self.slots[slot as usize - 1]
+    /// The holding in `index`, read-only.
+    pub fn peek(&self, index: u32) -> &Charge {
+        &self.charges[index as usize - 1]
     }
 
-    /// One member of `slot` is no longer charged; frees the entry when it was the last.
-    pub fn release_member(&mut self, slot: u32) {
-        let charge = &mut self.slots[slot as usize - 1];
+    /// One member of `index` is no longer charged; frees the entry when it was the last.
+    pub fn release_member(&mut self, index: u32) {
+        let charge = &mut self.charges[index as usize - 1];
         charge.members -= 1;
         if charge.members == 0 {
             debug_assert_eq!(charge.held, 0, "a source with no member holds blocks");
             let id = std::mem::take(&mut charge.id);
-            self.index.remove(&id);
-            self.free.push(slot);
-            super::maps::shrink_map(&mut self.index);
-            if self.index.is_empty() {
+            self.by_source.remove(&id);
+            self.free.push(index);
+            super::maps::shrink_map(&mut self.by_source);
+            if self.by_source.is_empty() {
                 // Nothing is charged: give every table back, however small.
-                self.index = HashMap::new();
-                self.slots = Vec::new();
+                self.by_source = HashMap::new();
+                self.charges = Vec::new();
                 self.free = Vec::new();
             }
         }
@@ -401,23 +401,23 @@ impl Charges {
 
     /// Sources holding at least one block.
     pub fn len(&self) -> usize {
-        self.index.len()
+        self.by_source.len()
     }
 
     /// `(source, held)` of every source holding blocks, in no particular order.
     pub fn iter(&self) -> impl Iterator<Item = (&str, u64)> + '_ {
-        self.index
+        self.by_source
             .iter()
-            .map(|(id, &slot)| (&**id, self.peek(slot).held))
+            .map(|(id, &index)| (&**id, self.peek(index).held))
     }
 
-    /// Heap bytes (capacity-based estimate plus the ids' bytes, twice: index key and slot).
+    /// Heap bytes (capacity-based estimate plus the ids' bytes, twice: map key and charge).
     pub fn bytes_used(&self) -> usize {
-        let ids: usize = self.index.keys().map(|k| k.len()).sum();
+        let ids: usize = self.by_source.keys().map(|k| k.len()).sum();
         super::stats::hash_table_bytes(
-            self.index.capacity(),
+            self.by_source.capacity(),
             std::mem::size_of::<(Box<str>, u32)>(),
-        ) + self.slots.capacity() * std::mem::size_of::<Charge>()
+        ) + self.charges.capacity() * std::mem::size_of::<Charge>()
             + self.free.capacity() * 4
             + 2 * ids
     }

@@ -10,7 +10,7 @@
 //! * **The sweep** drops the retired tags from the blocks, [`DcCkfConfig::slice_lines`]
 //!   block-map lines per [`DcCkfState::release_step`](crate::dc::DcCkfState::release_step); a block left without owners loses its
 //!   fingerprint then, so the table (and what is published from it) follows slice by slice.
-//!   The test per block is one bit of a [`TagSet`], so a sweep costs the table's slots plus the
+//!   The test per block is one bit of a [`TagSet`], so a sweep costs the table's entries plus the
 //!   edges it drops, however many tags (dp ranks) retire together.
 //! * **A retired tag is freed** (reusable) only when its edge count reaches 0. Stores between
 //!   slices may move entries across the sweep's cursor (cuckoo displacement, a growth or a

@@ -195,7 +195,7 @@ impl DcCkfState {
     /// Blocks held by `source` (see [`quota`](super::quota)'s docs); 0 when it holds none.
     pub fn source_held(&self, source: &str) -> u64 {
         let charges = &self.members.charges;
-        charges.slot(source).map_or(0, |s| charges.peek(s).held)
+        charges.index_of(source).map_or(0, |i| charges.peek(i).held)
     }
 
     /// `(source, blocks held)` of every source holding blocks, in no particular order.
@@ -488,11 +488,11 @@ impl DcCkfState {
     /// would rebuild about every 1.5x (rebuilds whose total is about twice the last one). For
     /// a restore that knows its size before it stores (the producer's checkpoints record it).
     /// Unlike [`DcCkfConfig::reserve_blocks`] it sets no floor: removals may shrink the map
-    /// again. Bounded by the table's slots (no more blocks can be tracked), so a wrong count
+    /// again. Bounded by the table's capacity (no more blocks can be tracked), so a wrong count
     /// costs at most the memory of a full table's block map. Costs about 21 bytes per
     /// presized block from now on; one rebuild (of what the map holds) when it grows it,
     /// counted in [`block_map_rebuilds`](Self::block_map_rebuilds). Returns the blocks the map
-    /// was sized for: `blocks` plus a fifth, at most the slots (a map already larger, say by a
+    /// was sized for: `blocks` plus a fifth, at most the capacity (a map already larger, say by a
     /// reservation, stays as it is).
     ///
     /// # Errors

@@ -43,7 +43,7 @@ fn a_reservation_fills_without_block_map_growth() {
 
 /// `presize_blocks` sizes the map for a known count (a restore): storing that many
 /// rebuilds nothing more, but unlike a reservation it is no floor (a clear gives the lines
-/// back); a count beyond the table's slots is cut to them; presizing a map already that
+/// back); a count beyond the table's capacity is cut to them; presizing a map already that
 /// large is free.
 #[test]
 fn presizing_stores_a_known_count_without_growth_and_sets_no_floor() {
@@ -77,7 +77,7 @@ fn presizing_stores_a_known_count_without_growth_and_sets_no_floor() {
         s.stats().exact_bytes < presized.exact_bytes,
         "a presized size is no floor"
     );
-    // The bound: at most the table's slots (16,384 here), however large the count.
+    // The bound: at most the table's capacity (16,384 here), however large the count.
     let mut capped = DcCkfState::new(DcCkfConfig::new(format)).unwrap();
     assert_eq!(
         capped.presize_blocks(u64::MAX).unwrap(),

@@ -5,10 +5,10 @@
 use super::*;
 
 impl BlockMap {
-    /// `floor(MAX_LOAD * slots)`: for an integer `len`, `len > floor(x)` iff `len > x`, so
+    /// `floor(MAX_LOAD * capacity)`: for an integer `len`, `len > floor(x)` iff `len > x`, so
     /// comparing against it grows at exactly the load the float check would.
-    pub(super) fn grow_at(slots: usize) -> usize {
-        (MAX_LOAD * slots as f64) as usize
+    pub(super) fn grow_at(capacity: usize) -> usize {
+        (MAX_LOAD * capacity as f64) as usize
     }
 
     /// Lines for `entries` entries at most [`MAX_LOAD`] full: the fewest lines whose
@@ -18,8 +18,8 @@ impl BlockMap {
             return 0;
         }
         let mut lines =
-            ((entries as f64 / (MAX_LOAD * SLOTS as f64)).ceil() as usize).max(MIN_LINES);
-        while Self::grow_at(lines * SLOTS) < entries {
+            ((entries as f64 / (MAX_LOAD * LINE_ENTRIES as f64)).ceil() as usize).max(MIN_LINES);
+        while Self::grow_at(lines * LINE_ENTRIES) < entries {
             lines += 1;
         }
         lines
@@ -97,7 +97,7 @@ impl BlockMap {
     pub(super) fn rehash(&mut self, lines: usize) {
         // Huge pages where the kernel offers them (a lookup's lines are random TLB misses).
         let old = std::mem::replace(&mut self.lines, crate::memory::zeroed_vec(lines));
-        self.grow_at = Self::grow_at(lines * SLOTS);
+        self.grow_at = Self::grow_at(lines * LINE_ENTRIES);
         let stash = std::mem::take(&mut self.stash);
         let entries = old
             .iter()
@@ -126,14 +126,14 @@ impl BlockMap {
         }
     }
 
-    /// Gives memory back: an empty map frees everything; a table above `min_slots` slots and
+    /// Gives memory back: an empty map frees everything; a table above `min_entries` entries and
     /// under a quarter full is rehashed to half full. A [`reserve`](Self::reserve)d size is a
     /// floor for both: an empty map keeps (or is cut back to) its reserved lines. The gap
     /// between the two factors (and the 90% growth point) is the hysteresis: after a shrink the table must lose half its
     /// entries again before the next shrink and grow by 80% before it grows, so a size that
     /// oscillates does not rehash back and forth. O(len) when it shrinks, amortized over the
     /// removals that made it sparse.
-    pub fn shrink(&mut self, min_slots: usize) {
+    pub fn shrink(&mut self, min_entries: usize) {
         let floor = self.reserved_lines;
         if self.len == 0 {
             if self.lines.len() > floor {
@@ -146,10 +146,15 @@ impl BlockMap {
             }
             // Empty, so the stash holds nothing: its memory goes back whatever the floor.
             self.stash = HashMap::default();
-        } else if self.slot_capacity() > min_slots.max(floor * SLOTS)
+        } else if self.slot_capacity() > min_entries.max(floor * LINE_ENTRIES)
             && self.len < self.slot_capacity() / 4
         {
-            self.rebuild((self.len * 2).div_ceil(SLOTS).max(MIN_LINES).max(floor));
+            self.rebuild(
+                (self.len * 2)
+                    .div_ceil(LINE_ENTRIES)
+                    .max(MIN_LINES)
+                    .max(floor),
+            );
         }
         crate::dc::maps::shrink_map(&mut self.spill);
     }

@@ -11,7 +11,7 @@ impl BlockMap {
 
     /// Drops every tag in `dying` from every block in lines `range` (cut to the table), the
     /// stash too when `stash` is set: calls `dropped(tag)` per edge dropped and `emptied(key)`
-    /// for each block left without owners (already removed). Costs the slots in `range` and,
+    /// for each block left without owners (already removed). Costs the entries in `range` and,
     /// per block, its owners: the set test is one bit, whatever the number of dying tags.
     pub fn sweep(
         &mut self,
@@ -31,21 +31,21 @@ impl BlockMap {
         } = self;
         let end = range.end.min(lines.len());
         let start = range.start.min(end);
-        for slot in lines[start..end].iter_mut().flat_map(|l| l.0.iter_mut()) {
-            if slot.owners == 0 || !Self::any_dying(slot.owners, dying) {
+        for entry in lines[start..end].iter_mut().flat_map(|l| l.0.iter_mut()) {
+            if entry.owners == 0 || !Self::any_dying(entry.owners, dying) {
                 continue;
             }
-            slot.owners = Self::strip(
+            entry.owners = Self::strip(
                 spill,
                 spill_tags,
-                slot.key,
-                slot.owners,
+                entry.key,
+                entry.owners,
                 dying,
                 &mut dropped,
             );
-            if slot.owners == 0 {
-                emptied(slot.key);
-                *slot = Slot::default();
+            if entry.owners == 0 {
+                emptied(entry.key);
+                *entry = Entry::default();
                 *len -= 1;
             }
         }

@@ -77,7 +77,7 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-fn run(ops: &[Op], min_slots: usize) {
+fn run(ops: &[Op], min_entries: usize) {
     let mut map = BlockMap::default();
     let mut model: Model = HashMap::new();
     for op in ops {
@@ -119,7 +119,7 @@ fn run(ops: &[Op], min_slots: usize) {
                 want_emptied.sort_unstable();
                 assert_eq!(emptied, want_emptied);
             }
-            Op::Shrink => map.shrink(min_slots),
+            Op::Shrink => map.shrink(min_entries),
             Op::Reserve(n) => {
                 map.reserve(*n);
                 assert!(
@@ -236,8 +236,8 @@ fn walk_hint_names_the_walks_lines_on_large_loaded_maps_only() {
     let expected_lines = |m: &BlockMap, a: usize, b: usize| {
         let mut v = Vec::new();
         for l in [a, b] {
-            for slot in &m.lines[l].0 {
-                let (x, y) = Probe::of(slot.key).lines(n);
+            for entry in &m.lines[l].0 {
+                let (x, y) = Probe::of(entry.key).lines(n);
                 v.push(if x == l { y } else { x });
             }
         }
@@ -296,7 +296,7 @@ fn owners_word_packs_three_tags_and_the_flag() {
     assert_eq!(tag_at(w | SPILL_FLAG, 2), MAX_TAG - 1);
     assert_eq!(inline_find(w, 1), Some(1));
     assert_eq!(inline_len(with_tag(w, 1, 0)), 2);
-    assert_eq!(std::mem::size_of::<Slot>(), 16);
+    assert_eq!(std::mem::size_of::<Entry>(), 16);
     assert_eq!(std::mem::size_of::<Line>(), 64);
     assert_eq!(std::mem::align_of::<Line>(), 64);
 }
@@ -332,7 +332,7 @@ fn a_reservation_takes_its_entries_without_growing_and_survives_emptying() {
         let lines = map.lines.len();
         assert_eq!(lines, BlockMap::lines_for(n));
         assert_eq!(map.bytes_used(), BlockMap::reserve_bytes(n));
-        assert!(BlockMap::grow_at(lines * SLOTS) >= n);
+        assert!(BlockMap::grow_at(lines * LINE_ENTRIES) >= n);
         let key = |k: u64| k.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x5555;
         for k in 0..n as u64 {
             map.insert_new(key(k), map.probe(key(k)), 1);
@@ -341,7 +341,7 @@ fn a_reservation_takes_its_entries_without_growing_and_survives_emptying() {
         assert_eq!(map.lines.len(), lines, "grew below the reservation of {n}");
         assert_eq!(map.rebuild_stats().count, 1);
         // One past the reservation's room grows (and counts a rebuild).
-        let past = BlockMap::grow_at(lines * SLOTS) as u64 + 1 - n as u64;
+        let past = BlockMap::grow_at(lines * LINE_ENTRIES) as u64 + 1 - n as u64;
         for k in n as u64..n as u64 + past {
             map.insert_new(key(k), map.probe(key(k)), 1);
         }
@@ -432,7 +432,7 @@ fn key_with_probe(mixed: u64) -> u64 {
 /// Crafted keys whose probe has small high *and* low halves, so both candidate lines are
 /// line 0 at every table size up to ~2^26 lines (the multiply-shift index collides at
 /// every size), mixed with ordinary keys and with 0 / `u64::MAX`; five owners on some
-/// (spill), releases in every order, the real shrink threshold (1,024 slots), shrink then
+/// (spill), releases in every order, the real shrink threshold (1,024 entries), shrink then
 /// regrowth. Every answer stays exact and memory stays proportional to the entries.
 #[test]
 fn keys_colliding_at_every_size_stay_exact_through_shrink_and_regrowth() {
@@ -459,7 +459,7 @@ fn keys_colliding_at_every_size_stay_exact_through_shrink_and_regrowth() {
             }
         }
         assert_equal(&map, &model);
-        let peak_slots = map.slot_capacity();
+        let peak_capacity = map.slot_capacity();
         assert!(
             map.bytes_used() < 200 * keys.len() + 40 * map.len(),
             "{} bytes for {} keys",
@@ -489,8 +489,8 @@ fn keys_colliding_at_every_size_stay_exact_through_shrink_and_regrowth() {
         map.shrink(1024);
         assert_equal(&map, &model);
         assert!(
-            map.slot_capacity() < peak_slots / 4,
-            "{} slots after shrink (peak {peak_slots})",
+            map.slot_capacity() < peak_capacity / 4,
+            "{} entries after shrink (peak {peak_capacity})",
             map.slot_capacity()
         );
     }
@@ -526,14 +526,14 @@ fn a_clone_keeps_owners_and_its_own_spill_accounting() {
 /// the other, old lines in order, then the stash.
 fn rebuild_one_at_a_time(map: &mut BlockMap, lines: usize) {
     let old = std::mem::replace(&mut map.lines, vec![Line::default(); lines]);
-    map.grow_at = BlockMap::grow_at(lines * SLOTS);
+    map.grow_at = BlockMap::grow_at(lines * LINE_ENTRIES);
     let stash = std::mem::take(&mut map.stash);
-    for slot in old
+    for entry in old
         .iter()
         .flat_map(|l| l.0.iter())
         .filter(|s| s.owners != 0)
     {
-        map.place(slot.key, map.probe(slot.key), slot.owners);
+        map.place(entry.key, map.probe(entry.key), entry.owners);
     }
     for (key, owners) in stash {
         map.place(key, map.probe(key), owners);
@@ -541,7 +541,7 @@ fn rebuild_one_at_a_time(map: &mut BlockMap, lines: usize) {
 }
 
 /// The pipelined rebuild leaves the map exactly as placing one entry after the other does
-/// (every slot of every line, the stash, the walk counter), for entry counts below, at and
+/// (every entry of every line, the stash, the walk counter), for entry counts below, at and
 /// above the prefetch distance, with walks and a stash (keys colliding at every size), into
 /// a larger, an equal and a smaller table; and every block keeps its owners.
 #[test]
@@ -578,7 +578,7 @@ fn pipelined_rebuild_places_every_entry_as_one_at_a_time_would() {
             }
             stashed += map.stash_len();
             let lines = map.lines.len();
-            let needed = (map.len().div_ceil(SLOTS) * 10 / 9).max(MIN_LINES);
+            let needed = (map.len().div_ceil(LINE_ENTRIES) * 10 / 9).max(MIN_LINES);
             for target in [lines * 3 / 2 + 1, lines.max(MIN_LINES), needed] {
                 let mut want = map.clone();
                 rebuild_one_at_a_time(&mut want, target);

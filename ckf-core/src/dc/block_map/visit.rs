@@ -7,9 +7,9 @@ impl BlockMap {
     /// Calls `f(key)` for every tracked block, in table order (tests).
     #[cfg(test)]
     pub fn for_each_key(&self, mut f: impl FnMut(u64)) {
-        for slot in self.lines.iter().flat_map(|l| l.0.iter()) {
-            if slot.owners != 0 {
-                f(slot.key);
+        for entry in self.lines.iter().flat_map(|l| l.0.iter()) {
+            if entry.owners != 0 {
+                f(entry.key);
             }
         }
         for &key in self.stash.keys() {
@@ -23,7 +23,7 @@ impl BlockMap {
     }
 
     /// Calls `f(key, tag)` once per ownership edge of the blocks in lines `range` (cut to the
-    /// table), and of the stash when `stash` is set. O(slots in range + their edges).
+    /// table), and of the stash when `stash` is set. O(entries in range + their edges).
     pub fn for_each_edge_in(
         &self,
         range: std::ops::Range<usize>,
@@ -32,9 +32,9 @@ impl BlockMap {
     ) {
         let end = range.end.min(self.lines.len());
         let start = range.start.min(end);
-        for slot in self.lines[start..end].iter().flat_map(|l| l.0.iter()) {
-            if slot.owners != 0 {
-                self.visit_edges(slot.key, slot.owners, &mut f);
+        for entry in self.lines[start..end].iter().flat_map(|l| l.0.iter()) {
+            if entry.owners != 0 {
+                self.visit_edges(entry.key, entry.owners, &mut f);
             }
         }
         if stash {
@@ -116,12 +116,12 @@ impl BlockMap {
         );
         let mut count = 0;
         for (l, line) in self.lines.iter().enumerate() {
-            for slot in line.0.iter().filter(|s| s.owners != 0) {
-                let (a, b) = self.probe(slot.key).lines(n);
+            for entry in line.0.iter().filter(|s| s.owners != 0) {
+                let (a, b) = self.probe(entry.key).lines(n);
                 assert!(
                     l == a || l == b,
                     "{:#x} in line {l}, not {a} or {b}",
-                    slot.key
+                    entry.key
                 );
                 count += 1;
             }
@@ -138,9 +138,9 @@ impl BlockMap {
                 tags += v.capacity();
             }
         };
-        for slot in self.lines.iter().flat_map(|l| l.0.iter()) {
-            if slot.owners != 0 {
-                check_word(slot.key, slot.owners);
+        for entry in self.lines.iter().flat_map(|l| l.0.iter()) {
+            if entry.owners != 0 {
+                check_word(entry.key, entry.owners);
             }
         }
         for (&k, &w) in &self.stash {
