@@ -33,7 +33,7 @@
 //! # Files
 //! * `dc/state.rs`: [`DcCkfState`] and its core methods.
 //! * `dc/config.rs`: [`DcCkfConfig`], the kick bounds, [`DcCkfError`].
-//! * `dc/projection.rs`: the block-keyed half of the state and the prefetch pipeline.
+//! * `dc/blocks.rs`: the block-keyed half of the state (`Blocks`: the exact block map, the filter table, its dirty tracking) and the prefetch pipeline.
 //! * `dc/events.rs`: [`KvEvent`], [`MemberId`], [`EventOutcome`], [`BlockError`].
 //! * `dc/block_map.rs`: the exact block map (hash -> owner tags); `dc/tags.rs`: owner tags.
 //! * `dc/ownership.rs`: member records and their tags; `dc/quota.rs`: ingest quotas.
@@ -42,6 +42,7 @@
 //!   `dc/hasher.rs`: [`FoldHashBuilder`]; `dc/maps.rs`: hash-map housekeeping.
 
 mod block_map;
+mod blocks;
 mod config;
 mod events;
 mod hasher;
@@ -49,7 +50,6 @@ mod image;
 mod maps;
 mod member_scan;
 mod ownership;
-mod projection;
 pub mod quota;
 mod release;
 mod state;

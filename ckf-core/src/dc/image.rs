@@ -125,7 +125,7 @@ impl DcCkfState {
         }
         // Retired tags (a clear still being swept) own nothing.
         let dying = &self.releases.dying;
-        self.proj.blocks.for_each_edge(|hash, tag| {
+        self.blocks.blocks.for_each_edge(|hash, tag| {
             if !dying.contains(tag) {
                 per_tag[tag as usize - 1].push(hash);
             }
@@ -172,9 +172,9 @@ impl DcCkfState {
     /// last [`capture_step`](Self::capture_step), blocks a walk moves are remembered. Starting
     /// another capture abandons this one.
     pub fn begin_capture(&mut self) -> OwnershipCapture {
-        self.proj.blocks.record_moves(true);
+        self.blocks.blocks.record_moves(true);
         OwnershipCapture {
-            rebuilds: self.proj.blocks.rebuild_stats().count,
+            rebuilds: self.blocks.blocks.rebuild_stats().count,
             ..OwnershipCapture::default()
         }
     }
@@ -189,15 +189,15 @@ impl DcCkfState {
         if capture.done {
             return false;
         }
-        let rebuilds = self.proj.blocks.rebuild_stats().count;
+        let rebuilds = self.blocks.blocks.rebuild_stats().count;
         if rebuilds != capture.rebuilds {
             capture.rebuilds = rebuilds;
             capture.cursor = 0;
             capture.blocks.clear();
             capture.restarts += 1;
-            self.proj.blocks.record_moves(true);
+            self.blocks.blocks.record_moves(true);
         }
-        let blocks = &self.proj.blocks;
+        let blocks = &self.blocks.blocks;
         let lines = blocks.line_count();
         let slice = self.config.slice_lines as usize;
         let end = if slice == 0 {
@@ -209,12 +209,12 @@ impl DcCkfState {
         let step = &mut capture.step;
         blocks.for_each_edge_in(capture.cursor..end, last, |key, tag| step.push((tag, key)));
         if last {
-            for key in self.proj.blocks.take_moved() {
-                self.proj
+            for key in self.blocks.blocks.take_moved() {
+                self.blocks
                     .blocks
                     .for_each_owner(key, |key, tag| step.push((tag, key)));
             }
-            self.proj.blocks.record_moves(false);
+            self.blocks.blocks.record_moves(false);
         }
         // Grouped by tag, so each tag's member is looked up once per step. A retired tag (a
         // clear being swept) has no member: its edges are gone already.

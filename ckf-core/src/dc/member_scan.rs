@@ -53,8 +53,8 @@ impl DcCkfState {
             member,
             tag: self.members.tag(member),
             cursor: 0,
-            moves: self.proj.blocks.moves(),
-            rebuilds: self.proj.blocks.rebuild_stats().count,
+            moves: self.blocks.blocks.moves(),
+            rebuilds: self.blocks.blocks.rebuild_stats().count,
             blocks: Vec::new(),
             restarts: 0,
         }
@@ -65,7 +65,7 @@ impl DcCkfState {
     /// where that costs the state nothing), once the whole map is read (call it until then, not
     /// after). See the module docs.
     pub fn member_scan_step(&self, scan: &mut MemberScan) -> Option<Vec<u64>> {
-        let blocks = &self.proj.blocks;
+        let blocks = &self.blocks.blocks;
         let tag = self.members.tag(scan.member);
         let (moves, rebuilds) = (blocks.moves(), blocks.rebuild_stats().count);
         if (tag, moves, rebuilds) != (scan.tag, scan.moves, scan.rebuilds) {
@@ -165,7 +165,7 @@ mod tests {
             assert_eq!(s.member_scan_step(&mut scan), None);
         }
         // Filling the map to ~90% between steps: walks move blocks across the cursor.
-        let moves = s.proj.blocks.moves();
+        let moves = s.blocks.blocks.moves();
         let mut answer = None;
         for i in 3_900..4_300 {
             s.store(MemberId::new(3, 0), &[hash(i)]);
@@ -173,7 +173,7 @@ mod tests {
                 answer = s.member_scan_step(&mut scan);
             }
         }
-        assert!(s.proj.blocks.moves() > moves, "the stores walked");
+        assert!(s.blocks.blocks.moves() > moves, "the stores walked");
         let mut answer = answer.unwrap_or_else(|| finish(&s, &mut scan));
         answer.sort_unstable();
         assert!(scan.restarts() > 0);

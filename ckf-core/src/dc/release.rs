@@ -21,8 +21,8 @@
 //!
 //! [`DcCkfConfig::slice_lines`]: crate::dc::DcCkfConfig::slice_lines
 
+use super::blocks::Blocks;
 use super::ownership::Members;
-use super::projection::Projection;
 use super::tags::{Tag, TagSet};
 
 /// The clears in progress.
@@ -72,10 +72,10 @@ impl Releases {
     pub(super) fn sweep_slice(
         &mut self,
         members: &mut Members,
-        proj: &mut Projection,
+        blocks: &mut Blocks,
         slice_lines: u32,
     ) -> bool {
-        let lines = proj.blocks.line_count();
+        let lines = blocks.blocks.line_count();
         let slice = slice_lines as usize;
         let start = self.cursor;
         let end = if slice == 0 {
@@ -85,7 +85,7 @@ impl Releases {
         };
         let at_end = end >= lines;
         let remaining = &mut self.remaining;
-        proj.sweep(start..end, at_end, &self.dying, |tag| {
+        blocks.sweep(start..end, at_end, &self.dying, |tag| {
             members.record(tag).owned -= 1;
             *remaining -= 1;
         });

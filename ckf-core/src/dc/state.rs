@@ -8,14 +8,14 @@ use crate::dirty::{DirtyTracker, PublicationBatch};
 use crate::mutator::Mutator;
 
 use super::block_map::{BlockMap, RebuildStats};
+use super::blocks::{
+    Acquired, Blocks, Counters, LOOKAHEAD_MIN_BUCKETS, PREFETCH_DISTANCE, Prepared,
+};
 use super::config::{
     DcCkfConfig, DcCkfError, MAX_KICKS_LIMIT, allocator_grants, block_map_granted,
 };
 use super::events::{BlockError, EventOutcome, KvEvent, KvEventKind, MemberId};
 use super::ownership::Members;
-use super::projection::{
-    Acquired, Counters, LOOKAHEAD_MIN_BUCKETS, PREFETCH_DISTANCE, Prepared, Projection,
-};
 use super::quota::{QuotaError, Quotas, StoreRequest};
 use super::release::Releases;
 use super::stats::DcCkfStats;
@@ -27,7 +27,7 @@ pub struct DcCkfState {
     pub(super) config: DcCkfConfig,
     pub(super) quotas: Quotas,
     pub(super) members: Members,
-    pub(super) proj: Projection,
+    pub(super) blocks: Blocks,
     pub(super) releases: Releases,
 }
 
@@ -68,7 +68,7 @@ impl DcCkfState {
             config,
             quotas: Quotas::UNLIMITED,
             members: Members::default(),
-            proj: Projection {
+            blocks: Blocks {
                 addressing,
                 blocks,
                 mutator,
@@ -99,7 +99,7 @@ impl DcCkfState {
 
     /// The addressing derived from the format.
     pub fn addressing(&self) -> &Addressing {
-        &self.proj.addressing
+        &self.blocks.addressing
     }
 
     /// The quotas [`apply_from`](Self::apply_from) enforces ([`Quotas::UNLIMITED`] until
@@ -171,7 +171,7 @@ impl DcCkfState {
                 Some(t) => hashes
                     .iter()
                     .copied()
-                    .filter(|&h| !self.proj.blocks.owns(h, t))
+                    .filter(|&h| !self.blocks.blocks.owns(h, t))
                     .collect(),
                 None => hashes.to_vec(),
             };
@@ -244,8 +244,8 @@ impl DcCkfState {
             return;
         }
         let n = block_hashes.len().min(PREFETCH_DISTANCE);
-        self.proj.lookahead[..n].copy_from_slice(&block_hashes[..n]);
-        self.proj.lookahead_len = n;
+        self.blocks.lookahead[..n].copy_from_slice(&block_hashes[..n]);
+        self.blocks.lookahead_len = n;
     }
 
     /// `member` now holds `block_hashes`, in order. Each new `(member, hash)` edge increments
@@ -262,15 +262,16 @@ impl DcCkfState {
             for &block_hash in block_hashes {
                 out.fail(BlockError::MemberLimit { block_hash, limit });
             }
-            self.proj.counters.omissions += u64::from(out.omitted);
+            self.blocks.counters.omissions += u64::from(out.omitted);
             return out;
         };
-        self.proj
-            .pipelined::<true>(block_hashes, |proj, h, p| match proj.acquire(h, tag, p) {
+        self.blocks.pipelined::<true>(block_hashes, |blocks, h, p| {
+            match blocks.acquire(h, tag, p) {
                 Ok(Acquired::Edge) => out.applied += 1,
                 Ok(Acquired::Redundant) => out.redundant += 1,
                 Err(e) => out.fail(e),
-            });
+            }
+        });
         self.members.adjust(tag, out.applied, 0);
         self.members.release_if_empty(tag);
         out
@@ -282,17 +283,18 @@ impl DcCkfState {
         let mut out = EventOutcome::default();
         let Some(tag) = self.members.tag(member) else {
             out.unknown = block_hashes.len() as u32;
-            self.proj.counters.unknown_removals += block_hashes.len() as u64;
+            self.blocks.counters.unknown_removals += block_hashes.len() as u64;
             return out;
         };
-        self.proj.pipelined::<false>(block_hashes, |proj, h, p| {
-            if proj.release(h, tag, p) {
-                out.applied += 1;
-            } else {
-                out.unknown += 1;
-            }
-        });
-        self.proj.counters.unknown_removals += u64::from(out.unknown);
+        self.blocks
+            .pipelined::<false>(block_hashes, |blocks, h, p| {
+                if blocks.release(h, tag, p) {
+                    out.applied += 1;
+                } else {
+                    out.unknown += 1;
+                }
+            });
+        self.blocks.counters.unknown_removals += u64::from(out.unknown);
         self.members.adjust(tag, 0, out.applied);
         self.members.release_if_empty(tag);
         self.shrink();
@@ -355,7 +357,7 @@ impl DcCkfState {
         let slice_lines = self.config.slice_lines;
         if self
             .releases
-            .sweep_slice(&mut self.members, &mut self.proj, slice_lines)
+            .sweep_slice(&mut self.members, &mut self.blocks, slice_lines)
         {
             return true;
         }
@@ -371,7 +373,7 @@ impl DcCkfState {
     /// Returns memory after removals: shrinks the exact maps that fell far below their
     /// capacity (see [`shrink_map`](super::maps::shrink_map): under a quarter full -> twice their length).
     fn shrink(&mut self) {
-        self.proj.shrink();
+        self.blocks.shrink();
         // Retired tags keep their records until swept.
         if self.releases.is_empty() {
             self.members.shrink();
@@ -381,9 +383,9 @@ impl DcCkfState {
     /// Number of members owning `block_hash` (exact).
     pub fn refcount(&self, block_hash: u64) -> u32 {
         if self.releases.is_empty() {
-            self.proj.blocks.refcount(block_hash)
+            self.blocks.blocks.refcount(block_hash)
         } else {
-            self.proj
+            self.blocks
                 .blocks
                 .live_refcount(block_hash, &self.releases.dying)
         }
@@ -393,7 +395,7 @@ impl DcCkfState {
     pub fn owns(&self, member: MemberId, block_hash: u64) -> bool {
         self.members
             .tag(member)
-            .is_some_and(|tag| self.proj.blocks.owns(block_hash, tag))
+            .is_some_and(|tag| self.blocks.blocks.owns(block_hash, tag))
     }
 
     /// The block hashes `member` owns (exact), ascending; empty for an unknown member.
@@ -403,7 +405,7 @@ impl DcCkfState {
             return Vec::new();
         };
         let mut blocks: Vec<u64> = Vec::new();
-        self.proj.blocks.for_each_edge(|h, t| {
+        self.blocks.blocks.for_each_edge(|h, t| {
             if t == tag {
                 blocks.push(h);
             }
@@ -420,19 +422,19 @@ impl DcCkfState {
     /// Lossy CKF membership: whether either candidate bucket of `block_hash` holds its
     /// fingerprint. True for every tracked hash; may be true for others (false positive).
     pub fn may_contain(&self, block_hash: u64) -> bool {
-        self.proj
+        self.blocks
             .mutator
-            .contains(self.proj.addressing.locate(block_hash))
+            .contains(self.blocks.addressing.locate(block_hash))
     }
 
     /// The packed table, `bucket_count` words, index = bucket.
     pub fn buckets(&self) -> &[u64] {
-        self.proj.mutator.buckets()
+        self.blocks.mutator.buckets()
     }
 
     /// Dirty buckets not yet sampled into a batch.
     pub fn pending_dirty(&self) -> usize {
-        self.proj.dirty.pending()
+        self.blocks.dirty.pending()
     }
 
     /// Samples the absolute image of every dirty bucket and clears the dirty set. Returns
@@ -442,7 +444,7 @@ impl DcCkfState {
     /// Several publishers share one state: call this once per publication tick and hand the
     /// same batch to every publisher (see [`crate::publication`]).
     pub fn take_batch(&mut self) -> Option<PublicationBatch> {
-        let p = &mut self.proj;
+        let p = &mut self.blocks;
         let batch = p.dirty.take(p.mutator.buckets(), &p.addressing)?;
         p.counters.batches += 1;
         p.counters.cycles_broken += u64::from(batch.cycles_broken);
@@ -451,7 +453,7 @@ impl DcCkfState {
 
     /// Current statistics. `bytes_used` walks the member records (O(members)).
     pub fn stats(&self) -> DcCkfStats {
-        let p = &self.proj;
+        let p = &self.blocks;
         let c = p.counters;
         let format = self.config.format;
         let exact_bytes =
@@ -504,7 +506,7 @@ impl DcCkfState {
         let target = blocks
             .saturating_add(blocks / 5)
             .min(self.config.format.slot_count());
-        self.proj.blocks.presize(block_map_granted(target)?);
+        self.blocks.blocks.presize(block_map_granted(target)?);
         Ok(target)
     }
 
@@ -513,7 +515,7 @@ impl DcCkfState {
     /// actor, so the DC's ingest) for that long. The count is also
     /// [`DcCkfStats::block_map_rebuilds`].
     pub fn block_map_rebuilds(&self) -> RebuildStats {
-        self.proj.blocks.rebuild_stats()
+        self.blocks.blocks.rebuild_stats()
     }
 
     /// Fingerprints physically present, counted by scanning the table (O(buckets); for tests and

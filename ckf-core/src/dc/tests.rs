@@ -198,15 +198,15 @@ fn walk_hint_in_the_ingest_loop_changes_no_outcome() {
             }
         }
     };
-    fill(&mut s, &|s| s.proj.blocks.walk_hint_active());
+    fill(&mut s, &|s| s.blocks.blocks.walk_hint_active());
     assert_eq!(
-        s.proj.walk_hint_lines, 0,
+        s.blocks.walk_hint_lines, 0,
         "the hint ran before its gates opened"
     );
     // On to 80% map load (gate 75%), so the churn below, which loses a few hundred unique
     // blocks, keeps the hint on throughout.
     fill(&mut s, &|s| {
-        s.proj.blocks.len() * 5 >= s.proj.blocks.slot_capacity() * 4
+        s.blocks.blocks.len() * 5 >= s.blocks.blocks.slot_capacity() * 4
     });
     // Churn: `b` stores 12 new blocks and 4 of `a`'s per event; `a` evicts its oldest 16.
     let mut oldest = 0u64;
@@ -232,15 +232,15 @@ fn walk_hint_in_the_ingest_loop_changes_no_outcome() {
         }
     }
     assert!(
-        s.proj.blocks.walk_hint_active(),
+        s.blocks.blocks.walk_hint_active(),
         "the churn left the hint's gates"
     );
     // Both candidate lines are full for about one stored block in seven here: 17,491 hints
     // (139,928 lines) with these hashes.
     assert!(
-        s.proj.walk_hint_lines >= 8 * 5_000,
+        s.blocks.walk_hint_lines >= 8 * 5_000,
         "{} lines hinted",
-        s.proj.walk_hint_lines
+        s.blocks.walk_hint_lines
     );
     let stats = s.stats();
     assert_eq!(stats.omissions_total, 0);
@@ -254,7 +254,7 @@ fn walk_hint_in_the_ingest_loop_changes_no_outcome() {
         let h = hash(i);
         assert_eq!(s.refcount(h), model.get(&h).copied().unwrap_or(0), "{h:#x}");
     }
-    s.proj.blocks.check();
+    s.blocks.blocks.check();
 }
 
 #[test]
@@ -308,7 +308,7 @@ fn the_real_member_limit_is_exact() {
     assert_eq!(s.refcount(shared), 4);
     assert_eq!(s.member_blocks(member(limit)), vec![limit, shared]);
     assert!(!s.owns(member(limit - 1), shared));
-    s.proj.blocks.check();
+    s.blocks.blocks.check();
 }
 
 /// Member records shrink after most members leave (tags are positions, so only a free
@@ -340,7 +340,7 @@ fn member_tags_stay_unique_across_a_record_shrink() {
             .all(|m| m.blocks == vec![m.member.worker_id, 1 << 40])
     );
     assert_eq!(s.stats().ownership_edges, 2 * 2003);
-    s.proj.blocks.check();
+    s.blocks.blocks.check();
 }
 
 /// Mass removal of blocks with four or five owners (spilled), in a different member order
@@ -374,7 +374,7 @@ fn spilled_owners_survive_shrink_and_regrowth() {
         }
         assert_eq!(s.refcount(b), 0, "{j}");
     }
-    s.proj.blocks.check();
+    s.blocks.blocks.check();
     assert!(
         s.stats().exact_bytes < peak / 4,
         "{} vs {peak}",
@@ -400,7 +400,7 @@ fn spilled_owners_survive_shrink_and_regrowth() {
         s.store(*m, &blocks);
     }
     s.clear_member(members[1]);
-    s.proj.blocks.check();
+    s.blocks.blocks.check();
     for (j, &b) in blocks.iter().enumerate() {
         let want = 3 + u32::from(j >= gone && j % 2 == 0);
         assert_eq!(s.refcount(b), want, "{j}");
@@ -497,7 +497,7 @@ mod limit_model {
         let edges: usize = model.values().map(BTreeSet::len).sum();
         prop_assert_eq!(stats.ownership_edges, edges as u64);
         prop_assert_eq!(stats.missing_fingerprints_total, 0);
-        s.proj.blocks.check();
+        s.blocks.blocks.check();
         Ok(())
     }
 

@@ -1,4 +1,4 @@
-//! The block-keyed half of the producer state ([`Projection`]: the exact block map, the filter
+//! The block-keyed half of the producer state ([`Blocks`]: the exact block map, the filter
 //! table, its dirty tracking and the counters) and the prefetch pipeline that applies an
 //! event's blocks with the cache lines of the blocks ahead already on their way.
 
@@ -57,7 +57,7 @@ pub(super) struct Counters {
 /// Everything keyed by block hash: owners and refcounts, the table and its dirty tracking.
 /// Split from the member table so a member's record can stay borrowed while blocks are applied.
 #[derive(Debug, Clone)]
-pub(super) struct Projection {
+pub(super) struct Blocks {
     pub(super) addressing: Addressing,
     pub(super) blocks: BlockMap,
     pub(super) mutator: Mutator,
@@ -87,7 +87,7 @@ pub(super) enum Acquired {
     Redundant,
 }
 
-impl Projection {
+impl Blocks {
     /// Locates `block_hash` in the filter and the block map and prefetches the cache lines an
     /// [`acquire`](Self::acquire) or [`release`](Self::release) of it will read.
     #[inline(always)]
@@ -242,7 +242,7 @@ impl Projection {
         dying: &TagSet,
         mut dropped: impl FnMut(Tag),
     ) {
-        let Projection {
+        let Blocks {
             addressing,
             blocks,
             mutator,
