@@ -58,9 +58,9 @@ use ckf_svc_kit::tls::{ServerTls, TlsError};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-pub use actor::ActorGone;
 pub use ckf_svc_kit::config::ConfigError;
 pub use config::{Cli, ProducerConfig};
+pub use error::ActorGone;
 pub use relay_client::DrainOutcome;
 
 use actor::{Actor, ActorHandle, ActorReport, Command};
