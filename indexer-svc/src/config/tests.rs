@@ -67,32 +67,35 @@ fn search_kernel_is_chosen_by_key_flag_or_environment_and_checked() {
     let config = cli(&["--config", file.to_str().unwrap()]).load().unwrap();
     assert_eq!(config.search_kernel().unwrap(), SearchKernel::Portable);
     // The environment (`[search] kernel` -> CKF_INDEXER_SEARCH__KERNEL).
-    // SAFETY: this test's own variable prefix; no other thread reads it.
-    unsafe { std::env::set_var("CKF_IT3_SEARCH__KERNEL", "portable") };
-    let config = load_with_env(&cli(&[]), "CKF_IT3_").unwrap();
-    assert_eq!(config.search_kernel().unwrap(), SearchKernel::Portable);
-    // A bad name is refused like any other key.
-    let text = cli(&["--search-kernel", "sse4"])
-        .load()
-        .unwrap_err()
-        .to_string();
-    assert!(text.contains("search.kernel = sse4"), "{text}");
-    assert!(
-        text.contains("must be one of auto, portable, avx2, avx512, neon"),
-        "{text}"
-    );
-    // A kernel the CPU lacks (the refusal every CPU without it gets; built here from the
-    // core's error so the wording is checked on any machine).
-    let lacking = SearchKernelError::Unavailable {
-        kernel: SearchKernel::Avx512,
-        needs: SearchKernel::Avx512.requirement(),
-        available: "avx2, portable".into(),
-    };
-    assert_eq!(
-        kernel_invalid("avx512", lacking).to_string(),
-        "search.kernel = avx512: is not available on this CPU (it needs x86-64 with \
+    // The variables live only inside the jail (figment restores the environment).
+    figment::Jail::expect_with(|jail| {
+        jail.set_env("CKF_IT3_SEARCH__KERNEL", "portable");
+        let config = load_with_env(&cli(&[]), "CKF_IT3_").unwrap();
+        assert_eq!(config.search_kernel().unwrap(), SearchKernel::Portable);
+        // A bad name is refused like any other key.
+        let text = cli(&["--search-kernel", "sse4"])
+            .load()
+            .unwrap_err()
+            .to_string();
+        assert!(text.contains("search.kernel = sse4"), "{text}");
+        assert!(
+            text.contains("must be one of auto, portable, avx2, avx512, neon"),
+            "{text}"
+        );
+        // A kernel the CPU lacks (the refusal every CPU without it gets; built here from the
+        // core's error so the wording is checked on any machine).
+        let lacking = SearchKernelError::Unavailable {
+            kernel: SearchKernel::Avx512,
+            needs: SearchKernel::Avx512.requirement(),
+            available: "avx2, portable".into(),
+        };
+        assert_eq!(
+            kernel_invalid("avx512", lacking).to_string(),
+            "search.kernel = avx512: is not available on this CPU (it needs x86-64 with \
          AVX-512 F, DQ, BW and BMI2); available: avx2, portable, or auto"
-    );
+        );
+        Ok(())
+    });
 }
 
 #[test]
@@ -157,15 +160,18 @@ fn expected_blocks_has_the_producers_key_and_the_old_one_as_an_alias() {
     let file_arg = file.to_str().unwrap();
     let config = cli(&["--config", file_arg]).load().unwrap();
     assert_eq!(config.format().unwrap(), format(7000));
-    // SAFETY (of intent): a prefix only this test reads.
-    unsafe { std::env::set_var("CKF_IT1_TABLE__EXPECTED_BLOCKS_PER_LANE", "8000") };
-    let config = load_with_env(&cli(&[]), "CKF_IT1_").unwrap();
-    assert_eq!(config.format().unwrap(), format(8000));
+    // The variables live only inside the jail (figment restores the environment).
+    figment::Jail::expect_with(|jail| {
+        jail.set_env("CKF_IT1_TABLE__EXPECTED_BLOCKS_PER_LANE", "8000");
+        let config = load_with_env(&cli(&[]), "CKF_IT1_").unwrap();
+        assert_eq!(config.format().unwrap(), format(8000));
 
-    // Across layers the later one wins, whichever spelling each uses: an old config file
-    // or environment is overridden by the new flag.
-    let config = load_with_env(&cli(&["--expected-blocks", "9000"]), "CKF_IT1_").unwrap();
-    assert_eq!(config.format().unwrap(), format(9000));
+        // Across layers the later one wins, whichever spelling each uses: an old config file
+        // or environment is overridden by the new flag.
+        let config = load_with_env(&cli(&["--expected-blocks", "9000"]), "CKF_IT1_").unwrap();
+        assert_eq!(config.format().unwrap(), format(9000));
+        Ok(())
+    });
     let config = cli(&["--config", file_arg, "--expected-blocks", "1"])
         .load()
         .unwrap();
@@ -251,24 +257,27 @@ fn block_size_comes_from_every_layer_and_is_bounded() {
     std::fs::write(&file, "block_size = 32\n").unwrap();
     let file_arg = file.to_str().unwrap();
     assert_eq!(cli(&["--config", file_arg]).load().unwrap().block_size, 32);
-    // SAFETY (of intent): a prefix only this test reads.
-    unsafe { std::env::set_var("CKF_IT2_BLOCK_SIZE", "128") };
-    let from_env = load_with_env(&cli(&["--config", file_arg]), "CKF_IT2_").unwrap();
-    assert_eq!(
-        from_env.block_size, 128,
-        "the environment overrides the file"
-    );
-    let flag = load_with_env(&cli(&["--block-size", "8"]), "CKF_IT2_").unwrap();
-    assert_eq!(flag.block_size, 8, "a flag overrides the environment");
-    for bad in ["0", "65537"] {
-        let text = cli(&["--block-size", bad]).load().unwrap_err().to_string();
-        assert!(text.contains(&format!("block_size = {bad}")), "{text}");
-        assert!(text.contains("1..=65536"), "{text}");
-    }
-    assert_eq!(
-        cli(&["--block-size", "65536"]).load().unwrap().block_size,
-        65536
-    );
+    // The variables live only inside the jail (figment restores the environment).
+    figment::Jail::expect_with(|jail| {
+        jail.set_env("CKF_IT2_BLOCK_SIZE", "128");
+        let from_env = load_with_env(&cli(&["--config", file_arg]), "CKF_IT2_").unwrap();
+        assert_eq!(
+            from_env.block_size, 128,
+            "the environment overrides the file"
+        );
+        let flag = load_with_env(&cli(&["--block-size", "8"]), "CKF_IT2_").unwrap();
+        assert_eq!(flag.block_size, 8, "a flag overrides the environment");
+        for bad in ["0", "65537"] {
+            let text = cli(&["--block-size", bad]).load().unwrap_err().to_string();
+            assert!(text.contains(&format!("block_size = {bad}")), "{text}");
+            assert!(text.contains("1..=65536"), "{text}");
+        }
+        assert_eq!(
+            cli(&["--block-size", "65536"]).load().unwrap().block_size,
+            65536
+        );
+        Ok(())
+    });
 }
 
 #[test]
@@ -288,23 +297,26 @@ fn worker_threads_reaches_the_process_settings_and_is_bounded() {
             worker_threads: 1
         }
     );
-    // SAFETY (of intent): a prefix only this test reads.
-    unsafe { std::env::set_var("CKF_IT3_WORKER_THREADS", "3") };
-    let from_env = load_with_env(&cli(&[]), "CKF_IT3_").unwrap();
-    assert_eq!(from_env.worker_threads, 3);
-    assert_eq!(
-        cli(&["--worker-threads", "1024"])
+    // The variables live only inside the jail (figment restores the environment).
+    figment::Jail::expect_with(|jail| {
+        jail.set_env("CKF_IT3_WORKER_THREADS", "3");
+        let from_env = load_with_env(&cli(&[]), "CKF_IT3_").unwrap();
+        assert_eq!(from_env.worker_threads, 3);
+        assert_eq!(
+            cli(&["--worker-threads", "1024"])
+                .load()
+                .unwrap()
+                .worker_threads,
+            1024
+        );
+        let text = cli(&["--worker-threads", "1025"])
             .load()
-            .unwrap()
-            .worker_threads,
-        1024
-    );
-    let text = cli(&["--worker-threads", "1025"])
-        .load()
-        .unwrap_err()
-        .to_string();
-    assert!(text.contains("worker_threads = 1025"), "{text}");
-    assert!(text.contains("0..=1024 threads"), "{text}");
+            .unwrap_err()
+            .to_string();
+        assert!(text.contains("worker_threads = 1025"), "{text}");
+        assert!(text.contains("0..=1024 threads"), "{text}");
+        Ok(())
+    });
 }
 
 #[test]
@@ -338,25 +350,28 @@ fn off_loopback_relay_and_query_need_authorization_or_insecure() {
     std::fs::write(&file, "insecure = true\n").unwrap();
     let key = cli(&[&open[..], &["--config", file.to_str().unwrap()]].concat());
     assert_eq!(insecure(key.load().unwrap()), ["Relay", "Query"]);
-    // SAFETY (of intent): a prefix only this test reads.
-    unsafe { std::env::set_var("CKF_IT4_INSECURE", "true") };
-    let env = load_with_env(&cli(&open), "CKF_IT4_").unwrap();
-    assert_eq!(insecure(env), ["Relay", "Query"]);
-    // A query token closes Query; a separate query_listen on loopback is not asked for one.
-    let token = dir.path().join("query.token");
-    std::fs::write(&token, "0123456789abcdef0123456789abcdef\n").unwrap();
-    let token_arg = token.to_str().unwrap();
-    let text = cli(&[&open[..], &["--query-token-file", token_arg]].concat())
-        .load()
-        .unwrap_err()
-        .to_string();
-    assert!(
-        text.contains("serves Relay") && !text.contains("Query"),
-        "{text}"
-    );
-    let split = ["--query-listen", "127.0.0.1:7401", "--insecure"];
-    let config = cli(&[&open[..], &split[..]].concat()).load().unwrap();
-    assert_eq!(insecure(config), ["Relay"]);
+    // The variables live only inside the jail (figment restores the environment).
+    figment::Jail::expect_with(|jail| {
+        jail.set_env("CKF_IT4_INSECURE", "true");
+        let env = load_with_env(&cli(&open), "CKF_IT4_").unwrap();
+        assert_eq!(insecure(env), ["Relay", "Query"]);
+        // A query token closes Query; a separate query_listen on loopback is not asked for one.
+        let token = dir.path().join("query.token");
+        std::fs::write(&token, "0123456789abcdef0123456789abcdef\n").unwrap();
+        let token_arg = token.to_str().unwrap();
+        let text = cli(&[&open[..], &["--query-token-file", token_arg]].concat())
+            .load()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            text.contains("serves Relay") && !text.contains("Query"),
+            "{text}"
+        );
+        let split = ["--query-listen", "127.0.0.1:7401", "--insecure"];
+        let config = cli(&[&open[..], &split[..]].concat()).load().unwrap();
+        assert_eq!(insecure(config), ["Relay"]);
+        Ok(())
+    });
 }
 
 #[test]
