@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use ckf_e2e::cluster::{self, Producer, ProducerSpec, TestDir, batch, channel, event};
 use ckf_e2e::metrics;
-use ckf_e2e::wait::eventually;
+use ckf_e2e::wait::{DEADLINE, eventually};
 use ckf_proto::v1::{self, ingest_client::IngestClient, kv_event::Kind};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -507,6 +507,9 @@ async fn max_size_batches_in_a_loop_do_not_stall_other_clients() {
     // removed, in a loop, so the table never fills.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let hog_stop = stop.clone();
+    // Batches the hog has had answered (the small client starts once the hog is going).
+    let hog_batches = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let hog_done = hog_batches.clone();
     let hog_task = tokio::spawn(async move {
         let mut latencies = Vec::new();
         let mut sequence = 0;
@@ -530,11 +533,20 @@ async fn max_size_batches_in_a_loop_do_not_stall_other_clients() {
                 .into_inner();
             latencies.push(start.elapsed());
             assert_eq!(r.events.len(), 4);
+            hog_done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         latencies
     });
-    // Let the hog get going.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Once the hog is going (two of its batches answered: a store and a removal).
+    eventually("the hog's first batches", DEADLINE, || {
+        let n = hog_batches.load(std::sync::atomic::Ordering::Relaxed);
+        async move {
+            (n >= 2)
+                .then_some(())
+                .ok_or(format!("{n} hog batches answered"))
+        }
+    })
+    .await;
     let mut waits = Vec::new();
     for i in 0..200u64 {
         let start = Instant::now();
