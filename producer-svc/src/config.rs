@@ -62,8 +62,8 @@ pub struct PublicationConfig {
     pub max_delay_ms: u64,
     /// Cut a batch as soon as the state actor has no command queued (Nagle off: an idle
     /// producer publishes a change at once, a busy one coalesces up to `batch_threshold` /
-    /// `max_delay_ms`). `false` waits for the threshold or the delay (the cadence before
-    /// issue 12: fewer, larger deltas, ~`max_delay_ms` more event-to-visible lag).
+    /// `max_delay_ms`). `false` waits for the threshold or the delay (the cadence before the
+    /// idle cut existed: fewer, larger deltas, ~`max_delay_ms` more event-to-visible lag).
     pub cut_when_idle: bool,
     /// Send a heartbeat after this many idle milliseconds (capped at a third of the
     /// indexer's heartbeat deadline).

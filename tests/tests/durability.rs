@@ -1,4 +1,4 @@
-//! Issue 11: a producer restart does not blind its DC. With `[durability] data_dir`, the exact
+//! A producer restart does not blind its DC. With `[durability] data_dir`, the exact
 //! state survives `kill -9` (up to the last group-commit window), SIGTERM (nothing lost), and
 //! a full disk (the producer keeps serving from memory and heals with a checkpoint); damaged
 //! or foreign state is refused by name, or set aside on request.

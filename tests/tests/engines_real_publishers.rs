@@ -1,4 +1,4 @@
-//! Issue 9, §5: the real vLLM 0.33.0 and SGLang 0.5.23 publishers (their own
+//! Real engine publishers: the real vLLM 0.33.0 and SGLang 0.5.23 publishers (their own
 //! `ZmqEventPublisher` and event classes, run by `tests/engines/drive.py` in the venv of
 //! `scripts/engine-venv.sh`) publish to a real `ckf-producer` over ZMQ; after every step of
 //! each scenario the producer holds exactly the canonical hashes of the engine's model
@@ -140,7 +140,7 @@ fn tcp_listen_ports(pid: u32) -> BTreeSet<u16> {
     ports
 }
 
-/// Issue 10 (engine guard): in bind mode the producer opens no TCP port for zeromq (its
+/// The engine guard: in bind mode the producer opens no TCP port for zeromq (its
 /// listener is a private Unix socket behind the guard), so its TCP listeners are exactly its
 /// Ingest, metrics and engine ports; a flood of silent connections on the engine port is capped
 /// (`connection_limit`) and timed out (`handshake_timeout`), and vLLM's publisher then works.

@@ -1,4 +1,4 @@
-//! Issue 10's ingest attacks against the real `ckf-producer` binary: quotas, bounded per-source
+//! Attacks on ingest against the real `ckf-producer` binary: quotas, bounded per-source
 //! state, memory returned after churn, fair scheduling, a refused batch that does not end its
 //! `Publish` stream, and non-canonical source ids.
 //!

@@ -1,4 +1,4 @@
-//! Issue 11, part 4: a hot standby. Two producers of one pool, both fed every event and both
+//! A hot standby. Two producers of one pool, both fed every event and both
 //! started with `publication.start_mode = "if-vacant"`: the first to attach holds the lane,
 //! the other stands by without ever taking it while the holder lives; when the holder dies,
 //! the standby's lane is active with every tracked block, with no replay from any source.

@@ -1,4 +1,4 @@
-//! Issue 10, supersession that recovers and does not flap, and stale lanes that end, with the
+//! Supersession that recovers and does not flap, and stale lanes that end, with the
 //! real binaries:
 //! * a superseded producer stands by (`IF_VACANT` retries, refused while the newer producer is
 //!   live) and gets its lane back, with its own content, once the newer holder is killed
