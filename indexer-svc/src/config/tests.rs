@@ -4,6 +4,19 @@ fn cli(args: &[&str]) -> Cli {
     Cli::parse_from(std::iter::once("ckf-indexer").chain(args.iter().copied()))
 }
 
+/// Runs `test` with the environment variables `vars` set for it alone: inside a
+/// `figment::Jail`, which restores the environment afterwards and runs one jail at a time.
+#[allow(clippy::result_large_err)] // the closure's error type is figment's, fixed by `Jail`
+fn with_env(vars: &[(&str, &str)], test: impl FnOnce()) {
+    figment::Jail::expect_with(|jail| {
+        for (name, value) in vars {
+            jail.set_env(name, value);
+        }
+        test();
+        Ok(())
+    });
+}
+
 #[test]
 fn defaults_are_valid_and_match_a_default_producer_format() {
     let config = IndexerConfig::default();
@@ -67,9 +80,7 @@ fn search_kernel_is_chosen_by_key_flag_or_environment_and_checked() {
     let config = cli(&["--config", file.to_str().unwrap()]).load().unwrap();
     assert_eq!(config.search_kernel().unwrap(), SearchKernel::Portable);
     // The environment (`[search] kernel` -> CKF_INDEXER_SEARCH__KERNEL).
-    // The variables live only inside the jail (figment restores the environment).
-    figment::Jail::expect_with(|jail| {
-        jail.set_env("CKF_IT3_SEARCH__KERNEL", "portable");
+    with_env(&[("CKF_IT3_SEARCH__KERNEL", "portable")], || {
         let config = load_with_env(&cli(&[]), "CKF_IT3_").unwrap();
         assert_eq!(config.search_kernel().unwrap(), SearchKernel::Portable);
         // A bad name is refused like any other key.
@@ -94,7 +105,6 @@ fn search_kernel_is_chosen_by_key_flag_or_environment_and_checked() {
             "search.kernel = avx512: is not available on this CPU (it needs x86-64 with \
          AVX-512 F, DQ, BW and BMI2); available: avx2, portable, or auto"
         );
-        Ok(())
     });
 }
 
@@ -160,18 +170,18 @@ fn expected_blocks_has_the_producers_key_and_the_old_one_as_an_alias() {
     let file_arg = file.to_str().unwrap();
     let config = cli(&["--config", file_arg]).load().unwrap();
     assert_eq!(config.format().unwrap(), format(7000));
-    // The variables live only inside the jail (figment restores the environment).
-    figment::Jail::expect_with(|jail| {
-        jail.set_env("CKF_IT1_TABLE__EXPECTED_BLOCKS_PER_LANE", "8000");
-        let config = load_with_env(&cli(&[]), "CKF_IT1_").unwrap();
-        assert_eq!(config.format().unwrap(), format(8000));
+    with_env(
+        &[("CKF_IT1_TABLE__EXPECTED_BLOCKS_PER_LANE", "8000")],
+        || {
+            let config = load_with_env(&cli(&[]), "CKF_IT1_").unwrap();
+            assert_eq!(config.format().unwrap(), format(8000));
 
-        // Across layers the later one wins, whichever spelling each uses: an old config file
-        // or environment is overridden by the new flag.
-        let config = load_with_env(&cli(&["--expected-blocks", "9000"]), "CKF_IT1_").unwrap();
-        assert_eq!(config.format().unwrap(), format(9000));
-        Ok(())
-    });
+            // Across layers the later one wins, whichever spelling each uses: an old config file
+            // or environment is overridden by the new flag.
+            let config = load_with_env(&cli(&["--expected-blocks", "9000"]), "CKF_IT1_").unwrap();
+            assert_eq!(config.format().unwrap(), format(9000));
+        },
+    );
     let config = cli(&["--config", file_arg, "--expected-blocks", "1"])
         .load()
         .unwrap();
@@ -257,9 +267,7 @@ fn block_size_comes_from_every_layer_and_is_bounded() {
     std::fs::write(&file, "block_size = 32\n").unwrap();
     let file_arg = file.to_str().unwrap();
     assert_eq!(cli(&["--config", file_arg]).load().unwrap().block_size, 32);
-    // The variables live only inside the jail (figment restores the environment).
-    figment::Jail::expect_with(|jail| {
-        jail.set_env("CKF_IT2_BLOCK_SIZE", "128");
+    with_env(&[("CKF_IT2_BLOCK_SIZE", "128")], || {
         let from_env = load_with_env(&cli(&["--config", file_arg]), "CKF_IT2_").unwrap();
         assert_eq!(
             from_env.block_size, 128,
@@ -276,7 +284,6 @@ fn block_size_comes_from_every_layer_and_is_bounded() {
             cli(&["--block-size", "65536"]).load().unwrap().block_size,
             65536
         );
-        Ok(())
     });
 }
 
@@ -297,9 +304,7 @@ fn worker_threads_reaches_the_process_settings_and_is_bounded() {
             worker_threads: 1
         }
     );
-    // The variables live only inside the jail (figment restores the environment).
-    figment::Jail::expect_with(|jail| {
-        jail.set_env("CKF_IT3_WORKER_THREADS", "3");
+    with_env(&[("CKF_IT3_WORKER_THREADS", "3")], || {
         let from_env = load_with_env(&cli(&[]), "CKF_IT3_").unwrap();
         assert_eq!(from_env.worker_threads, 3);
         assert_eq!(
@@ -315,7 +320,6 @@ fn worker_threads_reaches_the_process_settings_and_is_bounded() {
             .to_string();
         assert!(text.contains("worker_threads = 1025"), "{text}");
         assert!(text.contains("0..=1024 threads"), "{text}");
-        Ok(())
     });
 }
 
@@ -350,9 +354,7 @@ fn off_loopback_relay_and_query_need_authorization_or_insecure() {
     std::fs::write(&file, "insecure = true\n").unwrap();
     let key = cli(&[&open[..], &["--config", file.to_str().unwrap()]].concat());
     assert_eq!(insecure(key.load().unwrap()), ["Relay", "Query"]);
-    // The variables live only inside the jail (figment restores the environment).
-    figment::Jail::expect_with(|jail| {
-        jail.set_env("CKF_IT4_INSECURE", "true");
+    with_env(&[("CKF_IT4_INSECURE", "true")], || {
         let env = load_with_env(&cli(&open), "CKF_IT4_").unwrap();
         assert_eq!(insecure(env), ["Relay", "Query"]);
         // A query token closes Query; a separate query_listen on loopback is not asked for one.
@@ -370,7 +372,6 @@ fn off_loopback_relay_and_query_need_authorization_or_insecure() {
         let split = ["--query-listen", "127.0.0.1:7401", "--insecure"];
         let config = cli(&[&open[..], &split[..]].concat()).load().unwrap();
         assert_eq!(insecure(config), ["Relay"]);
-        Ok(())
     });
 }
 
