@@ -94,7 +94,7 @@ impl IngestAccess {
     /// `ckf_producer_auth_refused_total` in `registry`.
     ///
     /// # Errors
-    /// As [`validate`].
+    /// As [`validate`](crate::config::ingest_auth::validate).
     pub fn new(config: &IngestAuthConfig, registry: &Registry) -> Result<Self, Invalid> {
         let policy = policy(config)?;
         let refused = counter_vec(
