@@ -1,7 +1,7 @@
 //! `Ingest.GetMemberBlocks`: the canonical block hashes one member owns, sorted ascending, so
 //! operators and tests can check the producer's exact state.
 
-use super::IngestService;
+use super::service::IngestService;
 use crate::actor::Command;
 use crate::error::RequestError;
 use ckf_core::dc::MemberId;

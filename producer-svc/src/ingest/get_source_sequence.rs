@@ -5,7 +5,7 @@
 use ckf_core::identity::SourceId;
 use ckf_proto::v1;
 
-use super::IngestService;
+use super::service::IngestService;
 use crate::access::Caller;
 use crate::actor::Command;
 use crate::error::RequestError;

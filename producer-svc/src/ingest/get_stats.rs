@@ -2,7 +2,8 @@
 
 use ckf_proto::v1;
 
-use super::{IngestService, convert};
+use super::convert;
+use super::service::IngestService;
 use crate::actor::Command;
 use crate::error::RequestError;
 

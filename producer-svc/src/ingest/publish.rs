@@ -19,7 +19,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
 use tracing::Instrument;
 
-use super::IngestService;
+use super::service::IngestService;
 use crate::error::RequestError;
 
 /// The response stream type.

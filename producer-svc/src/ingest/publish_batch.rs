@@ -2,7 +2,7 @@
 
 use ckf_proto::v1;
 
-use super::IngestService;
+use super::service::IngestService;
 use crate::error::RequestError;
 
 /// Applies one batch.

@@ -37,9 +37,11 @@
 //!
 //! | file | owns |
 //! | --- | --- |
+//! | `attachment` | [`IndexerAttachment`] (one endpoint's task: its parts) and [`RelaySettings`] |
 //! | [`session`] | one attachment: connect, attach, snapshot chunks, deltas, heartbeats, drain |
 //! | [`backoff`] | reconnect delays |
 
+mod attachment;
 pub mod backoff;
 pub mod session;
 
@@ -49,47 +51,18 @@ use std::time::Instant;
 
 use ckf_core::failure::{Disposed, Disposition};
 use ckf_core::global::AttachMode;
-use ckf_core::identity::ProducerIdentity;
 use ckf_core::publication::FenceReason;
-use ckf_svc_kit::Shutdown;
 use tracing::Instrument;
 
+pub use attachment::{IndexerAttachment, RelaySettings};
 pub use backoff::Backoff;
 use session::{Failure, LANE_OCCUPIED, SessionEnd};
 
 /// Most one standby refusal log line per endpoint this often (every refusal is counted).
 pub const STANDBY_LOG_EVERY: Duration = Duration::from_secs(60);
 
-use crate::actor::{ActorHandle, Command};
-use crate::metrics::{AttachmentState, Metrics};
-
-/// Transport settings of every publisher task (from the configuration).
-#[derive(Debug, Clone)]
-pub struct RelaySettings {
-    /// Idle time before a heartbeat (further capped by the granted deadline / 3).
-    pub heartbeat_interval: Duration,
-    /// First reconnect delay.
-    pub initial_backoff: Duration,
-    /// Largest reconnect delay.
-    pub max_backoff: Duration,
-    /// Connect, lease-grant and per-frame send timeout.
-    pub connect_timeout: Duration,
-    /// How long to wait for the drained acknowledgement.
-    pub drain_timeout: Duration,
-    /// HTTP/2 keepalive ping interval and timeout.
-    pub keepalive: Duration,
-    /// The producer's own message size limit, in bytes.
-    pub max_message_bytes: usize,
-    /// Queue entries (batches) per attachment before the actor fences it.
-    pub attachment_queue: usize,
-    /// Trust roots and client certificate for `https://` endpoints (`[indexer_tls]`); the
-    /// files are read again on every connection attempt, so rotated ones are picked up.
-    pub tls: Option<ckf_svc_kit::tls::ClientTls>,
-    /// The bearer token presented on every Relay stream (`indexer_token_file`), if any.
-    pub indexer_token: std::sync::Arc<crate::access::IndexerToken>,
-    /// How the first attach is made (`publication.start_mode`).
-    pub start_mode: crate::config::StartMode,
-}
+use crate::actor::Command;
+use crate::metrics::AttachmentState;
 
 /// How one endpoint's publication ended at shutdown.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -137,44 +110,7 @@ impl Standby {
     }
 }
 
-/// The publisher task of one configured indexer endpoint: its attachment loop (attach, stream,
-/// fence, back off, re-attach). Not the generated `ckf.v1.Relay` client, which it drives.
-pub struct IndexerAttachment {
-    index: usize,
-    endpoint: String,
-    identity: ProducerIdentity,
-    actor: ActorHandle,
-    metrics: Metrics,
-    settings: RelaySettings,
-    shutdown: Shutdown,
-}
-
 impl IndexerAttachment {
-    /// A task for endpoint number `index` (its position in the configuration).
-    pub fn new(
-        index: usize,
-        endpoint: String,
-        identity: ProducerIdentity,
-        actor: ActorHandle,
-        metrics: Metrics,
-        settings: RelaySettings,
-        shutdown: Shutdown,
-    ) -> Self {
-        Self {
-            index,
-            endpoint,
-            identity,
-            actor,
-            metrics,
-            settings,
-            shutdown,
-        }
-    }
-
-    fn set_state(&self, state: AttachmentState) {
-        self.metrics.set_attachment_state(&self.endpoint, state);
-    }
-
     /// Attaches, publishes and re-attaches until shutdown; returns how the final drain went.
     /// Runs in a `relay` span naming the indexer and the pool.
     pub async fn run(self) -> DrainOutcome {

@@ -4,7 +4,7 @@
 //! The session never decides what to publish: the state actor queues frames
 //! ([`Outbound`]) and this task only encodes, chunks and sends them, reads the indexer's
 //! replies and keeps the stream alive with heartbeats. Every way a session can end is a
-//! [`SessionEnd`]; the caller ([`super::IndexerAttachment`]) turns failures into a fence, a backoff
+//! [`SessionEnd`]; the caller ([`IndexerAttachment`]'s attachment loop) turns failures into a fence, a backoff
 //! and a new attachment.
 
 use std::collections::VecDeque;
@@ -25,7 +25,7 @@ use tokio::time::{Instant, sleep_until, timeout};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Streaming;
 
-use super::IndexerAttachment;
+use super::attachment::IndexerAttachment;
 use crate::actor::Command;
 use crate::metrics::AttachmentState;
 

@@ -1,0 +1,79 @@
+//! What a publisher task is made of: [`IndexerAttachment`] (one configured indexer endpoint,
+//! the actor it feeds, its metrics and settings) and [`RelaySettings`]. Its attachment loop is
+//! the parent module's, one session of it [`super::session`]'s.
+
+use std::time::Duration;
+
+use ckf_core::identity::ProducerIdentity;
+use ckf_svc_kit::Shutdown;
+
+use crate::actor::ActorHandle;
+use crate::metrics::{AttachmentState, Metrics};
+
+/// Transport settings of every publisher task (from the configuration).
+#[derive(Debug, Clone)]
+pub struct RelaySettings {
+    /// Idle time before a heartbeat (further capped by the granted deadline / 3).
+    pub heartbeat_interval: Duration,
+    /// First reconnect delay.
+    pub initial_backoff: Duration,
+    /// Largest reconnect delay.
+    pub max_backoff: Duration,
+    /// Connect, lease-grant and per-frame send timeout.
+    pub connect_timeout: Duration,
+    /// How long to wait for the drained acknowledgement.
+    pub drain_timeout: Duration,
+    /// HTTP/2 keepalive ping interval and timeout.
+    pub keepalive: Duration,
+    /// The producer's own message size limit, in bytes.
+    pub max_message_bytes: usize,
+    /// Queue entries (batches) per attachment before the actor fences it.
+    pub attachment_queue: usize,
+    /// Trust roots and client certificate for `https://` endpoints (`[indexer_tls]`); the
+    /// files are read again on every connection attempt, so rotated ones are picked up.
+    pub tls: Option<ckf_svc_kit::tls::ClientTls>,
+    /// The bearer token presented on every Relay stream (`indexer_token_file`), if any.
+    pub indexer_token: std::sync::Arc<crate::access::IndexerToken>,
+    /// How the first attach is made (`publication.start_mode`).
+    pub start_mode: crate::config::StartMode,
+}
+
+/// The publisher task of one configured indexer endpoint: its attachment loop (attach, stream,
+/// fence, back off, re-attach). Not the generated `ckf.v1.Relay` client, which it drives.
+pub struct IndexerAttachment {
+    pub(super) index: usize,
+    pub(super) endpoint: String,
+    pub(super) identity: ProducerIdentity,
+    pub(super) actor: ActorHandle,
+    pub(super) metrics: Metrics,
+    pub(super) settings: RelaySettings,
+    pub(super) shutdown: Shutdown,
+}
+
+impl IndexerAttachment {
+    /// A task for endpoint number `index` (its position in the configuration).
+    pub fn new(
+        index: usize,
+        endpoint: String,
+        identity: ProducerIdentity,
+        actor: ActorHandle,
+        metrics: Metrics,
+        settings: RelaySettings,
+        shutdown: Shutdown,
+    ) -> Self {
+        Self {
+            index,
+            endpoint,
+            identity,
+            actor,
+            metrics,
+            settings,
+            shutdown,
+        }
+    }
+
+    /// Exports `state` as this endpoint's `ckf_producer_attachment_state`.
+    pub(super) fn set_state(&self, state: AttachmentState) {
+        self.metrics.set_attachment_state(&self.endpoint, state);
+    }
+}
