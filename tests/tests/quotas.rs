@@ -548,8 +548,10 @@ async fn max_size_batches_in_a_loop_do_not_stall_other_clients() {
     })
     .await;
     let mut waits = Vec::new();
+    let mut overtaken = Vec::new();
     for i in 0..200u64 {
         let start = Instant::now();
+        let hog_before = hog_batches.load(std::sync::atomic::Ordering::Relaxed);
         let r = small
             .publish_batch(batch(
                 "small",
@@ -560,6 +562,7 @@ async fn max_size_batches_in_a_loop_do_not_stall_other_clients() {
             .expect("small PublishBatch")
             .into_inner();
         waits.push(start.elapsed());
+        overtaken.push(hog_batches.load(std::sync::atomic::Ordering::Relaxed) - hog_before);
         assert_eq!(r.events[0].status(), v1::EventStatus::Applied, "{r:?}");
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -571,19 +574,23 @@ async fn max_size_batches_in_a_loop_do_not_stall_other_clients() {
     waits.sort();
     hog_latencies.sort();
     let (p50, max) = (waits[waits.len() / 2], waits[waits.len() - 1]);
+    let most_overtaken = overtaken.iter().max().copied().unwrap_or(0);
     eprintln!(
-        "small batches: p50 {p50:?} max {max:?}; hog 65,536-block batches ({}): p50 {:?} max {:?}",
+        "small batches: p50 {p50:?} max {max:?}, at most {most_overtaken} hog batches answered \
+         during one; hog 65,536-block batches ({}): p50 {:?} max {:?}",
         hog_latencies.len(),
         hog_latencies[hog_latencies.len() / 2],
         hog_latencies[hog_latencies.len() - 1]
     );
-    // A small batch waits at most for the one hog batch being applied (a few ms) plus its own
-    // round trip. 500 ms is a behaviour bound two orders of magnitude above that, so a loaded
-    // shared CI machine does not flake it, while an unbounded event (the issue's 380k-hash
-    // event stalled others ~5 s) or a batch applied without bound would break it.
+    // A small batch waits at most for the hog's batch being applied and the one queued ahead
+    // of it (the hog has one in flight at a time, and the actor takes commands in order): it is
+    // asserted by counting the hog batches answered during each small batch's round trip, not
+    // by a clock (the durations are printed). A starved client (the hog's batches taken
+    // ahead of it) would see many answered meanwhile; how long one batch may hold the actor
+    // is bounded by the size quotas, whose refusals the tests above assert.
     assert!(
-        max < Duration::from_millis(500),
-        "a small batch waited {max:?}"
+        most_overtaken <= 4,
+        "a small batch waited for {most_overtaken} hog batches: {overtaken:?}"
     );
     let stats = p.stats().await.expect("GetStats");
     assert!(stats.unique_blocks >= 200, "{stats:?}");
