@@ -35,7 +35,7 @@ use prometheus::{IntCounterVec, Registry};
 use serde::{Deserialize, Serialize};
 use tonic::{Request, Status};
 
-use crate::status::RelayError;
+use crate::status::{QueryError, RelayError};
 
 /// The `[auth]` section.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -268,7 +268,7 @@ impl IndexerAccess {
                         let peer = peer_addr(&request);
                         tracing::warn!(%error, %peer, suppressed, "query refused");
                     }
-                    Err(Status::unauthenticated(format!("ckf.v1.Query: {error}")))
+                    Err(QueryError::Unauthenticated(error).into())
                 }
             }
         }

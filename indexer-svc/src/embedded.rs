@@ -32,9 +32,9 @@
 //!   lanes' ingestion (the design's weak-read contract: a query may see a delta half-applied
 //!   and no query retries).
 //!
-//! The example `indexer-svc/examples/embedded_router.rs` runs a replica with two in-process
-//! producers and prints the in-process query latency next to the gRPC `FindMatches` latency of
-//! the same replica.
+//! The example `tests/examples/embedded_router.rs` (crate `ckf-e2e`) runs a replica with two
+//! in-process producers and prints the in-process query latency next to the gRPC `FindMatches`
+//! latency of the same replica.
 
 use std::sync::Arc;
 

@@ -335,6 +335,10 @@ pub enum QueryError {
     /// The blocking task counting occupied slots for `ListLanes` failed.
     #[error("load-factor count failed: {0}")]
     LoadCount(#[from] tokio::task::JoinError),
+    /// The caller did not present the query token (`auth.query_token_file`), checked before
+    /// any Query method runs (`IndexerAccess::query_interceptor`).
+    #[error("ckf.v1.Query: {0}")]
+    Unauthenticated(AccessError),
 }
 
 /// Which batched request a [`QueryError`] is about (its `Display` starts the message).
@@ -369,6 +373,7 @@ impl From<QueryError> for Status {
             QueryError::Shutdown => Status::unavailable(error.to_string()),
             QueryError::TooManyStreams { .. } => Status::resource_exhausted(error.to_string()),
             QueryError::LoadCount(_) => Status::internal(error.to_string()),
+            QueryError::Unauthenticated(_) => Status::unauthenticated(error.to_string()),
         }
     }
 }

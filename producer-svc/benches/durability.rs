@@ -1,4 +1,5 @@
-//! Durability cost and recovery time of the producer service (issue 11), against a baseline
+//! Durability cost and recovery time of the producer service (`[durability]`: the exact state
+//! journaled so a restart does not blind its DC), against a baseline
 //! measured in the same run.
 //!
 //! `cargo bench -p producer-svc --bench durability` prints:

@@ -1,19 +1,8 @@
-//! Who may publish to this producer's Ingest, as which source and touching which workers (the
-//! `[ingest_auth]` section), and the bearer token this producer presents to its indexers
-//! (`indexer_token_file`). Every rule is `ckf_core::access`'s; this module builds the policy,
-//! reads the token files and gives the Ingest handlers one check each.
-//!
-//! ```toml
-//! indexer_token_file = "/run/secrets/ckf/dc-a.token"   # sent as `authorization: Bearer`
-//! [ingest_auth]
-//! required = false                 # true: every Ingest RPC must identify a source principal
-//! [[ingest_auth.sources]]
-//! name = "router-1"                # in logs and refusals
-//! cert_names = ["router-1.dc-a.ckf"]   # any name of its verified client certificate
-//! token_file = "/run/secrets/ckf/router-1.token"   # and/or a bearer token (one line)
-//! source_ids = ["router-1"]        # KvEventBatch.source_id values it may use; ["*"] = any
-//! workers = [7, 8]                 # worker ids its events may touch; [] = none, ["*"] = all
-//! ```
+//! Who may call this producer's Ingest, checked against the policy of its `[ingest_auth]`
+//! section ([`crate::config::ingest_auth`]: which sources may publish, as which source id,
+//! touching which workers), and the bearer token this producer presents to its indexers
+//! (`indexer_token_file`). Every rule is `ckf_core::access`'s; this module holds the policy in
+//! force, reads the token files and gives the Ingest handlers one check each.
 //!
 //! `Publish` / `PublishBatch`: the caller is identified once per RPC ([`IngestAccess::caller`],
 //! `UNAUTHENTICATED` / `PERMISSION_DENIED` before anything is read), then every batch is
@@ -28,145 +17,18 @@
 //! Refusals are counted in `ckf_producer_auth_refused_total{rpc,code}`. Token files are re-read
 //! on SIGHUP.
 
-use std::collections::BTreeSet;
 use std::path::PathBuf;
 
-use ckf_core::access::{
-    AccessError, Identity, Policy, PolicyError, Principal, Scope, Secret, SourceGrant,
-};
+use ckf_core::access::{AccessError, Identity, Policy, Principal, Secret, SourceGrant};
 use ckf_proto::v1;
 use ckf_svc_kit::access::{Reloadable, credentials, read_optional_token_file};
 use ckf_svc_kit::config::Invalid;
 use ckf_svc_kit::metrics::counter_vec;
 use prometheus::{IntCounterVec, Registry};
-use serde::{Deserialize, Serialize};
 use tonic::{Request, Status};
 
-use crate::error::{MAX_SOURCE_ID_BYTES, RequestError};
-
-/// The `[ingest_auth]` section.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct IngestAuthConfig {
-    /// Every Ingest RPC must identify one of `sources` (else `UNAUTHENTICATED`).
-    pub required: bool,
-    /// Source principals and what each may publish.
-    pub sources: Vec<SourceAuth>,
-}
-
-/// One `[[ingest_auth.sources]]` entry.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct SourceAuth {
-    /// Name in logs and refusals (unique).
-    pub name: String,
-    /// Names of its client certificate (DNS / URI SAN or subject CN), any of which identifies it.
-    pub cert_names: Vec<String>,
-    /// File holding its bearer token (one line).
-    pub token_file: Option<PathBuf>,
-    /// `KvEventBatch.source_id` values it may use (`["*"]`: any).
-    pub source_ids: Vec<String>,
-    /// Worker ids its events may touch: integers or decimal strings; `["*"]`: all; empty: none.
-    pub workers: Vec<WorkerEntry>,
-}
-
-/// One `workers` entry: a worker id, or `"*"` (or a worker id written as a string, for ids
-/// beyond TOML's signed 64-bit integers).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(untagged)]
-pub enum WorkerEntry {
-    /// A worker id.
-    Id(u64),
-    /// `"*"` or a decimal worker id.
-    Text(String),
-}
-
-fn scope<T: Ord>(
-    key: &str,
-    entries: impl IntoIterator<Item = Result<Option<T>, String>>,
-    shown: String,
-) -> Result<Scope<T>, Invalid> {
-    let mut set = BTreeSet::new();
-    let mut all = false;
-    for entry in entries {
-        match entry.map_err(|rule| Invalid::new(key, &shown, rule))? {
-            None => all = true,
-            Some(v) => {
-                set.insert(v);
-            }
-        }
-    }
-    match (all, set.is_empty()) {
-        (true, true) => Ok(Scope::All),
-        (true, false) => Err(Invalid::new(key, shown, "\"*\" must stand alone")),
-        (false, _) => Ok(Scope::Only(set)),
-    }
-}
-
-fn build(config: &IngestAuthConfig) -> Result<Policy<SourceGrant>, Invalid> {
-    let mut entries = Vec::with_capacity(config.sources.len());
-    for (i, s) in config.sources.iter().enumerate() {
-        let key = |field: &str| format!("ingest_auth.sources[{i}].{field}");
-        let source_ids = scope(
-            &key("source_ids"),
-            s.source_ids.iter().map(|id| match id.as_str() {
-                "*" => Ok(None),
-                "" => Err("a source id is 1..=128 bytes; \"\" is empty".to_owned()),
-                id if id.len() > MAX_SOURCE_ID_BYTES => Err(format!(
-                    "source id {id:?} is longer than {MAX_SOURCE_ID_BYTES} bytes"
-                )),
-                id => Ok(Some(id.to_owned())),
-            }),
-            format!("{:?}", s.source_ids),
-        )?;
-        let workers = scope(
-            &key("workers"),
-            s.workers.iter().map(|w| match w {
-                WorkerEntry::Id(id) => Ok(Some(*id)),
-                WorkerEntry::Text(t) if t == "*" => Ok(None),
-                WorkerEntry::Text(t) => t
-                    .parse::<u64>()
-                    .map(Some)
-                    .map_err(|_| format!("{t:?} is neither a worker id (u64) nor \"*\"")),
-            }),
-            format!("{:?}", s.workers),
-        )?;
-        let token = read_optional_token_file(&key("token_file"), s.token_file.as_deref())?;
-        entries.push((
-            Principal {
-                name: s.name.clone(),
-                cert_names: s.cert_names.clone(),
-                token,
-            },
-            SourceGrant {
-                source_ids,
-                workers,
-            },
-        ));
-    }
-    Policy::new(config.required, entries).map_err(|e| {
-        let (key, value) = match e {
-            PolicyError::RequiredWithoutPrincipals => ("ingest_auth.required", "true"),
-            _ => ("ingest_auth.sources", "[...]"),
-        };
-        Invalid::new(key, value, e.to_string())
-    })
-}
-
-/// Checks `[ingest_auth]` and `indexer_token_file` (reading every token file).
-///
-/// # Errors
-/// [`Invalid`] naming the key: an unreadable or empty token file (with its path), a bad
-/// source id or worker entry, a principal without credentials, a shared name / certificate
-/// name / token, `required` without sources.
-pub fn validate(
-    config: &IngestAuthConfig,
-    indexer_token_file: Option<&std::path::Path>,
-) -> Result<(), Invalid> {
-    build(config)?;
-    read_optional_token_file("indexer_token_file", indexer_token_file)?;
-    Ok(())
-}
+use crate::config::ingest_auth::{IngestAuthConfig, policy};
+use crate::error::RequestError;
 
 /// The token this producer sends to its indexers, re-read on SIGHUP.
 #[derive(Debug)]
@@ -232,9 +94,9 @@ impl IngestAccess {
     /// `ckf_producer_auth_refused_total` in `registry`.
     ///
     /// # Errors
-    /// As [`validate`].
+    /// As [`validate`](crate::config::ingest_auth::validate).
     pub fn new(config: &IngestAuthConfig, registry: &Registry) -> Result<Self, Invalid> {
-        let policy = build(config)?;
+        let policy = policy(config)?;
         let refused = counter_vec(
             registry,
             "ckf_producer_auth_refused_total",
@@ -264,7 +126,7 @@ impl IngestAccess {
     /// # Errors
     /// The refused key, path and reason, as text.
     pub fn reload(&self) -> Result<String, String> {
-        let policy = build(&self.config).map_err(|e| e.to_string())?;
+        let policy = policy(&self.config).map_err(|e| e.to_string())?;
         let n = policy.entries().len();
         self.policy.set(policy);
         Ok(format!("{n} ingest source principal(s) reloaded"))
@@ -387,6 +249,7 @@ fn throttle(error: &AccessError) -> &'static ckf_svc_kit::throttle::LogThrottle 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::ingest_auth::{SourceAuth, WorkerEntry};
 
     fn source(source_ids: &[&str], workers: Vec<WorkerEntry>, token: PathBuf) -> SourceAuth {
         SourceAuth {
@@ -396,113 +259,6 @@ mod tests {
             source_ids: source_ids.iter().map(|&s| s.to_owned()).collect(),
             workers,
         }
-    }
-
-    #[test]
-    fn sections_are_checked_naming_the_key() {
-        let dir = tempfile::tempdir().unwrap();
-        let token = dir.path().join("r.token");
-        std::fs::write(&token, "tok.0123456789abc\n").unwrap();
-        let cfg = |s: SourceAuth| IngestAuthConfig {
-            required: true,
-            sources: vec![s],
-        };
-        let ok = cfg(source(
-            &["router-1"],
-            vec![WorkerEntry::Id(7), WorkerEntry::Text("8".into())],
-            token.clone(),
-        ));
-        validate(&ok, None).unwrap();
-        let err = validate(
-            &cfg(source(
-                &["r"],
-                vec![WorkerEntry::Text("seven".into())],
-                token.clone(),
-            )),
-            None,
-        )
-        .unwrap_err();
-        assert_eq!(err.key, "ingest_auth.sources[0].workers");
-        let err = validate(
-            &cfg(source(
-                &["r"],
-                vec![WorkerEntry::Text("*".into()), WorkerEntry::Id(1)],
-                token.clone(),
-            )),
-            None,
-        )
-        .unwrap_err();
-        assert!(err.rule.contains("stand alone"), "{err}");
-        let err = validate(&cfg(source(&[""], vec![], token.clone())), None).unwrap_err();
-        assert_eq!(err.key, "ingest_auth.sources[0].source_ids");
-        let missing = dir.path().join("nope.token");
-        let err = validate(&IngestAuthConfig::default(), Some(&missing)).unwrap_err();
-        assert_eq!(err.key, "indexer_token_file");
-        assert!(err.value.contains("nope.token"), "{err}");
-        let err = validate(
-            &IngestAuthConfig {
-                required: true,
-                sources: vec![],
-            },
-            None,
-        )
-        .unwrap_err();
-        assert_eq!(err.key, "ingest_auth.required");
-    }
-
-    #[test]
-    fn the_sections_load_from_toml_and_flags() {
-        use clap::Parser;
-        let dir = tempfile::tempdir().unwrap();
-        let token = dir.path().join("r.token");
-        std::fs::write(&token, "tok.0123456789abc\n").unwrap();
-        let file = dir.path().join("p.toml");
-        std::fs::write(
-            &file,
-            format!(
-                "[ingest_auth]\nrequired = true\n[[ingest_auth.sources]]\nname = \"r\"\n\
-                 token_file = {token:?}\nsource_ids = [\"*\"]\nworkers = [7, \"18446744073709551615\"]\n"
-            ),
-        )
-        .unwrap();
-        let args = [
-            "ckf-producer",
-            "--config",
-            file.to_str().unwrap(),
-            "--dc",
-            "dc-a",
-            "--indexer",
-            "http://127.0.0.1:1",
-            "--indexer-token-file",
-            token.to_str().unwrap(),
-        ];
-        let config = crate::config::Cli::parse_from(args).load().unwrap();
-        assert!(config.ingest_auth.required);
-        assert_eq!(
-            config.ingest_auth.sources[0].workers,
-            vec![
-                WorkerEntry::Id(7),
-                WorkerEntry::Text("18446744073709551615".into())
-            ]
-        );
-        assert_eq!(config.indexer_token_file.as_deref(), Some(token.as_path()));
-        let policy = build(&config.ingest_auth).unwrap();
-        assert_eq!(
-            policy.entries()[0].1.workers,
-            Scope::Only([7, u64::MAX].into())
-        );
-        // An unreadable token file is refused at load (exit 2), naming the key and the path.
-        let missing = dir.path().join("missing.token");
-        let mut bad = args;
-        bad[8] = missing.to_str().unwrap();
-        let text = crate::config::Cli::parse_from(bad)
-            .load()
-            .unwrap_err()
-            .to_string();
-        assert!(
-            text.contains("indexer_token_file") && text.contains("missing.token"),
-            "{text}"
-        );
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! Errors of the producer's gRPC surface. They become gRPC statuses in exactly one place,
-//! [`crate::status`].
+//! Errors of the producer's gRPC surface, and [`ActorGone`] (the state actor's one failure,
+//! which a request sees as the producer shutting down). They become gRPC statuses in exactly
+//! one place, [`crate::status`].
 
 use ckf_core::dc::QuotaError;
 use ckf_core::identity::SourceIdError;
@@ -43,9 +44,14 @@ pub enum RequestError {
     ShuttingDown,
 }
 
+/// The state actor has stopped (shutdown finished, or it panicked): no answer will come.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+#[error("the state actor has stopped")]
+pub struct ActorGone;
+
 /// A state actor that stopped no longer ingests: the producer is shutting down.
-impl From<crate::actor::ActorGone> for RequestError {
-    fn from(_: crate::actor::ActorGone) -> Self {
+impl From<ActorGone> for RequestError {
+    fn from(_: ActorGone) -> Self {
         Self::ShuttingDown
     }
 }

@@ -10,7 +10,7 @@ use ckf_core::identity::SourceId;
 
 use ckf_core::sources::SequenceCheck;
 
-/// One decoded event (journaled as is: `actor::durability`).
+/// One decoded event (journaled as is: `actor::records`).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum IngestEvent {
     /// A store, remove or clear of one member (`DcCkfState::apply`).

@@ -14,7 +14,8 @@
 //! | module | owns |
 //! | --- | --- |
 //! | [`access`] | `[ingest_auth]` (which sources may publish, touching which workers) and the indexer bearer token |
-//! | [`config`] | configuration only: layers, flags, validation |
+//! | [`cli`] | the command line and the layers it loads (defaults < file < environment < flags) |
+//! | [`config`] | configuration only: sections, defaults, validation |
 //! | [`engines`] | ZMQ ingest: one task per engine publisher socket (SUB + replay DEALER), engine config and metrics |
 //! | [`ingest`] | the `Ingest` service, one file per RPC, wire conversion |
 //! | [`events`] | decoded batches and per-event reports (handler <-> actor) |
@@ -30,6 +31,7 @@
 
 pub mod access;
 pub mod actor;
+pub mod cli;
 pub mod config;
 pub mod durability;
 pub mod engines;
@@ -58,9 +60,10 @@ use ckf_svc_kit::tls::{ServerTls, TlsError};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-pub use actor::ActorGone;
 pub use ckf_svc_kit::config::ConfigError;
-pub use config::{Cli, ProducerConfig};
+pub use cli::Cli;
+pub use config::ProducerConfig;
+pub use error::ActorGone;
 pub use relay_client::DrainOutcome;
 
 use actor::{Actor, ActorHandle, ActorReport, Command};

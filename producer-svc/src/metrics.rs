@@ -4,6 +4,10 @@
 //! can run in one process (`ckf demo`, tests) without their series colliding. The metric list,
 //! with labels and units, is in the crate README ("Metrics").
 
+mod journal;
+
+pub use journal::JournalMetrics;
+
 use ckf_core::dc::{DcCkfStats, RebuildStats};
 use ckf_svc_kit::metrics::{
     counter, counter_vec, float_counter, gauge, histogram, histogram_vec, int_gauge, int_gauge_vec,
@@ -166,7 +170,7 @@ pub struct Metrics {
     /// Engine publishers (ZMQ ingest), per publisher socket.
     pub engine: crate::engines::metrics::EngineMetrics,
     /// The journal (`[durability]`) and the last start's recovery.
-    pub journal: crate::durability::JournalMetrics,
+    pub journal: JournalMetrics,
 }
 
 impl Metrics {
@@ -416,7 +420,7 @@ impl Metrics {
             ),
             change_to_ack_seconds,
             engine: crate::engines::metrics::EngineMetrics::new(&r),
-            journal: crate::durability::JournalMetrics::new(&r),
+            journal: JournalMetrics::new(&r),
             registry: r,
         }
     }

@@ -21,6 +21,19 @@ fn load(cli: &Cli, prefix: &'static str) -> Result<ProducerConfig, ConfigError> 
     .load()
 }
 
+/// Runs `test` with the environment variables `vars` set for it alone: inside a
+/// `figment::Jail`, which restores the environment afterwards and runs one jail at a time.
+#[allow(clippy::result_large_err)] // the closure's error type is figment's, fixed by `Jail`
+fn with_env(vars: &[(&str, &str)], test: impl FnOnce()) {
+    figment::Jail::expect_with(|jail| {
+        for (name, value) in vars {
+            jail.set_env(name, value);
+        }
+        test();
+        Ok(())
+    });
+}
+
 fn toml_file(text: &str) -> tempfile::NamedTempFile {
     let mut f = tempfile::NamedTempFile::new().unwrap();
     f.write_all(text.as_bytes()).unwrap();
@@ -41,46 +54,49 @@ batch_threshold = 11
 heartbeat_interval_ms = 300
 "#,
     );
-    // SAFETY (of intent): variables with a prefix only this test reads.
-    unsafe {
-        std::env::set_var("CKF_PT1_PUBLICATION__MAX_DELAY_MS", "9");
-        std::env::set_var("CKF_PT1_PUBLICATION__BATCH_THRESHOLD", "12");
-        std::env::set_var("CKF_PT1_INDEXERS", r#"["http://env:1", "http://env:2"]"#);
-    }
-    let path = file.path().to_str().unwrap();
-    let c = load(
-        &cli(&[
-            "--config",
-            path,
-            "--batch-threshold",
-            "13",
-            "--dc",
-            "dc-flag",
-        ]),
-        "CKF_PT1_",
-    )
-    .unwrap();
-    assert_eq!(c.pool.domain, "from-file"); // file over default
-    assert_eq!(c.publication.heartbeat_interval_ms, 300); // file over default
-    assert_eq!(c.publication.max_delay_ms, 9); // env over file
-    assert_eq!(c.publication.batch_threshold, 13); // flag over env
-    assert_eq!(c.pool.dc, "dc-flag"); // flag over file
-    assert_eq!(c.indexers, ["http://env:1", "http://env:2"]); // env list over file
-    assert_eq!(c.limits, ProducerConfig::default().limits); // untouched defaults
+    with_env(
+        &[
+            ("CKF_PT1_PUBLICATION__MAX_DELAY_MS", "9"),
+            ("CKF_PT1_PUBLICATION__BATCH_THRESHOLD", "12"),
+            ("CKF_PT1_INDEXERS", r#"["http://env:1", "http://env:2"]"#),
+        ],
+        || {
+            let path = file.path().to_str().unwrap();
+            let c = load(
+                &cli(&[
+                    "--config",
+                    path,
+                    "--batch-threshold",
+                    "13",
+                    "--dc",
+                    "dc-flag",
+                ]),
+                "CKF_PT1_",
+            )
+            .unwrap();
+            assert_eq!(c.pool.domain, "from-file"); // file over default
+            assert_eq!(c.publication.heartbeat_interval_ms, 300); // file over default
+            assert_eq!(c.publication.max_delay_ms, 9); // env over file
+            assert_eq!(c.publication.batch_threshold, 13); // flag over env
+            assert_eq!(c.pool.dc, "dc-flag"); // flag over file
+            assert_eq!(c.indexers, ["http://env:1", "http://env:2"]); // env list over file
+            assert_eq!(c.limits, ProducerConfig::default().limits); // untouched defaults
 
-    let c = load(
-        &cli(&[
-            "--config",
-            path,
-            "--indexer",
-            "http://a:1",
-            "--indexer",
-            "http://b:2",
-        ]),
-        "CKF_PT1_",
-    )
-    .unwrap();
-    assert_eq!(c.indexers, ["http://a:1", "http://b:2"]);
+            let c = load(
+                &cli(&[
+                    "--config",
+                    path,
+                    "--indexer",
+                    "http://a:1",
+                    "--indexer",
+                    "http://b:2",
+                ]),
+                "CKF_PT1_",
+            )
+            .unwrap();
+            assert_eq!(c.indexers, ["http://a:1", "http://b:2"]);
+        },
+    );
 }
 
 fn refusal(args: &[&str]) -> String {
@@ -303,15 +319,15 @@ fn worker_threads_reaches_the_process_settings_from_every_layer_and_is_bounded()
     let c = load(&cli(&with(&["--worker-threads", "2"])), "CKF_PT4_").unwrap();
     assert_eq!(c.process().worker_threads, 2);
     assert_eq!(c.process().log_format, c.log_format);
-    // SAFETY (of intent): a prefix only this test reads.
-    unsafe { std::env::set_var("CKF_PT4_WORKER_THREADS", "3") };
-    assert_eq!(load(&cli(&ok), "CKF_PT4_").unwrap().worker_threads, 3);
-    let c = load(&cli(&with(&["--worker-threads", "1"])), "CKF_PT4_").unwrap();
-    assert_eq!(c.worker_threads, 1, "a flag overrides the environment");
-    let err = load(&cli(&with(&["--worker-threads", "1025"])), "CKF_PT5_").unwrap_err();
-    let text = err.to_string();
-    assert!(text.contains("worker_threads = 1025"), "{text}");
-    assert!(text.contains("0..=1024 threads"), "{text}");
+    with_env(&[("CKF_PT4_WORKER_THREADS", "3")], || {
+        assert_eq!(load(&cli(&ok), "CKF_PT4_").unwrap().worker_threads, 3);
+        let c = load(&cli(&with(&["--worker-threads", "1"])), "CKF_PT4_").unwrap();
+        assert_eq!(c.worker_threads, 1, "a flag overrides the environment");
+        let err = load(&cli(&with(&["--worker-threads", "1025"])), "CKF_PT5_").unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("worker_threads = 1025"), "{text}");
+        assert!(text.contains("0..=1024 threads"), "{text}");
+    });
 }
 
 #[test]
@@ -343,17 +359,17 @@ fn off_loopback_ingest_needs_ingest_auth_or_insecure() {
     let file = toml_file("insecure = true\n");
     let key = [&open[..], &["--config", file.path().to_str().unwrap()]].concat();
     assert!(is_insecure(load(&cli(&key), "CKF_PT6_").unwrap()));
-    // SAFETY (of intent): a prefix only this test reads.
-    unsafe { std::env::set_var("CKF_PT7_INSECURE", "true") };
-    assert!(is_insecure(load(&cli(&open), "CKF_PT7_").unwrap()));
-    // ingest_auth.required closes it.
-    let token = toml_file("0123456789abcdef0123456789abcdef\n");
-    let file = toml_file(&format!(
-        "[ingest_auth]\nrequired = true\n[[ingest_auth.sources]]\nname = \"r\"\n\
+    with_env(&[("CKF_PT7_INSECURE", "true")], || {
+        assert!(is_insecure(load(&cli(&open), "CKF_PT7_").unwrap()));
+        // ingest_auth.required closes it.
+        let token = toml_file("0123456789abcdef0123456789abcdef\n");
+        let file = toml_file(&format!(
+            "[ingest_auth]\nrequired = true\n[[ingest_auth.sources]]\nname = \"r\"\n\
          token_file = {:?}\nsource_ids = [\"*\"]\nworkers = [\"*\"]\n",
-        token.path()
-    ));
-    let secure = [&open[..], &["--config", file.path().to_str().unwrap()]].concat();
-    let config = load(&cli(&secure), "CKF_PT6_").unwrap();
-    assert_eq!(config.exposure(), Ok(Exposure::Secure));
+            token.path()
+        ));
+        let secure = [&open[..], &["--config", file.path().to_str().unwrap()]].concat();
+        let config = load(&cli(&secure), "CKF_PT6_").unwrap();
+        assert_eq!(config.exposure(), Ok(Exposure::Secure));
+    });
 }

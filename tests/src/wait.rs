@@ -32,23 +32,25 @@ where
     }
 }
 
-/// Waits (up to [`DEADLINE`]) until a flood of batches has been acknowledged for at least
-/// `span`: until the first instant in `acks` (pushed by the flood's task, one per
-/// acknowledged batch) lies `span` in the past. The kill tests use it to strike a producer in
-/// the middle of many commit windows; it waits for a state, it asserts no duration.
+/// Waits until a flood of batches has been acknowledged for at least `span`: first (up to
+/// [`DEADLINE`]) for the first acknowledgement in `acks` (pushed by the flood's task, one per
+/// acknowledged batch), then until that instant lies `span` in the past. The kill tests use it
+/// to strike a producer in the middle of many commit windows; it waits for a state, it asserts
+/// no duration (however slow the machine, the flood then has run for `span`).
 ///
 /// # Panics
-/// When the flood has not run that long by the deadline (no batch acknowledged, or too late).
+/// When no batch is acknowledged by the deadline.
 pub async fn flood_acknowledged_for(
     acks: &std::sync::Mutex<Vec<std::time::Instant>>,
     span: Duration,
 ) {
-    eventually("the flood to run", DEADLINE, || async {
-        let acks = acks.lock().unwrap();
-        match acks.first() {
-            Some(first) if first.elapsed() >= span => Ok(()),
-            _ => Err(format!("{} batches acknowledged", acks.len())),
-        }
+    let first = eventually("the flood's first acknowledgement", DEADLINE, || async {
+        acks.lock()
+            .unwrap()
+            .first()
+            .copied()
+            .ok_or_else(|| "no batch acknowledged".to_owned())
     })
     .await;
+    tokio::time::sleep_until(Instant::from_std(first + span)).await;
 }

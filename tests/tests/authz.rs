@@ -1,7 +1,7 @@
 //! E2E: per-pool authorization (`[auth]` on the indexer, `[ingest_auth]` on the producer) and
 //! separate Query / Relay listeners, against the real binaries.
 //!
-//! * The hijack of issue 10: a raw client attaching as `dc-a` while the real producer is
+//! * A lane hijack: a raw client attaching as `dc-a` while the real producer is
 //!   attached, without credentials (`UNAUTHENTICATED`), with an unknown token
 //!   (`UNAUTHENTICATED`) or with `dc-b`'s token (`PERMISSION_DENIED`). The real producer's lane
 //!   stays `ACTIVE` under the same lease, its blocks still match, it keeps publishing.

@@ -1,4 +1,4 @@
-//! Issue 11: a producer restart does not blind its DC. With `[durability] data_dir`, the exact
+//! A producer restart does not blind its DC. With `[durability] data_dir`, the exact
 //! state survives `kill -9` (up to the last group-commit window), SIGTERM (nothing lost), and
 //! a full disk (the producer keeps serving from memory and heals with a checkpoint); damaged
 //! or foreign state is refused by name, or set aside on request.
@@ -329,19 +329,51 @@ async fn wait_journal_healthy(producer: &Producer) {
     .await;
 }
 
-/// A tmpfs of `bytes` mounted at `at`, unmounted on drop; `None` when this process may not
-/// mount (not root).
+/// A tmpfs of `bytes` mounted at `at`, unmounted on drop.
 struct Tmpfs(PathBuf);
 
+/// Set to `1` to skip the full-disk tests where a tmpfs cannot be mounted (not root). CI runs
+/// as root, where they always run: a mount that fails there fails the test.
+const SKIP_TMPFS: &str = "CKF_SKIP_TMPFS_TESTS";
+
 impl Tmpfs {
+    /// Mounts the tmpfs. `None` only when this process is not root and [`SKIP_TMPFS`] is `1`
+    /// (the caller then skips, saying so).
+    ///
+    /// # Panics
+    /// When the mount fails as root, or without root unless [`SKIP_TMPFS`] is `1`: a full-disk
+    /// test never passes without having filled a disk.
     fn mount(at: &Path, bytes: u64) -> Option<Self> {
         std::fs::create_dir_all(at).unwrap();
-        let ok = Command::new("mount")
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let root = unsafe { libc::geteuid() } == 0;
+        if !root && std::env::var(SKIP_TMPFS).as_deref() == Ok("1") {
+            return None;
+        }
+        let mounted = Command::new("mount")
             .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
             .arg(at)
-            .status()
-            .is_ok_and(|s| s.success());
-        ok.then(|| Self(at.to_owned()))
+            .output();
+        match mounted {
+            Ok(out) if out.status.success() => Some(Self(at.to_owned())),
+            other => panic!(
+                "cannot mount a tmpfs at {} ({}): {}",
+                at.display(),
+                if root {
+                    "as root"
+                } else {
+                    "not root; set CKF_SKIP_TMPFS_TESTS=1 to skip the full-disk tests"
+                },
+                match other {
+                    Ok(out) => format!(
+                        "mount exited {}: {}",
+                        out.status,
+                        String::from_utf8_lossy(&out.stderr).trim()
+                    ),
+                    Err(e) => format!("mount did not run: {e}"),
+                }
+            ),
+        }
     }
 }
 
@@ -376,9 +408,7 @@ impl Drop for Tmpfs {
 async fn a_full_disk_fails_the_journal_not_the_producer_and_a_checkpoint_heals_it() {
     let dir = TestDir::new("durability-disk-full");
     let Some(disk) = Tmpfs::mount(&dir.path().join("disk"), 4 << 20) else {
-        eprintln!(
-            "SKIPPED: cannot mount a tmpfs here (needs root); the disk-full path is untested"
-        );
+        eprintln!("SKIPPED ({SKIP_TMPFS}=1, not root): the disk-full path is untested");
         return;
     };
     let indexer = Indexer::start(&dir, &IndexerSpec::default());
@@ -447,7 +477,7 @@ async fn a_full_disk_fails_the_journal_not_the_producer_and_a_checkpoint_heals_i
 async fn a_producer_restarted_on_a_full_disk_starts_and_serves_from_memory() {
     let dir = TestDir::new("durability-restart-disk-full");
     let Some(disk) = Tmpfs::mount(&dir.path().join("disk"), 4 << 20) else {
-        eprintln!("SKIPPED: cannot mount a tmpfs here (needs root)");
+        eprintln!("SKIPPED ({SKIP_TMPFS}=1, not root): the restart on a full disk is untested");
         return;
     };
     let indexer = Indexer::start(&dir, &IndexerSpec::default());

@@ -1,4 +1,4 @@
-//! Issue 9, §5: malformed input from a socket. Beside a well-behaved vLLM publisher (worker 7,
+//! Malformed input from an engine publisher socket. Beside a well-behaved vLLM publisher (worker 7,
 //! the real `ZmqEventPublisher`), a raw pyzmq PUB (worker 9) sends truncated msgpack, wrong
 //! types, a sequence frame of the wrong size, a 100 MB frame and a flood of 100k unknown event
 //! types, then one valid store. The producer keeps running, counts what it refused, and both

@@ -1,5 +1,5 @@
-//! Issue 12 parts 1-2: `FindMatchesBatch`, `FindMatchesStream` and `ckf load` against the real
-//! binaries. Two producers load a cluster; batched and streamed answers equal the unary answers
+//! Batched and streamed queries: `FindMatchesBatch`, `FindMatchesStream` and `ckf load`
+//! against the real binaries. Two producers load a cluster; batched and streamed answers equal the unary answers
 //! for the same queries; the batch and block limits are refused with INVALID_ARGUMENT naming the
 //! limit and the index; the stream echoes ids in order and outlives the unary request timeout;
 //! the new RPCs need the query token; `ckf load --json` reports exactly the queries it sent with

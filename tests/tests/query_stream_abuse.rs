@@ -1,4 +1,4 @@
-//! `FindMatchesStream` against a hostile client (issue 12 review): streams that send and never
+//! `FindMatchesStream` against a hostile client: streams that send and never
 //! read their answers are held by HTTP/2 flow control (the client's sends stop being taken, so
 //! the indexer buffers a bounded amount per stream), they keep their `limits.max_query_streams`
 //! slots while their connections stay open (a further stream is refused `RESOURCE_EXHAUSTED`),

@@ -1,4 +1,4 @@
-//! Issue 11: `Ingest.GetSourceSequence` tells a source where to resume, against the real
+//! `Ingest.GetSourceSequence` tells a source where to resume, against the real
 //! binaries.
 //!
 //! * A durable producer killed with `kill -9` under a source's flood answers, after its restart,

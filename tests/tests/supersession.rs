@@ -1,4 +1,4 @@
-//! Issue 10, supersession that recovers and does not flap, and stale lanes that end, with the
+//! Supersession that recovers and does not flap, and stale lanes that end, with the
 //! real binaries:
 //! * a superseded producer stands by (`IF_VACANT` retries, refused while the newer producer is
 //!   live) and gets its lane back, with its own content, once the newer holder is killed
@@ -341,9 +341,30 @@ async fn a_heartbeat_claiming_another_sequence_retires_the_lane_as_a_gap() {
     let mut table = RawTable::new(&format());
     table.place(hash);
     assert!(s.snapshot(3, &table.words, 256).await.ready);
-    // The right claim is fine.
+    // The right claim is fine. A stream's frames are handled one after the other, each to the
+    // lane's verdict before the next is read: once the indexer has received the second of two
+    // right claims, the first was accepted, and the lane is still active.
+    let heartbeats = || {
+        let text = indexer.metrics()?;
+        Ok::<_, String>(
+            metrics::value(
+                &text,
+                "ckf_indexer_relay_frames_received_total",
+                &[("kind", "heartbeat")],
+            )
+            .unwrap_or(0.0),
+        )
+    };
+    let before = heartbeats().expect("metrics");
     s.send(s.heartbeat_claiming(3)).await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    s.send(s.heartbeat_claiming(3)).await;
+    eventually("the second heartbeat received", DEADLINE, || async {
+        let n = heartbeats()?;
+        (n >= before + 2.0)
+            .then_some(())
+            .ok_or(format!("{} heartbeats received", n - before))
+    })
+    .await;
     assert!(is_active(&indexer.lane("dc-b").await.unwrap()));
     s.send(s.heartbeat_claiming(9)).await;
     let status = s

@@ -7,7 +7,7 @@
 //! swept inside the removal; slices are `ckf-core`'s `dc/release` tests and `removal` bench.)
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use ckf_e2e::check::wait_converged;
@@ -106,8 +106,11 @@ async fn a_worker_of_many_ranks_is_removed_while_the_pool_keeps_flowing() {
 
     // Another source keeps publishing while worker 1 is removed.
     let stop = Arc::new(AtomicBool::new(false));
+    // Batches of the other source answered so far (the removal waits for the first).
+    let flowing = Arc::new(AtomicUsize::new(0));
     let flow = {
         let stop = stop.clone();
+        let flowing = flowing.clone();
         let mut polite = IngestClient::new(channel(p.addr).await.expect("ingest channel"));
         let blocks = pool.take(400);
         tokio::spawn(async move {
@@ -127,12 +130,17 @@ async fn a_worker_of_many_ranks_is_removed_while_the_pool_keeps_flowing() {
                     .into_inner();
                 assert!(all_applied(&r), "{r:?}");
                 sent.push(h);
+                flowing.fetch_add(1, Ordering::Relaxed);
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
             sent
         })
     };
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    eventually("the other source to publish", DEADLINE, || {
+        let n = flowing.load(Ordering::Relaxed);
+        async move { (n > 0).then_some(()).ok_or(format!("{n} batches")) }
+    })
+    .await;
     sequence += 1;
     let r = greedy
         .publish_batch(batch(

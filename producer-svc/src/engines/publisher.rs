@@ -489,7 +489,7 @@ impl PublisherTask {
         state: &mut Run,
         replay_tx: &mpsc::Sender<(u64, ReplayMsg)>,
         replay_address: Option<&str>,
-    ) -> Result<(), crate::actor::ActorGone> {
+    ) -> Result<(), crate::error::ActorGone> {
         let id = &self.decoder.id;
         let [p, e] = id.labels();
         let m = &self.decoder.metrics;

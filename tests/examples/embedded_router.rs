@@ -13,8 +13,8 @@
 //! per-call wall times recorded in HDR histograms, in nanoseconds.
 //!
 //! ```sh
-//! cargo run --release -p indexer-svc --example embedded_router
-//! cargo run --release -p indexer-svc --example embedded_router -- --chains 4000 --queries 200000
+//! cargo run --release -p ckf-e2e --example embedded_router
+//! cargo run --release -p ckf-e2e --example embedded_router -- --chains 4000 --queries 200000
 //! ```
 
 use std::time::{Duration, Instant};
