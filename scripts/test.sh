@@ -11,3 +11,9 @@ if [[ "${CKF_SKIP_ENGINE_TESTS:-}" != "1" ]]; then
     export CKF_ENGINE_PYTHON
 fi
 cargo test --release --workspace
+# The full-disk tests mount a tmpfs, which needs root: #[ignore]d, run here when root (CI is).
+if [[ "$(id -u)" == "0" ]]; then
+    cargo test --release -p ckf-e2e --test durability -- --ignored
+else
+    echo "note: not root: the two full-disk (tmpfs) tests of tests/durability.rs did not run" >&2
+fi

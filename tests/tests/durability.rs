@@ -332,47 +332,30 @@ async fn wait_journal_healthy(producer: &Producer) {
 /// A tmpfs of `bytes` mounted at `at`, unmounted on drop.
 struct Tmpfs(PathBuf);
 
-/// Set to `1` to skip the full-disk tests where a tmpfs cannot be mounted (not root). CI runs
-/// as root, where they always run: a mount that fails there fails the test.
-const SKIP_TMPFS: &str = "CKF_SKIP_TMPFS_TESTS";
+/// Why the full-disk tests are `#[ignore]`d: mounting a tmpfs needs root. `scripts/test.sh` runs
+/// them (`--ignored`) when it runs as root, as CI does.
+const NEEDS_ROOT: &str = "mounts a tmpfs: needs root (scripts/test.sh runs it as root)";
 
 impl Tmpfs {
-    /// Mounts the tmpfs. `None` only when this process is not root and [`SKIP_TMPFS`] is `1`
-    /// (the caller then skips, saying so).
+    /// Mounts the tmpfs.
     ///
     /// # Panics
-    /// When the mount fails as root, or without root unless [`SKIP_TMPFS`] is `1`: a full-disk
-    /// test never passes without having filled a disk.
-    fn mount(at: &Path, bytes: u64) -> Option<Self> {
+    /// When the mount fails: a full-disk test never passes without having filled a disk.
+    fn mount(at: &Path, bytes: u64) -> Self {
         std::fs::create_dir_all(at).unwrap();
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        let root = unsafe { libc::geteuid() } == 0;
-        if !root && std::env::var(SKIP_TMPFS).as_deref() == Ok("1") {
-            return None;
-        }
         let mounted = Command::new("mount")
             .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
             .arg(at)
             .output();
         match mounted {
-            Ok(out) if out.status.success() => Some(Self(at.to_owned())),
-            other => panic!(
-                "cannot mount a tmpfs at {} ({}): {}",
+            Ok(out) if out.status.success() => Self(at.to_owned()),
+            Ok(out) => panic!(
+                "cannot mount a tmpfs at {} ({NEEDS_ROOT}): mount exited {}: {}",
                 at.display(),
-                if root {
-                    "as root"
-                } else {
-                    "not root; set CKF_SKIP_TMPFS_TESTS=1 to skip the full-disk tests"
-                },
-                match other {
-                    Ok(out) => format!(
-                        "mount exited {}: {}",
-                        out.status,
-                        String::from_utf8_lossy(&out.stderr).trim()
-                    ),
-                    Err(e) => format!("mount did not run: {e}"),
-                }
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
             ),
+            Err(e) => panic!("cannot mount a tmpfs at {}: mount did not run: {e}", at.display()),
         }
     }
 }
@@ -405,12 +388,10 @@ impl Drop for Tmpfs {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "mounts a tmpfs: needs root (scripts/test.sh runs it as root)"]
 async fn a_full_disk_fails_the_journal_not_the_producer_and_a_checkpoint_heals_it() {
     let dir = TestDir::new("durability-disk-full");
-    let Some(disk) = Tmpfs::mount(&dir.path().join("disk"), 4 << 20) else {
-        eprintln!("SKIPPED ({SKIP_TMPFS}=1, not root): the disk-full path is untested");
-        return;
-    };
+    let disk = Tmpfs::mount(&dir.path().join("disk"), 4 << 20);
     let indexer = Indexer::start(&dir, &IndexerSpec::default());
     let endpoints = [indexer.url()];
     let state = disk.0.join("state-a");
@@ -474,12 +455,10 @@ async fn a_full_disk_fails_the_journal_not_the_producer_and_a_checkpoint_heals_i
 /// start (the first version left a segment with a cut header behind, which the next start
 /// tried to create again, and exited 2 on the full disk).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "mounts a tmpfs: needs root (scripts/test.sh runs it as root)"]
 async fn a_producer_restarted_on_a_full_disk_starts_and_serves_from_memory() {
     let dir = TestDir::new("durability-restart-disk-full");
-    let Some(disk) = Tmpfs::mount(&dir.path().join("disk"), 4 << 20) else {
-        eprintln!("SKIPPED ({SKIP_TMPFS}=1, not root): the restart on a full disk is untested");
-        return;
-    };
+    let disk = Tmpfs::mount(&dir.path().join("disk"), 4 << 20);
     let indexer = Indexer::start(&dir, &IndexerSpec::default());
     let endpoints = [indexer.url()];
     let state = disk.0.join("state-a");
