@@ -355,7 +355,10 @@ impl Tmpfs {
                 out.status,
                 String::from_utf8_lossy(&out.stderr).trim()
             ),
-            Err(e) => panic!("cannot mount a tmpfs at {}: mount did not run: {e}", at.display()),
+            Err(e) => panic!(
+                "cannot mount a tmpfs at {}: mount did not run: {e}",
+                at.display()
+            ),
         }
     }
 }

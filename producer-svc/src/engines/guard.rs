@@ -1,4 +1,4 @@
-//! A loopback relay in front of every engine socket, so the ZMQ library only ever reads a byte
+//! A loopback proxy in front of every engine socket, so the ZMQ library only ever reads a byte
 //! stream that [`ZmtpGuard`] has checked (why: [`ckf_engine::zmtp`]).
 //!
 //! ```text
@@ -14,17 +14,17 @@
 //! any disconnection, and the lost messages show as a sequence gap (replay, or clear).
 //!
 //! In connect mode an upstream that cannot be reached (an engine that is down or restarting)
-//! does not close the accepted connection: the relay holds it, keeps what zeromq sends
+//! does not close the accepted connection: the proxy holds it, keeps what zeromq sends
 //! (its greeting and first commands, at most [`MAX_HELD_BYTES`]), and tries the engine again
 //! every [`UPSTREAM_RETRY`] until it answers or zeromq gives up. zeromq's own reconnect backoff
 //! (100 ms doubling to 30 s, fixed in the `zeromq` crate) therefore never grows while an engine
 //! is down, and the connection, its `Connected` monitor event and the sequence rule's check
-//! follow within [`UPSTREAM_RETRY`] of the engine listening again. The relay's own listener is
+//! follow within [`UPSTREAM_RETRY`] of the engine listening again. The proxy's own listener is
 //! bound to loopback only.
 //!
 //! # Bind mode: zeromq's own listener is private
 //!
-//! zeromq's listener must not be reachable by anything but the relay, or a local process could
+//! zeromq's listener must not be reachable by anything but the proxy, or a local process could
 //! connect to it directly and bypass the guard. It is therefore a Unix socket in a directory
 //! created for the one publisher with mode 0700 ([`PrivateIpc`], under `$XDG_RUNTIME_DIR` or
 //! else the temporary directory, with a random name, refused if it exists), removed when the
@@ -34,12 +34,12 @@
 //! # Connection limit and handshake deadline
 //!
 //! Whoever reaches an engine endpoint could otherwise open connections without end (each one
-//! holds file descriptors, a 64 KiB buffer and an upstream zeromq connection). So every relay:
+//! holds file descriptors, a 64 KiB buffer and an upstream zeromq connection). So every proxy:
 //!
-//! - relays at most [`RelayOptions::max_connections`] connections at once (default
+//! - forwards at most [`ProxyOptions::max_connections`] connections at once (default
 //!   [`DEFAULT_MAX_CONNECTIONS`], enough for every rank's reconnects and replays); one more is
-//!   closed at accept, before any byte is read or relayed;
-//! - gives each connection [`RelayOptions::handshake_timeout`] (default
+//!   closed at accept, before any byte is read or forwarded;
+//! - gives each connection [`ProxyOptions::handshake_timeout`] (default
 //!   [`DEFAULT_HANDSHAKE_TIMEOUT`]) from accept for the engine to send its whole ZMTP greeting
 //!   and first command ([`ZmtpGuard::handshake_done`]); a connection still short of it then is
 //!   closed;
@@ -73,14 +73,14 @@ pub const UPSTREAM_RETRY: Duration = Duration::from_millis(200);
 /// Connect mode: bytes of zeromq's held while the engine is unreachable (its greeting and
 /// first commands take under 1 KiB); more closes the connection.
 pub const MAX_HELD_BYTES: usize = 64 << 10;
-/// Relay read size, in bytes.
+/// Proxy read size, in bytes.
 const CHUNK: usize = 64 << 10;
 /// Pause after a failed accept (e.g. no file descriptor left), so the loop does not spin.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
-/// Default of [`RelayOptions::max_connections`]: connections relayed at once per relay (one
-/// relay per publisher endpoint; an engine rank holds one, plus reconnects in flight).
+/// Default of [`ProxyOptions::max_connections`]: connections forwarded at once per proxy (one
+/// proxy per publisher endpoint; an engine rank holds one, plus reconnects in flight).
 pub const DEFAULT_MAX_CONNECTIONS: usize = 64;
-/// Default of [`RelayOptions::handshake_timeout`].
+/// Default of [`ProxyOptions::handshake_timeout`].
 pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest Unix socket path, in bytes (`sun_path` holds 108 with the terminating NUL).
 pub const MAX_UNIX_SOCKET_PATH: usize = 107;
@@ -90,13 +90,13 @@ pub type OnViolation = Arc<dyn Fn(&ZmtpViolation) + Send + Sync>;
 /// Called with each connection closed for a [`Dropped`] reason (counted and logged).
 pub type OnDropped = Arc<dyn Fn(Dropped) + Send + Sync>;
 
-/// Why a relay closed a connection that broke no ZMTP rule.
+/// Why a proxy closed a connection that broke no ZMTP rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dropped {
-    /// [`RelayOptions::max_connections`] were already relayed: closed at accept.
+    /// [`ProxyOptions::max_connections`] were already forwarded: closed at accept.
     ConnectionLimit,
     /// The engine had not completed its greeting and first command within
-    /// [`RelayOptions::handshake_timeout`] of accept.
+    /// [`ProxyOptions::handshake_timeout`] of accept.
     HandshakeTimeout,
 }
 
@@ -113,18 +113,18 @@ impl Dropped {
 impl std::fmt::Display for Dropped {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
-            Self::ConnectionLimit => "the relay's connection limit is reached",
+            Self::ConnectionLimit => "the proxy's connection limit is reached",
             Self::HandshakeTimeout => "no ZMTP greeting and first command before the deadline",
         })
     }
 }
 
-/// What one relay enforces and whom it tells.
+/// What one proxy enforces and whom it tells.
 #[derive(Clone)]
-pub struct RelayOptions {
+pub struct ProxyOptions {
     /// Bounds of the engine's ZMTP stream.
     pub limits: ZmtpLimits,
-    /// Connections relayed at once; one more is closed at accept. At least 1.
+    /// Connections forwarded at once; one more is closed at accept. At least 1.
     pub max_connections: usize,
     /// Time from accept for the engine's greeting and first command.
     pub handshake_timeout: Duration,
@@ -134,7 +134,7 @@ pub struct RelayOptions {
     pub on_dropped: OnDropped,
 }
 
-impl RelayOptions {
+impl ProxyOptions {
     /// Options with the default limit and deadline.
     pub fn new(limits: ZmtpLimits, on_violation: OnViolation, on_dropped: OnDropped) -> Self {
         Self {
@@ -147,9 +147,9 @@ impl RelayOptions {
     }
 }
 
-impl std::fmt::Debug for RelayOptions {
+impl std::fmt::Debug for ProxyOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RelayOptions")
+        f.debug_struct("ProxyOptions")
             .field("limits", &self.limits)
             .field("max_connections", &self.max_connections)
             .field("handshake_timeout", &self.handshake_timeout)
@@ -157,15 +157,15 @@ impl std::fmt::Debug for RelayOptions {
     }
 }
 
-/// A running relay; dropping it stops accepting (relayed connections end with their peers).
+/// A running proxy; dropping it stops accepting (forwarded connections end with their peers).
 #[derive(Debug)]
-pub struct Relay {
+pub struct Proxy {
     /// The address zeromq must use: `tcp://127.0.0.1:<port>` to connect to (connect mode).
     pub local: String,
     task: JoinHandle<()>,
 }
 
-impl Drop for Relay {
+impl Drop for Proxy {
     fn drop(&mut self) {
         self.task.abort();
     }
@@ -235,7 +235,7 @@ impl PrivateIpc {
         Ok(Self { dir, endpoint })
     }
 
-    /// `ipc://<dir>/sub`, for zeromq to bind and the relay to connect to.
+    /// `ipc://<dir>/sub`, for zeromq to bind and the proxy to connect to.
     pub fn endpoint(&self) -> &Endpoint {
         &self.endpoint
     }
@@ -286,11 +286,11 @@ impl Stream {
     }
 }
 
-/// Connect mode: a loopback listener whose every connection is relayed to `upstream`.
+/// Connect mode: a loopback listener whose every connection is forwarded to `upstream`.
 ///
 /// # Errors
 /// The loopback listener cannot be bound.
-pub async fn connect_relay(upstream: Endpoint, options: RelayOptions) -> io::Result<Relay> {
+pub async fn connect_proxy(upstream: Endpoint, options: ProxyOptions) -> io::Result<Proxy> {
     let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
     let local = format!("tcp://{}", listener.local_addr()?);
     let permits = Arc::new(Semaphore::new(options.max_connections.max(1)));
@@ -322,7 +322,7 @@ pub async fn connect_relay(upstream: Endpoint, options: RelayOptions) -> io::Res
                 let deadline = Instant::now() + options.handshake_timeout;
                 let guard = ZmtpGuard::new(options.limits);
                 let zeromq = Stream::Tcp(local);
-                relay(
+                forward(
                     engine.split(),
                     zeromq,
                     guard,
@@ -334,19 +334,19 @@ pub async fn connect_relay(upstream: Endpoint, options: RelayOptions) -> io::Res
             });
         }
     });
-    Ok(Relay { local, task })
+    Ok(Proxy { local, task })
 }
 
-/// Bind mode: listens on `public` (what engines connect to) and relays each connection to
+/// Bind mode: listens on `public` (what engines connect to) and forwards each connection to
 /// `internal`, zeromq's own listener (a [`PrivateIpc`] endpoint).
 ///
 /// # Errors
 /// `public` cannot be bound (taken address, bad path), with the OS error.
-pub async fn bind_relay(
+pub async fn bind_proxy(
     public: &Endpoint,
     internal: Endpoint,
-    options: RelayOptions,
-) -> io::Result<Relay> {
+    options: ProxyOptions,
+) -> io::Result<Proxy> {
     enum Listener {
         Tcp(TcpListener),
         Unix(UnixListener),
@@ -394,7 +394,7 @@ pub async fn bind_relay(
             });
         }
     });
-    Ok(Relay { local, task })
+    Ok(Proxy { local, task })
 }
 
 /// Connect mode: connects to `upstream`, trying again every [`UPSTREAM_RETRY`] while it is
@@ -426,8 +426,8 @@ async fn connect_holding(
 }
 
 /// One bind-mode connection: waits (until the deadline) for the engine's first bytes, checks
-/// them, and only then opens zeromq's side and relays.
-async fn bind_connection(engine: Stream, internal: &Endpoint, options: &RelayOptions) {
+/// them, and only then opens zeromq's side and forwards.
+async fn bind_connection(engine: Stream, internal: &Endpoint, options: &ProxyOptions) {
     let deadline = Instant::now() + options.handshake_timeout;
     let (mut from_engine, to_engine) = engine.split();
     let mut guard = ZmtpGuard::new(options.limits);
@@ -447,7 +447,7 @@ async fn bind_connection(engine: Stream, internal: &Endpoint, options: &RelayOpt
     let Ok(zeromq) = Stream::connect(internal).await else {
         return;
     };
-    relay(
+    forward(
         (from_engine, to_engine),
         zeromq,
         guard,
@@ -458,17 +458,17 @@ async fn bind_connection(engine: Stream, internal: &Endpoint, options: &RelayOpt
     .await;
 }
 
-/// Relays one connection both ways until either side ends, the engine's bytes break a limit,
+/// Forwards one connection both ways until either side ends, the engine's bytes break a limit,
 /// or `deadline` passes before [`ZmtpGuard::handshake_done`]. `pending` are bytes already
 /// read: the engine's (which `guard` has passed), sent to zeromq first, and zeromq's, sent to
 /// the engine first.
-async fn relay(
+async fn forward(
     engine: (Reader, Writer),
     zeromq: Stream,
     mut guard: ZmtpGuard,
     pending: (&[u8], &[u8]),
     deadline: Instant,
-    options: &RelayOptions,
+    options: &ProxyOptions,
 ) {
     let (pending, zeromq_pending) = pending;
     let (mut from_engine, mut to_engine) = engine;

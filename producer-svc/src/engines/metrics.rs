@@ -17,8 +17,8 @@ pub struct EngineMetrics {
     /// Frames or payloads refused, by `publisher`, `endpoint`, `kind` (oversize, parts,
     /// sequence, truncated, syntax, trailing, type, limit, malformed_event).
     pub decode_errors: IntCounterVec,
-    /// Engine connections a guard relay closed without a ZMTP violation, by `publisher`,
-    /// `endpoint`, `reason` (`connection_limit`: over the relay's limit, closed at accept;
+    /// Engine connections a guard proxy closed without a ZMTP violation, by `publisher`,
+    /// `endpoint`, `reason` (`connection_limit`: over the proxy's limit, closed at accept;
     /// `handshake_timeout`: no greeting and first command in time). See
     /// [`super::guard::Dropped`].
     pub connections_dropped: IntCounterVec,
@@ -85,7 +85,7 @@ impl EngineMetrics {
             connections_dropped: counter_vec(
                 r,
                 "ckf_producer_engine_connections_dropped_total",
-                "Engine connections closed by the ZMTP guard relay without a protocol violation, by reason (connection_limit, handshake_timeout).",
+                "Engine connections closed by the ZMTP guard proxy without a protocol violation, by reason (connection_limit, handshake_timeout).",
                 &["publisher", "endpoint", "reason"],
             ),
             skipped_events: counter_vec(

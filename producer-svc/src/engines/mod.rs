@@ -4,7 +4,7 @@
 //! | --- | --- |
 //! | [`config`] | `[engine]`, `[[engines]]`, `--engine` specs, their validation, ranks -> endpoints |
 //! | [`publisher`] | one task per publisher socket (engine x dp rank): SUB, replay DEALER, frames -> actor |
-//! | [`guard`] | the loopback relay that bounds every engine connection's ZMTP frames before zeromq reads them |
+//! | [`guard`] | the loopback proxy that bounds every engine connection's ZMTP frames before zeromq reads them |
 //! | [`metrics`] | `ckf_producer_engine_*` metrics |
 //!
 //! The rules are `ckf-engine`'s: frames ([`ckf_engine::frame`]), payload decoding

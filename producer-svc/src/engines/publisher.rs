@@ -232,10 +232,10 @@ impl PublisherTask {
         let mut sub = zeromq::SubSocket::new();
         // Connection events reach the sequence rule: each connection is checked.
         let mut monitor = sub.monitor();
-        // Held for the task's life: zeromq only ever talks to the engine through the relays.
-        let mut relays = Vec::new();
+        // Held for the task's life: zeromq only ever talks to the engine through the proxies.
+        let mut proxies = Vec::new();
         loop {
-            let attempt = self.open(&mut sub, &mut relays, &mut internal);
+            let attempt = self.open(&mut sub, &mut proxies, &mut internal);
             tokio::select! {
                 () = &mut stopped => return,
                 r = attempt => match r {
@@ -253,14 +253,14 @@ impl PublisherTask {
         let replay_address = match &self.spec.replay_endpoint {
             None => None,
             Some(endpoint) => {
-                match guard::connect_relay(endpoint.clone(), self.relay_options()).await {
-                    Ok(relay) => {
-                        let local = relay.local.clone();
-                        relays.push(relay);
+                match guard::connect_proxy(endpoint.clone(), self.proxy_options()).await {
+                    Ok(proxy) => {
+                        let local = proxy.local.clone();
+                        proxies.push(proxy);
                         Some(local)
                     }
                     Err(e) => {
-                        tracing::error!(error = %e, "cannot start the replay relay; publisher not ingested");
+                        tracing::error!(error = %e, "cannot start the replay proxy; publisher not ingested");
                         return;
                     }
                 }
@@ -385,25 +385,25 @@ impl PublisherTask {
         connected.set(0);
     }
 
-    /// Connects or binds the SUB socket behind a [`guard`] relay (see that module for why).
+    /// Connects or binds the SUB socket behind a [`guard`] proxy (see that module for why).
     /// In bind mode zeromq listens on a [`guard::PrivateIpc`] socket, made once into
     /// `internal` (a retry after the public endpoint failed to bind reuses it).
     async fn open(
         &self,
         sub: &mut zeromq::SubSocket,
-        relays: &mut Vec<guard::Relay>,
+        proxies: &mut Vec<guard::Proxy>,
         internal: &mut Option<guard::PrivateIpc>,
     ) -> Result<(), String> {
         match self.spec.mode {
             SocketMode::Connect => {
-                if relays.is_empty() {
-                    let relay =
-                        guard::connect_relay(self.spec.endpoint.clone(), self.relay_options())
+                if proxies.is_empty() {
+                    let proxy =
+                        guard::connect_proxy(self.spec.endpoint.clone(), self.proxy_options())
                             .await
-                            .map_err(|e| format!("loopback relay: {e}"))?;
-                    relays.push(relay);
+                            .map_err(|e| format!("loopback proxy: {e}"))?;
+                    proxies.push(proxy);
                 }
-                sub.connect(&relays[0].local)
+                sub.connect(&proxies[0].local)
                     .await
                     .map_err(|e| e.to_string())
             }
@@ -412,20 +412,20 @@ impl PublisherTask {
                     Some(ipc) => ipc,
                     None => internal.insert(bind_internal(sub).await?),
                 };
-                let relay = guard::bind_relay(
+                let proxy = guard::bind_proxy(
                     &self.spec.endpoint,
                     internal.endpoint().clone(),
-                    self.relay_options(),
+                    self.proxy_options(),
                 )
                 .await
                 .map_err(|e| format!("bind {}: {e}", self.spec.endpoint))?;
-                relays.push(relay);
+                proxies.push(proxy);
                 Ok(())
             }
         }
     }
 
-    /// What the relays let through: frames up to twice `engine.max_frame_bytes` still reach
+    /// What the proxies let through: frames up to twice `engine.max_frame_bytes` still reach
     /// the decoder, which drops and counts those above the setting (keeping their sequence, so
     /// no gap); only beyond that is the connection closed before the frame is read.
     fn zmtp_limits(&self) -> ZmtpLimits {
@@ -433,10 +433,10 @@ impl PublisherTask {
         ZmtpLimits::for_engine(max.saturating_mul(2))
     }
 
-    /// A relay's options: [`Self::zmtp_limits`], the default connection limit and handshake
+    /// A proxy's options: [`Self::zmtp_limits`], the default connection limit and handshake
     /// deadline; a violation is counted as a decode error of its kind, a dropped connection in
-    /// `connections_dropped{reason}`; both are logged (one rate limit per relay).
-    fn relay_options(&self) -> guard::RelayOptions {
+    /// `connections_dropped{reason}`; both are logged (one rate limit per proxy).
+    fn proxy_options(&self) -> guard::ProxyOptions {
         let log = Arc::new(log_limit());
         let decoder = self.decoder.clone();
         let violation_log = Arc::clone(&log);
@@ -460,7 +460,7 @@ impl PublisherTask {
                 tracing::warn!(publisher = p, endpoint = e, reason, detail = %d, suppressed, "engine connection closed");
             }
         });
-        guard::RelayOptions::new(self.zmtp_limits(), on_violation, on_dropped)
+        guard::ProxyOptions::new(self.zmtp_limits(), on_violation, on_dropped)
     }
 
     fn live(&self, msg: ZmqMessage, state: &mut Run) -> Vec<Action<Batch>> {

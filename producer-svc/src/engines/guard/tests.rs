@@ -23,16 +23,16 @@ type Seen<T> = Arc<Mutex<Vec<T>>>;
 fn options(
     max_connections: usize,
     handshake_timeout: Duration,
-) -> (RelayOptions, Seen<ZmtpViolation>, Seen<Dropped>) {
+) -> (ProxyOptions, Seen<ZmtpViolation>, Seen<Dropped>) {
     let (on_violation, violations) = recording();
     let (on_dropped, drops) = recording_drops();
-    let mut o = RelayOptions::new(ZmtpLimits::for_engine(1024), on_violation, on_dropped);
+    let mut o = ProxyOptions::new(ZmtpLimits::for_engine(1024), on_violation, on_dropped);
     o.max_connections = max_connections;
     o.handshake_timeout = handshake_timeout;
     (o, violations, drops)
 }
 
-fn defaults() -> (RelayOptions, Seen<ZmtpViolation>, Seen<Dropped>) {
+fn defaults() -> (ProxyOptions, Seen<ZmtpViolation>, Seen<Dropped>) {
     options(DEFAULT_MAX_CONNECTIONS, DEFAULT_HANDSHAKE_TIMEOUT)
 }
 
@@ -59,8 +59,8 @@ async fn until_closed(s: &mut TcpStream) -> usize {
         .unwrap_or(0)
 }
 
-/// A bind relay on a free loopback port in front of `internal`; returns it and the port.
-async fn bind_on_free_port(internal: Endpoint, options: RelayOptions) -> (Relay, u16) {
+/// A bind proxy on a free loopback port in front of `internal`; returns it and the port.
+async fn bind_on_free_port(internal: Endpoint, options: ProxyOptions) -> (Proxy, u16) {
     // Port 0 cannot be named to engines; bind a free port first to learn one.
     let probe = TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
     let port = probe.local_addr().unwrap().port();
@@ -69,15 +69,15 @@ async fn bind_on_free_port(internal: Endpoint, options: RelayOptions) -> (Relay,
         host: "127.0.0.1".into(),
         port,
     };
-    (bind_relay(&public, internal, options).await.unwrap(), port)
+    (bind_proxy(&public, internal, options).await.unwrap(), port)
 }
 
 #[tokio::test]
 async fn good_bytes_pass_both_ways_and_a_huge_frame_header_closes_the_connection() {
     let (engine, endpoint) = engine_listener().await;
     let (options, seen, _) = defaults();
-    let relay = connect_relay(endpoint, options).await.unwrap();
-    let mut zmq = TcpStream::connect(("127.0.0.1", port_of(&relay.local)))
+    let proxy = connect_proxy(endpoint, options).await.unwrap();
+    let mut zmq = TcpStream::connect(("127.0.0.1", port_of(&proxy.local)))
         .await
         .unwrap();
     let (mut eng, _) = engine.accept().await.unwrap();
@@ -118,8 +118,8 @@ async fn an_unreachable_engine_is_retried_while_zeromq_s_connection_is_held() {
     let port = engine.local_addr().unwrap().port();
     drop(engine);
     let (options, seen, drops) = defaults();
-    let relay = connect_relay(endpoint, options).await.unwrap();
-    let mut zmq = TcpStream::connect(("127.0.0.1", port_of(&relay.local)))
+    let proxy = connect_proxy(endpoint, options).await.unwrap();
+    let mut zmq = TcpStream::connect(("127.0.0.1", port_of(&proxy.local)))
         .await
         .unwrap();
     // zeromq's greeting, sent while the engine is down, is held.
@@ -128,7 +128,7 @@ async fn an_unreachable_engine_is_retried_while_zeromq_s_connection_is_held() {
     let engine = TcpListener::bind(("127.0.0.1", port)).await.unwrap();
     let (mut conn, _) = tokio::time::timeout(UPSTREAM_RETRY * 5, engine.accept())
         .await
-        .expect("the relay reached the engine within a few retries")
+        .expect("the proxy reached the engine within a few retries")
         .unwrap();
     let mut got = vec![0u8; 64];
     conn.read_exact(&mut got).await.unwrap();
@@ -146,8 +146,8 @@ async fn a_held_connection_is_closed_when_zeromq_sends_more_than_it_may_hold() {
     let (engine, endpoint) = engine_listener().await;
     drop(engine);
     let (options, _, _) = defaults();
-    let relay = connect_relay(endpoint, options).await.unwrap();
-    let mut zmq = TcpStream::connect(("127.0.0.1", port_of(&relay.local)))
+    let proxy = connect_proxy(endpoint, options).await.unwrap();
+    let mut zmq = TcpStream::connect(("127.0.0.1", port_of(&proxy.local)))
         .await
         .unwrap();
     zmq.write_all(&vec![0u8; MAX_HELD_BYTES + 1]).await.unwrap();
@@ -155,10 +155,10 @@ async fn a_held_connection_is_closed_when_zeromq_sends_more_than_it_may_hold() {
 }
 
 #[tokio::test]
-async fn bind_mode_relays_engines_to_the_internal_listener() {
+async fn bind_mode_forwards_engines_to_the_internal_listener() {
     let (internal, internal_endpoint) = engine_listener().await;
     let (options, _, _) = defaults();
-    let (_relay, port) = bind_on_free_port(internal_endpoint, options).await;
+    let (_proxy, port) = bind_on_free_port(internal_endpoint, options).await;
     let mut eng = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
     let g = greeting();
     eng.write_all(&g).await.unwrap();
@@ -173,14 +173,14 @@ async fn bind_mode_relays_engines_to_the_internal_listener() {
 }
 
 #[tokio::test]
-async fn bind_mode_relays_to_a_private_ipc_socket() {
+async fn bind_mode_forwards_to_a_private_ipc_socket() {
     let ipc = PrivateIpc::create().unwrap();
     let Endpoint::Ipc(path) = ipc.endpoint().clone() else {
         panic!("not ipc: {:?}", ipc.endpoint());
     };
     let internal = UnixListener::bind(&path).unwrap();
     let (options, _, _) = defaults();
-    let (_relay, port) = bind_on_free_port(ipc.endpoint().clone(), options).await;
+    let (_proxy, port) = bind_on_free_port(ipc.endpoint().clone(), options).await;
     let mut eng = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
     eng.write_all(&handshake()).await.unwrap();
     let (mut zmq, _) = internal.accept().await.unwrap();
@@ -226,10 +226,10 @@ fn a_too_long_socket_path_is_refused_with_the_path_and_the_limit() {
 }
 
 #[tokio::test]
-async fn a_connection_over_the_limit_is_closed_at_once_while_the_others_keep_relaying() {
+async fn a_connection_over_the_limit_is_closed_at_once_while_the_others_keep_forwarding() {
     let (internal, internal_endpoint) = engine_listener().await;
     let (options, _, drops) = options(1, DEFAULT_HANDSHAKE_TIMEOUT);
-    let (_relay, port) = bind_on_free_port(internal_endpoint, options).await;
+    let (_proxy, port) = bind_on_free_port(internal_endpoint, options).await;
 
     let mut first = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
     first.write_all(&handshake()).await.unwrap();
@@ -243,7 +243,7 @@ async fn a_connection_over_the_limit_is_closed_at_once_while_the_others_keep_rel
     assert_eq!(until_closed(&mut second).await, 0);
     assert_eq!(drops.lock().unwrap().as_slice(), [Dropped::ConnectionLimit]);
 
-    // The first one still relays both ways.
+    // The first one still proxies both ways.
     first.write_all(&[0x00, 2, b'o', b'k']).await.unwrap();
     let mut got = [0u8; 4];
     zmq.read_exact(&mut got).await.unwrap();
@@ -253,14 +253,14 @@ async fn a_connection_over_the_limit_is_closed_at_once_while_the_others_keep_rel
     first.read_exact(&mut got).await.unwrap();
     assert_eq!(&got, b"sub");
 
-    // Its end frees the slot: a new connection is relayed again.
+    // Its end frees the slot: a new connection is forwarded again.
     drop(first);
     assert_eq!(until_closed(&mut zmq).await, 0);
     let mut third = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
     third.write_all(&greeting()).await.unwrap();
     let (mut zmq, _) = tokio::time::timeout(Duration::from_secs(5), internal.accept())
         .await
-        .expect("the third connection is relayed")
+        .expect("the third connection is forwarded")
         .unwrap();
     let mut got = vec![0u8; 64];
     zmq.read_exact(&mut got).await.unwrap();
@@ -272,7 +272,7 @@ async fn a_connection_over_the_limit_is_closed_at_once_while_the_others_keep_rel
 async fn a_silent_connection_is_closed_at_the_deadline_without_reaching_zeromq() {
     let (internal, internal_endpoint) = engine_listener().await;
     let (options, violations, drops) = options(4, Duration::from_millis(200));
-    let (_relay, port) = bind_on_free_port(internal_endpoint, options).await;
+    let (_proxy, port) = bind_on_free_port(internal_endpoint, options).await;
     let mut silent = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
     assert_eq!(until_closed(&mut silent).await, 0);
     assert_eq!(
@@ -289,7 +289,7 @@ async fn a_silent_connection_is_closed_at_the_deadline_without_reaching_zeromq()
 async fn a_greeting_without_its_first_command_is_closed_at_the_deadline() {
     let (internal, internal_endpoint) = engine_listener().await;
     let (options, _, drops) = options(4, Duration::from_millis(200));
-    let (_relay, port) = bind_on_free_port(internal_endpoint, options).await;
+    let (_proxy, port) = bind_on_free_port(internal_endpoint, options).await;
     let mut eng = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
     eng.write_all(&greeting()).await.unwrap();
     let (mut zmq, _) = internal.accept().await.unwrap();
@@ -311,7 +311,7 @@ async fn a_greeting_without_its_first_command_is_closed_at_the_deadline() {
 async fn a_completed_handshake_outlives_the_deadline() {
     let (internal, internal_endpoint) = engine_listener().await;
     let (options, _, drops) = options(4, Duration::from_millis(200));
-    let (_relay, port) = bind_on_free_port(internal_endpoint, options).await;
+    let (_proxy, port) = bind_on_free_port(internal_endpoint, options).await;
     let mut eng = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
     eng.write_all(&handshake()).await.unwrap();
     let (mut zmq, _) = internal.accept().await.unwrap();
@@ -329,8 +329,8 @@ async fn a_completed_handshake_outlives_the_deadline() {
 async fn connect_mode_closes_an_engine_that_never_greets_and_bounds_connections() {
     let (engine, endpoint) = engine_listener().await;
     let (options, _, drops) = options(1, Duration::from_millis(200));
-    let relay = connect_relay(endpoint, options).await.unwrap();
-    let port = port_of(&relay.local);
+    let proxy = connect_proxy(endpoint, options).await.unwrap();
+    let port = port_of(&proxy.local);
     let mut zmq = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
     let (_silent_engine, _) = engine.accept().await.unwrap();
     let mut over = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
@@ -346,7 +346,7 @@ async fn connect_mode_closes_an_engine_that_never_greets_and_bounds_connections(
 async fn bad_first_bytes_never_open_zeromq_s_side() {
     let (internal, internal_endpoint) = engine_listener().await;
     let (options, violations, _) = defaults();
-    let (_relay, port) = bind_on_free_port(internal_endpoint, options).await;
+    let (_proxy, port) = bind_on_free_port(internal_endpoint, options).await;
     let mut eng = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
     eng.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
     assert_eq!(until_closed(&mut eng).await, 0);
