@@ -980,7 +980,7 @@ async fn frame_bomb_engine() -> (u16, tokio::task::JoinHandle<()>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frame_header_claiming_a_petabyte_closes_only_that_connection() {
-    // Before the guard relay, the zeromq crate reserved the claimed size on reading the header
+    // Before the guard proxy, the zeromq crate reserved the claimed size on reading the header
     // and the allocator aborted the whole producer (and this test process with it).
     let (bomb_port, bomb) = frame_bomb_engine().await;
     let mut good = FakeEngine::start(1).await;
