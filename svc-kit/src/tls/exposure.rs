@@ -25,9 +25,9 @@ use std::time::Duration;
 use prometheus::{IntGauge, Registry};
 use tokio::task::JoinHandle;
 
-use super::{ClientAuth, ServerTlsConfig};
 use crate::config::Invalid;
 use crate::shutdown::Shutdown;
+use crate::tls::config::{ClientAuth, ServerTlsConfig};
 
 /// The configuration key (top level, both services) that lets a non-loopback listener serve
 /// without authorization.
