@@ -7,7 +7,7 @@
 
 use rmp::Marker;
 
-use super::{DecodeError, DecodeLimits};
+use crate::wire::limits::{DecodeError, DecodeLimits};
 
 /// One msgpack token: a scalar with its data, or a container header (its items follow).
 #[derive(Debug, Clone, Copy)]
