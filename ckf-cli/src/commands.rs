@@ -13,6 +13,7 @@ use ckf_proto::v1::{
     MultimodalItem, RetireReason, SourceSequence,
 };
 use ckf_svc_kit::access::{authed, read_token_file, with_bearer};
+use ckf_svc_kit::errors::error_chain;
 use ckf_svc_kit::tls::{ClientTls, ClientTlsConfig, warn_if_plaintext_remote};
 use serde_json::json;
 use tonic::Request;
@@ -106,18 +107,6 @@ pub async fn connect_with(url: &str, tls: Option<&ClientTls>) -> Result<Channel>
         .await
         .map_err(|e| anyhow!("{}", error_chain(&e)))
         .with_context(|| format!("cannot connect to {url}"))
-}
-
-/// An error with its sources (`tonic::transport::Error` alone says only "transport error").
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
 }
 
 /// The token of `--token-file`, if given.
