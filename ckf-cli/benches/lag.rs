@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use ckf_cli::commands::connect;
+use ckf_cli::connect::connect;
 use ckf_core::addressing::fmix64;
 use ckf_proto::v1;
 use ckf_proto::v1::ingest_client::IngestClient;

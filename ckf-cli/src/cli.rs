@@ -1,11 +1,12 @@
-//! Command-line definitions (configuration only; [`crate::commands`] runs them).
+//! Command-line definitions (configuration only; [`crate::operator`] and [`crate::bench`] run
+//! them).
 
 use std::path::PathBuf;
 
 use clap::{ArgGroup, Args, Parser, Subcommand};
 
-use crate::fleet::FleetShape;
-use crate::policy::Policy;
+use crate::bench::fleet::FleetShape;
+use crate::bench::policy::Policy;
 
 /// Default DCs of `ckf demo` and `ckf simulate`.
 pub const DEFAULT_DCS: usize = 3;
@@ -48,7 +49,7 @@ pub enum Command {
     SourceSequence(SourceSequenceArgs),
     /// Create a development CA, the indexer's and every pool's certificates, and bearer token
     /// files (for compose, Kubernetes and local TLS; not a production PKI).
-    Certs(crate::certs::CertsArgs),
+    Certs(crate::operator::certs::CertsArgs),
 }
 
 /// Client TLS flags of every command that connects (`https://` URLs need `--ca`).
@@ -375,7 +376,7 @@ pub struct LoadArgs {
     #[arg(long, value_name = "QPS")]
     pub rate: Option<f64>,
     /// How long to send: seconds (10, 2.5s) or 500ms [default: 10 s unless --requests].
-    #[arg(long, value_parser = crate::load::parse_duration)]
+    #[arg(long, value_parser = crate::duration::parse_duration)]
     pub duration: Option<std::time::Duration>,
     /// Stop after this many messages (requests; each carries --batch queries in batch and
     /// stream modes), or at --duration if that comes first.

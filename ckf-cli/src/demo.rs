@@ -3,19 +3,20 @@
 //! then a live replay, the report, and a graceful shutdown (producers drain first).
 //!
 //! With `--feed zmq` (the default) each rank of the simulated fleet is a built-in vLLM engine
-//! publisher ([`crate::publisher`]) bound on loopback, and each DC's producer is configured
+//! publisher ([`crate::bench::publisher`]) bound on loopback, and each DC's producer is configured
 //! with one `[[engines]]` entry per worker (`worker_id` = worker, `dp_size` = ranks, rank r on
 //! port + r), exactly as it would subscribe to real vLLM engines. With `--feed grpc` the
 //! replay sends `PublishBatch` calls instead.
 
 use anyhow::{Context, Result};
 
+use crate::bench::feed::TokenFeed;
+use crate::bench::fleet::FleetShape;
+use crate::bench::live::{self, DcTarget, Feed, ZmqFeed};
+use crate::bench::publisher::{DEFAULT_BUFFER_STEPS, EnginePublisher, bind_ranks};
+use crate::bench::replay::{live_config, load_workload, print_report};
 use crate::cli::{DemoArgs, FeedKind};
-use crate::commands::{connect, live_config, load_workload, print_report};
-use crate::feed::TokenFeed;
-use crate::fleet::FleetShape;
-use crate::live::{self, DcTarget, Feed, ZmqFeed};
-use crate::publisher::{DEFAULT_BUFFER_STEPS, EnginePublisher, bind_ranks};
+use crate::connect::connect;
 use ckf_engine::encode::Layout;
 use ckf_svc_kit::access::authed;
 use producer_svc::engines::config::EngineSpec;

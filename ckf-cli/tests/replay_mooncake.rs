@@ -4,11 +4,12 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use ckf_cli::commands::{connect, load_workload};
+use ckf_cli::bench::fleet::FleetShape;
+use ckf_cli::bench::live::{Feed, LiveConfig, replay};
+use ckf_cli::bench::policy::Policy;
+use ckf_cli::bench::replay::load_workload;
+use ckf_cli::connect::connect;
 use ckf_cli::demo::Services;
-use ckf_cli::fleet::FleetShape;
-use ckf_cli::live::{Feed, LiveConfig, replay};
-use ckf_cli::policy::Policy;
 
 fn trace() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -9,7 +9,10 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use crate::config::Invalid;
-use crate::tls::exposure::INSECURE_KEY;
+
+/// The configuration key (top level, both services) that lets a non-loopback listener serve
+/// without authorization ([`crate::tls::exposure`]).
+pub const INSECURE_KEY: &str = "insecure";
 
 /// Default `reload_interval_ms`: how often the certificate files are checked for a change.
 pub const DEFAULT_RELOAD_INTERVAL_MS: u64 = 10_000;

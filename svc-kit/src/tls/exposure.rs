@@ -27,11 +27,8 @@ use tokio::task::JoinHandle;
 
 use crate::config::Invalid;
 use crate::shutdown::Shutdown;
+pub use crate::tls::config::INSECURE_KEY;
 use crate::tls::config::{ClientAuth, ServerTlsConfig};
-
-/// The configuration key (top level, both services) that lets a non-loopback listener serve
-/// without authorization.
-pub const INSECURE_KEY: &str = "insecure";
 
 /// How often a service running with `insecure = true` repeats its WARN.
 pub const INSECURE_WARN_INTERVAL: Duration = Duration::from_secs(3600);

@@ -269,7 +269,7 @@ impl ServerTls {
     /// at DEBUG and dropped. The stream ends when `incoming` ends; dropping it stops accepting.
     ///
     /// The connection info tonic attaches to each request is `TlsConnectInfo<IO::ConnectInfo>`:
-    /// `tonic::Request::peer_certs` (and so [`peer_names`]) needs `IO::ConnectInfo` to be
+    /// `tonic::Request::peer_certs` (and so [`crate::tls::peer_names`]) needs `IO::ConnectInfo` to be
     /// `TcpConnectInfo`, which holds for `TcpStream` and for wrappers that report it.
     pub fn accept<S, IO, IE>(
         &self,
