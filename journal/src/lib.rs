@@ -1,5 +1,5 @@
 //! `ckf-journal`: the producer's exact state on disk, so a restart does not blind its DC
-//! (design source, "Lane recovery and failure boundaries": suspect exact producer state needs a
+//! (`docs/design.md`, "Lane recovery and failure boundaries": suspect exact producer state needs a
 //! producer-generation rebuild; this is what it rebuilds from).
 //!
 //! A journal is a directory holding a **checkpoint** (the whole state at one point) and the
@@ -46,8 +46,9 @@ pub use recovery::{Recovered, TornTail};
 /// Default group-commit window: at most this much of the newest changes (plus one `fdatasync`)
 /// is lost on power loss; a `kill -9` loses only what the writer had not taken yet.
 pub const DEFAULT_COMMIT_INTERVAL: Duration = Duration::from_millis(50);
-/// Longest accepted group-commit window (issue 11: a window of at most 100 ms by default; up
-/// to a second may be configured for slow disks).
+/// Longest accepted group-commit window. The durability rule asks for a window of at most
+/// 100 ms by default (what power loss may take); up to a second may be configured for slow
+/// disks.
 pub const MAX_COMMIT_INTERVAL: Duration = Duration::from_secs(1);
 /// Default floor of the log size that triggers a checkpoint.
 pub const DEFAULT_MIN_CHECKPOINT_BYTES: u64 = 64 << 20;

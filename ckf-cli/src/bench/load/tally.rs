@@ -7,8 +7,7 @@ use std::time::Duration;
 use hdrhistogram::Histogram;
 use tonic::Code;
 
-/// Largest latency the histogram records (60 s, in nanoseconds); longer ones count as it.
-pub(crate) const HIGHEST_NS: u64 = 60_000_000_000;
+use crate::bench::stats::{latency_histogram, quantile_us};
 
 /// The canonical gRPC name of a status code (`UNAVAILABLE`, `INVALID_ARGUMENT`, ...), the key
 /// of the errors table.
@@ -63,10 +62,8 @@ impl Tally {
     /// Empty.
     pub fn new() -> Self {
         Self {
-            latency: Histogram::new_with_bounds(1, HIGHEST_NS, 3)
-                .expect("static histogram bounds are valid"),
-            send_delay: Histogram::new_with_bounds(1, HIGHEST_NS, 3)
-                .expect("static histogram bounds are valid"),
+            latency: latency_histogram(),
+            send_delay: latency_histogram(),
             messages: 0,
             queries: 0,
             sent: 0,
@@ -116,14 +113,6 @@ impl Tally {
     pub fn send_delay_us(&self, quantile: f64) -> Option<f64> {
         (!self.send_delay.is_empty()).then(|| quantile_us(&self.send_delay, quantile))
     }
-}
-
-/// `histogram` (nanoseconds) at `quantile`, in microseconds; 0 when empty.
-pub(crate) fn quantile_us(histogram: &Histogram<u64>, quantile: f64) -> f64 {
-    if histogram.is_empty() {
-        return 0.0;
-    }
-    histogram.value_at_quantile(quantile) as f64 / 1_000.0
 }
 
 impl Default for Tally {
