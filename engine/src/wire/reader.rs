@@ -1,4 +1,4 @@
-//! The msgpack token reader under [`super::decode_batch`]: one token at a time (markers
+//! The msgpack token reader under [`crate::wire::decode_batch`]: one token at a time (markers
 //! classified by [`rmp::Marker`]), iterative skipping, and the nesting limit.
 //!
 //! Why not a value tree: a tree is built before any limit can be checked, so a 64 MiB frame of
