@@ -10,7 +10,6 @@
 //! `kv_cache_events` module: tagged-map events with `mm_keys`, `lora_id` without `lora_name`,
 //! token ids that may be strings, an item's digest in place of its first token id: see
 //! [`IMAGE_DIGEST_TOKEN`]).
-
 //!
 //! | file | owns |
 //! | --- | --- |

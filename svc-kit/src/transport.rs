@@ -42,7 +42,6 @@
 //! (a Relay stream between heartbeats, a health `Watch`), keeps its connection. The close is
 //! abrupt (no `GOAWAY`): no RPC is in flight at that moment, and a gRPC client reconnects on
 //! its next call; one sent at the very instant of the close fails with `UNAVAILABLE`.
-
 //!
 //! | file | owns |
 //! | --- | --- |

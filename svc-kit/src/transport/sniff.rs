@@ -23,7 +23,8 @@
 //! So the accepted connection's bytes are watched here, below hyper: the magic and the first
 //! `SETTINGS` frame for the handshake deadline, and each frame header both ways (type, flags,
 //! stream id; payloads skipped) for the open-stream count. Under TLS this runs on the
-//! decrypted bytes (see `Decrypted` in the connection module).
+//! decrypted bytes ([`crate::transport::PrefaceWatch`], watched by
+//! [`crate::transport::Decrypted`]).
 
 use std::collections::HashSet;
 use std::time::Duration;
