@@ -14,8 +14,9 @@
 //! events/s (four sources, a batch every millisecond each). Each event stores 2 fresh blocks or
 //! removes 2 blocks stored one second earlier (half of each), so the table stays at a steady
 //! load. Cadences: **timer** (`cut_when_idle = false`: the cadence the producer had before it
-//! cut a batch as soon as its command queue is empty; `batch_threshold` 256, `max_delay_ms` 10) and **idle cut** (the default). The last lines
-//! give the idle cut's lag and bytes per event as ratios to the timer's. Figures, not
+//! cut a batch as soon as its command queue is empty; `batch_threshold` 256, `max_delay_ms`
+//! 10) and **idle cut** (the default). The last lines give the idle cut's lag and bytes per
+//! event as ratios to the timer's. Figures, not
 //! pass/fail: the machine is shared, so compare within one run.
 //!
 //! `CKF_LAG_BENCH_SECS` sets the seconds of load per scenario (default 6).

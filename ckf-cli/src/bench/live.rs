@@ -79,7 +79,8 @@ pub enum Feed {
     /// `Ingest/PublishBatch` over gRPC with the trace's chained block hashes; `FindMatches`.
     Grpc,
     /// vLLM events over ZMQ from built-in engine publishers, which the producers subscribe to
-    /// (their `[[engines]]`); `FindMatchesByTokens`. See [`crate::bench::feed`] for the token rules.
+    /// (their `[[engines]]`); `FindMatchesByTokens`. See [`crate::bench::feed`] for the token
+    /// rules.
     Zmq(ZmqFeed),
 }
 

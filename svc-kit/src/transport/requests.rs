@@ -1,10 +1,11 @@
-//! Per-service request limits: tower's `LoadShed` over `ConcurrencyLimit` (`max_concurrent_requests`,
-//! shed with `UNAVAILABLE`) and a deadline on unary methods only (`request_timeout_ms`,
-//! `DEADLINE_EXCEEDED`); which methods stream is read from the services' descriptor sets.
+//! Per-service request limits: tower's `LoadShed` over `ConcurrencyLimit`
+//! (`max_concurrent_requests`, shed with `UNAVAILABLE`) and a deadline on unary methods only
+//! (`request_timeout_ms`, `DEADLINE_EXCEEDED`); which methods stream is read from the services'
+//! descriptor sets.
 //!
-//! tonic's `Server` has the like for every handler alike (`timeout` is for all of them, streaming
-//! ones included) or per connection (`concurrency_limit_per_connection`), not per service:
-//! hence these layers, one stack per service.
+//! tonic's `Server` offers these for every handler alike (`timeout` applies to all of them,
+//! streaming ones included) or per connection (`concurrency_limit_per_connection`), not per
+//! service: hence these layers, one stack per service.
 
 use std::collections::HashSet;
 use std::convert::Infallible;
