@@ -4,6 +4,7 @@
 //!
 //! | module | owns |
 //! | --- | --- |
+//! | [`args`] | the flags of `replay`, `simulate`, `load` and the fleet / timeout / feed flags `demo` shares |
 //! | [`replay`] | `ckf replay` and `ckf simulate`: workload, live configuration, report printing |
 //! | [`load`] | `ckf load`: closed / open loop load on the Query RPCs, HDR latency summary, indexer CPU per query from `/proc` |
 //! | [`trace`] | Mooncake JSONL trace parsing and validation (line + field errors) |
@@ -23,6 +24,7 @@
 //! | [`scrape`] | one counter from a Prometheus `/metrics` endpoint (relay bytes), via `ckf_svc_kit::scrape` |
 
 pub mod accuracy;
+pub mod args;
 pub mod events;
 pub mod feed;
 pub mod fleet;

@@ -2,7 +2,7 @@
 //! bearer token file, a channel (`https://` with TLS, `http://` in plaintext), and the hint
 //! printed under a connection error. Shared by the operator commands and the benchmark tools.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
@@ -10,9 +10,25 @@ use ckf_core::access::Secret;
 use ckf_svc_kit::access::read_token_file;
 use ckf_svc_kit::errors::error_chain;
 use ckf_svc_kit::tls::{ClientTls, ClientTlsConfig, warn_if_plaintext_remote};
+use clap::Args;
 use tonic::transport::Channel;
 
-use crate::cli::TlsArgs;
+/// Client TLS flags of every command that connects (`https://` URLs need `--ca`).
+#[derive(Debug, Clone, Default, Args)]
+pub struct TlsArgs {
+    /// CA bundle (PEM) the server certificate is verified against; required for https://.
+    #[arg(long, value_name = "FILE")]
+    pub ca: Option<PathBuf>,
+    /// Client certificate (PEM) for servers that require one (mutual TLS); needs --key.
+    #[arg(long, value_name = "FILE", requires = "key", requires = "ca")]
+    pub cert: Option<PathBuf>,
+    /// Private key (PEM) of --cert.
+    #[arg(long, value_name = "FILE", requires = "cert")]
+    pub key: Option<PathBuf>,
+    /// Name checked in the server certificate instead of the URL's host.
+    #[arg(long, value_name = "NAME", requires = "ca")]
+    pub server_name: Option<String>,
+}
 
 /// Connects to a gRPC endpoint in plaintext (the in-process demo's loopback services).
 ///

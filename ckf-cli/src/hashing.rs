@@ -10,7 +10,7 @@
 //! id at positions `0..=i`, so two requests share the hash of block `i` exactly when they share
 //! the whole prefix up to `i` (up to 64-bit collisions): equal prefixes give equal hashes and the
 //! same id after different prefixes gives different hashes, which is what a sequence block hash
-//! means to the indexer. [`ckf query --ids`](crate::cli) applies the same rule.
+//! means to the indexer. [`ckf query --ids`](crate::operator::query) applies the same rule.
 //!
 //! # Why not `ckf_core::tokens`
 //! The core's rule ([`ckf_core::tokens`], NVIDIA Dynamo's token-hash scheme) hashes a block's

@@ -10,16 +10,17 @@
 //!
 //! | module | owns |
 //! | --- | --- |
-//! | [`cli`] | flags of every command (clap) |
-//! | [`connect`] | client TLS from the flags, token files, channels, the hint under a connection error |
+//! | [`cli`] | the `ckf` command and its subcommands (clap); each command's flags live beside its code |
+//! | [`connect`] | the client TLS flags (`TlsArgs`) and the TLS material they name, token files, channels, the hint under a connection error |
 //! | [`duration`] | `--duration` parsing |
 //! | [`hashing`] | `hash_ids` -> chained 64-bit sequence block hashes (the documented rule) |
 //! | [`operator`] | the operator commands, one file each, and `certs` |
 //! | [`bench`](mod@bench) | the benchmark tools and what they are made of (trace, fleet, oracle, policies, live replay, load, report) |
 //! | [`demo`] | in-process indexer + producers on loopback for `ckf demo` |
 //!
-//! The operator commands and the benchmark tools do not use each other: both use [`cli`],
-//! [`connect`] and [`hashing`].
+//! The operator commands and the benchmark tools do not use each other: both use [`connect`]
+//! and [`hashing`] (the benchmark tools also [`duration`]); only [`cli`], `main.rs` and [`demo`]
+//! see more than one of them.
 
 pub mod bench;
 pub mod cli;

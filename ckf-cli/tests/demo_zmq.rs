@@ -4,11 +4,11 @@
 
 use std::time::Duration;
 
+use ckf_cli::bench::args::FeedKind;
 use ckf_cli::bench::fleet::FleetShape;
 use ckf_cli::bench::live::{Feed, LiveConfig, replay};
 use ckf_cli::bench::policy::Policy;
 use ckf_cli::bench::replay::load_workload;
-use ckf_cli::cli::FeedKind;
 use ckf_cli::connect::connect;
 use ckf_cli::demo::start_feed;
 

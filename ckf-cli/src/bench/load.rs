@@ -36,7 +36,7 @@ use ckf_svc_kit::access::authed;
 use indicatif::{ProgressBar, ProgressStyle};
 use tonic_health::pb::health_client::HealthClient;
 
-use crate::cli::{LoadArgs, LoadMode};
+use crate::bench::args::{LoadArgs, LoadMode};
 use crate::connect::{client_tls, connect_with, token_of};
 
 use crate::bench::load::schedule::{Schedule, pace};

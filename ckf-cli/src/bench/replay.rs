@@ -8,13 +8,15 @@ use anyhow::{Result, anyhow};
 use ckf_svc_kit::access::authed;
 use serde_json::json;
 
+use crate::bench::args::{
+    DEFAULT_SYNTHETIC_REQUESTS, FleetArgs, ReplayArgs, SimulateArgs, TimeoutArgs,
+};
 use crate::bench::fleet::FleetShape;
 use crate::bench::live::{self, DcTarget, LiveConfig, Workload};
 use crate::bench::policy::Policy;
 use crate::bench::sim::simulate;
 use crate::bench::synth::synthetic_workload;
 use crate::bench::trace::read_trace;
-use crate::cli::{DEFAULT_SYNTHETIC_REQUESTS, FleetArgs, ReplayArgs, SimulateArgs, TimeoutArgs};
 use crate::connect::{client_tls, connect_with, token_of};
 use crate::hashing::block_hashes;
 

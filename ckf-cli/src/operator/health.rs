@@ -7,8 +7,8 @@ use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
-use crate::cli::HealthArgs;
 use crate::connect::{client_tls, connect_with, hint};
+use crate::operator::args::HealthArgs;
 
 /// `ckf health`: returns the process exit code (0 SERVING, 1 other status, 2 unreachable).
 pub async fn health(args: HealthArgs) -> i32 {

@@ -7,8 +7,8 @@ use ckf_svc_kit::access::with_bearer;
 use serde_json::json;
 use tonic::Request;
 
-use crate::cli::LanesArgs;
 use crate::connect::{client_tls, connect_with, token_of};
+use crate::operator::args::LanesArgs;
 
 fn state_name(state: i32) -> &'static str {
     match LaneState::try_from(state) {

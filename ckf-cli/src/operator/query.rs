@@ -9,9 +9,9 @@ use ckf_svc_kit::access::with_bearer;
 use serde_json::json;
 use tonic::Request;
 
-use crate::cli::{QueryArgs, parse_token_list};
 use crate::connect::{client_tls, connect_with, token_of};
 use crate::hashing::block_hashes;
+use crate::operator::args::{QueryArgs, parse_token_list};
 
 /// `ckf query`: by block hashes (or `--ids`), or by token ids (`--tokens`, `--tokens-file`).
 ///

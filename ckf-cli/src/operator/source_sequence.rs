@@ -8,8 +8,8 @@ use ckf_svc_kit::access::with_bearer;
 use serde_json::json;
 use tonic::Request;
 
-use crate::cli::SourceSequenceArgs;
 use crate::connect::{client_tls, connect_with, token_of};
+use crate::operator::args::SourceSequenceArgs;
 
 /// `ckf source-sequence`: one line (or one JSON object) saying where the source stands.
 ///

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::cli::{LoadArgs, LoadMode};
+use crate::bench::args::{LoadArgs, LoadMode};
 
 use crate::bench::load::tally::Tally;
 

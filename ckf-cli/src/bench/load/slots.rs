@@ -15,9 +15,9 @@ use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
 };
 
+use crate::bench::args::LoadMode;
 use crate::bench::feed::block_tokens;
 use crate::bench::replay::load_workload;
-use crate::cli::LoadMode;
 use crate::hashing::block_hashes;
 
 use crate::bench::load::schedule::Schedule;
