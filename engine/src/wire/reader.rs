@@ -59,6 +59,7 @@ pub(super) struct Reader<'a, 'l> {
     pub(super) pos: usize,
     pub(super) limits: &'l DecodeLimits,
 }
+
 impl<'a> Reader<'a, '_> {
     fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
         let end = self.pos.checked_add(n).ok_or(DecodeError::Truncated)?;

@@ -27,6 +27,7 @@ pub(super) fn hash_of(tok: &Tok<'_>) -> Result<u64, Bad> {
         ref other => Err(format!("block hash is {}", other.kind())),
     }
 }
+
 impl Reader<'_, '_> {
     pub(super) fn read_opt_str(&mut self) -> Field<Option<String>> {
         self.read_opt_str_at(4)

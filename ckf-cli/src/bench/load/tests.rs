@@ -66,6 +66,7 @@ fn the_messages_due_before_the_end_are_those_whose_due_time_is_before_it() {
         );
     }
 }
+
 #[test]
 fn a_schedule_ends_after_its_messages_and_hands_each_out_once() {
     let schedule = Schedule {
