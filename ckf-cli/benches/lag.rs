@@ -13,9 +13,10 @@
 //! Loads: **idle** ~100 events/s (one source, one event every 10 ms) and **loaded** 50k
 //! events/s (four sources, a batch every millisecond each). Each event stores 2 fresh blocks or
 //! removes 2 blocks stored one second earlier (half of each), so the table stays at a steady
-//! load. Cadences: **timer** (`cut_when_idle = false`, the cadence before issue 12:
-//! `batch_threshold` 256, `max_delay_ms` 10) and **idle cut** (the default). The last lines
-//! give the idle cut's lag and bytes per event as ratios to the timer's. Figures, not
+//! load. Cadences: **timer** (`cut_when_idle = false`: the cadence the producer had before it
+//! cut a batch as soon as its command queue is empty; `batch_threshold` 256, `max_delay_ms`
+//! 10) and **idle cut** (the default). The last lines give the idle cut's lag and bytes per
+//! event as ratios to the timer's. Figures, not
 //! pass/fail: the machine is shared, so compare within one run.
 //!
 //! `CKF_LAG_BENCH_SECS` sets the seconds of load per scenario (default 6).
@@ -25,7 +26,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use ckf_cli::commands::connect;
+use ckf_cli::bench::stats::quantile_us;
+use ckf_cli::connect::connect;
 use ckf_core::addressing::fmix64;
 use ckf_proto::v1;
 use ckf_proto::v1::ingest_client::IngestClient;
@@ -76,7 +78,7 @@ impl Outcome {
         self.relay_bytes / self.events.max(1) as f64
     }
     fn p(&self, q: f64) -> f64 {
-        self.lag_us.value_at_quantile(q) as f64 / 1e3
+        quantile_us(&self.lag_us, q)
     }
 }
 

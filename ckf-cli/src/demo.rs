@@ -3,22 +3,46 @@
 //! then a live replay, the report, and a graceful shutdown (producers drain first).
 //!
 //! With `--feed zmq` (the default) each rank of the simulated fleet is a built-in vLLM engine
-//! publisher ([`crate::publisher`]) bound on loopback, and each DC's producer is configured
+//! publisher ([`crate::bench::publisher`]) bound on loopback, and each DC's producer is configured
 //! with one `[[engines]]` entry per worker (`worker_id` = worker, `dp_size` = ranks, rank r on
 //! port + r), exactly as it would subscribe to real vLLM engines. With `--feed grpc` the
 //! replay sends `PublishBatch` calls instead.
 
-use anyhow::{Context, Result};
+use std::path::PathBuf;
 
-use crate::cli::{DemoArgs, FeedKind};
-use crate::commands::{connect, live_config, load_workload, print_report};
-use crate::feed::TokenFeed;
-use crate::fleet::FleetShape;
-use crate::live::{self, DcTarget, Feed, ZmqFeed};
-use crate::publisher::{DEFAULT_BUFFER_STEPS, EnginePublisher, bind_ranks};
+use anyhow::{Context, Result};
+use clap::Args;
+
+use crate::bench::args::{DEFAULT_DCS, FeedKind, FleetArgs, TimeoutArgs};
+use crate::bench::feed::TokenFeed;
+use crate::bench::fleet::FleetShape;
+use crate::bench::live::{self, DcTarget, Feed, ZmqFeed};
+use crate::bench::publisher::{DEFAULT_BUFFER_STEPS, EnginePublisher, bind_ranks};
+use crate::bench::replay::{live_config, load_workload, print_report};
+use crate::connect::connect;
 use ckf_engine::encode::Layout;
 use ckf_svc_kit::access::authed;
 use producer_svc::engines::config::EngineSpec;
+
+/// `ckf demo`.
+#[derive(Debug, Clone, Args)]
+pub struct DemoArgs {
+    /// How the producers get KV events.
+    #[arg(long, value_enum, default_value_t = FeedKind::Zmq)]
+    pub feed: FeedKind,
+    /// A Mooncake JSONL trace to replay instead of the built-in synthetic workload.
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// Data centers (one producer and one indexer lane each), 1..=16.
+    #[arg(long, default_value_t = DEFAULT_DCS)]
+    pub dcs: usize,
+    /// Fleet, policy and output.
+    #[command(flatten)]
+    pub fleet: FleetArgs,
+    /// Timeouts.
+    #[command(flatten)]
+    pub timeouts: TimeoutArgs,
+}
 
 /// The indexer domain of the demo services.
 pub const DOMAIN: &str = "ckf-demo";

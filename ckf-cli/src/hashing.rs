@@ -10,7 +10,16 @@
 //! id at positions `0..=i`, so two requests share the hash of block `i` exactly when they share
 //! the whole prefix up to `i` (up to 64-bit collisions): equal prefixes give equal hashes and the
 //! same id after different prefixes gives different hashes, which is what a sequence block hash
-//! means to the indexer. [`ckf query --ids`](crate::cli) applies the same rule.
+//! means to the indexer. [`ckf query --ids`](crate::operator::query) applies the same rule.
+//!
+//! # Why not `ckf_core::tokens`
+//! The core's rule ([`ckf_core::tokens`], NVIDIA Dynamo's token-hash scheme) hashes a block's
+//! **token ids** (block seed 1337 plus any LoRA / cache-salt hash, chain seed 1337, the first
+//! block's sequence hash is its block hash). A Mooncake trace has no tokens, only one id per block (`hash_ids`), so a replay
+//! chains those ids with this simpler rule instead: it is the documented, stable rule of
+//! `ckf replay` and `ckf query --ids` (crate README, "Block hashing rule"), not a second
+//! variant of the core's. Only `--feed zmq` turns trace ids into tokens and uses the core's
+//! rule ([`crate::bench::feed`]).
 
 use xxhash_rust::xxh3::xxh3_64;
 

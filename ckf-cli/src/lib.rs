@@ -1,50 +1,31 @@
 //! # ckf-cli
 //!
-//! The `ckf` command: replays prefix-cache workloads through ckf-relay producers and an indexer
-//! and reports routing quality, accuracy against an exact oracle, speed and cost; plus the
-//! operator's `query`, `load`, `lanes`, `health` and `certs` commands.
+//! The `ckf` command, three tools in one binary:
+//! * the **operator commands** ([`operator`]): `query`, `lanes`, `source-sequence`, `health`
+//!   against running services, and `certs` for development certificates;
+//! * the **benchmark tools** ([`bench`](mod@bench)): `replay` and `simulate` (prefix-cache workloads
+//!   through ckf-relay producers and an indexer, judged against an exact oracle), and `load`
+//!   (load on the Query RPCs);
+//! * the **demo** ([`demo`]): an in-process indexer and producers on loopback, replayed.
 //!
 //! | module | owns |
 //! | --- | --- |
-//! | [`trace`] | Mooncake JSONL trace parsing and validation (line + field errors) |
-//! | [`synth`] | the built-in deterministic synthetic workload |
+//! | [`cli`] | the `ckf` command and its subcommands (clap); each command's flags live beside its code |
+//! | [`connect`] | the client TLS flags (`TlsArgs`) and the TLS material they name, token files, channels, the hint under a connection error |
+//! | [`duration`] | `--duration` parsing |
 //! | [`hashing`] | `hash_ids` -> chained 64-bit sequence block hashes (the documented rule) |
-//! | [`fleet`] | D DCs x W workers x R ranks, LRU prefix caches, KV events per serve |
-//! | [`oracle`] | exact per-DC block holdings: the truth answers are judged against |
-//! | [`policy`] | `ckf`, `random`, `round-robin` DC choice |
-//! | [`sim`] | offline replays (oracle as index) for policy comparison |
-//! | [`stats`] | percentile summaries (`hdrhistogram`) |
-//! | [`events`] | a serve's KV events as a `ckf.v1` batch; per-source sequences |
-//! | [`probe`] | visibility probes: event-to-visible lag and per-DC watermarks |
-//! | [`feed`] | `--feed zmq`: trace block ids -> tokens, canonical hashes, vLLM events with engine hashes |
-//! | [`publisher`] | a built-in engine publisher: vLLM's ZMQ PUB + ROUTER replay protocol |
-//! | [`accuracy`] | judging answers against the oracle (over/under-estimates by cause) |
-//! | [`load`] | `ckf load`: closed / open loop load on the Query RPCs, HDR latency summary, indexer CPU per query from `/proc` |
-//! | [`live`] | the live replay driver against producers and an indexer |
-//! | [`report`] | the report (text and JSON) |
-//! | [`scrape`] | one counter from a Prometheus `/metrics` endpoint (relay bytes), via `ckf_svc_kit::scrape` |
+//! | [`operator`] | the operator commands, one file each, and `certs` |
+//! | [`bench`](mod@bench) | the benchmark tools and what they are made of (trace, fleet, oracle, policies, live replay, load, report) |
 //! | [`demo`] | in-process indexer + producers on loopback for `ckf demo` |
-//! | [`certs`] | `ckf certs`: development CA, indexer / producer / query certificates, token files (rcgen) |
-//! | [`cli`], [`commands`] | flags, and running each subcommand |
+//!
+//! The operator commands and the benchmark tools do not use each other: both use [`connect`]
+//! and [`hashing`] (the benchmark tools also [`duration`]); only [`cli`], `main.rs` and [`demo`]
+//! see more than one of them.
 
-pub mod accuracy;
-pub mod certs;
+pub mod bench;
 pub mod cli;
-pub mod commands;
+pub mod connect;
 pub mod demo;
-pub mod events;
-pub mod feed;
-pub mod fleet;
+pub mod duration;
 pub mod hashing;
-pub mod live;
-pub mod load;
-pub mod oracle;
-pub mod policy;
-pub mod probe;
-pub mod publisher;
-pub mod report;
-pub mod scrape;
-pub mod sim;
-pub mod stats;
-pub mod synth;
-pub mod trace;
+pub mod operator;

@@ -1,8 +1,10 @@
 //! `ckf`: replay prefix-cache workloads through ckf-relay and inspect a running indexer.
 //! See the crate README for every command and flag.
 
+use ckf_cli::bench::replay;
 use ckf_cli::cli::{Cli, Command};
-use ckf_cli::commands;
+use ckf_cli::connect;
+use ckf_cli::operator;
 use clap::Parser;
 
 fn main() -> std::process::ExitCode {
@@ -30,15 +32,15 @@ fn main() -> std::process::ExitCode {
     let result = runtime.block_on(async move {
         match cli.command {
             Command::Demo(args) => ckf_cli::demo::run(args).await,
-            Command::Replay(args) => commands::replay(args).await,
-            Command::Simulate(args) => commands::simulate_cmd(args),
-            Command::Query(args) => commands::query(args).await,
-            Command::Lanes(args) => commands::lanes(args).await,
-            Command::Load(args) => ckf_cli::load::run(args).await,
-            Command::SourceSequence(args) => commands::source_sequence(args).await,
-            Command::Certs(args) => ckf_cli::certs::run(&args),
+            Command::Replay(args) => replay::replay(args).await,
+            Command::Simulate(args) => replay::simulate_cmd(args),
+            Command::Query(args) => operator::query::query(args).await,
+            Command::Lanes(args) => operator::lanes::lanes(args).await,
+            Command::Load(args) => ckf_cli::bench::load::run(args).await,
+            Command::SourceSequence(args) => operator::source_sequence::source_sequence(args).await,
+            Command::Certs(args) => operator::certs::run(&args),
             Command::Health(args) => {
-                let code = commands::health(args).await;
+                let code = operator::health::health(args).await;
                 return Ok(code as u8);
             }
         }
@@ -50,7 +52,7 @@ fn main() -> std::process::ExitCode {
             eprintln!("error: {e:#}");
             let hint = target
                 .as_ref()
-                .and_then(|(url, cert)| commands::hint(&format!("{e:#}"), url, *cert));
+                .and_then(|(url, cert)| connect::hint(&format!("{e:#}"), url, *cert));
             if let Some(hint) = hint {
                 eprintln!("hint: {hint}");
             }

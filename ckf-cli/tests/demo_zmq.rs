@@ -4,12 +4,13 @@
 
 use std::time::Duration;
 
-use ckf_cli::cli::FeedKind;
-use ckf_cli::commands::{connect, load_workload};
+use ckf_cli::bench::args::FeedKind;
+use ckf_cli::bench::fleet::FleetShape;
+use ckf_cli::bench::live::{Feed, LiveConfig, replay};
+use ckf_cli::bench::policy::Policy;
+use ckf_cli::bench::replay::load_workload;
+use ckf_cli::connect::connect;
 use ckf_cli::demo::start_feed;
-use ckf_cli::fleet::FleetShape;
-use ckf_cli::live::{Feed, LiveConfig, replay};
-use ckf_cli::policy::Policy;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zmq_feed_has_no_false_negatives_against_the_exact_model() {

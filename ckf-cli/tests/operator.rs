@@ -4,8 +4,8 @@
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
+use ckf_cli::bench::fleet::FleetShape;
 use ckf_cli::demo::Services;
-use ckf_cli::fleet::FleetShape;
 use ckf_cli::hashing::block_hashes;
 use ckf_proto::v1::{self, ingest_client::IngestClient, kv_event::Kind};
 

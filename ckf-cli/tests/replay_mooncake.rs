@@ -1,18 +1,31 @@
 //! The first 2,000 requests of the Mooncake conversation trace through three real producers and
 //! a real indexer (in-process, loopback ephemeral ports), routed by the `ckf` policy.
+//!
+//! The trace is the public Mooncake FAST'25 conversation trace
+//! (`FAST25-release/traces/conversation_trace.jsonl` in the Mooncake repository), not part of
+//! this repository: `CKF_TRACE` names its path; without it the test reads
+//! `shared/data/traces/mooncake_conversation_trace.jsonl` in the directory that holds the
+//! checkout.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use ckf_cli::commands::{connect, load_workload};
+use ckf_cli::bench::fleet::FleetShape;
+use ckf_cli::bench::live::{Feed, LiveConfig, replay};
+use ckf_cli::bench::policy::Policy;
+use ckf_cli::bench::replay::load_workload;
+use ckf_cli::connect::connect;
 use ckf_cli::demo::Services;
-use ckf_cli::fleet::FleetShape;
-use ckf_cli::live::{Feed, LiveConfig, replay};
-use ckf_cli::policy::Policy;
 
+/// The trace: `CKF_TRACE` when set, else the default path beside the checkout.
 fn trace() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/data/traces/mooncake_conversation_trace.jsonl")
+    std::env::var_os("CKF_TRACE").map_or_else(
+        || {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../../shared/data/traces/mooncake_conversation_trace.jsonl")
+        },
+        PathBuf::from,
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

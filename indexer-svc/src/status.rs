@@ -38,12 +38,7 @@ use ckf_proto::{WireError, v1};
 use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::{Code, Status};
 
-/// Response metadata key on an `IF_VACANT` refusal (value [`ATTACH_REFUSED_OCCUPIED`]), so a
-/// producer tells "the lane is held" from other `FAILED_PRECONDITION` refusals without parsing
-/// the message.
-pub const ATTACH_REFUSED_KEY: &str = "ckf-attach-refused";
-/// The [`ATTACH_REFUSED_KEY`] value of an `IF_VACANT` refusal.
-pub const ATTACH_REFUSED_OCCUPIED: &str = "occupied";
+pub use ckf_proto::metadata::{ATTACH_REFUSED_KEY, ATTACH_REFUSED_OCCUPIED};
 
 /// Why a relay stream was refused or ended (every variant is terminal for the stream).
 #[derive(Debug, thiserror::Error)]

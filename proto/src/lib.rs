@@ -8,6 +8,7 @@
 //! | [`v1`] | generated messages, `Ingest` / `Relay` / `Query` clients and servers |
 //! | [`convert`] | wire <-> core conversions with typed [`convert::WireError`]s |
 //! | [`block_hashes`] | `BlockHashQuery` by hand: a bulk decoder of its packed hashes |
+//! | [`metadata`] | response metadata keys and values of the contract (`ckf-attach-refused`) |
 //! | [`FILE_DESCRIPTOR_SET`] | encoded descriptors for gRPC server reflection |
 //!
 //! Generated code stays generated: handlers call [`convert`] and then `ckf-core`; no rule of the
@@ -16,6 +17,7 @@
 
 pub mod block_hashes;
 pub mod convert;
+pub mod metadata;
 pub mod v1;
 
 /// Encoded `FileDescriptorSet` of every `ckf.v1` file, for `tonic-reflection`.

@@ -9,6 +9,7 @@
 //! | [`access`] | token files, a request's credentials (bearer token, client certificate names), `authorization: Bearer` for clients, SIGHUP reload |
 //! | [`config`] | layered configuration: defaults < TOML file < `CKF_*` environment < flags (figment); key aliases; rule helpers; validation errors naming key, value, rule, source |
 //! | [`table`] | the `[table]` section both services share: keys of `ckf_core::addressing::TableSizing` |
+//! | [`errors`] | [`errors::error_chain`]: an error with its sources, for logs and messages |
 //! | [`logging`] | `tracing` subscriber: human or JSON, `RUST_LOG`-style filter |
 //! | [`metrics`] | Prometheus registration helpers and the text endpoint (`GET /metrics`) on its own address (axum) |
 //! | [`scrape`] | reading a `/metrics` endpoint: HTTP GET (`ureq`) and text parse (`prometheus-parse`) |
@@ -21,6 +22,7 @@
 
 pub mod access;
 pub mod config;
+pub mod errors;
 pub mod grpc;
 pub mod logging;
 pub mod metrics;

@@ -1,4 +1,4 @@
-//! The msgpack token reader under [`super::decode_batch`]: one token at a time (markers
+//! The msgpack token reader under [`crate::wire::decode_batch`]: one token at a time (markers
 //! classified by [`rmp::Marker`]), iterative skipping, and the nesting limit.
 //!
 //! Why not a value tree: a tree is built before any limit can be checked, so a 64 MiB frame of
@@ -7,7 +7,7 @@
 
 use rmp::Marker;
 
-use super::{DecodeError, DecodeLimits};
+use crate::wire::limits::{DecodeError, DecodeLimits};
 
 /// One msgpack token: a scalar with its data, or a container header (its items follow).
 #[derive(Debug, Clone, Copy)]
@@ -59,6 +59,7 @@ pub(super) struct Reader<'a, 'l> {
     pub(super) pos: usize,
     pub(super) limits: &'l DecodeLimits,
 }
+
 impl<'a> Reader<'a, '_> {
     fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
         let end = self.pos.checked_add(n).ok_or(DecodeError::Truncated)?;

@@ -1,9 +1,10 @@
 //! Unit tests of the decoding rules, on payloads built with `rmpv`.
 
+use ckf_core::tokens::mm_identifier_hash;
 use rmpv::Value as V;
 
 use super::*;
-use crate::event::StoredBlocks;
+use crate::event::{BlockExtras, EngineBatch, EngineEvent, RemovedBlocks, StoredBlocks};
 
 fn enc(v: &V) -> Vec<u8> {
     let mut out = Vec::new();

@@ -19,10 +19,12 @@ use ckf_core::relay_session::{
     AckEffect, Granted, LeaseTerms, LocalLimits, SessionFailure, StreamProgress,
 };
 use ckf_proto::convert::WIRE_BYTES_PER_IMAGE;
+use ckf_proto::metadata::{ATTACH_REFUSED_KEY, ATTACH_REFUSED_OCCUPIED};
 use ckf_proto::v1;
 use ckf_proto::v1::relay_client::RelayClient;
 use ckf_proto::v1::relay_frame::Frame;
 use ckf_proto::v1::relay_reply::Reply;
+use ckf_svc_kit::errors::error_chain;
 use prost::Message;
 use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep_until, timeout};
@@ -39,8 +41,6 @@ const REQUEST_BUFFER: usize = 16;
 /// [`Failure::label`] of an `IF_VACANT` attach refused because another live producer holds
 /// the lane (`FAILED_PRECONDITION` with metadata `ckf-attach-refused: occupied`).
 pub const LANE_OCCUPIED: &str = "lane_occupied";
-/// Response metadata key and value the indexer sets on an `IF_VACANT` refusal.
-const ATTACH_REFUSED: (&str, &str) = ("ckf-attach-refused", "occupied");
 
 /// Unacknowledged batches remembered for the change-to-ack histogram.
 const MAX_UNACKED_SAMPLES: usize = 4_096;
@@ -109,18 +109,6 @@ fn fail(label: &'static str, detail: impl Into<String>) -> Failure {
         was_streaming: false,
         outlived_deadline: false,
     }
-}
-
-/// Renders an error with its sources (`tonic::transport::Error` alone says little).
-pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
 }
 
 /// The granted lease and the terms of the session under it.
@@ -526,8 +514,8 @@ fn is_occupied(status: &tonic::Status) -> bool {
     status.code() == tonic::Code::FailedPrecondition
         && status
             .metadata()
-            .get(ATTACH_REFUSED.0)
-            .is_some_and(|v| v.as_bytes() == ATTACH_REFUSED.1.as_bytes())
+            .get(ATTACH_REFUSED_KEY)
+            .is_some_and(|v| v.as_bytes() == ATTACH_REFUSED_OCCUPIED.as_bytes())
 }
 
 /// A `Retired` reply as a failure.

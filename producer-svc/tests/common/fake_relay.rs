@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use ckf_proto::metadata::{ATTACH_REFUSED_KEY, ATTACH_REFUSED_OCCUPIED};
 use ckf_proto::v1;
 use ckf_proto::v1::relay_frame::Frame;
 use ckf_proto::v1::relay_reply::Reply;
@@ -272,7 +273,7 @@ impl Relay for Service {
                 drop(s);
                 self.bump();
                 let mut metadata = tonic::metadata::MetadataMap::new();
-                metadata.insert("ckf-attach-refused", "occupied".parse().unwrap());
+                metadata.insert(ATTACH_REFUSED_KEY, ATTACH_REFUSED_OCCUPIED.parse().unwrap());
                 return Err(Status::with_metadata(
                     tonic::Code::FailedPrecondition,
                     "pool prod/dc-a (lane 0) is held by a live attachment: incarnation 0x0000000000000009, lease epoch 2, active",

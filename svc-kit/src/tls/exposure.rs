@@ -25,13 +25,10 @@ use std::time::Duration;
 use prometheus::{IntGauge, Registry};
 use tokio::task::JoinHandle;
 
-use super::{ClientAuth, ServerTlsConfig};
 use crate::config::Invalid;
 use crate::shutdown::Shutdown;
-
-/// The configuration key (top level, both services) that lets a non-loopback listener serve
-/// without authorization.
-pub const INSECURE_KEY: &str = "insecure";
+pub use crate::tls::config::INSECURE_KEY;
+use crate::tls::config::{ClientAuth, ServerTlsConfig};
 
 /// How often a service running with `insecure = true` repeats its WARN.
 pub const INSECURE_WARN_INTERVAL: Duration = Duration::from_secs(3600);

@@ -1,12 +1,20 @@
 //! Loader errors with their precise messages, the start rules, and real handshakes through
 //! [`ServerTls::accept`] + [`serve_router`] (mTLS, a foreign CA, plaintext, reload).
 
-use std::sync::Mutex;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
+use tokio_rustls::rustls;
 
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 
 use super::*;
+use crate::shutdown::Shutdown;
 
 /// A test CA that issues leaves.
 struct Ca {

@@ -4,8 +4,8 @@
 //! Its result is both a lag sample (send -> visible) and a *watermark*: each DC's events travel
 //! in order (one batch at a time to the producer, sequenced deltas to the indexer), so once a
 //! block stored in DC batch `s` is visible, every batch `<= s` of that DC is visible too.
-//! [`Accuracy`](crate::accuracy::Accuracy) uses the watermark to tell in-flight updates from lost
-//! ones.
+//! [`Accuracy`](crate::bench::accuracy::Accuracy) uses the watermark to tell in-flight updates
+//! from lost ones.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

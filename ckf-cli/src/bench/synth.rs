@@ -23,7 +23,7 @@
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::trace::{Request, TOKENS_PER_BLOCK};
+use crate::bench::trace::{Request, TOKENS_PER_BLOCK};
 
 /// Number of distinct system prompts.
 pub const SYSTEM_PROMPTS: usize = 6;

@@ -1,8 +1,8 @@
 //! Global routing policies: which DC serves a request.
 //!
 //! Only the DC is chosen here; inside the DC every policy uses the same local placement
-//! ([`Fleet::pick_rank`](crate::fleet::Fleet::pick_rank)), so hit-rate differences measure what the
-//! global choice buys.
+//! ([`Fleet::pick_rank`](crate::bench::fleet::Fleet::pick_rank)), so hit-rate differences
+//! measure what the global choice buys.
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};

@@ -15,8 +15,8 @@ use std::num::NonZeroUsize;
 
 use lru::LruCache;
 
-use crate::oracle::Oracle;
-use crate::policy::best_dc;
+use crate::bench::oracle::Oracle;
+use crate::bench::policy::best_dc;
 
 /// The fleet's shape (shared by `ckf replay` and `ckf demo`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]

@@ -4,8 +4,8 @@
 
 use serde::Serialize;
 
-use crate::fleet::{Fleet, FleetShape};
-use crate::policy::{Policy, Router};
+use crate::bench::fleet::{Fleet, FleetShape};
+use crate::bench::policy::{Policy, Router};
 
 /// Prefix-cache hit rate of one policy on one workload and fleet.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -63,8 +63,8 @@ pub fn simulate(requests: &[Vec<u64>], shape: FleetShape, policy: Policy, seed: 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bench::synth::synthetic_workload;
     use crate::hashing::block_hashes;
-    use crate::synth::synthetic_workload;
 
     #[test]
     fn ckf_beats_cache_blind_policies_on_shared_prefixes() {

@@ -24,18 +24,18 @@ use ckf_svc_kit::access::AuthedChannel;
 use indicatif::{ProgressBar, ProgressStyle};
 use prost::Message;
 
-use crate::accuracy::Accuracy;
-use crate::events::{Sources, event_blocks, serve_events};
-use crate::feed::TokenFeed;
-use crate::fleet::{Fleet, FleetShape};
+use crate::bench::accuracy::Accuracy;
+use crate::bench::events::{Sources, event_blocks, serve_events};
+use crate::bench::feed::TokenFeed;
+use crate::bench::fleet::{Fleet, FleetShape};
+use crate::bench::policy::{Policy, Router};
+use crate::bench::probe::{Probes, wait_visible};
+use crate::bench::publisher::EnginePublisher;
+use crate::bench::report::{Cost, DcCost, FinalCheck, Report, Throughput, WorkloadInfo};
+use crate::bench::sim::{HitRate, simulate};
+use crate::bench::stats::Summary;
+use crate::bench::trace::Request;
 use crate::hashing::block_hashes;
-use crate::policy::{Policy, Router};
-use crate::probe::{Probes, wait_visible};
-use crate::publisher::EnginePublisher;
-use crate::report::{Cost, DcCost, FinalCheck, Report, Throughput, WorkloadInfo};
-use crate::sim::{HitRate, simulate};
-use crate::stats::Summary;
-use crate::trace::Request;
 
 /// The member the replay uses for drain sentinels: `(worker_id = u64::MAX, dp_rank = 0)`.
 pub const PROBE_WORKER: u64 = u64::MAX;
@@ -79,7 +79,8 @@ pub enum Feed {
     /// `Ingest/PublishBatch` over gRPC with the trace's chained block hashes; `FindMatches`.
     Grpc,
     /// vLLM events over ZMQ from built-in engine publishers, which the producers subscribe to
-    /// (their `[[engines]]`); `FindMatchesByTokens`. See [`crate::feed`] for the token rules.
+    /// (their `[[engines]]`); `FindMatchesByTokens`. See [`crate::bench::feed`] for the token
+    /// rules.
     Zmq(ZmqFeed),
 }
 
@@ -385,9 +386,12 @@ pub async fn replay(
 async fn relay_bytes(dcs: &[Dc]) -> Option<u64> {
     let mut total = 0.0;
     for dc in dcs {
-        total += crate::scrape::scrape_sum(dc.metrics.as_deref()?, crate::scrape::RELAY_BYTES)
-            .await
-            .ok()?;
+        total += crate::bench::scrape::scrape_sum(
+            dc.metrics.as_deref()?,
+            crate::bench::scrape::RELAY_BYTES,
+        )
+        .await
+        .ok()?;
     }
     Some(total as u64)
 }
@@ -569,9 +573,9 @@ async fn zmq_settle(
                 ts: unix_seconds(),
                 events: vec![Event::Stored(BlockStored {
                     block_hashes: vec![engine],
-                    token_ids: crate::feed::block_tokens(id, block_size),
+                    token_ids: crate::bench::feed::block_tokens(id, block_size),
                     block_size,
-                    medium: Some(crate::feed::MEDIUM.into()),
+                    medium: Some(crate::bench::feed::MEDIUM.into()),
                     ..BlockStored::default()
                 })],
                 data_parallel_rank: rank,
@@ -587,7 +591,7 @@ async fn zmq_settle(
                 ts: unix_seconds(),
                 events: vec![Event::Removed(BlockRemoved {
                     block_hashes: vec![engine],
-                    medium: Some(crate::feed::MEDIUM.into()),
+                    medium: Some(crate::bench::feed::MEDIUM.into()),
                     ..BlockRemoved::default()
                 })],
                 data_parallel_rank: rank,

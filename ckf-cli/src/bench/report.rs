@@ -5,11 +5,11 @@ use std::fmt::{self, Write as _};
 
 use serde::Serialize;
 
-use crate::accuracy::Accuracy;
-use crate::fleet::FleetShape;
-use crate::policy::Policy;
-use crate::sim::HitRate;
-use crate::stats::Summary;
+use crate::bench::accuracy::Accuracy;
+use crate::bench::fleet::FleetShape;
+use crate::bench::policy::Policy;
+use crate::bench::sim::HitRate;
+use crate::bench::stats::Summary;
 
 /// The whole report.
 #[derive(Debug, Clone, Serialize)]

@@ -1,4 +1,6 @@
-//! Small summary statistics for latency samples, recorded in an HDR histogram (`hdrhistogram`).
+//! Latency statistics, all from HDR histograms (`hdrhistogram`): [`Summary`] of a sample set,
+//! and the nanosecond latency histograms of `ckf load` and the lag bench read in microseconds
+//! ([`latency_histogram`], [`quantile_us`]).
 
 use hdrhistogram::Histogram;
 use serde::Serialize;
@@ -47,6 +49,25 @@ impl Summary {
             max: samples.iter().copied().fold(0.0, f64::max),
         }
     }
+}
+
+/// Largest latency a [`latency_histogram`] records (60 s, in nanoseconds); longer ones count as
+/// it when recorded with `saturating_record`.
+pub const HIGHEST_NS: u64 = 60_000_000_000;
+
+/// An empty histogram of latencies in nanoseconds, 1 ns to [`HIGHEST_NS`], 3 significant digits
+/// (a percentile within 0.1%).
+pub fn latency_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, HIGHEST_NS, SIGNIFICANT_DIGITS)
+        .expect("static histogram bounds are valid")
+}
+
+/// `histogram` (nanoseconds) at `quantile` (0..=1), in microseconds; 0 when empty.
+pub fn quantile_us(histogram: &Histogram<u64>, quantile: f64) -> f64 {
+    if histogram.is_empty() {
+        return 0.0;
+    }
+    histogram.value_at_quantile(quantile) as f64 / 1_000.0
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@
 
 use ckf_proto::v1::{self, kv_event::Kind};
 
-use crate::fleet::Served;
+use crate::bench::fleet::Served;
 
 /// The member id a rank slot publishes as.
 pub fn member(worker: usize, rank: usize) -> v1::MemberId {
@@ -83,7 +83,7 @@ impl Sources {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fleet::{RankSlot, StoredRun};
+    use crate::bench::fleet::{RankSlot, StoredRun};
 
     #[test]
     fn removed_first_then_one_stored_event_per_run() {

@@ -19,8 +19,8 @@
 
 use serde::Serialize;
 
-use crate::oracle::{BlockTruth, Oracle};
-use crate::policy::best_dc;
+use crate::bench::oracle::{BlockTruth, Oracle};
+use crate::bench::policy::best_dc;
 
 /// Under-estimates by cause.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]

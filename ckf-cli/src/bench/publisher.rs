@@ -12,7 +12,7 @@
 //!
 //! The payload is [`ckf_engine::encode`]'s vLLM msgpack encoding. A PUB socket drops what it
 //! sends before a subscriber is connected (ZMQ's slow-joiner rule): callers that need every
-//! batch seen make sure one is (see `crate::feed`).
+//! batch seen make sure one is (see `crate::bench::feed`).
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};

@@ -24,7 +24,7 @@ use ckf_core::tokens::{BlockSeed, sequence_hashes};
 use ckf_engine::encode::{Batch, BlockRemoved, BlockStored, Event};
 use xxhash_rust::xxh3::xxh3_128;
 
-use crate::fleet::Served;
+use crate::bench::fleet::Served;
 
 /// The engine hash a root block chains from (any fixed value; vLLM derives its own at start).
 pub const NONE_HASH: u64 = 0x6e6f_6e65_5f68_6173;
@@ -178,7 +178,7 @@ impl TokenFeed {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fleet::{RankSlot, StoredRun};
+    use crate::bench::fleet::{RankSlot, StoredRun};
     use ckf_core::dc::KvEventKind;
     use ckf_engine::encode::{Layout, encode_batch};
     use ckf_engine::event::EngineEvent;

@@ -1,0 +1,232 @@
+//! The flags of the benchmark tools: `ckf replay`, `ckf simulate`, `ckf load`, and the fleet,
+//! timeout and feed flags `ckf demo` shares with them.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use crate::bench::fleet::FleetShape;
+use crate::bench::policy::Policy;
+use crate::connect::TlsArgs;
+
+/// Default DCs of `ckf demo` and `ckf simulate`.
+pub const DEFAULT_DCS: usize = 3;
+/// Default requests of the built-in synthetic workload.
+pub const DEFAULT_SYNTHETIC_REQUESTS: usize = 4_000;
+
+/// Fleet, policy and workload flags shared by `demo`, `replay` and `simulate`.
+#[derive(Debug, Clone, Args)]
+pub struct FleetArgs {
+    /// Workers per DC.
+    #[arg(long, default_value_t = 2)]
+    pub workers: usize,
+    /// Data-parallel ranks per worker.
+    #[arg(long, default_value_t = 2)]
+    pub ranks: usize,
+    /// KV capacity of one rank, in the workload's blocks (a Mooncake trace's 512-token prefix
+    /// blocks; the zmq feed hands each to its engine as one KV block): LRU eviction beyond it.
+    #[arg(long, default_value_t = 1_024)]
+    pub capacity: usize,
+    /// Routing policy of the live run (the report also compares the others offline).
+    #[arg(long, value_enum, default_value_t = Policy::Ckf)]
+    pub policy: Policy,
+    /// Replay at most this many requests (default: all of a trace; 4000 synthetic ones).
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// Seed of the random policy and of the synthetic workload.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Print the report as JSON (and no progress bar).
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl FleetArgs {
+    /// The fleet shape for `dcs` DCs.
+    pub fn shape(&self, dcs: usize) -> FleetShape {
+        FleetShape {
+            dcs,
+            workers_per_dc: self.workers,
+            ranks_per_worker: self.ranks,
+            capacity_blocks: self.capacity,
+        }
+    }
+}
+
+/// Timeouts of a live replay.
+#[derive(Debug, Clone, Args)]
+pub struct TimeoutArgs {
+    /// Seconds to wait for every DC's lane to be ready before replaying.
+    #[arg(long, default_value_t = 30)]
+    pub ready_timeout_s: u64,
+    /// Milliseconds a visibility probe polls before giving up.
+    #[arg(long, default_value_t = 2_000)]
+    pub probe_timeout_ms: u64,
+    /// Seconds the final drain waits for each DC.
+    #[arg(long, default_value_t = 30)]
+    pub settle_timeout_s: u64,
+}
+
+/// How `ckf demo` feeds its producers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum FeedKind {
+    /// Built-in vLLM engine publishers over ZMQ (tokens, engine hashes, the producers
+    /// translate), queries by tokens (`FindMatchesByTokens`).
+    Zmq,
+    /// `Ingest/PublishBatch` over gRPC with canonical block hashes, queries by hashes.
+    Grpc,
+}
+
+/// `ckf replay`.
+#[derive(Debug, Clone, Args)]
+pub struct ReplayArgs {
+    /// The Mooncake JSONL trace.
+    #[arg(long)]
+    pub trace: PathBuf,
+    /// The indexer's gRPC endpoint, e.g. http://127.0.0.1:7400.
+    #[arg(long)]
+    pub indexer: String,
+    /// One producer per DC as DC=URL (e.g. dc-a=http://127.0.0.1:7500); repeat per DC. The DC
+    /// id must match the indexer manifest's; the order is the DC order of the report.
+    #[arg(long = "producer", value_name = "DC=URL", required = true, value_parser = parse_producer)]
+    pub producers: Vec<(String, String)>,
+    /// A producer's Prometheus endpoint as DC=HOST:PORT (optional, repeat per DC); with one
+    /// for every DC the report adds the relay (producer -> indexer) bytes per event.
+    #[arg(long = "producer-metrics", value_name = "DC=HOST:PORT", value_parser = parse_producer)]
+    pub producer_metrics: Vec<(String, String)>,
+    /// TLS toward the https:// URLs among --indexer and --producer (http:// ones stay
+    /// plaintext; at least one must be https:// when these flags are given).
+    #[command(flatten)]
+    pub tls: TlsArgs,
+    /// Send `authorization: Bearer <token>` with the token in FILE on every Query call: the
+    /// indexer's `auth.query_token_file`.
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Send `authorization: Bearer <token>` with the token in FILE on every Ingest call: the
+    /// token of an `[[ingest_auth.sources]]` entry of every producer with `source_ids = ["*"]`
+    /// and `workers = ["*"]` (the replay names its sources afresh on every run,
+    /// `ckf-replay-<run>/<dc>/...`, and touches every worker of the fleet).
+    #[arg(long, value_name = "FILE")]
+    pub ingest_token_file: Option<PathBuf>,
+    /// Fleet, policy and output.
+    #[command(flatten)]
+    pub fleet: FleetArgs,
+    /// Timeouts.
+    #[command(flatten)]
+    pub timeouts: TimeoutArgs,
+}
+
+/// `ckf simulate`.
+#[derive(Debug, Clone, Args)]
+pub struct SimulateArgs {
+    /// A Mooncake JSONL trace (default: the built-in synthetic workload).
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// Data centers, 1..=16.
+    #[arg(long, default_value_t = DEFAULT_DCS)]
+    pub dcs: usize,
+    /// Fleet, policy and output.
+    #[command(flatten)]
+    pub fleet: FleetArgs,
+}
+
+/// Which Query RPC `ckf load` drives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LoadMode {
+    /// `FindMatches`: one query per request.
+    Unary,
+    /// `FindMatchesBatch`: `--batch` queries per request.
+    Batch,
+    /// `FindMatchesStream`: one stream per in-flight slot, `--batch` queries per message.
+    Stream,
+    /// `FindMatchesByTokens`: each query's blocks as `--block-size` token ids each.
+    Tokens,
+    /// `grpc.health.v1.Health/Check` of `ckf.v1.Query` on the same server, one per request:
+    /// no search, so its CPU per call is the floor of a unary RPC there (the baseline for
+    /// `unary`).
+    Health,
+}
+
+impl LoadMode {
+    /// The flag value (and the report's `mode`).
+    pub fn name(self) -> &'static str {
+        match self {
+            LoadMode::Unary => "unary",
+            LoadMode::Batch => "batch",
+            LoadMode::Stream => "stream",
+            LoadMode::Tokens => "tokens",
+            LoadMode::Health => "health",
+        }
+    }
+}
+
+/// `ckf load`.
+#[derive(Debug, Clone, Args)]
+pub struct LoadArgs {
+    /// The indexer's Query endpoint, e.g. http://127.0.0.1:7400.
+    #[arg(long)]
+    pub indexer: String,
+    /// TLS toward the indexer.
+    #[command(flatten)]
+    pub tls: TlsArgs,
+    /// Send `authorization: Bearer <token>` with the token in FILE (one line): the indexer's
+    /// `auth.query_token_file`.
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Which RPC to drive.
+    #[arg(long, value_enum, default_value_t = LoadMode::Unary)]
+    pub mode: LoadMode,
+    /// Queries per message in batch and stream modes (at most the indexer's
+    /// limits.max_query_batch).
+    #[arg(long, default_value_t = 64, value_name = "QUERIES")]
+    pub batch: usize,
+    /// Messages in flight at once (closed loop), or sending slots (open loop).
+    #[arg(long, default_value_t = 8, value_name = "N")]
+    pub concurrency: usize,
+    /// HTTP/2 connections the slots are spread over (round-robin).
+    #[arg(long, default_value_t = 1, value_name = "C")]
+    pub connections: usize,
+    /// Open loop: queries per second, sent on schedule whatever the answers do; latency counts
+    /// from each message's due time (no coordinated omission).
+    #[arg(long, value_name = "QPS")]
+    pub rate: Option<f64>,
+    /// How long to send: seconds (10, 2.5s) or 500ms [default: 10 s unless --requests].
+    #[arg(long, value_parser = crate::duration::parse_duration)]
+    pub duration: Option<std::time::Duration>,
+    /// Stop after this many messages (requests; each carries --batch queries in batch and
+    /// stream modes), or at --duration if that comes first.
+    #[arg(long, value_name = "MESSAGES")]
+    pub requests: Option<u64>,
+    /// Queries from a Mooncake JSONL trace (default: the built-in synthetic workload).
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// Distinct queries taken from the workload (cycled) [default: all of a trace; 4000
+    /// synthetic ones].
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// Seed of the synthetic workload.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Tokens per block in tokens mode (the indexer's block size, so the hashes it computes
+    /// are those of real blocks).
+    #[arg(long, default_value_t = 16, value_name = "TOKENS")]
+    pub block_size: u32,
+    /// The indexer's process id, for its CPU time per query (default: the process listening on
+    /// the URL's port when the URL is on this host).
+    #[arg(long, value_name = "PID")]
+    pub indexer_pid: Option<u32>,
+    /// Print the summary as JSON (and no progress bar).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Parses `DC=URL`.
+pub(crate) fn parse_producer(s: &str) -> Result<(String, String), String> {
+    let (dc, url) = s
+        .split_once('=')
+        .ok_or_else(|| format!("`{s}`: expected DC=URL"))?;
+    if dc.is_empty() || url.is_empty() {
+        return Err(format!("`{s}`: expected DC=URL with both parts non-empty"));
+    }
+    Ok((dc.to_string(), url.to_string()))
+}

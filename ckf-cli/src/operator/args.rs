@@ -1,0 +1,183 @@
+//! The flags of the operator commands: `ckf query`, `ckf lanes`, `ckf source-sequence`,
+//! `ckf health` (`ckf certs` keeps its own beside it, in [`crate::operator::certs`]).
+
+use std::path::PathBuf;
+
+use clap::{ArgGroup, Args};
+
+use crate::connect::TlsArgs;
+
+/// `ckf query`.
+#[derive(Debug, Clone, Args)]
+#[command(group(ArgGroup::new("by_tokens").args(["tokens", "tokens_file"])))]
+pub struct QueryArgs {
+    /// The indexer's gRPC endpoint.
+    #[arg(long)]
+    pub indexer: String,
+    /// TLS toward the indexer.
+    #[command(flatten)]
+    pub tls: TlsArgs,
+    /// Send `authorization: Bearer <token>` with the token in FILE (one line): the indexer's
+    /// `auth.query_token_file`.
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Treat the arguments as trace `hash_ids` and chain them into block hashes first.
+    #[arg(long, conflicts_with = "by_tokens")]
+    pub ids: bool,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Query by token ids (FindMatchesByTokens): comma-separated u32 ids in request order.
+    #[arg(long, value_name = "ID,ID,...", value_parser = parse_token_list)]
+    pub tokens: Option<TokenList>,
+    /// Query by the token ids in FILE (u32 ids separated by whitespace and/or commas).
+    #[arg(long, value_name = "FILE")]
+    pub tokens_file: Option<PathBuf>,
+    /// LoRA adapter name of the token query (request-wide).
+    #[arg(long, value_name = "NAME", requires = "by_tokens")]
+    pub lora: Option<String>,
+    /// Cache salt (cache namespace) of the token query (request-wide).
+    #[arg(long, value_name = "SALT", requires = "by_tokens")]
+    pub salt: Option<String>,
+    /// A multimodal item of the token query, IDENTIFIER:OFFSET:LENGTH (token positions
+    /// [OFFSET, OFFSET+LENGTH) of the request); repeatable.
+    #[arg(long = "mm", value_name = "ID:OFFSET:LENGTH", value_parser = parse_mm_item, requires = "by_tokens")]
+    pub multimodal: Vec<MmItem>,
+    /// Tokens per block the token query assumes; must equal the indexer's (default: the
+    /// indexer's).
+    #[arg(long, value_name = "TOKENS", requires = "by_tokens")]
+    pub block_size: Option<u32>,
+    /// Block hashes in prefix order (decimal or 0x-hex), or ids with --ids.
+    #[arg(
+        required_unless_present = "by_tokens",
+        conflicts_with = "by_tokens",
+        value_parser = parse_u64
+    )]
+    pub hashes: Vec<u64>,
+}
+
+/// Token ids parsed from `--tokens` or `--tokens-file` (clap needs one named type per value).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenList(pub Vec<u32>);
+
+/// One `--mm` item.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MmItem {
+    /// The identifier (vLLM 64-hex digest or any other non-empty text).
+    pub identifier: String,
+    /// First token position.
+    pub offset: u64,
+    /// Token positions occupied.
+    pub length: u64,
+}
+
+/// Token ids separated by commas and/or whitespace (`--tokens`, `--tokens-file`).
+///
+/// # Errors
+/// Names the first id that is not a `u32` (with its 1-based position), or says the list is
+/// empty.
+pub fn parse_token_list(text: &str) -> Result<TokenList, String> {
+    let ids = text
+        .split(|c: char| c == ',' || c.is_whitespace())
+        .filter(|s| !s.is_empty())
+        .enumerate()
+        .map(|(i, s)| {
+            s.parse::<u32>().map_err(|e| {
+                format!(
+                    "token id #{} `{s}` is not a u32 (0..=4294967295): {e}",
+                    i + 1
+                )
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if ids.is_empty() {
+        return Err("no token ids (expected u32 ids separated by commas or whitespace)".into());
+    }
+    Ok(TokenList(ids))
+}
+
+fn parse_mm_item(text: &str) -> Result<MmItem, String> {
+    // The identifier may itself contain ':', so split from the right.
+    let mut parts = text.rsplitn(3, ':');
+    let (Some(length), Some(offset), Some(identifier)) = (parts.next(), parts.next(), parts.next())
+    else {
+        return Err(format!("`{text}`: expected IDENTIFIER:OFFSET:LENGTH"));
+    };
+    if identifier.is_empty() {
+        return Err(format!("`{text}`: the identifier is empty"));
+    }
+    let number = |what: &str, s: &str| {
+        s.parse::<u64>()
+            .map_err(|e| format!("`{text}`: {what} `{s}` is not a u64 ({e})"))
+    };
+    Ok(MmItem {
+        identifier: identifier.to_owned(),
+        offset: number("offset", offset)?,
+        length: number("length", length)?,
+    })
+}
+
+/// `ckf lanes`.
+#[derive(Debug, Clone, Args)]
+pub struct LanesArgs {
+    /// The indexer's gRPC endpoint.
+    #[arg(long)]
+    pub indexer: String,
+    /// TLS toward the indexer.
+    #[command(flatten)]
+    pub tls: TlsArgs,
+    /// Send `authorization: Bearer <token>` with the token in FILE (one line): the indexer's
+    /// `auth.query_token_file`.
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `ckf source-sequence`.
+#[derive(Debug, Clone, Args)]
+pub struct SourceSequenceArgs {
+    /// The producer's Ingest gRPC endpoint, e.g. http://127.0.0.1:7501.
+    #[arg(long)]
+    pub producer: String,
+    /// The source id (`KvEventBatch.source_id`) to look up.
+    #[arg(long, value_name = "ID")]
+    pub source: String,
+    /// TLS toward the producer.
+    #[command(flatten)]
+    pub tls: TlsArgs,
+    /// Send `authorization: Bearer <token>` with the token in FILE (one line): the token of an
+    /// `[[ingest_auth.sources]]` entry whose `source_ids` hold the source.
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Print JSON (one line).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `ckf health`.
+#[derive(Debug, Clone, Args)]
+pub struct HealthArgs {
+    /// The server's gRPC endpoint, e.g. http://127.0.0.1:7400.
+    #[arg(long)]
+    pub endpoint: String,
+    /// TLS toward the server.
+    #[command(flatten)]
+    pub tls: TlsArgs,
+    /// Service name to check; empty = the whole server.
+    #[arg(long, default_value = "")]
+    pub service: String,
+    /// Give up after this many milliseconds (connect + check).
+    #[arg(long, default_value_t = 3_000)]
+    pub timeout_ms: u64,
+}
+
+/// Parses a decimal or `0x`-hex `u64`.
+pub(crate) fn parse_u64(s: &str) -> Result<u64, String> {
+    let parsed = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(hex) => u64::from_str_radix(hex, 16),
+        None => s.parse(),
+    };
+    parsed.map_err(|e| format!("`{s}`: not a 64-bit unsigned integer ({e})"))
+}

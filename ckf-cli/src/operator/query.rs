@@ -1,0 +1,95 @@
+//! `ckf query`: one `FindMatches` by block hashes (or trace `--ids`), or `FindMatchesByTokens`
+//! by token ids, printed per DC lane.
+
+use anyhow::{Context, Result, anyhow};
+use ckf_proto::v1::FindMatchesRequest;
+use ckf_proto::v1::query_client::QueryClient;
+use ckf_proto::v1::{FindMatchesByTokensRequest, MultimodalItem};
+use ckf_svc_kit::access::with_bearer;
+use serde_json::json;
+use tonic::Request;
+
+use crate::connect::{client_tls, connect_with, token_of};
+use crate::hashing::block_hashes;
+use crate::operator::args::{QueryArgs, parse_token_list};
+
+/// `ckf query`: by block hashes (or `--ids`), or by token ids (`--tokens`, `--tokens-file`).
+///
+/// # Errors
+/// An unreadable or malformed tokens file, an unreachable indexer or a failed call (the
+/// indexer's `INVALID_ARGUMENT` message names a refused token query's fault).
+pub async fn query(args: QueryArgs) -> Result<()> {
+    let tokens = match (&args.tokens, &args.tokens_file) {
+        (Some(list), _) => Some(list.0.clone()),
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read --tokens-file {}", path.display()))?;
+            let list = parse_token_list(&text)
+                .map_err(|e| anyhow!("--tokens-file {}: {e}", path.display()))?;
+            Some(list.0)
+        }
+        (None, None) => None,
+    };
+    let token = token_of(args.token_file.as_deref())?;
+    let tls = client_tls(&args.tls)?;
+    let mut client = QueryClient::new(connect_with(&args.indexer, tls.as_ref()).await?);
+    let (count, unit, answer) = if let Some(token_ids) = tokens {
+        let request = FindMatchesByTokensRequest {
+            token_ids,
+            lora_name: args.lora.clone().unwrap_or_default(),
+            cache_salt: args.salt.clone().unwrap_or_default(),
+            multimodal: args
+                .multimodal
+                .iter()
+                .map(|m| MultimodalItem {
+                    identifier: m.identifier.clone(),
+                    offset: m.offset,
+                    length: m.length,
+                })
+                .collect(),
+            block_size: args.block_size.unwrap_or(0),
+        };
+        let count = request.token_ids.len();
+        let answer = client
+            .find_matches_by_tokens(with_bearer(Request::new(request), token.as_ref()))
+            .await
+            .context("FindMatchesByTokens")?
+            .into_inner();
+        (count, "tokens", answer)
+    } else {
+        let hashes = if args.ids {
+            block_hashes(&args.hashes)
+        } else {
+            args.hashes.clone()
+        };
+        let request = FindMatchesRequest {
+            block_hashes: hashes.clone(),
+        };
+        let answer = client
+            .find_matches(with_bearer(Request::new(request), token.as_ref()))
+            .await
+            .context("FindMatches")?
+            .into_inner();
+        (hashes.len(), "blocks", answer)
+    };
+    if args.json {
+        let lanes: Vec<_> = answer
+            .matches
+            .iter()
+            .map(|m| {
+                let pool = m.pool.clone().unwrap_or_default();
+                json!({ "lane": m.lane, "domain": pool.domain, "dc": pool.dc, "depth": m.depth })
+            })
+            .collect();
+        let out = json!({ unit: count, "ready_mask": answer.ready_mask, "matches": lanes });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    println!("{count} {unit}; ready lanes {:#06x}", answer.ready_mask);
+    println!("{:>4}  {:<16} {:>6}", "lane", "dc", "depth");
+    for m in &answer.matches {
+        let dc = m.pool.as_ref().map_or("?", |p| p.dc.as_str());
+        println!("{:>4}  {:<16} {:>6}", m.lane, dc, m.depth);
+    }
+    Ok(())
+}
