@@ -83,12 +83,12 @@ impl Outcome {
 }
 
 /// Events of batch `batch` of `source`, `n` of them: the first half store fresh blocks, the
-/// second half remove the blocks the same slots stored `window` batches earlier (in the first
+/// second half remove the blocks the same positions stored `window` batches earlier (in the first
 /// window every event stores). Returns the batch and the first stored hash (the probe candidate).
 fn batch(source: u64, batch: u64, n: u64, window: u64) -> (v1::KvEventBatch, u64) {
-    let hashes = |b: u64, slot: u64| -> Vec<u64> {
+    let hashes = |b: u64, pos: u64| -> Vec<u64> {
         (0..BLOCKS_PER_EVENT)
-            .map(|i| fmix64((source << 56) ^ (b << 20) ^ (slot << 4) ^ i) | 1)
+            .map(|i| fmix64((source << 56) ^ (b << 20) ^ (pos << 4) ^ i) | 1)
             .collect()
     };
     let member = Some(v1::MemberId {
@@ -99,20 +99,20 @@ fn batch(source: u64, batch: u64, n: u64, window: u64) -> (v1::KvEventBatch, u64
     // holds from the start; those extra blocks stay, a bounded 1 s of stores).
     let stores = if batch < window { n } else { n.div_ceil(2) };
     let mut events = Vec::with_capacity(n as usize);
-    for slot in 0..stores {
+    for pos in 0..stores {
         events.push(v1::KvEvent {
             member,
             kind: Some(Kind::Stored(v1::Stored {
-                block_hashes: hashes(batch, slot),
+                block_hashes: hashes(batch, pos),
                 parent_hash: None,
             })),
         });
     }
-    for slot in 0..(n - stores) {
+    for pos in 0..(n - stores) {
         events.push(v1::KvEvent {
             member,
             kind: Some(Kind::Removed(v1::Removed {
-                block_hashes: hashes(batch - window, slot),
+                block_hashes: hashes(batch - window, pos),
             })),
         });
     }

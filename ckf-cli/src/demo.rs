@@ -79,7 +79,7 @@ impl Services {
     }
 
     /// As [`Services::start`], with DC `i`'s producer subscribing to the engine publishers
-    /// `engines[i]` (per rank slot `worker * ranks + rank`; none when `engines` is empty).
+    /// `engines[i]` (per rank `worker * ranks + rank`; none when `engines` is empty).
     ///
     /// # Errors
     /// A service that fails to start.
@@ -175,7 +175,7 @@ fn engine_specs(publishers: &[EnginePublisher], ranks: usize) -> Result<Vec<Engi
         .collect()
 }
 
-/// Binds one publisher per rank slot of every DC (each worker's ranks on consecutive ports).
+/// Binds one publisher per rank of every DC (each worker's ranks on consecutive ports).
 ///
 /// # Errors
 /// No free loopback ports.

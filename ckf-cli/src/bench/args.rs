@@ -137,7 +137,7 @@ pub enum LoadMode {
     Unary,
     /// `FindMatchesBatch`: `--batch` queries per request.
     Batch,
-    /// `FindMatchesStream`: one stream per in-flight slot, `--batch` queries per message.
+    /// `FindMatchesStream`: one stream per in-flight sender, `--batch` queries per message.
     Stream,
     /// `FindMatchesByTokens`: each query's blocks as `--block-size` token ids each.
     Tokens,
@@ -180,10 +180,10 @@ pub struct LoadArgs {
     /// limits.max_query_batch).
     #[arg(long, default_value_t = 64, value_name = "QUERIES")]
     pub batch: usize,
-    /// Messages in flight at once (closed loop), or sending slots (open loop).
+    /// Messages in flight at once (closed loop), or senders (open loop).
     #[arg(long, default_value_t = 8, value_name = "N")]
     pub concurrency: usize,
-    /// HTTP/2 connections the slots are spread over (round-robin).
+    /// HTTP/2 connections the senders are spread over (round-robin).
     #[arg(long, default_value_t = 1, value_name = "C")]
     pub connections: usize,
     /// Open loop: queries per second, sent on schedule whatever the answers do; latency counts

@@ -9,7 +9,7 @@ use ckf_proto::v1::{self, kv_event::Kind};
 
 use crate::bench::fleet::Served;
 
-/// The member id a rank slot publishes as.
+/// The member id a rank publishes as.
 pub fn member(worker: usize, rank: usize) -> v1::MemberId {
     v1::MemberId {
         worker_id: worker as u64,
@@ -19,7 +19,7 @@ pub fn member(worker: usize, rank: usize) -> v1::MemberId {
 
 /// The KV events of one serve, in order (empty when the rank stored and evicted nothing).
 pub fn serve_events(served: &Served) -> Vec<v1::KvEvent> {
-    let member = member(served.slot.worker, served.slot.rank);
+    let member = member(served.rank_id.worker, served.rank_id.rank);
     let mut events = Vec::with_capacity(1 + served.stored.len());
     if !served.evicted.is_empty() {
         events.push(v1::KvEvent {
@@ -83,12 +83,12 @@ impl Sources {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::fleet::{RankSlot, StoredRun};
+    use crate::bench::fleet::{RankId, StoredRun};
 
     #[test]
     fn removed_first_then_one_stored_event_per_run() {
         let served = Served {
-            slot: RankSlot {
+            rank_id: RankId {
                 dc: 1,
                 worker: 2,
                 rank: 3,

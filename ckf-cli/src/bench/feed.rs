@@ -178,7 +178,7 @@ impl TokenFeed {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::fleet::{RankSlot, StoredRun};
+    use crate::bench::fleet::{RankId, StoredRun};
     use ckf_core::dc::KvEventKind;
     use ckf_engine::encode::{Layout, encode_batch};
     use ckf_engine::event::EngineEvent;
@@ -210,13 +210,13 @@ mod tests {
         let mut feed = TokenFeed::new(16).unwrap();
         let first = feed.request(&[10, 11, 12]).unwrap();
         let second = feed.request(&[10, 11, 13, 14]).unwrap();
-        let slot = RankSlot {
+        let rank_id = RankId {
             dc: 0,
             worker: 1,
             rank: 1,
         };
         let served = |evicted: Vec<u64>, stored: Vec<StoredRun>| Served {
-            slot,
+            rank_id,
             dc_seq: 1,
             requested: 0,
             reused: 0,

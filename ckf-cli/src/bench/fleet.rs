@@ -69,7 +69,7 @@ impl FleetShape {
 /// One rank of the fleet. Its producer member is `(worker_id = worker, dp_rank = rank)` in the
 /// DC's pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct RankSlot {
+pub struct RankId {
     /// DC index.
     pub dc: usize,
     /// Worker index within the DC (the member's `worker_id`).
@@ -91,7 +91,7 @@ pub struct StoredRun {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Served {
     /// The rank that served it.
-    pub slot: RankSlot,
+    pub rank_id: RankId,
     /// The DC's batch sequence for this request's events (1, 2, ... per DC).
     pub dc_seq: u64,
     /// Blocks in the request.
@@ -159,47 +159,47 @@ impl Fleet {
         &self.dc_seq
     }
 
-    /// Every rank slot of a DC, worker-major.
-    pub fn slots(&self, dc: usize) -> impl Iterator<Item = RankSlot> + '_ {
+    /// Every rank of a DC, worker-major.
+    pub fn rank_ids(&self, dc: usize) -> impl Iterator<Item = RankId> + '_ {
         let ranks = self.shape.ranks_per_worker;
-        (0..self.shape.ranks_per_dc()).map(move |i| RankSlot {
+        (0..self.shape.ranks_per_dc()).map(move |i| RankId {
             dc,
             worker: i / ranks,
             rank: i % ranks,
         })
     }
 
-    fn index(&self, slot: RankSlot) -> usize {
-        (slot.dc * self.shape.workers_per_dc + slot.worker) * self.shape.ranks_per_worker
-            + slot.rank
+    fn index(&self, rank_id: RankId) -> usize {
+        (rank_id.dc * self.shape.workers_per_dc + rank_id.worker) * self.shape.ranks_per_worker
+            + rank_id.rank
     }
 
     /// Leading blocks of `hashes` the rank holds (does not change recency).
-    pub fn rank_depth(&self, slot: RankSlot, hashes: &[u64]) -> usize {
-        let cache = &self.caches[self.index(slot)];
+    pub fn rank_depth(&self, rank_id: RankId, hashes: &[u64]) -> usize {
+        let cache = &self.caches[self.index(rank_id)];
         hashes.iter().take_while(|h| cache.contains(h)).count()
     }
 
     /// Blocks the rank holds.
-    pub fn rank_len(&self, slot: RankSlot) -> usize {
-        self.caches[self.index(slot)].len()
+    pub fn rank_len(&self, rank_id: RankId) -> usize {
+        self.caches[self.index(rank_id)].len()
     }
 
     /// The DC-local placement rule, the same for every routing policy: the `ckf` rule
     /// ([`best_dc`]) over the DC's ranks with their exact cached depths and served-request
     /// counts. (Inside a DC the local router knows its ranks exactly; the global index decides
     /// only the DC.)
-    pub fn pick_rank(&self, dc: usize, hashes: &[u64]) -> RankSlot {
-        let slots: Vec<RankSlot> = self.slots(dc).collect();
-        let depths: Vec<Option<usize>> = slots
+    pub fn pick_rank(&self, dc: usize, hashes: &[u64]) -> RankId {
+        let rank_ids: Vec<RankId> = self.rank_ids(dc).collect();
+        let depths: Vec<Option<usize>> = rank_ids
             .iter()
-            .map(|&slot| Some(self.rank_depth(slot, hashes)))
+            .map(|&rank_id| Some(self.rank_depth(rank_id, hashes)))
             .collect();
-        let loads: Vec<u64> = slots
+        let loads: Vec<u64> = rank_ids
             .iter()
-            .map(|&slot| self.rank_load[self.index(slot)])
+            .map(|&rank_id| self.rank_load[self.index(rank_id)])
             .collect();
-        slots[best_dc(&depths, &loads)]
+        rank_ids[best_dc(&depths, &loads)]
     }
 
     /// Serves a request with block hashes `hashes` in DC `dc` on the rank [`Fleet::pick_rank`]
@@ -209,9 +209,9 @@ impl Fleet {
     /// least-recently-used blocks of *other* requests as it needs, stores the blocks it lacks, and
     /// touches the kept blocks last-to-first (module docs). Oracle and loads are updated.
     pub fn serve(&mut self, dc: usize, hashes: &[u64]) -> Served {
-        let slot = self.pick_rank(dc, hashes);
-        let reused = self.rank_depth(slot, hashes);
-        let index = self.index(slot);
+        let rank_id = self.pick_rank(dc, hashes);
+        let reused = self.rank_depth(rank_id, hashes);
+        let index = self.index(rank_id);
         self.dc_seq[dc] += 1;
         let seq = self.dc_seq[dc];
         self.rank_load[index] += 1;
@@ -258,7 +258,7 @@ impl Fleet {
             }
         }
         Served {
-            slot,
+            rank_id,
             dc_seq: seq,
             requested: hashes.len(),
             reused,
@@ -281,7 +281,7 @@ mod tests {
         }
     }
 
-    const ONE_RANK: RankSlot = RankSlot {
+    const ONE_RANK: RankId = RankId {
         dc: 0,
         worker: 0,
         rank: 0,
@@ -317,7 +317,7 @@ mod tests {
         let mut fleet = Fleet::new(shape(1, 1, 1, 4));
         fleet.serve(0, &[1, 2]); // recency (MRU first): 1 2
         fleet.serve(0, &[3, 4]); // 3 4 1 2
-        let c = fleet.serve(0, &[1, 5]); // needs one slot; LRU is 2, then 4
+        let c = fleet.serve(0, &[1, 5]); // needs one rank_id; LRU is 2, then 4
         assert_eq!(c.reused, 1);
         assert_eq!(c.evicted, vec![2]);
         assert_eq!(fleet.rank_len(ONE_RANK), 4);
@@ -366,9 +366,9 @@ mod tests {
         let mut fleet = Fleet::new(shape(1, 2, 1, 10));
         let a = fleet.serve(0, &[1, 2]);
         let b = fleet.serve(0, &[3]);
-        assert_ne!(a.slot, b.slot, "second request goes to the idle rank");
+        assert_ne!(a.rank_id, b.rank_id, "second request goes to the idle rank");
         let c = fleet.serve(0, &[1, 2, 3]);
-        assert_eq!(c.slot, a.slot);
+        assert_eq!(c.rank_id, a.rank_id);
         assert_eq!(c.reused, 2);
     }
 

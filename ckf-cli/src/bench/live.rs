@@ -89,7 +89,7 @@ pub enum Feed {
 pub struct ZmqFeed {
     /// Tokens, canonical and engine hashes of the workload.
     pub tokens: TokenFeed,
-    /// Per DC, per rank slot (`worker * ranks_per_worker + rank`), its publisher; the
+    /// Per DC, per rank (`worker * ranks_per_worker + rank`), its publisher; the
     /// producer of that DC subscribes to each as engine `worker_id = worker`, DP rank `rank`.
     pub publishers: Vec<Vec<EnginePublisher>>,
     /// Counter for fresh drain-sentinel blocks.
@@ -234,7 +234,7 @@ pub async fn replay(
         // The ZMQ feed publishes here; the gRPC one below (with the producer's omissions).
         let mut sent = None;
         if let Feed::Zmq(z) = feed {
-            let batch = z.tokens.batch(&served, served.slot.rank, unix_seconds());
+            let batch = z.tokens.batch(&served, served.rank_id.rank, unix_seconds());
             if !batch.events.is_empty() {
                 sent = Some(Instant::now());
                 events += batch.events.len() as u64;
@@ -242,13 +242,13 @@ pub async fn replay(
                 let payload =
                     ckf_engine::encode::encode_batch(&batch, ckf_engine::encode::Layout::Tagged);
                 wire_bytes += payload.len() as u64;
-                let slot = served.slot.worker * shape.ranks_per_worker + served.slot.rank;
-                z.publishers[dc][slot].publish_payload(payload).await?;
+                let rank_id = served.rank_id.worker * shape.ranks_per_worker + served.rank_id.rank;
+                z.publishers[dc][rank_id].publish_payload(payload).await?;
             }
         }
         let batch_events = serve_events(&served);
         if !batch_events.is_empty() && matches!(feed, Feed::Grpc) {
-            let worker = format!("{}/w{}", dcs[dc].name, served.slot.worker);
+            let worker = format!("{}/w{}", dcs[dc].name, served.rank_id.worker);
             let batch = sources.batch(&worker, batch_events);
             events += batch.events.len() as u64;
             blocks += batch.events.iter().map(event_blocks).sum::<usize>() as u64;
@@ -514,7 +514,7 @@ async fn clear_members(dcs: &mut [Dc], sources: &mut Sources, shape: FleetShape)
     Ok(())
 }
 
-/// Publisher slots per DC must match the fleet shape.
+/// Publisher rank_ids per DC must match the fleet shape.
 fn check_publishers(z: &ZmqFeed, shape: FleetShape) -> Result<()> {
     if z.publishers.len() != shape.dcs
         || z.publishers.iter().any(|p| p.len() != shape.ranks_per_dc())
@@ -559,7 +559,7 @@ async fn zmq_settle(
     const ATTEMPT: Duration = Duration::from_millis(200);
     let run: u64 = rand::random::<u64>() | (1 << 63);
     for (dc, publishers) in z.publishers.iter_mut().enumerate() {
-        for (slot, publisher) in publishers.iter_mut().enumerate() {
+        for (rank_id, publisher) in publishers.iter_mut().enumerate() {
             z.next_sentinel += 1;
             let id = run ^ z.next_sentinel;
             let canonical = z.tokens.request(&[id])?.canonical[0];
@@ -568,7 +568,7 @@ async fn zmq_settle(
                 .engine_of(canonical)
                 .context("sentinel engine hash")?;
             let block_size = z.tokens.block_size();
-            let rank = Some((slot % ranks) as i64);
+            let rank = Some((rank_id % ranks) as i64);
             let store = Batch {
                 ts: unix_seconds(),
                 events: vec![Event::Stored(BlockStored {

@@ -1,18 +1,18 @@
 //! `ckf load`: a load generator for an indexer's Query service (in the manner of `ghz` or
 //! `redis-benchmark`).
 //!
-//! - **Closed loop** (default): `--concurrency` request slots, each sending its next message as
+//! - **Closed loop** (default): `--concurrency` request senders, each sending its next message as
 //!   soon as the previous one is answered, spread round-robin over `--connections` HTTP/2
 //!   connections. Latency is send to answer.
 //! - **Open loop** (`--rate` queries/s): message `k` is due at `start + k x interval` whatever
 //!   the answers do; a pacer thread releases each message at its due time to the next free
-//!   slot, and the latency is measured **from the due time** (a message waiting for a free slot
-//!   counts that wait: no coordinated omission). With too few slots for the rate the latencies
+//!   sender, and the latency is measured **from the due time** (a message waiting for a free sender
+//!   counts that wait: no coordinated omission). With too few senders for the rate the latencies
 //!   grow, as they would for the real callers; the messages still unsent when `--duration`
 //!   ends are not sent late but counted as `NOT_SENT` errors (at most `--concurrency` of them
 //!   wait in the pacer's queue, so memory stays bounded whatever the rate).
 //! - Modes: `unary` (`FindMatches`), `batch` (`FindMatchesBatch`, `--batch` queries per
-//!   message), `stream` (`FindMatchesStream`: one stream per slot, `--batch` queries per
+//!   message), `stream` (`FindMatchesStream`: one stream per sender, `--batch` queries per
 //!   message, each message's id checked in its answer), `tokens` (`FindMatchesByTokens`, the
 //!   workload's blocks as `--block-size` token ids each, [`crate::bench::feed::block_tokens`]), and
 //!   `health` (`grpc.health.v1.Health/Check` for `ckf.v1.Query` on the same server: no search
@@ -40,12 +40,12 @@ use crate::bench::args::{LoadArgs, LoadMode};
 use crate::connect::{client_tls, connect_with, token_of};
 
 use crate::bench::load::schedule::{Schedule, pace};
-use crate::bench::load::slots::{Client, slot};
+use crate::bench::load::senders::{Client, sender};
 
 mod procfs;
 mod report;
 mod schedule;
-mod slots;
+mod senders;
 mod tally;
 
 #[cfg(test)]
@@ -54,7 +54,7 @@ mod tests;
 pub use procfs::{cpu_ticks, listening_inodes, local_port, pid_listening_on, process_cpu};
 pub use report::{LoadReport, json_report, text_report};
 pub use schedule::{NOT_SENT, due_before, due_time, message_interval};
-pub use slots::{HEALTH_CHECKED_SERVICE, message_queries, workload_queries};
+pub use senders::{HEALTH_CHECKED_SERVICE, message_queries, workload_queries};
 pub use tally::{ID_MISMATCH, NOT_SERVING, Tally, code_name};
 
 /// `ckf load`.
@@ -138,15 +138,15 @@ pub async fn run(args: LoadArgs) -> Result<()> {
         })
     };
     let (pacer, paced) = if interval.is_some() {
-        // Bounded: a rate above what the slots sustain must not queue messages without bound.
+        // Bounded: a rate above what the senders sustain must not queue messages without bound.
         let (tx, rx) = flume::bounded(args.concurrency);
         (Some(pace(Arc::clone(&schedule), tx)), Some(rx))
     } else {
         (None, None)
     };
-    let slots: Vec<_> = (0..args.concurrency)
+    let senders: Vec<_> = (0..args.concurrency)
         .map(|i| {
-            tokio::spawn(slot(
+            tokio::spawn(sender(
                 clients[i % clients.len()].clone(),
                 args.mode,
                 per_message,
@@ -167,8 +167,8 @@ pub async fn run(args: LoadArgs) -> Result<()> {
     };
     drop(paced);
     let mut tally = Tally::new();
-    for slot in slots {
-        tally.merge(&slot.await.context("a load slot panicked")?);
+    for sender in senders {
+        tally.merge(&sender.await.context("a load sender panicked")?);
     }
     let elapsed = start.elapsed();
     if let Some(pacer) = pacer {

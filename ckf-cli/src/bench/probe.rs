@@ -71,7 +71,7 @@ impl Probes {
         }
     }
 
-    /// Claims the DC's single probe slot; `false` when a probe is already running there.
+    /// Claims the DC's single probe rank_id; `false` when a probe is already running there.
     pub fn try_claim(&self, dc: usize) -> bool {
         !self.busy[dc].swap(true, Ordering::AcqRel)
     }

@@ -120,7 +120,7 @@ pub struct DcCost {
     pub oracle_blocks: u64,
     /// Blocks omitted for capacity since the producer started.
     pub omissions: u64,
-    /// Filter slot load, 0..1.
+    /// Filter rank_id load, 0..1.
     pub load_factor: f64,
     /// Buckets per table (8 bytes each, per lane on the indexer).
     pub bucket_count: u64,

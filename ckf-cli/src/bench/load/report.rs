@@ -11,7 +11,7 @@ use crate::bench::load::tally::Tally;
 /// The outcome of a run (what the summary prints).
 #[derive(Debug)]
 pub struct LoadReport {
-    /// Every slot's tally merged.
+    /// Every sender's tally merged.
     pub tally: Tally,
     /// Wall time from the first send to the last answer.
     pub elapsed: Duration,

@@ -1,5 +1,5 @@
 //! The open loop's schedule: when each message is due (`--rate`), the pacer thread that hands
-//! due messages to free slots, and the messages that were due but not sent ([`NOT_SENT`]).
+//! due messages to free senders, and the messages that were due but not sent ([`NOT_SENT`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -48,7 +48,7 @@ pub fn message_interval(rate: f64, per_message: usize) -> Result<Duration> {
     Ok(interval)
 }
 
-/// The schedule every slot shares: which message is next and when to stop.
+/// The schedule every sender shares: which message is next and when to stop.
 pub(crate) struct Schedule {
     pub(crate) next: AtomicU64,
     pub(crate) start: Instant,
@@ -88,8 +88,8 @@ pub(crate) fn tighten_timer_slack() {
     }
 }
 
-/// The error key of the open-loop messages due before the end of the run that no slot was
-/// free to send by then (the rate is above what `--concurrency` slots sustain).
+/// The error key of the open-loop messages due before the end of the run that no sender was
+/// free to send by then (the rate is above what `--concurrency` senders sustain).
 pub const NOT_SENT: &str = "NOT_SENT";
 
 /// How many messages of an open-loop run are due before `end` (`interval` apart from `start`,
@@ -102,7 +102,7 @@ pub fn due_before(start: Instant, end: Instant, interval: Duration, messages: Op
 }
 
 /// The open-loop pacer: a thread that releases every message of `schedule` at its due time
-/// into `tx` (bounded by the caller; when every slot is busy and the queue is full the pacer
+/// into `tx` (bounded by the caller; when every sender is busy and the queue is full the pacer
 /// waits, and the waiting message's latency still starts at its due time). A thread with
 /// `std::thread::sleep` and not a tokio timer, whose millisecond ticks would add up to a
 /// millisecond of the generator's own lateness to every latency. The thread's timer slack is
@@ -112,7 +112,7 @@ pub fn due_before(start: Instant, end: Instant, interval: Duration, messages: Op
 ///
 /// Returns the messages due before the end that it never released: once the end has passed,
 /// a backlog sent late would stretch the run far past `--duration` (without bound for a rate
-/// far above what the slots sustain), so it is counted as [`NOT_SENT`] instead.
+/// far above what the senders sustain), so it is counted as [`NOT_SENT`] instead.
 pub(crate) fn pace(
     schedule: Arc<Schedule>,
     tx: flume::Sender<(u64, Instant)>,

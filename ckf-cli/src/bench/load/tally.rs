@@ -39,13 +39,13 @@ pub const ID_MISMATCH: &str = "ID_MISMATCH";
 /// The error key of a health check answered with a status other than `SERVING`.
 pub const NOT_SERVING: &str = "NOT_SERVING";
 
-/// The counts and latencies of one slot (merged at the end).
+/// The counts and latencies of one sender (merged at the end).
 #[derive(Debug)]
 pub struct Tally {
     /// Latency per answered message, nanoseconds.
     pub latency: Histogram<u64>,
-    /// Open loop only: per sent message, nanoseconds from its due time to when a slot sent it
-    /// (the pacer thread's own lateness, the hand-off to a slot and any wait for a free slot).
+    /// Open loop only: per sent message, nanoseconds from its due time to when a sender sent it
+    /// (the pacer thread's own lateness, the hand-off to a sender and any wait for a free sender).
     /// Part of `latency`: it tells how much of a tail the load generator itself added.
     pub send_delay: Histogram<u64>,
     /// Messages answered.

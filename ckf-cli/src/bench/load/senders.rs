@@ -1,4 +1,4 @@
-//! The request slots: the queries each message carries, and one slot's loop per mode (unary,
+//! The senders: the queries each message carries, and one sender's loop per mode (unary,
 //! batch, stream, tokens, health) sending messages and recording their answers.
 
 use std::path::Path;
@@ -61,8 +61,8 @@ pub(crate) struct Client {
     pub(crate) health: HealthClient<AuthedChannel>,
 }
 
-/// One slot: sends messages until the schedule ends, tallying answers and errors.
-pub(crate) async fn slot(
+/// One sender: sends messages until the schedule ends, tallying answers and errors.
+pub(crate) async fn sender(
     mut client: Client,
     mode: LoadMode,
     per_message: usize,
@@ -72,7 +72,7 @@ pub(crate) async fn slot(
     paced: Option<flume::Receiver<(u64, Instant)>>,
 ) -> Tally {
     let mut tally = Tally::new();
-    // Stream mode: the slot's open stream (request sender, answers), reopened after an error.
+    // Stream mode: the sender's open stream (request sender, answers), reopened after an error.
     let mut stream: Option<(
         mpsc::Sender<v1::FindMatchesStreamRequest>,
         tonic::Streaming<v1::FindMatchesStreamResponse>,
@@ -164,7 +164,7 @@ pub(crate) async fn slot(
     tally
 }
 
-/// Sends message `id` on the slot's stream (opening it first if needed) and waits for its
+/// Sends message `id` on the sender's stream (opening it first if needed) and waits for its
 /// answer, which must carry the same id.
 pub(crate) async fn stream_one(
     client: &mut Client,
