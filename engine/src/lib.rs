@@ -6,7 +6,7 @@
 //!
 //! | module | owns |
 //! | --- | --- |
-//! | [`frame`] | ZMQ multipart frames: `[topic, sequence, payload]`, replay replies and end marker |
+//! | [`message`] | ZMQ multipart messages: `[topic, sequence, payload]`, replay replies and end marker |
 //! | [`event`] | decoded engine batches and events, engine block hashes as 64 bits |
 //! | [`wire`] | msgpack decoding of batches and events (tagged maps and positional arrays) |
 //! | [`filters`] | which events enter the filter: medium, KV-cache group, block size |
@@ -20,7 +20,7 @@ pub mod encode;
 pub mod event;
 pub mod feed;
 pub mod filters;
-pub mod frame;
+pub mod message;
 pub mod lineage;
 pub mod sequence;
 pub mod wire;

@@ -3,7 +3,7 @@
 
 use ckf_core::dc::MemberId;
 use ckf_engine::filters::EngineFilters;
-use ckf_engine::frame::EngineFrame;
+use ckf_engine::message::EngineMessage;
 use ckf_engine::lineage::Lineage;
 use ckf_engine::wire::{DecodeLimits, decode_batch};
 use proptest::prelude::*;
@@ -73,7 +73,7 @@ proptest! {
     #[test]
     fn random_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
         exercise(&bytes);
-        let _ = EngineFrame::parse(&[&bytes[..bytes.len().min(8)], &bytes]);
+        let _ = EngineMessage::parse(&[&bytes[..bytes.len().min(8)], &bytes]);
     }
 
     #[test]

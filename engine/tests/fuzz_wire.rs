@@ -1,10 +1,10 @@
 //! Hostile engine publisher messages on raw bytes: multipart ZMQ messages with any number of
-//! parts of any length (`EngineFrame::parse`), then their payloads through `decode_batch`;
+//! parts of any length (`EngineMessage::parse`), then their payloads through `decode_batch`;
 //! msgpack headers that claim huge lengths (str/bin/array/map 32-bit counts) or nest deeply.
 //! Nothing panics or allocates what a header claims (inputs are a few hundred bytes, so every
 //! run is bounded), and every refusal is a typed error with one of the documented labels.
 
-use ckf_engine::frame::{EngineFrame, FrameError};
+use ckf_engine::message::{EngineMessage, MessageError};
 use ckf_engine::wire::{DecodeLimits, decode_batch};
 use proptest::prelude::*;
 
@@ -94,7 +94,7 @@ proptest! {
         parts in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..24), 0..5),
     ) {
         let slices: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
-        match EngineFrame::parse(&slices) {
+        match EngineMessage::parse(&slices) {
             Ok(frame) => {
                 prop_assert!(matches!(slices.len(), 2 | 3));
                 let seq = slices[slices.len() - 2];
@@ -102,11 +102,11 @@ proptest! {
                 prop_assert_eq!(&frame.payload[..], slices[slices.len() - 1]);
                 decode_checked(&frame.payload);
             }
-            Err(FrameError::PartCount(n)) => {
+            Err(MessageError::PartCount(n)) => {
                 prop_assert!(!matches!(n, 2 | 3));
                 prop_assert_eq!(n, slices.len());
             }
-            Err(FrameError::SequenceLength(n)) => {
+            Err(MessageError::SequenceLength(n)) => {
                 prop_assert_ne!(n, 8);
                 prop_assert_eq!(n, slices[slices.len() - 2].len());
             }

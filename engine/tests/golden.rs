@@ -8,7 +8,7 @@ use ckf_core::tokens::{
 };
 use ckf_engine::event::{BlockExtras, EngineEvent, RemovedBlocks};
 use ckf_engine::filters::{EngineFilters, Skip};
-use ckf_engine::frame::EngineFrame;
+use ckf_engine::message::EngineMessage;
 use ckf_engine::lineage::{Lineage, SkipReason};
 use ckf_engine::wire::{DecodeLimits, IMAGE_DIGEST_TOKEN, decode_batch};
 
@@ -614,7 +614,7 @@ fn trtllm_groups_only_the_main_group_enters() {
 #[test]
 fn trtllm_frames_parse() {
     let payload = fixture("trtllm_lora_id");
-    let live = EngineFrame::parse(&[b"", &0u64.to_be_bytes(), &payload]).unwrap();
+    let live = EngineMessage::parse(&[b"", &0u64.to_be_bytes(), &payload]).unwrap();
     assert_eq!((live.topic.len(), live.sequence), (0, 0));
     assert!(!live.is_replay_end());
     assert_eq!(
@@ -623,11 +623,11 @@ fn trtllm_frames_parse() {
             .dp_rank,
         Some(1)
     );
-    let topic = EngineFrame::parse(&[b"kv@0", &41u64.to_be_bytes(), &payload]).unwrap();
+    let topic = EngineMessage::parse(&[b"kv@0", &41u64.to_be_bytes(), &payload]).unwrap();
     assert_eq!((topic.topic, topic.sequence), (b"kv@0".to_vec(), 41));
-    let reply = EngineFrame::parse(&[b"kv@0", &5u64.to_be_bytes(), &payload]).unwrap();
+    let reply = EngineMessage::parse(&[b"kv@0", &5u64.to_be_bytes(), &payload]).unwrap();
     assert!(!reply.is_replay_end());
-    let end = EngineFrame::parse(&[b"", &(-1i64).to_be_bytes(), b""]).unwrap();
+    let end = EngineMessage::parse(&[b"", &(-1i64).to_be_bytes(), b""]).unwrap();
     assert_eq!(end.sequence, -1);
     assert!(end.is_replay_end());
 }

@@ -1,8 +1,8 @@
 //! Raw bytes as a ZMQ multipart message (parts split at `0xff 0x00`), through
-//! `EngineFrame::parse` and then `decode_batch` on the payload.
+//! `EngineMessage::parse` and then `decode_batch` on the payload.
 #![no_main]
 
-use ckf_engine::frame::EngineFrame;
+use ckf_engine::message::EngineMessage;
 use ckf_engine::wire::{DecodeLimits, decode_batch};
 use libfuzzer_sys::fuzz_target;
 
@@ -14,7 +14,7 @@ fuzz_target!(|data: &[u8]| {
         rest = &rest[at + 2..];
     }
     parts.push(rest);
-    if let Ok(frame) = EngineFrame::parse(&parts) {
+    if let Ok(frame) = EngineMessage::parse(&parts) {
         let _ = frame.is_replay_end();
         let _ = decode_batch(&frame.payload, &DecodeLimits::default());
     }

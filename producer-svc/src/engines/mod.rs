@@ -7,7 +7,7 @@
 //! | [`guard`] | the loopback proxy that bounds every engine connection's ZMTP frames before zeromq reads them |
 //! | [`metrics`] | `ckf_producer_engine_*` metrics |
 //!
-//! The rules are `ckf-engine`'s: frames ([`ckf_engine::frame`]), payload decoding
+//! The rules are `ckf-engine`'s: frames ([`ckf_engine::message`]), payload decoding
 //! ([`ckf_engine::wire`]), the sequence rule ([`ckf_engine::sequence`]), and, in the state
 //! actor, filters and lineage ([`ckf_engine::lineage`]). The tasks here only move bytes and
 //! execute the sequence rule's actions.

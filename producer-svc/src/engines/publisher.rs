@@ -19,7 +19,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use ckf_engine::event::{EngineBatch, EngineEvent};
-use ckf_engine::frame::EngineFrame;
+use ckf_engine::message::EngineMessage;
 use ckf_engine::sequence::{
     Action, PublisherSequence, ReplayFailure, ReplayKind, SequenceConfig, Uncertainty,
 };
@@ -93,10 +93,10 @@ impl Decoder {
             );
             // Keep its sequence so it is no gap.
             let refs: Vec<&[u8]> = parts.iter().map(AsRef::as_ref).collect();
-            return EngineFrame::sequence_of(&refs).map(|seq| (seq, None, false));
+            return EngineMessage::sequence_of(&refs).map(|seq| (seq, None, false));
         }
         let refs: Vec<&[u8]> = parts.iter().map(AsRef::as_ref).collect();
-        let frame = match EngineFrame::parse(&refs) {
+        let frame = match EngineMessage::parse(&refs) {
             Ok(f) => f,
             Err(e) => {
                 self.error(e.kind_label(), &e, log);
