@@ -119,7 +119,10 @@ mod tests {
     #[test]
     fn bad_frames() {
         assert_eq!(EngineMessage::parse(&[]), Err(MessageError::PartCount(0)));
-        assert_eq!(EngineMessage::parse(&[b"x"]), Err(MessageError::PartCount(1)));
+        assert_eq!(
+            EngineMessage::parse(&[b"x"]),
+            Err(MessageError::PartCount(1))
+        );
         let four: [&[u8]; 4] = [b"", b"", b"", b""];
         assert_eq!(EngineMessage::parse(&four), Err(MessageError::PartCount(4)));
         let e = EngineMessage::parse(&[b"t", b"1234567", b"p"]).unwrap_err();

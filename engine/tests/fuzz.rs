@@ -3,8 +3,8 @@
 
 use ckf_core::dc::MemberId;
 use ckf_engine::filters::EngineFilters;
-use ckf_engine::message::EngineMessage;
 use ckf_engine::lineage::Lineage;
+use ckf_engine::message::EngineMessage;
 use ckf_engine::wire::{DecodeLimits, decode_batch};
 use proptest::prelude::*;
 

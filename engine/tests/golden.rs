@@ -8,8 +8,8 @@ use ckf_core::tokens::{
 };
 use ckf_engine::event::{BlockExtras, EngineEvent, RemovedBlocks};
 use ckf_engine::filters::{EngineFilters, Skip};
-use ckf_engine::message::EngineMessage;
 use ckf_engine::lineage::{Lineage, SkipReason};
+use ckf_engine::message::EngineMessage;
 use ckf_engine::wire::{DecodeLimits, IMAGE_DIGEST_TOKEN, decode_batch};
 
 mod common;

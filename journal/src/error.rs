@@ -68,7 +68,7 @@ pub enum JournalError {
         /// What is wrong with it.
         fault: String,
     },
-    /// A checkpoint has no valid end frame, or a record count that does not match it.
+    /// A checkpoint has no valid end marker, or a record count that does not match it.
     #[error("{} is incomplete: {why}", path.display())]
     IncompleteCheckpoint {
         /// The file.

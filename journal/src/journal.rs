@@ -14,7 +14,7 @@ use crate::error::JournalError;
 use crate::header::StateIdentity;
 use crate::recovery::{self, Recovered};
 use crate::shared::Shared;
-use crate::{files, frame, writer};
+use crate::{files, writer};
 
 /// An open journal; see the crate docs. Dropping it commits what was queued, like
 /// [`Journal::close`], without reporting a failure.
@@ -143,9 +143,9 @@ impl Journal {
 
     /// Queues one record (non-blocking). It is on disk within one commit window; while the
     /// journal is failed it is dropped, and above `max_backlog_bytes` of queued bytes, or above
-    /// [`frame::MAX_RECORD_BYTES`] itself, it becomes a hole (see [`writer`]).
+    /// [`crate::record::MAX_RECORD_BYTES`] itself, it becomes a hole (see [`writer`]).
     pub fn append(&self, record: Vec<u8>) {
-        if record.len() > frame::MAX_RECORD_BYTES {
+        if record.len() > crate::record::MAX_RECORD_BYTES {
             self.send(writer::Msg::Oversized(record.len()));
             return;
         }
@@ -160,7 +160,7 @@ impl Journal {
     }
 
     /// Queues a checkpoint: `records` must hold the whole state after every record appended
-    /// so far. Each record is at most [`frame::MAX_RECORD_BYTES`].
+    /// so far. Each record is at most [`crate::record::MAX_RECORD_BYTES`].
     pub fn checkpoint(&self, records: Vec<Vec<u8>>) {
         self.checkpoint_with(move || records);
     }

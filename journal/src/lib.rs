@@ -8,7 +8,7 @@
 //!
 //! | concern | rule |
 //! | --- | --- |
-//! | integrity | every record and header carries a CRC-32C ([`frame`], [`header`]) |
+//! | integrity | every record and header carries a CRC-32C ([`record`], [`header`]) |
 //! | identity | every file names its pool and table format; another's is refused ([`StateIdentity`]) |
 //! | durability | records reach the kernel at once (a `kill -9` loses only what is still queued); group commit: one `fdatasync` per `commit_interval` window, on a sync thread ([`writer`]) |
 //! | recovery | newest checkpoint, then its segments in order; a torn tail of the newest segment (cut inside a record, or zero-filled) is cut off; any other damage is an error ([`recovery`]) |
@@ -25,9 +25,9 @@
 pub mod config;
 pub mod error;
 pub mod files;
-pub mod frame;
 pub mod header;
 mod journal;
+pub mod record;
 pub mod recovery;
 mod shared;
 pub mod writer;

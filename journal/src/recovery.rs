@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use crate::error::JournalError;
 use crate::files::{self, Listing};
-use crate::frame::{self, Frame, FrameFault};
 use crate::header::{self, FileKind, Header, StateIdentity};
+use crate::record::{self, Entry, EntryFault};
 
 /// A torn tail cut off the newest segment: what a `kill -9` or power loss during a write
 /// leaves. Everything before `offset` was recovered.
@@ -109,17 +109,17 @@ fn read_checkpoint(
     let (mut reader, mut offset) = open_checked(&path, FileKind::Checkpoint, number, identity)?;
     loop {
         let at = offset;
-        match frame::decode(&mut reader).map_err(JournalError::io("read", &path))? {
-            Ok(Frame::Record(payload)) => {
-                offset += (frame::FRAME_OVERHEAD + payload.len()) as u64;
+        match record::decode(&mut reader).map_err(JournalError::io("read", &path))? {
+            Ok(Entry::Record(payload)) => {
+                offset += (record::RECORD_OVERHEAD + payload.len()) as u64;
                 out.checkpoint.push(payload);
             }
-            Ok(Frame::End(count)) => {
+            Ok(Entry::End(count)) => {
                 if count != out.checkpoint.len() as u64 {
                     return Err(JournalError::IncompleteCheckpoint {
                         path,
                         why: format!(
-                            "its end frame counts {count} records, {} were read",
+                            "its end marker counts {count} records, {} were read",
                             out.checkpoint.len()
                         ),
                     });
@@ -128,10 +128,10 @@ fn read_checkpoint(
                 out.checkpoint_number = Some(number);
                 return Ok(());
             }
-            Ok(Frame::Eof) | Err(FrameFault::Truncated) => {
+            Ok(Entry::Eof) | Err(EntryFault::Truncated) => {
                 return Err(JournalError::IncompleteCheckpoint {
                     path,
-                    why: "it has no end frame".into(),
+                    why: "it has no end marker".into(),
                 });
             }
             Err(fault) => {
@@ -151,16 +151,16 @@ fn read_segment(
     number: u64,
     identity: &StateIdentity,
     out: &mut Recovered,
-) -> Result<(u64, Option<(u64, FrameFault)>), JournalError> {
+) -> Result<(u64, Option<(u64, EntryFault)>), JournalError> {
     let (mut reader, mut offset) = open_checked(path, FileKind::Segment, number, identity)?;
     loop {
-        match frame::decode(&mut reader).map_err(JournalError::io("read", path))? {
-            Ok(Frame::Record(payload)) => {
-                offset += (frame::FRAME_OVERHEAD + payload.len()) as u64;
+        match record::decode(&mut reader).map_err(JournalError::io("read", path))? {
+            Ok(Entry::Record(payload)) => {
+                offset += (record::RECORD_OVERHEAD + payload.len()) as u64;
                 out.records.push(payload);
             }
-            Ok(Frame::Eof) => return Ok((offset, None)),
-            Ok(Frame::End(_)) => return Ok((offset, Some((offset, FrameFault::Checksum)))),
+            Ok(Entry::Eof) => return Ok((offset, None)),
+            Ok(Entry::End(_)) => return Ok((offset, Some((offset, EntryFault::Checksum)))),
             Err(fault) => return Ok((offset, Some((offset, fault)))),
         }
     }
@@ -290,7 +290,7 @@ pub(crate) fn recover(
             let last_with_records =
                 Some(n) == newest || later_hold_no_records(dir, &live[i + 1..], identity)?;
             let torn =
-                last_with_records && (fault == FrameFault::Truncated || zeros_from(&path, offset)?);
+                last_with_records && (fault == EntryFault::Truncated || zeros_from(&path, offset)?);
             if !torn {
                 return Err(JournalError::Corrupt {
                     path,

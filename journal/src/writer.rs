@@ -38,8 +38,8 @@ use std::time::Instant;
 
 use crate::config::{JournalConfig, JournalObserver};
 use crate::files;
-use crate::frame;
 use crate::header::{self, FileKind, Header, StateIdentity};
+use crate::record;
 use crate::recovery;
 use crate::shared::Shared;
 
@@ -47,7 +47,7 @@ pub(crate) enum Msg {
     Append(Vec<u8>),
     /// A record that could not be queued: the log must not go on past it.
     Hole,
-    /// A record above `frame::MAX_RECORD_BYTES` (its length): a hole too.
+    /// A record above `record::MAX_RECORD_BYTES` (its length): a hole too.
     Oversized(usize),
     /// A checkpoint; the function makes its records (on the thread that writes it).
     Checkpoint(BuildRecords),
@@ -216,7 +216,7 @@ impl Writer {
                 Some(Msg::Oversized(len)) => self.hole(|_| {
                     format!(
                         "a record of {len} bytes exceeds the {}-byte record limit",
-                        frame::MAX_RECORD_BYTES
+                        record::MAX_RECORD_BYTES
                     )
                 }),
                 Some(Msg::Checkpoint(records)) => self.checkpoint(records),
@@ -264,11 +264,11 @@ impl Writer {
             self.shared.dropped_records.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        if let Err(e) = frame::encode(&record, &mut self.file) {
+        if let Err(e) = record::encode(&record, &mut self.file) {
             self.fail(format!("write {}: {e}", self.segment_path().display()));
             return;
         }
-        let bytes = (frame::FRAME_OVERHEAD + record.len()) as u64;
+        let bytes = (record::RECORD_OVERHEAD + record.len()) as u64;
         self.pending_bytes += bytes;
         self.shared
             .log_bytes_since_checkpoint
@@ -562,9 +562,9 @@ impl CheckpointJob {
         let written = (|| {
             header::encode(&header, &mut out)?;
             for record in records {
-                frame::encode(record, &mut out)?;
+                record::encode(record, &mut out)?;
             }
-            frame::encode_end(records.len() as u64, &mut out)?;
+            record::encode_end(records.len() as u64, &mut out)?;
             let file = out.into_inner().map_err(|e| e.into_error())?;
             file.sync_all()?;
             file.metadata().map(|m| m.len())

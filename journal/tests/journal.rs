@@ -324,7 +324,7 @@ fn an_oversized_record_fails_the_journal_instead_of_the_process() {
     let dir = tempfile::tempdir().unwrap();
     let (j, _) = open(dir.path()).unwrap();
     j.append(rec(1));
-    j.append(vec![0u8; ckf_journal::frame::MAX_RECORD_BYTES + 1]);
+    j.append(vec![0u8; ckf_journal::record::MAX_RECORD_BYTES + 1]);
     j.append(rec(2)); // after the hole: dropped, never written past it
     let err = j.sync().unwrap_err();
     assert!(err.contains("exceeds"), "{err}");

@@ -40,7 +40,7 @@ use crate::events::IngestEvent;
 pub const RECORD_VERSION: u32 = 2;
 
 /// Blocks per checkpoint record at most (~9 bytes each encoded): records stay far below
-/// `ckf_journal::frame::MAX_RECORD_BYTES`, and a checkpoint is written in pieces of a few MiB.
+/// `ckf_journal::record::MAX_RECORD_BYTES`, and a checkpoint is written in pieces of a few MiB.
 const BLOCKS_PER_RECORD: usize = 1 << 20;
 
 /// One engine publisher socket, as journaled.

@@ -5,8 +5,8 @@
 //! every odd number of bit errors in a record; it is what ext4, Btrfs, iSCSI and RocksDB use for
 //! the same job.
 //!
-//! A checkpoint ends with an *end frame*: `len == END_MARKER`, then the number of records
-//! before it (`u64 LE`) and the CRC-32C of those 8 bytes. A checkpoint without its end frame is
+//! A checkpoint ends with an *end marker*: `len == END_MARKER`, then the number of records
+//! before it (`u64 LE`) and the CRC-32C of those 8 bytes. A checkpoint without its end marker is
 //! incomplete and never used.
 
 use std::io::{self, Read, Write};
@@ -15,11 +15,11 @@ use std::io::{self, Read, Write};
 /// recovery; producers split larger images into several records.
 pub const MAX_RECORD_BYTES: usize = 256 << 20;
 
-/// `len` value that marks a checkpoint's end frame.
+/// `len` value that marks a checkpoint's end marker.
 pub(crate) const END_MARKER: u32 = u32::MAX;
 
 /// Bytes of a record's `len | crc` prefix.
-pub const FRAME_OVERHEAD: usize = 8;
+pub const RECORD_OVERHEAD: usize = 8;
 
 /// Appends one framed record to `out`.
 ///
@@ -31,14 +31,14 @@ pub(crate) fn encode(payload: &[u8], out: &mut impl Write) -> io::Result<()> {
         "record of {} bytes: records hold 1..=MAX_RECORD_BYTES bytes",
         payload.len()
     );
-    let mut prefix = [0u8; FRAME_OVERHEAD];
+    let mut prefix = [0u8; RECORD_OVERHEAD];
     prefix[..4].copy_from_slice(&(payload.len() as u32).to_le_bytes());
     prefix[4..].copy_from_slice(&crc32c::crc32c(payload).to_le_bytes());
     out.write_all(&prefix)?;
     out.write_all(payload)
 }
 
-/// Appends a checkpoint's end frame for `records` records.
+/// Appends a checkpoint's end marker for `records` records.
 pub(crate) fn encode_end(records: u64, out: &mut impl Write) -> io::Result<()> {
     let count = records.to_le_bytes();
     out.write_all(&END_MARKER.to_le_bytes())?;
@@ -46,21 +46,21 @@ pub(crate) fn encode_end(records: u64, out: &mut impl Write) -> io::Result<()> {
     out.write_all(&crc32c::crc32c(&count).to_le_bytes())
 }
 
-/// One frame as read back.
+/// One entry as read back.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Frame {
+pub(crate) enum Entry {
     /// A record whose checksum matched.
     Record(Vec<u8>),
-    /// A checkpoint's end frame with a valid checksum: the number of records before it.
+    /// A checkpoint's end marker with a valid checksum: the number of records before it.
     End(u64),
-    /// Clean end of input, at a frame boundary.
+    /// Clean end of input, at a record boundary.
     Eof,
 }
 
-/// Why a frame could not be read. `offset` is where the bad frame starts in the file.
+/// Why an entry could not be read. `offset` is where the bad entry starts in the file.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum FrameFault {
-    /// The input ended inside a frame (a torn write).
+pub(crate) enum EntryFault {
+    /// The input ended inside a record (a torn write).
     Truncated,
     /// The length is above [`MAX_RECORD_BYTES`].
     Oversized(u32),
@@ -71,7 +71,7 @@ pub(crate) enum FrameFault {
     Checksum,
 }
 
-impl std::fmt::Display for FrameFault {
+impl std::fmt::Display for EntryFault {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Truncated => f.write_str("the file ends inside a record (torn write)"),
@@ -87,12 +87,12 @@ impl std::fmt::Display for FrameFault {
 
 /// Reads exactly `buf.len()` bytes; `Ok(false)` on a clean EOF before the first byte,
 /// `Err(Truncated)` on an EOF after it.
-fn read_full(input: &mut impl Read, buf: &mut [u8]) -> io::Result<Result<bool, FrameFault>> {
+fn read_full(input: &mut impl Read, buf: &mut [u8]) -> io::Result<Result<bool, EntryFault>> {
     let mut filled = 0;
     while filled < buf.len() {
         match input.read(&mut buf[filled..]) {
             Ok(0) if filled == 0 => return Ok(Ok(false)),
-            Ok(0) => return Ok(Err(FrameFault::Truncated)),
+            Ok(0) => return Ok(Err(EntryFault::Truncated)),
             Ok(n) => filled += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
@@ -101,12 +101,12 @@ fn read_full(input: &mut impl Read, buf: &mut [u8]) -> io::Result<Result<bool, F
     Ok(Ok(true))
 }
 
-/// Reads the next frame. I/O errors are `Err`; damaged frames are `Ok(Err(fault))`.
-pub(crate) fn decode(input: &mut impl Read) -> io::Result<Result<Frame, FrameFault>> {
-    let mut prefix = [0u8; FRAME_OVERHEAD];
+/// Reads the next entry. I/O errors are `Err`; damaged entries are `Ok(Err(fault))`.
+pub(crate) fn decode(input: &mut impl Read) -> io::Result<Result<Entry, EntryFault>> {
+    let mut prefix = [0u8; RECORD_OVERHEAD];
     match read_full(input, &mut prefix)? {
         Ok(true) => {}
-        Ok(false) => return Ok(Ok(Frame::Eof)),
+        Ok(false) => return Ok(Ok(Entry::Eof)),
         Err(fault) => return Ok(Err(fault)),
     }
     let len = u32::from_le_bytes(prefix[..4].try_into().expect("4 bytes"));
@@ -116,7 +116,7 @@ pub(crate) fn decode(input: &mut impl Read) -> io::Result<Result<Frame, FrameFau
         let mut rest = [0u8; 8];
         match read_full(input, &mut rest)? {
             Ok(true) => {}
-            Ok(false) => return Ok(Err(FrameFault::Truncated)),
+            Ok(false) => return Ok(Err(EntryFault::Truncated)),
             Err(fault) => return Ok(Err(fault)),
         }
         let mut count = [0u8; 8];
@@ -124,26 +124,26 @@ pub(crate) fn decode(input: &mut impl Read) -> io::Result<Result<Frame, FrameFau
         count[4..].copy_from_slice(&rest[..4]);
         let stored = u32::from_le_bytes(rest[4..].try_into().expect("4 bytes"));
         if crc32c::crc32c(&count) != stored {
-            return Ok(Err(FrameFault::Checksum));
+            return Ok(Err(EntryFault::Checksum));
         }
-        return Ok(Ok(Frame::End(u64::from_le_bytes(count))));
+        return Ok(Ok(Entry::End(u64::from_le_bytes(count))));
     }
     if len == 0 {
-        return Ok(Err(FrameFault::Empty));
+        return Ok(Err(EntryFault::Empty));
     }
     if len as usize > MAX_RECORD_BYTES {
-        return Ok(Err(FrameFault::Oversized(len)));
+        return Ok(Err(EntryFault::Oversized(len)));
     }
     let mut payload = vec![0u8; len as usize];
     match read_full(input, &mut payload)? {
         Ok(true) => {}
-        Ok(false) => return Ok(Err(FrameFault::Truncated)),
+        Ok(false) => return Ok(Err(EntryFault::Truncated)),
         Err(fault) => return Ok(Err(fault)),
     }
     if crc32c::crc32c(&payload) != crc {
-        return Ok(Err(FrameFault::Checksum));
+        return Ok(Err(EntryFault::Checksum));
     }
-    Ok(Ok(Frame::Record(payload)))
+    Ok(Ok(Entry::Record(payload)))
 }
 
 #[cfg(test)]
@@ -151,14 +151,14 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn read_all(bytes: &[u8]) -> (Vec<Frame>, Option<FrameFault>) {
+    fn read_all(bytes: &[u8]) -> (Vec<Entry>, Option<EntryFault>) {
         let mut input = bytes;
-        let mut frames = Vec::new();
+        let mut entries = Vec::new();
         loop {
             match decode(&mut input).unwrap() {
-                Ok(Frame::Eof) => return (frames, None),
-                Ok(f) => frames.push(f),
-                Err(fault) => return (frames, Some(fault)),
+                Ok(Entry::Eof) => return (entries, None),
+                Ok(f) => entries.push(f),
+                Err(fault) => return (entries, Some(fault)),
             }
         }
     }
@@ -174,26 +174,26 @@ mod tests {
                 encode(p, &mut bytes).unwrap();
             }
             encode_end(payloads.len() as u64, &mut bytes).unwrap();
-            let (frames, fault) = read_all(&bytes);
+            let (entries, fault) = read_all(&bytes);
             prop_assert_eq!(fault, None);
-            let mut expected: Vec<Frame> = payloads.iter().cloned().map(Frame::Record).collect();
-            expected.push(Frame::End(payloads.len() as u64));
-            prop_assert_eq!(frames, expected);
+            let mut expected: Vec<Entry> = payloads.iter().cloned().map(Entry::Record).collect();
+            expected.push(Entry::End(payloads.len() as u64));
+            prop_assert_eq!(entries, expected);
 
-            // Cutting anywhere but a frame boundary is a torn write, never a short record.
+            // Cutting anywhere but a record boundary is a torn write, never a short record.
             let at = cut.index(bytes.len());
-            let (frames, fault) = read_all(&bytes[..at]);
+            let (entries, fault) = read_all(&bytes[..at]);
             let mut boundary = 0;
             let mut boundaries = vec![0];
             for p in &payloads {
-                boundary += FRAME_OVERHEAD + p.len();
+                boundary += RECORD_OVERHEAD + p.len();
                 boundaries.push(boundary);
             }
             if boundaries.contains(&at) {
                 prop_assert_eq!(fault, None);
-                prop_assert_eq!(frames.len(), boundaries.iter().position(|&b| b == at).unwrap());
+                prop_assert_eq!(entries.len(), boundaries.iter().position(|&b| b == at).unwrap());
             } else {
-                prop_assert_eq!(fault, Some(FrameFault::Truncated));
+                prop_assert_eq!(fault, Some(EntryFault::Truncated));
             }
         }
 
@@ -206,19 +206,19 @@ mod tests {
             encode(&payload, &mut bytes).unwrap();
             let bit = bit.index(bytes.len() * 8);
             bytes[bit / 8] ^= 1 << (bit % 8);
-            let (frames, fault) = read_all(&bytes);
+            let (entries, fault) = read_all(&bytes);
             // A flip in the length makes it truncated/oversized/mismatched; anywhere else a
             // checksum mismatch. Never the original record, never a different one.
-            prop_assert!(frames.is_empty(), "read {:?}", frames);
+            prop_assert!(entries.is_empty(), "read {:?}", entries);
             prop_assert!(fault.is_some());
         }
     }
 
     #[test]
     fn zeros_are_not_records() {
-        let (frames, fault) = read_all(&[0u8; 64]);
-        assert!(frames.is_empty());
-        assert_eq!(fault, Some(FrameFault::Empty));
+        let (entries, fault) = read_all(&[0u8; 64]);
+        assert!(entries.is_empty());
+        assert_eq!(fault, Some(EntryFault::Empty));
     }
 
     #[test]
@@ -229,7 +229,7 @@ mod tests {
         let (_, fault) = read_all(&bytes);
         assert_eq!(
             fault,
-            Some(FrameFault::Oversized(MAX_RECORD_BYTES as u32 + 1))
+            Some(EntryFault::Oversized(MAX_RECORD_BYTES as u32 + 1))
         );
     }
 }
