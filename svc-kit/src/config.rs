@@ -483,35 +483,45 @@ mod tests {
         }
     }
 
-    // figment::Jail serialises environment changes, but it is behind a feature; these tests use
-    // unique prefixes instead so they never see each other's variables.
+    /// Runs `test` with `vars` set inside a `figment::Jail`: tests that touch the environment
+    /// run one at a time and it is restored after (each test also keeps its own prefix).
+    #[allow(clippy::result_large_err)] // the closure's error type is figment's, fixed by `Jail`
+    fn with_env(vars: &[(&str, &str)], test: impl FnOnce()) {
+        figment::Jail::expect_with(|jail| {
+            for (key, value) in vars {
+                jail.set_env(key, value);
+            }
+            test();
+            Ok(())
+        });
+    }
 
     #[test]
     fn layers_apply_in_order() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("c.toml");
-        std::fs::write(
-            &file,
-            "listen = \"file:1\"\n[limits]\nmax_bytes = 2048\nstreams = 3\n",
-        )
-        .unwrap();
-        // SAFETY (of intent): unique variable names; no other test reads them.
-        unsafe {
-            std::env::set_var("CKF_T1_LIMITS__STREAMS", "5");
-            std::env::set_var("CKF_T1_LISTEN", "env:1");
-        }
-        let layers = Layers {
-            env_prefix: "CKF_T1_",
-            file: Some(file),
-            overrides: Overrides::new()
-                .set("listen", Some("flag:1"))
-                .set::<u64>("limits.max_bytes", None),
-            aliases: &[],
-        };
-        let config: Sample = layers.load().unwrap();
-        assert_eq!(config.listen, "flag:1"); // flag beats env and file
-        assert_eq!(config.limits.streams, 5); // env beats file
-        assert_eq!(config.limits.max_bytes, 2048); // file beats default; absent flag ignored
+        with_env(
+            &[("CKF_T1_LIMITS__STREAMS", "5"), ("CKF_T1_LISTEN", "env:1")],
+            || {
+                let dir = tempfile::tempdir().unwrap();
+                let file = dir.path().join("c.toml");
+                std::fs::write(
+                    &file,
+                    "listen = \"file:1\"\n[limits]\nmax_bytes = 2048\nstreams = 3\n",
+                )
+                .unwrap();
+                let layers = Layers {
+                    env_prefix: "CKF_T1_",
+                    file: Some(file),
+                    overrides: Overrides::new()
+                        .set("listen", Some("flag:1"))
+                        .set::<u64>("limits.max_bytes", None),
+                    aliases: &[],
+                };
+                let config: Sample = layers.load().unwrap();
+                assert_eq!(config.listen, "flag:1"); // flag beats env and file
+                assert_eq!(config.limits.streams, 5); // env beats file
+                assert_eq!(config.limits.max_bytes, 2048); // file beats default; absent flag ignored
+            },
+        );
     }
 
     #[test]
@@ -522,43 +532,45 @@ mod tests {
 
     #[test]
     fn rule_violation_names_key_value_rule_and_source() {
-        unsafe { std::env::set_var("CKF_T3_LIMITS__MAX_BYTES", "12") };
-        let err = Layers::new("CKF_T3_").load::<Sample>().unwrap_err();
-        let text = err.to_string();
-        assert!(matches!(err, ConfigError::Invalid { .. }), "{text}");
-        assert!(text.contains("limits.max_bytes = 12"), "{text}");
-        assert!(text.contains("must be at least 1024"), "{text}");
-        assert!(text.contains("CKF_T3_"), "{text}");
+        with_env(&[("CKF_T3_LIMITS__MAX_BYTES", "12")], || {
+            let err = Layers::new("CKF_T3_").load::<Sample>().unwrap_err();
+            let text = err.to_string();
+            assert!(matches!(err, ConfigError::Invalid { .. }), "{text}");
+            assert!(text.contains("limits.max_bytes = 12"), "{text}");
+            assert!(text.contains("must be at least 1024"), "{text}");
+            assert!(text.contains("CKF_T3_"), "{text}");
+        });
     }
 
     #[test]
     fn wrong_type_and_unknown_key_are_refused() {
-        unsafe { std::env::set_var("CKF_T4_LIMITS__STREAMS", "many") };
-        let text = Layers::new("CKF_T4_")
-            .load::<Sample>()
-            .unwrap_err()
-            .to_string();
-        // figment names environment keys as spelled in the variable.
-        assert!(text.to_lowercase().contains("limits.streams"), "{text}");
-        assert!(text.contains("many"), "{text}");
+        with_env(&[("CKF_T4_LIMITS__STREAMS", "many")], || {
+            let text = Layers::new("CKF_T4_")
+                .load::<Sample>()
+                .unwrap_err()
+                .to_string();
+            // figment names environment keys as spelled in the variable.
+            assert!(text.to_lowercase().contains("limits.streams"), "{text}");
+            assert!(text.contains("many"), "{text}");
 
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("c.toml");
-        std::fs::write(&file, "lissten = \"x\"\n").unwrap();
-        let layers = Layers {
-            file: Some(file),
-            ..Layers::new("CKF_T5_")
-        };
-        let text = layers.load::<Sample>().unwrap_err().to_string();
-        assert!(text.contains("lissten"), "{text}");
+            let dir = tempfile::tempdir().unwrap();
+            let file = dir.path().join("c.toml");
+            std::fs::write(&file, "lissten = \"x\"\n").unwrap();
+            let layers = Layers {
+                file: Some(file),
+                ..Layers::new("CKF_T5_")
+            };
+            let text = layers.load::<Sample>().unwrap_err().to_string();
+            assert!(text.contains("lissten"), "{text}");
 
-        let layers = Layers {
-            overrides: Overrides::new().set("limits.max_bytes", Some(5u64)),
-            ..Layers::new("CKF_T7_")
-        };
-        let text = layers.load::<Sample>().unwrap_err().to_string();
-        assert!(text.contains("limits.max_bytes = 5"), "{text}");
-        assert!(text.contains("command-line flag"), "{text}");
+            let layers = Layers {
+                overrides: Overrides::new().set("limits.max_bytes", Some(5u64)),
+                ..Layers::new("CKF_T7_")
+            };
+            let text = layers.load::<Sample>().unwrap_err().to_string();
+            assert!(text.contains("limits.max_bytes = 5"), "{text}");
+            assert!(text.contains("command-line flag"), "{text}");
+        });
     }
 
     #[test]
@@ -582,120 +594,134 @@ mod tests {
 
     #[test]
     fn an_old_key_spelling_is_accepted_in_every_layer() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("c.toml");
-        std::fs::write(&file, "[limits]\nbytes_max = 2000\nstreams = 3\n").unwrap();
-        let layers = Layers {
-            file: Some(file),
-            aliases: ALIASES,
-            ..Layers::new("CKF_T9_")
-        };
-        let config: Sample = layers.load().unwrap();
-        assert_eq!((config.limits.max_bytes, config.limits.streams), (2000, 3));
+        with_env(&[("CKF_T10_LIMITS__BYTES_MAX", "3000")], || {
+            let dir = tempfile::tempdir().unwrap();
+            let file = dir.path().join("c.toml");
+            std::fs::write(&file, "[limits]\nbytes_max = 2000\nstreams = 3\n").unwrap();
+            let layers = Layers {
+                file: Some(file),
+                aliases: ALIASES,
+                ..Layers::new("CKF_T9_")
+            };
+            let config: Sample = layers.load().unwrap();
+            assert_eq!((config.limits.max_bytes, config.limits.streams), (2000, 3));
+            let layers = Layers {
+                aliases: ALIASES,
+                ..Layers::new("CKF_T10_")
+            };
+            assert_eq!(layers.load::<Sample>().unwrap().limits.max_bytes, 3000);
 
-        unsafe { std::env::set_var("CKF_T10_LIMITS__BYTES_MAX", "3000") };
-        let layers = Layers {
-            aliases: ALIASES,
-            ..Layers::new("CKF_T10_")
-        };
-        assert_eq!(layers.load::<Sample>().unwrap().limits.max_bytes, 3000);
+            let layers = Layers {
+                overrides: Overrides::new().set("limits.bytes_max", Some(4000u64)),
+                aliases: ALIASES,
+                ..Layers::new("CKF_T11_")
+            };
+            assert_eq!(layers.load::<Sample>().unwrap().limits.max_bytes, 4000);
 
-        let layers = Layers {
-            overrides: Overrides::new().set("limits.bytes_max", Some(4000u64)),
-            aliases: ALIASES,
-            ..Layers::new("CKF_T11_")
-        };
-        assert_eq!(layers.load::<Sample>().unwrap().limits.max_bytes, 4000);
-
-        // Without the alias the old spelling is an unknown key.
-        let layers = Layers {
-            overrides: Overrides::new().set("limits.bytes_max", Some(4000u64)),
-            ..Layers::new("CKF_T11_")
-        };
-        assert!(matches!(layers.load::<Sample>(), Err(ConfigError::Load(_))));
+            // Without the alias the old spelling is an unknown key.
+            let layers = Layers {
+                overrides: Overrides::new().set("limits.bytes_max", Some(4000u64)),
+                ..Layers::new("CKF_T11_")
+            };
+            assert!(matches!(layers.load::<Sample>(), Err(ConfigError::Load(_))));
+        });
     }
 
     #[test]
     fn across_layers_the_later_spelling_wins() {
-        // Old spelling in the environment, new one on the command line: the flag wins.
-        unsafe { std::env::set_var("CKF_T12_LIMITS__BYTES_MAX", "3000") };
-        let layers = Layers {
-            overrides: Overrides::new().set("limits.max_bytes", Some(4000u64)),
-            aliases: ALIASES,
-            ..Layers::new("CKF_T12_")
-        };
-        assert_eq!(layers.load::<Sample>().unwrap().limits.max_bytes, 4000);
-        // New spelling in the file, old one in the environment: the environment wins, and a
-        // rule it breaks is reported under the old spelling it used.
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("c.toml");
-        std::fs::write(&file, "[limits]\nmax_bytes = 2000\n").unwrap();
-        let layers = Layers {
-            file: Some(file.clone()),
-            aliases: ALIASES,
-            ..Layers::new("CKF_T12_")
-        };
-        assert_eq!(layers.load::<Sample>().unwrap().limits.max_bytes, 3000);
-        unsafe { std::env::set_var("CKF_T14_LIMITS__BYTES_MAX", "12") };
-        let layers = Layers {
-            file: Some(file),
-            aliases: ALIASES,
-            ..Layers::new("CKF_T14_")
-        };
-        let text = layers.load::<Sample>().unwrap_err().to_string();
-        assert!(text.contains("limits.bytes_max = 12"), "{text}");
+        with_env(
+            &[
+                ("CKF_T12_LIMITS__BYTES_MAX", "3000"),
+                ("CKF_T14_LIMITS__BYTES_MAX", "12"),
+            ],
+            || {
+                // Old spelling in the environment, new one on the command line: the flag wins.
+                let layers = Layers {
+                    overrides: Overrides::new().set("limits.max_bytes", Some(4000u64)),
+                    aliases: ALIASES,
+                    ..Layers::new("CKF_T12_")
+                };
+                assert_eq!(layers.load::<Sample>().unwrap().limits.max_bytes, 4000);
+                // New spelling in the file, old one in the environment: the environment wins, and a
+                // rule it breaks is reported under the old spelling it used.
+                let dir = tempfile::tempdir().unwrap();
+                let file = dir.path().join("c.toml");
+                std::fs::write(&file, "[limits]\nmax_bytes = 2000\n").unwrap();
+                let layers = Layers {
+                    file: Some(file.clone()),
+                    aliases: ALIASES,
+                    ..Layers::new("CKF_T12_")
+                };
+                assert_eq!(layers.load::<Sample>().unwrap().limits.max_bytes, 3000);
+                let layers = Layers {
+                    file: Some(file),
+                    aliases: ALIASES,
+                    ..Layers::new("CKF_T14_")
+                };
+                let text = layers.load::<Sample>().unwrap_err().to_string();
+                assert!(text.contains("limits.bytes_max = 12"), "{text}");
+            },
+        );
     }
 
     #[test]
     fn both_spellings_in_one_layer_are_refused_naming_both_and_the_source() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("c.toml");
-        std::fs::write(&file, "[limits]\nbytes_max = 2000\nmax_bytes = 2500\n").unwrap();
-        let layers = Layers {
-            file: Some(file.clone()),
-            aliases: ALIASES,
-            ..Layers::new("CKF_T15_")
-        };
-        let err = layers.load::<Sample>().unwrap_err();
-        let text = err.to_string();
-        assert!(matches!(err, ConfigError::Invalid { .. }), "{text}");
-        assert!(text.contains("limits.bytes_max = 2000"), "{text}");
-        assert!(text.contains("limits.max_bytes"), "{text}");
-        assert!(text.contains(file.to_str().unwrap()), "{text}");
+        with_env(
+            &[
+                ("CKF_T17_LIMITS__BYTES_MAX", "3000"),
+                ("CKF_T17_LIMITS__MAX_BYTES", "3500"),
+            ],
+            || {
+                let dir = tempfile::tempdir().unwrap();
+                let file = dir.path().join("c.toml");
+                std::fs::write(&file, "[limits]\nbytes_max = 2000\nmax_bytes = 2500\n").unwrap();
+                let layers = Layers {
+                    file: Some(file.clone()),
+                    aliases: ALIASES,
+                    ..Layers::new("CKF_T15_")
+                };
+                let err = layers.load::<Sample>().unwrap_err();
+                let text = err.to_string();
+                assert!(matches!(err, ConfigError::Invalid { .. }), "{text}");
+                assert!(text.contains("limits.bytes_max = 2000"), "{text}");
+                assert!(text.contains("limits.max_bytes"), "{text}");
+                // The file is named (figment shows it relative to the jail's working directory).
+                let dir_name = dir.path().file_name().unwrap().to_str().unwrap();
+                assert!(text.contains(&format!("{dir_name}/c.toml")), "{text}");
 
-        let layers = Layers {
-            overrides: Overrides::new()
-                .set("limits.max_bytes", Some(4000u64))
-                .set("limits.bytes_max", Some(5000u64)),
-            aliases: ALIASES,
-            ..Layers::new("CKF_T16_")
-        };
-        let text = layers.load::<Sample>().unwrap_err().to_string();
-        assert!(text.contains("limits.bytes_max = 5000"), "{text}");
-        assert!(text.contains("command-line flag"), "{text}");
-
-        unsafe { std::env::set_var("CKF_T17_LIMITS__BYTES_MAX", "3000") };
-        unsafe { std::env::set_var("CKF_T17_LIMITS__MAX_BYTES", "3500") };
-        let layers = Layers {
-            aliases: ALIASES,
-            ..Layers::new("CKF_T17_")
-        };
-        let text = layers.load::<Sample>().unwrap_err().to_string();
-        assert!(text.contains("limits.bytes_max = 3000"), "{text}");
-        assert!(text.contains("CKF_T17_"), "{text}");
+                let layers = Layers {
+                    overrides: Overrides::new()
+                        .set("limits.max_bytes", Some(4000u64))
+                        .set("limits.bytes_max", Some(5000u64)),
+                    aliases: ALIASES,
+                    ..Layers::new("CKF_T16_")
+                };
+                let text = layers.load::<Sample>().unwrap_err().to_string();
+                assert!(text.contains("limits.bytes_max = 5000"), "{text}");
+                assert!(text.contains("command-line flag"), "{text}");
+                let layers = Layers {
+                    aliases: ALIASES,
+                    ..Layers::new("CKF_T17_")
+                };
+                let text = layers.load::<Sample>().unwrap_err().to_string();
+                assert!(text.contains("limits.bytes_max = 3000"), "{text}");
+                assert!(text.contains("CKF_T17_"), "{text}");
+            },
+        );
     }
 
     #[test]
     fn a_rule_broken_under_the_old_spelling_names_the_old_spelling() {
-        unsafe { std::env::set_var("CKF_T13_LIMITS__BYTES_MAX", "12") };
-        let layers = Layers {
-            aliases: ALIASES,
-            ..Layers::new("CKF_T13_")
-        };
-        let text = layers.load::<Sample>().unwrap_err().to_string();
-        assert!(text.contains("limits.bytes_max = 12"), "{text}");
-        assert!(text.contains("must be at least 1024"), "{text}");
-        assert!(text.contains("CKF_T13_"), "{text}");
+        with_env(&[("CKF_T13_LIMITS__BYTES_MAX", "12")], || {
+            let layers = Layers {
+                aliases: ALIASES,
+                ..Layers::new("CKF_T13_")
+            };
+            let text = layers.load::<Sample>().unwrap_err().to_string();
+            assert!(text.contains("limits.bytes_max = 12"), "{text}");
+            assert!(text.contains("must be at least 1024"), "{text}");
+            assert!(text.contains("CKF_T13_"), "{text}");
+        });
     }
 
     #[test]
