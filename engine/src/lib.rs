@@ -13,9 +13,10 @@
 //! | [`lineage`] | per member: engine hash -> canonical hash, turning engine events into `KvEvent`s |
 //! | [`sequence`] | per publisher socket: the convergence rule (verify, fill, re-read, clear) over live and replayed batches and connection events |
 //! | [`feed`] | what a producer keeps between batches: lineage, filters, members fed and last batch per publisher socket |
-//! | [`encode`] | the vLLM encoding, for the built-in publisher (`ckf demo`) and tests |
+//! | `encode` | (feature `encode`) the vLLM encoding, for the built-in publisher (`ckf demo`) and tests |
 //! | [`zmtp`] | bounds on the raw ZMTP stream from an engine, checked before the ZMQ library reads it |
 
+#[cfg(feature = "encode")]
 pub mod encode;
 pub mod event;
 pub mod feed;
