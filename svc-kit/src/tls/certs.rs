@@ -10,6 +10,8 @@ use rustls::pki_types::pem::{self, PemObject};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::rustls;
 
+use crate::config::Invalid;
+
 /// A certificate, key or CA file that could not be used. Each message names the
 /// configuration key, the path and what is wrong.
 #[derive(Debug, thiserror::Error)]
@@ -237,5 +239,31 @@ pub(crate) fn certified_key(
             key_path: key_path.to_owned(),
         }),
         Err(e) => Err(rejected(e.to_string())),
+    }
+}
+
+/// The configuration rule both sides share: a certificate (`cert_file`) and its private key
+/// (`key_file`) come together or not at all.
+///
+/// # Errors
+/// [`Invalid`] naming `<section>.key_file`.
+pub(crate) fn check_cert_and_key(
+    section: &str,
+    cert_file: Option<&Path>,
+    key_file: Option<&Path>,
+) -> Result<(), Invalid> {
+    let key = |k: &str| format!("{section}.{k}");
+    match (cert_file, key_file) {
+        (Some(_), None) => Err(Invalid::new(
+            key("key_file"),
+            "(unset)",
+            format!("is required with {}", key("cert_file")),
+        )),
+        (None, Some(path)) => Err(Invalid::new(
+            key("key_file"),
+            path.display(),
+            format!("needs {} (the certificate of this key)", key("cert_file")),
+        )),
+        _ => Ok(()),
     }
 }

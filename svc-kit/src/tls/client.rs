@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use tonic::transport::Endpoint;
 
 use crate::config::Invalid;
-use crate::tls::certs::{TlsError, certified_key, read, read_ca_certificates};
+use crate::tls::certs::{TlsError, certified_key, check_cert_and_key, read, read_ca_certificates};
 
 /// The client side's TLS section (the producer's `[indexer_tls]`; ckf-cli's `--ca`, `--cert`,
 /// `--key`, `--server-name`). Paths are PEM files.
@@ -37,23 +37,7 @@ impl ClientTlsConfig {
     /// certificate or server name without `ca_file`; an empty `server_name`.
     pub fn check(&self, section: &str, endpoints: &[(String, &str)]) -> Result<(), Invalid> {
         let key = |k: &str| format!("{section}.{k}");
-        match (&self.cert_file, &self.key_file) {
-            (Some(_), None) => {
-                return Err(Invalid::new(
-                    key("key_file"),
-                    "(unset)",
-                    format!("is required with {}", key("cert_file")),
-                ));
-            }
-            (None, Some(path)) => {
-                return Err(Invalid::new(
-                    key("key_file"),
-                    path.display(),
-                    format!("needs {}", key("cert_file")),
-                ));
-            }
-            _ => {}
-        }
+        check_cert_and_key(section, self.cert_file.as_deref(), self.key_file.as_deref())?;
         if let Some(name) = &self.server_name
             && name.is_empty()
         {

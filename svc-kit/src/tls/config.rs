@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use crate::config::Invalid;
+use crate::tls::certs::check_cert_and_key;
 
 /// The configuration key (top level, both services) that lets a non-loopback listener serve
 /// without authorization ([`crate::tls::exposure`]).
@@ -95,23 +96,7 @@ impl ServerTlsConfig {
     /// `plaintext = true`; a nonzero `reload_interval_ms` below [`MIN_RELOAD_INTERVAL_MS`].
     pub fn check(&self, section: &str, listens: &[(&str, SocketAddr)]) -> Result<(), Invalid> {
         let key = |k: &str| format!("{section}.{k}");
-        match (&self.cert_file, &self.key_file) {
-            (Some(_), None) => {
-                return Err(Invalid::new(
-                    key("key_file"),
-                    "(unset)",
-                    format!("is required with {}", key("cert_file")),
-                ));
-            }
-            (None, Some(path)) => {
-                return Err(Invalid::new(
-                    key("key_file"),
-                    path.display(),
-                    format!("needs {} (the certificate of this key)", key("cert_file")),
-                ));
-            }
-            _ => {}
-        }
+        check_cert_and_key(section, self.cert_file.as_deref(), self.key_file.as_deref())?;
         if let (Some(ca), None) = (&self.client_ca_file, &self.cert_file) {
             return Err(Invalid::new(
                 key("client_ca_file"),
