@@ -11,6 +11,14 @@ if [[ "${CKF_SKIP_ENGINE_TESTS:-}" != "1" ]]; then
     export CKF_ENGINE_PYTHON
 fi
 cargo test --release --workspace
+# The Mooncake replay needs the public trace, which is not in the repository: #[ignore]d, run
+# here when the file is there (CKF_TRACE, or shared/data/traces beside the checkout, as in CI).
+trace="${CKF_TRACE:-$(pwd)/../shared/data/traces/mooncake_conversation_trace.jsonl}"
+if [[ -f "$trace" ]]; then
+    CKF_TRACE="$trace" cargo test --release -p ckf-cli --test replay_mooncake -- --ignored
+else
+    echo "note: no Mooncake trace at $trace: the trace replay test did not run" >&2
+fi
 # The full-disk tests mount a tmpfs, which needs root: #[ignore]d, run here when root (CI is).
 if [[ "$(id -u)" == "0" ]]; then
     cargo test --release -p ckf-e2e --test durability -- --ignored

@@ -17,7 +17,7 @@
 //! **token ids** (block seed 1337 plus any LoRA / cache-salt hash, chain seed 1337, the first
 //! block's sequence hash is its block hash). A Mooncake trace has no tokens, only one id per block (`hash_ids`), so a replay
 //! chains those ids with this simpler rule instead: it is the documented, stable rule of
-//! `ckf replay` and `ckf query --ids` (crate README, "Block hashing rule"), not a second
+//! `ckf replay` and `ckf query --ids` (docs/replay-report.md, "Block hashing rule"), not a second
 //! variant of the core's. Only `--feed zmq` turns trace ids into tokens and uses the core's
 //! rule ([`crate::bench::feed`]).
 

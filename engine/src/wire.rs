@@ -5,7 +5,7 @@
 //! anything is allocated for it, a value of the wrong type is skipped in place so the rest of
 //! the batch still decodes, and an `extra_keys` entry of unknown shape can be hashed over its
 //! exact msgpack bytes. The rules (batch and event shapes, block hashes, extra keys) are in the
-//! crate README, "Decoding rules"; the field names and orders are those of vLLM's and SGLang's
+//! docs/engine-wire.md; the field names and orders are those of vLLM's and SGLang's
 //! `kv_events.py` msgspec structs, and TensorRT-LLM's wire structs (its `pyexecutor`
 //! `kv_cache_events` module: tagged-map events with `mm_keys`, `lora_id` without `lora_name`,
 //! token ids that may be strings, an item's digest in place of its first token id: see

@@ -185,7 +185,7 @@ pub struct IndexerConfig {
     /// (tokio's default, or `TOKIO_WORKER_THREADS`). A program that calls [`crate::serve`]
     /// itself (`ckf demo`, an embedded replica) runs it on its own runtime, and this key is not
     /// read. On a host shared with the routers, 1 cost 0.7-0.8x the CPU per query at a few
-    /// calls in flight (README "Worker threads").
+    /// calls in flight (docs/performance.md, "The query RPC end to end").
     pub worker_threads: u32,
     /// TLS of the gRPC listener (`ckf_svc_kit::tls`): certificate, key, client CA, reload.
     pub tls: ServerTlsConfig,

@@ -9,7 +9,7 @@ use indexer_svc::{Cli, IndexerConfig, serve};
 
 // mimalloc instead of the system allocator: every query allocates its decoded request and its
 // answer (one block per query of a batch), and glibc's malloc/free took about a tenth of the
-// indexer's CPU under query load (README "The query RPC, end to end").
+// indexer's CPU under query load (docs/performance.md, "The query RPC end to end").
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

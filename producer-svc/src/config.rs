@@ -86,7 +86,7 @@ pub enum StartMode {
     #[default]
     Takeover,
     /// Attach `IF_VACANT`: stand by while another producer holds the pool live (hot standby;
-    /// README "Operations").
+    /// docs/operations.md, "Hot standby").
     IfVacant,
 }
 

@@ -127,8 +127,8 @@ pub struct ProcessSettings {
     pub log_format: LogFormat,
     /// Tokio worker threads, `0..=`[`MAX_WORKER_THREADS`]; 0 = tokio's default (one per CPU,
     /// or `TOKIO_WORKER_THREADS`). Fewer workers than CPUs suit a host shared with the
-    /// clients: a request then wakes fewer threads (measured in the root README, "Worker
-    /// threads").
+    /// clients: a request then wakes fewer threads (measured in docs/performance.md,
+    /// "The query RPC end to end").
     pub worker_threads: u32,
 }
 

@@ -98,8 +98,8 @@ impl GlobalCkfIndexer {
     /// and not at all when no lane is ready. Allocation-free; depths are capped at `u32::MAX`
     /// positions as in the slice form. Each step runs the slice kernel, whose prologue locates
     /// and prefetches the step's positions again (already cached: a few instructions per hash;
-    /// a loop pulling one hash per probe, without that, was tried and not shown faster:
-    /// ckf-core README, "Token queries: lazy hashing").
+    /// a loop pulling one hash per probe, without that, was tried and not shown faster with
+    /// `benches/tokens.rs`).
     pub fn find_prefix_matches_lazy<I>(&self, block_hashes: I) -> PrefixMatches
     where
         I: IntoIterator<Item = u64>,
@@ -111,7 +111,7 @@ impl GlobalCkfIndexer {
 
     /// Prefix depths of a request's token blocks ([`SequenceHashes`]), as `FindMatchesByTokens`
     /// answers: the same answer as [`GlobalCkfIndexer::find_prefix_matches`] on the collected
-    /// hashes, computed one of three ways (ckf-core README, "Token queries: lazy hashing"):
+    /// hashes, computed one of three ways (measured with `benches/tokens.rs`):
     /// * at most [`LAZY_MIN_BLOCKS`] full blocks: hashed whole onto the stack (no allocation)
     ///   and searched as a slice;
     /// * more, with at least [`LAZY_MIN_BLOCK_TOKENS`] tokens per block:

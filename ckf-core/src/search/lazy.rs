@@ -24,8 +24,8 @@ pub const LAZY_MIN_BLOCKS: usize = 2 * LAZY_STEP;
 /// long request lazily: the block size where hashing a block (~100 ns at 512 tokens) is slow
 /// enough for the memory system to keep up with the four row lines each pulled hash
 /// prefetches. At 512 it saved 17-19% at p99 on requests that stop matching halfway and cost
-/// 7-9% on ones that match to the end; at 16 and 128 it lost 1.35-1.43x at p99 (ckf-core
-/// README, "Token queries: lazy hashing").
+/// 7-9% on ones that match to the end; at 16 and 128 it lost 1.35-1.43x at p99
+/// (`benches/tokens.rs`).
 pub const LAZY_MIN_BLOCK_TOKENS: usize = 512;
 
 /// The lazy query's side of its iterator: pulls up to a step of hashes, prefetching each one's

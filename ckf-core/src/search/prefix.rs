@@ -13,7 +13,8 @@ use crate::bucket::{self, MAX_LANES, TransposedTable};
 /// cut the flushed-LLC p99 of Mooncake queries on 256 MiB / 1 GiB tables to ~0.75x the old
 /// scheme (a whole 8-position chunk's 32 lines prefetched at once, 8-16 positions ahead; the
 /// burst overflows the miss buffers), while 8 positions ahead was slower and 32 no better
-/// (ckf-core README, "Tails"). A multiple of the vector kernels' 8-position chunk.
+/// (`cargo bench -p ckf-core --bench search -- cold`; docs/performance.md, "Query search"). A
+/// multiple of the vector kernels' 8-position chunk.
 pub(crate) const PREFETCH_POSITIONS: usize = 24;
 const _: () = assert!(PREFETCH_POSITIONS.is_multiple_of(8) && PREFETCH_POSITIONS > 0);
 /// Ring of located positions (a power of two > PREFETCH_POSITIONS).

@@ -78,7 +78,7 @@ impl Decoder {
     /// sequence. On the replay path (`replay`), the end marker (sequence -1 or an empty
     /// payload, as vLLM and SGLang send it after every replay) is not decoded: it is no batch,
     /// and counting it as malformed would raise a decode error on every healthy replay.
-    fn frame(
+    fn message(
         &self,
         parts: &[Bytes],
         replay: bool,
@@ -474,7 +474,7 @@ impl PublisherTask {
             .with_label_values(&[p, e])
             .set(i64::try_from(now).unwrap_or(i64::MAX));
         let parts = msg.into_vec();
-        match self.decoder.frame(&parts, false, &state.log) {
+        match self.decoder.message(&parts, false, &state.log) {
             Some((seq, batch, _)) => {
                 let identity = batch.as_ref().map(EngineBatch::identity);
                 state.sequence.live(seq, identity, batch)
@@ -659,7 +659,7 @@ async fn replay(
             if parts.len() >= 3 && parts[0].is_empty() {
                 parts.remove(0);
             }
-            let Some((seq, batch, end)) = decoder.frame(&parts, true, &log) else {
+            let Some((seq, batch, end)) = decoder.message(&parts, true, &log) else {
                 return Err("a reply is not a frame".into());
             };
             let msg = if end {
