@@ -437,52 +437,28 @@ pub const MAX_MESSAGE_BYTES_LIMIT: u64 = 256 << 20;
 /// hundred buckets.
 pub const MIN_MESSAGE_BYTES_LIMIT: u64 = 4 << 10;
 
-impl ProducerConfig {
-    /// A configuration for tests and in-process use: defaults with the given pool and indexers,
-    /// listening on ephemeral loopback ports.
-    pub fn for_pool(domain: &str, dc: &str, indexers: Vec<String>) -> Self {
-        Self {
-            pool: PoolConfig {
-                domain: domain.into(),
-                dc: dc.into(),
-            },
-            indexers,
-            listen: "127.0.0.1:0".parse().expect("valid"),
-            metrics_listen: "127.0.0.1:0".parse().expect("valid"),
-            ..Self::default()
-        }
-    }
-
-    /// Checks every rule and returns the derived pool id and table format.
-    ///
-    /// # Errors
-    /// [`Invalid`] naming the first key that breaks its rule, its value and the rule.
-    pub fn pool_and_format(&self) -> Result<(PoolId, TableFormat), Invalid> {
-        if self.pool.dc.is_empty() {
+impl PoolConfig {
+    /// The pool this producer publishes: `pool.dc` is required, both names follow the core's
+    /// identity rules.
+    fn id(&self) -> Result<PoolId, Invalid> {
+        if self.dc.is_empty() {
             return Err(Invalid::new(
                 "pool.dc",
                 "\"\"",
                 "required: set --dc, CKF_PRODUCER_POOL__DC or pool.dc in the TOML file",
             ));
         }
-        let domain = ckf_core::identity::IndexerDomainId::new(self.pool.domain.clone())
-            .map_err(|e| Invalid::new("pool.domain", &self.pool.domain, e.to_string()))?;
-        let dc = ckf_core::identity::DcId::new(self.pool.dc.clone())
-            .map_err(|e| Invalid::new("pool.dc", &self.pool.dc, e.to_string()))?;
-        let format = self.table.format()?;
-        at_most(
-            "table.max_kicks",
-            self.max_kicks(),
-            ckf_core::dc::MAX_KICKS_LIMIT,
-            "",
-        )?;
-        at_most(
-            "table.reserve_blocks",
-            self.reserve_blocks(),
-            format.slot_count(),
-            "blocks (the table's slot count: a table tracks at most one block per slot)",
-        )?;
-        let p = &self.publication;
+        let domain = ckf_core::identity::IndexerDomainId::new(self.domain.clone())
+            .map_err(|e| Invalid::new("pool.domain", &self.domain, e.to_string()))?;
+        let dc = ckf_core::identity::DcId::new(self.dc.clone())
+            .map_err(|e| Invalid::new("pool.dc", &self.dc, e.to_string()))?;
+        Ok(PoolId { domain, dc })
+    }
+}
+
+impl PublicationConfig {
+    fn validate(&self) -> Result<(), Invalid> {
+        let p = self;
         at_least(
             "publication.batch_threshold",
             p.batch_threshold,
@@ -507,28 +483,13 @@ impl ProducerConfig {
             2,
             "queue entries",
         )?;
-        if self.indexers.is_empty() {
-            return Err(Invalid::new(
-                "indexers",
-                "[]",
-                "at least one indexer endpoint is required (--indexer http://host:port)",
-            ));
-        }
-        for (i, endpoint) in self.indexers.iter().enumerate() {
-            check_endpoint(endpoint)
-                .map_err(|rule| Invalid::new("indexers", format!("[{i}] {endpoint}"), rule))?;
-            if self.indexers[..i].contains(endpoint) {
-                return Err(Invalid::new("indexers", endpoint, "listed twice"));
-            }
-        }
-        let endpoints: Vec<(String, &str)> = self
-            .indexers
-            .iter()
-            .map(|url| ("indexers".to_owned(), url.as_str()))
-            .collect();
-        self.indexer_tls.check("indexer_tls", &endpoints)?;
-        self.tls.check("tls", &[("listen", self.listen)])?;
-        let r = &self.reconnect;
+        Ok(())
+    }
+}
+
+impl ReconnectConfig {
+    fn validate(&self) -> Result<(), Invalid> {
+        let r = self;
         at_least(
             "reconnect.initial_backoff_ms",
             r.initial_backoff_ms,
@@ -551,7 +512,13 @@ impl ProducerConfig {
             1,
             "millisecond",
         )?;
-        let l = &self.limits;
+        Ok(())
+    }
+}
+
+impl LimitsConfig {
+    fn validate(&self) -> Result<(), Invalid> {
+        let l = self;
         at_least(
             "limits.ingest_channel_capacity",
             l.ingest_channel_capacity,
@@ -572,6 +539,49 @@ impl ProducerConfig {
             MAX_TRACKED_SOURCES_LIMIT,
             "",
         )?;
+        Ok(())
+    }
+}
+
+impl ProducerConfig {
+    /// A configuration for tests and in-process use: defaults with the given pool and indexers,
+    /// listening on ephemeral loopback ports.
+    pub fn for_pool(domain: &str, dc: &str, indexers: Vec<String>) -> Self {
+        Self {
+            pool: PoolConfig {
+                domain: domain.into(),
+                dc: dc.into(),
+            },
+            indexers,
+            listen: "127.0.0.1:0".parse().expect("valid"),
+            metrics_listen: "127.0.0.1:0".parse().expect("valid"),
+            ..Self::default()
+        }
+    }
+
+    /// Checks every rule and returns the derived pool id and table format.
+    ///
+    /// # Errors
+    /// [`Invalid`] naming the first key that breaks its rule, its value and the rule.
+    pub fn pool_and_format(&self) -> Result<(PoolId, TableFormat), Invalid> {
+        let pool = self.pool.id()?;
+        let format = self.table.format()?;
+        at_most(
+            "table.max_kicks",
+            self.max_kicks(),
+            ckf_core::dc::MAX_KICKS_LIMIT,
+            "",
+        )?;
+        at_most(
+            "table.reserve_blocks",
+            self.reserve_blocks(),
+            format.slot_count(),
+            "blocks (the table's slot count: a table tracks at most one block per slot)",
+        )?;
+        self.publication.validate()?;
+        self.check_indexers()?;
+        self.reconnect.validate()?;
+        self.limits.validate()?;
         self.quotas.validate()?;
         at_least(
             "shutdown.drain_timeout_ms",
@@ -585,7 +595,33 @@ impl ProducerConfig {
         self.publishers()?;
         ingest_auth::validate(&self.ingest_auth, self.indexer_token_file.as_deref())?;
         self.exposure()?;
-        Ok((PoolId { domain, dc }, format))
+        Ok((pool, format))
+    }
+
+    /// The indexer endpoints: at least one, each a valid URL listed once, and the TLS settings
+    /// they need.
+    fn check_indexers(&self) -> Result<(), Invalid> {
+        if self.indexers.is_empty() {
+            return Err(Invalid::new(
+                "indexers",
+                "[]",
+                "at least one indexer endpoint is required (--indexer http://host:port)",
+            ));
+        }
+        for (i, endpoint) in self.indexers.iter().enumerate() {
+            check_endpoint(endpoint)
+                .map_err(|rule| Invalid::new("indexers", format!("[{i}] {endpoint}"), rule))?;
+            if self.indexers[..i].contains(endpoint) {
+                return Err(Invalid::new("indexers", endpoint, "listed twice"));
+            }
+        }
+        let endpoints: Vec<(String, &str)> = self
+            .indexers
+            .iter()
+            .map(|url| ("indexers".to_owned(), url.as_str()))
+            .collect();
+        self.indexer_tls.check("indexer_tls", &endpoints)?;
+        self.tls.check("tls", &[("listen", self.listen)])
     }
 
     /// Who may call the Ingest listener: guarded by `ingest_auth.required`; off loopback it is
