@@ -1,6 +1,7 @@
 //! The producer's half of the Relay protocol as pure rules: the terms a lease grant implies
-//! ([`LeaseTerms`]), when a barrier snapshot counts as installed ([`StreamProgress`]) and how the
-//! next attach is made after a session ends ([`AttachPolicy`]).
+//! ([`LeaseTerms`]), when a barrier snapshot counts as installed ([`StreamProgress`]), whether
+//! this producer itself was stalled ([`StallLog`]) and how the next attach is made after a
+//! session ends ([`AttachPolicy`]).
 //!
 //! The producer's relay session (one per configured indexer) does the I/O, the logging and the
 //! metrics; every decision it acts on is taken here (`docs/design.md`, "Publication protocol"
@@ -8,6 +9,7 @@
 //!
 //! Nothing here reads a clock: durations come in as arguments, so the tests need no runtime.
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use crate::failure::{Disposed, Disposition};
@@ -102,6 +104,56 @@ impl LeaseTerms {
     /// indexer's deadline: the indexer must have retired the attachment for it.
     pub fn outlived(&self, silence: Duration) -> bool {
         self.deadline.is_some_and(|d| silence >= d)
+    }
+}
+
+/// Gaps shorter than this are scheduling noise, not a stall.
+pub const MIN_STALL: Duration = Duration::from_millis(100);
+/// Stalls remembered (the most recent ones).
+const STALLS_KEPT: usize = 64;
+
+/// The recent times this process did not run at all (stopped, frozen VM, swapped out), as a
+/// ticker that should have run every few milliseconds saw them: each gap and when it ended.
+///
+/// It tells this producer's own silence from time spent waiting for the indexer: a session
+/// blocked on the indexer's flow control is not silent, and a stall that ended before a
+/// session began is not that session's. Generic over the caller's clock.
+#[derive(Debug, Clone)]
+pub struct StallLog<I> {
+    gaps: VecDeque<(I, Duration)>,
+}
+
+impl<I> Default for StallLog<I> {
+    fn default() -> Self {
+        Self {
+            gaps: VecDeque::new(),
+        }
+    }
+}
+
+impl<I: Copy + Ord> StallLog<I> {
+    /// The process did not run for `gap` up to `ended`. Gaps under [`MIN_STALL`] are ignored;
+    /// only the most recent ones are kept.
+    pub fn record(&mut self, ended: I, gap: Duration) {
+        if gap < MIN_STALL {
+            return;
+        }
+        if self.gaps.len() == STALLS_KEPT {
+            self.gaps.pop_front();
+        }
+        self.gaps.push_back((ended, gap));
+    }
+
+    /// The longest stall that ended at or after `since` (a session's start): with
+    /// [`LeaseTerms::outlived`], whether the indexer must have retired that session for this
+    /// producer's own silence.
+    pub fn longest_since(&self, since: I) -> Duration {
+        self.gaps
+            .iter()
+            .filter(|(ended, _)| *ended >= since)
+            .map(|(_, gap)| *gap)
+            .max()
+            .unwrap_or(Duration::ZERO)
     }
 }
 
@@ -324,6 +376,24 @@ mod tests {
         assert_eq!(t.chunk_bytes, MIN_CHUNK_BYTES);
         assert_eq!(t.limits.max_images_per_delta, MIN_CHUNK_BYTES / 13);
         assert_eq!(t.heartbeat, Duration::from_millis(1));
+    }
+
+    #[test]
+    fn only_stalls_of_this_session_and_past_the_noise_count() {
+        let mut log = StallLog::<u64>::default();
+        log.record(10, Duration::from_millis(99));
+        assert_eq!(log.longest_since(0), Duration::ZERO);
+        log.record(20, Duration::from_secs(4));
+        log.record(30, Duration::from_millis(300));
+        assert_eq!(log.longest_since(0), Duration::from_secs(4));
+        // A session that began after the long stall ended sees only the later one.
+        assert_eq!(log.longest_since(21), Duration::from_millis(300));
+        assert_eq!(log.longest_since(31), Duration::ZERO);
+        // Bounded: the oldest stalls go first.
+        for t in 100..100 + STALLS_KEPT as u64 {
+            log.record(t, MIN_STALL);
+        }
+        assert_eq!(log.longest_since(0), MIN_STALL);
     }
 
     #[test]

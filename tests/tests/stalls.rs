@@ -410,3 +410,59 @@ async fn an_indexer_stall_past_the_deadline_keeps_the_lane_of_a_live_producer() 
         standby.log()
     );
 }
+
+/// An indexer stopped long enough for a busy producer's Relay stream to fill its windows and
+/// the producer's send to give up (`send_stalled`): the producer waited, it was not silent, so
+/// it re-attaches as it started (`TAKEOVER`) and keeps its pool, even with a hot standby
+/// retrying `IF_VACANT` beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_that_waited_on_a_stopped_indexer_keeps_the_takeover_mode() {
+    let dir = TestDir::new("indexer-stall-send-stalled");
+    let indexer = Indexer::start(&dir, &indexer_spec());
+    // A 1 s connect timeout: a frame waits for window room at most the 3 s deadline.
+    let spec = ProducerSpec {
+        args: vec!["--connect-timeout-ms".into(), "1000".into()],
+        ..ProducerSpec::new("dc-a")
+    };
+    let mut producer = Producer::start(&dir, "producer-a", &spec, &[indexer.url()]);
+    let first = wait_converged(&indexer, &producer).await;
+    let standby_spec = ProducerSpec {
+        args: vec!["--start-mode".into(), "if-vacant".into()],
+        max_backoff_ms: 200,
+        ..ProducerSpec::new("dc-a")
+    };
+    let standby = Producer::start(&dir, "standby", &standby_spec, &[indexer.url()]);
+    let hashes = HashPool::new(&format(), 16).take(CYCLE);
+
+    let (flow, reader) = ingest_flow(&producer, hashes.clone()).await;
+    tokio::time::sleep(FLOWING).await;
+    indexer.signal(libc::SIGSTOP);
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    indexer.signal(libc::SIGCONT);
+    tokio::time::sleep(FLOWING).await;
+    let sent = flow.finish().await;
+    assert_eq!(reader.await.expect("reader task"), Ok(sent));
+    apply_flow(&mut producer, &hashes, sent);
+
+    // The scenario ran: the producer's send waited out its timeout.
+    let log = producer.log();
+    assert!(
+        log.contains("send_stalled"),
+        "the stall did not fill the Relay stream (no send_stalled): the scenario did not run\n{log}"
+    );
+    assert!(
+        !log.contains("silent past the indexer's heartbeat deadline"),
+        "waiting on a stopped indexer was taken for this producer's own silence:\n{log}"
+    );
+    eventually("the takeover producer holds its pool again", DEADLINE, || async {
+        let lane = indexer.lane("dc-a").await?;
+        if lane.incarnation == first.incarnation && lane.state() == v1::LaneState::Active {
+            Ok(())
+        } else {
+            Err(format!("{lane:?}"))
+        }
+    })
+    .await;
+    wait_converged(&indexer, &producer).await;
+    drop(standby);
+}

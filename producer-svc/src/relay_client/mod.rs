@@ -30,8 +30,9 @@
 //! deadline, or was retired) the attach is granted and the task publishes a barrier snapshot
 //! as usual. A fresh producer start always uses `TAKEOVER`: the newest producer wins, and the
 //! older one stands by. The same holds after this producer stalled (SIGSTOP, a frozen VM)
-//! past the indexer's heartbeat deadline, told by `Retired(HEARTBEAT_TIMEOUT)` or measured as
-//! the longest gap between its own sends: it re-attaches `IF_VACANT`, so a standby that
+//! past the indexer's heartbeat deadline, told by `Retired(HEARTBEAT_TIMEOUT)` or seen by the
+//! process's [`stall_watch`] (time spent waiting on the indexer's flow control does not count):
+//! it re-attaches `IF_VACANT`, so a standby that
 //! recovered the lane meanwhile keeps it (one lane swap per stall, not two). The producer stays `SERVING` on health and keeps answering Ingest while
 //! it stands by: it holds its exact state and is ready to publish it the moment the lane is
 //! vacant.
@@ -45,11 +46,13 @@
 //! | [`attach_loop`] | attach, fence, back off, re-attach; standing by; the drain outcome |
 //! | [`session`] | one attachment: connect, attach, snapshot chunks, deltas, heartbeats, drain |
 //! | [`backoff`] | reconnect delays |
+//! | [`stall_watch`] | this process's own stalls, told from waiting on an indexer |
 
 pub mod attach_loop;
 pub mod attachment;
 pub mod backoff;
 pub mod session;
+pub mod stall_watch;
 
 pub use attach_loop::STANDBY_LOG_EVERY;
 pub use attachment::{DrainOutcome, IndexerAttachment, RelaySettings};

@@ -81,8 +81,9 @@ pub struct Failure {
     /// Whether the snapshot was installed before the failure (resets the backoff).
     pub was_streaming: bool,
     /// Whether the indexer must have retired this attachment for silence: it said so
-    /// (`Retired(HEARTBEAT_TIMEOUT)`), or this side sent nothing for at least the indexer's
-    /// heartbeat deadline (the process was stalled: SIGSTOP, a long GC-like pause, a frozen VM).
+    /// (`Retired(HEARTBEAT_TIMEOUT)`), or this process did not run for at least the indexer's
+    /// heartbeat deadline during the session (SIGSTOP, a frozen VM: [`super::stall_watch`];
+    /// waiting on the indexer's flow control is not silence).
     /// Another producer may hold the lane since, so the next attach must not take it over.
     pub outlived_deadline: bool,
 }
@@ -323,9 +324,9 @@ impl IndexerAttachment {
         let mut in_flight: VecDeque<(u64, std::time::Instant)> = VecDeque::new();
         let mut draining: Option<(u64, Instant)> = None;
         let mut idle_since = Instant::now();
-        // The longest time this side sent nothing, measured when it next sent: a stall longer
-        // than the indexer's heartbeat deadline means the indexer retired the attachment.
-        let mut longest_silence = Duration::ZERO;
+        // Whether this process itself stalled during the session is the stall watch's to say
+        // (waiting on the indexer's flow control is not this producer's silence).
+        let started = std::time::Instant::now();
         let end = loop {
             let heartbeat_at = idle_since + terms.heartbeat;
             let drain_deadline = draining.map(|(_, at)| at);
@@ -380,7 +381,6 @@ impl IndexerAttachment {
                             "the producer fenced this attachment (its frame queue overflowed or a delta was refused)",
                         )),
                     };
-                    longest_silence = longest_silence.max(idle_since.elapsed());
                     if let Err(f) = result {
                         break SessionEnd::Failed(f);
                     }
@@ -437,7 +437,6 @@ impl IndexerAttachment {
                     }
                 }
                 () = sleep_until(heartbeat_at), if draining.is_none() => {
-                    longest_silence = longest_silence.max(idle_since.elapsed());
                     let beat = Frame::Heartbeat(v1::Heartbeat { lease: Some(lease.into()), sequence: last_sequence });
                     if let Err(f) = self.send(&stream, beat).await {
                         break SessionEnd::Failed(f);
@@ -455,8 +454,8 @@ impl IndexerAttachment {
             SessionEnd::Failed(mut f) => {
                 f.lease = Some(lease);
                 f.was_streaming |= progress.streaming();
-                let silence = longest_silence.max(idle_since.elapsed());
-                f.outlived_deadline |= terms.outlived(silence);
+                let stalled = super::stall_watch::StallWatch::get().longest_since(started);
+                f.outlived_deadline |= terms.outlived(stalled);
                 SessionEnd::Failed(f)
             }
             other => other,
