@@ -26,8 +26,10 @@
 //! prefetch are [`crate::bucket`]'s ([`TransposedTable`]'s row-pair check and row view), the
 //! fingerprint and candidate buckets are [`crate::addressing`]'s. `search/avx512.rs` and
 //! `search/avx2.rs` are the same loop with vector locate and row checks, built on those owners'
-//! constants; `search/neon.rs` runs this module's loop with a NEON row check. Which one a query
-//! runs is [`SearchKernel`]'s choice (best available, or forced; never one the CPU lacks).
+//! constants; that loop is written once, in `search/ring.rs`, and each of them supplies only its
+//! locate and row check. `search/neon.rs` runs this module's loop with a NEON row check. Which
+//! one a query runs is [`SearchKernel`]'s choice (best available, or forced; never one the CPU
+//! lacks).
 //!
 //! # Read order and the relocation window (`docs/design.md`, "Cuckoo filter cases", case 12)
 //! A delta relocating fingerprint `f` from bucket `s` to bucket `d` (the other candidate of `f`)
@@ -60,6 +62,8 @@ mod matches;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 mod prefix;
+#[cfg(target_arch = "x86_64")]
+mod ring;
 
 #[cfg(feature = "testing")]
 pub(crate) use kernel::test_hooks;

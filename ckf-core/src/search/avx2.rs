@@ -4,8 +4,8 @@
 //! * **Locate, 4 positions per vector, 8 per chunk.** The format-v2 addressing of
 //!   [`crate::addressing`] (`fmix64`, fingerprint, both candidate buckets) computed in 256-bit
 //!   registers, chunks ahead of the one being probed, with the rows of the position
-//!   `PREFETCH_POSITIONS` ahead prefetched on large tables (the loop of
-//!   `search/avx512.rs`). AVX2 has no 64-bit multiply:
+//!   `PREFETCH_POSITIONS` ahead prefetched on large tables (the vector kernels' shared loop,
+//!   `probe_loop!` of `search/ring.rs`). AVX2 has no 64-bit multiply:
 //!   it is built from three 32x32->64 multiplies (`vpmuludq`). Bucket indices are below 2^32,
 //!   so the signed 64-bit compare orders them. `locate4_matches_addressing` checks the result
 //!   against [`crate::addressing::Addressing::locate`] bit for bit.
@@ -35,8 +35,8 @@ use std::arch::x86_64::{
     _mm256_sub_epi64, _mm256_xor_si256,
 };
 
-use super::prefix::{PREFETCH_MIN_BYTES, PREFETCH_POSITIONS};
-use crate::addressing::{FINGERPRINT_SHIFT, FMIX_C1, FMIX_C2, FMIX_SHIFT, MAX_BUCKETS};
+use super::ring::{Chunk, probe_loop};
+use crate::addressing::{FINGERPRINT_SHIFT, FMIX_C1, FMIX_C2, FMIX_SHIFT};
 use crate::bucket::{MAX_LANES, SLOT_BITS, SLOTS, TransposedTable};
 
 // The row check compares 16-bit elements (`_mm256_cmpeq_epi16`, `_mm256_set1_epi16`, the vector
@@ -154,24 +154,6 @@ unsafe fn row_hits<const CHUNKS: usize, const MASKED_TAIL: bool>(
     // Lanes past the row (masked or absent) read as misses here; the caller masks with the
     // active lanes, which are all inside the row.
     !misses
-}
-
-/// Located positions of one chunk (8 positions): fingerprint and the row offsets (in words) of
-/// the lower and the higher candidate bucket.
-#[repr(C, align(32))]
-#[derive(Clone, Copy)]
-struct Chunk {
-    fp: [u64; 8],
-    lo: [u64; 8],
-    hi: [u64; 8],
-}
-
-impl Chunk {
-    const EMPTY: Self = Self {
-        fp: [0; 8],
-        lo: [0; 8],
-        hi: [0; 8],
-    };
 }
 
 /// `a * c` (wrapping, 64-bit) on 4 words, from 32x32->64 multiplies: AVX2 has no `vpmullq`.
@@ -331,86 +313,15 @@ unsafe fn search_with<const CHUNKS: usize, const MASKED_TAIL: bool>(
     hashes: &[u64],
     ready: u16,
 ) -> [u32; MAX_LANES] {
-    let lanes = table.lanes();
-    let tail = tail_mask(lanes);
-    let rows = table.rows();
-    let buckets = table.bucket_count() as u64;
-    assert!(
-        buckets <= MAX_BUCKETS,
-        "table of {buckets} buckets is past the format's limit"
-    );
-    let prefetch = table.bytes() >= PREFETCH_MIN_BYTES;
-    let n = hashes.len();
-    let mut depths = [0u32; MAX_LANES];
-    let mut active = u32::from(ready);
-    if n == 0 || active == 0 {
-        return depths;
-    }
-    // Ring of located chunks and the prefetch schedule, as in `search/avx512.rs`: chunk `k`
-    // lives in `ring[k % AHEAD]`, located AHEAD - 1 chunks before it is probed; position `i`
-    // of chunk `k + SPREAD` has its rows prefetched while position `i` of chunk `k` is probed.
-    const SPREAD: usize = PREFETCH_POSITIONS / 8;
-    const AHEAD: usize = SPREAD + 1;
-    let mut ring = [Chunk::EMPTY; AHEAD];
-    let chunks = n.div_ceil(8);
-    let stage = |k: usize, ring: &mut [Chunk; AHEAD]| {
-        let slot = &mut ring[k % AHEAD];
-        locate_chunk(hashes, k * 8, seed, buckets, lanes as u64, slot);
-    };
-    for k in 0..chunks.min(AHEAD - 1) {
-        stage(k, &mut ring);
-    }
-    if prefetch {
-        for k in 0..chunks.min(SPREAD) {
-            let slot = &ring[k % AHEAD];
-            for i in 0..(n - k * 8).min(8) {
-                rows.prefetch_offset(slot.lo[i] as usize);
-                rows.prefetch_offset(slot.hi[i] as usize);
-            }
-        }
-    }
-    for k in 0..chunks {
-        if k + AHEAD - 1 < chunks {
-            stage(k + AHEAD - 1, &mut ring);
-        }
-        let cur = &ring[k % AHEAD];
-        let start = k * 8;
-        // Positions of chunk `k + SPREAD` (located above) whose rows to prefetch: none past the
-        // query's end or on a cache-resident table.
-        let ahead = &ring[(k + SPREAD) % AHEAD];
-        let ahead_len = if prefetch && k + SPREAD < chunks {
-            (n - (k + SPREAD) * 8).min(8)
-        } else {
-            0
-        };
-        for i in 0..(n - start).min(8) {
-            if i < ahead_len {
-                rows.prefetch_offset(ahead.lo[i] as usize);
-                rows.prefetch_offset(ahead.hi[i] as usize);
-            }
-            // Offsets are `bucket * lanes` with `bucket < bucket_count`: inside the table.
-            let lo = rows.at(cur.lo[i] as usize);
-            let hi = rows.at(cur.hi[i] as usize);
-            // SAFETY: both rows are inside the table, 8-byte aligned, with the chunk layout of
-            // `CHUNKS` / `MASKED_TAIL` and `tail`; our caller guarantees AVX2.
-            let hits =
-                unsafe { row_hits::<CHUNKS, MASKED_TAIL>(lo, hi, cur.fp[i] as u16, tail) } & active;
-            let mut missed = active & !hits;
-            while missed != 0 {
-                depths[missed.trailing_zeros() as usize] = (start + i) as u32;
-                missed &= missed - 1;
-            }
-            active = hits;
-            if active == 0 {
-                return depths;
-            }
-        }
-    }
-    while active != 0 {
-        depths[active.trailing_zeros() as usize] = n as u32;
-        active &= active - 1;
-    }
-    depths
+    let tail = tail_mask(table.lanes());
+    probe_loop!(
+        table, hashes, ready,
+        locate(start, out, buckets, lanes) =>
+            locate_chunk(hashes, start, seed, buckets, lanes, out),
+        // SAFETY: both rows are inside the table, 8-byte aligned, with the chunk layout of
+        // `CHUNKS` / `MASKED_TAIL` and `tail`; our caller guarantees AVX2.
+        row_hits(lo, hi, fp) => unsafe { row_hits::<CHUNKS, MASKED_TAIL>(lo, hi, fp, tail) },
+    )
 }
 
 /// The `vpmaskmovq` mask of a row's last chunk: element `i` selected (all ones) when lane

@@ -12,8 +12,9 @@
 //!
 //! Nothing here is a second copy of a rule: the mix constants and the fingerprint shift are
 //! imported from [`crate::addressing`], the slot width, the per-word fold of the slot mask, the
-//! row addressing and the prefetch from [`crate::bucket`]; this module only owns their vector
-//! form and the loop that drives them.
+//! row addressing and the prefetch from [`crate::bucket`]; the loop that drives them (ring of
+//! located chunks, prefetch schedule, early exit) is the vector kernels' shared
+//! `probe_loop!` of `search/ring.rs`; this module only owns their vector form.
 //!
 //! # Why the row loads are inline assembly
 //! The words are `AtomicU64`s written concurrently by ingestion, so a plain (intrinsic) vector
@@ -32,31 +33,13 @@ use std::arch::x86_64::{
     _mm512_store_si512, _mm512_sub_epi64, _mm512_xor_si512, _pext_u64,
 };
 
-use super::prefix::{PREFETCH_MIN_BYTES, PREFETCH_POSITIONS};
-use crate::addressing::{FINGERPRINT_SHIFT, FMIX_C1, FMIX_C2, FMIX_SHIFT, MAX_BUCKETS};
+use super::ring::{Chunk, probe_loop};
+use crate::addressing::{FINGERPRINT_SHIFT, FMIX_C1, FMIX_C2, FMIX_SHIFT};
 use crate::bucket::{self, FIRST_SLOT_BITS, MAX_LANES, SLOT_BITS, TransposedTable};
 
 // The row check compares 16-bit elements (`_mm512_cmpeq_epi16_mask`, `_mm512_set1_epi16`, the
 // vector form of `bucket::broadcast`): one element per slot of the packed bucket.
 const _: () = assert!(SLOT_BITS == 16, "vector row check assumes 16-bit slots");
-
-/// Located positions of one chunk: fingerprint and the row offsets (in words) of the lower and
-/// the higher candidate bucket.
-#[repr(C, align(64))]
-#[derive(Clone, Copy)]
-struct Chunk {
-    fp: [u64; 8],
-    lo: [u64; 8],
-    hi: [u64; 8],
-}
-
-impl Chunk {
-    const EMPTY: Self = Self {
-        fp: [0; 8],
-        lo: [0; 8],
-        hi: [0; 8],
-    };
-}
 
 /// [`crate::addressing::fmix64`] on 8 words, with that function's constants.
 #[inline]
@@ -258,86 +241,14 @@ unsafe fn search_with<const FULL16: bool>(
     let lanes = table.lanes();
     let lo_mask = (0xFFu32 >> (8 - lanes.min(8))) as u8;
     let hi_mask = ((1u32 << lanes.saturating_sub(8)) - 1) as u8;
-    let rows = table.rows();
-    let buckets = table.bucket_count() as u64;
-    assert!(
-        buckets <= MAX_BUCKETS,
-        "table of {buckets} buckets is past the format's limit"
-    );
-    let prefetch = table.bytes() >= PREFETCH_MIN_BYTES;
-    let n = hashes.len();
-    let mut depths = [0u32; MAX_LANES];
-    let mut active = u32::from(ready);
-    if n == 0 || active == 0 {
-        return depths;
-    }
-    // Ring of located chunks: chunk `k` lives in `ring[k % AHEAD]`, located AHEAD - 1 chunks
-    // before it is probed. On large tables, while position `i` of chunk `k` is probed, the rows
-    // of position `i` of chunk `k + SPREAD` are prefetched: a steady PREFETCH_POSITIONS ahead,
-    // four lines per probe (the first SPREAD chunks' rows are prefetched before the loop). A
-    // whole chunk's 32 lines at once overflowed the core's miss buffers (`PREFETCH_POSITIONS`).
-    const SPREAD: usize = PREFETCH_POSITIONS / 8;
-    const AHEAD: usize = SPREAD + 1;
-    let mut ring = [Chunk::EMPTY; AHEAD];
-    let chunks = n.div_ceil(8);
-    let stage = |k: usize, ring: &mut [Chunk; AHEAD]| {
-        let slot = &mut ring[k % AHEAD];
-        locate_chunk(hashes, k * 8, seed, buckets, lanes as u64, slot);
-    };
-    for k in 0..chunks.min(AHEAD - 1) {
-        stage(k, &mut ring);
-    }
-    if prefetch {
-        for k in 0..chunks.min(SPREAD) {
-            let slot = &ring[k % AHEAD];
-            for i in 0..(n - k * 8).min(8) {
-                rows.prefetch_offset(slot.lo[i] as usize);
-                rows.prefetch_offset(slot.hi[i] as usize);
-            }
-        }
-    }
-    for k in 0..chunks {
-        if k + AHEAD - 1 < chunks {
-            stage(k + AHEAD - 1, &mut ring);
-        }
-        let cur = &ring[k % AHEAD];
-        let start = k * 8;
-        // Positions of chunk `k + SPREAD` (located above) whose rows to prefetch: none past the
-        // query's end or on a cache-resident table.
-        let ahead = &ring[(k + SPREAD) % AHEAD];
-        let ahead_len = if prefetch && k + SPREAD < chunks {
-            (n - (k + SPREAD) * 8).min(8)
-        } else {
-            0
-        };
-        for i in 0..(n - start).min(8) {
-            if i < ahead_len {
-                rows.prefetch_offset(ahead.lo[i] as usize);
-                rows.prefetch_offset(ahead.hi[i] as usize);
-            }
-            // Offsets are `bucket * lanes` with `bucket < bucket_count`: inside the table.
-            let lo = rows.at(cur.lo[i] as usize);
-            let hi = rows.at(cur.hi[i] as usize);
-            // SAFETY: both rows are inside the table, 8-byte aligned, `lanes` words long; the
-            // masks / FULL16 select exactly those lanes; our caller guarantees the features.
-            let hits =
-                unsafe { row_hits::<FULL16>(lo, hi, cur.fp[i] as u16, lo_mask, hi_mask) } & active;
-            let mut missed = active & !hits;
-            while missed != 0 {
-                depths[missed.trailing_zeros() as usize] = (start + i) as u32;
-                missed &= missed - 1;
-            }
-            active = hits;
-            if active == 0 {
-                return depths;
-            }
-        }
-    }
-    while active != 0 {
-        depths[active.trailing_zeros() as usize] = n as u32;
-        active &= active - 1;
-    }
-    depths
+    probe_loop!(
+        table, hashes, ready,
+        locate(start, out, buckets, lanes) =>
+            locate_chunk(hashes, start, seed, buckets, lanes, out),
+        // SAFETY: both rows are inside the table, 8-byte aligned, `lanes` words long; the masks /
+        // FULL16 select exactly those lanes; our caller guarantees the features.
+        row_hits(lo, hi, fp) => unsafe { row_hits::<FULL16>(lo, hi, fp, lo_mask, hi_mask) },
+    )
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
 //! The portable prefix loop every kernel shares or mirrors: locate each position, check its two
 //! candidate rows across the lanes still matching, exit early once none does, and on large
 //! tables prefetch the rows [`PREFETCH_POSITIONS`] positions ahead. Also the prefetch distance
-//! and threshold the vector kernels (`search/avx512.rs`, `search/avx2.rs`) build on.
+//! and threshold the vector kernels' loop (`search/ring.rs`, for `search/avx512.rs` and
+//! `search/avx2.rs`) builds on.
 
 use crate::addressing::{Addressing, Location};
 use crate::bucket::{self, MAX_LANES, TransposedTable};
