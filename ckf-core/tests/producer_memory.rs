@@ -3,9 +3,10 @@
 //! `DcCkfStats`' capacity-based accounting is what the allocator really handed out.
 //!
 //! A counting global allocator tracks the live heap bytes of this test binary, so the test
-//! compares `bytes_used` against real allocations rather than against a formula. One test
-//! function only: the counter is process-wide, and a second test running in parallel would
-//! move it.
+//! compares `bytes_used` against real allocations rather than against a formula. The counter
+//! is process-wide, so nothing else may allocate while it runs: the test is a plain `main`
+//! (`harness = false` in Cargo.toml), one thread, no test harness beside it (libtest's own
+//! thread allocated now and then inside the measured window).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicIsize, Ordering};
@@ -59,7 +60,11 @@ fn held_since(before: i64) -> i64 {
     live() - before
 }
 
-#[test]
+fn main() {
+    exact_state_is_at_most_32_bytes_per_block_and_accounting_matches_allocations();
+    println!("producer_memory: ok");
+}
+
 fn exact_state_is_at_most_32_bytes_per_block_and_accounting_matches_allocations() {
     // Large enough that the table never fills: this is about the exact maps.
     let format = TableFormat::new(1 << 18, 11).unwrap();
