@@ -454,14 +454,18 @@ async fn a_send_that_waited_on_a_stopped_indexer_keeps_the_takeover_mode() {
         !log.contains("silent past the indexer's heartbeat deadline"),
         "waiting on a stopped indexer was taken for this producer's own silence:\n{log}"
     );
-    eventually("the takeover producer holds its pool again", DEADLINE, || async {
-        let lane = indexer.lane("dc-a").await?;
-        if lane.incarnation == first.incarnation && lane.state() == v1::LaneState::Active {
-            Ok(())
-        } else {
-            Err(format!("{lane:?}"))
-        }
-    })
+    eventually(
+        "the takeover producer holds its pool again",
+        DEADLINE,
+        || async {
+            let lane = indexer.lane("dc-a").await?;
+            if lane.incarnation == first.incarnation && lane.state() == v1::LaneState::Active {
+                Ok(())
+            } else {
+                Err(format!("{lane:?}"))
+            }
+        },
+    )
     .await;
     wait_converged(&indexer, &producer).await;
     drop(standby);
