@@ -45,11 +45,8 @@ struct Args {
 
 fn args() -> Args {
     let mut a = Args {
-        trace: concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../shared/data/traces/mooncake_conversation_trace.jsonl"
-        )
-        .to_owned(),
+        // `--trace PATH` wins; the Mooncake trace is not part of this repository.
+        trace: std::env::var("CKF_TRACE").unwrap_or_default(),
         quick: false,
         no_big: false,
         writer_rate: 100_000.0,

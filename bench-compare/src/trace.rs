@@ -36,8 +36,8 @@ pub fn load(path: &str) -> Result<Trace, String> {
     let text = std::fs::read_to_string(path).map_err(|e| {
         format!(
             "cannot read the Mooncake trace at {path}: {e}\n\
-             (expected /work/shared/data/traces/mooncake_conversation_trace.jsonl; \
-             pass `--trace PATH` to use another copy)"
+             (the public Mooncake FAST'25 conversation trace: pass `--trace PATH` or set \
+             CKF_TRACE)"
         )
     })?;
     let mut local = Vec::new();

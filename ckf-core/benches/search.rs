@@ -16,9 +16,8 @@
 //! tight loop).
 //!
 //! The query trace is the public Mooncake FAST'25 conversation trace (Apache-2.0), which is not
-//! part of this repository: by default it is read from
-//! `../shared/data/traces/mooncake_conversation_trace.jsonl` beside the workspace; the
-//! `CKF_TRACE` environment variable (or `-- trace PATH`, which wins) names another copy.
+//! part of this repository: the `CKF_TRACE` environment variable (or `-- trace PATH`, which
+//! wins) names it; without it the trace rows are skipped.
 //!
 //! Tables are built through the real ingest path (lease + barrier snapshot). Lanes are filled to
 //! ~95% slot load: the query blocks' fingerprints are placed in one of their candidate buckets and
@@ -299,7 +298,7 @@ fn run_tokens(trace_path: &str, samples: usize, scale: f64) {
     const QUERIES: usize = 1_000;
     const ROUNDS: usize = 20;
     let Some(ids) = trace::load_ids(trace_path) else {
-        println!("trace {trace_path} not readable: token figures skipped");
+        println!("trace {trace_path:?} not readable (set CKF_TRACE): token figures skipped");
         return;
     };
     let seed = BlockSeed::DEFAULT;

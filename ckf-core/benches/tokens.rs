@@ -17,8 +17,7 @@
 //! each keeps its best round (wall clock, so a preempted round does not count).
 //!
 //! The trace is the public Mooncake FAST'25 conversation trace (Apache-2.0), not part of this
-//! repository: read from `CKF_TRACE` when that environment variable is set, else from
-//! [`TRACE`] (tried from the workspace's parent, then from the working directory).
+//! repository: read from `CKF_TRACE` when that environment variable is set, else the fixed mix.
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -30,16 +29,12 @@ use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 const REQUESTS: usize = 256;
 const PASSES: usize = 16;
 const ROUNDS: usize = 7;
-/// Default path of the Mooncake trace (see the module docs; `CKF_TRACE` overrides it).
-const TRACE: &str = "../shared/data/traces/mooncake_conversation_trace.jsonl";
 
 /// Block counts of the trace's requests (`hash_ids` per line), or a fixed mix without it.
 fn block_counts() -> Vec<usize> {
-    let text = match std::env::var("CKF_TRACE") {
-        Ok(path) => std::fs::read_to_string(path),
-        Err(_) => std::fs::read_to_string(format!("../{TRACE}"))
-            .or_else(|_| std::fs::read_to_string(TRACE)),
-    };
+    let text = std::env::var("CKF_TRACE")
+        .ok()
+        .and_then(|path| std::fs::read_to_string(path).ok());
     let from_trace: Vec<usize> = text
         .map(|text| {
             text.lines()

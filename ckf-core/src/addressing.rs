@@ -363,7 +363,7 @@ mod tests {
         assert!(buckets_for_blocks(most + 10_000).is_err());
     }
 
-    /// Issue 12 part 6: <= 17.5 bits per expected block per lane for every expected size from
+    /// The sizing budget: <= 17.5 bits per expected block per lane for every expected size from
     /// ~1,300 blocks up (two spare buckets cost 128 bits, which small tables cannot amortise),
     /// and never below the target load's slot count (the sizing never undersizes).
     #[test]

@@ -29,7 +29,6 @@ use dynamo_kv_router::protocols::{
     compute_seq_hash_for_block, hash_mm_identifier,
 };
 
-const DEFAULT_TRACE: &str = "../../shared/data/traces/mooncake_conversation_trace.jsonl";
 const TOKENS_PER_ID: u64 = 512;
 const BLOCK_SIZES: [u32; 3] = [16, 64, 512];
 const SMALL_BLOCK_SIZES: [u32; 2] = [1, 4];
@@ -202,7 +201,8 @@ fn compare(case: &Case<'_>) -> Result<usize, String> {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let trace = match args.as_slice() {
-        [] => DEFAULT_TRACE.to_owned(),
+        // The Mooncake trace is not part of this repository: CKF_TRACE names it.
+        [] => std::env::var("CKF_TRACE").unwrap_or_default(),
         [flag, path] if flag == "--trace" => path.clone(),
         _ => {
             eprintln!("usage: token-parity [--trace PATH]");

@@ -4,20 +4,13 @@
 use ckf_core::addressing::fmix64;
 
 /// Where the trace is read from: `-- trace PATH` (`args`), else the `CKF_TRACE` environment
-/// variable, else `../shared/data/traces/mooncake_conversation_trace.jsonl` beside the
-/// workspace.
+/// variable; empty when neither names it (the trace rows are then skipped, saying so).
 pub fn path(args: &[String]) -> String {
     args.iter()
         .position(|a| a == "trace")
         .and_then(|i| args.get(i + 1).cloned())
         .or_else(|| std::env::var("CKF_TRACE").ok())
-        .unwrap_or_else(|| {
-            concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../../shared/data/traces/mooncake_conversation_trace.jsonl"
-            )
-            .to_owned()
-        })
+        .unwrap_or_default()
 }
 
 /// Mooncake trace: each request's `hash_ids` (one id per 512-token block).
