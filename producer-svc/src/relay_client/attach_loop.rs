@@ -86,29 +86,15 @@ impl IndexerAttachment {
             if !policy.standing_by() {
                 standby = None;
             }
-            if decision.next == NextAttach::StillOccupied {
-                // Still held by the other live producer: nothing changed at the indexer.
-                let st = standby.get_or_insert_with(|| Standby::new(f.detail.clone()));
-                self.standby_refused(st, &f.detail);
-                self.retry_after(backoff.next_delay()).await;
-                continue;
-            }
-            if decision.yielded {
-                // The indexer retired this attachment for silence (this process stalled past the
-                // heartbeat deadline): a standby producer may have recovered the lane since.
-                tracing::warn!(
-                    indexer = %self.endpoint,
-                    detail = %f.detail,
-                    "silent past the indexer's heartbeat deadline; re-attaching IF_VACANT so a producer that took the lane meanwhile keeps it"
-                );
-            }
-            self.metrics
-                .detachments
-                .with_label_values(&[&self.endpoint, f.label])
-                .inc();
-            self.fence(&f).await;
             match decision.next {
+                NextAttach::StillOccupied => {
+                    // Still held by the other live producer: nothing changed at the indexer.
+                    let st = standby.get_or_insert_with(|| Standby::new(f.detail.clone()));
+                    self.standby_refused(st, &f.detail);
+                    self.retry_after(backoff.next_delay()).await;
+                }
                 NextAttach::StandBy => {
+                    self.detached(&f, decision.yielded).await;
                     // The message is matched by the e2e tests (tests/): keep it stable.
                     tracing::error!(
                         indexer = %self.endpoint,
@@ -124,11 +110,13 @@ impl IndexerAttachment {
                     self.retry_after(backoff.next_delay()).await;
                 }
                 NextAttach::Stop => {
+                    self.detached(&f, decision.yielded).await;
                     // A clean shutdown fence: nothing to recover.
                     self.set_state(AttachmentState::Drained);
                     return DrainOutcome::NotAttached;
                 }
                 NextAttach::Retry { reset_backoff } => {
+                    self.detached(&f, decision.yielded).await;
                     if reset_backoff {
                         backoff.reset();
                     }
@@ -144,9 +132,27 @@ impl IndexerAttachment {
                     self.set_state(AttachmentState::Backoff);
                     self.retry_after(delay).await;
                 }
-                NextAttach::StillOccupied => unreachable!("handled above"),
             }
         }
+    }
+
+    /// What every failure but a refused `IF_VACANT` attach does: say when this producer yields
+    /// the lane, count the detachment and fence the publisher under the failed lease.
+    async fn detached(&self, f: &Failure, yielded: bool) {
+        if yielded {
+            // The indexer retired this attachment for silence (this process stalled past the
+            // heartbeat deadline): a standby producer may have recovered the lane since.
+            tracing::warn!(
+                indexer = %self.endpoint,
+                detail = %f.detail,
+                "silent past the indexer's heartbeat deadline; re-attaching IF_VACANT so a producer that took the lane meanwhile keeps it"
+            );
+        }
+        self.metrics
+            .detachments
+            .with_label_values(&[&self.endpoint, f.label])
+            .inc();
+        self.fence(f).await;
     }
 
     /// The end of the task when shutdown finds it not attached.
