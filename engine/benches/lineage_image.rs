@@ -43,7 +43,7 @@ fn main() {
             ..EngineBatch::default()
         };
         let member = (sequence as u64 % members, 0);
-        let fed = feed.apply(member, sequence as i64, &batch);
+        let fed = feed.translate(member, sequence as i64, &batch);
         assert_eq!(fed.events.len(), 1, "every chain is applied");
     }
     let build = started.elapsed();

@@ -71,6 +71,19 @@ pub enum EngineEvent {
     },
 }
 
+impl EngineEvent {
+    /// A short stable label for metrics: `"stored"`, `"removed"`, `"all_cleared"`,
+    /// `"unknown"`.
+    pub fn kind_label(&self) -> &'static str {
+        match self {
+            Self::Stored(_) => "stored",
+            Self::Removed(_) => "removed",
+            Self::AllCleared => "all_cleared",
+            Self::Unknown { .. } => "unknown",
+        }
+    }
+}
+
 /// A `BlockStored` event.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]

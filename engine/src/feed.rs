@@ -1,16 +1,17 @@
 //! What a producer keeps of its engine publishers between batches, with one owner: per
 //! member the lineage (engine hash -> canonical hash), the filters, per publisher socket the
 //! members it fed and its last applied batch (sequence and identity). The producer's state
-//! actor hands each batch in order and applies the [`KvEvent`]s it gets back; a clear, a
-//! worker's removal and a durability checkpoint go through here too, so no engine rule lives in
-//! the actor.
+//! actor hands each batch in order with its state ([`EngineFeed::apply`]): the batch is
+//! translated into [`KvEvent`]s ([`EngineFeed::translate`]) and applied; a clear, a worker's
+//! removal and a durability checkpoint go through here too, so no engine rule lives in the
+//! actor.
 //!
 //! A publisher socket is `(worker_id, rank)`; the member a batch feeds is
 //! `(worker_id, batch dp_rank or the socket's rank)` ([`EngineFeed::member`]).
 
 use std::collections::{BTreeSet, HashMap};
 
-use ckf_core::dc::{KvEvent, MemberId};
+use ckf_core::dc::{DcCkfState, EventOutcome, KvEvent, MemberId};
 
 use crate::event::EngineBatch;
 use crate::filters::EngineFilters;
@@ -30,6 +31,17 @@ pub struct Fed {
     pub member: MemberId,
     /// The events to apply to the state, in the batch order.
     pub events: Vec<KvEvent>,
+    /// What was skipped, with the number of blocks, reason by reason (each at most once).
+    pub skipped: Vec<(SkipReason, u32)>,
+}
+
+/// What one batch did to the state ([`EngineFeed::apply`]).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Applied {
+    /// The member the batch fed.
+    pub member: MemberId,
+    /// Per event applied, in the batch order: its kind ([`KvEventKind::label`](ckf_core::dc::KvEventKind::label)) and outcome.
+    pub outcomes: Vec<(&'static str, EventOutcome)>,
     /// What was skipped, with the number of blocks, reason by reason (each at most once).
     pub skipped: Vec<(SkipReason, u32)>,
 }
@@ -73,7 +85,12 @@ impl EngineFeed {
     /// Translates `batch` (sequence `sequence` of `publisher`) through its member's lineage:
     /// the events to apply, in order, and what was skipped. The batch becomes the publisher's
     /// last applied one, and its member one the publisher fed.
-    pub fn apply(&mut self, publisher: PublisherKey, sequence: i64, batch: &EngineBatch) -> Fed {
+    pub fn translate(
+        &mut self,
+        publisher: PublisherKey,
+        sequence: i64,
+        batch: &EngineBatch,
+    ) -> Fed {
         let member = Self::member(publisher, batch);
         self.last
             .insert(publisher, (sequence, Some(batch.identity())));
@@ -100,7 +117,7 @@ impl EngineFeed {
     /// the caller to clear in the state. Its last applied batch is kept: it is still where a
     /// restarted producer verifies and resumes (what follows it is applied onto the cleared
     /// members: a subset of the engine's cache).
-    pub fn clear(&mut self, publisher: PublisherKey) -> Vec<MemberId> {
+    pub fn forget(&mut self, publisher: PublisherKey) -> Vec<MemberId> {
         let members: Vec<MemberId> = self
             .fed
             .remove(&publisher)
@@ -111,6 +128,46 @@ impl EngineFeed {
             self.lineage.clear_member(member);
         }
         members
+    }
+
+    /// Translates `batch` ([`Self::translate`]) and applies its events to `state` in order,
+    /// each event's first blocks prefetched during the one before
+    /// ([`DcCkfState::prefetch_next`]), as the Ingest path does.
+    pub fn apply(
+        &mut self,
+        publisher: PublisherKey,
+        sequence: i64,
+        batch: &EngineBatch,
+        state: &mut DcCkfState,
+    ) -> Applied {
+        let fed = self.translate(publisher, sequence, batch);
+        let mut outcomes = Vec::with_capacity(fed.events.len());
+        for (i, event) in fed.events.iter().enumerate() {
+            let next = fed
+                .events
+                .get(i + 1)
+                .map_or(&[][..], |e| e.kind.block_hashes());
+            state.prefetch_next(next);
+            outcomes.push((event.kind.label(), state.apply(event)));
+        }
+        Applied {
+            member: fed.member,
+            outcomes,
+            skipped: fed.skipped,
+        }
+    }
+
+    /// Clears in `state` every member `publisher` fed ([`Self::forget`]); their outcomes, in
+    /// member order.
+    pub fn clear(
+        &mut self,
+        publisher: PublisherKey,
+        state: &mut DcCkfState,
+    ) -> Vec<(MemberId, EventOutcome)> {
+        self.forget(publisher)
+            .into_iter()
+            .map(|member| (member, state.clear_member(member)))
+            .collect()
     }
 
     /// A worker removed from the state (`WorkerRemoved`): its members' lineage goes with it.
@@ -240,7 +297,7 @@ mod tests {
     fn a_batch_feeds_its_member_and_becomes_the_last_applied() {
         let mut f = feed();
         let b = batch(Some(3), vec![store(&[10, 11], None, &[1, 2, 3, 4])]);
-        let fed = f.apply((7, 0), 5, &b);
+        let fed = f.translate((7, 0), 5, &b);
         assert_eq!(fed.member, MemberId::new(7, 3), "the batch's own rank");
         assert_eq!(fed.events.len(), 1);
         assert!(matches!(
@@ -252,7 +309,7 @@ mod tests {
             HashMap::from([((7, 0), (5, Some(b.identity())))])
         );
         // Without a rank, the socket's.
-        let fed = f.apply((7, 1), 0, &batch(None, vec![]));
+        let fed = f.translate((7, 1), 0, &batch(None, vec![]));
         assert_eq!(fed.member, MemberId::new(7, 1));
     }
 
@@ -265,7 +322,7 @@ mod tests {
                 ..RemovedBlocks::default()
             })
         };
-        let fed = f.apply((7, 0), 0, &batch(None, vec![removed(1), removed(2)]));
+        let fed = f.translate((7, 0), 0, &batch(None, vec![removed(1), removed(2)]));
         assert!(fed.events.is_empty());
         assert_eq!(fed.skipped, vec![(SkipReason::UnknownRemoval, 2)]);
     }
@@ -273,29 +330,29 @@ mod tests {
     #[test]
     fn a_clear_returns_the_publishers_members_and_drops_their_lineage_only() {
         let mut f = feed();
-        f.apply(
+        f.translate(
             (7, 0),
             0,
             &batch(Some(0), vec![store(&[10], None, &[1, 2])]),
         );
-        f.apply(
+        f.translate(
             (7, 0),
             1,
             &batch(Some(1), vec![store(&[20], None, &[1, 2])]),
         );
-        f.apply((8, 0), 0, &batch(None, vec![store(&[30], None, &[1, 2])]));
-        let mut cleared = f.clear((7, 0));
+        f.translate((8, 0), 0, &batch(None, vec![store(&[30], None, &[1, 2])]));
+        let mut cleared = f.forget((7, 0));
         cleared.sort();
         assert_eq!(cleared, vec![MemberId::new(7, 0), MemberId::new(7, 1)]);
-        assert_eq!(f.clear((7, 0)), vec![], "nothing fed since");
+        assert_eq!(f.forget((7, 0)), vec![], "nothing fed since");
         // A child of a cleared block is an orphan now; the other publisher's is not.
-        let orphan = f.apply(
+        let orphan = f.translate(
             (7, 0),
             2,
             &batch(Some(0), vec![store(&[11], Some(10), &[3, 4])]),
         );
         assert_eq!(orphan.skipped, vec![(SkipReason::Orphan, 1)]);
-        let child = f.apply(
+        let child = f.translate(
             (8, 0),
             1,
             &batch(None, vec![store(&[31], Some(30), &[3, 4])]),
@@ -309,11 +366,61 @@ mod tests {
     }
 
     #[test]
+    fn applying_a_batch_is_applying_its_translation_and_a_clear_clears_the_members_fed() {
+        use ckf_core::TableFormat;
+        use ckf_core::dc::{DcCkfConfig, DcCkfState};
+        let new_state =
+            || DcCkfState::new(DcCkfConfig::new(TableFormat::new(1024, 3).unwrap())).unwrap();
+        let batches = [
+            batch(Some(0), vec![store(&[10, 11], None, &[1, 2, 3, 4])]),
+            batch(
+                Some(1),
+                vec![store(&[20], None, &[1, 2]), store(&[21], Some(20), &[5, 6])],
+            ),
+            batch(
+                Some(0),
+                vec![EngineEvent::Removed(RemovedBlocks {
+                    block_hashes: vec![11],
+                    ..RemovedBlocks::default()
+                })],
+            ),
+        ];
+        let (mut f, mut applied) = (feed(), new_state());
+        let (mut g, mut model) = (feed(), new_state());
+        for (i, b) in batches.iter().enumerate() {
+            let sequence = i64::try_from(i).unwrap();
+            let report = f.apply((7, 0), sequence, b, &mut applied);
+            let fed = g.translate((7, 0), sequence, b);
+            let outcomes: Vec<_> = fed
+                .events
+                .iter()
+                .map(|e| (e.kind.label(), model.apply(e)))
+                .collect();
+            assert_eq!(report.member, fed.member);
+            assert_eq!(report.outcomes, outcomes);
+            assert_eq!(report.skipped, fed.skipped);
+        }
+        assert_eq!(applied.buckets(), model.buckets());
+        assert_eq!(applied.stats(), model.stats());
+        assert!(applied.stats().unique_blocks > 0, "something was stored");
+        // A clear empties both members of the publisher, in the state as in the model.
+        let cleared = f.clear((7, 0), &mut applied);
+        let mut members: Vec<MemberId> = cleared.iter().map(|(m, _)| *m).collect();
+        members.sort();
+        assert_eq!(members, vec![MemberId::new(7, 0), MemberId::new(7, 1)]);
+        for member in g.forget((7, 0)) {
+            model.clear_member(member);
+        }
+        assert_eq!(applied.buckets(), model.buckets());
+        assert_eq!(applied.stats().unique_blocks, 0);
+    }
+
+    #[test]
     fn removing_a_worker_drops_its_lineage() {
         let mut f = feed();
-        f.apply((7, 0), 0, &batch(None, vec![store(&[10], None, &[1, 2])]));
+        f.translate((7, 0), 0, &batch(None, vec![store(&[10], None, &[1, 2])]));
         f.remove_worker(7);
-        let orphan = f.apply(
+        let orphan = f.translate(
             (7, 0),
             1,
             &batch(None, vec![store(&[11], Some(10), &[3, 4])]),
@@ -324,8 +431,8 @@ mod tests {
     #[test]
     fn an_image_restores_the_same_feed() {
         let mut f = feed();
-        f.apply((7, 0), 4, &batch(None, vec![store(&[10], None, &[1, 2])]));
-        f.apply((8, 1), -2, &batch(None, vec![]));
+        f.translate((7, 0), 4, &batch(None, vec![store(&[10], None, &[1, 2])]));
+        f.translate((8, 1), -2, &batch(None, vec![]));
         let image = f.image();
         let mut g = feed();
         g.restore_lineage(image.lineage.clone());
@@ -333,7 +440,7 @@ mod tests {
         g.restore_sequences(image.sequences.clone());
         g.restore_identities(image.identities.clone());
         assert_eq!(g.last_applied(), f.last_applied());
-        assert_eq!(g.clear((7, 0)), f.clear((7, 0)));
+        assert_eq!(g.forget((7, 0)), f.forget((7, 0)));
         // Without identities (an older checkpoint): the sequences alone.
         let mut h = feed();
         h.restore_sequences(image.sequences);

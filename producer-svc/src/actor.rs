@@ -39,7 +39,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ckf_core::dc::{KvEvent, KvEventKind, MemberId};
+use ckf_core::dc::MemberId;
 use ckf_engine::feed::{EngineFeed, LastApplied, PublisherKey};
 use ckf_engine::filters::EngineFilters;
 use ckf_engine::sequence::ClearReason;
@@ -560,25 +560,27 @@ impl Actor {
         }
     }
 
-    /// Applies an engine batch: the feed translates it ([`EngineFeed::apply`]), the state
-    /// takes each event like an ingest event, the skips are counted.
+    /// Applies an engine batch: the feed translates it and applies it to the state
+    /// ([`EngineFeed::apply`]); the outcomes and skips are counted.
     fn engine_batch(
         &mut self,
         publisher: &PublisherId,
         sequence: i64,
         batch: &ckf_engine::event::EngineBatch,
     ) {
-        let fed = self.feed.apply(publisher.key(), sequence, batch);
+        let applied = self
+            .feed
+            .apply(publisher.key(), sequence, batch, &mut self.state);
         let [p, e] = publisher.labels();
-        for (reason, blocks) in &fed.skipped {
+        for (reason, blocks) in &applied.skipped {
             self.metrics
                 .engine
                 .skipped_events
                 .with_label_values(&[p, e, reason.label()])
                 .inc_by(u64::from(*blocks));
         }
-        for kv in fed.events {
-            self.apply(&IngestEvent::Kv(kv));
+        for (kind, outcome) in &applied.outcomes {
+            self.count(kind, outcome);
         }
     }
 
@@ -586,11 +588,8 @@ impl Actor {
     /// later store re-adds exactly what the engine really caches.
     fn engine_clear(&mut self, publisher: &PublisherId, reason: ClearReason) {
         let [p, e] = publisher.labels();
-        for member in self.feed.clear(publisher.key()) {
-            self.apply(&IngestEvent::Kv(KvEvent {
-                member,
-                kind: KvEventKind::Cleared,
-            }));
+        for (_, outcome) in self.feed.clear(publisher.key(), &mut self.state) {
+            self.count("cleared", &outcome);
             self.metrics
                 .engine
                 .members_cleared
@@ -608,7 +607,7 @@ impl Actor {
         match event {
             IngestEvent::Kv(kv) => {
                 let outcome = self.state.apply_from(source, kv)?;
-                self.count(event, &outcome);
+                self.count(event.kind_label(), &outcome);
                 Ok(outcome)
             }
             IngestEvent::WorkerRemoved { .. } => Ok(self.apply(event)),
@@ -624,13 +623,12 @@ impl Actor {
                 self.state.remove_worker(*worker_id)
             }
         };
-        self.count(event, &outcome);
+        self.count(event.kind_label(), &outcome);
         outcome
     }
 
-    /// Metrics of one applied event.
-    fn count(&self, event: &IngestEvent, outcome: &EventOutcome) {
-        let kind = event.kind_label();
+    /// Metrics of one applied event of `kind` ([`IngestEvent::kind_label`]).
+    fn count(&self, kind: &str, outcome: &EventOutcome) {
         let m = &self.metrics;
         m.events.with_label_values(&[kind]).inc();
         let blocks = outcome.applied + outcome.omitted + outcome.unknown + outcome.redundant;

@@ -25,20 +25,8 @@ pub enum IngestEvent {
 impl IngestEvent {
     /// The `kind` label used in metrics.
     pub fn kind_label(&self) -> &'static str {
-        use ckf_core::dc::KvEventKind;
         match self {
-            Self::Kv(KvEvent {
-                kind: KvEventKind::Stored { .. },
-                ..
-            }) => "stored",
-            Self::Kv(KvEvent {
-                kind: KvEventKind::Removed { .. },
-                ..
-            }) => "removed",
-            Self::Kv(KvEvent {
-                kind: KvEventKind::Cleared,
-                ..
-            }) => "cleared",
+            Self::Kv(kv) => kv.kind.label(),
             Self::WorkerRemoved { .. } => "worker_removed",
         }
     }

@@ -363,8 +363,11 @@ pub async fn serve(
 
     // One task per engine publisher socket (engine x dp rank); they stop with `stop`.
     let engine_settings = engines::EngineSettings {
-        limits: ckf_engine::wire::DecodeLimits::default(),
-        max_frame_bytes: usize::try_from(config.engine.max_frame_bytes).unwrap_or(usize::MAX),
+        intake: ckf_engine::intake::IntakeLimits {
+            decode: ckf_engine::wire::DecodeLimits::default(),
+            max_message_bytes: usize::try_from(config.engine.max_frame_bytes).unwrap_or(usize::MAX),
+            max_dp_rank: engines::config::MAX_DP_SIZE,
+        },
         replay_timeout: Duration::from_millis(config.engine.replay_timeout_ms),
         verify_idle: (config.engine.verify_idle_ms > 0)
             .then(|| Duration::from_millis(config.engine.verify_idle_ms)),

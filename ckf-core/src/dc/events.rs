@@ -49,6 +49,15 @@ pub enum KvEventKind {
 }
 
 impl KvEventKind {
+    /// A short stable label for metrics: `"stored"`, `"removed"`, `"cleared"`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            KvEventKind::Stored { .. } => "stored",
+            KvEventKind::Removed { .. } => "removed",
+            KvEventKind::Cleared => "cleared",
+        }
+    }
+
     /// The block hashes a store or removal names, in order; empty for [`KvEventKind::Cleared`].
     pub fn block_hashes(&self) -> &[u64] {
         match self {

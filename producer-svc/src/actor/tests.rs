@@ -4,6 +4,7 @@
 //!
 //! Also the actor every unit test of `actor` builds ([`test_actor`]).
 
+use ckf_core::dc::{KvEvent, KvEventKind};
 use ckf_core::identity::SourceId;
 
 use super::*;

@@ -7,10 +7,10 @@
 //! | [`guard`] | the loopback proxy that bounds every engine connection's ZMTP frames before zeromq reads them |
 //! | [`metrics`] | `ckf_producer_engine_*` metrics |
 //!
-//! The rules are `ckf-engine`'s: frames ([`ckf_engine::message`]), payload decoding
-//! ([`ckf_engine::wire`]), the sequence rule ([`ckf_engine::sequence`]), and, in the state
-//! actor, filters and lineage ([`ckf_engine::lineage`]). The tasks here only move bytes and
-//! execute the sequence rule's actions.
+//! The rules are `ckf-engine`'s: each message is read and handed to the sequence rule by
+//! [`ckf_engine::intake`]; in the state actor, [`ckf_engine::feed`] translates each batch
+//! (filters, lineage) and applies it to the state. The tasks here only move bytes, execute
+//! the sequence rule's actions and count what the rules found.
 
 pub mod config;
 pub mod guard;
@@ -66,10 +66,8 @@ pub enum EngineStep {
 /// Settings of every publisher task (from `[engine]`).
 #[derive(Debug, Clone)]
 pub struct EngineSettings {
-    /// Decoder bounds.
-    pub limits: ckf_engine::wire::DecodeLimits,
-    /// Frames above this many bytes are dropped and counted.
-    pub max_frame_bytes: usize,
+    /// Bounds on every message (`engine.max_frame_bytes` is its size bound).
+    pub intake: ckf_engine::intake::IntakeLimits,
     /// Replay deadline (without a reply).
     pub replay_timeout: Duration,
     /// Silence after which the last applied batch is verified again; `None` never.

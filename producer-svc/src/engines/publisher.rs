@@ -1,9 +1,9 @@
 //! One publisher socket (one dp rank of one engine): a SUB socket on its PUB endpoint and,
 //! when configured, a DEALER on its replay endpoint for the duration of one replay.
 //!
-//! The task decodes each frame, feeds [`PublisherSequence`] (with each batch's
-//! [`EngineBatch::identity`] and the SUB socket's connection events) and executes its
-//! actions: apply and clear go to the state actor through its bounded channel (a slow actor
+//! The task reads each message ([`Read`]: size, parts, batch and dp rank checked), hands it
+//! to [`PublisherSequence::take`] (the SUB socket's connection events to the rule too) and
+//! executes the actions it returns: apply and clear go to the state actor through its bounded channel (a slow actor
 //! slows the socket reads down; ZMQ then drops at the engine's high-water mark, which the
 //! sequence rule sees as a gap), replay requests open a DEALER in a child task. Every
 //! connection is checked against the engine's replay buffer: the first re-reads it (a
@@ -18,12 +18,10 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use ckf_engine::event::{EngineBatch, EngineEvent};
-use ckf_engine::message::EngineMessage;
+use ckf_engine::intake::{Batch, Read};
 use ckf_engine::sequence::{
     Action, PublisherSequence, ReplayFailure, ReplayKind, SequenceConfig, Uncertainty,
 };
-use ckf_engine::wire::decode_batch;
 use ckf_engine::zmtp::{ZmtpLimits, ZmtpViolation};
 use ckf_svc_kit::Shutdown;
 use tokio::sync::mpsc;
@@ -42,12 +40,6 @@ use crate::actor::{ActorHandle, Command};
 pub const LOG_INTERVAL: Duration = Duration::from_secs(10);
 /// Wait between attempts to bind or connect the SUB socket.
 const RETRY: Duration = Duration::from_millis(500);
-/// Largest dp rank a batch may name (a hostile rank could otherwise create members at will).
-const MAX_BATCH_RANK: u32 = super::config::MAX_DP_SIZE;
-
-/// A batch as it travels through the sequence rule: `None` when undecodable (it still takes
-/// its sequence number, so it is not mistaken for a gap).
-type Batch = Option<EngineBatch>;
 
 /// Rate limit of one publisher's malformed-input logs: one line per [`LOG_INTERVAL`].
 fn log_limit() -> LogThrottle {
@@ -74,95 +66,53 @@ impl Decoder {
         }
     }
 
-    /// `(sequence, batch, replay end)` of a multipart message, `None` when it has no usable
-    /// sequence. On the replay path (`replay`), the end marker (sequence -1 or an empty
-    /// payload, as vLLM and SGLang send it after every replay) is not decoded: it is no batch,
-    /// and counting it as malformed would raise a decode error on every healthy replay.
-    fn message(
-        &self,
-        parts: &[Bytes],
-        replay: bool,
-        log: &LogThrottle,
-    ) -> Option<(i64, Batch, bool)> {
-        let size: usize = parts.iter().map(Bytes::len).sum();
-        if size > self.settings.max_frame_bytes {
-            self.error(
-                "oversize",
-                &format_args!("{size} bytes > engine.max_frame_bytes"),
-                log,
-            );
-            // Keep its sequence so it is no gap.
-            let refs: Vec<&[u8]> = parts.iter().map(AsRef::as_ref).collect();
-            return EngineMessage::sequence_of(&refs).map(|seq| (seq, None, false));
-        }
+    /// Reads one message ([`Read::live`] or, on the replay path, [`Read::replayed`]) and
+    /// counts what it found: a rejection as a decode error of its kind, the batch's events by
+    /// kind, its malformed events.
+    fn read(&self, parts: &[Bytes], replay: bool, log: &LogThrottle) -> Read {
         let refs: Vec<&[u8]> = parts.iter().map(AsRef::as_ref).collect();
-        let frame = match EngineMessage::parse(&refs) {
-            Ok(f) => f,
-            Err(e) => {
-                self.error(e.kind_label(), &e, log);
-                return None;
-            }
+        let limits = &self.settings.intake;
+        let read = if replay {
+            Read::replayed(&refs, limits)
+        } else {
+            Read::live(&refs, limits)
         };
-        let end = frame.is_replay_end();
-        if replay && end {
-            return Some((frame.sequence, None, true));
+        if let Some(rejection) = &read.rejected {
+            self.error(rejection.kind_label(), rejection, log);
         }
-        Some((frame.sequence, self.payload(&frame.payload, log), end))
-    }
-
-    fn payload(&self, payload: &[u8], log: &LogThrottle) -> Batch {
-        let [p, e] = self.id.labels();
-        match decode_batch(payload, &self.settings.limits) {
-            Ok(batch) => {
-                if batch.dp_rank.is_some_and(|r| r >= MAX_BATCH_RANK) {
-                    self.error(
-                        "dp_rank",
-                        &format_args!("batch dp_rank {:?} >= {MAX_BATCH_RANK}", batch.dp_rank),
-                        log,
+        if let Some(batch) = &read.batch {
+            let [p, e] = self.id.labels();
+            for event in &batch.events {
+                let kind = event.kind_label();
+                self.metrics.events.with_label_values(&[p, e, kind]).inc();
+            }
+            let notes = &batch.notes;
+            if notes.malformed_events > 0 {
+                self.metrics
+                    .decode_errors
+                    .with_label_values(&[p, e, "malformed_event"])
+                    .inc_by(u64::from(notes.malformed_events));
+                if let Some(suppressed) = log.admit() {
+                    tracing::warn!(
+                        publisher = p,
+                        endpoint = e,
+                        malformed = notes.malformed_events,
+                        first = notes.first_malformed.as_deref().unwrap_or(""),
+                        suppressed,
+                        "malformed engine events skipped"
                     );
-                    return None;
                 }
-                for event in &batch.events {
-                    let kind = match event {
-                        EngineEvent::Stored(_) => "stored",
-                        EngineEvent::Removed(_) => "removed",
-                        EngineEvent::AllCleared => "all_cleared",
-                        EngineEvent::Unknown { .. } => "unknown",
-                    };
-                    self.metrics.events.with_label_values(&[p, e, kind]).inc();
-                }
-                let notes = &batch.notes;
-                if notes.malformed_events > 0 {
-                    self.metrics
-                        .decode_errors
-                        .with_label_values(&[p, e, "malformed_event"])
-                        .inc_by(u64::from(notes.malformed_events));
-                    if let Some(suppressed) = log.admit() {
-                        tracing::warn!(
-                            publisher = p,
-                            endpoint = e,
-                            malformed = notes.malformed_events,
-                            first = notes.first_malformed.as_deref().unwrap_or(""),
-                            suppressed,
-                            "malformed engine events skipped"
-                        );
-                    }
-                }
-                Some(batch)
-            }
-            Err(err) => {
-                self.error(err.kind_label(), &err, log);
-                None
             }
         }
+        read
     }
 }
 
 /// What the replay child task reports.
 #[derive(Debug)]
 enum ReplayMsg {
-    Frame(i64, Batch),
-    End,
+    /// A reply (a batch or the end marker).
+    Read(Read),
     Failed(String),
 }
 
@@ -331,11 +281,7 @@ impl PublisherTask {
                     // The deadline is for a replay that stops progressing, not for a long one.
                     state.deadline = Some(Instant::now() + self.decoder.settings.replay_timeout);
                     match msg {
-                        ReplayMsg::Frame(seq, batch) => {
-                            let identity = batch.as_ref().map(EngineBatch::identity);
-                            state.sequence.replayed(seq, identity, batch)
-                        }
-                        ReplayMsg::End => state.sequence.replay_end(),
+                        ReplayMsg::Read(read) => state.sequence.take(read),
                         ReplayMsg::Failed(why) => {
                             tracing::warn!(%why, "replay socket failed");
                             state.sequence.replay_failed(ReplayFailure::Transport)
@@ -429,7 +375,7 @@ impl PublisherTask {
     /// the decoder, which drops and counts those above the setting (keeping their sequence, so
     /// no gap); only beyond that is the connection closed before the frame is read.
     fn zmtp_limits(&self) -> ZmtpLimits {
-        let max = u64::try_from(self.decoder.settings.max_frame_bytes).unwrap_or(u64::MAX);
+        let max = u64::try_from(self.decoder.settings.intake.max_message_bytes).unwrap_or(u64::MAX);
         ZmtpLimits::for_engine(max.saturating_mul(2))
     }
 
@@ -473,14 +419,8 @@ impl PublisherTask {
         m.last_batch_timestamp
             .with_label_values(&[p, e])
             .set(i64::try_from(now).unwrap_or(i64::MAX));
-        let parts = msg.into_vec();
-        match self.decoder.message(&parts, false, &state.log) {
-            Some((seq, batch, _)) => {
-                let identity = batch.as_ref().map(EngineBatch::identity);
-                state.sequence.live(seq, identity, batch)
-            }
-            None => Vec::new(),
-        }
+        let read = self.decoder.read(&msg.into_vec(), false, &state.log);
+        state.sequence.take(read)
     }
 
     async fn execute(
@@ -659,16 +599,12 @@ async fn replay(
             if parts.len() >= 3 && parts[0].is_empty() {
                 parts.remove(0);
             }
-            let Some((seq, batch, end)) = decoder.message(&parts, true, &log) else {
-                return Err("a reply is not a frame".into());
-            };
-            let msg = if end {
-                ReplayMsg::End
-            } else {
-                ReplayMsg::Frame(seq, batch)
-            };
-            let done = matches!(msg, ReplayMsg::End);
-            if tx.send((generation, msg)).await.is_err() || done {
+            let read = decoder.read(&parts, true, &log);
+            if read.sequence.is_none() {
+                return Err("a reply is not an engine message".into());
+            }
+            let done = read.replay_end;
+            if tx.send((generation, ReplayMsg::Read(read))).await.is_err() || done {
                 return Ok(());
             }
         }
