@@ -91,10 +91,18 @@ impl Reader<'_, '_> {
         }
     }
 
-    /// vLLM `extra_keys`: nil, or a list (one per block) of nil or a list of entries.
-    pub(super) fn read_extra_keys(&mut self, depth: usize) -> Field<Option<Vec<Vec<RawExtra>>>> {
+    /// A per-block list (`extra_keys`, `mm_keys`): nil (`None`), or one entry per block, each
+    /// nil (`T::default()`) or a list of at most `max_blocks_per_event` items that `item` reads
+    /// at `depth + 2` into the block's `T`. A bad entry or item is skipped and the first reason
+    /// kept: the field is then refused.
+    fn read_per_block<T: Default>(
+        &mut self,
+        depth: usize,
+        empty_is_none: bool,
+        mut item: impl FnMut(&mut Self, &mut T, usize) -> Result<Option<Bad>, DecodeError>,
+    ) -> Field<Option<Vec<T>>> {
         let max = self.limits.max_blocks_per_event;
-        let n = match self.read_block_list(depth, false)? {
+        let n = match self.read_block_list(depth, empty_is_none)? {
             Ok(Some(n)) => n,
             Ok(None) => return Ok(Ok(None)),
             Err(bad) => return Ok(Err(bad)),
@@ -105,12 +113,17 @@ impl Reader<'_, '_> {
             let tok = self.next()?;
             let m = match tok {
                 Tok::Nil => {
-                    out.push(Vec::new());
+                    out.push(T::default());
                     continue;
                 }
                 Tok::Array(m) if m as usize <= max => {
                     self.enter(depth + 1)?;
                     m
+                }
+                Tok::Array(m) => {
+                    self.skip_rest(&tok, depth + 1)?;
+                    bad.get_or_insert_with(|| format!("{m} entries in a block > limit {max}"));
+                    continue;
                 }
                 other => {
                     self.skip_rest(&other, depth + 1)?;
@@ -118,13 +131,23 @@ impl Reader<'_, '_> {
                     continue;
                 }
             };
-            let mut entries = Vec::with_capacity(self.cap(m as usize));
+            let mut block = T::default();
             for _ in 0..m {
-                entries.push(self.read_extra_entry(depth + 2)?);
+                if let Some(why) = item(self, &mut block, depth + 2)? {
+                    bad.get_or_insert(why);
+                }
             }
-            out.push(entries);
+            out.push(block);
         }
         Ok(bad.map_or(Ok(Some(out)), Err))
+    }
+
+    /// vLLM `extra_keys`: nil, or a list (one per block) of nil or a list of entries.
+    pub(super) fn read_extra_keys(&mut self, depth: usize) -> Field<Option<Vec<Vec<RawExtra>>>> {
+        self.read_per_block(depth, false, |reader, block: &mut Vec<RawExtra>, depth| {
+            block.push(reader.read_extra_entry(depth)?);
+            Ok(None)
+        })
     }
 
     /// One extra-key entry at `depth`: a string, an `[identifier, offset]` pair, or anything
@@ -166,52 +189,20 @@ impl Reader<'_, '_> {
     /// TensorRT-LLM `mm_keys`: nil, or a list (one per block) of nil or a list of
     /// `MultimodalKey` maps. An empty list means no keys for any block.
     pub(super) fn read_mm_keys(&mut self, depth: usize) -> Field<Option<Vec<RawMm>>> {
-        let max = self.limits.max_blocks_per_event;
-        let n = match self.read_block_list(depth, true)? {
-            Ok(Some(n)) => n,
-            Ok(None) => return Ok(Ok(None)),
-            Err(bad) => return Ok(Err(bad)),
-        };
-        let mut out = Vec::with_capacity(self.cap(n as usize));
-        let mut bad = None;
-        for _ in 0..n {
-            let tok = self.next()?;
-            let m = match tok {
-                Tok::Nil => {
-                    out.push(RawMm::default());
-                    continue;
+        self.read_per_block(depth, true, |reader, block: &mut RawMm, depth| {
+            Ok(match reader.read_mm_key(depth)? {
+                Ok(MmKey::Item { id, digest }) => {
+                    block.mm_hashes.extend(id);
+                    block.digests.extend(digest);
+                    None
                 }
-                Tok::Array(m) if m as usize <= max => {
-                    self.enter(depth + 1)?;
-                    m
+                Ok(MmKey::Other(h)) => {
+                    block.other.push(h);
+                    None
                 }
-                Tok::Array(m) => {
-                    self.skip_rest(&tok, depth + 1)?;
-                    bad.get_or_insert_with(|| format!("{m} keys in a block > limit {max}"));
-                    continue;
-                }
-                other => {
-                    self.skip_rest(&other, depth + 1)?;
-                    bad.get_or_insert_with(|| format!("block entry is {}", other.kind()));
-                    continue;
-                }
-            };
-            let mut block = RawMm::default();
-            for _ in 0..m {
-                match self.read_mm_key(depth + 2)? {
-                    Ok(MmKey::Item { id, digest }) => {
-                        block.mm_hashes.extend(id);
-                        block.digests.extend(digest);
-                    }
-                    Ok(MmKey::Other(h)) => block.other.push(h),
-                    Err(why) => {
-                        bad.get_or_insert(why);
-                    }
-                }
-            }
-            out.push(block);
-        }
-        Ok(bad.map_or(Ok(Some(out)), Err))
+                Err(why) => Some(why),
+            })
+        })
     }
 
     /// One `mm_keys` entry at `depth`: a map `{"type": "mm_key", "hash": str,
