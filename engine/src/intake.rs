@@ -49,7 +49,8 @@ pub enum Rejection {
     /// Its payload is not a batch.
     #[error(transparent)]
     Decode(#[from] DecodeError),
-    /// The batch names a dp rank at or above [`IntakeLimits::max_dp_rank`].
+    /// The batch names a dp rank at or above [`IntakeLimits::max_dp_rank`] (one outside
+    /// `u32` reads as `u32::MAX`).
     #[error("batch dp_rank {rank} >= {max}")]
     DpRank {
         /// The rank named.
@@ -86,6 +87,11 @@ pub struct Read {
     pub replay_end: bool,
     /// Why the message carries no batch, when a check failed.
     pub rejected: Option<Rejection>,
+    /// The identity the sequence rule keeps for this message: its batch's
+    /// ([`EngineBatch::identity`]), or for a message a check dropped, a digest of its payload
+    /// bytes. A replay repeats a message byte for byte, so either verifies when it is the last
+    /// one applied; `None` only without a sequence (or for the end marker).
+    pub identity: Option<u64>,
     /// Whether it came from the replay socket.
     replayed: bool,
 }
@@ -107,11 +113,15 @@ impl Read {
             batch: None,
             replay_end: false,
             rejected: None,
+            identity: None,
             replayed,
         };
         let bytes: usize = parts.iter().map(|p| p.len()).sum();
+        // The payload is the last part, live (`[topic, sequence, payload]`) and replayed.
+        let payload_digest = || parts.last().map(|p| xxhash_rust::xxh3::xxh3_64(p));
         if bytes > limits.max_message_bytes {
             read.sequence = EngineMessage::sequence_of(parts);
+            read.identity = read.sequence.and(payload_digest());
             read.rejected = Some(Rejection::Oversize {
                 bytes,
                 max: limits.max_message_bytes,
@@ -138,9 +148,15 @@ impl Read {
                         max: limits.max_dp_rank,
                     });
                 }
-                _ => read.batch = Some(batch),
+                _ => {
+                    read.identity = Some(batch.identity());
+                    read.batch = Some(batch);
+                }
             },
             Err(e) => read.rejected = Some(e.into()),
+        }
+        if read.rejected.is_some() {
+            read.identity = payload_digest();
         }
         read
     }
@@ -158,11 +174,10 @@ impl PublisherSequence<Batch> {
         if read.replay_end {
             return self.replay_end();
         }
-        let identity = read.batch.as_ref().map(EngineBatch::identity);
         if read.replayed {
-            self.replayed(sequence, identity, read.batch)
+            self.replayed(sequence, read.identity, read.batch)
         } else {
-            self.live(sequence, identity, read.batch)
+            self.live(sequence, read.identity, read.batch)
         }
     }
 }

@@ -73,6 +73,73 @@ fn each_check_drops_the_batch_and_says_why() {
         read.rejected
     );
     assert_eq!(read.rejected.unwrap().to_string(), "batch dp_rank 4 >= 4");
+    // A rank outside u32 is refused as a rank too, not as a malformed batch.
+    for rank in [1_i64 << 40, -1] {
+        let read = live(6, &payload(Some(rank), &[1]));
+        assert_eq!(
+            read.rejected,
+            Some(Rejection::DpRank {
+                rank: u32::MAX,
+                max: 4
+            }),
+            "rank {rank}"
+        );
+    }
+}
+
+#[test]
+fn a_dropped_message_keeps_an_identity_of_its_bytes() {
+    let good = payload(None, &[1]);
+    assert_eq!(
+        live(1, &good).identity,
+        Some(live(1, &good).batch.unwrap().identity())
+    );
+    let bad = live(2, b"\xc1bad");
+    let again = Read::replayed(&[&2i64.to_be_bytes(), b"\xc1bad"], &limits());
+    assert!(bad.identity.is_some());
+    assert_eq!(bad.identity, again.identity, "a replay repeats the bytes");
+    assert_ne!(bad.identity, live(2, b"\xc1other").identity);
+    // Without a sequence there is nothing to identify.
+    assert_eq!(Read::live(&[b"x"], &limits()).identity, None);
+}
+
+#[test]
+fn a_dropped_message_applied_last_still_verifies() {
+    let config = SequenceConfig {
+        max_buffered_batches: 8,
+        replay_available: true,
+    };
+    let mut sequence = PublisherSequence::<Batch>::new(config);
+    let good = payload(None, &[1]);
+    // First contact: the re-read returns a good batch then a malformed one.
+    sequence.take(live(0, &good));
+    let reply = |seq: i64, bytes: &[u8]| Read::replayed(&[&seq.to_be_bytes(), bytes], &limits());
+    sequence.take(reply(0, &good));
+    sequence.take(reply(1, b"\xc1bad"));
+    sequence.take(Read::replayed(&[&(-1i64).to_be_bytes(), b""], &limits()));
+    assert_eq!(sequence.last_applied(), Some(1));
+    // The idle check verifies the last applied message: the replay repeats its bytes.
+    let actions = sequence.idle();
+    assert!(
+        actions
+            .iter()
+            .any(|a| matches!(a, Action::RequestReplay { from: 1, .. })),
+        "{actions:?}"
+    );
+    let actions = sequence.take(reply(1, b"\xc1bad"));
+    assert!(
+        actions
+            .iter()
+            .any(|a| matches!(a, Action::Verified { sequence: 1 })),
+        "{actions:?}"
+    );
+    let actions = sequence.take(Read::replayed(&[&(-1i64).to_be_bytes(), b""], &limits()));
+    assert!(
+        !actions
+            .iter()
+            .any(|a| matches!(a, Action::ClearMembers { .. })),
+        "{actions:?}"
+    );
 }
 
 #[test]

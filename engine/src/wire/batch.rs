@@ -89,10 +89,9 @@ impl Reader<'_, '_> {
     pub(super) fn read_dp_rank(&mut self) -> Result<Option<u32>, DecodeError> {
         match self.next()? {
             Tok::Nil => Ok(None),
-            t @ (Tok::Uint(_) | Tok::Int(_)) => t
-                .as_u32()
-                .map(Some)
-                .ok_or_else(|| DecodeError::Type("dp rank out of u32 range".into())),
+            // A rank outside `u32` (negative, or 2^32 and above) reads as `u32::MAX`, which no
+            // rank bound admits: the caller refuses it as a rank, not as a malformed batch.
+            t @ (Tok::Uint(_) | Tok::Int(_)) => Ok(Some(t.as_u32().unwrap_or(u32::MAX))),
             other => {
                 self.skip_rest(&other, 2)?;
                 Err(DecodeError::Type(format!("dp rank is {}", other.kind())))
