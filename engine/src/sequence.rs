@@ -55,7 +55,11 @@
 //!   partition): an engine restarted behind it fails the verification, a gone one times out.
 //! - **A replay that fails** (times out, the socket fails, or more than `max_buffered_batches`
 //!   arrive meanwhile): clear (the verification's [`ClearReason::Unverified`], else
-//!   [`ClearReason::Gap`]) and resume at the oldest buffered live batch as a first batch.
+//!   [`ClearReason::Gap`]) and resume at the oldest buffered live batch as a first batch. The
+//!   publisher is then **unsettled** (what the engine held before the failure is missing) until
+//!   a re-read completes: the next idle check or connection clears again and re-reads the
+//!   buffer instead of verifying (the caller also calls [`PublisherSequence::idle`] a while
+//!   after a failed replay, so a busy engine that is never idle is re-read too).
 //! - **No replay socket**: nothing can be verified. A gap clears and applies; a restart clears
 //!   and applies the new process's batch; a (re)connection clears what was applied before it.
 //!
@@ -270,7 +274,7 @@ pub enum Action<T> {
     },
 }
 
-/// A batch's sequence with its identity (`None`: unknown, e.g. an undecodable batch).
+/// A batch's sequence with its identity (`None`: unknown, e.g. restored from an older checkpoint).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Mark {
     sequence: i64,
@@ -329,6 +333,9 @@ pub struct PublisherSequence<T> {
     /// A re-read found the engine's buffer empty and nothing was applied since: the engine's
     /// next batch is its sequence 0, and any other first batch means batches were lost.
     empty: bool,
+    /// A replay failed and cleared the members, and no re-read has completed since: what the
+    /// engine held before is missing. The next check (idle, connection) re-reads the buffer.
+    unsettled: bool,
 }
 
 impl<T> PublisherSequence<T> {
@@ -342,6 +349,7 @@ impl<T> PublisherSequence<T> {
             contacted: false,
             early: false,
             empty: false,
+            unsettled: false,
         }
     }
 
@@ -361,6 +369,12 @@ impl<T> PublisherSequence<T> {
     /// The last sequence applied since the last clear, if any.
     pub fn last_applied(&self) -> Option<i64> {
         self.last.map(|m| m.sequence)
+    }
+
+    /// Whether a replay failed and no re-read has completed since (see the module docs): the
+    /// caller calls [`PublisherSequence::idle`] again after a while, quiet or not.
+    pub fn unsettled(&self) -> bool {
+        self.unsettled
     }
 
     /// The first sequence of the replay in flight, if one is.
@@ -429,7 +443,12 @@ impl<T> PublisherSequence<T> {
         if self.window.is_some() || !self.config.replays() {
             return out;
         }
-        if let Some(at) = self.last {
+        if self.unsettled {
+            out.push(Action::Uncertain {
+                cause: Uncertainty::Idle,
+            });
+            self.settle(&mut out);
+        } else if let Some(at) = self.last {
             out.push(Action::Uncertain {
                 cause: Uncertainty::Idle,
             });
@@ -514,6 +533,9 @@ impl<T> PublisherSequence<T> {
             Phase::Reread { started: false } => false,
         };
         let window = self.window.take().expect("checked above");
+        if matches!(window.phase, Phase::Reread { .. }) {
+            self.unsettled = false;
+        }
         out.push(Action::ReplayFilled { from: window.from });
         // Nothing in the engine's buffer and nothing held: the engine's next batch is its
         // first. Held live batches an empty buffer did not return are the best there is: they
@@ -651,9 +673,21 @@ impl<T> PublisherSequence<T> {
             return;
         }
         match self.last {
+            _ if self.unsettled => self.settle(out),
             Some(at) => self.request(Phase::Verify { at }, at.sequence, VecDeque::new(), out),
             None => self.reread(VecDeque::new(), out),
         }
+    }
+
+    /// After a failed replay: clear what was applied since (if anything) and re-read the
+    /// buffer, so what the engine held before the failure is indexed again.
+    fn settle(&mut self, out: &mut Vec<Action<T>>) {
+        if self.last.take().is_some() {
+            out.push(Action::ClearMembers {
+                reason: ClearReason::Unverified,
+            });
+        }
+        self.reread(VecDeque::new(), out);
     }
 
     /// A new process: clear, then re-read its buffer (holding `batch` behind the replay), or
@@ -765,6 +799,7 @@ impl<T> PublisherSequence<T> {
             },
         });
         self.last = None;
+        self.unsettled = true;
         for (mark, batch) in window.buffered {
             self.push_live(mark, batch, out);
         }

@@ -634,6 +634,50 @@ fn timeouts_transport_failures_and_overflow_clear_and_resume_at_live() {
 }
 
 #[test]
+fn after_a_failed_replay_the_next_check_rereads_until_a_reread_completes() {
+    // Batches 0..=2 applied; an idle verification of 2 times out: cleared, the next live
+    // batch starts the run.
+    let mut p = started(REPLAY, 0);
+    live(&mut p, 0, 1);
+    live(&mut p, 0, 2);
+    assert_eq!(p.idle(), vec![uncertain(Uncertainty::Idle), verify(2)]);
+    assert_eq!(
+        p.replay_failed(ReplayFailure::Timeout)[1],
+        clear(ClearReason::Unverified)
+    );
+    assert_eq!(live(&mut p, 0, 3), vec![apply(0, 3)]);
+    // Unsettled: the next idle check does not verify 3 (0..=2 are missing), it clears and
+    // re-reads the buffer, which returns them.
+    assert_eq!(
+        p.idle(),
+        vec![
+            uncertain(Uncertainty::Idle),
+            clear(ClearReason::Unverified),
+            reread()
+        ]
+    );
+    // A re-read that fails leaves it unsettled: a reconnection re-reads again.
+    assert_eq!(
+        p.replay_failed(ReplayFailure::Transport)[0],
+        Action::ReplayFailed {
+            from: 0,
+            reason: ReplayFailure::Transport
+        }
+    );
+    assert_eq!(
+        p.connected(),
+        vec![uncertain(Uncertainty::Reconnect), reread()]
+    );
+    for s in 0..=3 {
+        reply(&mut p, 0, s);
+    }
+    assert_eq!(p.replay_end(), vec![Action::ReplayFilled { from: 0 }]);
+    assert_eq!(p.last_applied(), Some(3));
+    // Settled: the idle check verifies again.
+    assert_eq!(p.idle(), vec![uncertain(Uncertainty::Idle), verify(3)]);
+}
+
+#[test]
 fn a_restart_during_a_replay_abandons_it_and_rereads() {
     let mut p = started(REPLAY, 7);
     live(&mut p, 0, 9);

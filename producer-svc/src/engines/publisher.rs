@@ -244,6 +244,8 @@ impl PublisherTask {
             kind: None,
             deadline: None,
             log: log_limit(),
+            settle_at: None,
+            settle_failures: 0,
         };
         let (replay_tx, mut replay_rx) = mpsc::channel::<(u64, ReplayMsg)>(1024);
         let connected = self
@@ -256,6 +258,7 @@ impl PublisherTask {
         loop {
             let deadline = state.deadline;
             let idle_at = verify_idle.map(|d| quiet_since + d);
+            let settle_at = state.settle_at;
             let actions = tokio::select! {
                 biased;
                 () = &mut stopped => break,
@@ -291,6 +294,12 @@ impl PublisherTask {
                 () = sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => {
                     state.sequence.replay_failed(ReplayFailure::Timeout)
                 }
+                // A replay failed a while ago and no re-read has completed since: check again
+                // even if the engine is busy (an idle one is checked below anyway).
+                () = sleep_until(settle_at.unwrap_or_else(Instant::now)), if settle_at.is_some() => {
+                    state.settle_at = None;
+                    state.sequence.idle()
+                }
                 // Silent for a while: the connection may be dead while it looks open.
                 () = sleep_until(idle_at.unwrap_or_else(Instant::now)), if idle_at.is_some() => {
                     quiet_since = Instant::now();
@@ -324,6 +333,7 @@ impl PublisherTask {
             {
                 break;
             }
+            state.schedule_settle(verify_idle);
         }
         if let Some(task) = state.replay.take() {
             task.abort();
@@ -544,9 +554,37 @@ struct Run {
     kind: Option<ReplayKind>,
     deadline: Option<Instant>,
     log: LogThrottle,
+    /// When to check an unsettled publisher again ([`PublisherSequence::unsettled`]).
+    settle_at: Option<Instant>,
+    /// Failed checks in a row while unsettled: each doubles the wait (up to
+    /// [`MAX_SETTLE_DOUBLINGS`] times), so a replay socket that stays broken costs a clear
+    /// every few minutes, not every interval.
+    settle_failures: u32,
 }
 
+/// How many times the wait before re-checking an unsettled publisher doubles.
+const MAX_SETTLE_DOUBLINGS: u32 = 4;
+
 impl Run {
+    /// Arms (or disarms) the next check of an unsettled publisher: `engine.verify_idle_ms`
+    /// after a failed replay, doubling with each failure in a row. Without an idle interval
+    /// an unsettled publisher is re-read at its next connection only.
+    fn schedule_settle(&mut self, verify_idle: Option<Duration>) {
+        let waiting = self.settle_at.is_some() || self.replay.is_some();
+        match verify_idle {
+            Some(interval) if self.sequence.unsettled() && !waiting => {
+                let wait = interval * (1 << self.settle_failures.min(MAX_SETTLE_DOUBLINGS));
+                self.settle_failures += 1;
+                self.settle_at = Some(Instant::now() + wait);
+            }
+            _ if !self.sequence.unsettled() => {
+                self.settle_failures = 0;
+                self.settle_at = None;
+            }
+            _ => {}
+        }
+    }
+
     fn end_replay(&mut self) {
         self.generation += 1;
         self.kind = None;
