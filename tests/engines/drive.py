@@ -1151,6 +1151,19 @@ def scenario_outage(e):
     e.check()
 
 
+def scenario_stall(e):
+    """The engine process stops (the test sends SIGSTOP at PAUSE stall) long enough for the
+    producer's check of it to time out and clear its member; once it runs again, with nothing
+    new published, the producer re-reads its buffer and holds exactly what it held before."""
+    a, b, c = common_requests(e.block_size)
+    e.ready()
+    e.publish(0, [e.store(0, a), e.store(0, b, 2, 5)])
+    expect_common(e, a, b, c)
+    e.check()
+    e.pause("stall")
+    e.check()
+
+
 def late_history(e):
     """What an engine publishes before any producer runs: A, a 40-block chain in 8 stores, B,
     one of A's blocks evicted. Returns C (not stored)."""
@@ -1359,6 +1372,7 @@ SCENARIOS = {
     "positional": (Vllm, scenario_positional, {}),
     "sglang": (Sglang, scenario_sglang, {}),
     "malformed": (Vllm, scenario_malformed, {}),
+    "stall": (Vllm, scenario_stall, {}),
     "resume_replay": (Vllm, scenario_resume_replay, {}),
     "resume_engine_restart": (Vllm, scenario_resume_engine_restart, {}),
     "resume_idle": (Vllm, scenario_resume_idle, {}),

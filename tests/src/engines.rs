@@ -350,6 +350,13 @@ impl Driver {
         }
     }
 
+    /// Sends a signal to the driver process, whose publishers run in it (`SIGSTOP` stalls the
+    /// engine: nothing published, no replay answered).
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: plain kill(2) on a child pid we own and have not reaped yet.
+        unsafe { libc::kill(self.child.id() as i32, signal) };
+    }
+
     /// Lets the driver go on with its next step.
     ///
     /// # Panics

@@ -385,6 +385,68 @@ async fn sglang_restart_to_the_last_applied_sequence() {
     restart_at("sglang_restart_equal").await;
 }
 
+/// vLLM's process stops (SIGSTOP) with nothing new to publish: the producer's idle check of
+/// it times out and clears its member. Once the process runs again, its buffer is re-read (the
+/// publisher stays unsettled after a failed replay until a re-read completes), so the member
+/// holds exactly what the engine holds, with no new batch from it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_stalled_past_the_replay_timeout_is_reread_once_it_runs_again() {
+    let Some(python) = engine_python() else {
+        return;
+    };
+    let dir = TestDir::new("engines-stall");
+    let indexer = indexer(&dir);
+    let engine = EngineSpec::new(WORKER, 1);
+    let spec = ProducerSpec {
+        block_size: Some(BLOCK_SIZE),
+        engines: vec![engine.flag()],
+        args: ["--verify-idle-ms", "500", "--replay-timeout-ms", "500"]
+            .map(String::from)
+            .to_vec(),
+        ..ProducerSpec::new("dc-a")
+    };
+    let producer = Producer::start(&dir, "producer-a", &spec, &[indexer.url()]);
+    indexer.wait_lane("dc-a", "active", is_active).await;
+    let mut driver = Driver::spawn(&python, &dir, "stall", &engine, BLOCK_SIZE);
+    let mut checks = 0;
+    loop {
+        match driver.next_step().await {
+            Step::Ready(expect) => wait_members(producer.addr, "warm-up", &expect).await,
+            Step::Check(expect) => {
+                checks += 1;
+                let what = format!("check {checks}");
+                wait_members(producer.addr, &what, &expect).await;
+                wait_queries(indexer.addr, "dc-a", &what, &expect).await;
+            }
+            Step::Pause(name) if name == "stall" => {
+                driver.signal(libc::SIGSTOP);
+                eventually("the stalled engine's member cleared", DEADLINE, || {
+                    let failed = engine_metric(&producer, REPLAYS, &[("outcome", "failed")]);
+                    let cleared = engine_metric(&producer, CLEARED, &[]);
+                    async move {
+                        if failed >= 1.0 && cleared >= 1.0 {
+                            Ok(())
+                        } else {
+                            Err(format!("{failed} replays failed, {cleared} clears"))
+                        }
+                    }
+                })
+                .await;
+                driver.signal(libc::SIGCONT);
+            }
+            step => panic!("unexpected step {step:?}"),
+        }
+        if checks == 2 {
+            break;
+        }
+        driver.go();
+    }
+    assert!(
+        engine_metric(&producer, REREAD, &[]) >= 1.0,
+        "the member came back through a re-read"
+    );
+}
+
 /// A counter or gauge of the engine's rank-0 publisher (`7/0`) with extra `labels`.
 fn engine_metric(producer: &Producer, name: &str, labels: &[(&str, &str)]) -> f64 {
     let text = producer.metrics().unwrap_or_default();
