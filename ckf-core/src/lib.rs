@@ -29,6 +29,7 @@
 //! | [`search`] | multi-lane prefix search over the transposed table |
 //! | [`tokens`] | the canonical token hash space: token ids -> sequence block hashes (Dynamo's scheme) |
 //! | `adapter` | (feature `testing`) in-process producer -> consumer composition with recovery, for tests and demos |
+//! | [`route`] | the routing decision: expected time to first token per DC from prefix depth, load and round trip; ranking, choice, bookings |
 //! | [`failure`] | pre-/post-commit failure dispositions by affected domain |
 //! | [`access`] | credentials, principals, per-pool / per-source policies, refusals (`UNAUTHENTICATED` / `PERMISSION_DENIED`) |
 //! | `testing` | (feature `testing`) test kit: frames under a lease, snapshot install |
@@ -52,6 +53,7 @@ mod memory;
 pub mod mutator;
 pub mod publication;
 pub mod relay_session;
+pub mod route;
 pub mod search;
 pub mod sources;
 #[cfg(feature = "testing")]

@@ -1,0 +1,263 @@
+//! Choosing the DC that answers a request first: the expected time to first token (TTFT) of
+//! every ready DC from its cached prefix, its pool's load and the round trip to it; the DCs
+//! ranked, and the choice with its reason. Pure: the caller gives the prefix depths of a search,
+//! each DC's latest load report with its age, and the round trips; [`Bookings`] adds the choices
+//! made since a DC's last report to its load.
+//!
+//! ## The model
+//!
+//! For a request of `T` tokens, of which `C_d` are cached in DC `d` (prefix depth x block size):
+//!
+//! ```text
+//! ttft_d  = rtt_d + queue_d + (T - C_d) / capacity_d
+//! queue_d = (waiting_d + booked_d) * queued_request_tokens / capacity_d
+//! ```
+//!
+//! - `rtt_d`: the router's round trip to `d`: the request's own when it gives one, else
+//!   [`RouteModel::default_rtt`].
+//! - `capacity_d`: the prefill tokens/s of `d`'s pool, from its load report; without a usable
+//!   report, [`RouteModel::default_prefill_tokens_per_s`].
+//! - `waiting_d`: requests queued at the pool's engines, from its load report.
+//! - `booked_d`: requests this indexer sent to `d` since that report ([`Bookings`]): a burst of
+//!   one hot prefix spreads as the model says instead of all landing on the deepest DC.
+//! - `queued_request_tokens`: the prefill work one queued request stands for
+//!   ([`RouteModel::queued_request_tokens`]).
+//!
+//! A DC whose load is unknown (no report, or one older than [`RouteModel::stale_after`]) is
+//! estimated with no queue and the default capacity, and says so ([`LoadState`]): it is ranked
+//! by its cached prefix and round trip only.
+//!
+//! DCs are ranked by expected TTFT; equal estimates go to the deeper prefix, then the lower
+//! lane. The choice is the first ([`Reason::Fastest`], or [`Reason::DeepestOfEqual`] when a tie
+//! was broken by depth).
+
+use std::time::Duration;
+
+use crate::identity::LaneIndex;
+
+/// The model's parameters (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RouteModel {
+    /// Round trip to a DC when the request gives none for it.
+    pub default_rtt: Duration,
+    /// Prefill tokens/s of a pool without a usable load report.
+    pub default_prefill_tokens_per_s: f64,
+    /// The prefill work one queued request stands for, tokens.
+    pub queued_request_tokens: f64,
+    /// A load report older than this is unknown.
+    pub stale_after: Duration,
+}
+
+impl Default for RouteModel {
+    /// 1 ms round trip, 10,000 prefill tokens/s, 1,024 tokens per queued request, reports
+    /// stale after 5 s.
+    fn default() -> Self {
+        Self {
+            default_rtt: Duration::from_millis(1),
+            default_prefill_tokens_per_s: 10_000.0,
+            queued_request_tokens: 1_024.0,
+            stale_after: Duration::from_secs(5),
+        }
+    }
+}
+
+/// One DC pool's load, as its producer reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct PoolLoad {
+    /// Engines whose load is in this report.
+    pub engines_reporting: u32,
+    /// Engines configured in the pool.
+    pub engines_configured: u32,
+    /// Requests running at the reporting engines.
+    pub running: u32,
+    /// Requests waiting at the reporting engines.
+    pub waiting: u32,
+    /// KV-cache usage of the reporting engines, 0.0..=1.0.
+    pub kv_usage: f64,
+    /// Prefill tokens/s of the reporting engines (configured per engine).
+    pub prefill_tokens_per_s: f64,
+}
+
+/// What the model knows of one ready DC.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DcInput {
+    /// Its lane.
+    pub lane: LaneIndex,
+    /// Leading blocks of the request it holds.
+    pub depth: u32,
+    /// Tokens per block of its pool.
+    pub block_size: u32,
+    /// The router's own round trip to it, if the request gives one.
+    pub rtt: Option<Duration>,
+    /// Its latest load report and how old it is.
+    pub load: Option<(PoolLoad, Duration)>,
+    /// Requests sent to it since that report ([`Bookings::booked`]).
+    pub booked: u32,
+}
+
+/// Whether a DC's load entered its estimate.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum LoadState {
+    /// A report within [`RouteModel::stale_after`], this old.
+    Known(Duration),
+    /// A report older than [`RouteModel::stale_after`]: not used.
+    Stale(Duration),
+    /// No report.
+    Unknown,
+}
+
+/// One DC's estimate.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DcEstimate {
+    /// Its lane.
+    pub lane: LaneIndex,
+    /// Tokens of the request it holds (depth x block size, at most the request's).
+    pub cached_tokens: u64,
+    /// Tokens it would prefill.
+    pub uncached_tokens: u64,
+    /// The round trip used, and whether it was the request's own.
+    pub rtt: Duration,
+    /// Whether the round trip came from the request.
+    pub rtt_from_request: bool,
+    /// Whether its load entered the estimate.
+    pub load: LoadState,
+    /// The capacity used, prefill tokens/s.
+    pub capacity: f64,
+    /// Expected wait behind the queued and booked requests.
+    pub queue: Duration,
+    /// Expected prefill of the uncached tokens.
+    pub prefill: Duration,
+    /// Expected time to first token: `rtt + queue + prefill`.
+    pub ttft: Duration,
+}
+
+/// Why the first DC was chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// The lowest expected TTFT.
+    Fastest,
+    /// Equal lowest estimates; the deepest cached prefix among them.
+    DeepestOfEqual,
+}
+
+impl Reason {
+    /// A short stable label for metrics: `"fastest"`, `"deepest_of_equal"`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Fastest => "fastest",
+            Self::DeepestOfEqual => "deepest_of_equal",
+        }
+    }
+}
+
+/// The answer: every DC ranked, fastest first, and the choice.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Route {
+    /// The DCs' estimates, in rank order.
+    pub ranked: Vec<DcEstimate>,
+    /// The first DC's lane and why; `None` with no DC.
+    pub choice: Option<(LaneIndex, Reason)>,
+}
+
+/// Estimates each DC in `dcs` for a request of `request_tokens` tokens and ranks them.
+pub fn route(model: &RouteModel, request_tokens: u64, dcs: &[DcInput]) -> Route {
+    let mut ranked: Vec<DcEstimate> = dcs
+        .iter()
+        .map(|dc| estimate(model, request_tokens, dc))
+        .collect();
+    ranked.sort_by(|a, b| {
+        a.ttft
+            .cmp(&b.ttft)
+            .then(b.cached_tokens.cmp(&a.cached_tokens))
+            .then(a.lane.cmp(&b.lane))
+    });
+    let choice = ranked.first().map(|first| {
+        let tie_broken_by_depth = ranked.get(1).is_some_and(|second| {
+            second.ttft == first.ttft && second.cached_tokens != first.cached_tokens
+        });
+        let reason = if tie_broken_by_depth {
+            Reason::DeepestOfEqual
+        } else {
+            Reason::Fastest
+        };
+        (first.lane, reason)
+    });
+    Route { ranked, choice }
+}
+
+fn estimate(model: &RouteModel, request_tokens: u64, dc: &DcInput) -> DcEstimate {
+    let cached_tokens = (u64::from(dc.depth) * u64::from(dc.block_size)).min(request_tokens);
+    let uncached_tokens = request_tokens - cached_tokens;
+    let load = match dc.load {
+        Some((_, age)) if age > model.stale_after => LoadState::Stale(age),
+        Some((_, age)) => LoadState::Known(age),
+        None => LoadState::Unknown,
+    };
+    let report = match load {
+        LoadState::Known(_) => dc.load.map(|(report, _)| report),
+        _ => None,
+    };
+    let capacity = report
+        .map(|r| r.prefill_tokens_per_s)
+        .filter(|c| c.is_finite() && *c > 0.0)
+        .unwrap_or(model.default_prefill_tokens_per_s);
+    let queued = report.map_or(0.0, |r| f64::from(r.waiting) + f64::from(dc.booked));
+    let queue = seconds(queued * model.queued_request_tokens / capacity);
+    let prefill = seconds(uncached_tokens as f64 / capacity);
+    let rtt = dc.rtt.unwrap_or(model.default_rtt);
+    DcEstimate {
+        lane: dc.lane,
+        cached_tokens,
+        uncached_tokens,
+        rtt,
+        rtt_from_request: dc.rtt.is_some(),
+        load,
+        capacity,
+        queue,
+        prefill,
+        ttft: rtt + queue + prefill,
+    }
+}
+
+/// `s` seconds, rounded to the nanosecond (estimates are compared as [`Duration`]s, so equal
+/// inputs give equal estimates); non-finite or negative as 0, huge as [`Duration::MAX`].
+fn seconds(s: f64) -> Duration {
+    if s.is_finite() && s > 0.0 {
+        Duration::try_from_secs_f64(s).unwrap_or(Duration::MAX)
+    } else {
+        Duration::ZERO
+    }
+}
+
+/// Requests sent to each lane since its last load report: added to that lane's queue until a
+/// newer report covers them. Per indexer replica (each books its own choices).
+#[derive(Debug, Clone, Default)]
+pub struct Bookings {
+    booked: Vec<u32>,
+}
+
+impl Bookings {
+    /// Requests booked on `lane` since its last report.
+    pub fn booked(&self, lane: LaneIndex) -> u32 {
+        self.booked.get(usize::from(lane)).copied().unwrap_or(0)
+    }
+
+    /// A request was sent to `lane`.
+    pub fn book(&mut self, lane: LaneIndex) {
+        let i = usize::from(lane);
+        if self.booked.len() <= i {
+            self.booked.resize(i + 1, 0);
+        }
+        self.booked[i] = self.booked[i].saturating_add(1);
+    }
+
+    /// A newer load report of `lane` arrived: it counts the requests booked before it.
+    pub fn reported(&mut self, lane: LaneIndex) {
+        if let Some(b) = self.booked.get_mut(usize::from(lane)) {
+            *b = 0;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,192 @@
+use super::*;
+
+const MS: Duration = Duration::from_millis(1);
+
+fn dc(lane: LaneIndex, depth: u32) -> DcInput {
+    DcInput {
+        lane,
+        depth,
+        block_size: 16,
+        rtt: None,
+        load: None,
+        booked: 0,
+    }
+}
+
+fn load(waiting: u32, capacity: f64) -> PoolLoad {
+    PoolLoad {
+        engines_reporting: 2,
+        engines_configured: 2,
+        running: 4,
+        waiting,
+        kv_usage: 0.5,
+        prefill_tokens_per_s: capacity,
+    }
+}
+
+fn secs(s: f64) -> Duration {
+    Duration::from_secs_f64(s)
+}
+
+#[test]
+fn each_term_of_the_formula_on_a_hand_computed_case() {
+    let model = RouteModel::default();
+    // 1,000 tokens. Lane 0: 800 cached (50 blocks of 16), 2 waiting + 1 booked at 20,000
+    // tokens/s, the router's own 10 ms round trip. Lane 1: nothing cached, no report (default
+    // 1 ms, 10,000 tokens/s). Lane 2: 992 cached, a report 6 s old (stale), 279 ms away.
+    let dcs = [
+        DcInput {
+            rtt: Some(10 * MS),
+            load: Some((load(2, 20_000.0), Duration::from_secs(1))),
+            booked: 1,
+            ..dc(0, 50)
+        },
+        dc(1, 0),
+        DcInput {
+            rtt: Some(279 * MS),
+            load: Some((load(9, 50_000.0), Duration::from_secs(6))),
+            ..dc(2, 62)
+        },
+    ];
+    let route = route(&model, 1_000, &dcs);
+    let [first, second, third] = route.ranked.as_slice() else {
+        panic!("{route:?}")
+    };
+    // Lane 1: 1 ms + 0 + 1000 / 10000 s.
+    assert_eq!(first.lane, 1);
+    assert_eq!((first.cached_tokens, first.uncached_tokens), (0, 1_000));
+    assert_eq!(first.load, LoadState::Unknown);
+    assert!(!first.rtt_from_request);
+    assert_eq!(first.ttft, MS + secs(0.1));
+    // Lane 0: 10 ms + (2 + 1) * 1024 / 20000 s + 200 / 20000 s.
+    assert_eq!(second.lane, 0);
+    assert_eq!((second.cached_tokens, second.uncached_tokens), (800, 200));
+    assert_eq!(second.load, LoadState::Known(Duration::from_secs(1)));
+    assert!(second.rtt_from_request);
+    assert_eq!(second.queue, secs(3.0 * 1024.0 / 20_000.0));
+    assert_eq!(second.prefill, secs(0.01));
+    assert_eq!(second.ttft, 10 * MS + secs(0.1536) + secs(0.01));
+    // Lane 2: its stale report is not used (no queue, default capacity): 279 ms + 8 / 10000 s.
+    assert_eq!(third.lane, 2);
+    assert_eq!(third.load, LoadState::Stale(Duration::from_secs(6)));
+    assert_eq!((third.capacity, third.queue), (10_000.0, Duration::ZERO));
+    assert_eq!(third.ttft, 279 * MS + secs(0.0008));
+    assert_eq!(route.choice, Some((1, Reason::Fastest)));
+}
+
+#[test]
+fn equal_estimates_go_to_the_deeper_prefix_then_the_lower_lane() {
+    let model = RouteModel::default();
+    // Lane 0: nothing cached, 1 ms: 1 + 102.4 ms. Lane 1: half cached, 52.2 ms: 52.2 + 51.2 ms.
+    let dcs = [
+        dc(0, 0),
+        DcInput {
+            rtt: Some(Duration::from_micros(52_200)),
+            ..dc(1, 32)
+        },
+    ];
+    let route = route(&model, 1_024, &dcs);
+    assert_eq!(route.ranked[0].ttft, route.ranked[1].ttft);
+    assert_eq!(route.choice, Some((1, Reason::DeepestOfEqual)));
+    // Identical DCs: the lower lane, and nothing to break by depth.
+    let route = super::route(&model, 1_024, &[dc(3, 4), dc(2, 4)]);
+    assert_eq!(route.choice, Some((2, Reason::Fastest)));
+    // No DC, no choice.
+    assert_eq!(super::route(&model, 1_024, &[]).choice, None);
+}
+
+#[test]
+fn the_routers_own_round_trips_override_the_default_and_can_flip_the_choice() {
+    let model = RouteModel::default();
+    // Lane 0 holds everything, lane 1 nothing: with default round trips lane 0 wins.
+    let dcs = [dc(0, 64), dc(1, 0)];
+    assert_eq!(
+        route(&model, 1_024, &dcs).choice,
+        Some((0, Reason::Fastest))
+    );
+    // The router is 456 ms from lane 0 and 1 ms from lane 1: prefilling 1,024 tokens at
+    // 10,000 tokens/s (102.4 ms) is faster than the round trip.
+    let far = [
+        DcInput {
+            rtt: Some(456 * MS),
+            ..dc(0, 64)
+        },
+        DcInput {
+            rtt: Some(MS),
+            ..dc(1, 0)
+        },
+    ];
+    let route = route(&model, 1_024, &far);
+    assert_eq!(route.choice, Some((1, Reason::Fastest)));
+    assert_eq!(route.ranked[1].ttft, 456 * MS);
+}
+
+#[test]
+fn a_depth_past_the_request_counts_only_the_request() {
+    let route = route(&RouteModel::default(), 100, &[dc(0, 64)]);
+    assert_eq!(
+        (
+            route.ranked[0].cached_tokens,
+            route.ranked[0].uncached_tokens
+        ),
+        (100, 0)
+    );
+    assert_eq!(route.ranked[0].ttft, MS);
+}
+
+#[test]
+fn a_burst_inside_one_load_interval_is_spread_as_the_model_predicts() {
+    // Two DCs with nothing cached and nothing waiting, 16,384 and 8,192 tokens/s (every
+    // estimate is exact in binary), requests of 1,024 tokens, one request standing for 1,024.
+    let model = RouteModel::default();
+    let capacity = [16_384.0, 8_192.0];
+    let mut bookings = Bookings::default();
+    let mut chosen = [0_u32; 2];
+    // The model by hand: ttft_d - rtt = (booked_d + 1) * 1024 / capacity_d; ties to lane 0.
+    let mut predicted = [0_u32; 2];
+    for _ in 0..100 {
+        let dcs: Vec<DcInput> = (0..2)
+            .map(|lane| DcInput {
+                load: Some((load(0, capacity[usize::from(lane)]), Duration::ZERO)),
+                booked: bookings.booked(lane),
+                ..dc(lane, 0)
+            })
+            .collect();
+        let (lane, _) = route(&model, 1_024, &dcs).choice.expect("a choice");
+        bookings.book(lane);
+        chosen[usize::from(lane)] += 1;
+        // (b0 + 1) / 16384 <= (b1 + 1) / 8192  <=>  (b0 + 1) <= 2 (b1 + 1)
+        let by_hand = usize::from(predicted[0] + 1 > 2 * (predicted[1] + 1));
+        predicted[by_hand] += 1;
+    }
+    assert_eq!(chosen, predicted);
+    assert_eq!(chosen, [67, 33], "two to one, as the capacities");
+    // A newer report covers what was booked.
+    bookings.reported(0);
+    assert_eq!((bookings.booked(0), bookings.booked(1)), (0, 33));
+}
+
+#[test]
+fn without_load_every_dc_is_ranked_by_prefix_and_round_trip() {
+    let model = RouteModel::default();
+    let dcs = [
+        DcInput {
+            booked: 50,
+            ..dc(0, 10)
+        },
+        dc(1, 20),
+        DcInput {
+            rtt: Some(5 * MS),
+            ..dc(2, 40)
+        },
+    ];
+    let route = route(&model, 1_024, &dcs);
+    assert!(route.ranked.iter().all(|e| e.load == LoadState::Unknown));
+    assert!(
+        route.ranked.iter().all(|e| e.queue == Duration::ZERO),
+        "bookings need a report"
+    );
+    // 2: 5 ms + 384/10000 s = 43.4 ms; 1: 1 ms + 704/10000 s = 71.4 ms; 0: 1 + 86.4 ms.
+    let lanes: Vec<LaneIndex> = route.ranked.iter().map(|e| e.lane).collect();
+    assert_eq!(lanes, vec![2, 1, 0]);
+}
