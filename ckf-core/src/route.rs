@@ -78,6 +78,54 @@ pub struct PoolLoad {
     pub prefill_tokens_per_s: f64,
 }
 
+/// One engine's load, as read from its metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct EngineLoad {
+    /// Requests running.
+    pub running: u32,
+    /// Requests waiting.
+    pub waiting: u32,
+    /// KV-cache usage, 0.0..=1.0.
+    pub kv_usage: f64,
+}
+
+/// One configured engine's share of its pool's load.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EngineShare {
+    /// Its last load; `None` when unknown (its scrape failed, or it is down).
+    pub load: Option<EngineLoad>,
+    /// Its configured prefill capacity, tokens/s.
+    pub prefill_tokens_per_s: f64,
+}
+
+impl PoolLoad {
+    /// A pool's load from its engines' shares: requests summed and KV-cache usage averaged
+    /// over the engines that reported, the capacity theirs; an engine without a load counts
+    /// among the configured only (its share is unknown, never zero). `None` when none reported.
+    pub fn from_engines(shares: &[EngineShare]) -> Option<PoolLoad> {
+        let reporting: Vec<(EngineLoad, f64)> = shares
+            .iter()
+            .filter_map(|s| s.load.map(|l| (l, s.prefill_tokens_per_s)))
+            .collect();
+        if reporting.is_empty() {
+            return None;
+        }
+        let n = reporting.len();
+        Some(PoolLoad {
+            engines_reporting: u32::try_from(n).unwrap_or(u32::MAX),
+            engines_configured: u32::try_from(shares.len()).unwrap_or(u32::MAX),
+            running: reporting
+                .iter()
+                .fold(0_u32, |sum, (l, _)| sum.saturating_add(l.running)),
+            waiting: reporting
+                .iter()
+                .fold(0_u32, |sum, (l, _)| sum.saturating_add(l.waiting)),
+            kv_usage: reporting.iter().map(|(l, _)| l.kv_usage).sum::<f64>() / n as f64,
+            prefill_tokens_per_s: reporting.iter().map(|(_, c)| c).sum(),
+        })
+    }
+}
+
 /// What the model knows of one ready DC.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DcInput {

@@ -15,6 +15,7 @@
 //! | [`feed`] | what a producer keeps between batches (lineage, filters, members fed and last batch per publisher socket); applies each batch to the state |
 //! | [`filters`] | which events enter the filter: medium, KV-cache group, block size |
 //! | [`lineage`] | per member: engine hash -> canonical hash, turning engine events into `KvEvent`s |
+//! | [`load`] | an engine's load (requests running and waiting, KV-cache usage) from its Prometheus text, vLLM and SGLang names |
 //! | `encode` | (feature `encode`) the vLLM encoding, for the built-in publisher (`ckf demo`) and tests |
 //!
 //! A message's path: the producer's socket task calls [`intake`] (which uses [`message`],
@@ -28,6 +29,7 @@ pub mod feed;
 pub mod filters;
 pub mod intake;
 pub mod lineage;
+pub mod load;
 pub mod message;
 pub mod sequence;
 pub mod wire;

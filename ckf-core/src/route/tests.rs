@@ -190,3 +190,40 @@ fn without_load_every_dc_is_ranked_by_prefix_and_round_trip() {
     let lanes: Vec<LaneIndex> = route.ranked.iter().map(|e| e.lane).collect();
     assert_eq!(lanes, vec![2, 1, 0]);
 }
+
+#[test]
+fn a_pool_load_counts_what_its_engines_reported_and_only_that() {
+    let share = |load, capacity| EngineShare {
+        load,
+        prefill_tokens_per_s: capacity,
+    };
+    let busy = EngineLoad {
+        running: 8,
+        waiting: 3,
+        kv_usage: 0.9,
+    };
+    let idle = EngineLoad {
+        running: 0,
+        waiting: 0,
+        kv_usage: 0.1,
+    };
+    let pool = PoolLoad::from_engines(&[
+        share(Some(busy), 6_000.0),
+        share(None, 50_000.0),
+        share(Some(idle), 4_000.0),
+    ])
+    .expect("two engines reported");
+    assert_eq!(
+        (pool.engines_reporting, pool.engines_configured),
+        (2, 3),
+        "the silent engine is configured, not reporting"
+    );
+    assert_eq!((pool.running, pool.waiting), (8, 3));
+    assert!((pool.kv_usage - 0.5).abs() < 1e-12, "{}", pool.kv_usage);
+    assert_eq!(
+        pool.prefill_tokens_per_s, 10_000.0,
+        "only the reporting engines' capacity"
+    );
+    assert_eq!(PoolLoad::from_engines(&[share(None, 1.0)]), None);
+    assert_eq!(PoolLoad::from_engines(&[]), None);
+}
