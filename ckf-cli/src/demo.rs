@@ -170,6 +170,9 @@ fn engine_specs(publishers: &[EnginePublisher], ranks: usize) -> Result<Vec<Engi
                 topic: String::new(),
                 format: "auto".into(),
                 mode: Default::default(),
+                metrics_url: None,
+                family: Default::default(),
+                prefill_tokens_per_s: 0,
             })
         })
         .collect()

@@ -16,13 +16,32 @@
 use ckf_core::route::EngineLoad;
 use thiserror::Error;
 
-/// Which engine exports the metrics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Which engine exports the metrics (`vllm`, `sglang` in configuration).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(rename_all = "lowercase")
+)]
 pub enum EngineFamily {
-    /// vLLM.
+    /// vLLM (the default).
+    #[default]
     Vllm,
     /// SGLang.
     Sglang,
+}
+
+impl std::str::FromStr for EngineFamily {
+    type Err = String;
+
+    /// `vllm` or `sglang`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "vllm" => Ok(Self::Vllm),
+            "sglang" => Ok(Self::Sglang),
+            _ => Err(format!("'{s}' is not an engine family (vllm, sglang)")),
+        }
+    }
 }
 
 impl EngineFamily {

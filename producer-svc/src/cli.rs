@@ -150,7 +150,13 @@ pub struct Cli {
     /// engine.max_buffered_batches: live batches buffered while a replay runs [default: 10000].
     #[arg(long, value_name = "BATCHES")]
     pub max_buffered_batches: Option<u32>,
-    /// engines: one engine publisher, worker_id=N,endpoint=tcp://host:port, optionally followed by ,replay_endpoint=tcp://host:port ,dp_size=N ,topic=T ,format=auto ,mode=connect|bind; repeat for several; CKF_ENGINES takes the same specs separated by ';' [default: []].
+    /// engine.load_interval_ms: how often each engine's metrics_url is scraped for its load, ms [default: 1000].
+    #[arg(long, value_name = "MS")]
+    pub load_interval_ms: Option<u64>,
+    /// engine.load_timeout_ms: how long one load scrape may take before that engine's load is unknown, ms [default: 500].
+    #[arg(long, value_name = "MS")]
+    pub load_timeout_ms: Option<u64>,
+    /// engines: one engine publisher, worker_id=N,endpoint=tcp://host:port, optionally followed by ,replay_endpoint=tcp://host:port ,dp_size=N ,topic=T ,format=auto ,mode=connect|bind ,metrics_url=http://host:port/metrics ,family=vllm|sglang ,prefill_tokens_per_s=N; repeat for several; CKF_ENGINES takes the same specs separated by ';' [default: []].
     #[arg(
         long = "engine",
         value_name = "SPEC",
@@ -247,6 +253,8 @@ impl Cli {
             .set("engine.verify_idle_ms", self.verify_idle_ms)
             .set("engine.max_frame_bytes", self.max_frame_bytes)
             .set("engine.max_buffered_batches", self.max_buffered_batches)
+            .set("engine.load_interval_ms", self.load_interval_ms)
+            .set("engine.load_timeout_ms", self.load_timeout_ms)
             .set(
                 "engines",
                 (!self.engines.is_empty()).then_some(&self.engines),

@@ -388,6 +388,17 @@ pub async fn serve(
         tokio::spawn(task.run());
     }
 
+    // The pool's load: one scrape task per engine with a `metrics_url`.
+    let load_board = engines::load::LoadBoard::new(&config.engines);
+    engines::load::spawn_scrapers(
+        &config.engines,
+        Duration::from_millis(config.engine.load_interval_ms),
+        Duration::from_millis(config.engine.load_timeout_ms),
+        &load_board,
+        &metrics.engine,
+        &stop,
+    );
+
     // Credentials: the token sent to the indexers and who may use Ingest; token files are
     // re-read on SIGHUP.
     let indexer_token = std::sync::Arc::new(

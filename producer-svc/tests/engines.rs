@@ -1155,3 +1155,100 @@ async fn a_restarted_producer_resumes_after_the_journaled_sequence() {
     p.wait().await.expect("a clean shutdown");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+// --- load -----------------------------------------------------------------------------------
+
+/// An engine's `/metrics` endpoint serving vLLM's Prometheus text (the fixture
+/// `prometheus_client` wrote), or `503` while `down` is set.
+async fn metrics_endpoint(down: Arc<std::sync::atomic::AtomicBool>) -> String {
+    use std::sync::atomic::Ordering;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const TEXT: &str = include_str!("../../engine/tests/fixtures/vllm_metrics.txt");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let down = down.load(Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut request = [0u8; 1024];
+                let _ = socket.read(&mut request).await;
+                let (status, body) = if down {
+                    ("503 Service Unavailable", "")
+                } else {
+                    ("200 OK", TEXT)
+                };
+                let response = format!(
+                    "HTTP/1.1 {status}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = socket.write_all(response.as_bytes()).await;
+            });
+        }
+    });
+    format!("http://{addr}/metrics")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pools_load_is_scraped_and_an_engine_that_stops_answering_is_unknown() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let down = Arc::new(AtomicBool::new(false));
+    let url = metrics_endpoint(Arc::clone(&down)).await;
+    let engine = |worker_id: u64, metrics_url: Option<String>| {
+        let mut spec: EngineSpec = format!(
+            "worker_id={worker_id},endpoint=tcp://127.0.0.1:{}",
+            9 + worker_id
+        )
+        .parse()
+        .expect("spec");
+        spec.metrics_url = metrics_url;
+        spec.prefill_tokens_per_s = 8_000;
+        spec
+    };
+    // Engine 7 answers; engine 8 has no metrics_url (unknown, configured).
+    let p = producer(vec![engine(7, Some(url)), engine(8, None)], |c| {
+        c.engine.load_interval_ms = 100;
+        c.engine.load_timeout_ms = 100;
+    })
+    .await;
+    eventually("the pool's load from engine 7", || async {
+        metric(&p, "ckf_producer_pool_engines_reporting", &[]) == 1.0
+    })
+    .await;
+    // The fixture's two vLLM engine cores: 3 + 2 running, 4 + 1 waiting, usage 0.25 / 0.75.
+    assert_eq!(metric(&p, "ckf_producer_pool_engines_configured", &[]), 2.0);
+    assert_eq!(
+        metric(&p, "ckf_producer_pool_requests", &[("state", "running")]),
+        5.0
+    );
+    assert_eq!(
+        metric(&p, "ckf_producer_pool_requests", &[("state", "waiting")]),
+        5.0
+    );
+    assert_eq!(metric(&p, "ckf_producer_pool_kv_usage", &[]), 0.5);
+    assert_eq!(
+        metric(&p, "ckf_producer_pool_prefill_tokens_per_second", &[]),
+        8_000.0,
+        "only the reporting engine's capacity"
+    );
+    // The endpoint fails: the load is unknown, not zero, and the failure is counted.
+    down.store(true, Ordering::SeqCst);
+    eventually("the pool's load unknown", || async {
+        metric(&p, "ckf_producer_pool_engines_reporting", &[]) == 0.0
+    })
+    .await;
+    assert!(
+        metric(
+            &p,
+            "ckf_producer_engine_load_scrape_errors_total",
+            &[("worker", "7"), ("reason", "fetch")]
+        ) >= 1.0
+    );
+    // Back: known again.
+    down.store(false, Ordering::SeqCst);
+    eventually("the pool's load known again", || async {
+        metric(&p, "ckf_producer_pool_engines_reporting", &[]) == 1.0
+    })
+    .await;
+}

@@ -1,5 +1,6 @@
-//! Reading a Prometheus `/metrics` endpoint, for the `ckf` CLI (relay wire cost of a replay)
-//! and the end-to-end tests (counters after a kill, a fence, a drain).
+//! Reading a Prometheus `/metrics` endpoint, for the `ckf` CLI (relay wire cost of a replay),
+//! the producer (its engines' load) and the end-to-end tests (counters after a kill, a fence,
+//! a drain).
 //!
 //! The HTTP GET is `ureq` (blocking, plain HTTP, bounded by a timeout; call it from
 //! `tokio::task::spawn_blocking` inside a runtime) and the text exposition is parsed by
@@ -29,9 +30,16 @@ pub enum ScrapeError {
 /// # Errors
 /// [`ScrapeError::Fetch`] naming the URL.
 pub fn fetch(addr: &str, timeout: Duration) -> Result<String, ScrapeError> {
-    let url = format!("http://{addr}/metrics");
+    fetch_url(&format!("http://{addr}/metrics"), timeout)
+}
+
+/// The body of `GET url` (plain `http://`), within `timeout` overall.
+///
+/// # Errors
+/// [`ScrapeError::Fetch`] naming the URL.
+pub fn fetch_url(url: &str, timeout: Duration) -> Result<String, ScrapeError> {
     let fail = |e: ureq::Error| ScrapeError::Fetch {
-        url: url.clone(),
+        url: url.to_owned(),
         message: e.to_string(),
     };
     let agent: ureq::Agent = ureq::Agent::config_builder()
@@ -42,7 +50,7 @@ pub fn fetch(addr: &str, timeout: Duration) -> Result<String, ScrapeError> {
         .build()
         .into();
     agent
-        .get(&url)
+        .get(url)
         .call()
         .map_err(fail)?
         .body_mut()

@@ -32,6 +32,10 @@ pub struct EngineSection {
     pub max_frame_bytes: u64,
     /// Live batches buffered while a replay runs; beyond it the replay fails.
     pub max_buffered_batches: u32,
+    /// How often each engine's `metrics_url` is scraped for its load, in milliseconds.
+    pub load_interval_ms: u64,
+    /// How long one scrape may take before the engine's load is unknown, in milliseconds.
+    pub load_timeout_ms: u64,
 }
 
 impl Default for EngineSection {
@@ -43,6 +47,8 @@ impl Default for EngineSection {
             verify_idle_ms: 10_000,
             max_frame_bytes: 64 << 20,
             max_buffered_batches: 10_000,
+            load_interval_ms: 1_000,
+            load_timeout_ms: 500,
         }
     }
 }
@@ -81,6 +87,16 @@ pub struct EngineSpec {
     /// `connect` (default) or `bind`.
     #[serde(default)]
     pub mode: SocketMode,
+    /// The engine's Prometheus endpoint (`http://host:port/metrics`), scraped for its load
+    /// every `engine.load_interval_ms`; none: its load is unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics_url: Option<String>,
+    /// Which engine serves `metrics_url` (their metric names differ): `vllm` or `sglang`.
+    #[serde(default)]
+    pub family: ckf_engine::load::EngineFamily,
+    /// The engine's prefill capacity, tokens per second (0: unknown).
+    #[serde(default)]
+    pub prefill_tokens_per_s: u64,
 }
 
 fn one() -> u32 {
@@ -92,7 +108,7 @@ fn auto() -> String {
 }
 
 /// The spec's keys, in the order the help text lists them.
-pub const SPEC_KEYS: [&str; 7] = [
+pub const SPEC_KEYS: [&str; 10] = [
     "worker_id",
     "endpoint",
     "replay_endpoint",
@@ -100,6 +116,9 @@ pub const SPEC_KEYS: [&str; 7] = [
     "topic",
     "format",
     "mode",
+    "metrics_url",
+    "family",
+    "prefill_tokens_per_s",
 ];
 
 impl FromStr for EngineSpec {
@@ -118,6 +137,9 @@ impl FromStr for EngineSpec {
             topic: String::new(),
             format: auto(),
             mode: SocketMode::Connect,
+            metrics_url: None,
+            family: ckf_engine::load::EngineFamily::default(),
+            prefill_tokens_per_s: 0,
         };
         let mut seen = HashSet::new();
         for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
@@ -149,6 +171,13 @@ impl FromStr for EngineSpec {
                         "bind" => SocketMode::Bind,
                         _ => return Err(format!("mode '{value}' must be connect or bind")),
                     }
+                }
+                "metrics_url" => out.metrics_url = Some(value.to_owned()),
+                "family" => out.family = value.parse()?,
+                "prefill_tokens_per_s" => {
+                    out.prefill_tokens_per_s = value.parse().map_err(|e| {
+                        format!("prefill_tokens_per_s '{value}' is not an integer: {e}")
+                    })?
                 }
                 _ => {
                     return Err(format!(
@@ -292,6 +321,18 @@ impl EngineSection {
             self.max_buffered_batches,
             1..=1_000_000,
             "batches",
+        )?;
+        in_range(
+            "engine.load_interval_ms",
+            self.load_interval_ms,
+            100..=60_000,
+            "ms",
+        )?;
+        in_range(
+            "engine.load_timeout_ms",
+            self.load_timeout_ms,
+            10..=self.load_interval_ms,
+            "ms (at most engine.load_interval_ms)",
         )
     }
 }
@@ -321,6 +362,15 @@ pub fn expand(engines: &[EngineSpec]) -> Result<Vec<PublisherSpec>, Invalid> {
                 key("format"),
                 &e.format,
                 "unknown format: only \"auto\" is supported (tagged-map and positional events)",
+            ));
+        }
+        if let Some(url) = &e.metrics_url
+            && !url.starts_with("http://")
+        {
+            return Err(Invalid::new(
+                key("metrics_url"),
+                url,
+                "must be a plain http:// URL (an engine's /metrics endpoint)",
             ));
         }
         let endpoint = Endpoint::parse(&e.endpoint)
@@ -401,6 +451,51 @@ mod tests {
             (d.dp_size, d.format.as_str(), d.mode),
             (1, "auto", SocketMode::Connect)
         );
+        assert_eq!(
+            (d.metrics_url, d.family, d.prefill_tokens_per_s),
+            (None, ckf_engine::load::EngineFamily::Vllm, 0)
+        );
+        let l = spec(
+            "worker_id=7,endpoint=tcp://h:5557,metrics_url=http://h:30000/metrics,family=sglang,prefill_tokens_per_s=9000",
+        );
+        assert_eq!(l.metrics_url.as_deref(), Some("http://h:30000/metrics"));
+        assert_eq!(
+            (l.family, l.prefill_tokens_per_s),
+            (ckf_engine::load::EngineFamily::Sglang, 9_000)
+        );
+    }
+
+    #[test]
+    fn load_settings_are_checked() {
+        let e = expand(&[spec(
+            "worker_id=1,endpoint=tcp://h:1,metrics_url=https://h/metrics",
+        )])
+        .expect_err("https refused");
+        assert_eq!(e.key, "engines[0].metrics_url");
+        assert!(
+            "worker_id=1,endpoint=tcp://h:1,family=trtllm"
+                .parse::<EngineSpec>()
+                .expect_err("unknown family")
+                .contains("not an engine family")
+        );
+        let section = EngineSection {
+            load_interval_ms: 1_000,
+            load_timeout_ms: 2_000,
+            ..EngineSection::default()
+        };
+        assert_eq!(
+            section.validate().expect_err("timeout above interval").key,
+            "engine.load_timeout_ms"
+        );
+        let section = EngineSection {
+            load_interval_ms: 10,
+            ..EngineSection::default()
+        };
+        assert_eq!(
+            section.validate().expect_err("interval too short").key,
+            "engine.load_interval_ms"
+        );
+        assert!(EngineSection::default().validate().is_ok());
     }
 
     #[test]

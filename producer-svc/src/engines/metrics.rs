@@ -1,8 +1,8 @@
 //! Metrics of the engine publishers (prefix `ckf_producer_engine_`), labelled by `publisher`
 //! (`"worker/rank"`, e.g. `7/0`) and `endpoint` (the rank's PUB endpoint).
 
-use ckf_svc_kit::metrics::{counter_vec, int_gauge, int_gauge_vec};
-use prometheus::{IntCounterVec, IntGauge, IntGaugeVec, Registry};
+use ckf_svc_kit::metrics::{counter_vec, gauge, int_gauge, int_gauge_vec};
+use prometheus::{Gauge, IntCounterVec, IntGauge, IntGaugeVec, Registry};
 
 /// Every engine-ingest metric.
 #[derive(Debug, Clone)]
@@ -51,6 +51,20 @@ pub struct EngineMetrics {
     pub last_batch_timestamp: IntGaugeVec,
     /// Estimated bytes of the engine-hash lineage (every member).
     pub lineage_bytes: IntGauge,
+    /// Scrapes of engines' metrics for their load, per engine (`worker`).
+    pub load_scrapes: IntCounterVec,
+    /// Scrapes that left an engine's load unknown, by reason (fetch, parse, missing, value).
+    pub load_scrape_errors: IntCounterVec,
+    /// Engines configured in the pool.
+    pub pool_engines_configured: IntGauge,
+    /// Engines whose load is known (0: the pool's load is unknown and the gauges below are 0).
+    pub pool_engines_reporting: IntGauge,
+    /// Requests at the reporting engines, by state (running, waiting).
+    pub pool_requests: IntGaugeVec,
+    /// Mean KV-cache usage of the reporting engines, 0..=1.
+    pub pool_kv_usage: Gauge,
+    /// Configured prefill capacity of the reporting engines, tokens/s.
+    pub pool_prefill_tokens_per_second: Gauge,
 }
 
 impl EngineMetrics {
@@ -146,6 +160,44 @@ impl EngineMetrics {
                 r,
                 "ckf_producer_engine_lineage_bytes",
                 "Estimated bytes of the engine-hash to canonical-hash lineage.",
+            ),
+            load_scrapes: counter_vec(
+                r,
+                "ckf_producer_engine_load_scrapes_total",
+                "Scrapes of an engine's metrics_url for its load.",
+                &["worker"],
+            ),
+            load_scrape_errors: counter_vec(
+                r,
+                "ckf_producer_engine_load_scrape_errors_total",
+                "Scrapes that left an engine's load unknown, by reason (fetch, parse, missing, value).",
+                &["worker", "reason"],
+            ),
+            pool_engines_configured: int_gauge(
+                r,
+                "ckf_producer_pool_engines_configured",
+                "Engines configured in this producer's pool.",
+            ),
+            pool_engines_reporting: int_gauge(
+                r,
+                "ckf_producer_pool_engines_reporting",
+                "Engines whose load is known (0: the pool's load is unknown and the other ckf_producer_pool_ gauges read 0).",
+            ),
+            pool_requests: int_gauge_vec(
+                r,
+                "ckf_producer_pool_requests",
+                "Requests at the reporting engines, by state (running, waiting).",
+                &["state"],
+            ),
+            pool_kv_usage: gauge(
+                r,
+                "ckf_producer_pool_kv_usage",
+                "Mean KV-cache usage of the reporting engines, 0..1.",
+            ),
+            pool_prefill_tokens_per_second: gauge(
+                r,
+                "ckf_producer_pool_prefill_tokens_per_second",
+                "Configured prefill capacity of the reporting engines, tokens per second.",
             ),
         }
     }

@@ -5,7 +5,8 @@
 //! | [`config`] | `[engine]`, `[[engines]]`, `--engine` specs, their validation, ranks -> endpoints |
 //! | [`publisher`] | one task per publisher socket (engine x dp rank): SUB, replay DEALER, frames -> actor |
 //! | [`guard`] | the loopback proxy that bounds every engine connection's ZMTP frames before zeromq reads them |
-//! | [`metrics`] | `ckf_producer_engine_*` metrics |
+//! | [`load`] | each engine's load scraped from its `metrics_url`, the pool's sum (`ckf_producer_pool_*`) |
+//! | [`metrics`] | `ckf_producer_engine_*` and `ckf_producer_pool_*` metrics |
 //!
 //! The rules are `ckf-engine`'s: each message is read and handed to the sequence rule by
 //! [`ckf_engine::intake`]; in the state actor, [`ckf_engine::feed`] translates each batch
@@ -14,6 +15,7 @@
 
 pub mod config;
 pub mod guard;
+pub mod load;
 pub mod metrics;
 pub mod publisher;
 
