@@ -123,14 +123,27 @@ impl IndexerAttachment {
                         backoff.reset();
                     }
                     let delay = backoff.next_delay();
-                    // The message is matched by the e2e tests (tests/): keep it stable.
-                    tracing::warn!(
-                        indexer = %self.endpoint,
-                        reason = f.label,
-                        detail = %f.detail,
-                        retry_in_ms = delay.as_millis() as u64,
-                        "attachment ended; publisher fenced, re-attaching after the backoff"
-                    );
+                    let retry_in_ms = delay.as_millis() as u64;
+                    // The messages are matched by the e2e tests (tests/): keep them stable,
+                    // both starting `attachment ended`. Only a granted lease has a publisher
+                    // to fence (`fence`).
+                    if f.lease.is_some() {
+                        tracing::warn!(
+                            indexer = %self.endpoint,
+                            reason = f.label,
+                            detail = %f.detail,
+                            retry_in_ms,
+                            "attachment ended; publisher fenced, re-attaching after the backoff"
+                        );
+                    } else {
+                        tracing::warn!(
+                            indexer = %self.endpoint,
+                            reason = f.label,
+                            detail = %f.detail,
+                            retry_in_ms,
+                            "attachment ended before a lease was granted; nothing to fence, re-attaching after the backoff"
+                        );
+                    }
                     self.set_state(AttachmentState::Backoff);
                     self.retry_after(delay).await;
                 }
