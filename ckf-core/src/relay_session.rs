@@ -245,6 +245,17 @@ pub struct Decision {
     pub yielded: bool,
 }
 
+/// Why a producer stands by, as its shutdown outcome reports it ([`AttachPolicy::standby`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StandbyCause {
+    /// It held a lease and lost the lane to another producer (superseded, or the lane was
+    /// taken while this producer was silent past the deadline).
+    Superseded,
+    /// It never held a lease: a hot standby (`IF_VACANT` from the start) refused all along
+    /// because another live producer holds the lane.
+    NeverHeld,
+}
+
 /// The attach loop's policy: the mode of the next attach, and whether this producer stands by.
 ///
 /// A fresh start takes the lane over (unless configured as a hot standby). After a
@@ -254,6 +265,8 @@ pub struct Decision {
 pub struct AttachPolicy {
     mode: AttachMode,
     standing_by: bool,
+    /// A lease was granted in an earlier session (or a supersession said one was replaced).
+    held_lease: bool,
 }
 
 impl AttachPolicy {
@@ -262,6 +275,7 @@ impl AttachPolicy {
         Self {
             mode,
             standing_by: false,
+            held_lease: false,
         }
     }
 
@@ -273,6 +287,16 @@ impl AttachPolicy {
     /// Whether another live producer holds the lane (this one waits for it to be vacant).
     pub fn standing_by(&self) -> bool {
         self.standing_by
+    }
+
+    /// Why this producer stands by (`None` when it does not): it lost the lane it held, or it
+    /// never held one.
+    pub fn standby(&self) -> Option<StandbyCause> {
+        self.standing_by.then_some(if self.held_lease {
+            StandbyCause::Superseded
+        } else {
+            StandbyCause::NeverHeld
+        })
     }
 
     /// Decides what follows a failed session.
@@ -287,6 +311,7 @@ impl AttachPolicy {
         if f.leased {
             // A lease was granted: whatever held the lane before is gone.
             self.standing_by = false;
+            self.held_lease = true;
         }
         let yielded = f.outlived_deadline && self.mode == AttachMode::Takeover;
         if yielded {
@@ -295,6 +320,8 @@ impl AttachPolicy {
         let next = if f.fence == FenceReason::Superseded {
             self.mode = AttachMode::IfVacant;
             self.standing_by = true;
+            // Only a granted lease can be superseded.
+            self.held_lease = true;
             NextAttach::StandBy
         } else {
             match f.fence.disposition() {
@@ -492,6 +519,41 @@ mod tests {
                 yielded: true
             }
         );
+    }
+
+    #[test]
+    fn a_hot_standby_refused_from_the_start_never_held_the_lane() {
+        let refused = SessionFailure {
+            lane_occupied: true,
+            leased: false,
+            ..failure(FenceReason::UncertainDelivery)
+        };
+        let mut hot = AttachPolicy::new(AttachMode::IfVacant);
+        assert_eq!(hot.standby(), None);
+        hot.after_failure(&refused);
+        hot.after_failure(&refused);
+        assert_eq!(hot.standby(), Some(StandbyCause::NeverHeld));
+        // Once granted a lease and then superseded, it lost a lane it held.
+        hot.after_failure(&failure(FenceReason::UncertainDelivery));
+        assert_eq!(hot.standby(), None);
+        hot.after_failure(&failure(FenceReason::Superseded));
+        hot.after_failure(&refused);
+        assert_eq!(hot.standby(), Some(StandbyCause::Superseded));
+
+        // A takeover producer superseded, then refused: superseded.
+        let mut p = AttachPolicy::new(AttachMode::Takeover);
+        p.after_failure(&failure(FenceReason::Superseded));
+        assert_eq!(p.standby(), Some(StandbyCause::Superseded));
+        p.after_failure(&refused);
+        assert_eq!(p.standby(), Some(StandbyCause::Superseded));
+        // One silent past the deadline whose lane was taken meanwhile: it held it, superseded.
+        let mut q = AttachPolicy::new(AttachMode::Takeover);
+        q.after_failure(&SessionFailure {
+            outlived_deadline: true,
+            ..failure(FenceReason::UncertainDelivery)
+        });
+        q.after_failure(&refused);
+        assert_eq!(q.standby(), Some(StandbyCause::Superseded));
     }
 
     #[test]

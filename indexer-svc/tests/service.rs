@@ -272,6 +272,9 @@ async fn streams_that_never_attach_do_not_use_up_the_stream_limit() {
     let (idle_tx, idle_rx) = mpsc::channel::<v1::RelayFrame>(1);
     let mut relay = indexer.relay();
     let idle = tokio::spawn(async move { relay.publish(ReceiverStream::new(idle_rx)).await });
+    // Nothing observable marks a stream that reached the indexer and waits for Attach (it holds
+    // no permit and no metric counts it): this gives it 300 ms to get there, and is a negative
+    // too, the indexer neither refuses nor ends it meanwhile.
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     assert!(
         !idle.is_finished(),
@@ -282,6 +285,10 @@ async fn streams_that_never_attach_do_not_use_up_the_stream_limit() {
         .await
         .expect("an honest attach is not locked out by an idle stream");
     assert_eq!(stream.lease.epoch, 1);
+    assert!(
+        !idle.is_finished(),
+        "the idle stream was still open when the honest one attached"
+    );
     drop(idle_tx);
     idle.abort();
 }

@@ -706,6 +706,27 @@ async fn a_producer_standing_by_at_shutdown_reports_it_superseded() {
     assert_eq!(report.exit_code(), 0);
 }
 
+/// A hot standby (`start_mode = if-vacant`) refused from its first attach never held the lane:
+/// at shutdown it says it was standing by, not that it was superseded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_standby_that_never_held_the_lane_reports_standing_by() {
+    let a = FakeRelay::start(GrantConfig::default(), 1).await;
+    a.set_occupied(true);
+    let mut config = fast_config(vec![a.url()]);
+    config.publication.start_mode = producer_svc::config::StartMode::IfVacant;
+    let producer = start_with(config).await;
+    a.wait_for("two refusals", |s| s.refused >= 2).await;
+    producer.shutdown();
+    let report = producer.wait().await.unwrap();
+    assert!(
+        matches!(&report.drains[0].1, DrainOutcome::StandingBy { .. }),
+        "{:?}",
+        report.drains
+    );
+    assert_eq!(a.with(|s| s.attachments.len()), 0, "never granted a lease");
+    assert_eq!(report.exit_code(), 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_refuses_an_invalid_config_and_a_busy_port() {
     /// `serve`'s error for `fast_config` changed by `edit`, as text with its causes.

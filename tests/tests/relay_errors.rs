@@ -361,14 +361,24 @@ async fn a_real_producer_with_the_wrong_format_is_refused_and_keeps_retrying() {
     })
     .await;
     let records = b.log_records("attachment ended");
-    let detail = records
+    let refusal = records
         .iter()
-        .filter_map(|r| r["detail"].as_str())
-        .find(|d| d.contains("FailedPrecondition"))
+        .find(|r| {
+            r["detail"]
+                .as_str()
+                .is_some_and(|d| d.contains("FailedPrecondition"))
+        })
         .unwrap_or_else(|| panic!("no refusal in the producer's log: {records:?}"));
+    let detail = refusal["detail"].as_str().unwrap_or_default();
     for needle in ["format mismatch", "buckets=1024", "buckets=2048"] {
         assert!(detail.contains(needle), "{needle:?} not in {detail:?}");
     }
+    // A refused attach never had a lease: nothing was fenced.
+    let message = refusal["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("before a lease was granted; nothing to fence"),
+        "{refusal}"
+    );
     let text = indexer.metrics().expect("indexer metrics");
     let refused = metrics::value(
         &text,

@@ -313,13 +313,24 @@ async fn a_new_lease_within_the_grace_keeps_the_lane() {
     first.store(1, &pool.take(20)).await;
     wait_converged(&indexer, &first).await;
     assert!(first.terminate().success());
-    indexer.wait_lane("dc-a", "drained", |l| l.drained).await;
+    let drained = indexer.wait_lane("dc-a", "drained", |l| l.drained).await;
+    // When the first producer's grace would retire the lane (read after the indexer answered,
+    // so at or after the real moment).
+    let remaining = drained
+        .drain_grace_remaining_ms
+        .unwrap_or_else(|| panic!("a drained lane has a grace deadline: {drained:?}"));
+    let grace_ends = tokio::time::Instant::now() + Duration::from_millis(remaining);
     // A rolling restart: the next producer attaches within the grace.
     let mut second = producer_a(&dir, "producer-a-2", &indexer);
     second.store(1, &pool.take(15)).await;
     let lane = wait_converged(&indexer, &second).await;
-    // Well past the first one's grace: still the second producer's, never retired.
-    tokio::time::sleep(Duration::from_millis(3_500)).await;
+    assert_eq!(
+        lane.drain_grace_remaining_ms, None,
+        "the new lease ends the first one's grace: {lane:?}"
+    );
+    // A negative: the first producer's grace ending must not retire the second one's lane. No
+    // event marks that nothing happened, so wait a second past the moment and look again.
+    tokio::time::sleep_until(grace_ends + Duration::from_secs(1)).await;
     let later = wait_converged(&indexer, &second).await;
     assert_eq!(later.lease_epoch, lane.lease_epoch, "{later:?}");
     assert_eq!(later.retirements, 0, "{later:?}");

@@ -454,8 +454,9 @@ async fn connections_without_streams_are_closed_as_idle_while_a_relay_stream_is_
             &[("reason", "idle_timeout")]
         ) >= 3.0
     );
-    // several idle timeouts later the producer's stream (heartbeats every 200 ms, and open
-    // all along) was never cut: one attachment, and its data arrives
+    // A negative: several idle timeouts later the producer's stream (heartbeats every 200 ms,
+    // and open all along) was never cut. Nothing marks a cut that did not happen, so this waits
+    // three idle timeouts, then checks: one attachment, and its data arrives.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let mut pool = HashPool::new(&format(), 22);
     producer.store(1, &pool.take(20)).await;

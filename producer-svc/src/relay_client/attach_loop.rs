@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use ckf_core::global::AttachMode;
-use ckf_core::relay_session::{AttachPolicy, NextAttach};
+use ckf_core::relay_session::{AttachPolicy, NextAttach, StandbyCause};
 use tracing::Instrument;
 
 use super::attachment::{DrainOutcome, IndexerAttachment};
@@ -60,7 +60,7 @@ impl IndexerAttachment {
         let mut standby: Option<Standby> = None;
         loop {
             if self.shutdown.is_triggered() {
-                return self.ended_not_attached(standby.as_ref());
+                return self.ended_not_attached(standby.as_ref(), policy.standby());
             }
             let session = tracing::error_span!("session", lease = tracing::field::Empty);
             let f = match self
@@ -79,7 +79,9 @@ impl IndexerAttachment {
                     self.set_state(AttachmentState::Drained);
                     return DrainOutcome::Unacknowledged { sequence, why };
                 }
-                SessionEnd::Shutdown => return self.ended_not_attached(standby.as_ref()),
+                SessionEnd::Shutdown => {
+                    return self.ended_not_attached(standby.as_ref(), policy.standby());
+                }
                 SessionEnd::Failed(f) => f,
             };
             let decision = policy.after_failure(&f.as_session_failure());
@@ -121,14 +123,27 @@ impl IndexerAttachment {
                         backoff.reset();
                     }
                     let delay = backoff.next_delay();
-                    // The message is matched by the e2e tests (tests/): keep it stable.
-                    tracing::warn!(
-                        indexer = %self.endpoint,
-                        reason = f.label,
-                        detail = %f.detail,
-                        retry_in_ms = delay.as_millis() as u64,
-                        "attachment ended; publisher fenced, re-attaching after the backoff"
-                    );
+                    let retry_in_ms = delay.as_millis() as u64;
+                    // The messages are matched by the e2e tests (tests/): keep them stable,
+                    // both starting `attachment ended`. Only a granted lease has a publisher
+                    // to fence (`fence`).
+                    if f.lease.is_some() {
+                        tracing::warn!(
+                            indexer = %self.endpoint,
+                            reason = f.label,
+                            detail = %f.detail,
+                            retry_in_ms,
+                            "attachment ended; publisher fenced, re-attaching after the backoff"
+                        );
+                    } else {
+                        tracing::warn!(
+                            indexer = %self.endpoint,
+                            reason = f.label,
+                            detail = %f.detail,
+                            retry_in_ms,
+                            "attachment ended before a lease was granted; nothing to fence, re-attaching after the backoff"
+                        );
+                    }
                     self.set_state(AttachmentState::Backoff);
                     self.retry_after(delay).await;
                 }
@@ -155,14 +170,22 @@ impl IndexerAttachment {
         self.fence(f).await;
     }
 
-    /// The end of the task when shutdown finds it not attached.
-    fn ended_not_attached(&self, standby: Option<&Standby>) -> DrainOutcome {
+    /// The end of the task when shutdown finds it not attached; `cause`: why the policy
+    /// stands by, if it does.
+    fn ended_not_attached(
+        &self,
+        standby: Option<&Standby>,
+        cause: Option<StandbyCause>,
+    ) -> DrainOutcome {
         match standby {
             Some(st) => {
                 tracing::info!("shutdown while standing by; no drain marker");
                 self.set_state(AttachmentState::Standby);
-                DrainOutcome::Superseded {
-                    detail: st.superseded.clone(),
+                let detail = st.superseded.clone();
+                match cause {
+                    // A hot standby refused all along was never superseded.
+                    Some(StandbyCause::NeverHeld) => DrainOutcome::StandingBy { detail },
+                    Some(StandbyCause::Superseded) | None => DrainOutcome::Superseded { detail },
                 }
             }
             None => {

@@ -60,6 +60,12 @@ pub enum DrainOutcome {
         /// The indexer's explanation.
         detail: String,
     },
+    /// A hot standby (`publication.start_mode = "if-vacant"`) that never held the lane at this
+    /// indexer: another live producer held it until shutdown (no drain marker).
+    StandingBy {
+        /// The indexer's explanation of the first refusal.
+        detail: String,
+    },
 }
 
 /// The relay session of one configured indexer endpoint: its attachment loop (attach, stream,
