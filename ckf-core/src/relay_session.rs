@@ -31,6 +31,8 @@ pub struct Granted {
     pub max_images_per_delta: u32,
     /// The indexer retires an attachment silent for this long, in milliseconds.
     pub heartbeat_deadline_ms: u64,
+    /// The indexer takes load reports on the stream (an older one does not say so).
+    pub accepts_load: bool,
 }
 
 /// This producer's own settings that bound the terms of any lease.
@@ -62,6 +64,9 @@ pub struct LeaseTerms {
     /// the deadline when longer, so an indexer stalled for less than its deadline never costs
     /// the attachment.
     pub send_timeout: Duration,
+    /// Whether load reports may be sent on the stream: only to an indexer that said it takes
+    /// them (an older one would end the stream on a frame it does not know).
+    pub load_reports: bool,
 }
 
 impl LeaseTerms {
@@ -97,6 +102,7 @@ impl LeaseTerms {
             heartbeat,
             deadline,
             send_timeout: deadline.map_or(local.connect_timeout, |d| d.max(local.connect_timeout)),
+            load_reports: granted.accepts_load,
         }
     }
 
@@ -357,6 +363,7 @@ mod tests {
                 max_message_bytes: 4 << 20,
                 max_images_per_delta: 0,
                 heartbeat_deadline_ms: 1_500,
+                accepts_load: false,
             },
             LOCAL,
         );

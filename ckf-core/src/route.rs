@@ -31,7 +31,7 @@
 //! lane. The choice is the first ([`Reason::Fastest`], or [`Reason::DeepestOfEqual`] when a tie
 //! was broken by depth).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::identity::LaneIndex;
 
@@ -304,6 +304,99 @@ impl Bookings {
         if let Some(b) = self.booked.get_mut(usize::from(lane)) {
             *b = 0;
         }
+    }
+}
+
+/// Why a lane's load report was not kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum LoadRefused {
+    /// An older report than the one kept (a lower sequence under the same lease, or an older
+    /// lease).
+    #[error("an older report than the one kept")]
+    Older,
+    /// A value out of range (usage outside 0..=1, a capacity not finite or below 0, more
+    /// engines reporting than configured).
+    #[error("invalid load report: {0}")]
+    Invalid(&'static str),
+}
+
+impl LoadRefused {
+    /// A short stable label for metrics: `"older"`, `"invalid"`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Older => "older",
+            Self::Invalid(_) => "invalid",
+        }
+    }
+}
+
+/// One lane's kept report.
+#[derive(Debug, Clone, Copy)]
+struct Kept {
+    epoch: u64,
+    sequence: u64,
+    load: PoolLoad,
+    /// When it was observed, on this process's clock (received minus the age it was sent
+    /// with): its age never depends on the two hosts' clocks agreeing.
+    observed: Instant,
+}
+
+/// The newest load report of each lane, with its age (the indexer's side of `LoadReport`).
+#[derive(Debug, Default)]
+pub struct LaneLoads {
+    lanes: Vec<Option<Kept>>,
+}
+
+impl LaneLoads {
+    /// Keeps `load`, sent under lease `epoch` as report `sequence`, `age` old when sent and
+    /// received `now`, unless an older report than the lane's kept one or out of range.
+    ///
+    /// # Errors
+    /// [`LoadRefused`]; the kept report is unchanged.
+    pub fn report(
+        &mut self,
+        lane: LaneIndex,
+        epoch: u64,
+        sequence: u64,
+        load: PoolLoad,
+        age: Duration,
+        now: Instant,
+    ) -> Result<(), LoadRefused> {
+        if !(0.0..=1.0).contains(&load.kv_usage) {
+            return Err(LoadRefused::Invalid("kv_usage outside 0..=1"));
+        }
+        if !load.prefill_tokens_per_s.is_finite() || load.prefill_tokens_per_s < 0.0 {
+            return Err(LoadRefused::Invalid(
+                "prefill_tokens_per_s not a finite number >= 0",
+            ));
+        }
+        if load.engines_reporting > load.engines_configured {
+            return Err(LoadRefused::Invalid(
+                "more engines reporting than configured",
+            ));
+        }
+        let i = usize::from(lane);
+        if self.lanes.len() <= i {
+            self.lanes.resize(i + 1, None);
+        }
+        if let Some(kept) = self.lanes[i]
+            && (epoch, sequence) <= (kept.epoch, kept.sequence)
+        {
+            return Err(LoadRefused::Older);
+        }
+        self.lanes[i] = Some(Kept {
+            epoch,
+            sequence,
+            load,
+            observed: now.checked_sub(age).unwrap_or(now),
+        });
+        Ok(())
+    }
+
+    /// `lane`'s newest report and its age at `now`, if it has one.
+    pub fn latest(&self, lane: LaneIndex, now: Instant) -> Option<(PoolLoad, Duration)> {
+        let kept = self.lanes.get(usize::from(lane)).copied().flatten()?;
+        Some((kept.load, now.saturating_duration_since(kept.observed)))
     }
 }
 

@@ -6,13 +6,14 @@
 
 use ckf_core::global::GlobalCkfIndexer;
 use ckf_core::lane::{ContentionKind, LaneState, LaneStatus, RetireReason};
+use ckf_core::route::{LoadRefused, PoolLoad};
 use ckf_core::search::SearchKernel;
 use ckf_svc_kit::metrics::{
-    counter, counter_vec, histogram, histogram_vec, int_gauge, int_gauge_vec, lag_buckets_seconds,
-    latency_buckets_seconds,
+    counter, counter_vec, gauge_vec, histogram, histogram_vec, int_gauge, int_gauge_vec,
+    lag_buckets_seconds, latency_buckets_seconds,
 };
 use prometheus::{
-    Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry,
+    GaugeVec, Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry,
 };
 
 /// The query RPCs, the `method` label of the query metrics.
@@ -125,6 +126,18 @@ pub struct IndexerMetrics {
     /// One-hot search kernel in use (`kernel`: `portable`, `avx2`, `avx512`, `neon`); see
     /// [`IndexerMetrics::observe_search_kernel`].
     pub search_kernel: IntGaugeVec,
+    /// Load reports received, by `dc` and `outcome` (kept, older, invalid).
+    pub load_reports: IntCounterVec,
+    /// The kept load report of each lane: requests by `state` (running, waiting).
+    pub lane_load_requests: IntGaugeVec,
+    /// The kept load report of each lane: engines reporting.
+    pub lane_load_engines_reporting: IntGaugeVec,
+    /// The kept load report of each lane: mean KV-cache usage, 0..1.
+    pub lane_load_kv_usage: GaugeVec,
+    /// The kept load report of each lane: prefill capacity, tokens per second.
+    pub lane_load_prefill_tokens_per_second: GaugeVec,
+    /// Unix time of the kept report's observation (its age: `time() - this`).
+    pub lane_load_observed_timestamp: GaugeVec,
 }
 
 impl IndexerMetrics {
@@ -264,6 +277,42 @@ impl IndexerMetrics {
                 "1 for the prefix-search kernel in use (portable, avx2, avx512, neon; config search.kernel).",
                 &["kernel"],
             ),
+            load_reports: counter_vec(
+                &r,
+                "ckf_indexer_load_reports_total",
+                "Load reports received from producers, by outcome (kept; older: a newer one is kept; invalid: a value out of range).",
+                &["dc", "outcome"],
+            ),
+            lane_load_requests: int_gauge_vec(
+                &r,
+                "ckf_indexer_lane_load_requests",
+                "Requests at the DC's reporting engines in its kept load report, by state (running, waiting).",
+                &["dc", "state"],
+            ),
+            lane_load_engines_reporting: int_gauge_vec(
+                &r,
+                "ckf_indexer_lane_load_engines_reporting",
+                "Engines in the DC's kept load report.",
+                &["dc"],
+            ),
+            lane_load_kv_usage: gauge_vec(
+                &r,
+                "ckf_indexer_lane_load_kv_usage",
+                "Mean KV-cache usage of the DC's reporting engines in its kept load report, 0..1.",
+                &["dc"],
+            ),
+            lane_load_prefill_tokens_per_second: gauge_vec(
+                &r,
+                "ckf_indexer_lane_load_prefill_tokens_per_second",
+                "Prefill capacity of the DC's reporting engines in its kept load report, tokens per second.",
+                &["dc"],
+            ),
+            lane_load_observed_timestamp: gauge_vec(
+                &r,
+                "ckf_indexer_lane_load_observed_timestamp_seconds",
+                "Unix time of the observation in the DC's kept load report (its age: time() - this).",
+                &["dc"],
+            ),
             registry: r,
             methods: Vec::new(),
         }
@@ -322,6 +371,43 @@ impl IndexerMetrics {
                 .with_label_values(&[k.name()])
                 .set(i64::from(k == kernel));
         }
+    }
+
+    /// Counts one load report of `lane` and, when kept, exports it, observed `age` ago.
+    pub fn load_report(
+        &self,
+        lane: &LaneLabels,
+        kept: Result<(), LoadRefused>,
+        load: &PoolLoad,
+        age: std::time::Duration,
+    ) {
+        let dc = lane.dc.as_str();
+        let outcome = kept.map_or_else(LoadRefused::label, |()| "kept");
+        self.load_reports.with_label_values(&[dc, outcome]).inc();
+        if kept.is_err() {
+            return;
+        }
+        for (state, n) in [("running", load.running), ("waiting", load.waiting)] {
+            self.lane_load_requests
+                .with_label_values(&[dc, state])
+                .set(i64::from(n));
+        }
+        self.lane_load_engines_reporting
+            .with_label_values(&[dc])
+            .set(i64::from(load.engines_reporting));
+        self.lane_load_kv_usage
+            .with_label_values(&[dc])
+            .set(load.kv_usage);
+        self.lane_load_prefill_tokens_per_second
+            .with_label_values(&[dc])
+            .set(load.prefill_tokens_per_s);
+        let observed = std::time::SystemTime::now()
+            .checked_sub(age)
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0.0, |d| d.as_secs_f64());
+        self.lane_load_observed_timestamp
+            .with_label_values(&[dc])
+            .set(observed);
     }
 
     /// Counts one retirement of `lane`.

@@ -29,7 +29,7 @@ use ckf_core::frames::Heartbeat;
 use ckf_core::global::{AttachRequest, Attachment, ClaimedFormat, StreamVerdict};
 use ckf_core::identity::ProducerIncarnation;
 use ckf_core::lane::Frame;
-use ckf_proto::convert;
+use ckf_proto::convert::{self, LoadFrame};
 use ckf_proto::v1::{
     self, relay_frame::Frame as WireFrame, relay_reply::Reply, relay_server::Relay,
 };
@@ -134,6 +134,7 @@ impl Relay for RelayService {
             max_message_bytes: shared.limits.max_message_bytes,
             max_images_per_delta: shared.limits.max_images_per_delta,
             heartbeat_deadline_ms: shared.heartbeat_deadline_ms,
+            accepts_load: true,
         });
         // The channel is fresh and has room: this cannot wait.
         let _ = tx.send(Ok(granted.into())).await;
@@ -341,7 +342,10 @@ impl Session {
     async fn on_frame(&self, wire: v1::RelayFrame) -> Result<Step, RelayError> {
         let received_at = Instant::now();
         self.shared.count_frame(&wire);
-        let frame = self.decode(wire)?;
+        let frame = match self.decode(wire)? {
+            Decoded::Frame(frame) => frame,
+            Decoded::Load(load) => return self.on_load(&load),
+        };
         self.attachment.check(&frame).map_err(FrameError::Refused)?;
         let delta = match &frame {
             Frame::Delta(d) => Some((d.images.len() as u64, d.oldest_change_age_ms)),
@@ -391,35 +395,74 @@ impl Session {
         }
     }
 
+    /// A load report of this stream's lease: kept as the lane's newest (an older or invalid
+    /// one is counted and dropped; the stream goes on). It never waits for the lane's ingestor.
+    fn on_load(&self, load: &LoadFrame) -> Result<Step, RelayError> {
+        self.attachment
+            .check_lease("load", load.tag.lease)
+            .map_err(FrameError::Refused)?;
+        let lease = load.tag.lease;
+        let kept = self.shared.loads.lock().expect("lane loads").report(
+            lease.lane,
+            lease.epoch,
+            load.sequence,
+            load.load,
+            load.age,
+            Instant::now(),
+        );
+        if let Err(refused) = kept {
+            tracing::debug!(%refused, sequence = load.sequence, "load report dropped");
+        }
+        let labels = self.shared.labels(lease.lane);
+        self.shared
+            .metrics
+            .load_report(labels, kept, &load.load, load.age);
+        Ok(Step::Continue(None))
+    }
+
     /// Wire frame -> core frame (stamped with this stream's incarnation), checking the
     /// transport limits.
-    fn decode(&self, frame: v1::RelayFrame) -> Result<Frame, FrameError> {
+    fn decode(&self, frame: v1::RelayFrame) -> Result<Decoded, FrameError> {
         let inc = self.attachment.incarnation();
         let decode_error = |frame: &'static str| move |error| FrameError::Decode { frame, error };
-        Ok(match frame.frame.ok_or(FrameError::Empty)? {
-            WireFrame::Attach(_) => return Err(FrameError::SecondAttach),
-            WireFrame::SnapshotChunk(c) => Frame::Chunk(
-                convert::snapshot_chunk_from_wire(c, inc)
-                    .map_err(decode_error("snapshot_chunk"))?,
-            ),
-            WireFrame::Delta(d) => {
-                let limit = self.shared.limits.max_images_per_delta;
-                if d.images.len() > limit as usize || d.buckets.len() > limit as usize {
-                    return Err(FrameError::TooManyImages {
-                        images: d.images.len().max(d.buckets.len()),
-                        limit,
-                    });
+        Ok(Decoded::Frame(
+            match frame.frame.ok_or(FrameError::Empty)? {
+                WireFrame::Attach(_) => return Err(FrameError::SecondAttach),
+                WireFrame::SnapshotChunk(c) => Frame::Chunk(
+                    convert::snapshot_chunk_from_wire(c, inc)
+                        .map_err(decode_error("snapshot_chunk"))?,
+                ),
+                WireFrame::Delta(d) => {
+                    let limit = self.shared.limits.max_images_per_delta;
+                    if d.images.len() > limit as usize || d.buckets.len() > limit as usize {
+                        return Err(FrameError::TooManyImages {
+                            images: d.images.len().max(d.buckets.len()),
+                            limit,
+                        });
+                    }
+                    Frame::Delta(convert::delta_from_wire(d, inc).map_err(decode_error("delta"))?)
                 }
-                Frame::Delta(convert::delta_from_wire(d, inc).map_err(decode_error("delta"))?)
-            }
-            WireFrame::Heartbeat(h) => {
-                let (tag, sequence) =
-                    convert::heartbeat_from_wire(h, inc).map_err(decode_error("heartbeat"))?;
-                Frame::Heartbeat(Heartbeat { tag, sequence })
-            }
-            WireFrame::DrainMarker(m) => Frame::Drain(
-                convert::drain_marker_from_wire(m, inc).map_err(decode_error("drain_marker"))?,
-            ),
-        })
+                WireFrame::Heartbeat(h) => {
+                    let (tag, sequence) =
+                        convert::heartbeat_from_wire(h, inc).map_err(decode_error("heartbeat"))?;
+                    Frame::Heartbeat(Heartbeat { tag, sequence })
+                }
+                WireFrame::DrainMarker(m) => Frame::Drain(
+                    convert::drain_marker_from_wire(m, inc)
+                        .map_err(decode_error("drain_marker"))?,
+                ),
+                WireFrame::Load(l) => {
+                    return Ok(Decoded::Load(
+                        convert::load_from_wire(l, inc).map_err(decode_error("load"))?,
+                    ));
+                }
+            },
+        ))
     }
+}
+
+/// A decoded frame: one for the lane's ingestor, or a load report.
+enum Decoded {
+    Frame(Frame),
+    Load(LoadFrame),
 }

@@ -186,6 +186,7 @@ pub async fn serve(
         relay_streams: Arc::new(Semaphore::new(config.limits.max_relay_streams as usize)),
         query_streams: Arc::new(Semaphore::new(config.limits.max_query_streams as usize)),
         shutdown: stop.clone(),
+        loads: Default::default(),
     });
     shared.metrics.observe_all(&indexer, &shared.labels);
 

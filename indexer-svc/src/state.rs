@@ -39,6 +39,8 @@ pub struct IndexerState {
     pub access: Arc<crate::access::IndexerAccess>,
     /// Stops every stream and the servers.
     pub shutdown: Shutdown,
+    /// The newest load report of each lane (Relay `LoadReport`).
+    pub loads: std::sync::Mutex<ckf_core::route::LaneLoads>,
 }
 
 impl IndexerState {
@@ -68,5 +70,6 @@ pub fn wire_kind(frame: &WireFrame) -> &'static str {
         WireFrame::Delta(_) => "delta",
         WireFrame::Heartbeat(_) => "heartbeat",
         WireFrame::DrainMarker(_) => "drain_marker",
+        WireFrame::Load(_) => "load",
     }
 }

@@ -532,3 +532,108 @@ async fn retired_lane_recovers_with_a_new_attachment_and_snapshot() {
         again.state.buckets()
     );
 }
+
+/// The value of the sample of `name` with exactly these `labels` in `text`, or 0.
+fn sample(text: &str, name: &str, labels: &str) -> f64 {
+    let prefix = format!("{name}{{{labels}}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+fn load_report(a: &Producer, sequence: u64, running: u32, kv_usage: f64) -> WireFrame {
+    WireFrame::Load(v1::LoadReport {
+        lease: a.wire_lease(),
+        sequence,
+        age_ms: 250,
+        engines_reporting: 2,
+        engines_configured: 3,
+        running,
+        waiting: 4,
+        kv_usage,
+        prefill_tokens_per_s: 12_000.0,
+    })
+}
+
+#[tokio::test]
+async fn load_reports_are_kept_per_lane_and_bad_ones_dropped_without_costing_the_stream() {
+    let indexer = Indexer::start(config(&["dc-a", "dc-b"])).await;
+    let mut a = Producer::attach(&indexer, "dc-a", 1).await;
+    assert!(a.granted.accepts_load, "this indexer takes load reports");
+    a.store(1, &hashes(40, 3));
+    a.snapshot(8192).await;
+    a.stream.send(load_report(&a, 2, 7, 0.5)).await;
+    // An older report (lower sequence) and an invalid one (usage 1.5) are dropped.
+    a.stream.send(load_report(&a, 1, 99, 0.1)).await;
+    a.stream.send(load_report(&a, 3, 99, 1.5)).await;
+    // The stream goes on: a delta after them applies.
+    a.store(1, &hashes(41, 2));
+    assert_eq!(a.publish().await.installed_sequence, 1);
+    let text = metrics_text(&indexer).await;
+    let outcome = |o: &str| {
+        sample(
+            &text,
+            "ckf_indexer_load_reports_total",
+            &format!("dc=\"dc-a\",outcome=\"{o}\""),
+        )
+    };
+    assert_eq!(
+        (outcome("kept"), outcome("older"), outcome("invalid")),
+        (1.0, 1.0, 1.0)
+    );
+    let requests = |state: &str| {
+        sample(
+            &text,
+            "ckf_indexer_lane_load_requests",
+            &format!("dc=\"dc-a\",state=\"{state}\""),
+        )
+    };
+    assert_eq!((requests("running"), requests("waiting")), (7.0, 4.0));
+    assert_eq!(
+        sample(&text, "ckf_indexer_lane_load_kv_usage", "dc=\"dc-a\""),
+        0.5
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "ckf_indexer_lane_load_prefill_tokens_per_second",
+            "dc=\"dc-a\""
+        ),
+        12_000.0
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "ckf_indexer_lane_load_engines_reporting",
+            "dc=\"dc-b\""
+        ),
+        0.0,
+        "the other lane has no report"
+    );
+    assert_eq!(indexer.lane(0).await.state(), v1::LaneState::Active);
+}
+
+#[tokio::test]
+async fn a_load_report_under_a_foreign_lease_ends_the_stream_like_any_stray_frame() {
+    let indexer = Indexer::start(config(&["dc-a"])).await;
+    let mut a = Producer::attach(&indexer, "dc-a", 1).await;
+    a.snapshot(8192).await;
+    let mut stray = a.lease;
+    stray.epoch += 7;
+    a.stream
+        .send(WireFrame::Load(v1::LoadReport {
+            lease: Some(stray.into()),
+            sequence: 1,
+            ..v1::LoadReport::default()
+        }))
+        .await;
+    let (retired, status) = a.stream.expect_retired().await;
+    assert_eq!(
+        retired.reason(),
+        v1::RetireReason::StreamLost,
+        "{retired:?}"
+    );
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains("load"), "{status:?}");
+}

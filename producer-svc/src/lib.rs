@@ -426,6 +426,8 @@ pub async fn serve(
         attachment_queue: config.publication.attachment_queue as usize,
         tls: indexer_tls,
         start_mode: config.publication.start_mode,
+        load: load_board,
+        load_interval: Duration::from_millis(config.engine.load_interval_ms),
     };
     let relays: Vec<(String, JoinHandle<DrainOutcome>)> = config
         .indexers

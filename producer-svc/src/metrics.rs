@@ -144,6 +144,8 @@ pub struct Metrics {
     pub cycles_broken: IntCounter,
     /// Delta frames sent, by `indexer`.
     pub deltas_sent: IntCounterVec,
+    /// Load reports sent, by `indexer`.
+    pub load_reports_sent: IntCounterVec,
     /// Barrier snapshots sent (complete), by `indexer`.
     pub snapshots_sent: IntCounterVec,
     /// Snapshot chunk frames sent, by `indexer`.
@@ -356,6 +358,12 @@ impl Metrics {
                 &r,
                 "ckf_producer_deltas_sent_total",
                 "Delta frames sent, by indexer.",
+                &["indexer"],
+            ),
+            load_reports_sent: counter_vec(
+                &r,
+                "ckf_producer_load_reports_sent_total",
+                "Load reports of the pool sent, by indexer (only to indexers that take them).",
                 &["indexer"],
             ),
             snapshots_sent: counter_vec(

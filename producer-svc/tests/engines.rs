@@ -1252,3 +1252,57 @@ async fn the_pools_load_is_scraped_and_an_engine_that_stops_answering_is_unknown
     })
     .await;
 }
+
+/// The pool's load goes to an indexer that takes load reports, never to one that does not say
+/// so (an older indexer would end the stream on a frame it does not know).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pools_load_is_reported_only_to_an_indexer_that_takes_it() {
+    use common::fake_relay::{FakeRelay, GrantConfig};
+    let url = metrics_endpoint(Arc::new(std::sync::atomic::AtomicBool::new(false))).await;
+    let old = FakeRelay::start(GrantConfig::default(), 7).await;
+    let new = FakeRelay::start(
+        GrantConfig {
+            accepts_load: true,
+            ..GrantConfig::default()
+        },
+        8,
+    )
+    .await;
+    let mut spec: EngineSpec = "worker_id=7,endpoint=tcp://127.0.0.1:19"
+        .parse()
+        .expect("spec");
+    spec.metrics_url = Some(url);
+    spec.prefill_tokens_per_s = 8_000;
+    let p = producer(vec![spec], |c| {
+        c.indexers = vec![old.url(), new.url()];
+        c.engine.load_interval_ms = 100;
+        c.engine.load_timeout_ms = 100;
+    })
+    .await;
+    eventually(
+        "two load reports to the indexer that takes them",
+        || async { new.with(|s| s.attachments.iter().map(|a| a.loads.len()).sum::<usize>()) >= 2 },
+    )
+    .await;
+    let reports = new.with(|s| s.attachments[0].loads.clone());
+    let first = &reports[0];
+    assert_eq!((first.running, first.waiting), (5, 5), "{first:?}");
+    assert_eq!((first.engines_reporting, first.engines_configured), (1, 1));
+    assert_eq!(first.prefill_tokens_per_s, 8_000.0);
+    assert!(
+        reports.windows(2).all(|w| w[0].sequence < w[1].sequence),
+        "increasing sequences: {reports:?}"
+    );
+    assert!(new.errors().is_empty(), "{:?}", new.errors());
+    // The older indexer got none, and the producer counted none to it.
+    assert!(old.with(|s| s.attachments.iter().all(|a| a.loads.is_empty())));
+    assert!(old.errors().is_empty(), "{:?}", old.errors());
+    assert_eq!(
+        metric(
+            &p,
+            "ckf_producer_load_reports_sent_total",
+            &[("indexer", old.url().as_str())]
+        ),
+        0.0
+    );
+}

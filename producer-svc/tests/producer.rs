@@ -511,7 +511,7 @@ async fn two_indexers_each_get_their_own_continuous_sequence() {
             max_message_bytes: 8192,
             max_images_per_delta: 3,
             heartbeat_deadline_ms: 3_000,
-            stall_first: false,
+            ..GrantConfig::default()
         },
         2,
     )

@@ -344,6 +344,63 @@ pub fn heartbeat_from_wire(
     Ok((tag(w.lease, "Heartbeat", incarnation)?, w.sequence))
 }
 
+/// A load report as received: its tag, sequence, the pool's load and its age when sent.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LoadFrame {
+    /// The stream's lease and incarnation.
+    pub tag: StreamTag,
+    /// The report's number under the lease.
+    pub sequence: u64,
+    /// The pool's load.
+    pub load: ckf_core::route::PoolLoad,
+    /// How old the oldest observation in it was when sent.
+    pub age: std::time::Duration,
+}
+
+/// Decodes a load report received on a stream attached by `incarnation` (its values are
+/// checked where it is kept, `ckf_core::route::LaneLoads::report`).
+///
+/// # Errors
+/// [`WireError::MissingField`] (lease) or [`WireError::OutOfRange`] (lane).
+pub fn load_from_wire(
+    w: v1::LoadReport,
+    incarnation: ProducerIncarnation,
+) -> Result<LoadFrame, WireError> {
+    Ok(LoadFrame {
+        tag: tag(w.lease, "LoadReport", incarnation)?,
+        sequence: w.sequence,
+        load: ckf_core::route::PoolLoad {
+            engines_reporting: w.engines_reporting,
+            engines_configured: w.engines_configured,
+            running: w.running,
+            waiting: w.waiting,
+            kv_usage: w.kv_usage,
+            prefill_tokens_per_s: w.prefill_tokens_per_s,
+        },
+        age: std::time::Duration::from_millis(w.age_ms),
+    })
+}
+
+/// The wire form of report `sequence` of `load` under `lease`, `age` old.
+pub fn load_to_wire(
+    lease: LaneLease,
+    sequence: u64,
+    load: &ckf_core::route::PoolLoad,
+    age: std::time::Duration,
+) -> v1::LoadReport {
+    v1::LoadReport {
+        lease: Some(lease.into()),
+        sequence,
+        age_ms: u64::try_from(age.as_millis()).unwrap_or(u64::MAX),
+        engines_reporting: load.engines_reporting,
+        engines_configured: load.engines_configured,
+        running: load.running,
+        waiting: load.waiting,
+        kv_usage: load.kv_usage,
+        prefill_tokens_per_s: load.prefill_tokens_per_s,
+    }
+}
+
 impl From<&SnapshotChunk> for v1::SnapshotChunk {
     fn from(c: &SnapshotChunk) -> Self {
         Self {

@@ -75,6 +75,15 @@ fn convert_frame(frame: v1::RelayFrame) -> &'static str {
             }
             "drain_marker"
         }
+        Some(Frame::Load(report)) => {
+            let (lease, sequence) = (report.lease, report.sequence);
+            match convert::load_from_wire(report, INCARNATION) {
+                // the values are the keeper's to check (LaneLoads::report): kept as received
+                Ok(core) => assert_eq!(core.sequence, sequence),
+                Err(e) => lease_refused(lease, &e),
+            }
+            "load"
+        }
     }
 }
 

@@ -14,8 +14,8 @@ use std::{future::Future, io, net::SocketAddr};
 use axum::{Router, extract::State, http::header, response::IntoResponse, routing::get};
 use prometheus::core::Collector;
 use prometheus::{
-    Counter, Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
-    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+    Counter, Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter,
+    IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 use tokio::{net::TcpListener, task::JoinHandle};
 
@@ -69,6 +69,17 @@ pub fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str])
 /// On an invalid or already registered name.
 pub fn gauge(registry: &Registry, name: &str, help: &str) -> Gauge {
     register(registry, Gauge::new(name, help).expect("valid metric name"))
+}
+
+/// A registered floating-point gauge family `name` with the given label names.
+///
+/// # Panics
+/// On an invalid or already registered name or invalid label names.
+pub fn gauge_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
+    register(
+        registry,
+        GaugeVec::new(Opts::new(name, help), labels).expect("valid metric name"),
+    )
 }
 
 /// A registered integer gauge `name`.

@@ -176,11 +176,19 @@ impl Attachment {
     /// [`StrayFrame::ForeignLease`]: the frame must not be submitted, and the stream is lost
     /// (call [`Attachment::stream_lost`]).
     pub fn check(&self, frame: &Frame) -> Result<(), StrayFrame> {
-        let got = frame.tag().lease;
-        if got != self.lease {
+        self.check_lease(frame.kind(), frame.tag().lease)
+    }
+
+    /// [`Attachment::check`] for a frame the lane's ingestor does not take (a load report,
+    /// kind `frame`, carrying `lease`).
+    ///
+    /// # Errors
+    /// As [`Attachment::check`].
+    pub fn check_lease(&self, frame: &'static str, lease: LaneLease) -> Result<(), StrayFrame> {
+        if lease != self.lease {
             return Err(StrayFrame::ForeignLease {
-                frame: frame.kind(),
-                got,
+                frame,
+                got: lease,
                 held: self.lease,
             });
         }

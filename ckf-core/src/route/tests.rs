@@ -1,4 +1,5 @@
 use super::*;
+use std::time::Instant;
 
 const MS: Duration = Duration::from_millis(1);
 
@@ -226,4 +227,57 @@ fn a_pool_load_counts_what_its_engines_reported_and_only_that() {
     );
     assert_eq!(PoolLoad::from_engines(&[share(None, 1.0)]), None);
     assert_eq!(PoolLoad::from_engines(&[]), None);
+}
+
+#[test]
+fn a_lane_keeps_its_newest_valid_report_with_its_age() {
+    let t0 = Instant::now();
+    let mut loads = LaneLoads::default();
+    assert_eq!(loads.latest(3, t0), None);
+    let report = load(4, 8_000.0);
+    // Sent 200 ms after it was observed, received at t0: 200 ms old then, 1.2 s a second on.
+    loads
+        .report(3, 1, 1, report, 200 * MS, t0)
+        .expect("first report");
+    assert_eq!(loads.latest(3, t0), Some((report, 200 * MS)));
+    assert_eq!(
+        loads.latest(3, t0 + Duration::from_secs(1)),
+        Some((report, 1_200 * MS))
+    );
+    // An older one (same lease, same or lower sequence) is ignored.
+    let other = load(9, 1.0);
+    assert_eq!(
+        loads.report(3, 1, 1, other, Duration::ZERO, t0),
+        Err(LoadRefused::Older)
+    );
+    assert_eq!(loads.latest(3, t0).map(|(l, _)| l), Some(report));
+    // A new lease starts its sequence again.
+    loads
+        .report(3, 2, 1, other, Duration::ZERO, t0)
+        .expect("a new lease's first report");
+    assert_eq!(
+        loads.report(3, 1, 7, report, Duration::ZERO, t0),
+        Err(LoadRefused::Older),
+        "an older lease"
+    );
+    // Out of range: refused, nothing changes; other lanes untouched.
+    for bad in [
+        PoolLoad {
+            kv_usage: 1.5,
+            ..report
+        },
+        PoolLoad {
+            prefill_tokens_per_s: f64::NAN,
+            ..report
+        },
+        PoolLoad {
+            engines_reporting: 3,
+            ..report
+        },
+    ] {
+        let refused = loads.report(3, 2, 9, bad, Duration::ZERO, t0).unwrap_err();
+        assert_eq!(refused.label(), "invalid", "{refused}");
+    }
+    assert_eq!(loads.latest(3, t0).map(|(l, _)| l), Some(other));
+    assert_eq!(loads.latest(0, t0), None);
 }

@@ -6,7 +6,7 @@
 //! never zero; failures are counted by reason and logged at most once per interval per engine.
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ckf_core::route::{EngineShare, PoolLoad};
 use ckf_engine::load::{EngineFamily, read_load};
@@ -23,7 +23,8 @@ const LOG_INTERVAL: Duration = Duration::from_secs(60);
 /// The latest share of every configured engine (an engine without `metrics_url` stays unknown).
 #[derive(Debug)]
 pub struct LoadBoard {
-    shares: Mutex<Vec<EngineShare>>,
+    /// Per engine: its share and when its load was read (`None`: unknown).
+    shares: Mutex<Vec<(EngineShare, Option<Instant>)>>,
 }
 
 impl LoadBoard {
@@ -31,9 +32,12 @@ impl LoadBoard {
     pub fn new(specs: &[EngineSpec]) -> Arc<Self> {
         let shares = specs
             .iter()
-            .map(|s| EngineShare {
-                load: None,
-                prefill_tokens_per_s: s.prefill_tokens_per_s as f64,
+            .map(|s| {
+                let share = EngineShare {
+                    load: None,
+                    prefill_tokens_per_s: s.prefill_tokens_per_s as f64,
+                };
+                (share, None)
             })
             .collect();
         Arc::new(Self {
@@ -41,13 +45,21 @@ impl LoadBoard {
         })
     }
 
-    /// The pool's load now; `None` when no engine's load is known.
-    pub fn pool(&self) -> Option<PoolLoad> {
-        PoolLoad::from_engines(&self.shares.lock().expect("load board"))
+    /// The pool's load now and the age of its oldest engine reading; `None` when no engine's
+    /// load is known.
+    pub fn pool(&self) -> Option<(PoolLoad, Duration)> {
+        let shares = self.shares.lock().expect("load board");
+        let only: Vec<EngineShare> = shares.iter().map(|(share, _)| *share).collect();
+        let pool = PoolLoad::from_engines(&only)?;
+        let oldest = shares.iter().filter_map(|(_, read)| *read).min()?;
+        Some((pool, oldest.elapsed()))
     }
 
     fn set(&self, engine: usize, load: Option<ckf_core::route::EngineLoad>) {
-        self.shares.lock().expect("load board")[engine].load = load;
+        let mut shares = self.shares.lock().expect("load board");
+        let (share, read) = &mut shares[engine];
+        share.load = load;
+        *read = load.is_some().then(Instant::now);
     }
 }
 
@@ -142,7 +154,7 @@ impl Scraper {
     /// The pool gauges after a scrape.
     fn export(&self) {
         let m = &self.metrics;
-        let pool = self.board.pool();
+        let pool = self.board.pool().map(|(pool, _)| pool);
         let reporting = pool.map_or(0, |p| i64::from(p.engines_reporting));
         m.pool_engines_reporting.set(reporting);
         let p = pool.unwrap_or_default();

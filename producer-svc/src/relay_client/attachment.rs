@@ -35,6 +35,10 @@ pub struct RelaySettings {
     pub indexer_token: std::sync::Arc<crate::access::IndexerToken>,
     /// How the first attach is made (`publication.start_mode`).
     pub start_mode: crate::config::StartMode,
+    /// The pool's load, reported every `load_interval` to an indexer that takes it.
+    pub load: std::sync::Arc<crate::engines::load::LoadBoard>,
+    /// How often the pool's load is reported (`engine.load_interval_ms`).
+    pub load_interval: Duration,
 }
 
 /// How one endpoint's publication ended at shutdown.

@@ -258,6 +258,7 @@ impl IndexerAttachment {
             max_message_bytes: g.max_message_bytes,
             max_images_per_delta: g.max_images_per_delta,
             heartbeat_deadline_ms: g.heartbeat_deadline_ms,
+            accepts_load: g.accepts_load,
         };
         let local = LocalLimits {
             max_message_bytes: s.max_message_bytes,
@@ -324,6 +325,12 @@ impl IndexerAttachment {
         let mut in_flight: VecDeque<(u64, std::time::Instant)> = VecDeque::new();
         let mut draining: Option<(u64, Instant)> = None;
         let mut idle_since = Instant::now();
+        // Load reports: only to an indexer that takes them, never while draining; they do not
+        // stand in for heartbeats (the lane's deadline counts the frames its ingestor sees).
+        let mut load_at = terms
+            .load_reports
+            .then(|| Instant::now() + self.settings.load_interval);
+        let mut load_sequence = 0u64;
         // Whether this process itself stalled during the session is the stall watch's to say
         // (waiting on the indexer's flow control is not this producer's silence).
         let started = std::time::Instant::now();
@@ -434,6 +441,17 @@ impl IndexerAttachment {
                         Some(Reply::Retired(r)) => break SessionEnd::Failed(retired(&r, Some(lease), progress.streaming())),
                         Some(Reply::LeaseGranted(_)) => break SessionEnd::Failed(fail("protocol_error", "second LeaseGranted on one stream")),
                         None => break SessionEnd::Failed(fail("protocol_error", "empty RelayReply")),
+                    }
+                }
+                () = sleep_until(load_at.unwrap_or_else(Instant::now)), if load_at.is_some() && draining.is_none() => {
+                    load_at = Some(Instant::now() + self.settings.load_interval);
+                    if let Some((pool, age)) = self.settings.load.pool() {
+                        load_sequence += 1;
+                        let report = ckf_proto::convert::load_to_wire(lease, load_sequence, &pool, age);
+                        if let Err(f) = self.send(&stream, Frame::Load(report)).await {
+                            break SessionEnd::Failed(f);
+                        }
+                        self.metrics.load_reports_sent.with_label_values(&[&self.endpoint]).inc();
                     }
                 }
                 () = sleep_until(heartbeat_at), if draining.is_none() => {

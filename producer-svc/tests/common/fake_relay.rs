@@ -26,6 +26,9 @@ pub struct GrantConfig {
     pub heartbeat_deadline_ms: u64,
     /// Never read the frames of the first attachment (a stalled indexer).
     pub stall_first: bool,
+    /// Say in `LeaseGranted` that load reports are taken (an older indexer does not: a load
+    /// report to it is then a protocol error).
+    pub accepts_load: bool,
 }
 
 impl Default for GrantConfig {
@@ -35,6 +38,7 @@ impl Default for GrantConfig {
             max_images_per_delta: 8,
             heartbeat_deadline_ms: 3_000,
             stall_first: false,
+            accepts_load: false,
         }
     }
 }
@@ -52,6 +56,8 @@ pub struct Attachment {
     pub installed: Option<u64>,
     pub deltas: Vec<v1::Delta>,
     pub heartbeats: Vec<u64>,
+    /// Load reports received (when the grant takes them).
+    pub loads: Vec<v1::LoadReport>,
     pub drain_marker: Option<u64>,
     pub drained: bool,
     /// Protocol violations seen (must stay empty).
@@ -302,6 +308,7 @@ impl Relay for Service {
             max_message_bytes: grant.max_message_bytes,
             max_images_per_delta: grant.max_images_per_delta,
             heartbeat_deadline_ms: grant.heartbeat_deadline_ms,
+            accepts_load: grant.accepts_load,
         })
         .into()))
             .await
@@ -386,6 +393,16 @@ fn handle_frame(
         ));
     }
     match frame.frame {
+        Some(Frame::Load(report)) => {
+            if !grant.accepts_load {
+                a.errors
+                    .push("a load report to an indexer that does not take them".into());
+            } else if report.lease != Some(lease) {
+                a.errors.push("load report with a foreign lease".into());
+            }
+            a.loads.push(report);
+            None
+        }
         Some(Frame::SnapshotChunk(c)) => {
             if c.lease != Some(lease) {
                 a.errors.push("snapshot chunk with a foreign lease".into());
