@@ -81,7 +81,7 @@ pub const MAX_BUCKETS: u64 = (1 << 32) - 2;
 /// fail (Fan et al., "Cuckoo Filter: Practically Better Than Bloom", CoNEXT 2014, table 2).
 /// Sizing for 92% keeps a margin below that cliff, so a pool that outgrows its estimate by a
 /// few percent still stores every block, while the table costs `64 / (4 * 0.92)` = 17.4 bits
-/// per tracked block per lane (the issue-12 target is <= 17.5). Format v2 takes any even
+/// per tracked block per lane (the budget is <= 17.5). Format v2 takes any even
 /// bucket count, so the load at the expected count is within two buckets of this target for
 /// every expected size (v1's power-of-two rounding put it anywhere between 45% and 90%).
 pub const TARGET_LOAD: f64 = 0.92;
@@ -105,7 +105,7 @@ pub enum FormatError {
 }
 
 /// The identity of a table layout. Producer and consumer must agree on every field before any
-/// bucket image is exchanged (issue "ckf-core", item 1).
+/// bucket image is exchanged (`docs/design.md`, "Table format").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct TableFormat {
     /// Addressing and layout version; only [`FORMAT_VERSION`] is supported.

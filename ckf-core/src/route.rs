@@ -27,6 +27,10 @@
 //! estimated with no queue and the default capacity, and says so ([`LoadState`]): it is ranked
 //! by its cached prefix and round trip only.
 //!
+//! The load itself: [`EngineLoad`] (one engine's, as read from its metrics), [`PoolLoad`]
+//! (a pool's, [`PoolLoad::from_engines`] over the engines that reported), and at the indexer
+//! [`LaneLoads`] (each lane's newest report and its age).
+//!
 //! DCs are ranked by expected TTFT; equal estimates go to the deeper prefix, then the lower
 //! lane. The choice is the first ([`Reason::Fastest`], or [`Reason::DeepestOfEqual`] when a tie
 //! was broken by depth).
@@ -94,7 +98,8 @@ pub struct EngineLoad {
 pub struct EngineShare {
     /// Its last load; `None` when unknown (its scrape failed, or it is down).
     pub load: Option<EngineLoad>,
-    /// Its configured prefill capacity, tokens/s.
+    /// Its configured prefill capacity, tokens/s (0: not configured; it then adds nothing to
+    /// the pool's capacity).
     pub prefill_tokens_per_s: f64,
 }
 
@@ -163,7 +168,7 @@ pub struct DcEstimate {
     pub cached_tokens: u64,
     /// Tokens it would prefill.
     pub uncached_tokens: u64,
-    /// The round trip used, and whether it was the request's own.
+    /// The round trip used.
     pub rtt: Duration,
     /// Whether the round trip came from the request.
     pub rtt_from_request: bool,

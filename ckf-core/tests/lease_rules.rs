@@ -1,4 +1,4 @@
-//! Issue 10, supersession and stale lanes: the attach modes (`TAKEOVER`, `IF_VACANT`), what a
+//! Supersession and stale lanes: the attach modes (`TAKEOVER`, `IF_VACANT`), what a
 //! live attachment is, lane contention, the drain grace and the heartbeat sequence check, unit
 //! by unit and against a simple model of one lane (proptest).
 

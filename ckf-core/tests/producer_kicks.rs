@@ -97,7 +97,7 @@ fn case_01_fill_to_95_percent_and_false_positive_rate() {
     assert!(fpr <= 2.5e-4, "false-positive rate {fpr:.2e}");
 }
 
-/// Issue 12 part 6 (format v2, any even bucket count): a table sized for N expected blocks
+/// Format v2 (any even bucket count): a table sized for N expected blocks
 /// takes N random blocks with no capacity omission, lands at the target load (within the
 /// two-bucket rounding), and costs <= 17.5 bits per tracked block per lane, for expected sizes
 /// that are far from any power of two (v1 would have sized 300,001 blocks at 131,072 buckets:

@@ -2,8 +2,8 @@
 """Writes the compose stack's sample trace (traces/sample.jsonl), deterministically.
 
 A small multi-turn chat workload in the Mooncake JSONL format (one request a line: `timestamp`
-ms, `input_length` and `output_length` tokens, `hash_ids` = 512-token prefix-block ids; see
-../shared/data/README.md). It is synthetic (generated here, no real traffic):
+ms, `input_length` and `output_length` tokens, `hash_ids` = 512-token prefix-block ids, as
+Mooncake's published traces). It is synthetic (generated here, no real traffic):
 
 - a few system prompts of 3-6 blocks, each shared by many sessions;
 - sessions: the first turn is a system prompt plus 4-12 new blocks, every later turn repeats

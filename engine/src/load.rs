@@ -9,9 +9,11 @@
 //! | SGLang | `sglang:num_running_reqs` | `sglang:num_queue_reqs` | `sglang:token_usage` |
 //!
 //! The names are those vLLM 0.33.0 (`vllm/v1/metrics/loggers.py`) and SGLang 0.5.23
-//! (`sglang/srt/observability/metrics_collector.py`) register. The text is parsed by
-//! `prom_text_format_parser`: `prometheus-parse`, which reads the services' own metrics, drops
-//! every sample whose name holds a colon, as all of these do.
+//! (`sglang/srt/observability/metrics_collector.py`) register. A usage above 1 is read as 1.
+//!
+//! The text is parsed by the `prom_text_format_parser` crate, not by `prometheus-parse` (which
+//! reads the services' own metrics elsewhere): the latter drops every sample whose name holds a
+//! colon, as all of these do.
 
 use ckf_core::route::EngineLoad;
 use thiserror::Error;

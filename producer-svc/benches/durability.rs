@@ -8,7 +8,7 @@
 //!   events of 16 blocks per batch, stores then removes) with durability off (the baseline) and
 //!   on (`[durability] data_dir` on the working directory's disk, 50 ms group commit),
 //!   interleaved, best of 3; the ratio is durable / in-memory. Target: >= 0.70 while above the
-//!   1 M block ops/s that the issue offers.
+//!   1 M block ops/s the busiest pool sends.
 //! * **recovery**: 10 M tracked blocks (16 members) ingested, a clean stop (final checkpoint),
 //!   then the time a new producer on the same directory takes from `serve` to listening with
 //!   the state rebuilt (`ckf_producer_recovery_seconds`, read from its metrics) and its

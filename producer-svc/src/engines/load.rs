@@ -3,7 +3,7 @@
 //! `ckf-engine`'s (which metrics, [`ckf_engine::load::read_load`]) and `ckf-core`'s (the pool's
 //! sum, [`PoolLoad::from_engines`]); this module fetches, keeps the latest share per engine in
 //! a [`LoadBoard`] and exports it. A failed scrape or a down engine makes its share unknown,
-//! never zero; failures are counted by reason and logged at most once per interval per engine.
+//! never zero; failures are counted by reason and logged at most once a minute per engine.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

@@ -1,5 +1,6 @@
 //! Metrics of the engine publishers (prefix `ckf_producer_engine_`), labelled by `publisher`
-//! (`"worker/rank"`, e.g. `7/0`) and `endpoint` (the rank's PUB endpoint).
+//! (`"worker/rank"`, e.g. `7/0`) and `endpoint` (the rank's PUB endpoint); the load scrapes by
+//! `worker`; the pool's load (prefix `ckf_producer_pool_`) unlabelled or by `state`.
 
 use ckf_svc_kit::metrics::{counter_vec, gauge, int_gauge, int_gauge_vec};
 use prometheus::{Gauge, IntCounterVec, IntGauge, IntGaugeVec, Registry};
@@ -15,7 +16,8 @@ pub struct EngineMetrics {
     /// unknown).
     pub events: IntCounterVec,
     /// Frames or payloads refused, by `publisher`, `endpoint`, `kind` (oversize, parts,
-    /// sequence, truncated, syntax, trailing, type, limit, malformed_event).
+    /// sequence, truncated, syntax, trailing, type, limit, dp_rank, malformed_event, the ZMTP
+    /// guard's `zmtp_*` kinds, zmtp_peer_error).
     pub decode_errors: IntCounterVec,
     /// Engine connections a guard proxy closed without a ZMTP violation, by `publisher`,
     /// `endpoint`, `reason` (`connection_limit`: over the proxy's limit, closed at accept;
