@@ -13,8 +13,8 @@
 //! queue_d = (waiting_d + booked_d) * queued_request_tokens / capacity_d
 //! ```
 //!
-//! - `rtt_d`: the router's round trip to `d`: the request's own when it gives one, else
-//!   [`RouteModel::default_rtt`].
+//! - `rtt_d`: the router's round trip to `d`: the request's own when it gives one, else the
+//!   configured one for `d`, else [`RouteModel::default_rtt`].
 //! - `capacity_d`: the prefill tokens/s of `d`'s pool, from its load report; without a usable
 //!   report, [`RouteModel::default_prefill_tokens_per_s`].
 //! - `waiting_d`: requests queued at the pool's engines, from its load report.
@@ -142,6 +142,8 @@ pub struct DcInput {
     pub block_size: u32,
     /// The router's own round trip to it, if the request gives one.
     pub rtt: Option<Duration>,
+    /// The configured round trip to it, if any (else [`RouteModel::default_rtt`]).
+    pub configured_rtt: Option<Duration>,
     /// Its latest load report and how old it is.
     pub load: Option<(PoolLoad, Duration)>,
     /// Requests sent to it since that report ([`Bookings::booked`]).
@@ -257,7 +259,7 @@ fn estimate(model: &RouteModel, request_tokens: u64, dc: &DcInput) -> DcEstimate
     let queued = report.map_or(0.0, |r| f64::from(r.waiting) + f64::from(dc.booked));
     let queue = seconds(queued * model.queued_request_tokens / capacity);
     let prefill = seconds(uncached_tokens as f64 / capacity);
-    let rtt = dc.rtt.unwrap_or(model.default_rtt);
+    let rtt = dc.rtt.or(dc.configured_rtt).unwrap_or(model.default_rtt);
     DcEstimate {
         lane: dc.lane,
         cached_tokens,

@@ -12,6 +12,7 @@ use ckf_core::addressing::TableFormat;
 use ckf_core::global::Manifest;
 use ckf_core::identity::{DcId, IndexerDomainId, PoolId};
 use ckf_core::lane::LagPolicy;
+use ckf_core::route::RouteModel;
 use ckf_core::search::{SearchKernel, SearchKernelError};
 use ckf_core::tokens::{MAX_BLOCK_SIZE, TokenQueryRules};
 use ckf_proto::convert::WIRE_BYTES_PER_IMAGE;
@@ -149,8 +150,109 @@ impl Default for SearchConfig {
     }
 }
 
+/// The routing decision of `Query/Route` (`[route]`; the model: `ckf_core::route`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RouteConfig {
+    /// Round trip from the routers to a DC not named in `rtt_ms`, milliseconds.
+    pub default_rtt_ms: f64,
+    /// Round trip from the routers to each DC, milliseconds, by DC id (a request's own round
+    /// trips win).
+    pub rtt_ms: std::collections::BTreeMap<String, f64>,
+    /// Prefill tokens/s of a DC whose load is unknown (no report, or a stale one).
+    pub default_prefill_tokens_per_s: f64,
+    /// The prefill work one queued request stands for, tokens.
+    pub queued_request_tokens: f64,
+    /// A load report older than this is not used, milliseconds.
+    pub stale_after_ms: u64,
+}
+
+impl Default for RouteConfig {
+    fn default() -> Self {
+        let model = RouteModel::default();
+        Self {
+            default_rtt_ms: model.default_rtt.as_secs_f64() * 1e3,
+            rtt_ms: std::collections::BTreeMap::new(),
+            default_prefill_tokens_per_s: model.default_prefill_tokens_per_s,
+            queued_request_tokens: model.queued_request_tokens,
+            stale_after_ms: u64::try_from(model.stale_after.as_millis()).unwrap_or(u64::MAX),
+        }
+    }
+}
+
+impl RouteConfig {
+    /// The model's parameters.
+    pub fn model(&self) -> RouteModel {
+        RouteModel {
+            default_rtt: Duration::from_secs_f64(self.default_rtt_ms / 1e3),
+            default_prefill_tokens_per_s: self.default_prefill_tokens_per_s,
+            queued_request_tokens: self.queued_request_tokens,
+            stale_after: Duration::from_millis(self.stale_after_ms),
+        }
+    }
+
+    /// The configured round trip to `dc`, if `rtt_ms` names it.
+    pub fn rtt(&self, dc: &str) -> Option<Duration> {
+        self.rtt_ms
+            .get(dc)
+            .map(|ms| Duration::from_secs_f64(ms / 1e3))
+    }
+
+    fn validate(&self, lanes: &[String]) -> Result<(), Invalid> {
+        let finite = |key: &str, v: f64, min: f64, rule: &str| {
+            if v.is_finite() && v >= min && v <= 3.6e6 {
+                Ok(())
+            } else {
+                Err(Invalid::new(key, v, rule))
+            }
+        };
+        finite(
+            "route.default_rtt_ms",
+            self.default_rtt_ms,
+            0.0,
+            "a number of ms, 0..=3600000",
+        )?;
+        for (dc, ms) in &self.rtt_ms {
+            if !lanes.iter().any(|l| l == dc) {
+                return Err(Invalid::new(
+                    format!("route.rtt_ms.{dc}"),
+                    ms,
+                    "not a DC of manifest.lanes",
+                ));
+            }
+            finite(
+                &format!("route.rtt_ms.{dc}"),
+                *ms,
+                0.0,
+                "a number of ms, 0..=3600000",
+            )?;
+        }
+        if !(self.default_prefill_tokens_per_s.is_finite()
+            && self.default_prefill_tokens_per_s >= 1.0)
+        {
+            return Err(Invalid::new(
+                "route.default_prefill_tokens_per_s",
+                self.default_prefill_tokens_per_s,
+                "a number of tokens per second, at least 1",
+            ));
+        }
+        finite(
+            "route.queued_request_tokens",
+            self.queued_request_tokens,
+            0.0,
+            "a number of tokens, 0..=3600000",
+        )?;
+        in_range(
+            "route.stale_after_ms",
+            self.stale_after_ms,
+            1..=3_600_000,
+            "ms",
+        )
+    }
+}
+
 /// The whole indexer configuration (TOML layout: `deploy/indexer.example.toml`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct IndexerConfig {
     /// Domain and lanes.
@@ -164,6 +266,8 @@ pub struct IndexerConfig {
     pub limits: LimitsConfig,
     /// Prefix search (kernel choice).
     pub search: SearchConfig,
+    /// The routing decision (`Query/Route`).
+    pub route: RouteConfig,
     /// Connection and request limits of the gRPC listener (`ckf_svc_kit::transport`).
     pub transport: TransportConfig,
     /// Tokens per KV block, `1..=65536`: how `FindMatchesByTokens` cuts a request's token ids
@@ -203,6 +307,7 @@ impl Default for IndexerConfig {
             lag: LagConfig::default(),
             limits: LimitsConfig::default(),
             search: SearchConfig::default(),
+            route: RouteConfig::default(),
             transport: TransportConfig::default(),
             block_size: DEFAULT_BLOCK_SIZE,
             listen: DEFAULT_LISTEN.parse().expect("valid default"),
@@ -409,6 +514,7 @@ impl Validate for IndexerConfig {
         listens.extend(self.query_listen.map(|addr| ("query_listen", addr)));
         self.tls.check("tls", &listens)?;
         in_range("block_size", self.block_size, 1..=MAX_BLOCK_SIZE, "tokens")?;
+        self.route.validate(&self.manifest.lanes)?;
         validate_worker_threads(self.worker_threads)?;
         self.search_kernel()?;
         in_range(

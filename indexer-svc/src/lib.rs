@@ -14,6 +14,7 @@
 //! | [`config`] | `IndexerConfig` (manifest, table format, lag policy, limits, addresses) and the `ckf-indexer` flags |
 //! | [`relay`] | `Relay/Publish`: attach -> lease -> frames into the lane's ingestor -> Ack / Retired |
 //! | [`query`] | `Query/FindMatches` and `Query/ListLanes` |
+//! | [`route`] | `Query/Route`: the prefix search, each ready lane's kept load report and round trip, `ckf_core::route`'s ranking and choice, bookings |
 //! | [`status`] | the one mapping of failures to gRPC statuses and `Retired` replies |
 //! | [`metrics`] | Prometheus metrics (`ckf_indexer_*`) |
 //! | [`lane_watch`] | lane events -> retirement counters and lane gauges |
@@ -36,6 +37,7 @@ pub mod lane_watch;
 pub mod metrics;
 pub mod query;
 pub mod relay;
+pub mod route;
 pub mod server;
 pub mod state;
 pub mod status;

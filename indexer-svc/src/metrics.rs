@@ -27,15 +27,18 @@ pub enum QueryMethod {
     FindMatchesBatch,
     /// `FindMatchesStream` (counted per query of each stream message).
     FindMatchesStream,
+    /// `Route` (block hashes or token ids).
+    Route,
 }
 
 impl QueryMethod {
     /// Every method, in label order (the index of [`IndexerMetrics::query_method`]).
-    pub const ALL: [QueryMethod; 4] = [
+    pub const ALL: [QueryMethod; 5] = [
         QueryMethod::FindMatches,
         QueryMethod::FindMatchesByTokens,
         QueryMethod::FindMatchesBatch,
         QueryMethod::FindMatchesStream,
+        QueryMethod::Route,
     ];
 
     /// The `method` label value.
@@ -45,6 +48,7 @@ impl QueryMethod {
             QueryMethod::FindMatchesByTokens => "find_matches_by_tokens",
             QueryMethod::FindMatchesBatch => "find_matches_batch",
             QueryMethod::FindMatchesStream => "find_matches_stream",
+            QueryMethod::Route => "route",
         }
     }
 }
@@ -128,6 +132,8 @@ pub struct IndexerMetrics {
     pub search_kernel: IntGaugeVec,
     /// Load reports received, by `dc` and `outcome` (kept, older, invalid).
     pub load_reports: IntCounterVec,
+    /// `Route` choices, by the chosen `dc` and `reason` (fastest, deepest_of_equal).
+    pub route_decisions: IntCounterVec,
     /// The kept load report of each lane: requests by `state` (running, waiting).
     pub lane_load_requests: IntGaugeVec,
     /// The kept load report of each lane: engines reporting.
@@ -276,6 +282,12 @@ impl IndexerMetrics {
                 "ckf_indexer_search_kernel",
                 "1 for the prefix-search kernel in use (portable, avx2, avx512, neon; config search.kernel).",
                 &["kernel"],
+            ),
+            route_decisions: counter_vec(
+                &r,
+                "ckf_indexer_route_decisions_total",
+                "Route choices, by the chosen DC and the reason (fastest, deepest_of_equal).",
+                &["dc", "reason"],
             ),
             load_reports: counter_vec(
                 &r,

@@ -93,6 +93,16 @@ impl Query for QueryService {
         })))
     }
 
+    async fn route(
+        &self,
+        request: Request<v1::RouteRequest>,
+    ) -> Result<Response<v1::RouteResponse>, Status> {
+        Ok(Response::new(crate::route::answer(
+            &self.shared,
+            request.into_inner(),
+        )?))
+    }
+
     async fn find_matches_batch(
         &self,
         request: Request<v1::FindMatchesBatchRequest>,

@@ -410,8 +410,17 @@ impl Session {
             load.age,
             Instant::now(),
         );
-        if let Err(refused) = kept {
-            tracing::debug!(%refused, sequence = load.sequence, "load report dropped");
+        match kept {
+            // A newer report counts the choices booked before it.
+            Ok(()) => self
+                .shared
+                .bookings
+                .lock()
+                .expect("bookings")
+                .reported(lease.lane),
+            Err(refused) => {
+                tracing::debug!(%refused, sequence = load.sequence, "load report dropped")
+            }
         }
         let labels = self.shared.labels(lease.lane);
         self.shared

@@ -187,6 +187,8 @@ pub async fn serve(
         query_streams: Arc::new(Semaphore::new(config.limits.max_query_streams as usize)),
         shutdown: stop.clone(),
         loads: Default::default(),
+        bookings: Default::default(),
+        route: config.route.clone(),
     });
     shared.metrics.observe_all(&indexer, &shared.labels);
 

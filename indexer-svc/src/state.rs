@@ -41,6 +41,10 @@ pub struct IndexerState {
     pub shutdown: Shutdown,
     /// The newest load report of each lane (Relay `LoadReport`).
     pub loads: std::sync::Mutex<ckf_core::route::LaneLoads>,
+    /// `Route` choices since each lane's last load report.
+    pub bookings: std::sync::Mutex<ckf_core::route::Bookings>,
+    /// `[route]`: the model and the configured round trips.
+    pub route: crate::config::RouteConfig,
 }
 
 impl IndexerState {

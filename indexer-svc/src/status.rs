@@ -327,6 +327,17 @@ pub enum QueryError {
     /// A `FindMatchesByTokens` request broke a token-query rule (its message names the field).
     #[error("FindMatchesByTokens: {0}")]
     Tokens(#[from] TokenQueryError),
+    /// A `Route` request without its query.
+    #[error("Route: RouteRequest.query is required (block hashes or token ids)")]
+    RouteWithoutQuery,
+    /// A `Route` request's round trip that is not a number of milliseconds >= 0.
+    #[error("Route: rtt_ms of {dc} is {value}, not a number of milliseconds >= 0")]
+    RouteRtt {
+        /// The DC it names.
+        dc: String,
+        /// The value sent.
+        value: f64,
+    },
     /// The blocking task counting occupied slots for `ListLanes` failed.
     #[error("load-factor count failed: {0}")]
     LoadCount(#[from] tokio::task::JoinError),
@@ -364,6 +375,8 @@ impl From<QueryError> for Status {
             | QueryError::TooManyQueries { .. }
             | QueryError::BatchQueryTooLong { .. }
             | QueryError::AnswerTooLarge { .. }
+            | QueryError::RouteWithoutQuery
+            | QueryError::RouteRtt { .. }
             | QueryError::Tokens(_) => Status::invalid_argument(error.to_string()),
             QueryError::Shutdown => Status::unavailable(error.to_string()),
             QueryError::TooManyStreams { .. } => Status::resource_exhausted(error.to_string()),

@@ -9,6 +9,7 @@ fn dc(lane: LaneIndex, depth: u32) -> DcInput {
         depth,
         block_size: 16,
         rtt: None,
+        configured_rtt: None,
         load: None,
         booked: 0,
     }
@@ -120,6 +121,28 @@ fn the_routers_own_round_trips_override_the_default_and_can_flip_the_choice() {
     let route = route(&model, 1_024, &far);
     assert_eq!(route.choice, Some((1, Reason::Fastest)));
     assert_eq!(route.ranked[1].ttft, 456 * MS);
+    // A configured round trip stands when the request gives none, and yields to its own.
+    let configured = [
+        DcInput {
+            configured_rtt: Some(456 * MS),
+            ..dc(0, 64)
+        },
+        dc(1, 0),
+    ];
+    let by_config = super::route(&model, 1_024, &configured);
+    assert_eq!(by_config.choice, Some((1, Reason::Fastest)));
+    assert!(!by_config.ranked[1].rtt_from_request);
+    let overridden = [
+        DcInput {
+            rtt: Some(MS),
+            ..configured[0]
+        },
+        configured[1],
+    ];
+    assert_eq!(
+        super::route(&model, 1_024, &overridden).choice,
+        Some((0, Reason::Fastest))
+    );
 }
 
 #[test]

@@ -1,0 +1,172 @@
+//! `Query/Route` against a real indexer: two lanes fed by ckf-core producers over the Relay
+//! (snapshots, load reports), answers checked against the model's formula by hand.
+
+mod common;
+
+use ckf_proto::v1::{self, relay_frame::Frame as WireFrame};
+use common::*;
+use tonic::Code;
+
+fn load_report(a: &Producer, sequence: u64, waiting: u32, capacity: f64) -> WireFrame {
+    WireFrame::Load(v1::LoadReport {
+        lease: a.wire_lease(),
+        sequence,
+        age_ms: 0,
+        engines_reporting: 1,
+        engines_configured: 1,
+        running: 3,
+        waiting,
+        kv_usage: 0.25,
+        prefill_tokens_per_s: capacity,
+    })
+}
+
+fn by_hashes(hashes: &[u64], request_tokens: u64) -> v1::RouteRequest {
+    v1::RouteRequest {
+        query: Some(v1::route_request::Query::Hashes(v1::FindMatchesRequest {
+            block_hashes: hashes.to_vec(),
+        })),
+        request_tokens,
+        rtt_ms: Default::default(),
+    }
+}
+
+/// Waits until `dc` has had `n` load reports kept.
+async fn kept(indexer: &Indexer, dc: &str, n: u32) {
+    let line = format!("ckf_indexer_load_reports_total{{dc=\"{dc}\",outcome=\"kept\"}} {n}");
+    for _ in 0..250 {
+        if metrics_text(indexer).await.contains(&line) {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    panic!("{line} never in the metrics");
+}
+
+async fn route(indexer: &Indexer, request: v1::RouteRequest) -> v1::RouteResponse {
+    indexer
+        .query()
+        .route(request)
+        .await
+        .expect("Route")
+        .into_inner()
+}
+
+/// dc-a (lane 0) and dc-b (lane 1), both ready, dc-b configured 50 ms away.
+async fn two_lanes(h: &[u64], a_blocks: usize, b_blocks: usize) -> (Indexer, Producer, Producer) {
+    let mut cfg = config(&["dc-a", "dc-b"]);
+    cfg.route.rtt_ms.insert("dc-b".into(), 50.0);
+    let indexer = Indexer::start(cfg).await;
+    let mut a = Producer::attach(&indexer, "dc-a", 1).await;
+    let mut b = Producer::attach(&indexer, "dc-b", 2).await;
+    a.store(1, &h[..a_blocks]);
+    b.store(1, &h[..b_blocks]);
+    a.snapshot(8192).await;
+    b.snapshot(8192).await;
+    (indexer, a, b)
+}
+
+#[tokio::test]
+async fn each_dc_is_estimated_by_the_formula_and_the_fastest_chosen() {
+    let h = hashes(70, 8);
+    let (indexer, a, _b) = two_lanes(&h, 4, 8).await;
+    // dc-a: 2 waiting at 16,000 tokens/s.
+    a.stream.send(load_report(&a, 1, 2, 16_000.0)).await;
+    kept(&indexer, "dc-a", 1).await;
+    let r = route(&indexer, by_hashes(&h, 0)).await;
+    // 8 blocks of 16 tokens. dc-b: all cached, no report (default capacity), its configured
+    // 50 ms: ttft 50 ms. dc-a: 64 cached, 1 ms + (2 + 0) * 1024 / 16000 s + 64 / 16000 s =
+    // 1 + 128 + 4 ms.
+    assert_eq!(r.reason(), v1::RouteReason::Fastest);
+    assert_eq!(r.chosen_lane, 1);
+    assert_eq!(r.chosen.as_ref().map(|p| p.dc.as_str()), Some("dc-b"));
+    let (b, a) = (&r.ranked[0], &r.ranked[1]);
+    assert_eq!(
+        (b.lane, b.depth, b.cached_tokens, b.uncached_tokens),
+        (1, 8, 128, 0)
+    );
+    assert_eq!(b.load_state(), v1::LoadState::Unknown);
+    assert!(!b.rtt_from_request);
+    assert!((b.ttft_ms - 50.0).abs() < 1e-6, "{b:?}");
+    assert_eq!(
+        (a.lane, a.depth, a.cached_tokens, a.uncached_tokens),
+        (0, 4, 64, 64)
+    );
+    assert_eq!(a.load_state(), v1::LoadState::Known);
+    assert_eq!((a.running, a.waiting, a.booked), (3, 2, 0));
+    assert!((a.queue_ms - 128.0).abs() < 1e-6, "{a:?}");
+    assert!((a.prefill_ms - 4.0).abs() < 1e-6, "{a:?}");
+    assert!((a.ttft_ms - 133.0).abs() < 1e-6, "{a:?}");
+    // The router's own round trip to dc-b (500 ms) overrides the configured one: dc-a wins.
+    let mut far = by_hashes(&h, 0);
+    far.rtt_ms.insert("dc-b".into(), 500.0);
+    let r = route(&indexer, far).await;
+    assert_eq!((r.chosen_lane, r.reason()), (0, v1::RouteReason::Fastest));
+    assert!(r.ranked[1].rtt_from_request);
+    assert!((r.ranked[1].ttft_ms - 500.0).abs() < 1e-6);
+    // The choices were booked: dc-b once, dc-a once.
+    let text = metrics_text(&indexer).await;
+    for dc in ["dc-a", "dc-b"] {
+        let line = format!("ckf_indexer_route_decisions_total{{dc=\"{dc}\",reason=\"fastest\"}} 1");
+        assert!(text.contains(&line), "{line} not in the metrics");
+    }
+}
+
+#[tokio::test]
+async fn a_burst_spreads_by_capacity_until_a_new_report_covers_it() {
+    // Nothing cached anywhere: only the queue and the capacity tell the DCs apart.
+    let h = hashes(71, 2);
+    let (indexer, a, b) = two_lanes(&[], 0, 0).await;
+    a.stream.send(load_report(&a, 1, 0, 16_384.0)).await;
+    b.stream.send(load_report(&b, 1, 0, 8_192.0)).await;
+    kept(&indexer, "dc-a", 1).await;
+    kept(&indexer, "dc-b", 1).await;
+    // The request's own 1 ms to both (the configured 50 ms to dc-b overridden).
+    let request = || {
+        let mut r = by_hashes(&h, 1_024);
+        r.rtt_ms.insert("dc-a".into(), 1.0);
+        r.rtt_ms.insert("dc-b".into(), 1.0);
+        r
+    };
+    let mut chosen = [0u32; 2];
+    let mut by_hand = [0u32; 2];
+    for _ in 0..30 {
+        let r = route(&indexer, request()).await;
+        chosen[r.chosen_lane as usize] += 1;
+        // (b0 + 1) * 1024 / 16384 <= (b1 + 1) * 1024 / 8192, ties to lane 0.
+        let lane = usize::from(by_hand[0] + 1 > 2 * (by_hand[1] + 1));
+        by_hand[lane] += 1;
+    }
+    assert_eq!(chosen, by_hand);
+    assert_eq!(chosen, [20, 10]);
+    // A new report of dc-a covers its bookings; dc-b's stay.
+    a.stream.send(load_report(&a, 2, 0, 16_384.0)).await;
+    kept(&indexer, "dc-a", 2).await;
+    let r = route(&indexer, request()).await;
+    let booked = |lane: u32| r.ranked.iter().find(|d| d.lane == lane).map(|d| d.booked);
+    assert_eq!(
+        (booked(0), booked(1)),
+        (Some(0), Some(10)),
+        "dc-a's bookings covered, dc-b's kept"
+    );
+}
+
+#[tokio::test]
+async fn bad_requests_are_invalid_arguments_and_no_ready_lane_chooses_nothing() {
+    let indexer = Indexer::start(config(&["dc-a"])).await;
+    let r = route(&indexer, by_hashes(&hashes(72, 3), 0)).await;
+    assert_eq!(r.reason(), v1::RouteReason::NoReadyDc);
+    assert!(r.ranked.is_empty() && r.chosen.is_none());
+    let mut client = indexer.query();
+    let empty = v1::RouteRequest::default();
+    let status = client.route(empty).await.expect_err("no query");
+    assert_status(
+        &status,
+        Code::InvalidArgument,
+        &["RouteRequest.query is required"],
+    );
+    let mut negative = by_hashes(&hashes(72, 3), 0);
+    negative.rtt_ms.insert("dc-a".into(), -1.0);
+    let status = client.route(negative).await.expect_err("negative rtt");
+    assert_status(&status, Code::InvalidArgument, &["rtt_ms of dc-a is -1"]);
+}
