@@ -2,8 +2,8 @@
 """Worked example: drive ckf-relay with the standard Python gRPC client (grpcio).
 
 Stores a three-block prefix for one worker in DC "dc-a" through the producer's Ingest service,
-waits until the indexer's Query service sees it, then prints the per-DC prefix depths and the
-lane table. Stubs are generated on the fly from proto/ckf/v1/*.proto with grpcio-tools.
+waits until the indexer's Query service sees it, then prints the per-DC prefix depths, the
+routing decision (Route) and the lane table. Stubs are generated on the fly from proto/ckf/v1/*.proto with grpcio-tools.
 
 Before publishing, it asks the producer where its source stands (GetSourceSequence) and numbers
 its batches from there: a new source id (the default, fresh per run) starts at 1; an id given
@@ -140,6 +140,17 @@ def run():
         time.sleep(0.05)
     for m in answer.matches:
         print(f"lane {m.lane} {m.pool.domain}/{m.pool.dc}: prefix depth {m.depth}")
+
+    # Which DC should serve it: expected time to first token per DC (prefix, load, round trip),
+    # with this router's own round trip to dc-a (others: the indexer's configured ones).
+    routed = query.Route(pb["query"].RouteRequest(hashes=request, rtt_ms={"dc-a": 2.0}),
+                         metadata=query_md)
+    for d in routed.ranked:
+        print(f"route {d.pool.dc}: ttft {d.ttft_ms:.1f} ms = rtt {d.rtt_ms:.1f} + queue "
+              f"{d.queue_ms:.1f} + prefill {d.prefill_ms:.1f} (cached {d.cached_tokens} tokens, "
+              f"load {pb['query'].LoadState.Name(d.load_state)})")
+    print(f"route: choose {routed.chosen.dc or '-'} "
+          f"({pb['query'].RouteReason.Name(routed.reason)})")
 
     lanes = query.ListLanes(pb["query"].ListLanesRequest(), metadata=query_md)
     for lane in lanes.lanes:

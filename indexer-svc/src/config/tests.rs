@@ -409,3 +409,50 @@ fn example_file_in_deploy_is_valid() {
         "the example documents the defaults"
     );
 }
+
+#[test]
+#[allow(clippy::result_large_err)] // the closure's error type is figment's, fixed by `Jail`
+fn route_settings_are_read_from_the_file_and_checked() {
+    figment::Jail::expect_with(|jail| {
+        jail.create_file(
+            "ok.toml",
+            "[manifest]\nlanes = [\"dc-a\", \"dc-b\"]\n[route]\ndefault_rtt_ms = 2.5\nstale_after_ms = 800\n[route.rtt_ms]\ndc-b = 279.0\n",
+        )?;
+        let config = cli(&["--config", "ok.toml"]).load().expect("valid");
+        let model = config.route.model();
+        assert_eq!(model.default_rtt, Duration::from_micros(2_500));
+        assert_eq!(model.stale_after, Duration::from_millis(800));
+        assert_eq!(config.route.rtt("dc-b"), Some(Duration::from_millis(279)));
+        assert_eq!(config.route.rtt("dc-a"), None);
+        for (name, body, says) in [
+            (
+                "unknown.toml",
+                "[route.rtt_ms]\ndc-z = 1.0\n",
+                "route.rtt_ms.dc-z",
+            ),
+            (
+                "negative.toml",
+                "[route]\ndefault_rtt_ms = -1.0\n",
+                "route.default_rtt_ms = -1",
+            ),
+            (
+                "capacity.toml",
+                "[route]\ndefault_prefill_tokens_per_s = 0.0\n",
+                "route.default_prefill_tokens_per_s = 0",
+            ),
+            (
+                "stale.toml",
+                "[route]\nstale_after_ms = 0\n",
+                "route.stale_after_ms = 0",
+            ),
+        ] {
+            jail.create_file(
+                name,
+                &format!("[manifest]\nlanes = [\"dc-a\", \"dc-b\"]\n{body}"),
+            )?;
+            let text = cli(&["--config", name]).load().unwrap_err().to_string();
+            assert!(text.contains(says), "{name}: {text}");
+        }
+        Ok(())
+    });
+}
