@@ -127,23 +127,18 @@ impl IndexerAttachment {
                     // The messages are matched by the e2e tests (tests/): keep them stable,
                     // both starting `attachment ended`. Only a granted lease has a publisher
                     // to fence (`fence`).
-                    if f.lease.is_some() {
-                        tracing::warn!(
-                            indexer = %self.endpoint,
-                            reason = f.label,
-                            detail = %f.detail,
-                            retry_in_ms,
-                            "attachment ended; publisher fenced, re-attaching after the backoff"
-                        );
+                    let what = if f.lease.is_some() {
+                        "attachment ended; publisher fenced, re-attaching after the backoff"
                     } else {
-                        tracing::warn!(
-                            indexer = %self.endpoint,
-                            reason = f.label,
-                            detail = %f.detail,
-                            retry_in_ms,
-                            "attachment ended before a lease was granted; nothing to fence, re-attaching after the backoff"
-                        );
-                    }
+                        "attachment ended before a lease was granted; nothing to fence, re-attaching after the backoff"
+                    };
+                    tracing::warn!(
+                        indexer = %self.endpoint,
+                        reason = f.label,
+                        detail = %f.detail,
+                        retry_in_ms,
+                        "{what}"
+                    );
                     self.set_state(AttachmentState::Backoff);
                     self.retry_after(delay).await;
                 }
