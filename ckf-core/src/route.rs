@@ -270,17 +270,18 @@ fn estimate(model: &RouteModel, request_tokens: u64, dc: &DcInput) -> DcEstimate
         capacity,
         queue,
         prefill,
-        ttft: rtt + queue + prefill,
+        ttft: rtt.saturating_add(queue).saturating_add(prefill),
     }
 }
 
 /// `s` seconds, rounded to the nanosecond (estimates are compared as [`Duration`]s, so equal
-/// inputs give equal estimates); non-finite or negative as 0, huge as [`Duration::MAX`].
+/// inputs give equal estimates); NaN or at most 0 as 0, infinite or huge as [`Duration::MAX`]
+/// (an overflowing queue is the longest, never the shortest).
 fn seconds(s: f64) -> Duration {
-    if s.is_finite() && s > 0.0 {
-        Duration::try_from_secs_f64(s).unwrap_or(Duration::MAX)
-    } else {
+    if s.is_nan() || s <= 0.0 {
         Duration::ZERO
+    } else {
+        Duration::try_from_secs_f64(s).unwrap_or(Duration::MAX)
     }
 }
 
@@ -321,8 +322,8 @@ pub enum LoadRefused {
     /// lease).
     #[error("an older report than the one kept")]
     Older,
-    /// A value out of range (usage outside 0..=1, a capacity not finite or below 0, more
-    /// engines reporting than configured).
+    /// A value out of range (usage outside 0..=1, a capacity neither 0 nor a finite number
+    /// >= 1, no engine reporting, more engines reporting than configured).
     #[error("invalid load report: {0}")]
     Invalid(&'static str),
 }
@@ -372,15 +373,19 @@ impl LaneLoads {
         if !(0.0..=1.0).contains(&load.kv_usage) {
             return Err(LoadRefused::Invalid("kv_usage outside 0..=1"));
         }
-        if !load.prefill_tokens_per_s.is_finite() || load.prefill_tokens_per_s < 0.0 {
+        let capacity = load.prefill_tokens_per_s;
+        if !capacity.is_finite() || !(capacity == 0.0 || capacity >= 1.0) {
             return Err(LoadRefused::Invalid(
-                "prefill_tokens_per_s not a finite number >= 0",
+                "prefill_tokens_per_s neither 0 (not configured) nor a finite number >= 1",
             ));
         }
         if load.engines_reporting > load.engines_configured {
             return Err(LoadRefused::Invalid(
                 "more engines reporting than configured",
             ));
+        }
+        if load.engines_reporting == 0 {
+            return Err(LoadRefused::Invalid("a report of no engine"));
         }
         let i = usize::from(lane);
         if self.lanes.len() <= i {

@@ -89,6 +89,17 @@ impl LoadError {
     }
 }
 
+/// At most this many characters of a parse error are kept (it may echo a whole line of a
+/// hostile or broken body).
+const MAX_SHOWN: usize = 200;
+
+fn shown(text: &str) -> String {
+    match text.char_indices().nth(MAX_SHOWN) {
+        Some((cut, _)) => format!("{}...", &text[..cut]),
+        None => text.to_owned(),
+    }
+}
+
 /// The load `family`'s metrics in `text` show.
 ///
 /// # Errors
@@ -96,7 +107,7 @@ impl LoadError {
 /// non-negative number: the engine's load is then unknown, never zero.
 pub fn read_load(family: EngineFamily, text: &str) -> Result<EngineLoad, LoadError> {
     let scrape = prom_text_format_parser::Scrape::parse(text)
-        .map_err(|e| LoadError::Parse(format!("{e:?}")))?;
+        .map_err(|e| LoadError::Parse(shown(&format!("{e:?}"))))?;
     let values = |name: &'static str| -> Result<Vec<f64>, LoadError> {
         let mut values = Vec::new();
         for metric in scrape.metrics.iter().filter(|m| m.name == name) {

@@ -297,10 +297,57 @@ fn a_lane_keeps_its_newest_valid_report_with_its_age() {
             engines_reporting: 3,
             ..report
         },
+        PoolLoad {
+            prefill_tokens_per_s: 1e-300,
+            ..report
+        },
+        PoolLoad {
+            engines_reporting: 0,
+            ..report
+        },
     ] {
         let refused = loads.report(3, 2, 9, bad, Duration::ZERO, t0).unwrap_err();
         assert_eq!(refused.label(), "invalid", "{refused}");
     }
     assert_eq!(loads.latest(3, t0).map(|(l, _)| l), Some(other));
     assert_eq!(loads.latest(0, t0), None);
+}
+
+#[test]
+fn huge_inputs_saturate_instead_of_overflowing() {
+    // A round trip near Duration::MAX, a request of u64::MAX tokens at the least capacity,
+    // and a queue that overflows f64: the estimate saturates, the overloaded DC ranks last.
+    let model = RouteModel::default();
+    let dcs = [
+        DcInput {
+            rtt: Some(Duration::MAX - MS),
+            ..dc(0, 0)
+        },
+        DcInput {
+            load: Some((
+                PoolLoad {
+                    waiting: u32::MAX,
+                    ..load(0, 1.0)
+                },
+                Duration::ZERO,
+            )),
+            ..dc(1, 0)
+        },
+        dc(2, 0),
+    ];
+    let route = route(&model, u64::MAX, &dcs);
+    assert!(route.ranked.iter().all(|e| e.ttft > Duration::ZERO));
+    assert_eq!(route.ranked[0].lane, 2, "{route:?}");
+    let overflowing = RouteModel {
+        queued_request_tokens: f64::MAX,
+        ..model
+    };
+    let queued = super::route(&overflowing, 1, &dcs[1..]);
+    let busy = queued.ranked.iter().find(|e| e.lane == 1).expect("lane 1");
+    assert_eq!(
+        busy.queue,
+        Duration::MAX,
+        "an infinite queue is the longest"
+    );
+    assert_eq!(queued.choice, Some((2, Reason::Fastest)));
 }

@@ -51,3 +51,14 @@ fn a_bad_value_or_bad_text_leaves_the_load_unknown() {
     let err = read_load(EngineFamily::Vllm, garbage).unwrap_err();
     assert!(matches!(err.label(), "parse" | "missing"), "{err}");
 }
+
+#[test]
+fn a_parse_error_shows_only_the_start_of_a_huge_line() {
+    let body = format!("vllm:num_requests_running{{{}", "a".repeat(100_000));
+    let err = read_load(EngineFamily::Vllm, &body).unwrap_err();
+    assert!(
+        err.to_string().len() < 400,
+        "{} bytes",
+        err.to_string().len()
+    );
+}
