@@ -207,6 +207,16 @@ fn start_producer(dir: &TestDir, indexer: &Indexer) -> Producer {
     )
 }
 
+/// A hot standby of dc-a (`--start-mode if-vacant`) retrying every 200 ms at most.
+fn start_standby(dir: &TestDir, indexer: &Indexer) -> Producer {
+    let spec = ProducerSpec {
+        args: vec!["--start-mode".into(), "if-vacant".into()],
+        max_backoff_ms: 200,
+        ..ProducerSpec::new("dc-a")
+    };
+    Producer::start(dir, "standby", &spec, &[indexer.url()])
+}
+
 /// `indexer`'s lane of dc-a: active, never retired, still under `lease_epoch`.
 async fn lane_kept(indexer: &Indexer, lease_epoch: u64) {
     let lane = indexer.lane("dc-a").await.expect("ListLanes");
@@ -372,12 +382,7 @@ async fn an_indexer_stall_past_the_deadline_keeps_the_lane_of_a_live_producer() 
     let indexer = Indexer::start(&dir, &indexer_spec());
     let mut producer = start_producer(&dir, &indexer);
     let first = wait_converged(&indexer, &producer).await;
-    let standby_spec = ProducerSpec {
-        args: vec!["--start-mode".into(), "if-vacant".into()],
-        max_backoff_ms: 200,
-        ..ProducerSpec::new("dc-a")
-    };
-    let standby = Producer::start(&dir, "standby", &standby_spec, &[indexer.url()]);
+    let standby = start_standby(&dir, &indexer);
     eventually(
         "the standby refused while the lane is held",
         DEADLINE,
@@ -428,12 +433,7 @@ async fn a_send_that_waited_on_a_stopped_indexer_keeps_the_takeover_mode() {
     };
     let mut producer = Producer::start(&dir, "producer-a", &spec, &[indexer.url()]);
     let first = wait_converged(&indexer, &producer).await;
-    let standby_spec = ProducerSpec {
-        args: vec!["--start-mode".into(), "if-vacant".into()],
-        max_backoff_ms: 200,
-        ..ProducerSpec::new("dc-a")
-    };
-    let standby = Producer::start(&dir, "standby", &standby_spec, &[indexer.url()]);
+    let standby = start_standby(&dir, &indexer);
     let hashes = HashPool::new(&format(), 16).take(CYCLE);
 
     let (flow, reader) = ingest_flow(&producer, hashes.clone()).await;

@@ -25,11 +25,17 @@ fn map(items: Vec<(&str, V)>) -> V {
 }
 
 fn stored_map(hashes: Vec<V>, extra: Vec<(&str, V)>) -> V {
+    stored_with_tokens(hashes, vec![V::from(1), V::from(2)], extra)
+}
+
+/// A tagged-map `BlockStored` of `tokens` with the fields every engine sends (`lora_name`
+/// nil), then `extra`.
+fn stored_with_tokens(hashes: Vec<V>, tokens: Vec<V>, extra: Vec<(&str, V)>) -> V {
     let mut m = vec![
         ("type", s("BlockStored")),
         ("block_hashes", arr(hashes)),
         ("parent_block_hash", V::Nil),
-        ("token_ids", arr(vec![V::from(1), V::from(2)])),
+        ("token_ids", arr(tokens)),
         ("block_size", V::from(2)),
         ("lora_id", V::Nil),
         ("medium", s("GPU")),

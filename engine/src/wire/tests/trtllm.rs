@@ -6,18 +6,7 @@ use super::*;
 /// A TensorRT-LLM `BlockStored` map: the fields its publisher always sends (`lora_name` nil),
 /// then `extra`.
 fn trt_stored(hashes: Vec<V>, tokens: Vec<V>, extra: Vec<(&str, V)>) -> V {
-    let mut m = vec![
-        ("type", s("BlockStored")),
-        ("block_hashes", arr(hashes)),
-        ("parent_block_hash", V::Nil),
-        ("token_ids", arr(tokens)),
-        ("block_size", V::from(2)),
-        ("lora_id", V::Nil),
-        ("medium", s("GPU")),
-        ("lora_name", V::Nil),
-    ];
-    m.extend(extra);
-    map(m)
+    stored_with_tokens(hashes, tokens, extra)
 }
 
 fn mm_key(hash: &str, start_offset: i64, uuid: Option<&str>) -> V {
