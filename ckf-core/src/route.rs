@@ -9,7 +9,7 @@
 //! For a request of `T` tokens, of which `C_d` are cached in DC `d` (prefix depth x block size):
 //!
 //! ```text
-//! ttft_d  = rtt_d + queue_d + (T - C_d) / capacity_d
+//! ttft_d  = rtt_d + queue_d + (T - C_d) / (capacity_d / engines_d)
 //! queue_d = (waiting_d + booked_d) * queued_request_tokens / capacity_d
 //! ```
 //!
@@ -17,6 +17,10 @@
 //!   configured one for `d`, else [`RouteModel::default_rtt`].
 //! - `capacity_d`: the prefill tokens/s of `d`'s pool, from its load report; without a usable
 //!   report, [`RouteModel::default_prefill_tokens_per_s`].
+//! - `engines_d`: the engines whose load is in that report (1 without one). The pool's queue
+//!   drains at the whole pool's rate, but one request is prefilled by one engine, at its share
+//!   of the capacity: in a pool of four engines a request's uncached tokens take four times
+//!   what the pool's capacity alone would say.
 //! - `waiting_d`: requests queued at the pool's engines, from its load report.
 //! - `booked_d`: requests this indexer sent to `d` since that report ([`Bookings`]): a burst of
 //!   one hot prefix spreads as the model says instead of all landing on the deepest DC.
@@ -180,7 +184,7 @@ pub struct DcEstimate {
     pub capacity: f64,
     /// Expected wait behind the queued and booked requests.
     pub queue: Duration,
-    /// Expected prefill of the uncached tokens.
+    /// Expected prefill of the uncached tokens, on one engine of the pool.
     pub prefill: Duration,
     /// Expected time to first token: `rtt + queue + prefill`.
     pub ttft: Duration,
@@ -257,8 +261,9 @@ fn estimate(model: &RouteModel, request_tokens: u64, dc: &DcInput) -> DcEstimate
         .filter(|c| c.is_finite() && *c > 0.0)
         .unwrap_or(model.default_prefill_tokens_per_s);
     let queued = report.map_or(0.0, |r| f64::from(r.waiting) + f64::from(dc.booked));
+    let engines = report.map_or(1.0, |r| f64::from(r.engines_reporting.max(1)));
     let queue = seconds(queued * model.queued_request_tokens / capacity);
-    let prefill = seconds(uncached_tokens as f64 / capacity);
+    let prefill = seconds(uncached_tokens as f64 * engines / capacity);
     let rtt = dc.rtt.or(dc.configured_rtt).unwrap_or(model.default_rtt);
     DcEstimate {
         lane: dc.lane,

@@ -60,14 +60,15 @@ fn each_term_of_the_formula_on_a_hand_computed_case() {
     assert_eq!(first.load, LoadState::Unknown);
     assert!(!first.rtt_from_request);
     assert_eq!(first.ttft, MS + secs(0.1));
-    // Lane 0: 10 ms + (2 + 1) * 1024 / 20000 s + 200 / 20000 s.
+    // Lane 0: 10 ms + (2 + 1) * 1024 / 20000 s + 200 / (20000 / 2 engines) s: the queue
+    // drains at the pool's rate, the request's own prefill runs on one of its two engines.
     assert_eq!(second.lane, 0);
     assert_eq!((second.cached_tokens, second.uncached_tokens), (800, 200));
     assert_eq!(second.load, LoadState::Known(Duration::from_secs(1)));
     assert!(second.rtt_from_request);
     assert_eq!(second.queue, secs(3.0 * 1024.0 / 20_000.0));
-    assert_eq!(second.prefill, secs(0.01));
-    assert_eq!(second.ttft, 10 * MS + secs(0.1536) + secs(0.01));
+    assert_eq!(second.prefill, secs(0.02));
+    assert_eq!(second.ttft, 10 * MS + secs(0.1536) + secs(0.02));
     // Lane 2: its stale report is not used (no queue, default capacity): 279 ms + 8 / 10000 s.
     assert_eq!(third.lane, 2);
     assert_eq!(third.load, LoadState::Stale(Duration::from_secs(6)));
