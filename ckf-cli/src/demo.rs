@@ -229,7 +229,7 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     let shape = args.fleet.shape(args.dcs);
     shape.validate().map_err(|e| anyhow::anyhow!(e))?;
     let (services, mut feed) = start_feed(shape, args.feed).await?;
-    let config = live_config(&args.fleet, &args.timeouts, shape);
+    let config = live_config(&args.fleet, &args.timeouts, shape, &workload)?;
     let outcome = async {
         let indexer = authed(connect(&services.indexer_url).await?, None);
         live::replay(

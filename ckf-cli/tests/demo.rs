@@ -56,12 +56,40 @@ fn demo_json_report_is_complete() {
         .iter()
         .map(|r| r["policy"].as_str().unwrap())
         .collect();
-    assert_eq!(policies, ["ckf", "ckf", "random", "round-robin"]);
+    assert_eq!(
+        policies,
+        [
+            "deepest-prefix",
+            "random",
+            "round-robin",
+            "least-loaded",
+            "deepest-prefix",
+            "expected-ttft"
+        ]
+    );
     let rate = |i: usize| routing[i]["hit_rate"].as_f64().unwrap();
     assert!(
-        rate(0) > rate(2),
-        "ckf through the indexer beats random: {routing:?}"
+        rate(0) > rate(1),
+        "deepest-prefix through the indexer beats random: {routing:?}"
     );
+    // The serving model's comparison: every policy with its times to first token.
+    let serving = report["serving"]["policies"].as_array().unwrap();
+    assert_eq!(serving.len(), 5);
+    for p in serving {
+        let ttft = &p["ttft_ms"];
+        let at = |q: &str| ttft[q].as_f64().unwrap();
+        assert!(
+            at("p50") > 0.0 && at("p50") <= at("p90") && at("p90") <= at("p99"),
+            "{p}"
+        );
+        let shares: f64 = p["dcs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["share"].as_f64().unwrap())
+            .sum();
+        assert!((shares - 1.0).abs() < 1e-9, "{p}");
+    }
     assert!(
         stderr.is_empty() || !stderr.contains("replay ["),
         "no progress bar under --json"
@@ -82,6 +110,8 @@ fn demo_text_report_has_every_section() {
         "accuracy during replay",
         "accuracy after final drain (settled)",
         "routing: prefix-cache hit rate",
+        "serving model: per DC (prefill, round trip)",
+        "expected-ttft",
         "cost",
         "dc-a",
         "dc-b",

@@ -9,6 +9,7 @@ use ckf_cli::bench::fleet::FleetShape;
 use ckf_cli::bench::live::{Feed, LiveConfig, replay};
 use ckf_cli::bench::policy::Policy;
 use ckf_cli::bench::replay::load_workload;
+use ckf_cli::bench::sim::ServingModel;
 use ckf_cli::connect::connect;
 use ckf_cli::demo::start_feed;
 
@@ -26,8 +27,9 @@ async fn zmq_feed_has_no_false_negatives_against_the_exact_model() {
     assert!(matches!(feed, Feed::Zmq(_)));
     let config = LiveConfig {
         shape,
-        policy: Policy::Ckf,
+        policy: Policy::DeepestPrefix,
         seed: 7,
+        serving: ServingModel::unequal(2),
         progress: false,
         ready_timeout: Duration::from_secs(60),
         probe_timeout: Duration::from_secs(5),

@@ -165,6 +165,9 @@ pub struct RouteConfig {
     pub queued_request_tokens: f64,
     /// A load report older than this is not used, milliseconds.
     pub stale_after_ms: u64,
+    /// Estimates within this fraction of the fastest count as equal: the deepest cached prefix
+    /// among them is chosen.
+    pub prefer_deeper_within: f64,
 }
 
 impl Default for RouteConfig {
@@ -176,6 +179,7 @@ impl Default for RouteConfig {
             default_prefill_tokens_per_s: model.default_prefill_tokens_per_s,
             queued_request_tokens: model.queued_request_tokens,
             stale_after_ms: u64::try_from(model.stale_after.as_millis()).unwrap_or(u64::MAX),
+            prefer_deeper_within: model.prefer_deeper_within,
         }
     }
 }
@@ -188,6 +192,7 @@ impl RouteConfig {
             default_prefill_tokens_per_s: self.default_prefill_tokens_per_s,
             queued_request_tokens: self.queued_request_tokens,
             stale_after: Duration::from_millis(self.stale_after_ms),
+            prefer_deeper_within: self.prefer_deeper_within,
         }
     }
 
@@ -242,6 +247,15 @@ impl RouteConfig {
             0.0,
             "a number of tokens, 0..=3600000",
         )?;
+        if !(self.prefer_deeper_within.is_finite()
+            && (0.0..=10.0).contains(&self.prefer_deeper_within))
+        {
+            return Err(Invalid::new(
+                "route.prefer_deeper_within",
+                self.prefer_deeper_within,
+                "a fraction of the fastest estimate, 0..=10",
+            ));
+        }
         in_range(
             "route.stale_after_ms",
             self.stale_after_ms,

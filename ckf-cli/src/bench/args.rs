@@ -7,6 +7,8 @@ use clap::Args;
 
 use crate::bench::fleet::FleetShape;
 use crate::bench::policy::Policy;
+use crate::bench::sim::{DcServing, ServingModel};
+use crate::bench::trace::Request;
 use crate::connect::TlsArgs;
 
 /// Default DCs of `ckf demo` and `ckf simulate`.
@@ -27,8 +29,9 @@ pub struct FleetArgs {
     /// blocks; the zmq feed hands each to its engine as one KV block): LRU eviction beyond it.
     #[arg(long, default_value_t = 1_024)]
     pub capacity: usize,
-    /// Routing policy of the live run (the report also compares the others offline).
-    #[arg(long, value_enum, default_value_t = Policy::Ckf)]
+    /// Routing policy of the live run: deepest-prefix (alias ckf), random or round-robin (the
+    /// report compares every policy, least-loaded and expected-ttft too, on the serving model).
+    #[arg(long, value_enum, default_value_t = Policy::DeepestPrefix)]
     pub policy: Policy,
     /// Replay at most this many requests (default: all of a trace; 4000 synthetic ones).
     #[arg(long)]
@@ -39,6 +42,74 @@ pub struct FleetArgs {
     /// Print the report as JSON (and no progress bar).
     #[arg(long)]
     pub json: bool,
+    /// The serving model of the policy comparison.
+    #[command(flatten)]
+    pub serving: ServingArgs,
+}
+
+/// The serving model's flags (see [`crate::bench::sim`]).
+#[derive(Debug, Clone, Args)]
+pub struct ServingArgs {
+    /// Prefill tokens/s of each DC's pool, one per DC in DC order, comma-separated
+    /// [default: 64000 for the 1st, 3rd, ... DC, 32000 for the 2nd, 4th, ...].
+    #[arg(long, value_delimiter = ',', value_name = "TOKENS_PER_S,...")]
+    pub dc_prefill_tokens_per_s: Vec<f64>,
+    /// Round trip from the router to each DC in milliseconds, one per DC, comma-separated
+    /// [default: 2 for the first DC, 280 for the last, 40 for the others].
+    #[arg(long, value_delimiter = ',', value_name = "MS,...")]
+    pub dc_rtt_ms: Vec<f64>,
+    /// Replay arrivals this many times faster than the workload's timestamps.
+    #[arg(long, default_value_t = 1.0)]
+    pub speed: f64,
+    /// How often each pool's load is observed for expected-ttft, milliseconds.
+    #[arg(long, default_value_t = 1_000.0, value_name = "MS")]
+    pub load_interval_ms: f64,
+    /// The route model's prefill work of one queued request, tokens [default: the workload's
+    /// mean prompt length, as an operator would set `route.queued_request_tokens` from their
+    /// traffic].
+    #[arg(long)]
+    pub queued_request_tokens: Option<f64>,
+}
+
+impl ServingArgs {
+    /// The serving model for `dcs` DCs serving `requests`: the defaults, with the given values
+    /// in their place.
+    ///
+    /// # Errors
+    /// A list whose length is not `dcs`, or a value out of range, named.
+    pub fn model(&self, dcs: usize, requests: &[Request]) -> Result<ServingModel, String> {
+        let mut model = ServingModel::unequal(dcs);
+        for (flag, list) in [
+            ("--dc-prefill-tokens-per-s", &self.dc_prefill_tokens_per_s),
+            ("--dc-rtt-ms", &self.dc_rtt_ms),
+        ] {
+            if !list.is_empty() && list.len() != dcs {
+                return Err(format!(
+                    "{flag} has {} values for {dcs} DCs: give one per DC",
+                    list.len()
+                ));
+            }
+        }
+        for (i, dc) in model.dcs.iter_mut().enumerate() {
+            *dc = DcServing {
+                prefill_tokens_per_s: self
+                    .dc_prefill_tokens_per_s
+                    .get(i)
+                    .copied()
+                    .unwrap_or(dc.prefill_tokens_per_s),
+                rtt_ms: self.dc_rtt_ms.get(i).copied().unwrap_or(dc.rtt_ms),
+            };
+        }
+        model.speed = self.speed;
+        model.load_interval_ms = self.load_interval_ms;
+        model.queued_request_tokens = self.queued_request_tokens.unwrap_or_else(|| {
+            let mean = requests.iter().map(|r| r.input_length as f64).sum::<f64>()
+                / requests.len().max(1) as f64;
+            mean.max(1.0)
+        });
+        model.validate(dcs)?;
+        Ok(model)
+    }
 }
 
 impl FleetArgs {

@@ -28,11 +28,13 @@ use crate::bench::accuracy::Accuracy;
 use crate::bench::events::{Sources, event_blocks, serve_events};
 use crate::bench::feed::TokenFeed;
 use crate::bench::fleet::{Fleet, FleetShape};
-use crate::bench::policy::{Policy, Router};
+use crate::bench::policy::{Policy, Router, Signals};
 use crate::bench::probe::{Probes, wait_visible};
 use crate::bench::publisher::EnginePublisher;
-use crate::bench::report::{Cost, DcCost, FinalCheck, Report, Throughput, WorkloadInfo};
-use crate::bench::sim::{HitRate, simulate};
+use crate::bench::report::{
+    Cost, DcCost, FinalCheck, Report, ServingComparison, Throughput, WorkloadInfo,
+};
+use crate::bench::sim::{HitRate, ServingModel};
 use crate::bench::stats::Summary;
 use crate::bench::trace::Request;
 use crate::hashing::block_hashes;
@@ -58,6 +60,8 @@ pub struct LiveConfig {
     pub policy: Policy,
     /// Seed of the random policy.
     pub seed: u64,
+    /// The serving model of the offline policy comparison.
+    pub serving: ServingModel,
     /// Show a progress bar (on stderr).
     pub progress: bool,
     /// How long to wait for every lane to be ready before starting.
@@ -141,6 +145,14 @@ pub async fn replay(
 ) -> Result<Report> {
     let shape = config.shape;
     shape.validate().map_err(|e| anyhow!(e))?;
+    config.serving.validate(shape.dcs).map_err(|e| anyhow!(e))?;
+    if !config.policy.runs_live() {
+        bail!(
+            "--policy {}: the live run has no serving model; it runs deepest-prefix, random or \
+             round-robin (the report compares every policy on the serving model)",
+            config.policy.name()
+        );
+    }
     if targets.len() != shape.dcs {
         bail!(
             "fleet has {} DCs but {} producers were given",
@@ -227,7 +239,12 @@ pub async fn replay(
             &fleet,
             &watermarks,
         );
-        let dc = router.choose(&reported, fleet.dc_load());
+        let dc = router.choose(&Signals {
+            depths: &reported,
+            served: fleet.dc_load(),
+            in_flight: &[],
+            fastest: None,
+        });
         let served = fleet.serve(dc, request);
         requested += served.requested as u64;
         reused += served.reused as u64;
@@ -338,10 +355,15 @@ pub async fn replay(
         ));
     }
 
+    let serving = ServingComparison::run(
+        &workload.requests,
+        &hashes,
+        shape,
+        &config.serving,
+        config.seed,
+    );
     let mut routing = vec![HitRate::new(config.policy, "indexer", requested, reused)];
-    for policy in Policy::ALL {
-        routing.push(simulate(&hashes, shape, policy, config.seed));
-    }
+    routing.extend(serving.policies.iter().map(|p| p.hit_rate.clone()));
     let distinct: HashSet<u64> = hashes.iter().flatten().copied().collect();
     let queries = hashes.len() as u64;
     let rate = |n: u64| n as f64 / seconds.max(1e-9);
@@ -378,6 +400,7 @@ pub async fn replay(
             accuracy: final_accuracy,
         },
         routing,
+        serving,
         cost: Cost::new(dc_costs, wire_bytes, relay, events),
     })
 }

@@ -1,8 +1,8 @@
 //! Global routing policies: which DC serves a request.
 //!
 //! Only the DC is chosen here; inside the DC every policy uses the same local placement
-//! ([`Fleet::pick_rank`](crate::bench::fleet::Fleet::pick_rank)), so hit-rate differences
-//! measure what the global choice buys.
+//! ([`Fleet::pick_rank`](crate::bench::fleet::Fleet::pick_rank)), so hit-rate and time to first
+//! token differences measure what the global choice buys.
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -11,27 +11,67 @@ use rand::{Rng, SeedableRng};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Policy {
-    /// The DC with the deepest prefix according to the index, among DCs not overloaded; ties
-    /// go to the DC that served the fewest requests, then the lowest index (`best_dc`).
-    Ckf,
+    /// The DC with the deepest prefix according to the index, among DCs not overloaded by
+    /// requests served; ties go to the DC that served the fewest requests, then the lowest
+    /// index (`best_dc`). Blind to capacity, queues and distance.
+    #[value(alias = "ckf")]
+    DeepestPrefix,
     /// A uniformly random DC (seeded, reproducible).
     Random,
     /// DCs in turn: request k goes to DC k mod D.
     RoundRobin,
+    /// The DC with the fewest requests in flight (sent, first token not back yet), as the
+    /// router counts them; ties go to the DC that served the fewest, then the lowest index.
+    /// Blind to the cache. Needs the serving model.
+    LeastLoaded,
+    /// The lowest expected time to first token of `ckf_core::route` (the indexer's
+    /// `Query/Route`): prefix depth, the pools' reported load, their bookings and the round
+    /// trips. Needs the serving model.
+    ExpectedTtft,
 }
 
 impl Policy {
     /// Every policy, in report order.
-    pub const ALL: [Policy; 3] = [Policy::Ckf, Policy::Random, Policy::RoundRobin];
+    pub const ALL: [Policy; 5] = [
+        Policy::Random,
+        Policy::RoundRobin,
+        Policy::LeastLoaded,
+        Policy::DeepestPrefix,
+        Policy::ExpectedTtft,
+    ];
 
     /// The policy's command-line name.
     pub fn name(self) -> &'static str {
         match self {
-            Policy::Ckf => "ckf",
+            Policy::DeepestPrefix => "deepest-prefix",
             Policy::Random => "random",
             Policy::RoundRobin => "round-robin",
+            Policy::LeastLoaded => "least-loaded",
+            Policy::ExpectedTtft => "expected-ttft",
         }
     }
+
+    /// Whether a live replay can run it: the live run has no serving model (no in-flight
+    /// requests, no load reports), so only the policies that read the index or nothing.
+    pub fn runs_live(self) -> bool {
+        matches!(
+            self,
+            Policy::DeepestPrefix | Policy::Random | Policy::RoundRobin
+        )
+    }
+}
+
+/// What a policy may look at to choose a DC; one entry per DC in each slice.
+#[derive(Debug, Clone, Copy)]
+pub struct Signals<'a> {
+    /// The index's prefix depth; `None` when the DC's lane is not ready.
+    pub depths: &'a [Option<usize>],
+    /// Requests each DC served so far.
+    pub served: &'a [u64],
+    /// Requests in flight at each DC (serving model only; empty otherwise).
+    pub in_flight: &'a [u64],
+    /// The route model's choice (serving model only).
+    pub fastest: Option<usize>,
 }
 
 /// A policy with its state (random generator, round-robin cursor).
@@ -57,19 +97,34 @@ impl Router {
         self.policy
     }
 
-    /// Chooses a DC. `depths[dc]` is the index's prefix depth for that DC, `None` when its lane
-    /// is not ready (never chosen by `ckf` unless no lane is ready); `load[dc]` is the requests
-    /// it served so far. Both slices have one entry per DC.
-    pub fn choose(&mut self, depths: &[Option<usize>], load: &[u64]) -> usize {
-        let dcs = load.len();
+    /// Chooses a DC.
+    ///
+    /// # Panics
+    /// `least-loaded` without in-flight counts, `expected-ttft` without the route model's choice
+    /// (a caller without the serving model runs only [`Policy::runs_live`] policies).
+    pub fn choose(&mut self, signals: &Signals<'_>) -> usize {
+        let dcs = signals.served.len();
         match self.policy {
-            Policy::Ckf => best_dc(depths, load),
+            Policy::DeepestPrefix => best_dc(signals.depths, signals.served),
             Policy::Random => self.rng.random_range(0..dcs),
             Policy::RoundRobin => {
                 let dc = self.next % dcs;
                 self.next = self.next.wrapping_add(1);
                 dc
             }
+            Policy::LeastLoaded => {
+                assert_eq!(
+                    signals.in_flight.len(),
+                    dcs,
+                    "least-loaded needs in-flight counts"
+                );
+                (0..dcs)
+                    .min_by_key(|&dc| (signals.in_flight[dc], signals.served[dc]))
+                    .expect("at least one DC")
+            }
+            Policy::ExpectedTtft => signals
+                .fastest
+                .expect("expected-ttft needs the route model's choice"),
         }
     }
 }
@@ -107,16 +162,58 @@ pub fn best_dc(depths: &[Option<usize>], load: &[u64]) -> usize {
 mod tests {
     use super::*;
 
+    fn depth(depths: &[Option<usize>], served: &[u64]) -> usize {
+        Router::new(Policy::DeepestPrefix, 1).choose(&Signals {
+            depths,
+            served,
+            in_flight: &[],
+            fastest: None,
+        })
+    }
+
+    fn blind(r: &mut Router, dcs: usize) -> usize {
+        r.choose(&Signals {
+            depths: &[],
+            served: &vec![0; dcs],
+            in_flight: &[],
+            fastest: None,
+        })
+    }
+
     #[test]
-    fn ckf_picks_deepest_then_least_loaded_then_lowest() {
-        let mut r = Router::new(Policy::Ckf, 1);
-        assert_eq!(r.choose(&[Some(1), Some(5), Some(3)], &[4, 5, 4]), 1);
-        assert_eq!(r.choose(&[Some(2), Some(2), Some(1)], &[4, 3, 3]), 1);
-        assert_eq!(r.choose(&[Some(0), Some(0)], &[2, 2]), 0);
+    fn deepest_prefix_picks_deepest_then_least_loaded_then_lowest() {
+        assert_eq!(depth(&[Some(1), Some(5), Some(3)], &[4, 5, 4]), 1);
+        assert_eq!(depth(&[Some(2), Some(2), Some(1)], &[4, 3, 3]), 1);
+        assert_eq!(depth(&[Some(0), Some(0)], &[2, 2]), 0);
         // A lane that is not ready is never preferred over a ready one, even at depth 0.
-        assert_eq!(r.choose(&[None, Some(0)], &[0, 1]), 1);
+        assert_eq!(depth(&[None, Some(0)], &[0, 1]), 1);
         // No ready lane at all: least loaded.
-        assert_eq!(r.choose(&[None, None, None], &[3, 1, 2]), 1);
+        assert_eq!(depth(&[None, None, None], &[3, 1, 2]), 1);
+    }
+
+    #[test]
+    fn least_loaded_reads_in_flight_then_served_and_expected_ttft_the_route_model() {
+        let mut r = Router::new(Policy::LeastLoaded, 1);
+        let pick = |r: &mut Router, in_flight: &[u64], served: &[u64]| {
+            r.choose(&Signals {
+                depths: &[Some(9), Some(0), Some(0)],
+                served,
+                in_flight,
+                fastest: Some(0),
+            })
+        };
+        assert_eq!(pick(&mut r, &[3, 1, 2], &[0, 9, 0]), 1);
+        assert_eq!(pick(&mut r, &[1, 1, 1], &[5, 4, 6]), 1);
+        assert_eq!(pick(&mut r, &[0, 0, 0], &[0, 0, 0]), 0);
+        let mut r = Router::new(Policy::ExpectedTtft, 1);
+        let signals = Signals {
+            depths: &[Some(9), Some(0)],
+            served: &[0, 0],
+            in_flight: &[0, 0],
+            fastest: Some(1),
+        };
+        assert_eq!(r.choose(&signals), 1);
+        assert!(!Policy::LeastLoaded.runs_live() && !Policy::ExpectedTtft.runs_live());
     }
 
     #[test]
@@ -133,7 +230,7 @@ mod tests {
     #[test]
     fn round_robin_cycles_every_dc() {
         let mut r = Router::new(Policy::RoundRobin, 0);
-        let picks: Vec<_> = (0..7).map(|_| r.choose(&[], &[0, 0, 0])).collect();
+        let picks: Vec<_> = (0..7).map(|_| blind(&mut r, 3)).collect();
         assert_eq!(picks, vec![0, 1, 2, 0, 1, 2, 0]);
     }
 
@@ -141,7 +238,7 @@ mod tests {
     fn random_is_seeded_in_range_and_uses_every_dc() {
         let run = |seed| {
             let mut r = Router::new(Policy::Random, seed);
-            (0..300).map(|_| r.choose(&[], &[0; 4])).collect::<Vec<_>>()
+            (0..300).map(|_| blind(&mut r, 4)).collect::<Vec<_>>()
         };
         let a = run(7);
         assert_eq!(a, run(7));

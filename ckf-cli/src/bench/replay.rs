@@ -13,8 +13,7 @@ use crate::bench::args::{
 };
 use crate::bench::fleet::FleetShape;
 use crate::bench::live::{self, DcTarget, LiveConfig, Workload};
-use crate::bench::policy::Policy;
-use crate::bench::sim::simulate;
+use crate::bench::report::ServingComparison;
 use crate::bench::synth::synthetic_workload;
 use crate::bench::trace::read_trace;
 use crate::connect::{client_tls, connect_with, token_of};
@@ -45,16 +44,28 @@ pub fn load_workload(trace: Option<&Path>, limit: Option<usize>, seed: u64) -> R
 }
 
 /// The live-replay configuration from flags.
-pub fn live_config(fleet: &FleetArgs, timeouts: &TimeoutArgs, shape: FleetShape) -> LiveConfig {
-    LiveConfig {
+///
+/// # Errors
+/// Serving-model flags that do not fit the fleet.
+pub fn live_config(
+    fleet: &FleetArgs,
+    timeouts: &TimeoutArgs,
+    shape: FleetShape,
+    workload: &Workload,
+) -> Result<LiveConfig> {
+    Ok(LiveConfig {
         shape,
         policy: fleet.policy,
         seed: fleet.seed,
+        serving: fleet
+            .serving
+            .model(shape.dcs, &workload.requests)
+            .map_err(|e| anyhow!(e))?,
         progress: live::want_progress(fleet.json),
         ready_timeout: Duration::from_secs(timeouts.ready_timeout_s),
         probe_timeout: Duration::from_millis(timeouts.probe_timeout_ms),
         settle_timeout: Duration::from_secs(timeouts.settle_timeout_s),
-    }
+    })
 }
 
 /// `ckf replay`.
@@ -106,7 +117,7 @@ pub async fn replay(args: ReplayArgs) -> Result<()> {
         anyhow::bail!("--producer-metrics names DC {dc}, which has no --producer");
     }
     let shape = args.fleet.shape(targets.len());
-    let config = live_config(&args.fleet, &args.timeouts, shape);
+    let config = live_config(&args.fleet, &args.timeouts, shape, &workload)?;
     let report = live::replay(&workload, indexer, targets, &config, &mut live::Feed::Grpc).await?;
     print_report(&report, args.fleet.json);
     Ok(())
@@ -124,26 +135,29 @@ pub fn print_report(report: &crate::bench::report::Report, json: bool) {
 /// `ckf simulate`.
 ///
 /// # Errors
-/// A bad trace or fleet shape.
+/// A bad trace, fleet shape or serving model.
 pub fn simulate_cmd(args: SimulateArgs) -> Result<()> {
     let workload = load_workload(args.trace.as_deref(), args.fleet.limit, args.fleet.seed)?;
     let shape = args.fleet.shape(args.dcs);
     shape.validate().map_err(|e| anyhow!(e))?;
+    let model = args
+        .fleet
+        .serving
+        .model(args.dcs, &workload.requests)
+        .map_err(|e| anyhow!(e))?;
     let hashes: Vec<Vec<u64>> = workload
         .requests
         .iter()
         .map(|r| block_hashes(&r.hash_ids))
         .collect();
-    let rates: Vec<_> = Policy::ALL
-        .iter()
-        .map(|&p| simulate(&hashes, shape, p, args.fleet.seed))
-        .collect();
+    let serving =
+        ServingComparison::run(&workload.requests, &hashes, shape, &model, args.fleet.seed);
     if args.fleet.json {
-        let out = json!({ "workload": workload.source, "requests": hashes.len(), "fleet": shape, "routing": rates });
+        let out = json!({ "workload": workload.source, "requests": hashes.len(), "fleet": shape, "serving": serving });
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
-        println!(
-            "{} ({} requests); {} DCs x {} workers x {} ranks, {} blocks per rank",
+        let mut out = format!(
+            "{} ({} requests); {} DCs x {} workers x {} ranks, {} blocks per rank\n",
             workload.source,
             hashes.len(),
             shape.dcs,
@@ -151,15 +165,8 @@ pub fn simulate_cmd(args: SimulateArgs) -> Result<()> {
             shape.ranks_per_worker,
             shape.capacity_blocks
         );
-        for r in rates {
-            println!(
-                "  {:<12} hit rate {:>6.2}%  ({} / {} blocks)",
-                r.policy.name(),
-                r.hit_rate * 100.0,
-                r.blocks_reused,
-                r.blocks_requested
-            );
-        }
+        serving.write_text(&mut out)?;
+        print!("{out}");
     }
     Ok(())
 }

@@ -8,8 +8,9 @@ use serde::Serialize;
 use crate::bench::accuracy::Accuracy;
 use crate::bench::fleet::FleetShape;
 use crate::bench::policy::Policy;
-use crate::bench::sim::HitRate;
+use crate::bench::sim::{HitRate, PolicyServing, ServingModel, offered_tokens_per_s, serve};
 use crate::bench::stats::Summary;
+use crate::bench::trace::Request;
 
 /// The whole report.
 #[derive(Debug, Clone, Serialize)]
@@ -40,10 +41,154 @@ pub struct Report {
     pub accuracy: Accuracy,
     /// Every distinct request re-queried after the final drain (nothing in flight).
     pub final_check: FinalCheck,
-    /// Prefix-cache hit rate per policy on the same workload and fleet.
+    /// Prefix-cache hit rate per policy on the same workload and fleet: the live run's, then
+    /// every policy's on the serving model.
     pub routing: Vec<HitRate>,
+    /// Every policy on the serving model: hit rate, time to first token, shares, peak queues.
+    pub serving: ServingComparison,
     /// Memory and wire cost.
     pub cost: Cost,
+}
+
+/// Every policy on one serving model, same workload and fleet.
+#[derive(Debug, Clone, Serialize)]
+pub struct ServingComparison {
+    /// The model.
+    pub model: ServingModel,
+    /// Prompt tokens/s the workload offers at the model's speed (before any cache hit).
+    pub offered_tokens_per_s: f64,
+    /// One per policy, in [`Policy::ALL`] order.
+    pub policies: Vec<PolicyServing>,
+}
+
+impl ServingComparison {
+    /// Serves `requests` (with their block hashes) with every policy.
+    pub fn run(
+        requests: &[Request],
+        hashes: &[Vec<u64>],
+        shape: FleetShape,
+        model: &ServingModel,
+        seed: u64,
+    ) -> Self {
+        Self {
+            model: model.clone(),
+            offered_tokens_per_s: offered_tokens_per_s(requests, model.speed),
+            policies: Policy::ALL
+                .iter()
+                .map(|&policy| serve(requests, hashes, shape, model, policy, seed))
+                .collect(),
+        }
+    }
+
+    /// One policy's result.
+    pub fn of(&self, policy: Policy) -> Option<&PolicyServing> {
+        self.policies.iter().find(|p| p.policy == policy)
+    }
+
+    /// Expected-TTFT against the bars it is held to, each with whether it is met: its p99 TTFT
+    /// at most half deepest-prefix's and at most least-loaded's, its mean TTFT the lowest, its
+    /// hit rate within 2 points of deepest-prefix's. Empty without those three policies.
+    pub fn targets(&self) -> Vec<(String, bool)> {
+        let (Some(ttft), Some(deepest), Some(least)) = (
+            self.of(Policy::ExpectedTtft),
+            self.of(Policy::DeepestPrefix),
+            self.of(Policy::LeastLoaded),
+        ) else {
+            return Vec::new();
+        };
+        let p99 = ttft.ttft_ms.p99;
+        let lowest_other = self
+            .policies
+            .iter()
+            .filter(|p| p.policy != Policy::ExpectedTtft)
+            .map(|p| p.ttft_ms.mean)
+            .fold(f64::INFINITY, f64::min);
+        let points = (deepest.hit_rate.hit_rate - ttft.hit_rate.hit_rate) * 100.0;
+        vec![
+            (
+                format!(
+                    "p99 {:.2}x deepest-prefix's (<= 0.5x)",
+                    p99 / deepest.ttft_ms.p99
+                ),
+                p99 <= 0.5 * deepest.ttft_ms.p99,
+            ),
+            (
+                format!("p99 {:.2}x least-loaded's (<= 1x)", p99 / least.ttft_ms.p99),
+                p99 <= least.ttft_ms.p99,
+            ),
+            (
+                format!(
+                    "mean {:.0} ms, the others' lowest {lowest_other:.0} ms",
+                    ttft.ttft_ms.mean
+                ),
+                ttft.ttft_ms.mean < lowest_other,
+            ),
+            (
+                format!("hit rate {points:.2} points below deepest-prefix's (<= 2)"),
+                points <= 2.0,
+            ),
+        ]
+    }
+
+    /// The comparison as text: the model, then one line per policy.
+    ///
+    /// # Errors
+    /// Never (writes to a `String`).
+    pub fn write_text(&self, out: &mut String) -> fmt::Result {
+        let m = &self.model;
+        let dcs: Vec<String> = m
+            .dcs
+            .iter()
+            .map(|d| format!("{:.0} tok/s {:.0} ms", d.prefill_tokens_per_s, d.rtt_ms))
+            .collect();
+        writeln!(
+            out,
+            "serving model: per DC (prefill, round trip) {}; speed {}x; load every {} ms",
+            dcs.join(", "),
+            m.speed,
+            m.load_interval_ms
+        )?;
+        let capacity: f64 = m.dcs.iter().map(|d| d.prefill_tokens_per_s).sum();
+        writeln!(
+            out,
+            "  offered {:.0} prompt tokens/s, {:.0}% of the fleet's prefill capacity before cache hits",
+            self.offered_tokens_per_s,
+            100.0 * self.offered_tokens_per_s / capacity
+        )?;
+        writeln!(
+            out,
+            "  {:<15} {:>8} {:>9} {:>9} {:>9} {:>9}  share / peak queue per DC",
+            "policy", "hit rate", "TTFT mean", "p50", "p90", "p99"
+        )?;
+        for p in &self.policies {
+            let t = &p.ttft_ms;
+            let dcs: Vec<String> = p
+                .dcs
+                .iter()
+                .map(|d| format!("{:.0}%/{}", d.share * 100.0, d.peak_queue))
+                .collect();
+            writeln!(
+                out,
+                "  {:<15} {:>8} {:>7.0}ms {:>7.0}ms {:>7.0}ms {:>7.0}ms  {}",
+                p.policy.name(),
+                pct(p.hit_rate.hit_rate),
+                t.mean,
+                t.p50,
+                t.p90,
+                t.p99,
+                dcs.join(" ")
+            )?;
+        }
+        let targets = self.targets();
+        if !targets.is_empty() {
+            let marks: Vec<String> = targets
+                .iter()
+                .map(|(what, met)| format!("{what} {}", if *met { "met" } else { "MISSED" }))
+                .collect();
+            writeln!(out, "  expected-ttft: {}", marks.join("; "))?;
+        }
+        Ok(())
+    }
 }
 
 /// The replayed workload.
@@ -304,7 +449,7 @@ impl fmt::Display for Report {
         for r in &self.routing {
             writeln!(
                 out,
-                "  {:<12} {:>8}  ({} / {}, index: {})",
+                "  {:<15} {:>8}  ({} / {}, index: {})",
                 r.policy.name(),
                 pct(r.hit_rate),
                 r.blocks_reused,
@@ -312,6 +457,8 @@ impl fmt::Display for Report {
                 r.index
             )?;
         }
+        writeln!(out)?;
+        self.serving.write_text(&mut out)?;
         let c = &self.cost;
         writeln!(out, "\ncost")?;
         writeln!(

@@ -1,11 +1,42 @@
-//! Offline replays: the fleet simulator alone, with the exact oracle standing in for the
-//! indexer. `random` and `round-robin` never read the index, so their hit rates here are exactly
-//! what a live replay would measure; `ckf` here is the exact-index upper bound of the live run.
+//! Offline replays: the fleet simulator with the exact oracle standing in for the indexer, and a
+//! serving model that turns each policy's choices into times to first token (TTFT).
+//!
+//! `random`, `round-robin` and `least-loaded` never read the index, so their hit rates here are
+//! exactly what a live replay would measure; `deepest-prefix` here is the exact-index upper
+//! bound of the live run.
+//!
+//! ## The serving model
+//!
+//! - **Time**: request `k` reaches the router at its trace timestamp / `speed`.
+//! - **Engines**: every rank of the fleet is one engine. A DC's pool has
+//!   [`DcServing::prefill_tokens_per_s`], shared equally by its engines; an engine prefills one
+//!   request at a time, first come first served. The local placement
+//!   ([`Fleet::serve`](crate::bench::fleet::Fleet::serve)) picks the engine, as it picks the rank
+//!   whose cached prefix is reused.
+//! - **A request**: travels half the DC's round trip, waits for its engine, prefills its
+//!   uncached tokens (prompt tokens minus the reused blocks x 512) at the engine's rate, and its
+//!   first token travels the other half back: TTFT = round trip + wait + prefill. Decoding is
+//!   not modelled: the engine is free once the first token is out.
+//! - **What the router sees**: `least-loaded` counts its requests whose first token is not
+//!   back; `expected-ttft` sees what the indexer sees: each pool's load (running and waiting
+//!   requests per engine, summed by [`PoolLoad::from_engines`]) observed every
+//!   `load_interval_ms`, with its age, the choices booked since ([`Bookings`]), the DC's round
+//!   trip, and the exact prefix depth, and asks [`ckf_core::route::route`]. Before the first
+//!   observation every pool's load is unknown.
+//! - **Peak queue**: the most requests waiting (arrived, not started) at a DC's engines at once,
+//!   seen when a request arrives there.
 
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+use std::time::Duration;
+
+use ckf_core::route::{Bookings, DcInput, EngineLoad, EngineShare, PoolLoad, RouteModel, route};
 use serde::Serialize;
 
 use crate::bench::fleet::{Fleet, FleetShape};
-use crate::bench::policy::{Policy, Router};
+use crate::bench::policy::{Policy, Router, Signals};
+use crate::bench::stats::Summary;
+use crate::bench::trace::{Request, TOKENS_PER_BLOCK};
 
 /// Prefix-cache hit rate of one policy on one workload and fleet.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -39,51 +70,324 @@ impl HitRate {
     }
 }
 
-/// Replays `requests` (block-hash sequences) through a fresh fleet with `policy`, using exact
-/// oracle depths for `ckf`.
-pub fn simulate(requests: &[Vec<u64>], shape: FleetShape, policy: Policy, seed: u64) -> HitRate {
+/// One DC's serving parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct DcServing {
+    /// Prefill tokens/s of the DC's pool, shared equally by its engines.
+    pub prefill_tokens_per_s: f64,
+    /// Round trip between the router and the DC, milliseconds.
+    pub rtt_ms: f64,
+}
+
+/// The serving model's parameters (module docs).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ServingModel {
+    /// One per DC, in DC order.
+    pub dcs: Vec<DcServing>,
+    /// Arrivals at trace time / `speed`.
+    pub speed: f64,
+    /// How often each pool's load is observed (the producers' scrape and report interval), ms.
+    pub load_interval_ms: f64,
+    /// The route model's prefill work of one queued request, tokens.
+    pub queued_request_tokens: f64,
+}
+
+/// Prefill tokens/s of a full-size DC pool by default: four engines of 16,000 tokens/s.
+pub const DEFAULT_DC_PREFILL_TOKENS_PER_S: f64 = 64_000.0;
+/// The default round trips: the first DC local, the last one in another region, the rest in
+/// neighbouring regions (milliseconds).
+pub const DEFAULT_RTT_MS: (f64, f64, f64) = (2.0, 40.0, 280.0);
+/// The default prefill work one queued request stands for, tokens.
+pub const DEFAULT_QUEUED_REQUEST_TOKENS: f64 = 4_096.0;
+
+/// Prompt tokens per second the workload offers at `speed` (all its prompt tokens over the
+/// span of its timestamps; 0 for a workload within one millisecond).
+pub fn offered_tokens_per_s(requests: &[Request], speed: f64) -> f64 {
+    let (Some(first), Some(last)) = (requests.first(), requests.last()) else {
+        return 0.0;
+    };
+    let span_s = last.timestamp_ms.saturating_sub(first.timestamp_ms) as f64 / 1_000.0 / speed;
+    if span_s <= 0.0 {
+        return 0.0;
+    }
+    requests.iter().map(|r| r.input_length as f64).sum::<f64>() / span_s
+}
+
+impl ServingModel {
+    /// The default case for `dcs` DCs: every other DC (the 2nd, 4th, ...) has half the
+    /// prefill capacity; the first is 2 ms away, the last 280 ms, the others 40 ms; load observed
+    /// every second; arrivals at trace speed.
+    pub fn unequal(dcs: usize) -> Self {
+        let (near, mid, far) = DEFAULT_RTT_MS;
+        Self {
+            dcs: (0..dcs)
+                .map(|i| DcServing {
+                    prefill_tokens_per_s: if i % 2 == 1 {
+                        DEFAULT_DC_PREFILL_TOKENS_PER_S / 2.0
+                    } else {
+                        DEFAULT_DC_PREFILL_TOKENS_PER_S
+                    },
+                    rtt_ms: match i {
+                        0 => near,
+                        i if i + 1 == dcs => far,
+                        _ => mid,
+                    },
+                })
+                .collect(),
+            speed: 1.0,
+            load_interval_ms: 1_000.0,
+            queued_request_tokens: DEFAULT_QUEUED_REQUEST_TOKENS,
+        }
+    }
+
+    /// Checks the parameters against a fleet of `dcs` DCs.
+    ///
+    /// # Errors
+    /// A message naming the parameter and the rule.
+    pub fn validate(&self, dcs: usize) -> Result<(), String> {
+        if self.dcs.len() != dcs {
+            return Err(format!(
+                "{} DC serving entries for {dcs} DCs: give one capacity and one round trip per DC",
+                self.dcs.len()
+            ));
+        }
+        let positive = |name: &str, v: f64| {
+            if v.is_finite() && v > 0.0 {
+                Ok(())
+            } else {
+                Err(format!("{name} = {v}: must be a finite number above 0"))
+            }
+        };
+        for dc in &self.dcs {
+            positive("prefill tokens/s", dc.prefill_tokens_per_s)?;
+            if !(dc.rtt_ms.is_finite() && dc.rtt_ms >= 0.0) {
+                return Err(format!(
+                    "round trip = {} ms: must be a finite number >= 0",
+                    dc.rtt_ms
+                ));
+            }
+        }
+        positive("speed", self.speed)?;
+        positive("load interval (ms)", self.load_interval_ms)?;
+        positive("queued request tokens", self.queued_request_tokens)
+    }
+
+    fn route_model(&self) -> RouteModel {
+        RouteModel {
+            queued_request_tokens: self.queued_request_tokens,
+            ..RouteModel::default()
+        }
+    }
+}
+
+/// What one policy did on the serving model.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct PolicyServing {
+    /// The policy.
+    pub policy: Policy,
+    /// Its prefix-cache hit rate (exact oracle as index).
+    pub hit_rate: HitRate,
+    /// Time to first token, milliseconds.
+    pub ttft_ms: Summary,
+    /// Per DC, in DC order.
+    pub dcs: Vec<DcServed>,
+}
+
+/// One DC under one policy.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
+pub struct DcServed {
+    /// Requests it served.
+    pub requests: u64,
+    /// Its share of all requests.
+    pub share: f64,
+    /// The most requests waiting at its engines at once.
+    pub peak_queue: u64,
+}
+
+/// One engine: first come first served, one request at a time.
+#[derive(Debug, Clone, Default)]
+struct Engine {
+    busy_until: f64,
+    /// Requests not known to be finished at the last observation: (arrival, start, finish), s.
+    jobs: VecDeque<(f64, f64, f64)>,
+}
+
+impl Engine {
+    /// Queues a request arriving at `arrival` with `work` seconds of prefill; its finish time.
+    fn admit(&mut self, arrival: f64, work: f64) -> f64 {
+        let start = arrival.max(self.busy_until);
+        let finish = start + work;
+        self.busy_until = finish;
+        self.jobs.push_back((arrival, start, finish));
+        finish
+    }
+
+    /// Requests running and waiting at `t`.
+    fn load_at(&self, t: f64) -> (u32, u32) {
+        let (mut running, mut waiting) = (0, 0);
+        for &(arrival, start, finish) in &self.jobs {
+            if start <= t && t < finish {
+                running += 1;
+            } else if arrival <= t && t < start {
+                waiting += 1;
+            }
+        }
+        (running, waiting)
+    }
+
+    /// Forgets the requests finished by `t`.
+    fn forget_until(&mut self, t: f64) {
+        while self.jobs.front().is_some_and(|&(_, _, finish)| finish <= t) {
+            self.jobs.pop_front();
+        }
+    }
+}
+
+/// Replays `requests` (with their block hashes `hashes`, one entry each) through a fresh fleet
+/// with `policy` on the serving model `model`, exact oracle depths as the index.
+///
+/// # Panics
+/// When `model` does not validate against the shape or the slices differ in length.
+pub fn serve(
+    requests: &[Request],
+    hashes: &[Vec<u64>],
+    shape: FleetShape,
+    model: &ServingModel,
+    policy: Policy,
+    seed: u64,
+) -> PolicyServing {
+    model.validate(shape.dcs).expect("valid serving model");
+    assert_eq!(requests.len(), hashes.len(), "one hash list per request");
+    let dcs = shape.dcs;
+    let per_dc = shape.ranks_per_dc();
+    let route_model = model.route_model();
+    let interval = model.load_interval_ms / 1_000.0;
     let mut fleet = Fleet::new(shape);
     let mut router = Router::new(policy, seed);
+    let mut engines = vec![Engine::default(); dcs * per_dc];
+    // First tokens not back yet at the router, per DC (ns, earliest first).
+    let mut returns: Vec<BinaryHeap<Reverse<u64>>> = vec![BinaryHeap::new(); dcs];
+    let mut observed: Vec<Option<(PoolLoad, f64)>> = vec![None; dcs];
+    let mut bookings = Bookings::default();
+    let mut next_observation = interval;
     let (mut requested, mut reused) = (0u64, 0u64);
-    for hashes in requests {
-        let depths: Vec<Option<usize>> = fleet
-            .oracle()
-            .depths(hashes)
-            .into_iter()
-            .map(Some)
+    let mut ttfts = Vec::with_capacity(requests.len());
+    let mut served = vec![DcServed::default(); dcs];
+    for (request, hashes) in requests.iter().zip(hashes) {
+        let now = request.timestamp_ms as f64 / 1_000.0 / model.speed;
+        if now >= next_observation {
+            let at = (now / interval).floor() * interval;
+            for (dc, seen) in observed.iter_mut().enumerate() {
+                let pool = &mut engines[dc * per_dc..(dc + 1) * per_dc];
+                *seen = observe(&fleet, dc, pool, model.dcs[dc], at).map(|load| (load, at));
+                bookings.reported(lane(dc));
+            }
+            next_observation = at + interval;
+        }
+        let in_flight: Vec<u64> = returns
+            .iter_mut()
+            .map(|heap| {
+                while heap.peek().is_some_and(|&Reverse(t)| t as f64 <= now * 1e9) {
+                    heap.pop();
+                }
+                heap.len() as u64
+            })
             .collect();
-        let dc = router.choose(&depths, fleet.dc_load());
-        let served = fleet.serve(dc, hashes);
-        requested += served.requested as u64;
-        reused += served.reused as u64;
+        let depths: Vec<usize> = fleet.oracle().depths(hashes);
+        let fastest = (policy == Policy::ExpectedTtft).then(|| {
+            let inputs: Vec<DcInput> = (0..dcs)
+                .map(|dc| DcInput {
+                    lane: lane(dc),
+                    depth: u32::try_from(depths[dc]).unwrap_or(u32::MAX),
+                    block_size: TOKENS_PER_BLOCK as u32,
+                    rtt: None,
+                    configured_rtt: Some(Duration::from_secs_f64(model.dcs[dc].rtt_ms / 1e3)),
+                    load: observed[dc].map(|(load, at)| (load, Duration::from_secs_f64(now - at))),
+                    booked: bookings.booked(lane(dc)),
+                })
+                .collect();
+            let choice = route(&route_model, request.input_length, &inputs).choice;
+            usize::from(choice.expect("at least one DC").0)
+        });
+        let known: Vec<Option<usize>> = depths.into_iter().map(Some).collect();
+        let dc = router.choose(&Signals {
+            depths: &known,
+            served: fleet.dc_load(),
+            in_flight: &in_flight,
+            fastest,
+        });
+        bookings.book(lane(dc));
+        let result = fleet.serve(dc, hashes);
+        requested += result.requested as u64;
+        reused += result.reused as u64;
+        let cached = (result.reused as u64 * TOKENS_PER_BLOCK).min(request.input_length);
+        let uncached = (request.input_length - cached) as f64;
+        let DcServing {
+            prefill_tokens_per_s,
+            rtt_ms,
+        } = model.dcs[dc];
+        let engine_rate = prefill_tokens_per_s / per_dc as f64;
+        let half_trip = rtt_ms / 2_000.0;
+        let arrival = now + half_trip;
+        let rank = result.rank_id.worker * shape.ranks_per_worker + result.rank_id.rank;
+        let first_token = engines[dc * per_dc + rank].admit(arrival, uncached / engine_rate);
+        let back = first_token + half_trip;
+        ttfts.push((back - now) * 1e3);
+        returns[dc].push(Reverse((back * 1e9) as u64));
+        let waiting: u32 = engines[dc * per_dc..(dc + 1) * per_dc]
+            .iter()
+            .map(|e| e.load_at(arrival).1)
+            .sum();
+        let entry = &mut served[dc];
+        entry.requests += 1;
+        entry.peak_queue = entry.peak_queue.max(u64::from(waiting));
     }
-    HitRate::new(policy, "exact oracle", requested, reused)
+    let total = requests.len().max(1) as f64;
+    for entry in &mut served {
+        entry.share = entry.requests as f64 / total;
+    }
+    PolicyServing {
+        policy,
+        hit_rate: HitRate::new(policy, "exact oracle", requested, reused),
+        ttft_ms: Summary::of(&ttfts),
+        dcs: served,
+    }
+}
+
+/// DC `dc`'s lane in the route model (the DC index: at most 16 DCs).
+fn lane(dc: usize) -> ckf_core::identity::LaneIndex {
+    ckf_core::identity::LaneIndex::try_from(dc).expect("at most 16 DCs")
+}
+
+/// A pool's load at `at` as its producer would report it: every engine's running and waiting
+/// requests and KV-cache usage, at its share of the capacity.
+fn observe(
+    fleet: &Fleet,
+    dc: usize,
+    pool: &mut [Engine],
+    serving: DcServing,
+    at: f64,
+) -> Option<PoolLoad> {
+    let capacity = fleet.shape().capacity_blocks as f64;
+    let rate = serving.prefill_tokens_per_s / pool.len() as f64;
+    let shares: Vec<EngineShare> = fleet
+        .rank_ids(dc)
+        .zip(pool.iter_mut())
+        .map(|(rank_id, engine)| {
+            engine.forget_until(at);
+            let (running, waiting) = engine.load_at(at);
+            EngineShare {
+                load: Some(EngineLoad {
+                    running,
+                    waiting,
+                    kv_usage: fleet.rank_len(rank_id) as f64 / capacity,
+                }),
+                prefill_tokens_per_s: rate,
+            }
+        })
+        .collect();
+    PoolLoad::from_engines(&shares)
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::bench::synth::synthetic_workload;
-    use crate::hashing::block_hashes;
-
-    #[test]
-    fn ckf_beats_cache_blind_policies_on_shared_prefixes() {
-        let requests: Vec<Vec<u64>> = synthetic_workload(1500, 3)
-            .iter()
-            .map(|r| block_hashes(&r.hash_ids))
-            .collect();
-        let shape = FleetShape {
-            dcs: 3,
-            workers_per_dc: 2,
-            ranks_per_worker: 2,
-            capacity_blocks: 256,
-        };
-        let ckf = simulate(&requests, shape, Policy::Ckf, 1);
-        let random = simulate(&requests, shape, Policy::Random, 1);
-        let rr = simulate(&requests, shape, Policy::RoundRobin, 1);
-        assert_eq!(ckf.blocks_requested, random.blocks_requested);
-        assert!(ckf.hit_rate > random.hit_rate, "{ckf:?} vs {random:?}");
-        assert!(ckf.hit_rate > rr.hit_rate, "{ckf:?} vs {rr:?}");
-        assert!(ckf.blocks_reused <= ckf.blocks_requested);
-    }
-}
+mod tests;

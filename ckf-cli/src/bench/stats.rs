@@ -20,8 +20,12 @@ const SIGNIFICANT_DIGITS: u8 = 3;
 pub struct Summary {
     /// Number of samples.
     pub count: usize,
+    /// Arithmetic mean (exact).
+    pub mean: f64,
     /// Median (nearest rank, within 0.1%).
     pub p50: f64,
+    /// 90th percentile (nearest rank, within 0.1%).
+    pub p90: f64,
     /// 99th percentile (nearest rank, within 0.1%).
     pub p99: f64,
     /// Largest sample (exact).
@@ -44,7 +48,9 @@ impl Summary {
         let at = |quantile: f64| histogram.value_at_quantile(quantile) as f64 / SCALE;
         Self {
             count: samples.len(),
+            mean: samples.iter().map(|s| s.max(0.0)).sum::<f64>() / samples.len() as f64,
             p50: at(0.50),
+            p90: at(0.90),
             p99: at(0.99),
             max: samples.iter().copied().fold(0.0, f64::max),
         }
@@ -104,6 +110,9 @@ mod tests {
             |p: f64| sorted[((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1];
         let s = Summary::of(&samples);
         assert!(close(s.p50, rank(0.50)), "{} vs {}", s.p50, rank(0.50));
+        assert!(close(s.p90, rank(0.90)), "{} vs {}", s.p90, rank(0.90));
+        let mean = samples.iter().sum::<f64>() / samples.len() as f64;
+        assert!((s.mean - mean).abs() < 1e-9, "{} vs {mean}", s.mean);
         assert!(close(s.p99, rank(0.99)), "{} vs {}", s.p99, rank(0.99));
         assert_eq!(s.max, *sorted.last().unwrap());
     }

@@ -10,12 +10,14 @@
 //!   1..=4 fresh user blocks;
 //! - after each turn the user thinks: the conversation is ready again only after
 //!   [`MIN_THINK_REQUESTS`] + Exponential(mean [`MEAN_EXTRA_THINK_REQUESTS`]) further requests
-//!   (about 15 s + 45 s at the arrival rate below), so turns of one conversation are far apart,
+//!   (about 1.5 s + 4.5 s at the arrival rate below), so turns of one conversation are far apart,
 //!   as in the Mooncake trace (median 288 requests between a prefix's reuses in its first 2,000);
 //! - a conversation lasts 1 + Geometric(1/3) turns (mean 3) and closes early past
 //!   [`MAX_CONTEXT_BLOCKS`]; at most [`MAX_OPEN`] are open at once (the first listed closes to
 //!   make room);
-//! - arrivals are a Poisson process of 3.3 requests/s (Mooncake's conversation trace rate).
+//! - arrivals are a Poisson process of 33 requests/s: ten times the Mooncake conversation
+//!   trace's rate, what keeps the serving model's default fleet (three DCs of four engines)
+//!   busy; only the serving model reads the timestamps.
 //!
 //! Ids are fresh integers, so equal ids at a position mean an equal prefix, exactly as in the
 //! Mooncake format.
@@ -38,7 +40,7 @@ pub const MIN_THINK_REQUESTS: usize = 50;
 /// Mean of the exponential part of the think time, in requests.
 pub const MEAN_EXTRA_THINK_REQUESTS: f64 = 150.0;
 /// Mean inter-arrival time in milliseconds.
-const MEAN_GAP_MS: f64 = 300.0;
+const MEAN_GAP_MS: f64 = 30.0;
 
 struct Conversation {
     context: Vec<u64>,

@@ -352,3 +352,50 @@ fn huge_inputs_saturate_instead_of_overflowing() {
     );
     assert_eq!(queued.choice, Some((2, Reason::Fastest)));
 }
+
+#[test]
+fn a_deeper_prefix_within_the_band_of_the_fastest_is_chosen() {
+    // 1,024 tokens at the default 10,000 tokens/s. Lane 0: nothing cached, 1 ms: 103.4 ms.
+    // Lane 1: 512 cached, 51.2 ms of prefill + its round trip.
+    let with_rtt = |ms: u32| {
+        [
+            dc(0, 0),
+            DcInput {
+                rtt: Some(ms * MS),
+                ..dc(1, 32)
+            },
+        ]
+    };
+    let model = RouteModel::default();
+    // 75 ms: 126.2 ms <= 1.25 x 103.4 = 129.25 ms: the deeper lane 1, though slower.
+    let r = route(&model, 1_024, &with_rtt(75));
+    assert_eq!(r.ranked[0].lane, 0, "ranked by estimate");
+    assert_eq!(r.choice, Some((1, Reason::DeepestOfEqual)));
+    // 79 ms: 130.2 ms > 129.25 ms: the fastest.
+    assert_eq!(
+        route(&model, 1_024, &with_rtt(79)).choice,
+        Some((0, Reason::Fastest))
+    );
+    // Without a band only exact ties go to depth.
+    let exact = RouteModel {
+        prefer_deeper_within: 0.0,
+        ..model
+    };
+    assert_eq!(
+        route(&exact, 1_024, &with_rtt(75)).choice,
+        Some((0, Reason::Fastest))
+    );
+    // The fastest being the deepest is simply the fastest.
+    let r = route(
+        &model,
+        1_024,
+        &[
+            dc(0, 32),
+            DcInput {
+                rtt: Some(10 * MS),
+                ..dc(1, 0)
+            },
+        ],
+    );
+    assert_eq!(r.choice, Some((0, Reason::Fastest)));
+}
