@@ -76,7 +76,7 @@ pub struct PushAccepted {
 }
 
 /// Why a pushed report was refused (nothing changed).
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PushRefused {
     /// A value out of range: the field and the rule.
     #[error("{field}: {rule}")]
