@@ -159,7 +159,7 @@ pub struct Cli {
     /// engine.pushed_load_ttl_ms: how long a load pushed through Ingest/ReportLoad stays known after its observation (at least engine.load_interval_ms), ms [default: 3000].
     #[arg(long, value_name = "MS")]
     pub pushed_load_ttl_ms: Option<u64>,
-    /// engine.max_pushed_workers: workers not configured in [[engines]] that may push their load at once; a new one past it is refused with RESOURCE_EXHAUSTED (0: only configured engines may push) [default: 1024].
+    /// engine.max_pushed_workers: workers not configured as engines that may push their load at once; a new one past it is refused with RESOURCE_EXHAUSTED (0: only configured engines may push) [default: 1024].
     #[arg(long, value_name = "WORKERS")]
     pub max_pushed_workers: Option<u32>,
     /// engines: one engine publisher, worker_id=N,endpoint=tcp://host:port, optionally followed by ,replay_endpoint=tcp://host:port ,dp_size=N ,topic=T ,format=auto ,mode=connect|bind ,metrics_url=http://host:port/metrics ,family=vllm|sglang ,prefill_tokens_per_s=N; repeat for several; CKF_ENGINES takes the same specs separated by ';' [default: []].
