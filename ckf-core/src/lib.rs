@@ -30,6 +30,7 @@
 //! | [`tokens`] | the canonical token hash space: token ids -> sequence block hashes (Dynamo's scheme) |
 //! | `adapter` | (feature `testing`) in-process producer -> consumer composition with recovery, for tests and demos |
 //! | [`route`] | the routing decision: expected time to first token per DC from prefix depth, load and round trip; ranking, choice, bookings |
+//! | [`pool_load`] | a producer's pool load from its engines' shares: scraped and pushed (`Ingest/ReportLoad`) shares, their validation, expiry and bound |
 //! | [`failure`] | pre-/post-commit failure dispositions by affected domain |
 //! | [`access`] | credentials, principals, per-pool / per-source policies, refusals (`UNAUTHENTICATED` / `PERMISSION_DENIED`) |
 //! | `testing` | (feature `testing`) test kit: frames under a lease, snapshot install |
@@ -51,6 +52,7 @@ pub mod ingestion;
 pub mod lane;
 mod memory;
 pub mod mutator;
+pub mod pool_load;
 pub mod publication;
 pub mod relay_session;
 pub mod route;

@@ -12,6 +12,8 @@
 //! `GetMemberBlocks` need any identified principal when `required`. `GetSourceSequence` reads
 //! one source's position: a principal may read only the source ids it may publish as
 //! ([`Caller::authorize_source_read`], `PERMISSION_DENIED` naming principal and source).
+//! `ReportLoad` is checked like a batch of its source id with one event touching its worker
+//! ([`Caller::authorize_load`]): the same check, the same refusals.
 //! Engines subscribed over ZMQ (`[[engines]]`) are configured, not authenticated: this section
 //! does not apply to them.
 //! Refusals are counted in `ckf_producer_auth_refused_total{rpc,code}`. Token files are re-read
@@ -81,12 +83,13 @@ pub struct IngestAccess {
 }
 
 /// The `rpc` label values.
-const RPCS: [&str; 5] = [
+const RPCS: [&str; 6] = [
     "publish",
     "publish_batch",
     "get_stats",
     "get_member_blocks",
     "get_source_sequence",
+    "report_load",
 ];
 
 impl IngestAccess {
@@ -133,7 +136,7 @@ impl IngestAccess {
     }
 
     /// Who called `rpc` (one of `publish`, `publish_batch`, `get_stats`, `get_member_blocks`,
-    /// `get_source_sequence`).
+    /// `get_source_sequence`, `report_load`).
     ///
     /// # Errors
     /// `UNAUTHENTICATED` / `PERMISSION_DENIED` with the reason (counted).
@@ -185,17 +188,35 @@ impl Caller {
     /// [`RequestError::Access`] (`PERMISSION_DENIED`) naming the principal and the source id or
     /// the first refused worker (counted).
     pub fn authorize(&self, batch: &v1::KvEventBatch) -> Result<(), RequestError> {
-        let Some((principal, grant)) = &self.known else {
-            return Ok(());
-        };
-        let identity = Identity::Known { principal, grant };
         // Events without a member are rejected by decoding; they touch nobody.
         let workers = batch
             .events
             .iter()
             .filter_map(|e| e.member.as_ref().map(|m| m.worker_id));
+        self.authorize_publish(&batch.source_id, workers)
+    }
+
+    /// Whether the caller may report `worker_id`'s load as `source_id` (`ReportLoad`): the
+    /// batch check, as for one event touching the worker.
+    ///
+    /// # Errors
+    /// As [`Caller::authorize`].
+    pub fn authorize_load(&self, source_id: &str, worker_id: u64) -> Result<(), RequestError> {
+        self.authorize_publish(source_id, [worker_id])
+    }
+
+    /// The one publish check: `source_id` and every one of `workers` within the grant.
+    fn authorize_publish(
+        &self,
+        source_id: &str,
+        workers: impl IntoIterator<Item = u64>,
+    ) -> Result<(), RequestError> {
+        let Some((principal, grant)) = &self.known else {
+            return Ok(());
+        };
+        let identity = Identity::Known { principal, grant };
         identity
-            .authorize_batch(&batch.source_id, workers)
+            .authorize_batch(source_id, workers)
             .map_err(|error: AccessError| {
                 self.refused
                     .with_label_values(&[self.rpc, error.code_label()])
@@ -310,9 +331,25 @@ mod tests {
             "{}",
             status.message()
         );
+        let reporter = access.caller("report_load", &request).unwrap();
+        reporter.authorize_load("router-1", 7).unwrap();
+        let status = Status::from(reporter.authorize_load("router-1", 8).unwrap_err());
+        assert_eq!(status.code(), tonic::Code::PermissionDenied);
+        assert!(
+            status.message().contains("worker 8"),
+            "{}",
+            status.message()
+        );
+        assert!(reporter.authorize_load("router-2", 7).is_err());
         let text = prometheus::TextEncoder::new()
             .encode_to_string(&registry.gather())
             .unwrap();
+        assert!(
+            text.contains(
+                "ckf_producer_auth_refused_total{code=\"permission_denied\",rpc=\"report_load\"} 2"
+            ),
+            "{text}"
+        );
         assert!(
             text.contains(
                 "ckf_producer_auth_refused_total{code=\"permission_denied\",rpc=\"publish_batch\"} 2"

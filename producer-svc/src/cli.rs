@@ -156,6 +156,12 @@ pub struct Cli {
     /// engine.load_timeout_ms: how long one load scrape may take before that engine's load is unknown, ms [default: 500].
     #[arg(long, value_name = "MS")]
     pub load_timeout_ms: Option<u64>,
+    /// engine.pushed_load_ttl_ms: how long a load pushed through Ingest/ReportLoad stays known after its observation (at least engine.load_interval_ms), ms [default: 3000].
+    #[arg(long, value_name = "MS")]
+    pub pushed_load_ttl_ms: Option<u64>,
+    /// engine.max_pushed_workers: workers not configured as engines that may push their load at once; a new one past it is refused with RESOURCE_EXHAUSTED (0: only configured engines may push) [default: 1024].
+    #[arg(long, value_name = "WORKERS")]
+    pub max_pushed_workers: Option<u32>,
     /// engines: one engine publisher, worker_id=N,endpoint=tcp://host:port, optionally followed by ,replay_endpoint=tcp://host:port ,dp_size=N ,topic=T ,format=auto ,mode=connect|bind ,metrics_url=http://host:port/metrics ,family=vllm|sglang ,prefill_tokens_per_s=N; repeat for several; CKF_ENGINES takes the same specs separated by ';' [default: []].
     #[arg(
         long = "engine",
@@ -255,6 +261,8 @@ impl Cli {
             .set("engine.max_buffered_batches", self.max_buffered_batches)
             .set("engine.load_interval_ms", self.load_interval_ms)
             .set("engine.load_timeout_ms", self.load_timeout_ms)
+            .set("engine.pushed_load_ttl_ms", self.pushed_load_ttl_ms)
+            .set("engine.max_pushed_workers", self.max_pushed_workers)
             .set(
                 "engines",
                 (!self.engines.is_empty()).then_some(&self.engines),

@@ -32,6 +32,14 @@ pub enum RequestError {
     /// `KvEventBatch.source_id`).
     #[error("GetSourceSequenceRequest.source_id {0}")]
     BadRequestedSourceId(SourceIdError),
+    /// `ReportLoadRequest.source_id` is not a canonical source id (the rules of
+    /// `KvEventBatch.source_id`).
+    #[error("ReportLoadRequest.source_id {0}")]
+    BadLoadSourceId(SourceIdError),
+    /// A pushed load refused by the pool's rules (`ckf_core::pool_load`): a value out of
+    /// range, a scraped engine, or no room for another worker (`engine.max_pushed_workers`).
+    #[error("ReportLoadRequest.{0}")]
+    Load(ckf_core::pool_load::PushRefused),
     /// `GetMemberBlocksRequest.member` is absent.
     #[error("GetMemberBlocksRequest.member is required")]
     MissingMember,

@@ -388,8 +388,15 @@ pub async fn serve(
         tokio::spawn(task.run());
     }
 
-    // The pool's load: one scrape task per engine with a `metrics_url`.
-    let load_board = engines::load::LoadBoard::new(&config.engines);
+    // The pool's load: one scrape task per engine with a `metrics_url`; pushes through Ingest.
+    let load_board = engines::load::LoadBoard::new(
+        &config.engines,
+        ckf_core::pool_load::PushLimits {
+            ttl: Duration::from_millis(config.engine.pushed_load_ttl_ms),
+            max_pushed: config.engine.max_pushed_workers as usize,
+        },
+        &metrics.engine,
+    );
     engines::load::spawn_scrapers(
         &config.engines,
         Duration::from_millis(config.engine.load_interval_ms),
@@ -426,7 +433,7 @@ pub async fn serve(
         attachment_queue: config.publication.attachment_queue as usize,
         tls: indexer_tls,
         start_mode: config.publication.start_mode,
-        load: load_board,
+        load: load_board.clone(),
         load_interval: Duration::from_millis(config.engine.load_interval_ms),
     };
     let relays: Vec<(String, JoinHandle<DrainOutcome>)> = config
@@ -457,6 +464,7 @@ pub async fn serve(
                 config.limits.max_events_per_batch as usize,
                 quotas,
                 metrics.clone(),
+                load_board,
             )
             .with_access(ingest_access),
         )

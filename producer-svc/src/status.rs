@@ -1,6 +1,7 @@
 //! The one place where the producer's errors become gRPC statuses.
 
 use ckf_core::access::AccessError;
+use ckf_core::pool_load::PushRefused;
 use tonic::{Code, Status};
 
 use crate::error::RequestError;
@@ -12,6 +13,11 @@ impl From<RequestError> for Status {
             | RequestError::BadRequestedSourceId(_)
             | RequestError::TooManyEvents { .. }
             | RequestError::MissingMember => Code::InvalidArgument,
+            RequestError::BadLoadSourceId(_) => Code::InvalidArgument,
+            RequestError::Load(PushRefused::Full { .. }) => Code::ResourceExhausted,
+            RequestError::Load(PushRefused::Invalid { .. } | PushRefused::Scraped(_)) => {
+                Code::InvalidArgument
+            }
             RequestError::Quota(_) => Code::ResourceExhausted,
             RequestError::ShuttingDown => Code::Unavailable,
             RequestError::Access(AccessError::Unauthenticated(_)) => Code::Unauthenticated,
@@ -61,6 +67,43 @@ mod tests {
         assert_eq!(
             Status::from(RequestError::ShuttingDown).code(),
             Code::Unavailable
+        );
+        let s = Status::from(RequestError::Load(PushRefused::Invalid {
+            field: "kv_usage",
+            rule: "1.5 is not a number in 0..=1".into(),
+        }));
+        assert_eq!(s.code(), Code::InvalidArgument);
+        assert!(
+            s.message().starts_with("ReportLoadRequest.kv_usage: 1.5"),
+            "{}",
+            s.message()
+        );
+        let s = Status::from(RequestError::Load(PushRefused::Scraped(7)));
+        assert_eq!(s.code(), Code::InvalidArgument);
+        assert!(
+            s.message()
+                .starts_with("ReportLoadRequest.worker_id: worker 7"),
+            "{}",
+            s.message()
+        );
+        let s = Status::from(RequestError::Load(PushRefused::Full {
+            worker_id: 9,
+            limit: 4,
+        }));
+        assert_eq!(s.code(), Code::ResourceExhausted);
+        assert!(
+            s.message().contains("max_pushed_workers"),
+            "{}",
+            s.message()
+        );
+        let s = Status::from(RequestError::BadLoadSourceId(
+            ckf_core::identity::SourceIdError::Empty,
+        ));
+        assert_eq!(s.code(), Code::InvalidArgument);
+        assert!(
+            s.message().starts_with("ReportLoadRequest.source_id"),
+            "{}",
+            s.message()
         );
     }
 }

@@ -11,7 +11,9 @@
 //! * Query with `auth.query_token_file`: refused without / with another token, token rotated by
 //!   SIGHUP, health unaffected, `ckf lanes --token-file`.
 //! * Ingest: a source not allowed and a worker not allowed are refused with `PERMISSION_DENIED`
-//!   (nothing of the batch applied) while the allowed source proceeds to the indexer.
+//!   (nothing of the batch applied) while the allowed source proceeds to the indexer;
+//!   `ReportLoad` likewise (a worker outside the grant refused), the allowed push reaching the
+//!   indexer's kept load of the pool.
 //! * `query_listen`: Query served there and not on `listen`; Relay on `listen` and not there.
 
 use std::path::{Path, PathBuf};
@@ -373,7 +375,8 @@ async fn ingest_sources_and_workers_outside_their_grant_are_refused() {
             "[ingest_auth]\nrequired = true\n\
              [[ingest_auth.sources]]\nname = \"router-1\"\ntoken_file = {router:?}\n\
              source_ids = [\"router-1\"]\nworkers = [1, 2]\n\
-             [[ingest_auth.sources]]\nname = \"ops\"\ntoken_file = {ops:?}\n"
+             [[ingest_auth.sources]]\nname = \"ops\"\ntoken_file = {ops:?}\n\
+             [engine]\npushed_load_ttl_ms = 60000\n"
         ),
         ..ProducerSpec::new("dc-a")
     };
@@ -530,7 +533,80 @@ async fn ingest_sources_and_workers_outside_their_grant_are_refused() {
         assert_eq!(depths.get("dc-a"), Some(&0), "{depths:?}");
     }
 
+    // ReportLoad is checked like a batch of its source id touching its worker: router-1 may
+    // push worker 1's load, not worker 9's; ops pushes nothing. Only the allowed push reaches
+    // the indexer's kept load of dc-a (through the producer's Relay load report).
+    let load = |worker_id: u64, running: u32| v1::ReportLoadRequest {
+        source_id: "router-1".into(),
+        worker_id,
+        running,
+        waiting: 1,
+        kv_usage: 0.5,
+        prefill_tokens_per_s: Some(4_000.0),
+        age_ms: 0,
+    };
+    for (request, token, needle) in [
+        (load(9, 50), "r1-secret.0123456789", "worker 9"),
+        (load(1, 50), "ops-secret.0123456789", "\"ops\""),
+    ] {
+        let status = client
+            .report_load(bearer(request, Some(token)))
+            .await
+            .expect_err("refused");
+        assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+        assert!(
+            status.message().contains(needle),
+            "{needle:?} not in {status:?}"
+        );
+    }
+    client
+        .report_load(bearer(load(1, 3), Some("r1-secret.0123456789")))
+        .await
+        .expect("allowed");
+    eventually("the pushed load at the indexer", DEADLINE, || async {
+        let text = indexer.metrics()?;
+        let running = counter(
+            &text,
+            "ckf_indexer_lane_load_requests",
+            &[("dc", "dc-a"), ("state", "running")],
+        );
+        if running == 3.0 {
+            Ok(())
+        } else {
+            Err(format!("running {running}"))
+        }
+    })
+    .await;
+    let text = indexer.metrics().expect("metrics");
+    assert_eq!(
+        counter(
+            &text,
+            "ckf_indexer_lane_load_prefill_tokens_per_second",
+            &[("dc", "dc-a")]
+        ),
+        4_000.0,
+        "{text}"
+    );
+
     let text = producer.metrics().expect("metrics");
+    assert_eq!(
+        counter(
+            &text,
+            "ckf_producer_load_pushes_total",
+            &[("outcome", "denied")]
+        ),
+        2.0,
+        "{text}"
+    );
+    assert_eq!(
+        counter(
+            &text,
+            "ckf_producer_load_pushes_total",
+            &[("outcome", "accepted")]
+        ),
+        1.0,
+        "{text}"
+    );
     let refused = |rpc, code| {
         counter(
             &text,
@@ -538,6 +614,7 @@ async fn ingest_sources_and_workers_outside_their_grant_are_refused() {
             &[("rpc", rpc), ("code", code)],
         )
     };
+    assert_eq!(refused("report_load", "permission_denied"), 2.0, "{text}");
     assert_eq!(refused("publish_batch", "permission_denied"), 3.0, "{text}");
     assert_eq!(refused("publish_batch", "unauthenticated"), 1.0, "{text}");
     assert_eq!(refused("get_stats", "unauthenticated"), 1.0, "{text}");

@@ -11,6 +11,8 @@ use serde::{Deserialize, Serialize};
 
 /// Largest `dp_size` of one engine (ports `port..port + dp_size`).
 pub const MAX_DP_SIZE: u32 = 1024;
+/// Largest `engine.max_pushed_workers`.
+pub const MAX_PUSHED_WORKERS: u32 = 65_536;
 /// Largest `engine.max_frame_bytes` (1 GiB).
 pub const MAX_FRAME_BYTES_LIMIT: u64 = 1 << 30;
 
@@ -36,6 +38,12 @@ pub struct EngineSection {
     pub load_interval_ms: u64,
     /// How long one scrape may take before the engine's load is unknown, in milliseconds.
     pub load_timeout_ms: u64,
+    /// How long a load pushed through `Ingest/ReportLoad` stays known after its observation,
+    /// in milliseconds; then it is unknown until pushed again.
+    pub pushed_load_ttl_ms: u64,
+    /// Workers not configured in `[[engines]]` that may push their load at once; a new one
+    /// past it is refused (`RESOURCE_EXHAUSTED`). 0: only configured engines may push.
+    pub max_pushed_workers: u32,
 }
 
 impl Default for EngineSection {
@@ -49,6 +57,8 @@ impl Default for EngineSection {
             max_buffered_batches: 10_000,
             load_interval_ms: 1_000,
             load_timeout_ms: 500,
+            pushed_load_ttl_ms: 3_000,
+            max_pushed_workers: 1_024,
         }
     }
 }
@@ -333,6 +343,18 @@ impl EngineSection {
             self.load_timeout_ms,
             10..=self.load_interval_ms,
             "ms (at most engine.load_interval_ms)",
+        )?;
+        in_range(
+            "engine.pushed_load_ttl_ms",
+            self.pushed_load_ttl_ms,
+            self.load_interval_ms..=3_600_000,
+            "ms (at least engine.load_interval_ms)",
+        )?;
+        in_range(
+            "engine.max_pushed_workers",
+            self.max_pushed_workers,
+            0..=MAX_PUSHED_WORKERS,
+            "workers",
         )
     }
 }
@@ -494,6 +516,23 @@ mod tests {
         assert_eq!(
             section.validate().expect_err("interval too short").key,
             "engine.load_interval_ms"
+        );
+        let section = EngineSection {
+            load_interval_ms: 1_000,
+            pushed_load_ttl_ms: 999,
+            ..EngineSection::default()
+        };
+        assert_eq!(
+            section.validate().expect_err("TTL below the interval").key,
+            "engine.pushed_load_ttl_ms"
+        );
+        let section = EngineSection {
+            max_pushed_workers: MAX_PUSHED_WORKERS + 1,
+            ..EngineSection::default()
+        };
+        assert_eq!(
+            section.validate().expect_err("too many pushed workers").key,
+            "engine.max_pushed_workers"
         );
         assert!(EngineSection::default().validate().is_ok());
     }

@@ -1,14 +1,19 @@
-//! The pool's load, scraped from each engine's Prometheus endpoint (`[[engines]] metrics_url`,
-//! every `engine.load_interval_ms`, bounded by `engine.load_timeout_ms`). The rules are
-//! `ckf-engine`'s (which metrics, [`ckf_engine::load::read_load`]) and `ckf-core`'s (the pool's
-//! sum, [`PoolLoad::from_engines`]); this module fetches, keeps the latest share per engine in
-//! a [`LoadBoard`] and exports it. A failed scrape or a down engine makes its share unknown,
-//! never zero; failures are counted by reason and logged at most once a minute per engine.
+//! The pool's load: scraped from each engine's Prometheus endpoint (`[[engines]] metrics_url`,
+//! every `engine.load_interval_ms`, bounded by `engine.load_timeout_ms`), or pushed through
+//! `Ingest/ReportLoad` ([`crate::ingest::report_load`]). The rules are `ckf-engine`'s (which
+//! metrics, [`ckf_engine::load::read_load`]) and `ckf-core`'s (the shares, their expiry and
+//! bound and the pool's sum, [`PoolShares`]); this module fetches, keeps the shares in a
+//! [`LoadBoard`] and exports them. A failed scrape, a down engine or a push not renewed makes
+//! that share unknown, never zero; scrape failures are counted by reason and logged at most
+//! once a minute per engine.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ckf_core::route::{EngineShare, PoolLoad};
+use ckf_core::pool_load::{
+    ConfiguredEngine, PoolShares, PushAccepted, PushLimits, PushRefused, PushedLoad,
+};
+use ckf_core::route::{EngineLoad, PoolLoad};
 use ckf_engine::load::{EngineFamily, read_load};
 use ckf_svc_kit::Shutdown;
 use ckf_svc_kit::throttle::LogThrottle;
@@ -20,50 +25,88 @@ use super::metrics::EngineMetrics;
 /// At most one scrape-failure log line per engine per interval.
 const LOG_INTERVAL: Duration = Duration::from_secs(60);
 
-/// The latest share of every configured engine (an engine without `metrics_url` stays unknown).
+/// Every share of the pool (configured engines, pushed workers), and the gauges it exports.
 #[derive(Debug)]
 pub struct LoadBoard {
-    /// Per engine: its share and when its load was read (`None`: unknown).
-    shares: Mutex<Vec<(EngineShare, Option<Instant>)>>,
+    shares: Mutex<PoolShares>,
+    metrics: EngineMetrics,
 }
 
 impl LoadBoard {
-    /// Every engine of `specs` unknown, with its configured capacity.
-    pub fn new(specs: &[EngineSpec]) -> Arc<Self> {
-        let shares = specs
+    /// Every engine of `specs` unknown, with its configured capacity; pushes held to `limits`.
+    /// The gauges are exported at once.
+    pub fn new(specs: &[EngineSpec], limits: PushLimits, metrics: &EngineMetrics) -> Arc<Self> {
+        let engines: Vec<ConfiguredEngine> = specs
             .iter()
-            .map(|s| {
-                let share = EngineShare {
-                    load: None,
-                    prefill_tokens_per_s: s.prefill_tokens_per_s as f64,
-                };
-                (share, None)
+            .map(|s| ConfiguredEngine {
+                worker_id: s.worker_id,
+                prefill_tokens_per_s: s.prefill_tokens_per_s as f64,
+                scraped: s.metrics_url.is_some(),
             })
             .collect();
-        Arc::new(Self {
-            shares: Mutex::new(shares),
-        })
+        let board = Arc::new(Self {
+            shares: Mutex::new(PoolShares::new(&engines, limits)),
+            metrics: metrics.clone(),
+        });
+        board.export();
+        board
     }
 
-    /// The pool's load now and the age of its oldest engine reading; `None` when no engine's
-    /// load is known.
+    /// The pool's load now and the age of its oldest known reading; `None` when no share is
+    /// known.
     pub fn pool(&self) -> Option<(PoolLoad, Duration)> {
-        let shares = self.shares.lock().expect("load board");
-        let only: Vec<EngineShare> = shares.iter().map(|(share, _)| *share).collect();
-        let pool = PoolLoad::from_engines(&only)?;
-        let oldest = shares.iter().filter_map(|(_, read)| *read).min()?;
-        Some((pool, oldest.elapsed()))
+        self.lock().pool(Instant::now())
     }
 
-    fn set(&self, engine: usize, load: Option<ckf_core::route::EngineLoad>) {
-        let mut shares = self.shares.lock().expect("load board");
-        let (share, read) = &mut shares[engine];
-        share.load = load;
-        *read = load.is_some().then(Instant::now);
+    /// Keeps a pushed load as its worker's share and exports the gauges.
+    ///
+    /// # Errors
+    /// [`PushRefused`]; nothing changed.
+    pub fn push(&self, report: &PushedLoad) -> Result<PushAccepted, PushRefused> {
+        let accepted = self.lock().push(report, Instant::now())?;
+        self.export();
+        Ok(accepted)
+    }
+
+    /// The pool gauges now (after a scrape or a push, and every interval: pushed shares
+    /// expire between pushes).
+    pub fn export(&self) {
+        let now = Instant::now();
+        let (pool, configured) = {
+            let shares = self.lock();
+            (
+                shares.pool(now).map(|(pool, _)| pool),
+                shares.configured(now),
+            )
+        };
+        let m = &self.metrics;
+        m.pool_engines_configured.set(i64::from(configured));
+        let reporting = pool.map_or(0, |p| i64::from(p.engines_reporting));
+        m.pool_engines_reporting.set(reporting);
+        let p = pool.unwrap_or_default();
+        m.pool_requests
+            .with_label_values(&["running"])
+            .set(i64::from(p.running));
+        m.pool_requests
+            .with_label_values(&["waiting"])
+            .set(i64::from(p.waiting));
+        m.pool_kv_usage.set(p.kv_usage);
+        m.pool_prefill_tokens_per_second.set(p.prefill_tokens_per_s);
+    }
+
+    fn set(&self, engine: usize, load: Option<EngineLoad>) {
+        self.lock().scraped(engine, load, Instant::now());
+        self.export();
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, PoolShares> {
+        self.shares.lock().expect("load board")
     }
 }
 
-/// Starts one scrape task per engine with a `metrics_url`; they stop with `stop`.
+/// Starts one scrape task per engine with a `metrics_url`, and one that exports the pool
+/// gauges every `interval` (a pushed share expires without a scrape or a push); they stop
+/// with `stop`.
 pub fn spawn_scrapers(
     specs: &[EngineSpec],
     interval: Duration,
@@ -72,7 +115,16 @@ pub fn spawn_scrapers(
     metrics: &EngineMetrics,
     stop: &Shutdown,
 ) {
-    metrics.pool_engines_configured.set(specs.len() as i64);
+    let exported = Arc::clone(board);
+    let until = stop.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        tokio::select! {
+            () = until.wait() => {}
+            () = async { loop { tick.tick().await; exported.export(); } } => {}
+        }
+    });
     for (index, spec) in specs.iter().enumerate() {
         let Some(url) = spec.metrics_url.clone() else {
             continue;
@@ -116,12 +168,11 @@ impl Scraper {
             tick.tick().await;
             let load = self.scrape().await;
             self.board.set(self.index, load);
-            self.export();
         }
     }
 
     /// One scrape: the engine's load, or `None` (counted and logged) when it cannot be read.
-    async fn scrape(&self) -> Option<ckf_core::route::EngineLoad> {
+    async fn scrape(&self) -> Option<EngineLoad> {
         let (url, timeout, family) = (self.url.clone(), self.timeout, self.family);
         // `ureq` blocks: off the runtime's workers.
         let read = tokio::task::spawn_blocking(move || {
@@ -149,22 +200,5 @@ impl Scraper {
                 None
             }
         }
-    }
-
-    /// The pool gauges after a scrape.
-    fn export(&self) {
-        let m = &self.metrics;
-        let pool = self.board.pool().map(|(pool, _)| pool);
-        let reporting = pool.map_or(0, |p| i64::from(p.engines_reporting));
-        m.pool_engines_reporting.set(reporting);
-        let p = pool.unwrap_or_default();
-        m.pool_requests
-            .with_label_values(&["running"])
-            .set(i64::from(p.running));
-        m.pool_requests
-            .with_label_values(&["waiting"])
-            .set(i64::from(p.waiting));
-        m.pool_kv_usage.set(p.kv_usage);
-        m.pool_prefill_tokens_per_second.set(p.prefill_tokens_per_s);
     }
 }

@@ -1,9 +1,13 @@
 //! Metrics of the engine publishers (prefix `ckf_producer_engine_`), labelled by `publisher`
 //! (`"worker/rank"`, e.g. `7/0`) and `endpoint` (the rank's PUB endpoint); the load scrapes by
-//! `worker`; the pool's load (prefix `ckf_producer_pool_`) unlabelled or by `state`.
+//! `worker`, the pushed loads by `outcome`; the pool's load (prefix `ckf_producer_pool_`)
+//! unlabelled or by `state`.
 
 use ckf_svc_kit::metrics::{counter_vec, gauge, int_gauge, int_gauge_vec};
 use prometheus::{Gauge, IntCounterVec, IntGauge, IntGaugeVec, Registry};
+
+/// The `outcome` values of `ckf_producer_load_pushes_total`.
+pub const LOAD_PUSH_OUTCOMES: [&str; 4] = ["accepted", "invalid", "denied", "full"];
 
 /// Every engine-ingest metric.
 #[derive(Debug, Clone)]
@@ -57,7 +61,12 @@ pub struct EngineMetrics {
     pub load_scrapes: IntCounterVec,
     /// Scrapes that left an engine's load unknown, by reason (fetch, parse, missing, value).
     pub load_scrape_errors: IntCounterVec,
-    /// Engines configured in the pool.
+    /// Loads pushed through `Ingest/ReportLoad`, by outcome (accepted; invalid: a value out of
+    /// range, a bad source id or a scraped engine; denied: outside the caller's grant; full:
+    /// `engine.max_pushed_workers` reached).
+    pub load_pushes: IntCounterVec,
+    /// Engines configured in the pool, and the pushing workers not configured until they are
+    /// forgotten.
     pub pool_engines_configured: IntGauge,
     /// Engines whose load is known (0: the pool's load is unknown and the gauges below are 0).
     pub pool_engines_reporting: IntGauge,
@@ -175,10 +184,22 @@ impl EngineMetrics {
                 "Scrapes that left an engine's load unknown, by reason (fetch, parse, missing, value).",
                 &["worker", "reason"],
             ),
+            load_pushes: {
+                let c = counter_vec(
+                    r,
+                    "ckf_producer_load_pushes_total",
+                    "Loads pushed through Ingest/ReportLoad, by outcome (accepted, invalid, denied, full).",
+                    &["outcome"],
+                );
+                for outcome in LOAD_PUSH_OUTCOMES {
+                    c.with_label_values(&[outcome]);
+                }
+                c
+            },
             pool_engines_configured: int_gauge(
                 r,
                 "ckf_producer_pool_engines_configured",
-                "Engines configured in this producer's pool.",
+                "Engines configured in this producer's pool, and workers not configured that pushed their load until they are forgotten.",
             ),
             pool_engines_reporting: int_gauge(
                 r,

@@ -7,11 +7,13 @@
 //! | [`get_stats`] | `GetStats`: exact-state and filter statistics |
 //! | [`get_member_blocks`] | `GetMemberBlocks`: one member's canonical block hashes, sorted |
 //! | [`get_source_sequence`] | `GetSourceSequence`: a source's last applied and next expected sequence |
+//! | [`report_load`] | `ReportLoad`: one worker's pushed load into the pool's load |
 //! | [`service`] | [`IngestService`]: what every handler shares; `submit` decodes, authorizes and asks the actor |
 //! | [`convert`] | wire <-> [`crate::events`] |
 //!
 //! Handlers decode, hand the batch to the state actor through its bounded channel (waiting
-//! when it is full: backpressure) and encode the actor's answer. No rule is applied here.
+//! when it is full: backpressure) and encode the actor's answer; `ReportLoad` goes to the
+//! pool's [`LoadBoard`](crate::engines::load::LoadBoard) instead. No rule is applied here.
 
 pub mod convert;
 pub mod get_member_blocks;
@@ -19,6 +21,7 @@ pub mod get_source_sequence;
 pub mod get_stats;
 pub mod publish;
 pub mod publish_batch;
+pub mod report_load;
 pub mod service;
 
 use ckf_proto::v1;
@@ -81,6 +84,26 @@ impl Ingest for IngestService {
         let caller = self.access.caller("get_source_sequence", &request)?;
         get_source_sequence::handle(self, &caller, request.into_inner())
             .await
+            .map(Response::new)
+            .map_err(Status::from)
+    }
+
+    async fn report_load(
+        &self,
+        request: Request<v1::ReportLoadRequest>,
+    ) -> Result<Response<v1::ReportLoadResponse>, Status> {
+        let caller = match self.access.caller("report_load", &request) {
+            Ok(caller) => caller,
+            Err(status) => {
+                self.metrics
+                    .engine
+                    .load_pushes
+                    .with_label_values(&["denied"])
+                    .inc();
+                return Err(status);
+            }
+        };
+        report_load::handle(self, &caller, request.get_ref())
             .map(Response::new)
             .map_err(Status::from)
     }

@@ -24,11 +24,13 @@ pub struct IngestService {
     pub(super) metrics: Metrics,
     /// Who may call, publish as which source and touch which workers (`[ingest_auth]`).
     pub(super) access: std::sync::Arc<crate::access::IngestAccess>,
+    /// The pool's load, where `ReportLoad` pushes a worker's share.
+    pub(super) load: std::sync::Arc<crate::engines::load::LoadBoard>,
 }
 
 impl IngestService {
     /// A service feeding `actor`, refusing batches above `max_events_per_batch` events or
-    /// `quotas`' size limits.
+    /// `quotas`' size limits, and pushing loads into `load`.
     pub fn new(
         actor: ActorHandle,
         identity: ProducerIdentity,
@@ -36,8 +38,10 @@ impl IngestService {
         max_events_per_batch: usize,
         quotas: Quotas,
         metrics: Metrics,
+        load: std::sync::Arc<crate::engines::load::LoadBoard>,
     ) -> Self {
         Self {
+            load,
             actor,
             identity,
             shutdown,
