@@ -268,3 +268,78 @@ fn dc_route(indexer: &GlobalCkfIndexer, dc: &RankedDc) -> v1::DcRoute {
         ttft_ms: ms(e.ttft),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use ckf_core::route::{DcEstimate, DcInput, PoolLoad};
+
+    use super::*;
+
+    fn indexer(lanes: usize) -> GlobalCkfIndexer {
+        let names: Vec<String> = (0..lanes).map(|i| format!("dc-{i:x}")).collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        let config = crate::IndexerConfig::for_lanes("prod", &names);
+        GlobalCkfIndexer::with_policy(config.manifest().unwrap(), 1, config.lag_policy()).unwrap()
+    }
+
+    /// Every field of a ranked DC at its largest.
+    fn largest(lane: LaneIndex) -> RankedDc {
+        RankedDc {
+            estimate: DcEstimate {
+                lane,
+                cached_tokens: u64::MAX,
+                uncached_tokens: u64::MAX,
+                rtt: Duration::MAX,
+                rtt_from_request: true,
+                load: LoadState::Stale(Duration::MAX),
+                capacity: f64::MAX,
+                queue: Duration::MAX,
+                prefill: Duration::MAX,
+                ttft: Duration::MAX,
+            },
+            input: DcInput {
+                lane,
+                depth: u32::MAX,
+                block_size: 16,
+                rtt: None,
+                configured_rtt: None,
+                load: Some((
+                    PoolLoad {
+                        engines_reporting: u32::MAX,
+                        engines_configured: u32::MAX,
+                        running: u32::MAX,
+                        waiting: u32::MAX,
+                        kv_usage: 1.0,
+                        prefill_tokens_per_s: f64::MAX,
+                    },
+                    Duration::MAX,
+                )),
+                booked: u32::MAX,
+            },
+        }
+    }
+
+    #[test]
+    fn the_answer_bound_holds_the_largest_answers_and_a_full_batch_fits_4_mib() {
+        for lanes in [1, 2, 16] {
+            let ix = indexer(lanes);
+            let routed = Routed {
+                ranked: (0..lanes as LaneIndex).map(largest).collect(),
+                choice: Some((lanes as LaneIndex - 1, Reason::DeepestOfEqual)),
+                ready_mask: u16::MAX,
+                blocks: 0,
+            };
+            for n in [0, 1, 3, 100] {
+                let answer = v1::RouteBatchResponse {
+                    responses: vec![wire_answer(&ix, &routed); n],
+                };
+                assert!(
+                    answer.encoded_len() as u64 <= answer_bound(&ix, n),
+                    "{lanes} lanes, {n} answers"
+                );
+            }
+        }
+        // 16 lanes named like prod/dc-a: a full default batch within the default message size.
+        assert!(answer_bound(&indexer(16), 1024) <= 4 << 20);
+    }
+}
