@@ -1,5 +1,6 @@
-//! Raw bytes -> `ckf.v1.RelayFrame` / `RelayReply` (prost) -> every wire -> core conversion
-//! the indexer and the producer run on them.
+//! Raw bytes -> `ckf.v1.RelayFrame` / `RelayReply` / Query requests (prost) -> every wire ->
+//! core conversion the indexer and the producer run on them (a load report into the indexer's
+//! `LaneLoads`).
 #![no_main]
 
 use ckf_core::identity::{LaneLease, ProducerIdentity, ProducerIncarnation};
@@ -28,6 +29,29 @@ fuzz_target!(|data: &[u8]| {
             Some(Frame::DrainMarker(m)) => {
                 let _ = convert::drain_marker_from_wire(m, incarnation);
             }
+            Some(Frame::Load(l)) => {
+                if let Ok(load) = convert::load_from_wire(l, incarnation) {
+                    let lease = load.tag.lease;
+                    let now = std::time::Instant::now();
+                    let mut loads = ckf_core::route::LaneLoads::default();
+                    if loads
+                        .report(
+                            lease.lane,
+                            lease.epoch,
+                            load.sequence,
+                            load.load,
+                            load.age,
+                            now,
+                        )
+                        .is_ok()
+                    {
+                        assert_eq!(
+                            loads.latest(lease.lane, now).map(|(l, _)| l),
+                            Some(load.load)
+                        );
+                    }
+                }
+            }
             None => {}
         }
     }
@@ -48,4 +72,11 @@ fuzz_target!(|data: &[u8]| {
         let _ = ckf_core::tokens::TokenQuery::from(q);
     }
     let _ = v1::FindMatchesRequest::decode(data);
+    if let Ok(batch) = v1::RouteBatchRequest::decode(data) {
+        for request in batch.requests {
+            if let Some(v1::route_request::Query::Tokens(t)) = request.query {
+                let _ = ckf_core::tokens::TokenQuery::from(t);
+            }
+        }
+    }
 });

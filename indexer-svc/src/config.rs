@@ -107,8 +107,9 @@ pub struct LimitsConfig {
     /// Most block hashes one `FindMatches` may carry (and each query of a batch or stream
     /// message).
     pub max_query_blocks: u32,
-    /// Most queries one `FindMatchesBatch` request or `FindMatchesStream` message may carry
-    /// (bounds the work one message buys; the message size is bounded by `max_message_bytes`).
+    /// Most queries one `FindMatchesBatch` request or `FindMatchesStream` message may carry, and
+    /// most requests one `RouteBatch` may carry (bounds the work one message buys; the message
+    /// size is bounded by `max_message_bytes`).
     pub max_query_batch: u32,
     /// `FindMatchesStream` calls open at once; a further one gets `RESOURCE_EXHAUSTED`. An open
     /// stream holds its slot until the client closes it or its connection ends (HTTP/2
@@ -661,8 +662,8 @@ pub struct Cli {
     /// Most block hashes per FindMatches query [default: 8192; key: limits.max_query_blocks].
     #[arg(long, value_name = "BLOCKS")]
     pub max_query_blocks: Option<u32>,
-    /// Most queries per FindMatchesBatch request or FindMatchesStream message
-    /// [default: 1024; key: limits.max_query_batch].
+    /// Most queries per FindMatchesBatch request or FindMatchesStream message, requests per
+    /// RouteBatch [default: 1024; key: limits.max_query_batch].
     #[arg(long, value_name = "QUERIES")]
     pub max_query_batch: Option<u32>,
     /// FindMatchesStream calls open at once [default: 256; key: limits.max_query_streams].

@@ -16,7 +16,12 @@
 //! let query = running.query_handle(); // Clone + Send + Sync: hand one to each router thread
 //! let matches = query.find_prefix_matches(&[0x1234, 0x5678]);
 //! if let Some((lane, depth)) = matches.best() {
-//!     println!("route to {} ({depth} blocks cached)", query.pool(lane));
+//!     println!("longest prefix in {} ({depth} blocks cached)", query.pool(lane));
+//! }
+//! // Or the Route decision itself (cached prefix, load, round trip), booked like the RPC's.
+//! let request = indexer_svc::router::RouteQuery::by_hashes(vec![0x1234, 0x5678]);
+//! if let Ok(Some((lane, reason))) = query.route(&request).map(|routed| routed.choice) {
+//!     println!("route to {} ({})", query.pool(lane), reason.label());
 //! }
 //! # Ok(()) }
 //! ```
@@ -26,8 +31,13 @@
 //! `ckf-indexer`), leases, lane state machine, deadlines, metrics on `metrics_listen`, and the
 //! gRPC Query service on its listener for operators (`ckf lanes`, `ckf query`). What differs:
 //! - in-process queries are not counted in `ckf_indexer_queries_*` (they never cross the
-//!   service), and the `limits.max_query_blocks` bound of the RPC does not apply (it protects
-//!   the network service from large requests; an in-process caller pays for its own);
+//!   service), and the `limits.max_query_blocks` bound of the RPC does not apply to block
+//!   hashes (it protects the network service from large requests; an in-process caller pays
+//!   for its own);
+//! - [`EmbeddedQuery::route`] is the `Route` RPC's own path ([`crate::router::Router`]): the
+//!   same kept load reports, the same bookings (an in-process choice is booked on the queue
+//!   the RPC's next request sees, and the other way round) and the same
+//!   `ckf_indexer_route_decisions_total`;
 //! - [`EmbeddedQuery`] needs no async runtime: any thread may call it, concurrently with the
 //!   lanes' ingestion (the design's weak-read contract: a query may see a delta half-applied
 //!   and no query retries).
@@ -42,7 +52,9 @@ use ckf_core::global::GlobalCkfIndexer;
 use ckf_core::identity::{LaneIndex, PoolId};
 use ckf_core::lane::LaneStatus;
 use ckf_core::search::PrefixMatches;
-use ckf_core::tokens::{TokenQuery, TokenQueryError, TokenQueryRules};
+use ckf_core::tokens::{TokenQuery, TokenQueryError};
+
+use crate::router::{RouteQuery, Routed, Router};
 
 /// An in-process query handle on a running indexer: cheap to clone (one `Arc`), `Send + Sync`,
 /// usable from any thread without an async runtime. Obtained with
@@ -52,16 +64,16 @@ use ckf_core::tokens::{TokenQuery, TokenQueryError, TokenQueryRules};
 #[derive(Debug, Clone)]
 pub struct EmbeddedQuery {
     indexer: Arc<GlobalCkfIndexer>,
-    token_rules: TokenQueryRules,
+    router: Router,
 }
 
 impl EmbeddedQuery {
-    /// A handle on `indexer` answering token queries under `token_rules` (the indexer's
-    /// `block_size` and `limits.max_query_blocks`).
-    pub fn new(indexer: Arc<GlobalCkfIndexer>, token_rules: TokenQueryRules) -> Self {
+    /// A handle on `router`'s indexer, answering token queries under its rules (the indexer's
+    /// `block_size` and `limits.max_query_blocks`) and routing with its loads and bookings.
+    pub fn new(router: Router) -> Self {
         Self {
-            indexer,
-            token_rules,
+            indexer: Arc::clone(router.indexer()),
+            router,
         }
     }
 
@@ -84,8 +96,19 @@ impl EmbeddedQuery {
         query: &TokenQuery,
     ) -> Result<PrefixMatches, TokenQueryError> {
         // A long request is hashed only as far as the search needs.
-        let hashes = query.lazy_sequence_hashes(&self.token_rules)?;
+        let hashes = query.lazy_sequence_hashes(self.router.token_rules())?;
         Ok(self.indexer.find_prefix_matches_by_tokens(hashes))
+    }
+
+    /// Which DC should serve a request, by block hashes or token ids: the `Route` RPC's answer
+    /// ([`crate::route::wire_answer`] puts it on the wire), from the same code, load reports
+    /// and bookings. The choice is booked until its lane's next load report.
+    ///
+    /// # Errors
+    /// [`TokenQueryError`] for a token query breaking the indexer's rules (as
+    /// [`EmbeddedQuery::find_prefix_matches_by_tokens`]); nothing is booked.
+    pub fn route(&self, query: &RouteQuery) -> Result<Routed, TokenQueryError> {
+        self.router.route(query)
     }
 
     /// The pool (indexer domain + DC) that `lane` serves, to resolve an answer to an endpoint.

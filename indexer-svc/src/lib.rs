@@ -14,7 +14,8 @@
 //! | [`config`] | `IndexerConfig` (manifest, table format, lag policy, limits, addresses) and the `ckf-indexer` flags |
 //! | [`relay`] | `Relay/Publish`: attach -> lease -> frames into the lane's ingestor -> Ack / Retired |
 //! | [`query`] | `Query/FindMatches` and `Query/ListLanes` |
-//! | [`route`] | `Query/Route`: the prefix search, each ready lane's kept load report and round trip, `ckf_core::route`'s ranking and choice, bookings |
+//! | [`router`] | [`router::Router`], the one path of every Route (RPC, batch, embedded): the prefix search, each ready lane's kept load report and round trip, `ckf_core::route`'s ranking and choice, bookings |
+//! | [`route`] | `Query/Route` and `Query/RouteBatch`: decode and check, count, the answer on the wire |
 //! | [`status`] | the one mapping of failures to gRPC statuses and `Retired` replies |
 //! | [`metrics`] | Prometheus metrics (`ckf_indexer_*`) |
 //! | [`lane_watch`] | lane events -> retirement counters and lane gauges |
@@ -38,6 +39,7 @@ pub mod metrics;
 pub mod query;
 pub mod relay;
 pub mod route;
+pub mod router;
 pub mod server;
 pub mod state;
 pub mod status;

@@ -29,16 +29,19 @@ pub enum QueryMethod {
     FindMatchesStream,
     /// `Route` (block hashes or token ids).
     Route,
+    /// `RouteBatch` (counted per request of the batch).
+    RouteBatch,
 }
 
 impl QueryMethod {
     /// Every method, in label order (the index of [`IndexerMetrics::query_method`]).
-    pub const ALL: [QueryMethod; 5] = [
+    pub const ALL: [QueryMethod; 6] = [
         QueryMethod::FindMatches,
         QueryMethod::FindMatchesByTokens,
         QueryMethod::FindMatchesBatch,
         QueryMethod::FindMatchesStream,
         QueryMethod::Route,
+        QueryMethod::RouteBatch,
     ];
 
     /// The `method` label value.
@@ -49,6 +52,7 @@ impl QueryMethod {
             QueryMethod::FindMatchesBatch => "find_matches_batch",
             QueryMethod::FindMatchesStream => "find_matches_stream",
             QueryMethod::Route => "route",
+            QueryMethod::RouteBatch => "route_batch",
         }
     }
 }

@@ -103,6 +103,14 @@ impl Query for QueryService {
         )?))
     }
 
+    async fn route_batch(
+        &self,
+        request: Request<v1::RouteBatchRequest>,
+    ) -> Result<Response<v1::RouteBatchResponse>, Status> {
+        let responses = crate::route::answer_batch(&self.shared, request.into_inner().requests)?;
+        Ok(Response::new(v1::RouteBatchResponse { responses }))
+    }
+
     async fn find_matches_batch(
         &self,
         request: Request<v1::FindMatchesBatchRequest>,
@@ -304,7 +312,7 @@ fn answer_bytes(results: &[v1::QueryResult], at: BatchAt) -> usize {
     // `results` is field 1 of the batch answer and field 2 of the stream answer (one-byte keys
     // both); the stream's `id` (field 1) is omitted when 0.
     let id = match at {
-        BatchAt::Batch | BatchAt::Stream { id: 0 } => 0,
+        BatchAt::Batch | BatchAt::RouteBatch | BatchAt::Stream { id: 0 } => 0,
         BatchAt::Stream { id } => 1 + encoded_len_varint(id),
     };
     id + message::encoded_len_repeated(1, results)

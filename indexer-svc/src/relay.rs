@@ -402,7 +402,8 @@ impl Session {
             .check_lease("load", load.tag.lease)
             .map_err(FrameError::Refused)?;
         let lease = load.tag.lease;
-        let kept = self.shared.loads.lock().expect("lane loads").report(
+        // A kept report counts the choices booked before it.
+        let kept = self.shared.router.report_load(
             lease.lane,
             lease.epoch,
             load.sequence,
@@ -410,17 +411,8 @@ impl Session {
             load.age,
             Instant::now(),
         );
-        match kept {
-            // A newer report counts the choices booked before it.
-            Ok(()) => self
-                .shared
-                .bookings
-                .lock()
-                .expect("bookings")
-                .reported(lease.lane),
-            Err(refused) => {
-                tracing::debug!(%refused, sequence = load.sequence, "load report dropped")
-            }
+        if let Err(refused) = kept {
+            tracing::debug!(%refused, sequence = load.sequence, "load report dropped")
         }
         let labels = self.shared.labels(lease.lane);
         self.shared

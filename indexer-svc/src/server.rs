@@ -15,7 +15,6 @@ use std::time::Duration;
 
 use ckf_core::global::{GlobalCkfIndexer, ManifestError};
 use ckf_core::ingestion::{IngestionWorkers, IngestionWorkersConfig};
-use ckf_core::tokens::TokenQueryRules;
 use ckf_proto::v1::{query_server::QueryServer, relay_server::RelayServer};
 use ckf_svc_kit::Shutdown;
 use ckf_svc_kit::Transport;
@@ -85,7 +84,7 @@ pub struct RunningIndexer {
     /// This process's consumer instance (carried in every lease it grants).
     pub consumer_instance: u64,
     indexer: Arc<GlobalCkfIndexer>,
-    token_rules: TokenQueryRules,
+    router: crate::router::Router,
     shutdown: Shutdown,
     task: JoinHandle<Result<(), ServeError>>,
 }
@@ -99,7 +98,7 @@ impl RunningIndexer {
     /// An in-process query handle (embedded mode, [`crate::embedded`]): the same answers as
     /// the Query service's, without an RPC.
     pub fn query_handle(&self) -> EmbeddedQuery {
-        EmbeddedQuery::new(Arc::clone(&self.indexer), self.token_rules)
+        EmbeddedQuery::new(self.router.clone())
     }
 
     /// Starts a graceful shutdown (idempotent).
@@ -171,6 +170,12 @@ pub async fn serve(
         &config.manifest.lanes,
         metrics.registry(),
     )?);
+    let routes = crate::router::Router::new(
+        Arc::clone(&indexer),
+        config.token_rules(),
+        &config.route,
+        metrics.route_decisions.clone(),
+    );
     let shared = Arc::new(IndexerState {
         access: Arc::clone(&access),
         labels: LaneLabels::all(&indexer),
@@ -186,9 +191,7 @@ pub async fn serve(
         relay_streams: Arc::new(Semaphore::new(config.limits.max_relay_streams as usize)),
         query_streams: Arc::new(Semaphore::new(config.limits.max_query_streams as usize)),
         shutdown: stop.clone(),
-        loads: Default::default(),
-        bookings: Default::default(),
-        route: config.route.clone(),
+        router: routes.clone(),
     });
     shared.metrics.observe_all(&indexer, &shared.labels);
 
@@ -371,7 +374,7 @@ pub async fn serve(
         metrics_addr,
         consumer_instance,
         indexer,
-        token_rules: config.token_rules(),
+        router: routes,
         shutdown: handle,
         task,
     })

@@ -39,12 +39,9 @@ pub struct IndexerState {
     pub access: Arc<crate::access::IndexerAccess>,
     /// Stops every stream and the servers.
     pub shutdown: Shutdown,
-    /// The newest load report of each lane (Relay `LoadReport`).
-    pub loads: std::sync::Mutex<ckf_core::route::LaneLoads>,
-    /// `Route` choices since each lane's last load report.
-    pub bookings: std::sync::Mutex<ckf_core::route::Bookings>,
-    /// `[route]`: the model and the configured round trips.
-    pub route: crate::config::RouteConfig,
+    /// `Route`: the kept load reports, the bookings, the `[route]` model and round trips
+    /// (shared with every [`crate::EmbeddedQuery`] of this indexer).
+    pub router: crate::router::Router,
 }
 
 impl IndexerState {

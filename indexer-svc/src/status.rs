@@ -23,6 +23,7 @@
 //! | query without the configured bearer token (`auth.query_token_file`) | `UNAUTHENTICATED` | - |
 //! | query longer than the limit | `INVALID_ARGUMENT` | - |
 //! | batch / stream message with more queries than `limits.max_query_batch`, or one of its queries longer than `limits.max_query_blocks` | `INVALID_ARGUMENT` (names the limit, the stream message's id and the query's index; ends a `FindMatchesStream`) | - |
+//! | `RouteBatch` with more requests than `limits.max_query_batch`, an answer that could exceed `limits.max_message_bytes`, or a request a unary `Route` refuses | `INVALID_ARGUMENT` (names the limit or the first refused request's index; nothing booked) | - |
 //! | `FindMatchesStream` open when the indexer shuts down | `UNAVAILABLE` | - |
 //! | `FindMatchesStream` opened while `limits.max_query_streams` are open | `RESOURCE_EXHAUSTED` (names the limit) | - |
 //! | token query: other block size, too many tokens, bad multimodal item | `INVALID_ARGUMENT` | - |
@@ -327,6 +328,30 @@ pub enum QueryError {
     /// A `FindMatchesByTokens` request broke a token-query rule (its message names the field).
     #[error("FindMatchesByTokens: {0}")]
     Tokens(#[from] TokenQueryError),
+    /// A request of a `RouteBatch` that a unary `Route` would refuse (the first one).
+    #[error("{at}: query #{index}: {error}")]
+    BatchQuery {
+        /// Which request.
+        at: BatchAt,
+        /// 0-based index of the first refused request.
+        index: usize,
+        /// Why it was refused.
+        error: Box<QueryError>,
+    },
+    /// A `RouteBatch` whose answer could exceed `limits.max_message_bytes` (checked before
+    /// anything is routed, against the largest answer of that many requests on these lanes).
+    #[error(
+        "RouteBatch: the answer of its {requests} requests could take up to {bytes} bytes \
+         (limits.max_message_bytes = {limit}); send fewer requests per message"
+    )]
+    RouteAnswerTooLarge {
+        /// Requests in it.
+        requests: usize,
+        /// The bound of its answer's encoded size.
+        bytes: u64,
+        /// The limit.
+        limit: u64,
+    },
     /// A `Route` request without its query.
     #[error("Route: RouteRequest.query is required (block hashes or token ids)")]
     RouteWithoutQuery,
@@ -357,6 +382,8 @@ pub enum BatchAt {
         /// The message's `id`.
         id: u64,
     },
+    /// A `RouteBatch` request.
+    RouteBatch,
 }
 
 impl std::fmt::Display for BatchAt {
@@ -364,6 +391,7 @@ impl std::fmt::Display for BatchAt {
         match self {
             BatchAt::Batch => f.write_str("FindMatchesBatch"),
             BatchAt::Stream { id } => write!(f, "FindMatchesStream message id {id}"),
+            BatchAt::RouteBatch => f.write_str("RouteBatch"),
         }
     }
 }
@@ -375,6 +403,8 @@ impl From<QueryError> for Status {
             | QueryError::TooManyQueries { .. }
             | QueryError::BatchQueryTooLong { .. }
             | QueryError::AnswerTooLarge { .. }
+            | QueryError::BatchQuery { .. }
+            | QueryError::RouteAnswerTooLarge { .. }
             | QueryError::RouteWithoutQuery
             | QueryError::RouteRtt { .. }
             | QueryError::Tokens(_) => Status::invalid_argument(error.to_string()),

@@ -138,3 +138,104 @@ async fn in_process_token_queries_follow_the_indexers_rules() {
         Err(TokenQueryError::TooManyTokens { .. })
     ));
 }
+
+/// dc-a and dc-b, both holding part of `chain`, with load reports of unequal capacities.
+async fn routed_pair(chain: &[u64]) -> (Indexer, Producer, Producer) {
+    let mut cfg = config(&["dc-a", "dc-b"]);
+    cfg.block_size = 4;
+    cfg.route.rtt_ms.insert("dc-b".into(), 3.0);
+    let indexer = Indexer::start(cfg).await;
+    let mut a = Producer::attach(&indexer, "dc-a", 1).await;
+    let mut b = Producer::attach(&indexer, "dc-b", 2).await;
+    a.store(1, &chain[..2]);
+    b.store(1, &chain[..5]);
+    a.snapshot(64 << 10).await;
+    b.snapshot(64 << 10).await;
+    a.stream.send(load_report(&a, 1, 0, 16_000.0)).await;
+    b.stream.send(load_report(&b, 1, 2, 4_000.0)).await;
+    kept(&indexer, "dc-a", 1).await;
+    kept(&indexer, "dc-b", 1).await;
+    (indexer, a, b)
+}
+
+#[tokio::test]
+async fn in_process_route_is_the_rpc_route_with_the_same_bookings() {
+    use indexer_svc::route::wire_answer;
+    use indexer_svc::router::RouteQuery;
+    let tokens: Vec<u32> = (0..26).map(|i| 900 + i * 7).collect();
+    let chain = sequence_hashes(&tokens, 4, BlockSeed::DEFAULT, &[]).unwrap();
+    // The same requests to two identically prepared indexers: to one all over gRPC, to the
+    // other alternately in-process and over gRPC. Every answer must be the same, so the
+    // in-process choices are booked where the RPC's next request sees them (and back).
+    let (all_rpc, _a1, _b1) = routed_pair(&chain).await;
+    let (mixed, _a2, _b2) = routed_pair(&chain).await;
+    let query = mixed.running.query_handle();
+    let by_tokens = TokenQuery {
+        token_ids: tokens.clone(),
+        ..TokenQuery::default()
+    };
+    let wire = |k: usize| v1::RouteRequest {
+        query: Some(if k % 4 < 2 {
+            v1::route_request::Query::Hashes(v1::FindMatchesRequest {
+                block_hashes: chain.clone(),
+            })
+        } else {
+            v1::route_request::Query::Tokens(v1::FindMatchesByTokensRequest {
+                token_ids: tokens.clone(),
+                ..Default::default()
+            })
+        }),
+        ..Default::default()
+    };
+    let mut lanes = Vec::new();
+    for k in 0..24 {
+        let expected = all_rpc.query().route(wire(k)).await.unwrap().into_inner();
+        let answer = if k % 2 == 0 {
+            let local = if k % 4 < 2 {
+                RouteQuery::by_hashes(chain.clone())
+            } else {
+                RouteQuery::by_tokens(by_tokens.clone())
+            };
+            let routed = query.route(&local).expect("routed");
+            wire_answer(query.indexer(), &routed)
+        } else {
+            mixed.query().route(wire(k)).await.unwrap().into_inner()
+        };
+        assert_eq!(
+            without_ages(answer),
+            without_ages(expected.clone()),
+            "request {k}"
+        );
+        lanes.push(expected.chosen_lane);
+    }
+    // Not a trivial answer: both DCs chosen, both with cached blocks and known loads.
+    assert!(lanes.contains(&0) && lanes.contains(&1), "{lanes:?}");
+    let first = all_rpc.query().route(wire(0)).await.unwrap().into_inner();
+    let depths: Vec<_> = first.ranked.iter().map(|d| (d.lane, d.depth)).collect();
+    assert!(
+        depths.contains(&(0, 2)) && depths.contains(&(1, 5)),
+        "{depths:?}"
+    );
+    assert!(
+        first
+            .ranked
+            .iter()
+            .all(|d| d.load_state() == v1::LoadState::Known)
+    );
+
+    // The handle refuses what the RPC refuses for token ids, and books nothing then.
+    let wrong = RouteQuery::by_tokens(TokenQuery {
+        block_size: Some(16),
+        ..by_tokens.clone()
+    });
+    assert!(matches!(
+        query.route(&wrong),
+        Err(TokenQueryError::BlockSizeMismatch { .. })
+    ));
+    let after = query.route(&RouteQuery::by_hashes(chain.clone())).unwrap();
+    let booked: u32 = after.ranked.iter().map(|d| d.input.booked).sum();
+    assert_eq!(
+        booked, 24,
+        "the 24 choices above, none for the refused request"
+    );
+}

@@ -3,23 +3,9 @@
 
 mod common;
 
-use ckf_proto::v1::{self, relay_frame::Frame as WireFrame};
+use ckf_proto::v1;
 use common::*;
 use tonic::Code;
-
-fn load_report(a: &Producer, sequence: u64, waiting: u32, capacity: f64) -> WireFrame {
-    WireFrame::Load(v1::LoadReport {
-        lease: a.wire_lease(),
-        sequence,
-        age_ms: 0,
-        engines_reporting: 1,
-        engines_configured: 1,
-        running: 3,
-        waiting,
-        kv_usage: 0.25,
-        prefill_tokens_per_s: capacity,
-    })
-}
 
 fn by_hashes(hashes: &[u64], request_tokens: u64) -> v1::RouteRequest {
     v1::RouteRequest {
@@ -29,18 +15,6 @@ fn by_hashes(hashes: &[u64], request_tokens: u64) -> v1::RouteRequest {
         request_tokens,
         rtt_ms: Default::default(),
     }
-}
-
-/// Waits until `dc` has had `n` load reports kept.
-async fn kept(indexer: &Indexer, dc: &str, n: u32) {
-    let line = format!("ckf_indexer_load_reports_total{{dc=\"{dc}\",outcome=\"kept\"}} {n}");
-    for _ in 0..250 {
-        if metrics_text(indexer).await.contains(&line) {
-            return;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-    panic!("{line} never in the metrics");
 }
 
 async fn route(indexer: &Indexer, request: v1::RouteRequest) -> v1::RouteResponse {
@@ -169,4 +143,175 @@ async fn bad_requests_are_invalid_arguments_and_no_ready_lane_chooses_nothing() 
     negative.rtt_ms.insert("dc-a".into(), -1.0);
     let status = client.route(negative).await.expect_err("negative rtt");
     assert_status(&status, Code::InvalidArgument, &["rtt_ms of dc-a is -1"]);
+}
+
+/// Two lanes with unequal capacities and nothing cached: a burst spreads between them.
+async fn spreading() -> (Indexer, Producer, Producer) {
+    let (indexer, a, b) = two_lanes(&[], 0, 0).await;
+    a.stream.send(load_report(&a, 1, 1, 16_384.0)).await;
+    b.stream.send(load_report(&b, 1, 0, 8_192.0)).await;
+    kept(&indexer, "dc-a", 1).await;
+    kept(&indexer, "dc-b", 1).await;
+    (indexer, a, b)
+}
+
+fn burst_request(h: &[u64]) -> v1::RouteRequest {
+    let mut r = by_hashes(h, 1_024);
+    r.rtt_ms.insert("dc-a".into(), 1.0);
+    r.rtt_ms.insert("dc-b".into(), 1.0);
+    r
+}
+
+async fn route_batch(
+    indexer: &Indexer,
+    requests: Vec<v1::RouteRequest>,
+) -> Result<Vec<v1::RouteResponse>, tonic::Status> {
+    Ok(indexer
+        .query()
+        .route_batch(v1::RouteBatchRequest { requests })
+        .await?
+        .into_inner()
+        .responses)
+}
+
+fn sample(text: &str, line: &str) -> Option<String> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(line))
+        .map(|v| v.trim().to_owned())
+}
+
+#[tokio::test]
+async fn a_batch_answers_and_books_exactly_as_the_same_unary_calls() {
+    let h = hashes(73, 2);
+    let (unary, _ua, _ub) = spreading().await;
+    let (batched, _ba, _bb) = spreading().await;
+    let mut one_by_one = Vec::new();
+    for _ in 0..100 {
+        one_by_one.push(without_ages(route(&unary, burst_request(&h)).await));
+    }
+    let requests = vec![burst_request(&h); 100];
+    let answers = route_batch(&batched, requests).await.expect("RouteBatch");
+    let answers: Vec<_> = answers.into_iter().map(without_ages).collect();
+    assert_eq!(answers.len(), 100);
+    assert_eq!(
+        answers, one_by_one,
+        "same choices, same order, same estimates"
+    );
+    // The bookings spread the burst (not all on one DC), and request k saw k earlier choices.
+    let chosen = |lane| answers.iter().filter(|r| r.chosen_lane == lane).count();
+    assert!(
+        chosen(0) > 0 && chosen(1) > 0,
+        "{} / {}",
+        chosen(0),
+        chosen(1)
+    );
+    for (k, r) in answers.iter().enumerate() {
+        let booked: u32 = r.ranked.iter().map(|d| d.booked).sum();
+        assert_eq!(booked as usize, k);
+    }
+    // Counted as the unary calls are: per request, and the decisions per DC.
+    let (u, b) = (metrics_text(&unary).await, metrics_text(&batched).await);
+    assert_eq!(
+        sample(&b, "ckf_indexer_queries_total{method=\"route_batch\"}").as_deref(),
+        Some("100")
+    );
+    assert_eq!(
+        sample(&u, "ckf_indexer_queries_total{method=\"route\"}").as_deref(),
+        Some("100")
+    );
+    for dc in ["dc-a", "dc-b"] {
+        let line = format!("ckf_indexer_route_decisions_total{{dc=\"{dc}\",reason=\"fastest\"}}");
+        assert_eq!(sample(&u, &line), sample(&b, &line), "{line}");
+        assert!(sample(&b, &line).is_some(), "{line}");
+    }
+}
+
+#[tokio::test]
+async fn a_batch_is_refused_whole_naming_the_limit_or_the_first_refused_request() {
+    let h = hashes(74, 2);
+    let mut cfg = config(&["dc-a", "dc-b"]);
+    cfg.limits.max_query_blocks = 4;
+    cfg.limits.max_query_batch = 400;
+    let indexer = Indexer::start(cfg).await;
+    let mut a = Producer::attach(&indexer, "dc-a", 1).await;
+    let mut b = Producer::attach(&indexer, "dc-b", 2).await;
+    a.snapshot(8192).await;
+    b.snapshot(8192).await;
+    let ok = || by_hashes(&h, 0);
+    let too_long = by_hashes(&hashes(74, 5), 0);
+    let mut negative = ok();
+    negative.rtt_ms.insert("dc-b".into(), -2.0);
+    let bad_tokens = v1::RouteRequest {
+        query: Some(v1::route_request::Query::Tokens(
+            v1::FindMatchesByTokensRequest {
+                token_ids: vec![1; 64],
+                block_size: 3,
+                ..Default::default()
+            },
+        )),
+        ..Default::default()
+    };
+    let cases: Vec<(Vec<v1::RouteRequest>, Vec<&str>)> = vec![
+        (
+            vec![ok(); 401],
+            vec![
+                "RouteBatch carries 401 queries",
+                "limits.max_query_batch = 400",
+            ],
+        ),
+        // 300 answers on two lanes could outgrow the tests' 64 KiB message limit.
+        (
+            vec![ok(); 300],
+            vec![
+                "RouteBatch: the answer of its 300 requests",
+                "limits.max_message_bytes = 65536",
+            ],
+        ),
+        (
+            vec![ok(), ok(), too_long.clone(), too_long],
+            vec![
+                "RouteBatch: query #2 carries 5 block hashes",
+                "limits.max_query_blocks = 4",
+            ],
+        ),
+        (
+            vec![ok(), v1::RouteRequest::default()],
+            vec!["RouteBatch: query #1: Route: RouteRequest.query is required"],
+        ),
+        (
+            vec![ok(), ok(), ok(), negative],
+            vec!["RouteBatch: query #3: Route: rtt_ms of dc-b is -2"],
+        ),
+        (
+            vec![bad_tokens],
+            vec!["RouteBatch: query #0: ", "block_size"],
+        ),
+    ];
+    let mut refused = 0;
+    for (requests, says) in cases {
+        refused += requests.len();
+        let status = route_batch(&indexer, requests).await.expect_err("refused");
+        assert_status(&status, Code::InvalidArgument, &says);
+    }
+    // Nothing was booked or counted as answered; every request of a refused batch was refused.
+    let text = metrics_text(&indexer).await;
+    assert_eq!(
+        sample(
+            &text,
+            "ckf_indexer_queries_refused_total{method=\"route_batch\"}"
+        ),
+        Some(refused.to_string())
+    );
+    assert!(
+        !text.contains("ckf_indexer_route_decisions_total{"),
+        "nothing chosen"
+    );
+    let r = route(&indexer, ok()).await;
+    assert!(r.ranked.iter().all(|d| d.booked == 0), "{r:?}");
+    // A batch within every limit is answered; an empty one with nothing.
+    assert_eq!(
+        route_batch(&indexer, vec![ok(); 200]).await.unwrap().len(),
+        200
+    );
+    assert!(route_batch(&indexer, vec![]).await.unwrap().is_empty());
 }

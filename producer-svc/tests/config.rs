@@ -373,3 +373,30 @@ fn off_loopback_ingest_needs_ingest_auth_or_insecure() {
         assert_eq!(config.exposure(), Ok(Exposure::Secure));
     });
 }
+
+#[test]
+fn the_standby_example_reports_its_engines_unequal_capacities() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/k8s/standby-dc-a/producer-dc-a-standby.yaml"
+    );
+    let yaml = std::fs::read_to_string(path).unwrap();
+    // The ConfigMap's producer.toml block (indented by four spaces).
+    let body: String = yaml
+        .lines()
+        .skip_while(|l| *l != "  producer.toml: |")
+        .skip(1)
+        .take_while(|l| l.is_empty() || l.starts_with("    "))
+        .map(|l| format!("{}\n", l.get(4..).unwrap_or("")))
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("producer.toml");
+    std::fs::write(&file, body).unwrap();
+    let c = load(&cli(&["--config", file.to_str().unwrap()]), "CKF_PT9_").expect("valid");
+    let engines: Vec<_> = c
+        .engines
+        .iter()
+        .map(|e| (e.worker_id, e.prefill_tokens_per_s, e.metrics_url.is_some()))
+        .collect();
+    assert_eq!(engines, [(1, 24_000, true), (2, 16_000, true)]);
+}

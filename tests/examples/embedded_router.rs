@@ -9,6 +9,10 @@
 //! - in-process, through `RunningIndexer::query_handle()` (no RPC at all);
 //! - over gRPC, `Query/FindMatches` on the same replica, one request in flight.
 //!
+//! Then it asks the routing question itself, "which DC should serve this request?" (cached
+//! prefix, load, round trip: `Query/Route`), the same two ways: in-process through
+//! `EmbeddedQuery::route` (the RPC's own code, bookings included) and over gRPC.
+//!
 //! Both must give the same answer for every query (the run fails otherwise). Latencies are
 //! per-call wall times recorded in HDR histograms, in nanoseconds.
 //!
@@ -22,6 +26,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use ckf_proto::v1::{self, ingest_client::IngestClient, query_client::QueryClient};
 use hdrhistogram::Histogram;
+use indexer_svc::route::wire_answer;
+use indexer_svc::router::RouteQuery;
 use indexer_svc::{EmbeddedQuery, IndexerConfig};
 use producer_svc::config::ProducerConfig;
 
@@ -117,7 +123,7 @@ fn depths(query: &EmbeddedQuery, hashes: &[u64]) -> Vec<(u8, u32)> {
 
 fn print_row(name: &str, h: &Histogram<u64>) {
     println!(
-        "  {name:<30} p50 {:>7} ns  p99 {:>7} ns  p99.9 {:>8} ns  ({} calls)",
+        "  {name:<31} p50 {:>7} ns  p99 {:>7} ns  p99.9 {:>8} ns  ({} calls)",
         h.value_at_quantile(0.50),
         h.value_at_quantile(0.99),
         h.value_at_quantile(0.999),
@@ -131,6 +137,8 @@ async fn main() -> anyhow::Result<()> {
     let lanes = ["dc-a", "dc-b"];
     let mut config = IndexerConfig::for_lanes(DOMAIN, &lanes);
     config.table.expected_blocks = args.chains * CHAIN_BLOCKS;
+    // dc-b is 40 ms from the router (dc-a the default 1 ms).
+    config.route.rtt_ms.insert("dc-b".into(), 40.0);
     let indexer = indexer_svc::serve(config, std::future::pending()).await?;
     let relay = format!("http://{}", indexer.grpc_addr);
     let query = indexer.query_handle();
@@ -196,6 +204,48 @@ async fn main() -> anyhow::Result<()> {
         }
     }
 
+    // Route: the producers here report no load (no engines), so every answer depends on the
+    // prefix and the round trips only, and an in-process answer must equal the RPC's (the
+    // bookings each adds do not move an unknown load's estimate).
+    let mut routed = Histogram::<u64>::new(3)?;
+    let mut routed_a = 0u64;
+    for probe in probes.iter().cycle().take(20_000) {
+        let request = RouteQuery::by_hashes(probe.clone());
+        let started = Instant::now();
+        let answer = query.route(&request)?;
+        routed.record((started.elapsed().as_nanos() as u64).max(1))?;
+        routed_a += u64::from(matches!(answer.choice, Some((0, _))));
+    }
+    let mut route_rpc = Histogram::<u64>::new(3)?;
+    for (i, probe) in probes.iter().cycle().take(2_000).enumerate() {
+        let started = Instant::now();
+        let response = client
+            .route(v1::RouteRequest {
+                query: Some(v1::route_request::Query::Hashes(v1::FindMatchesRequest {
+                    block_hashes: probe.clone(),
+                })),
+                ..Default::default()
+            })
+            .await?
+            .into_inner();
+        route_rpc.record((started.elapsed().as_nanos() as u64).max(1))?;
+        let local = wire_answer(
+            query.indexer(),
+            &query.route(&RouteQuery::by_hashes(probe.clone()))?,
+        );
+        let choice = |r: &v1::RouteResponse| {
+            let ranked: Vec<_> = r
+                .ranked
+                .iter()
+                .map(|d| (d.lane, d.depth, d.ttft_ms))
+                .collect();
+            (r.chosen_lane, r.reason, ranked)
+        };
+        if choice(&response) != choice(&local) {
+            bail!("route {i}: in-process and gRPC answers differ: {response:?} / {local:?}");
+        }
+    }
+
     println!(
         "embedded replica: 2 lanes, {} chains of {CHAIN_BLOCKS} blocks per DC, queries of {CHAIN_BLOCKS} blocks",
         args.chains
@@ -210,6 +260,12 @@ async fn main() -> anyhow::Result<()> {
         "  gRPC / in-process at p50: {:.0}x",
         rpc.value_at_quantile(0.5) as f64 / in_process.value_at_quantile(0.5).max(1) as f64
     );
+    println!(
+        "  Route chose dc-a for {:.1}% of in-process requests",
+        100.0 * routed_a as f64 / routed.len() as f64
+    );
+    print_row("in-process EmbeddedQuery::route", &routed);
+    print_row("gRPC Route (1 in flight)", &route_rpc);
 
     for producer in producers {
         producer.shutdown();

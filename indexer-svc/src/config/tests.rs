@@ -456,3 +456,40 @@ fn route_settings_are_read_from_the_file_and_checked() {
         Ok(())
     });
 }
+
+/// The TOML of the ConfigMap key `key` in the Kubernetes manifest `yaml` (a `key: |` block
+/// indented by four spaces), as a file in `dir`.
+fn config_map_file(yaml: &str, key: &str, dir: &std::path::Path) -> std::path::PathBuf {
+    let start = format!("  {key}: |");
+    let body: String = yaml
+        .lines()
+        .skip_while(|l| *l != start)
+        .skip(1)
+        .take_while(|l| l.is_empty() || l.starts_with("    "))
+        .map(|l| format!("{}\n", l.get(4..).unwrap_or("")))
+        .collect();
+    assert!(body.contains("[manifest]"), "{key} not found");
+    let path = dir.join(key);
+    std::fs::write(&path, body).unwrap();
+    path
+}
+
+#[test]
+fn the_deploy_examples_load_with_their_round_trips_and_capacity() {
+    let deploy = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy");
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = std::fs::read_to_string(format!("{deploy}/k8s/indexer.yaml")).unwrap();
+    let k8s = config_map_file(&yaml, "indexer.toml", dir.path());
+    let compose = format!("{deploy}/compose/indexer.toml");
+    for path in [compose.as_str(), k8s.to_str().unwrap()] {
+        let config = cli(&["--config", path]).load().expect(path);
+        let route = &config.route;
+        let rtt = |dc| route.rtt(dc).map(|d| d.as_secs_f64() * 1e3);
+        assert_eq!(
+            (rtt("dc-a"), rtt("dc-b"), rtt("dc-c")),
+            (Some(1.0), Some(40.0), Some(280.0)),
+            "{path}"
+        );
+        assert_eq!(route.default_prefill_tokens_per_s, 10_000.0, "{path}");
+    }
+}

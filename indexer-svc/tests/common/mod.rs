@@ -278,3 +278,38 @@ pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
 pub async fn metrics_text(indexer: &Indexer) -> String {
     http_get(indexer.running.metrics_addr, "/metrics").await
 }
+
+/// A load report of `a`'s pool: one engine, 3 running, `waiting` waiting, `capacity` tokens/s.
+pub fn load_report(a: &Producer, sequence: u64, waiting: u32, capacity: f64) -> WireFrame {
+    WireFrame::Load(v1::LoadReport {
+        lease: a.wire_lease(),
+        sequence,
+        age_ms: 0,
+        engines_reporting: 1,
+        engines_configured: 1,
+        running: 3,
+        waiting,
+        kv_usage: 0.25,
+        prefill_tokens_per_s: capacity,
+    })
+}
+
+/// Waits until `dc` has had `n` load reports kept (bounded wait, not a timing assertion).
+pub async fn kept(indexer: &Indexer, dc: &str, n: u32) {
+    let line = format!("ckf_indexer_load_reports_total{{dc=\"{dc}\",outcome=\"kept\"}} {n}");
+    for _ in 0..250 {
+        if metrics_text(indexer).await.contains(&line) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("{line} never in the metrics");
+}
+
+/// A Route answer without its load ages (the only field that moves with the clock alone).
+pub fn without_ages(mut r: v1::RouteResponse) -> v1::RouteResponse {
+    for dc in &mut r.ranked {
+        dc.load_age_ms = 0.0;
+    }
+    r
+}

@@ -1,0 +1,253 @@
+//! [`Router`]: the one path every Route takes: the unary `Query/Route`, each request of a
+//! `Query/RouteBatch` (in order, so request k sees the bookings of requests 0..k), and an
+//! embedded router's [`crate::EmbeddedQuery::route`]. It searches a request's prefix, then runs
+//! `ckf_core::route` over every ready lane with its kept load report, its bookings and its round
+//! trip, and books the choice on its lane until that lane's next load report. It owns the
+//! lanes' kept load reports and the bookings, so the Relay handler reports loads through it
+//! and every caller books on the same queues. No wire types: `crate::route` decodes, checks and
+//! translates for the RPCs.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ckf_core::global::GlobalCkfIndexer;
+use ckf_core::identity::LaneIndex;
+use ckf_core::route::{
+    Bookings, DcEstimate, DcInput, LaneLoads, LoadRefused, PoolLoad, Reason, RouteModel, route,
+};
+use ckf_core::tokens::{TokenQuery, TokenQueryError, TokenQueryRules};
+use prometheus::IntCounterVec;
+
+use crate::config::RouteConfig;
+
+/// A request's prefix: block hashes, or token ids hashed under the indexer's rules.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RoutePrefix {
+    /// 64-bit sequence block hashes in prefix order.
+    Hashes(Vec<u64>),
+    /// A request's token ids (hashed as `FindMatchesByTokens` hashes them).
+    Tokens(TokenQuery),
+}
+
+/// One Route request, decoded.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RouteQuery {
+    /// The request's prefix.
+    pub prefix: RoutePrefix,
+    /// Tokens the request prefills with nothing cached; 0 = the prefix's own: its token count,
+    /// or its blocks x block size for block hashes.
+    pub request_tokens: u64,
+    /// The router's own round trips, by DC id; a DC not named uses the configured one, a name
+    /// that is no DC of this indexer is ignored.
+    pub rtt: Vec<(String, Duration)>,
+}
+
+impl RouteQuery {
+    /// A query by block hashes, with the defaults (own token count, configured round trips).
+    pub fn by_hashes(block_hashes: Vec<u64>) -> Self {
+        Self {
+            prefix: RoutePrefix::Hashes(block_hashes),
+            request_tokens: 0,
+            rtt: Vec::new(),
+        }
+    }
+
+    /// A query by token ids, with the defaults (own token count, configured round trips).
+    pub fn by_tokens(tokens: TokenQuery) -> Self {
+        Self {
+            prefix: RoutePrefix::Tokens(tokens),
+            request_tokens: 0,
+            rtt: Vec::new(),
+        }
+    }
+}
+
+/// One ranked DC: the model's estimate and what it was made of.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RankedDc {
+    /// The estimate.
+    pub estimate: DcEstimate,
+    /// Its inputs: the depth, the kept load report with its age, the bookings before this
+    /// request.
+    pub input: DcInput,
+}
+
+/// A Route answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Routed {
+    /// Every lane ready at capture, fastest first.
+    pub ranked: Vec<RankedDc>,
+    /// The chosen lane and why; `None` with no ready lane.
+    pub choice: Option<(LaneIndex, Reason)>,
+    /// The ready lanes captured at the start of the search (bit i = lane i).
+    pub ready_mask: u16,
+    /// Blocks of the query (the hashes, or the token blocks).
+    pub blocks: usize,
+}
+
+/// The routing side of one indexer: the search, the kept load reports, the bookings and the
+/// model. Cheap to clone (shared state behind `Arc`s); every clone books on the same queues.
+#[derive(Debug, Clone)]
+pub struct Router {
+    indexer: Arc<GlobalCkfIndexer>,
+    token_rules: TokenQueryRules,
+    model: RouteModel,
+    /// The configured round trip of each lane's DC (`route.rtt_ms`), by lane.
+    rtts: Arc<[Option<Duration>]>,
+    loads: Arc<Mutex<LaneLoads>>,
+    bookings: Arc<Mutex<Bookings>>,
+    /// `ckf_indexer_route_decisions_total`.
+    decisions: IntCounterVec,
+}
+
+impl Router {
+    /// A router over `indexer`'s lanes, token queries under `token_rules`, the model and
+    /// round trips of `config`, choices counted in `decisions` (by `dc` and `reason`).
+    pub fn new(
+        indexer: Arc<GlobalCkfIndexer>,
+        token_rules: TokenQueryRules,
+        config: &RouteConfig,
+        decisions: IntCounterVec,
+    ) -> Self {
+        let rtts = (0..indexer.lane_count())
+            .map(|lane| {
+                let lane = LaneIndex::try_from(lane).expect("a manifest lane");
+                config.rtt(indexer.pool(lane).dc.as_str())
+            })
+            .collect();
+        Self {
+            indexer,
+            token_rules,
+            model: config.model(),
+            rtts,
+            loads: Arc::default(),
+            bookings: Arc::default(),
+            decisions,
+        }
+    }
+
+    /// The core consumer it searches.
+    pub fn indexer(&self) -> &Arc<GlobalCkfIndexer> {
+        &self.indexer
+    }
+
+    /// The block size and block limit of its token queries.
+    pub fn token_rules(&self) -> &TokenQueryRules {
+        &self.token_rules
+    }
+
+    /// Checks `query` as [`Router::route`] will (the token rules), without searching.
+    ///
+    /// # Errors
+    /// [`TokenQueryError`], as [`Router::route`].
+    pub fn check(&self, query: &RouteQuery) -> Result<(), TokenQueryError> {
+        match &query.prefix {
+            RoutePrefix::Hashes(_) => Ok(()),
+            RoutePrefix::Tokens(t) => t.lazy_sequence_hashes(&self.token_rules).map(drop),
+        }
+    }
+
+    /// Routes one request: searches its prefix, estimates every lane ready at capture with its
+    /// kept load report, its bookings and its round trip, ranks them, books the choice and
+    /// counts it in `ckf_indexer_route_decisions_total`. Reading the bookings, choosing and
+    /// booking hold one lock: concurrent requests each see the others' earlier choices.
+    ///
+    /// # Errors
+    /// [`TokenQueryError`] for a token query breaking the indexer's rules (another block size,
+    /// too many tokens, a bad multimodal item); nothing is booked.
+    pub fn route(&self, query: &RouteQuery) -> Result<Routed, TokenQueryError> {
+        let indexer = &self.indexer;
+        let block_size = self.token_rules.block_size;
+        let (found, query_tokens, blocks) = match &query.prefix {
+            RoutePrefix::Hashes(h) => (
+                indexer.find_prefix_matches(h),
+                h.len() as u64 * u64::from(block_size),
+                h.len(),
+            ),
+            RoutePrefix::Tokens(t) => {
+                let hashes = t.lazy_sequence_hashes(&self.token_rules)?;
+                let n = hashes.len();
+                let found = indexer.find_prefix_matches_by_tokens(hashes);
+                (found, t.token_ids.len() as u64, n)
+            }
+        };
+        let request_tokens = match query.request_tokens {
+            0 => query_tokens,
+            n => n,
+        };
+        let now = Instant::now();
+        let loads: Vec<_> = {
+            let loads = self.loads.lock().expect("lane loads");
+            found
+                .iter()
+                .map(|(lane, _)| loads.latest(lane, now))
+                .collect()
+        };
+        let mut bookings = self.bookings.lock().expect("bookings");
+        let dcs: Vec<DcInput> = found
+            .iter()
+            .zip(loads)
+            .map(|((lane, depth), load)| {
+                let dc = indexer.pool(lane).dc.as_str();
+                DcInput {
+                    lane,
+                    depth,
+                    block_size,
+                    rtt: query.rtt.iter().find(|(d, _)| d == dc).map(|(_, r)| *r),
+                    configured_rtt: self.rtts[usize::from(lane)],
+                    load,
+                    booked: bookings.booked(lane),
+                }
+            })
+            .collect();
+        let routed = route(&self.model, request_tokens, &dcs);
+        if let Some((lane, _)) = routed.choice {
+            bookings.book(lane);
+        }
+        drop(bookings);
+        if let Some((lane, reason)) = routed.choice {
+            self.decisions
+                .with_label_values(&[indexer.pool(lane).dc.as_str(), reason.label()])
+                .inc();
+        }
+        let ranked = routed
+            .ranked
+            .into_iter()
+            .map(|estimate| RankedDc {
+                estimate,
+                input: *dcs
+                    .iter()
+                    .find(|d| d.lane == estimate.lane)
+                    .expect("an input"),
+            })
+            .collect();
+        Ok(Routed {
+            ranked,
+            choice: routed.choice,
+            ready_mask: found.ready_mask(),
+            blocks,
+        })
+    }
+
+    /// Keeps a lane's load report (Relay `LoadReport`, [`LaneLoads::report`]); a kept report
+    /// counts the choices booked on the lane before it (its bookings start again from 0).
+    ///
+    /// # Errors
+    /// [`LoadRefused`]: an older or invalid report; nothing changes.
+    pub fn report_load(
+        &self,
+        lane: LaneIndex,
+        epoch: u64,
+        sequence: u64,
+        load: PoolLoad,
+        age: Duration,
+        now: Instant,
+    ) -> Result<(), LoadRefused> {
+        self.loads
+            .lock()
+            .expect("lane loads")
+            .report(lane, epoch, sequence, load, age, now)?;
+        self.bookings.lock().expect("bookings").reported(lane);
+        Ok(())
+    }
+}
