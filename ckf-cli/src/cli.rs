@@ -6,7 +6,7 @@ use clap::{Parser, Subcommand};
 
 use crate::bench::args::{LoadArgs, ReplayArgs, SimulateArgs};
 use crate::demo::DemoArgs;
-use crate::operator::args::{HealthArgs, LanesArgs, QueryArgs, SourceSequenceArgs};
+use crate::operator::args::{HealthArgs, LanesArgs, QueryArgs, RouteArgs, SourceSequenceArgs};
 use crate::operator::certs::CertsArgs;
 
 /// `ckf`: replay prefix-cache workloads through ckf-relay and inspect a running indexer.
@@ -32,6 +32,9 @@ pub enum Command {
     /// Prefix depth per DC for a block-hash sequence, or for a request's token ids (--tokens,
     /// --tokens-file: the indexer computes the canonical hashes, proto/TOKEN_HASH.md).
     Query(QueryArgs),
+    /// Which DC answers a request first (Query/Route): every ready DC's prefix, load, round trip
+    /// and expected time to first token, ranked, and the choice with its reason.
+    Route(RouteArgs),
     /// Load generator for the indexer's Query service: closed loop (N in flight over C
     /// connections) or open loop (--rate), unary / batch / stream / tokens / health; QPS, latency
     /// percentiles, errors by status, the indexer's CPU per query.

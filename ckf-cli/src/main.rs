@@ -24,6 +24,7 @@ fn main() -> std::process::ExitCode {
     let target = match &cli.command {
         Command::Replay(a) => Some((a.indexer.clone(), a.tls.cert.is_some())),
         Command::Query(a) => Some((a.indexer.clone(), a.tls.cert.is_some())),
+        Command::Route(a) => Some((a.query.indexer.clone(), a.query.tls.cert.is_some())),
         Command::Lanes(a) => Some((a.indexer.clone(), a.tls.cert.is_some())),
         Command::Load(a) => Some((a.indexer.clone(), a.tls.cert.is_some())),
         Command::SourceSequence(a) => Some((a.producer.clone(), a.tls.cert.is_some())),
@@ -35,6 +36,7 @@ fn main() -> std::process::ExitCode {
             Command::Replay(args) => replay::replay(args).await,
             Command::Simulate(args) => replay::simulate_cmd(args),
             Command::Query(args) => operator::query::query(args).await,
+            Command::Route(args) => operator::route::route(args).await,
             Command::Lanes(args) => operator::lanes::lanes(args).await,
             Command::Load(args) => ckf_cli::bench::load::run(args).await,
             Command::SourceSequence(args) => operator::source_sequence::source_sequence(args).await,

@@ -3,8 +3,9 @@
 //!
 //! | module | owns |
 //! | --- | --- |
-//! | [`args`] | the flags of `query`, `lanes`, `source-sequence`, `health` |
+//! | [`args`] | the flags of `query`, `route`, `lanes`, `source-sequence`, `health` |
 //! | [`query`] | `ckf query`: `FindMatches` by hashes or ids, `FindMatchesByTokens` by token ids |
+//! | [`route`] | `ckf route`: `Route`, the DCs ranked by expected time to first token |
 //! | [`lanes`] | `ckf lanes`: `ListLanes` |
 //! | [`source_sequence`] | `ckf source-sequence`: `GetSourceSequence` on a producer |
 //! | [`health`] | `ckf health`: `grpc.health.v1` check, exit code for scripts |
@@ -15,4 +16,5 @@ pub mod certs;
 pub mod health;
 pub mod lanes;
 pub mod query;
+pub mod route;
 pub mod source_sequence;

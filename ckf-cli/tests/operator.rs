@@ -1,5 +1,5 @@
 //! The operator's commands through the built binary against in-process services: `ckf lanes`,
-//! `ckf query` (raw hashes, `--ids`, and token ids), `ckf health`.
+//! `ckf query` (raw hashes, `--ids`, and token ids), `ckf route`, `ckf health`.
 
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -160,6 +160,47 @@ async fn lanes_query_and_health_against_running_services() {
     assert_eq!(depth_of(&raw, "dc-a"), Some(2));
     let bad = ckf(args(&["query", "--indexer", &indexer, "not-a-hash"])).await;
     assert!(!bad.status.success());
+
+    // `ckf route`: 4 blocks of 16 tokens, 3 cached at dc-a; no load reports (unknown load: no
+    // queue, 10,000 tokens/s) and the default 1 ms round trips: dc-a 1 + 1.6 ms, dc-b
+    // 1 + 6.4 ms. With the router 50 ms from dc-a, dc-b is the faster by more than the band.
+    let route = |extra: &[&str]| {
+        let mut list = args(&["route", "--indexer", &indexer, "--json", "--ids"]);
+        list.extend(args(extra));
+        list.extend(args(&["7", "8", "9", "10"]));
+        list
+    };
+    let answer = json(&ckf(route(&[])).await);
+    assert_eq!(
+        (answer["chosen"].as_str(), answer["reason"].as_str()),
+        (Some("dc-a"), Some("ROUTE_REASON_FASTEST")),
+        "{answer}"
+    );
+    let first = &answer["ranked"][0];
+    assert_eq!(
+        (first["dc"].as_str(), first["depth"].as_u64()),
+        (Some("dc-a"), Some(3))
+    );
+    assert_eq!(
+        (
+            first["cached_tokens"].as_u64(),
+            first["uncached_tokens"].as_u64()
+        ),
+        (Some(48), Some(16))
+    );
+    assert_eq!(first["load"], "LOAD_STATE_UNKNOWN");
+    assert!(
+        (first["ttft_ms"].as_f64().unwrap() - 2.6).abs() < 1e-6,
+        "{answer}"
+    );
+    let far = json(&ckf(route(&["--rtt-ms", "dc-a=50"])).await);
+    assert_eq!(far["chosen"], "dc-b", "{far}");
+    assert_eq!(far["ranked"][1]["rtt_from_request"], true, "{far}");
+    let text = ckf(args(&["route", "--indexer", &indexer, "--ids", "7", "8"])).await;
+    assert_exit(&text, 0);
+    assert!(String::from_utf8_lossy(&text.stdout).contains("route to dc-a"));
+    let bad = ckf(route(&["--rtt-ms", "dc-a=soon"])).await;
+    assert_exit(&bad, 2);
 
     // Health: SERVING -> 0; the producer too; nothing listening -> 2.
     let ok = ckf(args(&["health", "--endpoint", &indexer])).await;

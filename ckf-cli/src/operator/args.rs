@@ -56,6 +56,38 @@ pub struct QueryArgs {
     pub hashes: Vec<u64>,
 }
 
+/// `ckf route`: what `ckf query` asks, and the router's own round trips.
+#[derive(Debug, Clone, Args)]
+pub struct RouteArgs {
+    /// The request, as for `ckf query`.
+    #[command(flatten)]
+    pub query: QueryArgs,
+    /// The router's own round trip to a DC, DC=MS (repeatable); a DC not named uses the
+    /// indexer's configured round trip.
+    #[arg(long = "rtt-ms", value_name = "DC=MS", value_parser = parse_rtt)]
+    pub rtt_ms: Vec<(String, f64)>,
+    /// Tokens the request prefills with nothing cached (default: its token count, or its
+    /// blocks x the indexer's block size).
+    #[arg(long, value_name = "TOKENS")]
+    pub request_tokens: Option<u64>,
+}
+
+/// Parses `DC=MS` (a round trip in milliseconds, finite and >= 0).
+fn parse_rtt(s: &str) -> Result<(String, f64), String> {
+    let (dc, ms) = s
+        .split_once('=')
+        .ok_or_else(|| format!("`{s}`: expected DC=MS"))?;
+    let ms: f64 = ms
+        .parse()
+        .map_err(|_| format!("`{s}`: {ms} is not a number of milliseconds"))?;
+    if dc.is_empty() || !ms.is_finite() || ms < 0.0 {
+        return Err(format!(
+            "`{s}`: expected DC=MS with a DC id and a round trip >= 0"
+        ));
+    }
+    Ok((dc.to_owned(), ms))
+}
+
 /// Token ids parsed from `--tokens` or `--tokens-file` (clap needs one named type per value).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TokenList(pub Vec<u32>);

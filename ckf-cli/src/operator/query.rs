@@ -19,58 +19,22 @@ use crate::operator::args::{QueryArgs, parse_token_list};
 /// An unreadable or malformed tokens file, an unreachable indexer or a failed call (the
 /// indexer's `INVALID_ARGUMENT` message names a refused token query's fault).
 pub async fn query(args: QueryArgs) -> Result<()> {
-    let tokens = match (&args.tokens, &args.tokens_file) {
-        (Some(list), _) => Some(list.0.clone()),
-        (None, Some(path)) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("cannot read --tokens-file {}", path.display()))?;
-            let list = parse_token_list(&text)
-                .map_err(|e| anyhow!("--tokens-file {}: {e}", path.display()))?;
-            Some(list.0)
-        }
-        (None, None) => None,
-    };
+    let ask = Ask::of(&args)?;
     let token = token_of(args.token_file.as_deref())?;
     let tls = client_tls(&args.tls)?;
     let mut client = QueryClient::new(connect_with(&args.indexer, tls.as_ref()).await?);
-    let (count, unit, answer) = if let Some(token_ids) = tokens {
-        let request = FindMatchesByTokensRequest {
-            token_ids,
-            lora_name: args.lora.clone().unwrap_or_default(),
-            cache_salt: args.salt.clone().unwrap_or_default(),
-            multimodal: args
-                .multimodal
-                .iter()
-                .map(|m| MultimodalItem {
-                    identifier: m.identifier.clone(),
-                    offset: m.offset,
-                    length: m.length,
-                })
-                .collect(),
-            block_size: args.block_size.unwrap_or(0),
-        };
-        let count = request.token_ids.len();
-        let answer = client
+    let (count, unit) = (ask.count(), ask.unit());
+    let answer = match ask {
+        Ask::Tokens(request) => client
             .find_matches_by_tokens(with_bearer(Request::new(request), token.as_ref()))
             .await
             .context("FindMatchesByTokens")?
-            .into_inner();
-        (count, "tokens", answer)
-    } else {
-        let hashes = if args.ids {
-            block_hashes(&args.hashes)
-        } else {
-            args.hashes.clone()
-        };
-        let request = FindMatchesRequest {
-            block_hashes: hashes.clone(),
-        };
-        let answer = client
+            .into_inner(),
+        Ask::Hashes(request) => client
             .find_matches(with_bearer(Request::new(request), token.as_ref()))
             .await
             .context("FindMatches")?
-            .into_inner();
-        (hashes.len(), "blocks", answer)
+            .into_inner(),
     };
     if args.json {
         let lanes: Vec<_> = answer
@@ -92,4 +56,74 @@ pub async fn query(args: QueryArgs) -> Result<()> {
         println!("{:>4}  {:<16} {:>6}", m.lane, dc, m.depth);
     }
     Ok(())
+}
+
+/// What `ckf query` and `ckf route` ask about: a request's block hashes or its token ids.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Ask {
+    /// By block hashes (`FindMatches`).
+    Hashes(FindMatchesRequest),
+    /// By token ids (`FindMatchesByTokens`).
+    Tokens(FindMatchesByTokensRequest),
+}
+
+impl Ask {
+    /// The request the flags describe: `--tokens` / `--tokens-file`, else the hashes (chained
+    /// from trace ids with `--ids`).
+    ///
+    /// # Errors
+    /// An unreadable or malformed tokens file.
+    pub fn of(args: &QueryArgs) -> Result<Self> {
+        let tokens = match (&args.tokens, &args.tokens_file) {
+            (Some(list), _) => Some(list.0.clone()),
+            (None, Some(path)) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("cannot read --tokens-file {}", path.display()))?;
+                let list = parse_token_list(&text)
+                    .map_err(|e| anyhow!("--tokens-file {}: {e}", path.display()))?;
+                Some(list.0)
+            }
+            (None, None) => None,
+        };
+        Ok(match tokens {
+            Some(token_ids) => Ask::Tokens(FindMatchesByTokensRequest {
+                token_ids,
+                lora_name: args.lora.clone().unwrap_or_default(),
+                cache_salt: args.salt.clone().unwrap_or_default(),
+                multimodal: args
+                    .multimodal
+                    .iter()
+                    .map(|m| MultimodalItem {
+                        identifier: m.identifier.clone(),
+                        offset: m.offset,
+                        length: m.length,
+                    })
+                    .collect(),
+                block_size: args.block_size.unwrap_or(0),
+            }),
+            None => Ask::Hashes(FindMatchesRequest {
+                block_hashes: if args.ids {
+                    block_hashes(&args.hashes)
+                } else {
+                    args.hashes.clone()
+                },
+            }),
+        })
+    }
+
+    /// Tokens or blocks asked about.
+    pub fn count(&self) -> usize {
+        match self {
+            Ask::Hashes(r) => r.block_hashes.len(),
+            Ask::Tokens(r) => r.token_ids.len(),
+        }
+    }
+
+    /// `"blocks"` or `"tokens"`.
+    pub fn unit(&self) -> &'static str {
+        match self {
+            Ask::Hashes(_) => "blocks",
+            Ask::Tokens(_) => "tokens",
+        }
+    }
 }
