@@ -279,7 +279,7 @@ if grep -Eq '(^|[^0-9])[1-9][0-9]* unexplained' "$WORK/replay.out"; then
 fi
 log "ok: replay client finished with exit 0 and a report; best-DC agreement during/settled:" \
     "$(grep -E 'best-DC agreement' "$WORK/replay.out" | awk '{print $3}' | paste -sd/ -)," \
-    "ckf hit rate $(grep -E '^ *ckf .*index: indexer' "$WORK/replay.out" | awk '{print $2}' | head -n1)"
+    "deepest-prefix hit rate $(grep -E '^ *deepest-prefix .*index: indexer' "$WORK/replay.out" | awk '{print $2}' | head -n1)"
 
 # lanes_json > file: the indexer's lane table as JSON.
 lanes_json() { ckf_cli lanes --indexer "$INDEXER_URL" --json; }
@@ -349,6 +349,25 @@ PY
 
 wait_until 30 "lanes dc-a, dc-b, dc-c active" lanes_are dc-a=active dc-b=active dc-c=active
 show_lanes
+# Route: every active DC ranked with the round trips of [route] rtt_ms (no load reports: these
+# producers have no engines), the router's own round trip winning where it gives one.
+# shellcheck disable=SC2046
+ckf_cli route --indexer "$INDEXER_URL" --json --ids $(head -n1 "$WORK/probes.txt") >"$WORK/route.json" \
+    || fail "ckf route failed"
+# shellcheck disable=SC2046
+ckf_cli route --indexer "$INDEXER_URL" --json --rtt-ms dc-c=5 --ids $(head -n1 "$WORK/probes.txt") \
+    >"$WORK/route-own.json" || fail "ckf route --rtt-ms failed"
+"$PY" - "$WORK/route.json" "$WORK/route-own.json" <<'PY' || fail "Route answers disagree with [route]"
+import json, sys
+r, own = (json.load(open(p)) for p in sys.argv[1:])
+rtt = {d["dc"]: d["rtt_ms"] for d in r["ranked"]}
+assert rtt == {"dc-a": 1.0, "dc-b": 40.0, "dc-c": 280.0}, rtt
+assert r["chosen"] in rtt and r["reason"] != "ROUTE_REASON_NO_READY_DC", r
+assert all(d["load"] == "LOAD_STATE_UNKNOWN" for d in r["ranked"]), r
+c = [d for d in own["ranked"] if d["dc"] == "dc-c"][0]
+assert c["rtt_ms"] == 5.0 and c["rtt_from_request"], c
+PY
+log "ok: ckf route ranks dc-a, dc-b, dc-c with [route] rtt_ms (the request's own wins); chose $("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["chosen"])' "$WORK/route.json")"
 # The image's ckf over the wan network, as an operator would from inside the stack.
 docker exec "$(cid producer-dc-a)" ckf lanes --indexer https://indexer:7400 --json \
     --ca /etc/ckf/tls/ca.crt --cert /etc/ckf/tls/query.crt --key /etc/ckf/tls/query.key >"$WORK/lanes-in.json" \
