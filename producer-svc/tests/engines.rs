@@ -11,6 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use ckf_core::tokens::{BlockSeed, sequence_hashes};
 use ckf_proto::v1;
+use common::metric;
 use producer_svc::engines::config::EngineSpec;
 use producer_svc::{ProducerConfig, RunningProducer};
 use rmpv::Value as V;
@@ -282,22 +283,6 @@ async fn blocks(p: &RunningProducer, worker_id: u64, dp_rank: u32) -> Vec<u64> {
     .expect("GetMemberBlocks")
     .into_inner()
     .block_hashes
-}
-
-/// Sum of the samples of `name` whose labels include every `labels` pair.
-fn metric(p: &RunningProducer, name: &str, labels: &[(&str, &str)]) -> f64 {
-    p.metrics
-        .render()
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
-        .filter(|l| {
-            labels
-                .iter()
-                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 async fn eventually<F, Fut>(what: &str, mut check: F)

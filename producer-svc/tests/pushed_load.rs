@@ -10,26 +10,11 @@ use std::time::Duration;
 
 use ckf_proto::v1;
 use common::fake_relay::{FakeRelay, GrantConfig};
+use common::metric;
 use producer_svc::config::ingest_auth::{IngestAuthConfig, SourceAuth, WorkerEntry};
 use producer_svc::engines::config::EngineSpec;
 use producer_svc::{ProducerConfig, RunningProducer};
 use tonic::{Code, Request};
-
-/// Sum of the samples of `name` whose labels include every `labels` pair.
-fn metric(p: &RunningProducer, name: &str, labels: &[(&str, &str)]) -> f64 {
-    p.metrics
-        .render()
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
-        .filter(|l| {
-            labels
-                .iter()
-                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
 
 fn pushes(p: &RunningProducer, outcome: &str) -> f64 {
     metric(p, "ckf_producer_load_pushes_total", &[("outcome", outcome)])

@@ -16,6 +16,22 @@ use tonic::transport::Channel;
 
 use fake_relay::{FakeRelay, GrantConfig};
 
+/// Sum of the samples of `name` whose labels include every `labels` pair.
+pub fn metric(p: &RunningProducer, name: &str, labels: &[(&str, &str)]) -> f64 {
+    p.metrics
+        .render()
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
+        .filter(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 /// A producer on ephemeral loopback ports, publishing to `indexers`, with fast cadence and
 /// short backoff so tests run quickly.
 pub async fn start_producer(indexers: Vec<String>) -> RunningProducer {
