@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Worked example: drive ckf-relay with the standard Python gRPC client (grpcio).
 
-Stores a three-block prefix for one worker in DC "dc-a" through the producer's Ingest service,
-waits until the indexer's Query service sees it, then prints the per-DC prefix depths, the
-routing decision (Route) and the lane table. Stubs are generated on the fly from proto/ckf/v1/*.proto with grpcio-tools.
+Stores a three-block prefix for one worker in DC "dc-a" through the producer's Ingest service and
+pushes that worker's load (ReportLoad), waits until the indexer's Query service sees them, then
+prints the per-DC prefix depths, the routing decision (Route) and the lane table. Stubs are generated on the fly from proto/ckf/v1/*.proto with grpcio-tools.
 
 Before publishing, it asks the producer where its source stands (GetSourceSequence) and numbers
 its batches from there: a new source id (the default, fresh per run) starts at 1; an id given
@@ -131,6 +131,14 @@ def run():
     print("ingest:", result.events[0].status and pb["ingest"].EventStatus.Name(result.events[0].status),
           "applied", result.events[0].applied_blocks)
 
+    # The worker's load, pushed (for workers whose load the producer does not scrape): it enters
+    # the pool's load report to the indexer at the producer's next load interval.
+    pushed = ingest.ReportLoad(pb["ingest"].ReportLoadRequest(
+        source_id=source_id, worker_id=7, running=2, waiting=1, kv_usage=0.3,
+        prefill_tokens_per_s=20000.0), metadata=ingest_md)
+    print(f"load: pushed, counted at {pushed.prefill_tokens_per_s:.0f} tokens/s, "
+          f"known for {pushed.expires_in_ms} ms unless pushed again")
+
     request = pb["query"].FindMatchesRequest(block_hashes=blocks + [0x4444])
     deadline = time.time() + 10
     while True:
@@ -143,12 +151,20 @@ def run():
 
     # Which DC should serve it: expected time to first token per DC (prefix, load, round trip),
     # with this router's own round trip to dc-a (others: the indexer's configured ones).
-    routed = query.Route(pb["query"].RouteRequest(hashes=request, rtt_ms={"dc-a": 2.0}),
-                         metadata=query_md)
+    route_request = pb["query"].RouteRequest(hashes=request, rtt_ms={"dc-a": 2.0})
+    deadline = time.time() + 5
+    while True:  # until dc-a's load report (with the pushed load) reached the indexer
+        routed = query.Route(route_request, metadata=query_md)
+        known = [d for d in routed.ranked if d.pool.dc == "dc-a"
+                 and d.load_state == pb["query"].LoadState.Value("LOAD_STATE_KNOWN")]
+        if known or time.time() > deadline:
+            break
+        time.sleep(0.1)
     for d in routed.ranked:
         print(f"route {d.pool.dc}: ttft {d.ttft_ms:.1f} ms = rtt {d.rtt_ms:.1f} + queue "
               f"{d.queue_ms:.1f} + prefill {d.prefill_ms:.1f} (cached {d.cached_tokens} tokens, "
-              f"load {pb['query'].LoadState.Name(d.load_state)})")
+              f"load {pb['query'].LoadState.Name(d.load_state)}: {d.running} running, "
+          f"{d.waiting} waiting)")
     print(f"route: choose {routed.chosen.dc or '-'} "
           f"({pb['query'].RouteReason.Name(routed.reason)})")
 

@@ -13,7 +13,8 @@
 //!   engine, so that push is refused. Its configured `prefill_tokens_per_s` wins when not 0;
 //!   else the pushed one.
 //! * **Any other worker** gets a pushed share of its own, with the pushed capacity (absent: 0,
-//!   not known, adding nothing to the pool's capacity, like an engine configured without one).
+//!   not known: it counts at the mean capacity per engine of those with one, like an engine
+//!   configured without one; [`PoolLoad::from_engines`]).
 //!   It counts among the pool's configured engines from its first accepted push until it is
 //!   forgotten ([`FORGET_AFTER_TTLS`] times the time to live after its last observation).
 //! * **Expiry.** A pushed share is known for its time to live (`engine.pushed_load_ttl_ms`)
@@ -47,8 +48,10 @@ pub struct PushLimits {
 pub struct ConfiguredEngine {
     /// Its worker id.
     pub worker_id: u64,
-    /// Its configured prefill capacity, tokens/s (0: not configured).
+    /// Its configured prefill capacity, tokens/s, all its ranks together (0: not configured).
     pub prefill_tokens_per_s: f64,
+    /// Its data-parallel ranks (`dp_size`, at least 1).
+    pub ranks: u32,
     /// Whether its load is scraped from its metrics (then it cannot be pushed).
     pub scraped: bool,
 }
@@ -277,6 +280,7 @@ impl PoolShares {
             let share = EngineShare {
                 load: known.map(|r| r.load),
                 prefill_tokens_per_s: slot.capacity(),
+                ranks: slot.engine.ranks.max(1),
             };
             (share, known.map(|r| r.observed))
         });
@@ -289,6 +293,7 @@ impl PoolShares {
                 let share = EngineShare {
                     load: known.map(|r| r.load),
                     prefill_tokens_per_s: p.prefill_tokens_per_s,
+                    ranks: 1,
                 };
                 (share, known.map(|r| r.observed))
             });

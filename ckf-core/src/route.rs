@@ -17,13 +17,15 @@
 //!   configured one for `d`, else [`RouteModel::default_rtt`].
 //! - `capacity_d`: the prefill tokens/s of `d`'s pool, from its load report; without a usable
 //!   report, [`RouteModel::default_prefill_tokens_per_s`].
-//! - `engines_d`: the engines whose load is in that report (1 without one). The pool's queue
+//! - `engines_d`: the engines whose load is in that report (1 without one, or when it has no
+//!   capacity: then one engine of the default). The pool's queue
 //!   drains at the whole pool's rate, but one request is prefilled by one engine, at its share
 //!   of the capacity: in a pool of four engines a request's uncached tokens take four times
 //!   what the pool's capacity alone would say.
 //! - `waiting_d`: requests queued at the pool's engines, from its load report.
-//! - `booked_d`: requests this indexer sent to `d` since that report ([`Bookings`]): a burst of
-//!   one hot prefix spreads as the model says instead of all landing on the deepest DC.
+//! - `booked_d`: requests this indexer sent to `d` after that report's observation
+//!   ([`Bookings`]): a burst of one hot prefix spreads as the model says instead of all landing
+//!   on the deepest DC.
 //! - `queued_request_tokens`: the prefill work one queued request stands for
 //!   ([`RouteModel::queued_request_tokens`]).
 //!
@@ -111,27 +113,43 @@ pub struct EngineLoad {
 pub struct EngineShare {
     /// Its last load; `None` when unknown (its scrape failed, or it is down).
     pub load: Option<EngineLoad>,
-    /// Its configured prefill capacity, tokens/s (0: not configured; it then adds nothing to
-    /// the pool's capacity).
+    /// Its configured prefill capacity, tokens/s, all its ranks together (0: not configured).
     pub prefill_tokens_per_s: f64,
+    /// Its data-parallel ranks (at least 1): each prefills its own requests, so the engine
+    /// counts as that many in [`PoolLoad::engines_reporting`] and [`PoolLoad::engines_configured`].
+    pub ranks: u32,
 }
 
 impl PoolLoad {
     /// A pool's load from its engines' shares: requests summed and KV-cache usage averaged
-    /// over the engines that reported, the capacity theirs; an engine without a load counts
-    /// among the configured only (its share is unknown, never zero). `None` when none reported.
+    /// over the engines that reported, the capacity theirs, engines counted by their
+    /// data-parallel ranks; an engine without a load counts among the configured only (its
+    /// share is unknown, never zero). A reporting engine without a configured capacity counts
+    /// at the mean capacity per rank of those with one (so capacity / engines stays one rank's
+    /// share); when none has one the pool's capacity is 0 (not known). `None` when none
+    /// reported.
     pub fn from_engines(shares: &[EngineShare]) -> Option<PoolLoad> {
-        let reporting: Vec<(EngineLoad, f64)> = shares
+        let ranks = |s: &EngineShare| u64::from(s.ranks.max(1));
+        let reporting: Vec<(EngineLoad, &EngineShare)> = shares
             .iter()
-            .filter_map(|s| s.load.map(|l| (l, s.prefill_tokens_per_s)))
+            .filter_map(|s| s.load.map(|l| (l, s)))
             .collect();
         if reporting.is_empty() {
             return None;
         }
         let n = reporting.len();
+        let engines: u64 = reporting.iter().map(|(_, s)| ranks(s)).sum();
+        let count = |x: u64| u32::try_from(x).unwrap_or(u32::MAX);
+        // Capacity per rank of the engines that have one; the others count at its mean.
+        let known = reporting
+            .iter()
+            .filter(|(_, s)| s.prefill_tokens_per_s.is_finite() && s.prefill_tokens_per_s > 0.0);
+        let (known_capacity, known_ranks) = known.fold((0.0, 0_u64), |(c, r), (_, s)| {
+            (c + s.prefill_tokens_per_s, r + ranks(s))
+        });
         Some(PoolLoad {
-            engines_reporting: u32::try_from(n).unwrap_or(u32::MAX),
-            engines_configured: u32::try_from(shares.len()).unwrap_or(u32::MAX),
+            engines_reporting: count(engines),
+            engines_configured: count(shares.iter().map(ranks).sum()),
             running: reporting
                 .iter()
                 .fold(0_u32, |sum, (l, _)| sum.saturating_add(l.running)),
@@ -139,7 +157,11 @@ impl PoolLoad {
                 .iter()
                 .fold(0_u32, |sum, (l, _)| sum.saturating_add(l.waiting)),
             kv_usage: reporting.iter().map(|(l, _)| l.kv_usage).sum::<f64>() / n as f64,
-            prefill_tokens_per_s: reporting.iter().map(|(_, c)| c).sum(),
+            prefill_tokens_per_s: if known_ranks == 0 {
+                0.0
+            } else {
+                known_capacity * engines as f64 / known_ranks as f64
+            },
         })
     }
 }
@@ -277,12 +299,16 @@ fn estimate(model: &RouteModel, request_tokens: u64, dc: &DcInput) -> DcEstimate
         LoadState::Known(_) => dc.load.map(|(report, _)| report),
         _ => None,
     };
-    let capacity = report
-        .map(|r| r.prefill_tokens_per_s)
-        .filter(|c| c.is_finite() && *c > 0.0)
-        .unwrap_or(model.default_prefill_tokens_per_s);
+    // The report's capacity over its engines; without a usable one, one engine of the default.
+    let (capacity, engines) = report
+        .filter(|r| r.prefill_tokens_per_s.is_finite() && r.prefill_tokens_per_s > 0.0)
+        .map_or((model.default_prefill_tokens_per_s, 1.0), |r| {
+            (
+                r.prefill_tokens_per_s,
+                f64::from(r.engines_reporting.max(1)),
+            )
+        });
     let queued = report.map_or(0.0, |r| f64::from(r.waiting) + f64::from(dc.booked));
-    let engines = report.map_or(1.0, |r| f64::from(r.engines_reporting.max(1)));
     let queue = seconds(queued * model.queued_request_tokens / capacity);
     let prefill = seconds(uncached_tokens as f64 * engines / capacity);
     let rtt = dc.rtt.or(dc.configured_rtt).unwrap_or(model.default_rtt);
@@ -311,32 +337,47 @@ fn seconds(s: f64) -> Duration {
     }
 }
 
-/// Requests sent to each lane since its last load report: added to that lane's queue until a
-/// newer report covers them. Per indexer replica (each books its own choices).
+/// Requests sent to each lane that its latest load report cannot count yet: made after that
+/// report's observation. Added to the lane's queue until a report observed after them arrives
+/// (a report re-sending an older observation covers only the choices made before it). Per
+/// indexer replica (each books its own choices). At most [`Bookings::MAX_PER_LANE`] are kept per
+/// lane; beyond, the oldest are forgotten.
 #[derive(Debug, Clone, Default)]
 pub struct Bookings {
-    booked: Vec<u32>,
+    booked: Vec<std::collections::VecDeque<Instant>>,
 }
 
 impl Bookings {
-    /// Requests booked on `lane` since its last report.
+    /// Most bookings kept per lane.
+    pub const MAX_PER_LANE: usize = 1 << 16;
+
+    /// Requests booked on `lane` that no report has counted.
     pub fn booked(&self, lane: LaneIndex) -> u32 {
-        self.booked.get(usize::from(lane)).copied().unwrap_or(0)
+        self.booked
+            .get(usize::from(lane))
+            .map_or(0, |b| u32::try_from(b.len()).unwrap_or(u32::MAX))
     }
 
-    /// A request was sent to `lane`.
-    pub fn book(&mut self, lane: LaneIndex) {
+    /// A request was sent to `lane` at `at`.
+    pub fn book(&mut self, lane: LaneIndex, at: Instant) {
         let i = usize::from(lane);
         if self.booked.len() <= i {
-            self.booked.resize(i + 1, 0);
+            self.booked.resize_with(i + 1, Default::default);
         }
-        self.booked[i] = self.booked[i].saturating_add(1);
+        let lane = &mut self.booked[i];
+        if lane.len() == Self::MAX_PER_LANE {
+            lane.pop_front();
+        }
+        lane.push_back(at);
     }
 
-    /// A newer load report of `lane` arrived: it counts the requests booked before it.
-    pub fn reported(&mut self, lane: LaneIndex) {
+    /// A load report of `lane` observed at `observed_at` was kept: it counts the requests
+    /// booked at or before then.
+    pub fn reported(&mut self, lane: LaneIndex, observed_at: Instant) {
         if let Some(b) = self.booked.get_mut(usize::from(lane)) {
-            *b = 0;
+            while b.front().is_some_and(|&at| at <= observed_at) {
+                b.pop_front();
+            }
         }
     }
 }

@@ -202,7 +202,7 @@ impl Router {
             .collect();
         let routed = route(&self.model, request_tokens, &dcs);
         if let Some((lane, _)) = routed.choice {
-            bookings.book(lane);
+            bookings.book(lane, now);
         }
         drop(bookings);
         if let Some((lane, reason)) = routed.choice {
@@ -230,7 +230,8 @@ impl Router {
     }
 
     /// Keeps a lane's load report (Relay `LoadReport`, [`LaneLoads::report`]); a kept report
-    /// counts the choices booked on the lane before it (its bookings start again from 0).
+    /// counts the choices booked on the lane up to its observation (received `now` minus its
+    /// age): those leave the lane's bookings, later ones stay.
     ///
     /// # Errors
     /// [`LoadRefused`]: an older or invalid report; nothing changes.
@@ -247,7 +248,13 @@ impl Router {
             .lock()
             .expect("lane loads")
             .report(lane, epoch, sequence, load, age, now)?;
-        self.bookings.lock().expect("bookings").reported(lane);
+        // An observation older than this process's clock can count no booking of it.
+        if let Some(observed_at) = now.checked_sub(age) {
+            self.bookings
+                .lock()
+                .expect("bookings")
+                .reported(lane, observed_at);
+        }
         Ok(())
     }
 }

@@ -269,6 +269,9 @@ pub fn serve(
     let mut returns: Vec<BinaryHeap<Reverse<u64>>> = vec![BinaryHeap::new(); dcs];
     let mut observed: Vec<Option<(PoolLoad, f64)>> = vec![None; dcs];
     let mut bookings = Bookings::default();
+    // The route model's clock: sim time t is `origin + t`.
+    let origin = std::time::Instant::now();
+    let instant = |t: f64| origin + Duration::from_secs_f64(t.max(0.0));
     let mut next_observation = interval;
     let (mut requested, mut reused) = (0u64, 0u64);
     let mut ttfts = Vec::with_capacity(requests.len());
@@ -280,7 +283,7 @@ pub fn serve(
             for (dc, seen) in observed.iter_mut().enumerate() {
                 let pool = &mut engines[dc * per_dc..(dc + 1) * per_dc];
                 *seen = observe(&fleet, dc, pool, model.dcs[dc], at).map(|load| (load, at));
-                bookings.reported(lane(dc));
+                bookings.reported(lane(dc), instant(at));
             }
             next_observation = at + interval;
         }
@@ -316,7 +319,7 @@ pub fn serve(
             in_flight: &in_flight,
             fastest,
         });
-        bookings.book(lane(dc));
+        bookings.book(lane(dc), instant(now));
         let result = fleet.serve(dc, hashes);
         requested += result.requested as u64;
         reused += result.reused as u64;
@@ -383,6 +386,7 @@ fn observe(
                     kv_usage: fleet.rank_len(rank_id) as f64 / capacity,
                 }),
                 prefill_tokens_per_s: rate,
+                ranks: 1,
             }
         })
         .collect();

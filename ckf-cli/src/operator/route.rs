@@ -52,7 +52,8 @@ pub async fn route(args: RouteArgs) -> Result<()> {
                     "cached_tokens": d.cached_tokens, "uncached_tokens": d.uncached_tokens,
                     "rtt_ms": d.rtt_ms, "rtt_from_request": d.rtt_from_request,
                     "load": d.load_state().as_str_name(), "load_age_ms": d.load_age_ms,
-                    "running": d.running, "waiting": d.waiting, "booked": d.booked,
+                    "running": d.running, "waiting": d.waiting, "kv_usage": d.kv_usage,
+                    "booked": d.booked,
                     "prefill_tokens_per_s": d.prefill_tokens_per_s,
                     "queue_ms": d.queue_ms, "prefill_ms": d.prefill_ms, "ttft_ms": d.ttft_ms,
                 })

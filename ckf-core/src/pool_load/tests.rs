@@ -14,6 +14,7 @@ fn engine(worker_id: u64, capacity: f64, scraped: bool) -> ConfiguredEngine {
     ConfiguredEngine {
         worker_id,
         prefill_tokens_per_s: capacity,
+        ranks: 1,
         scraped,
     }
 }

@@ -178,7 +178,7 @@ fn a_burst_inside_one_load_interval_is_spread_as_the_model_predicts() {
             })
             .collect();
         let (lane, _) = route(&model, 1_024, &dcs).choice.expect("a choice");
-        bookings.book(lane);
+        bookings.book(lane, Instant::now());
         chosen[usize::from(lane)] += 1;
         // (b0 + 1) / 16384 <= (b1 + 1) / 8192  <=>  (b0 + 1) <= 2 (b1 + 1)
         let by_hand = usize::from(predicted[0] + 1 > 2 * (predicted[1] + 1));
@@ -186,9 +186,41 @@ fn a_burst_inside_one_load_interval_is_spread_as_the_model_predicts() {
     }
     assert_eq!(chosen, predicted);
     assert_eq!(chosen, [67, 33], "two to one, as the capacities");
-    // A newer report covers what was booked.
-    bookings.reported(0);
+    // A report observed after the bookings covers them.
+    bookings.reported(0, Instant::now());
     assert_eq!((bookings.booked(0), bookings.booked(1)), (0, 33));
+}
+
+#[test]
+fn a_report_covers_only_the_bookings_made_before_its_observation() {
+    let t0 = Instant::now();
+    let at = |ms: u64| t0 + Duration::from_millis(ms);
+    let mut bookings = Bookings::default();
+    for ms in [10, 20, 30] {
+        bookings.book(1, at(ms));
+    }
+    assert_eq!((bookings.booked(0), bookings.booked(1)), (0, 3));
+    // A report observed at 5 ms (received later, or re-sent): nothing it could count.
+    bookings.reported(1, at(5));
+    assert_eq!(bookings.booked(1), 3);
+    // Observed at 20 ms: the two made by then.
+    bookings.reported(1, at(20));
+    assert_eq!(bookings.booked(1), 1);
+    bookings.reported(0, at(1_000));
+    assert_eq!(
+        bookings.booked(1),
+        1,
+        "another lane's report changes nothing"
+    );
+    // The bound: the oldest are forgotten.
+    for i in 0..Bookings::MAX_PER_LANE as u64 + 5 {
+        bookings.book(2, at(100 + i));
+    }
+    assert_eq!(bookings.booked(2) as usize, Bookings::MAX_PER_LANE);
+    bookings.reported(2, at(104));
+    assert_eq!(bookings.booked(2) as usize, Bookings::MAX_PER_LANE);
+    bookings.reported(2, at(105));
+    assert_eq!(bookings.booked(2) as usize, Bookings::MAX_PER_LANE - 1);
 }
 
 #[test]
@@ -221,6 +253,7 @@ fn a_pool_load_counts_what_its_engines_reported_and_only_that() {
     let share = |load, capacity| EngineShare {
         load,
         prefill_tokens_per_s: capacity,
+        ranks: 1,
     };
     let busy = EngineLoad {
         running: 8,
@@ -398,4 +431,50 @@ fn a_deeper_prefix_within_the_band_of_the_fastest_is_chosen() {
         ],
     );
     assert_eq!(r.choice, Some((0, Reason::Fastest)));
+}
+
+#[test]
+fn an_engine_without_a_capacity_counts_at_the_mean_of_the_others() {
+    let share = |capacity: f64| EngineShare {
+        load: Some(EngineLoad {
+            running: 1,
+            waiting: 1,
+            kv_usage: 0.5,
+        }),
+        prefill_tokens_per_s: capacity,
+        ranks: 1,
+    };
+    // 20,000 + 10,000 known, one unknown: 45,000 over three engines, 15,000 each.
+    let pool = PoolLoad::from_engines(&[share(20_000.0), share(0.0), share(10_000.0)]).unwrap();
+    assert_eq!(
+        (pool.engines_reporting, pool.prefill_tokens_per_s),
+        (3, 45_000.0)
+    );
+    // None known: 0, and the route model then takes one engine of the default capacity.
+    // An engine of two data-parallel ranks counts as two: 20,000 tokens/s over 2 ranks plus
+    // one rank without a capacity at 10,000.
+    let dp = EngineShare {
+        ranks: 2,
+        ..share(20_000.0)
+    };
+    let pool = PoolLoad::from_engines(&[dp, share(0.0)]).unwrap();
+    assert_eq!(
+        (
+            pool.engines_reporting,
+            pool.engines_configured,
+            pool.prefill_tokens_per_s
+        ),
+        (3, 3, 30_000.0)
+    );
+    let none = PoolLoad::from_engines(&[share(0.0), share(0.0)]).unwrap();
+    assert_eq!(none.prefill_tokens_per_s, 0.0);
+    let model = RouteModel::default();
+    let dcs = [DcInput {
+        load: Some((none, Duration::ZERO)),
+        ..dc(0, 0)
+    }];
+    let r = route(&model, 1_000, &dcs);
+    // 1 ms + (2 waiting x 1,024) / 10,000 s + 1,000 / 10,000 s.
+    assert_eq!(r.ranked[0].prefill, secs(0.1));
+    assert_eq!(r.ranked[0].ttft, MS + secs(0.2048) + secs(0.1));
 }

@@ -41,6 +41,7 @@ impl LoadBoard {
             .map(|s| ConfiguredEngine {
                 worker_id: s.worker_id,
                 prefill_tokens_per_s: s.prefill_tokens_per_s as f64,
+                ranks: s.dp_size.max(1),
                 scraped: s.metrics_url.is_some(),
             })
             .collect();
