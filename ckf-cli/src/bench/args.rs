@@ -59,15 +59,15 @@ pub struct ServingArgs {
     #[arg(long, value_delimiter = ',', value_name = "MS,...")]
     pub dc_rtt_ms: Vec<f64>,
     /// Replay arrivals this many times faster than the workload's timestamps.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     pub speed: f64,
     /// How often each pool's load is observed for expected-ttft, milliseconds.
-    #[arg(long, default_value_t = 1_000.0, value_name = "MS")]
+    #[arg(long, default_value_t = 1_000.0, value_name = "MS", allow_negative_numbers = true)]
     pub load_interval_ms: f64,
     /// The route model's prefill work of one queued request, tokens [default: the workload's
     /// mean prompt length, as an operator would set `route.queued_request_tokens` from their
     /// traffic].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub queued_request_tokens: Option<f64>,
 }
 
@@ -105,7 +105,7 @@ impl ServingArgs {
         model.queued_request_tokens = self.queued_request_tokens.unwrap_or_else(|| {
             let mean = requests.iter().map(|r| r.input_length as f64).sum::<f64>()
                 / requests.len().max(1) as f64;
-            mean.max(1.0)
+            mean.clamp(1.0, 1e9)
         });
         model.validate(dcs)?;
         Ok(model)

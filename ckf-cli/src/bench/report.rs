@@ -149,12 +149,16 @@ impl ServingComparison {
             m.load_interval_ms
         )?;
         let capacity: f64 = m.dcs.iter().map(|d| d.prefill_tokens_per_s).sum();
-        writeln!(
-            out,
-            "  offered {:.0} prompt tokens/s, {:.0}% of the fleet's prefill capacity before cache hits",
-            self.offered_tokens_per_s,
-            100.0 * self.offered_tokens_per_s / capacity
-        )?;
+        if self.offered_tokens_per_s > 0.0 {
+            writeln!(
+                out,
+                "  offered {:.0} prompt tokens/s, {:.0}% of the fleet's prefill capacity before cache hits",
+                self.offered_tokens_per_s,
+                100.0 * self.offered_tokens_per_s / capacity
+            )?;
+        } else {
+            writeln!(out, "  offered: every request at once (no time span)")?;
+        }
         writeln!(
             out,
             "  {:<15} {:>8} {:>9} {:>9} {:>9} {:>9}  share / peak queue per DC",

@@ -101,7 +101,7 @@ pub const DEFAULT_RTT_MS: (f64, f64, f64) = (2.0, 40.0, 280.0);
 pub const DEFAULT_QUEUED_REQUEST_TOKENS: f64 = 4_096.0;
 
 /// Prompt tokens per second the workload offers at `speed` (all its prompt tokens over the
-/// span of its timestamps; 0 for a workload within one millisecond).
+/// span of its timestamps); 0 for a workload without a time span (every request at once).
 pub fn offered_tokens_per_s(requests: &[Request], speed: f64) -> f64 {
     let (Some(first), Some(last)) = (requests.first(), requests.last()) else {
         return 0.0;
@@ -151,25 +151,25 @@ impl ServingModel {
                 self.dcs.len()
             ));
         }
-        let positive = |name: &str, v: f64| {
-            if v.is_finite() && v > 0.0 {
+        let within = |name: &str, v: f64, min: f64, max: f64| {
+            if v.is_finite() && (min..=max).contains(&v) {
                 Ok(())
             } else {
-                Err(format!("{name} = {v}: must be a finite number above 0"))
+                Err(format!("{name} = {v}: must be a number in {min}..={max}"))
             }
         };
         for dc in &self.dcs {
-            positive("prefill tokens/s", dc.prefill_tokens_per_s)?;
-            if !(dc.rtt_ms.is_finite() && dc.rtt_ms >= 0.0) {
-                return Err(format!(
-                    "round trip = {} ms: must be a finite number >= 0",
-                    dc.rtt_ms
-                ));
-            }
+            within("prefill tokens/s", dc.prefill_tokens_per_s, 1.0, 1e12)?;
+            within("round trip (ms)", dc.rtt_ms, 0.0, 3.6e6)?;
         }
-        positive("speed", self.speed)?;
-        positive("load interval (ms)", self.load_interval_ms)?;
-        positive("queued request tokens", self.queued_request_tokens)
+        within("speed", self.speed, 1e-3, 1e6)?;
+        within("load interval (ms)", self.load_interval_ms, 1.0, 3.6e6)?;
+        within(
+            "queued request tokens",
+            self.queued_request_tokens,
+            1.0,
+            1e9,
+        )
     }
 
     fn route_model(&self) -> RouteModel {
@@ -271,15 +271,23 @@ pub fn serve(
     let mut bookings = Bookings::default();
     // The route model's clock: sim time t is `origin + t`.
     let origin = std::time::Instant::now();
-    let instant = |t: f64| origin + Duration::from_secs_f64(t.max(0.0));
+    let instant = |t: f64| {
+        Duration::try_from_secs_f64(t.max(0.0))
+            .ok()
+            .and_then(|d| origin.checked_add(d))
+            .unwrap_or(origin)
+    };
+    let mut now = 0.0_f64;
     let mut next_observation = interval;
     let (mut requested, mut reused) = (0u64, 0u64);
     let mut ttfts = Vec::with_capacity(requests.len());
     let mut served = vec![DcServed::default(); dcs];
     for (request, hashes) in requests.iter().zip(hashes) {
-        let now = request.timestamp_ms as f64 / 1_000.0 / model.speed;
+        // Arrivals in trace order: a timestamp before the previous one counts as the previous.
+        now = now.max(request.timestamp_ms as f64 / 1_000.0 / model.speed);
         if now >= next_observation {
-            let at = (now / interval).floor() * interval;
+            // The last observation time at or before now (never after it, whatever the rounding).
+            let at = ((now / interval).floor() * interval).min(now);
             for (dc, seen) in observed.iter_mut().enumerate() {
                 let pool = &mut engines[dc * per_dc..(dc + 1) * per_dc];
                 *seen = observe(&fleet, dc, pool, model.dcs[dc], at).map(|load| (load, at));
@@ -304,8 +312,12 @@ pub fn serve(
                     depth: u32::try_from(depths[dc]).unwrap_or(u32::MAX),
                     block_size: TOKENS_PER_BLOCK as u32,
                     rtt: None,
+                    // Validated: 0..=3,600,000 ms.
                     configured_rtt: Some(Duration::from_secs_f64(model.dcs[dc].rtt_ms / 1e3)),
-                    load: observed[dc].map(|(load, at)| (load, Duration::from_secs_f64(now - at))),
+                    load: observed[dc].map(|(load, at)| {
+                        let age = Duration::try_from_secs_f64((now - at).max(0.0));
+                        (load, age.unwrap_or(Duration::MAX))
+                    }),
                     booked: bookings.booked(lane(dc)),
                 })
                 .collect();

@@ -173,7 +173,7 @@ fn an_invalid_model_names_what_is_wrong() {
         model
             .validate(3)
             .unwrap_err()
-            .contains("prefill tokens/s = 0")
+            .contains("prefill tokens/s = 0: must be a number in 1..=1000000000000")
     );
     let mut model = ServingModel::unequal(3);
     model.speed = f64::NAN;
@@ -209,4 +209,52 @@ fn on_the_built_in_workload_expected_ttft_meets_its_targets() {
     let targets = comparison.targets();
     assert_eq!(targets.len(), 4);
     assert!(targets.iter().all(|(_, met)| *met), "{targets:?}");
+}
+
+#[test]
+fn odd_timestamps_and_intervals_never_panic_and_extremes_are_refused() {
+    // An observation time rounded above the request's (1.7 s / 0.1 s), and a timestamp before
+    // the previous one (counted as the previous): every policy serves both requests.
+    let requests = [
+        request(0, 512, &[1]),
+        request(1_700, 512, &[2]),
+        request(1_000, 512, &[3]),
+    ];
+    let model = ServingModel {
+        load_interval_ms: 100.0,
+        ..ServingModel::unequal(2)
+    };
+    for policy in Policy::ALL {
+        let out = serve(
+            &requests,
+            &hashes_of(&requests),
+            one_engine_per_dc(2),
+            &model,
+            policy,
+            0,
+        );
+        assert_eq!(out.ttft_ms.count, 3, "{policy:?}");
+        assert!(out.ttft_ms.max.is_finite(), "{policy:?}: {:?}", out.ttft_ms);
+    }
+    let refused = |m: ServingModel| m.validate(2).unwrap_err();
+    assert!(
+        refused(ServingModel {
+            speed: 1e-310,
+            ..model.clone()
+        })
+        .contains("speed")
+    );
+    let mut far = model.clone();
+    far.dcs[0].rtt_ms = 1e300;
+    assert!(refused(far).contains("round trip (ms) = "));
+    let mut tiny = model.clone();
+    tiny.dcs[1].prefill_tokens_per_s = 1e-300;
+    assert!(refused(tiny).contains("prefill tokens/s"));
+    assert!(
+        refused(ServingModel {
+            load_interval_ms: 1e-9,
+            ..model
+        })
+        .contains("load interval")
+    );
 }
