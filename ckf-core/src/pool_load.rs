@@ -5,7 +5,7 @@
 //!
 //! Rules of a pushed report ([`PoolShares::push`]):
 //! * **Valid values.** KV-cache usage a finite number in 0..=1; a prefill capacity, when given,
-//!   0 (not known) or a finite number >= 1 (the Relay's `LoadReport` rule); an observation
+//!   0 (not known) or 1..=1e9 tokens/s ([`MIN_CAPACITY`], [`MAX_CAPACITY`]); an observation
 //!   age below the share's time to live (an older one would be unknown on arrival). Requests
 //!   running and waiting are unsigned. A refused report changes nothing.
 //! * **A configured engine.** A push naming the `worker_id` of an `[[engines]]` entry is that
@@ -21,13 +21,19 @@
 //!   after its observation (received minus the age it was sent with), then unknown: it still
 //!   counts as configured, not reporting, never as zero load.
 //! * **Bounded.** At most [`PushLimits::max_pushed`] workers not configured hold a pushed share
-//!   at once (forgotten ones make room first); a push for another one is refused
-//!   ([`PushRefused::Full`]) until one is forgotten. Configured engines need no room.
+//!   at once (forgotten ones make room first, swept at most once per time to live); a push for
+//!   another one is refused ([`PushRefused::Full`]) until one is forgotten. Configured engines need no room.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use crate::route::{EngineLoad, EngineShare, PoolLoad};
+
+/// The smallest pushed prefill capacity, tokens/s (the Relay's `LoadReport` rule).
+pub const MIN_CAPACITY: f64 = 1.0;
+/// The largest pushed prefill capacity, tokens/s: a pool of the most workers at this rate still
+/// sums to a finite capacity the indexer accepts.
+pub const MAX_CAPACITY: f64 = 1e9;
 
 /// A pushed share not renewed is forgotten this many times its time to live after its last
 /// observation (it then no longer counts as configured and frees its room).
@@ -156,6 +162,9 @@ pub struct PoolShares {
     configured: Vec<Slot>,
     pushed: BTreeMap<u64, Pushed>,
     limits: PushLimits,
+    /// When the pushed workers may next be swept for forgotten ones (at most once per time to
+    /// live, so a flood of new ids against a full board costs no sweep each).
+    next_sweep: Option<Instant>,
 }
 
 impl PoolShares {
@@ -172,6 +181,7 @@ impl PoolShares {
                 .collect(),
             pushed: BTreeMap::new(),
             limits,
+            next_sweep: None,
         }
     }
 
@@ -221,9 +231,14 @@ impl PoolShares {
             });
         }
         if !self.pushed.contains_key(&report.worker_id) {
-            let forget = self.forget_after();
-            self.pushed
-                .retain(|_, p| now.saturating_duration_since(p.reading.observed) < forget);
+            if self.pushed.len() >= self.limits.max_pushed
+                && self.next_sweep.is_none_or(|at| now >= at)
+            {
+                let forget = self.forget_after();
+                self.pushed
+                    .retain(|_, p| now.saturating_duration_since(p.reading.observed) < forget);
+                self.next_sweep = now.checked_add(self.limits.ttl);
+            }
             if self.pushed.len() >= self.limits.max_pushed {
                 return Err(PushRefused::Full {
                     worker_id: report.worker_id,
@@ -311,11 +326,13 @@ fn validate(report: &PushedLoad, ttl: Duration) -> Result<(), PushRefused> {
         });
     }
     if let Some(capacity) = report.prefill_tokens_per_s
-        && !(capacity.is_finite() && (capacity == 0.0 || capacity >= 1.0))
+        && !(capacity == 0.0 || (MIN_CAPACITY..=MAX_CAPACITY).contains(&capacity))
     {
         return Err(PushRefused::Invalid {
             field: "prefill_tokens_per_s",
-            rule: format!("{capacity} is neither 0 (not known) nor a finite number >= 1 token/s"),
+            rule: format!(
+                "{capacity} is neither 0 (not known) nor a number of tokens/s in {MIN_CAPACITY}..={MAX_CAPACITY}"
+            ),
         });
     }
     if report.age >= ttl {

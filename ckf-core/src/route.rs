@@ -420,6 +420,8 @@ struct Kept {
 #[derive(Debug, Default)]
 pub struct LaneLoads {
     lanes: Vec<Option<Kept>>,
+    /// Per lane, the lease epoch below which reports are refused (a newer lease took the lane).
+    floors: Vec<u64>,
 }
 
 impl LaneLoads {
@@ -458,8 +460,9 @@ impl LaneLoads {
         if self.lanes.len() <= i {
             self.lanes.resize(i + 1, None);
         }
-        if let Some(kept) = self.lanes[i]
-            && (epoch, sequence) <= (kept.epoch, kept.sequence)
+        let older_lease = self.floors.get(i).is_some_and(|&floor| epoch < floor);
+        if older_lease
+            || self.lanes[i].is_some_and(|kept| (epoch, sequence) <= (kept.epoch, kept.sequence))
         {
             return Err(LoadRefused::Older);
         }
@@ -470,6 +473,22 @@ impl LaneLoads {
             observed: now.checked_sub(age).unwrap_or(now),
         });
         Ok(())
+    }
+
+    /// A lease of `epoch` took `lane`: the report of the lease before it no longer describes the
+    /// pool (its producer is gone or restarted), so the lane has none until the new lease
+    /// reports, and a report of an older lease is refused from now on.
+    pub fn lease_started(&mut self, lane: LaneIndex, epoch: u64) {
+        let i = usize::from(lane);
+        if self.floors.len() <= i {
+            self.floors.resize(i + 1, 0);
+        }
+        self.floors[i] = self.floors[i].max(epoch);
+        if let Some(kept) = self.lanes.get_mut(i)
+            && kept.is_some_and(|k| k.epoch < epoch)
+        {
+            *kept = None;
+        }
     }
 
     /// `lane`'s newest report and its age at `now`, if it has one.

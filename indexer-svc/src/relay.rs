@@ -236,6 +236,9 @@ impl Session {
     /// Decodes the identity and asks ckf-core for an attachment.
     fn attach(shared: Arc<IndexerState>, attach: v1::Attach) -> Result<Self, RelayError> {
         let attachment = shared.indexer.attach(&attach_request(attach)?)?;
+        // The lane's load is this lease's from now on, never its predecessor's.
+        let lease = attachment.lease();
+        shared.router.lease_started(lease.lane, lease.epoch);
         let metrics = shared.metrics.lane(shared.labels(attachment.lane()));
         metrics.leases_granted.inc();
         Ok(Self {

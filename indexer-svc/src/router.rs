@@ -229,6 +229,15 @@ impl Router {
         })
     }
 
+    /// A lease of `epoch` took `lane` ([`LaneLoads::lease_started`]): the previous lease's
+    /// load report is dropped, and reports of older leases are refused.
+    pub fn lease_started(&self, lane: LaneIndex, epoch: u64) {
+        self.loads
+            .lock()
+            .expect("lane loads")
+            .lease_started(lane, epoch);
+    }
+
     /// Keeps a lane's load report (Relay `LoadReport`, [`LaneLoads::report`]); a kept report
     /// counts the choices booked on the lane up to its observation (received `now` minus its
     /// age): those leave the lane's bookings, later ones stay.

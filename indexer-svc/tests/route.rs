@@ -315,3 +315,29 @@ async fn a_batch_is_refused_whole_naming_the_limit_or_the_first_refused_request(
     );
     assert!(route_batch(&indexer, vec![]).await.unwrap().is_empty());
 }
+
+#[tokio::test]
+async fn a_restarted_producer_does_not_inherit_its_predecessors_load() {
+    let h = hashes(73, 4);
+    let (indexer, a, _b) = two_lanes(&h, 4, 0).await;
+    a.stream.send(load_report(&a, 1, 500, 16_000.0)).await;
+    kept(&indexer, "dc-a", 1).await;
+    let dc_a = |r: &v1::RouteResponse| {
+        let d = r.ranked.iter().find(|d| d.lane == 0).expect("dc-a ranked");
+        (d.load_state(), d.waiting)
+    };
+    let r = route(&indexer, by_hashes(&h, 0)).await;
+    assert_eq!(dc_a(&r), (v1::LoadState::Known, 500));
+    // dc-a's producer restarts (a new incarnation, a new lease) and has reported nothing yet:
+    // the dead incarnation's 500 waiting requests are not the pool's.
+    let mut a2 = Producer::attach(&indexer, "dc-a", 11).await;
+    a2.store(1, &h);
+    a2.snapshot(8192).await;
+    let r = route(&indexer, by_hashes(&h, 0)).await;
+    assert_eq!(dc_a(&r), (v1::LoadState::Unknown, 0));
+    a2.stream.send(load_report(&a2, 1, 2, 16_000.0)).await;
+    kept(&indexer, "dc-a", 2).await;
+    let r = route(&indexer, by_hashes(&h, 0)).await;
+    assert_eq!(dc_a(&r), (v1::LoadState::Known, 2));
+    drop(a);
+}

@@ -126,7 +126,10 @@ async fn an_accepted_push_is_in_the_next_relay_load_report_and_the_gauges() {
         "the configured capacity wins"
     );
     assert_eq!(answer.expires_in_ms, 60_000);
-    assert_eq!(gauges(&p), (1.0, 1.0, 3.0, 2.0));
+    eventually("the pool gauges at (1.0, 1.0, 3.0, 2.0)", || async {
+        gauges(&p) == (1.0, 1.0, 3.0, 2.0)
+    })
+    .await;
     let loads = || {
         relay.with(|s| {
             s.attachments
@@ -162,7 +165,10 @@ async fn an_accepted_push_is_in_the_next_relay_load_report_and_the_gauges() {
         .expect("accepted")
         .into_inner();
     assert_eq!(answer.prefill_tokens_per_s, 2_000.0);
-    assert_eq!(gauges(&p), (2.0, 2.0, 7.0, 3.0));
+    eventually("the pool gauges at (2.0, 2.0, 7.0, 3.0)", || async {
+        gauges(&p) == (2.0, 2.0, 7.0, 3.0)
+    })
+    .await;
     assert_eq!(
         metric(&p, "ckf_producer_pool_prefill_tokens_per_second", &[]),
         10_000.0
@@ -285,7 +291,10 @@ async fn a_principal_without_the_right_is_refused_and_the_load_is_unchanged() {
         ))
         .await
         .expect("allowed");
-    assert_eq!(gauges(&p), (1.0, 1.0, 3.0, 2.0));
+    eventually("the pool gauges at (1.0, 1.0, 3.0, 2.0)", || async {
+        gauges(&p) == (1.0, 1.0, 3.0, 2.0)
+    })
+    .await;
     let loads = || {
         relay.with(|s| {
             s.attachments
@@ -370,7 +379,10 @@ async fn invalid_values_are_refused_naming_the_field_and_change_nothing() {
     assert_eq!(pushes(&p, "invalid"), n as f64);
     assert_eq!(pushes(&p, "accepted"), 0.0);
     client.report_load(ok).await.expect("valid");
-    assert_eq!(gauges(&p), (1.0, 2.0, 1.0, 1.0));
+    eventually("the pool gauges at (1.0, 2.0, 1.0, 1.0)", || async {
+        gauges(&p) == (1.0, 2.0, 1.0, 1.0)
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -400,13 +412,19 @@ async fn a_share_not_renewed_becomes_unknown_never_zero() {
     .await;
     // Unknown, not zero: both still count among the configured (worker 42 until forgotten,
     // ten TTLs after its observation).
-    assert_eq!(gauges(&p), (0.0, 2.0, 0.0, 0.0));
+    eventually("the pool gauges at (0.0, 2.0, 0.0, 0.0)", || async {
+        gauges(&p) == (0.0, 2.0, 0.0, 0.0)
+    })
+    .await;
     // A fresh push makes the worker known again.
     client
         .report_load(report("w42", 42, 1, 0))
         .await
         .expect("accepted");
-    assert_eq!(gauges(&p), (1.0, 2.0, 1.0, 0.0));
+    eventually("the pool gauges at (1.0, 2.0, 1.0, 0.0)", || async {
+        gauges(&p) == (1.0, 2.0, 1.0, 0.0)
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -445,7 +463,10 @@ async fn distinct_pushed_workers_are_bounded() {
         .report_load(report("w", 7, 1, 0))
         .await
         .expect("configured");
-    assert_eq!(gauges(&p), (3.0, 3.0, 7.0, 0.0));
+    eventually("the pool gauges at (3.0, 3.0, 7.0, 0.0)", || async {
+        gauges(&p) == (3.0, 3.0, 7.0, 0.0)
+    })
+    .await;
     assert_eq!(pushes(&p, "full"), 8.0);
     assert_eq!(pushes(&p, "accepted"), 4.0);
 }

@@ -62,7 +62,12 @@ pub struct ServingArgs {
     #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     pub speed: f64,
     /// How often each pool's load is observed for expected-ttft, milliseconds.
-    #[arg(long, default_value_t = 1_000.0, value_name = "MS", allow_negative_numbers = true)]
+    #[arg(
+        long,
+        default_value_t = 1_000.0,
+        value_name = "MS",
+        allow_negative_numbers = true
+    )]
     pub load_interval_ms: f64,
     /// The route model's prefill work of one queued request, tokens [default: the workload's
     /// mean prompt length, as an operator would set `route.queued_request_tokens` from their

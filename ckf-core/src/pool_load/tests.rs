@@ -135,6 +135,15 @@ fn out_of_range_values_are_refused_naming_the_field_and_change_nothing() {
             push(1, load(0, 0, 0.5), Some(f64::INFINITY)),
             "prefill_tokens_per_s",
         ),
+        // Finite but so large that two such workers would sum to infinity.
+        (
+            push(1, load(0, 0, 0.5), Some(1.7e308)),
+            "prefill_tokens_per_s",
+        ),
+        (
+            push(1, load(0, 0, 0.5), Some(MAX_CAPACITY * 2.0)),
+            "prefill_tokens_per_s",
+        ),
         (
             PushedLoad {
                 age: TTL,

@@ -478,3 +478,33 @@ fn an_engine_without_a_capacity_counts_at_the_mean_of_the_others() {
     assert_eq!(r.ranked[0].prefill, secs(0.1));
     assert_eq!(r.ranked[0].ttft, MS + secs(0.2048) + secs(0.1));
 }
+
+#[test]
+fn a_new_lease_drops_its_predecessors_report_and_refuses_older_leases() {
+    let t0 = Instant::now();
+    let mut loads = LaneLoads::default();
+    loads
+        .report(2, 1, 5, load(500, 8_000.0), Duration::ZERO, t0)
+        .unwrap();
+    assert!(loads.latest(2, t0).is_some());
+    // The producer restarts: lease 2 takes the lane before reporting.
+    loads.lease_started(2, 2);
+    assert_eq!(
+        loads.latest(2, t0),
+        None,
+        "the dead incarnation's queue is not the pool's"
+    );
+    assert_eq!(
+        loads.report(2, 1, 6, load(1, 8_000.0), Duration::ZERO, t0),
+        Err(LoadRefused::Older)
+    );
+    loads
+        .report(2, 2, 1, load(3, 8_000.0), Duration::ZERO, t0)
+        .unwrap();
+    assert_eq!(loads.latest(2, t0).map(|(l, _)| l.waiting), Some(3));
+    // The same lease again (a re-attach of the holder) keeps its report; other lanes untouched.
+    loads.lease_started(2, 2);
+    assert!(loads.latest(2, t0).is_some());
+    loads.lease_started(0, 9);
+    assert!(loads.latest(2, t0).is_some());
+}

@@ -59,18 +59,17 @@ impl LoadBoard {
         self.lock().pool(Instant::now())
     }
 
-    /// Keeps a pushed load as its worker's share and exports the gauges.
+    /// Keeps a pushed load as its worker's share (the gauges follow at the next interval: a
+    /// push costs no walk over every share).
     ///
     /// # Errors
     /// [`PushRefused`]; nothing changed.
     pub fn push(&self, report: &PushedLoad) -> Result<PushAccepted, PushRefused> {
-        let accepted = self.lock().push(report, Instant::now())?;
-        self.export();
-        Ok(accepted)
+        self.lock().push(report, Instant::now())
     }
 
-    /// The pool gauges now (after a scrape or a push, and every interval: pushed shares
-    /// expire between pushes).
+    /// The pool gauges now (after a scrape, and every interval: pushed shares arrive and
+    /// expire between scrapes).
     pub fn export(&self) {
         let now = Instant::now();
         let (pool, configured) = {
