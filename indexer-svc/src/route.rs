@@ -146,23 +146,30 @@ fn decode(shared: &IndexerState, request: v1::RouteRequest) -> Result<RouteQuery
         prefix,
         request_tokens: request.request_tokens,
         rtt,
+        dry_run: request.dry_run,
     };
     shared.router.check(&query)?;
     Ok(query)
 }
 
 /// The request's own round trips, checked.
+/// The longest round trip a request may give, ms (an hour, as `route.rtt_ms`).
+const MAX_RTT_MS: f64 = 3.6e6;
+
 fn request_rtts(
     rtt_ms: &std::collections::HashMap<String, f64>,
 ) -> Result<Vec<(String, Duration)>, QueryError> {
     rtt_ms
         .iter()
-        .map(|(dc, &ms)| match Duration::try_from_secs_f64(ms / 1e3) {
-            Ok(d) => Ok((dc.clone(), d)),
-            Err(_) => Err(QueryError::RouteRtt {
-                dc: dc.clone(),
-                value: ms,
-            }),
+        .map(|(dc, &ms)| {
+            if (0.0..=MAX_RTT_MS).contains(&ms) {
+                Ok((dc.clone(), Duration::from_secs_f64(ms / 1e3)))
+            } else {
+                Err(QueryError::RouteRtt {
+                    dc: dc.clone(),
+                    value: ms,
+                })
+            }
         })
         .collect()
 }

@@ -40,6 +40,9 @@ pub struct RouteQuery {
     /// The router's own round trips, by DC id; a DC not named uses the configured one, a name
     /// that is no DC of this indexer is ignored.
     pub rtt: Vec<(String, Duration)>,
+    /// Estimate only: the choice is not booked nor counted as a decision (a diagnostic that must
+    /// not move later choices).
+    pub dry_run: bool,
 }
 
 impl RouteQuery {
@@ -49,6 +52,7 @@ impl RouteQuery {
             prefix: RoutePrefix::Hashes(block_hashes),
             request_tokens: 0,
             rtt: Vec::new(),
+            dry_run: false,
         }
     }
 
@@ -58,6 +62,7 @@ impl RouteQuery {
             prefix: RoutePrefix::Tokens(tokens),
             request_tokens: 0,
             rtt: Vec::new(),
+            dry_run: false,
         }
     }
 }
@@ -201,11 +206,11 @@ impl Router {
             })
             .collect();
         let routed = route(&self.model, request_tokens, &dcs);
-        if let Some((lane, _)) = routed.choice {
+        if let Some((lane, _)) = routed.choice.filter(|_| !query.dry_run) {
             bookings.book(lane, now);
         }
         drop(bookings);
-        if let Some((lane, reason)) = routed.choice {
+        if let Some((lane, reason)) = routed.choice.filter(|_| !query.dry_run) {
             self.decisions
                 .with_label_values(&[indexer.pool(lane).dc.as_str(), reason.label()])
                 .inc();

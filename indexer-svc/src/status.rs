@@ -355,8 +355,8 @@ pub enum QueryError {
     /// A `Route` request without its query.
     #[error("Route: RouteRequest.query is required (block hashes or token ids)")]
     RouteWithoutQuery,
-    /// A `Route` request's round trip that is not a number of milliseconds >= 0.
-    #[error("Route: rtt_ms of {dc} is {value}, not a number of milliseconds >= 0")]
+    /// A `Route` request's round trip that is not a number of milliseconds in 0..=3,600,000.
+    #[error("Route: rtt_ms of {dc} is {value:e}, not a number of milliseconds in 0..=3600000")]
     RouteRtt {
         /// The DC it names.
         dc: String,

@@ -13,7 +13,7 @@ fn by_hashes(hashes: &[u64], request_tokens: u64) -> v1::RouteRequest {
             block_hashes: hashes.to_vec(),
         })),
         request_tokens,
-        rtt_ms: Default::default(),
+        ..Default::default()
     }
 }
 
@@ -340,4 +340,35 @@ async fn a_restarted_producer_does_not_inherit_its_predecessors_load() {
     let r = route(&indexer, by_hashes(&h, 0)).await;
     assert_eq!(dc_a(&r), (v1::LoadState::Known, 2));
     drop(a);
+}
+
+#[tokio::test]
+async fn a_dry_run_answers_alike_and_books_nothing() {
+    let h = hashes(75, 4);
+    let (indexer, a, _b) = two_lanes(&h, 4, 0).await;
+    a.stream.send(load_report(&a, 1, 0, 16_000.0)).await;
+    kept(&indexer, "dc-a", 1).await;
+    let dry = || v1::RouteRequest {
+        dry_run: true,
+        ..by_hashes(&h, 0)
+    };
+    let booked = |r: &v1::RouteResponse| r.ranked.iter().map(|d| d.booked).sum::<u32>();
+    // The same answer but for the report's age.
+    let ageless = |mut r: v1::RouteResponse| {
+        r.ranked.iter_mut().for_each(|d| d.load_age_ms = 0.0);
+        r
+    };
+    let first = ageless(route(&indexer, dry()).await);
+    let second = ageless(route(&indexer, dry()).await);
+    assert_eq!(first, second, "nothing booked between two dry runs");
+    assert_eq!(booked(&second), 0);
+    assert!(
+        !metrics_text(&indexer)
+            .await
+            .contains("ckf_indexer_route_decisions_total{"),
+        "a dry run is no decision"
+    );
+    // A real one books its choice: the next answer shows it.
+    route(&indexer, by_hashes(&h, 0)).await;
+    assert_eq!(booked(&route(&indexer, dry()).await), 1);
 }

@@ -70,6 +70,10 @@ pub struct RouteArgs {
     /// blocks x the indexer's block size).
     #[arg(long, value_name = "TOKENS")]
     pub request_tokens: Option<u64>,
+    /// Book the choice as a router would (it then weighs on the next choices until the DC's
+    /// next load report); by default `ckf route` only asks (`dry_run`).
+    #[arg(long)]
+    pub book: bool,
 }
 
 /// Parses `DC=MS` (a round trip in milliseconds, finite and >= 0).

@@ -31,6 +31,7 @@ pub async fn route(args: RouteArgs) -> Result<()> {
         }),
         request_tokens: args.request_tokens.unwrap_or(0),
         rtt_ms: args.rtt_ms.iter().cloned().collect(),
+        dry_run: !args.book,
     };
     let answer = client
         .route(with_bearer(Request::new(request), token.as_ref()))
