@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
 use ckf_proto::v1::{
-    self, EventStatus, FindMatchesByTokensRequest, FindMatchesRequest, FindMatchesResponse,
-    GetStatsRequest, KvEventBatch, LaneState, ListLanesRequest, ingest_client::IngestClient,
-    kv_event::Kind, query_client::QueryClient,
+    self, EventStatus, FindMatchesRequest, FindMatchesResponse, GetStatsRequest, KvEventBatch,
+    LaneState, ListLanesRequest, ingest_client::IngestClient, kv_event::Kind,
+    query_client::QueryClient,
 };
 use ckf_svc_kit::access::AuthedChannel;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -239,12 +239,7 @@ pub async fn replay(
             &fleet,
             &watermarks,
         );
-        let dc = router.choose(&Signals {
-            depths: &reported,
-            served: fleet.dc_load(),
-            in_flight: &[],
-            fastest: None,
-        });
+        let dc = router.choose(&Signals::without_serving(&reported, fleet.dc_load()));
         let served = fleet.serve(dc, request);
         requested += served.requested as u64;
         reused += served.reused as u64;
@@ -759,24 +754,6 @@ pub async fn find_matches(
         .find_matches(FindMatchesRequest {
             block_hashes: request.to_vec(),
         })
-        .await
-        .context(what)?
-        .into_inner())
-}
-
-/// The indexer's answer for a query by token ids (`FindMatchesByTokens`); `what` names the call
-/// in the error.
-///
-/// # Errors
-/// The failed call's status (e.g. `INVALID_ARGUMENT` naming a block-size mismatch), with
-/// `what` as context.
-pub async fn find_matches_by_tokens(
-    query: &mut QueryClient<AuthedChannel>,
-    request: FindMatchesByTokensRequest,
-    what: &'static str,
-) -> Result<FindMatchesResponse> {
-    Ok(query
-        .find_matches_by_tokens(request)
         .await
         .context(what)?
         .into_inner())
