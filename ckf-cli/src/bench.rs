@@ -1,5 +1,6 @@
 //! The benchmark tools: `ckf replay` (a workload through live producers and an indexer),
-//! `ckf simulate` (the same routing offline, the oracle as index) and `ckf load` (load on the
+//! `ckf simulate` (every policy offline, the oracle as index, timed by the serving model) and
+//! `ckf load` (load on the
 //! Query RPCs), with what they are made of.
 //!
 //! | module | owns |
@@ -11,8 +12,8 @@
 //! | [`synth`] | the built-in deterministic synthetic workload |
 //! | [`fleet`] | D DCs x W workers x R ranks, LRU prefix caches, KV events per serve |
 //! | [`oracle`] | exact per-DC block holdings: the truth answers are judged against |
-//! | [`policy`] | `ckf`, `random`, `round-robin` DC choice |
-//! | [`sim`] | offline replays (oracle as index) for policy comparison |
+//! | [`policy`] | `deepest-prefix`, `random`, `round-robin`, `least-loaded`, `expected-ttft` DC choice |
+//! | [`sim`] | offline replays (oracle as index) timed by the serving model: hit rate and time to first token per policy |
 //! | [`live`] | the live replay driver against producers and an indexer |
 //! | [`events`] | a serve's KV events as a `ckf.v1` batch; per-source sequences |
 //! | [`probe`] | visibility probes: event-to-visible lag and per-DC watermarks |

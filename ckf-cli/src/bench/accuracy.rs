@@ -13,7 +13,7 @@
 //!   in-flight removal when the DC dropped it in a batch newer than the watermark, otherwise a
 //!   fingerprint false positive (the filter's designed, bounded error).
 //!
-//! Best-DC agreement: the DC the `ckf` rule ([`best_dc`]) picks from the reported depths has the
+//! Best-DC agreement: the DC the deepest-prefix rule ([`best_dc`]) picks from the reported depths has the
 //! same exact depth as the DC it picks from the oracle's depths (same loads): the index led to a
 //! decision as good as perfect knowledge would have.
 

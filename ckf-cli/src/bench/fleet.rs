@@ -185,7 +185,7 @@ impl Fleet {
         self.caches[self.index(rank_id)].len()
     }
 
-    /// The DC-local placement rule, the same for every routing policy: the `ckf` rule
+    /// The DC-local placement rule, the same for every routing policy: the deepest-prefix rule
     /// ([`best_dc`]) over the DC's ranks with their exact cached depths and served-request
     /// counts. (Inside a DC the local router knows its ranks exactly; the global index decides
     /// only the DC.)
