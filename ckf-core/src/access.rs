@@ -508,6 +508,27 @@ impl Identity<'_, SourceGrant> {
         Ok(())
     }
 
+    /// Whether this identity may report `worker_id`'s load as `source_id` (`Ingest.ReportLoad`):
+    /// the batch rule for one event touching the worker, refused in the load's own words.
+    ///
+    /// # Errors
+    /// [`Denied::Source`] for a source id outside the grant, else [`Denied::LoadWorker`].
+    pub fn authorize_load(&self, source_id: &str, worker_id: u64) -> Result<(), AccessError> {
+        match self.authorize_batch(source_id, [worker_id]) {
+            Err(AccessError::PermissionDenied(Denied::Worker {
+                principal,
+                source_id,
+                worker_id,
+                ..
+            })) => Err(AccessError::PermissionDenied(Denied::LoadWorker {
+                principal,
+                source_id,
+                worker_id,
+            })),
+            other => other,
+        }
+    }
+
     /// Whether this identity may read where `source_id` stands (`Ingest.GetSourceSequence`):
     /// the source ids it may publish as, since a source's position tells what it sent (and
     /// only the source itself needs it); anonymous identities may read any.
@@ -642,6 +663,18 @@ pub enum Denied {
         /// Position of the first refused event.
         event: usize,
         /// Its worker.
+        worker_id: u64,
+    },
+    /// An Ingest principal reporting the load of a worker outside its grant.
+    #[error(
+        "principal {principal:?} may not report the load of worker {worker_id} (source {source_id:?}); the pool's load is unchanged"
+    )]
+    LoadWorker {
+        /// The principal.
+        principal: String,
+        /// The report's source id.
+        source_id: String,
+        /// The worker.
         worker_id: u64,
     },
 }

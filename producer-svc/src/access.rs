@@ -202,7 +202,7 @@ impl Caller {
     /// # Errors
     /// As [`Caller::authorize`].
     pub fn authorize_load(&self, source_id: &str, worker_id: u64) -> Result<(), RequestError> {
-        self.authorize_publish(source_id, [worker_id])
+        self.authorize_with(|identity| identity.authorize_load(source_id, worker_id))
     }
 
     /// The one publish check: `source_id` and every one of `workers` within the grant.
@@ -211,18 +211,24 @@ impl Caller {
         source_id: &str,
         workers: impl IntoIterator<Item = u64>,
     ) -> Result<(), RequestError> {
+        self.authorize_with(|identity| identity.authorize_batch(source_id, workers))
+    }
+
+    /// A known caller's `check` (an anonymous one passes), its refusal counted and logged.
+    fn authorize_with(
+        &self,
+        check: impl FnOnce(&Identity<'_, SourceGrant>) -> Result<(), AccessError>,
+    ) -> Result<(), RequestError> {
         let Some((principal, grant)) = &self.known else {
             return Ok(());
         };
         let identity = Identity::Known { principal, grant };
-        identity
-            .authorize_batch(source_id, workers)
-            .map_err(|error: AccessError| {
+        check(&identity).map_err(|error: AccessError| {
                 self.refused
                     .with_label_values(&[self.rpc, error.code_label()])
                     .inc();
                 if let Some(suppressed) = throttle(&error).admit() {
-                    tracing::warn!(rpc = self.rpc, principal = %principal.name, %error, suppressed, "ingest batch refused");
+                    tracing::warn!(rpc = self.rpc, principal = %principal.name, %error, suppressed, "ingest request refused");
                 }
                 RequestError::Access(error)
             })

@@ -546,7 +546,11 @@ async fn ingest_sources_and_workers_outside_their_grant_are_refused() {
         age_ms: 0,
     };
     for (request, token, needle) in [
-        (load(9, 50), "r1-secret.0123456789", "worker 9"),
+        (
+            load(9, 50),
+            "r1-secret.0123456789",
+            "may not report the load of worker 9",
+        ),
         (load(1, 50), "ops-secret.0123456789", "\"ops\""),
     ] {
         let status = client

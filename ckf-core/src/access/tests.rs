@@ -237,8 +237,29 @@ fn batches_are_held_to_sources_and_workers() {
             worker_id: 9
         })
     );
+    // A load report: the same grant, refused in its own words.
+    r1.authorize_load("router-1", 2).unwrap();
+    let err = r1.authorize_load("router-1", 9).unwrap_err();
+    assert_eq!(
+        err,
+        AccessError::PermissionDenied(Denied::LoadWorker {
+            principal: "r1".into(),
+            source_id: "router-1".into(),
+            worker_id: 9
+        })
+    );
+    assert!(
+        err.to_string()
+            .contains("may not report the load of worker 9"),
+        "{err}"
+    );
+    assert!(matches!(
+        r1.authorize_load("router-2", 1).unwrap_err(),
+        AccessError::PermissionDenied(Denied::Source { .. })
+    ));
     let admin = policy.identify(&creds(&[], Some("t2"))).unwrap();
     admin.authorize_batch("anything", [u64::MAX]).unwrap();
+    admin.authorize_load("anything", u64::MAX).unwrap();
     // Reading a source's sequence: the source ids it may publish as, workers aside.
     r1.authorize_source_read("router-1").unwrap();
     assert_eq!(
