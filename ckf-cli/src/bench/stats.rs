@@ -11,6 +11,8 @@ const SCALE: f64 = 1_000.0;
 /// Largest recorded value, in 1/[`SCALE`] units (2^50: about 10^12 sample units, e.g. 13 days
 /// in microseconds); larger samples count as this value.
 const HIGHEST: u64 = 1 << 50;
+/// Largest sample counted, in the sample unit (`HIGHEST` / `SCALE`).
+const LARGEST: f64 = HIGHEST as f64 / SCALE;
 /// Significant decimal digits the histogram keeps: a percentile is within 0.1% of the
 /// nearest-rank sample.
 const SIGNIFICANT_DIGITS: u8 = 3;
@@ -48,7 +50,8 @@ impl Summary {
         let at = |quantile: f64| histogram.value_at_quantile(quantile) as f64 / SCALE;
         Self {
             count: samples.len(),
-            mean: samples.iter().map(|s| s.max(0.0)).sum::<f64>() / samples.len() as f64,
+            // Clamped as the percentiles are, so the mean never exceeds the largest percentile.
+            mean: samples.iter().map(|s| s.clamp(0.0, LARGEST)).sum::<f64>() / samples.len() as f64,
             p50: at(0.50),
             p90: at(0.90),
             p99: at(0.99),
@@ -96,6 +99,9 @@ mod tests {
         let s = Summary::of(&[0.25, 0.5, 0.75, 1.5]);
         assert!(close(s.p50, 0.5) && close(s.p99, 1.5), "{s:?}");
         assert_eq!(s.max, 1.5);
+        // A sample past the largest counts as it in the mean too: the mean stays below p99.
+        let s = Summary::of(&[1.0, 1e300]);
+        assert!(s.mean <= s.p99 && s.p99 <= LARGEST * 1.001, "{s:?}");
     }
 
     #[test]
