@@ -8,12 +8,6 @@ use ckf_cli::operator;
 use clap::Parser;
 
 fn main() -> std::process::ExitCode {
-    // A closed stdout (`ckf route ... | head`) ends the process quietly, as for other Unix
-    // tools, instead of a panic in `println!` (Rust ignores SIGPIPE by default).
-    // SAFETY: restoring a signal's default disposition before any other thread exists.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
