@@ -11,7 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use ckf_core::tokens::{BlockSeed, sequence_hashes};
 use ckf_proto::v1;
-use common::metric;
+use common::{eventually, metric};
 use producer_svc::engines::config::EngineSpec;
 use producer_svc::{ProducerConfig, RunningProducer};
 use rmpv::Value as V;
@@ -283,20 +283,6 @@ async fn blocks(p: &RunningProducer, worker_id: u64, dp_rank: u32) -> Vec<u64> {
     .expect("GetMemberBlocks")
     .into_inner()
     .block_hashes
-}
-
-async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    for _ in 0..200 {
-        if check().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("timed out waiting for {what}");
 }
 
 async fn wait_blocks(p: &RunningProducer, worker: u64, rank: u32, want: &[u64]) {

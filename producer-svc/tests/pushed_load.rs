@@ -6,11 +6,9 @@
 
 mod common;
 
-use std::time::Duration;
-
 use ckf_proto::v1;
 use common::fake_relay::{FakeRelay, GrantConfig};
-use common::metric;
+use common::{eventually, metric};
 use producer_svc::config::ingest_auth::{IngestAuthConfig, SourceAuth, WorkerEntry};
 use producer_svc::engines::config::EngineSpec;
 use producer_svc::{ProducerConfig, RunningProducer};
@@ -28,20 +26,6 @@ fn gauges(p: &RunningProducer) -> (f64, f64, f64, f64) {
         metric(p, "ckf_producer_pool_requests", &[("state", "running")]),
         metric(p, "ckf_producer_pool_requests", &[("state", "waiting")]),
     )
-}
-
-async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    for _ in 0..200 {
-        if check().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("timed out waiting for {what}");
 }
 
 /// Engine `worker_id` over ZMQ (nothing listens: its events never come, its load is what

@@ -32,6 +32,21 @@ pub fn metric(p: &RunningProducer, name: &str, labels: &[(&str, &str)]) -> f64 {
         .sum()
 }
 
+/// Polls `check` every 50 ms until it holds; panics naming `what` after 10 s.
+pub async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    for _ in 0..200 {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
 /// A producer on ephemeral loopback ports, publishing to `indexers`, with fast cadence and
 /// short backoff so tests run quickly.
 pub async fn start_producer(indexers: Vec<String>) -> RunningProducer {
