@@ -7,6 +7,16 @@
 //! with one `[[engines]]` entry per worker (`worker_id` = worker, `dp_size` = ranks, rank r on
 //! port + r), exactly as it would subscribe to real vLLM engines. With `--feed grpc` the
 //! replay sends `PublishBatch` calls instead.
+//!
+//! With `--policy expected-ttft` (zmq feed) the live run routes by the indexer's `Route` on the
+//! real load path: each worker of the fleet also exports the serving model's load on a
+//! Prometheus endpoint under vLLM's names ([`crate::bench::live::engines`]), its producer
+//! scrapes it (`metrics_url`, `engine.load_interval_ms` = `--load-interval-ms`) with the
+//! worker's prefill capacity configured, and the requests are sent on the workload's clock
+//! (timestamps / `--speed`). The demo's KV blocks are 16 tokens where the workload's are 512
+//! (one trace block each): `Route` is asked, and the capacities and
+//! `route.queued_request_tokens` are configured, in the demo's tokens (the workload's x 16 /
+//! 512), so every expected time to first token is the workload's.
 
 use std::path::PathBuf;
 
@@ -16,9 +26,13 @@ use clap::Args;
 use crate::bench::args::{DEFAULT_DCS, FeedKind, FleetArgs, TimeoutArgs};
 use crate::bench::feed::TokenFeed;
 use crate::bench::fleet::FleetShape;
-use crate::bench::live::{self, DcTarget, Feed, ZmqFeed};
+use crate::bench::live::engines::{EngineBoard, EngineEndpoints};
+use crate::bench::live::{self, DcTarget, Feed, LiveEngines, ZmqFeed};
+use crate::bench::policy::Policy;
 use crate::bench::publisher::{DEFAULT_BUFFER_STEPS, EnginePublisher, bind_ranks};
 use crate::bench::replay::{live_config, load_workload, print_report};
+use crate::bench::sim::ServingModel;
+use crate::bench::trace::TOKENS_PER_BLOCK;
 use crate::connect::connect;
 use ckf_engine::encode::Layout;
 use ckf_svc_kit::access::authed;
@@ -57,6 +71,18 @@ pub fn dc_names(dcs: usize) -> Vec<String> {
         .collect()
 }
 
+/// The demo's tokens per workload token (see the module docs).
+pub const TOKEN_SCALE: f64 = BLOCK_SIZE as f64 / TOKENS_PER_BLOCK as f64;
+
+/// The load path of a live expected-ttft run: the simulated engines' endpoints and the
+/// serving model they follow.
+pub struct LoadPath<'a> {
+    /// Where each worker's metrics are.
+    pub endpoints: &'a EngineEndpoints,
+    /// Capacities, load interval and queued-request tokens (in the workload's tokens).
+    pub model: &'a ServingModel,
+}
+
 /// Running in-process services.
 pub struct Services {
     /// The indexer's gRPC URL.
@@ -75,21 +101,30 @@ impl Services {
     /// # Errors
     /// A service that fails to start.
     pub async fn start(shape: FleetShape) -> Result<Self> {
-        Self::start_with(shape, &[]).await
+        Self::start_with(shape, &[], None).await
     }
 
     /// As [`Services::start`], with DC `i`'s producer subscribing to the engine publishers
-    /// `engines[i]` (per rank `worker * ranks + rank`; none when `engines` is empty).
+    /// `engines[i]` (per rank `worker * ranks + rank`; none when `engines` is empty) and, with
+    /// `load`, scraping their workers' load.
     ///
     /// # Errors
     /// A service that fails to start.
-    pub async fn start_with(shape: FleetShape, engines: &[Vec<EnginePublisher>]) -> Result<Self> {
+    pub async fn start_with(
+        shape: FleetShape,
+        engines: &[Vec<EnginePublisher>],
+        load: Option<LoadPath<'_>>,
+    ) -> Result<Self> {
         let names = dc_names(shape.dcs);
         let lanes: Vec<&str> = names.iter().map(String::as_str).collect();
         let expected = shape.max_blocks_per_dc().max(1024);
         let mut config = indexer_svc::IndexerConfig::for_lanes(DOMAIN, &lanes);
         config.table.expected_blocks = expected;
         config.block_size = BLOCK_SIZE;
+        if let Some(load) = &load {
+            config.route.queued_request_tokens =
+                (load.model.queued_request_tokens * TOKEN_SCALE).max(1.0);
+        }
         let indexer = indexer_svc::serve(config, std::future::pending())
             .await
             .context("starting the indexer")?;
@@ -103,6 +138,16 @@ impl Services {
             config.block_size = BLOCK_SIZE;
             if let Some(publishers) = engines.get(i) {
                 config.engines = engine_specs(publishers, shape.ranks_per_worker)?;
+                if let Some(load) = &load {
+                    // Validated: 1..=3,600,000 ms.
+                    config.engine.load_interval_ms = load.model.load_interval_ms.round() as u64;
+                    let per_worker = load.model.dcs[i].prefill_tokens_per_s * TOKEN_SCALE
+                        / shape.workers_per_dc as f64;
+                    for (worker, spec) in config.engines.iter_mut().enumerate() {
+                        spec.metrics_url = Some(load.endpoints.url(i, worker));
+                        spec.prefill_tokens_per_s = per_worker.round().max(1.0) as u64;
+                    }
+                }
             }
             let producer = producer_svc::serve(config, std::future::pending())
                 .await
@@ -208,12 +253,16 @@ pub async fn bind_publishers(shape: FleetShape) -> Result<Vec<Vec<EnginePublishe
 ///
 /// # Errors
 /// No free loopback ports, or a service that fails to start.
-pub async fn start_feed(shape: FleetShape, kind: FeedKind) -> Result<(Services, Feed)> {
+pub async fn start_feed(
+    shape: FleetShape,
+    kind: FeedKind,
+    load: Option<LoadPath<'_>>,
+) -> Result<(Services, Feed)> {
     Ok(match kind {
         FeedKind::Grpc => (Services::start(shape).await?, Feed::Grpc),
         FeedKind::Zmq => {
             let publishers = bind_publishers(shape).await?;
-            let services = Services::start_with(shape, &publishers).await?;
+            let services = Services::start_with(shape, &publishers, load).await?;
             let feed = Feed::Zmq(ZmqFeed::new(TokenFeed::new(BLOCK_SIZE)?, publishers));
             (services, feed)
         }
@@ -228,8 +277,30 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     let workload = load_workload(args.trace.as_deref(), args.fleet.limit, args.fleet.seed)?;
     let shape = args.fleet.shape(args.dcs);
     shape.validate().map_err(|e| anyhow::anyhow!(e))?;
-    let (services, mut feed) = start_feed(shape, args.feed).await?;
-    let config = live_config(&args.fleet, &args.timeouts, shape, &workload)?;
+    let mut config = live_config(&args.fleet, &args.timeouts, shape, &workload)?;
+    // Expected-ttft routes by the indexer's Route: the producers scrape simulated engines.
+    let endpoints = if config.policy == Policy::ExpectedTtft {
+        if matches!(args.feed, FeedKind::Grpc) {
+            anyhow::bail!(
+                "--policy expected-ttft needs --feed zmq: the producers scrape the load of the \
+                 engines they subscribe to"
+            );
+        }
+        let board = EngineBoard::new(shape, &config.serving);
+        let endpoints = EngineEndpoints::bind(board.clone()).await?;
+        config.engines = Some(LiveEngines {
+            board,
+            token_scale: TOKEN_SCALE,
+        });
+        Some(endpoints)
+    } else {
+        None
+    };
+    let load = endpoints.as_ref().map(|endpoints| LoadPath {
+        endpoints,
+        model: &config.serving,
+    });
+    let (services, mut feed) = start_feed(shape, args.feed, load).await?;
     let outcome = async {
         let indexer = authed(connect(&services.indexer_url).await?, None);
         live::replay(

@@ -90,10 +90,57 @@ fn demo_json_report_is_complete() {
             .sum();
         assert!((shares - 1.0).abs() < 1e-9, "{p}");
     }
+    // The live run's own choices, served on the same model, unpaced (it reads no load).
+    let live = &report["live_serving"];
+    assert_eq!(live["paced"], false, "{live}");
+    assert_eq!(live["route_answers"], 0, "{live}");
+    assert_eq!(live["serving"]["ttft_ms"]["count"], 1500, "{live}");
+    assert_eq!(live["serving"]["hit_rate"], routing[0], "{live}");
     assert!(
         stderr.is_empty() || !stderr.contains("replay ["),
         "no progress bar under --json"
     );
+}
+
+#[test]
+fn demo_routes_by_the_indexers_route_on_the_load_its_producers_scrape() {
+    let (code, stdout, stderr) = demo(&["--json", "--limit", "400", "--policy", "expected-ttft"]);
+    assert_eq!(code, 0, "stderr: {stderr}");
+    let report: serde_json::Value =
+        serde_json::from_str(&stdout).expect("stdout is the JSON report");
+    let live = &report["live_serving"];
+    let n = |v: &serde_json::Value| v.as_f64().unwrap_or_else(|| panic!("{live}"));
+    // Every request went through Route, on the workload's clock.
+    assert_eq!(live["paced"], true, "{live}");
+    assert_eq!(n(&live["route_answers"]), 400.0, "{live}");
+    assert_eq!(n(&live["serving"]["ttft_ms"]["count"]), 400.0, "{live}");
+    assert_eq!(live["serving"]["hit_rate"], report["routing"][0], "{live}");
+    // The load Route used came from the producers scraping the simulated engines (unknown
+    // only before the first report reached the indexer).
+    assert!(
+        n(&live["load_known"]) >= 0.8 * 400.0,
+        "load known in too few answers: {live}"
+    );
+    // Routing on that load cut the tail that deepest-prefix's queues make on the same model.
+    let offline = |policy: &str| {
+        report["serving"]["policies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["policy"] == policy)
+            .map(|p| n(&p["ttft_ms"]["p99"]))
+            .unwrap()
+    };
+    let live_p99 = n(&live["serving"]["ttft_ms"]["p99"]);
+    assert!(
+        live_p99 < offline("deepest-prefix"),
+        "live expected-ttft p99 {live_p99} ms vs deepest-prefix {} ms: {live}",
+        offline("deepest-prefix")
+    );
+    // Without engines to scrape there is no load path: refused before anything starts.
+    let (code, _, stderr) = demo(&["--feed", "grpc", "--policy", "expected-ttft"]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("needs --feed zmq"), "{stderr}");
 }
 
 #[test]

@@ -23,7 +23,7 @@ async fn zmq_feed_has_no_false_negatives_against_the_exact_model() {
         ranks_per_worker: 2,
         capacity_blocks: 48,
     };
-    let (services, mut feed) = start_feed(shape, FeedKind::Zmq).await.expect("start");
+    let (services, mut feed) = start_feed(shape, FeedKind::Zmq, None).await.expect("start");
     assert!(matches!(feed, Feed::Zmq(_)));
     let config = LiveConfig {
         shape,
@@ -34,6 +34,7 @@ async fn zmq_feed_has_no_false_negatives_against_the_exact_model() {
         ready_timeout: Duration::from_secs(60),
         probe_timeout: Duration::from_secs(5),
         settle_timeout: Duration::from_secs(60),
+        engines: None,
     };
     let indexer = ckf_svc_kit::access::authed(connect(&services.indexer_url).await.unwrap(), None);
     let targets = services.targets().await.unwrap();

@@ -81,6 +81,7 @@ async fn mooncake_first_2000_requests_through_three_dcs() {
         ready_timeout: Duration::from_secs(60),
         probe_timeout: Duration::from_secs(5),
         settle_timeout: Duration::from_secs(60),
+        engines: None,
     };
     let indexer = ckf_svc_kit::access::authed(connect(&services.indexer_url).await.unwrap(), None);
     let targets = services.targets().await.unwrap();

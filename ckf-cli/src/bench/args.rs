@@ -29,8 +29,10 @@ pub struct FleetArgs {
     /// blocks; the zmq feed hands each to its engine as one KV block): LRU eviction beyond it.
     #[arg(long, default_value_t = 1_024)]
     pub capacity: usize,
-    /// Routing policy of the live run: deepest-prefix (alias ckf), random or round-robin (the
-    /// report compares every policy, least-loaded and expected-ttft too, on the serving model).
+    /// Routing policy of the live run (the report also compares every policy on the serving
+    /// model). expected-ttft runs live only in `ckf demo` with the zmq feed: routed by the
+    /// indexer's Route on the load the producers scrape from the simulated engines, with the
+    /// requests sent on the workload's clock (timestamps / --speed).
     #[arg(long, value_enum, default_value_t = Policy::DeepestPrefix)]
     pub policy: Policy,
     /// Replay at most this many requests (default: all of a trace; 4000 synthetic ones).

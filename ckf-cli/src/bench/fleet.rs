@@ -185,6 +185,11 @@ impl Fleet {
         self.caches[self.index(rank_id)].len()
     }
 
+    /// The share of `rank_id`'s capacity its cache fills (its KV-cache usage, 0..=1).
+    pub fn kv_usage(&self, rank_id: RankId) -> f64 {
+        self.rank_len(rank_id) as f64 / self.shape.capacity_blocks as f64
+    }
+
     /// The DC-local placement rule, the same for every routing policy: the deepest-prefix rule
     /// ([`best_dc`]) over the DC's ranks with their exact cached depths and served-request
     /// counts. (Inside a DC the local router knows its ranks exactly; the global index decides

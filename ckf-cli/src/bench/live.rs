@@ -1,8 +1,11 @@
 //! The live replay: the simulated fleet driving real producers and a real indexer over gRPC.
 //!
-//! Per request, in trace order: query the indexer (`FindMatches`), judge the answer against the
-//! oracle, route by the policy, serve on the fleet, send the rank's KV events to its DC's producer
-//! (`PublishBatch`) and, now and then, start a visibility probe. After the last request: a final
+//! Per request, in trace order: query the indexer (`FindMatches`, or `Route` for expected-ttft),
+//! judge the answer against the oracle, route by the policy, serve on the fleet and on the
+//! serving model's pools ([`engines::EngineBoard`]), send the rank's KV events to its DC's
+//! producer (`PublishBatch`) and, now and then, start a visibility probe. Expected-ttft needs the
+//! load path ([`LiveConfig::engines`]): its requests are sent on the workload's clock, so the
+//! load the producers scrape from the simulated engines is the pools' load at that moment. After the last request: a final
 //! drain (a sentinel store per DC, waited for until visible), a re-query of every distinct request
 //! with nothing in flight, producer statistics, and offline baselines for the other policies.
 //!
@@ -32,12 +35,18 @@ use crate::bench::policy::{Policy, Router, Signals};
 use crate::bench::probe::{Probes, wait_visible};
 use crate::bench::publisher::EnginePublisher;
 use crate::bench::report::{
-    Cost, DcCost, FinalCheck, Report, ServingComparison, Throughput, WorkloadInfo,
+    Cost, DcCost, FinalCheck, LiveServing, Report, ServingComparison, Throughput, WorkloadInfo,
 };
 use crate::bench::sim::{HitRate, ServingModel};
 use crate::bench::stats::Summary;
 use crate::bench::trace::Request;
 use crate::hashing::block_hashes;
+
+mod drain;
+pub mod engines;
+
+use drain::{Sentinel, clear_members, zmq_settle};
+use engines::EngineBoard;
 
 /// The member the replay uses for drain sentinels: `(worker_id = u64::MAX, dp_rank = 0)`.
 pub const PROBE_WORKER: u64 = u64::MAX;
@@ -70,6 +79,21 @@ pub struct LiveConfig {
     pub probe_timeout: Duration,
     /// How long the final drain waits for each DC.
     pub settle_timeout: Duration,
+    /// The simulated engines whose load the producers scrape (`ckf demo` with expected-ttft):
+    /// the live run then routes by the indexer's `Route` on the workload's clock.
+    pub engines: Option<LiveEngines>,
+}
+
+/// The live run's simulated engines, on the producers' load path.
+#[derive(Debug, Clone)]
+pub struct LiveEngines {
+    /// Their pools and clock (the live run serves on them; their endpoints show them).
+    pub board: Arc<EngineBoard>,
+    /// The indexer's tokens per workload token: its block size / the workload's 512-token
+    /// blocks (`Route`'s cached tokens are depth x its block size), so a request's prompt is
+    /// sent to `Route` in the indexer's unit, as the producers' capacities and
+    /// `route.queued_request_tokens` are given.
+    pub token_scale: f64,
 }
 
 /// Whether to draw a progress bar: not under `--json`, and only when stdout is a terminal.
@@ -146,10 +170,11 @@ pub async fn replay(
     let shape = config.shape;
     shape.validate().map_err(|e| anyhow!(e))?;
     config.serving.validate(shape.dcs).map_err(|e| anyhow!(e))?;
-    if !config.policy.runs_live() {
+    if !config.policy.runs_live(config.engines.is_some()) {
         bail!(
-            "--policy {}: the live run has no serving model; it runs deepest-prefix, random or \
-             round-robin (the report compares every policy on the serving model)",
+            "--policy {}: the live run routes by the indexer's Route only where producers scrape \
+             simulated engines' load: run it with `ckf demo` (zmq feed); the report compares \
+             every policy on the serving model",
             config.policy.name()
         );
     }
@@ -215,6 +240,25 @@ pub async fn replay(
     }
 
     let relay_before = relay_bytes(&dcs).await;
+    // The live run's choices are served on the serving model: on the simulated engines the
+    // producers scrape when there are any, else on private pools.
+    let routes = config.policy == Policy::ExpectedTtft;
+    let board = config.engines.as_ref().map_or_else(
+        || EngineBoard::new(shape, &config.serving),
+        |e| e.board.clone(),
+    );
+    let token_scale = config.engines.as_ref().map_or(1.0, |e| e.token_scale);
+    let rtt_ms: HashMap<String, f64> = dcs
+        .iter()
+        .zip(&config.serving.dcs)
+        .map(|(dc, serving)| (dc.name.clone(), serving.rtt_ms))
+        .collect();
+    let mut clock = ModelClock::new(config.serving.speed);
+    if let Some(first) = workload.requests.first() {
+        board.start(clock.time_of(first));
+    }
+    let late_after = config.serving.load_interval_ms / 1e3;
+    let (mut route_answers, mut load_known, mut late) = (0u64, 0u64, 0u64);
     let mut fleet = Fleet::new(shape);
     let mut router = Router::new(config.policy, config.seed);
     let mut accuracy = Accuracy::default();
@@ -227,20 +271,55 @@ pub async fn replay(
     for (i, request) in hashes.iter().enumerate() {
         // Watermarks before the query: a batch confirmed visible only while the query was in
         // flight may be newer than what the query captured.
+        let t = clock.time_of(&workload.requests[i]);
+        if routes {
+            board.wait_until(t).await;
+            late += u64::from(board.now() - t > late_after);
+        }
         let watermarks = probes.watermarks();
         let asked = Instant::now();
-        let answer = ask(&mut query, request, tokens.get(i), "FindMatches").await?;
+        let (reported, fastest) = if routes {
+            let prompt = workload.requests[i].input_length as f64 * token_scale;
+            let answer = ask_route(&mut query, request, tokens.get(i), prompt, &rtt_ms).await?;
+            let chosen = answer.ranked.iter().find(|r| r.lane == answer.chosen_lane);
+            let (Some(chosen), Some(&dc)) = (chosen, lane_to_dc.get(&answer.chosen_lane)) else {
+                bail!(
+                    "Route chose no DC of this fleet (lane {})",
+                    answer.chosen_lane
+                );
+            };
+            route_answers += 1;
+            load_known += u64::from(chosen.load_state == v1::LoadState::Known as i32);
+            let depths = answer.ranked.iter().map(|r| (r.lane, r.depth));
+            (reported_depths(depths, &lane_to_dc, shape.dcs), Some(dc))
+        } else {
+            let answer = ask(&mut query, request, tokens.get(i), "FindMatches").await?;
+            let depths = answer.matches.iter().map(|m| (m.lane, m.depth));
+            (reported_depths(depths, &lane_to_dc, shape.dcs), None)
+        };
         latencies_us.push(asked.elapsed().as_secs_f64() * 1e6);
-        let reported = record_answer(
-            &mut accuracy,
+        accuracy.record(
             request,
-            &answer,
-            &lane_to_dc,
-            &fleet,
+            &reported,
+            fleet.oracle(),
             &watermarks,
+            fleet.dc_load(),
         );
-        let dc = router.choose(&Signals::without_serving(&reported, fleet.dc_load()));
+        let in_flight = board.pools().in_flight(t);
+        let dc = router.choose(&Signals {
+            depths: &reported,
+            served: fleet.dc_load(),
+            in_flight: &in_flight,
+            fastest,
+        });
         let served = fleet.serve(dc, request);
+        {
+            let mut pools = board.pools();
+            pools.forget_until(t);
+            let input_length = workload.requests[i].input_length;
+            let kv_usage = fleet.kv_usage(served.rank_id);
+            pools.admit(t, served.rank_id, input_length, served.reused, kv_usage);
+        }
         requested += served.requested as u64;
         reused += served.reused as u64;
         // The ZMQ feed publishes here; the gRPC one below (with the producer's omissions).
@@ -357,7 +436,18 @@ pub async fn replay(
         &config.serving,
         config.seed,
     );
-    let mut routing = vec![HitRate::new(config.policy, "indexer", requested, reused)];
+    let live_hit_rate = HitRate::new(config.policy, "indexer", requested, reused);
+    let live_serving = LiveServing {
+        serving: board
+            .pools()
+            .clone()
+            .finish(config.policy, live_hit_rate.clone()),
+        paced: routes,
+        route_answers,
+        load_known,
+        late,
+    };
+    let mut routing = vec![live_hit_rate];
     routing.extend(serving.policies.iter().map(|p| p.hit_rate.clone()));
     let distinct: HashSet<u64> = hashes.iter().flatten().copied().collect();
     let queries = hashes.len() as u64;
@@ -396,6 +486,7 @@ pub async fn replay(
         },
         routing,
         serving,
+        live_serving,
         cost: Cost::new(dc_costs, wire_bytes, relay, events),
     })
 }
@@ -513,25 +604,6 @@ async fn publish(dc: &mut Dc, batch: KvEventBatch) -> Result<v1::KvEventBatchRes
     Ok(result)
 }
 
-/// Removes every fleet worker (and the probe member) from every producer.
-async fn clear_members(dcs: &mut [Dc], sources: &mut Sources, shape: FleetShape) -> Result<()> {
-    for dc in dcs.iter_mut() {
-        let events = (0..shape.workers_per_dc as u64)
-            .chain([PROBE_WORKER])
-            .map(|worker_id| v1::KvEvent {
-                member: Some(v1::MemberId {
-                    worker_id,
-                    dp_rank: 0,
-                }),
-                kind: Some(Kind::WorkerRemoved(v1::WorkerRemoved {})),
-            })
-            .collect();
-        let batch = sources.batch(&format!("{}/control", dc.name), events);
-        publish(dc, batch).await?;
-    }
-    Ok(())
-}
-
 /// Publisher rank_ids per DC must match the fleet shape.
 fn check_publishers(z: &ZmqFeed, shape: FleetShape) -> Result<()> {
     if z.publishers.len() != shape.dcs
@@ -561,119 +633,6 @@ fn engine_event_blocks(event: &ckf_engine::encode::Event) -> usize {
     }
 }
 
-/// The ZMQ drain: every publisher stores a fresh block (a root of tokens nothing else has) and
-/// it is waited for until the indexer shows it, then removed. Visible means the producer has
-/// applied everything that publisher sent before; it also proves the subscription is live, so
-/// the store is sent again each attempt that sees nothing (a PUB socket drops what it sends
-/// before its subscriber has joined).
-async fn zmq_settle(
-    z: &mut ZmqFeed,
-    dcs: &[Dc],
-    query: &mut QueryClient<AuthedChannel>,
-    ranks: usize,
-    timeout: Duration,
-) -> Result<()> {
-    use ckf_engine::encode::{Batch, BlockRemoved, BlockStored, Event};
-    const ATTEMPT: Duration = Duration::from_millis(200);
-    let run: u64 = rand::random::<u64>() | (1 << 63);
-    for (dc, publishers) in z.publishers.iter_mut().enumerate() {
-        for (rank_id, publisher) in publishers.iter_mut().enumerate() {
-            z.next_sentinel += 1;
-            let id = run ^ z.next_sentinel;
-            let canonical = z.tokens.request(&[id])?.canonical[0];
-            let engine = z
-                .tokens
-                .engine_of(canonical)
-                .context("sentinel engine hash")?;
-            let block_size = z.tokens.block_size();
-            let rank = Some((rank_id % ranks) as i64);
-            let store = Batch {
-                ts: unix_seconds(),
-                events: vec![Event::Stored(BlockStored {
-                    block_hashes: vec![engine],
-                    token_ids: crate::bench::feed::block_tokens(id, block_size),
-                    block_size,
-                    medium: Some(crate::bench::feed::MEDIUM.into()),
-                    ..BlockStored::default()
-                })],
-                data_parallel_rank: rank,
-            };
-            let deadline = Instant::now() + timeout;
-            let mut seen = None;
-            while seen.is_none() && Instant::now() < deadline {
-                publisher.publish(&store).await?;
-                seen =
-                    wait_visible(query, dcs[dc].lane, canonical, Instant::now() + ATTEMPT).await?;
-            }
-            let remove = Batch {
-                ts: unix_seconds(),
-                events: vec![Event::Removed(BlockRemoved {
-                    block_hashes: vec![engine],
-                    medium: Some(crate::bench::feed::MEDIUM.into()),
-                    ..BlockRemoved::default()
-                })],
-                data_parallel_rank: rank,
-            };
-            publisher.publish(&remove).await?;
-            if seen.is_none() {
-                bail!(
-                    "DC {} publisher {} did not drain within {:?}",
-                    dcs[dc].name,
-                    publisher.endpoint(),
-                    timeout
-                );
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Drain sentinels: a fresh block stored by the probe member, waited for, then removed.
-struct Sentinel {
-    run_hash: u64,
-    next: u64,
-}
-
-impl Sentinel {
-    async fn settle(
-        &mut self,
-        dcs: &mut [Dc],
-        query: &mut QueryClient<AuthedChannel>,
-        sources: &mut Sources,
-        timeout: Duration,
-    ) -> Result<()> {
-        for dc in dcs.iter_mut() {
-            self.next += 1;
-            let hash = crate::hashing::chain(self.run_hash, self.next);
-            let member = Some(v1::MemberId {
-                worker_id: PROBE_WORKER,
-                dp_rank: 0,
-            });
-            let store = v1::KvEvent {
-                member,
-                kind: Some(Kind::Stored(v1::Stored {
-                    block_hashes: vec![hash],
-                    parent_hash: None,
-                })),
-            };
-            let source = format!("{}/probe", dc.name);
-            publish(dc, sources.batch(&source, vec![store])).await?;
-            let seen = wait_visible(query, dc.lane, hash, Instant::now() + timeout).await?;
-            let remove = v1::KvEvent {
-                member,
-                kind: Some(Kind::Removed(v1::Removed {
-                    block_hashes: vec![hash],
-                })),
-            };
-            publish(dc, sources.batch(&source, vec![remove])).await?;
-            if seen.is_none() {
-                bail!("DC {} did not drain within {:?}", dc.name, timeout);
-            }
-        }
-        Ok(())
-    }
-}
-
 /// Re-queries every distinct request against the final oracle.
 async fn final_check(
     query: &mut QueryClient<AuthedChannel>,
@@ -691,13 +650,14 @@ async fn final_check(
             continue;
         }
         let answer = ask(query, request, tokens.get(i), "FindMatches (final check)").await?;
-        record_answer(
-            &mut accuracy,
+        let depths = answer.matches.iter().map(|m| (m.lane, m.depth));
+        let reported = reported_depths(depths, lane_to_dc, fleet.shape().dcs);
+        accuracy.record(
             request,
-            &answer,
-            lane_to_dc,
-            fleet,
+            &reported,
+            fleet.oracle(),
             &watermarks,
+            fleet.dc_load(),
         );
     }
     Ok(accuracy)
@@ -759,38 +719,71 @@ pub async fn find_matches(
         .into_inner())
 }
 
-/// Judges `answer` to `request` against the fleet's oracle (visibility per DC from
-/// `watermarks`) into `accuracy`; returns the depth reported per DC (`None`: no answer for
-/// that DC's lane).
-fn record_answer(
-    accuracy: &mut Accuracy,
-    request: &[u64],
-    answer: &FindMatchesResponse,
-    lane_to_dc: &HashMap<u32, usize>,
-    fleet: &Fleet,
-    watermarks: &[u64],
-) -> Vec<Option<usize>> {
-    let reported = reported_depths(answer, lane_to_dc, fleet.shape().dcs);
-    accuracy.record(
-        request,
-        &reported,
-        fleet.oracle(),
-        watermarks,
-        fleet.dc_load(),
-    );
-    reported
-}
-
+/// The depth an answer reports per DC (`None`: no answer for that DC's lane), from its
+/// `(lane, depth)` entries.
 fn reported_depths(
-    answer: &ckf_proto::v1::FindMatchesResponse,
+    answer: impl Iterator<Item = (u32, u32)>,
     lane_to_dc: &HashMap<u32, usize>,
     dcs: usize,
 ) -> Vec<Option<usize>> {
     let mut reported = vec![None; dcs];
-    for m in &answer.matches {
-        if let Some(&dc) = lane_to_dc.get(&m.lane) {
-            reported[dc] = Some(m.depth as usize);
+    for (lane, depth) in answer {
+        if let Some(&dc) = lane_to_dc.get(&lane) {
+            reported[dc] = Some(depth as usize);
         }
     }
     reported
+}
+
+/// The indexer's `Route` answer for a request (by its tokens when given, else its block
+/// hashes), booked: `prompt` tokens in the indexer's unit, the round trips by DC id.
+///
+/// # Errors
+/// The failed call's status.
+async fn ask_route(
+    query: &mut QueryClient<AuthedChannel>,
+    request: &[u64],
+    tokens: Option<&Vec<u32>>,
+    prompt: f64,
+    rtt_ms: &HashMap<String, f64>,
+) -> Result<v1::RouteResponse> {
+    let ask = match tokens {
+        Some(tokens) => v1::route_request::Query::Tokens(v1::FindMatchesByTokensRequest {
+            token_ids: tokens.clone(),
+            ..Default::default()
+        }),
+        None => v1::route_request::Query::Hashes(FindMatchesRequest {
+            block_hashes: request.to_vec(),
+        }),
+    };
+    Ok(query
+        .route(v1::RouteRequest {
+            query: Some(ask),
+            request_tokens: prompt.ceil().max(1.0) as u64,
+            rtt_ms: rtt_ms.clone(),
+            dry_run: false,
+        })
+        .await
+        .context("Route")?
+        .into_inner())
+}
+
+/// The model's time of each request in replay order: its timestamp / speed, never before the
+/// previous request's (as the serving model counts out-of-order arrivals).
+struct ModelClock {
+    speed: f64,
+    last: f64,
+}
+
+impl ModelClock {
+    fn new(speed: f64) -> Self {
+        Self { speed, last: 0.0 }
+    }
+
+    fn time_of(&mut self, request: &Request) -> f64 {
+        self.last = self
+            .last
+            .max(request.timestamp_ms as f64 / 1_000.0 / self.speed);
+        self.last
+    }
 }

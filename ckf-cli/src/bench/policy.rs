@@ -51,13 +51,11 @@ impl Policy {
         }
     }
 
-    /// Whether a live replay can run it: the live run has no serving model (no in-flight
-    /// requests, no load reports), so only the policies that read the index or nothing.
-    pub fn runs_live(self) -> bool {
-        matches!(
-            self,
-            Policy::DeepestPrefix | Policy::Random | Policy::RoundRobin
-        )
+    /// Whether a live replay can run it: every policy but expected-ttft, which needs
+    /// `load_path` (producers scraping the live run's simulated engines, so the indexer's
+    /// `Route` has the load it routes by).
+    pub fn runs_live(self, load_path: bool) -> bool {
+        self != Policy::ExpectedTtft || load_path
     }
 }
 
@@ -220,7 +218,8 @@ mod tests {
             fastest: Some(1),
         };
         assert_eq!(r.choose(&signals), 1);
-        assert!(!Policy::LeastLoaded.runs_live() && !Policy::ExpectedTtft.runs_live());
+        assert!(Policy::LeastLoaded.runs_live(false) && Policy::ExpectedTtft.runs_live(true));
+        assert!(!Policy::ExpectedTtft.runs_live(false));
     }
 
     #[test]

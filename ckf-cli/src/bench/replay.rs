@@ -65,6 +65,7 @@ pub fn live_config(
         ready_timeout: Duration::from_secs(timeouts.ready_timeout_s),
         probe_timeout: Duration::from_millis(timeouts.probe_timeout_ms),
         settle_timeout: Duration::from_secs(timeouts.settle_timeout_s),
+        engines: None,
     })
 }
 

@@ -46,6 +46,8 @@ pub struct Report {
     pub routing: Vec<HitRate>,
     /// Every policy on the serving model: hit rate, time to first token, shares, peak queues.
     pub serving: ServingComparison,
+    /// The live run's choices on the same serving model.
+    pub live_serving: LiveServing,
     /// Memory and wire cost.
     pub cost: Cost,
 }
@@ -165,23 +167,7 @@ impl ServingComparison {
             "policy", "hit rate", "TTFT mean", "p50", "p90", "p99"
         )?;
         for p in &self.policies {
-            let t = &p.ttft_ms;
-            let dcs: Vec<String> = p
-                .dcs
-                .iter()
-                .map(|d| format!("{:.0}%/{}", d.share * 100.0, d.peak_queue))
-                .collect();
-            writeln!(
-                out,
-                "  {:<15} {:>8} {:>7.0}ms {:>7.0}ms {:>7.0}ms {:>7.0}ms  {}",
-                p.policy.name(),
-                pct(p.hit_rate.hit_rate),
-                t.mean,
-                t.p50,
-                t.p90,
-                t.p99,
-                dcs.join(" ")
-            )?;
+            write_serving_row(out, p.policy.name(), p)?;
         }
         let targets = self.targets();
         if !targets.is_empty() {
@@ -190,6 +176,67 @@ impl ServingComparison {
                 .map(|(what, met)| format!("{what} {}", if *met { "met" } else { "MISSED" }))
                 .collect();
             writeln!(out, "  expected-ttft: {}", marks.join("; "))?;
+        }
+        Ok(())
+    }
+}
+
+/// One policy's line of the serving table.
+fn write_serving_row(out: &mut String, label: &str, p: &PolicyServing) -> fmt::Result {
+    let t = &p.ttft_ms;
+    let dcs: Vec<String> = p
+        .dcs
+        .iter()
+        .map(|d| format!("{:.0}%/{}", d.share * 100.0, d.peak_queue))
+        .collect();
+    writeln!(
+        out,
+        "  {:<15} {:>8} {:>7.0}ms {:>7.0}ms {:>7.0}ms {:>7.0}ms  {}",
+        label,
+        pct(p.hit_rate.hit_rate),
+        t.mean,
+        t.p50,
+        t.p90,
+        t.p99,
+        dcs.join(" ")
+    )
+}
+
+/// The live run's choices served on the serving model.
+#[derive(Debug, Clone, Serialize)]
+pub struct LiveServing {
+    /// Hit rate (the live run's), TTFT, shares and peak queues of the live run's choices.
+    pub serving: PolicyServing,
+    /// Whether requests were sent on the workload's clock (timestamps / speed) rather than as
+    /// fast as the services answer: so when the live run reads the indexer's load.
+    pub paced: bool,
+    /// `Query/Route` answers the live run routed by (expected-ttft; 0 otherwise).
+    pub route_answers: u64,
+    /// Those whose chosen DC's load was known (a report within the indexer's staleness
+    /// bound, scraped from the simulated engines by the DC's producer).
+    pub load_known: u64,
+    /// Paced requests sent later than their time on the workload's clock by more than the
+    /// load interval (the services or this machine could not keep up).
+    pub late: u64,
+}
+
+impl LiveServing {
+    /// The live run's line under the serving table, and what it routed on.
+    ///
+    /// # Errors
+    /// Never (writes to a `String`).
+    pub fn write_text(&self, out: &mut String) -> fmt::Result {
+        let label = format!("{} (live)", self.serving.policy.name());
+        write_serving_row(out, &label, &self.serving)?;
+        if self.route_answers > 0 {
+            writeln!(
+                out,
+                "  live: {} requests routed by the indexer's Route on the workload's clock, the chosen DC's load known in {} ({}); {} sent late",
+                self.route_answers,
+                self.load_known,
+                pct(self.load_known as f64 / self.route_answers as f64),
+                self.late
+            )?;
         }
         Ok(())
     }
@@ -463,6 +510,7 @@ impl fmt::Display for Report {
         }
         writeln!(out)?;
         self.serving.write_text(&mut out)?;
+        self.live_serving.write_text(&mut out)?;
         let c = &self.cost;
         writeln!(out, "\ncost")?;
         writeln!(

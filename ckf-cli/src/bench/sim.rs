@@ -26,17 +26,18 @@
 //! - **Peak queue**: the most requests waiting (arrived, not started) at a DC's engines at once,
 //!   seen when a request arrives there.
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
 use std::time::Duration;
 
-use ckf_core::route::{Bookings, DcInput, EngineLoad, EngineShare, PoolLoad, RouteModel, route};
+use ckf_core::route::{Bookings, DcInput, PoolLoad, RouteModel, route};
 use serde::Serialize;
 
 use crate::bench::fleet::{Fleet, FleetShape};
 use crate::bench::policy::{Policy, Router, Signals};
 use crate::bench::stats::Summary;
 use crate::bench::trace::{Request, TOKENS_PER_BLOCK};
+
+mod pools;
+pub use pools::Pools;
 
 /// Prefix-cache hit rate of one policy on one workload and fleet.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -204,45 +205,6 @@ pub struct DcServed {
     pub peak_queue: u64,
 }
 
-/// One engine: first come first served, one request at a time.
-#[derive(Debug, Clone, Default)]
-struct Engine {
-    busy_until: f64,
-    /// Requests not known to be finished at the last observation: (arrival, start, finish), s.
-    jobs: VecDeque<(f64, f64, f64)>,
-}
-
-impl Engine {
-    /// Queues a request arriving at `arrival` with `work` seconds of prefill; its finish time.
-    fn admit(&mut self, arrival: f64, work: f64) -> f64 {
-        let start = arrival.max(self.busy_until);
-        let finish = start + work;
-        self.busy_until = finish;
-        self.jobs.push_back((arrival, start, finish));
-        finish
-    }
-
-    /// Requests running and waiting at `t`.
-    fn load_at(&self, t: f64) -> (u32, u32) {
-        let (mut running, mut waiting) = (0, 0);
-        for &(arrival, start, finish) in &self.jobs {
-            if start <= t && t < finish {
-                running += 1;
-            } else if arrival <= t && t < start {
-                waiting += 1;
-            }
-        }
-        (running, waiting)
-    }
-
-    /// Forgets the requests finished by `t`.
-    fn forget_until(&mut self, t: f64) {
-        while self.jobs.front().is_some_and(|&(_, _, finish)| finish <= t) {
-            self.jobs.pop_front();
-        }
-    }
-}
-
 /// Replays `requests` (with their block hashes `hashes`, one entry each) through a fresh fleet
 /// with `policy` on the serving model `model`, exact oracle depths as the index.
 ///
@@ -256,17 +218,13 @@ pub fn serve(
     policy: Policy,
     seed: u64,
 ) -> PolicyServing {
-    model.validate(shape.dcs).expect("valid serving model");
     assert_eq!(requests.len(), hashes.len(), "one hash list per request");
+    let mut pools = Pools::new(shape, model);
     let dcs = shape.dcs;
-    let per_dc = shape.ranks_per_dc();
     let route_model = model.route_model();
     let interval = model.load_interval_ms / 1_000.0;
     let mut fleet = Fleet::new(shape);
     let mut router = Router::new(policy, seed);
-    let mut engines = vec![Engine::default(); dcs * per_dc];
-    // First tokens not back yet at the router, per DC (ns, earliest first).
-    let mut returns: Vec<BinaryHeap<Reverse<u64>>> = vec![BinaryHeap::new(); dcs];
     let mut observed: Vec<Option<(PoolLoad, f64)>> = vec![None; dcs];
     let mut bookings = Bookings::default();
     // The route model's clock: sim time t is `origin + t`.
@@ -280,8 +238,6 @@ pub fn serve(
     let mut now = 0.0_f64;
     let mut next_observation = interval;
     let (mut requested, mut reused) = (0u64, 0u64);
-    let mut ttfts = Vec::with_capacity(requests.len());
-    let mut served = vec![DcServed::default(); dcs];
     for (request, hashes) in requests.iter().zip(hashes) {
         // Arrivals in trace order: a timestamp before the previous one counts as the previous.
         now = now.max(request.timestamp_ms as f64 / 1_000.0 / model.speed);
@@ -289,21 +245,12 @@ pub fn serve(
             // The last observation time at or before now (never after it, whatever the rounding).
             let at = ((now / interval).floor() * interval).min(now);
             for (dc, seen) in observed.iter_mut().enumerate() {
-                let pool = &mut engines[dc * per_dc..(dc + 1) * per_dc];
-                *seen = observe(&fleet, dc, pool, model.dcs[dc], at).map(|load| (load, at));
+                *seen = pools.observe(dc, at).map(|load| (load, at));
                 bookings.reported(lane(dc), instant(at));
             }
             next_observation = at + interval;
         }
-        let in_flight: Vec<u64> = returns
-            .iter_mut()
-            .map(|heap| {
-                while heap.peek().is_some_and(|&Reverse(t)| t as f64 <= now * 1e9) {
-                    heap.pop();
-                }
-                heap.len() as u64
-            })
-            .collect();
+        let in_flight = pools.in_flight(now);
         let depths: Vec<usize> = fleet.oracle().depths(hashes);
         let fastest = (policy == Policy::ExpectedTtft).then(|| {
             let inputs: Vec<DcInput> = (0..dcs)
@@ -335,74 +282,23 @@ pub fn serve(
         let result = fleet.serve(dc, hashes);
         requested += result.requested as u64;
         reused += result.reused as u64;
-        let cached = (result.reused as u64 * TOKENS_PER_BLOCK).min(request.input_length);
-        let uncached = (request.input_length - cached) as f64;
-        let DcServing {
-            prefill_tokens_per_s,
-            rtt_ms,
-        } = model.dcs[dc];
-        let engine_rate = prefill_tokens_per_s / per_dc as f64;
-        let half_trip = rtt_ms / 2_000.0;
-        let arrival = now + half_trip;
-        let rank = result.rank_id.worker * shape.ranks_per_worker + result.rank_id.rank;
-        let first_token = engines[dc * per_dc + rank].admit(arrival, uncached / engine_rate);
-        let back = first_token + half_trip;
-        ttfts.push((back - now) * 1e3);
-        returns[dc].push(Reverse((back * 1e9) as u64));
-        let waiting: u32 = engines[dc * per_dc..(dc + 1) * per_dc]
-            .iter()
-            .map(|e| e.load_at(arrival).1)
-            .sum();
-        let entry = &mut served[dc];
-        entry.requests += 1;
-        entry.peak_queue = entry.peak_queue.max(u64::from(waiting));
+        pools.admit(
+            now,
+            result.rank_id,
+            request.input_length,
+            result.reused,
+            fleet.kv_usage(result.rank_id),
+        );
     }
-    let total = requests.len().max(1) as f64;
-    for entry in &mut served {
-        entry.share = entry.requests as f64 / total;
-    }
-    PolicyServing {
+    pools.finish(
         policy,
-        hit_rate: HitRate::new(policy, "exact oracle", requested, reused),
-        ttft_ms: Summary::of(&ttfts),
-        dcs: served,
-    }
+        HitRate::new(policy, "exact oracle", requested, reused),
+    )
 }
 
 /// DC `dc`'s lane in the route model (the DC index: at most 16 DCs).
 fn lane(dc: usize) -> ckf_core::identity::LaneIndex {
     ckf_core::identity::LaneIndex::try_from(dc).expect("at most 16 DCs")
-}
-
-/// A pool's load at `at` as its producer would report it: every engine's running and waiting
-/// requests and KV-cache usage, at its share of the capacity.
-fn observe(
-    fleet: &Fleet,
-    dc: usize,
-    pool: &mut [Engine],
-    serving: DcServing,
-    at: f64,
-) -> Option<PoolLoad> {
-    let capacity = fleet.shape().capacity_blocks as f64;
-    let rate = serving.prefill_tokens_per_s / pool.len() as f64;
-    let shares: Vec<EngineShare> = fleet
-        .rank_ids(dc)
-        .zip(pool.iter_mut())
-        .map(|(rank_id, engine)| {
-            engine.forget_until(at);
-            let (running, waiting) = engine.load_at(at);
-            EngineShare {
-                load: Some(EngineLoad {
-                    running,
-                    waiting,
-                    kv_usage: fleet.rank_len(rank_id) as f64 / capacity,
-                }),
-                prefill_tokens_per_s: rate,
-                ranks: 1,
-            }
-        })
-        .collect();
-    PoolLoad::from_engines(&shares)
 }
 
 #[cfg(test)]
