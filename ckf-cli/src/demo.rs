@@ -314,6 +314,5 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     }
     .await;
     services.shutdown().await?;
-    print_report(&outcome?, args.fleet.json);
-    Ok(())
+    print_report(&outcome?, args.fleet.json)
 }

@@ -50,6 +50,10 @@ fn main() -> std::process::ExitCode {
     });
     match result {
         Ok(code) => std::process::ExitCode::from(code),
+        // The reader of standard output has gone (`ckf lanes | head`): nothing left to say.
+        Err(e) if e.chain().any(|c| c.is::<ckf_cli::out::StdoutClosed>()) => {
+            std::process::ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("error: {e:#}");
             let hint = target

@@ -367,3 +367,21 @@ async fn query_by_tokens_against_running_services() {
 
     services.shutdown().await.unwrap();
 }
+
+/// `ckf ... | head`: a reader that closes standard output early ends the command quietly (exit
+/// 0, nothing on stderr), not with a panic about printing.
+#[test]
+fn a_closed_standard_output_ends_a_command_quietly() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ckf"))
+        .args(["simulate", "--limit", "200"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run ckf");
+    // Close the read end before the command writes (it simulates first).
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("ckf ends");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "stderr: {stderr}");
+    assert!(stderr.is_empty(), "stderr: {stderr}");
+}

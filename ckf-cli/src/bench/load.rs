@@ -194,12 +194,12 @@ pub async fn run(args: LoadArgs) -> Result<()> {
         indexer_cpu,
     };
     if args.json {
-        println!(
+        crate::outln!(
             "{}",
             serde_json::to_string_pretty(&json_report(&args, per_message, &report))?
-        );
+        )?;
     } else {
-        print!("{}", text_report(&args, per_message, &report));
+        crate::out!("{}", text_report(&args, per_message, &report))?;
     }
     Ok(())
 }

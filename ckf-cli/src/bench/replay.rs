@@ -120,17 +120,20 @@ pub async fn replay(args: ReplayArgs) -> Result<()> {
     let shape = args.fleet.shape(targets.len());
     let config = live_config(&args.fleet, &args.timeouts, shape, &workload)?;
     let report = live::replay(&workload, indexer, targets, &config, &mut live::Feed::Grpc).await?;
-    print_report(&report, args.fleet.json);
-    Ok(())
+    print_report(&report, args.fleet.json)
 }
 
 /// Prints a report as text or JSON.
-pub fn print_report(report: &crate::bench::report::Report, json: bool) {
+///
+/// # Errors
+/// Standard output closed or failing ([`crate::out`]).
+pub fn print_report(report: &crate::bench::report::Report, json: bool) -> Result<()> {
     if json {
-        println!("{}", report.to_json());
+        crate::outln!("{}", report.to_json())?;
     } else {
-        print!("{report}");
+        crate::out!("{report}")?;
     }
+    Ok(())
 }
 
 /// `ckf simulate`.
@@ -155,7 +158,7 @@ pub fn simulate_cmd(args: SimulateArgs) -> Result<()> {
         ServingComparison::run(&workload.requests, &hashes, shape, &model, args.fleet.seed);
     if args.fleet.json {
         let out = json!({ "workload": workload.source, "requests": hashes.len(), "fleet": shape, "serving": serving });
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        crate::outln!("{}", serde_json::to_string_pretty(&out)?)?;
     } else {
         let mut out = format!(
             "{} ({} requests); {} DCs x {} workers x {} ranks, {} blocks per rank\n",
@@ -167,7 +170,7 @@ pub fn simulate_cmd(args: SimulateArgs) -> Result<()> {
             shape.capacity_blocks
         );
         serving.write_text(&mut out)?;
-        print!("{out}");
+        crate::out!("{out}")?;
     }
     Ok(())
 }

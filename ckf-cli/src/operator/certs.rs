@@ -103,7 +103,7 @@ pub fn run(args: &CertsArgs) -> Result<()> {
     for output in &outputs {
         let path = args.out.join(&output.name);
         write_file(&path, &output.contents, output.secret)?;
-        println!("wrote {}", path.display());
+        crate::outln!("wrote {}", path.display())?;
     }
     Ok(())
 }

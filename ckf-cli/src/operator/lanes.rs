@@ -74,18 +74,29 @@ pub async fn lanes(args: LanesArgs) -> Result<()> {
             "domain": answer.domain, "consumer_instance": answer.consumer_instance,
             "bucket_count": format.bucket_count, "seed": format.seed, "lanes": lanes,
         });
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        crate::outln!("{}", serde_json::to_string_pretty(&out)?)?;
         return Ok(());
     }
     let format = answer.format.unwrap_or_default();
-    println!(
+    crate::outln!(
         "domain {}  consumer instance {:#x}  format v{} ({} buckets, seed {})",
-        answer.domain, answer.consumer_instance, format.version, format.bucket_count, format.seed
-    );
-    println!(
+        answer.domain,
+        answer.consumer_instance,
+        format.version,
+        format.bucket_count,
+        format.seed
+    )?;
+    crate::outln!(
         "{:>4}  {:<12} {:<17} {:>5} {:>10} {:>9} {:>7} {:>7}  last reason",
-        "lane", "dc", "state", "epoch", "installed", "age ms", "load", "retired"
-    );
+        "lane",
+        "dc",
+        "state",
+        "epoch",
+        "installed",
+        "age ms",
+        "load",
+        "retired"
+    )?;
     for l in &answer.lanes {
         let dc = l.pool.as_ref().map_or("?", |p| p.dc.as_str());
         let age = l
@@ -95,7 +106,7 @@ pub async fn lanes(args: LanesArgs) -> Result<()> {
         if !l.last_retire_detail.is_empty() {
             reason = format!("{reason}: {}", l.last_retire_detail);
         }
-        println!(
+        crate::outln!(
             "{:>4}  {:<12} {:<17} {:>5} {:>10} {:>9} {:>6.1}% {:>7}  {}{}",
             l.lane,
             dc,
@@ -111,9 +122,9 @@ pub async fn lanes(args: LanesArgs) -> Result<()> {
                 (true, None) => " (drained)".to_owned(),
                 _ => String::new(),
             }
-        );
+        )?;
         if l.contention_count > 0 {
-            println!(
+            crate::outln!(
                 "      contention: {} (last {} by incarnation {:#018x} against {:#018x}, {} ms ago)",
                 l.contention_count,
                 contention_name(l.last_contention_kind),
@@ -121,7 +132,7 @@ pub async fn lanes(args: LanesArgs) -> Result<()> {
                 l.last_contention_holder_incarnation,
                 l.last_contention_age_ms
                     .map_or_else(|| "-".to_string(), |a| a.to_string()),
-            );
+            )?;
         }
     }
     Ok(())

@@ -46,14 +46,14 @@ pub async fn query(args: QueryArgs) -> Result<()> {
             })
             .collect();
         let out = json!({ unit: count, "ready_mask": answer.ready_mask, "matches": lanes });
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        crate::outln!("{}", serde_json::to_string_pretty(&out)?)?;
         return Ok(());
     }
-    println!("{count} {unit}; ready lanes {:#06x}", answer.ready_mask);
-    println!("{:>4}  {:<16} {:>6}", "lane", "dc", "depth");
+    crate::outln!("{count} {unit}; ready lanes {:#06x}", answer.ready_mask)?;
+    crate::outln!("{:>4}  {:<16} {:>6}", "lane", "dc", "depth")?;
     for m in &answer.matches {
         let dc = m.pool.as_ref().map_or("?", |p| p.dc.as_str());
-        println!("{:>4}  {:<16} {:>6}", m.lane, dc, m.depth);
+        crate::outln!("{:>4}  {:<16} {:>6}", m.lane, dc, m.depth)?;
     }
     Ok(())
 }

@@ -65,18 +65,18 @@ pub async fn route(args: RouteArgs) -> Result<()> {
             "chosen": chosen, "chosen_lane": answer.chosen_lane,
             "reason": answer.reason().as_str_name(),
         });
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        crate::outln!("{}", serde_json::to_string_pretty(&out)?)?;
         return Ok(());
     }
     match &chosen {
-        Some(dc) => println!(
+        Some(dc) => crate::outln!(
             "{count} {unit}: route to {dc} (lane {}, {})",
             answer.chosen_lane,
             answer.reason().as_str_name()
-        ),
-        None => println!("{count} {unit}: no ready DC"),
+        )?,
+        None => crate::outln!("{count} {unit}: no ready DC")?,
     }
-    println!(
+    crate::outln!(
         "{:>4}  {:<12} {:>5} {:>8} {:>9} {:>8}  {:<8} {:>4} {:>4} {:>4} {:>9} {:>9} {:>9}",
         "lane",
         "dc",
@@ -91,14 +91,14 @@ pub async fn route(args: RouteArgs) -> Result<()> {
         "queue ms",
         "prefill",
         "ttft ms"
-    );
+    )?;
     for d in &answer.ranked {
         let load = match d.load_state().as_str_name() {
             "LOAD_STATE_KNOWN" => "known",
             "LOAD_STATE_STALE" => "stale",
             _ => "unknown",
         };
-        println!(
+        crate::outln!(
             "{:>4}  {:<12} {:>5} {:>8} {:>9} {:>8.1}{} {:<8} {:>4} {:>4} {:>4} {:>9.1} {:>9.1} {:>9.1}",
             d.lane,
             dc_of(&d.pool),
@@ -114,7 +114,7 @@ pub async fn route(args: RouteArgs) -> Result<()> {
             d.queue_ms,
             d.prefill_ms,
             d.ttft_ms
-        );
+        )?;
     }
     Ok(())
 }

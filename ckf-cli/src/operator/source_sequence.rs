@@ -36,9 +36,9 @@ pub async fn source_sequence(args: SourceSequenceArgs) -> Result<()> {
             "last_applied": answer.last_applied, "next_sequence": answer.next_sequence,
             "incarnation": answer.incarnation,
         });
-        println!("{out}");
+        crate::outln!("{out}")?;
     } else {
-        println!("{}", source_sequence_line(&answer));
+        crate::outln!("{}", source_sequence_line(&answer))?;
     }
     Ok(())
 }
