@@ -67,6 +67,7 @@ impl Query for QueryService {
         if hashes.len() > limit as usize {
             self.shared.metrics.query_method(method).refused.inc();
             return Err(QueryError::TooManyBlocks {
+                rpc: "FindMatches",
                 blocks: hashes.len(),
                 limit,
             }
@@ -86,7 +87,10 @@ impl Query for QueryService {
         let hashes = query
             .lazy_sequence_hashes(&self.shared.token_rules)
             .inspect_err(|_| self.shared.metrics.query_method(method).refused.inc())
-            .map_err(QueryError::Tokens)?;
+            .map_err(|error| QueryError::Tokens {
+                rpc: "FindMatchesByTokens",
+                error,
+            })?;
         let blocks = hashes.len();
         Ok(Response::new(answer(&self.shared, method, blocks, |ix| {
             ix.find_prefix_matches_by_tokens(hashes)

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use ckf_core::global::GlobalCkfIndexer;
 use ckf_core::identity::LaneIndex;
 use ckf_core::route::{LoadState, Reason};
-use ckf_core::tokens::TokenQuery;
+use ckf_core::tokens::{TokenQuery, TokenQueryError};
 use ckf_proto::v1::{self, route_request::Query as WireQuery};
 use prost::Message;
 
@@ -31,7 +31,7 @@ pub fn answer(
     let started = Instant::now();
     let routed = shared.router.route(&query).map_err(|e| {
         counters.refused.inc();
-        QueryError::Tokens(e)
+        route_tokens(e)
     })?;
     shared
         .metrics
@@ -93,7 +93,7 @@ pub fn answer_batch(
         // `decode` checked the token rules: not refused here.
         let routed = shared.router.route(query).map_err(|e| {
             counters.refused.inc_by((n - index) as u64);
-            in_batch(at, index, QueryError::Tokens(e))
+            in_batch(at, index, route_tokens(e))
         })?;
         duration.observe(started.elapsed().as_secs_f64());
         counters.answered.inc();
@@ -109,7 +109,7 @@ pub fn answer_batch(
 /// anything else wrapped with the index.
 fn in_batch(at: BatchAt, index: usize, error: QueryError) -> QueryError {
     match error {
-        QueryError::TooManyBlocks { blocks, limit } => QueryError::BatchQueryTooLong {
+        QueryError::TooManyBlocks { blocks, limit, .. } => QueryError::BatchQueryTooLong {
             at,
             index,
             blocks,
@@ -133,6 +133,7 @@ fn decode(shared: &IndexerState, request: v1::RouteRequest) -> Result<RouteQuery
             let limit = shared.limits.max_query_blocks;
             if h.block_hashes.len() > limit as usize {
                 return Err(QueryError::TooManyBlocks {
+                    rpc: "Route",
                     blocks: h.block_hashes.len(),
                     limit,
                 });
@@ -148,8 +149,16 @@ fn decode(shared: &IndexerState, request: v1::RouteRequest) -> Result<RouteQuery
         rtt,
         dry_run: request.dry_run,
     };
-    shared.router.check(&query)?;
+    shared.router.check(&query).map_err(route_tokens)?;
     Ok(query)
+}
+
+/// A `Route` refused for its token query.
+fn route_tokens(error: TokenQueryError) -> QueryError {
+    QueryError::Tokens {
+        rpc: "Route",
+        error,
+    }
 }
 
 /// The request's own round trips, checked.

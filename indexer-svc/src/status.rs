@@ -265,8 +265,10 @@ impl Disposed for RelayError {
 #[derive(Debug, thiserror::Error)]
 pub enum QueryError {
     /// More block hashes than `limits.max_query_blocks`.
-    #[error("FindMatches carries {blocks} block hashes (limits.max_query_blocks = {limit})")]
+    #[error("{rpc} carries {blocks} block hashes (limits.max_query_blocks = {limit})")]
     TooManyBlocks {
+        /// The RPC refused (`FindMatches`, `Route`).
+        rpc: &'static str,
         /// Hashes in the request.
         blocks: usize,
         /// The limit.
@@ -325,9 +327,14 @@ pub enum QueryError {
     /// The indexer is shutting down (ends an open `FindMatchesStream`).
     #[error("FindMatchesStream: the indexer is shutting down")]
     Shutdown,
-    /// A `FindMatchesByTokens` request broke a token-query rule (its message names the field).
-    #[error("FindMatchesByTokens: {0}")]
-    Tokens(#[from] TokenQueryError),
+    /// A token query broke a token-query rule (its message names the field).
+    #[error("{rpc}: {error}")]
+    Tokens {
+        /// The RPC refused (`FindMatchesByTokens`, `Route`).
+        rpc: &'static str,
+        /// The rule broken.
+        error: TokenQueryError,
+    },
     /// A request of a `RouteBatch` that a unary `Route` would refuse (the first one).
     #[error("{at}: query #{index}: {error}")]
     BatchQuery {
@@ -407,7 +414,7 @@ impl From<QueryError> for Status {
             | QueryError::RouteAnswerTooLarge { .. }
             | QueryError::RouteWithoutQuery
             | QueryError::RouteRtt { .. }
-            | QueryError::Tokens(_) => Status::invalid_argument(error.to_string()),
+            | QueryError::Tokens { .. } => Status::invalid_argument(error.to_string()),
             QueryError::Shutdown => Status::unavailable(error.to_string()),
             QueryError::TooManyStreams { .. } => Status::resource_exhausted(error.to_string()),
             QueryError::LoadCount(_) => Status::internal(error.to_string()),

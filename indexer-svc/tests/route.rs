@@ -268,7 +268,7 @@ async fn a_batch_is_refused_whole_naming_the_limit_or_the_first_refused_request(
             ],
         ),
         (
-            vec![ok(), ok(), too_long.clone(), too_long],
+            vec![ok(), ok(), too_long.clone(), too_long.clone()],
             vec![
                 "RouteBatch: query #2 carries 5 block hashes",
                 "limits.max_query_blocks = 4",
@@ -283,10 +283,20 @@ async fn a_batch_is_refused_whole_naming_the_limit_or_the_first_refused_request(
             vec!["RouteBatch: query #3: Route: rtt_ms of dc-b is -2"],
         ),
         (
-            vec![bad_tokens],
-            vec!["RouteBatch: query #0: ", "block_size"],
+            vec![bad_tokens.clone()],
+            vec!["RouteBatch: query #0: Route: ", "block_size"],
         ),
     ];
+    // A unary Route names itself, not the FindMatches RPCs whose rules it shares.
+    let mut client = indexer.query();
+    let status = client.route(too_long).await.expect_err("too long");
+    assert_status(
+        &status,
+        Code::InvalidArgument,
+        &["Route carries 5 block hashes (limits.max_query_blocks = 4)"],
+    );
+    let status = client.route(bad_tokens).await.expect_err("bad tokens");
+    assert_status(&status, Code::InvalidArgument, &["Route: ", "block_size"]);
     let mut refused = 0;
     for (requests, says) in cases {
         refused += requests.len();
