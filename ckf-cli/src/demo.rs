@@ -83,6 +83,14 @@ pub struct LoadPath<'a> {
     pub model: &'a ServingModel,
 }
 
+impl LoadPath<'_> {
+    /// The producers' scrape interval, ms (checked by [`run`]: 100..=60,000, as a producer's
+    /// `engine.load_interval_ms`).
+    fn interval_ms(&self) -> u64 {
+        self.model.load_interval_ms.round() as u64
+    }
+}
+
 /// Running in-process services.
 pub struct Services {
     /// The indexer's gRPC URL.
@@ -124,6 +132,8 @@ impl Services {
         if let Some(load) = &load {
             config.route.queued_request_tokens =
                 (load.model.queued_request_tokens * TOKEN_SCALE).max(1.0);
+            // A report is never stale between two scrapes (as the serving model assumes).
+            config.route.stale_after_ms = config.route.stale_after_ms.max(3 * load.interval_ms());
         }
         let indexer = indexer_svc::serve(config, std::future::pending())
             .await
@@ -139,8 +149,11 @@ impl Services {
             if let Some(publishers) = engines.get(i) {
                 config.engines = engine_specs(publishers, shape.ranks_per_worker)?;
                 if let Some(load) = &load {
-                    // Validated: 1..=3,600,000 ms.
-                    config.engine.load_interval_ms = load.model.load_interval_ms.round() as u64;
+                    let interval = load.interval_ms();
+                    config.engine.load_interval_ms = interval;
+                    config.engine.load_timeout_ms = config.engine.load_timeout_ms.min(interval);
+                    config.engine.pushed_load_ttl_ms =
+                        config.engine.pushed_load_ttl_ms.max(interval);
                     let per_worker = load.model.dcs[i].prefill_tokens_per_s * TOKEN_SCALE
                         / shape.workers_per_dc as f64;
                     for (worker, spec) in config.engines.iter_mut().enumerate() {
@@ -284,6 +297,21 @@ pub async fn run(args: DemoArgs) -> Result<()> {
             anyhow::bail!(
                 "--policy expected-ttft needs --feed zmq: the producers scrape the load of the \
                  engines they subscribe to"
+            );
+        }
+        let interval = config.serving.load_interval_ms;
+        if !(100.0..=60_000.0).contains(&interval) {
+            anyhow::bail!(
+                "--load-interval-ms {interval}: with --policy expected-ttft the producers scrape \
+                 the engines at that interval, 100..=60000 ms"
+            );
+        }
+        if let (Some(first), Some(last)) = (workload.requests.first(), workload.requests.last()) {
+            let span_ms = last.timestamp_ms.saturating_sub(first.timestamp_ms);
+            eprintln!(
+                "expected-ttft: {} requests sent on the workload's clock, about {:.0} s",
+                workload.requests.len(),
+                span_ms as f64 / 1e3 / config.serving.speed
             );
         }
         let board = EngineBoard::new(shape, &config.serving);

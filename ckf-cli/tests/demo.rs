@@ -115,10 +115,10 @@ fn demo_routes_by_the_indexers_route_on_the_load_its_producers_scrape() {
     assert_eq!(n(&live["route_answers"]), 400.0, "{live}");
     assert_eq!(n(&live["serving"]["ttft_ms"]["count"]), 400.0, "{live}");
     assert_eq!(live["serving"]["hit_rate"], report["routing"][0], "{live}");
-    // The load Route used came from the producers scraping the simulated engines (unknown
-    // only before the first report reached the indexer).
+    // The load Route used came from the producers scraping the simulated engines (the run
+    // starts once every DC's is known; a scrape that timed out would make one unknown).
     assert!(
-        n(&live["load_known"]) >= 0.8 * 400.0,
+        n(&live["load_known"]) >= 0.9 * 400.0,
         "load known in too few answers: {live}"
     );
     // Routing on that load cut the tail that deepest-prefix's queues make on the same model.

@@ -190,6 +190,9 @@ pub async fn replay(
     let lane_to_dc: HashMap<u32, usize> =
         dcs.iter().enumerate().map(|(i, d)| (d.lane, i)).collect();
     wait_ready(&mut query, &dcs, config.ready_timeout).await?;
+    if config.policy == Policy::ExpectedTtft {
+        wait_load_known(&mut query, &dcs, config.ready_timeout).await?;
+    }
 
     // Per request: the block hashes the oracle and fleet work on and, for the ZMQ feed, the
     // tokens the indexer is asked with (whose canonical hashes those are).
@@ -574,6 +577,49 @@ async fn wait_ready(
             );
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits until the indexer knows every DC's load (the producers' first scrapes have been
+/// relayed), as it would in a running fleet, asking a dry-run `Route`.
+async fn wait_load_known(
+    query: &mut QueryClient<AuthedChannel>,
+    dcs: &[Dc],
+    timeout: Duration,
+) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    let request = v1::RouteRequest {
+        query: Some(v1::route_request::Query::Hashes(FindMatchesRequest {
+            block_hashes: vec![0],
+        })),
+        dry_run: true,
+        ..Default::default()
+    };
+    loop {
+        let answer = query.route(request.clone()).await.context("Route")?;
+        let known: HashSet<u32> = answer
+            .into_inner()
+            .ranked
+            .iter()
+            .filter(|r| r.load_state == v1::LoadState::Known as i32)
+            .map(|r| r.lane)
+            .collect();
+        let waiting: Vec<&str> = dcs
+            .iter()
+            .filter(|d| !known.contains(&d.lane))
+            .map(|d| d.name.as_str())
+            .collect();
+        if waiting.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            bail!(
+                "no load report from {} after {:?}: is each producer scraping its engines?",
+                waiting.join(", "),
+                timeout
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
