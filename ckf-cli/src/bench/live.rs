@@ -553,31 +553,23 @@ async fn wait_ready(
     dcs: &[Dc],
     timeout: Duration,
 ) -> Result<()> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let lanes = query.list_lanes(ListLanesRequest {}).await?.into_inner();
-        let waiting: Vec<&str> = dcs
-            .iter()
-            .filter(|d| {
-                !lanes
-                    .lanes
-                    .iter()
-                    .any(|l| l.lane == d.lane && l.state == LaneState::Active as i32)
-            })
-            .map(|d| d.name.as_str())
-            .collect();
-        if waiting.is_empty() {
-            return Ok(());
-        }
-        if Instant::now() >= deadline {
-            bail!(
-                "lanes not ready after {:?}: {}",
-                timeout,
-                waiting.join(", ")
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let not_ready = |waiting| anyhow!("lanes not ready after {timeout:?}: {waiting}");
+    wait_every_dc(
+        dcs,
+        timeout,
+        Duration::from_millis(20),
+        not_ready,
+        async || {
+            let lanes = query.list_lanes(ListLanesRequest {}).await?.into_inner();
+            Ok(lanes
+                .lanes
+                .iter()
+                .filter(|l| l.state == LaneState::Active as i32)
+                .map(|l| l.lane)
+                .collect())
+        },
+    )
+    .await
 }
 
 /// Waits until the indexer knows every DC's load (the producers' first scrapes have been
@@ -587,7 +579,6 @@ async fn wait_load_known(
     dcs: &[Dc],
     timeout: Duration,
 ) -> Result<()> {
-    let deadline = Instant::now() + timeout;
     let request = v1::RouteRequest {
         query: Some(v1::route_request::Query::Hashes(FindMatchesRequest {
             block_hashes: vec![0],
@@ -595,31 +586,54 @@ async fn wait_load_known(
         dry_run: true,
         ..Default::default()
     };
+    let no_load = |waiting| {
+        anyhow!(
+            "no load report from {waiting} after {timeout:?}: is each producer scraping its engines?"
+        )
+    };
+    wait_every_dc(
+        dcs,
+        timeout,
+        Duration::from_millis(50),
+        no_load,
+        async || {
+            let answer = query.route(request.clone()).await.context("Route")?;
+            Ok(answer
+                .into_inner()
+                .ranked
+                .iter()
+                .filter(|r| r.load_state == v1::LoadState::Known as i32)
+                .map(|r| r.lane)
+                .collect())
+        },
+    )
+    .await
+}
+
+/// Polls `lanes_done` every `every` until it holds every DC's lane. A failed poll is the
+/// error; after `timeout`, `on_timeout` of the DCs still missing (comma-separated).
+async fn wait_every_dc(
+    dcs: &[Dc],
+    timeout: Duration,
+    every: Duration,
+    on_timeout: impl FnOnce(String) -> anyhow::Error,
+    mut lanes_done: impl AsyncFnMut() -> Result<HashSet<u32>>,
+) -> Result<()> {
+    let deadline = Instant::now() + timeout;
     loop {
-        let answer = query.route(request.clone()).await.context("Route")?;
-        let known: HashSet<u32> = answer
-            .into_inner()
-            .ranked
-            .iter()
-            .filter(|r| r.load_state == v1::LoadState::Known as i32)
-            .map(|r| r.lane)
-            .collect();
+        let done = lanes_done().await?;
         let waiting: Vec<&str> = dcs
             .iter()
-            .filter(|d| !known.contains(&d.lane))
+            .filter(|d| !done.contains(&d.lane))
             .map(|d| d.name.as_str())
             .collect();
         if waiting.is_empty() {
             return Ok(());
         }
         if Instant::now() >= deadline {
-            bail!(
-                "no load report from {} after {:?}: is each producer scraping its engines?",
-                waiting.join(", "),
-                timeout
-            );
+            return Err(on_timeout(waiting.join(", ")));
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(every).await;
     }
 }
 
