@@ -79,6 +79,8 @@ def main():
         if "wrong_version_number" in text or "handshake" in text:
             hint = ("\nhint: TLS mismatch: --ca makes both channels TLS; is each server serving "
                     "TLS (producer: --tls-cert/--tls-key)? Without --ca both are plaintext.")
+        elif e.code() == grpc.StatusCode.NOT_FOUND and "domain" in text:
+            hint = "\nhint: --domain names a model this indexer does not serve"
         elif e.code() == grpc.StatusCode.UNAUTHENTICATED:
             hint = "\nhint: pass --query-token-file / --ingest-token-file (see the README's Security)"
         sys.exit(f"error: {e.code().name}: {e.details()}{hint}")
@@ -93,6 +95,8 @@ def run():
     ap.add_argument("--key", help="private key (PEM) of --cert")
     ap.add_argument("--server-name", help="name checked in the server certificates")
     ap.add_argument("--query-token-file", help="the indexer's auth.query_token_file")
+    ap.add_argument("--domain", help="the indexer domain (model) the queries are for, sent as "
+                    "ckf-domain metadata (default: none, the indexer's own)")
     ap.add_argument("--ingest-token-file", help="an [[ingest_auth.sources]] token_file")
     ap.add_argument("--source-id", help="publish as this source id, resuming where the producer "
                     "says it stands (default: a fresh id per run)")
@@ -104,6 +108,8 @@ def run():
     ingest = rpc["ingest"].IngestStub(channel(opts.producer, opts))
     query = rpc["query"].QueryStub(channel(opts.indexer, opts))
     ingest_md, query_md = bearer(opts.ingest_token_file), bearer(opts.query_token_file)
+    if opts.domain:
+        query_md = (query_md or ()) + (("ckf-domain", opts.domain),)
 
     # A source's sequence only moves forward: a fresh id per run unless one is given, and ask
     # the producer which sequence it expects next (a known source resumes there).

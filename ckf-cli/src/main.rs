@@ -23,9 +23,12 @@ fn main() -> std::process::ExitCode {
     // client certificate was given.
     let target = match &cli.command {
         Command::Replay(a) => Some((a.indexer.clone(), a.tls.cert.is_some())),
-        Command::Query(a) => Some((a.indexer.clone(), a.tls.cert.is_some())),
-        Command::Route(a) => Some((a.query.indexer.clone(), a.query.tls.cert.is_some())),
-        Command::Lanes(a) => Some((a.indexer.clone(), a.tls.cert.is_some())),
+        Command::Query(a) => Some((a.target.indexer.clone(), a.target.tls.cert.is_some())),
+        Command::Route(a) => Some((
+            a.query.target.indexer.clone(),
+            a.query.target.tls.cert.is_some(),
+        )),
+        Command::Lanes(a) => Some((a.target.indexer.clone(), a.target.tls.cert.is_some())),
         Command::Load(a) => Some((a.indexer.clone(), a.tls.cert.is_some())),
         Command::SourceSequence(a) => Some((a.producer.clone(), a.tls.cert.is_some())),
         _ => None,

@@ -84,6 +84,31 @@ async fn lanes_query_and_health_against_running_services() {
     let text = ckf(args(&["lanes", "--indexer", &indexer])).await;
     assert!(text.status.success());
     assert!(String::from_utf8_lossy(&text.stdout).contains("dc-b"));
+    // `--domain` names the model asked about: its own is answered, another refused.
+    let own = ckf(args(&[
+        "lanes",
+        "--indexer",
+        &indexer,
+        "--domain",
+        "ckf-demo",
+    ]))
+    .await;
+    assert!(own.status.success(), "{own:?}");
+    let other = ckf(args(&[
+        "query",
+        "--indexer",
+        &indexer,
+        "--domain",
+        "qwen-7b",
+        "1",
+    ]))
+    .await;
+    assert_eq!(other.status.code(), Some(1), "{other:?}");
+    let stderr = String::from_utf8_lossy(&other.stderr);
+    assert!(
+        stderr.contains("domain qwen-7b is not served here: this indexer serves ckf-demo"),
+        "{stderr}"
+    );
 
     // Store trace ids [7, 8, 9] as chained block hashes on dc-a.
     let hashes = block_hashes(&[7, 8, 9]);

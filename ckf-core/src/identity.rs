@@ -145,6 +145,47 @@ name_type!(
     "dc"
 );
 
+/// Why a query is refused for the domain it names.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum DomainQueryError {
+    /// The named domain is not a valid domain name.
+    #[error("the query's domain: {0}")]
+    Invalid(NameError),
+    /// The named domain is valid but not the one served.
+    #[error(
+        "domain {named} is not served here: this indexer serves {served}; send that model's \
+         queries to its own indexer"
+    )]
+    NotServed {
+        /// The domain the query named.
+        named: IndexerDomainId,
+        /// The domain served.
+        served: IndexerDomainId,
+    },
+}
+
+impl IndexerDomainId {
+    /// Whether a query that names the domain `named` (none: it names none) is for this one: a
+    /// query naming no domain is for the domain served, as before queries could name one.
+    ///
+    /// # Errors
+    /// [`DomainQueryError`]: an invalid name, or another domain.
+    pub fn serves_query(&self, named: Option<&str>) -> Result<(), DomainQueryError> {
+        let Some(named) = named else {
+            return Ok(());
+        };
+        let named = IndexerDomainId::new(named).map_err(DomainQueryError::Invalid)?;
+        if &named == self {
+            Ok(())
+        } else {
+            Err(DomainQueryError::NotServed {
+                named,
+                served: self.clone(),
+            })
+        }
+    }
+}
+
 /// Longest accepted ingest source id, in bytes.
 pub const MAX_SOURCE_ID_LEN: usize = 128;
 
@@ -340,6 +381,37 @@ pub struct StreamTag {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_query_is_for_the_domain_it_names_or_the_one_served() {
+        let served = IndexerDomainId::new("llama-70b").unwrap();
+        assert_eq!(served.serves_query(None), Ok(()));
+        assert_eq!(served.serves_query(Some("llama-70b")), Ok(()));
+        let other = served.serves_query(Some("qwen-7b")).unwrap_err();
+        assert_eq!(
+            other,
+            DomainQueryError::NotServed {
+                named: IndexerDomainId::new("qwen-7b").unwrap(),
+                served: served.clone(),
+            }
+        );
+        assert!(
+            other.to_string().contains("this indexer serves llama-70b"),
+            "{other}"
+        );
+        // Names compare exactly (no case folding), and a bad name is named as such.
+        assert!(served.serves_query(Some("LLAMA-70B")).is_err());
+        assert_eq!(
+            served.serves_query(Some("")),
+            Err(DomainQueryError::Invalid(NameError::Empty {
+                kind: "domain"
+            }))
+        );
+        assert!(matches!(
+            served.serves_query(Some("a/b")),
+            Err(DomainQueryError::Invalid(NameError::BadCharacter { .. }))
+        ));
+    }
 
     #[test]
     fn names_are_validated() {

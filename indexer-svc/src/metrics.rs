@@ -119,6 +119,9 @@ pub struct IndexerMetrics {
     /// message), by `method`. All are `INVALID_ARGUMENT`; refusals for credentials are
     /// `ckf_indexer_auth_refused_total`.
     pub queries_refused: IntCounterVec,
+    /// Query calls refused for the domain their `ckf-domain` metadata names (another domain:
+    /// `NOT_FOUND`; not a domain name: `INVALID_ARGUMENT`).
+    pub query_domain_refused: IntCounter,
     /// Blocks of the queries answered, by `method`: the hashes sent, or for token queries the
     /// full blocks of the tokens (counted whole even when the search stopped hashing early).
     pub query_blocks: IntCounterVec,
@@ -271,6 +274,12 @@ impl IndexerMetrics {
                 "ckf_indexer_queries_refused_total",
                 "Prefix-match queries refused (INVALID_ARGUMENT), by RPC method.",
                 &["method"],
+            ),
+            query_domain_refused: counter(
+                &r,
+                "ckf_indexer_query_domain_refused_total",
+                "Query calls refused for the domain their ckf-domain metadata names (not this \
+                 indexer's: NOT_FOUND; not a domain name: INVALID_ARGUMENT).",
             ),
             query_blocks: counter_vec(
                 &r,

@@ -12,6 +12,9 @@
 //! `ListLanes` reports ckf-core's `LaneStatus` per lane plus each lane's load factor, counted
 //! from the table's bucket words.
 //!
+//! Every call may name its domain in the `ckf-domain` metadata ([`domain_interceptor`], after
+//! the credentials check): a call naming another domain is refused with `NOT_FOUND`.
+//!
 //! `FindMatchesBatch` and `FindMatchesStream` carry many queries per message: the whole message
 //! is checked against `limits.max_query_batch` and every query against `limits.max_query_blocks`
 //! before anything is searched (a refused message has no partial answer; an answer that would
@@ -39,6 +42,27 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::metrics::QueryMethod;
 use crate::state::IndexerState;
 use crate::status::{BatchAt, QueryError, wire_reason};
+
+/// Refuses a call whose `ckf-domain` metadata names a domain other than `served` (or is not a
+/// domain name), counting it in `refused`.
+pub fn domain_interceptor(
+    served: ckf_core::identity::IndexerDomainId,
+    refused: prometheus::IntCounter,
+) -> impl FnMut(Request<()>) -> Result<Request<()>, Status> + Clone + Send + Sync + 'static {
+    move |request: Request<()>| {
+        let named = request.metadata().get(ckf_proto::metadata::DOMAIN_KEY);
+        // A value that is not visible ASCII is no domain name: checked as U+FFFD, so the
+        // refusal names the character rule.
+        let named = named.map(|v| v.to_str().unwrap_or("\u{fffd}"));
+        match served.serves_query(named) {
+            Ok(()) => Ok(request),
+            Err(error) => {
+                refused.inc();
+                Err(QueryError::Domain(error).into())
+            }
+        }
+    }
+}
 
 /// The Query service.
 #[derive(Debug, Clone)]

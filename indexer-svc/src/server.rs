@@ -269,7 +269,15 @@ pub async fn serve(
                 .max_decoding_message_size(max_message)
                 .max_encoding_message_size(max_message),
         ),
-        access.query_interceptor(),
+        {
+            let mut authorized = access.query_interceptor();
+            let mut for_domain = crate::query::domain_interceptor(
+                indexer.manifest().domain.clone(),
+                metrics.query_domain_refused.clone(),
+            );
+            // Credentials first: an unauthenticated caller learns nothing about the domain.
+            move |request| for_domain(authorized(request)?)
+        },
     );
     let builder = || {
         transport.server(

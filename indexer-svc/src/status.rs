@@ -33,6 +33,7 @@
 use ckf_core::access::AccessError;
 use ckf_core::failure::{Disposed, Disposition};
 use ckf_core::global::{AttachError, StreamEnd};
+use ckf_core::identity::DomainQueryError;
 use ckf_core::lane::{RetireReason, StrayFrame};
 use ckf_core::tokens::TokenQueryError;
 use ckf_proto::{WireError, v1};
@@ -327,6 +328,9 @@ pub enum QueryError {
     /// The indexer is shutting down (ends an open `FindMatchesStream`).
     #[error("FindMatchesStream: the indexer is shutting down")]
     Shutdown,
+    /// The call names a domain (`ckf-domain` metadata) that is invalid or not this indexer's.
+    #[error("{0}")]
+    Domain(#[from] DomainQueryError),
     /// A token query broke a token-query rule (its message names the field).
     #[error("{rpc}: {error}")]
     Tokens {
@@ -418,6 +422,12 @@ impl From<QueryError> for Status {
             QueryError::Shutdown => Status::unavailable(error.to_string()),
             QueryError::TooManyStreams { .. } => Status::resource_exhausted(error.to_string()),
             QueryError::LoadCount(_) => Status::internal(error.to_string()),
+            QueryError::Domain(DomainQueryError::Invalid(_)) => {
+                Status::invalid_argument(error.to_string())
+            }
+            QueryError::Domain(DomainQueryError::NotServed { .. }) => {
+                Status::not_found(error.to_string())
+            }
             QueryError::Unauthenticated(_) => Status::unauthenticated(error.to_string()),
         }
     }

@@ -246,6 +246,69 @@ async fn query_longer_than_the_limit_is_invalid_argument() {
 }
 
 #[tokio::test]
+async fn a_call_naming_another_domain_is_not_found_and_its_own_or_none_is_answered() {
+    let indexer = Indexer::start(config(&["dc-a"])).await;
+    let call = |domain: Option<&'static str>| {
+        let mut client = indexer.query();
+        async move {
+            let mut request = tonic::Request::new(v1::ListLanesRequest {});
+            if let Some(domain) = domain {
+                request
+                    .metadata_mut()
+                    .insert(ckf_proto::metadata::DOMAIN_KEY, domain.parse().unwrap());
+            }
+            client.list_lanes(request).await
+        }
+    };
+    assert_eq!(call(None).await.unwrap().into_inner().domain, DOMAIN);
+    assert_eq!(
+        call(Some(DOMAIN)).await.unwrap().into_inner().domain,
+        DOMAIN
+    );
+    let status = call(Some("qwen-7b")).await.unwrap_err();
+    assert_status(
+        &status,
+        Code::NotFound,
+        &["domain qwen-7b is not served here: this indexer serves test"],
+    );
+    let status = call(Some("a/b")).await.unwrap_err();
+    assert_status(&status, Code::InvalidArgument, &["domain name", "a/b"]);
+    // Every Query RPC is checked, not only ListLanes.
+    let mut client = indexer.query();
+    let mut request = tonic::Request::new(v1::FindMatchesRequest {
+        block_hashes: hashes(1, 2),
+    });
+    request
+        .metadata_mut()
+        .insert(ckf_proto::metadata::DOMAIN_KEY, "qwen-7b".parse().unwrap());
+    let status = client.find_matches(request).await.unwrap_err();
+    assert_eq!(status.code(), Code::NotFound, "{status:?}");
+    let metrics = metrics_text(&indexer).await;
+    assert!(
+        metrics.contains("ckf_indexer_query_domain_refused_total 3"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn credentials_are_checked_before_the_domain() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("query.token");
+    std::fs::write(&token, "query.0123456789abcdef\n").unwrap();
+    let mut cfg = config(&["dc-a"]);
+    cfg.auth.query_token_file = Some(token);
+    let indexer = Indexer::start(cfg).await;
+    let mut request = tonic::Request::new(v1::ListLanesRequest {});
+    request
+        .metadata_mut()
+        .insert(ckf_proto::metadata::DOMAIN_KEY, "qwen-7b".parse().unwrap());
+    // No token: refused for that, not told which domain is served.
+    let status = indexer.query().list_lanes(request).await.unwrap_err();
+    assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+    assert!(!status.message().contains("serves"), "{status:?}");
+}
+
+#[tokio::test]
 async fn shutdown_ends_streams_with_retired_shutdown_and_stops() {
     let indexer = Indexer::start(config(&["dc-a"])).await;
     let mut a = Producer::attach(&indexer, "dc-a", 1).await;

@@ -135,20 +135,31 @@ pub fn with_bearer<T>(mut request: tonic::Request<T>, token: Option<&Secret>) ->
 }
 
 /// A tonic interceptor that adds `authorization: Bearer <token>` to every request of a client
-/// (none when no token is given), for clients whose calls are spread over many functions.
+/// (none when no token is given), and one more metadata entry when given (a `Query` client's
+/// `ckf-domain`), for clients whose calls are spread over many functions.
 #[derive(Clone, Default)]
-pub struct Bearer(Option<Secret>);
+pub struct Bearer {
+    token: Option<Secret>,
+    extra: Option<(&'static str, AsciiMetadataValue)>,
+}
 
 impl std::fmt::Debug for Bearer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Never the token itself.
-        f.debug_tuple("Bearer").field(&self.0.is_some()).finish()
+        f.debug_struct("Bearer")
+            .field("token", &self.token.is_some())
+            .field("extra", &self.extra)
+            .finish()
     }
 }
 
 impl tonic::service::Interceptor for Bearer {
     fn call(&mut self, request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-        Ok(with_bearer(request, self.0.as_ref()))
+        let mut request = with_bearer(request, self.token.as_ref());
+        if let Some((key, value)) = &self.extra {
+            request.metadata_mut().insert(*key, value.clone());
+        }
+        Ok(request)
     }
 }
 
@@ -158,7 +169,29 @@ pub type AuthedChannel =
 
 /// `channel` with `token` sent on every request (`None`: requests go out as they are).
 pub fn authed(channel: tonic::transport::Channel, token: Option<Secret>) -> AuthedChannel {
-    tonic::service::interceptor::InterceptedService::new(channel, Bearer(token))
+    tonic::service::interceptor::InterceptedService::new(channel, Bearer { token, extra: None })
+}
+
+/// As [`authed`], every request also carrying the metadata entry `key: value` (e.g. a `Query`
+/// client's `ckf-domain`).
+///
+/// # Errors
+/// A value that cannot be ASCII metadata (not visible ASCII), quoted.
+pub fn authed_with(
+    channel: tonic::transport::Channel,
+    token: Option<Secret>,
+    key: &'static str,
+    value: &str,
+) -> Result<AuthedChannel, String> {
+    let ascii = AsciiMetadataValue::try_from(value)
+        .map_err(|_| format!("{key} {value:?} is not visible ASCII"))?;
+    Ok(tonic::service::interceptor::InterceptedService::new(
+        channel,
+        Bearer {
+            token,
+            extra: Some((key, ascii)),
+        },
+    ))
 }
 
 /// A value shared by handlers that a reload can replace (readers take a cheap `Arc` clone).

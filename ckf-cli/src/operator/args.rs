@@ -5,12 +5,15 @@ use std::path::PathBuf;
 
 use clap::{ArgGroup, Args};
 
-use crate::connect::TlsArgs;
+use ckf_proto::metadata::DOMAIN_KEY;
+use ckf_proto::v1::query_client::QueryClient;
+use ckf_svc_kit::access::{AuthedChannel, authed, authed_with};
 
-/// `ckf query`.
+use crate::connect::{TlsArgs, client_tls, connect_with, token_of};
+
+/// Where an operator command reaches the indexer's Query service, and as whom.
 #[derive(Debug, Clone, Args)]
-#[command(group(ArgGroup::new("by_tokens").args(["tokens", "tokens_file"])))]
-pub struct QueryArgs {
+pub struct IndexerArgs {
     /// The indexer's gRPC endpoint.
     #[arg(long)]
     pub indexer: String,
@@ -21,6 +24,38 @@ pub struct QueryArgs {
     /// `auth.query_token_file`.
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
+    /// The indexer domain (model) asked about, sent as `ckf-domain` metadata: an indexer
+    /// serving another domain refuses the call (NOT_FOUND) [default: none, the indexer's own].
+    #[arg(long, value_name = "DOMAIN")]
+    pub domain: Option<String>,
+}
+
+impl IndexerArgs {
+    /// A Query client on the indexer sending the token and the domain with every call.
+    ///
+    /// # Errors
+    /// Unreadable TLS material or token file, a domain that cannot be metadata, or an
+    /// unreachable indexer.
+    pub async fn client(&self) -> anyhow::Result<QueryClient<AuthedChannel>> {
+        let token = token_of(self.token_file.as_deref())?;
+        let tls = client_tls(&self.tls)?;
+        let channel = connect_with(&self.indexer, tls.as_ref()).await?;
+        let channel = match &self.domain {
+            None => authed(channel, token),
+            Some(domain) => authed_with(channel, token, DOMAIN_KEY, domain)
+                .map_err(|e| anyhow::anyhow!("--domain: {e}"))?,
+        };
+        Ok(QueryClient::new(channel))
+    }
+}
+
+/// `ckf query`.
+#[derive(Debug, Clone, Args)]
+#[command(group(ArgGroup::new("by_tokens").args(["tokens", "tokens_file"])))]
+pub struct QueryArgs {
+    /// The indexer.
+    #[command(flatten)]
+    pub target: IndexerArgs,
     /// Treat the arguments as trace `hash_ids` and chain them into block hashes first.
     #[arg(long, conflicts_with = "by_tokens")]
     pub ids: bool,
@@ -156,16 +191,9 @@ fn parse_mm_item(text: &str) -> Result<MmItem, String> {
 /// `ckf lanes`.
 #[derive(Debug, Clone, Args)]
 pub struct LanesArgs {
-    /// The indexer's gRPC endpoint.
-    #[arg(long)]
-    pub indexer: String,
-    /// TLS toward the indexer.
+    /// The indexer.
     #[command(flatten)]
-    pub tls: TlsArgs,
-    /// Send `authorization: Bearer <token>` with the token in FILE (one line): the indexer's
-    /// `auth.query_token_file`.
-    #[arg(long, value_name = "FILE")]
-    pub token_file: Option<PathBuf>,
+    pub target: IndexerArgs,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,

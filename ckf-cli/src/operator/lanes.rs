@@ -1,13 +1,9 @@
 //! `ckf lanes`: the indexer's lanes (`ListLanes`), their states and why each was retired.
 
 use anyhow::{Context, Result};
-use ckf_proto::v1::query_client::QueryClient;
 use ckf_proto::v1::{LaneState, ListLanesRequest, RetireReason};
-use ckf_svc_kit::access::with_bearer;
 use serde_json::json;
-use tonic::Request;
 
-use crate::connect::{client_tls, connect_with, token_of};
 use crate::operator::args::LanesArgs;
 
 fn state_name(state: i32) -> &'static str {
@@ -36,14 +32,9 @@ fn reason_name(reason: i32) -> String {
 /// # Errors
 /// An unreachable indexer or a failed call.
 pub async fn lanes(args: LanesArgs) -> Result<()> {
-    let token = token_of(args.token_file.as_deref())?;
-    let tls = client_tls(&args.tls)?;
-    let mut client = QueryClient::new(connect_with(&args.indexer, tls.as_ref()).await?);
+    let mut client = args.target.client().await?;
     let answer = client
-        .list_lanes(with_bearer(
-            Request::new(ListLanesRequest {}),
-            token.as_ref(),
-        ))
+        .list_lanes(ListLanesRequest {})
         .await
         .context("ListLanes")?
         .into_inner();

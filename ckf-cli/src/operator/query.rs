@@ -3,13 +3,9 @@
 
 use anyhow::{Context, Result, anyhow};
 use ckf_proto::v1::FindMatchesRequest;
-use ckf_proto::v1::query_client::QueryClient;
 use ckf_proto::v1::{FindMatchesByTokensRequest, MultimodalItem};
-use ckf_svc_kit::access::with_bearer;
 use serde_json::json;
-use tonic::Request;
 
-use crate::connect::{client_tls, connect_with, token_of};
 use crate::hashing::block_hashes;
 use crate::operator::args::{QueryArgs, parse_token_list};
 
@@ -20,18 +16,16 @@ use crate::operator::args::{QueryArgs, parse_token_list};
 /// indexer's `INVALID_ARGUMENT` message names a refused token query's fault).
 pub async fn query(args: QueryArgs) -> Result<()> {
     let ask = Ask::of(&args)?;
-    let token = token_of(args.token_file.as_deref())?;
-    let tls = client_tls(&args.tls)?;
-    let mut client = QueryClient::new(connect_with(&args.indexer, tls.as_ref()).await?);
+    let mut client = args.target.client().await?;
     let (count, unit) = (ask.count(), ask.unit());
     let answer = match ask {
         Ask::Tokens(request) => client
-            .find_matches_by_tokens(with_bearer(Request::new(request), token.as_ref()))
+            .find_matches_by_tokens(request)
             .await
             .context("FindMatchesByTokens")?
             .into_inner(),
         Ask::Hashes(request) => client
-            .find_matches(with_bearer(Request::new(request), token.as_ref()))
+            .find_matches(request)
             .await
             .context("FindMatches")?
             .into_inner(),

@@ -2,13 +2,9 @@
 //! ranked by expected time to first token with every term, and the choice with its reason.
 
 use anyhow::{Context, Result};
-use ckf_proto::v1::query_client::QueryClient;
 use ckf_proto::v1::{RouteRequest, route_request};
-use ckf_svc_kit::access::with_bearer;
 use serde_json::json;
-use tonic::Request;
 
-use crate::connect::{client_tls, connect_with, token_of};
 use crate::operator::args::RouteArgs;
 use crate::operator::query::Ask;
 
@@ -20,9 +16,7 @@ use crate::operator::query::Ask;
 pub async fn route(args: RouteArgs) -> Result<()> {
     let q = &args.query;
     let ask = Ask::of(q)?;
-    let token = token_of(q.token_file.as_deref())?;
-    let tls = client_tls(&q.tls)?;
-    let mut client = QueryClient::new(connect_with(&q.indexer, tls.as_ref()).await?);
+    let mut client = q.target.client().await?;
     let (count, unit) = (ask.count(), ask.unit());
     let request = RouteRequest {
         query: Some(match ask {
@@ -33,11 +27,7 @@ pub async fn route(args: RouteArgs) -> Result<()> {
         rtt_ms: args.rtt_ms.iter().cloned().collect(),
         dry_run: !args.book,
     };
-    let answer = client
-        .route(with_bearer(Request::new(request), token.as_ref()))
-        .await
-        .context("Route")?
-        .into_inner();
+    let answer = client.route(request).await.context("Route")?.into_inner();
     let dc_of = |pool: &Option<ckf_proto::v1::PoolId>| {
         pool.as_ref()
             .map_or_else(|| "?".to_owned(), |p| p.dc.clone())
