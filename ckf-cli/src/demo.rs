@@ -132,6 +132,13 @@ impl Services {
         if let Some(load) = &load {
             config.route.queued_request_tokens =
                 (load.model.queued_request_tokens * TOKEN_SCALE).max(1.0);
+            // The serving model's round trips, as `ckf route` shows them (the live run also
+            // sends them with every request).
+            config.route.rtt_ms = names
+                .iter()
+                .zip(&load.model.dcs)
+                .map(|(dc, serving)| (dc.clone(), serving.rtt_ms))
+                .collect();
             // A report is never stale between two scrapes (as the serving model assumes).
             config.route.stale_after_ms = config.route.stale_after_ms.max(3 * load.interval_ms());
         }
@@ -293,34 +300,7 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     let mut config = live_config(&args.fleet, &args.timeouts, shape, &workload)?;
     // Expected-ttft routes by the indexer's Route: the producers scrape simulated engines.
     let endpoints = if config.policy == Policy::ExpectedTtft {
-        if matches!(args.feed, FeedKind::Grpc) {
-            anyhow::bail!(
-                "--policy expected-ttft needs --feed zmq: the producers scrape the load of the \
-                 engines they subscribe to"
-            );
-        }
-        let interval = config.serving.load_interval_ms;
-        if !(100.0..=60_000.0).contains(&interval) {
-            anyhow::bail!(
-                "--load-interval-ms {interval}: with --policy expected-ttft the producers scrape \
-                 the engines at that interval, 100..=60000 ms"
-            );
-        }
-        if let (Some(first), Some(last)) = (workload.requests.first(), workload.requests.last()) {
-            let span_ms = last.timestamp_ms.saturating_sub(first.timestamp_ms);
-            eprintln!(
-                "expected-ttft: {} requests sent on the workload's clock, about {:.0} s",
-                workload.requests.len(),
-                span_ms as f64 / 1e3 / config.serving.speed
-            );
-        }
-        let board = EngineBoard::new(shape, &config.serving);
-        let endpoints = EngineEndpoints::bind(board.clone()).await?;
-        config.engines = Some(LiveEngines {
-            board,
-            token_scale: TOKEN_SCALE,
-        });
-        Some(endpoints)
+        Some(prepare_load_path(&args, &workload, &mut config).await?)
     } else {
         None
     };
@@ -343,4 +323,85 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     .await;
     services.shutdown().await?;
     print_report(&outcome?, args.fleet.json)
+}
+
+/// The longest paced run `ckf demo` starts, seconds (its clock could not go much further).
+const MAX_PACED_RUN_S: f64 = 1e7;
+
+/// Checks what a live expected-ttft run needs, binds the simulated engines' endpoints and puts
+/// their board in `config`.
+///
+/// # Errors
+/// The grpc feed, a load interval a producer does not take, a capacity or queued-request size
+/// the demo's units cannot carry, a workload too long to pace, or no free port.
+async fn prepare_load_path(
+    args: &DemoArgs,
+    workload: &live::Workload,
+    config: &mut live::LiveConfig,
+) -> Result<EngineEndpoints> {
+    use anyhow::bail;
+    let model = &config.serving;
+    if matches!(args.feed, FeedKind::Grpc) {
+        bail!(
+            "--policy expected-ttft needs --feed zmq: the producers scrape the load of the \
+             engines they subscribe to"
+        );
+    }
+    let interval = model.load_interval_ms;
+    if !(100.0..=60_000.0).contains(&interval) {
+        bail!(
+            "--load-interval-ms {interval}: with --policy expected-ttft the producers scrape the \
+             engines at that interval, 100..=60000 ms"
+        );
+    }
+    // A worker's capacity is configured in whole demo tokens/s: at least 100, so rounding
+    // changes it by at most 0.5%.
+    let workers = config.shape.workers_per_dc as f64;
+    let least = 100.0 / TOKEN_SCALE * workers;
+    if let Some((dc, d)) = model
+        .dcs
+        .iter()
+        .enumerate()
+        .find(|(_, d)| d.prefill_tokens_per_s < least)
+    {
+        bail!(
+            "--dc-prefill-tokens-per-s {} for DC {}: with --policy expected-ttft each of its {} \
+             workers is configured with at least 100 of the demo's 16-token-block tokens/s, so \
+             the DC needs at least {least:.0} tokens/s",
+            d.prefill_tokens_per_s,
+            dc + 1,
+            config.shape.workers_per_dc
+        );
+    }
+    // The indexer's route.queued_request_tokens is at most 3,600,000 of its tokens.
+    let most = 3_600_000.0 / TOKEN_SCALE;
+    if model.queued_request_tokens > most {
+        bail!(
+            "--queued-request-tokens {} (default: the workload's mean prompt): with --policy \
+             expected-ttft at most {most:.0}",
+            model.queued_request_tokens
+        );
+    }
+    let first = workload.requests.first().map_or(0, |r| r.timestamp_ms);
+    let last = workload.requests.iter().map(|r| r.timestamp_ms).max();
+    let span_s = last.map_or(0, |l| l.saturating_sub(first)) as f64 / 1e3 / model.speed;
+    if span_s > MAX_PACED_RUN_S {
+        bail!(
+            "the workload spans {span_s:.0} s at --speed {}: with --policy expected-ttft the \
+             requests are sent on its clock; at most {MAX_PACED_RUN_S:.0} s (raise --speed)",
+            model.speed
+        );
+    }
+    crate::errln!(
+        "expected-ttft: {} requests sent on the workload's clock, about {span_s:.0} s once every \
+         DC's load is known (the first reports come within {interval:.0} ms)",
+        workload.requests.len(),
+    );
+    let board = EngineBoard::new(config.shape, model);
+    let endpoints = EngineEndpoints::bind(board.clone()).await?;
+    config.engines = Some(LiveEngines {
+        board,
+        token_scale: TOKEN_SCALE,
+    });
+    Ok(endpoints)
 }

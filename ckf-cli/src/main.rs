@@ -15,7 +15,7 @@ fn main() -> std::process::ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
+            ckf_cli::errln!("error: cannot start the async runtime: {e}");
             return std::process::ExitCode::from(1);
         }
     };
@@ -58,12 +58,14 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("error: {e:#}");
+            // Every cause, once (an error that shows its source is not followed by it again).
+            let text = ckf_svc_kit::errors::error_chain(e.as_ref());
+            ckf_cli::errln!("error: {text}");
             let hint = target
                 .as_ref()
-                .and_then(|(url, cert)| connect::hint(&format!("{e:#}"), url, *cert));
+                .and_then(|(url, cert)| connect::hint(&text, url, *cert));
             if let Some(hint) = hint {
-                eprintln!("hint: {hint}");
+                ckf_cli::errln!("hint: {hint}");
             }
             std::process::ExitCode::from(1)
         }

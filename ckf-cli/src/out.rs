@@ -2,6 +2,9 @@
 //! ends the command quietly: a write that finds the pipe closed returns [`StdoutClosed`], which
 //! `main` turns into exit 0 without a message, where `println!` would panic.
 //!
+//! Standard error is written with [`warn`] (`errln!`), which ignores a closed or full stderr:
+//! a diagnostic that cannot be shown must not turn a command's exit code into a panic's.
+//!
 //! SIGPIPE stays ignored, as the Rust runtime sets it: its default action would also kill the
 //! client on a write to a socket the server has cut, before it could say why. And only writes
 //! to standard output map to [`StdoutClosed`]: a broken pipe on a connection is an error.
@@ -42,5 +45,18 @@ macro_rules! outln {
     };
     ($($arg:tt)*) => {
         $crate::out::write(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+/// Writes `args` to standard error, ignoring a failure (see the module docs).
+pub fn warn(args: std::fmt::Arguments<'_>) {
+    let _ = std::io::stderr().lock().write_fmt(args);
+}
+
+/// `eprintln!` through [`warn`]: never panics.
+#[macro_export]
+macro_rules! errln {
+    ($($arg:tt)*) => {
+        $crate::out::warn(format_args!("{}\n", format_args!($($arg)*)))
     };
 }

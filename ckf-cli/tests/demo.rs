@@ -137,10 +137,25 @@ fn demo_routes_by_the_indexers_route_on_the_load_its_producers_scrape() {
         "live expected-ttft p99 {live_p99} ms vs deepest-prefix {} ms: {live}",
         offline("deepest-prefix")
     );
-    // Without engines to scrape there is no load path: refused before anything starts.
-    let (code, _, stderr) = demo(&["--feed", "grpc", "--policy", "expected-ttft"]);
-    assert_eq!(code, 1, "{stderr}");
-    assert!(stderr.contains("needs --feed zmq"), "{stderr}");
+    // Refused before anything starts: no engines to scrape without the zmq feed, a capacity
+    // the demo's units would round away, no request at all.
+    for (flags, says) in [
+        (&["--feed", "grpc"][..], "needs --feed zmq"),
+        (
+            &["--dc-prefill-tokens-per-s", "64000,100,64000"][..],
+            "for DC 2: with --policy expected-ttft",
+        ),
+        (
+            &["--limit", "0"][..],
+            "--limit 0: replay at least one request",
+        ),
+    ] {
+        let mut all = vec!["--policy", "expected-ttft"];
+        all.extend_from_slice(flags);
+        let (code, _, stderr) = demo(&all);
+        assert_eq!(code, 1, "{flags:?}: {stderr}");
+        assert!(stderr.contains(says), "{flags:?}: {stderr}");
+    }
 }
 
 #[test]

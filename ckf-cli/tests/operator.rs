@@ -410,3 +410,28 @@ fn a_closed_standard_output_ends_a_command_quietly() {
     assert_eq!(out.status.code(), Some(0), "stderr: {stderr}");
     assert!(stderr.is_empty(), "stderr: {stderr}");
 }
+
+/// A command that writes files finishes them whatever happens to standard output, and a
+/// closed standard error keeps the exit code (no panic: 1 for an error, as always).
+#[test]
+fn closed_outputs_neither_cut_work_short_nor_change_exit_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ckf"))
+        .args(["certs", "--pools", "dc-a,dc-b", "--out"])
+        .arg(dir.path())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("run ckf");
+    drop(child.stdout.take());
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+    for file in ["ca.crt", "ca.key", "query.token", "dc-b.token"] {
+        assert!(dir.path().join(file).exists(), "{file} missing");
+    }
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ckf"))
+        .args(["query", "--indexer", "http://127.0.0.1:1", "1"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run ckf");
+    drop(child.stderr.take());
+    assert_eq!(child.wait().unwrap().code(), Some(1));
+}

@@ -1,13 +1,17 @@
 //! Error text for logs and messages: an error with every source under it.
 
 /// Renders an error with its sources, `outer: inner: innermost` (`tonic::transport::Error`
-/// alone says only "transport error").
+/// alone says only "transport error"); a source whose text the rendering already ends with
+/// (an error that shows its source in its own message) is not repeated.
 pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut out = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
+        let text = s.to_string();
+        if !out.ends_with(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
         source = s.source();
     }
     out
@@ -25,5 +29,19 @@ mod tests {
     fn every_source_is_named_in_order() {
         let e = Outer(std::io::Error::other("inner"));
         assert_eq!(error_chain(&e), "outer: inner");
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("outer: {0}")]
+    struct Shows(#[source] std::io::Error);
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("context")]
+    struct Context(#[source] Shows);
+
+    #[test]
+    fn a_source_already_in_the_message_is_not_repeated() {
+        let e = Context(Shows(std::io::Error::other("inner")));
+        assert_eq!(error_chain(&e), "context: outer: inner");
     }
 }

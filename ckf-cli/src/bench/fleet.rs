@@ -18,6 +18,14 @@ use lru::LruCache;
 use crate::bench::oracle::Oracle;
 use crate::bench::policy::best_dc;
 
+/// Most workers per DC a simulated fleet has.
+pub const MAX_WORKERS_PER_DC: usize = 4_096;
+/// Most data-parallel ranks per worker.
+pub const MAX_RANKS_PER_WORKER: usize = 1_024;
+/// Most KV blocks per rank: 2^22 (2^31 tokens of 512; each rank's LRU cache reserves its
+/// capacity up front, ~200 MB at this size).
+pub const MAX_CAPACITY_BLOCKS: usize = 1 << 22;
+
 /// The fleet's shape (shared by `ckf replay` and `ckf demo`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct FleetShape {
@@ -53,13 +61,21 @@ impl FleetShape {
                 self.dcs
             ));
         }
-        for (name, value) in [
-            ("workers per DC", self.workers_per_dc),
-            ("ranks per worker", self.ranks_per_worker),
-            ("capacity (blocks per rank)", self.capacity_blocks),
+        for (name, value, most) in [
+            ("workers per DC", self.workers_per_dc, MAX_WORKERS_PER_DC),
+            (
+                "ranks per worker",
+                self.ranks_per_worker,
+                MAX_RANKS_PER_WORKER,
+            ),
+            (
+                "capacity (blocks per rank)",
+                self.capacity_blocks,
+                MAX_CAPACITY_BLOCKS,
+            ),
         ] {
-            if value == 0 {
-                return Err(format!("{name} = 0: must be at least 1"));
+            if !(1..=most).contains(&value) {
+                return Err(format!("{name} = {value}: must be 1..={most}"));
             }
         }
         Ok(())

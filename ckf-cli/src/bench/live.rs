@@ -170,14 +170,7 @@ pub async fn replay(
     let shape = config.shape;
     shape.validate().map_err(|e| anyhow!(e))?;
     config.serving.validate(shape.dcs).map_err(|e| anyhow!(e))?;
-    if !config.policy.runs_live(config.engines.is_some()) {
-        bail!(
-            "--policy {}: the live run routes by the indexer's Route only where producers scrape \
-             simulated engines' load: run it with `ckf demo` (zmq feed); the report compares \
-             every policy on the serving model",
-            config.policy.name()
-        );
-    }
+    check_policy(config.policy, config.engines.is_some())?;
     if targets.len() != shape.dcs {
         bail!(
             "fleet has {} DCs but {} producers were given",
@@ -191,7 +184,9 @@ pub async fn replay(
         dcs.iter().enumerate().map(|(i, d)| (d.lane, i)).collect();
     wait_ready(&mut query, &dcs, config.ready_timeout).await?;
     if config.policy == Policy::ExpectedTtft {
-        wait_load_known(&mut query, &dcs, config.ready_timeout).await?;
+        // A producer's first report comes one load interval after it attaches.
+        let interval = Duration::from_secs_f64(config.serving.load_interval_ms / 1e3);
+        wait_load_known(&mut query, &dcs, config.ready_timeout + interval).await?;
     }
 
     // Per request: the block hashes the oracle and fleet work on and, for the ZMQ feed, the
@@ -492,6 +487,23 @@ pub async fn replay(
         live_serving,
         cost: Cost::new(dc_costs, wire_bytes, relay, events),
     })
+}
+
+/// Whether a live run can route by `policy`, with or without the `load_path` (simulated
+/// engines the producers scrape).
+///
+/// # Errors
+/// Expected-ttft without the load path, naming where it runs.
+pub fn check_policy(policy: Policy, load_path: bool) -> Result<()> {
+    if !policy.runs_live(load_path) {
+        bail!(
+            "--policy {}: the live run routes by the indexer's Route only where producers scrape \
+             simulated engines' load: run it with `ckf demo` (zmq feed); the report compares \
+             every policy on the serving model",
+            policy.name()
+        );
+    }
+    Ok(())
 }
 
 /// Relay bytes all producers have sent so far, when every DC has a metrics endpoint.

@@ -25,6 +25,9 @@ use crate::hashing::block_hashes;
 /// # Errors
 /// The trace's [`TraceError`](crate::bench::trace::TraceError).
 pub fn load_workload(trace: Option<&Path>, limit: Option<usize>, seed: u64) -> Result<Workload> {
+    if limit == Some(0) {
+        anyhow::bail!("--limit 0: replay at least one request");
+    }
     match trace {
         Some(path) => {
             let mut requests = read_trace(path)?;
@@ -74,6 +77,8 @@ pub fn live_config(
 /// # Errors
 /// A bad trace, an unreachable service, or a replay failure.
 pub async fn replay(args: ReplayArgs) -> Result<()> {
+    // Against external services there are no simulated engines to scrape.
+    live::check_policy(args.fleet.policy, false)?;
     let workload = load_workload(Some(&args.trace), args.fleet.limit, args.fleet.seed)?;
     let tls = client_tls(&args.tls)?;
     // The TLS flags are for the https:// URLs: producers' Ingest is often plaintext on the

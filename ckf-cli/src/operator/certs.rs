@@ -100,9 +100,15 @@ pub fn run(args: &CertsArgs) -> Result<()> {
             existing.display()
         );
     }
+    let mut written = Vec::with_capacity(outputs.len());
     for output in &outputs {
         let path = args.out.join(&output.name);
         write_file(&path, &output.contents, output.secret)?;
+        written.push(path);
+    }
+    // Listed once every file is there: a reader closing standard output (`| head -1`) cannot
+    // stop the command with half a set written.
+    for path in written {
         crate::outln!("wrote {}", path.display())?;
     }
     Ok(())

@@ -39,14 +39,14 @@ pub async fn health(args: HealthArgs) -> i32 {
             }
         }
         Ok(Err(e)) => {
-            eprintln!("{}: unhealthy: {e:#}", args.endpoint);
+            crate::errln!("{}: unhealthy: {e:#}", args.endpoint);
             if let Some(hint) = hint(&format!("{e:#}"), &args.endpoint, args.tls.cert.is_some()) {
-                eprintln!("hint: {hint}");
+                crate::errln!("hint: {hint}");
             }
             2
         }
         Err(_) => {
-            eprintln!("{}: no answer within {} ms", args.endpoint, args.timeout_ms);
+            crate::errln!("{}: no answer within {} ms", args.endpoint, args.timeout_ms);
             2
         }
     }

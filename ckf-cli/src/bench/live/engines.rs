@@ -72,7 +72,11 @@ impl EngineBoard {
         if let Some(&(wall, t0)) = self.clock.get()
             && let Ok(after) = Duration::try_from_secs_f64(t - t0)
         {
-            tokio::time::sleep_until((wall + after).into()).await;
+            match wall.checked_add(after) {
+                Some(at) => tokio::time::sleep_until(at.into()).await,
+                // Beyond what the clock can count: never.
+                None => std::future::pending().await,
+            }
         }
     }
 
@@ -139,7 +143,7 @@ impl EngineEndpoints {
             .with_state(board);
         let task = tokio::spawn(async move {
             if let Err(error) = axum::serve(listener, app).await {
-                eprintln!("the simulated engines' metrics endpoint failed: {error}");
+                crate::errln!("the simulated engines' metrics endpoint failed: {error}");
             }
         });
         Ok(Self { addr, task })
