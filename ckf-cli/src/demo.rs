@@ -139,6 +139,9 @@ impl Services {
                 .zip(&load.model.dcs)
                 .map(|(dc, serving)| (dc.clone(), serving.rtt_ms))
                 .collect();
+            // The capacity a DC without a known load counts at, in the demo's tokens like
+            // every capacity here (the serving model's offline runs use the same default).
+            config.route.default_prefill_tokens_per_s *= TOKEN_SCALE;
             // A report is never stale between two scrapes (as the serving model assumes).
             config.route.stale_after_ms = config.route.stale_after_ms.max(3 * load.interval_ms());
         }

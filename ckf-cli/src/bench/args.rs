@@ -29,10 +29,11 @@ pub struct FleetArgs {
     /// blocks; the zmq feed hands each to its engine as one KV block): LRU eviction beyond it.
     #[arg(long, default_value_t = 1_024)]
     pub capacity: usize,
-    /// Routing policy of the live run (the report also compares every policy on the serving
-    /// model). expected-ttft runs live only in `ckf demo` with the zmq feed: routed by the
-    /// indexer's Route on the load the producers scrape from the simulated engines, with the
-    /// requests sent on the workload's clock (timestamps / --speed).
+    /// Routing policy of the live run of `demo` and `replay` (`simulate` compares every
+    /// policy and ignores it; so does every report, on the serving model). expected-ttft runs
+    /// live only in `ckf demo` with the zmq feed: routed by the indexer's Route on the load the
+    /// producers scrape from the simulated engines, with the requests sent on the workload's
+    /// clock (timestamps / --speed).
     #[arg(long, value_enum, default_value_t = Policy::DeepestPrefix)]
     pub policy: Policy,
     /// Replay at most this many requests (default: all of a trace; 4000 synthetic ones).
@@ -52,18 +53,22 @@ pub struct FleetArgs {
 /// The serving model's flags (see [`crate::bench::sim`]).
 #[derive(Debug, Clone, Args)]
 pub struct ServingArgs {
-    /// Prefill tokens/s of each DC's pool, one per DC in DC order, comma-separated
+    /// Prefill tokens/s of each DC's pool, one per DC in DC order, comma-separated (a live
+    /// expected-ttft run configures the producers' workers with them)
     /// [default: 64000 for the 1st, 3rd, ... DC, 32000 for the 2nd, 4th, ...].
     #[arg(long, value_delimiter = ',', value_name = "TOKENS_PER_S,...")]
     pub dc_prefill_tokens_per_s: Vec<f64>,
-    /// Round trip from the router to each DC in milliseconds, one per DC, comma-separated
+    /// Round trip from the router to each DC in milliseconds, one per DC, comma-separated (a
+    /// live expected-ttft run sends them with every Route)
     /// [default: 2 for the first DC, 280 for the last, 40 for the others].
     #[arg(long, value_delimiter = ',', value_name = "MS,...")]
     pub dc_rtt_ms: Vec<f64>,
-    /// Replay arrivals this many times faster than the workload's timestamps.
+    /// Replay arrivals this many times faster than the workload's timestamps (on the serving
+    /// model; a live expected-ttft run also sends its requests at those times).
     #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     pub speed: f64,
-    /// How often each pool's load is observed for expected-ttft, milliseconds.
+    /// How often each pool's load is observed for expected-ttft, milliseconds (1..=3600000);
+    /// in a live expected-ttft run also the producers' scrape interval (100..=60000).
     #[arg(
         long,
         default_value_t = 1_000.0,
@@ -134,7 +139,8 @@ impl FleetArgs {
 /// Timeouts of a live replay.
 #[derive(Debug, Clone, Args)]
 pub struct TimeoutArgs {
-    /// Seconds to wait for every DC's lane to be ready before replaying.
+    /// Seconds to wait for every DC's lane to be ready before replaying (and, for a live
+    /// expected-ttft run, this plus one load interval for every DC's first load report).
     #[arg(long, default_value_t = 30)]
     pub ready_timeout_s: u64,
     /// Milliseconds a visibility probe polls before giving up.

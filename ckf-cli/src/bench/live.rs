@@ -600,7 +600,9 @@ async fn wait_load_known(
     };
     let no_load = |waiting| {
         anyhow!(
-            "no load report from {waiting} after {timeout:?}: is each producer scraping its engines?"
+            "no load report from {waiting} after {timeout:?} (a producer reports every load \
+             interval, the first one an interval after it attaches): is each producer scraping \
+             its engines?"
         )
     };
     wait_every_dc(

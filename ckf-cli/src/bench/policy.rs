@@ -22,11 +22,13 @@ pub enum Policy {
     RoundRobin,
     /// The DC with the fewest requests in flight (sent, first token not back yet), as the
     /// router counts them; ties go to the DC that served the fewest, then the lowest index.
-    /// Blind to the cache. Needs the serving model.
+    /// Blind to the cache. Counted on the serving model (live too: the live run serves its
+    /// choices on it).
     LeastLoaded,
     /// The lowest expected time to first token of `ckf_core::route` (the indexer's
     /// `Query/Route`): prefix depth, the pools' reported load, their bookings and the round
-    /// trips. Needs the serving model.
+    /// trips. Live only in `ckf demo` with the zmq feed (the producers scrape its simulated
+    /// engines' load); offline everywhere.
     ExpectedTtft,
 }
 
@@ -66,9 +68,10 @@ pub struct Signals<'a> {
     pub depths: &'a [Option<usize>],
     /// Requests each DC served so far.
     pub served: &'a [u64],
-    /// Requests in flight at each DC (serving model only; empty otherwise).
+    /// Requests in flight at each DC on the serving model (empty where there is none).
     pub in_flight: &'a [u64],
-    /// The route model's choice (serving model only).
+    /// The route model's choice: offline `ckf_core::route`'s, live the indexer's `Route`
+    /// (expected-ttft only).
     pub fastest: Option<usize>,
 }
 

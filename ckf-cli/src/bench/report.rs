@@ -31,7 +31,8 @@ pub struct Report {
     pub seed: u64,
     /// Ingest and query rates of the live run.
     pub throughput: Throughput,
-    /// Client-side `FindMatches` round trip, microseconds.
+    /// Client-side round trip of the live run's queries (`FindMatches`, or `Route` for
+    /// expected-ttft), microseconds.
     pub query_latency_us: Summary,
     /// Time from a store sent to its producer until a query sees it, milliseconds.
     pub visibility_lag_ms: Summary,
@@ -163,7 +164,7 @@ impl ServingComparison {
         }
         writeln!(
             out,
-            "  {:<15} {:>8} {:>9} {:>9} {:>9} {:>9}  share / peak queue per DC",
+            "  {:<LABEL$} {:>8} {:>9} {:>9} {:>9} {:>9}  share / peak queue per DC",
             "policy", "hit rate", "TTFT mean", "p50", "p90", "p99"
         )?;
         for p in &self.policies {
@@ -181,6 +182,9 @@ impl ServingComparison {
     }
 }
 
+/// Width of the serving table's first column: the longest label, `deepest-prefix (live)`.
+const LABEL: usize = 21;
+
 /// One policy's line of the serving table.
 fn write_serving_row(out: &mut String, label: &str, p: &PolicyServing) -> fmt::Result {
     let t = &p.ttft_ms;
@@ -191,7 +195,7 @@ fn write_serving_row(out: &mut String, label: &str, p: &PolicyServing) -> fmt::R
         .collect();
     writeln!(
         out,
-        "  {:<15} {:>8} {:>7.0}ms {:>7.0}ms {:>7.0}ms {:>7.0}ms  {}",
+        "  {:<LABEL$} {:>8} {:>7.0}ms {:>7.0}ms {:>7.0}ms {:>7.0}ms  {}",
         label,
         pct(p.hit_rate.hit_rate),
         t.mean,
@@ -260,7 +264,7 @@ pub struct WorkloadInfo {
 pub struct Throughput {
     /// Wall time of the request loop, seconds.
     pub seconds: f64,
-    /// `FindMatches` calls made for routing.
+    /// Queries made for routing (`FindMatches`, or `Route` for expected-ttft).
     pub queries: u64,
     /// KV events sent to producers.
     pub events: u64,
@@ -458,7 +462,12 @@ impl fmt::Display for Report {
                 "ingest sources: {prefix}/<dc>/w<worker> (what `ckf source-sequence --source` takes)"
             )?;
         }
-        writeln!(out, "\nthroughput ({:.2} s)", t.seconds)?;
+        let paced = if self.live_serving.paced {
+            ", paced on the workload's clock: rates are its arrival rates"
+        } else {
+            ""
+        };
+        writeln!(out, "\nthroughput ({:.2} s{paced})", t.seconds)?;
         writeln!(
             out,
             "  ingest                {:.0} events/s, {:.0} blocks/s ({} events, {} blocks)",

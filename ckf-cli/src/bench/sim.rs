@@ -173,10 +173,17 @@ impl ServingModel {
         )
     }
 
+    /// The route model the offline expected-ttft asks: the indexer's defaults, this model's
+    /// queued-request tokens, and a staleness bound of at least three load intervals (as the
+    /// demo configures its indexer: a report is never stale between two observations).
     fn route_model(&self) -> RouteModel {
+        let defaults = RouteModel::default();
         RouteModel {
             queued_request_tokens: self.queued_request_tokens,
-            ..RouteModel::default()
+            stale_after: defaults
+                .stale_after
+                .max(Duration::from_secs_f64(3.0 * self.load_interval_ms / 1e3)),
+            ..defaults
         }
     }
 }
