@@ -159,6 +159,24 @@ pub fn hint(chain: &str, url: &str, client_certificate: bool) -> Option<&'static
     }
 }
 
+/// A Query channel: `channel` sending `token` and, when given, the indexer `domain` asked
+/// about (`ckf-domain`) with every call.
+///
+/// # Errors
+/// A domain that cannot be metadata (the indexer checks the name itself).
+pub fn query_channel(
+    channel: Channel,
+    token: Option<Secret>,
+    domain: Option<&str>,
+) -> Result<ckf_svc_kit::access::AuthedChannel> {
+    use ckf_svc_kit::access::{authed, authed_with};
+    match domain {
+        None => Ok(authed(channel, token)),
+        Some(domain) => authed_with(channel, token, ckf_proto::metadata::DOMAIN_KEY, domain)
+            .map_err(|e| anyhow!("--domain: {e}")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::hint;

@@ -170,6 +170,10 @@ pub struct ReplayArgs {
     /// The indexer's gRPC endpoint, e.g. http://127.0.0.1:7400.
     #[arg(long)]
     pub indexer: String,
+    /// The indexer domain (model) the queries are for, sent as `ckf-domain` metadata (an
+    /// indexer serving another refuses) [default: none, the indexer's own].
+    #[arg(long, value_name = "DOMAIN")]
+    pub domain: Option<String>,
     /// One producer per DC as DC=URL (e.g. dc-a=http://127.0.0.1:7500); repeat per DC. The DC
     /// id must match the indexer manifest's; the order is the DC order of the report.
     #[arg(long = "producer", value_name = "DC=URL", required = true, value_parser = parse_producer)]
@@ -250,6 +254,10 @@ pub struct LoadArgs {
     /// The indexer's Query endpoint, e.g. http://127.0.0.1:7400.
     #[arg(long)]
     pub indexer: String,
+    /// The indexer domain (model) the queries are for, sent as `ckf-domain` metadata (an
+    /// indexer serving another refuses) [default: none, the indexer's own].
+    #[arg(long, value_name = "DOMAIN")]
+    pub domain: Option<String>,
     /// TLS toward the indexer.
     #[command(flatten)]
     pub tls: TlsArgs,

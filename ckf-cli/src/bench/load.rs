@@ -32,12 +32,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
 use ckf_proto::v1::query_client::QueryClient;
-use ckf_svc_kit::access::authed;
 use indicatif::{ProgressBar, ProgressStyle};
 use tonic_health::pb::health_client::HealthClient;
 
 use crate::bench::args::{LoadArgs, LoadMode};
-use crate::connect::{client_tls, connect_with, token_of};
+use crate::connect::{client_tls, connect_with, query_channel, token_of};
 
 use crate::bench::load::schedule::{Schedule, pace};
 use crate::bench::load::senders::{Client, sender};
@@ -86,10 +85,11 @@ pub async fn run(args: LoadArgs) -> Result<()> {
     let tls = client_tls(&args.tls)?;
     let mut clients = Vec::with_capacity(args.connections);
     for _ in 0..args.connections {
-        let channel = authed(
+        let channel = query_channel(
             connect_with(&args.indexer, tls.as_ref()).await?,
             token.clone(),
-        );
+            args.domain.as_deref(),
+        )?;
         clients.push(Client {
             query: QueryClient::new(channel.clone())
                 .max_decoding_message_size(64 << 20)

@@ -16,7 +16,7 @@ use crate::bench::live::{self, DcTarget, LiveConfig, Workload};
 use crate::bench::report::ServingComparison;
 use crate::bench::synth::synthetic_workload;
 use crate::bench::trace::read_trace;
-use crate::connect::{client_tls, connect_with, token_of};
+use crate::connect::{client_tls, connect_with, query_channel, token_of};
 use crate::hashing::block_hashes;
 
 /// Loads a trace (validated whole before anything is sent) or the synthetic workload, then
@@ -98,10 +98,11 @@ pub async fn replay(args: ReplayArgs) -> Result<()> {
             e.to_string().replace("--token-file", "--ingest-token-file")
         )
     })?;
-    let indexer = authed(
+    let indexer = query_channel(
         connect_with(&args.indexer, tls_for(&args.indexer)).await?,
         query_token,
-    );
+        args.domain.as_deref(),
+    )?;
     let mut targets = Vec::new();
     for (dc, url) in &args.producers {
         let metrics = args

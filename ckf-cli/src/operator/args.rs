@@ -5,11 +5,10 @@ use std::path::PathBuf;
 
 use clap::{ArgGroup, Args};
 
-use ckf_proto::metadata::DOMAIN_KEY;
 use ckf_proto::v1::query_client::QueryClient;
-use ckf_svc_kit::access::{AuthedChannel, authed, authed_with};
+use ckf_svc_kit::access::AuthedChannel;
 
-use crate::connect::{TlsArgs, client_tls, connect_with, token_of};
+use crate::connect::{TlsArgs, client_tls, connect_with, query_channel, token_of};
 
 /// Where an operator command reaches the indexer's Query service, and as whom.
 #[derive(Debug, Clone, Args)]
@@ -40,11 +39,7 @@ impl IndexerArgs {
         let token = token_of(self.token_file.as_deref())?;
         let tls = client_tls(&self.tls)?;
         let channel = connect_with(&self.indexer, tls.as_ref()).await?;
-        let channel = match &self.domain {
-            None => authed(channel, token),
-            Some(domain) => authed_with(channel, token, DOMAIN_KEY, domain)
-                .map_err(|e| anyhow::anyhow!("--domain: {e}"))?,
-        };
+        let channel = query_channel(channel, token, self.domain.as_deref())?;
         Ok(QueryClient::new(channel))
     }
 }
