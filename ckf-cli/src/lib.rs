@@ -17,7 +17,7 @@
 //! | [`operator`] | the operator commands, one file each, and `certs` |
 //! | [`bench`](mod@bench) | the benchmark tools and what they are made of (trace, fleet, oracle, policies, live replay, load, report) |
 //! | [`demo`] | in-process indexer + producers on loopback for `ckf demo` |
-//! | [`out`] | standard output (`out!`, `outln!`): a reader closing the pipe ends a command quietly |
+//! | [`out`](mod@out) | standard output (`out!`, `outln!`): a reader closing the pipe ends a command quietly |
 //!
 //! The operator commands and the benchmark tools do not use each other: both use [`connect`]
 //! and [`hashing`] (the benchmark tools also [`duration`]); only [`cli`], `main.rs` and [`demo`]

@@ -2,7 +2,7 @@
 //! ends the command quietly: a write that finds the pipe closed returns [`StdoutClosed`], which
 //! `main` turns into exit 0 without a message, where `println!` would panic.
 //!
-//! Standard error is written with [`warn`] (`errln!`), which ignores a closed or full stderr:
+//! Standard error is written with [`warn()`] (`errln!`), which ignores a closed or full stderr:
 //! a diagnostic that cannot be shown must not turn a command's exit code into a panic's.
 //!
 //! SIGPIPE stays ignored, as the Rust runtime sets it: its default action would also kill the
@@ -29,7 +29,7 @@ pub fn write(args: std::fmt::Arguments<'_>) -> anyhow::Result<()> {
     }
 }
 
-/// `print!` to standard output through [`write`]: evaluates to its `anyhow::Result<()>`.
+/// `print!` to standard output through [`write()`]: evaluates to its `anyhow::Result<()>`.
 #[macro_export]
 macro_rules! out {
     ($($arg:tt)*) => {
@@ -37,7 +37,7 @@ macro_rules! out {
     };
 }
 
-/// `println!` to standard output through [`write`]: evaluates to its `anyhow::Result<()>`.
+/// `println!` to standard output through [`write()`]: evaluates to its `anyhow::Result<()>`.
 #[macro_export]
 macro_rules! outln {
     () => {
@@ -53,7 +53,7 @@ pub fn warn(args: std::fmt::Arguments<'_>) {
     let _ = std::io::stderr().lock().write_fmt(args);
 }
 
-/// `eprintln!` through [`warn`]: never panics.
+/// `eprintln!` through [`warn()`]: never panics.
 #[macro_export]
 macro_rules! errln {
     ($($arg:tt)*) => {

@@ -132,7 +132,7 @@ pub async fn replay(args: ReplayArgs) -> Result<()> {
 /// Prints a report as text or JSON.
 ///
 /// # Errors
-/// Standard output closed or failing ([`crate::out`]).
+/// Standard output closed or failing ([`crate::out`](mod@crate::out)).
 pub fn print_report(report: &crate::bench::report::Report, json: bool) -> Result<()> {
     if json {
         crate::outln!("{}", report.to_json())?;
