@@ -400,7 +400,7 @@ async fn prepare_load_path(
          DC's load is known (the first reports come within {interval:.0} ms)",
         workload.requests.len(),
     );
-    let board = EngineBoard::new(config.shape, model);
+    let board = EngineBoard::new(config.shape, model, DOMAIN);
     let endpoints = EngineEndpoints::bind(board.clone()).await?;
     config.engines = Some(LiveEngines {
         board,

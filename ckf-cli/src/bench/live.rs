@@ -18,21 +18,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
-use ckf_proto::v1::{
-    self, EventStatus, GetStatsRequest, KvEventBatch, ingest_client::IngestClient, kv_event::Kind,
-    query_client::QueryClient,
-};
+use ckf_proto::v1::{self, GetStatsRequest, kv_event::Kind, query_client::QueryClient};
 use ckf_svc_kit::access::AuthedChannel;
 use indicatif::{ProgressBar, ProgressStyle};
 use prost::Message;
 
 use crate::bench::accuracy::Accuracy;
 use crate::bench::events::{Sources, event_blocks, serve_events};
-use crate::bench::feed::TokenFeed;
 use crate::bench::fleet::{Fleet, FleetShape};
 use crate::bench::policy::{Policy, Router, Signals};
 use crate::bench::probe::{Probes, wait_visible};
-use crate::bench::publisher::EnginePublisher;
 use crate::bench::report::{
     Cost, DcCost, FinalCheck, LiveServing, Report, ServingComparison, Throughput, WorkloadInfo,
 };
@@ -41,16 +36,17 @@ use crate::bench::stats::Summary;
 use crate::bench::trace::Request;
 use crate::hashing::block_hashes;
 
+mod dcs;
 mod drain;
 pub mod engines;
 mod indexer;
 
+use dcs::{Dc, publish, unix_seconds};
+pub use dcs::{DcTarget, Feed, PROBE_WORKER, ZmqFeed};
+
 use drain::{Sentinel, clear_members, zmq_settle};
 use engines::EngineBoard;
 use indexer::{ask, ask_route, map_lanes, reported_depths, wait_load_known, wait_ready};
-
-/// The member the replay uses for drain sentinels: `(worker_id = u64::MAX, dp_rank = 0)`.
-pub const PROBE_WORKER: u64 = u64::MAX;
 
 /// A workload to replay.
 #[derive(Debug, Clone)]
@@ -100,58 +96,6 @@ pub struct LiveEngines {
 /// Whether to draw a progress bar: not under `--json`, and only when stdout is a terminal.
 pub fn want_progress(json: bool) -> bool {
     !json && std::io::stdout().is_terminal()
-}
-
-/// How the replay feeds the producers and asks the indexer.
-#[derive(Debug)]
-pub enum Feed {
-    /// `Ingest/PublishBatch` over gRPC with the trace's chained block hashes; `FindMatches`.
-    Grpc,
-    /// vLLM events over ZMQ from built-in engine publishers, which the producers subscribe to
-    /// (their `[[engines]]`); `FindMatchesByTokens`. See [`crate::bench::feed`] for the token
-    /// rules.
-    Zmq(ZmqFeed),
-}
-
-/// The ZMQ feed's state.
-#[derive(Debug)]
-pub struct ZmqFeed {
-    /// Tokens, canonical and engine hashes of the workload.
-    pub tokens: TokenFeed,
-    /// Per DC, per rank (`worker * ranks_per_worker + rank`), its publisher; the
-    /// producer of that DC subscribes to each as engine `worker_id = worker`, DP rank `rank`.
-    pub publishers: Vec<Vec<EnginePublisher>>,
-    /// Counter for fresh drain-sentinel blocks.
-    next_sentinel: u64,
-}
-
-impl ZmqFeed {
-    /// A feed over `publishers` (see the field) with `tokens`.
-    pub fn new(tokens: TokenFeed, publishers: Vec<Vec<EnginePublisher>>) -> Self {
-        Self {
-            tokens,
-            publishers,
-            next_sentinel: 0,
-        }
-    }
-}
-
-/// One DC's connection.
-#[derive(Debug, Clone)]
-pub struct DcTarget {
-    /// The DC id, as in the indexer's manifest (`PoolId.dc`).
-    pub dc: String,
-    /// The DC's producer (with the Ingest bearer token, if any).
-    pub producer: AuthedChannel,
-    /// The producer's Prometheus endpoint (`host:port`), for the relay wire cost; optional.
-    pub metrics: Option<String>,
-}
-
-struct Dc {
-    name: String,
-    lane: u32,
-    ingest: IngestClient<AuthedChannel>,
-    metrics: Option<String>,
 }
 
 /// Replays `workload` through the producers and the indexer and builds the report.
@@ -243,7 +187,7 @@ pub async fn replay(
     // producers scrape when there are any, else on private pools.
     let routes = config.policy == Policy::ExpectedTtft;
     let board = config.engines.as_ref().map_or_else(
-        || EngineBoard::new(shape, &config.serving),
+        || EngineBoard::new(shape, &config.serving, "ckf"),
         |e| e.board.clone(),
     );
     let token_scale = config.engines.as_ref().map_or(1.0, |e| e.token_scale);
@@ -521,33 +465,6 @@ async fn relay_bytes(dcs: &[Dc]) -> Option<u64> {
     Some(total as u64)
 }
 
-/// Sends one batch and checks the producer's answer.
-async fn publish(dc: &mut Dc, batch: KvEventBatch) -> Result<v1::KvEventBatchResult> {
-    let source = batch.source_id.clone();
-    let result = dc
-        .ingest
-        .publish_batch(batch)
-        .await
-        .with_context(|| format!("PublishBatch to {}", dc.name))?
-        .into_inner();
-    if result.duplicate || result.gap.is_some() {
-        bail!(
-            "producer {} saw source {source} out of order (duplicate {}, gap {:?})",
-            dc.name,
-            result.duplicate,
-            result.gap
-        );
-    }
-    if let Some(bad) = result
-        .events
-        .iter()
-        .find(|e| e.status == EventStatus::Rejected as i32)
-    {
-        bail!("producer {} rejected an event: {}", dc.name, bad.error);
-    }
-    Ok(result)
-}
-
 /// Publisher rank_ids per DC must match the fleet shape.
 fn check_publishers(z: &ZmqFeed, shape: FleetShape) -> Result<()> {
     if z.publishers.len() != shape.dcs
@@ -560,13 +477,6 @@ fn check_publishers(z: &ZmqFeed, shape: FleetShape) -> Result<()> {
         );
     }
     Ok(())
-}
-
-/// Seconds since the Unix epoch (0 if the clock is before it), the batch `ts`.
-fn unix_seconds() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 fn engine_event_blocks(event: &ckf_engine::encode::Event) -> usize {

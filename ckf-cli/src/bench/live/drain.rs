@@ -9,7 +9,7 @@ use anyhow::{Context, Result, bail};
 use ckf_proto::v1::{self, kv_event::Kind, query_client::QueryClient};
 use ckf_svc_kit::access::AuthedChannel;
 
-use super::{Dc, PROBE_WORKER, ZmqFeed, publish, unix_seconds};
+use super::dcs::{Dc, PROBE_WORKER, ZmqFeed, publish, unix_seconds};
 use crate::bench::events::Sources;
 use crate::bench::fleet::FleetShape;
 use crate::bench::probe::wait_visible;

@@ -30,19 +30,23 @@ use crate::bench::sim::{Pools, ServingModel};
 #[derive(Debug)]
 pub struct EngineBoard {
     shape: FleetShape,
+    /// The `model_name` label of every sample.
+    model_name: String,
     pools: Mutex<Pools>,
     /// `(wall instant, model time at it, s)`, set once by [`EngineBoard::start`].
     clock: OnceLock<(Instant, f64)>,
 }
 
 impl EngineBoard {
-    /// Idle pools of `shape` on `model`, their clock not started.
+    /// Idle pools of `shape` on `model`, their clock not started; `model_name` labels their
+    /// samples (vLLM's served model name).
     ///
     /// # Panics
     /// When `model` does not validate against the shape.
-    pub fn new(shape: FleetShape, model: &ServingModel) -> Arc<Self> {
+    pub fn new(shape: FleetShape, model: &ServingModel, model_name: &str) -> Arc<Self> {
         Arc::new(Self {
             shape,
+            model_name: model_name.to_owned(),
             pools: Mutex::new(Pools::new(shape, model)),
             clock: OnceLock::new(),
         })
@@ -106,7 +110,7 @@ impl EngineBoard {
         let pools = self.pools();
         for rank in 0..self.shape.ranks_per_worker {
             let load = pools.engine_load(RankId { dc, worker, rank }, t);
-            let values = [rank.to_string(), crate::demo::DOMAIN.to_string()];
+            let values = [rank.to_string(), self.model_name.clone()];
             let values: Vec<&str> = values.iter().map(String::as_str).collect();
             running
                 .with_label_values(&values)
@@ -182,7 +186,7 @@ mod tests {
 
     #[test]
     fn a_worker_shows_each_rank_under_vllm_names_and_the_producer_reads_its_sum() {
-        let board = EngineBoard::new(SHAPE, &ServingModel::unequal(2));
+        let board = EngineBoard::new(SHAPE, &ServingModel::unequal(2), "ckf-demo");
         // Two requests sent at 0 to rank 1 of DC 1 (280 ms away: they arrive at 0.14 s), the
         // second behind the first (32,000 tokens at 16,000 tokens/s per engine: 2 s each);
         // scraped at about 0.2 s.
@@ -221,7 +225,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_clock_runs_from_the_first_request_and_waits_never_return_early() {
-        let board = EngineBoard::new(SHAPE, &ServingModel::unequal(2));
+        let board = EngineBoard::new(SHAPE, &ServingModel::unequal(2), "ckf-demo");
         assert_eq!(board.now(), 0.0);
         board.start(100.0);
         let before = Instant::now();

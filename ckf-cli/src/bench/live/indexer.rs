@@ -12,7 +12,7 @@ use ckf_proto::v1::{
 };
 use ckf_svc_kit::access::AuthedChannel;
 
-use super::{Dc, DcTarget};
+use super::dcs::{Dc, DcTarget};
 
 /// Maps each DC to its lane in the indexer's manifest.
 pub(super) async fn map_lanes(

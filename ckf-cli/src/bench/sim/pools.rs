@@ -9,7 +9,7 @@ use std::collections::{BinaryHeap, VecDeque};
 
 use ckf_core::route::{EngineLoad, EngineShare, PoolLoad};
 
-use super::{DcServed, DcServing, HitRate, PolicyServing, ServingModel};
+use super::model::{DcServed, DcServing, HitRate, PolicyServing, ServingModel};
 use crate::bench::fleet::{FleetShape, RankId};
 use crate::bench::policy::Policy;
 use crate::bench::stats::Summary;
