@@ -31,7 +31,7 @@ use crate::bench::probe::{Probes, wait_visible};
 use crate::bench::report::{
     Cost, DcCost, FinalCheck, LiveServing, Report, ServingComparison, Throughput, WorkloadInfo,
 };
-use crate::bench::sim::{HitRate, ServingModel};
+use crate::bench::sim::{HitRate, ModelClock, ServingModel};
 use crate::bench::stats::Summary;
 use crate::bench::trace::Request;
 use crate::hashing::block_hashes;
@@ -212,13 +212,13 @@ pub async fn replay(
     let bar = progress_bar(hashes.len() as u64, config.progress);
     let started = Instant::now();
     for (i, request) in hashes.iter().enumerate() {
-        // Watermarks before the query: a batch confirmed visible only while the query was in
-        // flight may be newer than what the query captured.
         let t = clock.time_of(&workload.requests[i]);
         if routes {
             board.wait_until(t).await;
             late += u64::from(board.now() - t > late_after);
         }
+        // Watermarks before the query: a batch confirmed visible only while the query was in
+        // flight may be newer than what the query captured.
         let watermarks = probes.watermarks();
         let asked = Instant::now();
         let (reported, fastest) = if routes {
@@ -528,24 +528,4 @@ fn progress_bar(len: u64, show: bool) -> ProgressBar {
         bar.set_style(style);
     }
     bar
-}
-
-/// The model's time of each request in replay order: its timestamp / speed, never before the
-/// previous request's (as the serving model counts out-of-order arrivals).
-struct ModelClock {
-    speed: f64,
-    last: f64,
-}
-
-impl ModelClock {
-    fn new(speed: f64) -> Self {
-        Self { speed, last: 0.0 }
-    }
-
-    fn time_of(&mut self, request: &Request) -> f64 {
-        self.last = self
-            .last
-            .max(request.timestamp_ms as f64 / 1_000.0 / self.speed);
-        self.last
-    }
 }

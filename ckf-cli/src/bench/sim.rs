@@ -38,7 +38,7 @@ mod model;
 mod pools;
 pub use model::{
     DEFAULT_DC_PREFILL_TOKENS_PER_S, DEFAULT_QUEUED_REQUEST_TOKENS, DEFAULT_RTT_MS, DcServed,
-    DcServing, HitRate, PolicyServing, ServingModel, offered_tokens_per_s,
+    DcServing, HitRate, ModelClock, PolicyServing, ServingModel, offered_tokens_per_s,
 };
 pub use pools::Pools;
 
@@ -72,12 +72,11 @@ pub fn serve(
             .and_then(|d| origin.checked_add(d))
             .unwrap_or(origin)
     };
-    let mut now = 0.0_f64;
+    let mut clock = ModelClock::new(model.speed);
     let mut next_observation = interval;
     let (mut requested, mut reused) = (0u64, 0u64);
     for (request, hashes) in requests.iter().zip(hashes) {
-        // Arrivals in trace order: a timestamp before the previous one counts as the previous.
-        now = now.max(request.timestamp_ms as f64 / 1_000.0 / model.speed);
+        let now = clock.time_of(request);
         if now >= next_observation {
             // The last observation time at or before now (never after it, whatever the rounding).
             let at = ((now / interval).floor() * interval).min(now);

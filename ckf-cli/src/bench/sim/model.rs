@@ -183,3 +183,26 @@ pub struct DcServed {
     /// The most requests waiting at its engines at once.
     pub peak_queue: u64,
 }
+
+/// The model's time of each request in replay order: its timestamp / speed, never before the
+/// previous request's (an out-of-order timestamp counts as the previous one), seconds.
+#[derive(Debug, Clone)]
+pub struct ModelClock {
+    speed: f64,
+    last: f64,
+}
+
+impl ModelClock {
+    /// A clock for arrivals at `speed` times the timestamps' pace.
+    pub fn new(speed: f64) -> Self {
+        Self { speed, last: 0.0 }
+    }
+
+    /// `request`'s time (requests asked in replay order).
+    pub fn time_of(&mut self, request: &Request) -> f64 {
+        self.last = self
+            .last
+            .max(request.timestamp_ms as f64 / 1_000.0 / self.speed);
+        self.last
+    }
+}
