@@ -174,6 +174,10 @@ impl IndexerDomainId {
         let Some(named) = named else {
             return Ok(());
         };
+        // The common case, a query for this domain, allocates nothing.
+        if named == self.as_str() {
+            return Ok(());
+        }
         let named = IndexerDomainId::new(named).map_err(DomainQueryError::Invalid)?;
         if &named == self {
             Ok(())
