@@ -10,7 +10,8 @@
 //! with a flushed LLC on 256 MiB and 1 GiB tables (Mooncake and short queries, flushed against
 //! warm in the same run; add `kernel avx2` or `kernel portable` to force a kernel); `-- tokens` for
 //! queries by token ids on a 256 MiB table: hashing the tokens and searching, against the
-//! search alone; `-- memory` for the
+//! search alone; `-- lanes` for 64 lanes against 16 on tables of the same size (2 MiB and
+//! 256 MiB, Mooncake and all-match queries, interleaved); `-- memory` for the
 //! memory figures alone: bits per tracked block, and table sizing for any expected size against
 //! the power-of-two sizing of format v1; `-- profile LANES LEN [BUCKETS] [kernel NAME]` for a
 //! tight loop).
@@ -36,6 +37,7 @@ use ckf_core::global::GlobalCkfIndexer;
 use ckf_core::search::SearchKernel;
 
 mod common;
+mod search_lanes;
 mod search_tables;
 
 use common::latency::{Lat, ns_per_tick, summarize, ticks, time_each};
@@ -195,10 +197,12 @@ fn run_trace(trace: &[Vec<u64>], big: bool, samples: usize, scale: f64, writer: 
 fn flush_query_rows(ix: &GlobalCkfIndexer, q: &[u64]) {
     use std::arch::x86_64::{_mm_clflush, _mm_mfence};
     let addressing = ix.addressing();
-    let table = ix.table();
     for &h in q {
         let loc = addressing.locate(h);
-        for b in [loc.bucket_a, loc.bucket_b] {
+        for (b, table) in [loc.bucket_a, loc.bucket_b]
+            .into_iter()
+            .flat_map(|b| ix.table().groups().iter().map(move |t| (b, t)))
+        {
             let row = table.row(b as usize);
             let start = row.as_ptr() as usize & !63;
             let end = row.as_ptr() as usize + std::mem::size_of_val(row);
@@ -227,7 +231,7 @@ fn run_cold(trace: &[Vec<u64>], samples: usize, scale: f64, kernel: Option<Searc
     const ROUNDS: usize = 20;
     let short: Vec<Vec<u64>> = trace.iter().map(|q| q[..q.len().min(4)].to_vec()).collect();
     for (name, bytes) in [("256 MiB", 256u64 << 20), ("1 GiB", 1u64 << 30)] {
-        let (ix, _, _, _) = trace_indexer_sized(trace, bytes / 8 / 16);
+        let (ix, _, _, _) = trace_indexer_sized(trace, bytes / 8 / 16, 16);
         if let Some(kernel) = kernel {
             ix.set_search_kernel(kernel).unwrap();
         }
@@ -328,7 +332,7 @@ fn run_tokens(trace_path: &str, samples: usize, scale: f64) {
                 t
             })
             .collect();
-        let (ix, ..) = trace_indexer_sized(&trace, (256u64 << 20) / 8 / 16);
+        let (ix, ..) = trace_indexer_sized(&trace, (256u64 << 20) / 8 / 16, 16);
         let lazy = |tokens: &[u32]| {
             let hashes = SequenceHashes::new(tokens, block_size, seed, Vec::new()).unwrap();
             let m = ix.find_prefix_matches_by_tokens(hashes);
@@ -632,6 +636,11 @@ fn main() {
     }
     if args.iter().any(|a| a == "tokens") {
         run_tokens(&trace_path, samples, scale);
+        return;
+    }
+    if args.iter().any(|a| a == "lanes") {
+        let trace = trace::load(&trace_path);
+        search_lanes::run_lanes(trace.as_deref(), no_big, samples, scale);
         return;
     }
     if args.iter().any(|a| a == "cold") {

@@ -174,8 +174,13 @@ pub(crate) const fn fold_slot_hits(slot_hits: u64) -> u64 {
     t | (t >> 2)
 }
 
-/// Maximum number of lanes (DC pools) one consumer table holds.
-pub const MAX_LANES: usize = 16;
+/// Lanes (DC pools) one [`TransposedTable`] holds: a **lane group**. A consumer of more lanes
+/// keeps one table per group of 16 ([`LaneGroups`]); the search kernels work on one group.
+pub const GROUP_LANES: usize = 16;
+
+/// Lanes one consumer ([`LaneGroups`], one indexer domain) holds: four lane groups.
+pub const MAX_LANES: usize = 64;
+const _: () = assert!(MAX_LANES.is_multiple_of(GROUP_LANES) && MAX_LANES <= 64);
 
 /// Cache-line alignment of the consumer table allocation (two 64-byte lines, so a 16-lane row of
 /// 128 bytes never straddles more lines than it must).
@@ -185,7 +190,8 @@ const TABLE_ALIGN: usize = 128;
 ///
 /// Word `(bucket, lane)` lives at index `bucket * lanes + lane`, so the row of one bucket holds
 /// that bucket's image in every lane side by side (docs/design.md, "Global transposed consumer").
-/// The table is sized to the configured lane count (1..=16): `bucket_count * lanes * 8` bytes.
+/// The table is sized to its lane count (1..=16, one lane group): `bucket_count * lanes * 8`
+/// bytes.
 ///
 /// Concurrency: every word is an independent atomic; writers store whole images, readers load
 /// whole images. There is no cross-word atomicity (the weak-read contract, see
@@ -206,9 +212,12 @@ unsafe impl Sync for TransposedTable {}
 /// Errors creating a [`TransposedTable`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TableError {
-    /// Lane count outside 1..=16.
-    #[error("lane count {0} is outside 1..={MAX_LANES}")]
+    /// Lane count of one table (a lane group) outside 1..=16.
+    #[error("lane count {0} is outside 1..={GROUP_LANES}")]
     LaneCount(usize),
+    /// Lane count of a consumer ([`LaneGroups`]) outside 1..=64.
+    #[error("lane count {0} is outside 1..={MAX_LANES}")]
+    ConsumerLanes(usize),
     /// `bucket_count * lanes * 8` does not fit the address space or the allocator refused it.
     #[error("cannot allocate a table of {buckets} buckets x {lanes} lanes")]
     Allocation {
@@ -226,7 +235,7 @@ impl TransposedTable {
     /// # Errors
     /// [`TableError::LaneCount`] or [`TableError::Allocation`].
     pub fn new(bucket_count: u64, lanes: usize) -> Result<Self, TableError> {
-        if !(1..=MAX_LANES).contains(&lanes) {
+        if !(1..=GROUP_LANES).contains(&lanes) {
             return Err(TableError::LaneCount(lanes));
         }
         let fail = TableError::Allocation {
@@ -251,7 +260,7 @@ impl TransposedTable {
         })
     }
 
-    /// Configured lane count (1..=16).
+    /// Lane count (1..=16, one lane group).
     #[inline]
     pub fn lanes(&self) -> usize {
         self.lanes
@@ -469,6 +478,9 @@ impl std::fmt::Debug for TransposedTable {
             .finish()
     }
 }
+
+mod groups;
+pub use groups::LaneGroups;
 
 #[cfg(test)]
 mod tests {

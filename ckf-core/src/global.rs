@@ -1,8 +1,10 @@
-//! `GlobalCkfIndexer`: the transposed global consumer for one indexer domain and up to 16 DC
+//! `GlobalCkfIndexer`: the transposed global consumer for one indexer domain and up to 64 DC
 //! pool lanes (docs/design.md, "Global transposed consumer").
 //!
 //! It owns the manifest (which pool is which lane), the lease authority (strictly increasing
-//! epochs per lane), the shared [`TransposedTable`](crate::bucket::TransposedTable) sized to the lane count, the ready-lane mask,
+//! epochs per lane), the shared table sized to the lane count (one
+//! [`TransposedTable`](crate::bucket::TransposedTable) per group of 16 lanes,
+//! [`LaneGroups`](crate::bucket::LaneGroups)), the ready-lane mask (one `u64`),
 //! and one serialized [`crate::lane`] ingestor per lane. Prefix search lives in
 //! [`crate::search`]; bounded, lane-sticky transport with deadlines in [`crate::ingestion`].
 //!

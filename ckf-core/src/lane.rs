@@ -22,10 +22,10 @@
 //! Every frame is validated completely before its first word is stored, so a malformed frame
 //! changes no word of the table.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::bucket::TransposedTable;
+use crate::bucket::LaneGroups;
 use crate::frames::Heartbeat;
 use crate::frames::{DcCkfDelta, DcCkfSnapshot, DrainMarker, SnapshotChunk};
 use crate::identity::{LaneIndex, LaneLease, ProducerIncarnation, StreamTag};
@@ -54,8 +54,8 @@ pub(crate) struct LiveHolder {
 /// The shared pieces a lane ingestor writes: the table (its own lane column) and the ready mask.
 #[derive(Clone, Copy)]
 pub(crate) struct LaneContext<'a> {
-    pub table: &'a TransposedTable,
-    pub ready: &'a AtomicU32,
+    pub table: &'a LaneGroups,
+    pub ready: &'a AtomicU64,
     pub consumer_instance: u64,
     pub policy: &'a LagPolicy,
 }
@@ -121,7 +121,7 @@ impl LaneIngestor {
         }
     }
 
-    fn bit(&self) -> u32 {
+    fn bit(&self) -> u64 {
         1 << self.lane
     }
 
@@ -514,9 +514,10 @@ impl LaneIngestor {
         };
         self.start_rewrite(sh, c.sequence);
         let lane = self.lane as usize;
+        let (table, column) = sh.table.group_of(lane);
         let mut bucket = c.first_bucket as usize;
         for w in words {
-            sh.table.store(bucket, lane, w);
+            table.store(bucket, column, w);
             bucket += 1;
         }
         self.finish_words(sh, bucket as u64)
@@ -538,8 +539,9 @@ impl LaneIngestor {
         }
         self.start_rewrite(sh, s.sequence);
         let lane = self.lane as usize;
+        let (table, column) = sh.table.group_of(lane);
         for (bucket, &w) in s.buckets.iter().enumerate() {
-            sh.table.store(bucket, lane, w);
+            table.store(bucket, column, w);
         }
         self.finish_words(sh, bucket_count)
     }
@@ -610,6 +612,7 @@ impl LaneIngestor {
             return self.fail(sh, reason);
         }
         let lane = self.lane as usize;
+        let (table, column) = sh.table.group_of(lane);
         #[cfg(feature = "testing")]
         let (fault, mut stored) = (self.fault_after.take(), 0usize);
         // Images are installed one atomic store each, in the producer's order (a relocated
@@ -622,7 +625,7 @@ impl LaneIngestor {
                 }
                 stored += 1;
             }
-            sh.table.store(img.bucket as usize, lane, img.image);
+            table.store(img.bucket as usize, column, img.image);
         }
         self.installed = Some(d.sequence);
         self.drained_at = None;

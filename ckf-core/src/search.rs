@@ -48,7 +48,7 @@
 //! lower-first is a fixed, documented choice that makes half of all moves provably safe.
 
 use crate::addressing::Addressing;
-use crate::bucket::TransposedTable;
+use crate::bucket::{GROUP_LANES, LaneGroups, MAX_LANES};
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -73,22 +73,28 @@ pub use lazy::{LAZY_MIN_BLOCK_TOKENS, LAZY_MIN_BLOCKS, LAZY_STEP};
 pub use matches::PrefixMatches;
 
 /// Prefix depth of `block_hashes` in every lane of `ready` (the query's one capture of the
-/// ready mask) with the resolved `kernel`; `seed` is the table format's. A query longer than
-/// `u32::MAX` blocks is cut to its first `u32::MAX`. Allocation-free.
+/// ready mask) with the resolved `kernel`, one lane group after another (each group holding a
+/// ready lane is searched on its own, with its own early exit); `seed` is the table format's.
+/// A query longer than `u32::MAX` blocks is cut to its first `u32::MAX`. Allocation-free.
 #[inline]
 pub(crate) fn find(
-    table: &TransposedTable,
+    table: &LaneGroups,
     addressing: Addressing,
     seed: u64,
     kernel: SearchKernel,
     block_hashes: &[u64],
-    ready: u16,
+    ready: u64,
 ) -> PrefixMatches {
     let hashes = &block_hashes[..block_hashes.len().min(u32::MAX as usize)];
     #[cfg(feature = "testing")]
     test_hooks::count_run(kernel);
-    PrefixMatches {
-        ready,
-        depths: kernel.run(table, addressing, seed, hashes, ready),
+    let mut depths = [0u32; MAX_LANES];
+    for (g, group) in table.groups().iter().enumerate() {
+        let group_ready = lazy::group_mask(ready, g);
+        if group_ready != 0 {
+            let found = kernel.run(group, addressing, seed, hashes, group_ready);
+            depths[g * GROUP_LANES..][..GROUP_LANES].copy_from_slice(&found);
+        }
     }
+    PrefixMatches { ready, depths }
 }

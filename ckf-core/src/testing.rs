@@ -36,7 +36,7 @@ use crate::publication::DcCkfPublisher;
 /// answering as `consumer_instance`, with [`LagPolicy::DISABLED`] (tests drive time).
 ///
 /// # Panics
-/// When `domain` is not a valid id or `lanes` is not in `1..=16`.
+/// When `domain` is not a valid id or `lanes` is not in `1..=64`.
 pub fn indexer(
     domain: &str,
     format: TableFormat,

@@ -79,7 +79,7 @@ fn queries_never_report_lanes_that_were_not_ready() {
         .map(|r| {
             let (ix, queries) = (ix.clone(), queries.clone());
             std::thread::spawn(move || {
-                let mut seen = 0u16;
+                let mut seen = 0u64;
                 for i in 0..150_000usize {
                     let q = &queries[(i + r) % queries.len()];
                     // Every kernel this CPU runs, and the lazy form, take turns under the

@@ -88,20 +88,40 @@ fn manifest_rejects_zero_lanes() {
 }
 
 #[test]
-fn manifest_rejects_seventeen_lanes_and_accepts_sixteen() {
+fn manifest_rejects_sixty_five_lanes_and_accepts_sixty_four() {
     assert_eq!(
-        GlobalCkfIndexer::new(manifest(17), 1).unwrap_err(),
-        ManifestError::TooManyLanes(17)
+        GlobalCkfIndexer::new(manifest(65), 1).unwrap_err(),
+        ManifestError::TooManyLanes(65)
     );
-    let ix = GlobalCkfIndexer::new(manifest(16), 1).unwrap();
-    assert_eq!(ix.lane_count(), 16);
-    assert_eq!(ix.table().lanes(), 16);
-    let one = GlobalCkfIndexer::new(manifest(1), 1).unwrap();
-    assert_eq!(
-        one.table().bytes() as u64,
-        BUCKETS * 8,
-        "table sized to the lane count"
-    );
+    let ix = GlobalCkfIndexer::new(manifest(64), 1).unwrap();
+    assert_eq!(ix.lane_count(), 64);
+    assert_eq!(ix.table().lanes(), 64);
+    assert_eq!(ix.table().groups().len(), 4, "groups of 16 lanes");
+    for lanes in [1u64, 16, 17, 64] {
+        let ix = GlobalCkfIndexer::new(manifest(lanes as usize), 1).unwrap();
+        assert_eq!(
+            ix.table().bytes() as u64,
+            BUCKETS * 8 * lanes,
+            "table sized to the lane count ({lanes} lanes)"
+        );
+    }
+}
+
+#[test]
+fn lanes_past_sixteen_attach_and_get_ready_in_their_own_group() {
+    let ix = indexer(20);
+    let _s17 = activate(&ix, "dc-17", 1, 5, table_words(100));
+    let _s3 = activate(&ix, "dc-3", 1, 5, table_words(200));
+    assert_eq!(ix.ready_mask(), 1 << 17 | 1 << 3);
+    assert_eq!(ix.table().lane_words(17), table_words(100));
+    assert_eq!(ix.table().lane_words(3), table_words(200));
+    for untouched in [0, 1, 16, 18, 19] {
+        assert!(
+            ix.table().lane_words(untouched).iter().all(|&w| w == 0),
+            "lane {untouched} untouched"
+        );
+    }
+    assert!(ix.lane_status(17).unwrap().ready);
 }
 
 #[test]

@@ -46,9 +46,9 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
     #[test]
-    fn both_kernels_equal_the_exact_model(
-        lanes in 1usize..=16,
-        ready_bits in any::<u16>(),
+    fn every_lane_count_and_both_kernels_equal_the_exact_model(
+        lanes in 1usize..=64,
+        ready_bits in any::<u64>(),
         seed in any::<u64>(),
         log_buckets in 1u32..9,
         query_len in 0usize..80,
@@ -71,10 +71,11 @@ proptest! {
             tables.push(words);
         }
         let query = &pool[..query_len];
-        let ready = ready_bits & ((1u32 << lanes) - 1) as u16;
-        for m in [ix.find_prefix_matches(query), ix.find_prefix_matches_portable(query)] {
+        let ready = ready_bits & (u64::MAX >> (64 - lanes));
+        let lazy = ix.find_prefix_matches_lazy(query.iter().copied());
+        for m in [ix.find_prefix_matches(query), ix.find_prefix_matches_portable(query), lazy] {
             prop_assert_eq!(m.ready_mask(), ready);
-            for lane in 0..16u8 {
+            for lane in 0..64u8 {
                 let want = (usize::from(lane) < lanes && ready & (1 << lane) != 0)
                     .then(|| model_depth(&addressing, &tables[lane as usize], query));
                 prop_assert_eq!(m.depth(lane), want, "lane {}", lane);

@@ -64,7 +64,7 @@ fn model_depth(addressing: &Addressing, words: &[u64], query: &[u64]) -> u32 {
 fn check_all_kernels(
     ix: &GlobalCkfIndexer,
     tables: &[Vec<u64>],
-    ready: u16,
+    ready: u64,
     query: &[u64],
 ) -> Result<(), TestCaseError> {
     let addressing = *ix.addressing();
@@ -73,7 +73,7 @@ fn check_all_kernels(
         let m = ix.find_prefix_matches_with(kernel, query).unwrap();
         prop_assert_eq!(m, portable, "kernel {} differs from portable", kernel);
         prop_assert_eq!(m.ready_mask(), ready);
-        for lane in 0..16u8 {
+        for lane in 0..64u8 {
             let want = (usize::from(lane) < tables.len() && ready & (1 << lane) != 0)
                 .then(|| model_depth(&addressing, &tables[lane as usize], query));
             prop_assert_eq!(m.depth(lane), want, "kernel {} lane {}", kernel, lane);
@@ -163,8 +163,8 @@ proptest! {
 
     #[test]
     fn every_kernel_equals_portable_and_the_model(
-        lanes in 1usize..=16,
-        ready_bits in any::<u16>(),
+        lanes in prop_oneof![1usize..=16, 17usize..=64],
+        ready_bits in any::<u64>(),
         seed in any::<u64>(),
         half_buckets in prop_oneof![(0u32..11).prop_map(|l| 1u64 << l), 1u64..2048],
         fill in any::<u8>(),
@@ -193,21 +193,22 @@ proptest! {
             }
             tables.push(words);
         }
-        let ready = ready_bits & ((1u32 << lanes) - 1) as u16;
+        let ready = ready_bits & (u64::MAX >> (64 - lanes));
         check_all_kernels(&ix, &tables, ready, &query)?;
     }
 
     /// Tables of 1-8 MiB: the prefetching query loop (tables >= 1 MiB) of every kernel.
     #[test]
     fn every_kernel_agrees_on_prefetched_tables(
-        lanes in prop_oneof![Just(16usize), Just(5usize), 1usize..=16],
+        lanes in prop_oneof![Just(16usize), Just(5usize), Just(64usize), 1usize..=64],
         seed in any::<u64>(),
         query_len in prop_oneof![Just(0usize), Just(1usize), 2usize..64, 64usize..200],
-        ready_bits in any::<u16>(),
+        ready_bits in any::<u64>(),
         spare in 0u64..4096,
     ) {
-        // 1 MiB and up, not a power of two (format v2 sizes tables to any even count).
-        let buckets = ((1u64 << 20) / 8 / lanes as u64 + 2 * spare + 2).next_multiple_of(2);
+        // 1 MiB and up per full lane group, not a power of two (format v2 sizes tables to any
+        // even count).
+        let buckets = ((1u64 << 20) / 8 / lanes.min(16) as u64 + 2 * spare + 2).next_multiple_of(2);
         let ix = indexer(buckets, lanes, seed);
         let addressing = *ix.addressing();
         let query: Vec<u64> = (0..query_len as u64).map(|i| fmix64(seed ^ (i + 7))).collect();
@@ -223,7 +224,7 @@ proptest! {
             }
             tables.push(words);
         }
-        let ready = ready_bits & ((1u32 << lanes) - 1) as u16;
+        let ready = ready_bits & (u64::MAX >> (64 - lanes));
         check_all_kernels(&ix, &tables, ready, &query)?;
     }
 }

@@ -48,7 +48,7 @@ pub const MAX_MESSAGE_BYTES: u64 = 256 << 20;
 pub struct ManifestConfig {
     /// Indexer domain name (1..=64 bytes of `[A-Za-z0-9._-]`).
     pub domain: String,
-    /// DC ids, lane `i` = `lanes[i]`; 1..=16 distinct DCs.
+    /// DC ids, lane `i` = `lanes[i]`; 1..=64 distinct DCs.
     pub lanes: Vec<String>,
 }
 
@@ -618,7 +618,7 @@ pub struct Cli {
     /// Indexer domain [default: default; key: manifest.domain].
     #[arg(long, value_name = "NAME")]
     pub domain: Option<String>,
-    /// DC ids of the lanes in lane order, comma-separated, 1..=16
+    /// DC ids of the lanes in lane order, comma-separated, 1..=64
     /// [default: dc-a,dc-b,dc-c; key: manifest.lanes].
     #[arg(long, value_name = "DC,...", value_delimiter = ',')]
     pub lanes: Option<Vec<String>>,

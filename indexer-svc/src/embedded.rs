@@ -120,7 +120,7 @@ impl EmbeddedQuery {
     }
 
     /// The lanes that would answer a query now (bit i = lane i).
-    pub fn ready_mask(&self) -> u16 {
+    pub fn ready_mask(&self) -> u64 {
         self.indexer.ready_mask()
     }
 

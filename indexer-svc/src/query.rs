@@ -240,7 +240,7 @@ fn answer(
         .collect();
     v1::FindMatchesResponse {
         matches,
-        ready_mask: u32::from(found.ready_mask()),
+        ready_mask: found.ready_mask(),
     }
 }
 
@@ -325,12 +325,12 @@ fn answer_batch(
     Ok(results)
 }
 
-/// Most bytes the answer of `queries` queries over `lanes` lanes takes encoded: per query its
-/// `results` key and length (1 + 1: one answer is under 128 bytes), the ready mask (1 + 3: 16
-/// bits), the depths' key and length (1 + 1) and one depth per lane (a u32 varint, <= 5); plus
-/// a stream answer's id (1 + 10).
+/// Most bytes the answer of `queries` queries over `lanes` lanes (<= 64) takes encoded: per
+/// query its `results` key and length (1 + 2: one answer is under 16 KiB), the ready mask
+/// (1 + 10: 64 bits), the depths' key and length (1 + 2) and one depth per lane (a u32 varint,
+/// <= 5); plus a stream answer's id (1 + 10).
 fn answer_bound(queries: usize, lanes: usize) -> u64 {
-    11 + queries as u64 * (8 + 5 * lanes as u64)
+    11 + queries as u64 * (17 + 5 * lanes as u64)
 }
 
 /// The encoded size of a batch (`FindMatchesBatchResponse`) or stream
@@ -352,7 +352,7 @@ fn compact_result(found: &PrefixMatches) -> v1::QueryResult {
     let mut depths = Vec::with_capacity(found.ready_mask().count_ones() as usize);
     depths.extend(found.iter().map(|(_, depth)| depth));
     v1::QueryResult {
-        ready_mask: u32::from(found.ready_mask()),
+        ready_mask: found.ready_mask(),
         depths,
     }
 }
@@ -487,11 +487,7 @@ mod tests {
 
     /// Results of `n` queries on `lanes` ready lanes with the given depth.
     fn results(n: usize, lanes: u32, depth: u32) -> Vec<v1::QueryResult> {
-        let mask = if lanes == 32 {
-            u32::MAX
-        } else {
-            (1u32 << lanes) - 1
-        };
+        let mask = u64::MAX.checked_shr(64 - lanes).unwrap_or(0);
         vec![
             v1::QueryResult {
                 ready_mask: mask,
@@ -509,6 +505,7 @@ mod tests {
             (3, 1, 0),
             (64, 2, 7),
             (1024, 16, 8192),
+            (1024, 64, 8192),
         ] {
             let results = results(n, lanes, depth);
             let batch = v1::FindMatchesBatchResponse {
@@ -524,7 +521,7 @@ mod tests {
                 .encoded_len();
                 assert_eq!(answer_bytes(&results, BatchAt::Stream { id }), stream);
             }
-            // The worst answer of these queries (16-bit mask, u32::MAX depths) fits the bound.
+            // The worst answer of these queries (64-bit mask, u32::MAX depths) fits the bound.
             let worst = results_worst(n, lanes);
             let stream = v1::FindMatchesStreamResponse {
                 id: u64::MAX,
@@ -541,7 +538,7 @@ mod tests {
     fn results_worst(n: usize, lanes: u32) -> Vec<v1::QueryResult> {
         let mut worst = results(n, lanes, u32::MAX);
         for r in &mut worst {
-            r.ready_mask |= 0x8000;
+            r.ready_mask |= 1 << 63;
         }
         worst
     }

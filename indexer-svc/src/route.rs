@@ -218,7 +218,7 @@ fn answer_bound(indexer: &GlobalCkfIndexer, requests: usize) -> u64 {
             .max_by_key(|p| p.as_ref().map_or(0, Message::encoded_len))
             .flatten(),
         reason: i32::MAX,
-        ready_mask: u32::MAX,
+        ready_mask: u64::MAX,
     }
     .encoded_len() as u64;
     requests as u64 * (1 + prost::encoding::encoded_len_varint(worst) as u64 + worst)
@@ -251,7 +251,7 @@ pub fn wire_answer(indexer: &GlobalCkfIndexer, routed: &Routed) -> v1::RouteResp
         chosen_lane,
         chosen,
         reason: reason.into(),
-        ready_mask: u32::from(routed.ready_mask),
+        ready_mask: routed.ready_mask,
     }
 }
 
@@ -337,12 +337,12 @@ mod tests {
 
     #[test]
     fn the_answer_bound_holds_the_largest_answers_and_a_full_batch_fits_4_mib() {
-        for lanes in [1, 2, 16] {
+        for lanes in [1, 2, 16, 64] {
             let ix = indexer(lanes);
             let routed = Routed {
                 ranked: (0..lanes as LaneIndex).map(largest).collect(),
                 choice: Some((lanes as LaneIndex - 1, Reason::DeepestOfEqual)),
-                ready_mask: u16::MAX,
+                ready_mask: u64::MAX,
                 blocks: 0,
             };
             for n in [0, 1, 3, 100] {

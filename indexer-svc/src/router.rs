@@ -85,7 +85,7 @@ pub struct Routed {
     /// The chosen lane and why; `None` with no ready lane.
     pub choice: Option<(LaneIndex, Reason)>,
     /// The ready lanes captured at the start of the search (bit i = lane i).
-    pub ready_mask: u16,
+    pub ready_mask: u64,
     /// Blocks of the query (the hashes, or the token blocks).
     pub blocks: usize,
 }

@@ -9,11 +9,11 @@ use ckf_proto::v1;
 use common::*;
 
 /// `(lane, depth)` per ready lane and the mask, as `Indexer::find` reports the RPC's answer.
-fn in_process(query: &indexer_svc::EmbeddedQuery, hashes: &[u64]) -> (Vec<(u32, u32)>, u32) {
+fn in_process(query: &indexer_svc::EmbeddedQuery, hashes: &[u64]) -> (Vec<(u32, u32)>, u64) {
     let found = query.find_prefix_matches(hashes);
     (
         found.iter().map(|(l, d)| (u32::from(l), d)).collect(),
-        u32::from(found.ready_mask()),
+        found.ready_mask(),
     )
 }
 

@@ -172,7 +172,7 @@ const MAX_LANE: u8 = (ckf_core::bucket::MAX_LANES - 1) as u8;
 impl TryFrom<v1::LaneLease> for LaneLease {
     type Error = WireError;
 
-    /// Checks that `lane` is at most 15; whether the lane exists in a manifest is the
+    /// Checks that `lane` is at most 63; whether the lane exists in a manifest is the
     /// consumer's question.
     fn try_from(w: v1::LaneLease) -> Result<Self, WireError> {
         let lane = narrow("LaneLease.lane", u64::from(w.lane), u8::MAX)?;

@@ -139,13 +139,13 @@ fn keep_load(frame: &convert::LoadFrame) {
     }
 }
 
-/// A lease-carrying frame is refused only for a missing lease or a lane above 15.
+/// A lease-carrying frame is refused only for a missing lease or a lane above 63.
 fn lease_refused(lease: Option<v1::LaneLease>, error: &WireError) {
     typed(error);
     match lease {
         None => assert!(matches!(error, WireError::MissingField { .. }), "{error}"),
         Some(l) => {
-            assert!(l.lane > 15, "lane {} refused: {error}", l.lane);
+            assert!(l.lane > 63, "lane {} refused: {error}", l.lane);
             assert!(
                 matches!(
                     error,
@@ -172,7 +172,7 @@ fn convert_reply(reply: v1::RelayReply) {
             if let Some(lease) = granted.lease
                 && let Err(e) = ckf_core::identity::LaneLease::try_from(lease)
             {
-                assert!(lease.lane > 15, "{e}");
+                assert!(lease.lane > 63, "{e}");
             }
         }
         Some(Reply::Retired(retired)) => {

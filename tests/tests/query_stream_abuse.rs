@@ -160,7 +160,7 @@ impl OpenStream {
     }
 
     /// `(ready mask, depth per ready lane)` of each query, from one message.
-    async fn ask(&mut self, queries: &[&[u64]]) -> Vec<(u32, Vec<u32>)> {
+    async fn ask(&mut self, queries: &[&[u64]]) -> Vec<(u64, Vec<u32>)> {
         self.next_id += 1;
         let id = self.next_id;
         self.tx
@@ -194,7 +194,7 @@ impl OpenStream {
 }
 
 /// The depth of `lane` in a compact answer, `None` when the lane was not ready.
-fn depth_of(answer: &(u32, Vec<u32>), lane: u32) -> Option<u32> {
+fn depth_of(answer: &(u64, Vec<u32>), lane: u32) -> Option<u32> {
     let (mask, depths) = answer;
     (mask & (1 << lane) != 0).then(|| depths[(mask & ((1 << lane) - 1)).count_ones() as usize])
 }

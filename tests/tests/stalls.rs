@@ -282,7 +282,7 @@ async fn find_matches_stream_survives_indexer_stalls_shorter_than_the_deadline()
     let stored = HashPool::new(&format(), 13).take(4);
     producer.store(1, &stored).await;
     let first = wait_converged(&indexer, &producer).await;
-    let lane_bit = 1u32 << indexer.lane_index("dc-a");
+    let lane_bit = 1u64 << indexer.lane_index("dc-a");
 
     let mut client = QueryClient::new(channel(indexer.addr).await.expect("query channel"));
     let (tx, rx) = mpsc::channel(1);

@@ -29,7 +29,8 @@ pub const MAX_CAPACITY_BLOCKS: usize = 1 << 22;
 /// The fleet's shape (shared by `ckf replay` and `ckf demo`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct FleetShape {
-    /// Data centers (1..=16: one indexer lane each).
+    /// Data centers (1..=16, `dc-a`..`dc-p`: one indexer lane each; the indexer takes up to
+    /// 64).
     pub dcs: usize,
     /// Workers per DC.
     pub workers_per_dc: usize,
@@ -57,7 +58,7 @@ impl FleetShape {
     pub fn validate(&self) -> Result<(), String> {
         if !(1..=16).contains(&self.dcs) {
             return Err(format!(
-                "dcs = {}: must be 1..=16 (one indexer lane per DC)",
+                "dcs = {}: must be 1..=16 (the simulated fleet's DCs are dc-a..dc-p)",
                 self.dcs
             ));
         }

@@ -43,7 +43,7 @@ pub async fn query(args: QueryArgs) -> Result<()> {
         crate::outln!("{}", serde_json::to_string_pretty(&out)?)?;
         return Ok(());
     }
-    crate::outln!("{count} {unit}; ready lanes {:#06x}", answer.ready_mask)?;
+    crate::outln!("{count} {unit}; ready lanes {:#x}", answer.ready_mask)?;
     crate::outln!("{:>4}  {:<16} {:>6}", "lane", "dc", "depth")?;
     for m in &answer.matches {
         let dc = m.pool.as_ref().map_or("?", |p| p.dc.as_str());

@@ -18,7 +18,7 @@ use ckf_core::identity::{
 use ckf_core::lane::{Frame, IngestOutcome, LagPolicy};
 
 /// Block hash -> mask of the lanes holding it.
-pub type Exact = HashMap<u64, u16, FoldHashBuilder>;
+pub type Exact = HashMap<u64, u64, FoldHashBuilder>;
 
 /// The bench's random source (a `fmix64` counter).
 pub struct Rng(pub u64);
@@ -33,7 +33,7 @@ impl Rng {
 /// The consumer instance of every bench indexer.
 const INSTANCE: u64 = 7;
 
-/// A 1..=16-lane indexer of `bucket_count` buckets (lag policy off).
+/// A 1..=64-lane indexer of `bucket_count` buckets (lag policy off).
 pub fn build_indexer(bucket_count: u64, lanes: usize) -> GlobalCkfIndexer {
     let format = TableFormat::new(bucket_count, 0xC0DE).unwrap();
     let m = Manifest {
@@ -117,9 +117,9 @@ pub fn exact_index(lane_blocks: &[Vec<u64>]) -> Exact {
 
 /// The baseline: same question answered from the exact index. Returns the summed depth.
 #[inline(never)]
-pub fn exact_query(index: &Exact, ready: u16, q: &[u64]) -> u32 {
+pub fn exact_query(index: &Exact, ready: u64, q: &[u64]) -> u32 {
     let mut active = ready;
-    let mut depths = [0u32; 16];
+    let mut depths = [0u32; 64];
     for (i, h) in q.iter().enumerate() {
         let mask = index.get(h).copied().unwrap_or(0) & active;
         let mut missed = active & !mask;
@@ -153,7 +153,7 @@ pub fn verify(ix: &GlobalCkfIndexer, index: &Exact, queries: &[Vec<u64>]) -> usi
     for q in queries.iter().take(5000) {
         let m = ix.find_prefix_matches(q);
         let mut active = ready;
-        let mut exact = [0u32; 16];
+        let mut exact = [0u32; 64];
         for (i, h) in q.iter().enumerate() {
             let mask = index.get(h).copied().unwrap_or(0) & active;
             let mut missed = active & !mask;
@@ -247,15 +247,15 @@ pub fn trace_indexer(
     } else {
         16 << 10
     };
-    trace_indexer_sized(trace, buckets)
+    trace_indexer_sized(trace, buckets, 16)
 }
 
-/// [`trace_indexer`] on a 16-lane table of `buckets` buckets.
+/// [`trace_indexer`] on a table of `lanes` lanes of `buckets` buckets each.
 pub fn trace_indexer_sized(
     trace: &[Vec<u64>],
     buckets: u64,
+    lanes: usize,
 ) -> (Arc<GlobalCkfIndexer>, Vec<StreamTag>, Exact, usize) {
-    let lanes = 16;
     let ix = Arc::new(build_indexer(buckets, lanes));
     let mut rng = Rng(3);
     let mut lane_blocks = vec![Vec::new(); lanes];

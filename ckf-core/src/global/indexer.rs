@@ -3,12 +3,12 @@
 //! streams are `global/attachment.rs`'s, prefix queries `global/query.rs`'s.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
 use crate::addressing::Addressing;
-use crate::bucket::TransposedTable;
+use crate::bucket::LaneGroups;
 use crate::identity::{LaneIndex, LaneLease, PoolId, ProducerIdentity};
 use crate::lane::{
     Frame, IngestOutcome, LagPolicy, LaneContext, LaneEvent, LaneIngestor, LaneStatus,
@@ -27,9 +27,9 @@ pub struct GlobalCkfIndexer {
     addressing: Addressing,
     consumer_instance: u64,
     policy: LagPolicy,
-    table: TransposedTable,
+    table: LaneGroups,
     /// Bit `i` set = lane `i` ready. Release on activation, Acquire once per query.
-    ready: AtomicU32,
+    ready: AtomicU64,
     lanes: Vec<Mutex<LaneIngestor>>,
     huge_pages: bool,
     /// The search kernel queries run with, always a resolved one the CPU supports (see
@@ -61,18 +61,23 @@ impl GlobalCkfIndexer {
     ) -> Result<Self, ManifestError> {
         manifest.validate()?;
         let addressing = Addressing::new(&manifest.format)?;
-        let table = TransposedTable::new(manifest.format.bucket_count, manifest.lanes.len())?;
+        let table = LaneGroups::new(manifest.format.bucket_count, manifest.lanes.len())?;
         let lanes = (0..manifest.lanes.len())
             .map(|l| Mutex::new(LaneIngestor::new(l as LaneIndex)))
             .collect();
-        let huge_pages = crate::memory::advise(table.row(0).as_ptr().cast(), table.bytes());
+        // Every group is advised (each its own allocation); the figure is whether all were.
+        let huge_pages = table
+            .groups()
+            .iter()
+            .map(|g| crate::memory::advise(g.row(0).as_ptr().cast(), g.bytes()))
+            .fold(true, |all, one| all & one);
         Ok(Self {
             manifest,
             addressing,
             consumer_instance,
             policy,
             table,
-            ready: AtomicU32::new(0),
+            ready: AtomicU64::new(0),
             lanes,
             huge_pages,
             search_kernel: AtomicU8::new(SearchKernel::best() as u8),
@@ -94,7 +99,7 @@ impl GlobalCkfIndexer {
         &self.policy
     }
 
-    /// Number of lanes (1..=16).
+    /// Number of lanes (1..=64).
     pub fn lane_count(&self) -> usize {
         self.lanes.len()
     }
@@ -117,8 +122,9 @@ impl GlobalCkfIndexer {
         &self.manifest.lanes[lane as usize]
     }
 
-    /// The shared table (read-only use: tests, convergence checks, memory figures).
-    pub fn table(&self) -> &TransposedTable {
+    /// The shared table, one transposed table per lane group (read-only use: tests,
+    /// convergence checks, memory figures).
+    pub fn table(&self) -> &LaneGroups {
         &self.table
     }
 
@@ -136,8 +142,8 @@ impl GlobalCkfIndexer {
 
     /// The ready mask (bit `i` = lane `i`), loaded with `Acquire`.
     #[inline]
-    pub fn ready_mask(&self) -> u16 {
-        self.ready.load(Ordering::Acquire) as u16
+    pub fn ready_mask(&self) -> u64 {
+        self.ready.load(Ordering::Acquire)
     }
 
     fn shared(&self) -> LaneContext<'_> {

@@ -14,7 +14,7 @@ pub struct Manifest {
     pub domain: IndexerDomainId,
     /// The table format every producer must use.
     pub format: TableFormat,
-    /// Lane `i` is pool `lanes[i]`; 1..=16 distinct pools in distinct DCs.
+    /// Lane `i` is pool `lanes[i]`; 1..=64 distinct pools in distinct DCs.
     pub lanes: Vec<PoolId>,
 }
 
@@ -24,7 +24,7 @@ pub enum ManifestError {
     /// No lanes configured.
     #[error("manifest has no lanes (need 1..={MAX_LANES})")]
     NoLanes,
-    /// More than 16 lanes.
+    /// More than 64 lanes.
     #[error("manifest has {0} lanes (at most {MAX_LANES})")]
     TooManyLanes(usize),
     /// A lane's pool belongs to another domain.

@@ -37,7 +37,7 @@ use std::arch::x86_64::{
 
 use super::ring::{Chunk, probe_loop};
 use crate::addressing::{FINGERPRINT_SHIFT, FMIX_C1, FMIX_C2, FMIX_SHIFT};
-use crate::bucket::{MAX_LANES, SLOT_BITS, SLOTS, TransposedTable};
+use crate::bucket::{GROUP_LANES, SLOT_BITS, SLOTS, TransposedTable};
 
 // The row check compares 16-bit elements (`_mm256_cmpeq_epi16`, `_mm256_set1_epi16`, the vector
 // form of `bucket::broadcast`), four per 64-bit lane word.
@@ -284,7 +284,7 @@ pub(super) unsafe fn search(
     seed: u64,
     hashes: &[u64],
     ready: u16,
-) -> [u32; MAX_LANES] {
+) -> [u32; GROUP_LANES] {
     let lanes = table.lanes();
     let chunks = lanes.div_ceil(CHUNK);
     let masked = !lanes.is_multiple_of(CHUNK);
@@ -312,7 +312,7 @@ unsafe fn search_with<const CHUNKS: usize, const MASKED_TAIL: bool>(
     seed: u64,
     hashes: &[u64],
     ready: u16,
-) -> [u32; MAX_LANES] {
+) -> [u32; GROUP_LANES] {
     let tail = tail_mask(table.lanes());
     probe_loop!(
         table, hashes, ready,

@@ -35,7 +35,7 @@ use std::arch::x86_64::{
 
 use super::ring::{Chunk, probe_loop};
 use crate::addressing::{FINGERPRINT_SHIFT, FMIX_C1, FMIX_C2, FMIX_SHIFT};
-use crate::bucket::{self, FIRST_SLOT_BITS, MAX_LANES, SLOT_BITS, TransposedTable};
+use crate::bucket::{self, FIRST_SLOT_BITS, GROUP_LANES, SLOT_BITS, TransposedTable};
 
 // The row check compares 16-bit elements (`_mm512_cmpeq_epi16_mask`, `_mm512_set1_epi16`, the
 // vector form of `bucket::broadcast`): one element per slot of the packed bucket.
@@ -219,8 +219,8 @@ pub(super) unsafe fn search(
     seed: u64,
     hashes: &[u64],
     ready: u16,
-) -> [u32; MAX_LANES] {
-    if table.lanes() == MAX_LANES {
+) -> [u32; GROUP_LANES] {
+    if table.lanes() == GROUP_LANES {
         // SAFETY: forwarded; the table has 16 lanes.
         unsafe { search_with::<true>(table, seed, hashes, ready) }
     } else {
@@ -237,7 +237,7 @@ unsafe fn search_with<const FULL16: bool>(
     seed: u64,
     hashes: &[u64],
     ready: u16,
-) -> [u32; MAX_LANES] {
+) -> [u32; GROUP_LANES] {
     let lanes = table.lanes();
     let lo_mask = (0xFFu32 >> (8 - lanes.min(8))) as u8;
     let hi_mask = ((1u32 << lanes.saturating_sub(8)) - 1) as u8;

@@ -2,7 +2,7 @@
 //! one the CPU lacks), and the dispatch to it.
 
 use crate::addressing::Addressing;
-use crate::bucket::{MAX_LANES, TransposedTable};
+use crate::bucket::{GROUP_LANES, TransposedTable};
 
 #[cfg(target_arch = "aarch64")]
 use super::neon;
@@ -182,7 +182,7 @@ impl SearchKernel {
         seed: u64,
         hashes: &[u64],
         ready: u16,
-    ) -> [u32; MAX_LANES] {
+    ) -> [u32; GROUP_LANES] {
         match self {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `kernel` is resolved: `SearchKernel::Avx512` only after run-time detection

@@ -3,7 +3,7 @@
 //! table, overlaps the rows' cache misses.
 
 use crate::addressing::Addressing;
-use crate::bucket::{self, MAX_LANES, TransposedTable};
+use crate::bucket::{self, GROUP_LANES, LaneGroups, MAX_LANES};
 
 use super::kernel::SearchKernel;
 #[cfg(feature = "testing")]
@@ -28,15 +28,20 @@ pub const LAZY_MIN_BLOCKS: usize = 2 * LAZY_STEP;
 /// (`benches/tokens.rs`).
 pub const LAZY_MIN_BLOCK_TOKENS: usize = 512;
 
+/// Lane groups ([`LaneGroups`]) a consumer has at most.
+const MAX_GROUPS: usize = MAX_LANES / GROUP_LANES;
+
 /// The lazy query's side of its iterator: pulls up to a step of hashes, prefetching each one's
-/// rows as it arrives when `rows` is set (a large table), so the misses start while the rest
-/// of the step is still being computed.
+/// rows in every searched group as it arrives when the table is large (`rows` set), so the
+/// misses start while the rest of the step is still being computed.
 struct LazySource<'t, I> {
     hashes: I,
     /// Positions the query may still pull (the `u32` depth cap).
     left: usize,
     addressing: Addressing,
-    rows: Option<bucket::Rows<'t>>,
+    rows: [Option<bucket::Rows<'t>>; MAX_GROUPS],
+    /// Whether any group's rows are prefetched.
+    prefetch: bool,
 }
 
 impl<I: Iterator<Item = u64>> LazySource<'_, I> {
@@ -50,10 +55,12 @@ impl<I: Iterator<Item = u64>> LazySource<'_, I> {
                 self.left = 0;
                 break;
             };
-            if let Some(rows) = &self.rows {
+            if self.prefetch {
                 let loc = self.addressing.locate(h);
-                rows.prefetch(loc.bucket_a as usize);
-                rows.prefetch(loc.bucket_b as usize);
+                for rows in self.rows.iter().flatten() {
+                    rows.prefetch(loc.bucket_a as usize);
+                    rows.prefetch(loc.bucket_b as usize);
+                }
             }
             step[n] = h;
             n += 1;
@@ -63,17 +70,23 @@ impl<I: Iterator<Item = u64>> LazySource<'_, I> {
     }
 }
 
+/// The ready lanes of group `g` in a consumer-wide mask, as that group's 16-bit mask.
+#[inline(always)]
+pub(super) fn group_mask(mask: u64, g: usize) -> u16 {
+    (mask >> (g * GROUP_LANES)) as u16
+}
+
 /// The lazy query loop (see
 /// [`GlobalCkfIndexer::find_prefix_matches_lazy`](crate::global::GlobalCkfIndexer::find_prefix_matches_lazy)):
-/// steps of [`LAZY_STEP`] hashes, each searched with the resolved `kernel` over the lanes of
-/// `ready` (the query's one capture of the ready mask) still matching.
+/// steps of [`LAZY_STEP`] hashes, each searched with the resolved `kernel` in every lane group
+/// over the lanes of `ready` (the query's one capture of the ready mask) still matching.
 pub(crate) fn search_lazy(
-    table: &TransposedTable,
+    table: &LaneGroups,
     addressing: Addressing,
     seed: u64,
     hashes: impl Iterator<Item = u64>,
     kernel: SearchKernel,
-    ready: u16,
+    ready: u64,
 ) -> PrefixMatches {
     #[cfg(feature = "testing")]
     test_hooks::count_run(kernel);
@@ -83,11 +96,18 @@ pub(crate) fn search_lazy(
         return PrefixMatches { ready, depths };
     }
     let ahead = table.bytes() >= PREFETCH_MIN_BYTES;
+    let mut rows = [None; MAX_GROUPS];
+    for (g, group) in table.groups().iter().enumerate() {
+        if ahead && group_mask(ready, g) != 0 {
+            rows[g] = Some(group.rows());
+        }
+    }
     let mut source = LazySource {
         hashes,
         left: u32::MAX as usize,
         addressing,
-        rows: ahead.then(|| table.rows()),
+        rows,
+        prefetch: ahead,
     };
     let mut steps = [[0u64; LAZY_STEP]; 2];
     let mut current = 0;
@@ -102,14 +122,27 @@ pub(crate) fn search_lazy(
         } else {
             0
         };
-        let step = kernel.run(table, addressing, seed, &steps[current][..len], active);
-        let mut lanes = active;
-        while lanes != 0 {
-            let l = lanes.trailing_zeros() as usize;
-            lanes &= lanes - 1;
-            if (step[l] as usize) < len {
-                depths[l] = done + step[l];
-                active &= !(1 << l);
+        for (g, group) in table.groups().iter().enumerate() {
+            let group_active = group_mask(active, g);
+            if group_active == 0 {
+                continue;
+            }
+            let step = kernel.run(
+                group,
+                addressing,
+                seed,
+                &steps[current][..len],
+                group_active,
+            );
+            let mut lanes = group_active;
+            while lanes != 0 {
+                let l = lanes.trailing_zeros() as usize;
+                lanes &= lanes - 1;
+                if (step[l] as usize) < len {
+                    let lane = g * GROUP_LANES + l;
+                    depths[lane] = done + step[l];
+                    active &= !(1 << lane);
+                }
             }
         }
         // `len <= LAZY_STEP` and the positions pulled never pass `u32::MAX`.

@@ -7,14 +7,14 @@ use crate::identity::LaneIndex;
 /// and the prefix depth of each. A fixed-size stack value (no heap).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PrefixMatches {
-    pub(super) ready: u16,
+    pub(super) ready: u64,
     pub(super) depths: [u32; MAX_LANES],
 }
 
 impl PrefixMatches {
     /// Lanes that were ready at capture (bit `i` = lane `i`). Every reported lane is in it.
     #[inline]
-    pub fn ready_mask(&self) -> u16 {
+    pub fn ready_mask(&self) -> u64 {
         self.ready
     }
 

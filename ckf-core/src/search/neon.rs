@@ -26,7 +26,7 @@ use std::arch::asm;
 
 use super::prefix::prefix_loop;
 use crate::addressing::Addressing;
-use crate::bucket::{MAX_LANES, SLOT_BITS, SLOTS, TransposedTable};
+use crate::bucket::{GROUP_LANES, SLOT_BITS, SLOTS, TransposedTable};
 
 const _: () = assert!(
     SLOT_BITS == 16 && SLOTS == 4,
@@ -138,7 +138,7 @@ pub(super) fn search(
     addressing: Addressing,
     hashes: &[u64],
     ready: u16,
-) -> [u32; MAX_LANES] {
+) -> [u32; GROUP_LANES] {
     let lanes = table.lanes();
     let odd = lanes % 2 == 1;
     macro_rules! by_chunks {
@@ -162,7 +162,7 @@ fn search_with<const CHUNKS: usize, const ODD: bool>(
     addressing: Addressing,
     hashes: &[u64],
     ready: u16,
-) -> [u32; MAX_LANES] {
+) -> [u32; GROUP_LANES] {
     let rows = table.rows();
     prefix_loop(table, addressing, hashes, ready, |lo, hi, fp, _active| {
         let (lo, hi) = (rows.at(rows.offset(lo)), rows.at(rows.offset(hi)));

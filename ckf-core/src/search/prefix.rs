@@ -5,7 +5,7 @@
 //! `search/avx2.rs`) builds on.
 
 use crate::addressing::{Addressing, Location};
-use crate::bucket::{self, MAX_LANES, TransposedTable};
+use crate::bucket::{self, GROUP_LANES, TransposedTable};
 
 /// How many positions ahead of the probe a large table's rows are prefetched, in every kernel,
 /// chosen for the tail latency of long queries on tables far larger than the caches. A long query on a table far beyond the LLC is bound by how many cache
@@ -37,11 +37,11 @@ pub(super) fn prefix_loop<F>(
     hashes: &[u64],
     ready: u16,
     mut row_hits: F,
-) -> [u32; MAX_LANES]
+) -> [u32; GROUP_LANES]
 where
     F: FnMut(usize, usize, u16, u32) -> u32,
 {
-    let mut depths = [0u32; MAX_LANES];
+    let mut depths = [0u32; GROUP_LANES];
     let n = hashes.len();
     let mut active = u32::from(ready);
     let mut pos = 0usize;
@@ -51,7 +51,7 @@ where
     #[inline(always)]
     fn step<F: FnMut(usize, usize, u16, u32) -> u32>(
         row_hits: &mut F,
-        depths: &mut [u32; MAX_LANES],
+        depths: &mut [u32; GROUP_LANES],
         pos: usize,
         loc: Location,
         active: &mut u32,
@@ -128,7 +128,7 @@ pub(super) fn search_scalar(
     addressing: Addressing,
     hashes: &[u64],
     ready: u16,
-) -> [u32; MAX_LANES] {
+) -> [u32; GROUP_LANES] {
     prefix_loop(table, addressing, hashes, ready, |lo, hi, fp, active| {
         table.row_pair_hits(lo, hi, bucket::broadcast(fp), active)
     })

@@ -10,7 +10,7 @@
 //! its register allocation differed (a stack reload per prefetching position), and the AVX2
 //! kernel measured 8-15% slower on a 256 MiB table in this crate's search bench.
 
-use crate::bucket::MAX_LANES;
+use crate::bucket::GROUP_LANES;
 
 /// Positions per located chunk.
 pub(super) const POSITIONS: usize = 8;
@@ -35,7 +35,7 @@ impl Chunk {
 }
 
 /// The depths of a query that found no position to probe (empty, or no ready lane).
-pub(super) const NO_DEPTHS: [u32; MAX_LANES] = [0; MAX_LANES];
+pub(super) const NO_DEPTHS: [u32; GROUP_LANES] = [0; GROUP_LANES];
 
 /// Prefix depths over `$table` for `$hashes` (see [`crate::search`]), returned from the
 /// enclosing function (the early exit is a `return`) or as the macro's value.

@@ -137,12 +137,12 @@ fn invalid_values_name_key_value_and_rule() {
         .to_string();
     assert!(text.contains("limits.max_images_per_delta = 0"), "{text}");
 
-    let lanes: Vec<String> = (0..17).map(|i| format!("dc{i}")).collect();
+    let lanes: Vec<String> = (0..65).map(|i| format!("dc{i}")).collect();
     let text = cli(&["--lanes", &lanes.join(",")])
         .load()
         .unwrap_err()
         .to_string();
-    assert!(text.contains("17 lanes"), "{text}");
+    assert!(text.contains("65 lanes"), "{text}");
 }
 
 /// `cli`'s layers with a test-private environment prefix.

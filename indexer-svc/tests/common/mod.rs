@@ -65,7 +65,7 @@ impl Indexer {
     }
 
     /// `(lane, depth)` per ready lane and the ready mask.
-    pub async fn find(&self, hashes: &[u64]) -> (Vec<(u32, u32)>, u32) {
+    pub async fn find(&self, hashes: &[u64]) -> (Vec<(u32, u32)>, u64) {
         let response = self
             .query()
             .find_matches(v1::FindMatchesRequest {
@@ -84,7 +84,7 @@ impl Indexer {
     pub async fn find_by_tokens(
         &self,
         request: v1::FindMatchesByTokensRequest,
-    ) -> Result<(Vec<(u32, u32)>, u32), Status> {
+    ) -> Result<(Vec<(u32, u32)>, u64), Status> {
         let response = self
             .query()
             .find_matches_by_tokens(request)

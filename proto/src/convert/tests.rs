@@ -64,7 +64,7 @@ fn pool_and_lease_are_validated() {
 
     let lease = LaneLease {
         consumer_instance: 9,
-        lane: 15,
+        lane: 63,
         epoch: 3,
     };
     assert_eq!(
@@ -73,7 +73,7 @@ fn pool_and_lease_are_validated() {
     );
     let err = LaneLease::try_from(v1::LaneLease {
         consumer_instance: 9,
-        lane: 16,
+        lane: 64,
         epoch: 1,
     })
     .unwrap_err();
@@ -81,8 +81,8 @@ fn pool_and_lease_are_validated() {
         err,
         WireError::OutOfRange {
             field: "LaneLease.lane",
-            value: 16,
-            max: 15
+            value: 64,
+            max: 63
         }
     );
 }
