@@ -18,12 +18,15 @@
 //! 4. On large tables the rows of the position `PREFETCH_POSITIONS` (24) steps ahead are
 //!    prefetched while each position is probed, so the cache misses of an out-of-cache table
 //!    overlap instead of being paid one after another.
+//! 5. A domain of more than 16 lanes ([`LaneGroups`]) runs steps 2-4 once per lane group
+//!    holding a ready lane, each group with its own early exit, and merges the depths; the
+//!    ready mask is still captured once for all groups.
 //!
 //! No heap allocation: [`PrefixMatches`] is a fixed-size value.
 //!
 //! This module owns the query loop (capture, read order, early exit, prefetch distance, kernel
 //! choice). It never touches a bucket word itself: the slot test, the atomic row loads and the
-//! prefetch are [`crate::bucket`]'s ([`TransposedTable`]'s row-pair check and row view), the
+//! prefetch are [`crate::bucket`]'s ([`TransposedTable`](crate::bucket::TransposedTable)'s row-pair check and row view), the
 //! fingerprint and candidate buckets are [`crate::addressing`]'s. `search/avx512.rs` and
 //! `search/avx2.rs` are the same loop with vector locate and row checks, built on those owners'
 //! constants; that loop is written once, in `search/ring.rs`, and each of them supplies only its
