@@ -92,6 +92,9 @@ pub(crate) fn find(
     #[cfg(feature = "testing")]
     test_hooks::count_run(kernel);
     let mut depths = [0u32; MAX_LANES];
+    if table.groups().len() > 1 && table.bytes() >= prefix::PREFETCH_MIN_BYTES {
+        warm_later_groups(table, addressing, hashes, ready);
+    }
     for (g, group) in table.groups().iter().enumerate() {
         let group_ready = lazy::group_mask(ready, g);
         if group_ready != 0 {
@@ -100,4 +103,24 @@ pub(crate) fn find(
         }
     }
     PrefixMatches { ready, depths }
+}
+
+/// Positions whose rows in the second and later lane groups are prefetched before the first
+/// group is searched.
+const WARM_POSITIONS: usize = 8;
+
+/// Prefetches the rows of the first [`WARM_POSITIONS`] positions in every lane group after the
+/// first holding a ready lane, so those groups' first misses overlap the first group's search
+/// instead of following it.
+fn warm_later_groups(table: &LaneGroups, addressing: Addressing, hashes: &[u64], ready: u64) {
+    for &h in hashes.iter().take(WARM_POSITIONS) {
+        let loc = addressing.locate(h);
+        for (g, group) in table.groups().iter().enumerate().skip(1) {
+            if lazy::group_mask(ready, g) != 0 {
+                let rows = group.rows();
+                rows.prefetch(loc.bucket_a as usize);
+                rows.prefetch(loc.bucket_b as usize);
+            }
+        }
+    }
 }
