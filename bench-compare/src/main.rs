@@ -2,7 +2,7 @@
 //! vs exact `HashMap` baselines, in one run, on the same Mooncake tables and queries.
 //!
 //! Run (from `bench-compare/`):
-//! `nice -n 10 cargo run --release -- [--quick] [--no-big]
+//! `nice -n 10 cargo run --release -- [--quick] [--no-big] [--no-ingest] [--lanes N]
 //! [--trace PATH] [--writer-rate DELTAS_PER_S]`
 //!
 //! Not part of the product workspace (own `[workspace]` and `Cargo.lock`; the root manifest
@@ -22,11 +22,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use ckf_core::addressing::fmix64;
+use ckf_core::bucket::MAX_LANES;
 
 use crate::alloc::retained;
-use crate::query::{Timed, dyn_sum, exact_sum, ours_chained_sum, ours_sum, spawn_writer};
-use crate::report::{QueryFigures, Report};
-use crate::trace::{LANES, fill_lanes};
+use crate::query::{Timed, Timings, dyn_sum, exact_sum, ours_chained_sum, ours_sum, spawn_writer};
+use crate::report::{QueryFigures, Report, check};
+use crate::trace::{DEFAULT_LANES, DYN_MAX_LANES, fill_lanes};
 
 #[global_allocator]
 static GLOBAL: alloc::Counting = alloc::Counting;
@@ -40,6 +41,8 @@ struct Args {
     trace: String,
     quick: bool,
     no_big: bool,
+    no_ingest: bool,
+    lanes: usize,
     writer_rate: f64,
 }
 
@@ -49,6 +52,8 @@ fn args() -> Args {
         trace: std::env::var("CKF_TRACE").unwrap_or_default(),
         quick: false,
         no_big: false,
+        no_ingest: false,
+        lanes: DEFAULT_LANES,
         writer_rate: 100_000.0,
     };
     let mut it = std::env::args().skip(1);
@@ -56,6 +61,19 @@ fn args() -> Args {
         match arg.as_str() {
             "--quick" => a.quick = true,
             "--no-big" => a.no_big = true,
+            "--no-ingest" => a.no_ingest = true,
+            "--lanes" => {
+                let v = it.next().unwrap_or_default();
+                match v.parse() {
+                    Ok(n @ 1..=MAX_LANES) => a.lanes = n,
+                    _ => {
+                        eprintln!(
+                            "error: --lanes takes a lane count in 1..={MAX_LANES}, not {v:?}"
+                        );
+                        std::process::exit(2);
+                    }
+                }
+            }
             "--trace" => a.trace = it.next().expect("--trace PATH"),
             "--writer-rate" => {
                 a.writer_rate = it
@@ -112,18 +130,20 @@ fn main() {
         probe.instant.min_ns,
         probe.instant.read_ns
     );
-    let fill = fill_lanes(&trace);
+    let lanes = a.lanes;
+    let fill = fill_lanes(&trace, lanes);
     let entries: usize = fill.held.iter().map(|h| h.len()).sum();
     let events: usize = fill.events.iter().map(|e| e.len()).sum();
     println!(
-        "trace: {} requests, {} blocks; lanes hold {} (block, lane) entries from {} store events; \
-         {passes} timed passes",
+        "trace: {} requests, {} blocks; {lanes} lanes hold {} (block, lane) entries from {} store \
+         events; {passes} timed passes",
         trace.chained.len(),
         trace.chained.iter().map(Vec::len).sum::<usize>(),
         entries,
         events,
     );
     let mut report = Report {
+        lanes,
         entries,
         resolution_ns: probe.tsc.step_ns.max(scale),
         ..Report::default()
@@ -139,59 +159,81 @@ fn main() {
     let mean_depth = trace
         .chained
         .iter()
-        .map(|q| f64::from(exact_sum(&exact, q)))
+        .map(|q| f64::from(exact_sum(&exact, q, lanes)))
         .sum::<f64>()
         / trace.chained.len() as f64;
     let best_depth = trace
         .chained
         .iter()
-        .map(|q| f64::from(*query::exact_depths(&exact, q).iter().max().unwrap_or(&0)))
+        .map(|q| {
+            let d = query::exact_depths::<MAX_LANES>(&exact, q, lanes);
+            f64::from(*d.iter().max().unwrap_or(&0))
+        })
         .sum::<f64>()
         / trace.chained.len() as f64;
     println!(
-        "exact: summed depth over 16 lanes {mean_depth:.1} per query, best lane depth {best_depth:.1}; \
-         built in {:.1} s",
+        "exact: summed depth over {lanes} lanes {mean_depth:.1} per query, best lane depth \
+         {best_depth:.1}; built in {:.1} s",
         started.elapsed().as_secs_f64()
     );
+    let run_dyn = lanes <= DYN_MAX_LANES;
+    if !run_dyn {
+        println!(
+            "dynamo CKF: not run at {lanes} lanes (its consumer holds at most {DYN_MAX_LANES} lanes: \
+             u16 ready masks); CRTC, RadixTree and HashMap hold the same {lanes} DCs as ckf-core"
+        );
+    }
 
     // A fixed random query order, the same for every implementation.
     let mut order: Vec<usize> = (0..trace.chained.len()).collect();
     order.sort_by_key(|&i| fmix64(i as u64 ^ 0x0DE5));
 
-    let sizes: &[(&str, u64)] = if a.no_big {
-        &[("2 MiB", 16 << 10)]
+    // Table sizes are bucket counts per lane (2 MiB and 256 MiB in total at 16 lanes); more
+    // lanes keep the buckets, so the total (the label) grows with the lanes.
+    let sizes: &[u64] = if a.no_big {
+        &[16 << 10]
     } else {
-        &[("2 MiB", 16 << 10), ("256 MiB", 2 << 20)]
+        &[16 << 10, 2 << 20]
     };
-    for &(label, buckets) in sizes {
+    for &buckets in sizes {
         let t0 = Instant::now();
         let (ours, mem_ours) = retained(|| tables::build_ours(&trace, &fill, buckets, QUERY_LOAD));
-        let (mut dynamo, mem_dyn) =
-            retained(|| tables::build_dynamo(&trace, &fill, buckets, QUERY_LOAD));
-        let table_bytes = buckets * LANES as u64 * 8;
+        let (mut dynamo, mem_dyn) = if run_dyn {
+            let (d, m) = retained(|| tables::build_dynamo(&trace, &fill, buckets, QUERY_LOAD));
+            (Some(d), Some(m))
+        } else {
+            (None, None)
+        };
+        let table_bytes = buckets * lanes as u64 * 8;
+        let label = match table_bytes {
+            b if b >= 1 << 30 => format!("{} GiB", b >> 30),
+            b if b >= 1 << 20 => format!("{} MiB", b >> 20),
+            b => format!("{} KiB", b >> 10),
+        };
         println!(
-            "{label}: {buckets} buckets x 16 lanes = {} MiB per CKF; ckf-core huge pages {}; \
-             omissions ours {} dynamo {}; filler ours {} dynamo {}; built in {:.1} s",
-            table_bytes >> 20,
+            "{label}: {buckets} buckets x {lanes} lanes = {label} per CKF (ckf-core table {} \
+             bytes, {} per lane, {} retained bytes per lane); ckf-core huge pages {}; omissions \
+             ours {} dynamo {}; filler ours {} dynamo {}; built in {:.1} s",
+            ours.ix.table().bytes(),
+            ours.ix.table().bytes() / lanes,
+            mem_ours / lanes as isize,
             ours.ix.huge_pages(),
             ours.omitted,
-            dynamo.omitted,
+            dynamo
+                .as_ref()
+                .map_or("-".into(), |d| d.omitted.to_string()),
             ours.filler,
-            dynamo.filler,
+            dynamo.as_ref().map_or("-".into(), |d| d.filler.to_string()),
             t0.elapsed().as_secs_f64()
         );
-        let checks = query::verify(&trace, &exact, &ours, &dynamo, &radix, &crtc);
+        let checks = query::verify(&trace, &exact, &ours, dynamo.as_ref(), &radix, &crtc, lanes);
         println!(
-            "  check vs exact (lane answers under / over): ckf-core {}/{}, dynamo CKF {}/{}, \
-             RadixTree {}/{}, CRTC {}/{}",
-            checks[0].under,
-            checks[0].over,
-            checks[1].under,
-            checks[1].over,
-            checks[2].under,
-            checks[2].over,
-            checks[3].under,
-            checks[3].over
+            "  check vs exact (lane answers under / over): ckf-core {}, dynamo CKF {}, \
+             RadixTree {}, CRTC {}",
+            check(checks[0]),
+            check(checks[1]),
+            check(checks[2]),
+            check(checks[3])
         );
 
         let ix = ours.ix.clone();
@@ -204,10 +246,6 @@ fn main() {
                 Timed {
                     name: "ckf-core +chain",
                     run: Box::new(|i| ours_chained_sum(&ix, &trace.local[i])),
-                },
-                Timed {
-                    name: "dynamo CKF",
-                    run: Box::new(|i| dyn_sum(&dynamo, &trace.local[i])),
                 },
                 Timed {
                     name: "dynamo CRTC",
@@ -232,28 +270,45 @@ fn main() {
                 },
                 Timed {
                     name: "HashMap exact",
-                    run: Box::new(|i| exact_sum(&exact, &trace.chained[i])),
+                    run: Box::new(|i| exact_sum(&exact, &trace.chained[i], lanes)),
                 },
             ];
-            time_report(
+            if let Some(d) = &dynamo {
+                let run = Box::new(|i: usize| dyn_sum(d, &trace.local[i]));
+                impls.insert(
+                    2,
+                    Timed {
+                        name: "dynamo CKF",
+                        run,
+                    },
+                );
+            }
+            let lats = time_report(
                 &mut impls,
                 &order,
                 passes,
                 scale,
-                label,
+                &label,
                 "",
                 report.resolution_ns,
-            )
+            );
+            dyn_gap(lats, run_dyn)
         };
 
-        // Concurrent writer on lane 0 of both CKFs.
+        // Concurrent writer on lane 0 of both CKFs (of ckf-core's alone without dynamo).
         let stop = Arc::new(AtomicBool::new(false));
-        let ing0 = dynamo.ingestors.remove(0);
+        let dyn0 = dynamo.as_mut().map(|d| {
+            (
+                d.ingestors.remove(0),
+                d.identity0,
+                d.lease0,
+                d.words0.clone(),
+            )
+        });
         let writer = spawn_writer(
             ours.ix.clone(),
             ours.tag0,
-            ing0,
-            (dynamo.identity0, dynamo.lease0, dynamo.words0.clone()),
+            dyn0,
             a.writer_rate,
             stop.clone(),
         );
@@ -267,24 +322,30 @@ fn main() {
                     name: "ckf-core +chain",
                     run: Box::new(|i| ours_chained_sum(&ix, &trace.local[i])),
                 },
-                Timed {
-                    name: "dynamo CKF",
-                    run: Box::new(|i| dyn_sum(&dynamo, &trace.local[i])),
-                },
             ];
-            time_report(
+            if let Some(d) = &dynamo {
+                let run = Box::new(|i: usize| dyn_sum(d, &trace.local[i]));
+                impls.push(Timed {
+                    name: "dynamo CKF",
+                    run,
+                });
+            }
+            let lats = time_report(
                 &mut impls,
                 &order,
                 passes,
                 scale,
-                label,
+                &label,
                 " +writer",
                 report.resolution_ns,
-            )
+            );
+            dyn_gap(lats, run_dyn)
         };
         stop.store(true, Ordering::Relaxed);
-        let (w, ing0) = writer.join().expect("writer");
-        dynamo.ingestors.insert(0, ing0);
+        let (w, dyn0) = writer.join().expect("writer");
+        if let (Some(d), Some((ing0, ..))) = (dynamo.as_mut(), dyn0) {
+            d.ingestors.insert(0, ing0);
+        }
         let writer_rates = (
             w.ours_deltas as f64 / w.seconds,
             w.dyn_deltas as f64 / w.seconds,
@@ -299,7 +360,7 @@ fn main() {
             mem_ours,
             mem_dyn,
             filler_ours: ours.filler,
-            filler_dyn: dynamo.filler,
+            filler_dyn: dynamo.as_ref().map(|d| d.filler),
             checks,
             lats,
             wlats,
@@ -309,7 +370,13 @@ fn main() {
     crtc.stop();
     drop(radix);
 
-    for buckets in [1u64 << 16, 1 << 20] {
+    // The producer ingest workload has no lanes (one DC's producer); --no-ingest skips it.
+    let ingest_sizes: &[u64] = if a.no_ingest {
+        &[]
+    } else {
+        &[1 << 16, 1 << 20]
+    };
+    for &buckets in ingest_sizes {
         let t0 = Instant::now();
         let row = ingest::run(buckets, INGEST_LOAD);
         println!(
@@ -344,6 +411,15 @@ fn main() {
         started.elapsed().as_secs_f64(),
         timing::loadavg()
     );
+}
+
+/// Timings in report order, with `None` where dynamo's CKF (third) was not run.
+fn dyn_gap(lats: Vec<Timings>, run_dyn: bool) -> Vec<Option<Timings>> {
+    let mut lats: Vec<_> = lats.into_iter().map(Some).collect();
+    if !run_dyn {
+        lats.insert(2.min(lats.len()), None);
+    }
+    lats
 }
 
 fn time_report(

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use ckf_core::bucket::{GROUP_LANES, MAX_LANES};
 use ckf_core::frames::{BucketImage, DcCkfDelta};
 use ckf_core::global::GlobalCkfIndexer;
 use ckf_core::identity::StreamTag;
@@ -19,16 +20,17 @@ use dynamo_kv_router::protocols::{OverlapScores, compute_seq_hash_for_block};
 
 use crate::tables::{Crtc, Dyn, Exact, Ours};
 use crate::timing::{Lat, summarize, ticks};
-use crate::trace::{LANES, Trace};
+use crate::trace::{DYN_MAX_LANES, Trace};
 
-/// Per-lane depths.
-pub type Depths = [u32; LANES];
+/// Per-lane depths (lanes past the run's lane count stay 0).
+pub type Depths = [u32; MAX_LANES];
 
-/// Exact per-lane prefix depths of chained query `q` (linear walk, stops when no lane matches).
+/// Exact per-lane prefix depths of chained query `q` over the first `lanes` (<= N) lanes
+/// (linear walk, stops when no lane matches).
 #[inline]
-pub fn exact_depths(index: &Exact, q: &[u64]) -> Depths {
-    let mut depths = [0u32; LANES];
-    let mut active: u16 = 0xFFFF;
+pub fn exact_depths<const N: usize>(index: &Exact, q: &[u64], lanes: usize) -> [u32; N] {
+    let mut depths = [0u32; N];
+    let mut active: u64 = u64::MAX >> (64 - lanes);
     for (i, h) in q.iter().enumerate() {
         let mask = index.get(h).copied().unwrap_or(0) & active;
         let mut missed = active & !mask;
@@ -49,13 +51,18 @@ pub fn exact_depths(index: &Exact, q: &[u64]) -> Depths {
 }
 
 /// Summed depth: what every timed closure returns (the answer is consumed, not discarded).
+/// Up to 16 lanes it walks a 16-lane array, as before lane counts past 16 existed.
 #[inline]
-pub fn exact_sum(index: &Exact, q: &[u64]) -> u32 {
-    exact_depths(index, q).iter().sum()
+pub fn exact_sum(index: &Exact, q: &[u64], lanes: usize) -> u32 {
+    if lanes <= GROUP_LANES {
+        exact_depths::<GROUP_LANES>(index, q, lanes).iter().sum()
+    } else {
+        exact_depths::<MAX_LANES>(index, q, lanes).iter().sum()
+    }
 }
 
 fn ours_depths(ix: &GlobalCkfIndexer, q: &[u64]) -> Depths {
-    let mut d = [0; LANES];
+    let mut d = [0; MAX_LANES];
     for (lane, depth) in ix.find_prefix_matches(q).iter() {
         d[lane as usize] = depth;
     }
@@ -69,7 +76,12 @@ pub fn ours_sum(ix: &GlobalCkfIndexer, q: &[u64]) -> u32 {
 
 fn dyn_depths(d: &Dyn, q: &[dynamo_kv_router::protocols::LocalBlockHash]) -> Depths {
     let r = d.ix.find_prefix_matches(q).expect("dynamo lanes ready");
-    std::array::from_fn(|l| r.lanes()[l].map_or(0, |m| m.prefix_depth()))
+    std::array::from_fn(|l| {
+        (l < DYN_MAX_LANES)
+            .then(|| r.lanes()[l])
+            .flatten()
+            .map_or(0, |m| m.prefix_depth())
+    })
 }
 
 #[inline]
@@ -79,7 +91,7 @@ pub fn dyn_sum(d: &Dyn, q: &[dynamo_kv_router::protocols::LocalBlockHash]) -> u3
 }
 
 fn scores_depths(s: &OverlapScores) -> Depths {
-    let mut d = [0; LANES];
+    let mut d = [0; MAX_LANES];
     for (w, &v) in &s.scores {
         d[w.worker_id as usize] = v;
     }
@@ -95,32 +107,35 @@ pub struct Check {
     pub over: u64,
 }
 
-/// Checks every structure on every query; radix trees must be exact.
+/// Checks every structure on every query over `lanes` lanes; radix trees must be exact. The
+/// dynamo CKF's entry is `None` when it was not built (more than 16 lanes).
 pub fn verify(
     trace: &Trace,
     exact: &Exact,
     ours: &Ours,
-    dynamo: &Dyn,
+    dynamo: Option<&Dyn>,
     radix: &dynamo_kv_router::RadixTree,
     crtc: &Crtc,
-) -> [Check; 4] {
+    lanes: usize,
+) -> [Option<Check>; 4] {
     let mut c = [Check::default(); 4];
     for (q, local) in trace.chained.iter().zip(&trace.local) {
-        let truth = exact_depths(exact, q);
+        let truth = exact_depths::<MAX_LANES>(exact, q, lanes);
         let got = [
             ours_depths(&ours.ix, q),
-            dyn_depths(dynamo, local),
+            dynamo.map_or(truth, |d| dyn_depths(d, local)),
             scores_depths(&radix.find_matches(local.clone(), false)),
             scores_depths(&SyncIndexer::find_matches(&*crtc.tree, local, false)),
         ];
         for (k, g) in got.iter().enumerate() {
-            for lane in 0..LANES {
+            for lane in 0..lanes {
                 c[k].under += u64::from(g[lane] < truth[lane]);
                 c[k].over += u64::from(g[lane] > truth[lane]);
             }
         }
     }
-    c
+    let [o, d, r, t] = c;
+    [Some(o), dynamo.map(|_| d), Some(r), Some(t)]
 }
 
 /// One timed implementation: a name and a closure answering query `i`.
@@ -220,22 +235,23 @@ pub struct WriterReport {
     pub seconds: f64,
 }
 
-/// Applies deltas to lane 0 of BOTH consumers, `rate` deltas/s each, 8 bucket images per delta
-/// (rewrites of the current images, so answers do not change; each store still moves the
-/// cache line to the writer's core). Paces itself in 1 ms steps (sleeping between them) rather
-/// than spinning, to leave the shared machine's other core alone when ahead.
+/// dynamo's lane 0 for the writer: its ingestor and stream (identity, lease, words).
+pub type DynLane0 = (GlobalCkfLaneIngestor, DynIdentity, DynLease, Vec<u64>);
+
+/// Applies deltas to lane 0 of BOTH consumers (of ckf-core's alone when `dynamo` is `None`),
+/// `rate` deltas/s each, 8 bucket images per delta (rewrites of the current images, so answers
+/// do not change; each store still moves the cache line to the writer's core). Paces itself in
+/// 1 ms steps (sleeping between them) rather than spinning, to leave the shared machine's other
+/// core alone when ahead.
 pub fn spawn_writer(
     ours: Arc<GlobalCkfIndexer>,
     tag: StreamTag,
-    mut dyn_ing: GlobalCkfLaneIngestor,
-    dyn_stream: (DynIdentity, DynLease, Vec<u64>),
+    mut dynamo: Option<DynLane0>,
     rate: f64,
     stop: Arc<AtomicBool>,
-) -> std::thread::JoinHandle<(WriterReport, GlobalCkfLaneIngestor)> {
+) -> std::thread::JoinHandle<(WriterReport, Option<DynLane0>)> {
     std::thread::spawn(move || {
-        let (identity, lease, words) = dyn_stream;
         let n = ours.table().bucket_count() as u64;
-        let dn = words.len() as u64;
         let mut rng = 0x5EEDu64;
         let (mut seq_ours, mut seq_dyn) = (0u64, 0u64);
         let start = Instant::now();
@@ -264,6 +280,10 @@ pub fn spawn_writer(
                 assert!(matches!(out, IngestOutcome::Applied { .. }), "{out:?}");
                 seq_ours += 1;
 
+                let Some((dyn_ing, identity, lease, words)) = dynamo.as_mut() else {
+                    continue;
+                };
+                let dn = words.len() as u64;
                 let first = (rng >> 17) % dn;
                 let images = (0..8u64)
                     .map(|k| {
@@ -271,7 +291,7 @@ pub fn spawn_writer(
                         GlobalCkfBucketImage::new(bucket, words[bucket])
                     })
                     .collect();
-                let d = GlobalCkfDelta::new(identity, lease, seq_dyn, seq_dyn + 1, images);
+                let d = GlobalCkfDelta::new(*identity, *lease, seq_dyn, seq_dyn + 1, images);
                 let out = dyn_ing.apply_delta(&d);
                 assert!(
                     matches!(out, GlobalCkfIngestOutcome::DeltaApplied { .. }),
@@ -287,7 +307,7 @@ pub fn spawn_writer(
                 dyn_deltas: seq_dyn,
                 seconds: start.elapsed().as_secs_f64(),
             },
-            dyn_ing,
+            dynamo,
         )
     })
 }

@@ -11,24 +11,28 @@ use crate::timing::Lat;
 
 /// One consumer table size's figures.
 pub struct QueryFigures {
-    pub label: &'static str,
+    /// Total table bytes, as "2 MiB" (16 lanes) or "8 MiB" (64 lanes, same buckets).
+    pub label: String,
     pub table_bytes: u64,
     pub mem_ours: isize,
-    pub mem_dyn: isize,
+    /// `None` (here and below): dynamo's CKF was not run (more than 16 lanes).
+    pub mem_dyn: Option<isize>,
     pub filler_ours: u64,
-    pub filler_dyn: u64,
+    pub filler_dyn: Option<u64>,
     /// ckf-core, dynamo CKF, RadixTree, CRTC
-    pub checks: [Check; 4],
+    pub checks: [Option<Check>; 4],
     /// ckf-core, ckf-core +chain, dynamo CKF, CRTC, RadixTree, HashMap
-    pub lats: Vec<Timings>,
+    pub lats: Vec<Option<Timings>>,
     /// ckf-core, ckf-core +chain, dynamo CKF (with the concurrent writer)
-    pub wlats: Vec<Timings>,
+    pub wlats: Vec<Option<Timings>>,
     pub writer_rates: (f64, f64),
 }
 
 /// Everything measured in one run.
 #[derive(Default)]
 pub struct Report {
+    /// Lanes (DCs) in every structure.
+    pub lanes: usize,
     /// The per-query timer's measured resolution, ns (its smallest step, at least one tick).
     pub resolution_ns: f64,
     /// (block, lane) entries of the trace fill.
@@ -41,13 +45,18 @@ pub struct Report {
 }
 
 /// Row title of a latency figure: table size, optional writer note, statistic, sample set.
-fn label(size: &str, writer: &str, stat: &str, kind: &str) -> String {
+fn label(size: &str, writer: &str, lanes: usize, stat: &str, kind: &str) -> String {
     let writer = if writer.is_empty() {
         String::new()
     } else {
         format!(" {writer}")
     };
-    format!("query {size}{writer}, 16 lanes, {stat} ns ({kind})")
+    format!("query {size}{writer}, {lanes} lanes, {stat} ns ({kind})")
+}
+
+/// "under/over" of a correctness check, or "not run".
+pub fn check(c: Option<Check>) -> String {
+    c.map_or("not run".into(), |c| format!("{}/{}", c.under, c.over))
 }
 
 fn cell(v: Option<f64>, digits: usize) -> String {
@@ -110,12 +119,19 @@ impl Report {
             );
             for (what, lats) in [("", &q.lats), (writer.as_str(), &q.wlats)] {
                 for (stat, f) in stats {
-                    let v = lats.iter().map(|t| Some(f(&t.raw))).collect();
-                    row(&label(q.label, what, stat, "all samples"), six(v), 0);
+                    let v = lats.iter().map(|t| t.map(|t| f(&t.raw))).collect();
+                    let name = label(&q.label, what, self.lanes, stat, "all samples");
+                    row(&name, six(v), 0);
                 }
-                let v = lats.iter().map(|t| Some(t.filtered.p50)).collect();
+                let v = lats.iter().map(|t| t.map(|t| t.filtered.p50)).collect();
                 row(
-                    &label(q.label, what, "p50", "best of passes, secondary"),
+                    &label(
+                        &q.label,
+                        what,
+                        self.lanes,
+                        "p50",
+                        "best of passes, secondary",
+                    ),
                     six(v),
                     0,
                 );
@@ -161,7 +177,7 @@ impl Report {
                 [
                     Some(q.mem_ours as f64 / e),
                     Some(q.mem_ours as f64 / e),
-                    Some(q.mem_dyn as f64 / e),
+                    q.mem_dyn.map(|m| m as f64 / e),
                     Some(self.mem_crtc as f64 / e),
                     Some(self.mem_radix as f64 / e),
                     Some(self.mem_exact as f64 / e),
@@ -174,7 +190,7 @@ impl Report {
                 [
                     Some(slots(q.filler_ours)),
                     Some(slots(q.filler_ours)),
-                    Some(slots(q.filler_dyn)),
+                    q.filler_dyn.map(slots),
                     None,
                     None,
                     None,
@@ -202,17 +218,14 @@ impl Report {
         println!();
         for q in &self.query {
             println!(
-                "check {} (lane answers under / over the exact depth over all queries x 16 lanes): \
-                 ckf-core {}/{}, dynamo CKF {}/{}, RadixTree {}/{}, CRTC {}/{}",
+                "check {} (lane answers under / over the exact depth over all queries x {} \
+                 lanes): ckf-core {}, dynamo CKF {}, RadixTree {}, CRTC {}",
                 q.label,
-                q.checks[0].under,
-                q.checks[0].over,
-                q.checks[1].under,
-                q.checks[1].over,
-                q.checks[2].under,
-                q.checks[2].over,
-                q.checks[3].under,
-                q.checks[3].over
+                self.lanes,
+                check(q.checks[0]),
+                check(q.checks[1]),
+                check(q.checks[2]),
+                check(q.checks[3])
             );
         }
         for r in &self.ingest {

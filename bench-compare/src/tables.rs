@@ -32,10 +32,10 @@ use dynamo_kv_router::protocols::{
 use dynamo_kv_router::{ConcurrentRadixTreeCompressed, RadixTree};
 
 use crate::fill::top_up;
-use crate::trace::{LANES, LaneFill, StoreEvent, Trace};
+use crate::trace::{DYN_MAX_LANES, LaneFill, StoreEvent, Trace};
 
 /// Exact index: chained hash -> lanes holding it.
-pub type Exact = HashMap<u64, u16, FoldHashBuilder>;
+pub type Exact = HashMap<u64, u64, FoldHashBuilder>;
 
 const OUR_SEED: u64 = 0xC0DE_5EED;
 const INSTANCE: u64 = 7;
@@ -68,13 +68,13 @@ pub fn build_ours(trace: &Trace, fill: &LaneFill, buckets: u64, load: f64) -> Ou
     let manifest = Manifest {
         domain: IndexerDomainId::new("bench").expect("domain"),
         format,
-        lanes: (0..LANES)
+        lanes: (0..fill.lanes())
             .map(|i| PoolId::new("bench", &format!("dc-{i}")).expect("pool"))
             .collect(),
     };
     let ix = GlobalCkfIndexer::with_policy(manifest, INSTANCE, LagPolicy::DISABLED).expect("ix");
     let (mut omitted, mut filler, mut tag0) = (0, 0, None);
-    for lane in 0..LANES {
+    for lane in 0..fill.lanes() {
         let mut state = DcCkfState::new(DcCkfConfig::new(format)).expect("state");
         let member = MemberId::new(lane as u64, 0);
         for ev in &fill.events[lane] {
@@ -150,18 +150,20 @@ pub fn store_event(trace: &Trace, worker: u64, event_id: u64, ev: &StoreEvent) -
 }
 
 /// dynamo: one `DcCkfState` per lane applies the lane's engine events, its barrier snapshot is
-/// topped up with filler and installed through a claimed lane ingestor under a lease.
+/// topped up with filler and installed through a claimed lane ingestor under a lease. At most
+/// [`DYN_MAX_LANES`] lanes.
 pub fn build_dynamo(trace: &Trace, fill: &LaneFill, buckets: u64, load: f64) -> Dyn {
     let config = dynamo_config(buckets);
     let domain = dyn_domain();
-    let pools: [Option<DynPool>; LANES] =
-        std::array::from_fn(|l| Some(DynPool::new(domain, DcId::new(l as u64))));
+    let pools: [Option<DynPool>; DYN_MAX_LANES] = std::array::from_fn(|l| {
+        (l < fill.lanes()).then(|| DynPool::new(domain, DcId::new(l as u64)))
+    });
     let consumer = ConsumerInstanceId::new(INSTANCE);
     let mut format = None;
     let mut ix: Option<DynIndexer> = None;
     let (mut ingestors, mut omitted, mut filler) = (Vec::new(), 0, 0);
     let mut lane0 = None;
-    for lane in 0..LANES {
+    for lane in 0..fill.lanes() {
         let mut state = DynState::new(config).expect("dynamo state");
         let f = *format.get_or_insert(state.format());
         let ix = ix.get_or_insert_with(|| {
@@ -215,7 +217,7 @@ pub fn build_dynamo(trace: &Trace, fill: &LaneFill, buckets: u64, load: f64) -> 
 /// dynamo's `RadixTree`, worker id = lane.
 pub fn build_radix(trace: &Trace, fill: &LaneFill) -> RadixTree {
     let mut tree = RadixTree::new();
-    for lane in 0..LANES {
+    for lane in 0..fill.lanes() {
         for (id, ev) in fill.events[lane].iter().enumerate() {
             tree.apply_event(store_event(trace, lane as u64, id as u64, ev))
                 .expect("radix store");
@@ -252,7 +254,7 @@ pub fn build_crtc(trace: &Trace, fill: &LaneFill) -> Crtc {
         std::thread::spawn(move || tree.worker(rx, None).expect("crtc worker"))
     };
     let mut last = None;
-    for lane in 0..LANES {
+    for lane in 0..fill.lanes() {
         for (id, ev) in fill.events[lane].iter().enumerate() {
             if let Some(e) = last.replace(store_event(trace, lane as u64, id as u64, ev)) {
                 tx.send(WorkerTask::Event(e)).expect("crtc send");
@@ -281,7 +283,7 @@ pub fn build_exact(fill: &LaneFill) -> Exact {
     let mut m = Exact::default();
     for (lane, held) in fill.held.iter().enumerate() {
         for &h in held {
-            *m.entry(h).or_default() |= 1 << lane;
+            *m.entry(h).or_default() |= 1u64 << lane;
         }
     }
     m

@@ -1,5 +1,5 @@
 //! The Mooncake workload: per-request local block hashes, their chained sequence hashes, and the
-//! assignment of requests to the 16 lanes (DCs).
+//! assignment of requests to the lanes (DCs; 16 unless `--lanes N`).
 //!
 //! Hash rule (both implementations see the same prefix structure):
 //! * local (token) hash of a block: `LocalBlockHash(fmix64(hash_id ^ LOCAL_SALT))`. Mooncake's
@@ -16,8 +16,10 @@ use ckf_core::addressing::fmix64;
 use ckf_core::dc::FoldHashBuilder;
 use dynamo_kv_router::protocols::{LocalBlockHash, compute_seq_hash_for_block};
 
-/// Lanes (DCs) in every table.
-pub const LANES: usize = 16;
+/// Lanes (DCs) in every table unless `--lanes N` says otherwise.
+pub const DEFAULT_LANES: usize = 16;
+/// dynamo's CKF consumer holds at most 16 lanes (`u16` ready masks).
+pub const DYN_MAX_LANES: usize = 16;
 const LOCAL_SALT: u64 = 0x6D6F_6F6E_6361_6B65;
 const LANE_SALT: u64 = 0x1A2B_3C4D_5E6F_7081;
 /// Besides its home lane, a request is stored in each other lane with probability 1/SHARE_ONE_IN.
@@ -71,13 +73,13 @@ pub fn load(path: &str) -> Result<Trace, String> {
     Ok(Trace { local, chained })
 }
 
-/// Lane mask of request `i`: its home lane `fmix64(i) % 16`, plus each other lane with
-/// probability 1/8 (sharing; ~2.9 lanes per request).
-pub fn lanes_of(i: usize) -> u16 {
-    let home = (fmix64(i as u64 ^ LANE_SALT) % LANES as u64) as usize;
-    let mut mask = 1u16 << home;
-    for lane in 0..LANES {
-        if fmix64((i * LANES + lane) as u64 ^ !LANE_SALT).is_multiple_of(SHARE_ONE_IN) {
+/// Lane mask of request `i` over `lanes` lanes: its home lane `fmix64(i) % lanes`, plus each
+/// other lane with probability 1/8 (sharing; ~2.9 lanes per request at 16 lanes, ~8.9 at 64).
+pub fn lanes_of(i: usize, lanes: usize) -> u64 {
+    let home = (fmix64(i as u64 ^ LANE_SALT) % lanes as u64) as usize;
+    let mut mask = 1u64 << home;
+    for lane in 0..lanes {
+        if fmix64((i * lanes + lane) as u64 ^ !LANE_SALT).is_multiple_of(SHARE_ONE_IN) {
             mask |= 1 << lane;
         }
     }
@@ -98,16 +100,23 @@ pub struct LaneFill {
     pub held: Vec<HashSet<u64, FoldHashBuilder>>,
 }
 
+impl LaneFill {
+    /// Number of lanes.
+    pub fn lanes(&self) -> usize {
+        self.events.len()
+    }
+}
+
 /// Stores every request in the lanes of [`lanes_of`]. Each lane's block set is prefix-closed,
 /// so a store event carries only the suffix the lane lacks, with its parent: what an engine
 /// emits.
-pub fn fill_lanes(trace: &Trace) -> LaneFill {
-    let mut events: Vec<Vec<StoreEvent>> = (0..LANES).map(|_| Vec::new()).collect();
+pub fn fill_lanes(trace: &Trace, lanes: usize) -> LaneFill {
+    let mut events: Vec<Vec<StoreEvent>> = (0..lanes).map(|_| Vec::new()).collect();
     let mut held: Vec<HashSet<u64, FoldHashBuilder>> =
-        (0..LANES).map(|_| HashSet::default()).collect();
+        (0..lanes).map(|_| HashSet::default()).collect();
     for (i, q) in trace.chained.iter().enumerate() {
-        let mask = lanes_of(i);
-        for lane in (0..LANES).filter(|l| mask & (1 << l) != 0) {
+        let mask = lanes_of(i, lanes);
+        for lane in (0..lanes).filter(|l| mask & (1 << l) != 0) {
             let start = q.iter().take_while(|h| held[lane].contains(h)).count();
             if start == q.len() {
                 continue;
