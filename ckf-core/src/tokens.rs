@@ -35,6 +35,9 @@
 use std::borrow::Cow;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
+mod lanes;
+pub use lanes::{LaneBlockSizes, LaneBlockSizesError};
+
 /// The chain seed, and the block seed of a request with neither LoRA name nor cache salt.
 pub const CHAIN_SEED: u64 = 1337;
 
@@ -320,6 +323,17 @@ pub enum TokenQueryError {
         /// The indexer's.
         configured: u32,
     },
+    /// The query's block size is none of the lanes' (a domain of several block sizes).
+    #[error(
+        "block_size {requested} is not a block size of this indexer's lanes (they use {served:?}; \
+         send 0 to answer every lane in its own)"
+    )]
+    BlockSizeNotServed {
+        /// The query's block size.
+        requested: u32,
+        /// The lanes' block sizes, smallest first.
+        served: Vec<u32>,
+    },
     /// More tokens than `max_blocks * block_size`.
     #[error(
         "{tokens} token ids is more than max_query_blocks {max_blocks} x block_size \
@@ -391,6 +405,15 @@ impl TokenQuery {
                 configured: rules.block_size,
             });
         }
+        self.hashes_in(rules)
+    }
+
+    /// [`TokenQuery::lazy_sequence_hashes`] without the check of the query's own block size
+    /// (a domain of several block sizes checks it against all of them).
+    pub(crate) fn hashes_in(
+        &self,
+        rules: &TokenQueryRules,
+    ) -> Result<SequenceHashes<'_>, TokenQueryError> {
         if self.token_ids.len() as u64 > rules.max_tokens() {
             return Err(TokenQueryError::TooManyTokens {
                 tokens: self.token_ids.len(),

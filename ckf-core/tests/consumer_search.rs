@@ -1,7 +1,7 @@
 //! Prefix search against an exact model of the table: for every lane ready at
 //! capture, depth = number of leading blocks whose fingerprint is in one of their two candidate
 //! buckets of that lane. Both row kernels (AVX-512 where the CPU has it, and the portable one)
-//! must equal the model for every lane count 1..=16.
+//! must equal the model for every lane count 1..=64 (one to four lane groups).
 
 use ckf_core::addressing::{Addressing, TableFormat, fmix64};
 use ckf_core::bucket::{self, with_slot};

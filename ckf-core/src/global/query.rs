@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use crate::search::{
     self, LAZY_MIN_BLOCK_TOKENS, LAZY_MIN_BLOCKS, PrefixMatches, SearchKernel, SearchKernelError,
 };
-use crate::tokens::SequenceHashes;
+use crate::tokens::{LaneBlockSizes, SequenceHashes, TokenQuery, TokenQueryError, TokenQueryRules};
 
 use super::indexer::GlobalCkfIndexer;
 
@@ -71,7 +71,12 @@ impl GlobalCkfIndexer {
     #[inline]
     fn search_resolved(&self, block_hashes: &[u64], kernel: SearchKernel) -> PrefixMatches {
         // Captured once, Acquire: the lane set of this query (weak-read contract).
-        let ready = self.ready_mask();
+        self.search_ready(block_hashes, kernel, self.ready_mask())
+    }
+
+    /// Runs one query over the lanes of `ready` (the query's one capture, or a part of it).
+    #[inline]
+    fn search_ready(&self, block_hashes: &[u64], kernel: SearchKernel, ready: u64) -> PrefixMatches {
         search::find(
             self.table(),
             *self.addressing(),
@@ -121,18 +126,76 @@ impl GlobalCkfIndexer {
     ///   the lazy form lost, p99 at least 1.35x at 16 and 128 tokens per block (presumably its
     ///   prefetches, issued as fast as small blocks hash, overrun the core's miss buffers).
     pub fn find_prefix_matches_by_tokens(&self, hashes: SequenceHashes<'_>) -> PrefixMatches {
+        // Captured once, Acquire.
+        self.by_tokens_ready(hashes, self.ready_mask())
+    }
+
+    /// [`GlobalCkfIndexer::find_prefix_matches_by_tokens`] over the lanes of `ready`.
+    fn by_tokens_ready(&self, hashes: SequenceHashes<'_>, ready: u64) -> PrefixMatches {
+        let kernel = self.search_kernel();
         let blocks = hashes.len();
         if blocks > LAZY_MIN_BLOCKS {
             if hashes.block_size() >= LAZY_MIN_BLOCK_TOKENS {
-                return self.find_prefix_matches_lazy(hashes);
+                return self.search_lazy_ready(hashes, kernel, ready);
             }
-            return self.find_prefix_matches(&hashes.collect::<Vec<u64>>());
+            return self.search_ready(&hashes.collect::<Vec<u64>>(), kernel, ready);
         }
         let mut block_hashes = [0u64; LAZY_MIN_BLOCKS];
         for (slot, h) in block_hashes.iter_mut().zip(hashes) {
             *slot = h;
         }
-        self.find_prefix_matches(&block_hashes[..blocks])
+        self.search_ready(&block_hashes[..blocks], kernel, ready)
+    }
+
+    /// Prefix depths of a request by token ids in a domain whose lanes use the block sizes
+    /// `sizes` (`max_blocks`: the most blocks one query may probe): the request is hashed once
+    /// per distinct block size and each lane is answered in its own blocks, as a domain of that
+    /// one block size would answer it. The ready mask is captured once for all sizes. With one
+    /// block size this is [`GlobalCkfIndexer::find_prefix_matches_by_tokens`] on
+    /// [`TokenQuery::lazy_sequence_hashes`].
+    ///
+    /// # Errors
+    /// [`TokenQueryError`], every check made before any search: the query's own `block_size`
+    /// when it is none of the lanes' ([`TokenQueryError::BlockSizeNotServed`]; with one block
+    /// size, [`TokenQueryError::BlockSizeMismatch`]), then the token limit and the multimodal
+    /// items under each block size.
+    ///
+    /// # Panics
+    /// When `sizes` does not have this indexer's lane count.
+    pub fn find_prefix_matches_by_token_query(
+        &self,
+        query: &TokenQuery,
+        sizes: &LaneBlockSizes,
+        max_blocks: u32,
+    ) -> Result<PrefixMatches, TokenQueryError> {
+        assert_eq!(sizes.lanes(), self.lane_count(), "one block size per lane");
+        let rules = |block_size| TokenQueryRules {
+            block_size,
+            max_blocks,
+        };
+        if let [(size, _)] = sizes.distinct() {
+            let hashes = query.lazy_sequence_hashes(&rules(*size))?;
+            return Ok(self.find_prefix_matches_by_tokens(hashes));
+        }
+        if let Some(requested) = query.block_size
+            && !sizes.serves(requested)
+        {
+            return Err(TokenQueryError::BlockSizeNotServed {
+                requested,
+                served: sizes.distinct().iter().map(|&(size, _)| size).collect(),
+            });
+        }
+        for &(size, _) in sizes.distinct() {
+            query.hashes_in(&rules(size))?;
+        }
+        // Captured once, Acquire: every block size searches its part of it.
+        let ready = self.ready_mask();
+        let mut matches = PrefixMatches::default();
+        for &(size, lanes) in sizes.distinct() {
+            let hashes = query.hashes_in(&rules(size))?;
+            matches.join(&self.by_tokens_ready(hashes, ready & lanes));
+        }
+        Ok(matches)
     }
 
     /// Same as [`GlobalCkfIndexer::find_prefix_matches_lazy`] with `kernel` forced for this
@@ -160,7 +223,16 @@ impl GlobalCkfIndexer {
         kernel: SearchKernel,
     ) -> PrefixMatches {
         // Captured once, Acquire: every step searches a subset of these lanes.
-        let ready = self.ready_mask();
+        self.search_lazy_ready(hashes, kernel, self.ready_mask())
+    }
+
+    /// [`GlobalCkfIndexer::search_lazy`] over the lanes of `ready`.
+    fn search_lazy_ready(
+        &self,
+        hashes: impl Iterator<Item = u64>,
+        kernel: SearchKernel,
+        ready: u64,
+    ) -> PrefixMatches {
         search::search_lazy(
             self.table(),
             *self.addressing(),

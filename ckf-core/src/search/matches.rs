@@ -11,7 +11,29 @@ pub struct PrefixMatches {
     pub(super) depths: [u32; MAX_LANES],
 }
 
+impl Default for PrefixMatches {
+    /// No lane ready.
+    fn default() -> Self {
+        Self {
+            ready: 0,
+            depths: [0; MAX_LANES],
+        }
+    }
+}
+
 impl PrefixMatches {
+    /// Adds the lanes of `other` (a search of lanes this answer does not hold) to this answer.
+    pub(crate) fn join(&mut self, other: &PrefixMatches) {
+        debug_assert_eq!(self.ready & other.ready, 0, "disjoint lane sets");
+        let mut lanes = other.ready;
+        while lanes != 0 {
+            let lane = lanes.trailing_zeros() as usize;
+            lanes &= lanes - 1;
+            self.depths[lane] = other.depths[lane];
+        }
+        self.ready |= other.ready;
+    }
+
     /// Lanes that were ready at capture (bit `i` = lane `i`). Every reported lane is in it.
     #[inline]
     pub fn ready_mask(&self) -> u64 {
