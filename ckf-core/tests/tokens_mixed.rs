@@ -7,9 +7,7 @@ use ckf_core::addressing::{Addressing, TableFormat, fmix64};
 use ckf_core::bucket::{self, with_slot};
 use ckf_core::global::GlobalCkfIndexer;
 use ckf_core::testing;
-use ckf_core::tokens::{
-    BlockSeed, LaneBlockSizes, TokenQuery, TokenQueryError, sequence_hashes,
-};
+use ckf_core::tokens::{BlockSeed, LaneBlockSizes, TokenQuery, TokenQueryError, sequence_hashes};
 use proptest::prelude::*;
 
 const BUCKETS: u64 = 512;
@@ -92,6 +90,8 @@ fn the_query_block_size_must_be_one_of_the_lanes_and_limits_hold_for_every_size(
     let sizes = [16u32, 64, 16];
     let (ix, _) = domain(&sizes, &[16, 4, 2], &tokens);
     let lane_sizes = LaneBlockSizes::new(sizes.to_vec()).unwrap();
+    // The blocks counted are the smallest size's: 256 tokens are 16 blocks of 16.
+    assert_eq!(lane_sizes.check(&query(&tokens), 4096), Ok(16));
     let mut q = query(&tokens);
     q.block_size = Some(32);
     assert_eq!(

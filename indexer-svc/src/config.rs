@@ -14,7 +14,7 @@ use ckf_core::identity::{DcId, IndexerDomainId, PoolId};
 use ckf_core::lane::LagPolicy;
 use ckf_core::route::RouteModel;
 use ckf_core::search::{SearchKernel, SearchKernelError};
-use ckf_core::tokens::{MAX_BLOCK_SIZE, TokenQueryRules};
+use ckf_core::tokens::{LaneBlockSizes, MAX_BLOCK_SIZE, TokenQueryRules};
 use ckf_proto::convert::WIRE_BYTES_PER_IMAGE;
 use ckf_svc_kit::LogFormat;
 use ckf_svc_kit::config::{ConfigError, Invalid, Layers, Overrides, Validate, at_least, in_range};
@@ -50,6 +50,10 @@ pub struct ManifestConfig {
     pub domain: String,
     /// DC ids, lane `i` = `lanes[i]`; 1..=64 distinct DCs.
     pub lanes: Vec<String>,
+    /// Tokens per KV block of the DCs whose pools do not use `block_size`, by DC id (each a
+    /// DC of `lanes`, 1..=65536): a query by token ids is hashed once per distinct block size
+    /// and answers each lane in its own blocks.
+    pub block_sizes: std::collections::BTreeMap<String, u32>,
 }
 
 impl Default for ManifestConfig {
@@ -57,6 +61,7 @@ impl Default for ManifestConfig {
         Self {
             domain: "default".into(),
             lanes: vec!["dc-a".into(), "dc-b".into(), "dc-c".into()],
+            block_sizes: Default::default(),
         }
     }
 }
@@ -353,6 +358,7 @@ impl IndexerConfig {
             manifest: ManifestConfig {
                 domain: domain.into(),
                 lanes: lanes.iter().map(|&l| l.to_owned()).collect(),
+                block_sizes: Default::default(),
             },
             listen: "127.0.0.1:0".parse().expect("valid"),
             metrics_listen: "127.0.0.1:0".parse().expect("valid"),
@@ -421,6 +427,29 @@ impl IndexerConfig {
         self.limits
             .max_images_per_delta
             .min(u32::try_from(fits).unwrap_or(u32::MAX))
+    }
+
+    /// Tokens per block of every lane: `manifest.block_sizes` for the DCs it names, else
+    /// `block_size`.
+    ///
+    /// # Errors
+    /// [`Invalid`] naming the key: a DC not in `manifest.lanes`, a size outside 1..=65536.
+    pub fn lane_block_sizes(&self) -> Result<LaneBlockSizes, Invalid> {
+        let m = &self.manifest;
+        for (dc, size) in &m.block_sizes {
+            let key = format!("manifest.block_sizes.{dc}");
+            if !m.lanes.iter().any(|l| l == dc) {
+                return Err(Invalid::new(key, size, "not a DC of manifest.lanes"));
+            }
+            in_range(&key, *size, 1..=MAX_BLOCK_SIZE, "tokens")?;
+        }
+        let sizes = m
+            .lanes
+            .iter()
+            .map(|dc| m.block_sizes.get(dc).copied().unwrap_or(self.block_size))
+            .collect();
+        LaneBlockSizes::new(sizes)
+            .map_err(|e| Invalid::new("manifest.lanes", format!("{:?}", m.lanes), e.to_string()))
     }
 
     /// The rules of a query by token ids: `block_size`, and `limits.max_query_blocks` blocks
@@ -529,6 +558,7 @@ impl Validate for IndexerConfig {
         listens.extend(self.query_listen.map(|addr| ("query_listen", addr)));
         self.tls.check("tls", &listens)?;
         in_range("block_size", self.block_size, 1..=MAX_BLOCK_SIZE, "tokens")?;
+        self.lane_block_sizes()?;
         self.route.validate(&self.manifest.lanes)?;
         validate_worker_threads(self.worker_threads)?;
         self.search_kernel()?;

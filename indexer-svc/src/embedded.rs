@@ -87,8 +87,10 @@ impl EmbeddedQuery {
     /// [`EmbeddedQuery::find_prefix_matches`] on the canonical sequence hashes of a request's
     /// token ids (`proto/TOKEN_HASH.md`), as the `FindMatchesByTokens` RPC computes them.
     ///
+    /// Each lane is answered in its own block size (`block_size`, or `manifest.block_sizes`).
+    ///
     /// # Errors
-    /// [`TokenQueryError`] for a block size other than the indexer's, more than
+    /// [`TokenQueryError`] for a block size none of the lanes uses, more than
     /// `max_query_blocks x block_size` tokens, or a bad multimodal item (the RPC's
     /// `INVALID_ARGUMENT` cases).
     pub fn find_prefix_matches_by_tokens(
@@ -96,8 +98,7 @@ impl EmbeddedQuery {
         query: &TokenQuery,
     ) -> Result<PrefixMatches, TokenQueryError> {
         // A long request is hashed only as far as the search needs.
-        let hashes = query.lazy_sequence_hashes(self.router.token_rules())?;
-        Ok(self.indexer.find_prefix_matches_by_tokens(hashes))
+        self.router.find_by_tokens(query)
     }
 
     /// Which DC should serve a request, by block hashes or token ids: the `Route` RPC's answer

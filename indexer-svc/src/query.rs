@@ -106,18 +106,20 @@ impl Query for QueryService {
     ) -> Result<Response<v1::FindMatchesResponse>, Status> {
         let method = QueryMethod::FindMatchesByTokens;
         let query = TokenQuery::from(request.into_inner());
-        // Checked now, hashed as the search needs them: a long request whose prefix stops
-        // matching early is not hashed to its end.
-        let hashes = query
-            .lazy_sequence_hashes(&self.shared.token_rules)
+        // Checked now (under every lane's block size), hashed as the search needs them: a long
+        // request whose prefix stops matching early is not hashed to its end.
+        let router = &self.shared.router;
+        let blocks = router
+            .check_tokens(&query)
             .inspect_err(|_| self.shared.metrics.query_method(method).refused.inc())
             .map_err(|error| QueryError::Tokens {
                 rpc: "FindMatchesByTokens",
                 error,
             })?;
-        let blocks = hashes.len();
-        Ok(Response::new(answer(&self.shared, method, blocks, |ix| {
-            ix.find_prefix_matches_by_tokens(hashes)
+        Ok(Response::new(answer(&self.shared, method, blocks, |_| {
+            router
+                .find_by_tokens(&query)
+                .expect("the query was checked just above with the same rules")
         })))
     }
 
@@ -192,7 +194,10 @@ impl Query for QueryService {
             .lane_statuses()
             .iter()
             .zip(occupied)
-            .map(|(status, occupied)| lane_info(indexer, status, occupied as f64 / slots))
+            .map(|(status, occupied)| {
+                let block_size = self.shared.router.block_size(status.lane);
+                lane_info(indexer, status, occupied as f64 / slots, block_size)
+            })
             .collect();
         Ok(Response::new(v1::ListLanesResponse {
             domain: manifest.domain.to_string(),
@@ -236,6 +241,7 @@ fn answer(
             lane: u32::from(lane),
             pool: Some(indexer.pool(lane).into()),
             depth,
+            cached_tokens: u64::from(depth) * u64::from(shared.router.block_size(lane)),
         })
         .collect();
     v1::FindMatchesResponse {
@@ -439,7 +445,12 @@ fn occupied_slots(indexer: &GlobalCkfIndexer) -> Vec<u64> {
     counts
 }
 
-fn lane_info(indexer: &GlobalCkfIndexer, status: &LaneStatus, load_factor: f64) -> v1::LaneInfo {
+fn lane_info(
+    indexer: &GlobalCkfIndexer,
+    status: &LaneStatus,
+    load_factor: f64,
+    block_size: u32,
+) -> v1::LaneInfo {
     v1::LaneInfo {
         lane: u32::from(status.lane),
         pool: Some(indexer.pool(status.lane).into()),
@@ -476,6 +487,7 @@ fn lane_info(indexer: &GlobalCkfIndexer, status: &LaneStatus, load_factor: f64) 
             .map_or(v1::ContentionKind::Unspecified, |c| c.last_kind.into())
             as i32,
         last_contention_holder_incarnation: status.contention.map_or(0, |c| c.last_holder.0),
+        block_size,
     }
 }
 

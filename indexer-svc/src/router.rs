@@ -15,7 +15,8 @@ use ckf_core::identity::LaneIndex;
 use ckf_core::route::{
     Bookings, DcEstimate, DcInput, LaneLoads, LoadRefused, PoolLoad, Reason, RouteModel, route,
 };
-use ckf_core::tokens::{TokenQuery, TokenQueryError, TokenQueryRules};
+use ckf_core::search::PrefixMatches;
+use ckf_core::tokens::{LaneBlockSizes, TokenQuery, TokenQueryError, TokenQueryRules};
 use prometheus::IntCounterVec;
 
 use crate::config::RouteConfig;
@@ -96,6 +97,8 @@ pub struct Routed {
 pub struct Router {
     indexer: Arc<GlobalCkfIndexer>,
     token_rules: TokenQueryRules,
+    /// Tokens per block of each lane (`block_size`, or `manifest.block_sizes`).
+    block_sizes: Arc<LaneBlockSizes>,
     model: RouteModel,
     /// The configured round trip of each lane's DC (`route.rtt_ms`), by lane.
     rtts: Arc<[Option<Duration>]>,
@@ -106,11 +109,16 @@ pub struct Router {
 }
 
 impl Router {
-    /// A router over `indexer`'s lanes, token queries under `token_rules`, the model and
-    /// round trips of `config`, choices counted in `decisions` (by `dc` and `reason`).
+    /// A router over `indexer`'s lanes of `block_sizes`, token queries under `token_rules`
+    /// (its block size counts the tokens of a query by hashes), the model and round trips of
+    /// `config`, choices counted in `decisions` (by `dc` and `reason`).
+    ///
+    /// # Panics
+    /// When `block_sizes` does not have the indexer's lane count.
     pub fn new(
         indexer: Arc<GlobalCkfIndexer>,
         token_rules: TokenQueryRules,
+        block_sizes: LaneBlockSizes,
         config: &RouteConfig,
         decisions: IntCounterVec,
     ) -> Self {
@@ -120,9 +128,15 @@ impl Router {
                 config.rtt(indexer.pool(lane).dc.as_str())
             })
             .collect();
+        assert_eq!(
+            block_sizes.lanes(),
+            indexer.lane_count(),
+            "a block size per lane"
+        );
         Self {
             indexer,
             token_rules,
+            block_sizes: Arc::new(block_sizes),
             model: config.model(),
             rtts,
             loads: Arc::default(),
@@ -141,6 +155,36 @@ impl Router {
         &self.token_rules
     }
 
+    /// Tokens per block of `lane`.
+    ///
+    /// # Panics
+    /// When `lane` is not a lane of the manifest.
+    pub fn block_size(&self, lane: LaneIndex) -> u32 {
+        self.block_sizes.of(usize::from(lane))
+    }
+
+    /// Checks a query by token ids against every lane's block size (`ckf_core`'s
+    /// [`LaneBlockSizes::check`]); its full blocks in the smallest block size.
+    ///
+    /// # Errors
+    /// [`TokenQueryError`]: the first rule the query breaks.
+    pub fn check_tokens(&self, query: &TokenQuery) -> Result<usize, TokenQueryError> {
+        self.block_sizes.check(query, self.token_rules.max_blocks)
+    }
+
+    /// The prefix depth of a query by token ids in every lane ready at capture, each lane in
+    /// its own block size.
+    ///
+    /// # Errors
+    /// As [`Router::check_tokens`]; nothing is searched.
+    pub fn find_by_tokens(&self, query: &TokenQuery) -> Result<PrefixMatches, TokenQueryError> {
+        self.indexer.find_prefix_matches_by_token_query(
+            query,
+            &self.block_sizes,
+            self.token_rules.max_blocks,
+        )
+    }
+
     /// Checks `query` as [`Router::route`] will (the token rules), without searching.
     ///
     /// # Errors
@@ -148,7 +192,7 @@ impl Router {
     pub fn check(&self, query: &RouteQuery) -> Result<(), TokenQueryError> {
         match &query.prefix {
             RoutePrefix::Hashes(_) => Ok(()),
-            RoutePrefix::Tokens(t) => t.lazy_sequence_hashes(&self.token_rules).map(drop),
+            RoutePrefix::Tokens(t) => self.check_tokens(t).map(drop),
         }
     }
 
@@ -162,18 +206,15 @@ impl Router {
     /// too many tokens, a bad multimodal item); nothing is booked.
     pub fn route(&self, query: &RouteQuery) -> Result<Routed, TokenQueryError> {
         let indexer = &self.indexer;
-        let block_size = self.token_rules.block_size;
         let (found, query_tokens, blocks) = match &query.prefix {
             RoutePrefix::Hashes(h) => (
                 indexer.find_prefix_matches(h),
-                h.len() as u64 * u64::from(block_size),
+                h.len() as u64 * u64::from(self.token_rules.block_size),
                 h.len(),
             ),
             RoutePrefix::Tokens(t) => {
-                let hashes = t.lazy_sequence_hashes(&self.token_rules)?;
-                let n = hashes.len();
-                let found = indexer.find_prefix_matches_by_tokens(hashes);
-                (found, t.token_ids.len() as u64, n)
+                let blocks = self.check_tokens(t)?;
+                (self.find_by_tokens(t)?, t.token_ids.len() as u64, blocks)
             }
         };
         let request_tokens = match query.request_tokens {
@@ -197,7 +238,7 @@ impl Router {
                 DcInput {
                     lane,
                     depth,
-                    block_size,
+                    block_size: self.block_size(lane),
                     rtt: query.rtt.iter().find(|(d, _)| d == dc).map(|(_, r)| *r),
                     configured_rtt: self.rtts[usize::from(lane)],
                     load,

@@ -173,6 +173,7 @@ pub async fn serve(
     let routes = crate::router::Router::new(
         Arc::clone(&indexer),
         config.token_rules(),
+        config.lane_block_sizes()?,
         &config.route,
         metrics.route_decisions.clone(),
     );
@@ -186,7 +187,6 @@ pub async fn serve(
             max_images_per_delta: config.effective_max_images_per_delta(),
             ..config.limits.clone()
         },
-        token_rules: config.token_rules(),
         heartbeat_deadline_ms: config.lag.heartbeat_deadline_ms,
         relay_streams: Arc::new(Semaphore::new(config.limits.max_relay_streams as usize)),
         query_streams: Arc::new(Semaphore::new(config.limits.max_query_streams as usize)),

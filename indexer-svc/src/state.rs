@@ -5,7 +5,6 @@ use std::sync::Arc;
 
 use ckf_core::global::GlobalCkfIndexer;
 use ckf_core::ingestion::IngestionWorkers;
-use ckf_core::tokens::TokenQueryRules;
 use ckf_proto::v1::{self, relay_frame::Frame as WireFrame};
 use ckf_svc_kit::Shutdown;
 use prost::Message;
@@ -27,8 +26,6 @@ pub struct IndexerState {
     pub labels: Vec<LaneLabels>,
     /// Resource limits.
     pub limits: LimitsConfig,
-    /// Block size and block limit of queries by token ids.
-    pub token_rules: TokenQueryRules,
     /// Heartbeat deadline told to producers (0 = none).
     pub heartbeat_deadline_ms: u64,
     /// Permits for open relay streams (`limits.max_relay_streams`).

@@ -316,3 +316,93 @@ async fn long_token_queries_at_512_token_blocks_answer_as_find_matches() {
     let text = metrics_text(&indexer).await;
     assert!(text.contains(&want), "missing {want:?} in\n{text}");
 }
+
+/// dc-a uses blocks of 4 tokens, dc-b (`manifest.block_sizes`) blocks of 8: each holds the
+/// plain chain of `tokens()` in its own blocks, cut at 5 and 2 blocks.
+async fn mixed_block_sizes() -> (Indexer, Producer, Producer) {
+    let mut cfg = config(&["dc-a", "dc-b"]);
+    cfg.block_size = BLOCK;
+    cfg.manifest.block_sizes.insert("dc-b".into(), 2 * BLOCK);
+    let indexer = Indexer::start(cfg).await;
+    let mut a = Producer::attach(&indexer, "dc-a", 1).await;
+    a.store(1, &plain_hashes()[..5]);
+    a.snapshot(64 << 10).await;
+    let eights = sequence_hashes(&tokens(), 2 * BLOCK as usize, BlockSeed::DEFAULT, &[]).unwrap();
+    let mut b = Producer::attach(&indexer, "dc-b", 1).await;
+    b.store(1, &eights[..2]);
+    b.snapshot(64 << 10).await;
+    for lane in 0..2 {
+        indexer
+            .wait_lane(lane, |l| l.state() == v1::LaneState::Active)
+            .await;
+    }
+    (indexer, a, b)
+}
+
+#[tokio::test]
+async fn lanes_of_different_block_sizes_are_each_answered_in_their_own_blocks() {
+    let (indexer, _a, _b) = mixed_block_sizes().await;
+    let plain = v1::FindMatchesByTokensRequest {
+        token_ids: tokens(),
+        ..Default::default()
+    };
+    let answer = indexer
+        .query()
+        .find_matches_by_tokens(plain.clone())
+        .await
+        .expect("FindMatchesByTokens")
+        .into_inner();
+    let got: Vec<(u32, u32, u64)> = answer
+        .matches
+        .iter()
+        .map(|m| (m.lane, m.depth, m.cached_tokens))
+        .collect();
+    assert_eq!(got, [(0, 5, 20), (1, 2, 16)]);
+    // Route counts each DC's cached tokens in its own blocks too.
+    let routed = indexer
+        .query()
+        .route(v1::RouteRequest {
+            query: Some(v1::route_request::Query::Tokens(plain.clone())),
+            dry_run: true,
+            ..Default::default()
+        })
+        .await
+        .expect("Route")
+        .into_inner();
+    let mut cached: Vec<(u32, u64)> = routed
+        .ranked
+        .iter()
+        .map(|r| (r.lane, r.cached_tokens))
+        .collect();
+    cached.sort_unstable();
+    assert_eq!(cached, [(0, 20), (1, 16)]);
+    let sizes: Vec<u32> = indexer
+        .lanes()
+        .await
+        .lanes
+        .iter()
+        .map(|l| l.block_size)
+        .collect();
+    assert_eq!(sizes, [4, 8]);
+    // A block size no lane uses is refused, naming the sizes served.
+    let status = indexer
+        .query()
+        .find_matches_by_tokens(v1::FindMatchesByTokensRequest {
+            block_size: 16,
+            ..plain
+        })
+        .await
+        .unwrap_err();
+    assert_status(&status, Code::InvalidArgument, &["block_size 16", "[4, 8]"]);
+}
+
+#[tokio::test]
+async fn a_block_size_for_a_dc_that_is_no_lane_is_refused_at_start() {
+    let mut cfg = config(&["dc-a", "dc-b"]);
+    cfg.manifest.block_sizes.insert("dc-z".into(), 32);
+    let Err(error) = indexer_svc::serve(cfg, std::future::pending()).await else {
+        panic!("an indexer started with a block size for an unknown DC");
+    };
+    let text = error.to_string();
+    assert!(text.contains("manifest.block_sizes.dc-z"), "{text}");
+}

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use crate::search::{
     self, LAZY_MIN_BLOCK_TOKENS, LAZY_MIN_BLOCKS, PrefixMatches, SearchKernel, SearchKernelError,
 };
-use crate::tokens::{LaneBlockSizes, SequenceHashes, TokenQuery, TokenQueryError, TokenQueryRules};
+use crate::tokens::{LaneBlockSizes, SequenceHashes, TokenQuery, TokenQueryError};
 
 use super::indexer::GlobalCkfIndexer;
 
@@ -76,7 +76,12 @@ impl GlobalCkfIndexer {
 
     /// Runs one query over the lanes of `ready` (the query's one capture, or a part of it).
     #[inline]
-    fn search_ready(&self, block_hashes: &[u64], kernel: SearchKernel, ready: u64) -> PrefixMatches {
+    fn search_ready(
+        &self,
+        block_hashes: &[u64],
+        kernel: SearchKernel,
+        ready: u64,
+    ) -> PrefixMatches {
         search::find(
             self.table(),
             *self.addressing(),
@@ -155,10 +160,7 @@ impl GlobalCkfIndexer {
     /// [`TokenQuery::lazy_sequence_hashes`].
     ///
     /// # Errors
-    /// [`TokenQueryError`], every check made before any search: the query's own `block_size`
-    /// when it is none of the lanes' ([`TokenQueryError::BlockSizeNotServed`]; with one block
-    /// size, [`TokenQueryError::BlockSizeMismatch`]), then the token limit and the multimodal
-    /// items under each block size.
+    /// [`TokenQueryError`], every check ([`LaneBlockSizes::check`]) made before any search.
     ///
     /// # Panics
     /// When `sizes` does not have this indexer's lane count.
@@ -169,25 +171,12 @@ impl GlobalCkfIndexer {
         max_blocks: u32,
     ) -> Result<PrefixMatches, TokenQueryError> {
         assert_eq!(sizes.lanes(), self.lane_count(), "one block size per lane");
-        let rules = |block_size| TokenQueryRules {
-            block_size,
-            max_blocks,
-        };
+        let rules = |size| LaneBlockSizes::rules(size, max_blocks);
         if let [(size, _)] = sizes.distinct() {
             let hashes = query.lazy_sequence_hashes(&rules(*size))?;
             return Ok(self.find_prefix_matches_by_tokens(hashes));
         }
-        if let Some(requested) = query.block_size
-            && !sizes.serves(requested)
-        {
-            return Err(TokenQueryError::BlockSizeNotServed {
-                requested,
-                served: sizes.distinct().iter().map(|&(size, _)| size).collect(),
-            });
-        }
-        for &(size, _) in sizes.distinct() {
-            query.hashes_in(&rules(size))?;
-        }
+        sizes.check(query, max_blocks)?;
         // Captured once, Acquire: every block size searches its part of it.
         let ready = self.ready_mask();
         let mut matches = PrefixMatches::default();

@@ -5,7 +5,7 @@
 
 use crate::bucket::MAX_LANES;
 
-use super::MAX_BLOCK_SIZE;
+use super::{MAX_BLOCK_SIZE, TokenQuery, TokenQueryError, TokenQueryRules};
 
 /// Tokens per KV block of every lane (lane `i` = entry `i`), 1..=64 lanes of
 /// 1..=[`MAX_BLOCK_SIZE`] tokens each.
@@ -89,6 +89,43 @@ impl LaneBlockSizes {
     /// Lane count.
     pub fn lanes(&self) -> usize {
         self.per_lane.len()
+    }
+
+    /// The rules of a query by token ids under `block_size` with at most `max_blocks` blocks.
+    pub fn rules(block_size: u32, max_blocks: u32) -> TokenQueryRules {
+        TokenQueryRules {
+            block_size,
+            max_blocks,
+        }
+    }
+
+    /// Checks `query` for these lanes (at most `max_blocks` blocks in any size) and returns its
+    /// full blocks in the smallest block size (the most any size probes). With one block size,
+    /// [`TokenQuery::lazy_sequence_hashes`]'s checks; with several, the query's own
+    /// `block_size` must be one of them, then the token limit and the multimodal items are
+    /// checked under each.
+    ///
+    /// # Errors
+    /// [`TokenQueryError`]: the first rule broken.
+    pub fn check(&self, query: &TokenQuery, max_blocks: u32) -> Result<usize, TokenQueryError> {
+        if let [(size, _)] = self.distinct[..] {
+            return Ok(query
+                .lazy_sequence_hashes(&Self::rules(size, max_blocks))?
+                .len());
+        }
+        if let Some(requested) = query.block_size
+            && !self.serves(requested)
+        {
+            return Err(TokenQueryError::BlockSizeNotServed {
+                requested,
+                served: self.distinct.iter().map(|&(size, _)| size).collect(),
+            });
+        }
+        let mut most = 0;
+        for &(size, _) in &self.distinct {
+            most = most.max(query.hashes_in(&Self::rules(size, max_blocks))?.len());
+        }
+        Ok(most)
     }
 }
 
