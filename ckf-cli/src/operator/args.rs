@@ -73,8 +73,8 @@ pub struct QueryArgs {
     /// [OFFSET, OFFSET+LENGTH) of the request); repeatable.
     #[arg(long = "mm", value_name = "ID:OFFSET:LENGTH", value_parser = parse_mm_item, requires = "by_tokens")]
     pub multimodal: Vec<MmItem>,
-    /// Tokens per block the token query assumes; must equal the indexer's (default: the
-    /// indexer's).
+    /// Tokens per block the token query assumes; must be a block size of the indexer's lanes
+    /// (default: each lane answers in its own).
     #[arg(long, value_name = "TOKENS", requires = "by_tokens")]
     pub block_size: Option<u32>,
     /// Block hashes in prefix order (decimal or 0x-hex), or ids with --ids.

@@ -46,6 +46,7 @@ pub async fn lanes(args: LanesArgs) -> Result<()> {
                 let pool = l.pool.clone().unwrap_or_default();
                 json!({
                     "lane": l.lane, "dc": pool.dc, "state": state_name(l.state),
+                    "block_size": l.block_size,
                     "lease_epoch": l.lease_epoch, "incarnation": l.incarnation,
                     "installed_sequence": l.installed_sequence,
                     "last_update_age_ms": l.last_update_age_ms, "load_factor": l.load_factor,
@@ -78,9 +79,10 @@ pub async fn lanes(args: LanesArgs) -> Result<()> {
         format.seed
     )?;
     crate::outln!(
-        "{:>4}  {:<12} {:<17} {:>5} {:>10} {:>9} {:>7} {:>7}  last reason",
+        "{:>4}  {:<12} {:>5} {:<17} {:>5} {:>10} {:>9} {:>7} {:>7}  last reason",
         "lane",
         "dc",
+        "block",
         "state",
         "epoch",
         "installed",
@@ -98,9 +100,10 @@ pub async fn lanes(args: LanesArgs) -> Result<()> {
             reason = format!("{reason}: {}", l.last_retire_detail);
         }
         crate::outln!(
-            "{:>4}  {:<12} {:<17} {:>5} {:>10} {:>9} {:>6.1}% {:>7}  {}{}",
+            "{:>4}  {:<12} {:>5} {:<17} {:>5} {:>10} {:>9} {:>6.1}% {:>7}  {}{}",
             l.lane,
             dc,
+            l.block_size,
             state_name(l.state),
             l.lease_epoch,
             l.installed_sequence,

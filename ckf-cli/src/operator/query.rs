@@ -36,7 +36,10 @@ pub async fn query(args: QueryArgs) -> Result<()> {
             .iter()
             .map(|m| {
                 let pool = m.pool.clone().unwrap_or_default();
-                json!({ "lane": m.lane, "domain": pool.domain, "dc": pool.dc, "depth": m.depth })
+                json!({
+                    "lane": m.lane, "domain": pool.domain, "dc": pool.dc, "depth": m.depth,
+                    "cached_tokens": m.cached_tokens,
+                })
             })
             .collect();
         let out = json!({ unit: count, "ready_mask": answer.ready_mask, "matches": lanes });
@@ -44,10 +47,22 @@ pub async fn query(args: QueryArgs) -> Result<()> {
         return Ok(());
     }
     crate::outln!("{count} {unit}; ready lanes {:#x}", answer.ready_mask)?;
-    crate::outln!("{:>4}  {:<16} {:>6}", "lane", "dc", "depth")?;
+    crate::outln!(
+        "{:>4}  {:<16} {:>6} {:>13}",
+        "lane",
+        "dc",
+        "depth",
+        "cached tokens"
+    )?;
     for m in &answer.matches {
         let dc = m.pool.as_ref().map_or("?", |p| p.dc.as_str());
-        crate::outln!("{:>4}  {:<16} {:>6}", m.lane, dc, m.depth)?;
+        crate::outln!(
+            "{:>4}  {:<16} {:>6} {:>13}",
+            m.lane,
+            dc,
+            m.depth,
+            m.cached_tokens
+        )?;
     }
     Ok(())
 }
