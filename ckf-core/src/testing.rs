@@ -17,6 +17,8 @@
 //! fingerprint_copies(word, fp) -> slots of a bucket word holding fp
 //! assert_projection_exact(state, tracked) -> the producer table holds exactly the tracked blocks
 //! without_kernels(&[kernels], f) -> f() with those kernels reported unavailable (this thread)
+//! place_blocks(addressing, words, blocks) -> each block's fingerprint in its first free candidate slot
+//! model_depth(addressing, words, hashes) -> the exact model of one lane's prefix depth
 //! ```
 //! The helpers panic (with the outcome) when the consumer does not answer as a healthy lane
 //! would: they are for setting up a test, not for checking the rule under test.
@@ -367,4 +369,41 @@ pub fn churn_one(
         }
     }
     removed
+}
+
+/// Places each of `blocks` in one lane's `words` exactly (its fingerprint in the first free
+/// slot of its candidate buckets, lower-numbered first; a block that finds none is skipped).
+pub fn place_blocks(
+    addressing: &crate::addressing::Addressing,
+    words: &mut [u64],
+    blocks: impl IntoIterator<Item = u64>,
+) {
+    for h in blocks {
+        let loc = addressing.locate(h);
+        for b in [loc.bucket_a, loc.bucket_b] {
+            let w = words[b as usize];
+            if let Some(s) = crate::bucket::find_empty(w) {
+                words[b as usize] = crate::bucket::with_slot(w, s, loc.fingerprint);
+                break;
+            }
+        }
+    }
+}
+
+/// The exact model of one lane's prefix depth: the leading `hashes` whose fingerprint is in a
+/// slot of one of their two candidate buckets of `words` (slot by slot, no word tricks).
+pub fn model_depth(
+    addressing: &crate::addressing::Addressing,
+    words: &[u64],
+    hashes: &[u64],
+) -> u32 {
+    hashes
+        .iter()
+        .take_while(|&&h| {
+            let loc = addressing.locate(h);
+            [loc.bucket_a, loc.bucket_b]
+                .iter()
+                .any(|&b| crate::bucket::slots(words[b as usize]).contains(&loc.fingerprint))
+        })
+        .count() as u32
 }

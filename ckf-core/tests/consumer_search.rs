@@ -3,8 +3,7 @@
 //! buckets of that lane. Both row kernels (AVX-512 where the CPU has it, and the portable one)
 //! must equal the model for every lane count 1..=64 (one to four lane groups).
 
-use ckf_core::addressing::{Addressing, TableFormat, fmix64};
-use ckf_core::bucket::{self, with_slot};
+use ckf_core::addressing::{TableFormat, fmix64};
 use ckf_core::global::GlobalCkfIndexer;
 use ckf_core::testing;
 use proptest::prelude::*;
@@ -15,31 +14,6 @@ fn indexer(buckets: u64, lanes: usize) -> GlobalCkfIndexer {
 
 fn activate(ix: &GlobalCkfIndexer, lane: u8, words: Vec<u64>) {
     testing::activate(ix, lane, u64::from(lane), 0, words);
-}
-
-/// Places `blocks` (first free candidate slot; blocks that do not fit are skipped).
-fn place(addressing: &Addressing, words: &mut [u64], blocks: impl Iterator<Item = u64>) {
-    for h in blocks {
-        let loc = addressing.locate(h);
-        for b in [loc.bucket_a, loc.bucket_b] {
-            let w = words[b as usize];
-            if let Some(s) = bucket::find_empty(w) {
-                words[b as usize] = with_slot(w, s, loc.fingerprint);
-                break;
-            }
-        }
-    }
-}
-
-fn model_depth(addressing: &Addressing, words: &[u64], query: &[u64]) -> u32 {
-    query
-        .iter()
-        .take_while(|&&h| {
-            let loc = addressing.locate(h);
-            bucket::contains(words[loc.bucket_a as usize], loc.fingerprint)
-                || bucket::contains(words[loc.bucket_b as usize], loc.fingerprint)
-        })
-        .count() as u32
 }
 
 proptest! {
@@ -62,9 +36,9 @@ proptest! {
         for lane in 0..lanes {
             let mut words = vec![0u64; buckets as usize];
             let keep = (fmix64(seed ^ lane as u64) as usize) % (query_len + 1);
-            place(&addressing, &mut words, pool[..keep].iter().copied());
+            testing::place_blocks(&addressing, &mut words, pool[..keep].iter().copied());
             // Some filler fingerprints.
-            place(&addressing, &mut words, (0..buckets).map(|i| fmix64(seed.rotate_left(7) ^ i ^ (lane as u64) << 40)));
+            testing::place_blocks(&addressing, &mut words, (0..buckets).map(|i| fmix64(seed.rotate_left(7) ^ i ^ (lane as u64) << 40)));
             if ready_bits & (1 << lane) != 0 {
                 activate(&ix, lane as u8, words.clone());
             }
@@ -77,7 +51,7 @@ proptest! {
             prop_assert_eq!(m.ready_mask(), ready);
             for lane in 0..64u8 {
                 let want = (usize::from(lane) < lanes && ready & (1 << lane) != 0)
-                    .then(|| model_depth(&addressing, &tables[lane as usize], query));
+                    .then(|| testing::model_depth(&addressing, &tables[lane as usize], query));
                 prop_assert_eq!(m.depth(lane), want, "lane {}", lane);
             }
             prop_assert_eq!(m.iter().count() as u32, ready.count_ones());
@@ -120,9 +94,9 @@ fn depth_case(buckets: u64, lanes: usize) {
     let q: Vec<u64> = (0..40u64).map(|i| fmix64(i + 77)).collect();
     for (lane, depth) in [(0u8, 10usize), (1, 40), (2, 0), (3, 25)] {
         let mut words = vec![0u64; buckets as usize];
-        place(&addressing, &mut words, q[..depth].iter().copied());
+        testing::place_blocks(&addressing, &mut words, q[..depth].iter().copied());
         // Blocks after a gap do not count: the depth stops at the first miss.
-        place(&addressing, &mut words, q.iter().skip(depth + 1).copied());
+        testing::place_blocks(&addressing, &mut words, q.iter().skip(depth + 1).copied());
         activate(&ix, lane, words);
     }
     let m = ix.find_prefix_matches(&q);

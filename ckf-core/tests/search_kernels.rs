@@ -8,7 +8,7 @@
 //!
 //! A kernel this CPU lacks is skipped, saying so on stderr (`cargo test -- --nocapture`).
 
-use ckf_core::addressing::{Addressing, TableFormat, fmix64};
+use ckf_core::addressing::{TableFormat, fmix64};
 use ckf_core::bucket::{self, with_slot};
 use ckf_core::global::GlobalCkfIndexer;
 use ckf_core::search::{LAZY_STEP, PrefixMatches, SearchKernel, SearchKernelError};
@@ -45,20 +45,6 @@ fn indexer(buckets: u64, lanes: usize, seed: u64) -> GlobalCkfIndexer {
     testing::indexer("d", TableFormat::new(buckets, seed).unwrap(), lanes, 1)
 }
 
-/// Depth of `query` in one lane's words: leading blocks whose fingerprint is in a slot of one
-/// of their two candidate buckets (slot by slot, no word tricks).
-fn model_depth(addressing: &Addressing, words: &[u64], query: &[u64]) -> u32 {
-    query
-        .iter()
-        .take_while(|&&h| {
-            let loc = addressing.locate(h);
-            [loc.bucket_a, loc.bucket_b]
-                .iter()
-                .any(|&b| bucket::slots(words[b as usize]).contains(&loc.fingerprint))
-        })
-        .count() as u32
-}
-
 /// Asserts every runnable kernel gives the model's answer for every lane (and `None` for lanes
 /// not ready or not configured).
 fn check_all_kernels(
@@ -75,7 +61,7 @@ fn check_all_kernels(
         prop_assert_eq!(m.ready_mask(), ready);
         for lane in 0..64u8 {
             let want = (usize::from(lane) < tables.len() && ready & (1 << lane) != 0)
-                .then(|| model_depth(&addressing, &tables[lane as usize], query));
+                .then(|| testing::model_depth(&addressing, &tables[lane as usize], query));
             prop_assert_eq!(m.depth(lane), want, "kernel {} lane {}", kernel, lane);
         }
         // The lazy form: the same answer, and the iterator pulled only as far as its rule says.
@@ -145,19 +131,6 @@ fn random_words(buckets: u64, fill: u8, alphabet: &[u16], seed: u64) -> Vec<u64>
         .collect()
 }
 
-/// Places `blocks` exactly (first free candidate slot; blocks that do not fit are skipped).
-fn place(addressing: &Addressing, words: &mut [u64], blocks: &[u64]) {
-    for &h in blocks {
-        let loc = addressing.locate(h);
-        for b in [loc.bucket_a, loc.bucket_b] {
-            if let Some(s) = bucket::find_empty(words[b as usize]) {
-                words[b as usize] = with_slot(words[b as usize], s, loc.fingerprint);
-                break;
-            }
-        }
-    }
-}
-
 proptest! {
     #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
 
@@ -187,7 +160,7 @@ proptest! {
             let mut words = random_words(buckets, fill, &alphabet, lane_seed);
             // A random prefix of the query placed exactly, so lanes reach different depths.
             let keep = (fmix64(planted ^ lane as u64) as usize) % (query_len + 1);
-            place(&addressing, &mut words, &query[..keep]);
+            testing::place_blocks(&addressing, &mut words, query[..keep].iter().copied());
             if ready_bits & (1 << lane) != 0 {
                 testing::activate(&ix, lane as u8, lane as u64, 0, words.clone());
             }
@@ -218,7 +191,7 @@ proptest! {
             // Lanes hold prefixes of decreasing length (placed in free slots, so some are cut).
             let keep = query_len.saturating_sub(lane * 3);
             words.iter_mut().step_by(2).for_each(|w| *w &= 0x0000_FFFF_FFFF_FFFF);
-            place(&addressing, &mut words, &query[..keep]);
+            testing::place_blocks(&addressing, &mut words, query[..keep].iter().copied());
             if ready_bits & (1 << lane) != 0 {
                 testing::activate(&ix, lane as u8, lane as u64, 0, words.clone());
             }
@@ -241,7 +214,7 @@ fn longest_query_at_full_depth() {
     for lane in 0..lanes {
         let mut words = vec![0u64; buckets as usize];
         let keep = if lane == 3 { 8191 } else { 8192 };
-        place(&addressing, &mut words, &query[..keep]);
+        testing::place_blocks(&addressing, &mut words, query[..keep].iter().copied());
         testing::activate(&ix, lane as u8, lane as u64, 0, words.clone());
         tables.push(words);
     }
@@ -249,7 +222,7 @@ fn longest_query_at_full_depth() {
     let m = ix.find_prefix_matches(&query);
     // Every block fits at 6% load, so every lane but 3 holds all of them (3 stops at 8,191
     // unless a collision makes the last block a false positive, which the model would show).
-    let model3 = model_depth(&addressing, &tables[3], &query);
+    let model3 = testing::model_depth(&addressing, &tables[3], &query);
     assert!(model3 >= 8191);
     for lane in 0..16u8 {
         let want = if lane == 3 { model3 } else { 8192 };
@@ -355,8 +328,8 @@ fn lazy_queries_pull_no_further_than_needed() {
         let query: Vec<u64> = strict(10 * LAZY_STEP).collect();
         // Lane 0 holds the first 30 blocks, lane 1 all of them, lane 2 none.
         let mut words = vec![vec![0u64; buckets as usize]; lanes];
-        place(&addressing, &mut words[0], &query[..30]);
-        place(&addressing, &mut words[1], &query);
+        testing::place_blocks(&addressing, &mut words[0], query[..30].iter().copied());
+        testing::place_blocks(&addressing, &mut words[1], query.iter().copied());
         for (lane, w) in words.iter().enumerate().take(3) {
             testing::activate(&ix, lane as u8, lane as u64, 0, w.clone());
         }
@@ -402,7 +375,7 @@ fn a_lazy_query_captures_the_ready_lanes_once() {
         let addressing = *ix.addressing();
         let query: Vec<u64> = (0..200u64).map(|i| fmix64(i + 5)).collect();
         let mut words = vec![0u64; buckets as usize];
-        place(&addressing, &mut words, &query);
+        testing::place_blocks(&addressing, &mut words, query.iter().copied());
         testing::activate(&ix, 0, 0, 0, words.clone());
         let pulled = Cell::new(0usize);
         let m = ix.find_prefix_matches_lazy(query.iter().copied().inspect(|_| {
@@ -441,10 +414,10 @@ fn token_queries_at_block_size(block: usize) {
     // Lane l holds the first 10 * l blocks of the request.
     for lane in 0..16usize {
         let mut words = vec![0u64; 16_384];
-        place(
+        testing::place_blocks(
             &addressing,
             &mut words,
-            &chain[..(10 * lane).min(chain.len())],
+            chain[..(10 * lane).min(chain.len())].iter().copied(),
         );
         testing::activate(&ix, lane as u8, lane as u64, 0, words);
     }
@@ -475,7 +448,7 @@ fn lanes_not_ready_are_never_reported() {
     let addressing = *ix.addressing();
     let query: Vec<u64> = (0..20u64).map(fmix64).collect();
     let mut words = vec![0u64; 256];
-    place(&addressing, &mut words, &query);
+    testing::place_blocks(&addressing, &mut words, query.iter().copied());
     // Ready: 0, 5, 15 only.
     for lane in [0u8, 5, 15] {
         testing::activate(&ix, lane, u64::from(lane), 0, words.clone());

@@ -3,38 +3,13 @@
 //! answers it, and matches an exact model of the lane's table; the query's own block size and
 //! the token limit are checked against every size before anything is searched.
 
-use ckf_core::addressing::{Addressing, TableFormat, fmix64};
-use ckf_core::bucket::{self, with_slot};
+use ckf_core::addressing::{TableFormat, fmix64};
 use ckf_core::global::GlobalCkfIndexer;
 use ckf_core::testing;
 use ckf_core::tokens::{BlockSeed, LaneBlockSizes, TokenQuery, TokenQueryError, sequence_hashes};
 use proptest::prelude::*;
 
 const BUCKETS: u64 = 512;
-
-fn place(addressing: &Addressing, words: &mut [u64], blocks: &[u64]) {
-    for &h in blocks {
-        let loc = addressing.locate(h);
-        for b in [loc.bucket_a, loc.bucket_b] {
-            let w = words[b as usize];
-            if let Some(s) = bucket::find_empty(w) {
-                words[b as usize] = with_slot(w, s, loc.fingerprint);
-                break;
-            }
-        }
-    }
-}
-
-fn model_depth(addressing: &Addressing, words: &[u64], hashes: &[u64]) -> u32 {
-    hashes
-        .iter()
-        .take_while(|&&h| {
-            let loc = addressing.locate(h);
-            bucket::contains(words[loc.bucket_a as usize], loc.fingerprint)
-                || bucket::contains(words[loc.bucket_b as usize], loc.fingerprint)
-        })
-        .count() as u32
-}
 
 fn query(tokens: &[u32]) -> TokenQuery {
     TokenQuery {
@@ -52,7 +27,11 @@ fn domain(sizes: &[u32], keep: &[usize], tokens: &[u32]) -> (GlobalCkfIndexer, V
     for (lane, (&size, &keep)) in sizes.iter().zip(keep).enumerate() {
         let hashes = sequence_hashes(tokens, size as usize, BlockSeed::DEFAULT, &[]).unwrap();
         let mut words = vec![0u64; BUCKETS as usize];
-        place(&addressing, &mut words, &hashes[..keep.min(hashes.len())]);
+        testing::place_blocks(
+            &addressing,
+            &mut words,
+            hashes[..keep.min(hashes.len())].iter().copied(),
+        );
         testing::activate(&ix, lane as u8, lane as u64, 0, words.clone());
         tables.push(words);
     }
@@ -78,7 +57,7 @@ proptest! {
             let hashes = sequence_hashes(&tokens, size as usize, BlockSeed::DEFAULT, &[]).unwrap();
             let single = ix.find_prefix_matches(&hashes).depth(lane as u8);
             prop_assert_eq!(m.depth(lane as u8), single, "lane {} of {} tokens per block", lane, size);
-            let model = model_depth(ix.addressing(), &tables[lane], &hashes);
+            let model = testing::model_depth(ix.addressing(), &tables[lane], &hashes);
             prop_assert_eq!(m.depth(lane as u8), Some(model), "lane {}", lane);
         }
     }
