@@ -244,9 +244,11 @@ fn answer(
             cached_tokens: u64::from(depth) * u64::from(shared.router.block_size(lane)),
         })
         .collect();
+    let (ready_mask, ready_mask_high) = v1::split_ready_mask(found.ready_mask());
     v1::FindMatchesResponse {
         matches,
-        ready_mask: found.ready_mask(),
+        ready_mask,
+        ready_mask_high,
     }
 }
 
@@ -332,11 +334,11 @@ fn answer_batch(
 }
 
 /// Most bytes the answer of `queries` queries over `lanes` lanes (<= 64) takes encoded: per
-/// query its `results` key and length (1 + 2: one answer is under 16 KiB), the ready mask
-/// (1 + 10: 64 bits), the depths' key and length (1 + 2) and one depth per lane (a u32 varint,
-/// <= 5); plus a stream answer's id (1 + 10).
+/// query its `results` key and length (1 + 2: one answer is under 16 KiB), the two ready-mask
+/// fields (2 x (1 + 5)), the depths' key and length (1 + 2) and one depth per lane (a u32
+/// varint, <= 5); plus a stream answer's id (1 + 10).
 fn answer_bound(queries: usize, lanes: usize) -> u64 {
-    11 + queries as u64 * (17 + 5 * lanes as u64)
+    11 + queries as u64 * (18 + 5 * lanes as u64)
 }
 
 /// The encoded size of a batch (`FindMatchesBatchResponse`) or stream
@@ -357,9 +359,11 @@ fn answer_bytes(results: &[v1::QueryResult], at: BatchAt) -> usize {
 fn compact_result(found: &PrefixMatches) -> v1::QueryResult {
     let mut depths = Vec::with_capacity(found.ready_mask().count_ones() as usize);
     depths.extend(found.iter().map(|(_, depth)| depth));
+    let (ready_mask, ready_mask_high) = v1::split_ready_mask(found.ready_mask());
     v1::QueryResult {
-        ready_mask: found.ready_mask(),
+        ready_mask,
         depths,
+        ready_mask_high,
     }
 }
 
@@ -499,11 +503,13 @@ mod tests {
 
     /// Results of `n` queries on `lanes` ready lanes with the given depth.
     fn results(n: usize, lanes: u32, depth: u32) -> Vec<v1::QueryResult> {
-        let mask = u64::MAX.checked_shr(64 - lanes).unwrap_or(0);
+        let (ready_mask, ready_mask_high) =
+            v1::split_ready_mask(u64::MAX.checked_shr(64 - lanes).unwrap_or(0));
         vec![
             v1::QueryResult {
-                ready_mask: mask,
+                ready_mask,
                 depths: vec![depth; lanes as usize],
+                ready_mask_high,
             };
             n
         ]
@@ -550,7 +556,7 @@ mod tests {
     fn results_worst(n: usize, lanes: u32) -> Vec<v1::QueryResult> {
         let mut worst = results(n, lanes, u32::MAX);
         for r in &mut worst {
-            r.ready_mask |= 1 << 63;
+            r.ready_mask_high |= 1 << 31;
         }
         worst
     }

@@ -218,7 +218,8 @@ fn answer_bound(indexer: &GlobalCkfIndexer, requests: usize) -> u64 {
             .max_by_key(|p| p.as_ref().map_or(0, Message::encoded_len))
             .flatten(),
         reason: i32::MAX,
-        ready_mask: u64::MAX,
+        ready_mask: u32::MAX,
+        ready_mask_high: u32::MAX,
     }
     .encoded_len() as u64;
     requests as u64 * (1 + prost::encoding::encoded_len_varint(worst) as u64 + worst)
@@ -246,12 +247,14 @@ pub fn wire_answer(indexer: &GlobalCkfIndexer, routed: &Routed) -> v1::RouteResp
         ),
         None => (0, None, v1::RouteReason::NoReadyDc),
     };
+    let (ready_mask, ready_mask_high) = v1::split_ready_mask(routed.ready_mask);
     v1::RouteResponse {
         ranked,
         chosen_lane,
         chosen,
         reason: reason.into(),
-        ready_mask: routed.ready_mask,
+        ready_mask,
+        ready_mask_high,
     }
 }
 

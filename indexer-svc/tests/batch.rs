@@ -21,11 +21,11 @@ fn batch(queries: &[Vec<u64>]) -> Vec<v1::BlockHashQuery> {
 
 /// A compact result as unary's `(lane, depth)` list and mask.
 fn unpack(result: &v1::QueryResult) -> (Vec<(u32, u32)>, u64) {
-    let lanes = (0..64).filter(|lane| result.ready_mask & (1 << lane) != 0);
+    let lanes = (0..64).filter(|lane| result.ready_lanes() & (1 << lane) != 0);
     assert_eq!(lanes.clone().count(), result.depths.len(), "{result:?}");
     (
         lanes.zip(result.depths.iter().copied()).collect(),
-        result.ready_mask,
+        result.ready_lanes(),
     )
 }
 

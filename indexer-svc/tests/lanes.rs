@@ -43,7 +43,11 @@ async fn lanes_past_sixteen_are_attached_and_answered_by_every_query() {
         .await
         .expect("FindMatchesBatch")
         .into_inner();
-    assert_eq!(batch.results[0].ready_mask, mask);
+    assert_eq!(batch.results[0].ready_lanes(), mask);
+    assert_eq!(
+        batch.results[0].ready_mask, mask as u32,
+        "lanes 0..31 in the old field"
+    );
     assert_eq!(batch.results[0].depths, [12, 5, 9, 1]);
 
     let routed = indexer
@@ -58,7 +62,7 @@ async fn lanes_past_sixteen_are_attached_and_answered_by_every_query() {
         .await
         .expect("Route")
         .into_inner();
-    assert_eq!(routed.ready_mask, mask);
+    assert_eq!(routed.ready_lanes(), mask);
     let mut ranked: Vec<(u32, u32)> = routed.ranked.iter().map(|r| (r.lane, r.depth)).collect();
     ranked.sort_unstable();
     assert_eq!(ranked, want);

@@ -21,7 +21,7 @@ async fn only_other_lane_answers(indexer: &Indexer, dc: &str, other: &Producer) 
     let response = indexer.find(&tracked).await.expect("FindMatches");
     let mask_bit = 1 << indexer.lane_index(dc);
     assert_eq!(
-        response.ready_mask & mask_bit,
+        response.ready_lanes() & mask_bit,
         0,
         "{dc} still ready: {response:?}"
     );

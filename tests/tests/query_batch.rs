@@ -42,13 +42,13 @@ fn wire(queries: &[Vec<u64>]) -> Vec<v1::BlockHashQuery> {
 /// A unary answer as `(lane, depth)` per ready lane, and the ready mask.
 fn unary_form(response: &v1::FindMatchesResponse) -> (Vec<(u32, u32)>, u64) {
     let lanes = response.matches.iter().map(|m| (m.lane, m.depth)).collect();
-    (lanes, response.ready_mask)
+    (lanes, response.ready_lanes())
 }
 
 /// A compact batch result in the same form (depths follow the set bits of the mask).
 fn compact_form(result: &v1::QueryResult) -> (Vec<(u32, u32)>, u64) {
     let lanes: Vec<u32> = (0..64)
-        .filter(|l| result.ready_mask & (1 << l) != 0)
+        .filter(|l| result.ready_lanes() & (1 << l) != 0)
         .collect();
     assert_eq!(lanes.len(), result.depths.len(), "{result:?}");
     (
@@ -56,7 +56,7 @@ fn compact_form(result: &v1::QueryResult) -> (Vec<(u32, u32)>, u64) {
             .into_iter()
             .zip(result.depths.iter().copied())
             .collect(),
-        result.ready_mask,
+        result.ready_lanes(),
     )
 }
 

@@ -186,8 +186,12 @@ impl OpenStream {
             .results
             .into_iter()
             .map(|r| {
-                assert_eq!(r.ready_mask.count_ones() as usize, r.depths.len(), "{r:?}");
-                (r.ready_mask, r.depths)
+                assert_eq!(
+                    r.ready_lanes().count_ones() as usize,
+                    r.depths.len(),
+                    "{r:?}"
+                );
+                (r.ready_lanes(), r.depths)
             })
             .collect()
     }
@@ -291,7 +295,7 @@ async fn a_message_whose_answer_exceeds_max_message_bytes_is_refused_naming_the_
         .into_inner();
     assert_eq!(answer.results.len(), 64);
     assert!(
-        answer.results.iter().all(|r| r.ready_mask == 0b11),
+        answer.results.iter().all(|r| r.ready_lanes() == 0b11),
         "{answer:?}"
     );
 

@@ -314,7 +314,7 @@ async fn find_matches_stream_survives_indexer_stalls_shorter_than_the_deadline()
             let result = reply.results.first();
             if reply.id != answered
                 || reply.results.len() != 1
-                || result.is_none_or(|r| r.ready_mask & lane_bit == 0 || !r.depths.contains(&4))
+                || result.is_none_or(|r| r.ready_lanes() & lane_bit == 0 || !r.depths.contains(&4))
             {
                 return Err(format!("reply {answered} is wrong: {reply:?}"));
             }

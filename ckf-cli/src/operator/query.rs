@@ -42,11 +42,11 @@ pub async fn query(args: QueryArgs) -> Result<()> {
                 })
             })
             .collect();
-        let out = json!({ unit: count, "ready_mask": answer.ready_mask, "matches": lanes });
+        let out = json!({ unit: count, "ready_mask": answer.ready_lanes(), "matches": lanes });
         crate::outln!("{}", serde_json::to_string_pretty(&out)?)?;
         return Ok(());
     }
-    crate::outln!("{count} {unit}; ready lanes {:#x}", answer.ready_mask)?;
+    crate::outln!("{count} {unit}; ready lanes {:#x}", answer.ready_lanes())?;
     crate::outln!(
         "{:>4}  {:<16} {:>6} {:>13}",
         "lane",

@@ -51,7 +51,7 @@ pub async fn route(args: RouteArgs) -> Result<()> {
             })
             .collect();
         let out = json!({
-            unit: count, "ready_mask": answer.ready_mask, "ranked": ranked,
+            unit: count, "ready_mask": answer.ready_lanes(), "ranked": ranked,
             "chosen": chosen, "chosen_lane": answer.chosen_lane,
             "reason": answer.reason().as_str_name(),
         });

@@ -76,7 +76,7 @@ impl Indexer {
             .into_inner();
         (
             response.matches.iter().map(|m| (m.lane, m.depth)).collect(),
-            response.ready_mask,
+            response.ready_lanes(),
         )
     }
 
@@ -92,7 +92,7 @@ impl Indexer {
             .into_inner();
         Ok((
             response.matches.iter().map(|m| (m.lane, m.depth)).collect(),
-            response.ready_mask,
+            response.ready_lanes(),
         ))
     }
 
