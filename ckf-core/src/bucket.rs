@@ -219,7 +219,10 @@ pub enum TableError {
     #[error("lane count {0} is outside 1..={MAX_LANES}")]
     ConsumerLanes(usize),
     /// `bucket_count * lanes * 8` does not fit the address space or the allocator refused it.
-    #[error("cannot allocate a table of {buckets} buckets x {lanes} lanes")]
+    #[error(
+        "cannot allocate a table of {buckets} buckets x {lanes} lanes ({} bytes)",
+        u128::from(*buckets) * *lanes as u128 * 8
+    )]
     Allocation {
         /// Requested buckets.
         buckets: u64,

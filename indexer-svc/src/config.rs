@@ -39,6 +39,10 @@ pub const ENV_PREFIX: &str = "CKF_INDEXER_";
 /// Smallest accepted `limits.max_message_bytes`: a snapshot chunk must carry a few hundred
 /// buckets and a delta a few hundred images.
 pub const MIN_MESSAGE_BYTES: u64 = 4 << 10;
+/// Bytes of `limits.max_message_bytes` required per lane: one answer (`ListLanes`, a
+/// `FindMatches` or `Route` answer) carries every lane with its 64-byte names, measured at most
+/// ~300 bytes per lane with a retirement detail.
+pub const BYTES_PER_LANE_ANSWER: u64 = 512;
 /// Largest accepted `limits.max_message_bytes` (256 MiB).
 pub const MAX_MESSAGE_BYTES: u64 = 256 << 20;
 
@@ -129,7 +133,7 @@ impl Default for LimitsConfig {
         Self {
             max_message_bytes: 4 << 20,
             max_images_per_delta: 65_536,
-            max_relay_streams: 64,
+            max_relay_streams: 256,
             max_query_blocks: 8_192,
             max_query_batch: 1_024,
             max_query_streams: 256,
@@ -575,6 +579,20 @@ impl Validate for IndexerConfig {
             MIN_MESSAGE_BYTES..=MAX_MESSAGE_BYTES,
             "bytes",
         )?;
+        // One answer of every lane (a `ListLanes` lane with its names and last reason, a
+        // `FindMatches` match, a `Route` estimate) must fit one message.
+        let lanes = self.manifest.lanes.len() as u64;
+        if l.max_message_bytes < lanes * BYTES_PER_LANE_ANSWER {
+            return Err(Invalid::new(
+                "limits.max_message_bytes",
+                l.max_message_bytes,
+                format!(
+                    "at least {} bytes for {lanes} lanes ({BYTES_PER_LANE_ANSWER} per lane: one \
+                     answer names every lane)",
+                    lanes * BYTES_PER_LANE_ANSWER
+                ),
+            ));
+        }
         for (key, value) in [
             ("limits.max_images_per_delta", l.max_images_per_delta),
             ("limits.max_relay_streams", l.max_relay_streams),
@@ -686,7 +704,7 @@ pub struct Cli {
     /// Most bucket images per delta [default: 65536; key: limits.max_images_per_delta].
     #[arg(long, value_name = "IMAGES")]
     pub max_images_per_delta: Option<u32>,
-    /// Relay streams open at once [default: 64; key: limits.max_relay_streams].
+    /// Relay streams open at once [default: 256; key: limits.max_relay_streams].
     #[arg(long, value_name = "STREAMS")]
     pub max_relay_streams: Option<u32>,
     /// Most block hashes per FindMatches query [default: 8192; key: limits.max_query_blocks].

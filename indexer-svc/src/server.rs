@@ -316,6 +316,8 @@ pub async fn serve(
         consumer_instance = format_args!("{consumer_instance:#x}"),
         domain = %indexer.manifest().domain,
         lanes = indexer.lane_count(),
+        lane_groups = indexer.table().groups().len(),
+        table_bytes = indexer.table().bytes(),
         format = %indexer.manifest().format,
         search_kernel = %search_kernel,
         search_kernel_config = %config.search.kernel,

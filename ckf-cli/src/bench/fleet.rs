@@ -58,7 +58,8 @@ impl FleetShape {
     pub fn validate(&self) -> Result<(), String> {
         if !(1..=16).contains(&self.dcs) {
             return Err(format!(
-                "dcs = {}: must be 1..=16 (the simulated fleet's DCs are dc-a..dc-p)",
+                "dcs = {}: must be 1..=16 (the simulated fleet's DCs are dc-a..dc-p; an indexer \
+                 of up to 64 lanes is fed by running producers: ckf replay --producer DC=URL)",
                 self.dcs
             ));
         }

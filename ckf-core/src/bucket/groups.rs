@@ -33,7 +33,12 @@ impl LaneGroups {
         }
         let groups = (0..lanes.div_ceil(GROUP_LANES))
             .map(|g| TransposedTable::new(bucket_count, (lanes - g * GROUP_LANES).min(GROUP_LANES)))
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect::<Result<Vec<_>, _>>()
+            // One group's failure is the whole table's: named with every lane.
+            .map_err(|_| TableError::Allocation {
+                buckets: bucket_count,
+                lanes,
+            })?;
         Ok(Self { groups, lanes })
     }
 

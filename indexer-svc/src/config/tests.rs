@@ -493,3 +493,23 @@ fn the_deploy_examples_load_with_their_round_trips_and_capacity() {
         assert_eq!(route.default_prefill_tokens_per_s, 10_000.0, "{path}");
     }
 }
+
+#[test]
+fn a_message_limit_too_small_for_one_answer_of_every_lane_is_refused() {
+    let lanes: Vec<String> = (0..64).map(|i| format!("dc-{i}")).collect();
+    let lanes = lanes.join(",");
+    let text = cli(&["--lanes", &lanes, "--max-message-bytes", "16384"])
+        .load()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        text.contains("limits.max_message_bytes") && text.contains("32768 bytes for 64 lanes"),
+        "{text}"
+    );
+    cli(&["--lanes", &lanes, "--max-message-bytes", "32768"])
+        .load()
+        .unwrap();
+    cli(&["--lanes", "dc-a", "--max-message-bytes", "4096"])
+        .load()
+        .unwrap();
+}
