@@ -17,7 +17,12 @@
 #   4. restart the indexer container: all lanes recover, content intact, no manual step;
 #   4b. kill -9 producer-dc-a's container and start it again: its durable state (the named
 #      volume at durability.data_dir) comes back, so every probe answers as before;
-#   5. `down -v` leaves no container, network or volume of the project.
+#   5. `down -v` leaves no container, network or volume of the project;
+#   6. two models (docker-compose.models.yml): indexers of domains llama and qwen, producers
+#      dc-a and dc-b for each: every lane of each active with its model's content; a query naming
+#      the other domain refused with NOT_FOUND; the other model's dc-a credential refused;
+#      qwen's dc-a producer killed and restarted while llama's answers and leases stay unchanged;
+#      `down -v` leaves nothing.
 # The stack is always torn down (trap). An unreachable Docker engine is a failure, never a skip.
 #
 # Environment: CKF_COMPOSE_PROJECT (default ckftest<pid><time>), CKF_IMAGE (default
@@ -62,7 +67,9 @@ PY="$(python3 -c 'import sys; print(sys.executable)')"
 log "engine $(docker version -f '{{.Server.Version}}'), compose: ${COMPOSE_BIN[*]} \
 $("${COMPOSE_BIN[@]}" version --short 2>/dev/null || true), project $PROJECT"
 
-compose() { "${COMPOSE_BIN[@]}" -p "$PROJECT" -f "$DEPLOY/docker-compose.yml" "$@"; }
+# The stack under test: docker-compose.yml, then docker-compose.models.yml (step 6).
+COMPOSE_FILE_NAME=docker-compose.yml
+compose() { "${COMPOSE_BIN[@]}" -p "$PROJECT" -f "$DEPLOY/$COMPOSE_FILE_NAME" "$@"; }
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/ckf-compose-test.XXXXXX")"
 UP=0
@@ -72,7 +79,7 @@ cleanup() {
         log "--- last logs of the stack (failure) ---"
         compose logs --no-color --tail=40 2>&1 | sed 's/^/    /' || true
         if [[ "${CKF_KEEP:-0}" == 1 ]]; then
-            log "CKF_KEEP=1: stack left up; tear down with: ${COMPOSE_BIN[*]} -p $PROJECT -f $DEPLOY/docker-compose.yml down -v"
+            log "CKF_KEEP=1: stack left up; tear down with: ${COMPOSE_BIN[*]} -p $PROJECT -f $DEPLOY/$COMPOSE_FILE_NAME down -v"
             rm -rf "$WORK"
             exit $rc
         fi
@@ -113,6 +120,7 @@ log "alerts: promtool check rules, test rules (every alert firing and silent) an
 
 compose config -q || fail "docker-compose.yml does not parse"
 compose --profile prometheus config -q || fail "docker-compose.yml (profile prometheus) does not parse"
+"${COMPOSE_BIN[@]}" -f "$DEPLOY/docker-compose.models.yml" config -q || fail "docker-compose.models.yml does not parse"
 grep -Eq "^heartbeat_deadline_ms *= *$((HEARTBEAT_DEADLINE_S * 1000))\$" "$DEPLOY/compose/indexer.toml" \
     || fail "compose/indexer.toml heartbeat deadline is not ${HEARTBEAT_DEADLINE_S}s as this script assumes"
 
@@ -142,15 +150,20 @@ done
 CERTS="$WORK/certs"
 "$CKF" certs --out "$CERTS" --pools dc-a,dc-b,dc-c --domain local >/dev/null \
     || fail "ckf certs failed"
+# The two-model stack's: one certificate per (model, DC) pool, one indexer certificate naming
+# both indexers.
+CERTS_M="$WORK/certs-models"
+"$CKF" certs --out "$CERTS_M" --pools llama-dc-a,llama-dc-b,qwen-dc-a,qwen-dc-b --domain local \
+    --hosts indexer-llama,indexer-qwen,localhost,127.0.0.1 >/dev/null || fail "ckf certs (two models) failed"
 K8S_CERTS="$WORK/k8s-certs"
-"$CKF" certs --out "$K8S_CERTS" --pools dc-a,dc-b,dc-c --domain prod >/dev/null \
-    || fail "ckf certs (k8s) failed"
+"$CKF" certs --out "$K8S_CERTS" --pools dc-a,dc-b,dc-c,llama-dc-a,llama-dc-b,qwen-dc-a,qwen-dc-b \
+    --domain prod >/dev/null || fail "ckf certs (k8s) failed"
 # The containers run as uid 10001 and the keys are 0600: hand them to that user (root in CI),
 # or make this throwaway copy readable.
 if [[ $(id -u) -eq 0 ]]; then
-    chown -R 10001:10001 "$CERTS"
+    chown -R 10001:10001 "$CERTS" "$CERTS_M"
 else
-    chmod -R a+rX "$CERTS"
+    chmod -R a+rX "$CERTS" "$CERTS_M"
 fi
 chmod 0755 "$WORK"
 export CKF_CERTS_DIR="$CERTS"
@@ -185,6 +198,8 @@ for doc in docs:
     if doc.get("kind") == "ConfigMap":
         name = doc["metadata"]["name"]
         for key, text in doc["data"].items():
+            if key not in ("indexer.toml", "producer.toml"):
+                continue   # e.g. the router's map (sharded/router-domains.yaml), not ours to run
             text = text.replace("/etc/ckf/tls/", sys.argv[3] + "/")
             for i in range(replicas.get(name, 1)):
                 copy = name if name not in replicas else f"{name}-{i}"
@@ -207,9 +222,10 @@ for cfg in "$WORK"/k8s-config/*.toml; do
     pids+=($!) cfgs+=("$cfg")
 done
 n=${#pids[@]}
-# The indexer, dc-a, dc-b and dc-c, and the two replicas of the dc-a standby variant.
-[[ $n -ge 6 && $n -eq "$(cat "$WORK/k8s-config.count")" ]] \
-    || fail "expected the indexer's, 3 producers' and the standby pair's configs, started $n of $(cat "$WORK/k8s-config.count")"
+# The indexer, dc-a, dc-b and dc-c, the two replicas of the dc-a standby variant, and the
+# sharded layout's two indexers and four producers.
+[[ $n -ge 12 && $n -eq "$(cat "$WORK/k8s-config.count")" ]] \
+    || fail "expected the default layout's 4, the standby pair's 2 and the sharded layout's 6 configs, started $n of $(cat "$WORK/k8s-config.count")"
 for i in "${!pids[@]}"; do
     rc=0
     wait "${pids[$i]}" || rc=$?
@@ -261,25 +277,29 @@ wait_until 90 "all services healthy (ckf health)" all_healthy
 INDEXER_URL="https://$(compose port indexer 7400 | tail -n1)"
 log "indexer published at $INDEXER_URL"
 
-# The stack's replay client runs once on `up`: it must finish with exit 0 and a report.
-REPLAY="$(cid replay)"
-[[ -n "$REPLAY" ]] || fail "no replay container was created by up"
-t=$SECONDS
-until [[ "$(docker inspect -f '{{.State.Status}}' "$REPLAY")" == exited ]]; do
-    ((SECONDS - t < 240)) || fail "replay client still running after 240 s"
-    sleep 1
-done
-docker logs "$REPLAY" >"$WORK/replay.out" 2>&1
-rc="$(docker inspect -f '{{.State.ExitCode}}' "$REPLAY")"
-[[ "$rc" == 0 ]] || { tail -n 40 "$WORK/replay.out" >&2; fail "replay client exited with $rc"; }
-grep -Eq '[0-9]+ unexplained' "$WORK/replay.out" || { cat "$WORK/replay.out" >&2; fail "replay printed no report"; }
-if grep -Eq '(^|[^0-9])[1-9][0-9]* unexplained' "$WORK/replay.out"; then
-    cat "$WORK/replay.out" >&2
-    fail "replay report has unexplained under-estimates"
-fi
-log "ok: replay client finished with exit 0 and a report; best-DC agreement during/settled:" \
-    "$(grep -E 'best-DC agreement' "$WORK/replay.out" | awk '{print $3}' | paste -sd/ -)," \
-    "deepest-prefix hit rate $(grep -E '^ *deepest-prefix .*index: indexer' "$WORK/replay.out" | awk '{print $2}' | head -n1)"
+# replay_done <service>: the stack's replay client <service> runs once on `up`; it must finish
+# with exit 0 and a report without unexplained under-estimates (kept in $WORK/<service>.out).
+replay_done() {
+    local svc=$1 id out="$WORK/$1.out" t=$SECONDS rc
+    id="$(cid "$svc")"
+    [[ -n "$id" ]] || fail "no $svc container was created by up"
+    until [[ "$(docker inspect -f '{{.State.Status}}' "$id")" == exited ]]; do
+        ((SECONDS - t < 240)) || fail "$svc still running after 240 s"
+        sleep 1
+    done
+    docker logs "$id" >"$out" 2>&1
+    rc="$(docker inspect -f '{{.State.ExitCode}}' "$id")"
+    [[ "$rc" == 0 ]] || { tail -n 40 "$out" >&2; fail "$svc exited with $rc"; }
+    grep -Eq '[0-9]+ unexplained' "$out" || { cat "$out" >&2; fail "$svc printed no report"; }
+    if grep -Eq '(^|[^0-9])[1-9][0-9]* unexplained' "$out"; then
+        cat "$out" >&2
+        fail "$svc report has unexplained under-estimates"
+    fi
+    log "ok: $svc finished with exit 0 and a report; best-DC agreement during/settled:" \
+        "$(grep -E 'best-DC agreement' "$out" | awk '{print $3}' | paste -sd/ -)," \
+        "deepest-prefix hit rate $(grep -E '^ *deepest-prefix .*index: indexer' "$out" | awk '{print $2}' | head -n1)"
+}
+replay_done replay
 
 # lanes_json > file: the indexer's lane table as JSON.
 lanes_json() { ckf_cli lanes --indexer "$INDEXER_URL" --json; }
@@ -297,27 +317,34 @@ sys.exit(0 if all(state.get(s.split("=")[0]) == s.split("=")[1] for s in sys.arg
 }
 show_lanes() { ckf_cli lanes --indexer "$INDEXER_URL" 2>&1 | sed 's/^/    /'; }
 
-# Probes: the final request of every session of the trace (a request no later request extends).
-"$PY" - "$TRACE" >"$WORK/probes.txt" <<'PY'
+# make_probes <trace> <out>: the final request of every session of the trace (a request no
+# later request extends), one line of block ids each.
+make_probes() {
+    "$PY" - "$1" >"$2" <<'PY'
 import json, sys
 reqs = [json.loads(l)["hash_ids"] for l in open(sys.argv[1]) if l.strip()]
 for i, r in enumerate(reqs):
     if not any(later[:len(r)] == r for later in reqs[i + 1:]):
         print(" ".join(map(str, r)))
 PY
-PROBES=$(wc -l <"$WORK/probes.txt")
-[[ $PROBES -ge 10 ]] || fail "only $PROBES probe requests in the trace"
+    PROBES=$(wc -l <"$2")
+    [[ $PROBES -ge 10 ]] || fail "only $PROBES probe requests in $1"
+}
+PROBE_FILE="$WORK/probes.txt"   # the probes query_probes and compare_probes use
+make_probes "$TRACE" "$PROBE_FILE"
 
-# query_probes <out>: per probe line, {"dc": depth} of every ready lane, one JSON object a line.
+# query_probes <out> [ckf query flags...]: per probe line of $PROBE_FILE, {"dc": depth} of every
+# ready lane of $INDEXER_URL, one JSON object a line.
 query_probes() {
     local out=$1 ids n=0
+    shift
     rm -rf "$WORK/q" && mkdir "$WORK/q"
     while read -r ids; do
         n=$((n + 1))
         # shellcheck disable=SC2086
-        ckf_cli query --indexer "$INDEXER_URL" --ids --json $ids >"$WORK/q/$n.json" \
-            || fail "ckf query failed for ids: $ids"
-    done <"$WORK/probes.txt"
+        ckf_cli query --indexer "$INDEXER_URL" "$@" --ids --json $ids >"$WORK/q/$n.json" \
+            || fail "ckf query $* failed for ids: $ids"
+    done <"$PROBE_FILE"
     "$PY" -c 'import json,sys
 for i in range(1, int(sys.argv[2]) + 1):
     q = json.load(open(f"{sys.argv[1]}/{i}.json"))
@@ -326,7 +353,7 @@ for i in range(1, int(sys.argv[2]) + 1):
 # compare_probes <baseline> <now> <mode>: mode `same` = identical answers; `without:DC` = DC
 # absent from every answer, every other DC's depth unchanged.
 compare_probes() {
-    "$PY" - "$WORK/probes.txt" "$@" <<'PY'
+    "$PY" - "$PROBE_FILE" "$@" <<'PY'
 import json, sys
 probes = [l.split() for l in open(sys.argv[1])]
 base = [json.loads(l) for l in open(sys.argv[2])]
@@ -352,10 +379,10 @@ show_lanes
 # Route: every active DC ranked with the round trips of [route] rtt_ms (no load reports: these
 # producers have no engines), the router's own round trip winning where it gives one.
 # shellcheck disable=SC2046
-ckf_cli route --indexer "$INDEXER_URL" --json --ids $(head -n1 "$WORK/probes.txt") >"$WORK/route.json" \
+ckf_cli route --indexer "$INDEXER_URL" --json --ids $(head -n1 "$PROBE_FILE") >"$WORK/route.json" \
     || fail "ckf route failed"
 # shellcheck disable=SC2046
-ckf_cli route --indexer "$INDEXER_URL" --json --rtt-ms dc-c=5 --ids $(head -n1 "$WORK/probes.txt") \
+ckf_cli route --indexer "$INDEXER_URL" --json --rtt-ms dc-c=5 --ids $(head -n1 "$PROBE_FILE") \
     >"$WORK/route-own.json" || fail "ckf route --rtt-ms failed"
 "$PY" - "$WORK/route.json" "$WORK/route-own.json" <<'PY' || fail "Route answers disagree with [route]"
 import json, sys
@@ -376,7 +403,7 @@ docker exec "$(cid producer-dc-a)" ckf lanes --indexer https://indexer:7400 --js
 query_probes "$WORK/base.jsonl"
 # The DC that served a session's last request holds all of it (capacity is far above the
 # trace's blocks, so nothing was evicted): the deepest answer is the full length.
-"$PY" - "$WORK/probes.txt" "$WORK/base.jsonl" <<'PY' || fail "query results through the indexer are wrong"
+"$PY" - "$PROBE_FILE" "$WORK/base.jsonl" <<'PY' || fail "query results through the indexer are wrong"
 import json, sys
 probes = [l.split() for l in open(sys.argv[1])]
 answers = [json.loads(l) for l in open(sys.argv[2])]
@@ -519,4 +546,109 @@ left_c="$(docker ps -aq --filter "$label")"
 left_n="$(docker network ls -q --filter "$label")"
 left_v="$(docker volume ls -q --filter "$label")"
 [[ -z "$left_c$left_n$left_v" ]] || fail "down -v left containers [$left_c] networks [$left_n] volumes [$left_v]"
+log "ok: down -v left no container, network or volume of project $PROJECT"
+
+# --- 6. two models: one indexer per domain (docker-compose.models.yml) -------------------------
+PROJECT="${PROJECT}m" COMPOSE_FILE_NAME=docker-compose.models.yml
+export CKF_CERTS_DIR="$CERTS_M" CKF_PORT_LLAMA_GRPC="" CKF_PORT_LLAMA_METRICS="" \
+    CKF_PORT_QWEN_GRPC="" CKF_PORT_QWEN_METRICS=""
+TLS_ARGS=(--ca "$CERTS_M/ca.crt" --cert "$CERTS_M/query.crt" --key "$CERTS_M/query.key")
+MODELS=(llama qwen)
+declare -A OTHER=([llama]=qwen [qwen]=llama) MODEL_TRACE=([llama]=sample.jsonl [qwen]=sample-qwen.jsonl) URL=()
+SERVICES=(indexer-llama indexer-qwen producer-llama-dc-a producer-llama-dc-b producer-qwen-dc-a producer-qwen-dc-b)
+log "two models: compose -f $COMPOSE_FILE_NAME up -d (project $PROJECT)"
+UP=1
+compose up -d --quiet-pull >/dev/null 2>"$WORK/up.err" || { cat "$WORK/up.err" >&2; fail "compose up (two models) failed"; }
+wait_until 90 "all services of the two-model stack healthy (ckf health)" all_healthy
+for m in "${MODELS[@]}"; do URL[$m]="https://$(compose port "indexer-$m" 7400 | tail -n1)"; done
+replay_done replay-llama
+replay_done replay-qwen
+# model <m>: point lanes_are / query_probes / compare_probes at model m's indexer and probes.
+model() { INDEXER_URL=${URL[$1]} PROBE_FILE="$WORK/probes-$1.txt"; }
+for m in "${MODELS[@]}"; do
+    model "$m"
+    wait_until 30 "$m: lanes dc-a, dc-b active at indexer-$m" lanes_are dc-a=active dc-b=active
+    domain="$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["domain"])' "$WORK/lanes.json")"
+    [[ "$domain" == "$m" ]] || fail "indexer-$m serves domain '$domain', expected $m"
+    cp "$WORK/lanes.json" "$WORK/lanes-$m.json"
+    make_probes "$DEPLOY/compose/traces/${MODEL_TRACE[$m]}" "$PROBE_FILE"
+    query_probes "$WORK/base-$m.jsonl" --domain "$m"
+    # As in step 2: the DC that served a session's last request holds all of it.
+    "$PY" - "$PROBE_FILE" "$WORK/base-$m.jsonl" <<'PY' || fail "$m: query results through indexer-$m are wrong"
+import json, sys
+probes = [l.split() for l in open(sys.argv[1])]
+answers = [json.loads(l) for l in open(sys.argv[2])]
+bad = [f"{len(p)}-block probe: {a}" for p, a in zip(probes, answers)
+       if sorted(a) != ["dc-a", "dc-b"] or max(a.values()) != len(p) or max(a.values()) > len(p)]
+if len(probes) != len(answers) or bad:
+    print("\n".join(bad[:10]), file=sys.stderr)
+    sys.exit(1)
+PY
+    log "ok: $m: $PROBES probe queries with --domain $m: the deepest DC holds each session's full request"
+    # The other model's name is refused by this indexer: NOT_FOUND, nothing answered.
+    o=${OTHER[$m]}
+    # shellcheck disable=SC2046
+    if ckf_cli query --indexer "$INDEXER_URL" --domain "$o" --json --ids $(head -n1 "$PROBE_FILE") \
+        >"$WORK/refused.out" 2>"$WORK/refused.err"; then
+        fail "indexer-$m answered a query for domain $o: $(cat "$WORK/refused.out")"
+    fi
+    # tonic's text of the code NOT_FOUND, then the indexer's message naming the domain.
+    grep -q "code: 'Some requested entity was not found'" "$WORK/refused.err" \
+        && grep -q "domain $o is not served" "$WORK/refused.err" \
+        || { cat "$WORK/refused.err" >&2; fail "indexer-$m refused --domain $o, but not with NOT_FOUND naming it"; }
+    log "ok: indexer-$m refuses --domain $o with NOT_FOUND ($(grep -Eo 'message: "[^"]*' "$WORK/refused.err" | head -n1 | cut -c11-))"
+done
+cmp -s "$WORK/probes-llama.txt" "$WORK/probes-qwen.txt" && fail "both models have the same probes: step 6 would prove nothing"
+
+# A pool's credential is its model's: qwen's dc-a certificate (valid, same CA) attaching for
+# llama's dc-a is refused, and llama's dc-a keeps its lease.
+"$CKF_BIN_DIR/ckf-producer" --dc dc-a --domain llama --bucket-count 131072 \
+    --indexer "${URL[llama]}" --indexer-ca "$CERTS_M/ca.crt" \
+    --indexer-cert "$CERTS_M/producer-qwen-dc-a.crt" --indexer-key "$CERTS_M/producer-qwen-dc-a.key" \
+    --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --log-format json >"$WORK/impostor-m.log" 2>&1 &
+IMPOSTOR=$!
+refused_m() { grep -qi 'permission.denied' "$WORK/impostor-m.log"; }
+wait_until 30 "qwen's dc-a certificate attaching for llama's dc-a is refused with PERMISSION_DENIED" refused_m
+kill "$IMPOSTOR" 2>/dev/null || true
+wait "$IMPOSTOR" 2>/dev/null || true
+grep -Eq 'lease granted|sending barrier snapshot' "$WORK/impostor-m.log" && fail "qwen's dc-a certificate was granted llama's lane"
+
+# One model's producer killed and restarted: the other model's lanes and answers do not move.
+epochs() { "$PY" -c 'import json,sys; print({x["dc"]: x["lease_epoch"] for x in json.load(open(sys.argv[1]))["lanes"]})' "$1"; }
+log "docker kill -s KILL producer-qwen-dc-a (llama's dc-a producer keeps running)"
+docker kill -s KILL "$(cid producer-qwen-dc-a)" >/dev/null
+model qwen
+wait_until $((HEARTBEAT_DEADLINE_S + RETIRE_SLACK_S)) "qwen: dc-a retired, dc-b active" lanes_are dc-a=retired dc-b=active
+query_probes "$WORK/qwen-killed.jsonl" --domain qwen
+compare_probes "$WORK/base-qwen.jsonl" "$WORK/qwen-killed.jsonl" without:dc-a \
+    || fail "qwen: with its dc-a producer down, dc-a still answers or dc-b's answers changed"
+model llama
+lanes_are dc-a=active dc-b=active || { show_lanes; fail "llama: a lane left ACTIVE when qwen's dc-a producer died"; }
+[[ "$(epochs "$WORK/lanes.json")" == "$(epochs "$WORK/lanes-llama.json")" ]] \
+    || fail "llama's leases changed when qwen's dc-a producer died: $(epochs "$WORK/lanes-llama.json") -> $(epochs "$WORK/lanes.json")"
+query_probes "$WORK/llama-qwen-killed.jsonl" --domain llama
+compare_probes "$WORK/base-llama.jsonl" "$WORK/llama-qwen-killed.jsonl" same \
+    || fail "llama's answers changed when qwen's dc-a producer died"
+log "ok: qwen's dc-a is out of qwen's answers; llama's dc-a and dc-b answer every probe as before, same leases"
+docker start "$(cid producer-qwen-dc-a)" >/dev/null
+wait_until 60 "producer-qwen-dc-a healthy again" healthy producer-qwen-dc-a
+model qwen
+wait_until 60 "qwen: dc-a active again" lanes_are dc-a=active dc-b=active
+query_probes "$WORK/qwen-restarted.jsonl" --domain qwen
+compare_probes "$WORK/base-qwen.jsonl" "$WORK/qwen-restarted.jsonl" same \
+    || fail "qwen: after its dc-a producer's restart the answers differ from before"
+model llama
+lanes_are dc-a=active dc-b=active || { show_lanes; fail "llama: a lane left ACTIVE during qwen's restart"; }
+[[ "$(epochs "$WORK/lanes.json")" == "$(epochs "$WORK/lanes-llama.json")" ]] \
+    || fail "llama's leases changed during qwen's dc-a restart"
+query_probes "$WORK/llama-qwen-restarted.jsonl" --domain llama
+compare_probes "$WORK/base-llama.jsonl" "$WORK/llama-qwen-restarted.jsonl" same \
+    || fail "llama's answers changed during qwen's dc-a restart"
+log "ok: qwen's dc-a recovered its content from its volume; llama's answers and leases never moved"
+
+compose down -v --remove-orphans -t 10 >/dev/null 2>&1 || fail "compose down -v (two models) failed"
+UP=0
+label="label=com.docker.compose.project=$PROJECT"
+left="$(docker ps -aq --filter "$label")$(docker network ls -q --filter "$label")$(docker volume ls -q --filter "$label")"
+[[ -z "$left" ]] || fail "down -v (two models) left containers, networks or volumes of project $PROJECT: $left"
 log "ok: down -v left no container, network or volume of project $PROJECT"

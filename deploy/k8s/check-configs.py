@@ -2,14 +2,19 @@
 """Checks that the shipped configurations agree with each other (run by compose-test.sh).
 
 The schema validator checks each Kubernetes object alone; this checks what only holds across
-files, for the Kubernetes manifests (ConfigMaps in deploy/k8s/**/*.yaml) and the compose stack
-(deploy/compose/*.toml + deploy/docker-compose.yml):
+files, for the Kubernetes manifests (ConfigMaps in deploy/k8s/**/*.yaml) and the compose stacks
+(deploy/compose/*.toml + deploy/docker-compose.yml, deploy/compose/models/*.toml +
+deploy/docker-compose.models.yml):
 
-- each deployable variant is checked whole: the default kustomization, and the default plus each
+- each deployable variant is checked whole: the default kustomization, the default plus each
   optional kustomize Component under deploy/k8s (e.g. standby-dc-a/, whose `$patch: delete`
-  patches remove the producer it replaces); every manifest file belongs to one;
-- one indexer manifest: every lane has exactly one producer, every producer's pool
-  (domain, dc) is a lane of it;
+  patches remove the producer it replaces), and each other kustomization under it (a layout of
+  its own, e.g. sharded/); every manifest file belongs to one;
+- one indexer manifest per domain: every lane has exactly one producer of that domain, every
+  producer's pool (domain, dc) is a lane of its domain's indexer, and attaches to a Service (or
+  compose service) of that indexer;
+- with several domains, the router's map (a ConfigMap with `domains.toml`) names every domain,
+  each with an https:// endpoint of a Service of that domain's indexer;
 - every producer's table format (bucket_count, seed) equals the indexer's; bucket_count is
   explicit (nonzero) so the comparison needs no sizing rule;
 - every producer's `indexers` endpoint names a Service (Kubernetes) or compose service that
@@ -245,21 +250,59 @@ def check_k8s(where, docs, secrets):
     services = {d["metadata"]["name"]: d for _, d in docs if d["kind"] == "Service"}
     pvcs = {d["metadata"]["name"] for _, d in docs if d["kind"] == "PersistentVolumeClaim"}
     workloads = [(f, d) for f, d in docs if d["kind"] in ("Deployment", "StatefulSet")]
-    indexers = [tomllib.loads(c["data"]["indexer.toml"]) for c in cms.values() if "indexer.toml" in c["data"]]
+    indexers = {n: tomllib.loads(c["data"]["indexer.toml"]) for n, c in cms.items() if "indexer.toml" in c["data"]}
     producers = {n: tomllib.loads(c["data"]["producer.toml"]) for n, c in cms.items() if "producer.toml" in c["data"]}
-    if len(indexers) != 1:
-        err(where, f"expected one indexer ConfigMap, found {len(indexers)}")
+    if not indexers:
+        err(where, "no indexer ConfigMap")
         return
-    indexer = indexers[0]
-    igrpc = port_of(indexer["listen"])
-    # Per-replica Services (selecting one indexer replica) exposing the indexer's gRPC port: a
-    # producer must attach to each replica, not to the load-balanced query Service.
-    svc_ports = {}
+    # One indexer ConfigMap (one Deployment per replica) per domain; producers are grouped by
+    # their pool.domain.
+    by_domain = {}
+    for name, cfg in indexers.items():
+        domain = cfg.get("manifest", {}).get("domain")
+        if domain in by_domain:
+            err(where, f"indexer ConfigMaps {by_domain[domain][0]} and {name} both serve domain {domain!r}")
+        by_domain[domain] = (name, cfg)
+    # Per indexer ConfigMap: the Services a producer may attach to (each selects the pods of
+    # exactly one single-replica workload mounting it: a producer attaches to each replica, not
+    # to a Service spreading over several), and the Services a router may query (all selected
+    # pods mount it).
+    mounted = []
+    for _, d in workloads:
+        spec = d["spec"]["template"]["spec"]
+        cm = next((v["configMap"]["name"] for v in spec.get("volumes", []) if "configMap" in v), None)
+        mounted.append((cm, d["spec"]["template"]["metadata"]["labels"], d["spec"].get("replicas", 1)))
+    attach, query = {n: {} for n in indexers}, {n: {} for n in indexers}
     for name, s in services.items():
-        sel = s["spec"].get("selector", {})
-        if sel.get("app.kubernetes.io/component") == "indexer" and "ckf-relay/replica" in sel:
-            svc_ports[name] = {p["port"] for p in s["spec"]["ports"] if p.get("targetPort") in ("grpc", igrpc)}
-    check_set(where, indexer, producers, svc_ports)
+        hits = [(cm, r) for cm, labels, r in mounted if selects(s["spec"].get("selector", {}), labels)]
+        cm = hits[0][0] if hits else None
+        if cm not in indexers or any(h[0] != cm for h in hits):
+            continue
+        igrpc = port_of(indexers[cm]["listen"])
+        ports = {p["port"] for p in s["spec"]["ports"] if p.get("targetPort") in ("grpc", igrpc)}
+        query[cm][name] = ports
+        if len(hits) == 1 and hits[0][1] == 1:
+            attach[cm][name] = ports
+    for domain, (name, cfg) in by_domain.items():
+        mine = {n: p for n, p in producers.items() if p.get("pool", {}).get("domain") == domain}
+        check_set(where if len(by_domain) == 1 else f"{where} domain {domain}", cfg, mine, attach[name])
+    for n, p in producers.items():
+        if p.get("pool", {}).get("domain") not in by_domain:
+            err(where, f"{n}: pool.domain {p.get('pool', {}).get('domain')!r} is served by no indexer {sorted(by_domain)}")
+    # The router's model -> indexer map (a ConfigMap with domains.toml): every domain, each
+    # pointing at a Service of that domain's indexer. Needed as soon as there are several.
+    maps = {n: c for n, c in cms.items() if "domains.toml" in c["data"]}
+    if len(by_domain) > 1 and not maps:
+        err(where, f"{len(by_domain)} domains but no router map (a ConfigMap with domains.toml)")
+    for n, c in maps.items():
+        routes = tomllib.loads(c["data"]["domains.toml"]).get("domains", {})
+        if set(routes) != set(by_domain):
+            err(f"{where} {n}", f"[domains] {sorted(routes)} != the indexers' domains {sorted(by_domain)}")
+        for domain, url in routes.items():
+            u = urlsplit(url)
+            svcs = query[by_domain[domain][0]] if domain in by_domain else {}
+            if u.scheme != "https" or u.port not in svcs.get(u.hostname, ()):
+                err(f"{where} {n}", f"{domain} = {url}: not https:// to a Service of {domain}'s indexer {svcs}")
     tls_paths = []
     for f, d in workloads:
         spec = d["spec"]["template"]["spec"]
@@ -280,7 +323,7 @@ def check_k8s(where, docs, secrets):
                     err(w, msg)
                 replicas = d["spec"].get("replicas", 1)
                 if replicas > 1:
-                    check_standby(w, d, cfg, docs, indexer)
+                    check_standby(w, d, cfg, docs, by_domain.get(cfg.get("pool", {}).get("domain"), (None, {}))[1])
                 elif d["kind"] == "Deployment" and d["spec"].get("strategy", {}).get("type") != "Recreate":
                     err(w, "a single producer's Deployment must use strategy Recreate (two pods of one "
                            "pool would fence each other, and share one ReadWriteOnce volume)")
@@ -315,22 +358,26 @@ def check_k8s(where, docs, secrets):
 
 
 def check_k8s_variants(k8s_dir):
-    """Checks the default kustomization and the default plus each optional Component under it
-    (e.g. standby-dc-a/), each as one deployment; every manifest file must be part of one."""
-    variants = [("k8s", [])]
+    """Checks the default kustomization, the default plus each optional Component under it
+    (e.g. standby-dc-a/), and each other kustomization under it (a layout of its own, e.g.
+    sharded/), each as one deployment; every manifest file must be part of one."""
+    variants = [("k8s", [k8s_dir])]
     with open(os.path.join(k8s_dir, "kustomization.yaml")) as f:
         enabled = {os.path.normpath(os.path.join(k8s_dir, c)) for c in yaml.safe_load(f).get("components", [])}
     for path in sorted(glob.glob(os.path.join(k8s_dir, "*", "kustomization.yaml"))):
+        sub = os.path.dirname(path)
         with open(path) as f:
-            # A Component the default already enables is checked as part of the default.
-            if yaml.safe_load(f).get("kind") == "Component" and os.path.dirname(path) not in enabled:
-                variants.append((f"k8s+{os.path.basename(os.path.dirname(path))}", [os.path.dirname(path)]))
+            kind = yaml.safe_load(f).get("kind")
+        # A Component the default already enables is checked as part of the default.
+        if kind == "Component" and sub not in enabled:
+            variants.append((f"k8s+{os.path.basename(sub)}", [k8s_dir, sub]))
+        elif kind != "Component":
+            variants.append((f"k8s/{os.path.basename(sub)}", [sub]))
     used = set()
-    for where, components in variants:
+    for where, roots in variants:
         docs, secrets = [], {}
-        used |= load_kustomization(k8s_dir, k8s_dir, docs, secrets)
-        for c in components:
-            used |= load_kustomization(k8s_dir, c, docs, secrets)
+        for r in roots:
+            used |= load_kustomization(k8s_dir, r, docs, secrets)
         check_k8s(where, docs, secrets)
     for path in glob.glob(os.path.join(k8s_dir, "**", "*.yaml"), recursive=True):
         with open(path) as f:
@@ -339,33 +386,47 @@ def check_k8s_variants(k8s_dir):
             err("k8s", f"{os.path.relpath(path, k8s_dir)} is in no kustomization or component (unchecked)")
 
 
-def check_compose(deploy_dir):
-    with open(os.path.join(deploy_dir, "docker-compose.yml")) as f:
+def check_compose(deploy_dir, file, configs):
+    """One compose file: the service configs it mounts (./compose/...toml at
+    /etc/ckf/{indexer,producer}.toml) grouped by domain, each indexer's producers checked as a
+    set; every TOML file matching `configs` (a glob under deploy_dir) is mounted."""
+    with open(os.path.join(deploy_dir, file)) as f:
         text = f.read()
-    check_no_insecure_switch("docker-compose.yml", text)
-    compose = yaml.safe_load(text)
-    services = compose["services"]
-    cdir = os.path.join(deploy_dir, "compose")
-    with open(os.path.join(cdir, "indexer.toml"), "rb") as f:
-        indexer = tomllib.load(f)
-    producers = {}
-    for path in sorted(glob.glob(os.path.join(cdir, "producer-*.toml"))):
-        with open(path, "rb") as f:
-            producers[os.path.basename(path)] = tomllib.load(f)
-        svc = "producer-" + producers[os.path.basename(path)]["pool"]["dc"]
-        if svc not in services:
-            err("compose", f"{os.path.basename(path)}: no compose service {svc}")
-        elif not any(os.path.basename(path) in v for v in services[svc].get("volumes", [])):
-            err("compose", f"service {svc} does not mount {os.path.basename(path)}")
-        elif "wan" not in services[svc].get("networks", []):
-            err("compose", f"service {svc} is not on the wan network")
-    check_set("compose", indexer, producers, {"indexer": {port_of(indexer["listen"])}})
+    check_no_insecure_switch(file, text)
+    services = yaml.safe_load(text)["services"]
+    indexers, producers, mounted = {}, {}, set()
+    for svc, s in services.items():
+        for v in s.get("volumes", []):
+            src, dst = (v.split(":") + [""])[:2]
+            if not (src.startswith("./compose/") and dst in ("/etc/ckf/indexer.toml", "/etc/ckf/producer.toml")):
+                continue
+            mounted.add(os.path.normpath(os.path.join(deploy_dir, src)))
+            with open(os.path.join(deploy_dir, src), "rb") as f:
+                (indexers if dst == "/etc/ckf/indexer.toml" else producers)[svc] = tomllib.load(f)
+            if "wan" not in s.get("networks", []):
+                err(file, f"service {svc} is not on the wan network")
+    for path in sorted(glob.glob(os.path.join(deploy_dir, configs))):
+        if os.path.normpath(path) not in mounted:
+            err(file, f"{os.path.relpath(path, deploy_dir)} is mounted by no service")
+    by_domain = {}
+    for svc, cfg in indexers.items():
+        domain = cfg.get("manifest", {}).get("domain")
+        if domain in by_domain:
+            err(file, f"services {by_domain[domain][0]} and {svc} both index domain {domain!r}")
+        by_domain[domain] = (svc, cfg)
+    for domain, (svc, cfg) in by_domain.items():
+        mine = {p: c for p, c in producers.items() if c.get("pool", {}).get("domain") == domain}
+        check_set(f"{file} domain {domain}", cfg, mine, {svc: {port_of(cfg["listen"])}})
+    for p, c in producers.items():
+        if c.get("pool", {}).get("domain") not in by_domain:
+            err(file, f"{p}: pool.domain {c.get('pool', {}).get('domain')!r} is indexed by no service {sorted(by_domain)}")
 
 
 def main():
     deploy_dir = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     check_k8s_variants(os.path.join(deploy_dir, "k8s"))
-    check_compose(deploy_dir)
+    check_compose(deploy_dir, "docker-compose.yml", "compose/*.toml")
+    check_compose(deploy_dir, "docker-compose.models.yml", "compose/models/*.toml")
     for e in errors:
         print(f"check-configs: {e}", file=sys.stderr)
     if errors:
