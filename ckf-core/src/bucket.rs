@@ -175,10 +175,10 @@ pub(crate) const fn fold_slot_hits(slot_hits: u64) -> u64 {
 }
 
 /// Lanes (DC pools) one [`TransposedTable`] holds: a **lane group**. A consumer of more lanes
-/// keeps one table per group of 16 ([`LaneGroups`]); the search kernels work on one group.
+/// keeps one table per group of 16 ([`groups::LaneGroups`]); the search kernels work on one group.
 pub const GROUP_LANES: usize = 16;
 
-/// Lanes one consumer ([`LaneGroups`], one indexer domain) holds: four lane groups.
+/// Lanes one consumer ([`groups::LaneGroups`], one indexer domain) holds: four lane groups.
 pub const MAX_LANES: usize = 64;
 const _: () = assert!(MAX_LANES.is_multiple_of(GROUP_LANES) && MAX_LANES <= 64);
 
@@ -215,7 +215,7 @@ pub enum TableError {
     /// Lane count of one table (a lane group) outside 1..=16.
     #[error("lane count {0} is outside 1..={GROUP_LANES}")]
     LaneCount(usize),
-    /// Lane count of a consumer ([`LaneGroups`]) outside 1..=64.
+    /// Lane count of a consumer ([`groups::LaneGroups`]) outside 1..=64.
     #[error("lane count {0} is outside 1..={MAX_LANES}")]
     ConsumerLanes(usize),
     /// `bucket_count * lanes * 8` does not fit the address space or the allocator refused it.
@@ -482,8 +482,7 @@ impl std::fmt::Debug for TransposedTable {
     }
 }
 
-mod groups;
-pub use groups::LaneGroups;
+pub mod groups;
 
 #[cfg(test)]
 mod tests {

@@ -4,7 +4,7 @@
 //! It owns the manifest (which pool is which lane), the lease authority (strictly increasing
 //! epochs per lane), the shared table sized to the lane count (one
 //! [`TransposedTable`](crate::bucket::TransposedTable) per group of 16 lanes,
-//! [`LaneGroups`](crate::bucket::LaneGroups)), the ready-lane mask (one `u64`),
+//! [`LaneGroups`](crate::bucket::groups::LaneGroups)), the ready-lane mask (one `u64`),
 //! and one serialized [`crate::lane`] ingestor per lane. Prefix search lives in
 //! [`crate::search`]; bounded, lane-sticky transport with deadlines in [`crate::ingestion`].
 //!

@@ -25,7 +25,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::bucket::LaneGroups;
+use crate::bucket::groups::LaneGroups;
 use crate::frames::Heartbeat;
 use crate::frames::{DcCkfDelta, DcCkfSnapshot, DrainMarker, SnapshotChunk};
 use crate::identity::{LaneIndex, LaneLease, ProducerIncarnation, StreamTag};

@@ -12,7 +12,7 @@
 //! | module | owns |
 //! | --- | --- |
 //! | [`addressing`] | block hash -> fingerprint + candidate bucket pair; [`TableFormat`]; sizing |
-//! | [`bucket`] | packed `u64` buckets (4 x 16-bit slots), the transposed `AtomicU64` table of a lane group, [`bucket::LaneGroups`] |
+//! | [`bucket`] | packed `u64` buckets (4 x 16-bit slots), the transposed `AtomicU64` table of a lane group, [`bucket::groups::LaneGroups`] |
 //! | [`identity`] | domain, DC, pool, producer incarnation, lane lease |
 //! | [`mutator`] | cuckoo insertion with bounded kicks and rollback; removal of one copy |
 //! | [`dirty`] | dirty-bucket tracking and safe image ordering for deltas |

@@ -51,7 +51,8 @@
 //! lower-first is a fixed, documented choice that makes half of all moves provably safe.
 
 use crate::addressing::Addressing;
-use crate::bucket::{GROUP_LANES, LaneGroups, MAX_LANES};
+use crate::bucket::groups::LaneGroups;
+use crate::bucket::{GROUP_LANES, MAX_LANES};
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;

@@ -35,8 +35,7 @@
 use std::borrow::Cow;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
-mod lanes;
-pub use lanes::{LaneBlockSizes, LaneBlockSizesError};
+pub mod lanes;
 
 /// The chain seed, and the block seed of a request with neither LoRA name nor cache salt.
 pub const CHAIN_SEED: u64 = 1337;

@@ -6,7 +6,8 @@
 use ckf_core::addressing::{TableFormat, fmix64};
 use ckf_core::global::GlobalCkfIndexer;
 use ckf_core::testing;
-use ckf_core::tokens::{BlockSeed, LaneBlockSizes, TokenQuery, TokenQueryError, sequence_hashes};
+use ckf_core::tokens::lanes::LaneBlockSizes;
+use ckf_core::tokens::{BlockSeed, TokenQuery, TokenQueryError, sequence_hashes};
 use proptest::prelude::*;
 
 const BUCKETS: u64 = 512;

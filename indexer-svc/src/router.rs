@@ -16,7 +16,8 @@ use ckf_core::route::{
     Bookings, DcEstimate, DcInput, LaneLoads, LoadRefused, PoolLoad, Reason, RouteModel, route,
 };
 use ckf_core::search::PrefixMatches;
-use ckf_core::tokens::{LaneBlockSizes, TokenQuery, TokenQueryError, TokenQueryRules};
+use ckf_core::tokens::lanes::LaneBlockSizes;
+use ckf_core::tokens::{TokenQuery, TokenQueryError, TokenQueryRules};
 use prometheus::IntCounterVec;
 
 use crate::config::RouteConfig;

@@ -8,7 +8,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
 use crate::addressing::Addressing;
-use crate::bucket::LaneGroups;
+use crate::bucket::groups::LaneGroups;
 use crate::identity::{LaneIndex, LaneLease, PoolId, ProducerIdentity};
 use crate::lane::{
     Frame, IngestOutcome, LagPolicy, LaneContext, LaneEvent, LaneIngestor, LaneStatus,

@@ -6,7 +6,8 @@ use std::sync::atomic::Ordering;
 use crate::search::{
     self, LAZY_MIN_BLOCK_TOKENS, LAZY_MIN_BLOCKS, PrefixMatches, SearchKernel, SearchKernelError,
 };
-use crate::tokens::{LaneBlockSizes, SequenceHashes, TokenQuery, TokenQueryError};
+use crate::tokens::lanes::LaneBlockSizes;
+use crate::tokens::{SequenceHashes, TokenQuery, TokenQueryError};
 
 use super::indexer::GlobalCkfIndexer;
 

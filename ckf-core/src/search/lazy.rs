@@ -3,7 +3,8 @@
 //! table, overlaps the rows' cache misses.
 
 use crate::addressing::Addressing;
-use crate::bucket::{self, GROUP_LANES, LaneGroups, MAX_LANES};
+use crate::bucket::groups::LaneGroups;
+use crate::bucket::{self, GROUP_LANES, MAX_LANES};
 
 use super::kernel::SearchKernel;
 #[cfg(feature = "testing")]
