@@ -105,6 +105,8 @@ pub struct IndexerMetrics {
     pub lane_contention: IntCounterVec,
     /// Relay streams open now.
     pub relay_streams: IntGauge,
+    /// Bytes of the consumer table (every lane group), set at start.
+    pub table_bytes: IntGauge,
     /// `FindMatchesStream` calls open now.
     pub query_streams: IntGauge,
     /// One-hot lane state (`lane`, `dc`, `state`).
@@ -183,6 +185,11 @@ impl IndexerMetrics {
             "ckf_indexer_query_streams",
             "FindMatchesStream calls open now (at most limits.max_query_streams).",
         );
+        let table_bytes = int_gauge(
+            &r,
+            "ckf_indexer_table_bytes",
+            "Bytes of the consumer table: buckets x lanes x 8, every lane group.",
+        );
         Self {
             frames_received: counter_vec(
                 &r,
@@ -244,6 +251,7 @@ impl IndexerMetrics {
                 &["dc", "kind"],
             ),
             relay_streams,
+            table_bytes,
             query_streams,
             lane_state: int_gauge_vec(
                 &r,

@@ -164,6 +164,9 @@ pub async fn serve(
 
     let metrics = IndexerMetrics::new();
     metrics.observe_search_kernel(search_kernel);
+    metrics
+        .table_bytes
+        .set(i64::try_from(indexer.table().bytes()).unwrap_or(i64::MAX));
     let access = Arc::new(crate::access::IndexerAccess::new(
         &config.auth,
         &config.manifest.domain,

@@ -127,7 +127,12 @@ async fn malformed_relay_traffic_gets_precise_statuses_and_affects_only_its_lane
         .await
         .expect_err("wrong format refused");
     assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
-    for needle in ["format mismatch", "buckets=1024", "buckets=2048"] {
+    for needle in [
+        "format mismatch",
+        "buckets=1024",
+        "buckets=2048",
+        "table.expected_blocks",
+    ] {
         assert!(
             status.message().contains(needle),
             "{needle:?} not in {status:?}"

@@ -36,7 +36,8 @@ pub struct FleetArgs {
     /// clock (timestamps / --speed).
     #[arg(long, value_enum, default_value_t = Policy::DeepestPrefix)]
     pub policy: Policy,
-    /// Replay at most this many requests (default: all of a trace; 4000 synthetic ones).
+    /// Replay at most this many requests (default: all of a trace; 4000 of the built-in
+    /// workload).
     #[arg(long)]
     pub limit: Option<usize>,
     /// Seed of the random policy and of the synthetic workload.

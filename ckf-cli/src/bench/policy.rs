@@ -75,18 +75,6 @@ pub struct Signals<'a> {
     pub fastest: Option<usize>,
 }
 
-impl<'a> Signals<'a> {
-    /// What a run without the serving model gives: depths and requests served.
-    pub fn without_serving(depths: &'a [Option<usize>], served: &'a [u64]) -> Self {
-        Self {
-            depths,
-            served,
-            in_flight: &[],
-            fastest: None,
-        }
-    }
-}
-
 /// A policy with its state (random generator, round-robin cursor).
 #[derive(Debug)]
 pub struct Router {
@@ -176,7 +164,12 @@ mod tests {
     use super::*;
 
     fn depth(depths: &[Option<usize>], served: &[u64]) -> usize {
-        Router::new(Policy::DeepestPrefix, 1).choose(&Signals::without_serving(depths, served))
+        Router::new(Policy::DeepestPrefix, 1).choose(&Signals {
+            depths,
+            served,
+            in_flight: &[],
+            fastest: None,
+        })
     }
 
     fn blind(r: &mut Router, dcs: usize) -> usize {

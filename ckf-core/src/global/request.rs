@@ -84,7 +84,8 @@ pub enum AttachError {
     /// The producer's table format differs from the manifest's, or is not one this build can
     /// use at all (then `got` says why).
     #[error(
-        "table format mismatch for pool {pool}: indexer has [{expected}], producer has [{}]{}",
+        "table format mismatch for pool {pool}: indexer has [{expected}], producer has [{}]{}; \
+         give both the same table.expected_blocks (or table.bucket_count) and table.seed",
         got.shown(),
         got.problem().map(|p| format!(" ({p})")).unwrap_or_default()
     )]
