@@ -126,6 +126,12 @@ macro_rules! name_type {
             }
         }
 
+        impl std::borrow::Borrow<str> for $name {
+            fn borrow(&self) -> &str {
+                &self.0
+            }
+        }
+
         impl fmt::Display for $name {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str(&self.0)
@@ -135,7 +141,8 @@ macro_rules! name_type {
 }
 
 name_type!(
-    /// One logical KV indexer namespace. A global consumer owns exactly one.
+    /// One logical KV indexer namespace (one model's). A global consumer owns exactly one; an
+    /// indexer serves one or more (`crate::catalog`).
     IndexerDomainId,
     "domain"
 );
@@ -144,51 +151,6 @@ name_type!(
     DcId,
     "dc"
 );
-
-/// Why a query is refused for the domain it names.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
-pub enum DomainQueryError {
-    /// The named domain is not a valid domain name.
-    #[error("the query's domain: {0}")]
-    Invalid(NameError),
-    /// The named domain is valid but not the one served.
-    #[error(
-        "domain {named} is not served here: this indexer serves {served}; send that model's \
-         queries to its own indexer"
-    )]
-    NotServed {
-        /// The domain the query named.
-        named: IndexerDomainId,
-        /// The domain served.
-        served: IndexerDomainId,
-    },
-}
-
-impl IndexerDomainId {
-    /// Whether a query that names the domain `named` (none: it names none) is for this one: a
-    /// query naming no domain is for the domain served, as before queries could name one.
-    ///
-    /// # Errors
-    /// [`DomainQueryError`]: an invalid name, or another domain.
-    pub fn serves_query(&self, named: Option<&str>) -> Result<(), DomainQueryError> {
-        let Some(named) = named else {
-            return Ok(());
-        };
-        // The common case, a query for this domain, allocates nothing.
-        if named == self.as_str() {
-            return Ok(());
-        }
-        let named = IndexerDomainId::new(named).map_err(DomainQueryError::Invalid)?;
-        if &named == self {
-            Ok(())
-        } else {
-            Err(DomainQueryError::NotServed {
-                named,
-                served: self.clone(),
-            })
-        }
-    }
-}
 
 /// Longest accepted ingest source id, in bytes.
 pub const MAX_SOURCE_ID_LEN: usize = 128;
@@ -385,37 +347,6 @@ pub struct StreamTag {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_query_is_for_the_domain_it_names_or_the_one_served() {
-        let served = IndexerDomainId::new("llama-70b").unwrap();
-        assert_eq!(served.serves_query(None), Ok(()));
-        assert_eq!(served.serves_query(Some("llama-70b")), Ok(()));
-        let other = served.serves_query(Some("qwen-7b")).unwrap_err();
-        assert_eq!(
-            other,
-            DomainQueryError::NotServed {
-                named: IndexerDomainId::new("qwen-7b").unwrap(),
-                served: served.clone(),
-            }
-        );
-        assert!(
-            other.to_string().contains("this indexer serves llama-70b"),
-            "{other}"
-        );
-        // Names compare exactly (no case folding), and a bad name is named as such.
-        assert!(served.serves_query(Some("LLAMA-70B")).is_err());
-        assert_eq!(
-            served.serves_query(Some("")),
-            Err(DomainQueryError::Invalid(NameError::Empty {
-                kind: "domain"
-            }))
-        );
-        assert!(matches!(
-            served.serves_query(Some("a/b")),
-            Err(DomainQueryError::Invalid(NameError::BadCharacter { .. }))
-        ));
-    }
 
     #[test]
     fn names_are_validated() {

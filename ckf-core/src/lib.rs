@@ -14,6 +14,7 @@
 //! | [`addressing`] | block hash -> fingerprint + candidate bucket pair; [`TableFormat`]; sizing |
 //! | [`bucket`] | packed `u64` buckets (4 x 16-bit slots), the transposed `AtomicU64` table of a lane group, [`bucket::groups::LaneGroups`] |
 //! | [`identity`] | domain, DC, pool, producer incarnation, lane lease |
+//! | [`catalog`] | the domains one indexer serves; which one a query or an attachment is for |
 //! | [`mutator`] | cuckoo insertion with bounded kicks and rollback; removal of one copy |
 //! | [`dirty`] | dirty-bucket tracking and safe image ordering for deltas |
 //! | [`dc`] | `DcCkfState`: exact ownership, refcounts, omissions, stats |
@@ -41,6 +42,7 @@ pub mod adapter;
 pub mod addressing;
 pub mod bucket;
 pub mod cadence;
+pub mod catalog;
 pub mod dc;
 pub mod dirty;
 pub mod failure;

@@ -8,7 +8,7 @@
 //! query_token_file = "/run/secrets/ckf/query.token"   # optional: Query needs this bearer token
 //! [[auth.producers]]
 //! name = "dc-a"                    # in logs and refusals
-//! pools = ["dc-a"]                 # DC ids (lanes of this indexer) it may publish
+//! pools = ["dc-a", "qwen-7b/dc-a"]  # DC ids of the primary domain's lanes, or domain/DC
 //! cert_names = ["producer.dc-a.ckf"]   # any name of its verified client certificate
 //! token_file = "/run/secrets/ckf/dc-a.token"   # and/or a bearer token (one line)
 //! ```
@@ -55,7 +55,8 @@ pub struct AuthConfig {
 pub struct ProducerAuth {
     /// Name in logs and refusals (unique).
     pub name: String,
-    /// DC ids of this indexer's lanes it may publish (at least one).
+    /// Pools it may publish (at least one): a DC id of the primary domain's lanes
+    /// (`manifest.lanes`), or `domain/dc` for a lane of any domain served.
     pub pools: Vec<String>,
     /// Names of its client certificate (DNS / URI SAN or subject CN), any of which identifies it.
     pub cert_names: Vec<String>,
@@ -70,9 +71,47 @@ struct Policies {
     query: TokenGate,
 }
 
-/// Builds both policies from `auth`, reading every token file. `domain` and `lanes` are the
-/// manifest's (a granted DC must be a lane).
-fn build(auth: &AuthConfig, domain: &str, lanes: &[String]) -> Result<Policies, Invalid> {
+/// One domain's name and lanes, as the access rules see them (the first of a list is the
+/// primary: a pool written as a bare DC id is that domain's).
+#[derive(Debug, Clone)]
+pub struct DomainLanes {
+    /// The domain's name.
+    pub domain: String,
+    /// Its DC ids, in lane order.
+    pub lanes: Vec<String>,
+}
+
+/// The pool an `[[auth.producers]]` entry names: `dc` (the primary domain's) or `domain/dc`.
+fn granted_pool(entry: &str, domains: &[DomainLanes]) -> Result<PoolId, String> {
+    let (domain, dc) = match entry.split_once('/') {
+        Some((domain, dc)) => {
+            let served = domains.iter().find(|d| d.domain == domain).ok_or_else(|| {
+                let names: Vec<&str> = domains.iter().map(|d| d.domain.as_str()).collect();
+                format!(
+                    "names domain {domain}, not served here (domains: {})",
+                    names.join(", ")
+                )
+            })?;
+            (served, dc)
+        }
+        None => (&domains[0], entry),
+    };
+    let dc_id = DcId::new(dc).map_err(|e| e.to_string())?;
+    if !domain.lanes.iter().any(|l| l == dc) {
+        return Err(format!(
+            "is not a lane of domain {} (its lanes: {})",
+            domain.domain,
+            domain.lanes.join(", ")
+        ));
+    }
+    let domain = ckf_core::identity::IndexerDomainId::new(domain.domain.clone())
+        .map_err(|e| e.to_string())?;
+    Ok(PoolId { domain, dc: dc_id })
+}
+
+/// Builds both policies from `auth`, reading every token file. `domains` are the domains
+/// served, the primary first (a granted pool must be one of their lanes).
+fn build(auth: &AuthConfig, domains: &[DomainLanes]) -> Result<Policies, Invalid> {
     let mut entries = Vec::with_capacity(auth.producers.len());
     for (i, p) in auth.producers.iter().enumerate() {
         let key = |field: &str| format!("auth.producers[{i}].{field}");
@@ -80,25 +119,14 @@ fn build(auth: &AuthConfig, domain: &str, lanes: &[String]) -> Result<Policies, 
             return Err(Invalid::new(
                 key("pools"),
                 "[]",
-                "list at least one DC id this producer may publish",
+                "list at least one pool (DC id, or domain/DC) this producer may publish",
             ));
         }
         let mut pools = BTreeSet::new();
-        for (j, dc) in p.pools.iter().enumerate() {
-            let bad =
-                |rule: String| Invalid::new(format!("auth.producers[{i}].pools[{j}]"), dc, rule);
-            let dc_id = DcId::new(dc.clone()).map_err(|e| bad(e.to_string()))?;
-            if !lanes.contains(dc) {
-                return Err(bad(format!(
-                    "is not a lane of this indexer (manifest.lanes: {})",
-                    lanes.join(", ")
-                )));
-            }
-            let pool = PoolId {
-                domain: ckf_core::identity::IndexerDomainId::new(domain)
-                    .map_err(|e| bad(e.to_string()))?,
-                dc: dc_id,
-            };
+        for (j, entry) in p.pools.iter().enumerate() {
+            let pool = granted_pool(entry, domains).map_err(|rule| {
+                Invalid::new(format!("auth.producers[{i}].pools[{j}]"), entry, rule)
+            })?;
             pools.insert(pool);
         }
         let token = read_optional_token_file(&key("token_file"), p.token_file.as_deref())?;
@@ -125,22 +153,21 @@ fn build(auth: &AuthConfig, domain: &str, lanes: &[String]) -> Result<Policies, 
     Ok(Policies { relay, query })
 }
 
-/// Checks `auth` (and reads its token files) against the manifest's `domain` and `lanes`.
+/// Checks `auth` (and reads its token files) against the domains served (the primary first).
 ///
 /// # Errors
 /// [`Invalid`] naming the key: an unreadable or empty token file (with its path), a pool that is
 /// not a lane, a principal without credentials, a shared name / certificate name / token,
 /// `required` without producers.
-pub fn validate(auth: &AuthConfig, domain: &str, lanes: &[String]) -> Result<(), Invalid> {
-    build(auth, domain, lanes).map(|_| ())
+pub fn validate(auth: &AuthConfig, domains: &[DomainLanes]) -> Result<(), Invalid> {
+    build(auth, domains).map(|_| ())
 }
 
 /// The access checks of one indexer (shared by the Relay and Query handlers).
 #[derive(Debug)]
 pub struct IndexerAccess {
     config: AuthConfig,
-    domain: String,
-    lanes: Vec<String>,
+    domains: Vec<DomainLanes>,
     policies: Reloadable<Policies>,
     refused: IntCounterVec,
 }
@@ -153,11 +180,10 @@ impl IndexerAccess {
     /// As [`validate`].
     pub fn new(
         auth: &AuthConfig,
-        domain: &str,
-        lanes: &[String],
+        domains: &[DomainLanes],
         registry: &Registry,
     ) -> Result<Self, Invalid> {
-        let policies = build(auth, domain, lanes)?;
+        let policies = build(auth, domains)?;
         let refused = counter_vec(
             registry,
             "ckf_indexer_auth_refused_total",
@@ -172,8 +198,7 @@ impl IndexerAccess {
         }
         Ok(Self {
             config: auth.clone(),
-            domain: domain.to_owned(),
-            lanes: lanes.to_vec(),
+            domains: domains.to_vec(),
             policies: Reloadable::new(policies),
             refused,
         })
@@ -184,7 +209,7 @@ impl IndexerAccess {
     /// # Errors
     /// The refused key, path and reason, as text.
     pub fn reload(&self) -> Result<String, String> {
-        let policies = build(&self.config, &self.domain, &self.lanes).map_err(|e| e.to_string())?;
+        let policies = build(&self.config, &self.domains).map_err(|e| e.to_string())?;
         let principals = policies.relay.entries().len();
         self.policies.set(policies);
         Ok(format!(
@@ -282,8 +307,18 @@ static QUERY_REFUSAL_LOG: LogThrottle = LogThrottle::new(REFUSAL_LOG_INTERVAL);
 mod tests {
     use super::*;
 
-    fn lanes() -> Vec<String> {
-        vec!["dc-a".into(), "dc-b".into()]
+    /// Domain `d` (primary: dc-a, dc-b) and domain `q` (dc-a, dc-c).
+    fn lanes() -> Vec<DomainLanes> {
+        vec![
+            DomainLanes {
+                domain: "d".into(),
+                lanes: vec!["dc-a".into(), "dc-b".into()],
+            },
+            DomainLanes {
+                domain: "q".into(),
+                lanes: vec!["dc-a".into(), "dc-c".into()],
+            },
+        ]
     }
 
     #[test]
@@ -302,40 +337,50 @@ mod tests {
             query_token_file: None,
             producers: vec![p],
         };
-        validate(
-            &auth(producer(&["dc-a"], Some(token.clone()))),
-            "d",
-            &lanes(),
-        )
-        .unwrap();
+        validate(&auth(producer(&["dc-a"], Some(token.clone()))), &lanes()).unwrap();
 
-        let err = validate(
-            &auth(producer(&["dc-z"], Some(token.clone()))),
-            "d",
-            &lanes(),
-        )
-        .unwrap_err();
+        let err = validate(&auth(producer(&["dc-z"], Some(token.clone()))), &lanes()).unwrap_err();
         assert_eq!(err.key, "auth.producers[0].pools[0]");
-        assert!(err.rule.contains("not a lane"), "{err}");
+        assert!(err.rule.contains("not a lane of domain d"), "{err}");
+        // Another domain's lane, named as domain/DC: dc-c is q's, not the primary's.
+        let other = |pool: &str| validate(&auth(producer(&[pool], Some(token.clone()))), &lanes());
+        other("q/dc-c").unwrap();
+        other("d/dc-a").unwrap();
+        let err = other("dc-c").unwrap_err();
+        assert!(
+            err.rule
+                .contains("not a lane of domain d (its lanes: dc-a, dc-b)"),
+            "{err}"
+        );
+        let err = other("d/dc-c").unwrap_err();
+        assert!(err.rule.contains("not a lane of domain d"), "{err}");
+        let err = other("m/dc-a").unwrap_err();
+        assert!(
+            err.rule
+                .contains("names domain m, not served here (domains: d, q)"),
+            "{err}"
+        );
+        let err = other("q/bad dc").unwrap_err();
+        assert_eq!(err.value, "q/bad dc");
 
         let missing = dir.path().join("missing.token");
-        let err = validate(&auth(producer(&["dc-a"], Some(missing))), "d", &lanes()).unwrap_err();
+        let err = validate(&auth(producer(&["dc-a"], Some(missing))), &lanes()).unwrap_err();
         assert_eq!(err.key, "auth.producers[0].token_file");
         assert!(err.value.contains("missing.token"), "{err}");
 
-        let err = validate(&auth(producer(&["dc-a"], None)), "d", &lanes()).unwrap_err();
+        let err = validate(&auth(producer(&["dc-a"], None)), &lanes()).unwrap_err();
         assert!(err.rule.contains("neither cert_names nor a token"), "{err}");
 
-        let err = validate(&auth(producer(&[], Some(token))), "d", &lanes()).unwrap_err();
+        let err = validate(&auth(producer(&[], Some(token))), &lanes()).unwrap_err();
         assert_eq!(err.key, "auth.producers[0].pools");
 
         let required_alone = AuthConfig {
             required: true,
             ..AuthConfig::default()
         };
-        let err = validate(&required_alone, "d", &lanes()).unwrap_err();
+        let err = validate(&required_alone, &lanes()).unwrap_err();
         assert_eq!(err.key, "auth.required");
-        validate(&AuthConfig::default(), "d", &lanes()).unwrap();
+        validate(&AuthConfig::default(), &lanes()).unwrap();
     }
 
     #[test]
@@ -397,7 +442,7 @@ mod tests {
             query_token_file: Some(token.clone()),
             ..AuthConfig::default()
         };
-        let access = Arc::new(IndexerAccess::new(&auth, "d", &lanes(), &Registry::new()).unwrap());
+        let access = Arc::new(IndexerAccess::new(&auth, &lanes(), &Registry::new()).unwrap());
         let mut gate = access.query_interceptor();
         let with = |t: &str| {
             let mut r = Request::new(());

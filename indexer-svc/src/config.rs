@@ -8,14 +8,10 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use ckf_core::addressing::TableFormat;
-use ckf_core::global::Manifest;
-use ckf_core::identity::{DcId, IndexerDomainId, PoolId};
 use ckf_core::lane::LagPolicy;
 use ckf_core::route::RouteModel;
 use ckf_core::search::{SearchKernel, SearchKernelError};
-use ckf_core::tokens::lanes::LaneBlockSizes;
-use ckf_core::tokens::{MAX_BLOCK_SIZE, TokenQueryRules};
+use ckf_core::tokens::MAX_BLOCK_SIZE;
 use ckf_proto::convert::WIRE_BYTES_PER_IMAGE;
 use ckf_svc_kit::LogFormat;
 use ckf_svc_kit::config::{ConfigError, Invalid, Layers, Overrides, Validate, at_least, in_range};
@@ -27,6 +23,10 @@ use ckf_svc_kit::tls::{
 use ckf_svc_kit::transport::{TransportConfig, TransportFlags};
 use clap::Parser;
 use serde::{Deserialize, Serialize};
+
+pub mod domains;
+
+use domains::DomainConfig;
 
 /// Default gRPC (Relay, Query, health, reflection) listen address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7400";
@@ -47,7 +47,8 @@ pub const BYTES_PER_LANE_ANSWER: u64 = 512;
 /// Largest accepted `limits.max_message_bytes` (256 MiB).
 pub const MAX_MESSAGE_BYTES: u64 = 256 << 20;
 
-/// Which pools feed this indexer: one domain, lanes in order.
+/// The primary domain and its lanes, in order (a query naming no domain is for it; more
+/// domains: `[[domains]]`, [`domains`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ManifestConfig {
@@ -233,7 +234,7 @@ impl RouteConfig {
                 return Err(Invalid::new(
                     format!("route.rtt_ms.{dc}"),
                     ms,
-                    "not a DC of manifest.lanes",
+                    "not a DC of any domain's lanes",
                 ));
             }
             finite(
@@ -280,8 +281,11 @@ impl RouteConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct IndexerConfig {
-    /// Domain and lanes.
+    /// The primary domain and its lanes.
     pub manifest: ManifestConfig,
+    /// More domains served, each with its own lanes, block size and table
+    /// ([`domains::DomainConfig`]).
+    pub domains: Vec<DomainConfig>,
     /// Table format (every producer's must be equal; `ckf_svc_kit::table`). The old key
     /// `table.expected_blocks_per_lane` is still accepted for `table.expected_blocks`.
     pub table: TableConfig,
@@ -328,6 +332,7 @@ impl Default for IndexerConfig {
     fn default() -> Self {
         Self {
             manifest: ManifestConfig::default(),
+            domains: Vec::new(),
             table: TableConfig::default(),
             lag: LagConfig::default(),
             limits: LimitsConfig::default(),
@@ -371,60 +376,6 @@ impl IndexerConfig {
         }
     }
 
-    /// The table format (explicit bucket count, or sized from the expected blocks).
-    ///
-    /// # Errors
-    /// [`Invalid`] naming `table.bucket_count` or `table.expected_blocks`, or `table.max_kicks`
-    /// or `table.reserve_blocks` when given (producer settings: the indexer never inserts).
-    pub fn format(&self) -> Result<TableFormat, Invalid> {
-        let producer_only = [
-            ("table.max_kicks", self.table.max_kicks.map(u64::from)),
-            ("table.reserve_blocks", self.table.reserve_blocks),
-        ];
-        for (key, value) in producer_only {
-            if let Some(value) = value {
-                return Err(Invalid::new(
-                    key,
-                    value,
-                    "is a producer setting (the indexer never inserts): remove it",
-                ));
-            }
-        }
-        self.table.format()
-    }
-
-    /// The validated consumer manifest (names, lane count, distinct DCs, format).
-    ///
-    /// # Errors
-    /// [`Invalid`] naming the first offending key.
-    pub fn manifest(&self) -> Result<Manifest, Invalid> {
-        let m = &self.manifest;
-        let domain = IndexerDomainId::new(m.domain.clone())
-            .map_err(|e| Invalid::new("manifest.domain", &m.domain, e.to_string()))?;
-        let lanes = m
-            .lanes
-            .iter()
-            .enumerate()
-            .map(|(i, dc)| {
-                DcId::new(dc.clone())
-                    .map(|dc| PoolId {
-                        domain: domain.clone(),
-                        dc,
-                    })
-                    .map_err(|e| Invalid::new(format!("manifest.lanes[{i}]"), dc, e.to_string()))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let manifest = Manifest {
-            domain,
-            format: self.format()?,
-            lanes,
-        };
-        manifest
-            .validate()
-            .map_err(|e| Invalid::new("manifest.lanes", format!("{:?}", m.lanes), e.to_string()))?;
-        Ok(manifest)
-    }
-
     /// Most images per delta actually enforced and granted: `limits.max_images_per_delta`,
     /// lowered to what fits `limits.max_message_bytes` at [`WIRE_BYTES_PER_IMAGE`] each.
     pub fn effective_max_images_per_delta(&self) -> u32 {
@@ -432,38 +383,6 @@ impl IndexerConfig {
         self.limits
             .max_images_per_delta
             .min(u32::try_from(fits).unwrap_or(u32::MAX))
-    }
-
-    /// Tokens per block of every lane: `manifest.block_sizes` for the DCs it names, else
-    /// `block_size`.
-    ///
-    /// # Errors
-    /// [`Invalid`] naming the key: a DC not in `manifest.lanes`, a size outside 1..=65536.
-    pub fn lane_block_sizes(&self) -> Result<LaneBlockSizes, Invalid> {
-        let m = &self.manifest;
-        for (dc, size) in &m.block_sizes {
-            let key = format!("manifest.block_sizes.{dc}");
-            if !m.lanes.iter().any(|l| l == dc) {
-                return Err(Invalid::new(key, size, "not a DC of manifest.lanes"));
-            }
-            in_range(&key, *size, 1..=MAX_BLOCK_SIZE, "tokens")?;
-        }
-        let sizes = m
-            .lanes
-            .iter()
-            .map(|dc| m.block_sizes.get(dc).copied().unwrap_or(self.block_size))
-            .collect();
-        LaneBlockSizes::new(sizes)
-            .map_err(|e| Invalid::new("manifest.lanes", format!("{:?}", m.lanes), e.to_string()))
-    }
-
-    /// The rules of a query by token ids: `block_size`, and `limits.max_query_blocks` blocks
-    /// at most.
-    pub fn token_rules(&self) -> TokenQueryRules {
-        TokenQueryRules {
-            block_size: self.block_size,
-            max_blocks: self.limits.max_query_blocks,
-        }
     }
 
     /// The search kernel `search.kernel` names, resolved for this CPU (`auto` becomes the best
@@ -558,13 +477,12 @@ fn kernel_invalid(value: &str, error: SearchKernelError) -> Invalid {
 
 impl Validate for IndexerConfig {
     fn validate(&self) -> Result<(), Invalid> {
-        self.manifest()?;
+        self.domain_specs()?;
         let mut listens = vec![("listen", self.listen)];
         listens.extend(self.query_listen.map(|addr| ("query_listen", addr)));
         self.tls.check("tls", &listens)?;
         in_range("block_size", self.block_size, 1..=MAX_BLOCK_SIZE, "tokens")?;
-        self.lane_block_sizes()?;
-        self.route.validate(&self.manifest.lanes)?;
+        self.route.validate(&self.all_dcs())?;
         validate_worker_threads(self.worker_threads)?;
         self.search_kernel()?;
         in_range(
@@ -582,14 +500,14 @@ impl Validate for IndexerConfig {
         )?;
         // One answer of every lane (a `ListLanes` lane with its names and last reason, a
         // `FindMatches` match, a `Route` estimate) must fit one message.
-        let lanes = self.manifest.lanes.len() as u64;
+        let lanes = self.most_lanes() as u64;
         if l.max_message_bytes < lanes * BYTES_PER_LANE_ANSWER {
             return Err(Invalid::new(
                 "limits.max_message_bytes",
                 l.max_message_bytes,
                 format!(
-                    "at least {} bytes for {lanes} lanes ({BYTES_PER_LANE_ANSWER} per lane: one \
-                     answer names every lane)",
+                    "at least {} bytes for {lanes} lanes in one domain ({BYTES_PER_LANE_ANSWER} \
+                     per lane: one answer names every lane)",
                     lanes * BYTES_PER_LANE_ANSWER
                 ),
             ));
@@ -614,7 +532,7 @@ impl Validate for IndexerConfig {
                 "must differ from listen and metrics_listen",
             ));
         }
-        crate::access::validate(&self.auth, &self.manifest.domain, &self.manifest.lanes)?;
+        crate::access::validate(&self.auth, &self.domain_lanes())?;
         self.exposure()?;
         self.transport.validate()?;
         Ok(())

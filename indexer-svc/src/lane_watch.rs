@@ -11,29 +11,40 @@ use ckf_core::identity::LaneIndex;
 use ckf_core::lane::{ContentionKind, LaneEventKind, RetireReason};
 use tokio::task::JoinHandle;
 
-use crate::state::IndexerState;
+use crate::state::{Domain, IndexerState};
 
 /// Gauge refresh period when no event arrives (a lease grant emits none).
 pub const REFRESH: Duration = Duration::from_millis(250);
 
-/// Spawns the watcher of every lane; they end on shutdown.
+/// Spawns the watcher of every lane of every domain; they end on shutdown.
 pub fn spawn_all(shared: &Arc<IndexerState>) -> Vec<JoinHandle<()>> {
-    (0..shared.indexer.lane_count())
-        .map(|lane| tokio::spawn(watch(Arc::clone(shared), lane as LaneIndex)))
+    shared
+        .domains
+        .iter()
+        .flat_map(|(_, domain)| {
+            (0..domain.indexer.lane_count()).map(|lane| {
+                tokio::spawn(watch(
+                    Arc::clone(shared),
+                    Arc::clone(domain),
+                    lane as LaneIndex,
+                ))
+            })
+        })
         .collect()
 }
 
-async fn watch(shared: Arc<IndexerState>, lane: LaneIndex) {
-    let Ok(events) = shared.indexer.subscribe(lane) else {
+async fn watch(shared: Arc<IndexerState>, domain: Arc<Domain>, lane: LaneIndex) {
+    let Ok(events) = domain.indexer.subscribe(lane) else {
         return;
     };
-    let labels = shared.labels(lane).clone();
+    let labels = domain.labels(lane).clone();
     for kind in ContentionKind::ALL {
         // Exported from the start, at 0.
-        shared
-            .metrics
-            .lane_contention
-            .with_label_values(&[&labels.dc, kind.as_str()]);
+        shared.metrics.lane_contention.with_label_values(&[
+            &labels.domain,
+            &labels.dc,
+            kind.as_str(),
+        ]);
     }
     let mut tick = tokio::time::interval(REFRESH);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -45,17 +56,17 @@ async fn watch(shared: Arc<IndexerState>, lane: LaneIndex) {
                     LaneEventKind::Retired(reason @ RetireReason::DrainGraceExpired { .. }) => {
                         shared.metrics.retired(&labels, reason);
                         // Expected after a drain nobody followed: not a failure.
-                        tracing::info!(lane, dc = %labels.dc, lease = %event.lease, %reason, "drained lane left the ready set");
+                        tracing::info!(domain = %labels.domain, lane, dc = %labels.dc, lease = %event.lease, %reason, "drained lane left the ready set");
                     }
                     LaneEventKind::Retired(reason) => {
                         shared.metrics.retired(&labels, reason);
-                        tracing::warn!(lane, dc = %labels.dc, lease = %event.lease, %reason, "lane retired");
+                        tracing::warn!(domain = %labels.domain, lane, dc = %labels.dc, lease = %event.lease, %reason, "lane retired");
                     }
                     LaneEventKind::Contended { kind, contender } => {
                         shared.metrics.contended(&labels, *kind);
                         if *kind == ContentionKind::Takeover {
                             // The message is matched by the e2e tests (tests/): keep it stable.
-                            tracing::error!(lane, dc = %labels.dc, lease = %event.lease, %contender, "a live attachment was taken over by another producer incarnation: two producers for one pool");
+                            tracing::error!(domain = %labels.domain, lane, dc = %labels.dc, lease = %event.lease, %contender, "a live attachment was taken over by another producer incarnation: two producers for one pool");
                         }
                     }
                     _ => {}
@@ -64,7 +75,7 @@ async fn watch(shared: Arc<IndexerState>, lane: LaneIndex) {
             },
             _ = tick.tick() => {}
         }
-        if let Ok(status) = shared.indexer.lane_status(lane) {
+        if let Ok(status) = domain.indexer.lane_status(lane) {
             shared.metrics.observe_lane(&labels, &status);
         }
     }

@@ -1,8 +1,9 @@
 //! The indexer's Prometheus metrics (prefix `ckf_indexer_`), registered in one
 //! [`prometheus::Registry`] served by `ckf_svc_kit::metrics` on the metrics address.
 //!
-//! Counters end in `_total`, durations are `_seconds` histograms, sizes `_bytes`. Lane gauges
-//! carry `lane` (index) and `dc` labels; see the crate README for the full reference.
+//! Counters end in `_total`, durations are `_seconds` histograms, sizes `_bytes`. Lane metrics
+//! carry `domain`, `lane` (index) and `dc` labels, DC metrics `domain` and `dc`, the query
+//! counters `domain` and `method`; see the crate README for the full reference.
 
 use ckf_core::global::GlobalCkfIndexer;
 use ckf_core::lane::{ContentionKind, LaneState, LaneStatus, RetireReason};
@@ -34,7 +35,7 @@ pub enum QueryMethod {
 }
 
 impl QueryMethod {
-    /// Every method, in label order (the index of [`IndexerMetrics::query_method`]).
+    /// Every method, in label order (the index of [`QueryCounters::method`]).
     pub const ALL: [QueryMethod; 6] = [
         QueryMethod::FindMatches,
         QueryMethod::FindMatchesByTokens,
@@ -58,7 +59,7 @@ impl QueryMethod {
 }
 
 /// One query method's counters (`method` label already applied): see
-/// [`IndexerMetrics::query_method`].
+/// [`IndexerMetrics::query_methods`].
 #[derive(Debug, Clone)]
 pub struct MethodMetrics {
     /// Queries answered.
@@ -105,8 +106,8 @@ pub struct IndexerMetrics {
     pub lane_contention: IntCounterVec,
     /// Relay streams open now.
     pub relay_streams: IntGauge,
-    /// Bytes of the consumer table (every lane group), set at start.
-    pub table_bytes: IntGauge,
+    /// Bytes of each domain's consumer table (every lane group), set when the domain starts.
+    pub table_bytes: IntGaugeVec,
     /// `FindMatchesStream` calls open now.
     pub query_streams: IntGauge,
     /// One-hot lane state (`lane`, `dc`, `state`).
@@ -130,9 +131,6 @@ pub struct IndexerMetrics {
     /// Time of the prefix search itself, any method (seconds; for a token query, the search with
     /// the token hashing it does).
     pub query_duration: Histogram,
-    /// The per-method children of the three query counters, resolved once (in
-    /// [`QueryMethod::ALL`] order), so every method is exported from the start, at 0.
-    methods: Vec<MethodMetrics>,
     /// Dirty-to-applied lag of applied deltas: the producer's `oldest_change_age_ms` plus the
     /// time from receipt to applied here (seconds).
     pub event_to_applied_lag: HistogramVec,
@@ -172,7 +170,7 @@ impl IndexerMetrics {
             "ckf_indexer_event_to_applied_lag_seconds",
             "Age of a delta's oldest change when applied (producer age at send + time at \
              the indexer), in seconds.",
-            &["lane", "dc"],
+            &["domain", "lane", "dc"],
             lag_buckets_seconds(),
         );
         let relay_streams = int_gauge(
@@ -185,10 +183,11 @@ impl IndexerMetrics {
             "ckf_indexer_query_streams",
             "FindMatchesStream calls open now (at most limits.max_query_streams).",
         );
-        let table_bytes = int_gauge(
+        let table_bytes = int_gauge_vec(
             &r,
             "ckf_indexer_table_bytes",
-            "Bytes of the consumer table: buckets x lanes x 8, every lane group.",
+            "Bytes of a domain's consumer table: buckets x lanes x 8, every lane group.",
+            &["domain"],
         );
         Self {
             frames_received: counter_vec(
@@ -206,31 +205,31 @@ impl IndexerMetrics {
                 &r,
                 "ckf_indexer_snapshots_installed_total",
                 "Barrier snapshots completed (lane activated).",
-                &["lane", "dc"],
+                &["domain", "lane", "dc"],
             ),
             deltas_applied: counter_vec(
                 &r,
                 "ckf_indexer_deltas_applied_total",
                 "Deltas applied.",
-                &["lane", "dc"],
+                &["domain", "lane", "dc"],
             ),
             images_applied: counter_vec(
                 &r,
                 "ckf_indexer_images_applied_total",
                 "Bucket images applied from deltas.",
-                &["lane", "dc"],
+                &["domain", "lane", "dc"],
             ),
             drains: counter_vec(
                 &r,
                 "ckf_indexer_drain_markers_accepted_total",
                 "Exact drain markers accepted.",
-                &["lane", "dc"],
+                &["domain", "lane", "dc"],
             ),
             retirements: counter_vec(
                 &r,
                 "ckf_indexer_lane_retirements_total",
                 "Lane retirements, by reason.",
-                &["lane", "dc", "reason"],
+                &["domain", "lane", "dc", "reason"],
             ),
             attach_refused: counter_vec(
                 &r,
@@ -242,13 +241,13 @@ impl IndexerMetrics {
                 &r,
                 "ckf_indexer_leases_granted_total",
                 "Lane leases granted.",
-                &["lane", "dc"],
+                &["domain", "lane", "dc"],
             ),
             lane_contention: counter_vec(
                 &r,
                 "ckf_indexer_lane_contention_total",
                 "Attaches by another producer incarnation while the lane had a live attachment, by kind (if_vacant_refused, takeover).",
-                &["dc", "kind"],
+                &["domain", "dc", "kind"],
             ),
             relay_streams,
             table_bytes,
@@ -257,31 +256,31 @@ impl IndexerMetrics {
                 &r,
                 "ckf_indexer_lane_state",
                 "1 for the lane's current state (unassigned, awaiting_snapshot, active, retired).",
-                &["lane", "dc", "state"],
+                &["domain", "lane", "dc", "state"],
             ),
             lane_ready: int_gauge_vec(
                 &r,
                 "ckf_indexer_lane_ready",
                 "1 when the lane answers queries.",
-                &["lane", "dc"],
+                &["domain", "lane", "dc"],
             ),
             lane_installed_sequence: int_gauge_vec(
                 &r,
                 "ckf_indexer_lane_installed_sequence",
                 "Last sequence installed in the lane.",
-                &["lane", "dc"],
+                &["domain", "lane", "dc"],
             ),
             queries: counter_vec(
                 &r,
                 "ckf_indexer_queries_total",
-                "Prefix-match queries answered, by RPC method.",
-                &["method"],
+                "Prefix-match queries answered, by domain and RPC method.",
+                &["domain", "method"],
             ),
             queries_refused: counter_vec(
                 &r,
                 "ckf_indexer_queries_refused_total",
-                "Prefix-match queries refused (INVALID_ARGUMENT), by RPC method.",
-                &["method"],
+                "Prefix-match queries refused (INVALID_ARGUMENT), by domain and RPC method.",
+                &["domain", "method"],
             ),
             query_domain_refused: counter(
                 &r,
@@ -293,8 +292,8 @@ impl IndexerMetrics {
                 &r,
                 "ckf_indexer_query_blocks_total",
                 "Blocks of the queries answered, by RPC method (hashes sent; for token queries, \
-                 every full block of the tokens).",
-                &["method"],
+                 every full block of the tokens), by domain and RPC method.",
+                &["domain", "method"],
             ),
             query_duration,
             event_to_applied_lag,
@@ -308,68 +307,65 @@ impl IndexerMetrics {
                 &r,
                 "ckf_indexer_route_decisions_total",
                 "Route choices, by the chosen DC and the reason (fastest, deepest_of_equal).",
-                &["dc", "reason"],
+                &["domain", "dc", "reason"],
             ),
             load_reports: counter_vec(
                 &r,
                 "ckf_indexer_load_reports_total",
                 "Load reports received from producers, by outcome (kept; older: a newer one is kept; invalid: a value out of range).",
-                &["dc", "outcome"],
+                &["domain", "dc", "outcome"],
             ),
             lane_load_requests: int_gauge_vec(
                 &r,
                 "ckf_indexer_lane_load_requests",
                 "Requests at the DC's reporting engines in its kept load report, by state (running, waiting).",
-                &["dc", "state"],
+                &["domain", "dc", "state"],
             ),
             lane_load_engines_reporting: int_gauge_vec(
                 &r,
                 "ckf_indexer_lane_load_engines_reporting",
                 "Engines in the DC's kept load report.",
-                &["dc"],
+                &["domain", "dc"],
             ),
             lane_load_kv_usage: gauge_vec(
                 &r,
                 "ckf_indexer_lane_load_kv_usage",
                 "Mean KV-cache usage of the DC's reporting engines in its kept load report, 0..1.",
-                &["dc"],
+                &["domain", "dc"],
             ),
             lane_load_prefill_tokens_per_second: gauge_vec(
                 &r,
                 "ckf_indexer_lane_load_prefill_tokens_per_second",
                 "Prefill capacity of the DC's reporting engines in its kept load report, tokens per second.",
-                &["dc"],
+                &["domain", "dc"],
             ),
             lane_load_observed_timestamp: gauge_vec(
                 &r,
                 "ckf_indexer_lane_load_observed_timestamp_seconds",
                 "Unix time of the observation in the DC's kept load report (its age: time() - this).",
-                &["dc"],
+                &["domain", "dc"],
             ),
             registry: r,
-            methods: Vec::new(),
         }
-        .with_methods()
     }
 
-    fn with_methods(mut self) -> Self {
-        self.methods = QueryMethod::ALL
-            .iter()
-            .map(|method| {
-                let label = [method.label()];
-                MethodMetrics {
-                    answered: self.queries.with_label_values(&label),
-                    refused: self.queries_refused.with_label_values(&label),
-                    blocks: self.query_blocks.with_label_values(&label),
-                }
-            })
-            .collect();
-        self
-    }
-
-    /// The counters of one query method.
-    pub fn query_method(&self, method: QueryMethod) -> &MethodMetrics {
-        &self.methods[method as usize]
+    /// The query counters of `domain`, one [`MethodMetrics`] per method in
+    /// [`QueryMethod::ALL`] order, resolved once (so every method is exported from the start,
+    /// at 0).
+    pub fn query_methods(&self, domain: &str) -> QueryCounters {
+        QueryCounters(
+            QueryMethod::ALL
+                .iter()
+                .map(|method| {
+                    let labels = [domain, method.label()];
+                    MethodMetrics {
+                        answered: self.queries.with_label_values(&labels),
+                        refused: self.queries_refused.with_label_values(&labels),
+                        blocks: self.query_blocks.with_label_values(&labels),
+                    }
+                })
+                .collect(),
+        )
     }
 
     /// The registry to serve.
@@ -380,7 +376,7 @@ impl IndexerMetrics {
     /// The per-lane children of `lane`'s relay metrics, resolved once (a relay session holds
     /// them for its whole life instead of looking labels up per frame).
     pub fn lane(&self, lane: &LaneLabels) -> LaneMetrics {
-        let values = [lane.lane.as_str(), lane.dc.as_str()];
+        let values = lane.values();
         LaneMetrics {
             leases_granted: self.leases_granted.with_label_values(&values),
             snapshots_installed: self.snapshots_installed.with_label_values(&values),
@@ -414,46 +410,48 @@ impl IndexerMetrics {
         load: &PoolLoad,
         age: std::time::Duration,
     ) {
-        let dc = lane.dc.as_str();
+        let (domain, dc) = (lane.domain.as_str(), lane.dc.as_str());
         let outcome = kept.map_or_else(LoadRefused::label, |()| "kept");
-        self.load_reports.with_label_values(&[dc, outcome]).inc();
+        self.load_reports
+            .with_label_values(&[domain, dc, outcome])
+            .inc();
         if kept.is_err() {
             return;
         }
         for (state, n) in [("running", load.running), ("waiting", load.waiting)] {
             self.lane_load_requests
-                .with_label_values(&[dc, state])
+                .with_label_values(&[domain, dc, state])
                 .set(i64::from(n));
         }
         self.lane_load_engines_reporting
-            .with_label_values(&[dc])
+            .with_label_values(&[domain, dc])
             .set(i64::from(load.engines_reporting));
         self.lane_load_kv_usage
-            .with_label_values(&[dc])
+            .with_label_values(&[domain, dc])
             .set(load.kv_usage);
         self.lane_load_prefill_tokens_per_second
-            .with_label_values(&[dc])
+            .with_label_values(&[domain, dc])
             .set(load.prefill_tokens_per_s);
         let observed = std::time::SystemTime::now()
             .checked_sub(age)
             .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
             .map_or(0.0, |d| d.as_secs_f64());
         self.lane_load_observed_timestamp
-            .with_label_values(&[dc])
+            .with_label_values(&[domain, dc])
             .set(observed);
     }
 
     /// Counts one retirement of `lane`.
     pub fn retired(&self, lane: &LaneLabels, reason: &RetireReason) {
         self.retirements
-            .with_label_values(&[&lane.lane, &lane.dc, reason.label()])
+            .with_label_values(&[&lane.domain, &lane.lane, &lane.dc, reason.label()])
             .inc();
     }
 
     /// Counts one contention on `lane`.
     pub fn contended(&self, lane: &LaneLabels, kind: ContentionKind) {
         self.lane_contention
-            .with_label_values(&[&lane.dc, kind.as_str()])
+            .with_label_values(&[&lane.domain, &lane.dc, kind.as_str()])
             .inc();
     }
 
@@ -461,14 +459,14 @@ impl IndexerMetrics {
     pub fn observe_lane(&self, lane: &LaneLabels, status: &LaneStatus) {
         for state in STATES {
             self.lane_state
-                .with_label_values(&[&lane.lane, &lane.dc, state.as_str()])
+                .with_label_values(&[&lane.domain, &lane.lane, &lane.dc, state.as_str()])
                 .set(i64::from(state == status.state));
         }
         self.lane_ready
-            .with_label_values(&[&lane.lane, &lane.dc])
+            .with_label_values(&lane.values())
             .set(i64::from(status.ready));
         self.lane_installed_sequence
-            .with_label_values(&[&lane.lane, &lane.dc])
+            .with_label_values(&lane.values())
             .set(status.installed_sequence.map_or(0, |s| s as i64));
     }
 
@@ -486,7 +484,7 @@ impl Default for IndexerMetrics {
     }
 }
 
-/// One lane's relay metrics (`lane`, `dc` labels already applied): see [`IndexerMetrics::lane`].
+/// One lane's relay metrics (`domain`, `lane`, `dc` labels already applied): see [`IndexerMetrics::lane`].
 #[derive(Debug, Clone)]
 pub struct LaneMetrics {
     /// Leases granted.
@@ -503,9 +501,22 @@ pub struct LaneMetrics {
     pub event_to_applied_lag: Histogram,
 }
 
-/// Pre-rendered `lane` and `dc` label values of one lane.
+/// One domain's query counters, by method: see [`IndexerMetrics::query_methods`].
+#[derive(Debug, Clone)]
+pub struct QueryCounters(Vec<MethodMetrics>);
+
+impl QueryCounters {
+    /// The counters of one query method.
+    pub fn method(&self, method: QueryMethod) -> &MethodMetrics {
+        &self.0[method as usize]
+    }
+}
+
+/// Pre-rendered `domain`, `lane` and `dc` label values of one lane.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LaneLabels {
+    /// The lane's domain.
+    pub domain: String,
     /// Lane index as text.
     pub lane: String,
     /// The lane's DC id.
@@ -521,9 +532,15 @@ impl LaneLabels {
             .iter()
             .enumerate()
             .map(|(i, pool)| LaneLabels {
+                domain: pool.domain.to_string(),
                 lane: i.to_string(),
                 dc: pool.dc.to_string(),
             })
             .collect()
+    }
+
+    /// The `domain`, `lane`, `dc` values, in that order.
+    pub fn values(&self) -> [&str; 3] {
+        [&self.domain, &self.lane, &self.dc]
     }
 }

@@ -12,8 +12,10 @@
 //! `ListLanes` reports ckf-core's `LaneStatus` per lane plus each lane's load factor, counted
 //! from the table's bucket words.
 //!
-//! Every call may name its domain in the `ckf-domain` metadata ([`domain_interceptor`], after
-//! the credentials check): a call naming another domain is refused with `NOT_FOUND`.
+//! Every call is for one domain: the one its `ckf-domain` metadata names, or the primary
+//! (`IndexerState::domain_of`, after the credentials check); a domain not served is refused
+//! with `NOT_FOUND`, naming the domains that are. Its limits are the indexer's, its counters
+//! the domain's.
 //!
 //! `FindMatchesBatch` and `FindMatchesStream` carry many queries per message: the whole message
 //! is checked against `limits.max_query_batch` and every query against `limits.max_query_blocks`
@@ -40,29 +42,8 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::metrics::QueryMethod;
-use crate::state::IndexerState;
+use crate::state::{Domain, IndexerState};
 use crate::status::{BatchAt, QueryError, wire_reason};
-
-/// Refuses a call whose `ckf-domain` metadata names a domain other than `served` (or is not a
-/// domain name), counting it in `refused`.
-pub fn domain_interceptor(
-    served: ckf_core::identity::IndexerDomainId,
-    refused: prometheus::IntCounter,
-) -> impl FnMut(Request<()>) -> Result<Request<()>, Status> + Clone + Send + Sync + 'static {
-    move |request: Request<()>| {
-        let named = request.metadata().get(ckf_proto::metadata::DOMAIN_KEY);
-        // A value that is not visible ASCII is no domain name: checked as U+FFFD, so the
-        // refusal names the character rule.
-        let named = named.map(|v| v.to_str().unwrap_or("\u{fffd}"));
-        match served.serves_query(named) {
-            Ok(()) => Ok(request),
-            Err(error) => {
-                refused.inc();
-                Err(QueryError::Domain(error).into())
-            }
-        }
-    }
-}
 
 /// The Query service.
 #[derive(Debug, Clone)]
@@ -75,6 +56,13 @@ impl QueryService {
     pub fn new(shared: Arc<IndexerState>) -> Self {
         Self { shared }
     }
+
+    /// The domain `request` is for (`IndexerState::domain_of`), or its refusal.
+    fn domain<T>(&self, request: &Request<T>) -> Result<Arc<Domain>, Status> {
+        self.shared
+            .domain_of(request)
+            .map_err(|e| QueryError::Domain(e).into())
+    }
 }
 
 #[tonic::async_trait]
@@ -85,11 +73,12 @@ impl Query for QueryService {
         &self,
         request: Request<v1::FindMatchesRequest>,
     ) -> Result<Response<v1::FindMatchesResponse>, Status> {
+        let domain = self.domain(&request)?;
         let hashes = request.into_inner().block_hashes;
         let method = QueryMethod::FindMatches;
         let limit = self.shared.limits.max_query_blocks;
         if hashes.len() > limit as usize {
-            self.shared.metrics.query_method(method).refused.inc();
+            domain.queries.method(method).refused.inc();
             return Err(QueryError::TooManyBlocks {
                 rpc: "FindMatches",
                 blocks: hashes.len(),
@@ -97,38 +86,52 @@ impl Query for QueryService {
             }
             .into());
         }
-        Ok(Response::new(search(&self.shared, &hashes, method)))
+        Ok(Response::new(search(
+            &self.shared,
+            &domain,
+            &hashes,
+            method,
+        )))
     }
 
     async fn find_matches_by_tokens(
         &self,
         request: Request<v1::FindMatchesByTokensRequest>,
     ) -> Result<Response<v1::FindMatchesResponse>, Status> {
+        let domain = self.domain(&request)?;
         let method = QueryMethod::FindMatchesByTokens;
         let query = TokenQuery::from(request.into_inner());
         // Checked now (under every lane's block size), hashed as the search needs them: a long
         // request whose prefix stops matching early is not hashed to its end.
-        let router = &self.shared.router;
+        let router = &domain.router;
         let blocks = router
             .check_tokens(&query)
-            .inspect_err(|_| self.shared.metrics.query_method(method).refused.inc())
+            .inspect_err(|_| domain.queries.method(method).refused.inc())
             .map_err(|error| QueryError::Tokens {
                 rpc: "FindMatchesByTokens",
                 error,
             })?;
-        Ok(Response::new(answer(&self.shared, method, blocks, |_| {
-            router
-                .find_by_tokens(&query)
-                .expect("the query was checked just above with the same rules")
-        })))
+        Ok(Response::new(answer(
+            &self.shared,
+            &domain,
+            method,
+            blocks,
+            |_| {
+                router
+                    .find_by_tokens(&query)
+                    .expect("the query was checked just above with the same rules")
+            },
+        )))
     }
 
     async fn route(
         &self,
         request: Request<v1::RouteRequest>,
     ) -> Result<Response<v1::RouteResponse>, Status> {
+        let domain = self.domain(&request)?;
         Ok(Response::new(crate::route::answer(
             &self.shared,
+            &domain,
             request.into_inner(),
         )?))
     }
@@ -137,7 +140,9 @@ impl Query for QueryService {
         &self,
         request: Request<v1::RouteBatchRequest>,
     ) -> Result<Response<v1::RouteBatchResponse>, Status> {
-        let responses = crate::route::answer_batch(&self.shared, request.into_inner().requests)?;
+        let domain = self.domain(&request)?;
+        let requests = request.into_inner().requests;
+        let responses = crate::route::answer_batch(&self.shared, &domain, requests)?;
         Ok(Response::new(v1::RouteBatchResponse { responses }))
     }
 
@@ -145,9 +150,11 @@ impl Query for QueryService {
         &self,
         request: Request<v1::FindMatchesBatchRequest>,
     ) -> Result<Response<v1::FindMatchesBatchResponse>, Status> {
+        let domain = self.domain(&request)?;
         let queries = request.into_inner().queries;
         let results = answer_batch(
             &self.shared,
+            &domain,
             &queries,
             BatchAt::Batch,
             QueryMethod::FindMatchesBatch,
@@ -159,6 +166,7 @@ impl Query for QueryService {
         &self,
         request: Request<Streaming<v1::FindMatchesStreamRequest>>,
     ) -> Result<Response<StreamAnswers>, Status> {
+        let domain = self.domain(&request)?;
         // Each open stream holds a permit until it is dropped: idle streams cost memory too.
         let permit = Arc::clone(&self.shared.query_streams)
             .try_acquire_owned()
@@ -172,6 +180,7 @@ impl Query for QueryService {
                 open: self.shared.metrics.query_streams.clone(),
             },
             shared: Arc::clone(&self.shared),
+            domain,
             inbound: request.into_inner(),
             shutdown: Box::pin(self.shared.shutdown.wait()),
             ended: false,
@@ -180,14 +189,15 @@ impl Query for QueryService {
 
     async fn list_lanes(
         &self,
-        _request: Request<v1::ListLanesRequest>,
+        request: Request<v1::ListLanesRequest>,
     ) -> Result<Response<v1::ListLanesResponse>, Status> {
-        let indexer = Arc::clone(&self.shared.indexer);
+        let domain = self.domain(&request)?;
+        let indexer = Arc::clone(&domain.indexer);
         // Counting occupied slots reads every bucket word of every lane: off the async workers.
         let occupied = tokio::task::spawn_blocking(move || occupied_slots(&indexer))
             .await
             .map_err(QueryError::LoadCount)?;
-        let indexer = &self.shared.indexer;
+        let indexer = &domain.indexer;
         let manifest = indexer.manifest();
         let slots = manifest.format.slot_count() as f64;
         let lanes = indexer
@@ -195,7 +205,7 @@ impl Query for QueryService {
             .iter()
             .zip(occupied)
             .map(|(status, occupied)| {
-                let block_size = self.shared.router.block_size(status.lane);
+                let block_size = domain.router.block_size(status.lane);
                 lane_info(indexer, status, occupied as f64 / slots, block_size)
             })
             .collect();
@@ -211,8 +221,13 @@ impl Query for QueryService {
 /// The prefix search of one `FindMatches` query: every lane ready at capture with its depth
 /// for `hashes` (already within the limits), counted under `method`. (Batch and stream
 /// messages run `answer_batch`.)
-fn search(shared: &IndexerState, hashes: &[u64], method: QueryMethod) -> v1::FindMatchesResponse {
-    answer(shared, method, hashes.len(), |indexer| {
+fn search(
+    shared: &IndexerState,
+    domain: &Domain,
+    hashes: &[u64],
+    method: QueryMethod,
+) -> v1::FindMatchesResponse {
+    answer(shared, domain, method, hashes.len(), |indexer| {
         indexer.find_prefix_matches(hashes)
     })
 }
@@ -221,18 +236,19 @@ fn search(shared: &IndexerState, hashes: &[u64], method: QueryMethod) -> v1::Fin
 /// duration histogram and counting it for `method`, and builds its answer.
 fn answer(
     shared: &IndexerState,
+    domain: &Domain,
     method: QueryMethod,
     blocks: usize,
     find: impl FnOnce(&GlobalCkfIndexer) -> PrefixMatches,
 ) -> v1::FindMatchesResponse {
-    let indexer = &shared.indexer;
+    let indexer = &domain.indexer;
     let metrics = &shared.metrics;
     let started = Instant::now();
     let found = find(indexer);
     metrics
         .query_duration
         .observe(started.elapsed().as_secs_f64());
-    let counters = metrics.query_method(method);
+    let counters = domain.queries.method(method);
     counters.answered.inc();
     counters.blocks.inc_by(blocks as u64);
     let matches = found
@@ -241,7 +257,7 @@ fn answer(
             lane: u32::from(lane),
             pool: Some(indexer.pool(lane).into()),
             depth,
-            cached_tokens: u64::from(depth) * u64::from(shared.router.block_size(lane)),
+            cached_tokens: u64::from(depth) * u64::from(domain.router.block_size(lane)),
         })
         .collect();
     let (ready_mask, ready_mask_high) = v1::split_ready_mask(found.ready_mask());
@@ -262,15 +278,16 @@ fn answer(
 /// `OUT_OF_RANGE`). Either way every query of the message counts as refused.
 fn answer_batch(
     shared: &IndexerState,
+    domain: &Domain,
     queries: &[v1::BlockHashQuery],
     at: BatchAt,
     method: QueryMethod,
 ) -> Result<Vec<v1::QueryResult>, QueryError> {
     let limits = &shared.limits;
     let refuse = |error: QueryError| {
-        shared
-            .metrics
-            .query_method(method)
+        domain
+            .queries
+            .method(method)
             .refused
             .inc_by(queries.len() as u64);
         error
@@ -293,7 +310,7 @@ fn answer_batch(
             limit: limits.max_query_blocks,
         }));
     }
-    let indexer = &shared.indexer;
+    let indexer = &domain.indexer;
     // The per-query search times go to an unshared copy of the histogram, added to the shared
     // one once per message (one set of atomic updates per message, not per query), and each
     // query's end time is the next one's start (one clock read per query, not two).
@@ -327,7 +344,7 @@ fn answer_batch(
             }));
         }
     }
-    let counters = shared.metrics.query_method(method);
+    let counters = domain.queries.method(method);
     counters.answered.inc_by(queries.len() as u64);
     counters.blocks.inc_by(blocks);
     Ok(results)
@@ -374,6 +391,7 @@ fn compact_result(found: &PrefixMatches) -> v1::QueryResult {
 pub struct StreamAnswers {
     _slot: StreamSlot,
     shared: Arc<IndexerState>,
+    domain: Arc<Domain>,
     inbound: Streaming<v1::FindMatchesStreamRequest>,
     shutdown: Pin<Box<dyn Future<Output = ()> + Send>>,
     ended: bool,
@@ -420,6 +438,7 @@ impl Stream for StreamAnswers {
             Poll::Ready(Some(Ok(request))) => Some(
                 answer_batch(
                     &this.shared,
+                    &this.domain,
                     &request.queries,
                     BatchAt::Stream { id: request.id },
                     QueryMethod::FindMatchesStream,

@@ -1,7 +1,8 @@
-//! `ckf.v1.Relay/Publish`: one producer attachment per stream.
+//! `ckf.v1.Relay/Publish`: one producer attachment per stream, in the domain of the pool it
+//! claims (`ckf_core::catalog::Catalog::for_pool`; a domain not served is `NOT_FOUND`).
 //!
 //! ```text
-//! Attach -> GlobalCkfIndexer::attach -> Attachment (lease, incarnation, lane events) -> LeaseGranted
+//! Attach -> the pool's domain -> GlobalCkfIndexer::attach -> Attachment (lease, incarnation, lane events) -> LeaseGranted
 //! SnapshotChunk | Delta | Heartbeat | DrainMarker -> decode -> Attachment::check
 //!            -> IngestionWorkers (lane's serialized ingestor) -> Attachment::outcome
 //!            -> StreamVerdict -> Ack (activation, applied delta, drain) | Retired + status
@@ -39,7 +40,7 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
 
 use crate::metrics::LaneMetrics;
-use crate::state::{IndexerState, wire_kind};
+use crate::state::{Domain, IndexerState, wire_kind};
 use crate::status::{FrameError, RelayError};
 
 /// How long a new stream may take to send `Attach` when no heartbeat deadline is configured.
@@ -116,16 +117,28 @@ impl Relay for RelayService {
             .access
             .authorize_attach(&credentials, &attach)
             .map_err(refuse)?;
+        let request = attach_request(attach).map_err(refuse)?;
+        let domain = shared
+            .domains
+            .for_pool(&request.pool)
+            .map_err(|error| {
+                refuse(RelayError::Domain {
+                    pool: request.pool.clone(),
+                    error,
+                })
+            })?
+            .clone();
         // The stream limit counts attached streams only: connections that never send `Attach`
-        // must not lock honest producers out of their lanes (they time out on their own).
-        let permit = Arc::clone(&shared.relay_streams)
+        // must not lock honest producers out of their lanes (they time out on their own). Each
+        // domain has its own, so one domain's streams cannot lock another's producers out.
+        let permit = Arc::clone(&domain.relay_streams)
             .try_acquire_owned()
             .map_err(|_| {
                 refuse(RelayError::TooManyStreams {
                     limit: shared.limits.max_relay_streams,
                 })
             })?;
-        let session = Session::attach(Arc::clone(&shared), attach).map_err(refuse)?;
+        let session = Session::attach(Arc::clone(&shared), domain, &request).map_err(refuse)?;
         let lease = session.attachment.lease();
 
         let (tx, rx) = mpsc::channel(REPLY_BUFFER);
@@ -208,9 +221,10 @@ fn attach_request(attach: v1::Attach) -> Result<AttachRequest, RelayError> {
     })
 }
 
-/// One attached stream: ckf-core's attachment and the lane's metrics.
+/// One attached stream: its domain, ckf-core's attachment and the lane's metrics.
 struct Session {
     shared: Arc<IndexerState>,
+    domain: Arc<Domain>,
     attachment: Attachment,
     metrics: LaneMetrics,
 }
@@ -233,16 +247,21 @@ fn ack(installed_sequence: u64, drained: bool) -> v1::RelayReply {
 }
 
 impl Session {
-    /// Decodes the identity and asks ckf-core for an attachment.
-    fn attach(shared: Arc<IndexerState>, attach: v1::Attach) -> Result<Self, RelayError> {
-        let attachment = shared.indexer.attach(&attach_request(attach)?)?;
+    /// Asks the domain's consumer (ckf-core) for an attachment.
+    fn attach(
+        shared: Arc<IndexerState>,
+        domain: Arc<Domain>,
+        request: &AttachRequest,
+    ) -> Result<Self, RelayError> {
+        let attachment = domain.indexer.attach(request)?;
         // The lane's load is this lease's from now on, never its predecessor's.
         let lease = attachment.lease();
-        shared.router.lease_started(lease.lane, lease.epoch);
-        let metrics = shared.metrics.lane(shared.labels(attachment.lane()));
+        domain.router.lease_started(lease.lane, lease.epoch);
+        let metrics = shared.metrics.lane(domain.labels(attachment.lane()));
         metrics.leases_granted.inc();
         Ok(Self {
             shared,
+            domain,
             attachment,
             metrics,
         })
@@ -279,7 +298,7 @@ impl Session {
                 // An uncertain lane is retired by ckf-core if this lease still holds it (a no-op
                 // when the core already retired or superseded it).
                 if error.disposition() == Disposition::RetireLane {
-                    self.attachment.stream_lost(&self.shared.indexer, &error);
+                    self.attachment.stream_lost(&self.domain.indexer, &error);
                 }
                 tracing::warn!(%error, "relay stream ended");
                 // A producer that stopped reading replies must not hold this task.
@@ -355,7 +374,7 @@ impl Session {
             _ => None,
         };
         let (reply_tx, reply_rx) = flume::bounded(1);
-        if let Err(error) = self.shared.workers.submit(frame, Some(reply_tx)) {
+        if let Err(error) = self.domain.workers.submit(frame, Some(reply_tx)) {
             return Err(RelayError::Ended(self.attachment.submit_failed(error)));
         }
         let outcome = reply_rx
@@ -406,7 +425,7 @@ impl Session {
             .map_err(FrameError::Refused)?;
         let lease = load.tag.lease;
         // A kept report counts the choices booked before it.
-        let kept = self.shared.router.report_load(
+        let kept = self.domain.router.report_load(
             lease.lane,
             lease.epoch,
             load.sequence,
@@ -417,7 +436,7 @@ impl Session {
         if let Err(refused) = kept {
             tracing::debug!(%refused, sequence = load.sequence, "load report dropped")
         }
-        let labels = self.shared.labels(lease.lane);
+        let labels = self.domain.labels(lease.lane);
         self.shared
             .metrics
             .load_report(labels, kept, &load.load, load.age);

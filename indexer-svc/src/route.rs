@@ -13,7 +13,7 @@ use prost::Message;
 
 use crate::metrics::QueryMethod;
 use crate::router::{RankedDc, RoutePrefix, RouteQuery, Routed};
-use crate::state::IndexerState;
+use crate::state::{Domain, IndexerState};
 use crate::status::{BatchAt, QueryError};
 
 /// Answers one `Route` request.
@@ -24,12 +24,13 @@ use crate::status::{BatchAt, QueryError};
 /// refused.
 pub fn answer(
     shared: &IndexerState,
+    domain: &Domain,
     request: v1::RouteRequest,
 ) -> Result<v1::RouteResponse, QueryError> {
-    let counters = shared.metrics.query_method(QueryMethod::Route);
-    let query = decode(shared, request).inspect_err(|_| counters.refused.inc())?;
+    let counters = domain.queries.method(QueryMethod::Route);
+    let query = decode(shared, domain, request).inspect_err(|_| counters.refused.inc())?;
     let started = Instant::now();
-    let routed = shared.router.route(&query).map_err(|e| {
+    let routed = domain.router.route(&query).map_err(|e| {
         counters.refused.inc();
         route_tokens(e)
     })?;
@@ -39,7 +40,7 @@ pub fn answer(
         .observe(started.elapsed().as_secs_f64());
     counters.answered.inc();
     counters.blocks.inc_by(routed.blocks as u64);
-    Ok(wire_answer(&shared.indexer, &routed))
+    Ok(wire_answer(&domain.indexer, &routed))
 }
 
 /// Answers one `RouteBatch` request: checks the whole batch (its size, the bound of its answer
@@ -52,10 +53,11 @@ pub fn answer(
 /// request's index): nothing is answered or booked, and every request counts as refused.
 pub fn answer_batch(
     shared: &IndexerState,
+    domain: &Domain,
     requests: Vec<v1::RouteRequest>,
 ) -> Result<Vec<v1::RouteResponse>, QueryError> {
     let at = BatchAt::RouteBatch;
-    let counters = shared.metrics.query_method(QueryMethod::RouteBatch);
+    let counters = domain.queries.method(QueryMethod::RouteBatch);
     let limits = &shared.limits;
     let n = requests.len();
     let refuse = |error: QueryError| {
@@ -69,7 +71,7 @@ pub fn answer_batch(
             limit: limits.max_query_batch,
         }));
     }
-    let bound = answer_bound(&shared.indexer, n);
+    let bound = answer_bound(&domain.indexer, n);
     if bound > limits.max_message_bytes {
         return Err(refuse(QueryError::RouteAnswerTooLarge {
             requests: n,
@@ -80,7 +82,7 @@ pub fn answer_batch(
     let queries = requests
         .into_iter()
         .enumerate()
-        .map(|(index, request)| decode(shared, request).map_err(|e| in_batch(at, index, e)))
+        .map(|(index, request)| decode(shared, domain, request).map_err(|e| in_batch(at, index, e)))
         .collect::<Result<Vec<_>, _>>()
         .map_err(refuse)?;
     // As FindMatchesBatch: the per-request times go to an unshared copy of the histogram,
@@ -91,14 +93,14 @@ pub fn answer_batch(
     for (index, query) in queries.iter().enumerate() {
         let started = Instant::now();
         // `decode` checked the token rules: not refused here.
-        let routed = shared.router.route(query).map_err(|e| {
+        let routed = domain.router.route(query).map_err(|e| {
             counters.refused.inc_by((n - index) as u64);
             in_batch(at, index, route_tokens(e))
         })?;
         duration.observe(started.elapsed().as_secs_f64());
         counters.answered.inc();
         blocks += routed.blocks as u64;
-        answers.push(wire_answer(&shared.indexer, &routed));
+        answers.push(wire_answer(&domain.indexer, &routed));
     }
     duration.flush();
     counters.blocks.inc_by(blocks);
@@ -126,7 +128,11 @@ fn in_batch(at: BatchAt, index: usize, error: QueryError) -> QueryError {
 /// A wire request checked as the RPC checks it: a query present, at most
 /// `limits.max_query_blocks` hashes (the token rules for token ids), round trips that are
 /// numbers of milliseconds >= 0.
-fn decode(shared: &IndexerState, request: v1::RouteRequest) -> Result<RouteQuery, QueryError> {
+fn decode(
+    shared: &IndexerState,
+    domain: &Domain,
+    request: v1::RouteRequest,
+) -> Result<RouteQuery, QueryError> {
     let rtt = request_rtts(&request.rtt_ms)?;
     let prefix = match request.query {
         Some(WireQuery::Hashes(h)) => {
@@ -149,7 +155,7 @@ fn decode(shared: &IndexerState, request: v1::RouteRequest) -> Result<RouteQuery
         rtt,
         dry_run: request.dry_run,
     };
-    shared.router.check(&query).map_err(route_tokens)?;
+    domain.router.check(&query).map_err(route_tokens)?;
     Ok(query)
 }
 

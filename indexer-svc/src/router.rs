@@ -92,7 +92,7 @@ pub struct Routed {
     pub blocks: usize,
 }
 
-/// The routing side of one indexer: the search, the kept load reports, the bookings and the
+/// The routing side of one domain: the search, the kept load reports, the bookings and the
 /// model. Cheap to clone (shared state behind `Arc`s); every clone books on the same queues.
 #[derive(Debug, Clone)]
 pub struct Router {
@@ -112,7 +112,7 @@ pub struct Router {
 impl Router {
     /// A router over `indexer`'s lanes of `block_sizes`, token queries under `token_rules`
     /// (its block size counts the tokens of a query by hashes), the model and round trips of
-    /// `config`, choices counted in `decisions` (by `dc` and `reason`).
+    /// `config`, choices counted in `decisions` (by `domain`, `dc` and `reason`).
     ///
     /// # Panics
     /// When `block_sizes` does not have the indexer's lane count.
@@ -154,6 +154,11 @@ impl Router {
     /// The block size and block limit of its token queries.
     pub fn token_rules(&self) -> &TokenQueryRules {
         &self.token_rules
+    }
+
+    /// Tokens per block of every lane.
+    pub fn block_sizes(&self) -> &LaneBlockSizes {
+        &self.block_sizes
     }
 
     /// Tokens per block of `lane`.
@@ -253,8 +258,9 @@ impl Router {
         }
         drop(bookings);
         if let Some((lane, reason)) = routed.choice.filter(|_| !query.dry_run) {
+            let pool = indexer.pool(lane);
             self.decisions
-                .with_label_values(&[indexer.pool(lane).dc.as_str(), reason.label()])
+                .with_label_values(&[pool.domain.as_str(), pool.dc.as_str(), reason.label()])
                 .inc();
         }
         let ranked = routed

@@ -1,5 +1,5 @@
-//! Starting and stopping one indexer: [`serve`] validates the configuration, builds the
-//! consumer and its ingestion workers, binds the gRPC and metrics listeners (port 0 allowed; the
+//! Starting and stopping one indexer: [`serve`] validates the configuration, builds every
+//! domain (its consumer, ingestion workers and router, `crate::state::Domain`), binds the gRPC and metrics listeners (port 0 allowed; the
 //! bound addresses are reported in [`RunningIndexer`]), marks health `SERVING`, and runs until
 //! the shutdown future resolves or [`RunningIndexer::stop`] is called.
 //!
@@ -13,8 +13,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ckf_core::catalog::Catalog;
 use ckf_core::global::{GlobalCkfIndexer, ManifestError};
-use ckf_core::ingestion::{IngestionWorkers, IngestionWorkersConfig};
+use ckf_core::ingestion::IngestionWorkersConfig;
 use ckf_proto::v1::{query_server::QueryServer, relay_server::RelayServer};
 use ckf_svc_kit::Shutdown;
 use ckf_svc_kit::Transport;
@@ -28,10 +29,10 @@ use tonic::service::interceptor::InterceptedService;
 use crate::config::{IndexerConfig, LimitsConfig};
 use crate::embedded::EmbeddedQuery;
 use crate::lane_watch;
-use crate::metrics::{IndexerMetrics, LaneLabels};
+use crate::metrics::IndexerMetrics;
 use crate::query::QueryService;
 use crate::relay::RelayService;
-use crate::state::IndexerState;
+use crate::state::{Domain, DomainSettings, IndexerState};
 
 /// gRPC services reported by the health service.
 pub const SERVICES: [&str; 2] = ["ckf.v1.Relay", "ckf.v1.Query"];
@@ -83,22 +84,32 @@ pub struct RunningIndexer {
     pub metrics_addr: SocketAddr,
     /// This process's consumer instance (carried in every lease it grants).
     pub consumer_instance: u64,
-    indexer: Arc<GlobalCkfIndexer>,
-    router: crate::router::Router,
+    routers: Catalog<crate::router::Router>,
     shutdown: Shutdown,
     task: JoinHandle<Result<(), ServeError>>,
 }
 
 impl RunningIndexer {
-    /// The in-process consumer (tests and the demo compare its lanes with producers' tables).
+    /// The primary domain's in-process consumer (tests and the demo compare its lanes with
+    /// producers' tables).
     pub fn indexer(&self) -> &Arc<GlobalCkfIndexer> {
-        &self.indexer
+        self.routers.primary().indexer()
     }
 
-    /// An in-process query handle (embedded mode, [`crate::embedded`]): the same answers as
-    /// the Query service's, without an RPC.
+    /// The in-process consumer of `domain`, if served.
+    pub fn domain_indexer(&self, domain: &str) -> Option<&Arc<GlobalCkfIndexer>> {
+        self.routers.get(domain).map(|r| r.indexer())
+    }
+
+    /// An in-process query handle on the primary domain (embedded mode, [`crate::embedded`]):
+    /// the same answers as the Query service's, without an RPC.
     pub fn query_handle(&self) -> EmbeddedQuery {
-        EmbeddedQuery::new(self.router.clone())
+        EmbeddedQuery::new(self.routers.primary().clone())
+    }
+
+    /// An in-process query handle on `domain`, if served.
+    pub fn domain_query_handle(&self, domain: &str) -> Option<EmbeddedQuery> {
+        self.routers.get(domain).cloned().map(EmbeddedQuery::new)
     }
 
     /// Starts a graceful shutdown (idempotent).
@@ -134,69 +145,64 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<RunningIndexer, ServeError> {
     config.validate()?;
-    let manifest = config.manifest()?;
+    let specs = config.domain_specs()?;
     let tls = ServerTls::load(&config.tls, "tls")?;
     let consumer_instance = rand::random::<u64>();
-    let indexer = Arc::new(GlobalCkfIndexer::with_policy(
-        manifest,
-        consumer_instance,
-        config.lag_policy(),
-    )?);
-    // `validate` resolved it already; resolving again here cannot fail on the same CPU, but a
-    // refusal would still be a configuration error, never a kernel run without its features.
-    let requested_kernel = config.search_kernel()?;
-    let search_kernel = indexer
-        .set_search_kernel(requested_kernel)
-        .map_err(|e| Invalid::new("search.kernel", &config.search.kernel, e.to_string()))?;
+    // `validate` resolved it already: resolving again on the same CPU gives the same kernel.
+    let search_kernel = config.search_kernel()?;
     let tick = match config.lag.heartbeat_deadline_ms {
         0 => Duration::from_millis(100),
         ms => Duration::from_millis((ms / 10).clamp(1, 100)),
     };
-    let workers = IngestionWorkers::new(
-        Arc::clone(&indexer),
-        IngestionWorkersConfig {
-            queue_capacity: config.limits.lane_queue_capacity as usize,
-            tick,
-        },
-    );
     let stop = Shutdown::new();
     stop.trigger_on(shutdown);
 
     let metrics = IndexerMetrics::new();
     metrics.observe_search_kernel(search_kernel);
-    metrics
-        .table_bytes
-        .set(i64::try_from(indexer.table().bytes()).unwrap_or(i64::MAX));
+    let limits = LimitsConfig {
+        max_images_per_delta: config.effective_max_images_per_delta(),
+        ..config.limits.clone()
+    };
+    let settings = DomainSettings {
+        consumer_instance,
+        lag: config.lag_policy(),
+        kernel: search_kernel,
+        workers: IngestionWorkersConfig {
+            queue_capacity: config.limits.lane_queue_capacity as usize,
+            tick,
+        },
+        route: &config.route,
+        limits: &limits,
+    };
+    let mut specs = specs.into_iter();
+    let primary = specs.next().expect("the primary domain");
+    let primary_id = primary.manifest.domain.clone();
+    let mut domains = Catalog::new(
+        primary_id,
+        Arc::new(Domain::build(primary, &settings, &metrics)?),
+    );
+    for spec in specs {
+        let id = spec.manifest.domain.clone();
+        let domain = Arc::new(Domain::build(spec, &settings, &metrics)?);
+        domains
+            .insert(id, domain)
+            .map_err(|e| Invalid::new("domains", e.0.as_str(), e.to_string()))?;
+    }
     let access = Arc::new(crate::access::IndexerAccess::new(
         &config.auth,
-        &config.manifest.domain,
-        &config.manifest.lanes,
+        &config.domain_lanes(),
         metrics.registry(),
     )?);
-    let routes = crate::router::Router::new(
-        Arc::clone(&indexer),
-        config.token_rules(),
-        config.lane_block_sizes()?,
-        &config.route,
-        metrics.route_decisions.clone(),
-    );
+    let routers = domains.map(|d| d.router.clone());
     let shared = Arc::new(IndexerState {
         access: Arc::clone(&access),
-        labels: LaneLabels::all(&indexer),
-        indexer: Arc::clone(&indexer),
-        workers,
+        domains,
         metrics: metrics.clone(),
-        limits: LimitsConfig {
-            max_images_per_delta: config.effective_max_images_per_delta(),
-            ..config.limits.clone()
-        },
+        limits,
         heartbeat_deadline_ms: config.lag.heartbeat_deadline_ms,
-        relay_streams: Arc::new(Semaphore::new(config.limits.max_relay_streams as usize)),
         query_streams: Arc::new(Semaphore::new(config.limits.max_query_streams as usize)),
         shutdown: stop.clone(),
-        router: routes.clone(),
     });
-    shared.metrics.observe_all(&indexer, &shared.labels);
 
     let Listeners {
         grpc: listener,
@@ -272,15 +278,9 @@ pub async fn serve(
                 .max_decoding_message_size(max_message)
                 .max_encoding_message_size(max_message),
         ),
-        {
-            let mut authorized = access.query_interceptor();
-            let mut for_domain = crate::query::domain_interceptor(
-                indexer.manifest().domain.clone(),
-                metrics.query_domain_refused.clone(),
-            );
-            // Credentials first: an unauthenticated caller learns nothing about the domain.
-            move |request| for_domain(authorized(request)?)
-        },
+        // Credentials first: an unauthenticated caller learns nothing about the domains (the
+        // handlers pick the call's domain, `IndexerState::domain_of`).
+        access.query_interceptor(),
     );
     let builder = || {
         transport.server(
@@ -317,15 +317,24 @@ pub async fn serve(
         metrics_addr = %metrics_server.addr,
         auth = %access.summary(config.tls.requires_client_certificates()),
         consumer_instance = format_args!("{consumer_instance:#x}"),
-        domain = %indexer.manifest().domain,
-        lanes = indexer.lane_count(),
-        lane_groups = indexer.table().groups().len(),
-        table_bytes = indexer.table().bytes(),
-        format = %indexer.manifest().format,
+        domains = shared.domains.len(),
+        primary_domain = %shared.domains.primary_id(),
         search_kernel = %search_kernel,
         search_kernel_config = %config.search.kernel,
         "ckf-indexer serving"
     );
+    for (name, domain) in shared.domains.iter() {
+        let indexer = &domain.indexer;
+        tracing::info!(
+            domain = %name,
+            lanes = indexer.lane_count(),
+            lane_groups = indexer.table().groups().len(),
+            table_bytes = indexer.table().bytes(),
+            format = %indexer.manifest().format,
+            block_sizes = ?domain.router.block_sizes().distinct(),
+            "domain served"
+        );
+    }
 
     let metrics_addr = metrics_server.addr;
     let handle = stop.clone();
@@ -386,8 +395,7 @@ pub async fn serve(
         query_addr,
         metrics_addr,
         consumer_instance,
-        indexer,
-        router: routes,
+        routers,
         shutdown: handle,
         task,
     })

@@ -1,50 +1,145 @@
-//! What every handler of one indexer shares: the core consumer, its ingestion workers, the
-//! metrics, the limits and the shutdown signal. Built once by [`crate::serve`].
+//! What every handler of one indexer shares: the domains served (each a [`Domain`]: its core
+//! consumer, ingestion workers, router, labels and counters), the metrics, the limits and the
+//! shutdown signal. Built once by [`crate::serve`].
 
 use std::sync::Arc;
 
+use ckf_core::catalog::{Catalog, DomainError};
 use ckf_core::global::GlobalCkfIndexer;
-use ckf_core::ingestion::IngestionWorkers;
+use ckf_core::ingestion::{IngestionWorkers, IngestionWorkersConfig};
+use ckf_core::lane::LagPolicy;
+use ckf_core::search::SearchKernel;
 use ckf_proto::v1::{self, relay_frame::Frame as WireFrame};
 use ckf_svc_kit::Shutdown;
 use prost::Message;
 use tokio::sync::Semaphore;
 
-use crate::config::LimitsConfig;
-use crate::metrics::{IndexerMetrics, LaneLabels};
+use crate::config::domains::DomainSpec;
+use crate::config::{LimitsConfig, RouteConfig};
+use crate::metrics::{IndexerMetrics, LaneLabels, QueryCounters};
+use crate::router::Router;
+
+/// One domain served: its own table, lanes, workers, router and counters. Nothing in it is
+/// shared with another domain, so one domain's faults never reach another's lanes.
+#[derive(Debug)]
+pub struct Domain {
+    /// The transposed consumer of this domain (leases, lane state machine, table, search).
+    pub indexer: Arc<GlobalCkfIndexer>,
+    /// One serialized ingestor thread per lane behind bounded queues.
+    pub workers: IngestionWorkers,
+    /// `domain` / `lane` / `dc` label values per lane.
+    pub labels: Vec<LaneLabels>,
+    /// `Route`: the kept load reports, the bookings, the `[route]` model and round trips, the
+    /// lanes' block sizes (shared with every [`crate::EmbeddedQuery`] of this domain).
+    pub router: Router,
+    /// Permits for open relay streams of this domain (`limits.max_relay_streams` each).
+    pub relay_streams: Arc<Semaphore>,
+    /// `ckf_indexer_queries_*{domain}` by method.
+    pub queries: QueryCounters,
+}
+
+/// What a domain is built with besides its [`DomainSpec`].
+#[derive(Debug, Clone)]
+pub struct DomainSettings<'a> {
+    /// This process's consumer instance (one for every domain).
+    pub consumer_instance: u64,
+    /// Deadlines of every lane.
+    pub lag: LagPolicy,
+    /// The search kernel resolved for this CPU.
+    pub kernel: SearchKernel,
+    /// Lane queues and their deadline tick.
+    pub workers: IngestionWorkersConfig,
+    /// The routing model and round trips.
+    pub route: &'a RouteConfig,
+    /// Resource limits.
+    pub limits: &'a LimitsConfig,
+}
+
+impl Domain {
+    /// Builds one domain: its consumer (sized by its manifest), its lane workers (started
+    /// here), its router and its metric children.
+    ///
+    /// # Errors
+    /// ckf-core's refusal of the manifest (a table that cannot be allocated, too many lanes)
+    /// or of the search kernel.
+    pub fn build(
+        spec: DomainSpec,
+        settings: &DomainSettings<'_>,
+        metrics: &IndexerMetrics,
+    ) -> Result<Self, crate::ServeError> {
+        let indexer = Arc::new(GlobalCkfIndexer::with_policy(
+            spec.manifest,
+            settings.consumer_instance,
+            settings.lag,
+        )?);
+        indexer.set_search_kernel(settings.kernel).map_err(|e| {
+            ckf_svc_kit::config::Invalid::new("search.kernel", settings.kernel, e.to_string())
+        })?;
+        let name = indexer.manifest().domain.to_string();
+        metrics
+            .table_bytes
+            .with_label_values(&[&name])
+            .set(i64::try_from(indexer.table().bytes()).unwrap_or(i64::MAX));
+        let workers = IngestionWorkers::new(Arc::clone(&indexer), settings.workers);
+        let router = Router::new(
+            Arc::clone(&indexer),
+            spec.token_rules,
+            spec.block_sizes,
+            settings.route,
+            metrics.route_decisions.clone(),
+        );
+        let labels = LaneLabels::all(&indexer);
+        metrics.observe_all(&indexer, &labels);
+        Ok(Self {
+            labels,
+            workers,
+            router,
+            relay_streams: Arc::new(Semaphore::new(settings.limits.max_relay_streams as usize)),
+            queries: metrics.query_methods(&name),
+            indexer,
+        })
+    }
+
+    /// Labels of `lane` (a manifest lane).
+    pub fn labels(&self, lane: u8) -> &LaneLabels {
+        &self.labels[usize::from(lane)]
+    }
+}
 
 /// The state the Relay and Query handlers share (one `Arc` per server).
 #[derive(Debug)]
 pub struct IndexerState {
-    /// The transposed global consumer (leases, lane state machine, table, search).
-    pub indexer: Arc<GlobalCkfIndexer>,
-    /// One serialized ingestor thread per lane behind bounded queues.
-    pub workers: IngestionWorkers,
+    /// The domains served; a query naming none is for the primary.
+    pub domains: Catalog<Arc<Domain>>,
     /// Prometheus metrics.
     pub metrics: IndexerMetrics,
-    /// `lane` / `dc` label values per lane.
-    pub labels: Vec<LaneLabels>,
     /// Resource limits.
     pub limits: LimitsConfig,
     /// Heartbeat deadline told to producers (0 = none).
     pub heartbeat_deadline_ms: u64,
-    /// Permits for open relay streams (`limits.max_relay_streams`).
-    pub relay_streams: Arc<Semaphore>,
     /// Permits for open `FindMatchesStream` calls (`limits.max_query_streams`).
     pub query_streams: Arc<Semaphore>,
     /// `[auth]`: who may attach for which pool, and the Query token.
     pub access: Arc<crate::access::IndexerAccess>,
     /// Stops every stream and the servers.
     pub shutdown: Shutdown,
-    /// `Route`: the kept load reports, the bookings, the `[route]` model and round trips
-    /// (shared with every [`crate::EmbeddedQuery`] of this indexer).
-    pub router: crate::router::Router,
 }
 
 impl IndexerState {
-    /// Labels of `lane` (a manifest lane).
-    pub fn labels(&self, lane: u8) -> &LaneLabels {
-        &self.labels[usize::from(lane)]
+    /// The domain a Query call is for: the one its `ckf-domain` metadata names, or the
+    /// primary (`ckf_core::catalog`); a refusal is counted.
+    ///
+    /// # Errors
+    /// [`DomainError`]: not a domain name, or a domain not served.
+    pub fn domain_of<T>(&self, request: &tonic::Request<T>) -> Result<Arc<Domain>, DomainError> {
+        let named = request.metadata().get(ckf_proto::metadata::DOMAIN_KEY);
+        // A value that is not visible ASCII is no domain name: checked as U+FFFD, so the
+        // refusal names the character rule.
+        let named = named.map(|v| v.to_str().unwrap_or("\u{fffd}"));
+        self.domains
+            .for_query(named)
+            .cloned()
+            .inspect_err(|_| self.metrics.query_domain_refused.inc())
     }
 
     /// Counts one received relay frame by kind and encoded size.

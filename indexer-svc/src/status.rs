@@ -31,9 +31,9 @@
 //! | `ListLanes` load-factor count failed | `INTERNAL` | - |
 
 use ckf_core::access::AccessError;
+use ckf_core::catalog::DomainError;
 use ckf_core::failure::{Disposed, Disposition};
 use ckf_core::global::{AttachError, StreamEnd};
-use ckf_core::identity::DomainQueryError;
 use ckf_core::lane::{RetireReason, StrayFrame};
 use ckf_core::tokens::TokenQueryError;
 use ckf_proto::{WireError, v1};
@@ -64,6 +64,15 @@ pub enum RelayError {
     /// message names the principal and the pool.
     #[error("relay attachment refused: {0}")]
     Access(AccessError),
+    /// The attachment's pool is in a domain this indexer does not serve; the message names
+    /// the domains served.
+    #[error("pool {pool}: {error}")]
+    Domain {
+        /// The pool claimed.
+        pool: ckf_core::identity::PoolId,
+        /// Why (the domains served).
+        error: DomainError,
+    },
     /// ckf-core refused the attachment (unknown pool, format mismatch); its message names the
     /// configured pools or both formats.
     #[error("{0}")]
@@ -175,7 +184,9 @@ impl RelayError {
             RelayError::NoAttach { .. } | RelayError::BadAttach(_) => Code::InvalidArgument,
             RelayError::Access(AccessError::Unauthenticated(_)) => Code::Unauthenticated,
             RelayError::Access(AccessError::PermissionDenied(_)) => Code::PermissionDenied,
-            RelayError::Attach(AttachError::UnknownPool { .. }) => Code::NotFound,
+            RelayError::Attach(AttachError::UnknownPool { .. }) | RelayError::Domain { .. } => {
+                Code::NotFound
+            }
             RelayError::Attach(AttachError::FormatMismatch { .. }) => Code::FailedPrecondition,
             RelayError::Attach(AttachError::Occupied { .. }) => {
                 let mut metadata = MetadataMap::new();
@@ -257,6 +268,7 @@ impl Disposed for RelayError {
             | RelayError::NoAttach { .. }
             | RelayError::BadAttach(_)
             | RelayError::Access(_)
+            | RelayError::Domain { .. }
             | RelayError::Shutdown => Disposition::Omission,
         }
     }
@@ -328,9 +340,9 @@ pub enum QueryError {
     /// The indexer is shutting down (ends an open `FindMatchesStream`).
     #[error("FindMatchesStream: the indexer is shutting down")]
     Shutdown,
-    /// The call names a domain (`ckf-domain` metadata) that is invalid or not this indexer's.
+    /// The call names a domain (`ckf-domain` metadata) that is invalid or not served here.
     #[error("{0}")]
-    Domain(#[from] DomainQueryError),
+    Domain(#[from] DomainError),
     /// A token query broke a token-query rule (its message names the field).
     #[error("{rpc}: {error}")]
     Tokens {
@@ -422,10 +434,10 @@ impl From<QueryError> for Status {
             QueryError::Shutdown => Status::unavailable(error.to_string()),
             QueryError::TooManyStreams { .. } => Status::resource_exhausted(error.to_string()),
             QueryError::LoadCount(_) => Status::internal(error.to_string()),
-            QueryError::Domain(DomainQueryError::Invalid(_)) => {
+            QueryError::Domain(DomainError::Invalid(_)) => {
                 Status::invalid_argument(error.to_string())
             }
-            QueryError::Domain(DomainQueryError::NotServed { .. }) => {
+            QueryError::Domain(DomainError::NotServed { .. }) => {
                 Status::not_found(error.to_string())
             }
             QueryError::Unauthenticated(_) => Status::unauthenticated(error.to_string()),

@@ -119,10 +119,10 @@ async fn batch_and_stream_answer_what_unary_answers() {
     assert_metrics(
         &indexer,
         &[
-            r#"ckf_indexer_queries_total{method="find_matches_batch"} 6"#,
-            r#"ckf_indexer_queries_total{method="find_matches_stream"} 6"#,
-            r#"ckf_indexer_query_blocks_total{method="find_matches_batch"} 20"#,
-            r#"ckf_indexer_queries_refused_total{method="find_matches_stream"} 0"#,
+            r#"ckf_indexer_queries_total{domain="test",method="find_matches_batch"} 6"#,
+            r#"ckf_indexer_queries_total{domain="test",method="find_matches_stream"} 6"#,
+            r#"ckf_indexer_query_blocks_total{domain="test",method="find_matches_batch"} 20"#,
+            r#"ckf_indexer_queries_refused_total{domain="test",method="find_matches_stream"} 0"#,
             // One search time per query, unary (6), batched (6) and streamed (6) alike: the
             // batch path's unshared histogram copy is added to the shared one.
             "ckf_indexer_query_duration_seconds_count 18",
@@ -205,9 +205,9 @@ async fn batch_limits_are_invalid_argument_naming_the_limit_and_the_index() {
     assert_metrics(
         &indexer,
         &[
-            r#"ckf_indexer_queries_refused_total{method="find_matches_batch"} 7"#,
-            r#"ckf_indexer_queries_refused_total{method="find_matches_stream"} 2"#,
-            r#"ckf_indexer_queries_total{method="find_matches_stream"} 1"#,
+            r#"ckf_indexer_queries_refused_total{domain="test",method="find_matches_batch"} 7"#,
+            r#"ckf_indexer_queries_refused_total{domain="test",method="find_matches_stream"} 2"#,
+            r#"ckf_indexer_queries_total{domain="test",method="find_matches_stream"} 1"#,
         ],
     )
     .await;

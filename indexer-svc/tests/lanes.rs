@@ -17,7 +17,10 @@ async fn lanes_past_sixteen_are_attached_and_answered_by_every_query() {
     let lanes: Vec<&str> = names.iter().map(String::as_str).collect();
     let indexer = Indexer::start(config(&lanes)).await;
     assert_eq!(indexer.lanes().await.lanes.len(), 64);
-    let bytes = format!("ckf_indexer_table_bytes {}", BUCKETS * 64 * 8);
+    let bytes = format!(
+        "ckf_indexer_table_bytes{{domain=\"{DOMAIN}\"}} {}",
+        BUCKETS * 64 * 8
+    );
     let metrics = metrics_text(&indexer).await;
     assert!(metrics.contains(&bytes), "no {bytes:?} in\n{metrics}");
     // One lane in each group, at different depths of the same sequence.

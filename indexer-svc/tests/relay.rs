@@ -575,7 +575,7 @@ async fn load_reports_are_kept_per_lane_and_bad_ones_dropped_without_costing_the
         sample(
             &text,
             "ckf_indexer_load_reports_total",
-            &format!("dc=\"dc-a\",outcome=\"{o}\""),
+            &format!("dc=\"dc-a\",domain=\"test\",outcome=\"{o}\""),
         )
     };
     assert_eq!(
@@ -586,19 +586,23 @@ async fn load_reports_are_kept_per_lane_and_bad_ones_dropped_without_costing_the
         sample(
             &text,
             "ckf_indexer_lane_load_requests",
-            &format!("dc=\"dc-a\",state=\"{state}\""),
+            &format!("dc=\"dc-a\",domain=\"test\",state=\"{state}\""),
         )
     };
     assert_eq!((requests("running"), requests("waiting")), (7.0, 4.0));
     assert_eq!(
-        sample(&text, "ckf_indexer_lane_load_kv_usage", "dc=\"dc-a\""),
+        sample(
+            &text,
+            "ckf_indexer_lane_load_kv_usage",
+            "dc=\"dc-a\",domain=\"test\""
+        ),
         0.5
     );
     assert_eq!(
         sample(
             &text,
             "ckf_indexer_lane_load_prefill_tokens_per_second",
-            "dc=\"dc-a\""
+            "dc=\"dc-a\",domain=\"test\""
         ),
         12_000.0
     );
@@ -606,7 +610,7 @@ async fn load_reports_are_kept_per_lane_and_bad_ones_dropped_without_costing_the
         sample(
             &text,
             "ckf_indexer_lane_load_engines_reporting",
-            "dc=\"dc-b\""
+            "dc=\"dc-b\",domain=\"test\""
         ),
         0.0,
         "the other lane has no report"

@@ -81,7 +81,9 @@ async fn each_dc_is_estimated_by_the_formula_and_the_fastest_chosen() {
     // The choices were booked: dc-b once, dc-a once.
     let text = metrics_text(&indexer).await;
     for dc in ["dc-a", "dc-b"] {
-        let line = format!("ckf_indexer_route_decisions_total{{dc=\"{dc}\",reason=\"fastest\"}} 1");
+        let line = format!(
+            "ckf_indexer_route_decisions_total{{dc=\"{dc}\",domain=\"test\",reason=\"fastest\"}} 1"
+        );
         assert!(text.contains(&line), "{line} not in the metrics");
     }
 }
@@ -212,15 +214,25 @@ async fn a_batch_answers_and_books_exactly_as_the_same_unary_calls() {
     // Counted as the unary calls are: per request, and the decisions per DC.
     let (u, b) = (metrics_text(&unary).await, metrics_text(&batched).await);
     assert_eq!(
-        sample(&b, "ckf_indexer_queries_total{method=\"route_batch\"}").as_deref(),
+        sample(
+            &b,
+            "ckf_indexer_queries_total{domain=\"test\",method=\"route_batch\"}"
+        )
+        .as_deref(),
         Some("100")
     );
     assert_eq!(
-        sample(&u, "ckf_indexer_queries_total{method=\"route\"}").as_deref(),
+        sample(
+            &u,
+            "ckf_indexer_queries_total{domain=\"test\",method=\"route\"}"
+        )
+        .as_deref(),
         Some("100")
     );
     for dc in ["dc-a", "dc-b"] {
-        let line = format!("ckf_indexer_route_decisions_total{{dc=\"{dc}\",reason=\"fastest\"}}");
+        let line = format!(
+            "ckf_indexer_route_decisions_total{{dc=\"{dc}\",domain=\"test\",reason=\"fastest\"}}"
+        );
         assert_eq!(sample(&u, &line), sample(&b, &line), "{line}");
         assert!(sample(&b, &line).is_some(), "{line}");
     }
@@ -308,7 +320,7 @@ async fn a_batch_is_refused_whole_naming_the_limit_or_the_first_refused_request(
     assert_eq!(
         sample(
             &text,
-            "ckf_indexer_queries_refused_total{method=\"route_batch\"}"
+            "ckf_indexer_queries_refused_total{domain=\"test\",method=\"route_batch\"}"
         ),
         Some(refused.to_string())
     );

@@ -141,7 +141,9 @@ async fn metrics_count_frames_deltas_queries_and_lane_state() {
     let mut text = String::new();
     for _ in 0..500 {
         text = http_get(url, "/metrics").await;
-        if text.contains(r#"ckf_indexer_lane_state{dc="dc-a",lane="0",state="active"} 1"#) {
+        if text.contains(
+            r#"ckf_indexer_lane_state{dc="dc-a",domain="test",lane="0",state="active"} 1"#,
+        ) {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
@@ -153,24 +155,24 @@ async fn metrics_count_frames_deltas_queries_and_lane_state() {
         r#"ckf_indexer_relay_frames_received_total{kind="delta"} 1"#,
         r#"ckf_indexer_relay_frames_received_total{kind="heartbeat"} 1"#,
         r#"ckf_indexer_relay_frames_received_total{kind="drain_marker"} 1"#,
-        r#"ckf_indexer_snapshots_installed_total{dc="dc-a",lane="0"} 1"#,
-        r#"ckf_indexer_deltas_applied_total{dc="dc-a",lane="0"} 1"#,
-        r#"ckf_indexer_drain_markers_accepted_total{dc="dc-a",lane="0"} 1"#,
-        r#"ckf_indexer_leases_granted_total{dc="dc-a",lane="0"} 1"#,
-        r#"ckf_indexer_event_to_applied_lag_seconds_count{dc="dc-a",lane="0"} 1"#,
-        r#"ckf_indexer_queries_total{method="find_matches"} 2"#,
-        r#"ckf_indexer_query_blocks_total{method="find_matches"} 13"#,
-        r#"ckf_indexer_queries_total{method="find_matches_by_tokens"} 1"#,
-        r#"ckf_indexer_query_blocks_total{method="find_matches_by_tokens"} 2"#,
-        r#"ckf_indexer_queries_refused_total{method="find_matches_by_tokens"} 1"#,
-        r#"ckf_indexer_queries_refused_total{method="find_matches"} 0"#,
+        r#"ckf_indexer_snapshots_installed_total{dc="dc-a",domain="test",lane="0"} 1"#,
+        r#"ckf_indexer_deltas_applied_total{dc="dc-a",domain="test",lane="0"} 1"#,
+        r#"ckf_indexer_drain_markers_accepted_total{dc="dc-a",domain="test",lane="0"} 1"#,
+        r#"ckf_indexer_leases_granted_total{dc="dc-a",domain="test",lane="0"} 1"#,
+        r#"ckf_indexer_event_to_applied_lag_seconds_count{dc="dc-a",domain="test",lane="0"} 1"#,
+        r#"ckf_indexer_queries_total{domain="test",method="find_matches"} 2"#,
+        r#"ckf_indexer_query_blocks_total{domain="test",method="find_matches"} 13"#,
+        r#"ckf_indexer_queries_total{domain="test",method="find_matches_by_tokens"} 1"#,
+        r#"ckf_indexer_query_blocks_total{domain="test",method="find_matches_by_tokens"} 2"#,
+        r#"ckf_indexer_queries_refused_total{domain="test",method="find_matches_by_tokens"} 1"#,
+        r#"ckf_indexer_queries_refused_total{domain="test",method="find_matches"} 0"#,
         "ckf_indexer_query_duration_seconds_count 3",
         r#"ckf_indexer_query_duration_seconds_bucket{le="0.0000001"}"#,
-        r#"ckf_indexer_lane_state{dc="dc-a",lane="0",state="active"} 1"#,
-        r#"ckf_indexer_lane_state{dc="dc-b",lane="1",state="unassigned"} 1"#,
-        r#"ckf_indexer_lane_ready{dc="dc-a",lane="0"} 1"#,
-        r#"ckf_indexer_lane_ready{dc="dc-b",lane="1"} 0"#,
-        r#"ckf_indexer_lane_installed_sequence{dc="dc-a",lane="0"} 1"#,
+        r#"ckf_indexer_lane_state{dc="dc-a",domain="test",lane="0",state="active"} 1"#,
+        r#"ckf_indexer_lane_state{dc="dc-b",domain="test",lane="1",state="unassigned"} 1"#,
+        r#"ckf_indexer_lane_ready{dc="dc-a",domain="test",lane="0"} 1"#,
+        r#"ckf_indexer_lane_ready{dc="dc-b",domain="test",lane="1"} 0"#,
+        r#"ckf_indexer_lane_installed_sequence{dc="dc-a",domain="test",lane="0"} 1"#,
     ] {
         assert!(text.contains(line), "missing {line:?} in\n{text}");
     }
@@ -187,7 +189,9 @@ async fn metrics_count_frames_deltas_queries_and_lane_state() {
 
 fn a_images_line(text: &str) -> u64 {
     text.lines()
-        .find_map(|l| l.strip_prefix(r#"ckf_indexer_images_applied_total{dc="dc-a",lane="0"} "#))
+        .find_map(|l| {
+            l.strip_prefix(r#"ckf_indexer_images_applied_total{dc="dc-a",domain="test",lane="0"} "#)
+        })
         .and_then(|v| v.parse().ok())
         .unwrap_or(0)
 }
@@ -201,7 +205,8 @@ async fn retirements_are_counted_by_reason() {
     a.stream
         .expect_retired_as(v1::RetireReason::Gap, Code::FailedPrecondition)
         .await;
-    let line = r#"ckf_indexer_lane_retirements_total{dc="dc-a",lane="0",reason="gap"} 1"#;
+    let line =
+        r#"ckf_indexer_lane_retirements_total{dc="dc-a",domain="test",lane="0",reason="gap"} 1"#;
     let mut text = String::new();
     for _ in 0..500 {
         text = http_get(indexer.running.metrics_addr, "/metrics").await;

@@ -311,8 +311,9 @@ async fn long_token_queries_at_512_token_blocks_answer_as_find_matches() {
         assert_eq!(answer.0[0], (0, n.min(60) as u32), "{n} blocks");
         blocks += n as u64;
     }
-    let want =
-        format!(r#"ckf_indexer_query_blocks_total{{method="find_matches_by_tokens"}} {blocks}"#);
+    let want = format!(
+        r#"ckf_indexer_query_blocks_total{{domain="test",method="find_matches_by_tokens"}} {blocks}"#
+    );
     let text = metrics_text(&indexer).await;
     assert!(text.contains(&want), "missing {want:?} in\n{text}");
 }

@@ -1,4 +1,6 @@
 use super::*;
+use ckf_core::addressing::TableFormat;
+use ckf_core::tokens::TokenQueryRules;
 
 fn cli(args: &[&str]) -> Cli {
     Cli::parse_from(std::iter::once("ckf-indexer").chain(args.iter().copied()))
@@ -512,4 +514,98 @@ fn a_message_limit_too_small_for_one_answer_of_every_lane_is_refused() {
     cli(&["--lanes", "dc-a", "--max-message-bytes", "4096"])
         .load()
         .unwrap();
+}
+
+/// A configuration of domains `llama` (primary: dc-a, dc-b, dc-c) and `qwen` (dc-a, dc-d; block
+/// size 32, its own table) loaded from TOML.
+fn two_domains(extra: &str) -> Result<IndexerConfig, ConfigError> {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("indexer.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[manifest]\ndomain = \"llama\"\nlanes = [\"dc-a\", \"dc-b\", \"dc-c\"]\n\
+             [[domains]]\ndomain = \"qwen\"\nlanes = [\"dc-a\", \"dc-d\"]\nblock_size = 32\n\
+             [domains.table]\nexpected_blocks = 5000\n{extra}"
+        ),
+    )
+    .unwrap();
+    cli(&["--config", file.to_str().unwrap()]).load()
+}
+
+#[test]
+fn domains_are_resolved_each_with_its_own_lanes_block_size_and_table() {
+    let config = two_domains("").unwrap();
+    let specs = config.domain_specs().unwrap();
+    assert_eq!(specs.len(), 2);
+    let (llama, qwen) = (&specs[0], &specs[1]);
+    assert_eq!(llama.manifest.domain.as_str(), "llama");
+    assert_eq!(llama.manifest.lanes.len(), 3);
+    assert_eq!(
+        llama.manifest.format,
+        TableFormat::for_expected_blocks(1_000_000, 0).unwrap()
+    );
+    assert_eq!(llama.token_rules.block_size, 16);
+    assert_eq!(qwen.manifest.domain.as_str(), "qwen");
+    assert_eq!(qwen.manifest.lanes[1].to_string(), "qwen/dc-d");
+    assert_eq!(
+        qwen.manifest.format,
+        TableFormat::for_expected_blocks(5000, 0).unwrap()
+    );
+    assert_eq!(qwen.token_rules.block_size, 32);
+    assert_eq!(qwen.block_sizes.of(1), 32);
+    // The primary's accessors stay the primary's.
+    assert_eq!(config.manifest().unwrap(), llama.manifest);
+    assert_eq!(config.all_dcs(), ["dc-a", "dc-b", "dc-c", "dc-d"]);
+    // A round trip may name a DC of any domain.
+    two_domains("[route]\nrtt_ms = { dc-d = 40.0 }\n").unwrap();
+}
+
+#[test]
+fn a_bad_domain_entry_is_refused_naming_its_key() {
+    let refused = |extra: &str| two_domains(extra).unwrap_err().to_string();
+    let text = refused("[[domains]]\ndomain = \"llama\"\nlanes = [\"dc-z\"]\n");
+    assert!(
+        text.contains("domains[1].domain = llama: is configured twice"),
+        "{text}"
+    );
+    let text = refused("[[domains]]\ndomain = \"m\"\nlanes = [\"dc-a\", \"bad dc\"]\n");
+    assert!(text.contains("domains[1].lanes[1] = bad dc"), "{text}");
+    let text = refused("[[domains]]\ndomain = \"m\"\nlanes = []\n");
+    assert!(text.contains("domains[1].lanes"), "{text}");
+    let text = refused("[[domains]]\ndomain = \"m\"\nlanes = [\"a\"]\nblock_size = 0\n");
+    assert!(text.contains("domains[1].block_size = 0"), "{text}");
+    let text = refused("[[domains]]\ndomain = \"m\"\nlanes = [\"a\"]\nblock_sizes = { b = 8 }\n");
+    assert!(
+        text.contains("domains[1].block_sizes.b = 8: not a DC of domains[1].lanes"),
+        "{text}"
+    );
+    let text =
+        refused("[[domains]]\ndomain = \"m\"\nlanes = [\"a\"]\n[domains.table]\nmax_kicks = 8\n");
+    assert!(text.contains("domains[1].table.max_kicks = 8"), "{text}");
+    let text = refused(
+        "[[domains]]\ndomain = \"m\"\nlanes = [\"a\"]\n[domains.table]\nbucket_count = 3\n",
+    );
+    assert!(text.contains("domains[1].table.bucket_count = 3"), "{text}");
+    let text = refused("[[domains]]\ndomain = \"m\"\nlanes = [\"a\"]\nsurprise = 1\n");
+    assert!(text.contains("surprise"), "{text}");
+    let text = refused("[route]\nrtt_ms = { dc-z = 40.0 }\n");
+    assert!(
+        text.contains("route.rtt_ms.dc-z = 40: not a DC of any domain's lanes"),
+        "{text}"
+    );
+}
+
+#[test]
+fn the_message_limit_follows_the_largest_domain() {
+    let lanes: Vec<String> = (0..40).map(|i| format!("\"dc-{i}\"")).collect();
+    let big = format!(
+        "[[domains]]\ndomain = \"wide\"\nlanes = [{}]\n[limits]\nmax_message_bytes = 16384\n",
+        lanes.join(", ")
+    );
+    let text = two_domains(&big).unwrap_err().to_string();
+    assert!(
+        text.contains("at least 20480 bytes for 40 lanes in one domain"),
+        "{text}"
+    );
 }

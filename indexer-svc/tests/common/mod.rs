@@ -194,7 +194,12 @@ pub struct Producer {
 impl Producer {
     /// Attaches with a fresh state of the test format.
     pub async fn attach(indexer: &Indexer, dc: &str, incarnation: u64) -> Self {
-        let identity = identity(dc, incarnation, format());
+        Self::attach_as(indexer, identity(dc, incarnation, format())).await
+    }
+
+    /// Attaches as `identity` (any domain and format) with a fresh state of its format.
+    pub async fn attach_as(indexer: &Indexer, identity: ProducerIdentity) -> Self {
+        let format = identity.format;
         let stream = open(indexer, (&identity).into())
             .await
             .expect("attach accepted");
@@ -203,7 +208,7 @@ impl Producer {
         let mut publisher = DcCkfPublisher::new(identity);
         publisher.install_lease(lease).unwrap();
         Self {
-            state: DcCkfState::new(DcCkfConfig::new(format())).unwrap(),
+            state: DcCkfState::new(DcCkfConfig::new(format)).unwrap(),
             publisher,
             stream,
             lease,
@@ -296,7 +301,9 @@ pub fn load_report(a: &Producer, sequence: u64, waiting: u32, capacity: f64) -> 
 
 /// Waits until `dc` has had `n` load reports kept (bounded wait, not a timing assertion).
 pub async fn kept(indexer: &Indexer, dc: &str, n: u32) {
-    let line = format!("ckf_indexer_load_reports_total{{dc=\"{dc}\",outcome=\"kept\"}} {n}");
+    let line = format!(
+        "ckf_indexer_load_reports_total{{dc=\"{dc}\",domain=\"test\",outcome=\"kept\"}} {n}"
+    );
     for _ in 0..250 {
         if metrics_text(indexer).await.contains(&line) {
             return;
