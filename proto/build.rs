@@ -9,6 +9,7 @@ const PROTOS: &[&str] = &[
     "ckf/v1/ingest.proto",
     "ckf/v1/relay.proto",
     "ckf/v1/query.proto",
+    "ckf/v1/admin.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

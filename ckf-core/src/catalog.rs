@@ -12,6 +12,12 @@
 //!
 //! A name that is not a domain name, or a domain not served, is a [`DomainError`] naming the
 //! domains that are.
+//!
+//! The catalog changes at run time by whole domains ([`Catalog::plan`]): a new list of domains
+//! adds the names not served, removes the served names it lacks and keeps the others, which
+//! must be unchanged: a served domain keeps its definition (lanes, block sizes, table format)
+//! for its life, so no lane of a kept domain ever changes under a reload. The primary stays.
+//! A change that breaks a rule is refused whole ([`CatalogChangeError`]).
 
 use std::collections::BTreeMap;
 
@@ -45,6 +51,56 @@ fn join(domains: &[IndexerDomainId]) -> String {
         .map(IndexerDomainId::as_str)
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// Why a new list of domains cannot replace a catalog's (nothing is changed).
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum CatalogChangeError {
+    /// The new list's primary (its first domain) is another domain.
+    #[error(
+        "the primary domain is {current} and stays for the indexer's life (the new \
+         configuration makes it {next}); change it with a restart"
+    )]
+    PrimaryChanged {
+        /// The primary served.
+        current: IndexerDomainId,
+        /// The new list's first domain.
+        next: IndexerDomainId,
+    },
+    /// The new list names a domain twice.
+    #[error(transparent)]
+    Duplicate(#[from] DuplicateDomain),
+    /// A served domain's definition differs in the new list.
+    #[error(
+        "domain {domain} is served and its definition changed ({what}): a served domain keeps \
+         its lanes, block sizes and table while it runs; remove it (one reload) and add it \
+         back (another), or restart"
+    )]
+    Changed {
+        /// The domain.
+        domain: IndexerDomainId,
+        /// What differs.
+        what: String,
+    },
+}
+
+/// What a new list of domains changes in a catalog: the domains to add (with their
+/// definitions), to remove and to keep, each in name order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CatalogPlan<D> {
+    /// Domains not served yet.
+    pub added: Vec<(IndexerDomainId, D)>,
+    /// Domains served and not in the new list.
+    pub removed: Vec<IndexerDomainId>,
+    /// Domains served and unchanged.
+    pub kept: Vec<IndexerDomainId>,
+}
+
+impl<D> CatalogPlan<D> {
+    /// Whether the plan changes nothing.
+    pub fn is_empty(&self) -> bool {
+        self.added.is_empty() && self.removed.is_empty()
+    }
 }
 
 /// Two entries of one catalog name the same domain.
@@ -124,6 +180,104 @@ impl<T> Catalog<T> {
                 .map(|(d, v)| (d.clone(), f(v)))
                 .collect(),
         }
+    }
+
+    /// What replacing this catalog's domains by `next` (the primary first, then the others)
+    /// changes. `definition` gives a served value's definition; `difference` describes how two
+    /// definitions of one domain differ (for the refusal).
+    ///
+    /// # Errors
+    /// [`CatalogChangeError`]: another primary, a domain twice, a served domain changed.
+    pub fn plan<D: PartialEq>(
+        &self,
+        next: Vec<(IndexerDomainId, D)>,
+        definition: impl Fn(&T) -> &D,
+        difference: impl Fn(&D, &D) -> String,
+    ) -> Result<CatalogPlan<D>, CatalogChangeError> {
+        if let Some((first, _)) = next.first()
+            && first != &self.primary
+        {
+            return Err(CatalogChangeError::PrimaryChanged {
+                current: self.primary.clone(),
+                next: first.clone(),
+            });
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        let mut added = Vec::new();
+        let mut kept = Vec::new();
+        for (domain, next) in next {
+            if !seen.insert(domain.clone()) {
+                return Err(DuplicateDomain(domain).into());
+            }
+            match self.domains.get(&domain) {
+                None => added.push((domain, next)),
+                Some(served) if definition(served) == &next => kept.push(domain),
+                Some(served) => {
+                    return Err(CatalogChangeError::Changed {
+                        what: difference(definition(served), &next),
+                        domain,
+                    });
+                }
+            }
+        }
+        if !seen.contains(&self.primary) {
+            return Err(CatalogChangeError::PrimaryChanged {
+                current: self.primary.clone(),
+                next: added
+                    .first()
+                    .map_or_else(|| self.primary.clone(), |(d, _)| d.clone()),
+            });
+        }
+        added.sort_by(|a, b| a.0.cmp(&b.0));
+        kept.sort();
+        let removed = self
+            .domains
+            .keys()
+            .filter(|d| !seen.contains(*d))
+            .cloned()
+            .collect();
+        Ok(CatalogPlan {
+            added,
+            removed,
+            kept,
+        })
+    }
+
+    /// The catalog after `plan` (made by [`Catalog::plan`] on this catalog): the kept values
+    /// cloned, each added one built by `build` (the first failure leaves nothing changed and is
+    /// returned), the removed ones returned apart.
+    ///
+    /// # Errors
+    /// `build`'s error.
+    pub fn apply<D, E>(
+        &self,
+        plan: CatalogPlan<D>,
+        mut build: impl FnMut(&IndexerDomainId, D) -> Result<T, E>,
+    ) -> Result<(Catalog<T>, Vec<T>), E>
+    where
+        T: Clone,
+    {
+        let mut domains: BTreeMap<IndexerDomainId, T> = BTreeMap::new();
+        for domain in plan.kept {
+            let value = self.domains[&domain].clone();
+            domains.insert(domain, value);
+        }
+        for (domain, definition) in plan.added {
+            let value = build(&domain, definition)?;
+            domains.insert(domain, value);
+        }
+        let removed = plan
+            .removed
+            .iter()
+            .map(|d| self.domains[d].clone())
+            .collect();
+        Ok((
+            Catalog {
+                primary: self.primary.clone(),
+                domains,
+            },
+            removed,
+        ))
     }
 
     /// The domain a query is for: the one it names (`None`: it names none, so the primary).
@@ -229,6 +383,84 @@ mod tests {
             catalog.for_pool(&pool("mistral")),
             Err(DomainError::NotServed { named, .. }) if named == id("mistral")
         ));
+    }
+
+    fn plan(
+        catalog: &Catalog<u32>,
+        next: &[(&str, u32)],
+    ) -> Result<CatalogPlan<u32>, CatalogChangeError> {
+        let next = next.iter().map(|(d, v)| (id(d), *v)).collect();
+        catalog.plan(next, |v| v, |a, b| format!("{a} -> {b}"))
+    }
+
+    #[test]
+    fn a_new_list_adds_removes_and_keeps_whole_domains() {
+        let catalog = two();
+        // Same list: nothing changes.
+        let same = plan(&catalog, &[("llama-70b", 1), ("qwen-7b", 2)]).unwrap();
+        assert!(same.is_empty());
+        assert_eq!(same.kept, [id("llama-70b"), id("qwen-7b")]);
+        // qwen out, mistral and gemma in (in name order).
+        let change = plan(&catalog, &[("llama-70b", 1), ("mistral", 3), ("gemma", 4)]).unwrap();
+        assert_eq!(change.added, [(id("gemma"), 4), (id("mistral"), 3)]);
+        assert_eq!(change.removed, [id("qwen-7b")]);
+        assert_eq!(change.kept, [id("llama-70b")]);
+        let (next, removed) = catalog.apply(change, |_, v| Ok::<_, ()>(v * 10)).unwrap();
+        assert_eq!(removed, [2]);
+        assert_eq!(next.names(), [id("gemma"), id("llama-70b"), id("mistral")]);
+        assert_eq!(
+            next.for_query(None),
+            Ok(&1),
+            "the primary is kept, not rebuilt"
+        );
+        assert_eq!(next.get("mistral"), Some(&30));
+        assert!(next.get("qwen-7b").is_none());
+        // A failing build leaves the catalog as it was.
+        let change = plan(&catalog, &[("llama-70b", 1), ("mistral", 3)]).unwrap();
+        assert_eq!(
+            catalog
+                .apply(change, |_, _| Err::<u32, _>("no memory"))
+                .unwrap_err(),
+            "no memory"
+        );
+        assert_eq!(catalog.names(), [id("llama-70b"), id("qwen-7b")]);
+    }
+
+    #[test]
+    fn a_change_breaking_a_rule_is_refused_whole() {
+        let catalog = two();
+        // A served domain's definition stays.
+        let changed = plan(&catalog, &[("llama-70b", 1), ("qwen-7b", 9), ("new", 5)]);
+        assert_eq!(
+            changed,
+            Err(CatalogChangeError::Changed {
+                domain: id("qwen-7b"),
+                what: "2 -> 9".into()
+            })
+        );
+        assert!(
+            changed
+                .unwrap_err()
+                .to_string()
+                .contains("remove it (one reload)")
+        );
+        // The primary stays: neither replaced, nor removed, nor moved behind another.
+        assert!(matches!(
+            plan(&catalog, &[("qwen-7b", 2), ("llama-70b", 1)]),
+            Err(CatalogChangeError::PrimaryChanged { next, .. }) if next == id("qwen-7b")
+        ));
+        assert!(matches!(
+            plan(&catalog, &[("qwen-7b", 2)]),
+            Err(CatalogChangeError::PrimaryChanged { .. })
+        ));
+        assert!(matches!(
+            plan(&catalog, &[]),
+            Err(CatalogChangeError::PrimaryChanged { .. })
+        ));
+        assert_eq!(
+            plan(&catalog, &[("llama-70b", 1), ("x", 1), ("x", 1)]),
+            Err(CatalogChangeError::Duplicate(DuplicateDomain(id("x"))))
+        );
     }
 
     #[test]

@@ -35,7 +35,7 @@ use prometheus::{IntCounterVec, Registry};
 use serde::{Deserialize, Serialize};
 use tonic::{Request, Status};
 
-use crate::status::{QueryError, RelayError};
+use crate::status::{AdminError, QueryError, RelayError};
 
 /// The `[auth]` section.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -47,6 +47,9 @@ pub struct AuthConfig {
     pub query_token_file: Option<PathBuf>,
     /// Producer principals and the pools each may publish.
     pub producers: Vec<ProducerAuth>,
+    /// The `Admin` service (catalog reloads) needs `authorization: Bearer <the token in this
+    /// file>`; absent, it refuses every call.
+    pub admin_token_file: Option<PathBuf>,
 }
 
 /// One `[[auth.producers]]` entry.
@@ -69,6 +72,8 @@ pub struct ProducerAuth {
 struct Policies {
     relay: Policy<PoolGrant>,
     query: TokenGate,
+    /// `None`: no `auth.admin_token_file`, the Admin service is off.
+    admin: Option<TokenGate>,
 }
 
 /// One domain's name and lanes, as the access rules see them (the first of a list is the
@@ -150,7 +155,14 @@ fn build(auth: &AuthConfig, domains: &[DomainLanes]) -> Result<Policies, Invalid
         "auth.query_token_file",
         auth.query_token_file.as_deref(),
     )?);
-    Ok(Policies { relay, query })
+    let admin =
+        read_optional_token_file("auth.admin_token_file", auth.admin_token_file.as_deref())?
+            .map(|token| TokenGate::new(Some(token)));
+    Ok(Policies {
+        relay,
+        query,
+        admin,
+    })
 }
 
 /// Checks `auth` (and reads its token files) against the domains served (the primary first).
@@ -163,11 +175,19 @@ pub fn validate(auth: &AuthConfig, domains: &[DomainLanes]) -> Result<(), Invali
     build(auth, domains).map(|_| ())
 }
 
-/// The access checks of one indexer (shared by the Relay and Query handlers).
+/// Policies built for a catalog reload, not yet in force ([`IndexerAccess::prepare`]).
+#[derive(Debug)]
+pub struct PreparedAccess {
+    policies: Policies,
+    config: (AuthConfig, Vec<DomainLanes>),
+}
+
+/// The access checks of one indexer (shared by the Relay, Query and Admin handlers).
 #[derive(Debug)]
 pub struct IndexerAccess {
-    config: AuthConfig,
-    domains: Vec<DomainLanes>,
+    /// The `[auth]` section and the domains its pools are checked against (replaced by a
+    /// catalog reload, re-read by a token reload).
+    config: std::sync::Mutex<(AuthConfig, Vec<DomainLanes>)>,
     policies: Reloadable<Policies>,
     refused: IntCounterVec,
 }
@@ -187,18 +207,17 @@ impl IndexerAccess {
         let refused = counter_vec(
             registry,
             "ckf_indexer_auth_refused_total",
-            "Requests refused by authorization, by service (relay, query) and gRPC code \
+            "Requests refused by authorization, by service (relay, query, admin) and gRPC code \
              (unauthenticated, permission_denied).",
             &["service", "code"],
         );
-        for service in ["relay", "query"] {
+        for service in ["relay", "query", "admin"] {
             for code in ["unauthenticated", "permission_denied"] {
                 refused.with_label_values(&[service, code]);
             }
         }
         Ok(Self {
-            config: auth.clone(),
-            domains: domains.to_vec(),
+            config: std::sync::Mutex::new((auth.clone(), domains.to_vec())),
             policies: Reloadable::new(policies),
             refused,
         })
@@ -209,12 +228,58 @@ impl IndexerAccess {
     /// # Errors
     /// The refused key, path and reason, as text.
     pub fn reload(&self) -> Result<String, String> {
-        let policies = build(&self.config, &self.domains).map_err(|e| e.to_string())?;
+        let config = self.config.lock().expect("auth config lock");
+        let policies = build(&config.0, &config.1).map_err(|e| e.to_string())?;
         let principals = policies.relay.entries().len();
         self.policies.set(policies);
         Ok(format!(
             "{principals} producer principal(s), query token reloaded"
         ))
+    }
+
+    /// Checks `auth` against the domains `domains` (reading its token files): the policies a
+    /// catalog reload puts in force with [`IndexerAccess::replace`].
+    ///
+    /// # Errors
+    /// As [`validate`].
+    pub fn prepare(auth: &AuthConfig, domains: &[DomainLanes]) -> Result<PreparedAccess, Invalid> {
+        Ok(PreparedAccess {
+            policies: build(auth, domains)?,
+            config: (auth.clone(), domains.to_vec()),
+        })
+    }
+
+    /// Puts `prepared` in force (the next Attach and call are checked against it).
+    pub fn replace(&self, prepared: PreparedAccess) {
+        let mut config = self.config.lock().expect("auth config lock");
+        self.policies.set(prepared.policies);
+        *config = prepared.config;
+    }
+
+    /// The interceptor guarding Admin: `PERMISSION_DENIED` without `auth.admin_token_file`,
+    /// else the bearer token (`UNAUTHENTICATED` without it); refusals counted under `admin`.
+    pub fn admin_interceptor(
+        self: &Arc<Self>,
+    ) -> impl FnMut(Request<()>) -> Result<Request<()>, Status> + Clone + Send + Sync + 'static
+    {
+        let access = Arc::clone(self);
+        move |request: Request<()>| {
+            let policies = access.policies.get();
+            let Some(gate) = &policies.admin else {
+                access
+                    .refused
+                    .with_label_values(&["admin", "permission_denied"])
+                    .inc();
+                return Err(AdminError::Off.into());
+            };
+            match credentials(&request).and_then(|c| gate.check(&c)) {
+                Ok(()) => Ok(request),
+                Err(error) => {
+                    access.count("admin", &error);
+                    Err(AdminError::Unauthenticated(error).into())
+                }
+            }
+        }
     }
 
     /// A one-line summary for the start log; `client_certificates`: the listeners require a
@@ -334,8 +399,8 @@ mod tests {
         };
         let auth = |p: ProducerAuth| AuthConfig {
             required: true,
-            query_token_file: None,
             producers: vec![p],
+            ..AuthConfig::default()
         };
         validate(&auth(producer(&["dc-a"], Some(token.clone()))), &lanes()).unwrap();
 

@@ -44,6 +44,8 @@ pub const MIN_MESSAGE_BYTES: u64 = 4 << 10;
 /// `FindMatches` or `Route` answer) carries every lane with its 64-byte names, measured at most
 /// ~300 bytes per lane with a retirement detail.
 pub const BYTES_PER_LANE_ANSWER: u64 = 512;
+/// Default `config_watch_interval_ms`: the configuration file is checked every 5 s.
+pub const DEFAULT_CONFIG_WATCH_INTERVAL_MS: u64 = 5_000;
 /// Largest accepted `limits.max_message_bytes` (256 MiB).
 pub const MAX_MESSAGE_BYTES: u64 = 256 << 20;
 
@@ -322,6 +324,10 @@ pub struct IndexerConfig {
     pub worker_threads: u32,
     /// TLS of the gRPC listener (`ckf_svc_kit::tls`): certificate, key, client CA, reload.
     pub tls: ServerTlsConfig,
+    /// How often the configuration file (`--config`) is checked for a change, milliseconds; a
+    /// change reloads the catalog of domains as SIGHUP and `Admin/ReloadCatalog` do
+    /// (`crate::catalog`). 0 = no watch (SIGHUP and the RPC only).
+    pub config_watch_interval_ms: u64,
     /// Let a non-loopback listener serve Relay without `auth.required` or Query without a
     /// token or required client certificates, on purpose: logged at WARN at start and every
     /// hour, exported as `ckf_indexer_insecure` = 1 (`ckf_svc_kit::tls::exposure`).
@@ -347,6 +353,7 @@ impl Default for IndexerConfig {
             log_format: LogFormat::Human,
             worker_threads: DEFAULT_WORKER_THREADS,
             tls: ServerTlsConfig::default(),
+            config_watch_interval_ms: DEFAULT_CONFIG_WATCH_INTERVAL_MS,
             insecure: false,
         }
     }
@@ -485,6 +492,12 @@ impl Validate for IndexerConfig {
         self.route.validate(&self.all_dcs())?;
         validate_worker_threads(self.worker_threads)?;
         self.search_kernel()?;
+        in_range(
+            "config_watch_interval_ms",
+            self.config_watch_interval_ms,
+            0..=3_600_000,
+            "ms",
+        )?;
         in_range(
             "lag.drain_grace_ms",
             self.lag.drain_grace_ms,

@@ -19,16 +19,22 @@ pub const REFRESH: Duration = Duration::from_millis(250);
 /// Spawns the watcher of every lane of every domain; they end on shutdown.
 pub fn spawn_all(shared: &Arc<IndexerState>) -> Vec<JoinHandle<()>> {
     shared
-        .domains
+        .domains()
         .iter()
-        .flat_map(|(_, domain)| {
-            (0..domain.indexer.lane_count()).map(|lane| {
-                tokio::spawn(watch(
-                    Arc::clone(shared),
-                    Arc::clone(domain),
-                    lane as LaneIndex,
-                ))
-            })
+        .flat_map(|(_, domain)| spawn_domain(shared, domain))
+        .collect()
+}
+
+/// Spawns the watcher of every lane of `domain`; they end on shutdown or when the domain is
+/// removed.
+pub fn spawn_domain(shared: &Arc<IndexerState>, domain: &Arc<Domain>) -> Vec<JoinHandle<()>> {
+    (0..domain.indexer.lane_count())
+        .map(|lane| {
+            tokio::spawn(watch(
+                Arc::clone(shared),
+                Arc::clone(domain),
+                lane as LaneIndex,
+            ))
         })
         .collect()
 }
@@ -51,6 +57,7 @@ async fn watch(shared: Arc<IndexerState>, domain: Arc<Domain>, lane: LaneIndex) 
     loop {
         tokio::select! {
             () = shared.shutdown.wait() => return,
+            () = domain.removed.wait() => return,
             event = events.recv_async() => match event {
                 Ok(event) => match &event.kind {
                     LaneEventKind::Retired(reason @ RetireReason::DrainGraceExpired { .. }) => {

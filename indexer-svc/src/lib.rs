@@ -10,8 +10,10 @@
 //! | module | owns |
 //! | --- | --- |
 //! | [`embedded`] | [`EmbeddedQuery`]: a router process as an indexer replica, queried in-process |
-//! | [`access`] | `[auth]`: producer principals -> pools (checked before `attach`), the Query token, SIGHUP reload |
-//! | [`config`] | `IndexerConfig` (manifest, table format, lag policy, limits, addresses) and the `ckf-indexer` flags |
+//! | [`access`] | `[auth]`: producer principals -> pools (checked before `attach`), the Query and Admin tokens, SIGHUP reload |
+//! | [`config`] | `IndexerConfig` (the primary domain's manifest, `[[domains]]` in `config::domains`, table format, lag policy, limits, addresses) and the `ckf-indexer` flags |
+//! | [`catalog`] | catalog reloads: domains added and removed at run time (SIGHUP, file watch, `Admin/ReloadCatalog`), the others untouched |
+//! | [`admin`] | `Admin/ReloadCatalog` behind the admin token |
 //! | [`relay`] | `Relay/Publish`: attach -> lease -> frames into the lane's ingestor -> Ack / Retired |
 //! | [`query`] | `Query/FindMatches` and `Query/ListLanes` |
 //! | [`router`] | [`router::Router`], the one path of every Route (RPC, batch, embedded): the prefix search, each ready lane's kept load report and round trip, `ckf_core::route`'s ranking and choice, bookings |
@@ -19,8 +21,8 @@
 //! | [`status`] | the one mapping of failures to gRPC statuses and `Retired` replies |
 //! | [`metrics`] | Prometheus metrics (`ckf_indexer_*`) |
 //! | [`lane_watch`] | lane events -> retirement counters and lane gauges |
-//! | [`state`] | [`state::IndexerState`]: what the handlers share |
-//! | [`server`] | [`serve`]: binds, wires health/reflection/metrics, runs until shutdown |
+//! | [`state`] | [`state::IndexerState`]: what the handlers share; [`state::Domain`]: one domain's consumer, workers, router, counters |
+//! | [`server`] | [`serve`] / [`serve_from`]: binds, wires health/reflection/metrics, runs until shutdown |
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), indexer_svc::ServeError> {
@@ -32,6 +34,8 @@
 //! ```
 
 pub mod access;
+pub mod admin;
+pub mod catalog;
 pub mod config;
 pub mod embedded;
 pub mod lane_watch;
@@ -46,4 +50,4 @@ pub mod status;
 
 pub use config::{Cli, IndexerConfig};
 pub use embedded::EmbeddedQuery;
-pub use server::{RunningIndexer, ServeError, serve};
+pub use server::{RunningIndexer, ServeError, serve, serve_from};

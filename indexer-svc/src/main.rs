@@ -1,11 +1,12 @@
 //! `ckf-indexer`: parse flags, load the layered configuration, init logging, serve until
-//! SIGTERM/SIGINT. Everything else is in the `indexer_svc` library (the `ckf demo` command runs
-//! the same [`indexer_svc::serve`]); the process chores are `ckf_svc_kit::serve::run_main`.
+//! SIGTERM/SIGINT; the flags stay the configuration source that catalog reloads re-read.
+//! Everything else is in the `indexer_svc` library (the `ckf demo` command runs the same
+//! server through [`indexer_svc::serve`]); the process chores are `ckf_svc_kit::serve::run_main`.
 
 use std::process::ExitCode;
 
 use clap::Parser;
-use indexer_svc::{Cli, IndexerConfig, serve};
+use indexer_svc::{Cli, IndexerConfig, serve_from};
 
 // mimalloc instead of the system allocator: every query allocates its decoded request and its
 // answer (one block per query of a batch), and glibc's malloc/free took about a tenth of the
@@ -14,13 +15,15 @@ use indexer_svc::{Cli, IndexerConfig, serve};
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    let config = Cli::parse().load();
+    let cli = Cli::parse();
+    let config = cli.load();
     ckf_svc_kit::serve::run_main(
         "ckf-indexer",
         config,
         IndexerConfig::process,
-        |config, shutdown| async move {
-            match async { serve(config, shutdown.wait()).await?.wait().await }.await {
+        // The flags are kept as the configuration source: catalog reloads re-read it.
+        |_config, shutdown| async move {
+            match async { serve_from(cli, shutdown.wait()).await?.wait().await }.await {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(error) => {
                     tracing::error!(%error, "ckf-indexer failed");

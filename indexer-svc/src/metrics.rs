@@ -108,6 +108,10 @@ pub struct IndexerMetrics {
     pub relay_streams: IntGauge,
     /// Bytes of each domain's consumer table (every lane group), set when the domain starts.
     pub table_bytes: IntGaugeVec,
+    /// Domains served now.
+    pub domains: IntGauge,
+    /// Catalog reloads by `result` (`applied`, `unchanged`, `refused`, `dry_run`).
+    pub catalog_reloads: IntCounterVec,
     /// `FindMatchesStream` calls open now.
     pub query_streams: IntGauge,
     /// One-hot lane state (`lane`, `dc`, `state`).
@@ -251,6 +255,20 @@ impl IndexerMetrics {
             ),
             relay_streams,
             table_bytes,
+            domains: int_gauge(&r, "ckf_indexer_domains", "Domains (models) served now."),
+            catalog_reloads: {
+                let reloads = counter_vec(
+                    &r,
+                    "ckf_indexer_catalog_reloads_total",
+                    "Catalog reloads (SIGHUP, configuration file change, Admin/ReloadCatalog) by \
+                     result: applied, unchanged, refused (nothing changed), dry_run.",
+                    &["result"],
+                );
+                for result in ["applied", "unchanged", "refused", "dry_run"] {
+                    reloads.with_label_values(&[result]);
+                }
+                reloads
+            },
             query_streams,
             lane_state: int_gauge_vec(
                 &r,
@@ -468,6 +486,40 @@ impl IndexerMetrics {
         self.lane_installed_sequence
             .with_label_values(&lane.values())
             .set(status.installed_sequence.map_or(0, |s| s as i64));
+    }
+
+    /// Withdraws the gauges of a removed domain's lanes (`lanes`: its labels) and its table,
+    /// so no stale value of a domain no longer served stays exported. Its counters stay.
+    pub fn forget_domain(&self, lanes: &[LaneLabels]) {
+        for lane in lanes {
+            for state in STATES {
+                let _ = self.lane_state.remove_label_values(&[
+                    &lane.domain,
+                    &lane.lane,
+                    &lane.dc,
+                    state.as_str(),
+                ]);
+            }
+            let _ = self.lane_ready.remove_label_values(&lane.values());
+            let _ = self
+                .lane_installed_sequence
+                .remove_label_values(&lane.values());
+            let dc = [lane.domain.as_str(), lane.dc.as_str()];
+            for state in ["running", "waiting"] {
+                let _ = self
+                    .lane_load_requests
+                    .remove_label_values(&[dc[0], dc[1], state]);
+            }
+            let _ = self.lane_load_engines_reporting.remove_label_values(&dc);
+            let _ = self.lane_load_kv_usage.remove_label_values(&dc);
+            let _ = self
+                .lane_load_prefill_tokens_per_second
+                .remove_label_values(&dc);
+            let _ = self.lane_load_observed_timestamp.remove_label_values(&dc);
+        }
+        if let Some(lane) = lanes.first() {
+            let _ = self.table_bytes.remove_label_values(&[&lane.domain]);
+        }
     }
 
     /// Refreshes every lane's gauges.

@@ -180,6 +180,7 @@ impl Query for QueryService {
                 open: self.shared.metrics.query_streams.clone(),
             },
             shared: Arc::clone(&self.shared),
+            removed: Box::pin(domain.removed.wait()),
             domain,
             inbound: request.into_inner(),
             shutdown: Box::pin(self.shared.shutdown.wait()),
@@ -392,6 +393,8 @@ pub struct StreamAnswers {
     _slot: StreamSlot,
     shared: Arc<IndexerState>,
     domain: Arc<Domain>,
+    /// Resolves when a catalog reload removes the stream's domain.
+    removed: Pin<Box<dyn Future<Output = ()> + Send>>,
     inbound: Streaming<v1::FindMatchesStreamRequest>,
     shutdown: Pin<Box<dyn Future<Output = ()> + Send>>,
     ended: bool,
@@ -429,6 +432,13 @@ impl Stream for StreamAnswers {
         if this.shutdown.as_mut().poll(cx).is_ready() {
             this.ended = true;
             return Poll::Ready(Some(Err(QueryError::Shutdown.into())));
+        }
+        if this.removed.as_mut().poll(cx).is_ready() {
+            this.ended = true;
+            let removed = QueryError::Removed {
+                domain: this.domain.name().clone(),
+            };
+            return Poll::Ready(Some(Err(removed.into())));
         }
         let answer = match Pin::new(&mut this.inbound).poll_next(cx) {
             Poll::Pending => return Poll::Pending,

@@ -119,7 +119,7 @@ impl Relay for RelayService {
             .map_err(refuse)?;
         let request = attach_request(attach).map_err(refuse)?;
         let domain = shared
-            .domains
+            .domains()
             .for_pool(&request.pool)
             .map_err(|error| {
                 refuse(RelayError::Domain {
@@ -330,6 +330,9 @@ impl Session {
             let step = tokio::select! {
                 biased;
                 () = self.shared.shutdown.wait() => return Err(RelayError::Shutdown),
+                () = self.domain.removed.wait() => return Err(RelayError::Removed {
+                    domain: self.domain.name().clone(),
+                }),
                 event = events.recv_async() => match event {
                     Ok(event) => self.step(self.attachment.event(event), None)?,
                     // The lane dropped its subscribers: the indexer is going away.

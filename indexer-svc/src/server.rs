@@ -16,7 +16,9 @@ use std::time::Duration;
 use ckf_core::catalog::Catalog;
 use ckf_core::global::{GlobalCkfIndexer, ManifestError};
 use ckf_core::ingestion::IngestionWorkersConfig;
-use ckf_proto::v1::{query_server::QueryServer, relay_server::RelayServer};
+use ckf_proto::v1::{
+    admin_server::AdminServer, query_server::QueryServer, relay_server::RelayServer,
+};
 use ckf_svc_kit::Shutdown;
 use ckf_svc_kit::Transport;
 use ckf_svc_kit::config::{Invalid, Validate};
@@ -26,6 +28,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tonic::service::interceptor::InterceptedService;
 
+use crate::admin::AdminService;
 use crate::config::{IndexerConfig, LimitsConfig};
 use crate::embedded::EmbeddedQuery;
 use crate::lane_watch;
@@ -35,9 +38,9 @@ use crate::relay::RelayService;
 use crate::state::{Domain, DomainSettings, IndexerState};
 
 /// gRPC services reported by the health service.
-pub const SERVICES: [&str; 2] = ["ckf.v1.Relay", "ckf.v1.Query"];
+pub const SERVICES: [&str; 3] = ["ckf.v1.Relay", "ckf.v1.Query", "ckf.v1.Admin"];
 /// Health services of `listen` when `query_listen` serves Query apart.
-const RELAY_ONLY: [&str; 1] = ["ckf.v1.Relay"];
+const RELAY_ONLY: [&str; 2] = ["ckf.v1.Relay", "ckf.v1.Admin"];
 /// Health services of `query_listen`.
 const QUERY_ONLY: [&str; 1] = ["ckf.v1.Query"];
 /// How long in-flight connections may take to close after shutdown starts.
@@ -53,6 +56,9 @@ pub enum ServeError {
     /// A configuration value breaks a rule.
     #[error("invalid configuration: {0}")]
     Config(#[from] Invalid),
+    /// The configuration could not be loaded from its source ([`serve_from`]).
+    #[error("{0}")]
+    Load(#[from] ckf_svc_kit::config::ConfigError),
     /// ckf-core refused the manifest.
     #[error("invalid manifest: {0}")]
     Manifest(#[from] ManifestError),
@@ -84,7 +90,10 @@ pub struct RunningIndexer {
     pub metrics_addr: SocketAddr,
     /// This process's consumer instance (carried in every lease it grants).
     pub consumer_instance: u64,
-    routers: Catalog<crate::router::Router>,
+    /// The primary domain's router (never removed).
+    primary: crate::router::Router,
+    /// The handlers' state, for the domains a reload adds (weak: the server owns it).
+    state: std::sync::Weak<IndexerState>,
     shutdown: Shutdown,
     task: JoinHandle<Result<(), ServeError>>,
 }
@@ -93,23 +102,49 @@ impl RunningIndexer {
     /// The primary domain's in-process consumer (tests and the demo compare its lanes with
     /// producers' tables).
     pub fn indexer(&self) -> &Arc<GlobalCkfIndexer> {
-        self.routers.primary().indexer()
+        self.primary.indexer()
     }
 
-    /// The in-process consumer of `domain`, if served.
-    pub fn domain_indexer(&self, domain: &str) -> Option<&Arc<GlobalCkfIndexer>> {
-        self.routers.get(domain).map(|r| r.indexer())
+    /// The in-process consumer of `domain`, if served now (`None` after the indexer stopped).
+    pub fn domain_indexer(&self, domain: &str) -> Option<Arc<GlobalCkfIndexer>> {
+        let state = self.state.upgrade()?;
+        let domains = state.domains();
+        domains.get(domain).map(|d| Arc::clone(&d.indexer))
     }
 
     /// An in-process query handle on the primary domain (embedded mode, [`crate::embedded`]):
     /// the same answers as the Query service's, without an RPC.
     pub fn query_handle(&self) -> EmbeddedQuery {
-        EmbeddedQuery::new(self.routers.primary().clone())
+        EmbeddedQuery::new(self.primary.clone())
     }
 
-    /// An in-process query handle on `domain`, if served.
+    /// An in-process query handle on `domain`, if served now (`None` after the indexer
+    /// stopped). A handle on a domain a reload removes keeps answering from its last tables.
     pub fn domain_query_handle(&self, domain: &str) -> Option<EmbeddedQuery> {
-        self.routers.get(domain).cloned().map(EmbeddedQuery::new)
+        let state = self.state.upgrade()?;
+        let domains = state.domains();
+        domains
+            .get(domain)
+            .map(|d| EmbeddedQuery::new(d.router.clone()))
+    }
+
+    /// Applies the catalog of `config` now, as a reload does ([`crate::catalog`]); `dry_run`
+    /// plans only. For an indexer started with [`serve`], whose configuration has no source.
+    ///
+    /// # Errors
+    /// [`crate::catalog::ReloadError`]; nothing changed.
+    pub fn apply_catalog(
+        &self,
+        config: IndexerConfig,
+        dry_run: bool,
+    ) -> Result<crate::catalog::Reloaded, crate::catalog::ReloadError> {
+        let state = self
+            .state
+            .upgrade()
+            .ok_or(crate::catalog::ReloadError::Task(
+                "the indexer has stopped".into(),
+            ))?;
+        crate::catalog::apply(&state, config, dry_run)
     }
 
     /// Starts a graceful shutdown (idempotent).
@@ -135,13 +170,35 @@ impl RunningIndexer {
     }
 }
 
-/// Starts an indexer; returns once both listeners are bound and health says `SERVING`.
+/// Starts an indexer; returns once both listeners are bound and health says `SERVING`. It has
+/// no configuration source: its catalog of domains is fixed ([`serve_from`] reloads).
 ///
 /// # Errors
 /// [`ServeError::Config`] / [`ServeError::Manifest`] for a bad configuration,
 /// [`ServeError::Bind`] when an address is taken.
 pub async fn serve(
     config: IndexerConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<RunningIndexer, ServeError> {
+    start(config, None, shutdown).await
+}
+
+/// Starts an indexer from `source` (its configuration file, environment and flags), which
+/// catalog reloads re-read ([`crate::catalog`]: SIGHUP, the file watch, `Admin/ReloadCatalog`).
+///
+/// # Errors
+/// [`ServeError::Load`] when the configuration cannot be loaded; as [`serve`].
+pub async fn serve_from(
+    source: crate::config::Cli,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<RunningIndexer, ServeError> {
+    let config = source.load()?;
+    start(config, Some(source), shutdown).await
+}
+
+async fn start(
+    config: IndexerConfig,
+    source: Option<crate::config::Cli>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<RunningIndexer, ServeError> {
     config.validate()?;
@@ -171,8 +228,8 @@ pub async fn serve(
             queue_capacity: config.limits.lane_queue_capacity as usize,
             tick,
         },
-        route: &config.route,
-        limits: &limits,
+        route: config.route.clone(),
+        limits: limits.clone(),
     };
     let mut specs = specs.into_iter();
     let primary = specs.next().expect("the primary domain");
@@ -193,10 +250,18 @@ pub async fn serve(
         &config.domain_lanes(),
         metrics.registry(),
     )?);
-    let routers = domains.map(|d| d.router.clone());
+    let primary_router = domains.primary().router.clone();
+    metrics
+        .domains
+        .set(i64::try_from(domains.len()).unwrap_or(i64::MAX));
     let shared = Arc::new(IndexerState {
         access: Arc::clone(&access),
-        domains,
+        catalog: std::sync::RwLock::new(Arc::new(domains)),
+        settings,
+        config: std::sync::Mutex::new(config.clone()),
+        source,
+        watchers: std::sync::Mutex::default(),
+        reloading: std::sync::Mutex::default(),
         metrics: metrics.clone(),
         limits,
         heartbeat_deadline_ms: config.lag.heartbeat_deadline_ms,
@@ -295,7 +360,12 @@ pub async fn serve(
         None => &SERVICES,
     };
     let (health, router) = front(builder(), services, &descriptors).await?;
-    let router = router.add_service(relay);
+    // Admin beside Relay, on `listen` only (an operator's service, not a router's).
+    let admin = InterceptedService::new(
+        transport.limit(AdminServer::new(AdminService::new(Arc::clone(&shared)))),
+        access.admin_interceptor(),
+    );
+    let router = router.add_service(relay).add_service(admin);
     // Query on `listen`, or alone on `query_listen` (with its own health and reflection).
     let (router, query_server) = match query_listener {
         None => (router.add_service(query), None),
@@ -309,7 +379,9 @@ pub async fn serve(
     if let Some((query_health, ..)) = &query_server {
         query_health.serving().await;
     }
-    let watchers = lane_watch::spawn_all(&shared);
+    *shared.watchers.lock().expect("watchers lock") = lane_watch::spawn_all(&shared);
+    crate::catalog::spawn_triggers(&shared)
+        .map_err(|e| Invalid::new("manifest", "SIGHUP handler", e.to_string()))?;
 
     tracing::info!(
         %grpc_addr,
@@ -317,13 +389,14 @@ pub async fn serve(
         metrics_addr = %metrics_server.addr,
         auth = %access.summary(config.tls.requires_client_certificates()),
         consumer_instance = format_args!("{consumer_instance:#x}"),
-        domains = shared.domains.len(),
-        primary_domain = %shared.domains.primary_id(),
+        domains = shared.domains().len(),
+        primary_domain = %shared.domains().primary_id(),
+        catalog_reloads = if shared.source.is_some() { "SIGHUP, file watch, Admin/ReloadCatalog" } else { "off (in-process configuration value)" },
         search_kernel = %search_kernel,
         search_kernel_config = %config.search.kernel,
         "ckf-indexer serving"
     );
-    for (name, domain) in shared.domains.iter() {
+    for (name, domain) in shared.domains().iter() {
         let indexer = &domain.indexer;
         tracing::info!(
             domain = %name,
@@ -338,6 +411,7 @@ pub async fn serve(
 
     let metrics_addr = metrics_server.addr;
     let handle = stop.clone();
+    let shared_handle = Arc::clone(&shared);
     let serve_stop = stop.clone();
     let query_tls = tls.clone();
     let query_transport = transport.clone();
@@ -379,6 +453,7 @@ pub async fn serve(
             () = async move { grace_stop.wait().await; tokio::time::sleep(DRAIN_GRACE).await } => Ok(()),
         };
         stop.trigger();
+        let watchers = std::mem::take(&mut *shared.watchers.lock().expect("watchers lock"));
         for watcher in watchers {
             let _ = watcher.await;
         }
@@ -395,7 +470,8 @@ pub async fn serve(
         query_addr,
         metrics_addr,
         consumer_instance,
-        routers,
+        primary: primary_router,
+        state: Arc::downgrade(&shared_handle),
         shutdown: handle,
         task,
     })

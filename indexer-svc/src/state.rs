@@ -1,8 +1,9 @@
-//! What every handler of one indexer shares: the domains served (each a [`Domain`]: its core
-//! consumer, ingestion workers, router, labels and counters), the metrics, the limits and the
-//! shutdown signal. Built once by [`crate::serve`].
+//! What every handler of one indexer shares: the catalog of domains served (each a [`Domain`]:
+//! its core consumer, ingestion workers, router, labels and counters; replaced whole by a
+//! catalog reload, `crate::catalog`), the metrics, the limits and the shutdown signal. Built once
+//! by [`crate::serve`].
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, RwLock};
 
 use ckf_core::catalog::{Catalog, DomainError};
 use ckf_core::global::GlobalCkfIndexer;
@@ -23,6 +24,11 @@ use crate::router::Router;
 /// shared with another domain, so one domain's faults never reach another's lanes.
 #[derive(Debug)]
 pub struct Domain {
+    /// What it was built from (a reload keeps it only while this stays equal).
+    pub spec: DomainSpec,
+    /// Triggered when a catalog reload removes the domain: its relay streams, query streams and
+    /// lane watchers end.
+    pub removed: Shutdown,
     /// The transposed consumer of this domain (leases, lane state machine, table, search).
     pub indexer: Arc<GlobalCkfIndexer>,
     /// One serialized ingestor thread per lane behind bounded queues.
@@ -38,9 +44,10 @@ pub struct Domain {
     pub queries: QueryCounters,
 }
 
-/// What a domain is built with besides its [`DomainSpec`].
+/// What a domain is built with besides its [`DomainSpec`] (the same for every domain of the
+/// process, kept to build the domains a reload adds).
 #[derive(Debug, Clone)]
-pub struct DomainSettings<'a> {
+pub struct DomainSettings {
     /// This process's consumer instance (one for every domain).
     pub consumer_instance: u64,
     /// Deadlines of every lane.
@@ -50,9 +57,9 @@ pub struct DomainSettings<'a> {
     /// Lane queues and their deadline tick.
     pub workers: IngestionWorkersConfig,
     /// The routing model and round trips.
-    pub route: &'a RouteConfig,
+    pub route: RouteConfig,
     /// Resource limits.
-    pub limits: &'a LimitsConfig,
+    pub limits: LimitsConfig,
 }
 
 impl Domain {
@@ -64,11 +71,11 @@ impl Domain {
     /// or of the search kernel.
     pub fn build(
         spec: DomainSpec,
-        settings: &DomainSettings<'_>,
+        settings: &DomainSettings,
         metrics: &IndexerMetrics,
     ) -> Result<Self, crate::ServeError> {
         let indexer = Arc::new(GlobalCkfIndexer::with_policy(
-            spec.manifest,
+            spec.manifest.clone(),
             settings.consumer_instance,
             settings.lag,
         )?);
@@ -84,13 +91,15 @@ impl Domain {
         let router = Router::new(
             Arc::clone(&indexer),
             spec.token_rules,
-            spec.block_sizes,
-            settings.route,
+            spec.block_sizes.clone(),
+            &settings.route,
             metrics.route_decisions.clone(),
         );
         let labels = LaneLabels::all(&indexer);
         metrics.observe_all(&indexer, &labels);
         Ok(Self {
+            spec,
+            removed: Shutdown::new(),
             labels,
             workers,
             router,
@@ -104,13 +113,32 @@ impl Domain {
     pub fn labels(&self, lane: u8) -> &LaneLabels {
         &self.labels[usize::from(lane)]
     }
+
+    /// The domain's name.
+    pub fn name(&self) -> &ckf_core::identity::IndexerDomainId {
+        &self.spec.manifest.domain
+    }
 }
+
+/// The domains served, the primary first.
+pub type Domains = Catalog<Arc<Domain>>;
 
 /// The state the Relay and Query handlers share (one `Arc` per server).
 #[derive(Debug)]
 pub struct IndexerState {
-    /// The domains served; a query naming none is for the primary.
-    pub domains: Catalog<Arc<Domain>>,
+    /// The domains served; a query naming none is for the primary. Replaced whole by a catalog
+    /// reload: read it with [`IndexerState::domains`].
+    pub catalog: RwLock<Arc<Domains>>,
+    /// How domains are built (the ones a reload adds too).
+    pub settings: DomainSettings,
+    /// The configuration in force (its catalog part replaced by each applied reload).
+    pub config: Mutex<crate::config::IndexerConfig>,
+    /// Where a reload reads the configuration from (`None`: started in-process with a value).
+    pub source: Option<crate::config::Cli>,
+    /// Lane watchers of every domain (joined at shutdown).
+    pub watchers: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// One reload at a time.
+    pub reloading: Mutex<()>,
     /// Prometheus metrics.
     pub metrics: IndexerMetrics,
     /// Resource limits.
@@ -126,6 +154,11 @@ pub struct IndexerState {
 }
 
 impl IndexerState {
+    /// The catalog in force now.
+    pub fn domains(&self) -> Arc<Domains> {
+        Arc::clone(&self.catalog.read().expect("catalog lock"))
+    }
+
     /// The domain a Query call is for: the one its `ckf-domain` metadata names, or the
     /// primary (`ckf_core::catalog`); a refusal is counted.
     ///
@@ -136,7 +169,7 @@ impl IndexerState {
         // A value that is not visible ASCII is no domain name: checked as U+FFFD, so the
         // refusal names the character rule.
         let named = named.map(|v| v.to_str().unwrap_or("\u{fffd}"));
-        self.domains
+        self.domains()
             .for_query(named)
             .cloned()
             .inspect_err(|_| self.metrics.query_domain_refused.inc())

@@ -90,6 +90,15 @@ pub enum RelayError {
     /// The indexer is shutting down.
     #[error("indexer is shutting down")]
     Shutdown,
+    /// A catalog reload removed the stream's domain.
+    #[error(
+        "domain {domain} was removed from this indexer's catalog; attachments for it are \
+         refused until it is served again"
+    )]
+    Removed {
+        /// The domain.
+        domain: ckf_core::identity::IndexerDomainId,
+    },
 }
 
 /// A frame after `Attach` that breaks the stream at the transport.
@@ -207,6 +216,7 @@ impl RelayError {
             RelayError::EndedWithoutDrain => Code::FailedPrecondition,
             RelayError::Ended(end) => end_code(end),
             RelayError::Shutdown => Code::Unavailable,
+            RelayError::Removed { .. } => Code::NotFound,
         };
         Status::new(code, self.to_string())
     }
@@ -228,6 +238,7 @@ impl RelayError {
             RelayError::Ended(StreamEnd::ShutDown) | RelayError::Shutdown => {
                 v1::RetireReason::Shutdown
             }
+            RelayError::Removed { .. } => v1::RetireReason::Removed,
             _ => return None,
         };
         Some(
@@ -269,6 +280,7 @@ impl Disposed for RelayError {
             | RelayError::BadAttach(_)
             | RelayError::Access(_)
             | RelayError::Domain { .. }
+            | RelayError::Removed { .. }
             | RelayError::Shutdown => Disposition::Omission,
         }
     }
@@ -340,6 +352,12 @@ pub enum QueryError {
     /// The indexer is shutting down (ends an open `FindMatchesStream`).
     #[error("FindMatchesStream: the indexer is shutting down")]
     Shutdown,
+    /// A catalog reload removed the domain of an open `FindMatchesStream`.
+    #[error("FindMatchesStream: domain {domain} was removed from this indexer's catalog")]
+    Removed {
+        /// The domain.
+        domain: ckf_core::identity::IndexerDomainId,
+    },
     /// The call names a domain (`ckf-domain` metadata) that is invalid or not served here.
     #[error("{0}")]
     Domain(#[from] DomainError),
@@ -395,6 +413,34 @@ pub enum QueryError {
     Unauthenticated(AccessError),
 }
 
+/// Why an `Admin` call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    /// No `auth.admin_token_file`: the service refuses every call.
+    #[error("ckf.v1.Admin is off: set auth.admin_token_file on the indexer")]
+    Off,
+    /// The caller did not present the admin token.
+    #[error("ckf.v1.Admin: {0}")]
+    Unauthenticated(AccessError),
+    /// The catalog reload was refused or failed; nothing changed.
+    #[error("ReloadCatalog: {0}")]
+    Reload(#[from] crate::catalog::ReloadError),
+}
+
+impl From<AdminError> for Status {
+    fn from(error: AdminError) -> Self {
+        use crate::catalog::ReloadError;
+        let code = match &error {
+            AdminError::Off => Code::PermissionDenied,
+            AdminError::Unauthenticated(_) => Code::Unauthenticated,
+            AdminError::Reload(ReloadError::NoSource) => Code::Unimplemented,
+            AdminError::Reload(ReloadError::Task(_)) => Code::Internal,
+            AdminError::Reload(_) => Code::FailedPrecondition,
+        };
+        Status::new(code, error.to_string())
+    }
+}
+
 /// Which batched request a [`QueryError`] is about (its `Display` starts the message).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BatchAt {
@@ -432,6 +478,7 @@ impl From<QueryError> for Status {
             | QueryError::RouteRtt { .. }
             | QueryError::Tokens { .. } => Status::invalid_argument(error.to_string()),
             QueryError::Shutdown => Status::unavailable(error.to_string()),
+            QueryError::Removed { .. } => Status::not_found(error.to_string()),
             QueryError::TooManyStreams { .. } => Status::resource_exhausted(error.to_string()),
             QueryError::LoadCount(_) => Status::internal(error.to_string()),
             QueryError::Domain(DomainError::Invalid(_)) => {

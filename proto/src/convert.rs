@@ -513,6 +513,7 @@ impl From<v1::RetireReason> for ckf_core::publication::FenceReason {
             | v1::RetireReason::ApplyFailure
             | v1::RetireReason::StreamLost
             | v1::RetireReason::DrainGraceExpired
+            | v1::RetireReason::Removed
             | v1::RetireReason::Shutdown => Self::UncertainDelivery,
         }
     }

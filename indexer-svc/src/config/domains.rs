@@ -51,7 +51,7 @@ pub struct DomainConfig {
 }
 
 /// One domain's settings, resolved and validated.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DomainSpec {
     /// Domain, lanes and table format.
     pub manifest: Manifest,

@@ -46,6 +46,18 @@ impl Indexer {
         let running = serve(config, std::future::pending())
             .await
             .expect("indexer starts");
+        Self::connect(running).await
+    }
+
+    /// An indexer started from a configuration source (its catalog reloads re-read `cli`).
+    pub async fn start_from(cli: indexer_svc::Cli) -> Self {
+        let running = indexer_svc::serve_from(cli, std::future::pending())
+            .await
+            .expect("indexer starts");
+        Self::connect(running).await
+    }
+
+    async fn connect(running: RunningIndexer) -> Self {
         let channel =
             tonic::transport::Endpoint::from_shared(format!("http://{}", running.grpc_addr))
                 .unwrap()

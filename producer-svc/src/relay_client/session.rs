@@ -551,6 +551,7 @@ fn retired(r: &v1::Retired, lease: Option<LaneLease>, was_streaming: bool) -> Fa
         v1::RetireReason::StreamLost => "retired_stream_lost",
         v1::RetireReason::Shutdown => "retired_shutdown",
         v1::RetireReason::DrainGraceExpired => "retired_drain_grace_expired",
+        v1::RetireReason::Removed => "retired_removed",
     };
     Failure {
         label,

@@ -1,0 +1,359 @@
+//! Catalog reloads: the domains served change while the indexer runs, by whole domains.
+//!
+//! A reload re-reads the configuration from where the process read it (`--config`, the
+//! environment, the flags; [`crate::serve_from`]) on SIGHUP, when the configuration file
+//! changes (`config_watch_interval_ms`) or on `Admin/ReloadCatalog`, and:
+//!
+//! 1. validates it whole (every key, as at start);
+//! 2. refuses it if a key outside the catalog changed (listeners, limits, lag, route, search,
+//!    transport, TLS, logging): those take a restart;
+//! 3. plans the change with ckf-core's rule ([`ckf_core::catalog::Catalog::plan`]): domains
+//!    added, removed and kept; a kept domain must be unchanged, the primary stays;
+//! 4. builds every added domain (its table, lane workers, router) and the `[auth]` policies of
+//!    the new catalog; any failure leaves everything as it was;
+//! 5. swaps the catalog in one step: calls already holding a domain finish on it, later calls
+//!    see the new catalog. A removed domain's relay streams end with `Retired(REMOVED)` +
+//!    `NOT_FOUND`, its query streams with `NOT_FOUND`, its lane gauges are withdrawn; an added
+//!    domain's lanes wait for their producers' snapshots.
+//!
+//! Kept domains are the same objects before and after: their lanes, leases, readiness and
+//! answers are never touched. Each outcome is logged and counted in
+//! `ckf_indexer_catalog_reloads_total{result}` (`applied`, `unchanged`, `refused`), and
+//! `ckf_indexer_domains` is the number of domains served.
+
+use std::sync::Arc;
+
+use ckf_core::catalog::{CatalogChangeError, CatalogPlan};
+use ckf_core::identity::IndexerDomainId;
+use ckf_svc_kit::config::{ConfigError, Invalid, Validate};
+
+use crate::access::IndexerAccess;
+use crate::config::IndexerConfig;
+use crate::config::domains::DomainSpec;
+use crate::lane_watch;
+use crate::state::{Domain, IndexerState};
+
+/// Why a reload changed nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    /// The indexer was started with a configuration value, not a source to re-read.
+    #[error(
+        "this indexer was started in-process with a configuration value, not from a \
+         configuration file or flags: there is nothing to reload"
+    )]
+    NoSource,
+    /// The configuration could not be read or breaks a rule.
+    #[error("the configuration is refused, nothing changed: {0}")]
+    Load(#[from] ConfigError),
+    /// A key breaks a rule.
+    #[error("the configuration is refused, nothing changed: {0}")]
+    Invalid(#[from] Invalid),
+    /// A key that takes a restart changed.
+    #[error(
+        "{key} changed, and it takes a restart; nothing changed (a reload changes the catalog \
+         of domains and [auth] only)"
+    )]
+    NeedsRestart {
+        /// The top-level key.
+        key: &'static str,
+    },
+    /// The new catalog breaks a catalog rule.
+    #[error("the catalog change is refused, nothing changed: {0}")]
+    Plan(#[from] CatalogChangeError),
+    /// An added domain could not be built (its table could not be allocated, ...).
+    #[error("domain {domain} could not be added, nothing changed: {error}")]
+    Build {
+        /// The domain.
+        domain: IndexerDomainId,
+        /// Why.
+        error: Box<crate::ServeError>,
+    },
+    /// The reload task failed.
+    #[error("the reload task failed: {0}")]
+    Task(String),
+}
+
+/// What a reload changed (or, for a dry run, would change).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reloaded {
+    /// Domains added.
+    pub added: Vec<IndexerDomainId>,
+    /// Domains removed.
+    pub removed: Vec<IndexerDomainId>,
+    /// Domains kept unchanged.
+    pub kept: Vec<IndexerDomainId>,
+    /// Whether a change was applied.
+    pub applied: bool,
+}
+
+impl std::fmt::Display for Reloaded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names = |d: &[IndexerDomainId]| {
+            d.iter()
+                .map(IndexerDomainId::as_str)
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        write!(
+            f,
+            "added [{}], removed [{}], kept [{}]",
+            names(&self.added),
+            names(&self.removed),
+            names(&self.kept)
+        )
+    }
+}
+
+/// Re-reads the configuration source and applies its catalog (`dry_run`: plans only). `why`
+/// names the trigger in the log (`SIGHUP`, `file change`, `Admin/ReloadCatalog`).
+///
+/// # Errors
+/// [`ReloadError`]; nothing changed.
+pub fn reload(
+    shared: &Arc<IndexerState>,
+    dry_run: bool,
+    why: &str,
+) -> Result<Reloaded, ReloadError> {
+    let outcome = shared
+        .source
+        .as_ref()
+        .ok_or(ReloadError::NoSource)
+        .and_then(|source| Ok(source.load()?))
+        .and_then(|next| apply(shared, next, dry_run));
+    let result = match &outcome {
+        Ok(r) if dry_run => {
+            tracing::info!(trigger = why, plan = %r, "catalog reload planned (dry run)");
+            "dry_run"
+        }
+        Ok(r) if r.applied => {
+            tracing::info!(trigger = why, change = %r, "catalog reloaded");
+            "applied"
+        }
+        Ok(_) => {
+            tracing::info!(trigger = why, "catalog reload: nothing changed");
+            "unchanged"
+        }
+        Err(error) => {
+            tracing::error!(trigger = why, %error, "catalog reload refused");
+            "refused"
+        }
+    };
+    shared
+        .metrics
+        .catalog_reloads
+        .with_label_values(&[result])
+        .inc();
+    outcome
+}
+
+/// Applies the catalog of `next` (a whole configuration) to the running indexer.
+///
+/// # Errors
+/// [`ReloadError`]; nothing changed.
+pub fn apply(
+    shared: &Arc<IndexerState>,
+    next: IndexerConfig,
+    dry_run: bool,
+) -> Result<Reloaded, ReloadError> {
+    let _one_at_a_time = shared.reloading.lock().expect("reload lock");
+    next.validate()?;
+    if let Some(key) = restart_key(&shared.config.lock().expect("config lock"), &next) {
+        return Err(ReloadError::NeedsRestart { key });
+    }
+    let specs = next
+        .domain_specs()?
+        .into_iter()
+        .map(|spec| (spec.manifest.domain.clone(), spec))
+        .collect();
+    let current = shared.domains();
+    let plan = current.plan(specs, |d| &d.spec, difference)?;
+    let mut reloaded = Reloaded {
+        added: plan.added.iter().map(|(d, _)| d.clone()).collect(),
+        removed: plan.removed.clone(),
+        kept: plan.kept.clone(),
+        applied: false,
+    };
+    let auth_changed = shared.config.lock().expect("config lock").auth != next.auth;
+    if dry_run || (plan.is_empty() && !auth_changed) {
+        return Ok(reloaded);
+    }
+    let access = IndexerAccess::prepare(&next.auth, &next.domain_lanes())?;
+    let (catalog, removed) = build(shared, &current, plan)?;
+    let added: Vec<Arc<Domain>> = reloaded
+        .added
+        .iter()
+        .map(|d| Arc::clone(catalog.get(d.as_str()).expect("just added")))
+        .collect();
+    // The swap: every later call, attachment and reload sees the new catalog.
+    *shared.catalog.write().expect("catalog lock") = Arc::new(catalog);
+    shared.access.replace(access);
+    {
+        let mut config = shared.config.lock().expect("config lock");
+        config.manifest = next.manifest;
+        config.domains = next.domains;
+        config.table = next.table;
+        config.block_size = next.block_size;
+        config.auth = next.auth;
+    }
+    for domain in &removed {
+        domain.removed.trigger();
+        shared.metrics.forget_domain(&domain.labels);
+    }
+    let watchers: Vec<_> = added
+        .iter()
+        .flat_map(|domain| lane_watch::spawn_domain(shared, domain))
+        .collect();
+    shared
+        .watchers
+        .lock()
+        .expect("watchers lock")
+        .extend(watchers);
+    shared
+        .metrics
+        .domains
+        .set(i64::try_from(shared.domains().len()).unwrap_or(i64::MAX));
+    // A removed domain's lane workers are joined by whoever drops it last; when that is this
+    // reload, off the async workers.
+    if tokio::runtime::Handle::try_current().is_ok() {
+        tokio::task::spawn_blocking(move || drop(removed));
+    }
+    reloaded.applied = true;
+    Ok(reloaded)
+}
+
+/// Builds the catalog after `plan`: kept domains shared, added ones built.
+fn build(
+    shared: &IndexerState,
+    current: &crate::state::Domains,
+    plan: CatalogPlan<DomainSpec>,
+) -> Result<(crate::state::Domains, Vec<Arc<Domain>>), ReloadError> {
+    current.apply(plan, |domain, spec| {
+        Domain::build(spec, &shared.settings, &shared.metrics)
+            .map(Arc::new)
+            .map_err(|error| ReloadError::Build {
+                domain: domain.clone(),
+                error: Box::new(error),
+            })
+    })
+}
+
+/// How two definitions of one domain differ, for the refusal.
+fn difference(served: &DomainSpec, next: &DomainSpec) -> String {
+    let (a, b) = (&served.manifest, &next.manifest);
+    let dcs = |m: &ckf_core::global::Manifest| {
+        m.lanes
+            .iter()
+            .map(|p| p.dc.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if a.lanes != b.lanes {
+        format!("lanes [{}] -> [{}]", dcs(a), dcs(b))
+    } else if a.format != b.format {
+        format!("table [{}] -> [{}]", a.format, b.format)
+    } else {
+        "block sizes".to_owned()
+    }
+}
+
+/// The first top-level key outside the catalog whose value differs (those take a restart).
+/// The destructuring names every key, so a new key must be sorted here to compile.
+fn restart_key(current: &IndexerConfig, next: &IndexerConfig) -> Option<&'static str> {
+    let IndexerConfig {
+        // The catalog and [auth]: a reload's business.
+        manifest: _,
+        domains: _,
+        table: _,
+        block_size: _,
+        auth: _,
+        lag,
+        limits,
+        search,
+        route,
+        transport,
+        listen,
+        query_listen,
+        metrics_listen,
+        log_format,
+        worker_threads,
+        tls,
+        config_watch_interval_ms,
+        insecure,
+    } = next;
+    [
+        ("lag", &current.lag == lag),
+        ("limits", &current.limits == limits),
+        ("search", &current.search == search),
+        ("route", &current.route == route),
+        ("transport", &current.transport == transport),
+        ("listen", &current.listen == listen),
+        ("query_listen", &current.query_listen == query_listen),
+        ("metrics_listen", &current.metrics_listen == metrics_listen),
+        ("log_format", &current.log_format == log_format),
+        ("worker_threads", &current.worker_threads == worker_threads),
+        ("tls", &current.tls == tls),
+        (
+            "config_watch_interval_ms",
+            &current.config_watch_interval_ms == config_watch_interval_ms,
+        ),
+        ("insecure", &current.insecure == insecure),
+    ]
+    .into_iter()
+    .find(|(_, same)| !same)
+    .map(|(key, _)| key)
+}
+
+/// Reloads on SIGHUP and, when the configuration names a file and
+/// `config_watch_interval_ms` is not 0, when that file changes (checked by its size, time and
+/// inode, as the TLS files are). Ends on shutdown.
+pub fn spawn_triggers(shared: &Arc<IndexerState>) -> std::io::Result<()> {
+    let Some(source) = &shared.source else {
+        return Ok(());
+    };
+    let on_hangup = Arc::clone(shared);
+    ckf_svc_kit::access::reload_on_sighup("catalog", shared.shutdown.clone(), move || {
+        let shared = Arc::clone(&on_hangup);
+        // Building a domain allocates its table: off the async workers.
+        tokio::task::spawn_blocking(move || reload(&shared, false, "SIGHUP"));
+        Ok("catalog reload started".into())
+    })?;
+    let interval = shared
+        .config
+        .lock()
+        .expect("config lock")
+        .config_watch_interval_ms;
+    let Some(file) = source.config.clone().filter(|_| interval > 0) else {
+        return Ok(());
+    };
+    let watched = Arc::clone(shared);
+    tokio::spawn(async move {
+        let stamp = |path: &std::path::Path| {
+            std::fs::metadata(path).ok().map(|m| {
+                #[cfg(unix)]
+                let inode = std::os::unix::fs::MetadataExt::ino(&m);
+                #[cfg(not(unix))]
+                let inode = 0;
+                (m.len(), m.modified().ok(), inode)
+            })
+        };
+        let mut seen = stamp(&file);
+        let mut tick = tokio::time::interval(std::time::Duration::from_millis(interval));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = watched.shutdown.wait() => return,
+                _ = tick.tick() => {}
+            }
+            let now = stamp(&file);
+            if now == seen {
+                continue;
+            }
+            // Stamped before reading: a change while reading triggers another attempt.
+            seen = now;
+            let shared = Arc::clone(&watched);
+            let _ =
+                tokio::task::spawn_blocking(move || reload(&shared, false, "file change")).await;
+        }
+    });
+    Ok(())
+}

@@ -1,0 +1,374 @@
+//! Catalog reloads: an indexer started from a configuration file adds and removes whole
+//! domains while it runs (`Admin/ReloadCatalog`, the file watch), refuses a change that breaks a
+//! rule whole, and never touches the lanes or answers of the domains it keeps.
+
+mod common;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use ckf_core::addressing::TableFormat;
+use ckf_core::identity::{PoolId, ProducerIdentity, ProducerIncarnation};
+use ckf_proto::v1::{self, admin_client::AdminClient};
+use clap::Parser;
+use common::*;
+use tonic::Code;
+
+const TOKEN: &str = "admin.0123456789abcdef";
+
+/// A configuration file of the primary domain `test` (dc-a, dc-b) plus `extra` TOML, with the
+/// admin token of `dir` and the file watch every `watch_ms` (0: off).
+struct Files {
+    dir: tempfile::TempDir,
+    watch_ms: u64,
+}
+
+impl Files {
+    fn new(watch_ms: u64) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("admin.token"), format!("{TOKEN}\n")).unwrap();
+        Self { dir, watch_ms }
+    }
+
+    fn path(&self) -> PathBuf {
+        self.dir.path().join("indexer.toml")
+    }
+
+    /// Writes the file with `extra` appended (a `[[domains]]` entry, a changed key).
+    fn write(&self, extra: &str) {
+        let token = self.dir.path().join("admin.token");
+        let text = format!(
+            "listen = \"127.0.0.1:0\"\nmetrics_listen = \"127.0.0.1:0\"\n\
+             config_watch_interval_ms = {}\n\
+             [manifest]\ndomain = \"{DOMAIN}\"\nlanes = [\"dc-a\", \"dc-b\"]\n\
+             [table]\nbucket_count = {BUCKETS}\n\
+             [lag]\nheartbeat_deadline_ms = 60000\ndirty_to_applied_deadline_ms = 60000\n\
+             [limits]\nmax_message_bytes = 65536\n\
+             [auth]\nadmin_token_file = {token:?}\n{extra}",
+            self.watch_ms
+        );
+        // Written whole then renamed: the watch never reads half a file.
+        let staging = self.dir.path().join("indexer.toml.new");
+        std::fs::write(&staging, text).unwrap();
+        std::fs::rename(&staging, self.path()).unwrap();
+    }
+
+    fn cli(&self) -> indexer_svc::Cli {
+        indexer_svc::Cli::parse_from(["ckf-indexer", "--config", self.path().to_str().unwrap()])
+    }
+}
+
+/// The `qwen` domain (dc-a, dc-c; 2,048 buckets) as a `[[domains]]` entry.
+const QWEN: &str = "[[domains]]\ndomain = \"qwen\"\nlanes = [\"dc-a\", \"dc-c\"]\n\
+                    [domains.table]\nbucket_count = 2048\n";
+
+fn qwen(dc: &str, incarnation: u64) -> ProducerIdentity {
+    ProducerIdentity {
+        pool: PoolId::new("qwen", dc).unwrap(),
+        incarnation: ProducerIncarnation(incarnation),
+        format: TableFormat::new(2048, 0).unwrap(),
+    }
+}
+
+fn with_token<T>(request: T, token: &str) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(request);
+    request
+        .metadata_mut()
+        .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    request
+}
+
+async fn reload(
+    indexer: &Indexer,
+    dry_run: bool,
+) -> Result<v1::ReloadCatalogResponse, tonic::Status> {
+    AdminClient::new(indexer.channel.clone())
+        .reload_catalog(with_token(v1::ReloadCatalogRequest { dry_run }, TOKEN))
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+/// `ListLanes` of `domain`, or its status.
+async fn lanes_of(indexer: &Indexer, domain: &str) -> Result<v1::ListLanesResponse, tonic::Status> {
+    let mut request = tonic::Request::new(v1::ListLanesRequest {});
+    request
+        .metadata_mut()
+        .insert(ckf_proto::metadata::DOMAIN_KEY, domain.parse().unwrap());
+    indexer
+        .query()
+        .list_lanes(request)
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+/// `(lane, depth)` per ready lane of `domain` for `hashes`, or the status.
+async fn find_in(
+    indexer: &Indexer,
+    domain: &str,
+    hashes: &[u64],
+) -> Result<Vec<(u32, u32)>, tonic::Status> {
+    let mut request = tonic::Request::new(v1::FindMatchesRequest {
+        block_hashes: hashes.to_vec(),
+    });
+    request
+        .metadata_mut()
+        .insert(ckf_proto::metadata::DOMAIN_KEY, domain.parse().unwrap());
+    let answer = indexer.query().find_matches(request).await?.into_inner();
+    Ok(answer.matches.iter().map(|m| (m.lane, m.depth)).collect())
+}
+
+fn names(list: &[String]) -> Vec<&str> {
+    list.iter().map(String::as_str).collect()
+}
+
+#[tokio::test]
+async fn domains_are_added_and_removed_while_the_kept_ones_answer_unchanged() {
+    let files = Files::new(0);
+    files.write("");
+    let indexer = Arc::new(Indexer::start_from(files.cli()).await);
+    let shared = hashes(1, 6);
+    let mut a = Producer::attach(&indexer, "dc-a", 1).await;
+    a.store(1, &shared);
+    a.snapshot(8192).await;
+    let before = indexer.lane(0).await;
+
+    // Query load on the kept domain during every reload below: every answer must be its own.
+    let stop = Arc::new(AtomicBool::new(false));
+    let answered = Arc::new(AtomicU64::new(0));
+    let load = tokio::spawn({
+        let (indexer, stop, answered, shared) = (
+            Arc::clone(&indexer),
+            Arc::clone(&stop),
+            Arc::clone(&answered),
+            shared.clone(),
+        );
+        async move {
+            while !stop.load(Ordering::Relaxed) {
+                assert_eq!(indexer.find(&shared).await, (vec![(0, 6)], 0b01));
+                assert_eq!(find_in(&indexer, DOMAIN, &shared).await.unwrap(), [(0, 6)]);
+                answered.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    });
+
+    // A dry run plans and changes nothing.
+    files.write(QWEN);
+    let planned = reload(&indexer, true).await.unwrap();
+    assert_eq!(
+        (names(&planned.added), names(&planned.kept), planned.applied),
+        (vec!["qwen"], vec![DOMAIN], false)
+    );
+    let status = lanes_of(&indexer, "qwen").await.unwrap_err();
+    assert_eq!(status.code(), Code::NotFound, "{status:?}");
+
+    // Added: its lanes wait for their producers; a producer attaches and is answered.
+    let added = reload(&indexer, false).await.unwrap();
+    assert_eq!((names(&added.added), added.applied), (vec!["qwen"], true));
+    let listed = lanes_of(&indexer, "qwen").await.unwrap();
+    assert_eq!(listed.format.unwrap().bucket_count, 2048);
+    assert_eq!(listed.lanes[1].pool.as_ref().unwrap().dc, "dc-c");
+    assert!(
+        listed
+            .lanes
+            .iter()
+            .all(|l| !matches!(l.state(), v1::LaneState::Active))
+    );
+    let mut q = Producer::attach_as(&indexer, qwen("dc-c", 2)).await;
+    q.store(1, &shared[..2]);
+    q.snapshot(8192).await;
+    assert_eq!(find_in(&indexer, "qwen", &shared).await.unwrap(), [(1, 2)]);
+    // The same list again: nothing to do.
+    let same = reload(&indexer, false).await.unwrap();
+    assert!(!same.applied && same.added.is_empty() && same.removed.is_empty());
+
+    // Removed: its producer's stream ends REMOVED + NOT_FOUND, its calls are refused.
+    files.write("");
+    let removed = reload(&indexer, false).await.unwrap();
+    assert_eq!(
+        (names(&removed.removed), names(&removed.kept)),
+        (vec!["qwen"], vec![DOMAIN])
+    );
+    let status = q
+        .stream
+        .expect_retired_as(v1::RetireReason::Removed, Code::NotFound)
+        .await;
+    assert_status(&status, Code::NotFound, &["domain qwen was removed"]);
+    let status = find_in(&indexer, "qwen", &shared).await.unwrap_err();
+    assert_status(&status, Code::NotFound, &["domain qwen is not served here"]);
+    let status = refused(&indexer, (&qwen("dc-a", 3)).into()).await;
+    assert_status(&status, Code::NotFound, &["pool qwen/dc-a"]);
+
+    // The kept domain: same lease, sequence, state and retirements; its stream goes on.
+    stop.store(true, Ordering::Relaxed);
+    load.await
+        .expect("every answer of the kept domain was its own");
+    assert!(answered.load(Ordering::Relaxed) > 0);
+    let after = indexer.lane(0).await;
+    assert_eq!(
+        (
+            after.lease_epoch,
+            after.installed_sequence,
+            after.retirements,
+            after.state()
+        ),
+        (
+            before.lease_epoch,
+            before.installed_sequence,
+            0,
+            v1::LaneState::Active
+        )
+    );
+    a.store(2, &hashes(2, 3));
+    assert_eq!(a.publish().await.installed_sequence, 1);
+
+    let metrics = metrics_text(&indexer).await;
+    for line in [
+        r#"ckf_indexer_catalog_reloads_total{result="applied"} 2"#,
+        r#"ckf_indexer_catalog_reloads_total{result="dry_run"} 1"#,
+        r#"ckf_indexer_catalog_reloads_total{result="unchanged"} 1"#,
+        "ckf_indexer_domains 1",
+        r#"ckf_indexer_lane_ready{dc="dc-a",domain="test",lane="0"} 1"#,
+    ] {
+        assert!(metrics.contains(line), "no {line:?} in\n{metrics}");
+    }
+    assert!(
+        !metrics.contains(r#"ckf_indexer_lane_ready{dc="dc-c",domain="qwen""#),
+        "a removed domain's lane gauges are withdrawn:\n{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn a_change_breaking_a_rule_is_refused_whole_and_names_it() {
+    let files = Files::new(0);
+    files.write("");
+    let indexer = Indexer::start_from(files.cli()).await;
+    let refused_with = |extra: &str| {
+        files.write(extra);
+        reload(&indexer, false)
+    };
+    for (extra, says) in [
+        // One good domain and one bad: neither is added.
+        (
+            format!("{QWEN}[[domains]]\ndomain = \"bad\"\nlanes = [\"dc a\"]\n"),
+            "domains[1].lanes[0] = dc a",
+        ),
+        (
+            "[[domains]]\ndomain = \"test\"\nlanes = [\"dc-z\"]\n".to_owned(),
+            "domains[0].domain = test: is configured twice",
+        ),
+        (
+            "[route]\ndefault_rtt_ms = 7.0\n".to_owned(),
+            "route changed, and it takes a restart",
+        ),
+    ] {
+        let status = refused_with(&extra).await.unwrap_err();
+        assert_status(
+            &status,
+            Code::FailedPrecondition,
+            &["nothing changed", says],
+        );
+    }
+    // The primary's definition and name stay.
+    let path = files.path();
+    let rewrite = |from: &str, to: &str| {
+        let text = std::fs::read_to_string(&path).unwrap().replace(from, to);
+        std::fs::write(&path, text).unwrap();
+    };
+    files.write("");
+    rewrite("lanes = [\"dc-a\", \"dc-b\"]", "lanes = [\"dc-a\"]");
+    let status = reload(&indexer, false).await.unwrap_err();
+    assert_status(
+        &status,
+        Code::FailedPrecondition,
+        &["domain test is served and its definition changed (lanes [dc-a, dc-b] -> [dc-a])"],
+    );
+    files.write("");
+    rewrite("domain = \"test\"", "domain = \"other\"");
+    let status = reload(&indexer, false).await.unwrap_err();
+    assert_status(
+        &status,
+        Code::FailedPrecondition,
+        &["the primary domain is test"],
+    );
+    // A file that is not TOML.
+    std::fs::write(&path, "[manifest\n").unwrap();
+    let status = reload(&indexer, false).await.unwrap_err();
+    assert_status(
+        &status,
+        Code::FailedPrecondition,
+        &["the configuration is refused"],
+    );
+
+    // Nothing changed: one domain, its lanes as configured at start.
+    files.write("");
+    assert_eq!(indexer.lanes().await.lanes.len(), 2);
+    assert_eq!(
+        lanes_of(&indexer, "qwen").await.unwrap_err().code(),
+        Code::NotFound
+    );
+    let metrics = metrics_text(&indexer).await;
+    assert!(
+        metrics.contains(r#"ckf_indexer_catalog_reloads_total{result="refused"} 6"#),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn the_admin_service_needs_its_token_and_a_configuration_source() {
+    let files = Files::new(0);
+    files.write("");
+    let indexer = Indexer::start_from(files.cli()).await;
+    let status = AdminClient::new(indexer.channel.clone())
+        .reload_catalog(with_token(
+            v1::ReloadCatalogRequest::default(),
+            "wrong.0123456789abcdef",
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+    let status = AdminClient::new(indexer.channel.clone())
+        .reload_catalog(v1::ReloadCatalogRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+
+    // Without auth.admin_token_file the service is off.
+    let off = Indexer::start(config(&["dc-a"])).await;
+    let status = reload(&off, false).await.unwrap_err();
+    assert_status(
+        &status,
+        Code::PermissionDenied,
+        &["set auth.admin_token_file"],
+    );
+
+    // Started with a configuration value: nothing to re-read.
+    let mut cfg = config(&["dc-a"]);
+    cfg.auth.admin_token_file = Some(files.dir.path().join("admin.token"));
+    let value = Indexer::start(cfg).await;
+    let status = reload(&value, false).await.unwrap_err();
+    assert_status(&status, Code::Unimplemented, &["nothing to reload"]);
+}
+
+#[tokio::test]
+async fn a_changed_file_is_reloaded_by_the_watch() {
+    let files = Files::new(20);
+    files.write("");
+    let indexer = Indexer::start_from(files.cli()).await;
+    files.write(QWEN);
+    wait_for(&indexer, "qwen", true).await;
+    files.write("");
+    wait_for(&indexer, "qwen", false).await;
+}
+
+/// Polls until `domain` is served (or not), bounded (not a timing assertion).
+async fn wait_for(indexer: &Indexer, domain: &str, served: bool) {
+    for _ in 0..500 {
+        if lanes_of(indexer, domain).await.is_ok() == served {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("domain {domain} never became served = {served}");
+}
