@@ -18,10 +18,13 @@
 #   4b. kill -9 producer-dc-a's container and start it again: its durable state (the named
 #      volume at durability.data_dir) comes back, so every probe answers as before;
 #   5. `down -v` leaves no container, network or volume of the project;
-#   6. two models (docker-compose.models.yml): indexers of domains llama and qwen, producers
-#      dc-a and dc-b for each: every lane of each active with its model's content; a query naming
-#      the other domain refused with NOT_FOUND; the other model's dc-a credential refused;
-#      qwen's dc-a producer killed and restarted while llama's answers and leases stay unchanged;
+#   6. two models (docker-compose.models.yml): ONE indexer serving domains llama (the primary)
+#      and qwen, producers dc-a and dc-b for each: every lane of each domain active in that one
+#      indexer (`ckf lanes --domain`) with its model's content (`ckf query --domain`), each
+#      domain its own table; a query naming no domain answered as llama; a domain not served
+#      (mistral) refused with NOT_FOUND naming llama, qwen; the lane metrics labelled by domain;
+#      qwen's dc-a credential attaching as llama's dc-a refused (llama keeps its lease); qwen's
+#      dc-a producer killed and restarted while llama's answers and leases stay unchanged;
 #      `down -v` leaves nothing.
 # The stack is always torn down (trap). An unreachable Docker engine is a failure, never a skip.
 #
@@ -150,11 +153,11 @@ done
 CERTS="$WORK/certs"
 "$CKF" certs --out "$CERTS" --pools dc-a,dc-b,dc-c --domain local >/dev/null \
     || fail "ckf certs failed"
-# The two-model stack's: one certificate per (model, DC) pool, one indexer certificate naming
-# both indexers.
+# The two-model stack's: one certificate per (model, DC) pool, and the certificate of its one
+# indexer (serving both models).
 CERTS_M="$WORK/certs-models"
 "$CKF" certs --out "$CERTS_M" --pools llama-dc-a,llama-dc-b,qwen-dc-a,qwen-dc-b --domain local \
-    --hosts indexer-llama,indexer-qwen,localhost,127.0.0.1 >/dev/null || fail "ckf certs (two models) failed"
+    --hosts indexer,localhost,127.0.0.1 >/dev/null || fail "ckf certs (two models) failed"
 K8S_CERTS="$WORK/k8s-certs"
 "$CKF" certs --out "$K8S_CERTS" --pools dc-a,dc-b,dc-c,llama-dc-a,llama-dc-b,qwen-dc-a,qwen-dc-b \
     --domain prod >/dev/null || fail "ckf certs (k8s) failed"
@@ -302,7 +305,9 @@ replay_done() {
 replay_done replay
 
 # lanes_json > file: the indexer's lane table as JSON.
-lanes_json() { ckf_cli lanes --indexer "$INDEXER_URL" --json; }
+# LANES_DOMAIN set: that domain's lanes (`--domain`, step 6); unset: the primary domain's.
+LANES_DOMAIN=""
+lanes_json() { ckf_cli lanes --indexer "$INDEXER_URL" ${LANES_DOMAIN:+--domain "$LANES_DOMAIN"} --json; }
 # lane_field <json file> <dc> <field>
 lane_field() {
     "$PY" -c 'import json,sys; l=[x for x in json.load(open(sys.argv[1]))["lanes"] if x["dc"]==sys.argv[2]]; print(l[0][sys.argv[3]] if l else "missing")' "$@"
@@ -315,7 +320,7 @@ state = {x["dc"]: x["state"] for x in json.load(open(sys.argv[1]))["lanes"]}
 sys.exit(0 if all(state.get(s.split("=")[0]) == s.split("=")[1] for s in sys.argv[2:]) else 1)' \
         "$WORK/lanes.json" "$@"
 }
-show_lanes() { ckf_cli lanes --indexer "$INDEXER_URL" 2>&1 | sed 's/^/    /'; }
+show_lanes() { ckf_cli lanes --indexer "$INDEXER_URL" ${LANES_DOMAIN:+--domain "$LANES_DOMAIN"} 2>&1 | sed 's/^/    /'; }
 
 # make_probes <trace> <out>: the final request of every session of the trace (a request no
 # later request extends), one line of block ids each.
@@ -548,33 +553,37 @@ left_v="$(docker volume ls -q --filter "$label")"
 [[ -z "$left_c$left_n$left_v" ]] || fail "down -v left containers [$left_c] networks [$left_n] volumes [$left_v]"
 log "ok: down -v left no container, network or volume of project $PROJECT"
 
-# --- 6. two models: one indexer per domain (docker-compose.models.yml) -------------------------
+# --- 6. two models in one indexer (docker-compose.models.yml) --------------------------------
 PROJECT="${PROJECT}m" COMPOSE_FILE_NAME=docker-compose.models.yml
-export CKF_CERTS_DIR="$CERTS_M" CKF_PORT_LLAMA_GRPC="" CKF_PORT_LLAMA_METRICS="" \
-    CKF_PORT_QWEN_GRPC="" CKF_PORT_QWEN_METRICS=""
+export CKF_CERTS_DIR="$CERTS_M" CKF_PORT_MODELS_GRPC="" CKF_PORT_MODELS_METRICS=""
 TLS_ARGS=(--ca "$CERTS_M/ca.crt" --cert "$CERTS_M/query.crt" --key "$CERTS_M/query.key")
 MODELS=(llama qwen)
-declare -A OTHER=([llama]=qwen [qwen]=llama) MODEL_TRACE=([llama]=sample.jsonl [qwen]=sample-qwen.jsonl) URL=()
-SERVICES=(indexer-llama indexer-qwen producer-llama-dc-a producer-llama-dc-b producer-qwen-dc-a producer-qwen-dc-b)
+declare -A OTHER=([llama]=qwen [qwen]=llama) MODEL_TRACE=([llama]=sample.jsonl [qwen]=sample-qwen.jsonl)
+SERVICES=(indexer producer-llama-dc-a producer-llama-dc-b producer-qwen-dc-a producer-qwen-dc-b)
 log "two models: compose -f $COMPOSE_FILE_NAME up -d (project $PROJECT)"
 UP=1
 compose up -d --quiet-pull >/dev/null 2>"$WORK/up.err" || { cat "$WORK/up.err" >&2; fail "compose up (two models) failed"; }
 wait_until 90 "all services of the two-model stack healthy (ckf health)" all_healthy
-for m in "${MODELS[@]}"; do URL[$m]="https://$(compose port "indexer-$m" 7400 | tail -n1)"; done
+INDEXER_URL="https://$(compose port indexer 7400 | tail -n1)"
+log "the two models' indexer published at $INDEXER_URL"
 replay_done replay-llama
 replay_done replay-qwen
-# model <m>: point lanes_are / query_probes / compare_probes at model m's indexer and probes.
-model() { INDEXER_URL=${URL[$1]} PROBE_FILE="$WORK/probes-$1.txt"; }
+# model <m>: point lanes_are / show_lanes / query_probes / compare_probes at domain m's lanes and
+# probes (`ckf lanes --domain m`; query_probes callers pass `--domain m` themselves).
+model() { LANES_DOMAIN=$1 PROBE_FILE="$WORK/probes-$1.txt"; }
+json_field() { "$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$@"; }
 for m in "${MODELS[@]}"; do
     model "$m"
-    wait_until 30 "$m: lanes dc-a, dc-b active at indexer-$m" lanes_are dc-a=active dc-b=active
-    domain="$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["domain"])' "$WORK/lanes.json")"
-    [[ "$domain" == "$m" ]] || fail "indexer-$m serves domain '$domain', expected $m"
+    wait_until 30 "$m: lanes dc-a, dc-b active (ckf lanes --domain $m)" lanes_are dc-a=active dc-b=active
+    domain="$(json_field "$WORK/lanes.json" domain)"
+    [[ "$domain" == "$m" ]] || fail "ckf lanes --domain $m answered for domain '$domain'"
+    [[ "$("$PY" -c 'import json,sys; print(sorted(x["dc"] for x in json.load(open(sys.argv[1]))["lanes"]))' "$WORK/lanes.json")" \
+        == "['dc-a', 'dc-b']" ]] || { show_lanes; fail "domain $m does not have exactly its own lanes dc-a, dc-b"; }
     cp "$WORK/lanes.json" "$WORK/lanes-$m.json"
     make_probes "$DEPLOY/compose/traces/${MODEL_TRACE[$m]}" "$PROBE_FILE"
     query_probes "$WORK/base-$m.jsonl" --domain "$m"
     # As in step 2: the DC that served a session's last request holds all of it.
-    "$PY" - "$PROBE_FILE" "$WORK/base-$m.jsonl" <<'PY' || fail "$m: query results through indexer-$m are wrong"
+    "$PY" - "$PROBE_FILE" "$WORK/base-$m.jsonl" <<'PY' || fail "$m: query results with --domain $m are wrong"
 import json, sys
 probes = [l.split() for l in open(sys.argv[1])]
 answers = [json.loads(l) for l in open(sys.argv[2])]
@@ -585,25 +594,55 @@ if len(probes) != len(answers) or bad:
     sys.exit(1)
 PY
     log "ok: $m: $PROBES probe queries with --domain $m: the deepest DC holds each session's full request"
-    # The other model's name is refused by this indexer: NOT_FOUND, nothing answered.
-    o=${OTHER[$m]}
-    # shellcheck disable=SC2046
-    if ckf_cli query --indexer "$INDEXER_URL" --domain "$o" --json --ids $(head -n1 "$PROBE_FILE") \
-        >"$WORK/refused.out" 2>"$WORK/refused.err"; then
-        fail "indexer-$m answered a query for domain $o: $(cat "$WORK/refused.out")"
-    fi
-    # tonic's text of the code NOT_FOUND, then the indexer's message naming the domain.
-    grep -q "code: 'Some requested entity was not found'" "$WORK/refused.err" \
-        && grep -q "domain $o is not served" "$WORK/refused.err" \
-        || { cat "$WORK/refused.err" >&2; fail "indexer-$m refused --domain $o, but not with NOT_FOUND naming it"; }
-    log "ok: indexer-$m refuses --domain $o with NOT_FOUND ($(grep -Eo 'message: "[^"]*' "$WORK/refused.err" | head -n1 | cut -c11-))"
 done
 cmp -s "$WORK/probes-llama.txt" "$WORK/probes-qwen.txt" && fail "both models have the same probes: step 6 would prove nothing"
+# One indexer process holds both domains: the same consumer instance answers for each.
+[[ "$(json_field "$WORK/lanes-llama.json" consumer_instance)" == "$(json_field "$WORK/lanes-qwen.json" consumer_instance)" ]] \
+    || fail "llama's and qwen's lanes are not in the same indexer (consumer instances differ)"
+# Each domain its own table: qwen's probes asked of llama are answered from llama's content, not
+# qwen's (the traces share block ids, the sessions and DCs differ).
+model qwen
+query_probes "$WORK/qwen-as-llama.jsonl" --domain llama
+compare_probes "$WORK/base-qwen.jsonl" "$WORK/qwen-as-llama.jsonl" same 2>/dev/null \
+    && fail "qwen's probes get qwen's answers from domain llama: the domains share a table"
+# A query naming no domain is for the primary domain, llama ([manifest]).
+model llama
+query_probes "$WORK/llama-no-domain.jsonl"
+compare_probes "$WORK/base-llama.jsonl" "$WORK/llama-no-domain.jsonl" same \
+    || fail "a query without --domain is not answered as domain llama (the primary)"
+ckf_cli lanes --indexer "$INDEXER_URL" --json >"$WORK/lanes-no-domain.json" || fail "ckf lanes without --domain failed"
+[[ "$(json_field "$WORK/lanes-no-domain.json" domain)" == llama ]] || fail "ckf lanes without --domain is not llama's"
+log "ok: both domains' lanes in one indexer (consumer instance $(json_field "$WORK/lanes-llama.json" consumer_instance)), each its own content; no --domain = llama (the primary)"
+# A domain not served here: NOT_FOUND naming the served ones, nothing answered.
+# shellcheck disable=SC2046
+if ckf_cli query --indexer "$INDEXER_URL" --domain mistral --json --ids $(head -n1 "$WORK/probes-llama.txt") \
+    >"$WORK/refused.out" 2>"$WORK/refused.err"; then
+    fail "the indexer answered a query for domain mistral: $(cat "$WORK/refused.out")"
+fi
+# tonic's text of the code NOT_FOUND, then the indexer's message naming the domains it serves.
+grep -q "code: 'Some requested entity was not found'" "$WORK/refused.err" \
+    && grep -q "domain mistral is not served here: this indexer serves llama, qwen" "$WORK/refused.err" \
+    || { cat "$WORK/refused.err" >&2; fail "--domain mistral refused, but not with NOT_FOUND naming llama, qwen"; }
+ckf_cli lanes --indexer "$INDEXER_URL" --domain mistral --json >/dev/null 2>"$WORK/refused-lanes.err" \
+    && fail "ckf lanes --domain mistral was answered"
+grep -q "domain mistral is not served here" "$WORK/refused-lanes.err" \
+    || { cat "$WORK/refused-lanes.err" >&2; fail "ckf lanes --domain mistral refused, but not naming it"; }
+log "ok: --domain mistral refused with NOT_FOUND ($(grep -Eo 'message: "[^"]*' "$WORK/refused.err" | head -n1 | cut -c11-))"
+# Every lane metric carries its domain: both domains' lanes ready on the one /metrics page.
+port="$(compose port indexer 9400 | tail -n1 | sed 's/.*://')"
+metrics_text="$(curl -fsS --max-time 5 "http://127.0.0.1:$port/metrics")" || fail "the indexer's /metrics did not answer"
+for m in "${MODELS[@]}"; do
+    for dc in dc-a dc-b; do
+        grep -Eq "^ckf_indexer_lane_ready\{[^}]*domain=\"$m\"[^}]*dc=\"$dc\"[^}]*\} 1\$|^ckf_indexer_lane_ready\{[^}]*dc=\"$dc\"[^}]*domain=\"$m\"[^}]*\} 1\$" \
+            <<<"$metrics_text" || fail "no ckf_indexer_lane_ready{domain=\"$m\",dc=\"$dc\"} 1 on the indexer's /metrics"
+    done
+done
+log "ok: /metrics shows ckf_indexer_lane_ready 1 for each domain's dc-a and dc-b"
 
 # A pool's credential is its model's: qwen's dc-a certificate (valid, same CA) attaching for
-# llama's dc-a is refused, and llama's dc-a keeps its lease.
+# llama's dc-a is refused, and llama's dc-a keeps its lease and answers.
 "$CKF_BIN_DIR/ckf-producer" --dc dc-a --domain llama --bucket-count 131072 \
-    --indexer "${URL[llama]}" --indexer-ca "$CERTS_M/ca.crt" \
+    --indexer "$INDEXER_URL" --indexer-ca "$CERTS_M/ca.crt" \
     --indexer-cert "$CERTS_M/producer-qwen-dc-a.crt" --indexer-key "$CERTS_M/producer-qwen-dc-a.key" \
     --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --log-format json >"$WORK/impostor-m.log" 2>&1 &
 IMPOSTOR=$!
@@ -612,9 +651,17 @@ wait_until 30 "qwen's dc-a certificate attaching for llama's dc-a is refused wit
 kill "$IMPOSTOR" 2>/dev/null || true
 wait "$IMPOSTOR" 2>/dev/null || true
 grep -Eq 'lease granted|sending barrier snapshot' "$WORK/impostor-m.log" && fail "qwen's dc-a certificate was granted llama's lane"
+epochs() { "$PY" -c 'import json,sys; print({x["dc"]: x["lease_epoch"] for x in json.load(open(sys.argv[1]))["lanes"]})' "$1"; }
+model llama
+lanes_are dc-a=active dc-b=active || { show_lanes; fail "llama: a lane left ACTIVE during the impostor's attempts"; }
+[[ "$(epochs "$WORK/lanes.json")" == "$(epochs "$WORK/lanes-llama.json")" ]] \
+    || fail "llama's leases changed during the impostor's attempts: $(epochs "$WORK/lanes-llama.json") -> $(epochs "$WORK/lanes.json")"
+query_probes "$WORK/llama-after-impostor.jsonl" --domain llama
+compare_probes "$WORK/base-llama.jsonl" "$WORK/llama-after-impostor.jsonl" same \
+    || fail "llama's answers changed after the impostor's attempts"
+log "ok: qwen's dc-a certificate is refused for llama's dc-a; llama keeps its leases and every answer"
 
 # One model's producer killed and restarted: the other model's lanes and answers do not move.
-epochs() { "$PY" -c 'import json,sys; print({x["dc"]: x["lease_epoch"] for x in json.load(open(sys.argv[1]))["lanes"]})' "$1"; }
 log "docker kill -s KILL producer-qwen-dc-a (llama's dc-a producer keeps running)"
 docker kill -s KILL "$(cid producer-qwen-dc-a)" >/dev/null
 model qwen

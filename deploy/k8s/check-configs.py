@@ -10,12 +10,17 @@ deploy/docker-compose.models.yml):
   optional kustomize Component under deploy/k8s (e.g. standby-dc-a/, whose `$patch: delete`
   patches remove the producer it replaces), and each other kustomization under it (a layout of
   its own, e.g. sharded/); every manifest file belongs to one;
-- one indexer manifest per domain: every lane has exactly one producer of that domain, every
-  producer's pool (domain, dc) is a lane of its domain's indexer, and attaches to a Service (or
-  compose service) of that indexer;
-- with several domains, the router's map (a ConfigMap with `domains.toml`) names every domain,
-  each with an https:// endpoint of a Service of that domain's indexer;
-- every producer's table format (bucket_count, seed) equals the indexer's; bucket_count is
+- an indexer config serves one or more domains: `[manifest]` (the primary) and each
+  `[[domains]]` entry (its own lanes and `[domains.table]`, else the top-level `[table]`); each
+  domain is served by exactly one indexer config of a layout; every lane of a domain has exactly
+  one producer of that domain, every producer's pool (domain, dc) is a lane of its domain, and
+  it attaches to a Service (or compose service) of the indexer serving its domain;
+- `[[auth.producers]] pools` entries name served lanes (a bare DC id: the primary domain's;
+  `domain/dc`: that domain's), and every producer's pool is granted to some principal;
+- with domains spread over several indexers, the router's map (a ConfigMap with
+  `domains.toml`) names every domain, each with an https:// endpoint of a Service of the
+  indexer serving it;
+- every producer's table format (bucket_count, seed) equals its domain's; bucket_count is
   explicit (nonzero) so the comparison needs no sizing rule;
 - every producer's `indexers` endpoint names a Service (Kubernetes) or compose service that
   exists, on the indexer's gRPC port;
@@ -53,33 +58,82 @@ def err(where, msg):
     errors.append(f"{where}: {msg}")
 
 
-def check_set(where, indexer, producers, service_ports):
-    """indexer: parsed indexer TOML; producers: {name: parsed producer TOML};
-    service_ports: {host: set of ports} reachable as indexer endpoints."""
-    man = indexer.get("manifest", {})
-    domain, lanes = man.get("domain"), man.get("lanes", [])
-    itab = indexer.get("table", {})
-    if not itab.get("bucket_count"):
-        err(where, "indexer [table] bucket_count must be explicit (nonzero)")
+def served_domains(where, indexer):
+    """The domains an indexer config serves, the primary first: {domain: {"at", "lanes",
+    "table"}} from `[manifest]` + the top-level `[table]`, and each `[[domains]]` entry (its own
+    `[domains.table]`, else the top-level one)."""
+    man, top = indexer.get("manifest", {}), indexer.get("table", {})
+    entries = [("manifest", man.get("domain"), man.get("lanes", []), top)]
+    for i, d in enumerate(indexer.get("domains", [])):
+        entries.append((f"domains[{i}]", d.get("domain"), d.get("lanes", []), d.get("table", top)))
+    out = {}
+    for at, domain, lanes, table in entries:
+        if not domain:
+            err(where, f"{at}.domain is missing")
+        elif domain in out:
+            err(where, f"{at}.domain {domain!r} is configured twice (also {out[domain]['at']}.domain)")
+            continue
+        if not table.get("bucket_count"):
+            err(where, f"domain {domain!r}: indexer table bucket_count must be explicit (nonzero)")
+        if len(set(lanes)) != len(lanes) or not lanes:
+            err(where, f"{at}.lanes {lanes} must list distinct DC ids")
+        out[domain] = {"at": at, "lanes": lanes, "table": table}
+    return out
+
+
+def granted_pools(where, indexer, domains):
+    """{(domain, dc): [principal names]} of `[[auth.producers]] pools`: a bare DC id is a lane of
+    the primary domain (`[manifest]`), `domain/dc` a lane of that domain."""
+    primary = indexer.get("manifest", {}).get("domain")
+    grants = {}
+    for i, p in enumerate(indexer.get("auth", {}).get("producers", [])):
+        if not p.get("pools"):
+            err(where, f"auth.producers[{i}] ({p.get('name')}) grants no pool")
+        for j, entry in enumerate(p.get("pools", [])):
+            domain, dc = entry.split("/", 1) if "/" in entry else (primary, entry)
+            if domain not in domains:
+                err(where, f"auth.producers[{i}].pools[{j}] = {entry!r}: domain {domain!r} is not served {sorted(domains)}")
+            elif dc not in domains[domain]["lanes"]:
+                err(where, f"auth.producers[{i}].pools[{j}] = {entry!r}: {dc!r} is not a lane of domain "
+                           f"{domain!r} {domains[domain]['lanes']}")
+            else:
+                grants.setdefault((domain, dc), []).append(p.get("name"))
+    return grants
+
+
+def check_indexer(where, indexer):
+    """What holds for an indexer config whatever its domains: it binds 0.0.0.0 and runs secure.
+    Returns its domains (served_domains) and pool grants (granted_pools)."""
     if not str(indexer.get("listen", "")).startswith("0.0.0.0:"):
         err(where, f"indexer listen {indexer.get('listen')!r} must bind 0.0.0.0 in a container")
     check_secure(where, "indexer", indexer)
+    domains = served_domains(where, indexer)
+    return domains, granted_pools(where, indexer, domains)
+
+
+def check_set(where, domain, spec, grants, producers, service_ports):
+    """One domain of an indexer: spec is its served_domains entry, grants the indexer's
+    granted_pools; producers: {name: parsed producer TOML} of this domain; service_ports:
+    {host: set of ports} reachable as endpoints of the indexer serving it."""
+    lanes, itab = spec["lanes"], spec["table"]
     seen = {}
     for name, p in producers.items():
         pool, ptab = p.get("pool", {}), p.get("table", {})
         w = f"{where} {name}"
         check_secure(w, "producer", p)
         if pool.get("domain") != domain:
-            err(w, f"pool.domain {pool.get('domain')!r} != indexer manifest.domain {domain!r}")
+            err(w, f"pool.domain {pool.get('domain')!r} != the indexer's domain {domain!r}")
         dc = pool.get("dc")
         if dc not in lanes:
-            err(w, f"pool.dc {dc!r} is not a lane of the indexer manifest {lanes}")
+            err(w, f"pool.dc {dc!r} is not a lane of domain {domain!r} ({spec['at']}.lanes {lanes})")
+        elif (domain, dc) not in grants:
+            err(w, f"pool {domain}/{dc} is granted to no [[auth.producers]] entry of the indexer")
         if dc in seen:
             err(w, f"pool.dc {dc!r} also used by {seen[dc]}")
         seen[dc] = name
         for key in ("bucket_count", "seed"):
             if ptab.get(key, 0) != itab.get(key, 0):
-                err(w, f"table.{key} {ptab.get(key, 0)} != indexer table.{key} {itab.get(key, 0)}")
+                err(w, f"table.{key} {ptab.get(key, 0)} != domain {domain}'s table.{key} {itab.get(key, 0)}")
         if not str(p.get("listen", "")).startswith("0.0.0.0:"):
             err(w, f"listen {p.get('listen')!r} must bind 0.0.0.0 in a container")
         if not p.get("indexers"):
@@ -255,14 +309,15 @@ def check_k8s(where, docs, secrets):
     if not indexers:
         err(where, "no indexer ConfigMap")
         return
-    # One indexer ConfigMap (one Deployment per replica) per domain; producers are grouped by
-    # their pool.domain.
+    # Each domain is served by one indexer ConfigMap (one Deployment per replica), which may
+    # serve several; producers are grouped by their pool.domain.
     by_domain = {}
     for name, cfg in indexers.items():
-        domain = cfg.get("manifest", {}).get("domain")
-        if domain in by_domain:
-            err(where, f"indexer ConfigMaps {by_domain[domain][0]} and {name} both serve domain {domain!r}")
-        by_domain[domain] = (name, cfg)
+        domains, grants = check_indexer(f"{where} {name}", cfg)
+        for domain, spec in domains.items():
+            if domain in by_domain:
+                err(where, f"indexer ConfigMaps {by_domain[domain][0]} and {name} both serve domain {domain!r}")
+            by_domain[domain] = (name, cfg, spec, grants)
     # Per indexer ConfigMap: the Services a producer may attach to (each selects the pods of
     # exactly one single-replica workload mounting it: a producer attaches to each replica, not
     # to a Service spreading over several), and the Services a router may query (all selected
@@ -283,17 +338,20 @@ def check_k8s(where, docs, secrets):
         query[cm][name] = ports
         if len(hits) == 1 and hits[0][1] == 1:
             attach[cm][name] = ports
-    for domain, (name, cfg) in by_domain.items():
+    for domain, (name, cfg, spec, grants) in by_domain.items():
         mine = {n: p for n, p in producers.items() if p.get("pool", {}).get("domain") == domain}
-        check_set(where if len(by_domain) == 1 else f"{where} domain {domain}", cfg, mine, attach[name])
+        check_set(where if len(by_domain) == 1 else f"{where} domain {domain}", domain, spec, grants, mine,
+                  attach[name])
     for n, p in producers.items():
         if p.get("pool", {}).get("domain") not in by_domain:
             err(where, f"{n}: pool.domain {p.get('pool', {}).get('domain')!r} is served by no indexer {sorted(by_domain)}")
     # The router's model -> indexer map (a ConfigMap with domains.toml): every domain, each
-    # pointing at a Service of that domain's indexer. Needed as soon as there are several.
+    # pointing at a Service of the indexer serving it. Needed as soon as the domains are spread
+    # over several indexers (one indexer serving them all is one endpoint, `ckf-domain` picks).
     maps = {n: c for n, c in cms.items() if "domains.toml" in c["data"]}
-    if len(by_domain) > 1 and not maps:
-        err(where, f"{len(by_domain)} domains but no router map (a ConfigMap with domains.toml)")
+    if len(indexers) > 1 and not maps:
+        err(where, f"{len(by_domain)} domains on {len(indexers)} indexers but no router map "
+                   "(a ConfigMap with domains.toml)")
     for n, c in maps.items():
         routes = tomllib.loads(c["data"]["domains.toml"]).get("domains", {})
         if set(routes) != set(by_domain):
@@ -410,13 +468,14 @@ def check_compose(deploy_dir, file, configs):
             err(file, f"{os.path.relpath(path, deploy_dir)} is mounted by no service")
     by_domain = {}
     for svc, cfg in indexers.items():
-        domain = cfg.get("manifest", {}).get("domain")
-        if domain in by_domain:
-            err(file, f"services {by_domain[domain][0]} and {svc} both index domain {domain!r}")
-        by_domain[domain] = (svc, cfg)
-    for domain, (svc, cfg) in by_domain.items():
+        domains, grants = check_indexer(f"{file} {svc}", cfg)
+        for domain, spec in domains.items():
+            if domain in by_domain:
+                err(file, f"services {by_domain[domain][0]} and {svc} both index domain {domain!r}")
+            by_domain[domain] = (svc, cfg, spec, grants)
+    for domain, (svc, cfg, spec, grants) in by_domain.items():
         mine = {p: c for p, c in producers.items() if c.get("pool", {}).get("domain") == domain}
-        check_set(f"{file} domain {domain}", cfg, mine, {svc: {port_of(cfg["listen"])}})
+        check_set(f"{file} domain {domain}", domain, spec, grants, mine, {svc: {port_of(cfg["listen"])}})
     for p, c in producers.items():
         if c.get("pool", {}).get("domain") not in by_domain:
             err(file, f"{p}: pool.domain {c.get('pool', {}).get('domain')!r} is indexed by no service {sorted(by_domain)}")
