@@ -558,7 +558,7 @@ PROJECT="${PROJECT}m" COMPOSE_FILE_NAME=docker-compose.models.yml
 export CKF_CERTS_DIR="$CERTS_M" CKF_PORT_MODELS_GRPC="" CKF_PORT_MODELS_METRICS=""
 TLS_ARGS=(--ca "$CERTS_M/ca.crt" --cert "$CERTS_M/query.crt" --key "$CERTS_M/query.key")
 MODELS=(llama qwen)
-declare -A OTHER=([llama]=qwen [qwen]=llama) MODEL_TRACE=([llama]=sample.jsonl [qwen]=sample-qwen.jsonl)
+declare -A MODEL_TRACE=([llama]=sample.jsonl [qwen]=sample-qwen.jsonl)
 SERVICES=(indexer producer-llama-dc-a producer-llama-dc-b producer-qwen-dc-a producer-qwen-dc-b)
 log "two models: compose -f $COMPOSE_FILE_NAME up -d (project $PROJECT)"
 UP=1
@@ -620,9 +620,11 @@ if ckf_cli query --indexer "$INDEXER_URL" --domain mistral --json --ids $(head -
     fail "the indexer answered a query for domain mistral: $(cat "$WORK/refused.out")"
 fi
 # tonic's text of the code NOT_FOUND, then the indexer's message naming the domains it serves.
-grep -q "code: 'Some requested entity was not found'" "$WORK/refused.err" \
-    && grep -q "domain mistral is not served here: this indexer serves llama, qwen" "$WORK/refused.err" \
-    || { cat "$WORK/refused.err" >&2; fail "--domain mistral refused, but not with NOT_FOUND naming llama, qwen"; }
+if ! grep -q "code: 'Some requested entity was not found'" "$WORK/refused.err" \
+    || ! grep -q "domain mistral is not served here: this indexer serves llama, qwen" "$WORK/refused.err"; then
+    cat "$WORK/refused.err" >&2
+    fail "--domain mistral refused, but not with NOT_FOUND naming llama, qwen"
+fi
 ckf_cli lanes --indexer "$INDEXER_URL" --domain mistral --json >/dev/null 2>"$WORK/refused-lanes.err" \
     && fail "ckf lanes --domain mistral was answered"
 grep -q "domain mistral is not served here" "$WORK/refused-lanes.err" \
