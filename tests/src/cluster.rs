@@ -401,6 +401,11 @@ impl Indexer {
         .await
     }
 
+    /// Its configuration file (a test may rewrite it and reload with SIGHUP).
+    pub fn config_path(&self) -> &Path {
+        &self.config
+    }
+
     /// The indexer's process id.
     ///
     /// # Panics
