@@ -85,22 +85,97 @@ pub enum CatalogChangeError {
 }
 
 /// What a new list of domains changes in a catalog: the domains to add (with their
-/// definitions), to remove and to keep, each in name order.
+/// definitions), to change in place (with their changes), to remove and to keep, each in name
+/// order.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CatalogPlan<D> {
+pub struct CatalogPlan<D, C> {
     /// Domains not served yet.
     pub added: Vec<(IndexerDomainId, D)>,
+    /// Domains served and changed in a way they take while they run.
+    pub changed: Vec<(IndexerDomainId, C)>,
     /// Domains served and not in the new list.
     pub removed: Vec<IndexerDomainId>,
     /// Domains served and unchanged.
     pub kept: Vec<IndexerDomainId>,
 }
 
-impl<D> CatalogPlan<D> {
+impl<D, C> CatalogPlan<D, C> {
     /// Whether the plan changes nothing.
     pub fn is_empty(&self) -> bool {
-        self.added.is_empty() && self.removed.is_empty()
+        self.added.is_empty() && self.changed.is_empty() && self.removed.is_empty()
     }
+}
+
+/// One lane slot of a served domain, as [`lane_plan`] sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaneSlot {
+    /// The pool it serves or served (`None`: a spare slot never used).
+    pub pool: Option<PoolId>,
+    /// Whether it was removed.
+    pub removed: bool,
+}
+
+/// The lane changes that make a domain serve a new list of pools
+/// ([`crate::global::GlobalCkfIndexer::add_lane`] / `remove_lane`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LanePlan {
+    /// Lanes to remove (served now, not in the new list), in lane order.
+    pub remove: Vec<crate::identity::LaneIndex>,
+    /// Pools to add, in the new list's order: back on their own lane if they had one, else on a
+    /// spare slot.
+    pub add: Vec<PoolId>,
+}
+
+impl LanePlan {
+    /// Whether the plan changes nothing.
+    pub fn is_empty(&self) -> bool {
+        self.remove.is_empty() && self.add.is_empty()
+    }
+}
+
+/// A domain cannot take a new list of lanes while it runs.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error(
+    "{needed} new lane(s) but {free} spare lane slot(s) left (a lane keeps its pool for the \
+     indexer's life; spare slots are reserved at start with spare_lanes)"
+)]
+pub struct NoSpareLanes {
+    /// Pools that need a slot never used.
+    pub needed: usize,
+    /// Slots never used.
+    pub free: usize,
+}
+
+/// The lane changes that make a domain whose slots are `slots` serve `next` (in any order): a
+/// pool served now keeps its lane, a removed pool comes back on its own lane, a new pool takes
+/// a spare slot never used; a lane index never changes pool.
+///
+/// # Errors
+/// [`NoSpareLanes`] when the new pools outnumber the spare slots (nothing is planned).
+pub fn lane_plan(slots: &[LaneSlot], next: &[PoolId]) -> Result<LanePlan, NoSpareLanes> {
+    let remove = slots
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| !s.removed && s.pool.as_ref().is_some_and(|p| !next.contains(p)))
+        .map(|(lane, _)| lane as crate::identity::LaneIndex)
+        .collect();
+    let mut add = Vec::new();
+    let mut needed = 0;
+    for pool in next {
+        match slots.iter().find(|s| s.pool.as_ref() == Some(pool)) {
+            Some(slot) if !slot.removed => {}
+            Some(_) => add.push(pool.clone()),
+            None => {
+                needed += 1;
+                add.push(pool.clone());
+            }
+        }
+    }
+    let free = slots.iter().filter(|s| s.pool.is_none()).count();
+    if needed > free {
+        return Err(NoSpareLanes { needed, free });
+    }
+    Ok(LanePlan { remove, add })
 }
 
 /// Two entries of one catalog name the same domain.
@@ -183,17 +258,18 @@ impl<T> Catalog<T> {
     }
 
     /// What replacing this catalog's domains by `next` (the primary first, then the others)
-    /// changes. `definition` gives a served value's definition; `difference` describes how two
-    /// definitions of one domain differ (for the refusal).
+    /// changes. `change` compares a served value with its next definition: `Ok(None)`
+    /// unchanged, `Ok(Some(c))` changed in a way it can take while it runs (its lanes,
+    /// [`lane_plan`]), `Err(what)` a change it cannot take (refused, naming `what`).
     ///
     /// # Errors
-    /// [`CatalogChangeError`]: another primary, a domain twice, a served domain changed.
-    pub fn plan<D: PartialEq>(
+    /// [`CatalogChangeError`]: another primary, a domain twice, a served domain changed in a
+    /// way it cannot take.
+    pub fn plan<D, C>(
         &self,
         next: Vec<(IndexerDomainId, D)>,
-        definition: impl Fn(&T) -> &D,
-        difference: impl Fn(&D, &D) -> String,
-    ) -> Result<CatalogPlan<D>, CatalogChangeError> {
+        change: impl Fn(&T, &D) -> Result<Option<C>, String>,
+    ) -> Result<CatalogPlan<D, C>, CatalogChangeError> {
         if let Some((first, _)) = next.first()
             && first != &self.primary
         {
@@ -204,6 +280,7 @@ impl<T> Catalog<T> {
         }
         let mut seen = std::collections::BTreeSet::new();
         let mut added = Vec::new();
+        let mut changed = Vec::new();
         let mut kept = Vec::new();
         for (domain, next) in next {
             if !seen.insert(domain.clone()) {
@@ -211,13 +288,11 @@ impl<T> Catalog<T> {
             }
             match self.domains.get(&domain) {
                 None => added.push((domain, next)),
-                Some(served) if definition(served) == &next => kept.push(domain),
-                Some(served) => {
-                    return Err(CatalogChangeError::Changed {
-                        what: difference(definition(served), &next),
-                        domain,
-                    });
-                }
+                Some(served) => match change(served, &next) {
+                    Ok(None) => kept.push(domain),
+                    Ok(Some(c)) => changed.push((domain, c)),
+                    Err(what) => return Err(CatalogChangeError::Changed { domain, what }),
+                },
             }
         }
         if !seen.contains(&self.primary) {
@@ -229,6 +304,7 @@ impl<T> Catalog<T> {
             });
         }
         added.sort_by(|a, b| a.0.cmp(&b.0));
+        changed.sort_by(|a, b| a.0.cmp(&b.0));
         kept.sort();
         let removed = self
             .domains
@@ -238,21 +314,24 @@ impl<T> Catalog<T> {
             .collect();
         Ok(CatalogPlan {
             added,
+            changed,
             removed,
             kept,
         })
     }
 
     /// The catalog after `plan` (made by [`Catalog::plan`] on this catalog): the kept values
-    /// cloned, each added one built by `build` (the first failure leaves nothing changed and is
-    /// returned), the removed ones returned apart.
+    /// cloned, each added one built by `build`, then each changed one replaced by `rebuild` of
+    /// its served value (the first failure is returned; a failing `build` comes before any
+    /// `rebuild`), the removed ones returned apart.
     ///
     /// # Errors
-    /// `build`'s error.
-    pub fn apply<D, E>(
+    /// `build`'s or `rebuild`'s error.
+    pub fn apply<D, C, E>(
         &self,
-        plan: CatalogPlan<D>,
+        plan: CatalogPlan<D, C>,
         mut build: impl FnMut(&IndexerDomainId, D) -> Result<T, E>,
+        mut rebuild: impl FnMut(&T, C) -> Result<T, E>,
     ) -> Result<(Catalog<T>, Vec<T>), E>
     where
         T: Clone,
@@ -262,8 +341,13 @@ impl<T> Catalog<T> {
             let value = self.domains[&domain].clone();
             domains.insert(domain, value);
         }
+        // Added domains first: a failure to build one then leaves the served ones unchanged.
         for (domain, definition) in plan.added {
             let value = build(&domain, definition)?;
+            domains.insert(domain, value);
+        }
+        for (domain, change) in plan.changed {
+            let value = rebuild(&self.domains[&domain], change)?;
             domains.insert(domain, value);
         }
         let removed = plan
@@ -385,12 +469,18 @@ mod tests {
         ));
     }
 
+    /// A value changes in place by less than 10 (the change is the new value), else it is
+    /// refused.
     fn plan(
         catalog: &Catalog<u32>,
         next: &[(&str, u32)],
-    ) -> Result<CatalogPlan<u32>, CatalogChangeError> {
+    ) -> Result<CatalogPlan<u32, u32>, CatalogChangeError> {
         let next = next.iter().map(|(d, v)| (id(d), *v)).collect();
-        catalog.plan(next, |v| v, |a, b| format!("{a} -> {b}"))
+        catalog.plan(next, |served, next| match served.abs_diff(*next) {
+            0 => Ok(None),
+            1..10 => Ok(Some(*next)),
+            _ => Err(format!("{served} -> {next}")),
+        })
     }
 
     #[test]
@@ -405,7 +495,9 @@ mod tests {
         assert_eq!(change.added, [(id("gemma"), 4), (id("mistral"), 3)]);
         assert_eq!(change.removed, [id("qwen-7b")]);
         assert_eq!(change.kept, [id("llama-70b")]);
-        let (next, removed) = catalog.apply(change, |_, v| Ok::<_, ()>(v * 10)).unwrap();
+        let (next, removed) = catalog
+            .apply(change, |_, v| Ok::<_, ()>(v * 10), |_, c| Ok(c))
+            .unwrap();
         assert_eq!(removed, [2]);
         assert_eq!(next.names(), [id("gemma"), id("llama-70b"), id("mistral")]);
         assert_eq!(
@@ -419,10 +511,22 @@ mod tests {
         let change = plan(&catalog, &[("llama-70b", 1), ("mistral", 3)]).unwrap();
         assert_eq!(
             catalog
-                .apply(change, |_, _| Err::<u32, _>("no memory"))
+                .apply(change, |_, _| Err::<u32, _>("no memory"), |_, c| Ok(c))
                 .unwrap_err(),
             "no memory"
         );
+        // Changed in place: rebuilt from the served value, the others kept.
+        let change = plan(&catalog, &[("llama-70b", 1), ("qwen-7b", 5)]).unwrap();
+        assert_eq!(change.changed, [(id("qwen-7b"), 5)]);
+        assert!(change.added.is_empty() && !change.is_empty());
+        let (next, _) = catalog
+            .apply(
+                change,
+                |_, v| Ok::<_, ()>(v),
+                |served, c| Ok(served * 100 + c),
+            )
+            .unwrap();
+        assert_eq!(next.get("qwen-7b"), Some(&205));
         assert_eq!(catalog.names(), [id("llama-70b"), id("qwen-7b")]);
     }
 
@@ -430,12 +534,12 @@ mod tests {
     fn a_change_breaking_a_rule_is_refused_whole() {
         let catalog = two();
         // A served domain's definition stays.
-        let changed = plan(&catalog, &[("llama-70b", 1), ("qwen-7b", 9), ("new", 5)]);
+        let changed = plan(&catalog, &[("llama-70b", 1), ("qwen-7b", 90), ("new", 5)]);
         assert_eq!(
             changed,
             Err(CatalogChangeError::Changed {
                 domain: id("qwen-7b"),
-                what: "2 -> 9".into()
+                what: "2 -> 90".into()
             })
         );
         assert!(
@@ -461,6 +565,32 @@ mod tests {
             plan(&catalog, &[("llama-70b", 1), ("x", 1), ("x", 1)]),
             Err(CatalogChangeError::Duplicate(DuplicateDomain(id("x"))))
         );
+    }
+
+    #[test]
+    fn lanes_keep_their_pool_come_back_on_their_own_lane_and_new_ones_need_a_spare_slot() {
+        let p = |dc: &str| PoolId::new("prod", dc).unwrap();
+        let slot = |dc: Option<&str>, removed| LaneSlot {
+            pool: dc.map(p),
+            removed,
+        };
+        // a, b served; c removed; one spare slot.
+        let slots = [
+            slot(Some("a"), false),
+            slot(Some("b"), false),
+            slot(Some("c"), true),
+            slot(None, false),
+        ];
+        assert!(lane_plan(&slots, &[p("b"), p("a")]).unwrap().is_empty());
+        let plan = lane_plan(&slots, &[p("a"), p("c"), p("d")]).unwrap();
+        assert_eq!(plan.remove, [1]);
+        assert_eq!(plan.add, [p("c"), p("d")]);
+        // Two new pools, one spare slot: refused, naming both counts.
+        let refused = lane_plan(&slots, &[p("a"), p("b"), p("d"), p("e")]).unwrap_err();
+        assert_eq!(refused, NoSpareLanes { needed: 2, free: 1 });
+        assert!(refused.to_string().contains("spare_lanes"), "{refused}");
+        // Removing everything is a plan too (the domain then answers no lane).
+        assert_eq!(lane_plan(&slots, &[]).unwrap().remove, [0, 1]);
     }
 
     #[test]

@@ -68,7 +68,8 @@ impl Disposed for RetireReason {
             | RetireReason::LagExceeded { .. }
             | RetireReason::Saturated { .. }
             | RetireReason::ApplyFailed { .. }
-            | RetireReason::StreamLost { .. } => Disposition::RetireLane,
+            | RetireReason::StreamLost { .. }
+            | RetireReason::Removed => Disposition::RetireLane,
             // The stream ended cleanly and the content was exact: only the lane's readiness
             // ends, and a producer that comes back needs a new lease and snapshot anyway.
             RetireReason::DrainGraceExpired { .. } => Disposition::RetireLane,

@@ -48,4 +48,4 @@ pub use crate::lane::AttachMode;
 pub use attachment::{Attachment, StreamEnd, StreamVerdict};
 pub use indexer::GlobalCkfIndexer;
 pub use manifest::{Manifest, ManifestError};
-pub use request::{AttachError, AttachRequest, ClaimedFormat};
+pub use request::{AttachError, AttachRequest, ClaimedFormat, LaneChangeError};

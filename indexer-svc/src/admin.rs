@@ -43,7 +43,10 @@ impl Admin for AdminService {
         let names = |d: Vec<ckf_core::identity::IndexerDomainId>| {
             d.into_iter().map(|d| d.to_string()).collect()
         };
+        let pools = |p: Vec<ckf_core::identity::PoolId>| p.iter().map(|p| p.to_string()).collect();
         Ok(Response::new(v1::ReloadCatalogResponse {
+            lanes_added: pools(reloaded.lanes_added),
+            lanes_removed: pools(reloaded.lanes_removed),
             applied: reloaded.applied,
             added: names(reloaded.added),
             removed: names(reloaded.removed),

@@ -1,4 +1,4 @@
-//! Catalog reloads: the domains served change while the indexer runs, by whole domains.
+//! Catalog reloads: the domains served, and each domain's lanes, change while the indexer runs.
 //!
 //! A reload re-reads the configuration from where the process read it (`--config`, the
 //! environment, the flags; [`crate::serve_from`]) on SIGHUP, when the configuration file
@@ -7,23 +7,29 @@
 //! 1. validates it whole (every key, as at start);
 //! 2. refuses it if a key outside the catalog changed (listeners, limits, lag, route, search,
 //!    transport, TLS, logging): those take a restart;
-//! 3. plans the change with ckf-core's rule ([`ckf_core::catalog::Catalog::plan`]): domains
-//!    added, removed and kept; a kept domain must be unchanged, the primary stays;
-//! 4. builds every added domain (its table, lane workers, router) and the `[auth]` policies of
-//!    the new catalog; any failure leaves everything as it was;
-//! 5. swaps the catalog in one step: calls already holding a domain finish on it, later calls
-//!    see the new catalog. A removed domain's relay streams end with `Retired(REMOVED)` +
-//!    `NOT_FOUND`, its query streams with `NOT_FOUND`, its lane gauges are withdrawn; an added
-//!    domain's lanes wait for their producers' snapshots.
+//! 3. plans the change with ckf-core's rules ([`ckf_core::catalog::Catalog::plan`],
+//!    [`ckf_core::catalog::lane_plan`]): domains added, removed and kept; in a kept domain,
+//!    lanes removed (DCs no longer listed) and added (new DCs on spare lane slots, reserved at
+//!    start with `spare_lanes`; a removed DC back on its own lane). A kept domain's table, block
+//!    size, spare slots and kept DCs' block sizes stay; the primary stays;
+//! 4. builds every added domain and the `[auth]` policies of the new catalog; any failure
+//!    leaves everything as it was;
+//! 5. removes and adds the kept domains' lanes on their consumers (a removed lane retires as
+//!    `REMOVED`: its stream ends `NOT_FOUND`; an added one waits for its producer's snapshot)
+//!    and swaps the catalog in one step: calls already holding a domain finish on it, later
+//!    calls see the new catalog. A removed domain's relay streams end with `Retired(REMOVED)` +
+//!    `NOT_FOUND`, its query streams with `NOT_FOUND`; removed lanes' and domains' gauges are
+//!    withdrawn.
 //!
-//! Kept domains are the same objects before and after: their lanes, leases, readiness and
-//! answers are never touched. Each outcome is logged and counted in
-//! `ckf_indexer_catalog_reloads_total{result}` (`applied`, `unchanged`, `refused`), and
-//! `ckf_indexer_domains` is the number of domains served.
+//! Lanes not named by a change keep their lease, readiness and answers: they are never
+//! touched. Each outcome is logged and counted in `ckf_indexer_catalog_reloads_total{result}`
+//! (`applied`, `unchanged`, `refused`, `dry_run`), and `ckf_indexer_domains` is the number of
+//! domains served.
 
 use std::sync::Arc;
 
-use ckf_core::catalog::{CatalogChangeError, CatalogPlan};
+use ckf_core::catalog::{CatalogChangeError, LanePlan, LaneSlot, lane_plan};
+use ckf_core::global::LaneChangeError;
 use ckf_core::identity::IndexerDomainId;
 use ckf_svc_kit::config::{ConfigError, Invalid, Validate};
 
@@ -60,6 +66,10 @@ pub enum ReloadError {
     /// The new catalog breaks a catalog rule.
     #[error("the catalog change is refused, nothing changed: {0}")]
     Plan(#[from] CatalogChangeError),
+    /// A lane could not be added or removed (the plan said it could: a bug; the catalog is
+    /// not swapped, the lanes changed before stay changed).
+    #[error("a lane change failed: {0}")]
+    Lane(#[from] LaneChangeError),
     /// An added domain could not be built (its table could not be allocated, ...).
     #[error("domain {domain} could not be added, nothing changed: {error}")]
     Build {
@@ -80,8 +90,12 @@ pub struct Reloaded {
     pub added: Vec<IndexerDomainId>,
     /// Domains removed.
     pub removed: Vec<IndexerDomainId>,
-    /// Domains kept unchanged.
+    /// Domains kept (their lanes may have changed).
     pub kept: Vec<IndexerDomainId>,
+    /// Lanes added to kept domains (new pools, or pools added back).
+    pub lanes_added: Vec<ckf_core::identity::PoolId>,
+    /// Lanes removed from kept domains.
+    pub lanes_removed: Vec<ckf_core::identity::PoolId>,
     /// Whether a change was applied.
     pub applied: bool,
 }
@@ -94,12 +108,20 @@ impl std::fmt::Display for Reloaded {
                 .collect::<Vec<_>>()
                 .join(", ")
         };
+        let pools = |p: &[ckf_core::identity::PoolId]| {
+            p.iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
         write!(
             f,
-            "added [{}], removed [{}], kept [{}]",
+            "domains added [{}], removed [{}], kept [{}]; lanes added [{}], removed [{}]",
             names(&self.added),
             names(&self.removed),
-            names(&self.kept)
+            names(&self.kept),
+            pools(&self.lanes_added),
+            pools(&self.lanes_removed)
         )
     }
 }
@@ -166,26 +188,64 @@ pub fn apply(
         .map(|spec| (spec.manifest.domain.clone(), spec))
         .collect();
     let current = shared.domains();
-    let plan = current.plan(specs, |d| &d.spec, difference)?;
+    let plan = current.plan(specs, change)?;
     let mut reloaded = Reloaded {
         added: plan.added.iter().map(|(d, _)| d.clone()).collect(),
         removed: plan.removed.clone(),
-        kept: plan.kept.clone(),
+        kept: plan
+            .kept
+            .iter()
+            .chain(plan.changed.iter().map(|(d, _)| d))
+            .cloned()
+            .collect(),
+        lanes_added: Vec::new(),
+        lanes_removed: Vec::new(),
         applied: false,
     };
+    reloaded.kept.sort();
+    for (domain, change) in &plan.changed {
+        let indexer = &current.get(domain.as_str()).expect("served").indexer;
+        reloaded
+            .lanes_added
+            .extend(change.lanes.add.iter().cloned());
+        reloaded
+            .lanes_removed
+            .extend(change.lanes.remove.iter().map(|&l| indexer.pool(l).clone()));
+    }
     let auth_changed = shared.config.lock().expect("config lock").auth != next.auth;
     if dry_run || (plan.is_empty() && !auth_changed) {
         return Ok(reloaded);
     }
     let access = IndexerAccess::prepare(&next.auth, &next.domain_lanes())?;
-    let (catalog, removed) = build(shared, &current, plan)?;
-    let added: Vec<Arc<Domain>> = reloaded
-        .added
-        .iter()
-        .map(|d| Arc::clone(catalog.get(d.as_str()).expect("just added")))
-        .collect();
+    let added_domains = reloaded.added.clone();
+    // Lanes changed on served consumers: (domain, lane, added?).
+    let mut lane_changes = Vec::new();
+    let (catalog, removed) = current.apply(
+        plan,
+        |domain, spec| {
+            Domain::build(spec, &shared.settings, &shared.metrics)
+                .map(Arc::new)
+                .map_err(|error| ReloadError::Build {
+                    domain: domain.clone(),
+                    error: Box::new(error),
+                })
+        },
+        |served, change| {
+            let indexer = &served.indexer;
+            for &lane in &change.lanes.remove {
+                indexer.remove_lane(lane)?;
+                lane_changes.push((served.name().clone(), lane, false));
+            }
+            for pool in change.lanes.add {
+                let lane = indexer.add_lane(pool)?;
+                lane_changes.push((served.name().clone(), lane, true));
+            }
+            Ok(Arc::new(served.relaned(change.spec, &shared.settings)))
+        },
+    )?;
     // The swap: every later call, attachment and reload sees the new catalog.
-    *shared.catalog.write().expect("catalog lock") = Arc::new(catalog);
+    let catalog = Arc::new(catalog);
+    *shared.catalog.write().expect("catalog lock") = Arc::clone(&catalog);
     shared.access.replace(access);
     {
         let mut config = shared.config.lock().expect("config lock");
@@ -197,12 +257,23 @@ pub fn apply(
     }
     for domain in &removed {
         domain.removed.trigger();
-        shared.metrics.forget_domain(&domain.labels);
+        let lanes = domain.served_labels();
+        shared.metrics.forget_domain(domain.name().as_str(), &lanes);
     }
-    let watchers: Vec<_> = added
+    let mut watchers: Vec<_> = added_domains
         .iter()
+        .filter_map(|d| catalog.get(d.as_str()))
         .flat_map(|domain| lane_watch::spawn_domain(shared, domain))
         .collect();
+    // A removed lane's watcher counts its retirement, withdraws its gauges and ends by itself.
+    for (name, lane, added) in lane_changes {
+        let domain = catalog
+            .get(name.as_str())
+            .expect("a changed domain is served");
+        if added {
+            watchers.push(lane_watch::spawn_lane(shared, domain, lane));
+        }
+    }
     shared
         .watchers
         .lock()
@@ -211,7 +282,7 @@ pub fn apply(
     shared
         .metrics
         .domains
-        .set(i64::try_from(shared.domains().len()).unwrap_or(i64::MAX));
+        .set(i64::try_from(catalog.len()).unwrap_or(i64::MAX));
     // A removed domain's lane workers are joined by whoever drops it last; when that is this
     // reload, off the async workers.
     if tokio::runtime::Handle::try_current().is_ok() {
@@ -221,39 +292,72 @@ pub fn apply(
     Ok(reloaded)
 }
 
-/// Builds the catalog after `plan`: kept domains shared, added ones built.
-fn build(
-    shared: &IndexerState,
-    current: &crate::state::Domains,
-    plan: CatalogPlan<DomainSpec>,
-) -> Result<(crate::state::Domains, Vec<Arc<Domain>>), ReloadError> {
-    current.apply(plan, |domain, spec| {
-        Domain::build(spec, &shared.settings, &shared.metrics)
-            .map(Arc::new)
-            .map_err(|error| ReloadError::Build {
-                domain: domain.clone(),
-                error: Box::new(error),
-            })
-    })
+/// A served domain's change it takes while it runs: its next configuration and the lanes to
+/// remove and add.
+#[derive(Debug)]
+struct LaneChange {
+    spec: DomainSpec,
+    lanes: LanePlan,
 }
 
-/// How two definitions of one domain differ, for the refusal.
-fn difference(served: &DomainSpec, next: &DomainSpec) -> String {
-    let (a, b) = (&served.manifest, &next.manifest);
-    let dcs = |m: &ckf_core::global::Manifest| {
-        m.lanes
-            .iter()
-            .map(|p| p.dc.to_string())
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    if a.lanes != b.lanes {
-        format!("lanes [{}] -> [{}]", dcs(a), dcs(b))
-    } else if a.format != b.format {
-        format!("table [{}] -> [{}]", a.format, b.format)
-    } else {
-        "block sizes".to_owned()
+/// How a served domain compares with its next definition ([`ckf_core::catalog::Catalog::plan`]):
+/// unchanged, its lanes changed ([`ckf_core::catalog::lane_plan`] on its consumer's slots), or
+/// a change it cannot take while it runs (its table, block size, spare slots, a kept DC's block
+/// size, more new DCs than spare slots).
+fn change(served: &Arc<Domain>, next: &DomainSpec) -> Result<Option<LaneChange>, String> {
+    let current = &served.spec;
+    if current == next {
+        return Ok(None);
     }
+    let (a, b) = (&current.manifest, &next.manifest);
+    if a.format != b.format {
+        return Err(format!("table [{}] -> [{}]", a.format, b.format));
+    }
+    if current.token_rules != next.token_rules {
+        return Err(format!(
+            "block_size {} -> {}",
+            current.token_rules.block_size, next.token_rules.block_size
+        ));
+    }
+    if current.spare_lanes != next.spare_lanes {
+        return Err(format!(
+            "spare_lanes {} -> {} (lane slots are reserved at start)",
+            current.spare_lanes, next.spare_lanes
+        ));
+    }
+    for (i, pool) in b.lanes.iter().enumerate() {
+        if let Some(j) = a.lanes.iter().position(|p| p == pool)
+            && current.block_sizes.of(j) != next.block_sizes.of(i)
+        {
+            return Err(format!(
+                "the block size of {}: {} -> {}",
+                pool.dc,
+                current.block_sizes.of(j),
+                next.block_sizes.of(i)
+            ));
+        }
+    }
+    let indexer = &served.indexer;
+    let slots: Vec<LaneSlot> = (0..indexer.lane_count() as u8)
+        .map(|lane| LaneSlot {
+            pool: indexer.slot(lane).cloned(),
+            removed: indexer.is_removed(lane),
+        })
+        .collect();
+    let lanes = lane_plan(&slots, &b.lanes).map_err(|e| {
+        let dcs = |m: &ckf_core::global::Manifest| {
+            m.lanes
+                .iter()
+                .map(|p| p.dc.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        format!("lanes [{}] -> [{}]: {e}", dcs(a), dcs(b))
+    })?;
+    Ok(Some(LaneChange {
+        spec: next.clone(),
+        lanes,
+    }))
 }
 
 /// The first top-level key outside the catalog whose value differs (those take a restart).

@@ -62,6 +62,9 @@ pub struct ManifestConfig {
     /// DC of `lanes`, 1..=65536): a query by token ids is hashed once per distinct block size
     /// and answers each lane in its own blocks.
     pub block_sizes: std::collections::BTreeMap<String, u32>,
+    /// Lane slots reserved beyond `lanes` for DCs added while the indexer runs (a catalog
+    /// reload), each a table column from the start (`buckets x 8` bytes); lanes + spare <= 64.
+    pub spare_lanes: u32,
 }
 
 impl Default for ManifestConfig {
@@ -70,6 +73,7 @@ impl Default for ManifestConfig {
             domain: "default".into(),
             lanes: vec!["dc-a".into(), "dc-b".into(), "dc-c".into()],
             block_sizes: Default::default(),
+            spare_lanes: 0,
         }
     }
 }
@@ -375,7 +379,7 @@ impl IndexerConfig {
             manifest: ManifestConfig {
                 domain: domain.into(),
                 lanes: lanes.iter().map(|&l| l.to_owned()).collect(),
-                block_sizes: Default::default(),
+                ..ManifestConfig::default()
             },
             listen: "127.0.0.1:0".parse().expect("valid"),
             metrics_listen: "127.0.0.1:0".parse().expect("valid"),

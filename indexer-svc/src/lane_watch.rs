@@ -1,16 +1,18 @@
 //! Keeps the lane metrics current: one task per lane follows ckf-core's lane events (counting
 //! retirements by reason, whoever caused them: a relay frame, a deadline, the drain grace,
 //! saturation; and lane contention by kind) and refreshes the lane gauges on every event and
-//! every [`REFRESH`]. A takeover of a live holder is logged at ERROR (two live producers for
+//! every [`REFRESH`]. A lane removed by a catalog reload ends its task after counting its
+//! retirement (`removed`) and withdrawing its gauges; a lane added gets a task. A takeover of a live holder is logged at ERROR (two live producers for
 //! one pool is a deployment error); an `IF_VACANT` refusal at WARN by the relay handler.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use ckf_core::identity::LaneIndex;
-use ckf_core::lane::{ContentionKind, LaneEventKind, RetireReason};
+use ckf_core::lane::{ContentionKind, LaneEvent, LaneEventKind, RetireReason};
 use tokio::task::JoinHandle;
 
+use crate::metrics::LaneLabels;
 use crate::state::{Domain, IndexerState};
 
 /// Gauge refresh period when no event arrives (a lease grant emits none).
@@ -25,25 +27,64 @@ pub fn spawn_all(shared: &Arc<IndexerState>) -> Vec<JoinHandle<()>> {
         .collect()
 }
 
-/// Spawns the watcher of every lane of `domain`; they end on shutdown or when the domain is
-/// removed.
+/// Spawns the watcher of every lane of `domain` serving a pool; they end on shutdown, when the
+/// domain is removed, or when their lane is (after counting its retirement and withdrawing its
+/// gauges).
 pub fn spawn_domain(shared: &Arc<IndexerState>, domain: &Arc<Domain>) -> Vec<JoinHandle<()>> {
-    (0..domain.indexer.lane_count())
-        .map(|lane| {
-            tokio::spawn(watch(
-                Arc::clone(shared),
-                Arc::clone(domain),
-                lane as LaneIndex,
-            ))
-        })
+    (0..domain.indexer.lane_count() as LaneIndex)
+        .filter(|&lane| domain.indexer.slot(lane).is_some() && !domain.indexer.is_removed(lane))
+        .map(|lane| spawn_lane(shared, domain, lane))
         .collect()
+}
+
+/// Spawns the watcher of `lane` of `domain` (a lane added or added back), replacing any it had.
+pub fn spawn_lane(
+    shared: &Arc<IndexerState>,
+    domain: &Arc<Domain>,
+    lane: LaneIndex,
+) -> JoinHandle<()> {
+    let task = tokio::spawn(watch(Arc::clone(shared), Arc::clone(domain), lane));
+    let mut watchers = domain.lane_watchers.lock().expect("lane watchers lock");
+    if let Some(old) = watchers[usize::from(lane)].replace(task.abort_handle()) {
+        old.abort();
+    }
+    task
+}
+
+/// Counts and logs one lane event.
+fn on_event(shared: &IndexerState, labels: &LaneLabels, lane: LaneIndex, event: &LaneEvent) {
+    match &event.kind {
+        LaneEventKind::Retired(reason @ RetireReason::DrainGraceExpired { .. }) => {
+            shared.metrics.retired(labels, reason);
+            // Expected after a drain nobody followed: not a failure.
+            tracing::info!(domain = %labels.domain, lane, dc = %labels.dc, lease = %event.lease, %reason, "drained lane left the ready set");
+        }
+        LaneEventKind::Retired(reason @ RetireReason::Removed) => {
+            shared.metrics.retired(labels, reason);
+            tracing::info!(domain = %labels.domain, lane, dc = %labels.dc, lease = %event.lease, %reason, "lane removed by a catalog reload");
+        }
+        LaneEventKind::Retired(reason) => {
+            shared.metrics.retired(labels, reason);
+            tracing::warn!(domain = %labels.domain, lane, dc = %labels.dc, lease = %event.lease, %reason, "lane retired");
+        }
+        LaneEventKind::Contended { kind, contender } => {
+            shared.metrics.contended(labels, *kind);
+            if *kind == ContentionKind::Takeover {
+                // The message is matched by the e2e tests (tests/): keep it stable.
+                tracing::error!(domain = %labels.domain, lane, dc = %labels.dc, lease = %event.lease, %contender, "a live attachment was taken over by another producer incarnation: two producers for one pool");
+            }
+        }
+        _ => {}
+    }
 }
 
 async fn watch(shared: Arc<IndexerState>, domain: Arc<Domain>, lane: LaneIndex) {
     let Ok(events) = domain.indexer.subscribe(lane) else {
         return;
     };
-    let labels = domain.labels(lane).clone();
+    let Some(labels) = LaneLabels::of(&domain.indexer, lane) else {
+        return;
+    };
     for kind in ContentionKind::ALL {
         // Exported from the start, at 0.
         shared.metrics.lane_contention.with_label_values(&[
@@ -59,28 +100,18 @@ async fn watch(shared: Arc<IndexerState>, domain: Arc<Domain>, lane: LaneIndex) 
             () = shared.shutdown.wait() => return,
             () = domain.removed.wait() => return,
             event = events.recv_async() => match event {
-                Ok(event) => match &event.kind {
-                    LaneEventKind::Retired(reason @ RetireReason::DrainGraceExpired { .. }) => {
-                        shared.metrics.retired(&labels, reason);
-                        // Expected after a drain nobody followed: not a failure.
-                        tracing::info!(domain = %labels.domain, lane, dc = %labels.dc, lease = %event.lease, %reason, "drained lane left the ready set");
-                    }
-                    LaneEventKind::Retired(reason) => {
-                        shared.metrics.retired(&labels, reason);
-                        tracing::warn!(domain = %labels.domain, lane, dc = %labels.dc, lease = %event.lease, %reason, "lane retired");
-                    }
-                    LaneEventKind::Contended { kind, contender } => {
-                        shared.metrics.contended(&labels, *kind);
-                        if *kind == ContentionKind::Takeover {
-                            // The message is matched by the e2e tests (tests/): keep it stable.
-                            tracing::error!(domain = %labels.domain, lane, dc = %labels.dc, lease = %event.lease, %contender, "a live attachment was taken over by another producer incarnation: two producers for one pool");
-                        }
-                    }
-                    _ => {}
-                },
+                Ok(event) => on_event(&shared, &labels, lane, &event),
                 Err(_) => return,
             },
             _ = tick.tick() => {}
+        }
+        if domain.indexer.is_removed(lane) {
+            // Its retirement (if it had a lease) is counted before the watcher ends.
+            while let Ok(event) = events.try_recv() {
+                on_event(&shared, &labels, lane, &event);
+            }
+            shared.metrics.forget_lanes(std::slice::from_ref(&labels));
+            return;
         }
         if let Ok(status) = domain.indexer.lane_status(lane) {
             shared.metrics.observe_lane(&labels, &status);

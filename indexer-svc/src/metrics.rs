@@ -488,9 +488,15 @@ impl IndexerMetrics {
             .set(status.installed_sequence.map_or(0, |s| s as i64));
     }
 
-    /// Withdraws the gauges of a removed domain's lanes (`lanes`: its labels) and its table,
-    /// so no stale value of a domain no longer served stays exported. Its counters stay.
-    pub fn forget_domain(&self, lanes: &[LaneLabels]) {
+    /// Withdraws the gauges of a removed domain: its lanes' (`lanes`) and its table's, so no
+    /// stale value of a domain no longer served stays exported. Its counters stay.
+    pub fn forget_domain(&self, domain: &str, lanes: &[LaneLabels]) {
+        self.forget_lanes(lanes);
+        let _ = self.table_bytes.remove_label_values(&[domain]);
+    }
+
+    /// Withdraws the gauges of removed lanes. Their counters stay.
+    pub fn forget_lanes(&self, lanes: &[LaneLabels]) {
         for lane in lanes {
             for state in STATES {
                 let _ = self.lane_state.remove_label_values(&[
@@ -517,15 +523,16 @@ impl IndexerMetrics {
                 .remove_label_values(&dc);
             let _ = self.lane_load_observed_timestamp.remove_label_values(&dc);
         }
-        if let Some(lane) = lanes.first() {
-            let _ = self.table_bytes.remove_label_values(&[&lane.domain]);
-        }
     }
 
-    /// Refreshes every lane's gauges.
-    pub fn observe_all(&self, indexer: &GlobalCkfIndexer, labels: &[LaneLabels]) {
-        for (status, lane) in indexer.lane_statuses().iter().zip(labels) {
-            self.observe_lane(lane, status);
+    /// Refreshes the gauges of every lane serving a pool.
+    pub fn observe_all(&self, indexer: &GlobalCkfIndexer) {
+        for status in indexer.lane_statuses() {
+            if let Some(labels) = LaneLabels::of(indexer, status.lane)
+                && !indexer.is_removed(status.lane)
+            {
+                self.observe_lane(&labels, &status);
+            }
         }
     }
 }
@@ -576,19 +583,13 @@ pub struct LaneLabels {
 }
 
 impl LaneLabels {
-    /// Labels of every lane of `indexer`, in lane order.
-    pub fn all(indexer: &GlobalCkfIndexer) -> Vec<LaneLabels> {
-        indexer
-            .manifest()
-            .lanes
-            .iter()
-            .enumerate()
-            .map(|(i, pool)| LaneLabels {
-                domain: pool.domain.to_string(),
-                lane: i.to_string(),
-                dc: pool.dc.to_string(),
-            })
-            .collect()
+    /// Labels of `lane` of `indexer`; `None` for a spare slot that never served a pool.
+    pub fn of(indexer: &GlobalCkfIndexer, lane: u8) -> Option<LaneLabels> {
+        indexer.slot(lane).map(|pool| LaneLabels {
+            domain: pool.domain.to_string(),
+            lane: lane.to_string(),
+            dc: pool.dc.to_string(),
+        })
     }
 
     /// The `domain`, `lane`, `dc` values, in that order.

@@ -201,10 +201,14 @@ impl Query for QueryService {
         let indexer = &domain.indexer;
         let manifest = indexer.manifest();
         let slots = manifest.format.slot_count() as f64;
+        // The lanes serving a pool now: not a spare slot never added, not a removed lane.
         let lanes = indexer
             .lane_statuses()
             .iter()
             .zip(occupied)
+            .filter(|(status, _)| {
+                indexer.slot(status.lane).is_some() && !indexer.is_removed(status.lane)
+            })
             .map(|(status, occupied)| {
                 let block_size = domain.router.block_size(status.lane);
                 lane_info(indexer, status, occupied as f64 / slots, block_size)

@@ -39,7 +39,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
 
-use crate::metrics::LaneMetrics;
+use crate::metrics::{LaneLabels, LaneMetrics};
 use crate::state::{Domain, IndexerState, wire_kind};
 use crate::status::{FrameError, RelayError};
 
@@ -225,6 +225,8 @@ fn attach_request(attach: v1::Attach) -> Result<AttachRequest, RelayError> {
 struct Session {
     shared: Arc<IndexerState>,
     domain: Arc<Domain>,
+    /// The lane's metric labels.
+    labels: LaneLabels,
     attachment: Attachment,
     metrics: LaneMetrics,
 }
@@ -257,11 +259,15 @@ impl Session {
         // The lane's load is this lease's from now on, never its predecessor's.
         let lease = attachment.lease();
         domain.router.lease_started(lease.lane, lease.epoch);
-        let metrics = shared.metrics.lane(domain.labels(attachment.lane()));
+        // A lane that attaches serves a pool: it has labels.
+        let labels = LaneLabels::of(&domain.indexer, attachment.lane())
+            .expect("an attached lane serves a pool");
+        let metrics = shared.metrics.lane(&labels);
         metrics.leases_granted.inc();
         Ok(Self {
             shared,
             domain,
+            labels,
             attachment,
             metrics,
         })
@@ -439,7 +445,7 @@ impl Session {
         if let Err(refused) = kept {
             tracing::debug!(%refused, sequence = load.sequence, "load report dropped")
         }
-        let labels = self.domain.labels(lease.lane);
+        let labels = &self.labels;
         self.shared
             .metrics
             .load_report(labels, kept, &load.load, load.age);

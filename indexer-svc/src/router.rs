@@ -92,6 +92,18 @@ pub struct Routed {
     pub blocks: usize,
 }
 
+/// The configured round trip of each lane slot's DC (`None`: not configured, or a spare slot).
+fn slot_rtts(indexer: &GlobalCkfIndexer, config: &RouteConfig) -> Arc<[Option<Duration>]> {
+    (0..indexer.lane_count())
+        .map(|lane| {
+            let lane = LaneIndex::try_from(lane).expect("at most 64 lanes");
+            indexer
+                .slot(lane)
+                .and_then(|pool| config.rtt(pool.dc.as_str()))
+        })
+        .collect()
+}
+
 /// The routing side of one domain: the search, the kept load reports, the bookings and the
 /// model. Cheap to clone (shared state behind `Arc`s); every clone books on the same queues.
 #[derive(Debug, Clone)]
@@ -123,12 +135,7 @@ impl Router {
         config: &RouteConfig,
         decisions: IntCounterVec,
     ) -> Self {
-        let rtts = (0..indexer.lane_count())
-            .map(|lane| {
-                let lane = LaneIndex::try_from(lane).expect("a manifest lane");
-                config.rtt(indexer.pool(lane).dc.as_str())
-            })
-            .collect();
+        let rtts = slot_rtts(&indexer, config);
         assert_eq!(
             block_sizes.lanes(),
             indexer.lane_count(),
@@ -143,6 +150,20 @@ impl Router {
             loads: Arc::default(),
             bookings: Arc::default(),
             decisions,
+        }
+    }
+
+    /// This router after its consumer's lanes changed: block sizes and round trips of the lane
+    /// slots now, the same load reports, bookings and counters.
+    ///
+    /// # Panics
+    /// When `block_sizes` does not have the indexer's lane count.
+    pub fn relaned(&self, block_sizes: LaneBlockSizes, config: &RouteConfig) -> Self {
+        assert_eq!(block_sizes.lanes(), self.indexer.lane_count());
+        Self {
+            block_sizes: Arc::new(block_sizes),
+            rtts: slot_rtts(&self.indexer, config),
+            ..self.clone()
         }
     }
 

@@ -19,22 +19,28 @@ use crate::config::domains::DomainSpec;
 use crate::config::{LimitsConfig, RouteConfig};
 use crate::metrics::{IndexerMetrics, LaneLabels, QueryCounters};
 use crate::router::Router;
+use ckf_core::tokens::lanes::LaneBlockSizes;
 
 /// One domain served: its own table, lanes, workers, router and counters. Nothing in it is
 /// shared with another domain, so one domain's faults never reach another's lanes.
+///
+/// A value describes the domain as one catalog has it: a reload that changes the domain's
+/// lanes builds a new value ([`Domain::relaned`]) sharing this one's consumer, workers, load
+/// reports, bookings, stream permits and counters, so calls holding the old value finish on
+/// the same lanes.
 #[derive(Debug)]
 pub struct Domain {
-    /// What it was built from (a reload keeps it only while this stays equal).
+    /// Its configuration now (lanes in configured order; a reload compares the next one with
+    /// it).
     pub spec: DomainSpec,
     /// Triggered when a catalog reload removes the domain: its relay streams, query streams and
     /// lane watchers end.
     pub removed: Shutdown,
-    /// The transposed consumer of this domain (leases, lane state machine, table, search).
+    /// The transposed consumer of this domain (leases, lane state machine, table, search; lane
+    /// slots added and removed at run time).
     pub indexer: Arc<GlobalCkfIndexer>,
-    /// One serialized ingestor thread per lane behind bounded queues.
-    pub workers: IngestionWorkers,
-    /// `domain` / `lane` / `dc` label values per lane.
-    pub labels: Vec<LaneLabels>,
+    /// One serialized ingestor thread per lane slot behind bounded queues.
+    pub workers: Arc<IngestionWorkers>,
     /// `Route`: the kept load reports, the bookings, the `[route]` model and round trips, the
     /// lanes' block sizes (shared with every [`crate::EmbeddedQuery`] of this domain).
     pub router: Router,
@@ -42,6 +48,8 @@ pub struct Domain {
     pub relay_streams: Arc<Semaphore>,
     /// `ckf_indexer_queries_*{domain}` by method.
     pub queries: QueryCounters,
+    /// The watcher task of each lane slot that serves a pool (`crate::lane_watch`).
+    pub lane_watchers: Arc<Mutex<Vec<Option<tokio::task::AbortHandle>>>>,
 }
 
 /// What a domain is built with besides its [`DomainSpec`] (the same for every domain of the
@@ -63,8 +71,8 @@ pub struct DomainSettings {
 }
 
 impl Domain {
-    /// Builds one domain: its consumer (sized by its manifest), its lane workers (started
-    /// here), its router and its metric children.
+    /// Builds one domain: its consumer (sized by its manifest and spare lanes), its lane
+    /// workers (started here), its router and its metric children.
     ///
     /// # Errors
     /// ckf-core's refusal of the manifest (a table that cannot be allocated, too many lanes)
@@ -74,10 +82,11 @@ impl Domain {
         settings: &DomainSettings,
         metrics: &IndexerMetrics,
     ) -> Result<Self, crate::ServeError> {
-        let indexer = Arc::new(GlobalCkfIndexer::with_policy(
+        let indexer = Arc::new(GlobalCkfIndexer::with_spare_lanes(
             spec.manifest.clone(),
             settings.consumer_instance,
             settings.lag,
+            spec.spare_lanes,
         )?);
         indexer.set_search_kernel(settings.kernel).map_err(|e| {
             ckf_svc_kit::config::Invalid::new("search.kernel", settings.kernel, e.to_string())
@@ -87,37 +96,75 @@ impl Domain {
             .table_bytes
             .with_label_values(&[&name])
             .set(i64::try_from(indexer.table().bytes()).unwrap_or(i64::MAX));
-        let workers = IngestionWorkers::new(Arc::clone(&indexer), settings.workers);
+        let workers = Arc::new(IngestionWorkers::new(
+            Arc::clone(&indexer),
+            settings.workers,
+        ));
         let router = Router::new(
             Arc::clone(&indexer),
             spec.token_rules,
-            spec.block_sizes.clone(),
+            slot_block_sizes(&spec, &indexer),
             &settings.route,
             metrics.route_decisions.clone(),
         );
-        let labels = LaneLabels::all(&indexer);
-        metrics.observe_all(&indexer, &labels);
+        metrics.observe_all(&indexer);
         Ok(Self {
             spec,
             removed: Shutdown::new(),
-            labels,
             workers,
             router,
             relay_streams: Arc::new(Semaphore::new(settings.limits.max_relay_streams as usize)),
             queries: metrics.query_methods(&name),
+            lane_watchers: Arc::new(Mutex::new(vec![None; indexer.lane_count()])),
             indexer,
         })
     }
 
-    /// Labels of `lane` (a manifest lane).
-    pub fn labels(&self, lane: u8) -> &LaneLabels {
-        &self.labels[usize::from(lane)]
+    /// The value of this domain after its consumer's lanes changed to serve `spec`'s (the
+    /// lanes were added and removed on the shared consumer already): the same consumer,
+    /// workers, load reports, bookings, permits and counters; the router's round trips and
+    /// block sizes follow the lanes.
+    pub fn relaned(&self, spec: DomainSpec, settings: &DomainSettings) -> Self {
+        Self {
+            router: self
+                .router
+                .relaned(slot_block_sizes(&spec, &self.indexer), &settings.route),
+            spec,
+            removed: self.removed.clone(),
+            indexer: Arc::clone(&self.indexer),
+            workers: Arc::clone(&self.workers),
+            relay_streams: Arc::clone(&self.relay_streams),
+            queries: self.queries.clone(),
+            lane_watchers: Arc::clone(&self.lane_watchers),
+        }
     }
 
     /// The domain's name.
     pub fn name(&self) -> &ckf_core::identity::IndexerDomainId {
         &self.spec.manifest.domain
     }
+
+    /// Labels of every lane slot serving a pool now (not removed), in lane order.
+    pub fn served_labels(&self) -> Vec<LaneLabels> {
+        (0..self.indexer.lane_count() as u8)
+            .filter(|&l| !self.indexer.is_removed(l))
+            .filter_map(|l| LaneLabels::of(&self.indexer, l))
+            .collect()
+    }
+}
+
+/// Tokens per block of every lane slot: its DC's in `spec`, the domain's block size for a slot
+/// `spec` does not list (a removed lane, a spare slot: neither is ever answered).
+fn slot_block_sizes(spec: &DomainSpec, indexer: &GlobalCkfIndexer) -> LaneBlockSizes {
+    let sizes = (0..indexer.lane_count() as u8)
+        .map(|lane| {
+            indexer
+                .slot(lane)
+                .and_then(|pool| spec.manifest.lanes.iter().position(|p| p == pool))
+                .map_or(spec.token_rules.block_size, |i| spec.block_sizes.of(i))
+        })
+        .collect();
+    LaneBlockSizes::new(sizes).expect("sizes validated with the configuration")
 }
 
 /// The domains served, the primary first.

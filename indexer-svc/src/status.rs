@@ -173,6 +173,7 @@ fn reason_code(reason: &RetireReason) -> Code {
         RetireReason::Saturated { .. } => Code::ResourceExhausted,
         RetireReason::ApplyFailed { .. } => Code::Internal,
         RetireReason::StreamLost { .. } => Code::FailedPrecondition,
+        RetireReason::Removed => Code::NotFound,
     }
 }
 

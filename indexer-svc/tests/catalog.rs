@@ -23,13 +23,23 @@ const TOKEN: &str = "admin.0123456789abcdef";
 struct Files {
     dir: tempfile::TempDir,
     watch_ms: u64,
+    /// `manifest.spare_lanes`.
+    spare: u32,
 }
 
 impl Files {
     fn new(watch_ms: u64) -> Self {
+        Self::with_spare(watch_ms, 0)
+    }
+
+    fn with_spare(watch_ms: u64, spare: u32) -> Self {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("admin.token"), format!("{TOKEN}\n")).unwrap();
-        Self { dir, watch_ms }
+        Self {
+            dir,
+            watch_ms,
+            spare,
+        }
     }
 
     fn path(&self) -> PathBuf {
@@ -38,16 +48,26 @@ impl Files {
 
     /// Writes the file with `extra` appended (a `[[domains]]` entry, a changed key).
     fn write(&self, extra: &str) {
+        self.write_lanes(&["dc-a", "dc-b"], extra);
+    }
+
+    /// Writes the file with the primary domain's `lanes` and `extra` appended.
+    fn write_lanes(&self, lanes: &[&str], extra: &str) {
         let token = self.dir.path().join("admin.token");
+        let lanes = lanes
+            .iter()
+            .map(|l| format!("{l:?}"))
+            .collect::<Vec<_>>()
+            .join(", ");
         let text = format!(
             "listen = \"127.0.0.1:0\"\nmetrics_listen = \"127.0.0.1:0\"\n\
              config_watch_interval_ms = {}\n\
-             [manifest]\ndomain = \"{DOMAIN}\"\nlanes = [\"dc-a\", \"dc-b\"]\n\
+             [manifest]\ndomain = \"{DOMAIN}\"\nlanes = [{lanes}]\nspare_lanes = {}\n\
              [table]\nbucket_count = {BUCKETS}\n\
              [lag]\nheartbeat_deadline_ms = 60000\ndirty_to_applied_deadline_ms = 60000\n\
              [limits]\nmax_message_bytes = 65536\n\
              [auth]\nadmin_token_file = {token:?}\n{extra}",
-            self.watch_ms
+            self.watch_ms, self.spare
         );
         // Written whole then renamed: the watch never reads half a file.
         let staging = self.dir.path().join("indexer.toml.new");
@@ -223,16 +243,17 @@ async fn domains_are_added_and_removed_while_the_kept_ones_answer_unchanged() {
     a.store(2, &hashes(2, 3));
     assert_eq!(a.publish().await.installed_sequence, 1);
 
-    let metrics = metrics_text(&indexer).await;
-    for line in [
-        r#"ckf_indexer_catalog_reloads_total{result="applied"} 2"#,
-        r#"ckf_indexer_catalog_reloads_total{result="dry_run"} 1"#,
-        r#"ckf_indexer_catalog_reloads_total{result="unchanged"} 1"#,
-        "ckf_indexer_domains 1",
-        r#"ckf_indexer_lane_ready{dc="dc-a",domain="test",lane="0"} 1"#,
-    ] {
-        assert!(metrics.contains(line), "no {line:?} in\n{metrics}");
-    }
+    let metrics = wait_metrics(
+        &indexer,
+        &[
+            r#"ckf_indexer_catalog_reloads_total{result="applied"} 2"#,
+            r#"ckf_indexer_catalog_reloads_total{result="dry_run"} 1"#,
+            r#"ckf_indexer_catalog_reloads_total{result="unchanged"} 1"#,
+            "ckf_indexer_domains 1",
+            r#"ckf_indexer_lane_ready{dc="dc-a",domain="test",lane="0"} 1"#,
+        ],
+    )
+    .await;
     assert!(
         !metrics.contains(r#"ckf_indexer_lane_ready{dc="dc-c",domain="qwen""#),
         "a removed domain's lane gauges are withdrawn:\n{metrics}"
@@ -270,28 +291,40 @@ async fn a_change_breaking_a_rule_is_refused_whole_and_names_it() {
             &["nothing changed", says],
         );
     }
-    // The primary's definition and name stay.
+    // A new DC needs a spare lane slot (none reserved here); the primary's table, block size
+    // and spare slots stay; so does its name.
+    files.write_lanes(&["dc-a", "dc-b", "dc-x"], "");
+    let status = reload(&indexer, false).await.unwrap_err();
+    assert_status(
+        &status,
+        Code::FailedPrecondition,
+        &[
+            "domain test is served",
+            "lanes [dc-a, dc-b] -> [dc-a, dc-b, dc-x]: 1 new lane(s) but 0 spare lane slot(s) left",
+        ],
+    );
     let path = files.path();
     let rewrite = |from: &str, to: &str| {
         let text = std::fs::read_to_string(&path).unwrap().replace(from, to);
         std::fs::write(&path, text).unwrap();
     };
-    files.write("");
-    rewrite("lanes = [\"dc-a\", \"dc-b\"]", "lanes = [\"dc-a\"]");
-    let status = reload(&indexer, false).await.unwrap_err();
-    assert_status(
-        &status,
-        Code::FailedPrecondition,
-        &["domain test is served and its definition changed (lanes [dc-a, dc-b] -> [dc-a])"],
-    );
-    files.write("");
-    rewrite("domain = \"test\"", "domain = \"other\"");
-    let status = reload(&indexer, false).await.unwrap_err();
-    assert_status(
-        &status,
-        Code::FailedPrecondition,
-        &["the primary domain is test"],
-    );
+    for ((from, to), says) in [
+        (("spare_lanes = 0", "spare_lanes = 2"), "spare_lanes 0 -> 2"),
+        (
+            ("[manifest]", "block_size = 32\n[manifest]"),
+            "block_size 16 -> 32",
+        ),
+        (("bucket_count = 1024", "bucket_count = 2048"), "table ["),
+        (
+            ("domain = \"test\"", "domain = \"other\""),
+            "the primary domain is test",
+        ),
+    ] {
+        files.write("");
+        rewrite(from, to);
+        let status = reload(&indexer, false).await.unwrap_err();
+        assert_status(&status, Code::FailedPrecondition, &[says]);
+    }
     // A file that is not TOML.
     std::fs::write(&path, "[manifest\n").unwrap();
     let status = reload(&indexer, false).await.unwrap_err();
@@ -310,7 +343,7 @@ async fn a_change_breaking_a_rule_is_refused_whole_and_names_it() {
     );
     let metrics = metrics_text(&indexer).await;
     assert!(
-        metrics.contains(r#"ckf_indexer_catalog_reloads_total{result="refused"} 6"#),
+        metrics.contains(r#"ckf_indexer_catalog_reloads_total{result="refused"} 9"#),
         "{metrics}"
     );
 }
@@ -371,4 +404,111 @@ async fn wait_for(indexer: &Indexer, domain: &str, served: bool) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     panic!("domain {domain} never became served = {served}");
+}
+
+#[tokio::test]
+async fn lanes_are_removed_and_added_in_a_kept_domain_while_the_others_answer_unchanged() {
+    let files = Files::with_spare(0, 1);
+    files.write("");
+    let indexer = Arc::new(Indexer::start_from(files.cli()).await);
+    assert_eq!(
+        indexer.lanes().await.lanes.len(),
+        2,
+        "a spare slot is not listed"
+    );
+    let shared = hashes(1, 6);
+    let mut a = Producer::attach(&indexer, "dc-a", 1).await;
+    a.store(1, &shared);
+    a.snapshot(8192).await;
+    let mut b = Producer::attach(&indexer, "dc-b", 2).await;
+    b.store(1, &shared[..2]);
+    b.snapshot(8192).await;
+    let before = indexer.lane(0).await;
+
+    // Query load: dc-a answers its 6 blocks in every answer, whatever happens to the others.
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = tokio::spawn({
+        let (indexer, stop, shared) = (Arc::clone(&indexer), Arc::clone(&stop), shared.clone());
+        async move {
+            let mut answered = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let (found, _) = indexer.find(&shared).await;
+                assert_eq!(found.first(), Some(&(0, 6)), "{found:?}");
+                answered += 1;
+            }
+            answered
+        }
+    });
+
+    // dc-b out, dc-c in (on the spare slot, lane 2).
+    files.write_lanes(&["dc-a", "dc-c"], "");
+    let changed = reload(&indexer, false).await.unwrap();
+    assert_eq!(
+        (
+            names(&changed.lanes_removed),
+            names(&changed.lanes_added),
+            changed.applied
+        ),
+        (vec!["test/dc-b"], vec!["test/dc-c"], true)
+    );
+    let status = b
+        .stream
+        .expect_retired_as(v1::RetireReason::Removed, Code::NotFound)
+        .await;
+    assert_status(&status, Code::NotFound, &["removed"]);
+    assert_eq!(indexer.find(&shared).await, (vec![(0, 6)], 0b001));
+    let status = refused(&indexer, (&identity("dc-b", 3, format())).into()).await;
+    assert_status(&status, Code::NotFound, &["test/dc-b is not a lane"]);
+    let mut c = Producer::attach(&indexer, "dc-c", 4).await;
+    assert_eq!(c.lease.lane, 2);
+    c.store(1, &shared[..4]);
+    c.snapshot(8192).await;
+    assert_eq!(indexer.find(&shared).await, (vec![(0, 6), (2, 4)], 0b101));
+    let listed: Vec<(u32, String)> = indexer
+        .lanes()
+        .await
+        .lanes
+        .iter()
+        .map(|l| (l.lane, l.pool.as_ref().unwrap().dc.clone()))
+        .collect();
+    assert_eq!(listed, [(0, "dc-a".to_owned()), (2, "dc-c".to_owned())]);
+
+    // dc-b back: on its own lane 1 (no spare slot needed), ready after its new snapshot.
+    files.write_lanes(&["dc-a", "dc-b", "dc-c"], "");
+    let back = reload(&indexer, false).await.unwrap();
+    assert_eq!(names(&back.lanes_added), ["test/dc-b"]);
+    let mut b = Producer::attach(&indexer, "dc-b", 5).await;
+    assert_eq!(b.lease.lane, 1);
+    b.store(1, &shared[..1]);
+    b.snapshot(8192).await;
+    assert_eq!(
+        indexer.find(&shared).await,
+        (vec![(0, 6), (1, 1), (2, 4)], 0b111)
+    );
+    // Every slot used: a fourth DC is refused whole.
+    files.write_lanes(&["dc-a", "dc-b", "dc-c", "dc-d"], "");
+    let status = reload(&indexer, false).await.unwrap_err();
+    assert_status(
+        &status,
+        Code::FailedPrecondition,
+        &["0 spare lane slot(s) left"],
+    );
+
+    stop.store(true, Ordering::Relaxed);
+    assert!(load.await.expect("dc-a answered in every answer") > 0);
+    let after = indexer.lane(0).await;
+    assert_eq!(
+        (after.lease_epoch, after.retirements, after.state()),
+        (before.lease_epoch, 0, v1::LaneState::Active)
+    );
+    // The lane watchers refresh the gauges on events and every 250 ms.
+    wait_metrics(
+        &indexer,
+        &[
+            r#"ckf_indexer_lane_retirements_total{dc="dc-b",domain="test",lane="1",reason="removed"} 1"#,
+            r#"ckf_indexer_lane_ready{dc="dc-b",domain="test",lane="1"} 1"#,
+            r#"ckf_indexer_lane_ready{dc="dc-c",domain="test",lane="2"} 1"#,
+        ],
+    )
+    .await;
 }

@@ -156,12 +156,7 @@ async fn two_domains_with_the_same_dcs_are_answered_apart_and_a_fault_in_one_spa
     assert_eq!(test_a.publish().await.installed_sequence, 1);
 
     // Metrics carry the domain: one lane gauge per (domain, lane), one table per domain.
-    let metrics = metrics_text(&indexer).await;
-    for line in [
-        r#"ckf_indexer_lane_ready{dc="dc-a",domain="test",lane="0"} 1"#.to_owned(),
-        r#"ckf_indexer_lane_ready{dc="dc-a",domain="qwen",lane="0"} 0"#.to_owned(),
-        r#"ckf_indexer_lane_ready{dc="dc-b",domain="qwen",lane="1"} 1"#.to_owned(),
-        r#"ckf_indexer_lane_retirements_total{dc="dc-a",domain="qwen",lane="0",reason="stream_lost"} 1"#.to_owned(),
+    let tables = [
         format!(
             r#"ckf_indexer_table_bytes{{domain="test"}} {}"#,
             BUCKETS * 2 * 8
@@ -170,11 +165,21 @@ async fn two_domains_with_the_same_dcs_are_answered_apart_and_a_fault_in_one_spa
             r#"ckf_indexer_table_bytes{{domain="qwen"}} {}"#,
             QWEN_BUCKETS * 2 * 8
         ),
-        r#"ckf_indexer_queries_total{domain="qwen",method="find_matches"} 3"#.to_owned(),
-        r#"ckf_indexer_queries_total{domain="test",method="find_matches"} 3"#.to_owned(),
-    ] {
-        assert!(metrics.contains(&line), "no {line:?} in\n{metrics}");
-    }
+    ];
+    wait_metrics(
+        &indexer,
+        &[
+            r#"ckf_indexer_lane_ready{dc="dc-a",domain="test",lane="0"} 1"#,
+            r#"ckf_indexer_lane_ready{dc="dc-a",domain="qwen",lane="0"} 0"#,
+            r#"ckf_indexer_lane_ready{dc="dc-b",domain="qwen",lane="1"} 1"#,
+            r#"ckf_indexer_lane_retirements_total{dc="dc-a",domain="qwen",lane="0",reason="stream_lost"} 1"#,
+            &tables[0],
+            &tables[1],
+            r#"ckf_indexer_queries_total{domain="qwen",method="find_matches"} 3"#,
+            r#"ckf_indexer_queries_total{domain="test",method="find_matches"} 3"#,
+        ],
+    )
+    .await;
 }
 
 #[tokio::test]

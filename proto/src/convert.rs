@@ -488,6 +488,7 @@ impl From<&RetireReason> for v1::RetireReason {
             RetireReason::Saturated { .. } => Self::Saturated,
             RetireReason::ApplyFailed { .. } => Self::ApplyFailure,
             RetireReason::StreamLost { .. } => Self::StreamLost,
+            RetireReason::Removed => Self::Removed,
             RetireReason::DrainGraceExpired { .. } => Self::DrainGraceExpired,
         }
     }

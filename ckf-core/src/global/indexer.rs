@@ -3,8 +3,8 @@
 //! streams are `global/attachment.rs`'s, prefix queries `global/query.rs`'s.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
 use crate::addressing::Addressing;
@@ -17,13 +17,21 @@ use crate::lane::{
 use crate::search::SearchKernel;
 
 use super::manifest::{Manifest, ManifestError};
-use super::request::{AttachError, AttachRequest, ClaimedFormat};
+use super::request::{AttachError, AttachRequest, ClaimedFormat, LaneChangeError};
 
 /// The transposed global consumer. `Sync`: share it in an `Arc` between ingestion workers and
 /// query threads.
 #[derive(Debug)]
 pub struct GlobalCkfIndexer {
+    /// As built: the domain, the format and the lanes served from the start.
     manifest: Manifest,
+    /// The pool of each lane slot: set at construction for the manifest's lanes, by
+    /// [`GlobalCkfIndexer::add_lane`] for a spare slot; a slot never changes pool, so a lane
+    /// index names one pool for the consumer's life.
+    pools: Box<[OnceLock<PoolId>]>,
+    /// Whether each slot's lane is removed ([`GlobalCkfIndexer::remove_lane`]). Written under
+    /// the lane's lock, and `grant` reads it under that lock: no lease after a removal.
+    removed: Box<[AtomicBool]>,
     addressing: Addressing,
     consumer_instance: u64,
     policy: LagPolicy,
@@ -59,10 +67,36 @@ impl GlobalCkfIndexer {
         consumer_instance: u64,
         policy: LagPolicy,
     ) -> Result<Self, ManifestError> {
+        Self::with_spare_lanes(manifest, consumer_instance, policy, 0)
+    }
+
+    /// Builds a consumer with `spare` lane slots beyond the manifest's lanes (lanes
+    /// `manifest.lanes.len()..`), each a column of the table from the start, for lanes added
+    /// while it runs ([`GlobalCkfIndexer::add_lane`]).
+    ///
+    /// # Errors
+    /// [`ManifestError`]; more than 64 slots in all is a table error.
+    pub fn with_spare_lanes(
+        manifest: Manifest,
+        consumer_instance: u64,
+        policy: LagPolicy,
+        spare: usize,
+    ) -> Result<Self, ManifestError> {
         manifest.validate()?;
         let addressing = Addressing::new(&manifest.format)?;
-        let table = LaneGroups::new(manifest.format.bucket_count, manifest.lanes.len())?;
-        let lanes = (0..manifest.lanes.len())
+        let slots = manifest.lanes.len() + spare;
+        let table = LaneGroups::new(manifest.format.bucket_count, slots)?;
+        let pools = (0..slots)
+            .map(|l| {
+                let slot = OnceLock::new();
+                if let Some(pool) = manifest.lanes.get(l) {
+                    let _ = slot.set(pool.clone());
+                }
+                slot
+            })
+            .collect();
+        let removed = (0..slots).map(|_| AtomicBool::new(false)).collect();
+        let lanes = (0..slots)
             .map(|l| Mutex::new(LaneIngestor::new(l as LaneIndex)))
             .collect();
         // Every group is advised (each its own allocation); the figure is whether all were.
@@ -73,6 +107,8 @@ impl GlobalCkfIndexer {
             .fold(true, |all, one| all & one);
         Ok(Self {
             manifest,
+            pools,
+            removed,
             addressing,
             consumer_instance,
             policy,
@@ -84,7 +120,8 @@ impl GlobalCkfIndexer {
         })
     }
 
-    /// The validated manifest.
+    /// The validated manifest as built (the lanes served from the start; lanes added or removed
+    /// since: [`GlobalCkfIndexer::slot`], [`GlobalCkfIndexer::is_removed`]).
     pub fn manifest(&self) -> &Manifest {
         &self.manifest
     }
@@ -99,27 +136,100 @@ impl GlobalCkfIndexer {
         &self.policy
     }
 
-    /// Number of lanes (1..=64).
+    /// Number of lane slots (1..=64): the manifest's lanes and the spare ones.
     pub fn lane_count(&self) -> usize {
         self.lanes.len()
     }
 
-    /// The lane of `pool`, if it is in the manifest.
+    /// The lane serving `pool`, if one does (not removed).
     pub fn lane_of(&self, pool: &PoolId) -> Option<LaneIndex> {
-        self.manifest
-            .lanes
+        self.slot_of(pool).filter(|&l| !self.is_removed(l))
+    }
+
+    /// The slot whose pool is `pool`, removed or not.
+    fn slot_of(&self, pool: &PoolId) -> Option<LaneIndex> {
+        self.pools
             .iter()
-            .position(|p| p == pool)
+            .position(|p| p.get() == Some(pool))
             .map(|l| l as LaneIndex)
     }
 
-    /// The pool of `lane`.
+    /// The pool of `lane` (a lane that ever served one: every lane a query answers does).
     ///
     /// # Panics
-    /// When `lane` is not in the manifest.
+    /// When `lane` is a spare slot never added, or not a slot.
     #[inline]
     pub fn pool(&self, lane: LaneIndex) -> &PoolId {
-        &self.manifest.lanes[lane as usize]
+        self.slot(lane).expect("a lane that serves a pool")
+    }
+
+    /// The pool of `lane`, `None` for a spare slot never added (a removed lane keeps its pool).
+    pub fn slot(&self, lane: LaneIndex) -> Option<&PoolId> {
+        self.pools.get(usize::from(lane)).and_then(OnceLock::get)
+    }
+
+    /// Whether `lane` was removed and not added back.
+    pub fn is_removed(&self, lane: LaneIndex) -> bool {
+        self.removed
+            .get(usize::from(lane))
+            .is_some_and(|r| r.load(Ordering::Acquire))
+    }
+
+    /// The pools served now (lanes added, not removed), in lane order.
+    pub fn pools_served(&self) -> Vec<PoolId> {
+        (0..self.lanes.len() as LaneIndex)
+            .filter(|&l| !self.is_removed(l))
+            .filter_map(|l| self.slot(l).cloned())
+            .collect()
+    }
+
+    /// Serves `pool` from now: on its own lane again if it had one (removed), else on the first
+    /// spare slot. The lane waits for its producer's attachment and barrier snapshot like any
+    /// unassigned lane; no other lane is touched.
+    ///
+    /// # Errors
+    /// [`LaneChangeError`]: another domain's pool, a pool served already, no spare slot.
+    pub fn add_lane(&self, pool: PoolId) -> Result<LaneIndex, LaneChangeError> {
+        if pool.domain != self.manifest.domain {
+            return Err(LaneChangeError::ForeignDomain {
+                pool,
+                domain: self.manifest.domain.clone(),
+            });
+        }
+        if let Some(lane) = self.slot_of(&pool) {
+            let _ingestor = self.lane(lane).expect("a slot");
+            if !self.removed[usize::from(lane)].swap(false, Ordering::AcqRel) {
+                return Err(LaneChangeError::Served { pool, lane });
+            }
+            return Ok(lane);
+        }
+        for (lane, slot) in self.pools.iter().enumerate() {
+            if slot.get().is_none() && slot.set(pool.clone()).is_ok() {
+                return Ok(lane as LaneIndex);
+            }
+        }
+        Err(LaneChangeError::NoSpareLane {
+            pool,
+            slots: self.lanes.len(),
+        })
+    }
+
+    /// Stops serving `lane`'s pool: its current lease, if any, is retired as
+    /// [`RetireReason::Removed`] (its ready bit cleared first, its stream told), and attachments
+    /// for its pool are refused until [`GlobalCkfIndexer::add_lane`] adds it back (on this
+    /// lane). No other lane is touched. Returns whether a lease was retired.
+    ///
+    /// # Errors
+    /// [`LaneChangeError::NotServed`]: a spare slot never added, or a lane removed already.
+    pub fn remove_lane(&self, lane: LaneIndex) -> Result<bool, LaneChangeError> {
+        let mut ingestor = self
+            .lane(lane)
+            .map_err(|_| LaneChangeError::NotServed { lane })?;
+        if self.slot(lane).is_none() || self.removed[usize::from(lane)].swap(true, Ordering::AcqRel)
+        {
+            return Err(LaneChangeError::NotServed { lane });
+        }
+        Ok(ingestor.retire(self.shared(), RetireReason::Removed))
     }
 
     /// The shared table, one transposed table per lane group (read-only use: tests,
@@ -191,12 +301,11 @@ impl GlobalCkfIndexer {
         request: &AttachRequest,
         subscribe: bool,
     ) -> Result<(LaneLease, Option<flume::Receiver<LaneEvent>>), AttachError> {
-        let lane = self
-            .lane_of(&request.pool)
-            .ok_or_else(|| AttachError::UnknownPool {
-                pool: request.pool.clone(),
-                configured: self.manifest.lanes.clone(),
-            })?;
+        let unknown = || AttachError::UnknownPool {
+            pool: request.pool.clone(),
+            configured: self.pools_served(),
+        };
+        let lane = self.lane_of(&request.pool).ok_or_else(unknown)?;
         if request.format != ClaimedFormat::Valid(self.manifest.format) {
             return Err(AttachError::FormatMismatch {
                 pool: request.pool.clone(),
@@ -205,6 +314,10 @@ impl GlobalCkfIndexer {
             });
         }
         let mut ingestor = self.lane(lane).expect("lane_of returns manifest lanes");
+        // Removed since `lane_of` looked: refused under the lane's lock, as `remove_lane` sets it.
+        if self.is_removed(lane) {
+            return Err(unknown());
+        }
         let lease = ingestor
             .grant(
                 self.shared(),

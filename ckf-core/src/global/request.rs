@@ -125,3 +125,41 @@ fn join_pools(pools: &[PoolId]) -> String {
         .collect::<Vec<_>>()
         .join(", ")
 }
+
+/// Why a lane cannot be added or removed while the consumer runs.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum LaneChangeError {
+    /// The pool is another domain's.
+    #[error("pool {pool} is not in domain {domain}")]
+    ForeignDomain {
+        /// The pool.
+        pool: PoolId,
+        /// This consumer's domain.
+        domain: crate::identity::IndexerDomainId,
+    },
+    /// The pool is served already.
+    #[error("pool {pool} is served already (lane {lane})")]
+    Served {
+        /// The pool.
+        pool: PoolId,
+        /// Its lane.
+        lane: LaneIndex,
+    },
+    /// Every slot serves, or once served, another pool.
+    #[error(
+        "no spare lane for pool {pool}: all {slots} lane slots serve or once served another \
+         pool (a lane keeps its pool for the indexer's life)"
+    )]
+    NoSpareLane {
+        /// The pool.
+        pool: PoolId,
+        /// Lane slots of the consumer.
+        slots: usize,
+    },
+    /// The lane serves no pool now.
+    #[error("lane {lane} serves no pool")]
+    NotServed {
+        /// The lane.
+        lane: LaneIndex,
+    },
+}

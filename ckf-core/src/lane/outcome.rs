@@ -192,6 +192,11 @@ pub enum RetireReason {
         /// What the transport saw.
         detail: String,
     },
+    /// The lane was removed from the consumer's lanes while it ran
+    /// ([`crate::global::GlobalCkfIndexer::remove_lane`]): attachments for its pool are refused
+    /// until it is added back.
+    #[error("the lane was removed from the indexer's lanes")]
+    Removed,
 }
 
 impl RetireReason {
@@ -211,6 +216,7 @@ impl RetireReason {
             RetireReason::Saturated { .. } => "saturated",
             RetireReason::ApplyFailed { .. } => "apply_failed",
             RetireReason::StreamLost { .. } => "stream_lost",
+            RetireReason::Removed => "removed",
         }
     }
 }

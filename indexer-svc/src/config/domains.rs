@@ -48,6 +48,9 @@ pub struct DomainConfig {
     /// This domain's table format (its producers' must be equal); absent: the top-level
     /// `[table]`.
     pub table: Option<TableConfig>,
+    /// Lane slots reserved beyond `lanes` for DCs added while the indexer runs, as
+    /// `manifest.spare_lanes`.
+    pub spare_lanes: u32,
 }
 
 /// One domain's settings, resolved and validated.
@@ -59,6 +62,8 @@ pub struct DomainSpec {
     pub block_sizes: LaneBlockSizes,
     /// The rules of a query by token ids (the domain's block size, `limits.max_query_blocks`).
     pub token_rules: TokenQueryRules,
+    /// Lane slots beyond `manifest.lanes`.
+    pub spare_lanes: usize,
 }
 
 /// One domain's keys, wherever they are configured, and how a refusal names them.
@@ -74,6 +79,7 @@ struct DomainKeys<'a> {
     block_size: u32,
     block_sizes: &'a BTreeMap<String, u32>,
     table: &'a TableConfig,
+    spare_lanes: u32,
 }
 
 impl DomainKeys<'_> {
@@ -172,6 +178,7 @@ impl IndexerConfig {
             block_size: self.block_size,
             block_sizes: &m.block_sizes,
             table: &self.table,
+            spare_lanes: m.spare_lanes,
         };
         let more = self.domains.iter().enumerate().map(|(i, d)| DomainKeys {
             at: format!("domains[{i}]"),
@@ -186,6 +193,7 @@ impl IndexerConfig {
             block_size: d.block_size.unwrap_or(self.block_size),
             block_sizes: &d.block_sizes,
             table: d.table.as_ref().unwrap_or(&self.table),
+            spare_lanes: d.spare_lanes,
         });
         std::iter::once(primary).chain(more).collect()
     }
@@ -206,7 +214,19 @@ impl IndexerConfig {
                     "is configured twice (manifest.domain and every domains[].domain differ)",
                 ));
             }
+            let slots = manifest.lanes.len() + keys.spare_lanes as usize;
+            if slots > ckf_core::bucket::MAX_LANES {
+                return Err(Invalid::new(
+                    format!("{}.spare_lanes", keys.at),
+                    keys.spare_lanes,
+                    format!(
+                        "lanes + spare_lanes = {slots}: at most {} lane slots per domain",
+                        ckf_core::bucket::MAX_LANES
+                    ),
+                ));
+            }
             specs.push(DomainSpec {
+                spare_lanes: keys.spare_lanes as usize,
                 block_sizes: keys.block_sizes()?,
                 token_rules: TokenQueryRules {
                     block_size: keys.block_size,

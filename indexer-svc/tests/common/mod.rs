@@ -296,6 +296,21 @@ pub async fn metrics_text(indexer: &Indexer) -> String {
     http_get(indexer.running.metrics_addr, "/metrics").await
 }
 
+/// Polls `/metrics` until it holds every one of `lines` (the lane gauges follow lane events
+/// and a 250 ms refresh: a bounded wait, not a timing assertion); returns the page.
+pub async fn wait_metrics(indexer: &Indexer, lines: &[&str]) -> String {
+    let mut metrics = String::new();
+    for _ in 0..250 {
+        metrics = metrics_text(indexer).await;
+        if lines.iter().all(|l| metrics.contains(l)) {
+            return metrics;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let missing: Vec<_> = lines.iter().filter(|l| !metrics.contains(*l)).collect();
+    panic!("no {missing:?} in\n{metrics}");
+}
+
 /// A load report of `a`'s pool: one engine, 3 running, `waiting` waiting, `capacity` tokens/s.
 pub fn load_report(a: &Producer, sequence: u64, waiting: u32, capacity: f64) -> WireFrame {
     WireFrame::Load(v1::LoadReport {
