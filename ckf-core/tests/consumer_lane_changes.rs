@@ -184,3 +184,128 @@ fn a_spare_slot_is_never_answered_and_64_slots_is_the_limit() {
     );
     assert!(GlobalCkfIndexer::with_spare_lanes(manifest, 1, LagPolicy::DISABLED, 64).is_err());
 }
+
+/// One operation of the property test: add the pool `dc-{n}`, or remove lane `n`.
+#[derive(Debug, Clone)]
+enum Op {
+    Add(u8),
+    Remove(u8),
+    /// Plan the lane list `dcs` with `lane_plan`, then apply the plan.
+    Replan(Vec<u8>),
+}
+
+fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+    use proptest::prelude::*;
+    prop_oneof![
+        (0u8..8).prop_map(Op::Add),
+        (0u8..6).prop_map(Op::Remove),
+        proptest::collection::vec(0u8..8, 0..6).prop_map(Op::Replan),
+    ]
+}
+
+/// The exact model: each slot's pool (a DC number) and whether it is removed.
+#[derive(Debug, Clone, Default)]
+struct Model {
+    slots: Vec<Option<(u8, bool)>>,
+}
+
+impl Model {
+    fn served(&self, dc: u8) -> Option<usize> {
+        self.slots.iter().position(|s| *s == Some((dc, false)))
+    }
+}
+
+proptest::proptest! {
+    /// Any sequence of additions, removals and planned lane lists: the consumer's slots, its
+    /// refusals and its attachable pools equal a model in which a slot never changes pool, a
+    /// removed pool comes back on its own slot and a new one takes the first slot never used;
+    /// a plan `lane_plan` accepts always applies, and leaves exactly the listed pools served.
+    #[test]
+    fn lane_changes_follow_the_slot_model(ops in proptest::collection::vec(op(), 1..40)) {
+        use ckf_core::catalog::{LaneSlot, lane_plan};
+        let ix = indexer(3); // dc-0, dc-1 and three spare slots
+        let mut model = Model {
+            slots: vec![Some((0, false)), Some((1, false)), None, None, None],
+        };
+        let dc = |n: u8| pool(&format!("dc-{n}"));
+        for op in ops {
+            match op {
+                Op::Add(n) => {
+                    let expected = match model.slots.iter().position(|s| matches!(s, Some((d, _)) if *d == n)) {
+                        Some(l) if model.slots[l] == Some((n, true)) => {
+                            model.slots[l] = Some((n, false));
+                            Ok(l as u8)
+                        }
+                        Some(l) => Err(LaneChangeError::Served { pool: dc(n), lane: l as u8 }),
+                        None => match model.slots.iter().position(Option::is_none) {
+                            Some(l) => {
+                                model.slots[l] = Some((n, false));
+                                Ok(l as u8)
+                            }
+                            None => Err(LaneChangeError::NoSpareLane { pool: dc(n), slots: 5 }),
+                        },
+                    };
+                    proptest::prop_assert_eq!(ix.add_lane(dc(n)), expected);
+                }
+                Op::Remove(lane) => {
+                    // Lane 5 is no slot: refused like a removed one.
+                    let expected = match model.slots.get(usize::from(lane)).copied().flatten() {
+                        Some((n, false)) => {
+                            model.slots[usize::from(lane)] = Some((n, true));
+                            true
+                        }
+                        _ => false,
+                    };
+                    proptest::prop_assert_eq!(ix.remove_lane(lane).is_ok(), expected);
+                }
+                Op::Replan(dcs) => {
+                    let mut next: Vec<PoolId> = Vec::new();
+                    for n in dcs {
+                        if !next.contains(&dc(n)) {
+                            next.push(dc(n));
+                        }
+                    }
+                    let slots: Vec<LaneSlot> = (0..5u8)
+                        .map(|l| LaneSlot { pool: ix.slot(l).cloned(), removed: ix.is_removed(l) })
+                        .collect();
+                    let new = next.iter().filter(|p| slots.iter().all(|s| s.pool.as_ref() != Some(*p))).count();
+                    let free = slots.iter().filter(|s| s.pool.is_none()).count();
+                    match lane_plan(&slots, &next) {
+                        Err(refused) => proptest::prop_assert!(new > free, "{refused}"),
+                        Ok(plan) => {
+                            proptest::prop_assert!(new <= free);
+                            for lane in plan.remove {
+                                proptest::prop_assert!(ix.remove_lane(lane).is_ok());
+                                if let Some((n, _)) = model.slots[usize::from(lane)] {
+                                    model.slots[usize::from(lane)] = Some((n, true));
+                                }
+                            }
+                            for p in plan.add {
+                                let lane = ix.add_lane(p.clone());
+                                proptest::prop_assert!(lane.is_ok(), "{lane:?}");
+                                let n: u8 = p.dc.as_str()[3..].parse().unwrap();
+                                model.slots[usize::from(lane.unwrap())] = Some((n, false));
+                            }
+                            let mut served = ix.pools_served();
+                            served.sort();
+                            next.sort();
+                            proptest::prop_assert_eq!(served, next);
+                        }
+                    }
+                }
+            }
+            // The consumer and the model agree slot by slot, and on who may attach.
+            for l in 0..5u8 {
+                let slot = model.slots[usize::from(l)];
+                proptest::prop_assert_eq!(ix.slot(l).cloned(), slot.map(|(n, _)| dc(n)));
+                proptest::prop_assert_eq!(ix.is_removed(l), slot.is_some_and(|(_, r)| r));
+            }
+            for n in 0..8u8 {
+                proptest::prop_assert_eq!(
+                    ix.lane_of(&dc(n)).map(usize::from),
+                    model.served(n)
+                );
+            }
+        }
+    }
+}

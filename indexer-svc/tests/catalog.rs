@@ -425,15 +425,26 @@ async fn lanes_are_removed_and_added_in_a_kept_domain_while_the_others_answer_un
     b.snapshot(8192).await;
     let before = indexer.lane(0).await;
 
-    // Query load: dc-a answers its 6 blocks in every answer, whatever happens to the others.
+    // Query load: dc-a answers its 6 blocks in every answer, whatever happens to the others,
+    // and no query sent after dc-b's removal returned (until it is added back) answers lane 1.
     let stop = Arc::new(AtomicBool::new(false));
+    let b_removed = Arc::new(AtomicBool::new(false));
     let load = tokio::spawn({
-        let (indexer, stop, shared) = (Arc::clone(&indexer), Arc::clone(&stop), shared.clone());
+        let (indexer, stop, b_removed, shared) = (
+            Arc::clone(&indexer),
+            Arc::clone(&stop),
+            Arc::clone(&b_removed),
+            shared.clone(),
+        );
         async move {
             let mut answered = 0u64;
             while !stop.load(Ordering::Relaxed) {
-                let (found, _) = indexer.find(&shared).await;
+                let removed_before = b_removed.load(Ordering::SeqCst);
+                let (found, mask) = indexer.find(&shared).await;
                 assert_eq!(found.first(), Some(&(0, 6)), "{found:?}");
+                if removed_before && b_removed.load(Ordering::SeqCst) {
+                    assert_eq!(mask & 0b010, 0, "a removed lane answered: {found:?}");
+                }
                 answered += 1;
             }
             answered
@@ -451,6 +462,7 @@ async fn lanes_are_removed_and_added_in_a_kept_domain_while_the_others_answer_un
         ),
         (vec!["test/dc-b"], vec!["test/dc-c"], true)
     );
+    b_removed.store(true, Ordering::SeqCst);
     let status = b
         .stream
         .expect_retired_as(v1::RetireReason::Removed, Code::NotFound)
@@ -474,6 +486,7 @@ async fn lanes_are_removed_and_added_in_a_kept_domain_while_the_others_answer_un
     assert_eq!(listed, [(0, "dc-a".to_owned()), (2, "dc-c".to_owned())]);
 
     // dc-b back: on its own lane 1 (no spare slot needed), ready after its new snapshot.
+    b_removed.store(false, Ordering::SeqCst);
     files.write_lanes(&["dc-a", "dc-b", "dc-c"], "");
     let back = reload(&indexer, false).await.unwrap();
     assert_eq!(names(&back.lanes_added), ["test/dc-b"]);
