@@ -6,7 +6,9 @@ use clap::{Parser, Subcommand};
 
 use crate::bench::args::{LoadArgs, ReplayArgs, SimulateArgs};
 use crate::demo::DemoArgs;
-use crate::operator::args::{HealthArgs, LanesArgs, QueryArgs, RouteArgs, SourceSequenceArgs};
+use crate::operator::args::{
+    HealthArgs, LanesArgs, QueryArgs, ReloadArgs, RouteArgs, SourceSequenceArgs,
+};
 use crate::operator::certs::CertsArgs;
 
 /// `ckf`: replay prefix-cache workloads through ckf-relay and inspect a running indexer.
@@ -41,6 +43,9 @@ pub enum Command {
     Load(LoadArgs),
     /// The indexer's lane table.
     Lanes(LanesArgs),
+    /// Ask the indexer to re-read its configuration and apply its catalog of domains and
+    /// lanes (Admin/ReloadCatalog; --dry-run: only say what would change).
+    ReloadCatalog(ReloadArgs),
     /// gRPC health check (grpc.health.v1): exit 0 when SERVING, 1 otherwise, 2 when unreachable.
     Health(HealthArgs),
     /// Where an ingest source stands at a producer (Ingest.GetSourceSequence): the last batch

@@ -3,10 +3,11 @@
 //!
 //! | module | owns |
 //! | --- | --- |
-//! | [`args`] | the flags of `query`, `route`, `lanes`, `source-sequence`, `health` |
+//! | [`args`] | the flags of `query`, `route`, `lanes`, `reload-catalog`, `source-sequence`, `health` |
 //! | [`query`] | `ckf query`: `FindMatches` by hashes or ids, `FindMatchesByTokens` by token ids |
 //! | [`route`] | `ckf route`: `Route`, the DCs ranked by expected time to first token |
 //! | [`lanes`] | `ckf lanes`: `ListLanes` |
+//! | [`reload`] | `ckf reload-catalog`: `Admin/ReloadCatalog` (or its dry run) |
 //! | [`source_sequence`] | `ckf source-sequence`: `GetSourceSequence` on a producer |
 //! | [`health`] | `ckf health`: `grpc.health.v1` check, exit code for scripts |
 //! | [`certs`] | `ckf certs`: development CA, indexer / producer / query certificates, token files (rcgen) |
@@ -16,5 +17,6 @@ pub mod certs;
 pub mod health;
 pub mod lanes;
 pub mod query;
+pub mod reload;
 pub mod route;
 pub mod source_sequence;

@@ -435,3 +435,93 @@ fn closed_outputs_neither_cut_work_short_nor_change_exit_codes() {
     drop(child.stderr.take());
     assert_eq!(child.wait().unwrap().code(), Some(1));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_catalog_plans_applies_and_reports_a_refusal() {
+    use clap::Parser;
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("admin.token");
+    std::fs::write(&token, "admin.0123456789abcdef\n").unwrap();
+    let config = dir.path().join("indexer.toml");
+    let write = |extra: &str| {
+        let text = format!(
+            "listen = \"127.0.0.1:0\"\nmetrics_listen = \"127.0.0.1:0\"\n\
+             config_watch_interval_ms = 0\n\
+             [manifest]\ndomain = \"llama\"\nlanes = [\"dc-a\"]\n\
+             [auth]\nadmin_token_file = {token:?}\n{extra}"
+        );
+        std::fs::write(&config, text).unwrap();
+    };
+    write("");
+    let source =
+        indexer_svc::Cli::parse_from(["ckf-indexer", "--config", config.to_str().unwrap()]);
+    let running = indexer_svc::serve_from(source, std::future::pending())
+        .await
+        .unwrap();
+    let url = format!("http://{}", running.grpc_addr);
+    let reload = |extra: &[&str]| {
+        let mut list = vec![
+            "reload-catalog",
+            "--indexer",
+            &url,
+            "--admin-token-file",
+            token.to_str().unwrap(),
+        ];
+        list.extend_from_slice(extra);
+        ckf(args(&list))
+    };
+
+    write("[[domains]]\ndomain = \"qwen\"\nlanes = [\"dc-a\", \"dc-b\"]\n");
+    let planned = reload(&["--dry-run"]).await;
+    assert_exit(&planned, 0);
+    let text = String::from_utf8_lossy(&planned.stdout);
+    assert!(text.contains("dry run, nothing changed"), "{text}");
+    assert!(text.contains("added: qwen"), "{text}");
+    let lanes = ckf(args(&["lanes", "--indexer", &url, "--domain", "qwen"])).await;
+    assert_exit(&lanes, 1);
+
+    let applied = json(&reload(&["--json"]).await);
+    assert_eq!(applied["applied"], true, "{applied}");
+    assert_eq!(applied["domains_added"], serde_json::json!(["qwen"]));
+    let lanes = json(
+        &ckf(args(&[
+            "lanes",
+            "--indexer",
+            &url,
+            "--domain",
+            "qwen",
+            "--json",
+        ]))
+        .await,
+    );
+    assert_eq!(lanes["domain"], "qwen");
+    assert_eq!(lanes["lanes"].as_array().unwrap().len(), 2);
+
+    // A refusal: exit 1, the indexer's reason on stderr, nothing changed.
+    write("[[domains]]\ndomain = \"qwen\"\nlanes = [\"dc-a\", \"dc-b\"]\nblock_size = 32\n");
+    let refused = reload(&[]).await;
+    assert_exit(&refused, 1);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains("domain qwen is served and its definition changed (block_size 16 -> 32)"),
+        "{stderr}"
+    );
+    // The wrong token: refused before anything is read.
+    let wrong = dir.path().join("wrong.token");
+    std::fs::write(&wrong, "wrong.0123456789abcdef\n").unwrap();
+    let out = ckf(args(&[
+        "reload-catalog",
+        "--indexer",
+        &url,
+        "--admin-token-file",
+        wrong.to_str().unwrap(),
+    ]))
+    .await;
+    assert_exit(&out, 1);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("ckf.v1.Admin"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    running.stop().await.unwrap();
+}

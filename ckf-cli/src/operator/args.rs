@@ -194,6 +194,27 @@ pub struct LanesArgs {
     pub json: bool,
 }
 
+/// `ckf reload-catalog`.
+#[derive(Debug, Clone, Args)]
+pub struct ReloadArgs {
+    /// The indexer's gRPC endpoint (its `listen` address: Admin is not served on
+    /// `query_listen`).
+    #[arg(long)]
+    pub indexer: String,
+    /// TLS toward the indexer.
+    #[command(flatten)]
+    pub tls: TlsArgs,
+    /// The admin token (one line): the indexer's `auth.admin_token_file`.
+    #[arg(long, value_name = "FILE")]
+    pub admin_token_file: PathBuf,
+    /// Plan only: print what a reload would change, change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
 /// `ckf source-sequence`.
 #[derive(Debug, Clone, Args)]
 pub struct SourceSequenceArgs {
