@@ -31,6 +31,9 @@ pub enum DomainError {
     /// The named domain is not a valid domain name.
     #[error("the call's domain: {0}")]
     Invalid(NameError),
+    /// The call names several domains (its metadata holds the key more than once).
+    #[error("the call names {0} domains (ckf-domain given {0} times); name one")]
+    Several(usize),
     /// The named domain is valid but not served here.
     #[error(
         "domain {named} is not served here: this indexer serves {}; send that model's calls to \
@@ -45,12 +48,21 @@ pub enum DomainError {
     },
 }
 
+/// Most domain names a refusal lists (a message stays well under gRPC's 16 KiB of metadata
+/// with hundreds of domains).
+const LISTED: usize = 16;
+
 fn join(domains: &[IndexerDomainId]) -> String {
-    domains
+    let listed = domains
         .iter()
+        .take(LISTED)
         .map(IndexerDomainId::as_str)
         .collect::<Vec<_>>()
-        .join(", ")
+        .join(", ");
+    match domains.len().saturating_sub(LISTED) {
+        0 => listed,
+        more => format!("{listed} and {more} more"),
+    }
 }
 
 /// Why a new list of domains cannot replace a catalog's (nothing is changed).
@@ -442,6 +454,18 @@ mod tests {
             catalog.for_query(Some("a/b")),
             Err(DomainError::Invalid(NameError::BadCharacter { .. }))
         ));
+    }
+
+    #[test]
+    fn a_refusal_lists_at_most_sixteen_domains() {
+        let mut catalog = Catalog::new(id("d-00"), 0);
+        for i in 1..40 {
+            catalog.insert(id(&format!("d-{i:02}")), i).unwrap();
+        }
+        let text = catalog.for_query(Some("x")).unwrap_err().to_string();
+        assert!(text.contains("d-00, d-01"), "{text}");
+        assert!(text.contains("d-15 and 24 more;"), "{text}");
+        assert!(!text.contains("d-16"), "{text}");
     }
 
     #[test]

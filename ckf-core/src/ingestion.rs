@@ -112,28 +112,46 @@ impl IngestionWorkers {
     /// Starts one worker per lane of `indexer`.
     ///
     /// # Panics
-    /// When `config.queue_capacity` is 0 or a thread cannot be spawned.
+    /// When `config.queue_capacity` is 0 or a thread cannot be spawned
+    /// ([`IngestionWorkers::start`] returns that error instead).
     pub fn new(indexer: Arc<GlobalCkfIndexer>, config: IngestionWorkersConfig) -> Self {
+        Self::start(indexer, config).expect("spawn lane worker")
+    }
+
+    /// Starts one worker per lane of `indexer`; when a thread cannot be spawned (a thread or
+    /// memory limit), the ones started are stopped and joined and the error returned.
+    ///
+    /// # Errors
+    /// The spawn error, naming the lane.
+    ///
+    /// # Panics
+    /// When `config.queue_capacity` is 0.
+    pub fn start(
+        indexer: Arc<GlobalCkfIndexer>,
+        config: IngestionWorkersConfig,
+    ) -> std::io::Result<Self> {
         assert!(config.queue_capacity > 0, "queue_capacity must be >= 1");
-        let mut senders = Vec::new();
-        let mut workers = Vec::new();
+        let mut this = Self {
+            indexer: Arc::clone(&indexer),
+            config,
+            senders: Vec::new(),
+            workers: Vec::new(),
+        };
         for lane in 0..indexer.lane_count() {
             let (tx, rx) = flume::bounded::<Envelope>(config.queue_capacity);
             let idx = Arc::clone(&indexer);
             let tick = config.tick.min(MAX_TICK);
+            // On an error `this` is dropped: the workers started so far stop and are joined.
             let handle = std::thread::Builder::new()
                 .name(format!("ckf-lane-{lane}"))
                 .spawn(move || worker(idx, lane as LaneIndex, rx, tick))
-                .expect("spawn lane worker");
-            senders.push(tx);
-            workers.push(handle);
+                .map_err(|e| {
+                    std::io::Error::new(e.kind(), format!("lane {lane}'s worker thread: {e}"))
+                })?;
+            this.senders.push(tx);
+            this.workers.push(handle);
         }
-        Self {
-            indexer,
-            config,
-            senders,
-            workers,
-        }
+        Ok(this)
     }
 
     /// The indexer the pool feeds (grant leases and run queries through it).

@@ -185,6 +185,9 @@ pub struct PreparedAccess {
 /// The access checks of one indexer (shared by the Relay, Query and Admin handlers).
 #[derive(Debug)]
 pub struct IndexerAccess {
+    /// Bumped each time a catalog reload puts new policies in force: attached relay streams
+    /// check their grant again ([`IndexerAccess::grants_changed`]).
+    generation: tokio::sync::watch::Sender<u64>,
     /// The `[auth]` section and the domains its pools are checked against (replaced by a
     /// catalog reload, re-read by a token reload).
     config: std::sync::Mutex<(AuthConfig, Vec<DomainLanes>)>,
@@ -217,6 +220,7 @@ impl IndexerAccess {
             }
         }
         Ok(Self {
+            generation: tokio::sync::watch::Sender::new(0),
             config: std::sync::Mutex::new((auth.clone(), domains.to_vec())),
             policies: Reloadable::new(policies),
             refused,
@@ -249,11 +253,38 @@ impl IndexerAccess {
         })
     }
 
-    /// Puts `prepared` in force (the next Attach and call are checked against it).
+    /// Puts `prepared` in force: the next Attach and call are checked against it, and every
+    /// attached relay stream checks its grant again (one that lost it ends).
     pub fn replace(&self, prepared: PreparedAccess) {
         let mut config = self.config.lock().expect("auth config lock");
         self.policies.set(prepared.policies);
         *config = prepared.config;
+        self.generation.send_modify(|g| *g += 1);
+    }
+
+    /// Changes when new policies are put in force ([`IndexerAccess::replace`]).
+    pub fn grants_changed(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.generation.subscribe()
+    }
+
+    /// Whether `credentials` may still publish `pool` under the policies in force (an attached
+    /// stream after a reload); the principal's name.
+    ///
+    /// # Errors
+    /// The refusal (counted), as at attach.
+    pub fn recheck(
+        &self,
+        credentials: &Result<Credentials, AccessError>,
+        pool: &PoolId,
+    ) -> Result<String, AccessError> {
+        let policies = self.policies.get();
+        let decision = credentials.clone().and_then(|c| {
+            policies
+                .relay
+                .authorize_attach(&c, pool)
+                .map(|i| i.name().to_owned())
+        });
+        decision.inspect_err(|error| self.count("relay", error))
     }
 
     /// The interceptor guarding Admin: `PERMISSION_DENIED` without `auth.admin_token_file`,

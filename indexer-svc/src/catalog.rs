@@ -28,60 +28,16 @@
 
 use std::sync::Arc;
 
-use ckf_core::catalog::{CatalogChangeError, LanePlan, LaneSlot, lane_plan};
-use ckf_core::global::LaneChangeError;
+use ckf_core::catalog::{LanePlan, LaneSlot, lane_plan};
 use ckf_core::identity::IndexerDomainId;
-use ckf_svc_kit::config::{ConfigError, Invalid, Validate};
+use ckf_svc_kit::config::Validate;
 
 use crate::access::IndexerAccess;
 use crate::config::IndexerConfig;
 use crate::config::domains::DomainSpec;
 use crate::lane_watch;
 use crate::state::{Domain, IndexerState};
-
-/// Why a reload changed nothing.
-#[derive(Debug, thiserror::Error)]
-pub enum ReloadError {
-    /// The indexer was started with a configuration value, not a source to re-read.
-    #[error(
-        "this indexer was started in-process with a configuration value, not from a \
-         configuration file or flags: there is nothing to reload"
-    )]
-    NoSource,
-    /// The configuration could not be read or breaks a rule.
-    #[error("the configuration is refused, nothing changed: {0}")]
-    Load(#[from] ConfigError),
-    /// A key breaks a rule.
-    #[error("the configuration is refused, nothing changed: {0}")]
-    Invalid(#[from] Invalid),
-    /// A key that takes a restart changed.
-    #[error(
-        "{key} changed, and it takes a restart; nothing changed (a reload changes the catalog \
-         of domains and [auth] only)"
-    )]
-    NeedsRestart {
-        /// The top-level key.
-        key: &'static str,
-    },
-    /// The new catalog breaks a catalog rule.
-    #[error("the catalog change is refused, nothing changed: {0}")]
-    Plan(#[from] CatalogChangeError),
-    /// A lane could not be added or removed (the plan said it could: a bug; the catalog is
-    /// not swapped, the lanes changed before stay changed).
-    #[error("a lane change failed: {0}")]
-    Lane(#[from] LaneChangeError),
-    /// An added domain could not be built (its table could not be allocated, ...).
-    #[error("domain {domain} could not be added, nothing changed: {error}")]
-    Build {
-        /// The domain.
-        domain: IndexerDomainId,
-        /// Why.
-        error: Box<crate::ServeError>,
-    },
-    /// The reload task failed.
-    #[error("the reload task failed: {0}")]
-    Task(String),
-}
+pub use crate::status::ReloadError;
 
 /// What a reload changed (or, for a dry run, would change).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -177,9 +133,13 @@ pub fn apply(
     next: IndexerConfig,
     dry_run: bool,
 ) -> Result<Reloaded, ReloadError> {
-    let _one_at_a_time = shared.reloading.lock().expect("reload lock");
+    // A reload that panicked (a bug) must not block every later one: the lock guards no data.
+    let _one_at_a_time = shared
+        .reloading
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     next.validate()?;
-    if let Some(key) = restart_key(&shared.config.lock().expect("config lock"), &next) {
+    if let Some(key) = restart_key(&shared.config_now(), &next) {
         return Err(ReloadError::NeedsRestart { key });
     }
     let specs = next
@@ -212,7 +172,7 @@ pub fn apply(
             .lanes_removed
             .extend(change.lanes.remove.iter().map(|&l| indexer.pool(l).clone()));
     }
-    let auth_changed = shared.config.lock().expect("config lock").auth != next.auth;
+    let auth_changed = shared.config_now().auth != next.auth;
     if dry_run || (plan.is_empty() && !auth_changed) {
         return Ok(reloaded);
     }
@@ -227,7 +187,7 @@ pub fn apply(
                 .map(Arc::new)
                 .map_err(|error| ReloadError::Build {
                     domain: domain.clone(),
-                    error: Box::new(error),
+                    error: error.to_string(),
                 })
         },
         |served, change| {
@@ -245,10 +205,16 @@ pub fn apply(
     )?;
     // The swap: every later call, attachment and reload sees the new catalog.
     let catalog = Arc::new(catalog);
-    *shared.catalog.write().expect("catalog lock") = Arc::clone(&catalog);
+    *shared
+        .catalog
+        .write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::clone(&catalog);
     shared.access.replace(access);
     {
-        let mut config = shared.config.lock().expect("config lock");
+        let mut config = shared
+            .config
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         config.manifest = next.manifest;
         config.domains = next.domains;
         config.table = next.table;
@@ -409,7 +375,7 @@ fn restart_key(current: &IndexerConfig, next: &IndexerConfig) -> Option<&'static
 
 /// Reloads on SIGHUP and, when the configuration names a file and
 /// `config_watch_interval_ms` is not 0, when that file changes (checked by its size, time and
-/// inode, as the TLS files are). Ends on shutdown.
+/// inode, as the TLS files are) and two checks in a row see the same change. Ends on shutdown.
 pub fn spawn_triggers(shared: &Arc<IndexerState>) -> std::io::Result<()> {
     let Some(source) = &shared.source else {
         return Ok(());
@@ -421,11 +387,7 @@ pub fn spawn_triggers(shared: &Arc<IndexerState>) -> std::io::Result<()> {
         tokio::task::spawn_blocking(move || reload(&shared, false, "SIGHUP"));
         Ok("catalog reload started".into())
     })?;
-    let interval = shared
-        .config
-        .lock()
-        .expect("config lock")
-        .config_watch_interval_ms;
+    let interval = shared.config_now().config_watch_interval_ms;
     let Some(file) = source.config.clone().filter(|_| interval > 0) else {
         return Ok(());
     };
@@ -441,6 +403,7 @@ pub fn spawn_triggers(shared: &Arc<IndexerState>) -> std::io::Result<()> {
             })
         };
         let mut seen = stamp(&file);
+        let mut settling = None;
         let mut tick = tokio::time::interval(std::time::Duration::from_millis(interval));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -450,10 +413,18 @@ pub fn spawn_triggers(shared: &Arc<IndexerState>) -> std::io::Result<()> {
             }
             let now = stamp(&file);
             if now == seen {
+                settling = None;
+                continue;
+            }
+            // A changed stamp is read only when the next check sees it again: a file still
+            // being written (several writes, not one rename) is not read half way.
+            if settling.as_ref() != Some(&now) {
+                settling = Some(now);
                 continue;
             }
             // Stamped before reading: a change while reading triggers another attempt.
             seen = now;
+            settling = None;
             let shared = Arc::clone(&watched);
             let _ =
                 tokio::task::spawn_blocking(move || reload(&shared, false, "file change")).await;

@@ -26,7 +26,8 @@ use serde::{Deserialize, Serialize};
 
 pub mod domains;
 
-use domains::DomainConfig;
+use domains::CatalogKeys;
+pub use domains::{DomainConfig, ManifestConfig};
 
 /// Default gRPC (Relay, Query, health, reflection) listen address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7400";
@@ -48,35 +49,6 @@ pub const BYTES_PER_LANE_ANSWER: u64 = 512;
 pub const DEFAULT_CONFIG_WATCH_INTERVAL_MS: u64 = 5_000;
 /// Largest accepted `limits.max_message_bytes` (256 MiB).
 pub const MAX_MESSAGE_BYTES: u64 = 256 << 20;
-
-/// The primary domain and its lanes, in order (a query naming no domain is for it; more
-/// domains: `[[domains]]`, [`domains`]).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct ManifestConfig {
-    /// Indexer domain name (1..=64 bytes of `[A-Za-z0-9._-]`).
-    pub domain: String,
-    /// DC ids, lane `i` = `lanes[i]`; 1..=64 distinct DCs.
-    pub lanes: Vec<String>,
-    /// Tokens per KV block of the DCs whose pools do not use `block_size`, by DC id (each a
-    /// DC of `lanes`, 1..=65536): a query by token ids is hashed once per distinct block size
-    /// and answers each lane in its own blocks.
-    pub block_sizes: std::collections::BTreeMap<String, u32>,
-    /// Lane slots reserved beyond `lanes` for DCs added while the indexer runs (a catalog
-    /// reload), each a table column from the start (`buckets x 8` bytes); lanes + spare <= 64.
-    pub spare_lanes: u32,
-}
-
-impl Default for ManifestConfig {
-    fn default() -> Self {
-        Self {
-            domain: "default".into(),
-            lanes: vec!["dc-a".into(), "dc-b".into(), "dc-c".into()],
-            block_sizes: Default::default(),
-            spare_lanes: 0,
-        }
-    }
-}
 
 /// Deadlines after which a lane is retired (0 disables a deadline).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -330,7 +302,8 @@ pub struct IndexerConfig {
     pub tls: ServerTlsConfig,
     /// How often the configuration file (`--config`) is checked for a change, milliseconds; a
     /// change reloads the catalog of domains as SIGHUP and `Admin/ReloadCatalog` do
-    /// (`crate::catalog`). 0 = no watch (SIGHUP and the RPC only).
+    /// (`crate::catalog`), once two checks in a row see the same changed file. 0 = no watch
+    /// (SIGHUP and the RPC only); else 100..=3600000.
     pub config_watch_interval_ms: u64,
     /// Let a non-loopback listener serve Relay without `auth.required` or Query without a
     /// token or required client certificates, on purpose: logged at WARN at start and every
@@ -385,6 +358,59 @@ impl IndexerConfig {
             metrics_listen: "127.0.0.1:0".parse().expect("valid"),
             ..Self::default()
         }
+    }
+
+    /// The catalog part of the configuration: every domain's keys ([`domains::CatalogKeys`]).
+    pub fn catalog(&self) -> CatalogKeys<'_> {
+        CatalogKeys {
+            manifest: &self.manifest,
+            domains: &self.domains,
+            block_size: self.block_size,
+            table: &self.table,
+            max_query_blocks: self.limits.max_query_blocks,
+        }
+    }
+
+    /// Every domain served, resolved ([`CatalogKeys::domain_specs`]).
+    ///
+    /// # Errors
+    /// [`Invalid`] naming the first offending key.
+    pub fn domain_specs(&self) -> Result<Vec<domains::DomainSpec>, Invalid> {
+        self.catalog().domain_specs()
+    }
+
+    /// The primary domain's table format ([`CatalogKeys::format`]).
+    ///
+    /// # Errors
+    /// [`Invalid`] naming the `table.*` key at fault.
+    pub fn format(&self) -> Result<ckf_core::addressing::TableFormat, Invalid> {
+        self.catalog().format()
+    }
+
+    /// The primary domain's validated manifest ([`CatalogKeys::manifest`]).
+    ///
+    /// # Errors
+    /// [`Invalid`] naming the first offending key.
+    pub fn manifest(&self) -> Result<ckf_core::global::Manifest, Invalid> {
+        self.catalog().manifest()
+    }
+
+    /// Tokens per block of every lane of the primary domain ([`CatalogKeys::lane_block_sizes`]).
+    ///
+    /// # Errors
+    /// [`Invalid`] naming the key.
+    pub fn lane_block_sizes(&self) -> Result<ckf_core::tokens::lanes::LaneBlockSizes, Invalid> {
+        self.catalog().lane_block_sizes()
+    }
+
+    /// The primary domain's rules of a query by token ids ([`CatalogKeys::token_rules`]).
+    pub fn token_rules(&self) -> ckf_core::tokens::TokenQueryRules {
+        self.catalog().token_rules()
+    }
+
+    /// Every domain's name and lanes, the primary first ([`CatalogKeys::domain_lanes`]).
+    pub fn domain_lanes(&self) -> Vec<crate::access::DomainLanes> {
+        self.catalog().domain_lanes()
     }
 
     /// Most images per delta actually enforced and granted: `limits.max_images_per_delta`,
@@ -493,15 +519,17 @@ impl Validate for IndexerConfig {
         listens.extend(self.query_listen.map(|addr| ("query_listen", addr)));
         self.tls.check("tls", &listens)?;
         in_range("block_size", self.block_size, 1..=MAX_BLOCK_SIZE, "tokens")?;
-        self.route.validate(&self.all_dcs())?;
+        self.route.validate(&self.catalog().all_dcs())?;
         validate_worker_threads(self.worker_threads)?;
         self.search_kernel()?;
-        in_range(
-            "config_watch_interval_ms",
-            self.config_watch_interval_ms,
-            0..=3_600_000,
-            "ms",
-        )?;
+        if self.config_watch_interval_ms != 0 {
+            in_range(
+                "config_watch_interval_ms",
+                self.config_watch_interval_ms,
+                100..=3_600_000,
+                "ms (or 0: no watch)",
+            )?;
+        }
         in_range(
             "lag.drain_grace_ms",
             self.lag.drain_grace_ms,
@@ -517,7 +545,7 @@ impl Validate for IndexerConfig {
         )?;
         // One answer of every lane (a `ListLanes` lane with its names and last reason, a
         // `FindMatches` match, a `Route` estimate) must fit one message.
-        let lanes = self.most_lanes() as u64;
+        let lanes = self.catalog().most_lanes() as u64;
         if l.max_message_bytes < lanes * BYTES_PER_LANE_ANSWER {
             return Err(Invalid::new(
                 "limits.max_message_bytes",

@@ -98,18 +98,27 @@ async fn watch(shared: Arc<IndexerState>, domain: Arc<Domain>, lane: LaneIndex) 
     loop {
         tokio::select! {
             () = shared.shutdown.wait() => return,
-            () = domain.removed.wait() => return,
             event = events.recv_async() => match event {
                 Ok(event) => on_event(&shared, &labels, lane, &event),
                 Err(_) => return,
             },
             _ = tick.tick() => {}
+            // The domain removed: this task may have refreshed the gauges after the reload
+            // withdrew them, so it withdraws its own once more, last.
+            () = domain.removed.wait() => {
+                shared.metrics.forget_lanes(std::slice::from_ref(&labels));
+                return;
+            }
         }
         if domain.indexer.is_removed(lane) {
             // Its retirement (if it had a lease) is counted before the watcher ends.
             while let Ok(event) = events.try_recv() {
                 on_event(&shared, &labels, lane, &event);
             }
+            shared.metrics.forget_lanes(std::slice::from_ref(&labels));
+            return;
+        }
+        if domain.removed.is_triggered() {
             shared.metrics.forget_lanes(std::slice::from_ref(&labels));
             return;
         }

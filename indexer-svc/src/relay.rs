@@ -138,7 +138,8 @@ impl Relay for RelayService {
                     limit: shared.limits.max_relay_streams,
                 })
             })?;
-        let session = Session::attach(Arc::clone(&shared), domain, &request).map_err(refuse)?;
+        let session =
+            Session::attach(Arc::clone(&shared), domain, &request, credentials).map_err(refuse)?;
         let lease = session.attachment.lease();
 
         let (tx, rx) = mpsc::channel(REPLY_BUFFER);
@@ -227,6 +228,8 @@ struct Session {
     domain: Arc<Domain>,
     /// The lane's metric labels.
     labels: LaneLabels,
+    /// What the stream's request presented (checked again when a reload changes the grants).
+    credentials: Result<ckf_core::access::Credentials, ckf_core::access::AccessError>,
     attachment: Attachment,
     metrics: LaneMetrics,
 }
@@ -254,6 +257,7 @@ impl Session {
         shared: Arc<IndexerState>,
         domain: Arc<Domain>,
         request: &AttachRequest,
+        credentials: Result<ckf_core::access::Credentials, ckf_core::access::AccessError>,
     ) -> Result<Self, RelayError> {
         let attachment = domain.indexer.attach(request)?;
         // The lane's load is this lease's from now on, never its predecessor's.
@@ -265,6 +269,7 @@ impl Session {
         let metrics = shared.metrics.lane(&labels);
         metrics.leases_granted.inc();
         Ok(Self {
+            credentials,
             shared,
             domain,
             labels,
@@ -332,10 +337,18 @@ impl Session {
         tx: &mpsc::Sender<Result<v1::RelayReply, Status>>,
     ) -> Result<(), RelayError> {
         let events = self.attachment.events();
+        let mut grants = self.shared.access.grants_changed();
         loop {
             let step = tokio::select! {
                 biased;
                 () = self.shared.shutdown.wait() => return Err(RelayError::Shutdown),
+                Ok(()) = grants.changed() => {
+                    self.shared
+                        .access
+                        .recheck(&self.credentials, self.attachment.pool())
+                        .map_err(RelayError::Revoked)?;
+                    Step::Continue(None)
+                }
                 () = self.domain.removed.wait() => return Err(RelayError::Removed {
                     domain: self.domain.name().clone(),
                 }),
@@ -444,6 +457,10 @@ impl Session {
         );
         if let Err(refused) = kept {
             tracing::debug!(%refused, sequence = load.sequence, "load report dropped")
+        }
+        // A lane or domain being removed has its gauges withdrawn: not set again.
+        if self.domain.removed.is_triggered() || self.domain.indexer.is_removed(lease.lane) {
+            return Ok(Step::Continue(None));
         }
         let labels = &self.labels;
         self.shared

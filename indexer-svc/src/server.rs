@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ckf_core::catalog::Catalog;
-use ckf_core::global::{GlobalCkfIndexer, ManifestError};
+use ckf_core::global::GlobalCkfIndexer;
 use ckf_core::ingestion::IngestionWorkersConfig;
 use ckf_proto::v1::{
     admin_server::AdminServer, query_server::QueryServer, relay_server::RelayServer,
@@ -59,9 +59,9 @@ pub enum ServeError {
     /// The configuration could not be loaded from its source ([`serve_from`]).
     #[error("{0}")]
     Load(#[from] ckf_svc_kit::config::ConfigError),
-    /// ckf-core refused the manifest.
-    #[error("invalid manifest: {0}")]
-    Manifest(#[from] ManifestError),
+    /// A domain could not be built (its manifest, its table, its lane threads).
+    #[error("{0}")]
+    Domain(#[from] crate::state::DomainBuildError),
     /// A TLS certificate, key or CA file cannot be used (names the key and the file).
     #[error("TLS: {0}")]
     Tls(#[from] TlsError),
@@ -174,7 +174,7 @@ impl RunningIndexer {
 /// no configuration source: its catalog of domains is fixed ([`serve_from`] reloads).
 ///
 /// # Errors
-/// [`ServeError::Config`] / [`ServeError::Manifest`] for a bad configuration,
+/// [`ServeError::Config`] / [`ServeError::Domain`] for a bad configuration,
 /// [`ServeError::Bind`] when an address is taken.
 pub async fn serve(
     config: IndexerConfig,

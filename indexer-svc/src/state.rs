@@ -52,6 +52,20 @@ pub struct Domain {
     pub lane_watchers: Arc<Mutex<Vec<Option<tokio::task::AbortHandle>>>>,
 }
 
+/// Why a domain could not be built (nothing of it is left running).
+#[derive(Debug, thiserror::Error)]
+pub enum DomainBuildError {
+    /// ckf-core refused its manifest (too many lanes, a table that cannot be allocated).
+    #[error("invalid manifest: {0}")]
+    Manifest(#[from] ckf_core::global::ManifestError),
+    /// The search kernel cannot run on this CPU.
+    #[error("search.kernel: {0}")]
+    Kernel(String),
+    /// A lane's ingestion thread could not start (a thread or memory limit).
+    #[error("cannot start its lane workers: {0}")]
+    Workers(std::io::Error),
+}
+
 /// What a domain is built with besides its [`DomainSpec`] (the same for every domain of the
 /// process, kept to build the domains a reload adds).
 #[derive(Debug, Clone)]
@@ -75,31 +89,30 @@ impl Domain {
     /// workers (started here), its router and its metric children.
     ///
     /// # Errors
-    /// ckf-core's refusal of the manifest (a table that cannot be allocated, too many lanes)
-    /// or of the search kernel.
+    /// [`DomainBuildError`]: ckf-core's refusal of the manifest (a table that cannot be
+    /// allocated, too many lanes) or of the search kernel, a lane thread that cannot start.
     pub fn build(
         spec: DomainSpec,
         settings: &DomainSettings,
         metrics: &IndexerMetrics,
-    ) -> Result<Self, crate::ServeError> {
+    ) -> Result<Self, DomainBuildError> {
         let indexer = Arc::new(GlobalCkfIndexer::with_spare_lanes(
             spec.manifest.clone(),
             settings.consumer_instance,
             settings.lag,
             spec.spare_lanes,
         )?);
-        indexer.set_search_kernel(settings.kernel).map_err(|e| {
-            ckf_svc_kit::config::Invalid::new("search.kernel", settings.kernel, e.to_string())
-        })?;
+        indexer
+            .set_search_kernel(settings.kernel)
+            .map_err(|e| DomainBuildError::Kernel(e.to_string()))?;
+        let workers = IngestionWorkers::start(Arc::clone(&indexer), settings.workers)
+            .map_err(DomainBuildError::Workers)?;
+        let workers = Arc::new(workers);
         let name = indexer.manifest().domain.to_string();
         metrics
             .table_bytes
             .with_label_values(&[&name])
             .set(i64::try_from(indexer.table().bytes()).unwrap_or(i64::MAX));
-        let workers = Arc::new(IngestionWorkers::new(
-            Arc::clone(&indexer),
-            settings.workers,
-        ));
         let router = Router::new(
             Arc::clone(&indexer),
             spec.token_rules,
@@ -203,7 +216,20 @@ pub struct IndexerState {
 impl IndexerState {
     /// The catalog in force now.
     pub fn domains(&self) -> Arc<Domains> {
-        Arc::clone(&self.catalog.read().expect("catalog lock"))
+        // The lock only swaps an `Arc`: a poisoned one still holds a whole catalog.
+        let catalog = self
+            .catalog
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        Arc::clone(&catalog)
+    }
+
+    /// The configuration in force now (a copy).
+    pub fn config_now(&self) -> crate::config::IndexerConfig {
+        self.config
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// The domain a Query call is for: the one its `ckf-domain` metadata names, or the
@@ -212,14 +238,20 @@ impl IndexerState {
     /// # Errors
     /// [`DomainError`]: not a domain name, or a domain not served.
     pub fn domain_of<T>(&self, request: &tonic::Request<T>) -> Result<Arc<Domain>, DomainError> {
-        let named = request.metadata().get(ckf_proto::metadata::DOMAIN_KEY);
-        // A value that is not visible ASCII is no domain name: checked as U+FFFD, so the
-        // refusal names the character rule.
-        let named = named.map(|v| v.to_str().unwrap_or("\u{fffd}"));
-        self.domains()
-            .for_query(named)
-            .cloned()
-            .inspect_err(|_| self.metrics.query_domain_refused.inc())
+        let values = request.metadata().get_all(ckf_proto::metadata::DOMAIN_KEY);
+        let chosen = match values.iter().count() {
+            0 | 1 => {
+                // A value that is not visible ASCII is no domain name: checked as U+FFFD, so
+                // the refusal names the character rule.
+                let named = values
+                    .iter()
+                    .next()
+                    .map(|v| v.to_str().unwrap_or("\u{fffd}"));
+                self.domains().for_query(named).cloned()
+            }
+            several => Err(DomainError::Several(several)),
+        };
+        chosen.inspect_err(|_| self.metrics.query_domain_refused.inc())
     }
 
     /// Counts one received relay frame by kind and encoded size.

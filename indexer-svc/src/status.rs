@@ -90,6 +90,10 @@ pub enum RelayError {
     /// The indexer is shutting down.
     #[error("indexer is shutting down")]
     Shutdown,
+    /// A reload took the attached producer's grant for its pool away: the stream ends and the
+    /// lane is retired (what it published may not be trusted).
+    #[error("the attachment's grant was revoked by a catalog reload: {0}")]
+    Revoked(AccessError),
     /// A catalog reload removed the stream's domain.
     #[error(
         "domain {domain} was removed from this indexer's catalog; attachments for it are \
@@ -193,7 +197,9 @@ impl RelayError {
             RelayError::TooManyStreams { .. } => Code::ResourceExhausted,
             RelayError::NoAttach { .. } | RelayError::BadAttach(_) => Code::InvalidArgument,
             RelayError::Access(AccessError::Unauthenticated(_)) => Code::Unauthenticated,
-            RelayError::Access(AccessError::PermissionDenied(_)) => Code::PermissionDenied,
+            RelayError::Access(AccessError::PermissionDenied(_))
+            | RelayError::Revoked(AccessError::PermissionDenied(_)) => Code::PermissionDenied,
+            RelayError::Revoked(AccessError::Unauthenticated(_)) => Code::Unauthenticated,
             RelayError::Attach(AttachError::UnknownPool { .. }) | RelayError::Domain { .. } => {
                 Code::NotFound
             }
@@ -233,7 +239,9 @@ impl RelayError {
     /// The `Retired` reply sent before the status, for failures that end a leased stream.
     pub fn retired_reply(&self) -> Option<v1::RelayReply> {
         let reason = match self {
-            RelayError::Frame(_) | RelayError::EndedWithoutDrain => v1::RetireReason::StreamLost,
+            RelayError::Frame(_) | RelayError::EndedWithoutDrain | RelayError::Revoked(_) => {
+                v1::RetireReason::StreamLost
+            }
             RelayError::Ended(StreamEnd::Retired { reason, .. }) => wire_reason(reason),
             RelayError::Ended(StreamEnd::Superseded { .. }) => v1::RetireReason::Superseded,
             RelayError::Ended(StreamEnd::ShutDown) | RelayError::Shutdown => {
@@ -273,7 +281,9 @@ impl Disposed for RelayError {
     fn disposition(&self) -> Disposition {
         match self {
             RelayError::Frame(FrameError::Refused(error)) => error.disposition(),
-            RelayError::Frame(_) | RelayError::EndedWithoutDrain => Disposition::RetireLane,
+            RelayError::Frame(_) | RelayError::EndedWithoutDrain | RelayError::Revoked(_) => {
+                Disposition::RetireLane
+            }
             RelayError::Ended(end) => end.disposition(),
             RelayError::Attach(error) => error.disposition(),
             RelayError::TooManyStreams { .. }
@@ -414,6 +424,51 @@ pub enum QueryError {
     Unauthenticated(AccessError),
 }
 
+/// Why a catalog reload (`crate::catalog`) changed nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    /// The indexer was started with a configuration value, not a source to re-read.
+    #[error(
+        "this indexer was started in-process with a configuration value, not from a \
+         configuration file or flags: there is nothing to reload"
+    )]
+    NoSource,
+    /// The configuration could not be read or breaks a rule.
+    #[error("the configuration is refused, nothing changed: {0}")]
+    Load(#[from] ckf_svc_kit::config::ConfigError),
+    /// A key breaks a rule.
+    #[error("the configuration is refused, nothing changed: {0}")]
+    Invalid(#[from] ckf_svc_kit::config::Invalid),
+    /// A key that takes a restart changed.
+    #[error(
+        "{key} changed, and it takes a restart; nothing changed (a reload changes the catalog \
+         of domains and [auth] only)"
+    )]
+    NeedsRestart {
+        /// The top-level key.
+        key: &'static str,
+    },
+    /// The new catalog breaks a catalog rule.
+    #[error("the catalog change is refused, nothing changed: {0}")]
+    Plan(#[from] ckf_core::catalog::CatalogChangeError),
+    /// A lane could not be added or removed (the plan said it could: a bug; the catalog is
+    /// not swapped, the lanes changed before stay changed).
+    #[error("a lane change failed: {0}")]
+    Lane(#[from] ckf_core::global::LaneChangeError),
+    /// An added domain could not be built (its table could not be allocated, its lane threads
+    /// could not start, ...).
+    #[error("domain {domain} could not be added, nothing changed: {error}")]
+    Build {
+        /// The domain.
+        domain: ckf_core::identity::IndexerDomainId,
+        /// Why (`crate::state::DomainBuildError`).
+        error: String,
+    },
+    /// The reload task failed.
+    #[error("the reload task failed: {0}")]
+    Task(String),
+}
+
 /// Why an `Admin` call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum AdminError {
@@ -425,12 +480,11 @@ pub enum AdminError {
     Unauthenticated(AccessError),
     /// The catalog reload was refused or failed; nothing changed.
     #[error("ReloadCatalog: {0}")]
-    Reload(#[from] crate::catalog::ReloadError),
+    Reload(#[from] ReloadError),
 }
 
 impl From<AdminError> for Status {
     fn from(error: AdminError) -> Self {
-        use crate::catalog::ReloadError;
         let code = match &error {
             AdminError::Off => Code::PermissionDenied,
             AdminError::Unauthenticated(_) => Code::Unauthenticated,
@@ -482,7 +536,7 @@ impl From<QueryError> for Status {
             QueryError::Removed { .. } => Status::not_found(error.to_string()),
             QueryError::TooManyStreams { .. } => Status::resource_exhausted(error.to_string()),
             QueryError::LoadCount(_) => Status::internal(error.to_string()),
-            QueryError::Domain(DomainError::Invalid(_)) => {
+            QueryError::Domain(DomainError::Invalid(_) | DomainError::Several(_)) => {
                 Status::invalid_argument(error.to_string())
             }
             QueryError::Domain(DomainError::NotServed { .. }) => {

@@ -386,7 +386,7 @@ async fn the_admin_service_needs_its_token_and_a_configuration_source() {
 
 #[tokio::test]
 async fn a_changed_file_is_reloaded_by_the_watch() {
-    let files = Files::new(20);
+    let files = Files::new(100);
     files.write("");
     let indexer = Indexer::start_from(files.cli()).await;
     files.write(QWEN);
@@ -524,4 +524,109 @@ async fn lanes_are_removed_and_added_in_a_kept_domain_while_the_others_answer_un
         ],
     )
     .await;
+}
+
+#[tokio::test]
+async fn a_grant_taken_away_by_a_reload_ends_the_attached_stream_and_retires_its_lane() {
+    let files = Files::new(0);
+    let token = files.dir.path().join("dc-a.token");
+    std::fs::write(&token, "producer.a.0123456789\n").unwrap();
+    let grant = |pools: &str| {
+        format!(
+            "required = true\n[[auth.producers]]\nname = \"dc-a\"\npools = [{pools}]\n\
+             token_file = {token:?}\n"
+        )
+    };
+    // The [auth] keys follow `admin_token_file` in the [auth] section the file ends with.
+    files.write(&grant("\"dc-a\", \"dc-b\""));
+    let indexer = Indexer::start_from(files.cli()).await;
+    let mut a = Producer::attach_with_token(
+        &indexer,
+        identity("dc-a", 1, format()),
+        Some("producer.a.0123456789"),
+    )
+    .await;
+    a.store(1, &hashes(1, 3));
+    a.snapshot(8192).await;
+    let mut b = Producer::attach_with_token(
+        &indexer,
+        identity("dc-b", 2, format()),
+        Some("producer.a.0123456789"),
+    )
+    .await;
+    b.store(1, &hashes(1, 2));
+    b.snapshot(8192).await;
+    assert_eq!(
+        indexer.find(&hashes(1, 3)).await,
+        (vec![(0, 3), (1, 2)], 0b11)
+    );
+
+    // dc-b's grant goes: its stream ends PERMISSION_DENIED and its lane leaves the ready set;
+    // dc-a, still granted, goes on.
+    files.write(&grant("\"dc-a\""));
+    reload(&indexer, false).await.unwrap();
+    let (retired, status) = b.stream.expect_retired().await;
+    assert_eq!(
+        retired.reason(),
+        v1::RetireReason::StreamLost,
+        "{retired:?}"
+    );
+    assert_status(
+        &status,
+        Code::PermissionDenied,
+        &["revoked by a catalog reload", "dc-b"],
+    );
+    assert_eq!(indexer.find(&hashes(1, 3)).await, (vec![(0, 3)], 0b01));
+    a.store(2, &hashes(2, 2));
+    assert_eq!(a.publish().await.installed_sequence, 1);
+    let status = refused(&indexer, (&identity("dc-b", 3, format())).into()).await;
+    assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+}
+
+#[tokio::test]
+async fn a_domain_added_and_removed_at_once_leaves_no_gauge_behind() {
+    let files = Files::new(0);
+    files.write("");
+    let indexer = Indexer::start_from(files.cli()).await;
+    let ghost = "[[domains]]\ndomain = \"ghost\"\nlanes = [\"dc-a\", \"dc-b\", \"dc-c\"]\n";
+    files.write(ghost);
+    let with_ghost = files.cli().load().unwrap();
+    files.write("");
+    let without = files.cli().load().unwrap();
+    for _ in 0..30 {
+        // Added and removed with no await between: the new lane watchers first run after the
+        // removal (this test's runtime has one thread).
+        let running = &indexer.running;
+        assert!(
+            running
+                .apply_catalog(with_ghost.clone(), false)
+                .unwrap()
+                .applied
+        );
+        assert!(
+            running
+                .apply_catalog(without.clone(), false)
+                .unwrap()
+                .applied
+        );
+        tokio::task::yield_now().await;
+    }
+    // Each removed domain's lane watchers withdraw their gauges as they end (bounded wait).
+    let mut metrics = String::new();
+    for _ in 0..100 {
+        metrics = metrics_text(&indexer).await;
+        if !metrics.contains("domain=\"ghost\"") || only_counters(&metrics) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("gauges of the removed domain remain:\n{metrics}");
+}
+
+/// Whether every `ghost` sample left is a counter's (counters of a removed domain stay).
+fn only_counters(metrics: &str) -> bool {
+    metrics
+        .lines()
+        .filter(|l| l.contains("domain=\"ghost\""))
+        .all(|l| l.starts_with("ckf_indexer_queries") || l.contains("_total{"))
 }

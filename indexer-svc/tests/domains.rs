@@ -205,6 +205,15 @@ async fn an_attachment_for_a_domain_not_served_is_not_found_naming_the_domains()
         Code::FailedPrecondition,
         &["table format mismatch for pool qwen/dc-a"],
     );
+    // A call naming two domains is refused, not answered from the first.
+    let mut twice = tonic::Request::new(v1::FindMatchesRequest::default());
+    for d in [DOMAIN, QWEN] {
+        twice
+            .metadata_mut()
+            .append(ckf_proto::metadata::DOMAIN_KEY, d.parse().unwrap());
+    }
+    let status = indexer.query().find_matches(twice).await.unwrap_err();
+    assert_status(&status, Code::InvalidArgument, &["names 2 domains"]);
     // A query naming it is refused too, before anything is searched.
     let request = named(v1::FindMatchesRequest::default(), Some("mistral"));
     let status = indexer.query().find_matches(request).await.unwrap_err();

@@ -30,7 +30,34 @@ use ckf_svc_kit::config::{Invalid, in_range};
 use ckf_svc_kit::table::TableConfig;
 use serde::{Deserialize, Serialize};
 
-use super::IndexerConfig;
+/// The primary domain and its lanes, in order (a query naming no domain is for it; more
+/// domains: `[[domains]]`, [`DomainConfig`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ManifestConfig {
+    /// Indexer domain name (1..=64 bytes of `[A-Za-z0-9._-]`).
+    pub domain: String,
+    /// DC ids, lane `i` = `lanes[i]`; 1..=64 distinct DCs.
+    pub lanes: Vec<String>,
+    /// Tokens per KV block of the DCs whose pools do not use `block_size`, by DC id (each a
+    /// DC of `lanes`, 1..=65536): a query by token ids is hashed once per distinct block size
+    /// and answers each lane in its own blocks.
+    pub block_sizes: std::collections::BTreeMap<String, u32>,
+    /// Lane slots reserved beyond `lanes` for DCs added while the indexer runs (a catalog
+    /// reload), each a table column from the start (`buckets x 8` bytes); lanes + spare <= 64.
+    pub spare_lanes: u32,
+}
+
+impl Default for ManifestConfig {
+    fn default() -> Self {
+        Self {
+            domain: "default".into(),
+            lanes: vec!["dc-a".into(), "dc-b".into(), "dc-c".into()],
+            block_sizes: Default::default(),
+            spare_lanes: 0,
+        }
+    }
+}
 
 /// One `[[domains]]` entry: a domain served beside `[manifest]`'s.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -165,10 +192,26 @@ impl DomainKeys<'_> {
     }
 }
 
-impl IndexerConfig {
+/// The catalog part of an indexer configuration, borrowed (`IndexerConfig::catalog`): the
+/// primary domain, the `[[domains]]` entries and the top-level keys they default to.
+#[derive(Debug, Clone, Copy)]
+pub struct CatalogKeys<'a> {
+    /// `[manifest]`.
+    pub manifest: &'a ManifestConfig,
+    /// `[[domains]]`.
+    pub domains: &'a [DomainConfig],
+    /// The top-level `block_size`.
+    pub block_size: u32,
+    /// The top-level `[table]`.
+    pub table: &'a TableConfig,
+    /// `limits.max_query_blocks` (a token query's block limit).
+    pub max_query_blocks: u32,
+}
+
+impl<'a> CatalogKeys<'a> {
     /// Every domain's keys, the primary (`[manifest]`) first, then `[[domains]]` in order.
-    fn domain_keys(&self) -> Vec<DomainKeys<'_>> {
-        let m = &self.manifest;
+    fn domain_keys(&self) -> Vec<DomainKeys<'a>> {
+        let m = self.manifest;
         let primary = DomainKeys {
             at: "manifest".into(),
             table_at: String::new(),
@@ -177,7 +220,7 @@ impl IndexerConfig {
             lanes: &m.lanes,
             block_size: self.block_size,
             block_sizes: &m.block_sizes,
-            table: &self.table,
+            table: self.table,
             spare_lanes: m.spare_lanes,
         };
         let more = self.domains.iter().enumerate().map(|(i, d)| DomainKeys {
@@ -192,7 +235,7 @@ impl IndexerConfig {
             lanes: &d.lanes,
             block_size: d.block_size.unwrap_or(self.block_size),
             block_sizes: &d.block_sizes,
-            table: d.table.as_ref().unwrap_or(&self.table),
+            table: d.table.as_ref().unwrap_or(self.table),
             spare_lanes: d.spare_lanes,
         });
         std::iter::once(primary).chain(more).collect()
@@ -230,7 +273,7 @@ impl IndexerConfig {
                 block_sizes: keys.block_sizes()?,
                 token_rules: TokenQueryRules {
                     block_size: keys.block_size,
-                    max_blocks: self.limits.max_query_blocks,
+                    max_blocks: self.max_query_blocks,
                 },
                 manifest,
             });
@@ -269,7 +312,7 @@ impl IndexerConfig {
     pub fn token_rules(&self) -> TokenQueryRules {
         TokenQueryRules {
             block_size: self.block_size,
-            max_blocks: self.limits.max_query_blocks,
+            max_blocks: self.max_query_blocks,
         }
     }
 

@@ -556,7 +556,7 @@ fn domains_are_resolved_each_with_its_own_lanes_block_size_and_table() {
     assert_eq!(qwen.block_sizes.of(1), 32);
     // The primary's accessors stay the primary's.
     assert_eq!(config.manifest().unwrap(), llama.manifest);
-    assert_eq!(config.all_dcs(), ["dc-a", "dc-b", "dc-c", "dc-d"]);
+    assert_eq!(config.catalog().all_dcs(), ["dc-a", "dc-b", "dc-c", "dc-d"]);
     // A round trip may name a DC of any domain.
     two_domains("[route]\nrtt_ms = { dc-d = 40.0 }\n").unwrap();
 }

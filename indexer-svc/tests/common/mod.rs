@@ -211,8 +211,17 @@ impl Producer {
 
     /// Attaches as `identity` (any domain and format) with a fresh state of its format.
     pub async fn attach_as(indexer: &Indexer, identity: ProducerIdentity) -> Self {
+        Self::attach_with_token(indexer, identity, None).await
+    }
+
+    /// As [`Producer::attach_as`], presenting bearer `token` (an `[[auth.producers]]` one).
+    pub async fn attach_with_token(
+        indexer: &Indexer,
+        identity: ProducerIdentity,
+        token: Option<&str>,
+    ) -> Self {
         let format = identity.format;
-        let stream = open(indexer, (&identity).into())
+        let stream = RawStream::open_with_token(indexer.channel.clone(), (&identity).into(), token)
             .await
             .expect("attach accepted");
         let granted = stream.granted;
