@@ -106,6 +106,10 @@ pub struct LimitsConfig {
     pub max_query_streams: u32,
     /// Frames each lane's ingestion queue holds; a full queue retires the lane (`SATURATED`).
     pub lane_queue_capacity: u32,
+    /// Most bytes the tables of every domain served may take together (buckets x lane slots x
+    /// 8 each); 0 = this machine's memory (`MemTotal`), so a catalog whose tables cannot fit is
+    /// refused at start and by a reload instead of getting the process OOM-killed.
+    pub max_table_bytes: u64,
 }
 
 impl Default for LimitsConfig {
@@ -118,6 +122,7 @@ impl Default for LimitsConfig {
             max_query_batch: 1_024,
             max_query_streams: 256,
             lane_queue_capacity: 1_024,
+            max_table_bytes: 0,
         }
     }
 }
@@ -567,6 +572,7 @@ impl Validate for IndexerConfig {
         ] {
             at_least(key, value, 1, "")?;
         }
+        domains::check_table_bytes(&self.domain_specs()?, l.max_table_bytes)?;
         if let Some(query) = self.query_listen
             && query.port() != 0
             && (query == self.listen || query == self.metrics_listen)

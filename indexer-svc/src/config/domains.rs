@@ -93,6 +93,65 @@ pub struct DomainSpec {
     pub spare_lanes: usize,
 }
 
+impl DomainSpec {
+    /// Bytes of this domain's table: buckets x lane slots (spare ones included) x 8.
+    pub fn table_bytes(&self) -> u64 {
+        let slots = (self.manifest.lanes.len() + self.spare_lanes) as u64;
+        self.manifest.format.bucket_count.saturating_mul(slots).saturating_mul(8)
+    }
+}
+
+/// This machine's memory (`MemTotal` of `/proc/meminfo`), `None` where it cannot be read. One
+/// line of a kernel file: no library for it.
+pub fn machine_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// Checks that the tables of `specs` (every domain served) fit `limit` bytes together (0: this
+/// machine's memory; no check where it is unknown).
+///
+/// # Errors
+/// [`Invalid`] naming `limits.max_table_bytes`, the total and each domain's share.
+pub fn check_table_bytes(specs: &[DomainSpec], limit: u64) -> Result<(), Invalid> {
+    let (limit, what) = match limit {
+        0 => match machine_memory() {
+            Some(memory) => (memory, "this machine's memory"),
+            None => return Ok(()),
+        },
+        limit => (limit, "the limit"),
+    };
+    let total = specs
+        .iter()
+        .map(DomainSpec::table_bytes)
+        .fold(0u64, u64::saturating_add);
+    if total <= limit {
+        return Ok(());
+    }
+    let shares = specs
+        .iter()
+        .map(|s| format!("{}: {}", s.manifest.domain, mib(s.table_bytes())))
+        .collect::<Vec<_>>()
+        .join(", ");
+    Err(Invalid::new(
+        "limits.max_table_bytes",
+        limit,
+        format!(
+            "the tables of the domains served would take {} ({shares}), more than {what} ({}); \
+             lower table.expected_blocks or spare_lanes, serve fewer domains here, or raise the \
+             limit",
+            mib(total),
+            mib(limit)
+        ),
+    ))
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / f64::from(1 << 20))
+}
+
 /// One domain's keys, wherever they are configured, and how a refusal names them.
 struct DomainKeys<'a> {
     /// `manifest` or `domains[i]`: the prefix of the domain's own keys.

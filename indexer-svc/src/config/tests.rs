@@ -609,3 +609,27 @@ fn the_message_limit_follows_the_largest_domain() {
         "{text}"
     );
 }
+
+#[test]
+fn the_tables_of_every_domain_must_fit_the_memory_limit() {
+    // 5,000 expected blocks -> 1,360 buckets; llama: 3 lanes x 1,000,000 blocks (271,740
+    // buckets); qwen: 2 lanes, 1,360 buckets.
+    let text = two_domains("[limits]\nmax_table_bytes = 1000000\n")
+        .unwrap_err()
+        .to_string();
+    assert!(text.contains("limits.max_table_bytes = 1000000"), "{text}");
+    assert!(
+        text.contains("would take 6.2 MiB (llama: 6.2 MiB, qwen: 0.0 MiB)"),
+        "{text}"
+    );
+    let fits = two_domains("[limits]\nmax_table_bytes = 7000000\n").unwrap();
+    let specs = fits.domain_specs().unwrap();
+    assert_eq!(specs[0].table_bytes(), 271_740 * 3 * 8);
+    // 0: the machine's memory; a 2 TiB table does not fit a test machine.
+    let huge = two_domains("[[domains]]\ndomain = \"huge\"\nlanes = [\"a\"]\nspare_lanes = 63\n\
+                           [domains.table]\nbucket_count = 4294967294\n");
+    if domains::machine_memory().is_some_and(|m| m < 2 << 40) {
+        let text = huge.unwrap_err().to_string();
+        assert!(text.contains("more than this machine's memory"), "{text}");
+    }
+}
