@@ -115,7 +115,13 @@ impl RunningIndexer {
     /// An in-process query handle on the primary domain (embedded mode, [`crate::embedded`]):
     /// the same answers as the Query service's, without an RPC.
     pub fn query_handle(&self) -> EmbeddedQuery {
-        EmbeddedQuery::new(self.primary.clone())
+        // The primary's router as the catalog has it now (a reload may have changed its
+        // lanes); the one it started with once the indexer has stopped.
+        let router = self.state.upgrade().map_or_else(
+            || self.primary.clone(),
+            |state| state.domains().primary().router.clone(),
+        );
+        EmbeddedQuery::new(router)
     }
 
     /// An in-process query handle on `domain`, if served now (`None` after the indexer
