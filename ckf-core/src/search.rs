@@ -107,8 +107,12 @@ pub(crate) fn find(
 }
 
 /// Positions whose rows in the second and later lane groups are prefetched before the first
-/// group is searched.
-const WARM_POSITIONS: usize = 8;
+/// group is searched: the positions a group's own probe loop does not prefetch ahead (it
+/// prefetches [`prefix::PREFETCH_POSITIONS`] ahead from its start). Measured (`cargo bench -p
+/// ckf-core --bench search -- lanes`, 64 / 16 lanes, Mooncake, 256 MiB, p50, interleaved quick
+/// runs): 8 warm positions 3.1-3.3x, 24: 2.2-2.5x; 32 and 48 no better, and 48 slower on a
+/// 2 MiB table.
+const WARM_POSITIONS: usize = prefix::PREFETCH_POSITIONS;
 
 /// Prefetches the rows of the first [`WARM_POSITIONS`] positions in every lane group after the
 /// first holding a ready lane, so those groups' first misses overlap the first group's search

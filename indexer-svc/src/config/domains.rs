@@ -97,7 +97,11 @@ impl DomainSpec {
     /// Bytes of this domain's table: buckets x lane slots (spare ones included) x 8.
     pub fn table_bytes(&self) -> u64 {
         let slots = (self.manifest.lanes.len() + self.spare_lanes) as u64;
-        self.manifest.format.bucket_count.saturating_mul(slots).saturating_mul(8)
+        self.manifest
+            .format
+            .bucket_count
+            .saturating_mul(slots)
+            .saturating_mul(8)
     }
 }
 

@@ -626,8 +626,10 @@ fn the_tables_of_every_domain_must_fit_the_memory_limit() {
     let specs = fits.domain_specs().unwrap();
     assert_eq!(specs[0].table_bytes(), 271_740 * 3 * 8);
     // 0: the machine's memory; a 2 TiB table does not fit a test machine.
-    let huge = two_domains("[[domains]]\ndomain = \"huge\"\nlanes = [\"a\"]\nspare_lanes = 63\n\
-                           [domains.table]\nbucket_count = 4294967294\n");
+    let huge = two_domains(
+        "[[domains]]\ndomain = \"huge\"\nlanes = [\"a\"]\nspare_lanes = 63\n\
+                           [domains.table]\nbucket_count = 4294967294\n",
+    );
     if domains::machine_memory().is_some_and(|m| m < 2 << 40) {
         let text = huge.unwrap_err().to_string();
         assert!(text.contains("more than this machine's memory"), "{text}");
