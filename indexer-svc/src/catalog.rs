@@ -139,7 +139,8 @@ pub fn apply(
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     next.validate()?;
-    if let Some(key) = restart_key(&shared.config_now(), &next) {
+    let current_config = shared.config_now();
+    if let Some(key) = restart_key(&current_config, &next) {
         return Err(ReloadError::NeedsRestart { key });
     }
     let specs = next
@@ -172,7 +173,7 @@ pub fn apply(
             .lanes_removed
             .extend(change.lanes.remove.iter().map(|&l| indexer.pool(l).clone()));
     }
-    let auth_changed = shared.config_now().auth != next.auth;
+    let auth_changed = current_config.auth != next.auth;
     if dry_run || (plan.is_empty() && !auth_changed) {
         return Ok(reloaded);
     }

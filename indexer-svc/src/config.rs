@@ -519,7 +519,7 @@ fn kernel_invalid(value: &str, error: SearchKernelError) -> Invalid {
 
 impl Validate for IndexerConfig {
     fn validate(&self) -> Result<(), Invalid> {
-        self.domain_specs()?;
+        let specs = self.domain_specs()?;
         let mut listens = vec![("listen", self.listen)];
         listens.extend(self.query_listen.map(|addr| ("query_listen", addr)));
         self.tls.check("tls", &listens)?;
@@ -572,7 +572,7 @@ impl Validate for IndexerConfig {
         ] {
             at_least(key, value, 1, "")?;
         }
-        domains::check_table_bytes(&self.domain_specs()?, l.max_table_bytes)?;
+        domains::check_table_bytes(&specs, l.max_table_bytes)?;
         if let Some(query) = self.query_listen
             && query.port() != 0
             && (query == self.listen || query == self.metrics_listen)
