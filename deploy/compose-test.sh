@@ -654,13 +654,18 @@ kill "$IMPOSTOR" 2>/dev/null || true
 wait "$IMPOSTOR" 2>/dev/null || true
 grep -Eq 'lease granted|sending barrier snapshot' "$WORK/impostor-m.log" && fail "qwen's dc-a certificate was granted llama's lane"
 epochs() { "$PY" -c 'import json,sys; print({x["dc"]: x["lease_epoch"] for x in json.load(open(sys.argv[1]))["lanes"]})' "$1"; }
-model llama
-lanes_are dc-a=active dc-b=active || { show_lanes; fail "llama: a lane left ACTIVE during the impostor's attempts"; }
-[[ "$(epochs "$WORK/lanes.json")" == "$(epochs "$WORK/lanes-llama.json")" ]] \
-    || fail "llama's leases changed during the impostor's attempts: $(epochs "$WORK/lanes-llama.json") -> $(epochs "$WORK/lanes.json")"
-query_probes "$WORK/llama-after-impostor.jsonl" --domain llama
-compare_probes "$WORK/base-llama.jsonl" "$WORK/llama-after-impostor.jsonl" same \
-    || fail "llama's answers changed after the impostor's attempts"
+# llama_untouched WHEN TAG: llama's lanes still ACTIVE with their first leases, and every probe
+# answered as at the start (WHEN names the event in the failure; TAG names the answers file).
+llama_untouched() {
+    model llama
+    lanes_are dc-a=active dc-b=active || { show_lanes; fail "llama: a lane left ACTIVE $1"; }
+    [[ "$(epochs "$WORK/lanes.json")" == "$(epochs "$WORK/lanes-llama.json")" ]] \
+        || fail "llama's leases changed $1: $(epochs "$WORK/lanes-llama.json") -> $(epochs "$WORK/lanes.json")"
+    query_probes "$WORK/llama-$2.jsonl" --domain llama
+    compare_probes "$WORK/base-llama.jsonl" "$WORK/llama-$2.jsonl" same \
+        || fail "llama's answers changed $1"
+}
+llama_untouched "during the impostor's attempts" after-impostor
 log "ok: qwen's dc-a certificate is refused for llama's dc-a; llama keeps its leases and every answer"
 
 # One model's producer killed and restarted: the other model's lanes and answers do not move.
@@ -671,13 +676,7 @@ wait_until $((HEARTBEAT_DEADLINE_S + RETIRE_SLACK_S)) "qwen: dc-a retired, dc-b 
 query_probes "$WORK/qwen-killed.jsonl" --domain qwen
 compare_probes "$WORK/base-qwen.jsonl" "$WORK/qwen-killed.jsonl" without:dc-a \
     || fail "qwen: with its dc-a producer down, dc-a still answers or dc-b's answers changed"
-model llama
-lanes_are dc-a=active dc-b=active || { show_lanes; fail "llama: a lane left ACTIVE when qwen's dc-a producer died"; }
-[[ "$(epochs "$WORK/lanes.json")" == "$(epochs "$WORK/lanes-llama.json")" ]] \
-    || fail "llama's leases changed when qwen's dc-a producer died: $(epochs "$WORK/lanes-llama.json") -> $(epochs "$WORK/lanes.json")"
-query_probes "$WORK/llama-qwen-killed.jsonl" --domain llama
-compare_probes "$WORK/base-llama.jsonl" "$WORK/llama-qwen-killed.jsonl" same \
-    || fail "llama's answers changed when qwen's dc-a producer died"
+llama_untouched "when qwen's dc-a producer died" qwen-killed
 log "ok: qwen's dc-a is out of qwen's answers; llama's dc-a and dc-b answer every probe as before, same leases"
 docker start "$(cid producer-qwen-dc-a)" >/dev/null
 wait_until 60 "producer-qwen-dc-a healthy again" healthy producer-qwen-dc-a

@@ -101,6 +101,20 @@ def granted_pools(where, indexer, domains):
     return grants
 
 
+def domains_served(where, indexers, what):
+    """Each domain -> (indexer name, its config, the domain's spec, the indexer's grants), every
+    indexer checked (check_indexer); a domain two indexers serve is an error (`what` names
+    them: "indexer ConfigMaps", "services")."""
+    by_domain = {}
+    for name, cfg in indexers.items():
+        domains, grants = check_indexer(f"{where} {name}", cfg)
+        for domain, spec in domains.items():
+            if domain in by_domain:
+                err(where, f"{what} {by_domain[domain][0]} and {name} both serve domain {domain!r}")
+            by_domain[domain] = (name, cfg, spec, grants)
+    return by_domain
+
+
 def check_indexer(where, indexer):
     """What holds for an indexer config whatever its domains: it binds 0.0.0.0 and runs secure.
     Returns its domains (served_domains) and pool grants (granted_pools)."""
@@ -311,13 +325,7 @@ def check_k8s(where, docs, secrets):
         return
     # Each domain is served by one indexer ConfigMap (one Deployment per replica), which may
     # serve several; producers are grouped by their pool.domain.
-    by_domain = {}
-    for name, cfg in indexers.items():
-        domains, grants = check_indexer(f"{where} {name}", cfg)
-        for domain, spec in domains.items():
-            if domain in by_domain:
-                err(where, f"indexer ConfigMaps {by_domain[domain][0]} and {name} both serve domain {domain!r}")
-            by_domain[domain] = (name, cfg, spec, grants)
+    by_domain = domains_served(where, indexers, "indexer ConfigMaps")
     # Per indexer ConfigMap: the Services a producer may attach to (each selects the pods of
     # exactly one single-replica workload mounting it: a producer attaches to each replica, not
     # to a Service spreading over several), and the Services a router may query (all selected
@@ -466,13 +474,7 @@ def check_compose(deploy_dir, file, configs):
     for path in sorted(glob.glob(os.path.join(deploy_dir, configs))):
         if os.path.normpath(path) not in mounted:
             err(file, f"{os.path.relpath(path, deploy_dir)} is mounted by no service")
-    by_domain = {}
-    for svc, cfg in indexers.items():
-        domains, grants = check_indexer(f"{file} {svc}", cfg)
-        for domain, spec in domains.items():
-            if domain in by_domain:
-                err(file, f"services {by_domain[domain][0]} and {svc} both index domain {domain!r}")
-            by_domain[domain] = (svc, cfg, spec, grants)
+    by_domain = domains_served(file, indexers, "services")
     for domain, (svc, cfg, spec, grants) in by_domain.items():
         mine = {p: c for p, c in producers.items() if c.get("pool", {}).get("domain") == domain}
         check_set(f"{file} domain {domain}", domain, spec, grants, mine, {svc: {port_of(cfg["listen"])}})
