@@ -23,6 +23,8 @@ use std::marker::PhantomData;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::memory::{PrefetchLevel, prefetch_to};
+
 /// Width of one slot (one fingerprint) in bits.
 pub const SLOT_BITS: u32 = 16;
 /// Number of slots in one bucket word.
@@ -201,6 +203,8 @@ pub struct TransposedTable {
     len: usize,
     lanes: usize,
     bucket_count: usize,
+    /// Where a query's row prefetches go ([`PrefetchLevel::for_rows`]).
+    prefetch_level: PrefetchLevel,
 }
 
 // SAFETY: the table owns its allocation and only hands out shared references to `AtomicU64`s,
@@ -260,6 +264,7 @@ impl TransposedTable {
             len,
             lanes,
             bucket_count: bucket_count as usize,
+            prefetch_level: PrefetchLevel::for_rows(),
         })
     }
 
@@ -376,6 +381,7 @@ impl TransposedTable {
             // value inside the table, for any bucket count (format v2 counts are any even
             // number, so a mask would not do).
             last_bucket: self.bucket_count - 1,
+            level: self.prefetch_level,
             _table: PhantomData,
         }
     }
@@ -430,6 +436,7 @@ pub(crate) struct Rows<'t> {
     base: *const u64,
     lanes: usize,
     last_bucket: usize,
+    level: PrefetchLevel,
     _table: PhantomData<&'t TransposedTable>,
 }
 
@@ -448,8 +455,8 @@ impl Rows<'_> {
         self.base.wrapping_add(offset)
     }
 
-    /// Hints the CPU to fetch `bucket`'s row (the cache lines of its first and last word). Never
-    /// faults: the bucket is clamped into range.
+    /// Hints the CPU to fetch `bucket`'s row (the cache lines of its first and last word) into
+    /// the table's [`PrefetchLevel`]. Never faults: the bucket is clamped into range.
     #[inline(always)]
     pub(crate) fn prefetch(&self, bucket: usize) {
         self.prefetch_offset(self.offset(bucket));
@@ -460,8 +467,8 @@ impl Rows<'_> {
     #[inline(always)]
     pub(crate) fn prefetch_offset(&self, offset: usize) {
         let first = self.at(offset);
-        crate::memory::prefetch(first);
-        crate::memory::prefetch(first.wrapping_add(self.lanes - 1));
+        prefetch_to(first, self.level);
+        prefetch_to(first.wrapping_add(self.lanes - 1), self.level);
     }
 }
 
