@@ -5,7 +5,12 @@
 //! stores a chain (80% fresh: 16 random local hashes, chained by dynamo's rule; 20% a chain
 //! another member holds, so shared blocks exist and refcounts go above 1) and evicts its oldest
 //! chain (16 blocks, one removed event). Member capacity is set so the distinct blocks fill ~85%
-//! of the CKF slots. Ops are generated before timing. Every implementation gets its own state
+//! of the CKF slots. Ops are generated before timing, and each segment's inputs are built
+//! before its clock starts, alike for every implementation (one heap buffer per event, in
+//! order): engine events for dynamo and the `RadixTree`, the member and its hash list for
+//! ckf-core and the `HashMap` (local hashes for "+chain" stores). Each implementation consumes
+//! its events in the timed loop (an event is dropped once applied, as `apply_event` takes its
+//! event by value). Every implementation gets its own state
 //! warmed to that load (untimed), then applies the same `STEADY_BLOCK_OPS` block ops, in
 //! `SEGMENTS` segments taken round-robin across implementations; time is the thread's on-CPU
 //! time, summed over segments.
@@ -18,7 +23,6 @@
 //! actor does within an ingest batch; in "+chain" the next event's chain is computed one event
 //! ahead for that, once per event.
 
-use std::borrow::Cow;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hint::black_box;
 
@@ -171,58 +175,83 @@ fn router_event(w: &Workload, op: &Op, id: u64) -> RouterEvent {
     )
 }
 
-fn ours_apply(
-    state: &mut DcCkfState,
-    w: &Workload,
-    ops: &[Op],
-    first: usize,
-    chain: bool,
-    publish: bool,
-) {
-    // Each event's hashes (the chain computed here with `chain`, once per event), one event
+/// One event as ckf-core's producer is given it, built before the clock starts as the engine
+/// events of dynamo and the `RadixTree` are: the member and the chained hashes, or for
+/// "+chain" stores the local hashes, chained inside the timed loop.
+struct OurEvent {
+    member: MemberId,
+    kind: Kind,
+    hashes: Vec<u64>,
+    local: Vec<LocalBlockHash>,
+}
+
+fn our_events(w: &Workload, ops: &[Op], chain: bool) -> Vec<OurEvent> {
+    ops.iter()
+        .map(|op| {
+            let c = &w.chains[op.chain as usize];
+            let local_input = chain && matches!(op.kind, Kind::Store);
+            OurEvent {
+                member: MemberId::new(op.member as u64, 0),
+                kind: op.kind,
+                hashes: if local_input {
+                    Vec::new()
+                } else {
+                    c.canon.clone()
+                },
+                local: if local_input {
+                    c.local.clone()
+                } else {
+                    Vec::new()
+                },
+            }
+        })
+        .collect()
+}
+
+fn ours_apply(state: &mut DcCkfState, events: Vec<OurEvent>, first: usize, publish: bool) {
+    // Each event's hashes (a "+chain" store's chain computed here, once per event), one event
     // ahead: the next event's go to `DcCkfState::prefetch_next`, as the producer's actor does
-    // within an ingest batch, so the prefetch ring runs on across events.
-    let hashes = |op: &Op| -> Cow<'_, [u64]> {
-        let c = &w.chains[op.chain as usize];
-        match op.kind {
-            Kind::Store if chain => Cow::Owned(compute_seq_hash_for_block(&c.local)),
-            _ => Cow::Borrowed(&c.canon),
-        }
+    // within an ingest batch, so the prefetch ring runs on across events. Events are consumed
+    // (dropped once applied), as dynamo's and the `RadixTree`'s `apply_event` consume theirs.
+    let chained = |e: &OurEvent| -> Option<Vec<u64>> {
+        (!e.local.is_empty()).then(|| compute_seq_hash_for_block(&e.local))
     };
-    let mut current = ops.first().map(hashes);
-    for (i, op) in ops.iter().enumerate() {
-        let next = ops.get(i + 1).map(hashes);
-        if let Some(next) = &next {
-            state.prefetch_next(next);
-        }
-        let this = current.take().expect("one entry per op");
-        let member = MemberId::new(op.member as u64, 0);
-        match op.kind {
+    let mut events = events.into_iter().enumerate().peekable();
+    let mut current = events.peek().and_then(|(_, e)| chained(e));
+    while let Some((i, e)) = events.next() {
+        let next = events.peek().map(|(_, n)| {
+            let c = chained(n);
+            state.prefetch_next(c.as_deref().unwrap_or(&n.hashes));
+            c
+        });
+        let this = current.take();
+        let hashes = this.as_deref().unwrap_or(&e.hashes);
+        match e.kind {
             Kind::Store => {
-                black_box(state.store(member, &this));
+                black_box(state.store(e.member, hashes));
             }
             Kind::Remove => {
-                black_box(state.remove(member, &this));
+                black_box(state.remove(e.member, hashes));
             }
         }
-        current = next;
+        drop(e);
+        current = next.flatten();
         if publish && (first + i) % PUBLISH_EVERY == PUBLISH_EVERY - 1 {
             black_box(state.take_batch());
         }
     }
 }
 
-fn exact_apply(index: &mut HashMap<u64, u32, FoldHashBuilder>, w: &Workload, ops: &[Op]) {
-    for op in ops {
-        let c = &w.chains[op.chain as usize];
-        match op.kind {
+fn exact_apply(index: &mut HashMap<u64, u32, FoldHashBuilder>, events: Vec<OurEvent>) {
+    for e in events {
+        match e.kind {
             Kind::Store => {
-                for &h in &c.canon {
+                for &h in &e.hashes {
                     *index.entry(h).or_insert(0) += 1;
                 }
             }
             Kind::Remove => {
-                for h in &c.canon {
+                for h in &e.hashes {
                     if let Some(rc) = index.get_mut(h) {
                         *rc -= 1;
                         if *rc == 0 {
@@ -284,13 +313,14 @@ impl Runner {
                 .collect(),
             _ => Vec::new(),
         };
+        let ours = match self {
+            Runner::Ours { chain, .. } => our_events(w, ops, *chain),
+            Runner::Exact(_) => our_events(w, ops, false),
+            _ => Vec::new(),
+        };
         let start = cpu_ns();
         match self {
-            Runner::Ours {
-                state,
-                chain,
-                publish,
-            } => ours_apply(state, w, ops, first, *chain, *publish),
+            Runner::Ours { state, publish, .. } => ours_apply(state, ours, first, *publish),
             Runner::Dyn(state) => {
                 for e in evs {
                     black_box(state.apply_event(e));
@@ -301,7 +331,7 @@ impl Runner {
                     let _ = black_box(tree.apply_event(e));
                 }
             }
-            Runner::Exact(index) => exact_apply(index, w, ops),
+            Runner::Exact(index) => exact_apply(index, ours),
         }
         cpu_ns() - start
     }
@@ -337,7 +367,7 @@ pub fn run(buckets: u64, load: f64) -> IngestRow {
     ] {
         let (state, bytes) = retained(|| {
             let mut s = DcCkfState::new(DcCkfConfig::new(format)).expect("state");
-            ours_apply(&mut s, &w, &w.warmup, 0, false, false);
+            ours_apply(&mut s, our_events(&w, &w.warmup, false), 0, false);
             // The warm-up is one burst, published as one batch; that batch's scratch buffers
             // (sized for every bucket it changed) are given back at the next publication,
             // which a producer takes within milliseconds. Measure after it: what the producer
@@ -393,7 +423,7 @@ pub fn run(buckets: u64, load: f64) -> IngestRow {
     runners.push(("radix", Runner::Radix(tree)));
     let (index, bytes) = retained(|| {
         let mut m: HashMap<u64, u32, FoldHashBuilder> = HashMap::default();
-        exact_apply(&mut m, &w, &w.warmup);
+        exact_apply(&mut m, our_events(&w, &w.warmup, false));
         m
     });
     let mem_exact = bytes as f64 / index.len() as f64;
