@@ -264,7 +264,7 @@ impl TransposedTable {
             len,
             lanes,
             bucket_count: bucket_count as usize,
-            prefetch_level: PrefetchLevel::for_rows(),
+            prefetch_level: PrefetchLevel::for_rows(bytes),
         })
     }
 

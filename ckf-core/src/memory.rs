@@ -107,13 +107,15 @@ fn advise_untouched(ptr: *const u8, bytes: usize) -> bool {
 /// A query on a table far beyond the caches is bound by how many misses the core keeps in
 /// flight. On Intel cores a prefetch into the L1 holds one of the L1's ~12-16 fill buffers
 /// until its line arrives; a prefetch into the L2 (`PREFETCHT1`) is tracked by the L2's larger
-/// miss queue, so more rows are in flight at once. Measured with `bench-compare`, Intel Xeon
-/// family 6 model 167, binaries alternated in one session: 16 lanes on 256 MiB p99
-/// 8.4-9.4 -> 6.8-7.6 us (with the caller's chain), 64 lanes on 1 GiB p99 29-32 -> 24-25 us, in-cache
-/// figures unchanged; the producer's prefetches, which are followed by writes, were slower
-/// into the L2 (2^20 buckets 9.1-9.3 -> 8.6 M block ops/s) and stay in the L1. AMD cores are
-/// left at the L1: up to Zen 3 they treat both hints alike (AMD's optimization guides), and on
-/// Zen 4 and later the L2 hint was not measured.
+/// miss queue, so more rows are in flight at once. Measured with `bench-compare` and the search
+/// bench's `-- lanes`, Intel Xeon family 6 model 167, binaries alternated in one session: 16
+/// lanes on 256 MiB p99 8.4-9.4 -> 6.8-7.6 us (with the caller's chain), 64 lanes on 1 GiB p99
+/// 29-32 -> 24-25 us; but on a 2 MiB table (cache-resident) the L2 hint cost 8-12% at p50,
+/// since the rows are then read from the L2 instead of the L1: tables under
+/// [`L2_PREFETCH_MIN_BYTES`] keep the L1. The producer's prefetches, which are followed by
+/// writes, were slower into the L2 (2^20 buckets 9.1-9.3 -> 8.6 M block ops/s) and stay in the
+/// L1. AMD cores are left at the L1: up to Zen 3 they treat both hints alike (AMD's
+/// optimization guides), and on Zen 4 and later the L2 hint was not measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum PrefetchLevel {
     /// `PREFETCHT0`: into every level.
@@ -122,18 +124,21 @@ pub(crate) enum PrefetchLevel {
     L2,
 }
 
+/// Tables (one lane group's) from this size take [`PrefetchLevel::L2`] on Intel: far beyond a
+/// core's L2 and its usual share of the LLC, where a row comes from DRAM.
+pub(crate) const L2_PREFETCH_MIN_BYTES: usize = 64 << 20;
+
 impl PrefetchLevel {
-    /// The level for a query's rows on this CPU: [`PrefetchLevel::L2`] on Intel, else
-    /// [`PrefetchLevel::L1`]. Read once per process (`CPUID` is slow under a hypervisor).
-    pub(crate) fn for_rows() -> Self {
-        static LEVEL: std::sync::OnceLock<PrefetchLevel> = std::sync::OnceLock::new();
-        *LEVEL.get_or_init(|| {
-            if cpu_vendor_is_intel() {
-                PrefetchLevel::L2
-            } else {
-                PrefetchLevel::L1
-            }
-        })
+    /// The level for the rows of a table of `bytes` on this CPU: [`PrefetchLevel::L2`] on Intel
+    /// from [`L2_PREFETCH_MIN_BYTES`], else [`PrefetchLevel::L1`]. The vendor is read once per
+    /// process (`CPUID` is slow under a hypervisor).
+    pub(crate) fn for_rows(bytes: usize) -> Self {
+        static INTEL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        if bytes >= L2_PREFETCH_MIN_BYTES && *INTEL.get_or_init(cpu_vendor_is_intel) {
+            PrefetchLevel::L2
+        } else {
+            PrefetchLevel::L1
+        }
     }
 }
 
@@ -207,6 +212,11 @@ mod tests {
         } else {
             PrefetchLevel::L1
         };
-        assert_eq!(PrefetchLevel::for_rows(), expected);
+        assert_eq!(PrefetchLevel::for_rows(L2_PREFETCH_MIN_BYTES), expected);
+        assert_eq!(
+            PrefetchLevel::for_rows(L2_PREFETCH_MIN_BYTES - 1),
+            PrefetchLevel::L1,
+            "a smaller table keeps the L1 on every CPU"
+        );
     }
 }
