@@ -227,6 +227,12 @@ pub fn apply(
         let lanes = domain.served_labels();
         shared.metrics.forget_domain(domain.name().as_str(), &lanes);
     }
+    if !removed.is_empty() {
+        // Counters and histograms too (the reload lock is held: no domain is being built).
+        shared
+            .metrics
+            .forget_unserved_domains(|domain| catalog.get(domain).is_some());
+    }
     let mut watchers: Vec<_> = added_domains
         .iter()
         .filter_map(|d| catalog.get(d.as_str()))

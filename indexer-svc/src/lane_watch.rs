@@ -103,10 +103,12 @@ async fn watch(shared: Arc<IndexerState>, domain: Arc<Domain>, lane: LaneIndex) 
                 Err(_) => return,
             },
             _ = tick.tick() => {}
-            // The domain removed: this task may have refreshed the gauges after the reload
-            // withdrew them, so it withdraws its own once more, last.
+            // The domain removed: this task may have refreshed the gauges or counted an event
+            // after the reload withdrew the domain's series, so it withdraws them once more,
+            // last.
             () = domain.removed.wait() => {
                 shared.metrics.forget_lanes(std::slice::from_ref(&labels));
+                shared.forget_unserved_domains();
                 return;
             }
         }
@@ -120,6 +122,7 @@ async fn watch(shared: Arc<IndexerState>, domain: Arc<Domain>, lane: LaneIndex) 
         }
         if domain.removed.is_triggered() {
             shared.metrics.forget_lanes(std::slice::from_ref(&labels));
+            shared.forget_unserved_domains();
             return;
         }
         if let Ok(status) = domain.indexer.lane_status(lane) {

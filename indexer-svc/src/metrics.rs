@@ -5,6 +5,8 @@
 //! carry `domain`, `lane` (index) and `dc` labels, DC metrics `domain` and `dc`, the query
 //! counters `domain` and `method`; see the crate README for the full reference.
 
+use std::collections::HashMap;
+
 use ckf_core::global::GlobalCkfIndexer;
 use ckf_core::lane::{ContentionKind, LaneState, LaneStatus, RetireReason};
 use ckf_core::route::{LoadRefused, PoolLoad};
@@ -13,9 +15,27 @@ use ckf_svc_kit::metrics::{
     counter, counter_vec, gauge_vec, histogram, histogram_vec, int_gauge, int_gauge_vec,
     lag_buckets_seconds, latency_buckets_seconds,
 };
+use prometheus::core::{Collector, MetricVec, MetricVecBuilder};
 use prometheus::{
     GaugeVec, Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry,
 };
+
+/// Removes every series of `vec` whose `domain` label `gone` accepts (whatever its other
+/// labels).
+fn remove_series<T: MetricVecBuilder>(vec: &MetricVec<T>, gone: impl Fn(&str) -> bool) {
+    for family in vec.collect() {
+        for metric in family.get_metric() {
+            let labels: HashMap<&str, &str> = metric
+                .get_label()
+                .iter()
+                .map(|l| (l.name(), l.value()))
+                .collect();
+            if labels.get("domain").is_some_and(|d| gone(d)) {
+                let _ = vec.remove(&labels);
+            }
+        }
+    }
+}
 
 /// The query RPCs, the `method` label of the query metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -489,10 +509,53 @@ impl IndexerMetrics {
     }
 
     /// Withdraws the gauges of a removed domain: its lanes' (`lanes`) and its table's, so no
-    /// stale value of a domain no longer served stays exported. Its counters stay.
+    /// stale value of a domain no longer served stays exported.
     pub fn forget_domain(&self, domain: &str, lanes: &[LaneLabels]) {
         self.forget_lanes(lanes);
         let _ = self.table_bytes.remove_label_values(&[domain]);
+    }
+
+    /// Removes every series, counters and histograms included, whose `domain` is not one that
+    /// `served` accepts, so a catalog that adds and removes domains over time does not grow the
+    /// exposition without bound. A domain added again starts its counters from 0 (a counter
+    /// reset, which `rate()` and `increase()` allow for). Call it with the catalog held, so a
+    /// domain added meanwhile cannot lose its series.
+    pub fn forget_unserved_domains(&self, served: impl Fn(&str) -> bool) {
+        let gone = |domain: &str| !served(domain);
+        for counters in [
+            &self.snapshots_installed,
+            &self.deltas_applied,
+            &self.images_applied,
+            &self.drains,
+            &self.retirements,
+            &self.leases_granted,
+            &self.lane_contention,
+            &self.queries,
+            &self.queries_refused,
+            &self.query_blocks,
+            &self.load_reports,
+            &self.route_decisions,
+        ] {
+            remove_series(counters, gone);
+        }
+        for gauges in [
+            &self.table_bytes,
+            &self.lane_state,
+            &self.lane_ready,
+            &self.lane_installed_sequence,
+            &self.lane_load_requests,
+            &self.lane_load_engines_reporting,
+        ] {
+            remove_series(gauges, gone);
+        }
+        for gauges in [
+            &self.lane_load_kv_usage,
+            &self.lane_load_prefill_tokens_per_second,
+            &self.lane_load_observed_timestamp,
+        ] {
+            remove_series(gauges, gone);
+        }
+        remove_series(&self.event_to_applied_lag, gone);
     }
 
     /// Withdraws the gauges of removed lanes. Their counters stay.

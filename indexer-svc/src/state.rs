@@ -224,6 +224,22 @@ impl IndexerState {
         Arc::clone(&catalog)
     }
 
+    /// Removes the metric series of every domain the catalog no longer serves
+    /// ([`IndexerMetrics::forget_unserved_domains`]), unless a reload is under way: that
+    /// reload may be building a domain of the same name, whose counters must stay (it sweeps
+    /// the series itself when it removes a domain). For a removed domain's lane watchers, which
+    /// may count a last event after the reload's sweep.
+    pub fn forget_unserved_domains(&self) {
+        let _reload = match self.reloading.try_lock() {
+            Ok(guard) => guard,
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return,
+        };
+        let catalog = self.domains();
+        self.metrics
+            .forget_unserved_domains(|domain| catalog.get(domain).is_some());
+    }
+
     /// The configuration in force now (a copy).
     pub fn config_now(&self) -> crate::config::IndexerConfig {
         self.config

@@ -584,7 +584,7 @@ async fn a_grant_taken_away_by_a_reload_ends_the_attached_stream_and_retires_its
 }
 
 #[tokio::test]
-async fn a_domain_added_and_removed_at_once_leaves_no_gauge_behind() {
+async fn a_domain_added_and_removed_at_once_leaves_no_series_behind() {
     let files = Files::new(0);
     files.write("");
     let indexer = Indexer::start_from(files.cli()).await;
@@ -611,22 +611,64 @@ async fn a_domain_added_and_removed_at_once_leaves_no_gauge_behind() {
         );
         tokio::task::yield_now().await;
     }
-    // Each removed domain's lane watchers withdraw their gauges as they end (bounded wait).
+    // Each removed domain's lane watchers withdraw its series as they end (bounded wait).
+    wait_for_no_series(&indexer, "ghost").await;
+}
+
+#[tokio::test]
+async fn a_removed_domain_leaves_no_counter_and_counts_again_when_added_back() {
+    let files = Files::new(0);
+    files.write("");
+    let indexer = Indexer::start_from(files.cli()).await;
+    let ghost = "[[domains]]\ndomain = \"ghost\"\nlanes = [\"dc-a\", \"dc-b\"]\n";
+    let queries_of_ghost = |metrics: &str| {
+        metrics
+            .lines()
+            .find(|l| {
+                l.starts_with("ckf_indexer_queries_total{")
+                    && l.contains("domain=\"ghost\"")
+                    && l.contains("method=\"find_matches\"")
+            })
+            .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+    };
+    files.write(ghost);
+    reload(&indexer, false).await.unwrap();
+    for _ in 0..3 {
+        find_in(&indexer, "ghost", &hashes(1, 2)).await.unwrap();
+    }
+    let metrics = metrics_text(&indexer).await;
+    assert_eq!(queries_of_ghost(&metrics), Some(3), "{metrics}");
+    assert!(
+        metrics.contains("ckf_indexer_lane_contention_total{dc=\"dc-a\",domain=\"ghost\""),
+        "{metrics}"
+    );
+
+    files.write("");
+    reload(&indexer, false).await.unwrap();
+    wait_for_no_series(&indexer, "ghost").await;
+
+    // Added back: its counters start again from 0 and count (none was left orphaned).
+    files.write(ghost);
+    reload(&indexer, false).await.unwrap();
+    find_in(&indexer, "ghost", &hashes(1, 2)).await.unwrap();
+    let metrics = metrics_text(&indexer).await;
+    assert_eq!(queries_of_ghost(&metrics), Some(1), "{metrics}");
+}
+
+/// Waits (bounded) until no series of `domain` is exported; panics with what is left.
+async fn wait_for_no_series(indexer: &Indexer, domain: &str) {
+    let label = format!("domain=\"{domain}\"");
     let mut metrics = String::new();
     for _ in 0..100 {
-        metrics = metrics_text(&indexer).await;
-        if !metrics.contains("domain=\"ghost\"") || only_counters(&metrics) {
+        metrics = metrics_text(indexer).await;
+        if !metrics.contains(&label) {
             return;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    panic!("gauges of the removed domain remain:\n{metrics}");
-}
-
-/// Whether every `ghost` sample left is a counter's (counters of a removed domain stay).
-fn only_counters(metrics: &str) -> bool {
-    metrics
-        .lines()
-        .filter(|l| l.contains("domain=\"ghost\""))
-        .all(|l| l.starts_with("ckf_indexer_queries") || l.contains("_total{"))
+    let left: Vec<&str> = metrics.lines().filter(|l| l.contains(&label)).collect();
+    panic!(
+        "series of the removed domain {domain} remain:\n{}",
+        left.join("\n")
+    );
 }
