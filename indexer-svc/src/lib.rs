@@ -22,7 +22,7 @@
 //! | [`metrics`] | Prometheus metrics (`ckf_indexer_*`) |
 //! | [`lane_watch`] | lane events -> retirement counters and lane gauges |
 //! | [`state`] | [`state::IndexerState`]: what the handlers share; [`state::Domain`]: one domain's consumer, workers, router, counters |
-//! | [`server`] | [`serve`] / [`serve_from`]: binds, wires health/reflection/metrics, runs until shutdown |
+//! | [`server`] | [`serve`] / [`serve_from`] / [`serve_loaded`]: binds, wires health/reflection/metrics, runs until shutdown |
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), indexer_svc::ServeError> {
@@ -50,4 +50,4 @@ pub mod status;
 
 pub use config::{Cli, IndexerConfig};
 pub use embedded::EmbeddedQuery;
-pub use server::{RunningIndexer, ServeError, serve, serve_from};
+pub use server::{RunningIndexer, ServeError, serve, serve_from, serve_loaded};

@@ -6,7 +6,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use indexer_svc::{Cli, IndexerConfig, serve_from};
+use indexer_svc::{Cli, IndexerConfig, serve_loaded};
 
 // mimalloc instead of the system allocator: every query allocates its decoded request and its
 // answer (one block per query of a batch), and glibc's malloc/free took about a tenth of the
@@ -22,8 +22,14 @@ fn main() -> ExitCode {
         config,
         IndexerConfig::process,
         // The flags are kept as the configuration source: catalog reloads re-read it.
-        |_config, shutdown| async move {
-            match async { serve_from(cli, shutdown.wait()).await?.wait().await }.await {
+        |config, shutdown| async move {
+            let served = async {
+                serve_loaded(cli, config, shutdown.wait())
+                    .await?
+                    .wait()
+                    .await
+            };
+            match served.await {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(error) => {
                     tracing::error!(%error, "ckf-indexer failed");

@@ -199,6 +199,19 @@ pub async fn serve_from(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<RunningIndexer, ServeError> {
     let config = source.load()?;
+    serve_loaded(source, config, shutdown).await
+}
+
+/// As [`serve_from`], with `config` already loaded from `source` (the binary loads it once,
+/// for its process settings too).
+///
+/// # Errors
+/// As [`serve`].
+pub async fn serve_loaded(
+    source: crate::config::Cli,
+    config: IndexerConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<RunningIndexer, ServeError> {
     start(config, Some(source), shutdown).await
 }
 
