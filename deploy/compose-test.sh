@@ -556,6 +556,11 @@ log "ok: down -v left no container, network or volume of project $PROJECT"
 # --- 6. two models in one indexer (docker-compose.models.yml) --------------------------------
 PROJECT="${PROJECT}m" COMPOSE_FILE_NAME=docker-compose.models.yml
 export CKF_CERTS_DIR="$CERTS_M" CKF_PORT_MODELS_GRPC="" CKF_PORT_MODELS_METRICS=""
+# A copy of the indexer's configuration, rewritten in place by the catalog reload below (a
+# bind-mounted file keeps its inode: a rename would not reach the container).
+export CKF_MODELS_INDEXER_CONFIG="$WORK/models-indexer.toml"
+cp "$DEPLOY/compose/models/indexer.toml" "$CKF_MODELS_INDEXER_CONFIG"
+chmod 0644 "$CKF_MODELS_INDEXER_CONFIG"
 TLS_ARGS=(--ca "$CERTS_M/ca.crt" --cert "$CERTS_M/query.crt" --key "$CERTS_M/query.key")
 MODELS=(llama qwen)
 declare -A MODEL_TRACE=([llama]=sample.jsonl [qwen]=sample-qwen.jsonl)
@@ -693,6 +698,57 @@ query_probes "$WORK/llama-qwen-restarted.jsonl" --domain llama
 compare_probes "$WORK/base-llama.jsonl" "$WORK/llama-qwen-restarted.jsonl" same \
     || fail "llama's answers changed during qwen's dc-a restart"
 log "ok: qwen's dc-a recovered its content from its volume; llama's answers and leases never moved"
+
+# A catalog change without a restart, as after a ConfigMap update: qwen (its [[domains]] entry
+# and its producers' grants) removed from the indexer's file, SIGHUP; then put back, SIGHUP.
+# llama keeps its leases and answers throughout; qwen is refused while it is gone, leaves no
+# metric series behind, and once back its producers re-attach and it answers as before.
+reload_indexer() { docker kill -s HUP "$(cid indexer)" >/dev/null || fail "SIGHUP to the indexer failed"; }
+"$PY" - "$CKF_MODELS_INDEXER_CONFIG" "$WORK/models-indexer-no-qwen.toml" <<'PY' || fail "could not write the configuration without qwen"
+import sys, tomllib
+src, dst = sys.argv[1], sys.argv[2]
+kept, section, body = [], None, []
+def flush():
+    text = "".join(body)
+    if not (section in ("[[domains]]", "[domains.table]") or (section == "[[auth.producers]]" and "qwen/" in text)):
+        kept.append(text)
+for line in open(src):
+    if line.startswith("["):
+        flush()
+        section, body = line.strip(), []
+    body.append(line)
+flush()
+out = "".join(kept)
+conf = tomllib.loads(out)
+assert "domains" not in conf and all("qwen/" not in p for a in conf["auth"]["producers"] for p in a["pools"]), out
+open(dst, "w").write(out)
+PY
+cp "$CKF_MODELS_INDEXER_CONFIG" "$WORK/models-indexer-full.toml"
+metrics_page() { curl -fsS --max-time 5 "http://127.0.0.1:$port/metrics"; }
+no_qwen_series() { ! metrics_page | grep -q 'domain="qwen"'; }
+qwen_refused() {
+    # shellcheck disable=SC2046
+    ! ckf_cli query --indexer "$INDEXER_URL" --domain qwen --json --ids $(head -n1 "$WORK/probes-qwen.txt") \
+        >/dev/null 2>"$WORK/qwen-gone.err" && grep -q "domain qwen is not served here" "$WORK/qwen-gone.err"
+}
+log "catalog reload: qwen removed from the indexer's configuration, SIGHUP"
+cat "$WORK/models-indexer-no-qwen.toml" >"$CKF_MODELS_INDEXER_CONFIG"
+reload_indexer
+wait_until 30 "qwen is refused with NOT_FOUND after the reload" qwen_refused
+wait_until 30 "no metric series of domain qwen left on /metrics" no_qwen_series
+llama_untouched "when qwen was removed by a reload" qwen-removed
+compose logs --no-color indexer 2>&1 | grep -q "catalog reloaded" || fail "the indexer did not log 'catalog reloaded'"
+log "ok: qwen removed without a restart: refused, no series left; llama's leases and answers never moved"
+log "catalog reload: qwen put back, SIGHUP"
+cat "$WORK/models-indexer-full.toml" >"$CKF_MODELS_INDEXER_CONFIG"
+reload_indexer
+model qwen
+wait_until 90 "qwen: dc-a, dc-b active again after its producers re-attached" lanes_are dc-a=active dc-b=active
+query_probes "$WORK/qwen-readded.jsonl" --domain qwen
+compare_probes "$WORK/base-qwen.jsonl" "$WORK/qwen-readded.jsonl" same \
+    || fail "qwen: after being removed and added back its answers differ from before"
+llama_untouched "when qwen was added back by a reload" qwen-readded
+log "ok: qwen added back without a restart: its producers re-attached and it answers as before; llama untouched"
 
 compose down -v --remove-orphans -t 10 >/dev/null 2>&1 || fail "compose down -v (two models) failed"
 UP=0

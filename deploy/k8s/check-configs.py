@@ -45,6 +45,7 @@ Usage: check-configs.py DEPLOY_DIR   (needs PyYAML; Python >= 3.11 for tomllib)
 
 import glob
 import os
+import re
 import sys
 import tomllib
 from urllib.parse import urlsplit
@@ -463,6 +464,8 @@ def check_compose(deploy_dir, file, configs):
     indexers, producers, mounted = {}, {}, set()
     for svc, s in services.items():
         for v in s.get("volumes", []):
+            # `${VAR:-default}` (a path the user may override): the default is what ships.
+            v = re.sub(r"\$\{[A-Za-z_][A-Za-z0-9_]*:-([^}]*)\}", r"\1", v)
             src, dst = (v.split(":") + [""])[:2]
             if not (src.startswith("./compose/") and dst in ("/etc/ckf/indexer.toml", "/etc/ckf/producer.toml")):
                 continue
