@@ -181,7 +181,7 @@ pub fn apply(
     let added_domains = reloaded.added.clone();
     // Lanes changed on served consumers: (domain, lane, added?).
     let mut lane_changes = Vec::new();
-    let (catalog, removed) = current.apply(
+    let applied = current.apply(
         plan,
         |domain, spec| {
             Domain::build(spec, &shared.settings, &shared.metrics)
@@ -203,7 +203,18 @@ pub fn apply(
             }
             Ok(Arc::new(served.relaned(change.spec, &shared.settings)))
         },
-    )?;
+    );
+    let (catalog, removed) = match applied {
+        Ok(applied) => applied,
+        Err(error) => {
+            // The domains built before the refusal exported their series as they were built;
+            // nothing changed, so none of them may stay.
+            shared
+                .metrics
+                .forget_unserved_domains(|domain| current.get(domain).is_some());
+            return Err(error);
+        }
+    };
     // The swap: every later call, attachment and reload sees the new catalog.
     let catalog = Arc::new(catalog);
     *shared

@@ -108,7 +108,7 @@ async fn watch(shared: Arc<IndexerState>, domain: Arc<Domain>, lane: LaneIndex) 
             // last.
             () = domain.removed.wait() => {
                 shared.metrics.forget_lanes(std::slice::from_ref(&labels));
-                shared.forget_unserved_domains();
+                shared.queue_sweep();
                 return;
             }
         }
@@ -122,7 +122,7 @@ async fn watch(shared: Arc<IndexerState>, domain: Arc<Domain>, lane: LaneIndex) 
         }
         if domain.removed.is_triggered() {
             shared.metrics.forget_lanes(std::slice::from_ref(&labels));
-            shared.forget_unserved_domains();
+            shared.queue_sweep();
             return;
         }
         if let Ok(status) = domain.indexer.lane_status(lane) {

@@ -660,3 +660,75 @@ impl LaneLabels {
         [&self.domain, &self.lane, &self.dc]
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lane(domain: &str) -> LaneLabels {
+        LaneLabels {
+            domain: domain.into(),
+            lane: "0".into(),
+            dc: "dc-a".into(),
+        }
+    }
+
+    /// The series of every metric family whose `domain` label is `domain`.
+    fn series_of(metrics: &IndexerMetrics, domain: &str) -> Vec<String> {
+        metrics
+            .registry()
+            .gather()
+            .iter()
+            .flat_map(|family| {
+                family
+                    .get_metric()
+                    .iter()
+                    .filter(move |m| {
+                        m.get_label()
+                            .iter()
+                            .any(|l| l.name() == "domain" && l.value() == domain)
+                    })
+                    .map(move |_| family.name().to_owned())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_sweep_removes_every_series_of_the_unserved_domains_and_only_theirs() {
+        let metrics = IndexerMetrics::new();
+        let load = PoolLoad {
+            running: 1,
+            waiting: 2,
+            engines_reporting: 1,
+            engines_configured: 1,
+            kv_usage: 0.5,
+            prefill_tokens_per_s: 10.0,
+        };
+        for domain in ["kept", "gone"] {
+            let labels = lane(domain);
+            let relay = metrics.lane(&labels);
+            relay.deltas_applied.inc();
+            relay.event_to_applied_lag.observe(0.001);
+            metrics.retired(&labels, &RetireReason::Removed);
+            metrics.contended(&labels, ContentionKind::Takeover);
+            metrics.load_report(&labels, Ok(()), &load, std::time::Duration::ZERO);
+            metrics.table_bytes.with_label_values(&[domain]).set(8);
+            metrics
+                .query_methods(domain)
+                .method(QueryMethod::FindMatches)
+                .answered
+                .inc();
+        }
+        let before = series_of(&metrics, "kept");
+        assert!(before.len() >= 15, "{before:?}");
+        assert_eq!(series_of(&metrics, "gone").len(), before.len());
+
+        metrics.forget_unserved_domains(|domain| domain == "kept");
+        assert_eq!(series_of(&metrics, "gone"), Vec::<String>::new());
+        assert_eq!(
+            series_of(&metrics, "kept"),
+            before,
+            "a served domain's series stay"
+        );
+    }
+}

@@ -281,6 +281,7 @@ async fn start(
         source,
         watchers: std::sync::Mutex::default(),
         reloading: std::sync::Mutex::default(),
+        sweep_queued: std::sync::atomic::AtomicBool::new(false),
         metrics: metrics.clone(),
         limits,
         heartbeat_deadline_ms: config.lag.heartbeat_deadline_ms,

@@ -3,6 +3,7 @@
 //! catalog reload, `crate::catalog`), the metrics, the limits and the shutdown signal. Built once
 //! by [`crate::serve`].
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use ckf_core::catalog::{Catalog, DomainError};
@@ -199,6 +200,8 @@ pub struct IndexerState {
     pub watchers: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// One reload at a time.
     pub reloading: Mutex<()>,
+    /// A sweep of unserved domains' series is queued ([`IndexerState::queue_sweep`]).
+    pub sweep_queued: AtomicBool,
     /// Prometheus metrics.
     pub metrics: IndexerMetrics,
     /// Resource limits.
@@ -224,20 +227,30 @@ impl IndexerState {
         Arc::clone(&catalog)
     }
 
-    /// Removes the metric series of every domain the catalog no longer serves
-    /// ([`IndexerMetrics::forget_unserved_domains`]), unless a reload is under way: that
-    /// reload may be building a domain of the same name, whose counters must stay (it sweeps
-    /// the series itself when it removes a domain). For a removed domain's lane watchers, which
-    /// may count a last event after the reload's sweep.
-    pub fn forget_unserved_domains(&self) {
-        let _reload = match self.reloading.try_lock() {
-            Ok(guard) => guard,
-            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return,
-        };
-        let catalog = self.domains();
-        self.metrics
-            .forget_unserved_domains(|domain| catalog.get(domain).is_some());
+    /// Queues a sweep of the metric series of every domain the catalog no longer serves
+    /// ([`IndexerMetrics::forget_unserved_domains`]), run on a blocking thread between reloads
+    /// (it waits for the one under way, which holds its lock while it wakes a removed domain's
+    /// lane watchers and may be building a domain of the same name, whose counters must stay).
+    /// For those watchers, which may count a last event after the reload's own sweep: every
+    /// event counted before this call is swept; calls while a sweep is queued share it.
+    pub fn queue_sweep(self: &Arc<Self>) {
+        if self.sweep_queued.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let shared = Arc::clone(self);
+        drop(tokio::task::spawn_blocking(move || {
+            // A reload that panicked (a bug) leaves the lock poisoned; it guards no data.
+            let _between_reloads = shared
+                .reloading
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            // Cleared first: a call from now on queues a sweep of its own.
+            shared.sweep_queued.store(false, Ordering::SeqCst);
+            let catalog = shared.domains();
+            shared
+                .metrics
+                .forget_unserved_domains(|domain| catalog.get(domain).is_some());
+        }));
     }
 
     /// The configuration in force now (a copy).
