@@ -475,7 +475,10 @@ async fn reload_catalog_plans_applies_and_reports_a_refusal() {
     let planned = reload(&["--dry-run"]).await;
     assert_exit(&planned, 0);
     let text = String::from_utf8_lossy(&planned.stdout);
-    assert!(text.contains("dry run, nothing changed"), "{text}");
+    assert!(
+        text.contains("dry run, nothing changed; a reload would apply"),
+        "{text}"
+    );
     assert!(text.contains("added: qwen"), "{text}");
     let lanes = ckf(args(&["lanes", "--indexer", &url, "--domain", "qwen"])).await;
     assert_exit(&lanes, 1);
@@ -496,6 +499,14 @@ async fn reload_catalog_plans_applies_and_reports_a_refusal() {
     );
     assert_eq!(lanes["domain"], "qwen");
     assert_eq!(lanes["lanes"].as_array().unwrap().len(), 2);
+    // Applied: a dry run has nothing left to do, and says so.
+    let planned = reload(&["--dry-run"]).await;
+    assert_exit(&planned, 0);
+    let text = String::from_utf8_lossy(&planned.stdout);
+    assert!(
+        text.contains("a reload would add or remove no domain or lane"),
+        "{text}"
+    );
 
     // A refusal: exit 1, the indexer's reason on stderr, nothing changed.
     write("[[domains]]\ndomain = \"qwen\"\nlanes = [\"dc-a\", \"dc-b\"]\nblock_size = 32\n");

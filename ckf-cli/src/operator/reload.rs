@@ -36,7 +36,16 @@ pub async fn reload_catalog(args: ReloadArgs) -> Result<()> {
         crate::outln!("{}", serde_json::to_string_pretty(&out)?)?;
         return Ok(());
     }
+    let changes = [
+        &answer.added,
+        &answer.removed,
+        &answer.lanes_added,
+        &answer.lanes_removed,
+    ];
     let what = match (args.dry_run, answer.applied) {
+        (true, _) if changes.iter().all(|l| l.is_empty()) => {
+            "dry run, nothing changed; a reload would add or remove no domain or lane"
+        }
         (true, _) => "dry run, nothing changed; a reload would apply",
         (false, true) => "applied",
         (false, false) => "nothing to change",
