@@ -235,11 +235,10 @@ pub fn apply(
     }
     for domain in &removed {
         domain.removed.trigger();
-        let lanes = domain.served_labels();
-        shared.metrics.forget_domain(domain.name().as_str(), &lanes);
     }
     if !removed.is_empty() {
-        // Counters and histograms too (the reload lock is held: no domain is being built).
+        // Every series of the removed domains: gauges, counters, histograms (the reload lock is
+        // held: no domain is being built).
         shared
             .metrics
             .forget_unserved_domains(|domain| catalog.get(domain).is_some());

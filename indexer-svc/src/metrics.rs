@@ -508,13 +508,6 @@ impl IndexerMetrics {
             .set(status.installed_sequence.map_or(0, |s| s as i64));
     }
 
-    /// Withdraws the gauges of a removed domain: its lanes' (`lanes`) and its table's, so no
-    /// stale value of a domain no longer served stays exported.
-    pub fn forget_domain(&self, domain: &str, lanes: &[LaneLabels]) {
-        self.forget_lanes(lanes);
-        let _ = self.table_bytes.remove_label_values(&[domain]);
-    }
-
     /// Removes every series, counters and histograms included, whose `domain` is not one that
     /// `served` accepts, so a catalog that adds and removes domains over time does not grow the
     /// exposition without bound. A domain added again starts its counters from 0 (a counter

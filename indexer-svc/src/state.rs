@@ -18,7 +18,7 @@ use tokio::sync::Semaphore;
 
 use crate::config::domains::DomainSpec;
 use crate::config::{LimitsConfig, RouteConfig};
-use crate::metrics::{IndexerMetrics, LaneLabels, QueryCounters};
+use crate::metrics::{IndexerMetrics, QueryCounters};
 use crate::router::Router;
 use ckf_core::tokens::lanes::LaneBlockSizes;
 
@@ -156,14 +156,6 @@ impl Domain {
     /// The domain's name.
     pub fn name(&self) -> &ckf_core::identity::IndexerDomainId {
         &self.spec.manifest.domain
-    }
-
-    /// Labels of every lane slot serving a pool now (not removed), in lane order.
-    pub fn served_labels(&self) -> Vec<LaneLabels> {
-        (0..self.indexer.lane_count() as u8)
-            .filter(|&l| !self.indexer.is_removed(l))
-            .filter_map(|l| LaneLabels::of(&self.indexer, l))
-            .collect()
     }
 }
 
