@@ -105,17 +105,20 @@ fn advise_untouched(ptr: *const u8, bytes: usize) -> bool {
 /// Where a query's row prefetches put the lines they fetch ([`prefetch_to`]).
 ///
 /// A query on a table far beyond the caches is bound by how many misses the core keeps in
-/// flight. On Intel cores a prefetch into the L1 holds one of the L1's ~12-16 fill buffers
-/// until its line arrives; a prefetch into the L2 (`PREFETCHT1`) is tracked by the L2's larger
-/// miss queue, so more rows are in flight at once. Measured with `bench-compare` and the search
-/// bench's `-- lanes`, Intel Xeon family 6 model 167, binaries alternated in one session: 16
-/// lanes on 256 MiB p99 8.4-9.4 -> 6.8-7.6 us (with the caller's chain), 64 lanes on 1 GiB p99
-/// 29-32 -> 24-25 us; but on a 2 MiB table (cache-resident) the L2 hint cost 8-12% at p50,
-/// since the rows are then read from the L2 instead of the L1: tables under
-/// [`L2_PREFETCH_MIN_BYTES`] keep the L1. The producer's prefetches, which are followed by
-/// writes, were slower into the L2 (2^20 buckets 9.1-9.3 -> 8.6 M block ops/s) and stay in the
-/// L1. AMD cores are left at the L1: up to Zen 3 they treat both hints alike (AMD's
-/// optimization guides), and on Zen 4 and later the L2 hint was not measured.
+/// flight. A prefetch into the L1 holds one of the L1's few miss buffers until its line
+/// arrives; a prefetch into the L2 (`PREFETCHT1`) is tracked by the L2's larger miss queue, so
+/// more rows are in flight at once. Measured with `bench-compare` and the search bench's
+/// `-- lanes`, binaries alternated in one session (docs/performance.md, "Query search"):
+/// * Intel Xeon family 6 model 167: 16 lanes on 256 MiB p99 8.4-9.4 -> 6.8-7.6 us (with the
+///   caller's chain), 64 lanes on 1 GiB p99 29-32 -> 24-25 us;
+/// * AMD EPYC Zen 4 (family 25 model 17): 16 lanes on 256 MiB p99 8.2-9.5 -> 5.3-6.0 us (0.68-0.72x
+///   CRTC's, was 1.00), 64 lanes on 1 GiB p50 3.0-3.5 -> 1.8-2.0 us and p99 31-39 -> 24-27 us;
+///
+/// but on a 2 MiB table (cache-resident) the L2 hint cost 8-12% at p50 (Intel), since the rows
+/// are then read from the L2 instead of the L1: tables under [`L2_PREFETCH_MIN_BYTES`] keep the
+/// L1. AMD cores up to Zen 3 treat both hints alike (AMD's optimization guides), so the L2 hint
+/// costs them nothing. The producer's prefetches, which are followed by writes, were slower
+/// into the L2 (Intel, 2^20 buckets 9.1-9.3 -> 8.6 M block ops/s) and stay in the L1.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum PrefetchLevel {
     /// `PREFETCHT0`: into every level.
@@ -124,37 +127,20 @@ pub(crate) enum PrefetchLevel {
     L2,
 }
 
-/// Tables (one lane group's) from this size take [`PrefetchLevel::L2`] on Intel: far beyond a
-/// core's L2 and its usual share of the LLC, where a row comes from DRAM.
+/// Tables (one lane group's) from this size take [`PrefetchLevel::L2`]: far beyond a core's L2
+/// and its usual share of the LLC, where a row comes from DRAM.
 pub(crate) const L2_PREFETCH_MIN_BYTES: usize = 64 << 20;
 
 impl PrefetchLevel {
-    /// The level for the rows of a table of `bytes` on this CPU: [`PrefetchLevel::L2`] on Intel
-    /// from [`L2_PREFETCH_MIN_BYTES`], else [`PrefetchLevel::L1`]. The vendor is read once per
-    /// process (`CPUID` is slow under a hypervisor).
-    pub(crate) fn for_rows(bytes: usize) -> Self {
-        static INTEL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        if bytes >= L2_PREFETCH_MIN_BYTES && *INTEL.get_or_init(cpu_vendor_is_intel) {
+    /// The level for the rows of a table of `bytes`: [`PrefetchLevel::L2`] from
+    /// [`L2_PREFETCH_MIN_BYTES`], else [`PrefetchLevel::L1`].
+    pub(crate) const fn for_rows(bytes: usize) -> Self {
+        if bytes >= L2_PREFETCH_MIN_BYTES {
             PrefetchLevel::L2
         } else {
             PrefetchLevel::L1
         }
     }
-}
-
-/// Whether the CPU reports the vendor string `GenuineIntel`.
-fn cpu_vendor_is_intel() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        // Leaf 0 exists on every x86_64 CPU: vendor string in EBX, EDX, ECX.
-        let leaf = std::arch::x86_64::__cpuid(0);
-        [leaf.ebx, leaf.edx, leaf.ecx]
-            .iter()
-            .flat_map(|r| r.to_le_bytes())
-            .eq(*b"GenuineIntel")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
 }
 
 /// Hints the CPU to fetch the cache line holding `p` into `level` ([`prefetch`] for the L1).
@@ -193,26 +179,12 @@ pub(crate) fn prefetch<T>(p: *const T) {
 mod tests {
     use super::*;
 
-    /// The vendor read with `CPUID` is the one the kernel reports, so the row prefetch level
-    /// follows the CPU the process runs on.
-    #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
     #[test]
-    fn row_prefetch_level_follows_the_cpu_vendor() {
-        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").expect("/proc/cpuinfo");
-        let vendor = cpuinfo
-            .lines()
-            .find_map(|l| l.strip_prefix("vendor_id"))
-            .and_then(|rest| rest.split(':').nth(1))
-            .map(str::trim)
-            .expect("a vendor_id line");
-        let intel = vendor == "GenuineIntel";
-        assert_eq!(cpu_vendor_is_intel(), intel, "vendor {vendor}");
-        let expected = if intel {
+    fn large_tables_prefetch_their_rows_into_the_l2() {
+        assert_eq!(
+            PrefetchLevel::for_rows(L2_PREFETCH_MIN_BYTES),
             PrefetchLevel::L2
-        } else {
-            PrefetchLevel::L1
-        };
-        assert_eq!(PrefetchLevel::for_rows(L2_PREFETCH_MIN_BYTES), expected);
+        );
         assert_eq!(
             PrefetchLevel::for_rows(L2_PREFETCH_MIN_BYTES - 1),
             PrefetchLevel::L1,
