@@ -268,6 +268,12 @@ impl TransposedTable {
         })
     }
 
+    /// Sets where a query's row prefetches go: the level for the whole consumer table this one
+    /// is a lane group of ([`PrefetchLevel::for_rows`] of every group's bytes).
+    pub(crate) fn set_prefetch_level(&mut self, level: PrefetchLevel) {
+        self.prefetch_level = level;
+    }
+
     /// Lane count (1..=16, one lane group).
     #[inline]
     pub fn lanes(&self) -> usize {

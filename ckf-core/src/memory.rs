@@ -104,21 +104,23 @@ fn advise_untouched(ptr: *const u8, bytes: usize) -> bool {
 
 /// Where a query's row prefetches put the lines they fetch ([`prefetch_to`]).
 ///
-/// A query on a table far beyond the caches is bound by how many misses the core keeps in
+/// A query on a table beyond the core's L2 is bound by how many misses the core keeps in
 /// flight. A prefetch into the L1 holds one of the L1's few miss buffers until its line
 /// arrives; a prefetch into the L2 (`PREFETCHT1`) is tracked by the L2's larger miss queue, so
-/// more rows are in flight at once. Measured with `bench-compare` and the search bench's
-/// `-- lanes`, binaries alternated in one session (docs/performance.md, "Query search"):
-/// * Intel Xeon family 6 model 167: 16 lanes on 256 MiB p99 8.4-9.4 -> 6.8-7.6 us (with the
-///   caller's chain), 64 lanes on 1 GiB p99 29-32 -> 24-25 us;
-/// * AMD EPYC Zen 4 (family 25 model 17): 16 lanes on 256 MiB p99 8.2-9.5 -> 5.3-6.0 us (0.68-0.72x
-///   CRTC's, was 1.00), 64 lanes on 1 GiB p50 3.0-3.5 -> 1.8-2.0 us and p99 31-39 -> 24-27 us;
+/// more rows are in flight at once. But when the table fits the L2, its rows are read from the
+/// L2 instead of the L1 and the L2 hint only costs. So a consumer table (a domain's, every lane
+/// group: a query reads them all) larger than this core's L2 takes the L2, a smaller one the L1
+/// ([`PrefetchLevel::for_rows`]). Measured with `bench-compare`, binaries alternated in one
+/// session (docs/performance.md, "Query search"):
+/// * Intel Xeon family 6 model 167 (L2 2 MiB): 256 MiB 16 lanes p99 8.4-9.4 -> 6.8-7.6 us,
+///   1 GiB 64 lanes p99 29-32 -> 24-25 us; on the 2 MiB table the L2 hint cost 8-12% at p50.
+/// * AMD EPYC Zen 4, family 25 model 17 (L2 1 MiB): 256 MiB 16 lanes p99 0.99-1.04x -> 0.66-0.67x
+///   CRTC's; the 2 MiB 16-lane table p99 0.59x -> 0.38-0.42x CRTC's; the 8 MiB 64-lane table
+///   (2 MiB per lane group) p99 1.11-1.21x -> 0.65-0.69x CRTC's.
 ///
-/// but on a 2 MiB table (cache-resident) the L2 hint cost 8-12% at p50 (Intel), since the rows
-/// are then read from the L2 instead of the L1: tables under [`L2_PREFETCH_MIN_BYTES`] keep the
-/// L1. AMD cores up to Zen 3 treat both hints alike (AMD's optimization guides), so the L2 hint
-/// costs them nothing. The producer's prefetches, which are followed by writes, were slower
-/// into the L2 (Intel, 2^20 buckets 9.1-9.3 -> 8.6 M block ops/s) and stay in the L1.
+/// AMD cores up to Zen 3 treat both hints alike (AMD's optimization guides). The producer's
+/// prefetches, which are followed by writes, were slower into the L2 (Intel, 2^20 buckets
+/// 9.1-9.3 -> 8.6 M block ops/s) and stay in the L1.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum PrefetchLevel {
     /// `PREFETCHT0`: into every level.
@@ -127,20 +129,37 @@ pub(crate) enum PrefetchLevel {
     L2,
 }
 
-/// Tables (one lane group's) from this size take [`PrefetchLevel::L2`]: far beyond a core's L2
-/// and its usual share of the LLC, where a row comes from DRAM.
-pub(crate) const L2_PREFETCH_MIN_BYTES: usize = 64 << 20;
+/// The L2 size assumed when the OS does not tell it: the smallest of current server cores'.
+const DEFAULT_L2_BYTES: usize = 1 << 20;
 
 impl PrefetchLevel {
-    /// The level for the rows of a table of `bytes`: [`PrefetchLevel::L2`] from
-    /// [`L2_PREFETCH_MIN_BYTES`], else [`PrefetchLevel::L1`].
-    pub(crate) const fn for_rows(bytes: usize) -> Self {
-        if bytes >= L2_PREFETCH_MIN_BYTES {
+    /// The level for the rows of a consumer table of `bytes` (every lane group of a domain):
+    /// [`PrefetchLevel::L2`] when it is larger than this core's L2 cache ([`l2_cache_bytes`]),
+    /// else [`PrefetchLevel::L1`].
+    pub(crate) fn for_rows(bytes: usize) -> Self {
+        if bytes > l2_cache_bytes() {
             PrefetchLevel::L2
         } else {
             PrefetchLevel::L1
         }
     }
+}
+
+/// This core's L2 cache in bytes, read once per process from the C library (glibc's
+/// `sysconf(_SC_LEVEL2_CACHE_SIZE)`, from `CPUID`); [`DEFAULT_L2_BYTES`] where it does not say.
+pub(crate) fn l2_cache_bytes() -> usize {
+    static L2: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *L2.get_or_init(|| {
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        {
+            // SAFETY: `sysconf` reads a configuration value; no memory is passed.
+            let reported = unsafe { libc::sysconf(libc::_SC_LEVEL2_CACHE_SIZE) };
+            if let Ok(bytes @ 1..) = usize::try_from(reported) {
+                return bytes;
+            }
+        }
+        DEFAULT_L2_BYTES
+    })
 }
 
 /// Hints the CPU to fetch the cache line holding `p` into `level` ([`prefetch`] for the L1).
@@ -179,16 +198,29 @@ pub(crate) fn prefetch<T>(p: *const T) {
 mod tests {
     use super::*;
 
+    /// Tables larger than the L2 the C library reports (as `getconf LEVEL2_CACHE_SIZE` prints
+    /// it) prefetch into the L2; the others into the L1.
     #[test]
-    fn large_tables_prefetch_their_rows_into_the_l2() {
-        assert_eq!(
-            PrefetchLevel::for_rows(L2_PREFETCH_MIN_BYTES),
-            PrefetchLevel::L2
-        );
-        assert_eq!(
-            PrefetchLevel::for_rows(L2_PREFETCH_MIN_BYTES - 1),
-            PrefetchLevel::L1,
-            "a smaller table keeps the L1 on every CPU"
-        );
+    fn tables_larger_than_the_l2_prefetch_their_rows_into_it() {
+        let l2 = l2_cache_bytes();
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        if let Ok(out) = std::process::Command::new("getconf")
+            .arg("LEVEL2_CACHE_SIZE")
+            .output()
+        {
+            let reported: usize = String::from_utf8_lossy(&out.stdout)
+                .trim()
+                .parse()
+                .unwrap_or(0);
+            let expected = if reported > 0 {
+                reported
+            } else {
+                DEFAULT_L2_BYTES
+            };
+            assert_eq!(l2, expected, "getconf says {reported}");
+        }
+        assert_eq!(PrefetchLevel::for_rows(l2 + 8), PrefetchLevel::L2);
+        assert_eq!(PrefetchLevel::for_rows(l2), PrefetchLevel::L1);
+        assert_eq!(PrefetchLevel::for_rows(1 << 30), PrefetchLevel::L2);
     }
 }

@@ -13,6 +13,7 @@
 //! lanes").
 
 use super::{GROUP_LANES, MAX_LANES, TableError, TransposedTable};
+use crate::memory::PrefetchLevel;
 
 /// The consumer's lanes (1..=[`MAX_LANES`]), in groups of [`GROUP_LANES`] sharing one
 /// [`TransposedTable`] each. Every word is an independent atomic, as in a single table.
@@ -31,7 +32,7 @@ impl LaneGroups {
         if !(1..=MAX_LANES).contains(&lanes) {
             return Err(TableError::ConsumerLanes(lanes));
         }
-        let groups = (0..lanes.div_ceil(GROUP_LANES))
+        let mut groups = (0..lanes.div_ceil(GROUP_LANES))
             .map(|g| TransposedTable::new(bucket_count, (lanes - g * GROUP_LANES).min(GROUP_LANES)))
             .collect::<Result<Vec<_>, _>>()
             // One group's failure is the whole table's: named with every lane.
@@ -39,6 +40,11 @@ impl LaneGroups {
                 buckets: bucket_count,
                 lanes,
             })?;
+        // A query reads every group: the rows' prefetch level is the whole table's.
+        let level = PrefetchLevel::for_rows(groups.iter().map(TransposedTable::bytes).sum());
+        for group in &mut groups {
+            group.set_prefetch_level(level);
+        }
         Ok(Self { groups, lanes })
     }
 
@@ -124,6 +130,28 @@ mod tests {
             assert_eq!(words.iter().filter(|&&w| w != 0).count(), 1);
         }
         assert_eq!(LaneGroups::new(8, 16).unwrap().groups().len(), 1);
+    }
+
+    /// A query reads every group, so the groups prefetch as the whole table does: groups of
+    /// the L2's size each, larger than it together, prefetch into the L2.
+    #[test]
+    fn every_group_prefetches_at_the_whole_tables_level() {
+        let buckets = (crate::memory::l2_cache_bytes() / (GROUP_LANES * 8)) as u64;
+        let one = TransposedTable::new(buckets, GROUP_LANES).unwrap();
+        assert_eq!(one.prefetch_level, PrefetchLevel::L1);
+        let four = LaneGroups::new(buckets, 64).unwrap();
+        assert!(
+            four.groups()
+                .iter()
+                .all(|g| g.prefetch_level == PrefetchLevel::L2)
+        );
+        let small = LaneGroups::new(8, 64).unwrap();
+        assert!(
+            small
+                .groups()
+                .iter()
+                .all(|g| g.prefetch_level == PrefetchLevel::L1)
+        );
     }
 
     #[test]
