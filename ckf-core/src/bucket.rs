@@ -203,6 +203,9 @@ pub struct TransposedTable {
     len: usize,
     lanes: usize,
     bucket_count: usize,
+    /// Whether a query prefetches rows ahead: the consumer table (every lane group of it) is
+    /// at least `search::prefix::PREFETCH_MIN_BYTES`.
+    prefetch_rows: bool,
     /// Where a query's row prefetches go ([`PrefetchLevel::for_rows`]).
     prefetch_level: PrefetchLevel,
 }
@@ -264,14 +267,24 @@ impl TransposedTable {
             len,
             lanes,
             bucket_count: bucket_count as usize,
+            prefetch_rows: bytes >= crate::search::PREFETCH_MIN_BYTES,
             prefetch_level: PrefetchLevel::for_rows(bytes),
         })
     }
 
-    /// Sets where a query's row prefetches go: the level for the whole consumer table this one
-    /// is a lane group of ([`PrefetchLevel::for_rows`] of every group's bytes).
-    pub(crate) fn set_prefetch_level(&mut self, level: PrefetchLevel) {
-        self.prefetch_level = level;
+    /// Prefetches rows as a lane group of a consumer table of `table_bytes` (every group's: a
+    /// query reads them all): whether a query prefetches ahead, and into which level
+    /// ([`PrefetchLevel::for_rows`]).
+    pub(crate) fn prefetch_as_part_of(&mut self, table_bytes: usize) {
+        self.prefetch_rows = table_bytes >= crate::search::PREFETCH_MIN_BYTES;
+        self.prefetch_level = PrefetchLevel::for_rows(table_bytes);
+    }
+
+    /// Whether a query prefetches this table's rows ahead of its probe (a consumer table of at
+    /// least 1 MiB, every lane group counted).
+    #[inline]
+    pub(crate) fn prefetches_rows(&self) -> bool {
+        self.prefetch_rows
     }
 
     /// Lane count (1..=16, one lane group).

@@ -75,6 +75,7 @@ pub use kernel::{SearchKernel, SearchKernelError};
 pub(crate) use lazy::search_lazy;
 pub use lazy::{LAZY_MIN_BLOCK_TOKENS, LAZY_MIN_BLOCKS, LAZY_STEP};
 pub use matches::PrefixMatches;
+pub(crate) use prefix::PREFETCH_MIN_BYTES;
 
 /// Prefix depth of `block_hashes` in every lane of `ready` (the query's one capture of the
 /// ready mask) with the resolved `kernel`, one lane group after another (each group holding a

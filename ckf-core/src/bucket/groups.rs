@@ -13,7 +13,6 @@
 //! lanes").
 
 use super::{GROUP_LANES, MAX_LANES, TableError, TransposedTable};
-use crate::memory::PrefetchLevel;
 
 /// The consumer's lanes (1..=[`MAX_LANES`]), in groups of [`GROUP_LANES`] sharing one
 /// [`TransposedTable`] each. Every word is an independent atomic, as in a single table.
@@ -40,10 +39,10 @@ impl LaneGroups {
                 buckets: bucket_count,
                 lanes,
             })?;
-        // A query reads every group: the rows' prefetch level is the whole table's.
-        let level = PrefetchLevel::for_rows(groups.iter().map(TransposedTable::bytes).sum());
+        // A query reads every group: the rows prefetch as the whole table's.
+        let bytes = groups.iter().map(TransposedTable::bytes).sum();
         for group in &mut groups {
-            group.set_prefetch_level(level);
+            group.prefetch_as_part_of(bytes);
         }
         Ok(Self { groups, lanes })
     }
@@ -111,6 +110,7 @@ impl LaneGroups {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::memory::PrefetchLevel;
 
     #[test]
     fn lanes_map_to_groups_and_columns_with_the_memory_of_one_table() {
@@ -145,12 +145,31 @@ mod tests {
                 .iter()
                 .all(|g| g.prefetch_level == PrefetchLevel::L2)
         );
+        assert!(four.groups().iter().all(TransposedTable::prefetches_rows));
         let small = LaneGroups::new(8, 64).unwrap();
         assert!(
             small
                 .groups()
                 .iter()
-                .all(|g| g.prefetch_level == PrefetchLevel::L1)
+                .all(|g| g.prefetch_level == PrefetchLevel::L1 && !g.prefetches_rows())
+        );
+        // 1 MiB in four groups of 256 KiB: prefetched ahead, as a 1 MiB 16-lane table is.
+        let quarter = LaneGroups::new((1 << 20) / (64 * 8), 64).unwrap();
+        assert!(
+            quarter
+                .groups()
+                .iter()
+                .all(TransposedTable::prefetches_rows)
+        );
+        assert!(
+            TransposedTable::new((1 << 20) / (16 * 8), 16)
+                .unwrap()
+                .prefetches_rows()
+        );
+        assert!(
+            !TransposedTable::new((1 << 20) / (64 * 8), 16)
+                .unwrap()
+                .prefetches_rows()
         );
     }
 

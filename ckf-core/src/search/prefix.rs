@@ -22,9 +22,9 @@ const _: () = assert!(PREFETCH_POSITIONS.is_multiple_of(8) && PREFETCH_POSITIONS
 const RING: usize = 32;
 const _: () = assert!(RING.is_power_of_two() && RING > PREFETCH_POSITIONS);
 
-/// Tables at least this large get their rows prefetched a few positions ahead; smaller ones
-/// (about the size of a core's L2) are cache-resident and the prefetch would only cost
-/// instructions.
+/// Consumer tables (every lane group counted) at least this large get their rows prefetched a
+/// few positions ahead; smaller ones (about the size of a core's L2) are cache-resident and the
+/// prefetch would only cost instructions.
 pub(crate) const PREFETCH_MIN_BYTES: usize = 1 << 20;
 
 /// The prefix loop shared by every row-check implementation; `row_hits(lo, hi, fp, active)`
@@ -68,7 +68,7 @@ where
         *active = hits;
         hits != 0
     }
-    if table.bytes() < PREFETCH_MIN_BYTES {
+    if !table.prefetches_rows() {
         while pos < n
             && step(
                 &mut row_hits,

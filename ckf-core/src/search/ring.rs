@@ -64,7 +64,7 @@ macro_rules! probe_loop {
             buckets <= $crate::addressing::MAX_BUCKETS,
             "table of {buckets} buckets is past the format's limit"
         );
-        let prefetch = table.bytes() >= $crate::search::prefix::PREFETCH_MIN_BYTES;
+        let prefetch = table.prefetches_rows();
         let n = hashes.len();
         let mut depths = NO_DEPTHS;
         let mut active = u32::from($ready);
