@@ -4,7 +4,9 @@
 //! Lane `l` is column `l % 16` of group `l / 16`; every group has the consumer's bucket count and
 //! is as wide as its lanes (the last group holds the remainder), so memory per lane is the same
 //! as in a single table: `bucket_count * lanes * 8` bytes in all. A query searches each group
-//! holding a ready lane with the same kernels as a 16-lane table (`crate::search`).
+//! holding a ready lane with the same kernels as a 16-lane table (`crate::search`), and since it
+//! reads every group, whether and where the groups' rows are prefetched is decided on the
+//! whole table's bytes.
 //!
 //! Why groups rather than one row of up to 64 words: the search kernels, their read order and
 //! their measured prefetch schedule stay those of a 16-lane row, a domain of at most 16 lanes
