@@ -58,14 +58,16 @@ pub const MIN_TOKEN_BYTES: usize = 16;
 /// Logs a WARN when every user may read the token file, or anyone but its owner may write it
 /// (mode `& 0o026`). Group read is not warned about: Kubernetes Secret volumes are mode 0440
 /// with an `fsGroup`, the usual way to give a non-root container its keys. Not refused: the
-/// mode a bind mount or volume shows is not always the operator's to choose.
+/// mode a bind mount or volume shows is not always the operator's to choose. Once per file and
+/// mode ([`first_warning`]): a start reads each file twice (validation, then the access
+/// setup), and a SIGHUP re-reads it.
 fn warn_if_others_can_read(key: &str, path: &Path) {
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
         if let Ok(meta) = std::fs::metadata(path) {
             let mode = meta.permissions().mode() & 0o777;
-            if mode & 0o026 != 0 {
+            if first_warning(path, (mode & 0o026 != 0).then_some(mode)) {
                 tracing::warn!(
                     key,
                     path = %path.display(),
@@ -74,6 +76,25 @@ fn warn_if_others_can_read(key: &str, path: &Path) {
                 );
             }
         }
+    }
+}
+
+/// Whether the loose mode `loose` (`None`: the file's mode is fine) of the token file `path` is
+/// to be warned about: the first time this process sees that file with that mode. A fine mode
+/// forgets the file, so loosening it again warns again.
+fn first_warning(path: &Path, loose: Option<u32>) -> bool {
+    static WARNED: std::sync::Mutex<Vec<(std::path::PathBuf, u32)>> =
+        std::sync::Mutex::new(Vec::new());
+    let mut warned = WARNED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    warned.retain(|(p, m)| p != path || Some(*m) == loose);
+    match loose {
+        Some(mode) if !warned.iter().any(|(p, _)| p == path) => {
+            warned.push((path.to_path_buf(), mode));
+            true
+        }
+        _ => false,
     }
 }
 
@@ -260,6 +281,21 @@ pub fn reload_on_sighup(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_loose_token_file_mode_is_warned_about_once_until_it_changes() {
+        let path = Path::new("/nonexistent/first-warning.token");
+        let other = Path::new("/nonexistent/other.token");
+        assert!(first_warning(path, Some(0o644)), "first sight");
+        assert!(
+            !first_warning(path, Some(0o644)),
+            "the second read of a start"
+        );
+        assert!(first_warning(other, Some(0o644)), "another file");
+        assert!(first_warning(path, Some(0o666)), "a new mode");
+        assert!(!first_warning(path, None), "fixed");
+        assert!(first_warning(path, Some(0o644)), "loosened again");
+    }
 
     #[test]
     fn token_files_are_refused_naming_key_and_path() {
