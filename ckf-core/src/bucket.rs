@@ -204,7 +204,7 @@ pub struct TransposedTable {
     lanes: usize,
     bucket_count: usize,
     /// Whether a query prefetches rows ahead: the consumer table (every lane group of it) is
-    /// at least `search::prefix::PREFETCH_MIN_BYTES`.
+    /// at least [`crate::memory::PREFETCH_MIN_BYTES`].
     prefetch_rows: bool,
     /// Where a query's row prefetches go ([`PrefetchLevel::for_rows`]).
     prefetch_level: PrefetchLevel,
@@ -267,7 +267,7 @@ impl TransposedTable {
             len,
             lanes,
             bucket_count: bucket_count as usize,
-            prefetch_rows: bytes >= crate::search::PREFETCH_MIN_BYTES,
+            prefetch_rows: bytes >= crate::memory::PREFETCH_MIN_BYTES,
             prefetch_level: PrefetchLevel::for_rows(bytes),
         })
     }
@@ -276,7 +276,7 @@ impl TransposedTable {
     /// query reads them all): whether a query prefetches ahead, and into which level
     /// ([`PrefetchLevel::for_rows`]).
     pub(crate) fn prefetch_as_part_of(&mut self, table_bytes: usize) {
-        self.prefetch_rows = table_bytes >= crate::search::PREFETCH_MIN_BYTES;
+        self.prefetch_rows = table_bytes >= crate::memory::PREFETCH_MIN_BYTES;
         self.prefetch_level = PrefetchLevel::for_rows(table_bytes);
     }
 

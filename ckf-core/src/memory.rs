@@ -102,6 +102,11 @@ fn advise_untouched(ptr: *const u8, bytes: usize) -> bool {
     }
 }
 
+/// Consumer tables (every lane group counted) at least this large get their rows prefetched a
+/// few positions ahead of a query's probe; smaller ones (about the size of a core's L2) are
+/// cache-resident and the prefetch would only cost instructions.
+pub(crate) const PREFETCH_MIN_BYTES: usize = 1 << 20;
+
 /// Where a query's row prefetches put the lines they fetch ([`prefetch_to`]).
 ///
 /// A query on a table beyond the core's L2 is bound by how many misses the core keeps in

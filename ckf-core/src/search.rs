@@ -75,7 +75,6 @@ pub use kernel::{SearchKernel, SearchKernelError};
 pub(crate) use lazy::search_lazy;
 pub use lazy::{LAZY_MIN_BLOCK_TOKENS, LAZY_MIN_BLOCKS, LAZY_STEP};
 pub use matches::PrefixMatches;
-pub(crate) use prefix::PREFETCH_MIN_BYTES;
 
 /// Prefix depth of `block_hashes` in every lane of `ready` (the query's one capture of the
 /// ready mask) with the resolved `kernel`, one lane group after another (each group holding a
@@ -94,7 +93,7 @@ pub(crate) fn find(
     #[cfg(feature = "testing")]
     test_hooks::count_run(kernel);
     let mut depths = [0u32; MAX_LANES];
-    if table.groups().len() > 1 && table.bytes() >= prefix::PREFETCH_MIN_BYTES {
+    if table.groups().len() > 1 && table.bytes() >= crate::memory::PREFETCH_MIN_BYTES {
         warm_later_groups(table, addressing, hashes, ready);
     }
     for (g, group) in table.groups().iter().enumerate() {

@@ -10,7 +10,8 @@ use super::kernel::SearchKernel;
 #[cfg(feature = "testing")]
 use super::kernel::test_hooks;
 use super::matches::PrefixMatches;
-use super::prefix::{PREFETCH_MIN_BYTES, PREFETCH_POSITIONS};
+use super::prefix::PREFETCH_POSITIONS;
+use crate::memory::PREFETCH_MIN_BYTES;
 
 /// Block hashes a lazy query ([`GlobalCkfIndexer::find_prefix_matches_lazy`](crate::global::GlobalCkfIndexer::find_prefix_matches_lazy)) pulls and
 /// searches per step: the prefetch distance of the slice form (24 positions), so

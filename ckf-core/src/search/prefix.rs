@@ -22,11 +22,6 @@ const _: () = assert!(PREFETCH_POSITIONS.is_multiple_of(8) && PREFETCH_POSITIONS
 const RING: usize = 32;
 const _: () = assert!(RING.is_power_of_two() && RING > PREFETCH_POSITIONS);
 
-/// Consumer tables (every lane group counted) at least this large get their rows prefetched a
-/// few positions ahead; smaller ones (about the size of a core's L2) are cache-resident and the
-/// prefetch would only cost instructions.
-pub(crate) const PREFETCH_MIN_BYTES: usize = 1 << 20;
-
 /// The prefix loop shared by every row-check implementation; `row_hits(lo, hi, fp, active)`
 /// returns the lanes (a superset filter is fine, it is masked with `active`) whose `lo` or `hi`
 /// row word holds `fp`.
