@@ -23,7 +23,7 @@ use std::marker::PhantomData;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::memory::{PrefetchLevel, prefetch_to};
+use crate::memory::{PrefetchLevel, prefetch_to, row_prefetch};
 
 /// Width of one slot (one fingerprint) in bits.
 pub const SLOT_BITS: u32 = 16;
@@ -203,11 +203,9 @@ pub struct TransposedTable {
     len: usize,
     lanes: usize,
     bucket_count: usize,
-    /// Whether a query prefetches rows ahead: the consumer table (every lane group of it) is
-    /// at least [`crate::memory::PREFETCH_MIN_BYTES`].
-    prefetch_rows: bool,
-    /// Where a query's row prefetches go ([`PrefetchLevel::for_rows`]).
-    prefetch_level: PrefetchLevel,
+    /// Whether a query prefetches rows ahead, and where to ([`crate::memory::row_prefetch`] of
+    /// the consumer table, every lane group of it).
+    row_prefetch: Option<PrefetchLevel>,
 }
 
 // SAFETY: the table owns its allocation and only hands out shared references to `AtomicU64`s,
@@ -267,24 +265,21 @@ impl TransposedTable {
             len,
             lanes,
             bucket_count: bucket_count as usize,
-            prefetch_rows: bytes >= crate::memory::PREFETCH_MIN_BYTES,
-            prefetch_level: PrefetchLevel::for_rows(bytes),
+            row_prefetch: row_prefetch(bytes),
         })
     }
 
     /// Prefetches rows as a lane group of a consumer table of `table_bytes` (every group's: a
-    /// query reads them all): whether a query prefetches ahead, and into which level
-    /// ([`PrefetchLevel::for_rows`]).
+    /// query reads them all; [`crate::memory::row_prefetch`]).
     pub(crate) fn prefetch_as_part_of(&mut self, table_bytes: usize) {
-        self.prefetch_rows = table_bytes >= crate::memory::PREFETCH_MIN_BYTES;
-        self.prefetch_level = PrefetchLevel::for_rows(table_bytes);
+        self.row_prefetch = row_prefetch(table_bytes);
     }
 
     /// Whether a query prefetches this table's rows ahead of its probe (a consumer table of at
     /// least 1 MiB, every lane group counted).
     #[inline]
     pub(crate) fn prefetches_rows(&self) -> bool {
-        self.prefetch_rows
+        self.row_prefetch.is_some()
     }
 
     /// Lane count (1..=16, one lane group).
@@ -400,7 +395,9 @@ impl TransposedTable {
             // value inside the table, for any bucket count (format v2 counts are any even
             // number, so a mask would not do).
             last_bucket: self.bucket_count - 1,
-            level: self.prefetch_level,
+            // Rows of a table a query does not prefetch ahead (a lazy query's or a later group's
+            // warm-up may still) go to the L1.
+            level: self.row_prefetch.unwrap_or(PrefetchLevel::L1),
             _table: PhantomData,
         }
     }

@@ -105,7 +105,14 @@ fn advise_untouched(ptr: *const u8, bytes: usize) -> bool {
 /// Consumer tables (every lane group counted) at least this large get their rows prefetched a
 /// few positions ahead of a query's probe; smaller ones (about the size of a core's L2) are
 /// cache-resident and the prefetch would only cost instructions.
-pub(crate) const PREFETCH_MIN_BYTES: usize = 1 << 20;
+const PREFETCH_MIN_BYTES: usize = 1 << 20;
+
+/// How a query prefetches the rows of a consumer table of `bytes` (every lane group counted: a
+/// query reads them all): not at all under [`PREFETCH_MIN_BYTES`], else into
+/// [`PrefetchLevel::for_rows`].
+pub(crate) fn row_prefetch(bytes: usize) -> Option<PrefetchLevel> {
+    (bytes >= PREFETCH_MIN_BYTES).then(|| PrefetchLevel::for_rows(bytes))
+}
 
 /// Where a query's row prefetches put the lines they fetch ([`prefetch_to`]).
 ///
@@ -227,5 +234,11 @@ mod tests {
         assert_eq!(PrefetchLevel::for_rows(l2 + 8), PrefetchLevel::L2);
         assert_eq!(PrefetchLevel::for_rows(l2), PrefetchLevel::L1);
         assert_eq!(PrefetchLevel::for_rows(1 << 30), PrefetchLevel::L2);
+        assert_eq!(row_prefetch(PREFETCH_MIN_BYTES - 8), None);
+        assert_eq!(
+            row_prefetch(1 << 30),
+            Some(PrefetchLevel::L2),
+            "a large table is prefetched into the L2"
+        );
     }
 }

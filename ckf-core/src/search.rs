@@ -93,7 +93,7 @@ pub(crate) fn find(
     #[cfg(feature = "testing")]
     test_hooks::count_run(kernel);
     let mut depths = [0u32; MAX_LANES];
-    if table.groups().len() > 1 && table.bytes() >= crate::memory::PREFETCH_MIN_BYTES {
+    if table.groups().len() > 1 && table.prefetches_rows() {
         warm_later_groups(table, addressing, hashes, ready);
     }
     for (g, group) in table.groups().iter().enumerate() {

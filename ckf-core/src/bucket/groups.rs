@@ -77,6 +77,13 @@ impl LaneGroups {
         self.groups[0].bucket_count()
     }
 
+    /// Whether a query prefetches the rows ahead (the same for every group: decided on the
+    /// whole table).
+    #[inline]
+    pub(crate) fn prefetches_rows(&self) -> bool {
+        self.groups[0].prefetches_rows()
+    }
+
     /// Bytes held by the bucket words of every group (`bucket_count * lanes * 8`).
     pub fn bytes(&self) -> usize {
         self.groups.iter().map(TransposedTable::bytes).sum()
@@ -140,21 +147,16 @@ mod tests {
     fn every_group_prefetches_at_the_whole_tables_level() {
         let buckets = (crate::memory::l2_cache_bytes() / (GROUP_LANES * 8)) as u64;
         let one = TransposedTable::new(buckets, GROUP_LANES).unwrap();
-        assert_eq!(one.prefetch_level, PrefetchLevel::L1);
+        assert_ne!(one.row_prefetch, Some(PrefetchLevel::L2));
         let four = LaneGroups::new(buckets, 64).unwrap();
         assert!(
             four.groups()
                 .iter()
-                .all(|g| g.prefetch_level == PrefetchLevel::L2)
+                .all(|g| g.row_prefetch == Some(PrefetchLevel::L2))
         );
-        assert!(four.groups().iter().all(TransposedTable::prefetches_rows));
+        assert!(four.prefetches_rows());
         let small = LaneGroups::new(8, 64).unwrap();
-        assert!(
-            small
-                .groups()
-                .iter()
-                .all(|g| g.prefetch_level == PrefetchLevel::L1 && !g.prefetches_rows())
-        );
+        assert!(small.groups().iter().all(|g| g.row_prefetch.is_none()));
         // 1 MiB in four groups of 256 KiB: prefetched ahead, as a 1 MiB 16-lane table is.
         let quarter = LaneGroups::new((1 << 20) / (64 * 8), 64).unwrap();
         assert!(

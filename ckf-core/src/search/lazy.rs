@@ -11,7 +11,6 @@ use super::kernel::SearchKernel;
 use super::kernel::test_hooks;
 use super::matches::PrefixMatches;
 use super::prefix::PREFETCH_POSITIONS;
-use crate::memory::PREFETCH_MIN_BYTES;
 
 /// Block hashes a lazy query ([`GlobalCkfIndexer::find_prefix_matches_lazy`](crate::global::GlobalCkfIndexer::find_prefix_matches_lazy)) pulls and
 /// searches per step: the prefetch distance of the slice form (24 positions), so
@@ -97,7 +96,7 @@ pub(crate) fn search_lazy(
     if active == 0 {
         return PrefixMatches { ready, depths };
     }
-    let ahead = table.bytes() >= PREFETCH_MIN_BYTES;
+    let ahead = table.prefetches_rows();
     let mut rows = [None; MAX_GROUPS];
     for (g, group) in table.groups().iter().enumerate() {
         if ahead && group_mask(ready, g) != 0 {
