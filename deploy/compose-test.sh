@@ -725,7 +725,13 @@ open(dst, "w").write(out)
 PY
 cp "$CKF_MODELS_INDEXER_CONFIG" "$WORK/models-indexer-full.toml"
 metrics_page() { curl -fsS --max-time 5 "http://127.0.0.1:$port/metrics"; }
-no_qwen_series() { ! metrics_page | grep -q 'domain="qwen"'; }
+# Each page and log is read whole before grep (as above: a pipe into `grep -q` fails under
+# pipefail, or here passes wrongly, when grep exits at its match before the writer is done).
+no_qwen_series() {
+    local page
+    page="$(metrics_page)" || return 1
+    ! grep -q 'domain="qwen"' <<<"$page"
+}
 qwen_refused() {
     # shellcheck disable=SC2046
     ! ckf_cli query --indexer "$INDEXER_URL" --domain qwen --json --ids $(head -n1 "$WORK/probes-qwen.txt") \
@@ -737,7 +743,8 @@ reload_indexer
 wait_until 30 "qwen is refused with NOT_FOUND after the reload" qwen_refused
 wait_until 30 "no metric series of domain qwen left on /metrics" no_qwen_series
 llama_untouched "when qwen was removed by a reload" qwen-removed
-compose logs --no-color indexer 2>&1 | grep -q "catalog reloaded" || fail "the indexer did not log 'catalog reloaded'"
+compose logs --no-color indexer >"$WORK/indexer-models.log" 2>&1 || fail "compose logs indexer failed"
+grep -q "catalog reloaded" "$WORK/indexer-models.log" || fail "the indexer did not log 'catalog reloaded'"
 log "ok: qwen removed without a restart: refused, no series left; llama's leases and answers never moved"
 log "catalog reload: qwen put back, SIGHUP"
 cat "$WORK/models-indexer-full.toml" >"$CKF_MODELS_INDEXER_CONFIG"
