@@ -23,7 +23,7 @@ use std::marker::PhantomData;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::memory::{PrefetchLevel, prefetch_to, row_prefetch};
+use crate::memory::{PrefetchLevel, alternate_on_demand, prefetch_to, row_prefetch};
 
 /// Width of one slot (one fingerprint) in bits.
 pub const SLOT_BITS: u32 = 16;
@@ -206,6 +206,9 @@ pub struct TransposedTable {
     /// Whether a query prefetches rows ahead, and where to ([`crate::memory::row_prefetch`] of
     /// the consumer table, every lane group of it).
     row_prefetch: Option<PrefetchLevel>,
+    /// Whether a query reads a position's alternate row only for the lanes its primary row
+    /// missed ([`crate::memory::alternate_on_demand`] of the consumer table).
+    alternate_on_demand: bool,
 }
 
 // SAFETY: the table owns its allocation and only hands out shared references to `AtomicU64`s,
@@ -266,6 +269,7 @@ impl TransposedTable {
             lanes,
             bucket_count: bucket_count as usize,
             row_prefetch: row_prefetch(bytes),
+            alternate_on_demand: alternate_on_demand(bytes),
         })
     }
 
@@ -273,6 +277,7 @@ impl TransposedTable {
     /// query reads them all; [`crate::memory::row_prefetch`]).
     pub(crate) fn prefetch_as_part_of(&mut self, table_bytes: usize) {
         self.row_prefetch = row_prefetch(table_bytes);
+        self.alternate_on_demand = alternate_on_demand(table_bytes);
     }
 
     /// Whether a query prefetches this table's rows ahead of its probe (a consumer table of at
@@ -280,6 +285,14 @@ impl TransposedTable {
     #[inline]
     pub(crate) fn prefetches_rows(&self) -> bool {
         self.row_prefetch.is_some()
+    }
+
+    /// Whether a query reads a position's alternate row only for the lanes its primary row
+    /// missed, prefetching primary rows alone (a consumer table larger than the last-level
+    /// cache, every lane group counted: [`crate::memory::alternate_on_demand`]).
+    #[inline]
+    pub(crate) fn reads_alternate_on_demand(&self) -> bool {
+        self.alternate_on_demand
     }
 
     /// Lane count (1..=16, one lane group).
@@ -381,6 +394,26 @@ impl TransposedTable {
             let a = ra[l].load(Ordering::Acquire);
             let b = rb[l].load(Ordering::Acquire);
             hits |= u32::from(holds_either(a, b, pattern)) << l;
+        }
+        hits
+    }
+
+    /// Bit `l` set for each lane `l` in `active` whose word in row `bucket` holds the fingerprint
+    /// repeated in `pattern` ([`broadcast`]), each word loaded with `Acquire`: the portable
+    /// search's check of one candidate row (a large table's query reads a position's primary
+    /// row first and its alternate row only for the lanes the primary one missed).
+    ///
+    /// # Panics
+    /// When `bucket` is out of range, or `active` selects a lane `>= lanes()`.
+    #[inline(always)]
+    pub(crate) fn row_hits(&self, bucket: usize, pattern: u64, active: u32) -> u32 {
+        let row = self.row(bucket);
+        let mut hits = 0u32;
+        let mut m = active;
+        while m != 0 {
+            let l = m.trailing_zeros() as usize;
+            m &= m - 1;
+            hits |= u32::from(holds_broadcast(row[l].load(Ordering::Acquire), pattern)) << l;
         }
         hits
     }

@@ -114,6 +114,64 @@ pub(crate) fn row_prefetch(bytes: usize) -> Option<PrefetchLevel> {
     (bytes >= PREFETCH_MIN_BYTES).then(|| PrefetchLevel::for_rows(bytes))
 }
 
+/// Whether a query on a consumer table of `bytes` (every lane group counted) prefetches only
+/// each position's primary row and reads the alternate row on demand, for the lanes the
+/// primary row missed (`crate::search::prefix::prefix_loop`): when the table is larger than
+/// this machine's last-level cache ([`llc_bytes`]). Out of cache a long query is bound by the
+/// lines it has in flight, and the primary row holds nearly every fingerprint, so it pulls
+/// about half the lines; in cache the alternate row's late read costs more than its line.
+/// Measured (`cargo bench -p ckf-core --bench search -- lanes`, Mooncake, binaries
+/// alternated, AMD EPYC Zen 4): on 256 MiB, 16 lanes p99 2.9-3.0 -> 2.0-2.3 us, 64 lanes p99
+/// 10.6-11.3 -> 7.0-7.8 us (p50 +10%); on the 2 MiB table it lost 20-35% at p50.
+pub(crate) fn alternate_on_demand(bytes: usize) -> bool {
+    #[cfg(feature = "testing")]
+    if let Some(forced) = test_hooks::forced_on_demand() {
+        return forced && bytes >= PREFETCH_MIN_BYTES;
+    }
+    bytes > llc_bytes()
+}
+
+/// The last-level cache assumed when the OS does not tell it.
+const DEFAULT_LLC_BYTES: usize = 32 << 20;
+
+/// This machine's last-level (L3) cache in bytes, read once per process from the C library
+/// (glibc's `sysconf(_SC_LEVEL3_CACHE_SIZE)`); [`DEFAULT_LLC_BYTES`] where it does not say.
+pub(crate) fn llc_bytes() -> usize {
+    static LLC: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *LLC.get_or_init(|| {
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        {
+            // SAFETY: `sysconf` reads a configuration value; no memory is passed.
+            let reported = unsafe { libc::sysconf(libc::_SC_LEVEL3_CACHE_SIZE) };
+            if let Ok(bytes @ 1..) = usize::try_from(reported) {
+                return bytes;
+            }
+        }
+        DEFAULT_LLC_BYTES
+    })
+}
+
+/// Test hook: force [`alternate_on_demand`] for the tables this thread creates, so the
+/// on-demand query loop is tested on tables of a few MiB.
+#[cfg(feature = "testing")]
+pub mod test_hooks {
+    use std::cell::Cell;
+
+    thread_local! {
+        static FORCED: Cell<Option<bool>> = const { Cell::new(None) };
+    }
+
+    /// `Some(on)`: tables of at least 1 MiB this thread creates from now on read alternate rows
+    /// on demand (`true`) or never (`false`); `None`: by size, as in production.
+    pub fn force_alternate_on_demand(forced: Option<bool>) {
+        FORCED.with(|f| f.set(forced));
+    }
+
+    pub(super) fn forced_on_demand() -> Option<bool> {
+        FORCED.with(Cell::get)
+    }
+}
+
 /// Where a query's row prefetches put the lines they fetch ([`prefetch_to`]).
 ///
 /// A query on a table beyond the core's L2 is bound by how many misses the core keeps in

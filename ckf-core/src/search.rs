@@ -114,17 +114,20 @@ pub(crate) fn find(
 /// 2 MiB table.
 const WARM_POSITIONS: usize = prefix::PREFETCH_POSITIONS;
 
-/// Prefetches the rows of the first [`WARM_POSITIONS`] positions in every lane group after the
+/// Prefetches the rows of the first [`WARM_POSITIONS`] positions (past [`prefix::BOTH_ROWS_FIRST`]
+/// only the primary row when the alternate is read on demand) in every lane group after the
 /// first holding a ready lane, so those groups' first misses overlap the first group's search
 /// instead of following it.
 fn warm_later_groups(table: &LaneGroups, addressing: Addressing, hashes: &[u64], ready: u64) {
-    for &h in hashes.iter().take(WARM_POSITIONS) {
+    for (i, &h) in hashes.iter().take(WARM_POSITIONS).enumerate() {
         let loc = addressing.locate(h);
         for (g, group) in table.groups().iter().enumerate().skip(1) {
             if lazy::group_mask(ready, g) != 0 {
                 let rows = group.rows();
                 rows.prefetch(loc.bucket_a as usize);
-                rows.prefetch(loc.bucket_b as usize);
+                if !group.reads_alternate_on_demand() || i < prefix::BOTH_ROWS_FIRST {
+                    rows.prefetch(loc.bucket_b as usize);
+                }
             }
         }
     }

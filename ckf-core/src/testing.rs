@@ -23,6 +23,8 @@
 //! The helpers panic (with the outcome) when the consumer does not answer as a healthy lane
 //! would: they are for setting up a test, not for checking the rule under test.
 
+pub use crate::memory::test_hooks::force_alternate_on_demand;
+
 use crate::addressing::TableFormat;
 use crate::dc::DcCkfState;
 use crate::frames::Heartbeat;

@@ -170,7 +170,9 @@ proptest! {
         check_all_kernels(&ix, &tables, ready, &query)?;
     }
 
-    /// Tables of 1-8 MiB: the prefetching query loop (tables >= 1 MiB) of every kernel.
+    /// Tables of 1-8 MiB: the prefetching query loops (tables >= 1 MiB) of every kernel, both
+    /// rows of each position read together or (as on tables beyond the last-level cache) the
+    /// alternate row read on demand for the lanes the primary one missed.
     #[test]
     fn every_kernel_agrees_on_prefetched_tables(
         lanes in prop_oneof![Just(16usize), Just(5usize), Just(64usize), 1usize..=64],
@@ -178,11 +180,14 @@ proptest! {
         query_len in prop_oneof![Just(0usize), Just(1usize), 2usize..64, 64usize..200],
         ready_bits in any::<u64>(),
         spare in 0u64..4096,
+        on_demand in any::<bool>(),
     ) {
         // 1 MiB and up per full lane group, not a power of two (format v2 sizes tables to any
         // even count).
         let buckets = ((1u64 << 20) / 8 / lanes.min(16) as u64 + 2 * spare + 2).next_multiple_of(2);
+        testing::force_alternate_on_demand(Some(on_demand));
         let ix = indexer(buckets, lanes, seed);
+        testing::force_alternate_on_demand(None);
         let addressing = *ix.addressing();
         let query: Vec<u64> = (0..query_len as u64).map(|i| fmix64(seed ^ (i + 7))).collect();
         let mut tables = Vec::new();

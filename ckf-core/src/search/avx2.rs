@@ -28,11 +28,10 @@
 
 use std::arch::asm;
 use std::arch::x86_64::{
-    __m256i, _mm256_add_epi64, _mm256_and_si256, _mm256_blendv_epi8, _mm256_castsi256_pd,
-    _mm256_cmpeq_epi16, _mm256_cmpeq_epi64, _mm256_cmpgt_epi64, _mm256_loadu_si256,
-    _mm256_movemask_pd, _mm256_mul_epu32, _mm256_or_si256, _mm256_set1_epi16, _mm256_set1_epi64x,
-    _mm256_setzero_si256, _mm256_slli_epi64, _mm256_srli_epi64, _mm256_store_si256,
-    _mm256_sub_epi64, _mm256_xor_si256,
+    __m256i, _mm256_add_epi64, _mm256_and_si256, _mm256_castsi256_pd, _mm256_cmpeq_epi16,
+    _mm256_cmpeq_epi64, _mm256_cmpgt_epi64, _mm256_loadu_si256, _mm256_movemask_pd,
+    _mm256_mul_epu32, _mm256_or_si256, _mm256_set1_epi16, _mm256_set1_epi64x, _mm256_setzero_si256,
+    _mm256_slli_epi64, _mm256_srli_epi64, _mm256_store_si256, _mm256_sub_epi64, _mm256_xor_si256,
 };
 
 use super::ring::{Chunk, probe_loop};
@@ -118,35 +117,42 @@ unsafe fn load_chunk<const CHUNKS: usize, const MASKED_TAIL: bool>(
     }
 }
 
-/// Bit `l` set for each lane `l` (< `4 * CHUNKS`) whose word in row `lo` or row `hi` holds
-/// `fingerprint`; every word of the lower row is loaded before any word of the higher one.
+/// Bit `l` set for each lane `l` (< `4 * CHUNKS`) whose word in row `first`, or (`PAIR`) in
+/// row `second`, holds `fingerprint`; every word of `first` is loaded before any word of
+/// `second`.
 ///
 /// # Safety
-/// `lo` and `hi` point at the first word of rows of the table; the rows have `4 * CHUNKS`
-/// lanes, or (`MASKED_TAIL`) `4 * (CHUNKS - 1)` plus the lanes whose `tail` element is negative.
+/// `first` (and with `PAIR` `second`) points at the first word of a row of the table; the rows
+/// have `4 * CHUNKS` lanes, or (`MASKED_TAIL`) `4 * (CHUNKS - 1)` plus the lanes whose `tail`
+/// element is negative.
 #[inline]
 #[target_feature(enable = "avx2")]
-unsafe fn row_hits<const CHUNKS: usize, const MASKED_TAIL: bool>(
-    lo: *const u64,
-    hi: *const u64,
+unsafe fn row_hits<const CHUNKS: usize, const MASKED_TAIL: bool, const PAIR: bool>(
+    first: *const u64,
+    second: *const u64,
     fingerprint: u16,
     tail: __m256i,
 ) -> u32 {
     let pattern = _mm256_set1_epi16(fingerprint as i16);
     let zero = _mm256_setzero_si256();
-    // SAFETY: forwarded (both rows exist with this chunk layout).
+    // SAFETY: forwarded (the rows exist with this chunk layout).
     let a: [__m256i; CHUNKS] =
-        std::array::from_fn(|k| unsafe { load_chunk::<CHUNKS, MASKED_TAIL>(lo, k, tail) });
-    // SAFETY: as above.
-    let b: [__m256i; CHUNKS] =
-        std::array::from_fn(|k| unsafe { load_chunk::<CHUNKS, MASKED_TAIL>(hi, k, tail) });
+        std::array::from_fn(|k| unsafe { load_chunk::<CHUNKS, MASKED_TAIL>(first, k, tail) });
+    // SAFETY: as above (`second` is only read with `PAIR`).
+    let b: [__m256i; CHUNKS] = std::array::from_fn(|k| {
+        if PAIR {
+            unsafe { load_chunk::<CHUNKS, MASKED_TAIL>(second, k, tail) }
+        } else {
+            zero
+        }
+    });
     let mut misses = 0u32;
     for k in 0..CHUNKS {
-        // 0xFFFF in every slot equal to the fingerprint, in either bucket.
-        let slots = _mm256_or_si256(
-            _mm256_cmpeq_epi16(a[k], pattern),
-            _mm256_cmpeq_epi16(b[k], pattern),
-        );
+        // 0xFFFF in every slot equal to the fingerprint, in either row.
+        let mut slots = _mm256_cmpeq_epi16(a[k], pattern);
+        if PAIR {
+            slots = _mm256_or_si256(slots, _mm256_cmpeq_epi16(b[k], pattern));
+        }
         // All-ones 64-bit element where no slot of the lane hit; its sign bit is the miss bit.
         let missed = _mm256_cmpeq_epi64(slots, zero);
         misses |= (_mm256_movemask_pd(_mm256_castsi256_pd(missed)) as u32) << (CHUNK * k);
@@ -181,7 +187,7 @@ fn fmix64x4(k: __m256i) -> __m256i {
     _mm256_xor_si256(k, _mm256_srli_epi64::<FMIX_SHIFT_I>(k))
 }
 
-/// Format-v2 `locate` of 4 block hashes into `fp`, `lo`, `hi` (row offsets = bucket * `lanes`).
+/// Format-v2 `locate` of 4 block hashes into `fp`, `a`, `b` (row offsets = bucket * `lanes`).
 /// `buckets` is the table's (even) bucket count, at most `MAX_BUCKETS < 2^32`: the fast range
 /// keeps `a` and the offset below it and the modular subtraction keeps `b` below it, so every
 /// offset is inside the table.
@@ -193,10 +199,10 @@ fn locate4(
     buckets: u64,
     lanes: u64,
     fp_out: &mut [u64],
-    lo_out: &mut [u64],
-    hi_out: &mut [u64],
+    a_out: &mut [u64],
+    b_out: &mut [u64],
 ) {
-    assert!(hashes.len() >= 4 && fp_out.len() >= 4 && lo_out.len() >= 4 && hi_out.len() >= 4);
+    assert!(hashes.len() >= 4 && fp_out.len() >= 4 && a_out.len() >= 4 && b_out.len() >= 4);
     // SAFETY: `hashes` has at least 4 readable words (unaligned load).
     let x = unsafe { _mm256_loadu_si256(hashes.as_ptr().cast()) };
     let h = fmix64x4(_mm256_xor_si256(x, _mm256_set1_epi64x(seed as i64)));
@@ -216,20 +222,16 @@ fn locate4(
     // below 2^32, so the signed compare orders them).
     let d = _mm256_sub_epi64(o, a);
     let b = _mm256_add_epi64(d, _mm256_and_si256(_mm256_cmpgt_epi64(a, o), n));
-    // Buckets are below 2^32: the signed compare orders them.
-    let a_gt_b = _mm256_cmpgt_epi64(a, b);
-    let lo = _mm256_blendv_epi8(a, b, a_gt_b);
-    let hi = _mm256_blendv_epi8(b, a, a_gt_b);
     // Bucket and lane count both fit 32 bits: one 32x32->64 multiply.
     let stride = _mm256_set1_epi64x(lanes as i64);
-    let (lo, hi) = (_mm256_mul_epu32(lo, stride), _mm256_mul_epu32(hi, stride));
+    let (a, b) = (_mm256_mul_epu32(a, stride), _mm256_mul_epu32(b, stride));
     // SAFETY: each output has at least 4 writable words (asserted above); unaligned-safe
     // stores are not needed because the callers pass 32-byte aligned halves of a `Chunk`, but
     // `_mm256_store_si256` requires that alignment, which `Chunk`'s layout guarantees.
     unsafe {
         _mm256_store_si256(fp_out.as_mut_ptr().cast(), fp);
-        _mm256_store_si256(lo_out.as_mut_ptr().cast(), lo);
-        _mm256_store_si256(hi_out.as_mut_ptr().cast(), hi);
+        _mm256_store_si256(a_out.as_mut_ptr().cast(), a);
+        _mm256_store_si256(b_out.as_mut_ptr().cast(), b);
     }
 }
 
@@ -253,15 +255,15 @@ fn locate_chunk(
             &pad
         }
     };
-    let Chunk { fp, lo, hi } = out;
+    let Chunk { fp, a, b } = out;
     locate4(
         &src[..4],
         seed,
         buckets,
         lanes,
         &mut fp[..4],
-        &mut lo[..4],
-        &mut hi[..4],
+        &mut a[..4],
+        &mut b[..4],
     );
     locate4(
         &src[4..],
@@ -269,8 +271,8 @@ fn locate_chunk(
         buckets,
         lanes,
         &mut fp[4..],
-        &mut lo[4..],
-        &mut hi[4..],
+        &mut a[4..],
+        &mut b[4..],
     );
 }
 
@@ -320,7 +322,9 @@ unsafe fn search_with<const CHUNKS: usize, const MASKED_TAIL: bool>(
             locate_chunk(hashes, start, seed, buckets, lanes, out),
         // SAFETY: both rows are inside the table, 8-byte aligned, with the chunk layout of
         // `CHUNKS` / `MASKED_TAIL` and `tail`; our caller guarantees AVX2.
-        row_hits(lo, hi, fp) => unsafe { row_hits::<CHUNKS, MASKED_TAIL>(lo, hi, fp, tail) },
+        pair_hits(a, b, fp) => unsafe { row_hits::<CHUNKS, MASKED_TAIL, true>(a, b, fp, tail) },
+        // SAFETY: as above, for one row.
+        row_hits(row, fp) => unsafe { row_hits::<CHUNKS, MASKED_TAIL, false>(row, row, fp, tail) },
     )
 }
 
@@ -365,7 +369,7 @@ mod tests {
                 };
                 // SAFETY: AVX2 checked above.
                 unsafe { locate_chunk(&hashes, 0, format.seed, buckets, lanes, &mut out) };
-                let located = (&out.fp, &out.lo, &out.hi);
+                let located = (&out.fp, &out.a, &out.b);
                 crate::search::locate_check::assert_chunk(&addressing, lanes, &hashes, located);
             }
         }
@@ -382,7 +386,7 @@ mod tests {
             let mut out = Chunk::EMPTY;
             // SAFETY: AVX2 checked above.
             unsafe { locate_chunk(hashes, 0, seed, buckets, lanes, &mut out) };
-            (out.fp, out.lo, out.hi)
+            (out.fp, out.a, out.b)
         });
     }
 }

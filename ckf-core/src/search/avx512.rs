@@ -28,9 +28,9 @@
 use std::arch::asm;
 use std::arch::x86_64::{
     __m512i, _mm512_cmpeq_epi16_mask, _mm512_cmpgt_epu64_mask, _mm512_loadu_si512,
-    _mm512_mask_add_epi64, _mm512_max_epu64, _mm512_min_epu64, _mm512_mul_epu32,
-    _mm512_mullo_epi64, _mm512_or_si512, _mm512_set1_epi16, _mm512_set1_epi64, _mm512_srli_epi64,
-    _mm512_store_si512, _mm512_sub_epi64, _mm512_xor_si512, _pext_u64,
+    _mm512_mask_add_epi64, _mm512_max_epu64, _mm512_mul_epu32, _mm512_mullo_epi64, _mm512_or_si512,
+    _mm512_set1_epi16, _mm512_set1_epi64, _mm512_srli_epi64, _mm512_store_si512, _mm512_sub_epi64,
+    _mm512_xor_si512, _pext_u64,
 };
 
 use super::ring::{Chunk, probe_loop};
@@ -75,13 +75,12 @@ fn locate8(hashes: &[u64; 8], seed: u64, buckets: u64, lanes: u64, out: &mut Chu
     let d = _mm512_sub_epi64(o, a);
     let b = _mm512_mask_add_epi64(d, _mm512_cmpgt_epu64_mask(a, o), d, n);
     let stride = _mm512_set1_epi64(lanes as i64);
-    let lo = _mm512_mullo_epi64(_mm512_min_epu64(a, b), stride);
-    let hi = _mm512_mullo_epi64(_mm512_max_epu64(a, b), stride);
+    let (a, b) = (_mm512_mullo_epi64(a, stride), _mm512_mullo_epi64(b, stride));
     // SAFETY: `Chunk` is 64-byte aligned and each array is 64 bytes.
     unsafe {
         _mm512_store_si512(out.fp.as_mut_ptr().cast(), fp);
-        _mm512_store_si512(out.lo.as_mut_ptr().cast(), lo);
-        _mm512_store_si512(out.hi.as_mut_ptr().cast(), hi);
+        _mm512_store_si512(out.a.as_mut_ptr().cast(), a);
+        _mm512_store_si512(out.b.as_mut_ptr().cast(), b);
     }
 }
 
@@ -155,52 +154,49 @@ unsafe fn load_full(ptr: *const u64) -> __m512i {
     v
 }
 
-/// Bit `l` set for each lane `l` whose word in row `lo` or row `hi` holds `fingerprint`; the
-/// lower row's words are loaded first (per lane). `FULL16`: 16 lanes, unmasked loads;
-/// otherwise `lo_mask` selects lanes 0..8 and `hi_mask` lanes 8..16 (0 with at most 8 lanes).
+/// Bit `l` set for each lane `l` whose word in row `first`, or (`PAIR`) in row `second`,
+/// holds `fingerprint`; every word of `first` is loaded before any word of `second`. With
+/// `FULL16` the rows have 16 lanes (four full loads per pair), otherwise `lo_mask` selects
+/// lanes 0..8 and `hi_mask` lanes 8..16 (0 with at most 8 lanes).
 ///
 /// # Safety
-/// `lo` and `hi` point at the first word of rows of the table; the masks (or `FULL16`) select
-/// exactly the row's lanes.
+/// `first` (and with `PAIR` `second`) points at the first word of a row of the table; the
+/// masks (or `FULL16`) select exactly the row's lanes.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,bmi2")]
-unsafe fn row_hits<const FULL16: bool>(
-    lo: *const u64,
-    hi: *const u64,
+unsafe fn row_hits<const FULL16: bool, const PAIR: bool>(
+    first: *const u64,
+    second: *const u64,
     fingerprint: u16,
     lo_mask: u8,
     hi_mask: u8,
 ) -> u32 {
     let pattern = _mm512_set1_epi16(fingerprint as i16);
+    let hit = |v: __m512i| u64::from(_mm512_cmpeq_epi16_mask(v, pattern));
     let slots = if FULL16 {
-        // SAFETY: a 16-lane row is 16 words; the caller guarantees both rows exist.
-        let (a0, b0, a1, b1) = unsafe {
-            (
-                load_full(lo),
-                load_full(hi),
-                load_full(lo.add(8)),
-                load_full(hi.add(8)),
-            )
-        };
-        u64::from(_mm512_cmpeq_epi16_mask(a0, pattern) | _mm512_cmpeq_epi16_mask(b0, pattern))
-            | u64::from(_mm512_cmpeq_epi16_mask(a1, pattern) | _mm512_cmpeq_epi16_mask(b1, pattern))
-                << 32
+        // SAFETY: a 16-lane row is 16 words; the caller guarantees the rows exist.
+        let (a0, a1) = unsafe { (load_full(first), load_full(first.add(8))) };
+        let mut slots = hit(a0) | hit(a1) << 32;
+        if PAIR {
+            // SAFETY: as above, for `second`.
+            let (b0, b1) = unsafe { (load_full(second), load_full(second.add(8))) };
+            slots |= hit(b0) | hit(b1) << 32;
+        }
+        slots
     } else {
-        // SAFETY: the caller's contract covers lanes 0..8 of both rows.
-        let (a0, b0) = unsafe { (load_words(lo, lo_mask), load_words(hi, lo_mask)) };
-        let mut slots =
-            u64::from(_mm512_cmpeq_epi16_mask(a0, pattern) | _mm512_cmpeq_epi16_mask(b0, pattern));
+        // SAFETY: the caller's contract covers lanes 0..8 of the rows.
+        let mut slots = hit(unsafe { load_words(first, lo_mask) });
         if hi_mask != 0 {
-            // SAFETY: lanes 8.. exist (hi_mask != 0), so `ptr + 8` is inside each row.
-            let (a1, b1) = unsafe {
-                (
-                    load_words(lo.add(8), hi_mask),
-                    load_words(hi.add(8), hi_mask),
-                )
-            };
-            slots |= u64::from(
-                _mm512_cmpeq_epi16_mask(a1, pattern) | _mm512_cmpeq_epi16_mask(b1, pattern),
-            ) << 32;
+            // SAFETY: lanes 8.. exist (hi_mask != 0), so `first + 8` is inside the row.
+            slots |= hit(unsafe { load_words(first.add(8), hi_mask) }) << 32;
+        }
+        if PAIR {
+            // SAFETY: as above, for `second`.
+            slots |= hit(unsafe { load_words(second, lo_mask) });
+            if hi_mask != 0 {
+                // SAFETY: as above.
+                slots |= hit(unsafe { load_words(second.add(8), hi_mask) }) << 32;
+            }
         }
         slots
     };
@@ -247,7 +243,9 @@ unsafe fn search_with<const FULL16: bool>(
             locate_chunk(hashes, start, seed, buckets, lanes, out),
         // SAFETY: both rows are inside the table, 8-byte aligned, `lanes` words long; the masks /
         // FULL16 select exactly those lanes; our caller guarantees the features.
-        row_hits(lo, hi, fp) => unsafe { row_hits::<FULL16>(lo, hi, fp, lo_mask, hi_mask) },
+        pair_hits(a, b, fp) => unsafe { row_hits::<FULL16, true>(a, b, fp, lo_mask, hi_mask) },
+        // SAFETY: as above, for one row.
+        row_hits(row, fp) => unsafe { row_hits::<FULL16, false>(row, row, fp, lo_mask, hi_mask) },
     )
 }
 
@@ -271,7 +269,7 @@ mod tests {
                 let hashes: [u64; 8] = std::array::from_fn(|i| fmix64(k * 8 + i as u64));
                 // SAFETY: features checked above.
                 unsafe { locate8(&hashes, format.seed, buckets, lanes, &mut out) };
-                let located = (&out.fp, &out.lo, &out.hi);
+                let located = (&out.fp, &out.a, &out.b);
                 crate::search::locate_check::assert_chunk(&addressing, lanes, &hashes, located);
             }
         }
@@ -290,7 +288,7 @@ mod tests {
             let mut out = Chunk::EMPTY;
             // SAFETY: features checked above.
             unsafe { locate8(hashes, seed, buckets, lanes, &mut out) };
-            (out.fp, out.lo, out.hi)
+            (out.fp, out.a, out.b)
         });
     }
 }

@@ -61,7 +61,7 @@ fn edge_hashes(seed: u64) -> Vec<u64> {
     v
 }
 
-/// A vector locate, `locate(hashes, seed, buckets, lanes) -> (fp, lo, hi)`, against the
+/// A vector locate, `locate(hashes, seed, buckets, lanes) -> (fp, a, b)`, against the
 /// scalar rule on every [`EDGE_COUNTS`] table and every [`edge_hashes`] chunk; panics on the
 /// first difference, or when a table's first or last bucket was never reached.
 pub(super) fn check_edges(
@@ -75,29 +75,29 @@ pub(super) fn check_edges(
         let (mut top, mut bottom) = (false, false);
         for hashes in edge_hashes(seed).chunks_exact(8) {
             let hashes: &[u64; 8] = hashes.try_into().unwrap();
-            let (fp, lo, hi) = locate(hashes, seed, buckets, lanes);
-            assert_chunk(&addressing, lanes, hashes, (&fp, &lo, &hi));
-            top |= hi.iter().any(|&o| o == (buckets - 1) * lanes);
-            bottom |= lo.contains(&0);
+            let (fp, a, b) = locate(hashes, seed, buckets, lanes);
+            assert_chunk(&addressing, lanes, hashes, (&fp, &a, &b));
+            let last = (buckets - 1) * lanes;
+            top |= a.iter().chain(&b).any(|&o| o == last);
+            bottom |= a.contains(&0) || b.contains(&0);
         }
         assert!(top && bottom, "n={buckets}: edges not reached");
     }
 }
 
-/// Panics unless position `i` of a located chunk (`fp`, and the row offsets `lo`, `hi` of
-/// the lower and higher candidate bucket, in words) is what the scalar rule gives for
+/// Panics unless position `i` of a located chunk (`fp`, and the row offsets `a`, `b` of the
+/// primary and the alternate candidate bucket, in words) is what the scalar rule gives for
 /// `hashes[i]`, for all 8 positions.
 pub(super) fn assert_chunk(
     addressing: &Addressing,
     lanes: u64,
     hashes: &[u64; 8],
-    (fp, lo, hi): (&[u64; 8], &[u64; 8], &[u64; 8]),
+    (fp, a, b): (&[u64; 8], &[u64; 8], &[u64; 8]),
 ) {
     for (i, &h) in hashes.iter().enumerate() {
         let loc = addressing.locate(h);
-        let (a, b) = (u64::from(loc.bucket_a), u64::from(loc.bucket_b));
         assert_eq!(fp[i], u64::from(loc.fingerprint), "{h:#x}");
-        assert_eq!(lo[i], a.min(b) * lanes, "{h:#x}");
-        assert_eq!(hi[i], a.max(b) * lanes, "{h:#x}");
+        assert_eq!(a[i], u64::from(loc.bucket_a) * lanes, "{h:#x}");
+        assert_eq!(b[i], u64::from(loc.bucket_b) * lanes, "{h:#x}");
     }
 }

@@ -99,31 +99,38 @@ unsafe fn load_chunk<const CHUNKS: usize, const ODD: bool>(
     }
 }
 
-/// Bit `l` set for each lane `l` whose word in row `lo` or row `hi` holds `fingerprint`.
+/// Bit `l` set for each lane `l` whose word in row `first`, or (`PAIR`) in row `second`, holds
+/// `fingerprint`; `first` is loaded before `second`.
 ///
 /// # Safety
-/// `lo`, `hi`: first words of rows with the layout of `CHUNKS` / `ODD` (see [`load_chunk`]).
+/// `first` (and with `PAIR` `second`): first words of rows with the layout of `CHUNKS` / `ODD`
+/// (see [`load_chunk`]).
 #[inline]
 #[target_feature(enable = "neon")]
-unsafe fn row_hits<const CHUNKS: usize, const ODD: bool>(
-    lo: *const u64,
-    hi: *const u64,
+unsafe fn row_hits<const CHUNKS: usize, const ODD: bool, const PAIR: bool>(
+    first: *const u64,
+    second: *const u64,
     fingerprint: u16,
 ) -> u32 {
     // SAFETY: forwarded.
     let a: [uint64x2_t; CHUNKS] =
-        std::array::from_fn(|k| unsafe { load_chunk::<CHUNKS, ODD>(lo, k) });
-    load_barrier();
-    // SAFETY: forwarded.
-    let b: [uint64x2_t; CHUNKS] =
-        std::array::from_fn(|k| unsafe { load_chunk::<CHUNKS, ODD>(hi, k) });
+        std::array::from_fn(|k| unsafe { load_chunk::<CHUNKS, ODD>(first, k) });
     load_barrier();
     let pattern = vdupq_n_u16(fingerprint);
+    let b: [uint16x8_t; CHUNKS] = if PAIR {
+        // SAFETY: forwarded.
+        let b: [uint64x2_t; CHUNKS] =
+            std::array::from_fn(|k| unsafe { load_chunk::<CHUNKS, ODD>(second, k) });
+        load_barrier();
+        std::array::from_fn(|k| vceqq_u16(vreinterpretq_u16_u64(b[k]), pattern))
+    } else {
+        [vdupq_n_u16(0); CHUNKS]
+    };
     let mut hits = 0u32;
     for k in 0..CHUNKS {
         let x = vreinterpretq_u64_u16(vorrq_u16(
             vceqq_u16(vreinterpretq_u16_u64(a[k]), pattern),
-            vceqq_u16(vreinterpretq_u16_u64(b[k]), pattern),
+            b[k],
         ));
         hits |= u32::from(vgetq_lane_u64::<0>(x) != 0) << (2 * k);
         hits |= u32::from(vgetq_lane_u64::<1>(x) != 0) << (2 * k + 1);
@@ -164,10 +171,21 @@ fn search_with<const CHUNKS: usize, const ODD: bool>(
     ready: u16,
 ) -> [u32; GROUP_LANES] {
     let rows = table.rows();
-    prefix_loop(table, addressing, hashes, ready, |lo, hi, fp, _active| {
-        let (lo, hi) = (rows.at(rows.offset(lo)), rows.at(rows.offset(hi)));
-        // SAFETY: both rows are inside the table (masked offsets), 8-byte aligned, with
-        // `table.lanes()` words: the layout `CHUNKS` / `ODD` describe.
-        unsafe { row_hits::<CHUNKS, ODD>(lo, hi, fp) }
-    })
+    prefix_loop(
+        table,
+        addressing,
+        hashes,
+        ready,
+        |a, b, fp, _active| {
+            let (a, b) = (rows.at(rows.offset(a)), rows.at(rows.offset(b)));
+            // SAFETY: both rows are inside the table (clamped offsets), 8-byte aligned, with
+            // `table.lanes()` words: the layout `CHUNKS` / `ODD` describe.
+            unsafe { row_hits::<CHUNKS, ODD, true>(a, b, fp) }
+        },
+        |row, fp, _active| {
+            let row = rows.at(rows.offset(row));
+            // SAFETY: as above, for one row.
+            unsafe { row_hits::<CHUNKS, ODD, false>(row, row, fp) }
+        },
+    )
 }

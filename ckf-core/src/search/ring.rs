@@ -16,21 +16,21 @@ use crate::bucket::GROUP_LANES;
 pub(super) const POSITIONS: usize = 8;
 
 /// Located positions of one chunk (8 positions): fingerprint and the row offsets (in words) of
-/// the lower and the higher candidate bucket. 64-byte aligned, so each array is one aligned
-/// 512-bit store or two aligned 256-bit stores.
+/// the primary (`a`) and the alternate (`b`) candidate bucket. 64-byte aligned, so each array
+/// is one aligned 512-bit store or two aligned 256-bit stores.
 #[repr(C, align(64))]
 #[derive(Clone, Copy)]
 pub(super) struct Chunk {
     pub(super) fp: [u64; POSITIONS],
-    pub(super) lo: [u64; POSITIONS],
-    pub(super) hi: [u64; POSITIONS],
+    pub(super) a: [u64; POSITIONS],
+    pub(super) b: [u64; POSITIONS],
 }
 
 impl Chunk {
     pub(super) const EMPTY: Self = Self {
         fp: [0; POSITIONS],
-        lo: [0; POSITIONS],
-        hi: [0; POSITIONS],
+        a: [0; POSITIONS],
+        b: [0; POSITIONS],
     };
 }
 
@@ -44,16 +44,23 @@ pub(super) const NO_DEPTHS: [u32; GROUP_LANES] = [0; GROUP_LANES];
 ///   `start` (zero-padded past the end) into `out: &mut Chunk`: fingerprints and row offsets
 ///   `bucket * lanes`, each inside the table (`buckets` is the table's bucket count, checked
 ///   against `MAX_BUCKETS`, `lanes` its lane count as `u64`).
-/// * `row_hits(lo, hi, fp) => EXPR` gives bit `l` for each lane `l` whose word in row `lo` or
-///   row `hi` (`*const u64`, the first words of two rows of the table, from the offsets above)
-///   holds `fp: u16`, loading every word of the lower row first; bits past the row may be set
-///   (the loop masks with the active lanes). It is where the kernel's `unsafe` row loads go.
+/// * `pair_hits(a, b, fp) => EXPR` gives bit `l` for each lane `l` whose word in row `a` or
+///   row `b` (`*const u64`, the first words of two rows of the table, from the offsets above)
+///   holds `fp: u16`, loading every word of row `a` first; bits past the row may be set (the
+///   loop masks with the active lanes). A cached table's check of a position.
+/// * `row_hits(row, fp) => EXPR` the same for one row: a large table's check of a position's
+///   primary row, and of its alternate row for the lanes that missed the primary one
+///   ([`crate::search::prefix::prefix_loop`] describes the schedule, [`Deferred`] the deferral).
+///
+/// These two are where the kernel's `unsafe` row loads go.
 macro_rules! probe_loop {
     (
         $table:expr, $hashes:expr, $ready:expr,
         locate($start:ident, $out:ident, $buckets:ident, $lanes:ident) => $locate:expr,
-        row_hits($lo:ident, $hi:ident, $fp:ident) => $row_hits:expr $(,)?
+        pair_hits($a:ident, $b:ident, $fp:ident) => $pair_hits:expr,
+        row_hits($row:ident, $fp1:ident) => $row_hits:expr $(,)?
     ) => {{
+        use $crate::search::prefix::{DEFER, Deferred};
         use $crate::search::ring::{Chunk, NO_DEPTHS, POSITIONS};
         let table: &$crate::bucket::TransposedTable = $table;
         let hashes: &[u64] = $hashes;
@@ -65,6 +72,7 @@ macro_rules! probe_loop {
             "table of {buckets} buckets is past the format's limit"
         );
         let prefetch = table.prefetches_rows();
+        let on_demand = table.reads_alternate_on_demand();
         let n = hashes.len();
         let mut depths = NO_DEPTHS;
         let mut active = u32::from($ready);
@@ -89,51 +97,109 @@ macro_rules! probe_loop {
         for k in 0..chunks.min(AHEAD - 1) {
             stage(k, &mut ring);
         }
-        if prefetch {
+        if !on_demand {
+            if prefetch {
+                for k in 0..chunks.min(SPREAD) {
+                    let slot = &ring[k % AHEAD];
+                    for i in 0..(n - k * POSITIONS).min(POSITIONS) {
+                        rows.prefetch_offset(slot.a[i] as usize);
+                        rows.prefetch_offset(slot.b[i] as usize);
+                    }
+                }
+            }
+            for k in 0..chunks {
+                if k + AHEAD - 1 < chunks {
+                    stage(k + AHEAD - 1, &mut ring);
+                }
+                let cur = &ring[k % AHEAD];
+                let start = k * POSITIONS;
+                // Positions of chunk `k + SPREAD` (located above) whose rows to prefetch: none
+                // past the query's end or on a cache-resident table.
+                let ahead = &ring[(k + SPREAD) % AHEAD];
+                let ahead_len = if prefetch && k + SPREAD < chunks {
+                    (n - (k + SPREAD) * POSITIONS).min(POSITIONS)
+                } else {
+                    0
+                };
+                for i in 0..(n - start).min(POSITIONS) {
+                    if i < ahead_len {
+                        rows.prefetch_offset(ahead.a[i] as usize);
+                        rows.prefetch_offset(ahead.b[i] as usize);
+                    }
+                    // Offsets are `bucket * lanes` with `bucket < bucket_count`: inside the table.
+                    let ($a, $b, $fp) = (
+                        rows.at(cur.a[i] as usize),
+                        rows.at(cur.b[i] as usize),
+                        cur.fp[i] as u16,
+                    );
+                    let hits: u32 = $pair_hits & active;
+                    let mut missed = active & !hits;
+                    while missed != 0 {
+                        depths[missed.trailing_zeros() as usize] = (start + i) as u32;
+                        missed &= missed - 1;
+                    }
+                    active = hits;
+                    if active == 0 {
+                        return depths;
+                    }
+                }
+            }
+        } else {
             for k in 0..chunks.min(SPREAD) {
                 let slot = &ring[k % AHEAD];
                 for i in 0..(n - k * POSITIONS).min(POSITIONS) {
-                    rows.prefetch_offset(slot.lo[i] as usize);
-                    rows.prefetch_offset(slot.hi[i] as usize);
+                    rows.prefetch_offset(slot.a[i] as usize);
+                    if k < $crate::search::prefix::BOTH_ROWS_FIRST / POSITIONS {
+                        rows.prefetch_offset(slot.b[i] as usize);
+                    }
                 }
             }
-        }
-        for k in 0..chunks {
-            if k + AHEAD - 1 < chunks {
-                stage(k + AHEAD - 1, &mut ring);
-            }
-            let cur = &ring[k % AHEAD];
-            let start = k * POSITIONS;
-            // Positions of chunk `k + SPREAD` (located above) whose rows to prefetch: none past
-            // the query's end or on a cache-resident table.
-            let ahead = &ring[(k + SPREAD) % AHEAD];
-            let ahead_len = if prefetch && k + SPREAD < chunks {
-                (n - (k + SPREAD) * POSITIONS).min(POSITIONS)
-            } else {
-                0
+            let mut deferred = Deferred::EMPTY;
+            // Offsets are `bucket * lanes` with `bucket < bucket_count`: inside the table.
+            let mut check = |offset: usize, fp: u16, _lanes: u32| -> u32 {
+                let ($row, $fp1) = (rows.at(offset), fp);
+                $row_hits
             };
-            for i in 0..(n - start).min(POSITIONS) {
-                if i < ahead_len {
-                    rows.prefetch_offset(ahead.lo[i] as usize);
-                    rows.prefetch_offset(ahead.hi[i] as usize);
+            for k in 0..chunks {
+                if k + AHEAD - 1 < chunks {
+                    stage(k + AHEAD - 1, &mut ring);
                 }
-                // Offsets are `bucket * lanes` with `bucket < bucket_count`: inside the table.
-                let ($lo, $hi, $fp) = (
-                    rows.at(cur.lo[i] as usize),
-                    rows.at(cur.hi[i] as usize),
-                    cur.fp[i] as u16,
-                );
-                let hits: u32 = $row_hits & active;
-                let mut missed = active & !hits;
-                while missed != 0 {
-                    depths[missed.trailing_zeros() as usize] = (start + i) as u32;
-                    missed &= missed - 1;
-                }
-                active = hits;
-                if active == 0 {
-                    return depths;
+                let cur = &ring[k % AHEAD];
+                let start = k * POSITIONS;
+                // Positions of chunk `k + SPREAD` (located above) whose primary rows to
+                // prefetch: none past the query's end.
+                let ahead = &ring[(k + SPREAD) % AHEAD];
+                let ahead_len = if k + SPREAD < chunks {
+                    (n - (k + SPREAD) * POSITIONS).min(POSITIONS)
+                } else {
+                    0
+                };
+                for i in 0..(n - start).min(POSITIONS) {
+                    if i < ahead_len {
+                        rows.prefetch_offset(ahead.a[i] as usize);
+                    }
+                    let pos = start + i;
+                    deferred.settle(pos % DEFER, &mut check, &mut active, &mut depths);
+                    let fp = cur.fp[i] as u16;
+                    let hits = check(cur.a[i] as usize, fp, active) & active;
+                    let missed = active & !hits;
+                    if missed != 0 {
+                        let b = cur.b[i] as usize;
+                        if hits == 0 {
+                            deferred.settle_all(pos, &mut check, &mut active, &mut depths);
+                            deferred.defer(pos, b, fp, active);
+                            deferred.settle(pos % DEFER, &mut check, &mut active, &mut depths);
+                            if active == 0 {
+                                return depths;
+                            }
+                        } else {
+                            rows.prefetch_offset(b);
+                            deferred.defer(pos, b, fp, missed);
+                        }
+                    }
                 }
             }
+            deferred.settle_all(n, &mut check, &mut active, &mut depths);
         }
         while active != 0 {
             depths[active.trailing_zeros() as usize] = n as u32;
