@@ -22,103 +22,36 @@ const _: () = assert!(PREFETCH_POSITIONS.is_multiple_of(8) && PREFETCH_POSITIONS
 const RING: usize = 32;
 const _: () = assert!(RING.is_power_of_two() && RING > PREFETCH_POSITIONS);
 
-/// Positions a large table's query goes on past a primary-row miss before it reads that
-/// position's alternate row for the lanes that missed (the row is prefetched at the miss), so
-/// the alternate row's cache miss overlaps the next positions' probes instead of stalling the
-/// query. A power of two.
-pub(crate) const DEFER: usize = 8;
-const _: () = assert!(DEFER.is_power_of_two() && DEFER < RING);
+/// How many positions before its decision a large table's query checks a position's primary
+/// row when the alternate row is read on demand, prefetching the alternate row at once when an
+/// active lane missed the primary one: so the alternate row is in flight by the time the
+/// position is decided. The vector kernels' chunk: each chunk's primary rows are checked while
+/// the chunk before it is decided.
+pub(crate) const PEEK: usize = 8;
 
 /// Leading positions whose alternate rows a large table's query prefetches with their primary
 /// rows: where most lanes stop (a lane without the request's first block misses at position 0),
 /// so their alternate rows are needed at once. A multiple of the vector kernels' chunk.
-pub(crate) const BOTH_ROWS_FIRST: usize = 8;
-const _: () = assert!(BOTH_ROWS_FIRST.is_multiple_of(8) && BOTH_ROWS_FIRST <= PREFETCH_POSITIONS);
-
-/// The alternate-row checks a large table's query has deferred ([`DEFER`]): for position `p`,
-/// slot `p % DEFER` holds the lanes that missed `p`'s primary row, its alternate row and its
-/// fingerprint; `lanes == 0` is an empty slot. Those lanes stay active (tentatively) until the
-/// check is settled: a lane whose fingerprint is in neither row gets its depth at `p`. Checks
-/// settle oldest first, so a lane's depth is its first miss, as if each position had read both
-/// rows.
-#[derive(Clone, Copy)]
-pub(super) struct Deferred {
-    pos: [u32; DEFER],
-    row: [usize; DEFER],
-    fp: [u16; DEFER],
-    lanes: [u32; DEFER],
-}
-
-impl Deferred {
-    pub(super) const EMPTY: Self = Self {
-        pos: [0; DEFER],
-        row: [0; DEFER],
-        fp: [0; DEFER],
-        lanes: [0; DEFER],
-    };
-
-    /// Defers the alternate-row check of position `pos` (`row`: the kernel's handle of that
-    /// row) for `lanes`; the slot must have been settled.
-    #[inline(always)]
-    pub(super) fn defer(&mut self, pos: usize, row: usize, fp: u16, lanes: u32) {
-        let s = pos % DEFER;
-        debug_assert_eq!(self.lanes[s], 0, "deferred check overwritten unsettled");
-        self.pos[s] = pos as u32;
-        self.row[s] = row;
-        self.fp[s] = fp;
-        self.lanes[s] = lanes;
-    }
-
-    /// Settles slot `s`: `hits(row, fp, lanes)` checks the deferred row for the lanes still
-    /// active; those it does not hold leave `active` with their depth.
-    #[inline(always)]
-    pub(super) fn settle<F: FnMut(usize, u16, u32) -> u32>(
-        &mut self,
-        s: usize,
-        hits: &mut F,
-        active: &mut u32,
-        depths: &mut [u32; GROUP_LANES],
-    ) {
-        let lanes = self.lanes[s] & *active;
-        self.lanes[s] = 0;
-        if lanes != 0 {
-            let mut gone = lanes & !hits(self.row[s], self.fp[s], lanes);
-            *active &= !gone;
-            while gone != 0 {
-                depths[gone.trailing_zeros() as usize] = self.pos[s];
-                gone &= gone - 1;
-            }
-        }
-    }
-
-    /// Settles every deferred check, oldest first; `pos` is the next position to probe (the
-    /// checks held are of `pos - DEFER .. pos`).
-    #[inline(always)]
-    pub(super) fn settle_all<F: FnMut(usize, u16, u32) -> u32>(
-        &mut self,
-        pos: usize,
-        hits: &mut F,
-        active: &mut u32,
-        depths: &mut [u32; GROUP_LANES],
-    ) {
-        for k in 0..DEFER {
-            self.settle((pos + k) % DEFER, hits, active, depths);
-        }
-    }
-}
+pub(crate) const BOTH_ROWS_FIRST: usize = 16;
+const _: () = assert!(
+    BOTH_ROWS_FIRST.is_multiple_of(PEEK)
+        && BOTH_ROWS_FIRST >= PEEK
+        && BOTH_ROWS_FIRST <= PREFETCH_POSITIONS
+);
 
 /// The prefix loop shared by every row-check implementation. `pair_hits(a, b, fp, active)`
 /// returns the lanes (a superset filter is fine, it is masked with `active`) whose word in
 /// bucket `a`'s or bucket `b`'s row holds `fp`, reading `a`'s row first; `row_hits(bucket, fp,
 /// active)` the same for one row.
 ///
-/// A cached table's query checks both candidate rows of each position at once. A large table's
-/// query (rows prefetched) reads each position's primary row (bucket `a`, where insertion puts
-/// a fingerprint whenever it has room) and prefetches only primary rows ahead; the lanes a
-/// primary row misses get their alternate row read [`DEFER`] positions later ([`Deferred`]),
-/// at once when no lane hit the primary row (nothing else to overlap with). On a table where
-/// most fingerprints sit in their primary bucket that halves the lines a long query pulls from
-/// memory.
+/// A table in the cache checks both candidate rows of each position at once, prefetching both
+/// [`PREFETCH_POSITIONS`] ahead when it is larger than about an L2. A table beyond the
+/// last-level cache (`crate::memory::alternate_on_demand`) prefetches only primary rows ahead
+/// (bucket `a`, where insertion puts a fingerprint whenever it has room; both rows for the first
+/// [`BOTH_ROWS_FIRST`] positions) and reads a position's alternate row only for the lanes its
+/// primary row missed: the primary row is checked [`PEEK`] positions before the position is
+/// decided, and the alternate row prefetched then if an active lane missed. Where most
+/// fingerprints sit in their primary bucket, a long query pulls about half the lines.
 #[inline(always)]
 pub(super) fn prefix_loop<F, G>(
     table: &TransposedTable,
@@ -176,7 +109,8 @@ where
             pos += 1;
         }
     } else {
-        let mut deferred = Deferred::EMPTY;
+        // Primary-row hits of the positions PEEK ahead, by position (mod 2 * PEEK).
+        let mut peeked = [0u32; 2 * PEEK];
         for (i, &h) in hashes[..n.min(PREFETCH_POSITIONS)].iter().enumerate() {
             let loc = addressing.locate(h);
             rows.prefetch(loc.bucket_a as usize);
@@ -192,24 +126,34 @@ where
                 rows.prefetch(loc.bucket_a as usize);
                 ring[ahead % RING] = loc;
             }
-            deferred.settle(pos % DEFER, &mut row_hits, &mut active, &mut depths);
             let loc = ring[pos % RING];
-            let (a, b) = (loc.bucket_a as usize, loc.bucket_b as usize);
-            let hits = row_hits(a, loc.fingerprint, active) & active;
-            let missed = active & !hits;
+            let mut hits = if pos < BOTH_ROWS_FIRST {
+                row_hits(loc.bucket_a as usize, loc.fingerprint, active)
+            } else {
+                peeked[pos % (2 * PEEK)]
+            } & active;
+            let mut missed = active & !hits;
             if missed != 0 {
-                if hits == 0 {
-                    deferred.settle_all(pos, &mut row_hits, &mut active, &mut depths);
-                    deferred.defer(pos, b, loc.fingerprint, active);
-                    deferred.settle(pos % DEFER, &mut row_hits, &mut active, &mut depths);
-                } else {
-                    rows.prefetch(b);
-                    deferred.defer(pos, b, loc.fingerprint, missed);
+                hits |= row_hits(loc.bucket_b as usize, loc.fingerprint, missed) & missed;
+                missed &= !hits;
+                while missed != 0 {
+                    depths[missed.trailing_zeros() as usize] = pos as u32;
+                    missed &= missed - 1;
+                }
+                active = hits;
+            }
+            // After the decision, so a query never waits for a row past its last position.
+            let next = pos + PEEK;
+            if next >= BOTH_ROWS_FIRST && next < n && active != 0 {
+                let loc = ring[next % RING];
+                let hits = row_hits(loc.bucket_a as usize, loc.fingerprint, active);
+                peeked[next % (2 * PEEK)] = hits;
+                if active & !hits != 0 {
+                    rows.prefetch(loc.bucket_b as usize);
                 }
             }
             pos += 1;
         }
-        deferred.settle_all(pos, &mut row_hits, &mut active, &mut depths);
     }
     if pos == n {
         while active != 0 {

@@ -50,7 +50,7 @@ pub(super) const NO_DEPTHS: [u32; GROUP_LANES] = [0; GROUP_LANES];
 ///   loop masks with the active lanes). A cached table's check of a position.
 /// * `row_hits(row, fp) => EXPR` the same for one row: a large table's check of a position's
 ///   primary row, and of its alternate row for the lanes that missed the primary one
-///   ([`crate::search::prefix::prefix_loop`] describes the schedule, [`Deferred`] the deferral).
+///   ([`crate::search::prefix::prefix_loop`] describes the schedule).
 ///
 /// These two are where the kernel's `unsafe` row loads go.
 macro_rules! probe_loop {
@@ -60,7 +60,6 @@ macro_rules! probe_loop {
         pair_hits($a:ident, $b:ident, $fp:ident) => $pair_hits:expr,
         row_hits($row:ident, $fp1:ident) => $row_hits:expr $(,)?
     ) => {{
-        use $crate::search::prefix::{DEFER, Deferred};
         use $crate::search::ring::{Chunk, NO_DEPTHS, POSITIONS};
         let table: &$crate::bucket::TransposedTable = $table;
         let hashes: &[u64] = $hashes;
@@ -87,6 +86,7 @@ macro_rules! probe_loop {
         // miss buffers (`PREFETCH_POSITIONS`).
         const SPREAD: usize = $crate::search::prefix::PREFETCH_POSITIONS / POSITIONS;
         const AHEAD: usize = SPREAD + 1;
+        const BOTH_CHUNKS: usize = $crate::search::prefix::BOTH_ROWS_FIRST / POSITIONS;
         let mut ring = [Chunk::EMPTY; AHEAD];
         let chunks = n.div_ceil(POSITIONS);
         let stage = |k: usize, ring: &mut [Chunk; AHEAD]| {
@@ -149,28 +149,40 @@ macro_rules! probe_loop {
                 let slot = &ring[k % AHEAD];
                 for i in 0..(n - k * POSITIONS).min(POSITIONS) {
                     rows.prefetch_offset(slot.a[i] as usize);
-                    if k < $crate::search::prefix::BOTH_ROWS_FIRST / POSITIONS {
+                    if k < BOTH_CHUNKS {
                         rows.prefetch_offset(slot.b[i] as usize);
                     }
                 }
             }
-            let mut deferred = Deferred::EMPTY;
             // Offsets are `bucket * lanes` with `bucket < bucket_count`: inside the table.
-            let mut check = |offset: usize, fp: u16, _lanes: u32| -> u32 {
+            let check = |offset: usize, fp: u16| -> u32 {
                 let ($row, $fp1) = (rows.at(offset), fp);
                 $row_hits
             };
+            // Primary-row hits of the current chunk's positions and of the next chunk's, each
+            // checked one chunk before its position is decided, so a miss's alternate row is
+            // prefetched in time; the first BOTH_CHUNKS chunks (both rows prefetched from the
+            // start) are checked as they are decided.
+            let mut peeked = [0u32; POSITIONS];
+            let mut peeked_next = [0u32; POSITIONS];
             for k in 0..chunks {
                 if k + AHEAD - 1 < chunks {
                     stage(k + AHEAD - 1, &mut ring);
                 }
                 let cur = &ring[k % AHEAD];
+                let next = &ring[(k + 1) % AHEAD];
                 let start = k * POSITIONS;
                 // Positions of chunk `k + SPREAD` (located above) whose primary rows to
-                // prefetch: none past the query's end.
+                // prefetch, and of chunk `k + 1` whose primary rows to check: none past the
+                // query's end.
                 let ahead = &ring[(k + SPREAD) % AHEAD];
                 let ahead_len = if k + SPREAD < chunks {
                     (n - (k + SPREAD) * POSITIONS).min(POSITIONS)
+                } else {
+                    0
+                };
+                let next_len = if k + 1 < chunks {
+                    (n - (k + 1) * POSITIONS).min(POSITIONS)
                 } else {
                     0
                 };
@@ -178,28 +190,37 @@ macro_rules! probe_loop {
                     if i < ahead_len {
                         rows.prefetch_offset(ahead.a[i] as usize);
                     }
-                    let pos = start + i;
-                    deferred.settle(pos % DEFER, &mut check, &mut active, &mut depths);
                     let fp = cur.fp[i] as u16;
-                    let hits = check(cur.a[i] as usize, fp, active) & active;
-                    let missed = active & !hits;
+                    let mut hits = if k < BOTH_CHUNKS {
+                        check(cur.a[i] as usize, fp)
+                    } else {
+                        peeked[i]
+                    } & active;
+                    let mut missed = active & !hits;
                     if missed != 0 {
-                        let b = cur.b[i] as usize;
-                        if hits == 0 {
-                            deferred.settle_all(pos, &mut check, &mut active, &mut depths);
-                            deferred.defer(pos, b, fp, active);
-                            deferred.settle(pos % DEFER, &mut check, &mut active, &mut depths);
-                            if active == 0 {
-                                return depths;
-                            }
-                        } else {
-                            rows.prefetch_offset(b);
-                            deferred.defer(pos, b, fp, missed);
+                        hits |= check(cur.b[i] as usize, fp) & missed;
+                        missed &= !hits;
+                        while missed != 0 {
+                            depths[missed.trailing_zeros() as usize] = (start + i) as u32;
+                            missed &= missed - 1;
+                        }
+                        active = hits;
+                        if active == 0 {
+                            return depths;
+                        }
+                    }
+                    // After the decision, so a query never waits for a row past its last
+                    // position.
+                    if k + 1 >= BOTH_CHUNKS && i < next_len {
+                        let hits = check(next.a[i] as usize, next.fp[i] as u16);
+                        peeked_next[i] = hits;
+                        if active & !hits != 0 {
+                            rows.prefetch_offset(next.b[i] as usize);
                         }
                     }
                 }
+                peeked = peeked_next;
             }
-            deferred.settle_all(n, &mut check, &mut active, &mut depths);
         }
         while active != 0 {
             depths[active.trailing_zeros() as usize] = n as u32;
