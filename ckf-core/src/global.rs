@@ -19,7 +19,7 @@
 //! * **Multi-bucket application is not atomic.** A query running while a delta is applied may see
 //!   some of its images and not others (a mix of old and new bucket images). Producers order a
 //!   delta's images so that a relocated fingerprint reaches its new bucket before it leaves the
-//!   old one, which, together with the search reading the lower candidate bucket first, keeps a
+//!   old one, which, together with the search reading the primary candidate bucket first, keeps a
 //!   stable block visible in most interleavings (the remaining window is documented in
 //!   [`crate::search`]).
 //! * **A query that captured readiness may finish after the lane was retired or re-leased**, and

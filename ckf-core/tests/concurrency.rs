@@ -204,10 +204,10 @@ fn queries_never_report_lanes_that_were_not_ready() {
     assert!(seen & 1 != 0, "lane 0 was seen ready");
 }
 
-/// Applies `images` one by one to `words`, checking `stable` after each prefix, and the
-/// lower-bucket-first two-load interleavings (lower read at prefix k, higher read at j >= k).
-/// Returns (misses after a single image, two-read windows, stable blocks moved toward their
-/// lower bucket).
+/// Applies `images` one by one to `words`, checking `stable` (fingerprint, primary bucket,
+/// alternate bucket) after each prefix, and the primary-bucket-first two-load interleavings
+/// (primary read at prefix k, alternate read at j >= k). Returns (misses after a single image,
+/// two-read windows, stable blocks moved toward their primary bucket).
 fn analyse(
     words: &mut [u64],
     images: &[BucketImage],
@@ -220,20 +220,20 @@ fn analyse(
         words[img.bucket as usize] = img.image;
         states.push(words.to_vec());
     }
-    let (mut single, mut window, mut toward_lower) = (0, 0, 0);
-    for &(fp, lo, hi) in stable {
-        let before_hi = bucket::contains(states[0][hi], fp) && !bucket::contains(states[0][lo], fp);
-        let after_lo = bucket::contains(states[n][lo], fp) && !bucket::contains(states[n][hi], fp);
-        toward_lower += u64::from(before_hi && after_lo);
+    let (mut single, mut window, mut toward_primary) = (0, 0, 0);
+    for &(fp, a, b) in stable {
+        let before_b = bucket::contains(states[0][b], fp) && !bucket::contains(states[0][a], fp);
+        let after_a = bucket::contains(states[n][a], fp) && !bucket::contains(states[n][b], fp);
+        toward_primary += u64::from(before_b && after_a);
         for k in 0..=n {
-            let at = |s: &Vec<u64>| bucket::contains(s[lo], fp) || bucket::contains(s[hi], fp);
+            let at = |s: &Vec<u64>| bucket::contains(s[a], fp) || bucket::contains(s[b], fp);
             single += u64::from(!at(&states[k]));
-            if !bucket::contains(states[k][lo], fp) {
-                window += u64::from((k..=n).any(|j| !bucket::contains(states[j][hi], fp)));
+            if !bucket::contains(states[k][a], fp) {
+                window += u64::from((k..=n).any(|j| !bucket::contains(states[j][b], fp)));
             }
         }
     }
-    (single, window, toward_lower)
+    (single, window, toward_primary)
 }
 
 /// Case 12 with a real producer at ~93% slot load. The stable blocks are stored first and never
@@ -250,11 +250,7 @@ fn case12_stable_blocks_survive_kick_heavy_deltas() {
         .iter()
         .map(|&h| {
             let l = addressing.locate(h);
-            (
-                l.fingerprint,
-                l.bucket_a.min(l.bucket_b) as usize,
-                l.bucket_a.max(l.bucket_b) as usize,
-            )
+            (l.fingerprint, l.bucket_a as usize, l.bucket_b as usize)
         })
         .collect();
     let target = (format.slot_count() as f64 * 0.93) as u64;
@@ -300,7 +296,8 @@ fn case12_stable_blocks_survive_kick_heavy_deltas() {
             lookups
         })
     };
-    let (mut deltas, mut single, mut windows, mut toward_lower, mut cycles) = (0u64, 0, 0, 0, 0u64);
+    let (mut deltas, mut single, mut windows, mut toward_primary, mut cycles) =
+        (0u64, 0, 0, 0, 0u64);
     for _ in 0..6000 {
         // Keep the load near 93%: evict one churn block, store a new one (kicks at this load).
         let i = (rng.next() % churn.len() as u64) as usize;
@@ -320,15 +317,15 @@ fn case12_stable_blocks_survive_kick_heavy_deltas() {
                 );
             }
             single += s;
-            // Lower-first reads can only miss a block that moved toward its lower bucket.
+            // Primary-first reads can only miss a block that moved toward its primary bucket.
             if t == 0 {
                 assert_eq!(
                     w, 0,
-                    "two-read window without a move toward the lower bucket"
+                    "two-read window without a move toward the primary bucket"
                 );
             }
             windows += w;
-            toward_lower += t;
+            toward_primary += t;
             let d = publisher.delta(&batch).unwrap();
             assert!(matches!(
                 ix.ingest_now(&Frame::Delta(d)),
@@ -343,7 +340,7 @@ fn case12_stable_blocks_survive_kick_heavy_deltas() {
     let stats = state.stats();
     eprintln!(
         "case 12: {deltas} deltas at {:.1}% load, {} kicks, {cycles} broken cycles; stable blocks moved toward \
-         their lower bucket {toward_lower} times; theoretical two-read windows {windows}, single-image \
+         their primary bucket {toward_primary} times; theoretical two-read windows {windows}, single-image \
          misses {single}; reader: {lookups} lookups, {misses} misses",
         stats.load_factor * 100.0,
         stats.kicks_total,
@@ -355,9 +352,9 @@ fn case12_stable_blocks_survive_kick_heavy_deltas() {
     for h in &stable_hashes {
         assert_eq!(ix.find_prefix_matches(&[*h]).depth(0), Some(1));
     }
-    // A miss observed by the reader needs a theoretical window (a move toward the lower bucket
-    // or a broken cycle); with none, there must be no miss.
-    if toward_lower == 0 && cycles == 0 {
+    // A miss observed by the reader needs a theoretical window (a move toward the primary
+    // bucket or a broken cycle); with none, there must be no miss.
+    if toward_primary == 0 && cycles == 0 {
         assert_eq!(misses, 0);
     }
 }

@@ -10,8 +10,9 @@
 //!   so the signed 64-bit compare orders them. `locate4_matches_addressing` checks the result
 //!   against [`crate::addressing::Addressing::locate`] bit for bit.
 //! * **Row check.** A row of up to 16 lanes is read as up to four 256-bit chunks (4 lanes each)
-//!   per bucket, the lower bucket's chunks first. Each chunk is compared slot-wise against the
-//!   fingerprint (16-bit elements), the two buckets' compare masks are ORed, and a 64-bit
+//!   per bucket, the primary bucket's chunks first. Each chunk is compared slot-wise against the
+//!   fingerprint (16-bit elements), the two buckets' compare masks are ORed (one bucket's alone
+//!   where the alternate row is read on demand), and a 64-bit
 //!   "is zero" compare plus `movmskpd` gives one miss bit per lane: no `pext` (microcoded and slow
 //!   on AMD Zen 2), no table lookup.
 //!
@@ -19,7 +20,7 @@
 //! As in `search/avx512.rs`: the words are `AtomicU64`s written concurrently by ingestion, so an
 //! intrinsic vector load would be a data race in the Rust memory model. An `asm!` block is opaque
 //! to the compiler and, not being `pure`, is never reordered with the query's other loads, so the
-//! lower-bucket-first order of [`crate::search`] holds. On x86-64 each aligned 8-byte element of
+//! primary-bucket-first order of [`crate::search`] holds. On x86-64 each aligned 8-byte element of
 //! a vector load (`vmovdqu`, `vpmaskmovq`) is read in a single access (never torn), and loads are
 //! not reordered with other loads, which gives every element the `Acquire` semantics of the
 //! portable path. Tearing *between* elements is harmless: lane words are independent images (the

@@ -20,7 +20,7 @@
 //! The words are `AtomicU64`s written concurrently by ingestion, so a plain (intrinsic) vector
 //! load would be a data race in the Rust memory model. An `asm!` block is opaque to the compiler
 //! and, not being `pure`, is never reordered with the query's other loads, so the
-//! lower-bucket-first order of [`crate::search`] holds. On x86-64 each aligned 8-byte element of
+//! primary-bucket-first order of [`crate::search`] holds. On x86-64 each aligned 8-byte element of
 //! a vector load is read in a single access (never torn), and loads are not reordered with other
 //! loads, which gives every element the `Acquire` semantics of the portable path. Tearing
 //! *between* elements is harmless: lane words are independent images (the weak-read contract).

@@ -183,6 +183,9 @@ impl SearchKernel {
         hashes: &[u64],
         ready: u16,
     ) -> [u32; GROUP_LANES] {
+        // Only the x86-64 kernels locate with the seed (the others through `addressing`).
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = seed;
         match self {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `kernel` is resolved: `SearchKernel::Avx512` only after run-time detection

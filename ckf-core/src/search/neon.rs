@@ -14,13 +14,13 @@
 //! concurrently; an intrinsic load would be a data race in the Rust memory model). An aligned
 //! 128-bit SIMD load is two single-copy-atomic 64-bit reads on AArch64, so no lane word is ever
 //! torn. Unlike x86-64, AArch64 may reorder loads with later loads, so each row's loads are
-//! followed by `dmb ishld`: the lower row's words are read before the higher row's (the read
-//! order of [`crate::search`]) and, like the portable kernel's `Acquire` loads, before every
+//! followed by `dmb ishld`: the primary row's words are read before the alternate row's (the
+//! read order of [`crate::search`]) and, like the portable kernel's `Acquire` loads, before every
 //! later load.
 
 use std::arch::aarch64::{
-    uint64x2_t, vceqq_u16, vdupq_n_u16, vgetq_lane_u64, vorrq_u16, vreinterpretq_u16_u64,
-    vreinterpretq_u64_u16,
+    uint16x8_t, uint64x2_t, vceqq_u16, vdupq_n_u16, vgetq_lane_u64, vorrq_u16,
+    vreinterpretq_u16_u64, vreinterpretq_u64_u16,
 };
 use std::arch::asm;
 
