@@ -39,6 +39,16 @@ const _: () = assert!(
         && BOTH_ROWS_FIRST <= PREFETCH_POSITIONS
 );
 
+/// Sets the depth of every lane in `lanes` to `depth` (the position where they stopped
+/// matching, or the query's length for the lanes that never did).
+#[inline(always)]
+pub(super) fn set_depths(depths: &mut [u32; GROUP_LANES], mut lanes: u32, depth: usize) {
+    while lanes != 0 {
+        depths[lanes.trailing_zeros() as usize] = depth as u32;
+        lanes &= lanes - 1;
+    }
+}
+
 /// The prefix loop shared by every row-check implementation. `pair_hits(a, b, fp, active)`
 /// returns the lanes (a superset filter is fine, it is masked with `active`) whose word in
 /// bucket `a`'s or bucket `b`'s row holds `fp`, reading `a`'s row first; `row_hits(bucket, fp,
@@ -100,11 +110,7 @@ where
             };
             let (a, b) = (loc.bucket_a as usize, loc.bucket_b as usize);
             let hits = pair_hits(a, b, loc.fingerprint, active) & active;
-            let mut missed = active & !hits;
-            while missed != 0 {
-                depths[missed.trailing_zeros() as usize] = pos as u32;
-                missed &= missed - 1;
-            }
+            set_depths(&mut depths, active & !hits, pos);
             active = hits;
             pos += 1;
         }
@@ -132,14 +138,10 @@ where
             } else {
                 peeked[pos % (2 * PEEK)]
             } & active;
-            let mut missed = active & !hits;
+            let missed = active & !hits;
             if missed != 0 {
                 hits |= row_hits(loc.bucket_b as usize, loc.fingerprint, missed) & missed;
-                missed &= !hits;
-                while missed != 0 {
-                    depths[missed.trailing_zeros() as usize] = pos as u32;
-                    missed &= missed - 1;
-                }
+                set_depths(&mut depths, missed & !hits, pos);
                 active = hits;
             }
             // After the decision, so a query never waits for a row past its last position.
@@ -156,10 +158,7 @@ where
         }
     }
     if pos == n {
-        while active != 0 {
-            depths[active.trailing_zeros() as usize] = n as u32;
-            active &= active - 1;
-        }
+        set_depths(&mut depths, active, n);
     }
     depths
 }

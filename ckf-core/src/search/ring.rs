@@ -60,6 +60,7 @@ macro_rules! probe_loop {
         pair_hits($a:ident, $b:ident, $fp:ident) => $pair_hits:expr,
         row_hits($row:ident, $fp1:ident) => $row_hits:expr $(,)?
     ) => {{
+        use $crate::search::prefix::set_depths;
         use $crate::search::ring::{Chunk, NO_DEPTHS, POSITIONS};
         let table: &$crate::bucket::TransposedTable = $table;
         let hashes: &[u64] = $hashes;
@@ -133,11 +134,7 @@ macro_rules! probe_loop {
                         cur.fp[i] as u16,
                     );
                     let hits: u32 = $pair_hits & active;
-                    let mut missed = active & !hits;
-                    while missed != 0 {
-                        depths[missed.trailing_zeros() as usize] = (start + i) as u32;
-                        missed &= missed - 1;
-                    }
+                    set_depths(&mut depths, active & !hits, start + i);
                     active = hits;
                     if active == 0 {
                         return depths;
@@ -196,14 +193,10 @@ macro_rules! probe_loop {
                     } else {
                         peeked[i]
                     } & active;
-                    let mut missed = active & !hits;
+                    let missed = active & !hits;
                     if missed != 0 {
                         hits |= check(cur.b[i] as usize, fp) & missed;
-                        missed &= !hits;
-                        while missed != 0 {
-                            depths[missed.trailing_zeros() as usize] = (start + i) as u32;
-                            missed &= missed - 1;
-                        }
+                        set_depths(&mut depths, missed & !hits, start + i);
                         active = hits;
                         if active == 0 {
                             return depths;
@@ -222,10 +215,7 @@ macro_rules! probe_loop {
                 peeked = peeked_next;
             }
         }
-        while active != 0 {
-            depths[active.trailing_zeros() as usize] = n as u32;
-            active &= active - 1;
-        }
+        set_depths(&mut depths, active, n);
         depths
     }};
 }
