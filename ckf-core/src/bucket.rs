@@ -357,7 +357,8 @@ impl TransposedTable {
     /// or row `second` holds the fingerprint repeated in `pattern` ([`broadcast`]). Per lane the
     /// `first` row's word is loaded before the `second` row's word, both with `Acquire`: the
     /// read order the search's relocation argument relies on (`crate::search`, module docs).
-    /// This is the portable search's whole row check.
+    /// This is the portable search's check of both rows of a position (on a table whose
+    /// alternate rows are read on demand, [`TransposedTable::row_hits`] checks one).
     ///
     /// Two shapes, same answer: when every lane of the row is active, all lanes are tested in
     /// one fixed-count loop (unrolled for the common lane counts, see `row_pair_hits_all`; no

@@ -128,28 +128,38 @@ pub(crate) fn alternate_on_demand(bytes: usize) -> bool {
     if let Some(forced) = test_hooks::forced_on_demand() {
         return forced && bytes >= PREFETCH_MIN_BYTES;
     }
-    bytes > llc_bytes()
+    bytes >= PREFETCH_MIN_BYTES && bytes > llc_bytes()
 }
 
 /// The last-level cache assumed when the OS does not tell it.
 const DEFAULT_LLC_BYTES: usize = 32 << 20;
 
-/// The last-level cache of the core this process starts on, in bytes, read once per process
-/// from Linux's cache description (the largest `size` under
-/// `/sys/devices/system/cpu/cpu0/cache/index*`, as `lscpu` reads it); [`DEFAULT_LLC_BYTES`]
-/// where there is none. Not glibc's `sysconf(_SC_LEVEL3_CACHE_SIZE)`: on an AMD EPYC Zen 4
-/// guest it reported 320 MiB for a 32 MiB L3.
+/// The last-level cache in bytes, read once per process from Linux's description of CPU 0's
+/// caches (`/sys/devices/system/cpu/cpu0/cache/index*`, as `lscpu` reads it): the size of the
+/// highest-level data or unified cache, when that level is above 2; [`DEFAULT_LLC_BYTES`]
+/// otherwise (no description, or one that lists no cache beyond the L2, as some guests and
+/// arm64 servers with a system-level cache do). Not glibc's `sysconf(_SC_LEVEL3_CACHE_SIZE)`:
+/// on an AMD EPYC Zen 4 guest it reported 320 MiB for a 32 MiB L3.
 pub(crate) fn llc_bytes() -> usize {
     static LLC: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *LLC.get_or_init(|| {
+        let read = |dir: &std::path::Path, name: &str| {
+            std::fs::read_to_string(dir.join(name)).map(|s| s.trim().to_owned())
+        };
         let Ok(dirs) = std::fs::read_dir("/sys/devices/system/cpu/cpu0/cache") else {
             return DEFAULT_LLC_BYTES;
         };
-        dirs.flatten()
-            .filter_map(|d| std::fs::read_to_string(d.path().join("size")).ok())
-            .filter_map(|size| parse_cache_size(size.trim()))
-            .max()
-            .unwrap_or(DEFAULT_LLC_BYTES)
+        let caches = dirs.flatten().filter_map(|d| {
+            let dir = d.path();
+            let kind = read(&dir, "type").ok()?;
+            let level: u32 = read(&dir, "level").ok()?.parse().ok()?;
+            let bytes = parse_cache_size(&read(&dir, "size").ok()?)?;
+            (kind != "Instruction").then_some((level, bytes))
+        });
+        match caches.max() {
+            Some((level, bytes)) if level > 2 => bytes,
+            _ => DEFAULT_LLC_BYTES,
+        }
     })
 }
 
@@ -288,7 +298,10 @@ mod tests {
         assert_eq!(parse_cache_size("4096"), Some(4096));
         assert_eq!(parse_cache_size(""), None);
         assert_eq!(parse_cache_size("12Q"), None);
-        assert!(llc_bytes() >= l2_cache_bytes().min(DEFAULT_LLC_BYTES));
+        // Whatever the host describes, the last-level cache is at least 1 MiB (an L3, or the
+        // default), so no table below the prefetch threshold reads alternate rows on demand.
+        assert!(llc_bytes() >= PREFETCH_MIN_BYTES);
+        assert!(!alternate_on_demand(PREFETCH_MIN_BYTES - 8));
     }
 
     /// Tables larger than the L2 the C library reports (as `getconf LEVEL2_CACHE_SIZE` prints

@@ -374,7 +374,7 @@ pub fn churn_one(
 }
 
 /// Places each of `blocks` in one lane's `words` exactly (its fingerprint in the first free
-/// slot of its candidate buckets, lower-numbered first; a block that finds none is skipped).
+/// slot of its candidate buckets, the primary bucket first; a block that finds none is skipped).
 pub fn place_blocks(
     addressing: &crate::addressing::Addressing,
     words: &mut [u64],

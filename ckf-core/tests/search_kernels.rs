@@ -211,8 +211,16 @@ proptest! {
 /// every lane, on a 4 MiB 16-lane table (prefetch path), and with one lane cut at the last block.
 #[test]
 fn longest_query_at_full_depth() {
+    for on_demand in [None, Some(true)] {
+        longest_query_at_full_depth_with(on_demand);
+    }
+}
+
+fn longest_query_at_full_depth_with(on_demand: Option<bool>) {
     let (buckets, lanes) = (32768u64, 16usize);
+    testing::force_alternate_on_demand(on_demand);
     let ix = indexer(buckets, lanes, 5);
+    testing::force_alternate_on_demand(None);
     let addressing = *ix.addressing();
     let query: Vec<u64> = (0..8192u64).map(|i| fmix64(i ^ 0xABC)).collect();
     let mut tables = Vec::new();
@@ -232,6 +240,56 @@ fn longest_query_at_full_depth() {
     for lane in 0..16u8 {
         let want = if lane == 3 { model3 } else { 8192 };
         assert_eq!(m.depth(lane), Some(want), "lane {lane}");
+    }
+}
+
+/// The on-demand loop (a table beyond the last-level cache, forced here on a 1 MiB one) at every
+/// query length 0..=40 and every stop around its chunk edges (7, 8, 9, 15, 16, 17, 23, 24, 25:
+/// the first 16 positions read both rows, later ones check their primary row a chunk ahead),
+/// with lanes whose blocks sit only in their alternate bucket, only in their primary bucket, or
+/// alternating: every kernel equals the model.
+#[test]
+fn on_demand_alternate_rows_at_every_chunk_edge() {
+    let (buckets, lanes) = (8192u64, 16usize);
+    testing::force_alternate_on_demand(Some(true));
+    let ix = indexer(buckets, lanes, 11);
+    testing::force_alternate_on_demand(None);
+    let addressing = *ix.addressing();
+    let query: Vec<u64> = (0..40u64).map(|i| fmix64(i ^ 0xED6E)).collect();
+    let stops = [
+        0usize, 1, 7, 8, 9, 15, 16, 17, 23, 24, 25, 33, 40, 40, 40, 40,
+    ];
+    let mut tables = Vec::new();
+    for lane in 0..lanes {
+        let mut words = vec![0u64; buckets as usize];
+        for (i, &h) in query[..stops[lane]].iter().enumerate() {
+            let loc = addressing.locate(h);
+            // Lane % 3: 0 primary only, 1 alternate only, 2 alternating by position.
+            let alternate = match lane % 3 {
+                0 => false,
+                1 => true,
+                _ => i % 2 == 1,
+            };
+            let b = if alternate {
+                loc.bucket_b
+            } else {
+                loc.bucket_a
+            } as usize;
+            let slot = bucket::find_empty(words[b]).expect("a free slot at this load");
+            words[b] = with_slot(words[b], slot, loc.fingerprint);
+        }
+        testing::activate(&ix, lane as u8, lane as u64, 0, words.clone());
+        tables.push(words);
+    }
+    for n in 0..=query.len() {
+        check_all_kernels(&ix, &tables, 0xFFFF, &query[..n]).unwrap();
+        let m = ix.find_prefix_matches(&query[..n]);
+        for lane in 0..lanes {
+            let model = testing::model_depth(&addressing, &tables[lane], &query[..n]);
+            // A lane holds its blocks exactly (no collision reaches past its stop here).
+            assert!(model as usize >= stops[lane].min(n), "lane {lane}, n {n}");
+            assert_eq!(m.depth(lane as u8), Some(model), "lane {lane}, n {n}");
+        }
     }
 }
 

@@ -34,7 +34,11 @@ const MAX_GROUPS: usize = MAX_LANES / GROUP_LANES;
 
 /// The lazy query's side of its iterator: pulls up to a step of hashes, prefetching each one's
 /// rows in every searched group as it arrives when the table is large (`rows` set), so the
-/// misses start while the rest of the step is still being computed.
+/// misses start while the rest of the step is still being computed. Both candidate rows, also
+/// on a table whose alternate rows the slice form reads on demand: each step is a search of its
+/// own whose first 16 positions read both rows at once (`search/prefix.rs`, `BOTH_ROWS_FIRST`),
+/// and a lazy query's blocks (512 tokens and more) take ~100 ns each to hash, time enough for
+/// the lines; not measured against prefetching primary rows alone.
 struct LazySource<'t, I> {
     hashes: I,
     /// Positions the query may still pull (the `u32` depth cap).

@@ -144,7 +144,7 @@ where
                 set_depths(&mut depths, missed & !hits, pos);
                 active = hits;
             }
-            // After the decision, so a query never waits for a row past its last position.
+            // After the decision, so a query never waits for a row past its end.
             let next = pos + PEEK;
             if next >= BOTH_ROWS_FIRST && next < n && active != 0 {
                 let loc = ring[next % RING];

@@ -88,6 +88,8 @@ macro_rules! probe_loop {
         const SPREAD: usize = $crate::search::prefix::PREFETCH_POSITIONS / POSITIONS;
         const AHEAD: usize = SPREAD + 1;
         const BOTH_CHUNKS: usize = $crate::search::prefix::BOTH_ROWS_FIRST / POSITIONS;
+        // The primary rows are checked one chunk ahead: the portable loop's PEEK.
+        const _: () = assert!($crate::search::prefix::PEEK == POSITIONS && BOTH_CHUNKS >= 1);
         let mut ring = [Chunk::EMPTY; AHEAD];
         let chunks = n.div_ceil(POSITIONS);
         let stage = |k: usize, ring: &mut [Chunk; AHEAD]| {
@@ -202,8 +204,7 @@ macro_rules! probe_loop {
                             return depths;
                         }
                     }
-                    // After the decision, so a query never waits for a row past its last
-                    // position.
+                    // After the decision, so a query never waits for a row past its end.
                     if k + 1 >= BOTH_CHUNKS && i < next_len {
                         let hits = check(next.a[i] as usize, next.fp[i] as u16);
                         peeked_next[i] = hits;
