@@ -127,12 +127,18 @@ pub(crate) fn find(
 /// 2 MiB table.
 const WARM_POSITIONS: usize = prefix::PREFETCH_POSITIONS;
 
-/// Prefetches the rows of the first [`WARM_POSITIONS`] positions (past [`prefix::BOTH_ROWS_FIRST`]
-/// only the primary row when the alternate is read on demand) in every lane group after the
+/// Prefetches the rows of the first [`WARM_POSITIONS`] positions (when the alternate rows are
+/// read on demand: of the first [`prefix::ON_DEMAND_PREFETCH_POSITIONS`], past
+/// [`prefix::BOTH_ROWS_FIRST`] the primary row only) in every lane group after the
 /// first holding a ready lane, so those groups' first misses overlap the first group's search
 /// instead of following it.
 fn warm_later_groups(table: &LaneGroups, addressing: Addressing, hashes: &[u64], ready: u64) {
-    for (i, &h) in hashes.iter().take(WARM_POSITIONS).enumerate() {
+    let warm = if table.groups()[0].reads_alternate_on_demand() {
+        prefix::ON_DEMAND_PREFETCH_POSITIONS
+    } else {
+        WARM_POSITIONS
+    };
+    for (i, &h) in hashes.iter().take(warm).enumerate() {
         let loc = addressing.locate(h);
         for (g, group) in table.groups().iter().enumerate().skip(1) {
             if lazy::group_mask(ready, g) != 0 {

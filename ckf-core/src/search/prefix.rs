@@ -18,9 +18,20 @@ use crate::bucket::{self, GROUP_LANES, TransposedTable};
 /// multiple of the vector kernels' 8-position chunk.
 pub(crate) const PREFETCH_POSITIONS: usize = 24;
 const _: () = assert!(PREFETCH_POSITIONS.is_multiple_of(8) && PREFETCH_POSITIONS > 0);
-/// Ring of located positions (a power of two > PREFETCH_POSITIONS).
-const RING: usize = 32;
-const _: () = assert!(RING.is_power_of_two() && RING > PREFETCH_POSITIONS);
+/// How many positions ahead a query prefetches the primary rows of a table whose alternate
+/// rows it reads on demand (`crate::memory::alternate_on_demand`): farther than
+/// [`PREFETCH_POSITIONS`], since each position prefetches half the lines. Measured (`cargo
+/// bench -p ckf-core --bench search -- lanes`, AMD EPYC Zen 4, 256 MiB, two runs alternated):
+/// 40 against 24, Mooncake p99 16 lanes 2.4-2.5 -> 1.9-2.0 us, 64 lanes 8.5-8.6 -> 6.9-7.0 us,
+/// p50 unchanged. A multiple of the vector kernels' 8-position chunk.
+pub(crate) const ON_DEMAND_PREFETCH_POSITIONS: usize = 40;
+const _: () = assert!(
+    ON_DEMAND_PREFETCH_POSITIONS.is_multiple_of(8)
+        && ON_DEMAND_PREFETCH_POSITIONS >= PREFETCH_POSITIONS
+);
+/// Ring of located positions (a power of two > both prefetch distances).
+const RING: usize = 64;
+const _: () = assert!(RING.is_power_of_two() && RING > ON_DEMAND_PREFETCH_POSITIONS);
 
 /// How many positions before its decision a large table's query checks a position's primary
 /// row when the alternate row is read on demand, prefetching the alternate row at once when an
@@ -117,7 +128,10 @@ where
     } else {
         // Primary-row hits of the positions PEEK ahead, by position (mod 2 * PEEK).
         let mut peeked = [0u32; 2 * PEEK];
-        for (i, &h) in hashes[..n.min(PREFETCH_POSITIONS)].iter().enumerate() {
+        for (i, &h) in hashes[..n.min(ON_DEMAND_PREFETCH_POSITIONS)]
+            .iter()
+            .enumerate()
+        {
             let loc = addressing.locate(h);
             rows.prefetch(loc.bucket_a as usize);
             if i < BOTH_ROWS_FIRST {
@@ -126,7 +140,7 @@ where
             ring[i % RING] = loc;
         }
         while pos < n && active != 0 {
-            let ahead = pos + PREFETCH_POSITIONS;
+            let ahead = pos + ON_DEMAND_PREFETCH_POSITIONS;
             if ahead < n {
                 let loc = addressing.locate(hashes[ahead]);
                 rows.prefetch(loc.bucket_a as usize);

@@ -87,20 +87,26 @@ macro_rules! probe_loop {
         // miss buffers (`PREFETCH_POSITIONS`).
         const SPREAD: usize = $crate::search::prefix::PREFETCH_POSITIONS / POSITIONS;
         const AHEAD: usize = SPREAD + 1;
+        // The same for a table whose alternate rows are read on demand: farther ahead, as each
+        // position prefetches half the lines (`ON_DEMAND_PREFETCH_POSITIONS`).
+        const SPREAD_OD: usize = $crate::search::prefix::ON_DEMAND_PREFETCH_POSITIONS / POSITIONS;
+        const AHEAD_OD: usize = SPREAD_OD + 1;
         const BOTH_CHUNKS: usize = $crate::search::prefix::BOTH_ROWS_FIRST / POSITIONS;
         // The primary rows are checked one chunk ahead: the portable loop's PEEK.
         const _: () = assert!($crate::search::prefix::PEEK == POSITIONS && BOTH_CHUNKS >= 1);
-        let mut ring = [Chunk::EMPTY; AHEAD];
         let chunks = n.div_ceil(POSITIONS);
-        let stage = |k: usize, ring: &mut [Chunk; AHEAD]| {
-            let $out: &mut Chunk = &mut ring[k % AHEAD];
+        // Locates chunk `k` into `ring[k % ring.len()]`.
+        let stage = |k: usize, ring: &mut [Chunk]| {
+            let slot = k % ring.len();
+            let $out: &mut Chunk = &mut ring[slot];
             let ($start, $buckets, $lanes) = (k * POSITIONS, buckets, lanes as u64);
             $locate
         };
-        for k in 0..chunks.min(AHEAD - 1) {
-            stage(k, &mut ring);
-        }
         if !on_demand {
+            let mut ring = [Chunk::EMPTY; AHEAD];
+            for k in 0..chunks.min(AHEAD - 1) {
+                stage(k, &mut ring);
+            }
             if prefetch {
                 for k in 0..chunks.min(SPREAD) {
                     let slot = &ring[k % AHEAD];
@@ -144,8 +150,12 @@ macro_rules! probe_loop {
                 }
             }
         } else {
-            for k in 0..chunks.min(SPREAD) {
-                let slot = &ring[k % AHEAD];
+            let mut ring = [Chunk::EMPTY; AHEAD_OD];
+            for k in 0..chunks.min(AHEAD_OD - 1) {
+                stage(k, &mut ring);
+            }
+            for k in 0..chunks.min(SPREAD_OD) {
+                let slot = &ring[k % AHEAD_OD];
                 for i in 0..(n - k * POSITIONS).min(POSITIONS) {
                     rows.prefetch_offset(slot.a[i] as usize);
                     if k < BOTH_CHUNKS {
@@ -165,18 +175,18 @@ macro_rules! probe_loop {
             let mut peeked = [0u32; POSITIONS];
             let mut peeked_next = [0u32; POSITIONS];
             for k in 0..chunks {
-                if k + AHEAD - 1 < chunks {
-                    stage(k + AHEAD - 1, &mut ring);
+                if k + AHEAD_OD - 1 < chunks {
+                    stage(k + AHEAD_OD - 1, &mut ring);
                 }
-                let cur = &ring[k % AHEAD];
-                let next = &ring[(k + 1) % AHEAD];
+                let cur = &ring[k % AHEAD_OD];
+                let next = &ring[(k + 1) % AHEAD_OD];
                 let start = k * POSITIONS;
-                // Positions of chunk `k + SPREAD` (located above) whose primary rows to
+                // Positions of chunk `k + SPREAD_OD` (located above) whose primary rows to
                 // prefetch, and of chunk `k + 1` whose primary rows to check: none past the
                 // query's end.
-                let ahead = &ring[(k + SPREAD) % AHEAD];
-                let ahead_len = if k + SPREAD < chunks {
-                    (n - (k + SPREAD) * POSITIONS).min(POSITIONS)
+                let ahead = &ring[(k + SPREAD_OD) % AHEAD_OD];
+                let ahead_len = if k + SPREAD_OD < chunks {
+                    (n - (k + SPREAD_OD) * POSITIONS).min(POSITIONS)
                 } else {
                     0
                 };
