@@ -20,7 +20,8 @@
 //! 4. On large tables the rows of the position `PREFETCH_POSITIONS` (24) steps ahead are
 //!    prefetched while each position is probed, so the cache misses of an out-of-cache table
 //!    overlap instead of being paid one after another. Beyond the last-level cache only the
-//!    primary row is prefetched (both for the first 16 positions); a position's primary row is
+//!    primary row is prefetched, 40 positions ahead (both rows for the first 16 positions); a
+//!    position's primary row is
 //!    checked 8 positions before its decision and its alternate row prefetched then if an active
 //!    lane missed (`search/prefix.rs`, `prefix_loop`).
 //! 5. A domain of more than 16 lanes ([`LaneGroups`]) runs steps 2-4 once per lane group

@@ -67,7 +67,8 @@ pub(super) fn set_depths(depths: &mut [u32; GROUP_LANES], mut lanes: u32, depth:
 ///
 /// A table in the cache checks both candidate rows of each position at once, prefetching both
 /// [`PREFETCH_POSITIONS`] ahead when it is larger than about an L2. A table beyond the
-/// last-level cache (`crate::memory::alternate_on_demand`) prefetches only primary rows ahead
+/// last-level cache (`crate::memory::alternate_on_demand`) prefetches only primary rows,
+/// [`ON_DEMAND_PREFETCH_POSITIONS`] ahead
 /// (bucket `a`, where insertion puts a fingerprint whenever it has room; both rows for the first
 /// [`BOTH_ROWS_FIRST`] positions) and reads a position's alternate row only for the lanes its
 /// primary row missed: the primary row is checked [`PEEK`] positions before the position is
