@@ -29,8 +29,11 @@ const _: () = assert!(
     ON_DEMAND_PREFETCH_POSITIONS.is_multiple_of(8)
         && ON_DEMAND_PREFETCH_POSITIONS >= PREFETCH_POSITIONS
 );
-/// Ring of located positions (a power of two > both prefetch distances).
+/// Rings of located positions (powers of two beyond each prefetch distance): the loop that
+/// reads both rows, and the one that reads alternate rows on demand.
+const RING_PAIR: usize = 32;
 const RING: usize = 64;
+const _: () = assert!(RING_PAIR.is_power_of_two() && RING_PAIR > PREFETCH_POSITIONS);
 const _: () = assert!(RING.is_power_of_two() && RING > ON_DEMAND_PREFETCH_POSITIONS);
 
 /// How many positions before its decision a large table's query checks a position's primary
@@ -91,42 +94,61 @@ where
     let n = hashes.len();
     let mut active = u32::from(ready);
     let mut pos = 0usize;
-    let mut ring = [Location {
+    // A located position's placeholder in the prefetching loops' rings.
+    const EMPTY: Location = Location {
         fingerprint: 0,
         bucket_a: 0,
         bucket_b: 0,
-    }; RING];
+    };
     let rows = table.rows();
-    if !table.reads_alternate_on_demand() {
-        let prefetch = table.prefetches_rows();
-        if prefetch {
-            for (i, &h) in hashes[..n.min(PREFETCH_POSITIONS)].iter().enumerate() {
-                let loc = addressing.locate(h);
-                rows.prefetch(loc.bucket_a as usize);
-                rows.prefetch(loc.bucket_b as usize);
-                ring[i % RING] = loc;
-            }
+    // Both rows of position `pos` at once. A function forced inline rather than a closure: a
+    // closure called from two loops was compiled out of line (a call per position).
+    #[inline(always)]
+    fn pair_step<F: FnMut(usize, usize, u16, u32) -> u32>(
+        pair_hits: &mut F,
+        depths: &mut [u32; GROUP_LANES],
+        pos: usize,
+        loc: Location,
+        active: &mut u32,
+    ) {
+        let (a, b) = (loc.bucket_a as usize, loc.bucket_b as usize);
+        let hits = pair_hits(a, b, loc.fingerprint, *active) & *active;
+        set_depths(depths, *active & !hits, pos);
+        *active = hits;
+    }
+    if !table.prefetches_rows() {
+        while pos < n && active != 0 {
+            let loc = addressing.locate(hashes[pos]);
+            pair_step(&mut pair_hits, &mut depths, pos, loc, &mut active);
+            pos += 1;
+        }
+    } else if !table.reads_alternate_on_demand() {
+        let mut ring = [EMPTY; RING_PAIR];
+        for (i, &h) in hashes[..n.min(PREFETCH_POSITIONS)].iter().enumerate() {
+            let loc = addressing.locate(h);
+            rows.prefetch(loc.bucket_a as usize);
+            rows.prefetch(loc.bucket_b as usize);
+            ring[i % RING_PAIR] = loc;
         }
         while pos < n && active != 0 {
-            let loc = if prefetch {
-                let ahead = pos + PREFETCH_POSITIONS;
-                if ahead < n {
-                    let loc = addressing.locate(hashes[ahead]);
-                    rows.prefetch(loc.bucket_a as usize);
-                    rows.prefetch(loc.bucket_b as usize);
-                    ring[ahead % RING] = loc;
-                }
-                ring[pos % RING]
-            } else {
-                addressing.locate(hashes[pos])
-            };
-            let (a, b) = (loc.bucket_a as usize, loc.bucket_b as usize);
-            let hits = pair_hits(a, b, loc.fingerprint, active) & active;
-            set_depths(&mut depths, active & !hits, pos);
-            active = hits;
+            let ahead = pos + PREFETCH_POSITIONS;
+            if ahead < n {
+                let loc = addressing.locate(hashes[ahead]);
+                rows.prefetch(loc.bucket_a as usize);
+                rows.prefetch(loc.bucket_b as usize);
+                ring[ahead % RING_PAIR] = loc;
+            }
+            pair_step(
+                &mut pair_hits,
+                &mut depths,
+                pos,
+                ring[pos % RING_PAIR],
+                &mut active,
+            );
             pos += 1;
         }
     } else {
+        let mut ring = [EMPTY; RING];
         // Primary-row hits of the positions PEEK ahead, by position (mod 2 * PEEK).
         let mut peeked = [0u32; 2 * PEEK];
         for (i, &h) in hashes[..n.min(ON_DEMAND_PREFETCH_POSITIONS)]
