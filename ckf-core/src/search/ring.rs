@@ -47,8 +47,9 @@ pub(super) const NO_DEPTHS: [u32; GROUP_LANES] = [0; GROUP_LANES];
 /// * `pair_hits(a, b, fp) => EXPR` gives bit `l` for each lane `l` whose word in row `a` or
 ///   row `b` (`*const u64`, the first words of two rows of the table, from the offsets above)
 ///   holds `fp: u16`, loading every word of row `a` first; bits past the row may be set (the
-///   loop masks with the active lanes). A cached table's check of a position.
-/// * `row_hits(row, fp) => EXPR` the same for one row: a large table's check of a position's
+///   loop masks with the active lanes). The check of a position on a table within the
+///   last-level cache.
+/// * `row_hits(row, fp) => EXPR` the same for one row: a larger table's check of a position's
 ///   primary row, and of its alternate row for the lanes that missed the primary one
 ///   ([`crate::search::prefix::prefix_loop`] describes the schedule).
 ///
