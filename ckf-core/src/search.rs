@@ -134,7 +134,8 @@ const WARM_POSITIONS: usize = prefix::PREFETCH_POSITIONS;
 /// first holding a ready lane, so those groups' first misses overlap the first group's search
 /// instead of following it.
 fn warm_later_groups(table: &LaneGroups, addressing: Addressing, hashes: &[u64], ready: u64) {
-    let warm = if table.groups()[0].reads_alternate_on_demand() {
+    let on_demand = table.groups()[0].reads_alternate_on_demand();
+    let warm = if on_demand {
         prefix::ON_DEMAND_PREFETCH_POSITIONS
     } else {
         WARM_POSITIONS
@@ -145,7 +146,7 @@ fn warm_later_groups(table: &LaneGroups, addressing: Addressing, hashes: &[u64],
             if lazy::group_mask(ready, g) != 0 {
                 let rows = group.rows();
                 rows.prefetch(loc.bucket_a as usize);
-                if !group.reads_alternate_on_demand() || i < prefix::BOTH_ROWS_FIRST {
+                if !on_demand || i < prefix::BOTH_ROWS_FIRST {
                     rows.prefetch(loc.bucket_b as usize);
                 }
             }

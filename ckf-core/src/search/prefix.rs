@@ -63,6 +63,25 @@ pub(super) fn set_depths(depths: &mut [u32; GROUP_LANES], mut lanes: u32, depth:
     }
 }
 
+/// Locates position `pos` of `hashes` into its slot of `ring`, prefetching its primary row and,
+/// with `both`, its alternate row: one step of a prefetching loop's look-ahead.
+#[inline(always)]
+fn stage<const R: usize>(
+    addressing: Addressing,
+    rows: &bucket::Rows<'_>,
+    hashes: &[u64],
+    pos: usize,
+    both: bool,
+    ring: &mut [Location; R],
+) {
+    let loc = addressing.locate(hashes[pos]);
+    rows.prefetch(loc.bucket_a as usize);
+    if both {
+        rows.prefetch(loc.bucket_b as usize);
+    }
+    ring[pos % R] = loc;
+}
+
 /// The prefix loop shared by every row-check implementation. `pair_hits(a, b, fp, active)`
 /// returns the lanes (a superset filter is fine, it is masked with `active`) whose word in
 /// bucket `a`'s or bucket `b`'s row holds `fp`, reading `a`'s row first; `row_hits(bucket, fp,
@@ -124,19 +143,19 @@ where
         }
     } else if !table.reads_alternate_on_demand() {
         let mut ring = [EMPTY; RING_PAIR];
-        for (i, &h) in hashes[..n.min(PREFETCH_POSITIONS)].iter().enumerate() {
-            let loc = addressing.locate(h);
-            rows.prefetch(loc.bucket_a as usize);
-            rows.prefetch(loc.bucket_b as usize);
-            ring[i % RING_PAIR] = loc;
+        for i in 0..n.min(PREFETCH_POSITIONS) {
+            stage(addressing, &rows, hashes, i, true, &mut ring);
         }
         while pos < n && active != 0 {
-            let ahead = pos + PREFETCH_POSITIONS;
-            if ahead < n {
-                let loc = addressing.locate(hashes[ahead]);
-                rows.prefetch(loc.bucket_a as usize);
-                rows.prefetch(loc.bucket_b as usize);
-                ring[ahead % RING_PAIR] = loc;
+            if pos + PREFETCH_POSITIONS < n {
+                stage(
+                    addressing,
+                    &rows,
+                    hashes,
+                    pos + PREFETCH_POSITIONS,
+                    true,
+                    &mut ring,
+                );
             }
             pair_step(
                 &mut pair_hits,
@@ -151,23 +170,13 @@ where
         let mut ring = [EMPTY; RING];
         // Primary-row hits of the positions PEEK ahead, by position (mod 2 * PEEK).
         let mut peeked = [0u32; 2 * PEEK];
-        for (i, &h) in hashes[..n.min(ON_DEMAND_PREFETCH_POSITIONS)]
-            .iter()
-            .enumerate()
-        {
-            let loc = addressing.locate(h);
-            rows.prefetch(loc.bucket_a as usize);
-            if i < BOTH_ROWS_FIRST {
-                rows.prefetch(loc.bucket_b as usize);
-            }
-            ring[i % RING] = loc;
+        for i in 0..n.min(ON_DEMAND_PREFETCH_POSITIONS) {
+            stage(addressing, &rows, hashes, i, i < BOTH_ROWS_FIRST, &mut ring);
         }
         while pos < n && active != 0 {
-            let ahead = pos + ON_DEMAND_PREFETCH_POSITIONS;
-            if ahead < n {
-                let loc = addressing.locate(hashes[ahead]);
-                rows.prefetch(loc.bucket_a as usize);
-                ring[ahead % RING] = loc;
+            if pos + ON_DEMAND_PREFETCH_POSITIONS < n {
+                let ahead = pos + ON_DEMAND_PREFETCH_POSITIONS;
+                stage(addressing, &rows, hashes, ahead, false, &mut ring);
             }
             let loc = ring[pos % RING];
             let mut hits = if pos < BOTH_ROWS_FIRST {
