@@ -163,6 +163,18 @@ async fn lanes_query_and_health_against_running_services() {
         if depth_of(&answer, "dc-a") == Some(3) {
             assert_eq!(depth_of(&answer, "dc-b"), Some(0));
             assert_eq!(answer["blocks"], 4);
+            // The ready lanes, as the mask and as a list (exact for lanes 53..63 in any reader).
+            let mut lanes: Vec<u64> = answer["matches"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| m["lane"].as_u64().unwrap())
+                .collect();
+            lanes.sort_unstable();
+            let listed: Vec<u64> = serde_json::from_value(answer["ready_lanes"].clone()).unwrap();
+            assert_eq!((listed.len(), &listed), (2, &lanes), "{answer}");
+            let mask = lanes.iter().fold(0, |m, l| m | 1 << l);
+            assert_eq!(answer["ready_mask"].as_u64(), Some(mask), "{answer}");
             break;
         }
         assert!(

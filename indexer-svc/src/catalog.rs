@@ -234,6 +234,7 @@ pub fn apply(
         config.auth = next.auth;
     }
     for domain in &removed {
+        domain.router.retire();
         domain.removed.trigger();
     }
     if !removed.is_empty() {

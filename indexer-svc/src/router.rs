@@ -7,7 +7,7 @@
 //! and every caller books on the same queues. No wire types: `crate::route` decodes, checks and
 //! translates for the RPCs.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use ckf_core::global::GlobalCkfIndexer;
@@ -117,8 +117,9 @@ pub struct Router {
     rtts: Arc<[Option<Duration>]>,
     loads: Arc<Mutex<LaneLoads>>,
     bookings: Arc<Mutex<Bookings>>,
-    /// `ckf_indexer_route_decisions_total`.
-    decisions: IntCounterVec,
+    /// `ckf_indexer_route_decisions_total`; `None` once the domain is removed
+    /// ([`Router::retire`]).
+    decisions: Arc<RwLock<Option<IntCounterVec>>>,
 }
 
 impl Router {
@@ -149,7 +150,7 @@ impl Router {
             rtts,
             loads: Arc::default(),
             bookings: Arc::default(),
-            decisions,
+            decisions: Arc::new(RwLock::new(Some(decisions))),
         }
     }
 
@@ -165,6 +166,18 @@ impl Router {
             rtts: slot_rtts(&self.indexer, config),
             ..self.clone()
         }
+    }
+
+    /// Stops counting this router's choices (every clone's): its domain was removed from the
+    /// catalog, and its series are about to be swept. A call in flight that chose before
+    /// counts before this returns; one that chooses after (a request that resolved the domain
+    /// before its removal, an in-process handle kept past it) still answers and books, but
+    /// is not counted, so the removed domain's `route_decisions` series do not come back.
+    pub fn retire(&self) {
+        *self
+            .decisions
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = None;
     }
 
     /// The core consumer it searches.
@@ -279,10 +292,18 @@ impl Router {
         }
         drop(bookings);
         if let Some((lane, reason)) = routed.choice.filter(|_| !query.dry_run) {
-            let pool = indexer.pool(lane);
-            self.decisions
-                .with_label_values(&[pool.domain.as_str(), pool.dc.as_str(), reason.label()])
-                .inc();
+            // Counted under the read lock: once `retire` returns, no choice of this domain
+            // creates a series again, so the sweep that follows a removal leaves none behind.
+            let decisions = self
+                .decisions
+                .read()
+                .unwrap_or_else(PoisonError::into_inner);
+            if let Some(decisions) = decisions.as_ref() {
+                let pool = indexer.pool(lane);
+                decisions
+                    .with_label_values(&[pool.domain.as_str(), pool.dc.as_str(), reason.label()])
+                    .inc();
+            }
         }
         let ranked = routed
             .ranked

@@ -125,7 +125,8 @@ impl RunningIndexer {
     }
 
     /// An in-process query handle on `domain`, if served now (`None` after the indexer
-    /// stopped). A handle on a domain a reload removes keeps answering from its last tables.
+    /// stopped). A handle on a domain a reload removes keeps answering from its last tables;
+    /// its Route choices are no longer counted in `ckf_indexer_route_decisions_total`.
     pub fn domain_query_handle(&self, domain: &str) -> Option<EmbeddedQuery> {
         let state = self.state.upgrade()?;
         let domains = state.domains();

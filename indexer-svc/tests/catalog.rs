@@ -14,6 +14,7 @@ use ckf_core::identity::{PoolId, ProducerIdentity, ProducerIncarnation};
 use ckf_proto::v1::{self, admin_client::AdminClient};
 use clap::Parser;
 use common::*;
+use indexer_svc::router::RouteQuery;
 use tonic::Code;
 
 const TOKEN: &str = "admin.0123456789abcdef";
@@ -653,6 +654,34 @@ async fn a_removed_domain_leaves_no_counter_and_counts_again_when_added_back() {
     find_in(&indexer, "ghost", &hashes(1, 2)).await.unwrap();
     let metrics = metrics_text(&indexer).await;
     assert_eq!(queries_of_ghost(&metrics), Some(1), "{metrics}");
+}
+
+#[tokio::test]
+async fn a_route_chosen_after_its_domain_was_removed_brings_back_no_series() {
+    let files = Files::new(0);
+    files.write(QWEN);
+    let indexer = Indexer::start_from(files.cli()).await;
+    let shared = hashes(1, 4);
+    let mut q = Producer::attach_as(&indexer, qwen("dc-c", 2)).await;
+    q.store(1, &shared);
+    q.snapshot(8192).await;
+    // Held as a request resolves its domain before it routes (or as an embedded router keeps
+    // its handle): past the removal below.
+    let handle = indexer.running.domain_query_handle("qwen").unwrap();
+    let request = RouteQuery::by_hashes(shared.clone());
+    assert_eq!(handle.route(&request).unwrap().choice.unwrap().0, 1);
+    let decision = r#"ckf_indexer_route_decisions_total{dc="dc-c",domain="qwen""#;
+    assert!(metrics_text(&indexer).await.contains(decision));
+
+    files.write("");
+    reload(&indexer, false).await.unwrap();
+    wait_for_no_series(&indexer, "qwen").await;
+    // The removed domain's last tables still answer the late request, and book it, but its
+    // choice is not counted: no series of the removed domain comes back.
+    let late = handle.route(&request).unwrap();
+    assert_eq!(late.choice.map(|(lane, _)| lane), Some(1), "{late:?}");
+    let metrics = metrics_text(&indexer).await;
+    assert!(!metrics.contains("domain=\"qwen\""), "{metrics}");
 }
 
 /// Waits (bounded) until no series of `domain` is exported; panics with what is left.

@@ -42,7 +42,11 @@ pub async fn query(args: QueryArgs) -> Result<()> {
                 })
             })
             .collect();
-        let out = json!({ unit: count, "ready_mask": answer.ready_lanes(), "matches": lanes });
+        let ready = answer.ready_lanes();
+        let out = json!({
+            unit: count, "ready_mask": ready,
+            "ready_lanes": crate::operator::ready_lane_list(ready), "matches": lanes,
+        });
         crate::outln!("{}", serde_json::to_string_pretty(&out)?)?;
         return Ok(());
     }

@@ -51,7 +51,8 @@ pub async fn route(args: RouteArgs) -> Result<()> {
             })
             .collect();
         let out = json!({
-            unit: count, "ready_mask": answer.ready_lanes(), "ranked": ranked,
+            unit: count, "ready_mask": answer.ready_lanes(),
+            "ready_lanes": crate::operator::ready_lane_list(answer.ready_lanes()), "ranked": ranked,
             "chosen": chosen, "chosen_lane": answer.chosen_lane,
             "reason": answer.reason().as_str_name(),
         });
