@@ -10,7 +10,8 @@ use indexer_svc::{Cli, IndexerConfig, serve_loaded};
 
 // mimalloc instead of the system allocator: every query allocates its decoded request and its
 // answer (one block per query of a batch), and glibc's malloc/free took about a tenth of the
-// indexer's CPU under query load (docs/performance.md, "The query RPC end to end").
+// indexer's CPU under query load (docs/performance.md, "The query RPC end to end"). Built with
+// `no_thp` (the workspace's `Cargo.toml` says why): its arenas keep 4 KiB pages.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
