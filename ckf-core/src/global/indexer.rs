@@ -44,6 +44,10 @@ pub struct GlobalCkfIndexer {
     /// [`crate::search::SearchKernel`]); set at construction to the best available and changed
     /// only through `set_search_kernel`, which checks availability first.
     pub(crate) search_kernel: AtomicU8,
+    /// One sender per lane slot into the wake channel of that lane's ingestion worker
+    /// ([`crate::ingestion::IngestionWorkers`] sets them): a grant wakes a worker that sleeps
+    /// because its lane had no deadline to enforce. Empty without workers.
+    worker_wakes: Mutex<Vec<flume::Sender<()>>>,
 }
 
 impl GlobalCkfIndexer {
@@ -117,6 +121,7 @@ impl GlobalCkfIndexer {
             lanes,
             huge_pages,
             search_kernel: AtomicU8::new(SearchKernel::best() as u8),
+            worker_wakes: Mutex::new(Vec::new()),
         })
     }
 
@@ -333,7 +338,34 @@ impl GlobalCkfIndexer {
                 state: holder.state,
             })?;
         let events = subscribe.then(|| ingestor.subscribe());
+        drop(ingestor);
+        // The lane has a deadline now: its worker, asleep while it had none, wakes to time it.
+        let wakes = self
+            .worker_wakes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(wake) = wakes.get(usize::from(lane)) {
+            // Full: a wake is already pending. Disconnected: those workers stopped.
+            let _ = wake.try_send(());
+        }
         Ok((lease, events))
+    }
+
+    /// Sets the wake senders of the lanes' ingestion workers, one per lane slot, replacing any
+    /// earlier ones (the workers started last are the ones that run).
+    pub(crate) fn set_worker_wakes(&self, wakes: Vec<flume::Sender<()>>) {
+        *self
+            .worker_wakes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = wakes;
+    }
+
+    /// Whether `lane` has a deadline its worker must enforce (a lease awaiting its snapshot or
+    /// active, drained or not): its worker then wakes every tick; otherwise it may sleep until
+    /// a frame arrives or a lease is granted (which wakes it). `false` for a lane not in the
+    /// manifest.
+    pub(crate) fn lane_has_deadline(&self, lane: LaneIndex) -> bool {
+        self.lane(lane).is_ok_and(|l| l.has_deadline())
     }
 
     /// Applies one frame synchronously on the caller's thread, serialized with every other frame
