@@ -992,8 +992,8 @@ fn heartbeat_deadline_retires_silent_lane_only() {
     assert_eq!(ix.check_deadlines(0, Instant::now()), None);
 }
 
-#[test]
-fn a_lease_granted_while_the_lanes_worker_sleeps_is_timed_by_it() {
+/// Two lanes with a 50 ms heartbeat deadline, fed by ingestion workers ticking every 10 ms.
+fn two_lanes_with_workers() -> (std::sync::Arc<GlobalCkfIndexer>, IngestionWorkers) {
     let policy = LagPolicy {
         heartbeat_deadline: Some(Duration::from_millis(50)),
         apply_deadline: None,
@@ -1008,51 +1008,36 @@ fn a_lease_granted_while_the_lanes_worker_sleeps_is_timed_by_it() {
             tick: Duration::from_millis(10),
         },
     );
+    (ix, workers)
+}
+
+#[test]
+fn a_lease_granted_while_the_lanes_worker_sleeps_is_timed_by_it() {
+    let (ix, workers) = two_lanes_with_workers();
+    let events = workers.subscribe(1).unwrap();
     // No lease yet: the workers have nothing to time and sleep (past several ticks here).
     std::thread::sleep(Duration::from_millis(100));
     // A producer attaches and never sends a frame: the grant alone must wake its lane's worker,
-    // which retires the silent lease one heartbeat deadline later.
-    let a = attach(&ix, "dc-1", 1);
-    let events = workers.subscribe(1).unwrap();
-    let ev = events.recv_timeout(Duration::from_secs(30)).unwrap();
-    assert_eq!(ev.lease, a.tag.lease);
-    assert!(
-        matches!(
-            ev.kind,
-            LaneEventKind::Retired(RetireReason::HeartbeatTimeout { .. })
-        ),
-        "{ev:?}"
-    );
+    // which retires the silent lease one heartbeat deadline later. Retired, the lane sleeps
+    // again, and the next grant wakes it again.
+    for incarnation in [1, 2] {
+        let stream = attach(&ix, "dc-1", incarnation);
+        let ev = events.recv_timeout(Duration::from_secs(30)).unwrap();
+        assert_eq!(ev.lease, stream.tag.lease);
+        assert!(
+            matches!(
+                ev.kind,
+                LaneEventKind::Retired(RetireReason::HeartbeatTimeout { .. })
+            ),
+            "{ev:?}"
+        );
+    }
     assert_eq!(ix.lane_status(0).unwrap().state, LaneState::Unassigned);
-    // Retired, the lane sleeps again; the next grant wakes it again.
-    let b = attach(&ix, "dc-1", 2);
-    let ev = events.recv_timeout(Duration::from_secs(30)).unwrap();
-    assert_eq!(ev.lease, b.tag.lease);
-    assert!(
-        matches!(
-            ev.kind,
-            LaneEventKind::Retired(RetireReason::HeartbeatTimeout { .. })
-        ),
-        "{ev:?}"
-    );
 }
 
 #[test]
 fn pool_heartbeat_deadline_emits_retirement_event() {
-    let policy = LagPolicy {
-        heartbeat_deadline: Some(Duration::from_millis(50)),
-        apply_deadline: None,
-        drain_grace: None,
-    };
-    let ix =
-        std::sync::Arc::new(GlobalCkfIndexer::with_policy(manifest(2), INSTANCE, policy).unwrap());
-    let pool_ = IngestionWorkers::new(
-        ix.clone(),
-        IngestionWorkersConfig {
-            queue_capacity: 8,
-            tick: Duration::from_millis(10),
-        },
-    );
+    let (ix, pool_) = two_lanes_with_workers();
     let a = attach(&ix, "dc-0", 1);
     let events = pool_.subscribe(0).unwrap();
     let out = pool_
