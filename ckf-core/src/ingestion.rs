@@ -142,11 +142,15 @@ impl IngestionWorkers {
             senders: Vec::new(),
             workers: Vec::new(),
         };
-        let mut wakes = Vec::with_capacity(indexer.lane_count());
-        for lane in 0..indexer.lane_count() {
+        // One pending wake is enough: a worker re-reads its lane when it wakes. The wakes are
+        // the indexer's before any worker runs: a grant made once a worker may have read its
+        // lane wakes that worker (a grant made before is what the worker's first read sees).
+        let (wakes, wake_rxs): (Vec<_>, Vec<_>) = (0..indexer.lane_count())
+            .map(|_| flume::bounded::<()>(1))
+            .unzip();
+        indexer.set_worker_wakes(wakes);
+        for (lane, wake_rx) in wake_rxs.into_iter().enumerate() {
             let (tx, rx) = flume::bounded::<Envelope>(config.queue_capacity);
-            // One pending wake is enough: the worker re-reads its lane when it wakes.
-            let (wake_tx, wake_rx) = flume::bounded::<()>(1);
             let idx = Arc::clone(&indexer);
             let tick = config.tick.min(MAX_TICK);
             // On an error `this` is dropped: the workers started so far stop and are joined.
@@ -158,9 +162,7 @@ impl IngestionWorkers {
                 })?;
             this.senders.push(tx);
             this.workers.push(handle);
-            wakes.push(wake_tx);
         }
-        indexer.set_worker_wakes(wakes);
         Ok(this)
     }
 
