@@ -70,7 +70,8 @@ struct Receiving {
 /// How long a lane's ingestion worker may go without running before the gap counts as the
 /// consumer's own stall, not its producer's silence (the worker of a leased lane runs at least
 /// every tick, which `IngestionWorkers` keeps at most 100 ms; one of a lane without a lease may
-/// sleep longer, and its gap then excuses only the new lease's first microseconds).
+/// sleep longer, which excuses nothing: the grant that ends the sleep starts the new lease's
+/// clocks at the grant).
 pub const STALL_EXCUSED_AFTER: Duration = Duration::from_millis(250);
 
 /// The serialized, worker-local state of one lane.
@@ -180,8 +181,6 @@ impl LaneIngestor {
         }
     }
 
-    /// Whether the lane has a live attachment: a lease whose stream awaits its snapshot or is
-    /// active and not drained. (Deadlines are enforced by the caller first.)
     /// Whether a deadline check may retire this lane: a lease awaiting its snapshot or active
     /// (the heartbeat deadline; once drained, the drain grace). An unassigned or retired lane
     /// has none until its next grant.
@@ -189,6 +188,8 @@ impl LaneIngestor {
         matches!(self.state, LaneState::AwaitingSnapshot | LaneState::Active)
     }
 
+    /// Whether the lane has a live attachment: a lease whose stream awaits its snapshot or is
+    /// active and not drained. (Deadlines are enforced by the caller first.)
     fn is_live(&self) -> bool {
         matches!(self.state, LaneState::AwaitingSnapshot | LaneState::Active)
             && self.drained_at.is_none()
