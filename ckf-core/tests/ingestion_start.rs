@@ -42,6 +42,17 @@ fn thread_sleeps(tid: &str) -> bool {
         .unwrap_or(false)
 }
 
+/// Polls `found` until it gives a value (a bounded wait: panics naming `what` after 10 s).
+fn wait_for<T>(what: &str, mut found: impl FnMut() -> Option<T>) -> T {
+    let give_up = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(value) = found() {
+            return value;
+        }
+        assert!(Instant::now() < give_up, "waited 10 s for {what}");
+    }
+}
+
 #[test]
 fn a_lease_granted_while_the_workers_start_is_timed() {
     let policy = LagPolicy {
@@ -68,16 +79,10 @@ fn a_lease_granted_while_the_workers_start_is_timed() {
             std::thread::spawn(move || {
                 // Lane 0's worker is spawned first: grant once it sleeps (no lease to time),
                 // while the later lanes' workers are still being spawned.
-                let started = Instant::now();
-                let tid = loop {
-                    if let Some(tid) = thread_named("ckf-lane-0") {
-                        break tid;
-                    }
-                    assert!(started.elapsed() < Duration::from_secs(10));
-                };
-                while !thread_sleeps(&tid) {
-                    assert!(started.elapsed() < Duration::from_secs(10));
-                }
+                let tid = wait_for("lane 0's worker to start", || thread_named("ckf-lane-0"));
+                wait_for("lane 0's worker to sleep", || {
+                    thread_sleeps(&tid).then_some(())
+                });
                 let last_not_spawned = thread_named(&format!("ckf-lane-{}", LANES - 1)).is_none();
                 let lease = ix.grant_lease(&producer(round + 1)).unwrap();
                 (lease, last_not_spawned)
