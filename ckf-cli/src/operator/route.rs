@@ -50,9 +50,10 @@ pub async fn route(args: RouteArgs) -> Result<()> {
                 })
             })
             .collect();
+        let ready = answer.ready_lanes();
         let out = json!({
-            unit: count, "ready_mask": answer.ready_lanes(),
-            "ready_lanes": crate::operator::ready_lane_list(answer.ready_lanes()), "ranked": ranked,
+            unit: count, "ready_mask": ready,
+            "ready_lanes": crate::operator::ready_lane_list(ready), "ranked": ranked,
             "chosen": chosen, "chosen_lane": answer.chosen_lane,
             "reason": answer.reason().as_str_name(),
         });
