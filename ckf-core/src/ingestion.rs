@@ -8,26 +8,27 @@
 //! * **Saturation.** [`IngestionWorkers::submit`] never blocks: when the lane's queue is full the
 //!   frame is refused ([`SubmitError::Saturated`]) and, if the frame carries the lane's current
 //!   lease, that lane alone is retired ([`RetireReason::Saturated`]): its stream has lost a frame.
-//! * **Deadlines.** While its lane holds a lease (awaiting its snapshot or active), a worker
-//!   wakes at least every `tick` to enforce the lane's heartbeat deadline
-//!   ([`LagPolicy::heartbeat_deadline`]) and drain grace; a lane without one (unassigned,
-//!   retired) has nothing to time, and its worker sleeps until a frame arrives or a lease is
-//!   granted, which wakes it (an idle indexer of 2,000 lanes woke 20,000 times a second and
-//!   spent about a third of a core on it). The dirty-to-applied deadline is checked per
-//!   delta using the time the frame spent in the queue. Each time a worker runs it tells its
-//!   lane ([`GlobalCkfIndexer::note_worker_ran`]); a lane whose worker has not run for more
-//!   than [`STALL_EXCUSED_AFTER`] (this process was stopped, its host froze, or the worker was
-//!   busy) does not blame its producer for that time, in the worker's check or in any other
-//!   (an attach decided first after the stall), so the producer's heartbeats, queued in the
-//!   connection meanwhile, arrive before its deadline does. A producer that stays silent
-//!   afterwards is still retired one deadline later.
+//! * **Deadlines.** One deadline keeper thread per pool enforces every lane's heartbeat
+//!   deadline ([`LagPolicy::heartbeat_deadline`]) and drain grace: while any lane holds a lease
+//!   (awaiting its snapshot or active), it wakes every `tick` and checks each such lane. While
+//!   none does it sleeps until a lease is granted, which wakes it. (A worker per lane ticking
+//!   on its own cost an indexer of 2,000 lanes 20,000 wake-ups a second, about a third of a
+//!   core; the keeper is 10 a second.) The dirty-to-applied deadline is checked per delta,
+//!   using the time the frame spent in the queue. On every pass the keeper tells each leased
+//!   lane that this consumer ran ([`GlobalCkfIndexer::note_consumer_ran`]). A lane that has
+//!   not been told for more than [`STALL_EXCUSED_AFTER`] (this process was stopped, its host
+//!   froze, or the lane's worker held the lane through a long apply) does not blame its
+//!   producer for that time, in the keeper's check or in any other (an attach decided first
+//!   after the stall). So the producer's heartbeats, queued in the connection meanwhile,
+//!   arrive before its deadline does. A producer that stays silent afterwards is still
+//!   retired one deadline later.
 //! * **Replies.** Every submitted frame gets exactly one [`IngestOutcome`] on the reply sender the
 //!   caller supplied (use `recv_async` from async code). Asynchronous retirements (deadlines) are
 //!   published as [`LaneEvent`]s to [`IngestionWorkers::subscribe`]rs.
 //!
 //! No async runtime: std threads and flume only. Dropping the workers (or
 //! [`IngestionWorkers::shutdown`]) closes the queues, lets each worker finish the frames already
-//! queued, and joins it.
+//! queued, and joins it and the keeper.
 //!
 //! [`LagPolicy::heartbeat_deadline`]: crate::lane::LagPolicy::heartbeat_deadline
 //! [`STALL_EXCUSED_AFTER`]: crate::lane::STALL_EXCUSED_AFTER
@@ -45,16 +46,17 @@ use crate::lane::{Frame, IngestOutcome, LaneEvent, RetireReason, StrayFrame};
 /// Longest [`IngestionWorkersConfig::tick`].
 pub const MAX_TICK: Duration = Duration::from_millis(100);
 
-/// Configuration of the ingestion workers (one thread and one bounded queue per lane).
+/// Configuration of the ingestion workers (one thread and one bounded queue per lane, and the
+/// deadline keeper).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IngestionWorkersConfig {
     /// Frames each lane's queue holds before submission saturates (>= 1). Default 1024.
     pub queue_capacity: usize,
-    /// Longest a worker of a leased lane sleeps between heartbeat-deadline checks. Default
-    /// 100 ms; at most [`MAX_TICK`] (a longer one is cut to it): a worker that sleeps longer
-    /// than [`STALL_EXCUSED_AFTER`](crate::lane::STALL_EXCUSED_AFTER) would look stalled to
-    /// its lane on every idle wake. (A lane without a lease has nothing to time: its worker
-    /// sleeps until a frame or a grant.)
+    /// Period of the deadline keeper while a lane holds a lease. Default 100 ms; at most
+    /// [`MAX_TICK`] (a longer one is cut to it): a keeper that sleeps longer than
+    /// [`STALL_EXCUSED_AFTER`](crate::lane::STALL_EXCUSED_AFTER) would look like this
+    /// consumer's own stall on every pass. (While no lane holds a lease the keeper sleeps until
+    /// a grant.)
     pub tick: Duration,
 }
 
@@ -96,11 +98,13 @@ struct Envelope {
     reply: Option<flume::Sender<IngestOutcome>>,
 }
 
-/// One worker thread per lane over bounded queues; see the module docs.
+/// One worker thread per lane over bounded queues, and the deadline keeper; see the module docs.
 pub struct IngestionWorkers {
     indexer: Arc<GlobalCkfIndexer>,
     config: IngestionWorkersConfig,
     senders: Vec<flume::Sender<Envelope>>,
+    /// Dropped to stop the keeper.
+    stop_keeper: Option<flume::Sender<()>>,
     workers: Vec<JoinHandle<()>>,
 }
 
@@ -136,30 +140,37 @@ impl IngestionWorkers {
         config: IngestionWorkersConfig,
     ) -> std::io::Result<Self> {
         assert!(config.queue_capacity > 0, "queue_capacity must be >= 1");
+        let (stop_keeper, stop) = flume::bounded::<()>(0);
         let mut this = Self {
             indexer: Arc::clone(&indexer),
             config,
             senders: Vec::new(),
+            stop_keeper: Some(stop_keeper),
             workers: Vec::new(),
         };
-        // One pending wake is enough: a worker re-reads its lane when it wakes. The wakes are
-        // the indexer's before any worker runs: a grant made once a worker may have read its
-        // lane wakes that worker (a grant made before is what the worker's first read sees).
-        let (wakes, wake_rxs): (Vec<_>, Vec<_>) = (0..indexer.lane_count())
-            .map(|_| flume::bounded::<()>(1))
-            .unzip();
-        indexer.set_worker_wakes(wakes);
-        for (lane, wake_rx) in wake_rxs.into_iter().enumerate() {
+        // One pending wake is enough: the keeper re-reads every lane when it wakes. The wake is
+        // the indexer's before the keeper runs: a grant made once the keeper may have read its
+        // lane wakes it (a grant made before is what the keeper's first pass sees).
+        let (wake, wake_rx) = flume::bounded::<()>(1);
+        indexer.set_deadline_wake(wake);
+        let spawned = |name: String, e: std::io::Error| {
+            std::io::Error::new(e.kind(), format!("{name} thread: {e}"))
+        };
+        let idx = Arc::clone(&indexer);
+        let tick = config.tick.min(MAX_TICK);
+        // On an error `this` is dropped: the threads started so far stop and are joined.
+        let keeper = std::thread::Builder::new()
+            .name("ckf-deadlines".to_owned())
+            .spawn(move || keep_deadlines(&idx, &wake_rx, &stop, tick))
+            .map_err(|e| spawned("the deadline keeper's".to_owned(), e))?;
+        this.workers.push(keeper);
+        for lane in 0..indexer.lane_count() {
             let (tx, rx) = flume::bounded::<Envelope>(config.queue_capacity);
             let idx = Arc::clone(&indexer);
-            let tick = config.tick.min(MAX_TICK);
-            // On an error `this` is dropped: the workers started so far stop and are joined.
             let handle = std::thread::Builder::new()
                 .name(format!("ckf-lane-{lane}"))
-                .spawn(move || worker(idx, lane as LaneIndex, rx, wake_rx, tick))
-                .map_err(|e| {
-                    std::io::Error::new(e.kind(), format!("lane {lane}'s worker thread: {e}"))
-                })?;
+                .spawn(move || drain_queue(&idx, &rx))
+                .map_err(|e| spawned(format!("lane {lane}'s worker"), e))?;
             this.senders.push(tx);
             this.workers.push(handle);
         }
@@ -246,6 +257,7 @@ impl IngestionWorkers {
 
     fn stop(&mut self) {
         self.senders.clear();
+        self.stop_keeper = None;
         for w in self.workers.drain(..) {
             // A worker never panics (apply panics are caught inside ingest); ignore if it did.
             let _ = w.join();
@@ -259,63 +271,42 @@ impl Drop for IngestionWorkers {
     }
 }
 
-/// What woke a worker.
-enum Wake {
-    Frame(Envelope),
-    /// The deadline tick, or a lease granted on the lane (or a wake left from an earlier one).
-    Check,
+/// A lane's worker: applies its lane's frames in order until the queue closes.
+fn drain_queue(indexer: &GlobalCkfIndexer, rx: &flume::Receiver<Envelope>) {
+    while let Ok(env) = rx.recv() {
+        let outcome = indexer.ingest(&env.frame, env.received_at);
+        if let Some(reply) = env.reply {
+            let _ = reply.send(outcome);
+        }
+    }
 }
 
-fn worker(
-    indexer: Arc<GlobalCkfIndexer>,
-    lane: LaneIndex,
-    rx: flume::Receiver<Envelope>,
-    wake: flume::Receiver<()>,
+/// The deadline keeper: a pass over the lanes at start, then one every `tick` while a lane has
+/// a deadline; while none has, it sleeps until a grant wakes it. It ends when `stop` closes.
+fn keep_deadlines(
+    indexer: &GlobalCkfIndexer,
+    wake: &flume::Receiver<()>,
+    stop: &flume::Receiver<()>,
     tick: Duration,
 ) {
-    let mut next_check = Instant::now() + tick;
-    // False once the indexer dropped this worker's wake sender (later workers replaced it).
+    // False once the indexer dropped this keeper's wake sender (a later pool replaced it): it
+    // then ticks, as it can no longer be woken.
     let mut wakeable = true;
     loop {
-        let timed = indexer.lane_has_deadline(lane);
+        let timed = indexer.keep_deadlines(Instant::now());
+        // `None`: stop. `Some(false)`: the wake sender is gone.
+        let mut select = flume::Selector::new().recv(stop, |_| None);
+        if wakeable {
+            select = select.recv(wake, |r| Some(r.is_ok()));
+        }
         let woke = if timed || !wakeable {
-            let bound = if timed {
-                next_check
-            } else {
-                Instant::now() + tick
-            };
-            rx.recv_deadline(bound)
-                .map(Wake::Frame)
-                .or_else(|e| match e {
-                    flume::RecvTimeoutError::Timeout => Ok(Wake::Check),
-                    flume::RecvTimeoutError::Disconnected => Err(()),
-                })
+            select.wait_timeout(tick).unwrap_or(Some(true))
         } else {
-            // Nothing to time: no wake-up every tick (an indexer of thousands of idle lanes
-            // would spend a core on them), only for a frame or a grant.
-            flume::Selector::new()
-                .recv(&rx, |r| r.map(Wake::Frame).map_err(drop))
-                .recv(&wake, |r| {
-                    wakeable = r.is_ok();
-                    Ok(Wake::Check)
-                })
-                .wait()
+            select.wait()
         };
         match woke {
-            Ok(Wake::Frame(env)) => {
-                let outcome = indexer.ingest(&env.frame, env.received_at);
-                if let Some(reply) = env.reply {
-                    let _ = reply.send(outcome);
-                }
-            }
-            Ok(Wake::Check) => {}
-            Err(()) => return,
-        }
-        let now = Instant::now();
-        indexer.note_worker_ran(lane, now);
-        if now >= next_check {
-            indexer.check_deadlines(lane, now);
-            next_check = now + tick;
+            None => return,
+            Some(still_wakeable) => wakeable &= still_wakeable,
         }
     }
 }

@@ -67,11 +67,10 @@ struct Receiving {
     next_bucket: u64,
 }
 
-/// How long a lane's ingestion worker may go without running before the gap counts as the
-/// consumer's own stall, not its producer's silence (the worker of a leased lane runs at least
-/// every tick, which `IngestionWorkers` keeps at most 100 ms; one of a lane without a lease may
-/// sleep longer, which excuses nothing: the grant that ends the sleep starts the new lease's
-/// clocks at the grant).
+/// How long this consumer may go without noting that it ran for a lane before the gap counts as
+/// its own stall, not its producer's silence (the deadline keeper of `IngestionWorkers` notes it
+/// for every leased lane at least every tick, at most 100 ms; a lane without a lease gets no
+/// notes, which excuses nothing: its next grant starts the new lease's clocks at the grant).
 pub const STALL_EXCUSED_AFTER: Duration = Duration::from_millis(250);
 
 /// The serialized, worker-local state of one lane.
@@ -86,9 +85,9 @@ pub(crate) struct LaneIngestor {
     /// When the exact drain marker of the current lease was accepted.
     drained_at: Option<Instant>,
     last_update: Option<Instant>,
-    /// When the lane's ingestion worker last ran ([`note_worker_ran`](Self::note_worker_ran)):
+    /// When this consumer last ran for the lane ([`note_consumer_ran`](Self::note_consumer_ran)):
     /// a longer gap than [`STALL_EXCUSED_AFTER`] is the consumer's own stall.
-    worker_ran: Option<Instant>,
+    consumer_ran: Option<Instant>,
     contention: Option<Contention>,
     retirements: u64,
     last_retirement: Option<RetireReason>,
@@ -112,7 +111,7 @@ impl LaneIngestor {
             receiving: None,
             drained_at: None,
             last_update: None,
-            worker_ran: None,
+            consumer_ran: None,
             contention: None,
             retirements: 0,
             last_retirement: None,
@@ -289,22 +288,23 @@ impl LaneIngestor {
         IngestOutcome::Retired(reason)
     }
 
-    /// The lane's ingestion worker runs at `now` (it does at least every tick, frames or
-    /// not). A gap since it last ran longer than [`STALL_EXCUSED_AFTER`] means this consumer
-    /// did not run (its process was stopped, its host froze) or the worker was busy: that
-    /// time is excused ([`excuse_own_stall`](Self::excuse_own_stall)).
-    pub(crate) fn note_worker_ran(&mut self, now: Instant) {
+    /// This consumer runs for the lane at `now` (the deadline keeper notes it at least every
+    /// tick while the lane holds a lease). A gap since the last note longer than
+    /// [`STALL_EXCUSED_AFTER`] means this consumer did not run (its process was stopped, its
+    /// host froze) or the lane's worker held it (a long apply): that time is excused
+    /// ([`excuse_own_stall`](Self::excuse_own_stall)).
+    pub(crate) fn note_consumer_ran(&mut self, now: Instant) {
         self.excuse_own_stall(now);
-        self.worker_ran = Some(now);
+        self.consumer_ran = Some(now);
     }
 
-    /// Time since the lane's worker last ran, past [`STALL_EXCUSED_AFTER`], is the consumer's
+    /// Time since this consumer last ran for the lane, past [`STALL_EXCUSED_AFTER`], is its
     /// own stall, not the producer's silence: the heartbeat deadline and the drain grace
     /// restart from where they were that much later (never past `now`). Called before every
-    /// deadline check too, so a check that runs before the worker after a stall (an attach
+    /// deadline check too, so a check that runs before the keeper after a stall (an attach
     /// decided first) excuses it all the same.
     fn excuse_own_stall(&mut self, now: Instant) {
-        let Some(ran) = self.worker_ran else {
+        let Some(ran) = self.consumer_ran else {
             return;
         };
         let stalled = now.saturating_duration_since(ran);
@@ -317,7 +317,7 @@ impl LaneIngestor {
         {
             *at = (*at + stalled).min(now);
         }
-        self.worker_ran = Some(now);
+        self.consumer_ran = Some(now);
     }
 
     /// Heartbeat deadline and drain grace check; returns the reason when it retired the lane.

@@ -929,28 +929,32 @@ fn the_consumers_own_stall_does_not_count_against_the_heartbeat_deadline() {
     let ix = GlobalCkfIndexer::with_policy(manifest(2), INSTANCE, policy).unwrap();
     let _a = activate(&ix, "dc-0", 1, 0, table_words(1));
     let _b = activate(&ix, "dc-1", 2, 0, table_words(2));
-    // Both lanes' workers ran at t0; then nothing ran for 6 s (the process was stopped).
+    // The consumer ran for both lanes at t0; then nothing ran for 6 s (the process was stopped).
     let t0 = Instant::now();
-    ix.note_worker_ran(0, t0);
-    ix.note_worker_ran(1, t0);
+    ix.note_consumer_ran(0, t0);
+    ix.note_consumer_ran(1, t0);
     let later = t0 + Duration::from_secs(6);
-    // The first check after the stall (an attach decided before the worker ran, here) does
+    // The first check after the stall (an attach decided before the keeper ran, here) does
     // not blame the producers, whichever comes first.
     assert_eq!(ix.check_deadlines(0, later), None, "lane 0 checked first");
-    ix.note_worker_ran(1, later);
-    assert_eq!(ix.check_deadlines(1, later), None, "lane 1's worker first");
-    // The worker runs every 100 ms from then on, the producer stays silent: retired one
+    ix.note_consumer_ran(1, later);
+    assert_eq!(
+        ix.check_deadlines(1, later),
+        None,
+        "the keeper first for lane 1"
+    );
+    // The keeper runs every 100 ms from then on, the producer stays silent: retired one
     // deadline after the stall.
     let mut at = later;
     while at < later + Duration::from_millis(5_100) {
         at += Duration::from_millis(100);
-        ix.note_worker_ran(0, at);
+        ix.note_consumer_ran(0, at);
     }
     assert!(matches!(
         ix.check_deadlines(0, at),
         Some(RetireReason::HeartbeatTimeout { .. })
     ));
-    // A lane whose worker never ran (no ingestion workers) gets no excuse.
+    // A lane the consumer never noted (no ingestion workers) gets no excuse.
     let ix = GlobalCkfIndexer::with_policy(manifest(1), INSTANCE, policy).unwrap();
     let _a = activate(&ix, "dc-0", 1, 0, table_words(1));
     assert!(matches!(
@@ -992,7 +996,8 @@ fn heartbeat_deadline_retires_silent_lane_only() {
     assert_eq!(ix.check_deadlines(0, Instant::now()), None);
 }
 
-/// Two lanes with a 50 ms heartbeat deadline, fed by ingestion workers ticking every 10 ms.
+/// Two lanes with a 50 ms heartbeat deadline, fed by ingestion workers whose deadline keeper
+/// ticks every 10 ms.
 fn two_lanes_with_workers() -> (std::sync::Arc<GlobalCkfIndexer>, IngestionWorkers) {
     let policy = LagPolicy {
         heartbeat_deadline: Some(Duration::from_millis(50)),
@@ -1012,13 +1017,13 @@ fn two_lanes_with_workers() -> (std::sync::Arc<GlobalCkfIndexer>, IngestionWorke
 }
 
 #[test]
-fn a_lease_granted_while_the_lanes_worker_sleeps_is_timed_by_it() {
+fn a_lease_granted_while_the_deadline_keeper_sleeps_is_timed_by_it() {
     let (ix, workers) = two_lanes_with_workers();
     let events = workers.subscribe(1).unwrap();
-    // No lease yet: the workers have nothing to time and sleep (past several ticks here).
+    // No lease yet: the keeper has nothing to time and sleeps (past several ticks here).
     std::thread::sleep(Duration::from_millis(100));
-    // A producer attaches and never sends a frame: the grant alone must wake its lane's worker,
-    // which retires the silent lease one heartbeat deadline later. Retired, the lane sleeps
+    // A producer attaches and never sends a frame: the grant alone must wake the keeper, which
+    // retires the silent lease one heartbeat deadline later. No lane leased, the keeper sleeps
     // again, and the next grant wakes it again.
     for incarnation in [1, 2] {
         let stream = attach(&ix, "dc-1", incarnation);

@@ -1,7 +1,8 @@
-//! A lease granted while `IngestionWorkers` is still starting (its first lanes' workers already
-//! asleep, the others not yet spawned) is timed by its lane's worker: the wake senders are the
-//! indexer's before any worker runs. Its own test binary, so that no other test's lane threads
-//! share the names it looks for. Linux only: it finds the worker threads in `/proc/self/task`.
+//! A lease granted while `IngestionWorkers` is still starting (its deadline keeper already
+//! asleep, no lane having had a lease, and the lanes' workers not all spawned) is timed by the
+//! keeper: the wake sender is the indexer's before the keeper runs. Its own test binary, so that
+//! no other test's threads share the names it looks for. Linux only: it finds the threads in
+//! `/proc/self/task`.
 #![cfg(target_os = "linux")]
 
 use std::sync::Arc;
@@ -77,12 +78,10 @@ fn a_lease_granted_while_the_workers_start_is_timed() {
         let granter = {
             let ix = Arc::clone(&ix);
             std::thread::spawn(move || {
-                // Lane 0's worker is spawned first: grant once it sleeps (no lease to time),
-                // while the later lanes' workers are still being spawned.
-                let tid = wait_for("lane 0's worker to start", || thread_named("ckf-lane-0"));
-                wait_for("lane 0's worker to sleep", || {
-                    thread_sleeps(&tid).then_some(())
-                });
+                // The keeper is spawned first: grant once it sleeps (no lease to time), while
+                // the lanes' workers are still being spawned.
+                let tid = wait_for("the keeper to start", || thread_named("ckf-deadlines"));
+                wait_for("the keeper to sleep", || thread_sleeps(&tid).then_some(()));
                 let last_not_spawned = thread_named(&format!("ckf-lane-{}", LANES - 1)).is_none();
                 let lease = ix.grant_lease(&producer(round + 1)).unwrap();
                 (lease, last_not_spawned)

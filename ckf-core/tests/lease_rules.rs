@@ -90,7 +90,7 @@ fn an_attach_decided_right_after_the_consumers_own_stall_keeps_the_live_holder()
         drain_grace: None,
     });
     let holder = active(&ix, "dc-a", 1, 3);
-    ix.note_worker_ran(0, Instant::now());
+    ix.note_consumer_ran(0, Instant::now());
     // Nothing of this consumer runs for longer than the deadline (a stopped process).
     std::thread::sleep(Duration::from_millis(400));
     let err = attach(&ix, "dc-a", 2, AttachMode::IfVacant).unwrap_err();

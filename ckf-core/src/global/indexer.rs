@@ -44,10 +44,10 @@ pub struct GlobalCkfIndexer {
     /// [`crate::search::SearchKernel`]); set at construction to the best available and changed
     /// only through `set_search_kernel`, which checks availability first.
     pub(crate) search_kernel: AtomicU8,
-    /// One sender per lane slot into the wake channel of that lane's ingestion worker
-    /// ([`crate::ingestion::IngestionWorkers`] sets them): a grant wakes a worker that sleeps
-    /// because its lane had no deadline to enforce. Empty without workers.
-    worker_wakes: Mutex<Vec<flume::Sender<()>>>,
+    /// The wake channel of the ingestion workers' deadline keeper
+    /// ([`crate::ingestion::IngestionWorkers`] sets it): a grant wakes a keeper that sleeps
+    /// because no lane had a deadline to enforce. `None` without workers.
+    deadline_wake: Mutex<Option<flume::Sender<()>>>,
 }
 
 impl GlobalCkfIndexer {
@@ -121,7 +121,7 @@ impl GlobalCkfIndexer {
             lanes,
             huge_pages,
             search_kernel: AtomicU8::new(SearchKernel::best() as u8),
-            worker_wakes: Mutex::new(Vec::new()),
+            deadline_wake: Mutex::new(None),
         })
     }
 
@@ -339,33 +339,53 @@ impl GlobalCkfIndexer {
             })?;
         let events = subscribe.then(|| ingestor.subscribe());
         drop(ingestor);
-        // The lane has a deadline now: its worker, asleep while it had none, wakes to time it.
-        let wakes = self
-            .worker_wakes
+        // The lane has a deadline now: the deadline keeper, asleep while no lane had one, wakes.
+        let wake = self
+            .deadline_wake
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(wake) = wakes.get(usize::from(lane)) {
+        if let Some(wake) = wake.as_ref() {
             // Full: a wake is already pending. Disconnected: those workers stopped.
             let _ = wake.try_send(());
         }
         Ok((lease, events))
     }
 
-    /// Sets the wake senders of the lanes' ingestion workers, one per lane slot, replacing any
-    /// earlier ones (the workers started last are the ones that run).
-    pub(crate) fn set_worker_wakes(&self, wakes: Vec<flume::Sender<()>>) {
+    /// Sets the wake sender of the ingestion workers' deadline keeper, replacing any earlier one
+    /// (the workers started last are the ones that run).
+    pub(crate) fn set_deadline_wake(&self, wake: flume::Sender<()>) {
         *self
-            .worker_wakes
+            .deadline_wake
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = wakes;
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(wake);
     }
 
-    /// Whether `lane` has a deadline its worker must enforce (a lease awaiting its snapshot or
-    /// active, drained or not): its worker then wakes every tick; otherwise it may sleep until
-    /// a frame arrives or a lease is granted (which wakes it). `false` for a lane not in the
-    /// manifest.
-    pub(crate) fn lane_has_deadline(&self, lane: LaneIndex) -> bool {
-        self.lane(lane).is_ok_and(|l| l.has_deadline())
+    /// One pass of the deadline keeper ([`crate::ingestion`], "Deadlines") at `now`: every lane
+    /// with a deadline (a lease awaiting its snapshot or active, drained or not) notes that
+    /// this consumer ran ([`GlobalCkfIndexer::note_consumer_ran`]) and has its deadlines
+    /// enforced ([`GlobalCkfIndexer::check_deadlines`]). A lane whose lock is held (its worker
+    /// applying a frame) is skipped: it is being heard from, and a long apply is excused as the
+    /// consumer's own stall. Returns whether a lane still has a deadline (or was skipped), so
+    /// whether the keeper must come back.
+    pub(crate) fn keep_deadlines(&self, now: Instant) -> bool {
+        let sh = self.shared();
+        let mut timed = false;
+        for lane in &self.lanes {
+            let mut ingestor = match lane.try_lock() {
+                Ok(g) => g,
+                Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    timed = true;
+                    continue;
+                }
+            };
+            if ingestor.has_deadline() {
+                ingestor.note_consumer_ran(now);
+                ingestor.check_deadline(sh, now);
+                timed |= ingestor.has_deadline();
+            }
+        }
+        timed
     }
 
     /// Applies one frame synchronously on the caller's thread, serialized with every other frame
@@ -416,13 +436,14 @@ impl GlobalCkfIndexer {
         self.lane(lane).ok()?.check_deadline(self.shared(), now)
     }
 
-    /// `lane`'s ingestion worker runs at `now` (see [`crate::ingestion`], "Deadlines"): a gap
-    /// since it last ran longer than [`STALL_EXCUSED_AFTER`](crate::lane::STALL_EXCUSED_AFTER)
-    /// is this consumer's own stall, and the producer's silence during it is not counted
-    /// against the heartbeat deadline or the drain grace.
-    pub fn note_worker_ran(&self, lane: LaneIndex, now: Instant) {
+    /// This consumer runs for `lane` at `now` (the deadline keeper notes it for every lane
+    /// with a deadline at least every tick; see [`crate::ingestion`], "Deadlines"): a gap since
+    /// the last note longer than [`STALL_EXCUSED_AFTER`](crate::lane::STALL_EXCUSED_AFTER) is
+    /// this consumer's own stall, and the producer's silence during it is not counted against
+    /// the heartbeat deadline or the drain grace.
+    pub fn note_consumer_ran(&self, lane: LaneIndex, now: Instant) {
         if let Ok(mut l) = self.lane(lane) {
-            l.note_worker_ran(now);
+            l.note_consumer_ran(now);
         }
     }
 
