@@ -1,12 +1,12 @@
-//! Keeps the lane metrics current: one task per lane follows ckf-core's lane events (counting
-//! retirements by reason, whoever caused them: a relay frame, a deadline, the drain grace,
-//! saturation; and lane contention by kind) and refreshes the lane gauges on every event and
-//! every [`REFRESH`]. A lane removed by a catalog reload ends its task after counting its
-//! retirement (`removed`) and withdrawing its gauges; a lane added gets a task. A takeover of a live holder is logged at ERROR (two live producers for
-//! one pool is a deployment error); an `IF_VACANT` refusal at WARN by the relay handler.
+//! Counts the lane events: one task per lane follows ckf-core's lane events, counting
+//! retirements by reason, whoever caused them (a relay frame, a deadline, the drain grace,
+//! saturation), and lane contention by kind. A lane removed by a catalog reload ends its task
+//! after counting its retirement (`removed`) and withdrawing its DC gauges; a lane added gets a
+//! task. A takeover of a live holder is logged at ERROR (two live producers for one pool is a
+//! deployment error); an `IF_VACANT` refusal at WARN by the relay handler. The lane gauges are
+//! read at each scrape (`metrics::LaneGauges`), not here.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use ckf_core::identity::LaneIndex;
 use ckf_core::lane::{ContentionKind, LaneEvent, LaneEventKind, RetireReason};
@@ -14,9 +14,6 @@ use tokio::task::JoinHandle;
 
 use crate::metrics::LaneLabels;
 use crate::state::{Domain, IndexerState};
-
-/// Gauge refresh period when no event arrives (a lease grant emits none).
-pub const REFRESH: Duration = Duration::from_millis(250);
 
 /// Spawns the watcher of every lane of every domain; they end on shutdown.
 pub fn spawn_all(shared: &Arc<IndexerState>) -> Vec<JoinHandle<()>> {
@@ -93,8 +90,6 @@ async fn watch(shared: Arc<IndexerState>, domain: Arc<Domain>, lane: LaneIndex) 
             kind.as_str(),
         ]);
     }
-    let mut tick = tokio::time::interval(REFRESH);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             () = shared.shutdown.wait() => return,
@@ -102,10 +97,8 @@ async fn watch(shared: Arc<IndexerState>, domain: Arc<Domain>, lane: LaneIndex) 
                 Ok(event) => on_event(&shared, &labels, lane, &event),
                 Err(_) => return,
             },
-            _ = tick.tick() => {}
-            // The domain removed: this task may have refreshed the gauges or counted an event
-            // after the reload withdrew the domain's series, so it withdraws them once more,
-            // last.
+            // The domain removed: this task may have counted an event after the reload
+            // withdrew the domain's series, so it withdraws them once more, last.
             () = domain.removed.wait() => {
                 shared.metrics.forget_lanes(std::slice::from_ref(&labels));
                 shared.queue_sweep();
@@ -124,9 +117,6 @@ async fn watch(shared: Arc<IndexerState>, domain: Arc<Domain>, lane: LaneIndex) 
             shared.metrics.forget_lanes(std::slice::from_ref(&labels));
             shared.queue_sweep();
             return;
-        }
-        if let Ok(status) = domain.indexer.lane_status(lane) {
-            shared.metrics.observe_lane(&labels, &status);
         }
     }
 }

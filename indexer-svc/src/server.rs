@@ -289,6 +289,12 @@ async fn start(
         query_streams: Arc::new(Semaphore::new(config.limits.max_query_streams as usize)),
         shutdown: stop.clone(),
     });
+    let lanes = Arc::downgrade(&shared);
+    metrics.register_lane_gauges(move || {
+        lanes
+            .upgrade()
+            .map_or_else(Vec::new, |shared| shared.lane_statuses())
+    });
 
     let Listeners {
         grpc: listener,

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use ckf_core::catalog::{Catalog, DomainError};
 use ckf_core::global::GlobalCkfIndexer;
 use ckf_core::ingestion::{IngestionWorkers, IngestionWorkersConfig};
-use ckf_core::lane::LagPolicy;
+use ckf_core::lane::{LagPolicy, LaneStatus};
 use ckf_core::search::SearchKernel;
 use ckf_proto::v1::{self, relay_frame::Frame as WireFrame};
 use ckf_svc_kit::Shutdown;
@@ -18,7 +18,7 @@ use tokio::sync::Semaphore;
 
 use crate::config::domains::DomainSpec;
 use crate::config::{LimitsConfig, RouteConfig};
-use crate::metrics::{IndexerMetrics, QueryCounters};
+use crate::metrics::{IndexerMetrics, LaneLabels, QueryCounters};
 use crate::router::Router;
 use ckf_core::tokens::lanes::LaneBlockSizes;
 
@@ -121,7 +121,6 @@ impl Domain {
             &settings.route,
             metrics.route_decisions.clone(),
         );
-        metrics.observe_all(&indexer);
         Ok(Self {
             spec,
             removed: Shutdown::new(),
@@ -217,6 +216,23 @@ impl IndexerState {
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         Arc::clone(&catalog)
+    }
+
+    /// Every lane of every domain served that serves a pool (not removed), with its labels and
+    /// status now: what the lane gauges export at each scrape.
+    pub fn lane_statuses(&self) -> Vec<(LaneLabels, LaneStatus)> {
+        let domains = self.domains();
+        domains
+            .iter()
+            .filter(|(_, domain)| !domain.removed.is_triggered())
+            .flat_map(|(_, domain)| {
+                let indexer = &domain.indexer;
+                indexer.lane_statuses().into_iter().filter_map(|status| {
+                    let labels = LaneLabels::of(indexer, status.lane)?;
+                    (!indexer.is_removed(status.lane)).then_some((labels, status))
+                })
+            })
+            .collect()
     }
 
     /// Queues a sweep of the metric series of every domain the catalog no longer serves

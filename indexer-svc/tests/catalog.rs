@@ -515,7 +515,7 @@ async fn lanes_are_removed_and_added_in_a_kept_domain_while_the_others_answer_un
         (after.lease_epoch, after.retirements, after.state()),
         (before.lease_epoch, 0, v1::LaneState::Active)
     );
-    // The lane watchers refresh the gauges on events and every 250 ms.
+    // The lane watchers count the retirement asynchronously.
     wait_metrics(
         &indexer,
         &[

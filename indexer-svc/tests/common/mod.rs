@@ -305,8 +305,8 @@ pub async fn metrics_text(indexer: &Indexer) -> String {
     http_get(indexer.running.metrics_addr, "/metrics").await
 }
 
-/// Polls `/metrics` until it holds every one of `lines` (the lane gauges follow lane events
-/// and a 250 ms refresh: a bounded wait, not a timing assertion); returns the page.
+/// Polls `/metrics` until it holds every one of `lines` (the counters follow lane events, which
+/// their watchers read asynchronously: a bounded wait, not a timing assertion); returns the page.
 pub async fn wait_metrics(indexer: &Indexer, lines: &[&str]) -> String {
     let mut metrics = String::new();
     for _ in 0..250 {
