@@ -491,3 +491,73 @@ impl GlobalCkfIndexer {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::addressing::TableFormat;
+    use crate::identity::{IndexerDomainId, ProducerIncarnation};
+    use crate::lane::{LagPolicy, LaneState, RetireReason};
+
+    /// The deadline keeper skips a lane whose lock is held (its worker applying a frame) and
+    /// comes back; the time it held the lane is then excused as the consumer's own stall, and a
+    /// producer silent afterwards is retired one deadline later.
+    #[test]
+    fn the_keeper_skips_a_held_lane_and_excuses_the_time_it_was_held() {
+        let format = TableFormat::new(64, 7).unwrap();
+        let pool = PoolId::new("prod", "dc-0").unwrap();
+        let manifest = Manifest {
+            domain: IndexerDomainId::new("prod").unwrap(),
+            format,
+            lanes: vec![pool.clone()],
+        };
+        let deadline = Duration::from_millis(300);
+        let policy = LagPolicy {
+            heartbeat_deadline: Some(deadline),
+            apply_deadline: None,
+            drain_grace: None,
+        };
+        let ix = GlobalCkfIndexer::with_policy(manifest, 1, policy).unwrap();
+        assert!(
+            !ix.keep_deadlines(Instant::now()),
+            "no lease: nothing to time"
+        );
+        let producer = ProducerIdentity {
+            pool,
+            incarnation: ProducerIncarnation(1),
+            format,
+        };
+        ix.grant_lease(&producer).unwrap();
+        let t0 = Instant::now();
+        assert!(ix.keep_deadlines(t0), "a lease to time");
+
+        let held = ix.lanes[0].lock().unwrap();
+        let later = t0 + Duration::from_secs(1);
+        assert!(ix.keep_deadlines(later), "a held lane is come back to");
+        drop(held);
+        let after_hold = later + Duration::from_millis(50);
+        assert!(ix.keep_deadlines(after_hold), "the hold is excused");
+        assert_eq!(
+            ix.lane_status(0).unwrap().state,
+            LaneState::AwaitingSnapshot
+        );
+
+        // The keeper runs every 100 ms from then on: retired once silent past the deadline.
+        let mut at = after_hold;
+        while ix.keep_deadlines(at) {
+            at += Duration::from_millis(100);
+            assert!(at < after_hold + deadline * 2, "not retired by {at:?}");
+        }
+        assert!(at >= after_hold + deadline, "retired early, at {at:?}");
+        let status = ix.lane_status(0).unwrap();
+        assert!(
+            matches!(
+                status.last_retirement,
+                Some(RetireReason::HeartbeatTimeout { .. })
+            ),
+            "{status:?}"
+        );
+    }
+}
