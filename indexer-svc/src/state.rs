@@ -62,7 +62,7 @@ pub enum DomainBuildError {
     /// The search kernel cannot run on this CPU.
     #[error("search.kernel: {0}")]
     Kernel(String),
-    /// A lane's ingestion thread could not start (a thread or memory limit).
+    /// A lane's worker or the deadline keeper could not start (a thread or memory limit).
     #[error("cannot start its lane workers: {0}")]
     Workers(std::io::Error),
 }
@@ -77,7 +77,7 @@ pub struct DomainSettings {
     pub lag: LagPolicy,
     /// The search kernel resolved for this CPU.
     pub kernel: SearchKernel,
-    /// Lane queues and their deadline tick.
+    /// Lane queues and the deadline keeper's tick.
     pub workers: IngestionWorkersConfig,
     /// The routing model and round trips.
     pub route: RouteConfig,
