@@ -584,8 +584,9 @@ impl QueryCounters {
 /// The lane gauges: `ckf_indexer_lane_state` (one-hot), `ckf_indexer_lane_ready` and
 /// `ckf_indexer_lane_installed_sequence`, read from the lanes at each scrape. They are exact when
 /// scraped, cost nothing between scrapes (a refresh every 250 ms per lane cost an idle indexer
-/// of 2,000 lanes 3% of a core), and have nothing to withdraw when a lane or a domain is
-/// removed: the next scrape does not find it.
+/// of 2,000 lanes about 4% of a core), and have nothing to withdraw when a lane or a domain is
+/// removed: the next scrape does not find it. Reading a lane's status takes its lock, so a
+/// scrape waits for an apply in progress on it (as `ListLanes` does).
 struct LaneGauges {
     /// Unfilled, for [`Collector::desc`]; each scrape fills fresh ones.
     templates: [IntGaugeVec; 3],

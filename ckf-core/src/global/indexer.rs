@@ -352,7 +352,8 @@ impl GlobalCkfIndexer {
     }
 
     /// Sets the wake sender of the ingestion workers' deadline keeper, replacing any earlier one
-    /// (the workers started last are the ones that run).
+    /// (the pool started last is woken; an earlier pool's keeper, its sender gone, ticks until
+    /// its pool stops).
     pub(crate) fn set_deadline_wake(&self, wake: flume::Sender<()>) {
         *self
             .deadline_wake
