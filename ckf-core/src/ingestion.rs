@@ -8,30 +8,34 @@
 //! * **Saturation.** [`IngestionWorkers::submit`] never blocks: when the lane's queue is full the
 //!   frame is refused ([`SubmitError::Saturated`]) and, if the frame carries the lane's current
 //!   lease, that lane alone is retired ([`RetireReason::Saturated`]): its stream has lost a frame.
-//! * **Deadlines.** One deadline keeper thread per pool enforces every lane's heartbeat
-//!   deadline ([`LagPolicy::heartbeat_deadline`]) and drain grace: while any lane holds a lease
-//!   (awaiting its snapshot or active), it wakes every `tick` and checks each such lane. While
-//!   none does it sleeps until a lease is granted, which wakes it. (A worker per lane ticking
-//!   on its own cost an indexer of 2,000 lanes 20,000 wake-ups a second, about a third of a
-//!   core; the keeper is 10 a second.) The dirty-to-applied deadline is checked per delta,
-//!   using the time the frame spent in the queue. On every pass the keeper tells each leased
-//!   lane that this consumer ran ([`GlobalCkfIndexer::note_consumer_ran`]). A lane that has
-//!   not been told for more than [`STALL_EXCUSED_AFTER`] (this process was stopped, its host
-//!   froze, or the lane's worker held the lane through a long apply) does not blame its
-//!   producer for that time, in the keeper's check or in any other (an attach decided first
-//!   after the stall). So the producer's heartbeats, queued in the connection meanwhile,
-//!   arrive before its deadline does. A producer that stays silent afterwards is still
-//!   retired one deadline later.
+//! * **Deadlines.** A [`DeadlineKeeper`] thread enforces every lane's heartbeat deadline
+//!   ([`LagPolicy::heartbeat_deadline`]) and drain grace: while any lane of the consumers it
+//!   times holds a lease (awaiting its snapshot or active), it wakes every tick and checks each
+//!   such lane. While none does it sleeps until a lease is granted, which wakes it. A pool
+//!   started with [`IngestionWorkers::start`] has a keeper of its own; pools started with
+//!   [`IngestionWorkers::start_on`] share the one they are given (an indexer serving many
+//!   domains: one wake-up per tick in all). (A worker per lane ticking on its own cost an
+//!   indexer of 2,000 lanes 20,000 wake-ups a second, about a third of a core.) The
+//!   dirty-to-applied deadline is checked per delta, using the time the frame spent in the
+//!   queue. On every pass the keeper tells each leased lane that this consumer ran
+//!   ([`GlobalCkfIndexer::note_consumer_ran`]). A lane that has not been told for more than
+//!   [`STALL_EXCUSED_AFTER`] (this process was stopped, its host froze, or the lane's worker
+//!   held the lane through a long apply) does not blame its producer for that time, in the
+//!   keeper's check or in any other (an attach decided first after the stall). So the
+//!   producer's heartbeats, queued in the connection meanwhile, arrive before its deadline
+//!   does. A producer that stays silent afterwards is still retired one deadline later.
 //! * **Replies.** Every submitted frame gets exactly one [`IngestOutcome`] on the reply sender the
 //!   caller supplied (use `recv_async` from async code). Asynchronous retirements (deadlines) are
 //!   published as [`LaneEvent`]s to [`IngestionWorkers::subscribe`]rs.
 //!
 //! No async runtime: std threads and flume only. Dropping the workers (or
 //! [`IngestionWorkers::shutdown`]) closes the queues, lets each worker finish the frames already
-//! queued, and joins it and the keeper.
+//! queued, and joins it; the pool's consumer leaves its keeper (a keeper of its own stops).
 //!
 //! [`LagPolicy::heartbeat_deadline`]: crate::lane::LagPolicy::heartbeat_deadline
 //! [`STALL_EXCUSED_AFTER`]: crate::lane::STALL_EXCUSED_AFTER
+
+mod keeper;
 
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -43,6 +47,9 @@ use crate::global::indexer::GlobalCkfIndexer;
 use crate::identity::LaneIndex;
 use crate::lane::{Frame, IngestOutcome, LaneEvent, RetireReason, StrayFrame};
 
+pub use keeper::DeadlineKeeper;
+use keeper::Registration;
+
 /// Longest [`IngestionWorkersConfig::tick`].
 pub const MAX_TICK: Duration = Duration::from_millis(100);
 
@@ -52,11 +59,10 @@ pub const MAX_TICK: Duration = Duration::from_millis(100);
 pub struct IngestionWorkersConfig {
     /// Frames each lane's queue holds before submission saturates (>= 1). Default 1024.
     pub queue_capacity: usize,
-    /// Period of the deadline keeper while a lane holds a lease. Default 100 ms; at most
-    /// [`MAX_TICK`] (a longer one is cut to it): a keeper that sleeps longer than
-    /// [`STALL_EXCUSED_AFTER`](crate::lane::STALL_EXCUSED_AFTER) would look like this
-    /// consumer's own stall on every pass. (While no lane holds a lease the keeper sleeps until
-    /// a grant.)
+    /// Period of the deadline keeper [`IngestionWorkers::start`] starts for the pool, while a
+    /// lane holds a lease ([`DeadlineKeeper::start`]). Default 100 ms; at most [`MAX_TICK`].
+    /// A pool started on a shared keeper ([`IngestionWorkers::start_on`]) runs at that
+    /// keeper's tick instead.
     pub tick: Duration,
 }
 
@@ -98,13 +104,14 @@ struct Envelope {
     reply: Option<flume::Sender<IngestOutcome>>,
 }
 
-/// One worker thread per lane over bounded queues, and the deadline keeper; see the module docs.
+/// One worker thread per lane over bounded queues, timed by a deadline keeper; see the module
+/// docs.
 pub struct IngestionWorkers {
     indexer: Arc<GlobalCkfIndexer>,
     config: IngestionWorkersConfig,
     senders: Vec<flume::Sender<Envelope>>,
-    /// Dropped to stop the keeper.
-    stop_keeper: Option<flume::Sender<()>>,
+    /// The consumer's place in its keeper's pass; dropped when the pool stops.
+    timed: Option<Registration>,
     workers: Vec<JoinHandle<()>>,
 }
 
@@ -127,11 +134,12 @@ impl IngestionWorkers {
         Self::start(indexer, config).expect("spawn lane worker")
     }
 
-    /// Starts one worker per lane of `indexer`; when a thread cannot be spawned (a thread or
-    /// memory limit), the ones started are stopped and joined and the error returned.
+    /// Starts one worker per lane of `indexer` and a deadline keeper of its own (at
+    /// `config.tick`); when a thread cannot be spawned (a thread or memory limit), the ones
+    /// started are stopped and joined and the error returned.
     ///
     /// # Errors
-    /// The spawn error, naming the lane.
+    /// The spawn error, naming the thread.
     ///
     /// # Panics
     /// When `config.queue_capacity` is 0.
@@ -139,38 +147,43 @@ impl IngestionWorkers {
         indexer: Arc<GlobalCkfIndexer>,
         config: IngestionWorkersConfig,
     ) -> std::io::Result<Self> {
+        Self::start_on(indexer, config, &DeadlineKeeper::start(config.tick)?)
+    }
+
+    /// Starts one worker per lane of `indexer`, its lanes timed by `keeper` (shared with other
+    /// pools; `config.tick` is not used) until the pool stops. When a thread cannot be spawned
+    /// (a thread or memory limit), the ones started are stopped and joined and the error
+    /// returned.
+    ///
+    /// # Errors
+    /// The spawn error, naming the lane.
+    ///
+    /// # Panics
+    /// When `config.queue_capacity` is 0.
+    pub fn start_on(
+        indexer: Arc<GlobalCkfIndexer>,
+        config: IngestionWorkersConfig,
+        keeper: &DeadlineKeeper,
+    ) -> std::io::Result<Self> {
         assert!(config.queue_capacity > 0, "queue_capacity must be >= 1");
-        let (stop_keeper, stop) = flume::bounded::<()>(0);
+        // Registered before the workers start: a lease granted meanwhile is timed.
         let mut this = Self {
+            timed: Some(keeper.register(&indexer)),
             indexer: Arc::clone(&indexer),
             config,
             senders: Vec::new(),
-            stop_keeper: Some(stop_keeper),
             workers: Vec::new(),
         };
-        // One pending wake is enough: the keeper re-reads every lane when it wakes. The wake is
-        // the indexer's before the keeper runs: a grant made once the keeper may have read its
-        // lane wakes it (a grant made before is what the keeper's first pass sees).
-        let (wake, wake_rx) = flume::bounded::<()>(1);
-        indexer.set_deadline_wake(wake);
-        let spawned = |name: String, e: std::io::Error| {
-            std::io::Error::new(e.kind(), format!("{name} thread: {e}"))
-        };
-        let idx = Arc::clone(&indexer);
-        let tick = config.tick.min(MAX_TICK);
         // On an error `this` is dropped: the threads started so far stop and are joined.
-        let keeper = std::thread::Builder::new()
-            .name("ckf-deadlines".to_owned())
-            .spawn(move || keep_deadlines(&idx, &wake_rx, &stop, tick))
-            .map_err(|e| spawned("the deadline keeper's".to_owned(), e))?;
-        this.workers.push(keeper);
         for lane in 0..indexer.lane_count() {
             let (tx, rx) = flume::bounded::<Envelope>(config.queue_capacity);
             let idx = Arc::clone(&indexer);
             let handle = std::thread::Builder::new()
                 .name(format!("ckf-lane-{lane}"))
                 .spawn(move || drain_queue(&idx, &rx))
-                .map_err(|e| spawned(format!("lane {lane}'s worker"), e))?;
+                .map_err(|e| {
+                    std::io::Error::new(e.kind(), format!("lane {lane}'s worker thread: {e}"))
+                })?;
             this.senders.push(tx);
             this.workers.push(handle);
         }
@@ -257,7 +270,7 @@ impl IngestionWorkers {
 
     fn stop(&mut self) {
         self.senders.clear();
-        self.stop_keeper = None;
+        self.timed = None;
         for w in self.workers.drain(..) {
             // A worker never panics (apply panics are caught inside ingest); ignore if it did.
             let _ = w.join();
@@ -277,36 +290,6 @@ fn drain_queue(indexer: &GlobalCkfIndexer, rx: &flume::Receiver<Envelope>) {
         let outcome = indexer.ingest(&env.frame, env.received_at);
         if let Some(reply) = env.reply {
             let _ = reply.send(outcome);
-        }
-    }
-}
-
-/// The deadline keeper: a pass over the lanes at start, then one every `tick` while a lane has
-/// a deadline; while none has, it sleeps until a grant wakes it. It ends when `stop` closes.
-fn keep_deadlines(
-    indexer: &GlobalCkfIndexer,
-    wake: &flume::Receiver<()>,
-    stop: &flume::Receiver<()>,
-    tick: Duration,
-) {
-    // False once the indexer dropped this keeper's wake sender (a later pool replaced it): it
-    // then ticks, as it can no longer be woken.
-    let mut wakeable = true;
-    loop {
-        let timed = indexer.keep_deadlines(Instant::now());
-        // `None`: stop. `Some(false)`: the wake sender is gone.
-        let mut select = flume::Selector::new().recv(stop, |_| None);
-        if wakeable {
-            select = select.recv(wake, |r| Some(r.is_ok()));
-        }
-        let woke = if timed || !wakeable {
-            select.wait_timeout(tick).unwrap_or(Some(true))
-        } else {
-            select.wait()
-        };
-        match woke {
-            None => return,
-            Some(still_wakeable) => wakeable &= still_wakeable,
         }
     }
 }

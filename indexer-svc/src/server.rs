@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use ckf_core::catalog::Catalog;
 use ckf_core::global::GlobalCkfIndexer;
-use ckf_core::ingestion::IngestionWorkersConfig;
+use ckf_core::ingestion::{DeadlineKeeper, IngestionWorkersConfig};
 use ckf_proto::v1::{
     admin_server::AdminServer, query_server::QueryServer, relay_server::RelayServer,
 };
@@ -62,6 +62,9 @@ pub enum ServeError {
     /// A domain could not be built (its manifest, its table, its lane threads).
     #[error("{0}")]
     Domain(#[from] crate::state::DomainBuildError),
+    /// The deadline keeper's thread could not start (a thread or memory limit).
+    #[error("cannot start the deadline keeper: {0}")]
+    Keeper(std::io::Error),
     /// A TLS certificate, key or CA file cannot be used (names the key and the file).
     #[error("TLS: {0}")]
     Tls(#[from] TlsError),
@@ -227,6 +230,7 @@ async fn start(
     let consumer_instance = rand::random::<u64>();
     // `validate` resolved it already: resolving again on the same CPU gives the same kernel.
     let search_kernel = config.search_kernel()?;
+    // The deadline keeper's tick: a tenth of the heartbeat deadline, at most 100 ms.
     let tick = match config.lag.heartbeat_deadline_ms {
         0 => Duration::from_millis(100),
         ms => Duration::from_millis((ms / 10).clamp(1, 100)),
@@ -246,8 +250,10 @@ async fn start(
         kernel: search_kernel,
         workers: IngestionWorkersConfig {
             queue_capacity: config.limits.lane_queue_capacity as usize,
-            tick,
+            ..IngestionWorkersConfig::default()
         },
+        // One keeper times every domain's lanes: one wake-up per tick in all.
+        keeper: DeadlineKeeper::start(tick).map_err(ServeError::Keeper)?,
         route: config.route.clone(),
         limits: limits.clone(),
     };

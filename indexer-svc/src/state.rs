@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use ckf_core::catalog::{Catalog, DomainError};
 use ckf_core::global::GlobalCkfIndexer;
-use ckf_core::ingestion::{IngestionWorkers, IngestionWorkersConfig};
+use ckf_core::ingestion::{DeadlineKeeper, IngestionWorkers, IngestionWorkersConfig};
 use ckf_core::lane::{LagPolicy, LaneStatus};
 use ckf_core::search::SearchKernel;
 use ckf_proto::v1::{self, relay_frame::Frame as WireFrame};
@@ -62,7 +62,7 @@ pub enum DomainBuildError {
     /// The search kernel cannot run on this CPU.
     #[error("search.kernel: {0}")]
     Kernel(String),
-    /// A lane's worker or the deadline keeper could not start (a thread or memory limit).
+    /// A lane's worker could not start (a thread or memory limit).
     #[error("cannot start its lane workers: {0}")]
     Workers(std::io::Error),
 }
@@ -77,8 +77,10 @@ pub struct DomainSettings {
     pub lag: LagPolicy,
     /// The search kernel resolved for this CPU.
     pub kernel: SearchKernel,
-    /// Lane queues and the deadline keeper's tick.
+    /// Lane queues.
     pub workers: IngestionWorkersConfig,
+    /// The deadline keeper every domain's lanes are timed by.
+    pub keeper: DeadlineKeeper,
     /// The routing model and round trips.
     pub route: RouteConfig,
     /// Resource limits.
@@ -106,8 +108,9 @@ impl Domain {
         indexer
             .set_search_kernel(settings.kernel)
             .map_err(|e| DomainBuildError::Kernel(e.to_string()))?;
-        let workers = IngestionWorkers::start(Arc::clone(&indexer), settings.workers)
-            .map_err(DomainBuildError::Workers)?;
+        let workers =
+            IngestionWorkers::start_on(Arc::clone(&indexer), settings.workers, &settings.keeper)
+                .map_err(DomainBuildError::Workers)?;
         let workers = Arc::new(workers);
         let name = indexer.manifest().domain.to_string();
         metrics

@@ -44,10 +44,11 @@ pub struct GlobalCkfIndexer {
     /// [`crate::search::SearchKernel`]); set at construction to the best available and changed
     /// only through `set_search_kernel`, which checks availability first.
     pub(crate) search_kernel: AtomicU8,
-    /// The wake channel of the ingestion workers' deadline keeper
-    /// ([`crate::ingestion::IngestionWorkers`] sets it): a grant wakes a keeper that sleeps
-    /// because no lane had a deadline to enforce. `None` without workers.
-    deadline_wake: Mutex<Option<flume::Sender<()>>>,
+    /// The wake channels of the deadline keepers timing this consumer
+    /// ([`crate::ingestion::DeadlineKeeper`] adds its own when a pool registers): a grant
+    /// wakes a keeper that sleeps because no lane had a deadline to enforce. Empty without
+    /// workers; a stopped keeper's channel is dropped at the next grant.
+    deadline_wakes: Mutex<Vec<flume::Sender<()>>>,
 }
 
 impl GlobalCkfIndexer {
@@ -121,7 +122,7 @@ impl GlobalCkfIndexer {
             lanes,
             huge_pages,
             search_kernel: AtomicU8::new(SearchKernel::best() as u8),
-            deadline_wake: Mutex::new(None),
+            deadline_wakes: Mutex::new(Vec::new()),
         })
     }
 
@@ -339,26 +340,25 @@ impl GlobalCkfIndexer {
             })?;
         let events = subscribe.then(|| ingestor.subscribe());
         drop(ingestor);
-        // The lane has a deadline now: the deadline keeper, asleep while no lane had one, wakes.
-        let wake = self
-            .deadline_wake
+        // The lane has a deadline now: a deadline keeper, asleep while no lane had one, wakes.
+        // Full: a wake is already pending. Disconnected: that keeper stopped.
+        self.deadline_wakes
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(wake) = wake.as_ref() {
-            // Full: a wake is already pending. Disconnected: those workers stopped.
-            let _ = wake.try_send(());
-        }
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .retain(|wake| !matches!(wake.try_send(()), Err(flume::TrySendError::Disconnected(_))));
         Ok((lease, events))
     }
 
-    /// Sets the wake sender of the ingestion workers' deadline keeper, replacing any earlier one
-    /// (the pool started last is woken; an earlier pool's keeper, its sender gone, ticks until
-    /// its pool stops).
-    pub(crate) fn set_deadline_wake(&self, wake: flume::Sender<()>) {
-        *self
-            .deadline_wake
+    /// Adds the wake sender of a deadline keeper that times this consumer (once per keeper: a
+    /// sender of a channel already listed is not added again).
+    pub(crate) fn add_deadline_wake(&self, wake: flume::Sender<()>) {
+        let mut wakes = self
+            .deadline_wakes
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(wake);
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !wakes.iter().any(|w| w.same_channel(&wake)) {
+            wakes.push(wake);
+        }
     }
 
     /// One pass of the deadline keeper ([`crate::ingestion`], "Deadlines") at `now`: every lane
