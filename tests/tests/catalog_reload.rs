@@ -1,8 +1,8 @@
 //! Catalog reloads against the real binaries: a `ckf-indexer` adds a domain on SIGHUP (its
-//! producer, refused until then, attaches and is answered), removes it on the next (its
-//! producer's stream ends `REMOVED` and its attaches are refused again), and the primary
-//! domain's lane keeps its lease, readiness and answers throughout; after `kill -9` the
-//! indexer starts with the file's catalog.
+//! producer, refused until then, attaches and is answered, and one deadline keeper thread times
+//! both domains), removes it on the next (its producer's stream ends `REMOVED` and its attaches
+//! are refused again), and the primary domain's lane keeps its lease, readiness and answers
+//! throughout; after `kill -9` the indexer starts with the file's catalog.
 
 use std::time::Duration;
 
@@ -56,6 +56,17 @@ async fn qwen_lane_active(indexer: &Indexer) -> Result<(), String> {
     }
 }
 
+/// How many threads of process `pid` are named `name` (Linux: `/proc/PID/task/*/comm`).
+fn threads_named(pid: u32, name: &str) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim_end() == name)
+        })
+        .count()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_adds_and_removes_a_domain_and_the_primary_lane_is_untouched() {
     let dir = TestDir::new("catalog_reload");
@@ -100,6 +111,8 @@ async fn sighup_adds_and_removes_a_domain_and_the_primary_lane_is_untouched() {
     .await;
     assert_eq!(depth_in(&indexer, "qwen", &shared).await.unwrap(), Some(3));
     assert_eq!(depth_in(&indexer, DOMAIN, &shared).await.unwrap(), Some(8));
+    // Both domains' leased lanes are timed by the process's one deadline keeper.
+    assert_eq!(threads_named(indexer.pid(), "ckf-deadlines"), 1);
 
     // Removed on the next SIGHUP: qwen's calls are refused, its producer retired as REMOVED.
     std::fs::write(&config, &original).unwrap();
