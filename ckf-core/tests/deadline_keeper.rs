@@ -1,6 +1,7 @@
 //! One `DeadlineKeeper` shared by the pools of several consumers (an indexer's domains): one
-//! thread times them all, a grant in any of them wakes it, a pool that stops leaves it, and the
-//! thread stops with the last handle. Its own test binary, so that no other test's keepers
+//! thread times them all, a grant in any of them wakes it, so does a pool that registers with a
+//! lease granted already, a pool that stops leaves it, and the thread stops with the last
+//! handle. Its own test binary, so that no other test's keepers
 //! share the thread name it counts. Linux only: it finds the threads in `/proc/self/task`.
 #![cfg(target_os = "linux")]
 
@@ -89,6 +90,10 @@ fn one_keeper_times_the_lanes_of_every_pool_it_is_given() {
         .map(|c| IngestionWorkers::start_on(Arc::clone(c), config, &keeper).unwrap())
         .collect();
     assert_eq!(keeper.consumers(), 3);
+    // A spawned thread names itself once it runs.
+    wait_until("the keeper's thread to be named", || {
+        !threads_named(KEEPER).is_empty()
+    });
     let keepers = threads_named(KEEPER);
     assert_eq!(keepers.len(), 1, "one keeper thread for three pools");
     let events: Vec<_> = pools.iter().map(|p| p.subscribe(1).unwrap()).collect();
@@ -120,11 +125,33 @@ fn one_keeper_times_the_lanes_of_every_pool_it_is_given() {
         }
     }
 
+    // A lease granted before its consumer's pool registers (nothing to wake then), the keeper
+    // asleep: the registration wakes it, and the lease is retired one deadline later.
+    let mut pools = pools;
+    wait_until("the keeper to sleep", || thread_sleeps(&keepers[0]));
+    let late = consumer("delta");
+    let late_events = late.subscribe(1).unwrap();
+    let lease = late.grant_lease(&producer("delta", 1)).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        thread_sleeps(&keepers[0]),
+        "woken before any pool had the lease"
+    );
+    pools.push(IngestionWorkers::start_on(Arc::clone(&late), config, &keeper).unwrap());
+    let ev = late_events.recv_timeout(Duration::from_secs(30)).unwrap();
+    assert_eq!(ev.lease, lease);
+    assert!(
+        matches!(
+            ev.kind,
+            LaneEventKind::Retired(RetireReason::HeartbeatTimeout { .. })
+        ),
+        "delta: {ev:?}"
+    );
+
     // A pool that stops leaves the keeper (which no longer holds its consumer); the others
     // stay timed.
-    let mut pools = pools;
     drop(pools.remove(0));
-    assert_eq!(keeper.consumers(), 2);
+    assert_eq!(keeper.consumers(), 3);
     assert_eq!(
         Arc::strong_count(&consumers[0]),
         1,
