@@ -1,9 +1,8 @@
 //! A lease granted while `IngestionWorkers` is still starting (its deadline keeper already
 //! asleep, no lane having had a lease, and the lanes' workers not all spawned) is timed by the
-//! keeper: the pool registers its consumer, whose grants then wake the keeper, before it
-//! starts the workers. Its own test binary, so that
-//! no other test's threads share the names it looks for. Linux only: it finds the threads in
-//! `/proc/self/task`.
+//! keeper: the pool registers its consumer, whose grants then wake the keeper, before it starts
+//! the workers. Its own test binary, so that no other test's threads share the names it looks
+//! for. Linux only: it finds the threads in `/proc/self/task`.
 #![cfg(target_os = "linux")]
 
 use std::sync::Arc;
