@@ -2,8 +2,8 @@
 //! vs exact `HashMap` baselines, in one run, on the same Mooncake tables and queries.
 //!
 //! Run (from `bench-compare/`):
-//! `nice -n 10 cargo run --release -- [--quick] [--no-big] [--no-ingest] [--lanes N]
-//! [--trace PATH] [--writer-rate DELTAS_PER_S]`
+//! `nice -n 10 cargo run --release -- [--quick] [--no-big] [--big-buckets N] [--no-ingest]
+//! [--lanes N] [--trace PATH] [--writer-rate DELTAS_PER_S]`
 //!
 //! Not part of the product workspace (own `[workspace]` and `Cargo.lock`; the root manifest
 //! excludes this directory) and not built by CI. See README.md for the method and results.
@@ -41,6 +41,7 @@ struct Args {
     trace: String,
     quick: bool,
     no_big: bool,
+    big_buckets: u64,
     no_ingest: bool,
     lanes: usize,
     writer_rate: f64,
@@ -52,6 +53,7 @@ fn args() -> Args {
         trace: std::env::var("CKF_TRACE").unwrap_or_default(),
         quick: false,
         no_big: false,
+        big_buckets: 2 << 20,
         no_ingest: false,
         lanes: DEFAULT_LANES,
         writer_rate: 100_000.0,
@@ -61,6 +63,17 @@ fn args() -> Args {
         match arg.as_str() {
             "--quick" => a.quick = true,
             "--no-big" => a.no_big = true,
+            "--big-buckets" => {
+                let v = it.next().unwrap_or_default();
+                match v.parse() {
+                    // dynamo sizes its tables in powers of two.
+                    Ok(n) if n >= 1 << 14 && u64::is_power_of_two(n) => a.big_buckets = n,
+                    _ => {
+                        eprintln!("error: --big-buckets takes a power of two >= 16384, not {v:?}");
+                        std::process::exit(2);
+                    }
+                }
+            }
             "--no-ingest" => a.no_ingest = true,
             "--lanes" => {
                 let v = it.next().unwrap_or_default();
@@ -188,12 +201,13 @@ fn main() {
     let mut order: Vec<usize> = (0..trace.chained.len()).collect();
     order.sort_by_key(|&i| fmix64(i as u64 ^ 0x0DE5));
 
-    // Table sizes are bucket counts per lane (2 MiB and 256 MiB in total at 16 lanes); more
-    // lanes keep the buckets, so the total (the label) grows with the lanes.
+    // Table sizes are bucket counts per lane (2 MiB and, by default, 256 MiB in total at 16
+    // lanes; `--big-buckets` sets the second); more lanes keep the buckets, so the total (the
+    // label) grows with the lanes.
     let sizes: &[u64] = if a.no_big {
         &[16 << 10]
     } else {
-        &[16 << 10, 2 << 20]
+        &[16 << 10, a.big_buckets]
     };
     for &buckets in sizes {
         let t0 = Instant::now();
