@@ -91,7 +91,8 @@ pub struct RunningIndexer {
     pub query_addr: SocketAddr,
     /// Bound Prometheus `/metrics` address.
     pub metrics_addr: SocketAddr,
-    /// This process's consumer instance (carried in every lease it grants).
+    /// The primary domain's consumer instance (carried in every lease it grants; each domain
+    /// has its own, drawn when it is built).
     pub consumer_instance: u64,
     /// The primary domain's router (never removed).
     primary: crate::router::Router,
@@ -227,7 +228,6 @@ async fn start(
     config.validate()?;
     let specs = config.domain_specs()?;
     let tls = ServerTls::load(&config.tls, "tls")?;
-    let consumer_instance = rand::random::<u64>();
     // `validate` resolved it already: resolving again on the same CPU gives the same kernel.
     let search_kernel = config.search_kernel()?;
     // The deadline keeper's tick: a tenth of the heartbeat deadline, at most 100 ms.
@@ -245,7 +245,6 @@ async fn start(
         ..config.limits.clone()
     };
     let settings = DomainSettings {
-        consumer_instance,
         lag: config.lag_policy(),
         kernel: search_kernel,
         workers: IngestionWorkersConfig {
@@ -277,6 +276,7 @@ async fn start(
         metrics.registry(),
     )?);
     let primary_router = domains.primary().router.clone();
+    let consumer_instance = domains.primary().indexer.consumer_instance();
     metrics
         .domains
         .set(i64::try_from(domains.len()).unwrap_or(i64::MAX));

@@ -71,8 +71,6 @@ pub enum DomainBuildError {
 /// process, kept to build the domains a reload adds).
 #[derive(Debug, Clone)]
 pub struct DomainSettings {
-    /// This process's consumer instance (one for every domain).
-    pub consumer_instance: u64,
     /// Deadlines of every lane.
     pub lag: LagPolicy,
     /// The search kernel resolved for this CPU.
@@ -99,9 +97,12 @@ impl Domain {
         settings: &DomainSettings,
         metrics: &IndexerMetrics,
     ) -> Result<Self, DomainBuildError> {
+        // A consumer instance of its own, fresh per build: the leases of a domain removed and
+        // added back are a new consumer's to its producers, which refuse a lease not newer
+        // than the one they hold from the same consumer (lease epochs start again).
         let indexer = Arc::new(GlobalCkfIndexer::with_spare_lanes(
             spec.manifest.clone(),
-            settings.consumer_instance,
+            rand::random::<u64>(),
             settings.lag,
             spec.spare_lanes,
         )?);

@@ -1,8 +1,9 @@
 //! Catalog reloads against the real binaries: a `ckf-indexer` adds a domain on SIGHUP (its
 //! producer, refused until then, attaches and is answered, and one deadline keeper thread times
 //! both domains), removes it on the next (its producer's stream ends `REMOVED` and its attaches
-//! are refused again), and the primary domain's lane keeps its lease, readiness and answers
-//! throughout; after `kill -9` the indexer starts with the file's catalog.
+//! are refused again), adds it back as a new consumer whose first lease the producer takes, and
+//! the primary domain's lane keeps its lease, readiness and answers throughout; after `kill -9`
+//! the indexer starts with the file's catalog.
 
 use std::time::Duration;
 
@@ -113,6 +114,7 @@ async fn sighup_adds_and_removes_a_domain_and_the_primary_lane_is_untouched() {
     assert_eq!(depth_in(&indexer, DOMAIN, &shared).await.unwrap(), Some(8));
     // Both domains' leased lanes are timed by the process's one deadline keeper.
     assert_eq!(threads_named(indexer.pid(), "ckf-deadlines"), 1);
+    let first_qwen = lanes_of(&indexer, "qwen").await.unwrap().consumer_instance;
 
     // Removed on the next SIGHUP: qwen's calls are refused, its producer retired as REMOVED.
     std::fs::write(&config, &original).unwrap();
@@ -129,6 +131,30 @@ async fn sighup_adds_and_removes_a_domain_and_the_primary_lane_is_untouched() {
         text.contains("retired_removed")
             .then_some(())
             .ok_or_else(|| "no retired_removed failure counted yet".to_owned())
+    })
+    .await;
+
+    // Added back: a new consumer (its lease epochs start again), whose first lease the
+    // producer takes at once, although it still holds the removed domain's.
+    std::fs::write(&config, format!("{original}{QWEN}")).unwrap();
+    indexer.signal(libc::SIGHUP);
+    eventually("qwen/dc-a active after it was added back", DEADLINE, || {
+        qwen_lane_active(&indexer)
+    })
+    .await;
+    assert_ne!(
+        lanes_of(&indexer, "qwen").await.unwrap().consumer_instance,
+        first_qwen
+    );
+    let log = qwen.log();
+    assert!(!log.contains("refused the lease"), "{log}");
+    std::fs::write(&config, &original).unwrap();
+    indexer.signal(libc::SIGHUP);
+    eventually("qwen removed again", DEADLINE, || async {
+        match lanes_of(&indexer, "qwen").await {
+            Err(refused) if refused.contains("NotFound") => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
     })
     .await;
 
