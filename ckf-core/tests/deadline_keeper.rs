@@ -1,7 +1,7 @@
 //! One `DeadlineKeeper` shared by the pools of several consumers (an indexer's domains): one
 //! thread times them all, a grant in any of them wakes it, so does a pool that registers with a
-//! lease granted already, a pool that stops leaves it, and the thread stops with the last
-//! handle. Its own test binary, so that no other test's keepers
+//! lease granted already, a pool that stops leaves it (and its grants no longer wake it), and
+//! the thread stops with the last handle. Its own test binary, so that no other test's keepers
 //! share the thread name it counts. Linux only: it finds the threads in `/proc/self/task`.
 #![cfg(target_os = "linux")]
 
@@ -65,6 +65,12 @@ fn thread_sleeps(tid: &str) -> bool {
         .ok()
         .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| rest.starts_with('S')))
         .unwrap_or(false)
+}
+
+/// How many times thread `tid` of this process was scheduled (`schedstat`'s third field).
+fn times_run(tid: &str) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).unwrap();
+    stat.split_whitespace().nth(2).unwrap().parse().unwrap()
 }
 
 /// Polls `done` until it holds (a bounded wait: panics naming `what` after 10 s).
@@ -160,6 +166,17 @@ fn one_keeper_times_the_lanes_of_every_pool_it_is_given() {
     let lease = consumers[2].grant_lease(&producer("gamma", 2)).unwrap();
     let ev = events[2].recv_timeout(Duration::from_secs(30)).unwrap();
     assert_eq!(ev.lease, lease);
+    // Nor do the stopped pool's grants wake it (the keeper's sender left that consumer).
+    wait_until("the keeper to sleep", || thread_sleeps(&keepers[0]));
+    std::thread::sleep(Duration::from_millis(50));
+    let runs = times_run(&keepers[0]);
+    consumers[0].grant_lease(&producer("alpha", 2)).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(
+        times_run(&keepers[0]),
+        runs,
+        "woken by a stopped pool's grant"
+    );
 
     // The thread lives while a pool or a handle does, and stops with the last.
     drop(keeper);

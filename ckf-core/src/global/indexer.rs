@@ -361,6 +361,14 @@ impl GlobalCkfIndexer {
         }
     }
 
+    /// Removes the wake sender of a deadline keeper that no longer times this consumer.
+    pub(crate) fn remove_deadline_wake(&self, wake: &flume::Sender<()>) {
+        self.deadline_wakes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .retain(|w| !w.same_channel(wake));
+    }
+
     /// One pass of the deadline keeper ([`crate::ingestion`], "Deadlines") at `now`: every lane
     /// with a deadline (a lease awaiting its snapshot or active, drained or not) notes that
     /// this consumer ran ([`GlobalCkfIndexer::note_consumer_ran`]) and has its deadlines

@@ -135,9 +135,14 @@ pub(crate) struct Registration {
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        let mut consumers = self.keeper.running.registry.consumers();
+        let registry = &self.keeper.running.registry;
+        let mut consumers = registry.consumers();
         if let Some(at) = consumers.iter().position(|c| Arc::ptr_eq(c, &self.indexer)) {
             consumers.swap_remove(at);
+        }
+        // Unless another of the consumer's pools still uses this keeper.
+        if !consumers.iter().any(|c| Arc::ptr_eq(c, &self.indexer)) {
+            self.indexer.remove_deadline_wake(&registry.wake);
         }
     }
 }
