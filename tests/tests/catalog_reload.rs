@@ -57,6 +57,13 @@ async fn qwen_lane_active(indexer: &Indexer) -> Result<(), String> {
     }
 }
 
+async fn qwen_removed(indexer: &Indexer) -> Result<(), String> {
+    match lanes_of(indexer, "qwen").await {
+        Err(refused) if refused.contains("NotFound") => Ok(()),
+        other => Err(format!("{other:?}")),
+    }
+}
+
 /// How many threads of process `pid` are named `name` (Linux: `/proc/PID/task/*/comm`).
 fn threads_named(pid: u32, name: &str) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/task"))
@@ -119,11 +126,8 @@ async fn sighup_adds_and_removes_a_domain_and_the_primary_lane_is_untouched() {
     // Removed on the next SIGHUP: qwen's calls are refused, its producer retired as REMOVED.
     std::fs::write(&config, &original).unwrap();
     indexer.signal(libc::SIGHUP);
-    eventually("qwen removed after SIGHUP", DEADLINE, || async {
-        match lanes_of(&indexer, "qwen").await {
-            Err(refused) if refused.contains("NotFound") => Ok(()),
-            other => Err(format!("{other:?}")),
-        }
+    eventually("qwen removed after SIGHUP", DEADLINE, || {
+        qwen_removed(&indexer)
     })
     .await;
     eventually("producer-qwen told REMOVED", DEADLINE, || async {
@@ -150,13 +154,7 @@ async fn sighup_adds_and_removes_a_domain_and_the_primary_lane_is_untouched() {
     assert!(!log.contains("refused the lease"), "{log}");
     std::fs::write(&config, &original).unwrap();
     indexer.signal(libc::SIGHUP);
-    eventually("qwen removed again", DEADLINE, || async {
-        match lanes_of(&indexer, "qwen").await {
-            Err(refused) if refused.contains("NotFound") => Ok(()),
-            other => Err(format!("{other:?}")),
-        }
-    })
-    .await;
+    eventually("qwen removed again", DEADLINE, || qwen_removed(&indexer)).await;
 
     // The primary's lane: same lease, never retired, still answering, still taking deltas.
     let after = indexer.lane("dc-a").await.unwrap();
