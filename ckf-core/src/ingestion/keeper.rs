@@ -39,7 +39,7 @@ impl Drop for Running {
     fn drop(&mut self) {
         self.stop = None;
         if let Some(thread) = self.thread.take() {
-            // The loop never panics (each consumer's pass catches nothing it could throw).
+            // A keeper that panicked has nothing left to stop: ignore it.
             let _ = thread.join();
         }
     }
