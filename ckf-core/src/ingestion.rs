@@ -47,11 +47,8 @@ use crate::global::indexer::GlobalCkfIndexer;
 use crate::identity::LaneIndex;
 use crate::lane::{Frame, IngestOutcome, LaneEvent, RetireReason, StrayFrame};
 
-pub use keeper::DeadlineKeeper;
 use keeper::Registration;
-
-/// Longest [`IngestionWorkersConfig::tick`].
-pub const MAX_TICK: Duration = Duration::from_millis(100);
+pub use keeper::{DeadlineKeeper, MAX_TICK};
 
 /// Configuration of the ingestion workers (one thread and one bounded queue per lane, and the
 /// deadline keeper).

@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use crate::global::indexer::GlobalCkfIndexer;
 
-use super::MAX_TICK;
+/// Longest tick of a keeper ([`DeadlineKeeper::start`], `IngestionWorkersConfig::tick`).
+pub const MAX_TICK: Duration = Duration::from_millis(100);
 
 /// The consumers a keeper times, and the sender that wakes it (kept here so the keeper's wake
 /// channel never reads as closed while it runs).
