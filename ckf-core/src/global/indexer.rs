@@ -341,11 +341,16 @@ impl GlobalCkfIndexer {
         let events = subscribe.then(|| ingestor.subscribe());
         drop(ingestor);
         // The lane has a deadline now: a deadline keeper, asleep while no lane had one, wakes.
-        // Full: a wake is already pending. Disconnected: that keeper stopped.
-        self.deadline_wakes
+        // An error is harmless: Full means a wake is already pending; a keeper's sender is
+        // removed when its registration ends, before the keeper can stop.
+        for wake in self
+            .deadline_wakes
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .retain(|wake| !matches!(wake.try_send(()), Err(flume::TrySendError::Disconnected(_))));
+            .iter()
+        {
+            let _ = wake.try_send(());
+        }
         Ok((lease, events))
     }
 
