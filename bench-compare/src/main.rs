@@ -3,13 +3,14 @@
 //!
 //! Run (from `bench-compare/`):
 //! `nice -n 10 cargo run --release -- [--quick] [--no-big] [--big-buckets N] [--no-ingest]
-//! [--lanes N] [--trace PATH] [--writer-rate DELTAS_PER_S]`
+//! [--lanes N] [--flushed N] [--trace PATH] [--writer-rate DELTAS_PER_S]`
 //!
 //! Not part of the product workspace (own `[workspace]` and `Cargo.lock`; the root manifest
 //! excludes this directory) and not built by CI. See README.md for the method and results.
 
 mod alloc;
 mod fill;
+mod flushed;
 mod ingest;
 mod query;
 mod report;
@@ -45,6 +46,8 @@ struct Args {
     no_ingest: bool,
     lanes: usize,
     writer_rate: f64,
+    /// Queries timed on a flushed cache (big table), 0 = none.
+    flushed: usize,
 }
 
 fn args() -> Args {
@@ -57,6 +60,7 @@ fn args() -> Args {
         no_ingest: false,
         lanes: DEFAULT_LANES,
         writer_rate: 100_000.0,
+        flushed: 0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -83,6 +87,16 @@ fn args() -> Args {
                         eprintln!(
                             "error: --lanes takes a lane count in 1..={MAX_LANES}, not {v:?}"
                         );
+                        std::process::exit(2);
+                    }
+                }
+            }
+            "--flushed" => {
+                let v = it.next().unwrap_or_default();
+                match v.parse() {
+                    Ok(n) if n > 0 => a.flushed = n,
+                    _ => {
+                        eprintln!("error: --flushed takes a query count > 0, not {v:?}");
                         std::process::exit(2);
                     }
                 }
@@ -306,6 +320,9 @@ fn main() {
                 "",
                 report.resolution_ns,
             );
+            if a.flushed > 0 && Some(&buckets) == sizes.last() && !a.no_big {
+                report_flushed(&mut impls, &order, &trace, a.flushed, scale, &label);
+            }
             dyn_gap(lats, run_dyn)
         };
 
@@ -425,6 +442,77 @@ fn main() {
         started.elapsed().as_secs_f64(),
         timing::loadavg()
     );
+}
+
+/// Times `n` queries on the flushed cache and prints their figures with ckf-core +chain's
+/// ratios against dynamo's CKF and CRTC (`flushed.rs` has the method).
+fn report_flushed(
+    impls: &mut [Timed<'_>],
+    order: &[usize],
+    trace: &trace::Trace,
+    n: usize,
+    scale: f64,
+    label: &str,
+) {
+    let llc = flushed::llc_bytes();
+    let evictor = flushed::Evictor::new(llc);
+    let cold = flushed::cold_ratio(&evictor);
+    println!(
+        "  flushed: {} MiB eviction buffer (last-level cache {} MiB) read before each timed \
+         query (then one other query, untimed, the query's input read and a 5 us pause); a 4 MiB chase after it runs {cold:.1}x its warm time{}",
+        evictor.bytes() >> 20,
+        llc >> 20,
+        if cold < flushed::MIN_COLD_RATIO {
+            " (too little: NOT FLUSHED, do not use these figures)"
+        } else {
+            ""
+        }
+    );
+    let t0 = Instant::now();
+    let f = flushed::time_flushed(
+        impls,
+        order,
+        n,
+        |q| trace.chained[q].len(),
+        |q| {
+            let chained = trace.chained[q].iter().fold(0, |a, &h| a ^ h);
+            trace.local[q].iter().fold(chained, |a, h| a ^ h.0)
+        },
+        &evictor,
+        scale,
+    );
+    let name = |k: usize| impls[k].name;
+    for (k, x) in f.iter().enumerate() {
+        println!(
+            "  {label} flushed {:<18} all {} queries: p50 {:>6.0} p99 {:>6.0} mean {:>6.0} ns | \
+             at most {} blocks ({}): p50 {:>6.0} p99 {:>6.0} ns",
+            name(k),
+            x.all.samples,
+            x.all.p50,
+            x.all.p99,
+            x.all.mean,
+            flushed::SHORT_BLOCKS,
+            x.short.samples,
+            x.short.p50,
+            x.short.p99,
+        );
+    }
+    let find = |s: &str| impls.iter().position(|t| t.name == s);
+    let ours = find("ckf-core +chain").expect("ckf-core +chain is timed");
+    for other in ["dynamo CKF", "dynamo CRTC", "dynamo RadixTree"] {
+        if let Some(o) = find(other) {
+            let r = |a: f64, b: f64| a / b;
+            println!(
+                "  {label} flushed ckf-core +chain / {other}: all p50 {:.2} p99 {:.2}; short \
+                 p50 {:.2} p99 {:.2}",
+                r(f[ours].all.p50, f[o].all.p50),
+                r(f[ours].all.p99, f[o].all.p99),
+                r(f[ours].short.p50, f[o].short.p50),
+                r(f[ours].short.p99, f[o].short.p99),
+            );
+        }
+    }
+    println!("  flushed run: {:.1} s", t0.elapsed().as_secs_f64());
 }
 
 /// Timings in report order, with `None` where dynamo's CKF (third) was not run.
