@@ -456,14 +456,18 @@ fn report_flushed(
 ) {
     let llc = flushed::llc_bytes();
     let evictor = flushed::Evictor::new(llc);
-    let cold = flushed::cold_ratio(&evictor);
+    let (warm, cold) = flushed::chase_check(&evictor);
     println!(
         "  flushed: {} MiB eviction buffer (last-level cache {} MiB) read before each timed \
-         query (then one other query, untimed, the query's input read and a 5 us pause); a 4 MiB chase after it runs {cold:.1}x its warm time{}",
+         query (then one other query, untimed, and the query's input read); a 4 MiB chase takes \
+         {:.0} ns per line warm, {:.0} ns after an eviction ({:.1}x){}",
         evictor.bytes() >> 20,
         llc >> 20,
-        if cold < flushed::MIN_COLD_RATIO {
-            " (too little: NOT FLUSHED, do not use these figures)"
+        warm * scale,
+        cold * scale,
+        cold / warm,
+        if cold < flushed::MIN_COLD_RATIO * warm {
+            " (too little: the eviction may not have worked)"
         } else {
             ""
         }
