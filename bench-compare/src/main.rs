@@ -218,6 +218,9 @@ fn main() {
     // Table sizes are bucket counts per lane (2 MiB and, by default, 256 MiB in total at 16
     // lanes; `--big-buckets` sets the second); more lanes keep the buckets, so the total (the
     // label) grows with the lanes.
+    if a.flushed > 0 && a.no_big {
+        println!("note: --flushed times the big table, which --no-big skips: no flushed figures");
+    }
     let sizes: &[u64] = if a.no_big {
         &[16 << 10]
     } else {
@@ -473,7 +476,7 @@ fn report_flushed(
         }
     );
     let t0 = Instant::now();
-    let f = flushed::time_flushed(
+    let Some(f) = flushed::time_flushed(
         impls,
         order,
         n,
@@ -484,35 +487,48 @@ fn report_flushed(
         },
         &evictor,
         scale,
-    );
+    ) else {
+        println!(
+            "  flushed: skipped: {} timed queries (at most half of the trace's {}) for {} \
+             structures; it takes at least one per structure",
+            n.min(order.len() / 2),
+            order.len(),
+            impls.len()
+        );
+        return;
+    };
     let name = |k: usize| impls[k].name;
+    let short = |l: Option<timing::Lat>| {
+        l.map_or("none".to_owned(), |l| {
+            format!("({}): p50 {:>6.0} p99 {:>6.0} ns", l.samples, l.p50, l.p99)
+        })
+    };
     for (k, x) in f.iter().enumerate() {
         println!(
             "  {label} flushed {:<18} all {} queries: p50 {:>6.0} p99 {:>6.0} mean {:>6.0} ns | \
-             at most {} blocks ({}): p50 {:>6.0} p99 {:>6.0} ns",
+             at most {} blocks {}",
             name(k),
             x.all.samples,
             x.all.p50,
             x.all.p99,
             x.all.mean,
             flushed::SHORT_BLOCKS,
-            x.short.samples,
-            x.short.p50,
-            x.short.p99,
+            short(x.short),
         );
     }
     let find = |s: &str| impls.iter().position(|t| t.name == s);
     let ours = find("ckf-core +chain").expect("ckf-core +chain is timed");
     for other in ["dynamo CKF", "dynamo CRTC", "dynamo RadixTree"] {
         if let Some(o) = find(other) {
-            let r = |a: f64, b: f64| a / b;
+            let short = match (f[ours].short, f[o].short) {
+                (Some(a), Some(b)) => format!("p50 {:.2} p99 {:.2}", a.p50 / b.p50, a.p99 / b.p99),
+                _ => "none".to_owned(),
+            };
             println!(
                 "  {label} flushed ckf-core +chain / {other}: all p50 {:.2} p99 {:.2}; short \
-                 p50 {:.2} p99 {:.2}",
-                r(f[ours].all.p50, f[o].all.p50),
-                r(f[ours].all.p99, f[o].all.p99),
-                r(f[ours].short.p50, f[o].short.p50),
-                r(f[ours].short.p99, f[o].short.p99),
+                 {short}",
+                f[ours].all.p50 / f[o].all.p50,
+                f[ours].all.p99 / f[o].all.p99,
             );
         }
     }
