@@ -293,10 +293,13 @@ pub async fn start_feed(
 }
 
 /// Runs `ckf demo`. The workload (and a given trace) is validated before any service starts.
+/// SIGINT, SIGTERM or SIGHUP stops the replay, shuts the services down as at the end, and
+/// fails naming the signal ([`StopSignals`]).
 ///
 /// # Errors
-/// A bad trace, a service that fails to start, or a replay failure.
+/// A bad trace, a service that fails to start, a replay failure, or a stop signal.
 pub async fn run(args: DemoArgs) -> Result<()> {
+    let mut stop = StopSignals::listen()?;
     let workload = load_workload(args.trace.as_deref(), args.fleet.limit, args.fleet.seed)?;
     let shape = args.fleet.shape(args.dcs);
     shape.validate().map_err(|e| anyhow::anyhow!(e))?;
@@ -312,7 +315,7 @@ pub async fn run(args: DemoArgs) -> Result<()> {
         model: &config.serving,
     });
     let (services, mut feed) = start_feed(shape, args.feed, load).await?;
-    let outcome = async {
+    let replay = async {
         let indexer = authed(connect(&services.indexer_url).await?, None);
         live::replay(
             &workload,
@@ -322,10 +325,63 @@ pub async fn run(args: DemoArgs) -> Result<()> {
             &mut feed,
         )
         .await
-    }
-    .await;
+    };
+    let outcome = tokio::select! {
+        outcome = replay => outcome,
+        signal = stop.next() => {
+            eprintln!("ckf demo: {signal}: stopping the services (send it again to exit at once)");
+            stop.exit_on_next();
+            Err(anyhow::anyhow!("stopped by {signal} before the replay finished"))
+        }
+    };
     services.shutdown().await?;
     print_report(&outcome?, args.fleet.json)
+}
+
+/// The signals that stop a demo: SIGINT, SIGTERM and SIGHUP, listened for from the start.
+///
+/// Why SIGHUP too: the services the demo runs in-process reload their token files on SIGHUP,
+/// and listening for a signal takes away its default action of ending the process, so a demo
+/// whose terminal closed would otherwise run on.
+pub struct StopSignals {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+    hangup: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    /// Starts listening (inside a tokio runtime).
+    ///
+    /// # Errors
+    /// When the signal handlers cannot be installed.
+    pub fn listen() -> Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let listen = |kind| signal(kind).context("listening for stop signals");
+        Ok(Self {
+            interrupt: listen(SignalKind::interrupt())?,
+            terminate: listen(SignalKind::terminate())?,
+            hangup: listen(SignalKind::hangup())?,
+        })
+    }
+
+    /// The name of the next stop signal received.
+    pub async fn next(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.interrupt.recv() => "SIGINT",
+            _ = self.terminate.recv() => "SIGTERM",
+            _ = self.hangup.recv() => "SIGHUP",
+        }
+    }
+
+    /// From now on, the next stop signal ends the process at once (exit status 130), for a
+    /// shutdown that takes too long.
+    pub fn exit_on_next(mut self) {
+        tokio::spawn(async move {
+            let signal = self.next().await;
+            eprintln!("ckf demo: {signal} again: exiting");
+            std::process::exit(130);
+        });
+    }
 }
 
 /// The longest paced run `ckf demo` starts, seconds (its clock could not go much further).

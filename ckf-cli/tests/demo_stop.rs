@@ -1,0 +1,70 @@
+//! `ckf demo` stopped by a signal: the services it runs in-process listen for SIGHUP (token
+//! reloads), which takes away SIGHUP's default action of ending the process, so the demo
+//! listens for SIGHUP, SIGINT and SIGTERM itself. Each stops the replay, shuts the services
+//! down and ends the demo with an error naming the signal.
+
+#![cfg(unix)]
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Starts a demo that replays for minutes (expected-ttft sends its requests on the
+/// workload's clock, here slowed 100 times), sends `signal` once it runs, and returns its exit
+/// code, its stderr and how long it took to end after the signal.
+fn stopped_by(signal: &str) -> (Option<i32>, String, Duration) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ckf"))
+        .args(["demo", "--policy", "expected-ttft", "--speed", "0.01"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run ckf");
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        child.try_wait().expect("poll the demo").is_none(),
+        "the demo ended before {signal} was sent: this test cannot check anything"
+    );
+    let sent = Instant::now();
+    let kill = Command::new("kill")
+        .args([&format!("-{signal}"), &child.id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(kill.success(), "kill -{signal}");
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("poll the demo") {
+            break status;
+        }
+        if sent.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("the demo still ran 60 s after {signal}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let took = sent.elapsed();
+    let out = child.wait_with_output().expect("the demo's stderr");
+    (
+        status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        took,
+    )
+}
+
+#[test]
+fn a_hangup_or_an_interrupt_stops_the_demo_and_its_services() {
+    for signal in ["HUP", "INT"] {
+        let (code, stderr, took) = stopped_by(signal);
+        // Ended by its own error path, not killed by the signal (no exit code then).
+        assert_eq!(code, Some(1), "SIG{signal}: stderr: {stderr}");
+        assert!(
+            stderr.contains(&format!("ckf demo: SIG{signal}: stopping the services")),
+            "SIG{signal}: {stderr}"
+        );
+        assert!(
+            stderr.contains(&format!(
+                "error: stopped by SIG{signal} before the replay finished"
+            )),
+            "SIG{signal}: {stderr}"
+        );
+        // The services' graceful shutdown (producers drain first) is quick on an idle fleet.
+        assert!(took < Duration::from_secs(30), "SIG{signal}: took {took:?}");
+    }
+}
