@@ -338,38 +338,70 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     print_report(&outcome?, args.fleet.json)
 }
 
-/// The signals that stop a demo: SIGINT, SIGTERM and SIGHUP, listened for from the start.
+/// The signals that stop a demo: SIGINT, SIGTERM and SIGHUP, listened for from the start,
+/// each unless the process started with it ignored (`nohup`, a shell's background job), which
+/// is left as it was.
 ///
 /// Why SIGHUP too: the services the demo runs in-process reload their token files on SIGHUP,
 /// and listening for a signal takes away its default action of ending the process, so a demo
 /// whose terminal closed would otherwise run on.
 pub struct StopSignals {
-    interrupt: tokio::signal::unix::Signal,
-    terminate: tokio::signal::unix::Signal,
-    hangup: tokio::signal::unix::Signal,
+    interrupt: Option<tokio::signal::unix::Signal>,
+    terminate: Option<tokio::signal::unix::Signal>,
+    hangup: Option<tokio::signal::unix::Signal>,
+}
+
+/// Signal numbers (Linux) of the stop signals.
+const SIGHUP: u32 = 1;
+const SIGINT: u32 = 2;
+const SIGTERM: u32 = 15;
+
+/// Whether signal `signo` is ignored by this process, from the `SigIgn` mask of
+/// `/proc/self/status` (bit `signo - 1`); `false` when that cannot be read.
+fn ignored(signo: u32) -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            let mask = status.lines().find_map(|l| l.strip_prefix("SigIgn:"))?;
+            u64::from_str_radix(mask.trim(), 16).ok()
+        })
+        .is_some_and(|mask| mask >> (signo - 1) & 1 == 1)
 }
 
 impl StopSignals {
-    /// Starts listening (inside a tokio runtime).
+    /// Starts listening (inside a tokio runtime, before anything else listens for them).
     ///
     /// # Errors
-    /// When the signal handlers cannot be installed.
+    /// When a signal handler cannot be installed.
     pub fn listen() -> Result<Self> {
         use tokio::signal::unix::{SignalKind, signal};
-        let listen = |kind| signal(kind).context("listening for stop signals");
+        let listen = |signo, kind| -> Result<_> {
+            if ignored(signo) {
+                return Ok(None);
+            }
+            Ok(Some(signal(kind).context("listening for stop signals")?))
+        };
         Ok(Self {
-            interrupt: listen(SignalKind::interrupt())?,
-            terminate: listen(SignalKind::terminate())?,
-            hangup: listen(SignalKind::hangup())?,
+            interrupt: listen(SIGINT, SignalKind::interrupt())?,
+            terminate: listen(SIGTERM, SignalKind::terminate())?,
+            hangup: listen(SIGHUP, SignalKind::hangup())?,
         })
     }
 
     /// The name of the next stop signal received.
     pub async fn next(&mut self) -> &'static str {
+        async fn recv(signal: &mut Option<tokio::signal::unix::Signal>) {
+            match signal {
+                Some(signal) => {
+                    signal.recv().await;
+                }
+                None => std::future::pending().await,
+            }
+        }
         tokio::select! {
-            _ = self.interrupt.recv() => "SIGINT",
-            _ = self.terminate.recv() => "SIGTERM",
-            _ = self.hangup.recv() => "SIGHUP",
+            () = recv(&mut self.interrupt) => "SIGINT",
+            () = recv(&mut self.terminate) => "SIGTERM",
+            () = recv(&mut self.hangup) => "SIGHUP",
         }
     }
 

@@ -68,3 +68,57 @@ fn a_hangup_or_an_interrupt_stops_the_demo_and_its_services() {
         assert!(took < Duration::from_secs(30), "SIG{signal}: took {took:?}");
     }
 }
+
+/// Under `nohup` (SIGHUP ignored from the start) a hangup leaves the demo running, as nohup
+/// asks; SIGTERM still stops it.
+#[test]
+fn a_demo_started_with_sighup_ignored_keeps_it_ignored() {
+    let mut child = Command::new("nohup")
+        .arg(env!("CARGO_BIN_EXE_ckf"))
+        .args(["demo", "--policy", "expected-ttft", "--speed", "0.01"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run nohup ckf");
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        child.try_wait().expect("poll the demo").is_none(),
+        "the demo ended before SIGHUP was sent: this test cannot check anything"
+    );
+    let pid = child.id().to_string();
+    let signal = |name: &str| {
+        let kill = Command::new("kill")
+            .args([&format!("-{name}"), &pid])
+            .status()
+            .expect("run kill");
+        assert!(kill.success(), "kill -{name}");
+    };
+    signal("HUP");
+    std::thread::sleep(Duration::from_secs(3));
+    if child.try_wait().expect("poll the demo").is_some() {
+        let out = child.wait_with_output().expect("the demo's stderr");
+        panic!(
+            "SIGHUP under nohup stopped the demo: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    signal("TERM");
+    let sent = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("poll the demo") {
+            break status;
+        }
+        if sent.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("the demo still ran 60 s after SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let out = child.wait_with_output().expect("the demo's stderr");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(status.code(), Some(1), "stderr: {stderr}");
+    assert!(
+        stderr.contains("error: stopped by SIGTERM before the replay finished"),
+        "{stderr}"
+    );
+}
