@@ -5,15 +5,39 @@
 
 #![cfg(unix)]
 
+use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Starts a demo that replays for minutes (expected-ttft sends its requests on the
-/// workload's clock, here slowed 100 times), sends `signal` once it runs, and returns its exit
-/// code, its stderr and how long it took to end after the signal.
+/// `program args`, started with SIGHUP, SIGINT and SIGTERM at their default actions whatever
+/// this test inherited (a shell's background job ignores SIGINT, `nohup` SIGHUP), so the demo
+/// sees the signals as a terminal would send them.
+fn with_default_signals(program: &str, args: &[&str]) -> Command {
+    let mut command = Command::new(program);
+    command.args(args);
+    // SAFETY: `signal` is async-signal-safe and only resets dispositions in the child between
+    // fork and exec.
+    unsafe {
+        command.pre_exec(|| {
+            for signo in [libc::SIGHUP, libc::SIGINT, libc::SIGTERM] {
+                if libc::signal(signo, libc::SIG_DFL) == libc::SIG_ERR {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    command
+}
+
+/// The demo's arguments: a replay of minutes (expected-ttft sends its requests on the
+/// workload's clock, here slowed 100 times).
+const LONG_DEMO: [&str; 5] = ["demo", "--policy", "expected-ttft", "--speed", "0.01"];
+
+/// Starts a demo that replays for minutes ([`LONG_DEMO`]), sends `signal` once it runs, and
+/// returns its exit code, its stderr and how long it took to end after the signal.
 fn stopped_by(signal: &str) -> (Option<i32>, String, Duration) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ckf"))
-        .args(["demo", "--policy", "expected-ttft", "--speed", "0.01"])
+    let mut child = with_default_signals(env!("CARGO_BIN_EXE_ckf"), &LONG_DEMO)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -73,9 +97,9 @@ fn a_hangup_or_an_interrupt_stops_the_demo_and_its_services() {
 /// asks; SIGTERM still stops it.
 #[test]
 fn a_demo_started_with_sighup_ignored_keeps_it_ignored() {
-    let mut child = Command::new("nohup")
-        .arg(env!("CARGO_BIN_EXE_ckf"))
-        .args(["demo", "--policy", "expected-ttft", "--speed", "0.01"])
+    let mut args = vec![env!("CARGO_BIN_EXE_ckf")];
+    args.extend(LONG_DEMO);
+    let mut child = with_default_signals("nohup", &args)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
