@@ -293,13 +293,14 @@ pub async fn start_feed(
 }
 
 /// Runs `ckf demo`. The workload (and a given trace) is validated before any service starts.
-/// SIGINT, SIGTERM or SIGHUP stops the replay, shuts the services down as at the end, and
-/// fails naming the signal ([`StopSignals`]).
+/// SIGINT, SIGTERM or SIGHUP stops the replay (once the services are up, when it comes
+/// earlier), shuts the services down as at the end, and fails naming the signal; a second one
+/// exits at once ([`StopSignals`]).
 ///
 /// # Errors
 /// A bad trace, a service that fails to start, a replay failure, or a stop signal.
 pub async fn run(args: DemoArgs) -> Result<()> {
-    let mut stop = StopSignals::listen()?;
+    let mut stopped = StopSignals::listen()?.watch();
     let workload = load_workload(args.trace.as_deref(), args.fleet.limit, args.fleet.seed)?;
     let shape = args.fleet.shape(args.dcs);
     shape.validate().map_err(|e| anyhow::anyhow!(e))?;
@@ -328,9 +329,7 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     };
     let outcome = tokio::select! {
         outcome = replay => outcome,
-        signal = stop.next() => {
-            eprintln!("ckf demo: {signal}: stopping the services (send it again to exit at once)");
-            stop.exit_on_next();
+        Ok(signal) = &mut stopped => {
             Err(anyhow::anyhow!("stopped by {signal} before the replay finished"))
         }
     };
@@ -405,14 +404,21 @@ impl StopSignals {
         }
     }
 
-    /// From now on, the next stop signal ends the process at once (exit status 130), for a
-    /// shutdown that takes too long.
-    pub fn exit_on_next(mut self) {
+    /// Watches from a task of its own, whatever the demo is doing: the first stop signal is
+    /// announced on stderr and sent to the returned receiver; the next one ends the process
+    /// at once (exit status 130), for a start-up or shutdown that takes too long. Messages
+    /// never panic (stderr may be a closed terminal: that is what SIGHUP reports).
+    pub fn watch(mut self) -> tokio::sync::oneshot::Receiver<&'static str> {
+        let (stop, stopped) = tokio::sync::oneshot::channel();
         tokio::spawn(async move {
             let signal = self.next().await;
-            eprintln!("ckf demo: {signal} again: exiting");
+            crate::errln!("ckf demo: {signal}: stopping (send it again to exit at once)");
+            let _ = stop.send(signal);
+            let signal = self.next().await;
+            crate::errln!("ckf demo: {signal} again: exiting");
             std::process::exit(130);
         });
+        stopped
     }
 }
 

@@ -79,7 +79,7 @@ fn a_hangup_or_an_interrupt_stops_the_demo_and_its_services() {
         // Ended by its own error path, not killed by the signal (no exit code then).
         assert_eq!(code, Some(1), "SIG{signal}: stderr: {stderr}");
         assert!(
-            stderr.contains(&format!("ckf demo: SIG{signal}: stopping the services")),
+            stderr.contains(&format!("ckf demo: SIG{signal}: stopping")),
             "SIG{signal}: {stderr}"
         );
         assert!(
@@ -143,6 +143,85 @@ fn a_demo_started_with_sighup_ignored_keeps_it_ignored() {
     assert_eq!(status.code(), Some(1), "stderr: {stderr}");
     assert!(
         stderr.contains("error: stopped by SIGTERM before the replay finished"),
+        "{stderr}"
+    );
+}
+
+/// Waits up to 60 s for `child` to end; its exit code (`None`: killed by a signal).
+fn exit_code(child: &mut std::process::Child, what: &str) -> Option<i32> {
+    let started = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().expect("poll the demo") {
+            return status.code();
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("the demo still ran 60 s after {what}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn send(child: &std::process::Child, name: &str) {
+    let kill = Command::new("kill")
+        .args([&format!("-{name}"), &child.id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(kill.success(), "kill -{name}");
+}
+
+/// A closed terminal: SIGHUP with stderr gone (here a pipe whose reader closed it). Writing
+/// the stop message fails, and the demo must still shut down and exit 1, not panic (101).
+#[test]
+fn a_hangup_with_stderr_closed_still_stops_the_demo_cleanly() {
+    let mut child = with_default_signals(env!("CARGO_BIN_EXE_ckf"), &LONG_DEMO)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run ckf");
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        child.try_wait().expect("poll the demo").is_none(),
+        "the demo ended before SIGHUP was sent: this test cannot check anything"
+    );
+    drop(child.stderr.take());
+    send(&child, "HUP");
+    assert_eq!(exit_code(&mut child, "SIGHUP"), Some(1));
+}
+
+/// A start-up that never ends (the trace is a FIFO nobody writes): the first signal waits for
+/// the services, the second exits at once with status 130.
+#[test]
+fn a_second_signal_during_a_stuck_start_exits_at_once() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let fifo = dir.path().join("trace.jsonl");
+    let made = Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("run mkfifo");
+    assert!(made.success(), "mkfifo");
+    let mut child = with_default_signals(
+        env!("CARGO_BIN_EXE_ckf"),
+        &["demo", "--trace", fifo.to_str().expect("a UTF-8 path")],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("run ckf");
+    std::thread::sleep(Duration::from_secs(2));
+    send(&child, "INT");
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        child.try_wait().expect("poll the demo").is_none(),
+        "one signal ended a demo whose start cannot finish"
+    );
+    send(&child, "TERM");
+    assert_eq!(exit_code(&mut child, "the second signal"), Some(130));
+    let out = child.wait_with_output().expect("the demo's stderr");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("ckf demo: SIGINT: stopping"), "{stderr}");
+    assert!(
+        stderr.contains("ckf demo: SIGTERM again: exiting"),
         "{stderr}"
     );
 }
